@@ -1,0 +1,646 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// loopRun is one run of the agent loop: its own copy of the context, the
+// configuration snapshotted at start, and the messages it added.
+type loopRun struct {
+	a   *Agent
+	ctx context.Context
+	run *activeRun
+
+	cur           Context
+	model         Model
+	reasoning     ThinkingLevel
+	toolExecution ExecutionMode
+	sessionID     string
+
+	newMessages             []Message
+	skipInitialSteeringPoll bool
+}
+
+func (r *loopRun) emit(ev *Event) error { return r.a.emit(r.ctx, ev) }
+
+// emitMessage emits message_start and message_end for a whole message.
+func (r *loopRun) emitMessage(m *Message) error {
+	if err := r.emit(&Event{Type: EventMessageStart, Message: m}); err != nil {
+		return err
+	}
+	return r.emit(&Event{Type: EventMessageEnd, Message: m})
+}
+
+func (r *loopRun) runPrompt(prompts []Message) error {
+	r.newMessages = append([]Message(nil), prompts...)
+	r.cur.Messages = append(r.cur.Messages, prompts...)
+	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
+		return err
+	}
+	if err := r.emit(&Event{Type: EventTurnStart}); err != nil {
+		return err
+	}
+	for i := range prompts {
+		m := prompts[i]
+		if err := r.emitMessage(&m); err != nil {
+			return err
+		}
+	}
+	return r.loop()
+}
+
+func (r *loopRun) runContinue() error {
+	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
+		return err
+	}
+	if err := r.emit(&Event{Type: EventTurnStart}); err != nil {
+		return err
+	}
+	return r.loop()
+}
+
+func (r *loopRun) pollSteering() []Message {
+	if r.skipInitialSteeringPoll {
+		r.skipInitialSteeringPoll = false
+		return nil
+	}
+	return r.a.drainSteering()
+}
+
+// loop is pi's runLoop: the inner loop runs turns while there are tool calls
+// or steering messages; the outer loop picks up follow-ups.
+func (r *loopRun) loop() error {
+	firstTurn := true
+	pending := r.pollSteering()
+	for {
+		hasMoreToolCalls := true
+		for hasMoreToolCalls || len(pending) > 0 {
+			if !firstTurn {
+				if err := r.emit(&Event{Type: EventTurnStart}); err != nil {
+					return err
+				}
+			} else {
+				firstTurn = false
+			}
+			for i := range pending {
+				m := pending[i]
+				if err := r.emitMessage(&m); err != nil {
+					return err
+				}
+				r.cur.Messages = append(r.cur.Messages, m)
+				r.newMessages = append(r.newMessages, m)
+			}
+			pending = nil
+
+			msg, err := r.streamAssistant()
+			if err != nil {
+				return err
+			}
+			r.newMessages = append(r.newMessages, *msg)
+			if msg.StopReason == StopReasonError || msg.StopReason == StopReasonAborted {
+				if err := r.emit(&Event{Type: EventTurnEnd, Message: msg}); err != nil {
+					return err
+				}
+				return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+			}
+
+			var results []Message
+			hasMoreToolCalls = false
+			if calls := msg.ToolCalls(); len(calls) > 0 {
+				var terminate bool
+				if msg.StopReason == StopReasonLength {
+					results, err = r.failTruncated(calls)
+				} else {
+					results, terminate, err = r.executeToolCalls(msg, calls)
+				}
+				if err != nil {
+					return err
+				}
+				hasMoreToolCalls = !terminate
+				r.cur.Messages = append(r.cur.Messages, results...)
+				r.newMessages = append(r.newMessages, results...)
+			}
+			if err := r.emit(&Event{Type: EventTurnEnd, Message: msg, ToolResults: results}); err != nil {
+				return err
+			}
+
+			if stop, err := r.afterTurn(msg, results); err != nil {
+				return err
+			} else if stop {
+				return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+			}
+			pending = r.pollSteering()
+		}
+		if followUps := r.a.drainFollowUps(); len(followUps) > 0 {
+			pending = followUps
+			continue
+		}
+		break
+	}
+	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+}
+
+// afterTurn runs PrepareNextTurn and ShouldStopAfterTurn.
+func (r *loopRun) afterTurn(msg *Message, results []Message) (bool, error) {
+	opts := &r.a.opts
+	if opts.PrepareNextTurn == nil && opts.ShouldStopAfterTurn == nil {
+		return false, nil
+	}
+	tc := &TurnContext{Message: msg, ToolResults: results, Context: &r.cur, NewMessages: r.newMessages}
+	if opts.PrepareNextTurn != nil {
+		next, err := opts.PrepareNextTurn(r.ctx, tc)
+		if err != nil {
+			return false, err
+		}
+		if next != nil {
+			if next.Context != nil {
+				r.cur = *next.Context
+			}
+			if next.Model != nil {
+				r.model = *next.Model
+			}
+			switch next.ThinkingLevel {
+			case "":
+			case ThinkingOff:
+				r.reasoning = ""
+			default:
+				r.reasoning = next.ThinkingLevel
+			}
+		}
+		tc.Context = &r.cur
+	}
+	if opts.ShouldStopAfterTurn != nil {
+		return opts.ShouldStopAfterTurn(r.ctx, tc)
+	}
+	return false, nil
+}
+
+// DefaultConvertToLLM keeps the roles a model understands and drops custom
+// messages.
+func DefaultConvertToLLM(_ context.Context, msgs []Message) ([]Message, error) {
+	for i := range msgs {
+		if msgs[i].IsCustom() {
+			out := make([]Message, 0, len(msgs))
+			for _, m := range msgs {
+				if !m.IsCustom() {
+					out = append(out, m)
+				}
+			}
+			return out, nil
+		}
+	}
+	return msgs, nil
+}
+
+var errNoStreamFn = errors.New("No stream function configured. Pass StreamFn in agent.Options.")
+
+// streamAssistant asks the model for the next assistant message and emits
+// message_start, message_update and message_end for it.
+func (r *loopRun) streamAssistant() (*Message, error) {
+	opts := &r.a.opts
+	msgs := r.cur.Messages
+	var err error
+	if opts.TransformContext != nil {
+		if msgs, err = opts.TransformContext(r.ctx, msgs); err != nil {
+			return nil, err
+		}
+	}
+	convert := opts.ConvertToLLM
+	if convert == nil {
+		convert = DefaultConvertToLLM
+	}
+	if msgs, err = convert(r.ctx, msgs); err != nil {
+		return nil, err
+	}
+	apiKey := ""
+	if opts.GetAPIKey != nil {
+		if apiKey, err = opts.GetAPIKey(r.ctx, r.model.Provider); err != nil {
+			return nil, err
+		}
+	}
+	if apiKey == "" {
+		apiKey = opts.APIKey
+	}
+	if opts.StreamFn == nil {
+		return nil, errNoStreamFn
+	}
+	llm := Context{SystemPrompt: r.cur.SystemPrompt, Messages: msgs, Tools: r.cur.Tools}
+	so := StreamOptions{APIKey: apiKey, Reasoning: r.reasoning, SessionID: r.sessionID,
+		Temperature: opts.Temperature, MaxTokens: opts.MaxTokens}
+
+	var final *Message
+	started := false
+	var emitErr error
+	err = catch(func() error {
+		for ev := range opts.StreamFn(r.ctx, r.model, llm, so) {
+			switch ev.Type {
+			case StreamStart:
+				if started {
+					continue
+				}
+				started = true
+				hdr := Message{Role: RoleAssistant}
+				if ev.Message != nil {
+					hdr = *ev.Message
+				}
+				emitErr = r.emit(&Event{Type: EventMessageStart, Message: &hdr, streamStart: true})
+			case StreamDone, StreamError:
+				if ev.Message != nil {
+					m := *ev.Message
+					final = &m
+				} else {
+					final = &Message{Role: RoleAssistant, StopReason: StopReasonError, ErrorMessage: "stream ended without a message"}
+				}
+			default:
+				if !started {
+					continue
+				}
+				se := ev
+				emitErr = r.emit(&Event{Type: EventMessageUpdate, StreamEvent: &se})
+			}
+			if emitErr != nil || final != nil {
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if emitErr != nil {
+		return nil, emitErr
+	}
+	if final == nil {
+		final = r.unfinishedStream()
+	}
+	if final.Role == "" {
+		final.Role = RoleAssistant
+	}
+	if !started {
+		if err := r.emit(&Event{Type: EventMessageStart, Message: final}); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.emit(&Event{Type: EventMessageEnd, Message: final}); err != nil {
+		return nil, err
+	}
+	r.cur.Messages = append(r.cur.Messages, *final)
+	return final, nil
+}
+
+// unfinishedStream is the message for a stream function that returned
+// without a final event (a broken contract): what streamed, as an error.
+func (r *loopRun) unfinishedStream() *Message {
+	r.a.mu.Lock()
+	m := r.a.builder.Message().Clone()
+	r.a.mu.Unlock()
+	m.Role = RoleAssistant
+	m.StopReason = StopReasonError
+	m.ErrorMessage = "Stream ended without a final event"
+	if r.ctx.Err() != nil {
+		m.StopReason = StopReasonAborted
+		m.ErrorMessage = "Request was aborted"
+	}
+	if m.Timestamp == 0 {
+		m.Timestamp = nowMillis()
+	}
+	return &m
+}
+
+// fail is pi's handleRunFailure: the error becomes an assistant message
+// with a full lifecycle after whatever the run emitted.
+func (r *loopRun) fail(err error) error {
+	reason := StopReasonError
+	if r.ctx.Err() != nil {
+		reason = StopReasonAborted
+	}
+	msg := &Message{
+		Role: RoleAssistant, Content: []Content{Text("")},
+		API: r.model.API, Provider: r.model.Provider, Model: r.model.ID,
+		StopReason: reason, ErrorMessage: err.Error(), Timestamp: nowMillis(),
+	}
+	if err := r.emitMessage(msg); err != nil {
+		return err
+	}
+	if err := r.emit(&Event{Type: EventTurnEnd, Message: msg}); err != nil {
+		return err
+	}
+	return r.emit(&Event{Type: EventAgentEnd, Messages: []Message{*msg}})
+}
+
+// toolOutcome is a finalised tool call.
+type toolOutcome struct {
+	call    Content
+	result  ToolResult
+	isError bool
+	err     error // a listener failed while the tool ran
+}
+
+type preparedCall struct {
+	tool *Tool
+	call Content
+	args map[string]any
+}
+
+func errorOutcome(call Content, text string) *toolOutcome {
+	return &toolOutcome{call: call, result: TextResult(text), isError: true}
+}
+
+func (r *loopRun) findTool(name string) *Tool {
+	for _, t := range r.cur.Tools {
+		if t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+func (r *loopRun) executeToolCalls(assistant *Message, calls []Content) ([]Message, bool, error) {
+	sequential := r.toolExecution == ExecutionSequential
+	for _, c := range calls {
+		if t := r.findTool(c.Name); t != nil && t.ExecutionMode == ExecutionSequential {
+			sequential = true
+		}
+	}
+	if sequential {
+		return r.executeSequential(assistant, calls)
+	}
+	return r.executeParallel(assistant, calls)
+}
+
+func (r *loopRun) executeSequential(assistant *Message, calls []Content) ([]Message, bool, error) {
+	results := make([]Message, 0, len(calls))
+	terminate := true
+	for _, call := range calls {
+		if err := r.emitToolStart(call); err != nil {
+			return nil, false, err
+		}
+		p, out := r.prepare(assistant, call)
+		if p != nil {
+			out = r.runPrepared(assistant, p)
+			if out.err != nil {
+				return nil, false, out.err
+			}
+		}
+		if err := r.emitToolEnd(out); err != nil {
+			return nil, false, err
+		}
+		msg := toolResultMessage(out)
+		if err := r.emitMessage(&msg); err != nil {
+			return nil, false, err
+		}
+		results = append(results, msg)
+		terminate = terminate && out.result.Terminate
+		if r.ctx.Err() != nil {
+			break
+		}
+	}
+	return results, len(results) > 0 && terminate, nil
+}
+
+func (r *loopRun) executeParallel(assistant *Message, calls []Content) ([]Message, bool, error) {
+	outcomes := make([]*toolOutcome, len(calls))
+	type job struct {
+		i int
+		p *preparedCall
+	}
+	var jobs []job
+	for i, call := range calls {
+		if err := r.emitToolStart(call); err != nil {
+			return nil, false, err
+		}
+		p, out := r.prepare(assistant, call)
+		if p != nil {
+			jobs = append(jobs, job{i, p})
+		} else {
+			outcomes[i] = out
+			if err := r.emitToolEnd(out); err != nil {
+				return nil, false, err
+			}
+		}
+		if r.ctx.Err() != nil {
+			break
+		}
+	}
+
+	errs := make([]error, len(calls))
+	runJob := func(j job) {
+		out := r.runPrepared(assistant, j.p)
+		outcomes[j.i] = out
+		if out.err != nil {
+			errs[j.i] = out.err
+			return
+		}
+		errs[j.i] = r.emitToolEnd(out)
+	}
+	if len(jobs) == 1 {
+		runJob(jobs[0])
+	} else {
+		var wg sync.WaitGroup
+		for _, j := range jobs {
+			wg.Go(func() { runJob(j) })
+		}
+		wg.Wait()
+	}
+	for _, err := range errs {
+		if err != nil {
+			return nil, false, err
+		}
+	}
+
+	results := make([]Message, 0, len(calls))
+	terminate := true
+	for _, out := range outcomes {
+		if out == nil {
+			continue
+		}
+		msg := toolResultMessage(out)
+		if err := r.emitMessage(&msg); err != nil {
+			return nil, false, err
+		}
+		results = append(results, msg)
+		terminate = terminate && out.result.Terminate
+	}
+	return results, len(results) > 0 && terminate, nil
+}
+
+func (r *loopRun) emitToolStart(call Content) error {
+	return r.emit(&Event{Type: EventToolExecutionStart, ToolCallID: call.ID, ToolName: call.Name, Args: call.Arguments})
+}
+
+func (r *loopRun) emitToolEnd(out *toolOutcome) error {
+	res := out.result
+	return r.emit(&Event{Type: EventToolExecutionEnd, ToolCallID: out.call.ID, ToolName: out.call.Name,
+		Result: &res, IsError: out.isError})
+}
+
+const abortedText = "Operation aborted"
+
+// prepare is pi's tool preflight: lookup, argument preparation, validation
+// and beforeToolCall. It returns either a call ready to run or an outcome
+// that ends the call at once.
+func (r *loopRun) prepare(assistant *Message, call Content) (*preparedCall, *toolOutcome) {
+	tool := r.findTool(call.Name)
+	if tool == nil {
+		return nil, errorOutcome(call, fmt.Sprintf("Tool %s not found", call.Name))
+	}
+	var prepared *preparedCall
+	var immediate *toolOutcome
+	err := catch(func() error {
+		args := call.Arguments
+		if tool.PrepareArguments != nil {
+			var err error
+			if args, err = tool.PrepareArguments(args); err != nil {
+				return err
+			}
+		}
+		validated, err := tool.ValidateArguments(args)
+		if err != nil {
+			return err
+		}
+		if hook := r.a.opts.BeforeToolCall; hook != nil {
+			res, err := hook(r.ctx, &BeforeToolCallContext{AssistantMessage: assistant, ToolCall: call, Args: validated, Context: &r.cur})
+			if err != nil {
+				return err
+			}
+			if r.ctx.Err() != nil {
+				immediate = errorOutcome(call, abortedText)
+				return nil
+			}
+			if res != nil && res.Block {
+				reason := res.Reason
+				if reason == "" {
+					reason = "Tool execution was blocked"
+				}
+				immediate = errorOutcome(call, reason)
+				immediate.result.Terminate = res.Terminate
+				return nil
+			}
+		}
+		if r.ctx.Err() != nil {
+			immediate = errorOutcome(call, abortedText)
+			return nil
+		}
+		prepared = &preparedCall{tool: tool, call: call, args: validated}
+		return nil
+	})
+	if err != nil {
+		return nil, errorOutcome(call, err.Error())
+	}
+	return prepared, immediate
+}
+
+// runPrepared executes a prepared call and applies afterToolCall. Updates
+// the tool reports are emitted at once; those after it returned are dropped.
+func (r *loopRun) runPrepared(assistant *Message, p *preparedCall) *toolOutcome {
+	out := &toolOutcome{call: p.call}
+	var mu sync.Mutex
+	closed := false
+	update := func(partial ToolResult) {
+		mu.Lock()
+		defer mu.Unlock()
+		if closed || out.err != nil {
+			return
+		}
+		out.err = r.emit(&Event{Type: EventToolExecutionUpdate, ToolCallID: p.call.ID, ToolName: p.call.Name,
+			Args: p.call.Arguments, Result: &partial})
+	}
+	var result ToolResult
+	err := catch(func() error {
+		if p.tool.Execute == nil {
+			return fmt.Errorf("tool %s has no Execute function", p.tool.Name)
+		}
+		var err error
+		result, err = p.tool.Execute(r.ctx, p.call.ID, p.args, update)
+		return err
+	})
+	mu.Lock()
+	closed = true
+	mu.Unlock()
+	if err != nil {
+		result, out.isError = TextResult(err.Error()), true
+	}
+	if hook := r.a.opts.AfterToolCall; hook != nil {
+		var after *AfterToolCallResult
+		herr := catch(func() error {
+			var err error
+			after, err = hook(r.ctx, &AfterToolCallContext{AssistantMessage: assistant, ToolCall: p.call,
+				Args: p.args, Result: result, IsError: out.isError, Context: &r.cur})
+			return err
+		})
+		switch {
+		case herr != nil:
+			result, out.isError = TextResult(herr.Error()), true
+		case after != nil:
+			if after.Content != nil {
+				result.Content = after.Content
+			}
+			if after.Details != nil {
+				result.Details = after.Details
+			}
+			if after.IsError != nil {
+				out.isError = *after.IsError
+			}
+			if after.Terminate != nil {
+				result.Terminate = *after.Terminate
+			}
+		}
+	}
+	out.result = result
+	return out
+}
+
+func truncatedText(name string) string {
+	return `Tool call "` + name + `" was not executed: the response hit the output token limit, so its arguments may be truncated. Re-issue the tool call with complete arguments.`
+}
+
+// failTruncated fails every call of a message cut off by the token limit.
+func (r *loopRun) failTruncated(calls []Content) ([]Message, error) {
+	results := make([]Message, 0, len(calls))
+	for _, call := range calls {
+		if err := r.emitToolStart(call); err != nil {
+			return nil, err
+		}
+		out := errorOutcome(call, truncatedText(call.Name))
+		if err := r.emitToolEnd(out); err != nil {
+			return nil, err
+		}
+		msg := toolResultMessage(out)
+		if err := r.emitMessage(&msg); err != nil {
+			return nil, err
+		}
+		results = append(results, msg)
+	}
+	return results, nil
+}
+
+func toolResultMessage(out *toolOutcome) Message {
+	m := Message{
+		Role:       RoleToolResult,
+		ToolCallID: out.call.ID,
+		ToolName:   out.call.Name,
+		Content:    out.result.Content,
+		IsError:    out.isError,
+		Timestamp:  nowMillis(),
+	}
+	if m.Content == nil {
+		m.Content = []Content{}
+	}
+	if len(out.result.AddedToolNames) > 0 {
+		m.AddedToolNames = out.result.AddedToolNames
+	}
+	switch d := out.result.Details.(type) {
+	case nil:
+	case json.RawMessage:
+		m.Details = d
+	default:
+		if b, err := json.Marshal(d); err == nil {
+			m.Details = b
+		}
+	}
+	return m
+}

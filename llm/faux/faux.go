@@ -1,0 +1,275 @@
+// Package faux is pi's scripted model: it answers each model call with the
+// next queued response, streamed in fixed-size chunks with optional pacing,
+// exactly as the reference's faux provider does. Tests, the conformance
+// suite, the fleet's load tests and the offline demo use it.
+package faux
+
+import (
+	"context"
+	"encoding/json"
+	"iter"
+	"sync"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Texts the reference uses.
+const (
+	AbortedText   = "Request was aborted"
+	NoMoreText    = "No more faux responses queued"
+	DefaultTokens = 4
+)
+
+// Response is one scripted reply.
+type Response struct {
+	Content      []agent.Content  `json:"content"`
+	StopReason   agent.StopReason `json:"stopReason,omitempty"`
+	ErrorMessage string           `json:"errorMessage,omitempty"`
+}
+
+// Options shape the stream.
+type Options struct {
+	// TokenSize is the chunk size in tokens; a chunk is TokenSize*4
+	// characters. Zero means DefaultTokens.
+	TokenSize int
+	// TokensPerSecond paces the chunks; zero streams without delay.
+	TokensPerSecond float64
+	// Fallback answers when the queue is empty; nil answers with pi's
+	// "No more faux responses queued" error.
+	Fallback func(llm agent.Context) Response
+}
+
+// Model is a scripted model. Its Stream method is an agent.StreamFn. It is
+// safe for concurrent use; each call takes the next response.
+type Model struct {
+	opts Options
+
+	mu        sync.Mutex
+	responses []Response
+	calls     int
+}
+
+// New returns a faux model with responses queued.
+func New(opts Options, responses ...Response) *Model {
+	if opts.TokenSize <= 0 {
+		opts.TokenSize = DefaultTokens
+	}
+	return &Model{opts: opts, responses: responses}
+}
+
+// Push queues more responses.
+func (m *Model) Push(responses ...Response) {
+	m.mu.Lock()
+	m.responses = append(m.responses, responses...)
+	m.mu.Unlock()
+}
+
+// Calls returns how many model calls were made, aborted ones included.
+func (m *Model) Calls() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls
+}
+
+// Pending returns how many responses are still queued.
+func (m *Model) Pending() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.responses)
+}
+
+func (m *Model) next() (Response, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls++
+	if len(m.responses) == 0 {
+		return Response{}, false
+	}
+	r := m.responses[0]
+	m.responses = m.responses[1:]
+	return r, true
+}
+
+// Stream implements agent.StreamFn.
+func (m *Model) Stream(ctx context.Context, model agent.Model, llm agent.Context, _ agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	return func(yield func(agent.StreamEvent) bool) {
+		resp, ok := m.next() // used up even if the call is aborted before it starts
+		if !ok && m.opts.Fallback != nil {
+			resp, ok = m.opts.Fallback(llm), true
+		}
+		s := streamer{ctx: ctx, yield: yield, chunk: m.opts.TokenSize * 4, tps: m.opts.TokensPerSecond}
+		s.msg = agent.Message{Role: agent.RoleAssistant, API: model.API, Provider: model.Provider,
+			Model: model.ID, StopReason: agent.StopReasonStop, Timestamp: time.Now().UnixMilli()}
+		if ctx.Err() != nil {
+			s.abort()
+			return
+		}
+		if !ok {
+			s.fail(agent.StopReasonError, NoMoreText)
+			return
+		}
+		s.msg.Usage.Input = estimateTokens(contextChars(llm))
+		hdr := s.msg
+		if !yield(agent.StreamEvent{Type: agent.StreamStart, Message: &hdr}) {
+			return
+		}
+		out := 0
+		for i, block := range resp.Content {
+			if ctx.Err() != nil {
+				s.abort()
+				return
+			}
+			if !s.block(i, block) {
+				return
+			}
+			out += blockChars(block)
+		}
+		s.msg.Usage.Output = estimateTokens(out)
+		s.msg.Usage.TotalTokens = s.msg.Usage.Input + s.msg.Usage.Output
+		model.ComputeCost(&s.msg.Usage)
+		switch resp.StopReason {
+		case agent.StopReasonError, agent.StopReasonAborted:
+			s.fail(resp.StopReason, resp.ErrorMessage)
+		default:
+			reason := resp.StopReason
+			if reason == "" {
+				reason = agent.StopReasonStop
+			}
+			s.msg.StopReason = reason
+			final := s.msg
+			yield(agent.StreamEvent{Type: agent.StreamDone, Reason: reason, Message: &final})
+		}
+	}
+}
+
+type streamer struct {
+	ctx   context.Context
+	yield func(agent.StreamEvent) bool
+	chunk int
+	tps   float64
+	msg   agent.Message
+	timer *time.Timer
+}
+
+// block streams one content block; false means stop (aborted or the
+// consumer is gone).
+func (s *streamer) block(i int, b agent.Content) bool {
+	var full string
+	var start, delta, end agent.StreamEventType
+	switch b.Type {
+	case agent.ContentText:
+		full, start, delta, end = b.Text, agent.StreamTextStart, agent.StreamTextDelta, agent.StreamTextEnd
+		s.msg.Content = append(s.msg.Content, agent.Content{Type: agent.ContentText})
+	case agent.ContentThinking:
+		full, start, delta, end = b.Thinking, agent.StreamThinkingStart, agent.StreamThinkingDelta, agent.StreamThinkingEnd
+		s.msg.Content = append(s.msg.Content, agent.Content{Type: agent.ContentThinking})
+	case agent.ContentToolCall:
+		args := b.Arguments
+		if args == nil {
+			args = map[string]any{}
+		}
+		raw, _ := json.Marshal(args)
+		full, start, delta, end = string(raw), agent.StreamToolCallStart, agent.StreamToolCallDelta, agent.StreamToolCallEnd
+		s.msg.Content = append(s.msg.Content, agent.Content{Type: agent.ContentToolCall, ID: b.ID, Name: b.Name, Arguments: map[string]any{}})
+	default:
+		// Images are not something a model streams; keep them as they are.
+		s.msg.Content = append(s.msg.Content, b)
+		return true
+	}
+	if !s.yield(agent.StreamEvent{Type: start, ContentIndex: i, ID: b.ID, Name: b.Name}) {
+		return false
+	}
+	for pos := 0; pos < len(full); {
+		n := min(s.chunk, len(full)-pos)
+		if !s.pace(n) {
+			s.abort()
+			return false
+		}
+		piece := full[pos : pos+n]
+		pos += n
+		ev := agent.StreamEvent{Type: delta, ContentIndex: i, Delta: piece}
+		c := &s.msg.Content[i]
+		switch b.Type {
+		case agent.ContentText:
+			c.Text = full[:pos] // a substring: no copying as the text grows
+		case agent.ContentThinking:
+			c.Thinking = full[:pos]
+		case agent.ContentToolCall:
+			if pos == len(full) {
+				c.Arguments = b.Arguments
+				ev.Arguments = b.Arguments
+			}
+		}
+		if !s.yield(ev) {
+			return false
+		}
+	}
+	final := b
+	if b.Type == agent.ContentToolCall && final.Arguments == nil {
+		final.Arguments = map[string]any{}
+	}
+	s.msg.Content[i] = final
+	ev := agent.StreamEvent{Type: end, ContentIndex: i, Content: full}
+	if b.Type == agent.ContentToolCall {
+		ev.Content = ""
+		ev.ToolCall = &final
+	}
+	return s.yield(ev)
+}
+
+// pace waits before a chunk of n characters; false when aborted.
+func (s *streamer) pace(n int) bool {
+	if s.tps > 0 {
+		tokens := (n + 3) / 4
+		d := time.Duration(float64(tokens) / s.tps * float64(time.Second))
+		if s.timer == nil {
+			s.timer = time.NewTimer(d)
+		} else {
+			s.timer.Reset(d)
+		}
+		select {
+		case <-s.timer.C:
+		case <-s.ctx.Done():
+			s.timer.Stop()
+		}
+	}
+	return s.ctx.Err() == nil
+}
+
+func (s *streamer) abort() { s.fail(agent.StopReasonAborted, AbortedText) }
+
+func (s *streamer) fail(reason agent.StopReason, text string) {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.msg.StopReason = reason
+	s.msg.ErrorMessage = text
+	final := s.msg
+	s.yield(agent.StreamEvent{Type: agent.StreamError, Reason: reason, Message: &final})
+}
+
+func estimateTokens(chars int) int { return (chars + 3) / 4 }
+
+func blockChars(b agent.Content) int {
+	switch b.Type {
+	case agent.ContentText:
+		return len(b.Text)
+	case agent.ContentThinking:
+		return len(b.Thinking)
+	case agent.ContentToolCall:
+		raw, _ := json.Marshal(b.Arguments)
+		return len(b.Name) + len(raw)
+	}
+	return 0
+}
+
+func contextChars(llm agent.Context) int {
+	n := len(llm.SystemPrompt)
+	for i := range llm.Messages {
+		for _, b := range llm.Messages[i].Content {
+			n += blockChars(b)
+		}
+	}
+	return n
+}
