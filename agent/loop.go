@@ -23,6 +23,7 @@ type loopRun struct {
 
 	newMessages             []Message
 	skipInitialSteeringPoll bool
+	streamEvent             StreamEvent
 }
 
 func (r *loopRun) emit(ev *Event) error { return r.a.emit(r.ctx, ev) }
@@ -259,8 +260,9 @@ func (r *loopRun) streamAssistant() (*Message, error) {
 				if !started {
 					continue
 				}
-				se := ev
-				emitErr = r.emit(&Event{Type: EventMessageUpdate, StreamEvent: &se})
+				// One StreamEvent per run, overwritten: listeners must not keep it.
+				r.streamEvent = ev
+				emitErr = r.emit(&Event{Type: EventMessageUpdate, StreamEvent: &r.streamEvent})
 			}
 			if emitErr != nil || final != nil {
 				break

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"iter"
+	"strings"
 )
 
 // ThinkingLevel is the reasoning effort asked of the model.
@@ -133,12 +134,34 @@ type StreamFn func(ctx context.Context, model Model, llm Context, opts StreamOpt
 // partial message from message_update events on the wire.
 type MessageBuilder struct {
 	msg Message
+	// bufs accumulate the text of each block, so a long stream of deltas
+	// costs amortised appends instead of one string copy per delta. Strings
+	// handed out view bytes that are never written again.
+	bufs []*strings.Builder
 }
 
 // Reset starts a new message from a header (the start event's Message).
 func (b *MessageBuilder) Reset(header Message) {
 	header.Content = nil
 	b.msg = header
+	b.bufs = b.bufs[:0]
+}
+
+// appendText adds a delta to block i's buffer and returns the whole text.
+func (b *MessageBuilder) appendText(i int, prev, delta string) string {
+	for len(b.bufs) <= i {
+		b.bufs = append(b.bufs, nil)
+	}
+	sb := b.bufs[i]
+	if sb == nil || sb.Len() != len(prev) {
+		// First delta of the block (or the block was replaced): start over.
+		sb = &strings.Builder{}
+		sb.Grow(max(64, 2*(len(prev)+len(delta))))
+		sb.WriteString(prev)
+		b.bufs[i] = sb
+	}
+	sb.WriteString(delta)
+	return sb.String()
 }
 
 // Message returns the message built so far. Its content slice is shared with
@@ -158,11 +181,11 @@ func (b *MessageBuilder) Apply(ev *StreamEvent) {
 		b.put(i, Content{Type: ContentToolCall, ID: ev.ID, Name: ev.Name, Arguments: map[string]any{}})
 	case StreamTextDelta:
 		if c := b.at(i, ContentText); c != nil {
-			c.Text += ev.Delta
+			c.Text = b.appendText(i, c.Text, ev.Delta)
 		}
 	case StreamThinkingDelta:
 		if c := b.at(i, ContentThinking); c != nil {
-			c.Thinking += ev.Delta
+			c.Thinking = b.appendText(i, c.Thinking, ev.Delta)
 		}
 	case StreamToolCallDelta:
 		if c := b.at(i, ContentToolCall); c != nil && ev.Arguments != nil {
