@@ -458,4 +458,3 @@ func lineDiff(a, b []string) string {
 	}
 	return strings.Join(out, "\n")
 }
-
