@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,15 +57,17 @@ func BenchmarkReferenceWorkload(b *testing.B) {
 		b.Fatalf("workload emitted %d events, want 448", n)
 	}
 	b.ReportAllocs()
-	b.ResetTimer()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
 	events := 0
 	for b.Loop() {
 		events += runReference(b, tool, responses)
 	}
-	b.StopTimer()
+	runtime.ReadMemStats(&after)
 	secs := b.Elapsed().Seconds()
 	b.ReportMetric(float64(events)/secs, "events/s")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
+	b.ReportMetric(float64(after.Mallocs-before.Mallocs)/float64(events), "allocs/event")
 }
 
 // BenchmarkTextStream measures the streaming path alone: one reply of 1,000
@@ -72,6 +75,8 @@ func BenchmarkReferenceWorkload(b *testing.B) {
 func BenchmarkTextStream(b *testing.B) {
 	text := strings.Repeat("abcd", 1000)
 	b.ReportAllocs()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
 	events := 0
 	for b.Loop() {
 		model := faux.New(faux.Options{TokenSize: 1}, faux.Response{Content: []agent.Content{agent.Text(text)}})
@@ -81,5 +86,7 @@ func BenchmarkTextStream(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
+	b.ReportMetric(float64(after.Mallocs-before.Mallocs)/float64(events), "allocs/event")
 }
