@@ -466,8 +466,9 @@ func (a *Agent) startLocked(parent context.Context) *loopRun {
 		run: run,
 		cur: Context{
 			SystemPrompt: a.systemPrompt,
-			Messages:     append([]Message(nil), a.messages...),
-			Tools:        append([]*Tool(nil), a.tools...),
+			// Room for a few turns, so the run's appends rarely regrow it.
+			Messages: append(make([]Message, 0, len(a.messages)+8), a.messages...),
+			Tools:    append([]*Tool(nil), a.tools...),
 		},
 		model:         a.model,
 		reasoning:     reasoning,

@@ -37,7 +37,7 @@ func (r *loopRun) emitMessage(m *Message) error {
 }
 
 func (r *loopRun) runPrompt(prompts []Message) error {
-	r.newMessages = append([]Message(nil), prompts...)
+	r.newMessages = append(make([]Message, 0, len(prompts)+8), prompts...)
 	r.cur.Messages = append(r.cur.Messages, prompts...)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
@@ -55,6 +55,7 @@ func (r *loopRun) runPrompt(prompts []Message) error {
 }
 
 func (r *loopRun) runContinue() error {
+	r.newMessages = make([]Message, 0, 8)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
 	}

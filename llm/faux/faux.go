@@ -120,10 +120,11 @@ func (m *Model) Stream(ctx context.Context, model agent.Model, llm agent.Context
 				s.abort()
 				return
 			}
-			if !s.block(i, block) {
+			n, ok := s.block(i, block)
+			if !ok {
 				return
 			}
-			out += blockChars(block)
+			out += n
 		}
 		s.msg.Usage.Output = estimateTokens(out)
 		s.msg.Usage.TotalTokens = s.msg.Usage.Input + s.msg.Usage.Output
@@ -152,9 +153,9 @@ type streamer struct {
 	timer *time.Timer
 }
 
-// block streams one content block; false means stop (aborted or the
-// consumer is gone).
-func (s *streamer) block(i int, b agent.Content) bool {
+// block streams one content block and returns its size in characters;
+// false means stop (aborted or the consumer is gone).
+func (s *streamer) block(i int, b agent.Content) (int, bool) {
 	var full string
 	var start, delta, end agent.StreamEventType
 	switch b.Type {
@@ -175,16 +176,16 @@ func (s *streamer) block(i int, b agent.Content) bool {
 	default:
 		// Images are not something a model streams; keep them as they are.
 		s.msg.Content = append(s.msg.Content, b)
-		return true
+		return 0, true
 	}
 	if !s.yield(agent.StreamEvent{Type: start, ContentIndex: i, ID: b.ID, Name: b.Name}) {
-		return false
+		return 0, false
 	}
 	for pos := 0; pos < len(full); {
 		n := min(s.chunk, len(full)-pos)
 		if !s.pace(n) {
 			s.abort()
-			return false
+			return 0, false
 		}
 		piece := full[pos : pos+n]
 		pos += n
@@ -202,7 +203,7 @@ func (s *streamer) block(i int, b agent.Content) bool {
 			}
 		}
 		if !s.yield(ev) {
-			return false
+			return 0, false
 		}
 	}
 	final := b
@@ -215,7 +216,7 @@ func (s *streamer) block(i int, b agent.Content) bool {
 		ev.Content = ""
 		ev.ToolCall = &final
 	}
-	return s.yield(ev)
+	return len(b.Name) + len(full), s.yield(ev)
 }
 
 // pace waits before a chunk of n characters; false when aborted.
@@ -251,24 +252,13 @@ func (s *streamer) fail(reason agent.StopReason, text string) {
 
 func estimateTokens(chars int) int { return (chars + 3) / 4 }
 
-func blockChars(b agent.Content) int {
-	switch b.Type {
-	case agent.ContentText:
-		return len(b.Text)
-	case agent.ContentThinking:
-		return len(b.Thinking)
-	case agent.ContentToolCall:
-		raw, _ := json.Marshal(b.Arguments)
-		return len(b.Name) + len(raw)
-	}
-	return 0
-}
-
+// contextChars sizes the request for the usage estimate. Tool-call
+// arguments count by name and id only: an estimate need not serialise them.
 func contextChars(llm agent.Context) int {
 	n := len(llm.SystemPrompt)
 	for i := range llm.Messages {
 		for _, b := range llm.Messages[i].Content {
-			n += blockChars(b)
+			n += len(b.Text) + len(b.Thinking) + len(b.Name) + len(b.ID)
 		}
 	}
 	return n
