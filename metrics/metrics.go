@@ -1,0 +1,272 @@
+// Package metrics owns the worker's Prometheus metrics: their names, labels
+// and buckets, the bounds on label values, and the HTTP endpoints /metrics,
+// /healthz and /readyz. It registers on a registry passed in (never the
+// global default one) and knows nothing of NATS or of models beyond names.
+package metrics
+
+import (
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "agentfleet"
+
+// Other replaces a label value outside the bounded set.
+const Other = "other"
+
+// Config bounds the label values. Anything outside these sets is counted as
+// "other", so a model or tool name chosen by a caller can never grow the
+// number of series.
+type Config struct {
+	Models []string // the worker's model table; "faux" is always allowed
+	Tools  []string // the worker's tool registry
+	Queues []string // the queues the worker serves
+}
+
+// Metrics are the worker's metrics. All methods are safe for concurrent use.
+type Metrics struct {
+	models, tools, queues map[string]bool
+	names                 []string
+
+	runsStarted      *prometheus.CounterVec
+	runsFinished     *prometheus.CounterVec
+	runsInFlight     *prometheus.GaugeVec
+	runDuration      *prometheus.HistogramVec
+	queueWait        *prometheus.HistogramVec
+	redeliveries     *prometheus.CounterVec
+	resumed          *prometheus.CounterVec
+	turns            *prometheus.CounterVec
+	modelRequests    *prometheus.CounterVec
+	modelDuration    *prometheus.HistogramVec
+	timeToFirstToken *prometheus.HistogramVec
+	tokens           *prometheus.CounterVec
+	cost             *prometheus.CounterVec
+	toolCalls        *prometheus.CounterVec
+	toolDuration     *prometheus.HistogramVec
+	eventsPublished  prometheus.Counter
+	publishFailures  prometheus.Counter
+	publishWaits     prometheus.Counter
+	publishWaitTime  prometheus.Histogram
+	controls         *prometheus.CounterVec
+	slotsBusy        prometheus.Gauge
+	slotsTotal       prometheus.Gauge
+	queueDepth       *prometheus.GaugeVec
+}
+
+// New creates the metrics and registers them, with the Go runtime and
+// process collectors, on reg.
+func New(reg prometheus.Registerer, cfg Config) *Metrics {
+	m := &Metrics{
+		models: set(append([]string{"faux"}, cfg.Models...)),
+		tools:  set(cfg.Tools),
+		queues: set(cfg.Queues),
+	}
+	latency := prometheus.ExponentialBucketsRange(0.005, 60, 14)
+	long := prometheus.ExponentialBucketsRange(0.5, 7200, 14)
+
+	m.runsStarted = counterVec(reg, m, "runs_started_total", "Runs started (attempts included).", "queue", "model")
+	m.runsFinished = counterVec(reg, m, "runs_finished_total", "Runs finished, by status (succeeded, failed, aborted) and reason.", "queue", "model", "status", "reason")
+	m.runsInFlight = gaugeVec(reg, m, "runs_in_flight", "Runs this worker is driving now.", "queue")
+	m.runDuration = histogramVec(reg, m, "run_duration_seconds", "Run duration from start to run_finished on this worker.", long, "queue", "status")
+	m.queueWait = histogramVec(reg, m, "queue_wait_seconds", "Time from submission to the run starting on a worker.", latency, "queue")
+	m.redeliveries = counterVec(reg, m, "run_redeliveries_total", "Run requests delivered more than once.", "queue")
+	m.resumed = counterVec(reg, m, "runs_resumed_total", "Runs resumed from their events after a redelivery.", "queue")
+	m.turns = counterVec(reg, m, "turns_total", "Agent turns (model calls that the loop made).", "model")
+	m.modelRequests = counterVec(reg, m, "model_requests_total", "Model requests by outcome (the stop reason: stop, length, toolUse, error, aborted).", "model", "outcome")
+	m.modelDuration = histogramVec(reg, m, "model_request_duration_seconds", "Model request duration, from the request to the final event.", latency, "model")
+	m.timeToFirstToken = histogramVec(reg, m, "model_time_to_first_token_seconds", "Time from the request to the first streamed content.", latency, "model")
+	m.tokens = counterVec(reg, m, "tokens_total", "Tokens by kind (input, output, cache_read, cache_write).", "model", "kind")
+	m.cost = counterVec(reg, m, "cost_dollars_total", "Model cost in US dollars, from the model table.", "model")
+	m.toolCalls = counterVec(reg, m, "tool_calls_total", "Tool calls by outcome (ok, error).", "tool", "outcome")
+	m.toolDuration = histogramVec(reg, m, "tool_duration_seconds", "Tool execution duration.", latency, "tool")
+	m.eventsPublished = counter(reg, m, "events_published_total", "Run events stored in JetStream.")
+	m.publishFailures = counter(reg, m, "event_publish_failures_total", "Run events that could not be published.")
+	m.publishWaits = counter(reg, m, "publish_backpressure_waits_total", "Times a run waited for the publish window to drain.")
+	m.publishWaitTime = histogram(reg, m, "publish_backpressure_wait_seconds", "How long a run waited for the publish window.", latency)
+	m.controls = counterVec(reg, m, "control_messages_total", "Control messages received, by kind (steer, followup, abort).", "kind")
+	m.slotsBusy = gauge(reg, m, "worker_slots_busy", "Run slots in use on this worker.")
+	m.slotsTotal = gauge(reg, m, "worker_slots", "Run slots on this worker (its concurrency).")
+	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending).", "queue")
+
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	sort.Strings(m.names)
+	return m
+}
+
+// Names lists the full names of the metric families this package defines
+// (histograms also expose _bucket, _sum and _count).
+func (m *Metrics) Names() []string { return append([]string(nil), m.names...) }
+
+func set(values []string) map[string]bool {
+	s := make(map[string]bool, len(values))
+	for _, v := range values {
+		s[v] = true
+	}
+	return s
+}
+
+func bound(s map[string]bool, v string) string {
+	if s[v] {
+		return v
+	}
+	return Other
+}
+
+// Model bounds a model label value.
+func (m *Metrics) Model(id string) string { return bound(m.models, id) }
+
+func (m *Metrics) tool(name string) string  { return bound(m.tools, name) }
+func (m *Metrics) queue(name string) string { return bound(m.queues, name) }
+func oneOf(v string, allowed ...string) string {
+	for _, a := range allowed {
+		if v == a {
+			return v
+		}
+	}
+	return Other
+}
+
+// RunStarted counts a run attempt starting; wait is the time since submission.
+func (m *Metrics) RunStarted(queue, model string, attempt int, wait time.Duration) {
+	q := m.queue(queue)
+	m.runsStarted.WithLabelValues(q, m.Model(model)).Inc()
+	m.runsInFlight.WithLabelValues(q).Inc()
+	if attempt > 1 {
+		m.redeliveries.WithLabelValues(q).Inc()
+	}
+	if wait >= 0 {
+		m.queueWait.WithLabelValues(q).Observe(wait.Seconds())
+	}
+}
+
+// RunResumed counts a run continued from its events after a redelivery.
+func (m *Metrics) RunResumed(queue string) { m.resumed.WithLabelValues(m.queue(queue)).Inc() }
+
+// RunFinished counts a run ending on this worker. A run that was started
+// with RunStarted leaves the in-flight gauge.
+func (m *Metrics) RunFinished(queue, model, status, reason string, d time.Duration, started bool) {
+	q := m.queue(queue)
+	status = oneOf(status, "succeeded", "failed", "aborted")
+	m.runsFinished.WithLabelValues(q, m.Model(model), status, oneOf(reason, reasons...)).Inc()
+	if started {
+		m.runsInFlight.WithLabelValues(q).Dec()
+	}
+	m.runDuration.WithLabelValues(q, status).Observe(d.Seconds())
+}
+
+// reasons are the run_finished reasons the label takes ("" for success).
+var reasons = []string{"", "model_error", "bad_request", "max_turns", "timeout", "token_budget",
+	"aborted_by_user", "gave_up", "lease_lost", "internal"}
+
+// Turn counts one agent turn.
+func (m *Metrics) Turn(model string) { m.turns.WithLabelValues(m.Model(model)).Inc() }
+
+// ModelUsage is what one model request used.
+type ModelUsage struct {
+	Input, Output, CacheRead, CacheWrite int
+	Cost                                 float64
+}
+
+// ModelRequest records one model request: its outcome (stop reason), its
+// duration, the time to its first content (negative when none came) and usage.
+func (m *Metrics) ModelRequest(model, outcome string, d, ttft time.Duration, u ModelUsage) {
+	mod := m.Model(model)
+	m.modelRequests.WithLabelValues(mod, oneOf(outcome, "stop", "length", "toolUse", "error", "aborted")).Inc()
+	m.modelDuration.WithLabelValues(mod).Observe(d.Seconds())
+	if ttft >= 0 {
+		m.timeToFirstToken.WithLabelValues(mod).Observe(ttft.Seconds())
+	}
+	for kind, n := range map[string]int{"input": u.Input, "output": u.Output, "cache_read": u.CacheRead, "cache_write": u.CacheWrite} {
+		if n > 0 {
+			m.tokens.WithLabelValues(mod, kind).Add(float64(n))
+		}
+	}
+	if u.Cost > 0 {
+		m.cost.WithLabelValues(mod).Add(u.Cost)
+	}
+}
+
+// ToolCall records one tool call.
+func (m *Metrics) ToolCall(tool string, isError bool, d time.Duration) {
+	t := m.tool(tool)
+	outcome := "ok"
+	if isError {
+		outcome = "error"
+	}
+	m.toolCalls.WithLabelValues(t, outcome).Inc()
+	m.toolDuration.WithLabelValues(t).Observe(d.Seconds())
+}
+
+// EventsPublished counts events stored.
+func (m *Metrics) EventsPublished(n int) { m.eventsPublished.Add(float64(n)) }
+
+// PublishFailed counts an event that could not be published.
+func (m *Metrics) PublishFailed() { m.publishFailures.Inc() }
+
+// PublishWaited records a wait for the publish window.
+func (m *Metrics) PublishWaited(d time.Duration) {
+	m.publishWaits.Inc()
+	m.publishWaitTime.Observe(d.Seconds())
+}
+
+// ControlReceived counts a control message (steer, followup, abort).
+func (m *Metrics) ControlReceived(kind string) {
+	m.controls.WithLabelValues(oneOf(kind, "steer", "followup", "abort")).Inc()
+}
+
+// SetSlots sets the busy and total run slots.
+func (m *Metrics) SetSlots(busy, total int) {
+	m.slotsBusy.Set(float64(busy))
+	m.slotsTotal.Set(float64(total))
+}
+
+// SetQueueDepth sets a queue's depth (pending + ack pending).
+func (m *Metrics) SetQueueDepth(queue string, depth int) {
+	m.queueDepth.WithLabelValues(m.queue(queue)).Set(float64(depth))
+}
+
+func fqName(m *Metrics, name string) string {
+	full := prometheus.BuildFQName(Namespace, "", name)
+	m.names = append(m.names, full)
+	return full
+}
+
+func counter(reg prometheus.Registerer, m *Metrics, name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: fqName(m, name), Help: help})
+	reg.MustRegister(c)
+	return c
+}
+
+func counterVec(reg prometheus.Registerer, m *Metrics, name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: fqName(m, name), Help: help}, labels)
+	reg.MustRegister(c)
+	return c
+}
+
+func gauge(reg prometheus.Registerer, m *Metrics, name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: fqName(m, name), Help: help})
+	reg.MustRegister(g)
+	return g
+}
+
+func gaugeVec(reg prometheus.Registerer, m *Metrics, name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: fqName(m, name), Help: help}, labels)
+	reg.MustRegister(g)
+	return g
+}
+
+func histogram(reg prometheus.Registerer, m *Metrics, name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: fqName(m, name), Help: help, Buckets: buckets})
+	reg.MustRegister(h)
+	return h
+}
+
+func histogramVec(reg prometheus.Registerer, m *Metrics, name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: fqName(m, name), Help: help, Buckets: buckets}, labels)
+	reg.MustRegister(h)
+	return h
+}

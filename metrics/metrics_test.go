@@ -1,0 +1,133 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newTest(t *testing.T) (*prometheus.Registry, *Metrics) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	return reg, New(reg, Config{Models: []string{"gpt-4o-mini"}, Tools: []string{"calculator"}, Queues: []string{"default"}})
+}
+
+func TestLabelsStayBounded(t *testing.T) {
+	reg, m := newTest(t)
+	for i := range 50 {
+		id := "run-" + strings.Repeat("x", i)
+		m.RunStarted(id, id, 1, time.Millisecond)
+		m.RunFinished(id, id, id, id, time.Second, true)
+		m.ModelRequest(id, id, time.Second, time.Millisecond, ModelUsage{Input: 1})
+		m.ToolCall(id, i%2 == 0, time.Millisecond)
+		m.ControlReceived(id)
+		m.SetQueueDepth(id, i)
+	}
+	m.RunStarted("default", "faux", 2, time.Millisecond)
+	m.ModelRequest("gpt-4o-mini", "stop", time.Second, -1, ModelUsage{Input: 10, Output: 5, CacheRead: 2, Cost: 0.5})
+
+	// 50 distinct unknown values collapse to one series each.
+	if n := testutil.CollectAndCount(m.runsStarted); n != 2 {
+		t.Fatalf("runs_started series = %d, want 2 (other, default/faux)", n)
+	}
+	if n := testutil.CollectAndCount(m.toolCalls); n != 2 {
+		t.Fatalf("tool_calls series = %d, want 2 (other/ok, other/error)", n)
+	}
+	if got := testutil.ToFloat64(m.redeliveries.WithLabelValues("default")); got != 1 {
+		t.Fatalf("redeliveries = %v", got)
+	}
+	if got := testutil.ToFloat64(m.tokens.WithLabelValues("gpt-4o-mini", "cache_read")); got != 2 {
+		t.Fatalf("cache_read tokens = %v", got)
+	}
+	if got := testutil.ToFloat64(m.runsInFlight.WithLabelValues(Other)); got != 0 {
+		t.Fatalf("in flight (other) = %v, want 0 after finishing", got)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestNamesAreWhatIsExported(t *testing.T) {
+	reg, m := newTest(t)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		exported[f.GetName()] = true
+	}
+	// Families without observations are not gathered; touch all of them.
+	m.RunStarted("default", "faux", 2, 0)
+	m.RunResumed("default")
+	m.RunFinished("default", "faux", "succeeded", "", time.Second, true)
+	m.Turn("faux")
+	m.ModelRequest("faux", "stop", time.Second, time.Millisecond, ModelUsage{Input: 1, Cost: 1})
+	m.ToolCall("calculator", false, time.Millisecond)
+	m.PublishWaited(time.Millisecond)
+	m.ControlReceived("steer")
+	m.SetQueueDepth("default", 1)
+	if families, err = reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		exported[f.GetName()] = true
+	}
+	for _, n := range m.Names() {
+		if !exported[n] {
+			t.Errorf("%s is in Names() but not exported", n)
+		}
+	}
+	for _, want := range []string{"go_goroutines", "process_cpu_seconds_total"} {
+		if !exported[want] {
+			t.Errorf("runtime/process collector metric %s missing", want)
+		}
+	}
+}
+
+func TestHandler(t *testing.T) {
+	reg, m := newTest(t)
+	m.SetSlots(3, 8)
+	var readyErr error
+	srv := httptest.NewServer(Handler(reg, func(context.Context) error { return readyErr }))
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "agentfleet_worker_slots_busy 3") {
+		t.Fatalf("/metrics %d:\n%s", code, body)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("/healthz %d", code)
+	}
+	if code, _ := get("/readyz"); code != 200 {
+		t.Fatalf("/readyz %d", code)
+	}
+	readyErr = errors.New("nats: connection closed")
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "connection closed") {
+		t.Fatalf("/readyz unready: %d %s", code, body)
+	}
+	srv.CloseClientConnections()
+}
