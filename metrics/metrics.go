@@ -55,6 +55,7 @@ type Metrics struct {
 	slotsBusy        prometheus.Gauge
 	slotsTotal       prometheus.Gauge
 	queueDepth       *prometheus.GaugeVec
+	pastDeadline     prometheus.Gauge
 }
 
 // New creates the metrics and registers them, with the Go runtime and
@@ -90,6 +91,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.controls = counterVec(reg, m, "control_messages_total", "Control messages received, by kind (steer, followup, abort).", "kind")
 	m.slotsBusy = gauge(reg, m, "worker_slots_busy", "Run slots in use on this worker.")
 	m.slotsTotal = gauge(reg, m, "worker_slots", "Run slots on this worker (its concurrency).")
+	m.pastDeadline = gauge(reg, m, "runs_past_deadline", "Runs on this worker still going after their timeout (a tool or model ignoring cancellation).")
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending).", "queue")
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -223,6 +225,9 @@ func (m *Metrics) SetSlots(busy, total int) {
 	m.slotsBusy.Set(float64(busy))
 	m.slotsTotal.Set(float64(total))
 }
+
+// SetRunsPastDeadline sets how many runs are past their timeout.
+func (m *Metrics) SetRunsPastDeadline(n int) { m.pastDeadline.Set(float64(n)) }
 
 // SetQueueDepth sets a queue's depth (pending + ack pending).
 func (m *Metrics) SetQueueDepth(queue string, depth int) {

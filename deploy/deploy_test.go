@@ -1,0 +1,202 @@
+// Package deploy holds what an operator needs to run the fleet; its test
+// checks that the manifests parse and agree with the code: every metric a
+// dashboard or alert uses is exported by the worker, and every worker flag
+// and port they use exists.
+package deploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/agentfleet/agentfleet/metrics"
+)
+
+// Every YAML and JSON file under deploy/ parses (all documents of a stream).
+func TestManifestsParse(t *testing.T) {
+	n := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		switch filepath.Ext(path) {
+		case ".json":
+			n++
+			var v any
+			if err := json.Unmarshal(raw, &v); err != nil {
+				t.Errorf("%s: %v", path, err)
+			}
+		case ".yml", ".yaml":
+			n++
+			dec := yaml.NewDecoder(bytes.NewReader(raw))
+			for {
+				var v any
+				if err := dec.Decode(&v); errors.Is(err, io.EOF) {
+					break
+				} else if err != nil {
+					t.Errorf("%s: %v", path, err)
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 10 {
+		t.Fatalf("only %d manifests found", n)
+	}
+}
+
+// exportedNames are the metric names the worker's registry exposes.
+func exportedNames(t *testing.T) map[string]bool {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg, metrics.Config{})
+	names := map[string]bool{"up": true} // Prometheus' own series for scrape targets
+	for _, n := range m.Names() {
+		names[n] = true
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		names[f.GetName()] = true
+	}
+	return names
+}
+
+// promqlExprs returns every PromQL expression of the dashboard and the rules.
+func promqlExprs(t *testing.T) map[string][]string {
+	out := map[string][]string{}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	raw, err := os.ReadFile("grafana/agentfleet.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			out["dashboard: "+p.Title] = append(out["dashboard: "+p.Title], tg.Expr)
+		}
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `yaml:"alert"`
+				Expr  string `yaml:"expr"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	raw, err = os.ReadFile("prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &rules); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			out["alert: "+r.Alert] = append(out["alert: "+r.Alert], r.Expr)
+		}
+	}
+	return out
+}
+
+var (
+	promString    = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+	promMatchers  = regexp.MustCompile(`\{[^}]*\}`)
+	promRange     = regexp.MustCompile(`\[[^\]]*\]`)
+	promGrouping  = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
+	promIdent     = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*(\s*\()?`)
+	promVariables = regexp.MustCompile(`\$\w+`)
+	promKeywords  = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true,
+		"by": true, "without": true, "on": true, "ignoring": true, "group_left": true, "group_right": true, "inf": true, "nan": true}
+)
+
+// metricNames finds the metric names in a PromQL expression: identifiers
+// that are not functions, keywords, labels, strings or durations.
+func metricNames(expr string) []string {
+	e := promString.ReplaceAllString(expr, `""`)
+	e = promMatchers.ReplaceAllString(e, " ")
+	e = promRange.ReplaceAllString(e, " ")
+	e = promGrouping.ReplaceAllString(e, " ")
+	e = promVariables.ReplaceAllString(e, " ")
+	var names []string
+	for _, m := range promIdent.FindAllString(e, -1) {
+		if strings.HasSuffix(strings.TrimSpace(m), "(") || promKeywords[strings.ToLower(m)] {
+			continue // a function call, or a keyword
+		}
+		names = append(names, m)
+	}
+	return names
+}
+
+func TestMetricNamesParser(t *testing.T) {
+	got := metricNames(`sum by (le, model) (rate(agentfleet_x_bucket{status!="a b"}[5m])) / on (q) group_left foo_total and bool 2 > 0.5 or absent(up{job="w"})`)
+	want := []string{"agentfleet_x_bucket", "foo_total", "up"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// Every metric in the dashboard and the alert rules is one the worker exports.
+func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
+	exported := exportedNames(t)
+	exprs := promqlExprs(t)
+	if len(exprs) < 10 {
+		t.Fatalf("only %d panels and rules found", len(exprs))
+	}
+	used := map[string]bool{}
+	for where, list := range exprs {
+		for _, expr := range list {
+			names := metricNames(expr)
+			if len(names) == 0 {
+				t.Errorf("%s: no metric in %q", where, expr)
+			}
+			for _, n := range names {
+				used[n] = true
+				base := n
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if exported[strings.TrimSuffix(n, suffix)] {
+						base = strings.TrimSuffix(n, suffix)
+					}
+				}
+				if !exported[base] {
+					t.Errorf("%s: metric %s is not exported by the worker", where, n)
+				}
+			}
+		}
+	}
+	var all []string
+	for n := range used {
+		all = append(all, n)
+	}
+	sort.Strings(all)
+	t.Logf("%d expressions use %d metrics: %s", len(exprs), len(all), strings.Join(all, " "))
+}
