@@ -1,0 +1,87 @@
+package bus
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Control is the body of a control message: steer and followup take Text or
+// Message (a pi user message); abort takes an optional Reason.
+type Control struct {
+	Text    string         `json:"text,omitempty"`
+	Message *agent.Message `json:"message,omitempty"`
+	Reason  string         `json:"reason,omitempty"`
+}
+
+// MaxAbortReason bounds the reason of an abort.
+const MaxAbortReason = 1024
+
+// DecodeUserControl decodes a steer or follow-up body into the user message
+// it queues. storedAt (the time the stream stored it) stamps a text message
+// and a message without a timestamp.
+func DecodeUserControl(data []byte, storedAt time.Time) (agent.Message, error) {
+	if len(data) > MaxControlBytes {
+		return agent.Message{}, fmt.Errorf("control message is %d bytes, the limit is %d", len(data), MaxControlBytes)
+	}
+	var c Control
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return agent.Message{}, fmt.Errorf(`control message must be {"text":"..."} or {"message":{...}}: %s`, jsonErrorText(err))
+	}
+	ts := storedAt.UnixMilli()
+	switch {
+	case c.Text != "" && c.Message != nil:
+		return agent.Message{}, errors.New(`control message has both "text" and "message"`)
+	case c.Text != "":
+		m := agent.UserText(c.Text)
+		m.Timestamp = ts
+		return m, nil
+	case c.Message != nil:
+		m := *c.Message
+		if m.Role != agent.RoleUser {
+			return agent.Message{}, fmt.Errorf("control message role is %q, it must be user", truncate(m.Role, 40))
+		}
+		if len(m.Content) == 0 {
+			return agent.Message{}, errors.New("control message has no content")
+		}
+		if m.Timestamp == 0 {
+			m.Timestamp = ts
+		}
+		return m, nil
+	}
+	return agent.Message{}, errors.New(`control message has neither "text" nor "message"`)
+}
+
+// DecodeAbort returns the reason of an abort. Any body aborts: an empty or
+// non-JSON body is an abort without (or with that text as) reason.
+func DecodeAbort(data []byte) string {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return ""
+	}
+	var c Control
+	if json.Unmarshal(data, &c) == nil {
+		return clip(c.Reason, MaxAbortReason)
+	}
+	if utf8.Valid(data) {
+		return clip(string(data), MaxAbortReason)
+	}
+	return ""
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

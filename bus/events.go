@@ -1,0 +1,264 @@
+package bus
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Fleet event types. They travel in the same envelope as the agent events.
+const (
+	EventRunStarted  = "run_started"
+	EventRunFinished = "run_finished"
+	EventRunResumed  = "run_resumed"
+)
+
+// Run statuses (the status of run_finished).
+const (
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusAborted   = "aborted"
+)
+
+// Record states: the statuses plus these.
+const (
+	StateQueued  = "queued"
+	StateRunning = "running"
+)
+
+// Machine-readable reasons of run_finished (for failed and aborted runs).
+const (
+	ReasonModelError    = "model_error"
+	ReasonBadRequest    = "bad_request"
+	ReasonMaxTurns      = "max_turns"
+	ReasonTimeout       = "timeout"
+	ReasonTokenBudget   = "token_budget"
+	ReasonAbortedByUser = "aborted_by_user"
+	ReasonEventTooLarge = "event_too_large"
+	ReasonInternal      = "internal_error"
+	ReasonGaveUp        = "gave_up" // reserved for the give-up path (issue 7)
+)
+
+// Envelope is one NATS message on <prefix>.run.<run>.events. Seq starts at 1
+// for each attempt and has no gaps; Nats-Msg-Id is "<run>:<attempt>:<seq>".
+type Envelope struct {
+	Run     string `json:"run"`
+	Seq     uint64 `json:"seq"`
+	Attempt int    `json:"attempt"`
+	Worker  string `json:"worker"`
+	// TS is Unix milliseconds.
+	TS int64 `json:"ts"`
+	// ControlSeq is the AGENTS_CONTROL stream sequence of the control
+	// message a user message came from (on its message_start and
+	// message_end).
+	ControlSeq uint64          `json:"controlSeq,omitempty"`
+	Event      json.RawMessage `json:"event"`
+
+	// Type is the event's type, filled by DecodeEnvelope.
+	Type string `json:"-"`
+	// StreamSeq is the AGENTS_EVENTS sequence, when read from the stream.
+	StreamSeq uint64 `json:"-"`
+}
+
+// MsgID is the Nats-Msg-Id of an envelope.
+func MsgID(run string, attempt int, seq uint64) string {
+	return run + ":" + strconv.Itoa(attempt) + ":" + strconv.FormatUint(seq, 10)
+}
+
+// DecodeEnvelope parses an envelope and the type of its event.
+func DecodeEnvelope(data []byte) (*Envelope, error) {
+	var e Envelope
+	if err := json.Unmarshal(data, &e); err != nil {
+		return nil, fmt.Errorf("envelope: %w", err)
+	}
+	if len(e.Event) == 0 {
+		return nil, errors.New("envelope: no event")
+	}
+	var head struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(e.Event, &head); err != nil {
+		return nil, fmt.Errorf("envelope event: %w", err)
+	}
+	if head.Type == "" {
+		return nil, errors.New("envelope event: no type")
+	}
+	e.Type = head.Type
+	return &e, nil
+}
+
+// AppendEnvelope writes an envelope around an encoded event. worker is
+// JSON-quoted here; run must be a valid id.
+func AppendEnvelope(dst []byte, run string, seq uint64, attempt int, worker string, ts int64, controlSeq uint64, event []byte) []byte {
+	dst = append(dst, `{"run":"`...)
+	dst = append(dst, run...)
+	dst = append(dst, `","seq":`...)
+	dst = strconv.AppendUint(dst, seq, 10)
+	dst = append(dst, `,"attempt":`...)
+	dst = strconv.AppendInt(dst, int64(attempt), 10)
+	dst = append(dst, `,"worker":`...)
+	q, _ := json.Marshal(worker)
+	dst = append(dst, q...)
+	dst = append(dst, `,"ts":`...)
+	dst = strconv.AppendInt(dst, ts, 10)
+	if controlSeq > 0 {
+		dst = append(dst, `,"controlSeq":`...)
+		dst = strconv.AppendUint(dst, controlSeq, 10)
+	}
+	dst = append(dst, `,"event":`...)
+	dst = append(dst, event...)
+	return append(dst, '}')
+}
+
+// AgentEvent is the wire form of a pi agent event. Field names are pi's,
+// except that message_update carries only assistantMessageEvent (a delta,
+// no partial message) and turn_end / agent_end refer to messages by the
+// envelope seq of their message_end instead of repeating them.
+type AgentEvent struct {
+	Type string `json:"type"`
+	// message_start, message_end
+	Message *agent.Message `json:"message,omitempty"`
+	// message_update
+	AssistantMessageEvent *agent.StreamEvent `json:"assistantMessageEvent,omitempty"`
+	// tool_execution_*
+	ToolCallID    string            `json:"toolCallId,omitempty"`
+	ToolName      string            `json:"toolName,omitempty"`
+	Args          map[string]any    `json:"args,omitempty"`
+	PartialResult *agent.ToolResult `json:"partialResult,omitempty"`
+	Result        *agent.ToolResult `json:"result,omitempty"`
+	IsError       *bool             `json:"isError,omitempty"`
+	// turn_end: the seq of the turn's assistant message_end and of its tool
+	// results' message_end events.
+	MessageSeq     uint64   `json:"messageSeq,omitempty"`
+	ToolResultSeqs []uint64 `json:"toolResultSeqs,omitempty"`
+	// agent_end: how many messages the agent run added, and the seqs of
+	// their message_end events (in this attempt).
+	MessageCount *int     `json:"messageCount,omitempty"`
+	MessageSeqs  []uint64 `json:"messageSeqs,omitempty"`
+}
+
+// NewAgentEvent converts an agent event to its wire form. The references of
+// turn_end and agent_end (MessageSeq, ToolResultSeqs, MessageSeqs) are the
+// publisher's to fill in. The result shares the event's data: encode it
+// before the listener returns.
+func NewAgentEvent(ev *agent.Event) AgentEvent {
+	w := AgentEvent{Type: string(ev.Type)}
+	switch ev.Type {
+	case agent.EventMessageStart, agent.EventMessageEnd:
+		w.Message = ev.Message
+	case agent.EventMessageUpdate:
+		if ev.StreamEvent != nil {
+			se := *ev.StreamEvent
+			se.Arguments = nil // partial arguments are in the deltas
+			se.Message = nil
+			w.AssistantMessageEvent = &se
+		}
+	case agent.EventToolExecutionStart:
+		w.ToolCallID, w.ToolName, w.Args = ev.ToolCallID, ev.ToolName, nonNilArgs(ev.Args)
+	case agent.EventToolExecutionUpdate:
+		w.ToolCallID, w.ToolName, w.Args = ev.ToolCallID, ev.ToolName, nonNilArgs(ev.Args)
+		w.PartialResult = ev.Result
+	case agent.EventToolExecutionEnd:
+		w.ToolCallID, w.ToolName = ev.ToolCallID, ev.ToolName
+		w.Result = ev.Result
+		isErr := ev.IsError
+		w.IsError = &isErr
+	case agent.EventAgentEnd:
+		n := len(ev.Messages)
+		w.MessageCount = &n
+	}
+	return w
+}
+
+func nonNilArgs(a map[string]any) map[string]any {
+	if a == nil {
+		return map[string]any{}
+	}
+	return a
+}
+
+// RunStarted is the first event of every attempt, bad requests included.
+type RunStarted struct {
+	Type         string            `json:"type"`
+	Queue        string            `json:"queue"`
+	Worker       string            `json:"worker"`
+	Attempt      int               `json:"attempt"`
+	Model        *ModelRef         `json:"model,omitempty"`
+	Tools        []string          `json:"tools"`
+	Notice       string            `json:"notice,omitempty"`
+	ContinueFrom string            `json:"continueFrom,omitempty"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	// SubmittedAt is when the request was stored, Unix milliseconds.
+	SubmittedAt int64 `json:"submittedAt,omitempty"`
+}
+
+// RunFinished is the last event of a run; there is exactly one per run.
+type RunFinished struct {
+	Type   string `json:"type"`
+	Status string `json:"status"`
+	// Reason is set for failed and aborted runs.
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
+	// Usage sums the usage of the run's assistant messages (this attempt's).
+	Usage      agent.Usage `json:"usage"`
+	Cost       float64     `json:"cost"`
+	Turns      int         `json:"turns"`
+	DurationMs int64       `json:"durationMs"`
+	// LastControlSeq is the highest AGENTS_CONTROL sequence the run took
+	// into account; control messages stored after it were ignored.
+	LastControlSeq uint64 `json:"lastControlSeq,omitempty"`
+}
+
+// RunResumed follows run_started when an attempt continues the transcript
+// of earlier attempts instead of starting over (crash recovery, issue 7).
+type RunResumed struct {
+	Type             string `json:"type"`
+	Attempt          int    `json:"attempt"`
+	MessagesRestored int    `json:"messagesRestored"`
+}
+
+// Event is a decoded event: exactly one of the pointers is set.
+type Event struct {
+	Type        string
+	Agent       *AgentEvent
+	RunStarted  *RunStarted
+	RunFinished *RunFinished
+	RunResumed  *RunResumed
+}
+
+// Decode decodes the envelope's event.
+func (e *Envelope) Decode() (*Event, error) {
+	typ := e.Type
+	if typ == "" {
+		var head struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(e.Event, &head); err != nil {
+			return nil, err
+		}
+		typ = head.Type
+	}
+	ev := &Event{Type: typ}
+	var target any
+	switch typ {
+	case EventRunStarted:
+		ev.RunStarted = &RunStarted{}
+		target = ev.RunStarted
+	case EventRunFinished:
+		ev.RunFinished = &RunFinished{}
+		target = ev.RunFinished
+	case EventRunResumed:
+		ev.RunResumed = &RunResumed{}
+		target = ev.RunResumed
+	default:
+		ev.Agent = &AgentEvent{}
+		target = ev.Agent
+	}
+	if err := json.Unmarshal(e.Event, target); err != nil {
+		return nil, fmt.Errorf("%s event: %w", typ, err)
+	}
+	return ev, nil
+}

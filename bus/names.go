@@ -1,0 +1,176 @@
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// DefaultPrefix is the subject prefix of the protocol.
+const DefaultPrefix = "agents"
+
+// DefaultQueue is the queue of a request that names none.
+const DefaultQueue = "default"
+
+// Control kinds: the last token of a control subject.
+const (
+	KindSteer    = "steer"
+	KindFollowUp = "followup"
+	KindAbort    = "abort"
+)
+
+var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidID reports whether s may be a run id: [A-Za-z0-9_-]{1,64}. A run id
+// becomes a subject token, so this is also the guard against subject
+// injection (no '.', '*', '>' or spaces).
+func ValidID(s string) bool { return tokenRE.MatchString(s) }
+
+// ValidQueue reports whether s may be a queue name (same rule as ids).
+func ValidQueue(s string) bool { return tokenRE.MatchString(s) }
+
+// CheckID returns a readable error for an invalid run id.
+func CheckID(s string) error {
+	if !ValidID(s) {
+		return fmt.Errorf("invalid run id %q: it must match [A-Za-z0-9_-]{1,64}", truncate(s, 80))
+	}
+	return nil
+}
+
+// CheckQueue returns a readable error for an invalid queue name.
+func CheckQueue(s string) error {
+	if !ValidQueue(s) {
+		return fmt.Errorf("invalid queue name %q: it must match [A-Za-z0-9_-]{1,64}", truncate(s, 80))
+	}
+	return nil
+}
+
+// Names derives every subject and JetStream name from a prefix. The zero
+// value is not usable; use NewNames.
+type Names struct {
+	prefix string // subject prefix, e.g. "agents"
+	upper  string // stream name prefix, e.g. "AGENTS"
+	lower  string // bucket prefix, e.g. "agents"
+}
+
+// NewNames checks the prefix (one or more dot-separated tokens of
+// [A-Za-z0-9_-]) and returns its names. "" means DefaultPrefix.
+func NewNames(prefix string) (Names, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	for _, tok := range strings.Split(prefix, ".") {
+		if !tokenRE.MatchString(tok) {
+			return Names{}, fmt.Errorf("invalid subject prefix %q: use dot-separated tokens of [A-Za-z0-9_-]", prefix)
+		}
+	}
+	flat := strings.ReplaceAll(prefix, ".", "_")
+	return Names{prefix: prefix, upper: strings.ToUpper(flat), lower: flat}, nil
+}
+
+// MustNames is NewNames that panics; for constant prefixes.
+func MustNames(prefix string) Names {
+	n, err := NewNames(prefix)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// Prefix returns the subject prefix.
+func (n Names) Prefix() string { return n.prefix }
+
+// RunsStream is the work-queue stream of run requests (AGENTS_RUNS).
+func (n Names) RunsStream() string { return n.upper + "_RUNS" }
+
+// EventsStream is the stream of run events (AGENTS_EVENTS).
+func (n Names) EventsStream() string { return n.upper + "_EVENTS" }
+
+// ControlStream is the stream of control messages (AGENTS_CONTROL).
+func (n Names) ControlStream() string { return n.upper + "_CONTROL" }
+
+// RecordsBucket is the KV bucket of run records (agents_runs).
+func (n Names) RecordsBucket() string { return n.lower + "_runs" }
+
+// Consumer is the durable consumer of a queue (workers-<queue>).
+func (n Names) Consumer(queue string) string { return "workers-" + queue }
+
+// Submit is the subject of a run request: <prefix>.submit.<queue>.<run>.
+func (n Names) Submit(queue, run string) string { return n.prefix + ".submit." + queue + "." + run }
+
+// SubmitFilter is the consumer filter of a queue: <prefix>.submit.<queue>.*.
+func (n Names) SubmitFilter(queue string) string { return n.prefix + ".submit." + queue + ".*" }
+
+// SubmitAll matches every request subject: <prefix>.submit.*.*.
+func (n Names) SubmitAll() string { return n.prefix + ".submit.*.*" }
+
+// Events is the subject of a run's events: <prefix>.run.<run>.events.
+func (n Names) Events(run string) string { return n.prefix + ".run." + run + ".events" }
+
+// Control is a control subject: <prefix>.run.<run>.<kind>.
+func (n Names) Control(run, kind string) string { return n.prefix + ".run." + run + "." + kind }
+
+// ControlAll matches every control message of a run: <prefix>.run.<run>.*
+// (in AGENTS_CONTROL only control subjects exist).
+func (n Names) ControlAll(run string) string { return n.prefix + ".run." + run + ".*" }
+
+// Republished is the wildcard on which AGENTS_CONTROL republishes each stored
+// control message, with its stream sequence in the Nats-Sequence header:
+// <prefix>.ctl.<run>.<kind>. Workers subscribe to it.
+func (n Names) Republished() string { return n.prefix + ".ctl.*.*" }
+
+// Record is the KV subject of a run record ($KV.<bucket>.<run>).
+func (n Names) Record(run string) string { return "$KV." + n.RecordsBucket() + "." + run }
+
+// ParseSubmit splits a request subject into queue and run. It fails when the
+// subject is not a request subject or a token is not valid.
+func (n Names) ParseSubmit(subject string) (queue, run string, err error) {
+	rest, ok := strings.CutPrefix(subject, n.prefix+".submit.")
+	if !ok {
+		return "", "", fmt.Errorf("subject %q is not a run request subject", truncate(subject, 120))
+	}
+	queue, run, ok = strings.Cut(rest, ".")
+	if !ok || strings.Contains(run, ".") {
+		return "", "", fmt.Errorf("subject %q is not %s.submit.<queue>.<run>", truncate(subject, 120), n.prefix)
+	}
+	if err := CheckQueue(queue); err != nil {
+		return queue, run, err
+	}
+	if err := CheckID(run); err != nil {
+		return queue, run, err
+	}
+	return queue, run, nil
+}
+
+// ParseRepublished splits a republished control subject into run and kind.
+func (n Names) ParseRepublished(subject string) (run, kind string, err error) {
+	rest, ok := strings.CutPrefix(subject, n.prefix+".ctl.")
+	if !ok {
+		return "", "", errors.New("not a control subject")
+	}
+	run, kind, ok = strings.Cut(rest, ".")
+	if !ok || !ValidID(run) {
+		return "", "", errors.New("not a control subject")
+	}
+	switch kind {
+	case KindSteer, KindFollowUp, KindAbort:
+		return run, kind, nil
+	}
+	return "", "", errors.New("not a control subject")
+}
+
+// KindOfControlSubject returns the kind (last token) of a control subject.
+func KindOfControlSubject(subject string) string {
+	if i := strings.LastIndexByte(subject, '.'); i >= 0 {
+		return subject[i+1:]
+	}
+	return subject
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

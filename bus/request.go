@@ -1,0 +1,350 @@
+package bus
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Defaults of a run's limits.
+const (
+	DefaultMaxTurns       = 50
+	DefaultTimeoutSeconds = 1800
+)
+
+// Size limits of a run request. A request over one of them is a bad request
+// with a message naming the limit. They keep every event of the run well
+// under the NATS max payload (1 MiB by default).
+const (
+	MaxRequestBytes      = 1 << 20   // the whole request body
+	MaxPromptBytes       = 256 << 10 // prompt text
+	MaxSystemPromptBytes = 128 << 10
+	MaxMessages          = 1000
+	MaxMessageBytes      = 256 << 10 // one message of messages[], as JSON
+	MaxImages            = 16
+	MaxTools             = 64
+	MaxMetadata          = 32
+	MaxMetadataKey       = 64
+	MaxMetadataValue     = 1024
+	MaxFauxResponses     = 1000
+	MaxTurnsLimit        = 1000
+	MaxTimeoutSeconds    = 7 * 24 * 3600
+	MaxControlBytes      = 256 << 10 // a control message body
+)
+
+// ModelRef names a model: a provider and the provider's model id. On the wire
+// it is {"provider":"openai","id":"gpt-4o-mini"} or "openai/gpt-4o-mini"
+// (split at the first '/', so ids may contain '/').
+type ModelRef struct {
+	Provider string `json:"provider"`
+	ID       string `json:"id"`
+}
+
+// ParseModelRef parses "provider/id".
+func ParseModelRef(s string) (ModelRef, error) {
+	p, id, ok := strings.Cut(s, "/")
+	if !ok || p == "" || id == "" {
+		return ModelRef{}, fmt.Errorf("model %q must be \"provider/id\" (e.g. \"openai/gpt-4o-mini\")", truncate(s, 80))
+	}
+	return ModelRef{Provider: p, ID: id}, nil
+}
+
+func (m ModelRef) String() string { return m.Provider + "/" + m.ID }
+
+// IsZero reports whether no model is named.
+func (m ModelRef) IsZero() bool { return m.Provider == "" && m.ID == "" }
+
+// UnmarshalJSON accepts the object and the string form.
+func (m *ModelRef) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		r, err := ParseModelRef(s)
+		if err != nil {
+			return err
+		}
+		*m = r
+		return nil
+	}
+	var o struct {
+		Provider string `json:"provider"`
+		ID       string `json:"id"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	if o.Provider == "" || o.ID == "" {
+		return errors.New(`model needs both "provider" and "id"`)
+	}
+	*m = ModelRef(o)
+	return nil
+}
+
+// Limits bound a run. Zero fields take the defaults.
+type Limits struct {
+	MaxTurns       int `json:"maxTurns,omitempty"`
+	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+	MaxTotalTokens int `json:"maxTotalTokens,omitempty"`
+}
+
+// FauxResponse is one scripted reply of the faux provider; it has the JSON
+// shape of llm/faux.Response (content blocks, stopReason, errorMessage).
+type FauxResponse struct {
+	Content      []agent.Content  `json:"content"`
+	StopReason   agent.StopReason `json:"stopReason,omitempty"`
+	ErrorMessage string           `json:"errorMessage,omitempty"`
+}
+
+// FauxScript scripts a whole run for the faux provider.
+type FauxScript struct {
+	Responses       []FauxResponse `json:"responses"`
+	TokenSize       int            `json:"tokenSize,omitempty"`
+	TokensPerSecond float64        `json:"tokensPerSecond,omitempty"`
+}
+
+// RunRequest is the body of a run request (see docs/protocol.md).
+type RunRequest struct {
+	// ID, when set, must equal the run token of the subject.
+	ID            string              `json:"id,omitempty"`
+	Model         *ModelRef           `json:"model,omitempty"`
+	SystemPrompt  string              `json:"systemPrompt,omitempty"`
+	Prompt        string              `json:"prompt,omitempty"`
+	Images        []agent.Content     `json:"images,omitempty"`
+	Messages      []agent.Message     `json:"messages,omitempty"`
+	Tools         []string            `json:"tools,omitempty"`
+	ThinkingLevel agent.ThinkingLevel `json:"thinkingLevel,omitempty"`
+	ToolExecution agent.ExecutionMode `json:"toolExecution,omitempty"`
+	SteeringMode  agent.QueueMode     `json:"steeringMode,omitempty"`
+	FollowUpMode  agent.QueueMode     `json:"followUpMode,omitempty"`
+	Limits        *Limits             `json:"limits,omitempty"`
+	Temperature   *float64            `json:"temperature,omitempty"`
+	MaxTokens     int                 `json:"maxTokens,omitempty"`
+	ContinueFrom  string              `json:"continueFrom,omitempty"`
+	Metadata      map[string]string   `json:"metadata,omitempty"`
+	Faux          *FauxScript         `json:"faux,omitempty"`
+}
+
+// EffectiveLimits returns the limits with defaults filled in.
+func (r *RunRequest) EffectiveLimits() Limits {
+	var l Limits
+	if r.Limits != nil {
+		l = *r.Limits
+	}
+	if l.MaxTurns == 0 {
+		l.MaxTurns = DefaultMaxTurns
+	}
+	if l.TimeoutSeconds == 0 {
+		l.TimeoutSeconds = DefaultTimeoutSeconds
+	}
+	return l
+}
+
+// RequestError is a bad request: why the request cannot run. Its text is
+// meant for the person who sent it.
+type RequestError struct{ Problems []string }
+
+func (e *RequestError) Error() string {
+	if len(e.Problems) == 1 {
+		return "bad request: " + e.Problems[0]
+	}
+	return "bad request: " + strings.Join(e.Problems, "; ")
+}
+
+// IsBadRequest reports whether err is (or wraps) a *RequestError.
+func IsBadRequest(err error) bool {
+	var re *RequestError
+	return errors.As(err, &re)
+}
+
+// BadRequest makes a *RequestError from a formatted problem.
+func BadRequest(format string, args ...any) *RequestError {
+	return &RequestError{Problems: []string{fmt.Sprintf(format, args...)}}
+}
+
+// DecodeRunRequest decodes and validates a request body. subjectRun is the
+// run token of the subject (authoritative); the returned request's ID is
+// set to it. Every error is a *RequestError with a readable text. Whether
+// the model, provider and tools exist is for the worker to check.
+func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
+	if len(data) > MaxRequestBytes {
+		return nil, BadRequest("request is %d bytes, the limit is %d", len(data), MaxRequestBytes)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, BadRequest("empty request body: send a JSON object such as {\"prompt\":\"hello\"}")
+	}
+	var req RunRequest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, BadRequest("malformed JSON: %s", jsonErrorText(err))
+	}
+	if dec.More() {
+		return nil, BadRequest("malformed JSON: extra data after the request object")
+	}
+	if err := req.Validate(subjectRun); err != nil {
+		return nil, err
+	}
+	req.ID = subjectRun
+	return &req, nil
+}
+
+func jsonErrorText(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("%s (at byte %d)", se.Error(), se.Offset)
+	case errors.As(err, &te):
+		if te.Field != "" {
+			return fmt.Sprintf("field %q: expected %s, got JSON %s", te.Field, te.Type, te.Value)
+		}
+		return fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)
+	}
+	return err.Error()
+}
+
+// Validate checks a decoded request. subjectRun may be "" when the id is not
+// known yet (a client validating before Submit).
+func (r *RunRequest) Validate(subjectRun string) error {
+	var p []string
+	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+
+	if r.ID != "" {
+		if !ValidID(r.ID) {
+			add("id %q must match [A-Za-z0-9_-]{1,64}", truncate(r.ID, 80))
+		} else if subjectRun != "" && r.ID != subjectRun {
+			add("id %q differs from the subject's run id %q", r.ID, subjectRun)
+		}
+	}
+	if r.Prompt == "" && len(r.Messages) == 0 {
+		add(`no "prompt" and no "messages": give at least one`)
+	}
+	if len(r.Prompt) > MaxPromptBytes {
+		add("prompt is %d bytes, the limit is %d", len(r.Prompt), MaxPromptBytes)
+	}
+	if len(r.SystemPrompt) > MaxSystemPromptBytes {
+		add("systemPrompt is %d bytes, the limit is %d", len(r.SystemPrompt), MaxSystemPromptBytes)
+	}
+	if len(r.Images) > 0 {
+		if r.Prompt == "" {
+			add(`"images" need a "prompt"`)
+		}
+		if len(r.Images) > MaxImages {
+			add("%d images, the limit is %d", len(r.Images), MaxImages)
+		}
+		for i, im := range r.Images {
+			if im.Type != agent.ContentImage || im.Data == "" || im.MimeType == "" {
+				add("images[%d] must be {\"type\":\"image\",\"data\":<base64>,\"mimeType\":...}", i)
+			}
+		}
+	}
+	if len(r.Messages) > MaxMessages {
+		add("%d messages, the limit is %d", len(r.Messages), MaxMessages)
+	}
+	for i := range r.Messages {
+		m := &r.Messages[i]
+		switch m.Role {
+		case agent.RoleUser, agent.RoleAssistant, agent.RoleToolResult, agent.RoleSystem, agent.RoleDeveloper:
+		default:
+			add("messages[%d] has role %q; use user, assistant, toolResult, system or developer", i, truncate(m.Role, 40))
+		}
+		if b, err := json.Marshal(m); err != nil {
+			add("messages[%d]: %v", i, err)
+		} else if len(b) > MaxMessageBytes {
+			add("messages[%d] is %d bytes, the limit is %d", i, len(b), MaxMessageBytes)
+		}
+	}
+	if r.Prompt == "" && len(r.Messages) > 0 && r.Messages[len(r.Messages)-1].Role == agent.RoleAssistant {
+		add(`"messages" end with an assistant message and there is no "prompt": nothing to answer`)
+	}
+	if len(r.Tools) > MaxTools {
+		add("%d tools, the limit is %d", len(r.Tools), MaxTools)
+	}
+	seen := map[string]bool{}
+	for _, t := range r.Tools {
+		if seen[t] {
+			add("tool %q listed twice", truncate(t, 64))
+		}
+		seen[t] = true
+	}
+	switch r.ThinkingLevel {
+	case "", agent.ThinkingOff, agent.ThinkingMinimal, agent.ThinkingLow, agent.ThinkingMedium,
+		agent.ThinkingHigh, agent.ThinkingXHigh, agent.ThinkingMax:
+	default:
+		add("thinkingLevel %q is not one of off, minimal, low, medium, high, xhigh, max", truncate(string(r.ThinkingLevel), 40))
+	}
+	switch r.ToolExecution {
+	case "", agent.ExecutionParallel, agent.ExecutionSequential:
+	default:
+		add("toolExecution %q is not parallel or sequential", truncate(string(r.ToolExecution), 40))
+	}
+	for _, q := range [...]struct {
+		name string
+		mode agent.QueueMode
+	}{{"steeringMode", r.SteeringMode}, {"followUpMode", r.FollowUpMode}} {
+		switch q.mode {
+		case "", agent.QueueOneAtATime, agent.QueueAll:
+		default:
+			add("%s %q is not one-at-a-time or all", q.name, truncate(string(q.mode), 40))
+		}
+	}
+	if l := r.Limits; l != nil {
+		if l.MaxTurns < 0 || l.MaxTurns > MaxTurnsLimit {
+			add("limits.maxTurns %d is not in 1..%d", l.MaxTurns, MaxTurnsLimit)
+		}
+		if l.TimeoutSeconds < 0 || l.TimeoutSeconds > MaxTimeoutSeconds {
+			add("limits.timeoutSeconds %d is not in 1..%d", l.TimeoutSeconds, MaxTimeoutSeconds)
+		}
+		if l.MaxTotalTokens < 0 {
+			add("limits.maxTotalTokens must not be negative")
+		}
+	}
+	if t := r.Temperature; t != nil && (*t < 0 || *t > 2) {
+		add("temperature %g is not in 0..2", *t)
+	}
+	if r.MaxTokens < 0 {
+		add("maxTokens must not be negative")
+	}
+	if r.ContinueFrom != "" {
+		if !ValidID(r.ContinueFrom) {
+			add("continueFrom %q is not a valid run id", truncate(r.ContinueFrom, 80))
+		} else if r.ContinueFrom == subjectRun {
+			add("continueFrom names the run itself")
+		}
+	}
+	if len(r.Metadata) > MaxMetadata {
+		add("%d metadata entries, the limit is %d", len(r.Metadata), MaxMetadata)
+	}
+	for k, v := range r.Metadata {
+		if k == "" || len(k) > MaxMetadataKey {
+			add("metadata key %q must be 1..%d bytes", truncate(k, 80), MaxMetadataKey)
+		}
+		if len(v) > MaxMetadataValue {
+			add("metadata %q value is %d bytes, the limit is %d", truncate(k, 64), len(v), MaxMetadataValue)
+		}
+	}
+	if r.Faux != nil {
+		if r.Model != nil && r.Model.Provider != "faux" {
+			add(`"faux" is only for the faux provider, but model is %q`, r.Model.String())
+		}
+		if len(r.Faux.Responses) > MaxFauxResponses {
+			add("%d faux responses, the limit is %d", len(r.Faux.Responses), MaxFauxResponses)
+		}
+		if r.Faux.TokenSize < 0 || r.Faux.TokensPerSecond < 0 {
+			add("faux tokenSize and tokensPerSecond must not be negative")
+		}
+	}
+	if len(p) > 0 {
+		return &RequestError{Problems: p}
+	}
+	return nil
+}

@@ -1,0 +1,125 @@
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// ServerOptions configure an embedded nats-server with JetStream.
+type ServerOptions struct {
+	// Host and Port to listen on. Port 0 means 4222 (the NATS default);
+	// -1 picks a free port (tests).
+	Host string // default 127.0.0.1
+	Port int
+	// StoreDir is where JetStream keeps its data ("jetstream/" under it).
+	// Required: an empty store dir would be shared with other processes.
+	StoreDir string
+	// MaxMemory and MaxStore bound JetStream memory and file storage.
+	// Defaults: 256 MiB and 10 GiB.
+	MaxMemory int64
+	MaxStore  int64
+	// MaxPayload is the largest message; default 1 MiB (the NATS default).
+	MaxPayload int32
+	// Logger receives the server's log at notice level and above; nil
+	// keeps the server quiet.
+	Logger *slog.Logger
+	// Name is the server name; default "agentfleet-embedded".
+	Name string
+}
+
+// Server is an embedded nats-server.
+type Server struct {
+	s *server.Server
+}
+
+// ErrPortBusy is returned by StartServer when the port is taken.
+var ErrPortBusy = errors.New("port is already in use")
+
+// StartServer starts an embedded nats-server with JetStream and waits until
+// it accepts connections.
+func StartServer(o ServerOptions) (*Server, error) {
+	if o.StoreDir == "" {
+		return nil, errors.New("embedded NATS: a JetStream store directory is required")
+	}
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	if o.Port == 0 {
+		o.Port = 4222
+	}
+	if o.MaxMemory == 0 {
+		o.MaxMemory = 256 << 20
+	}
+	if o.MaxStore == 0 {
+		o.MaxStore = 10 << 30
+	}
+	if o.MaxPayload == 0 {
+		o.MaxPayload = 1 << 20
+	}
+	if o.Name == "" {
+		o.Name = "agentfleet-embedded"
+	}
+	if o.Port > 0 {
+		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("embedded NATS cannot listen on %s: %w (%v; is another worker or nats-server running? connect to it with --nats nats://%s)", addr, ErrPortBusy, err, addr)
+		}
+		_ = ln.Close()
+	}
+	opts := &server.Options{
+		ServerName:             o.Name,
+		Host:                   o.Host,
+		Port:                   o.Port,
+		JetStream:              true,
+		StoreDir:               o.StoreDir,
+		JetStreamMaxMemory:     o.MaxMemory,
+		JetStreamMaxStore:      o.MaxStore,
+		MaxPayload:             o.MaxPayload,
+		NoSigs:                 true,
+		NoLog:                  o.Logger == nil,
+		DisableJetStreamBanner: true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	if o.Logger != nil {
+		s.SetLoggerV2(slogAdapter{o.Logger.With("component", "nats-server")}, false, false, false)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		s.WaitForShutdown()
+		return nil, fmt.Errorf("embedded NATS on %s:%d did not become ready", o.Host, o.Port)
+	}
+	return &Server{s: s}, nil
+}
+
+// URL is the client URL of the server.
+func (s *Server) URL() string { return s.s.ClientURL() }
+
+// NATS returns the underlying server (also an in-process connection
+// provider for ConnectOptions.InProcess).
+func (s *Server) NATS() *server.Server { return s.s }
+
+// Shutdown stops the server and waits until it is down.
+func (s *Server) Shutdown() {
+	s.s.Shutdown()
+	s.s.WaitForShutdown()
+}
+
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Noticef(f string, v ...any) { a.l.Info(fmt.Sprintf(f, v...)) }
+func (a slogAdapter) Warnf(f string, v ...any)   { a.l.Warn(fmt.Sprintf(f, v...)) }
+func (a slogAdapter) Fatalf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...)) }
+func (a slogAdapter) Errorf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...)) }
+func (a slogAdapter) Debugf(string, ...any)      {}
+func (a slogAdapter) Tracef(string, ...any)      {}

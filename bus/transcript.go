@@ -1,0 +1,113 @@
+package bus
+
+import (
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Transcript is the receiver-side reducer: fed a run's envelopes in stream
+// order, it rebuilds the transcript, the partial assistant message being
+// streamed, and the run's fleet events. Envelopes of an attempt older than
+// the newest attempt seen are ignored (events an old attempt stored after a
+// newer attempt's run_started).
+type Transcript struct {
+	Run      string
+	Attempt  int
+	Messages []agent.Message
+	Started  *RunStarted
+	Resumed  *RunResumed
+	Finished *RunFinished
+	// LastSeq is the seq of the last envelope applied.
+	LastSeq uint64
+
+	streaming bool
+	builder   agent.MessageBuilder
+	ctl       []uint64 // parallel to Messages: the controlSeq, or 0
+	prev      []agent.Message
+	prevCtl   []uint64
+}
+
+// Apply folds one envelope into the transcript. It returns an error only for
+// an event that does not decode; the envelope is then skipped.
+func (t *Transcript) Apply(env *Envelope) error {
+	if env.Attempt < t.Attempt {
+		return nil
+	}
+	ev, err := env.Decode()
+	if err != nil {
+		return err
+	}
+	if t.Run == "" {
+		t.Run = env.Run
+	}
+	if env.Attempt > t.Attempt {
+		// A new attempt starts over unless run_resumed says otherwise.
+		t.prev, t.prevCtl = t.Messages, t.ctl
+		t.Messages, t.ctl = nil, nil
+		t.Attempt = env.Attempt
+		t.streaming = false
+		t.Finished, t.Resumed = nil, nil
+	}
+	t.LastSeq = env.Seq
+	switch ev.Type {
+	case EventRunStarted:
+		t.Started = ev.RunStarted
+	case EventRunResumed:
+		t.Resumed = ev.RunResumed
+		n := min(max(ev.RunResumed.MessagesRestored, 0), len(t.prev))
+		t.Messages = append(append([]agent.Message(nil), t.prev[:n]...), t.Messages...)
+		t.ctl = append(append([]uint64(nil), t.prevCtl[:n]...), t.ctl...)
+	case EventRunFinished:
+		t.Finished = ev.RunFinished
+		t.streaming = false
+	case string(agent.EventMessageStart):
+		if m := ev.Agent.Message; m != nil && m.Role == agent.RoleAssistant {
+			t.builder.Reset(*m)
+			t.streaming = true
+		}
+	case string(agent.EventMessageUpdate):
+		if t.streaming && ev.Agent.AssistantMessageEvent != nil {
+			t.builder.Apply(ev.Agent.AssistantMessageEvent)
+		}
+	case string(agent.EventMessageEnd):
+		if m := ev.Agent.Message; m != nil {
+			t.Messages = append(t.Messages, *m)
+			t.ctl = append(t.ctl, env.ControlSeq)
+		}
+		t.streaming = false
+	}
+	return nil
+}
+
+// Partial returns a copy of the assistant message being streamed, or nil.
+func (t *Transcript) Partial() *agent.Message {
+	if !t.streaming {
+		return nil
+	}
+	m := t.builder.Message().Clone()
+	return &m
+}
+
+// Done reports whether run_finished was applied.
+func (t *Transcript) Done() bool { return t.Finished != nil }
+
+// FinalText returns the text of the last assistant message.
+func (t *Transcript) FinalText() string {
+	for i := len(t.Messages) - 1; i >= 0; i-- {
+		if t.Messages[i].Role == agent.RoleAssistant {
+			return t.Messages[i].TextOf()
+		}
+	}
+	return ""
+}
+
+// ControlSeqs returns the controlSeq of the messages of the transcript that
+// came from control messages, in transcript order: what was delivered.
+func (t *Transcript) ControlSeqs() []uint64 {
+	var out []uint64
+	for _, s := range t.ctl {
+		if s > 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
