@@ -1,0 +1,168 @@
+package openai
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/request.golden.json")
+
+// fullTranscript has every kind of message the provider converts.
+func fullTranscript(model agent.Model) agent.Context {
+	same := func(m agent.Message) agent.Message {
+		m.Role, m.API, m.Provider, m.Model = agent.RoleAssistant, model.API, model.Provider, model.ID
+		if m.StopReason == "" {
+			m.StopReason = agent.StopReasonToolUse
+		}
+		return m
+	}
+	result := func(id, name string, content ...agent.Content) agent.Message {
+		return agent.Message{Role: agent.RoleToolResult, ToolCallID: id, ToolName: name, Content: content}
+	}
+	longID := "toolu|01ABCdef/ghi.jkl+mno=pqr|stu_vwx-yz0123456789abcdef"
+	return agent.Context{
+		SystemPrompt: "You are a careful assistant.",
+		Tools: []*agent.Tool{
+			{Name: "read", Description: "Read a file", Parameters: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}`)},
+			{Name: "now", Description: "Current time"},
+		},
+		Messages: []agent.Message{
+			agent.UserText("Hello"),
+			agent.UserText("What is in this picture?", agent.Image("aGVsbG8=", "image/png")),
+			same(agent.Message{Content: []agent.Content{
+				{Type: agent.ContentThinking, Thinking: "The user wants a file.", ThinkingSignature: "reasoning_content"},
+				agent.Text("Let me look."),
+				agent.Text("  "),
+				agent.ToolCall("call_1", "read", map[string]any{"path": "a.txt"}),
+				agent.ToolCall(longID, "read", map[string]any{"path": "b.png"}),
+			}}),
+			result("call_1", "read", agent.Text("line 1"), agent.Text("line 2")),
+			result(longID, "read", agent.Image("cG5n", "image/png")),
+			// An errored turn and its result are left out.
+			same(agent.Message{StopReason: agent.StopReasonError, ErrorMessage: "boom", Content: []agent.Content{
+				agent.Text("partial"), agent.ToolCall("call_err", "read", map[string]any{}),
+			}}),
+			result("call_err", "read", agent.Text("never sent")),
+			// A call without a result gets "No result provided".
+			same(agent.Message{Content: []agent.Content{agent.ToolCall("call_lost", "now", nil)}}),
+			{Role: agent.RoleDeveloper, Content: []agent.Content{agent.Text("Be brief.")}},
+			agent.UserText("Continue"),
+			// Thinking of another model becomes text.
+			{Role: agent.RoleAssistant, API: "anthropic-messages", Provider: "anthropic", Model: "claude", StopReason: agent.StopReasonStop,
+				Content: []agent.Content{{Type: agent.ContentThinking, Thinking: "Other model thought.", ThinkingSignature: "sig=="}, agent.Text("Other answer.")}},
+			agent.UserText("And now?"),
+			// Reasoning goes back in the field it came from; an empty result.
+			same(agent.Message{Content: []agent.Content{
+				{Type: agent.ContentThinking, Thinking: "Use the clock.", ThinkingSignature: "reasoning"},
+				agent.ToolCall("", "now", map[string]any{}),
+			}}),
+			result("", "now"),
+			same(agent.Message{StopReason: agent.StopReasonAborted, ErrorMessage: "Request was aborted", Content: []agent.Content{agent.Text("cut")}}),
+			{Role: "notification", Content: []agent.Content{agent.Text("custom")}, Raw: json.RawMessage(`{"role":"notification"}`)},
+			agent.UserText("Thanks"),
+		},
+	}
+}
+
+func TestRequestGolden(t *testing.T) {
+	var body []byte
+	var header http.Header
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ = io.ReadAll(r.Body)
+		header = r.Header.Clone()
+		if r.URL.Path != "/v1/chat/completions" {
+			t.Errorf("path %s", r.URL.Path)
+		}
+		sse(w, textChunk("ok"), stopChunk, "[DONE]")
+	})
+	on := true
+	p := newProvider(t, srv, func(c *Config) {
+		c.APIKey = "sk-config-key"
+		c.Headers = map[string]string{"X-Extra": "1"}
+		c.PromptCacheKey = &on
+		c.Models = []ModelInfo{{ID: "gpt-test", Reasoning: true, Input: []string{"text", "image"}, MaxTokens: 64000,
+			Cost: agent.ModelCost{Input: 1, Output: 2}}}
+	})
+	model := p.Model("gpt-test")
+	temp := 0.0
+	_, msg := run(t, context.Background(), p, model, fullTranscript(model), agent.StreamOptions{
+		APIKey: "sk-call-key", Reasoning: agent.ThinkingHigh, SessionID: "session-42", Temperature: &temp, MaxTokens: 1000,
+	})
+	if msg.StopReason != agent.StopReasonStop || msg.TextOf() != "ok" {
+		t.Fatalf("message %s", js(msg))
+	}
+	if got := header.Get("Authorization"); got != "Bearer sk-call-key" {
+		t.Errorf("Authorization = %q", got)
+	}
+	if header.Get("X-Extra") != "1" || !strings.Contains(header.Get("Accept"), "text/event-stream") {
+		t.Errorf("headers %v", header)
+	}
+	var pretty bytes.Buffer
+	if err := json.Indent(&pretty, body, "", "  "); err != nil {
+		t.Fatalf("body is not JSON: %v\n%s", err, body)
+	}
+	pretty.WriteByte('\n')
+	golden := filepath.Join("testdata", "request.golden.json")
+	if *update {
+		if err := os.WriteFile(golden, pretty.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update)", err)
+	}
+	if !bytes.Equal(pretty.Bytes(), want) {
+		t.Errorf("request body differs from %s (run with -update to accept):\n%s", golden, pretty.String())
+	}
+}
+
+// A text-only model gets placeholders instead of images; no key, no header.
+func TestRequestTextOnlyModel(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := p.Model("local")
+	body, err := p.requestBody(model, fullTranscript(model), agent.StreamOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(body)
+	for _, want := range []string{imageOmitted, toolImageOmitted} {
+		if !strings.Contains(s, want) {
+			t.Errorf("body lacks %q:\n%s", want, s)
+		}
+	}
+	for _, absent := range []string{"image_url", "temperature", "reasoning_effort", "prompt_cache_key", "max_tokens"} {
+		if strings.Contains(s, absent) {
+			t.Errorf("body has %q:\n%s", absent, s)
+		}
+	}
+	if strings.Contains(s, attachedImages) {
+		t.Errorf("tool images attached for a text-only model")
+	}
+}
+
+func TestRequestHeadersWithoutKey(t *testing.T) {
+	var header http.Header
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		header = r.Header.Clone()
+		sse(w, textChunk("ok"), stopChunk, "[DONE]")
+	})
+	p := newProvider(t, srv, nil)
+	run(t, context.Background(), p, testModel, userContext("hi"), agent.StreamOptions{})
+	if v, ok := header["Authorization"]; ok {
+		t.Errorf("Authorization sent without a key: %q", v)
+	}
+}
