@@ -55,6 +55,10 @@ type Config struct {
 	// RetryBaseDelay is the first backoff delay when the server gives none
 	// (doubling up to 8s, with jitter). 0 means 500ms.
 	RetryBaseDelay time.Duration
+	// OnRetry, when set, is told about each retry before its wait: the
+	// attempt that failed (1 is the first), the wait, and why (key removed).
+	// It runs on the stream's goroutine and must not block.
+	OnRetry func(attempt int, wait time.Duration, reason string)
 	// IdleTimeout ends a request that receives nothing (no headers, no bytes)
 	// for this long. 0 means 10 minutes, negative means never.
 	IdleTimeout time.Duration

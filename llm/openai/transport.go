@@ -30,8 +30,9 @@ var (
 // ours, adds the configured headers, retries, and keeps the successful
 // response so the stream function reads the body with its own decoder.
 type doer struct {
-	p    *Provider
-	body []byte
+	p      *Provider
+	body   []byte
+	redact func(string) string
 
 	watch   *watchdog
 	resp    *http.Response
@@ -54,7 +55,13 @@ func (d *doer) Do(req *http.Request) (*http.Response, error) {
 		Multiplier:          2,
 		MaxInterval:         max(8*time.Second, d.p.cfg.RetryBaseDelay),
 	}
-	resp, err := backoff.Retry(ctx, op, backoff.WithBackOff(b), backoff.WithMaxTries(tries), backoff.WithMaxElapsedTime(0))
+	opts := []backoff.RetryOption{backoff.WithBackOff(b), backoff.WithMaxTries(tries), backoff.WithMaxElapsedTime(0)}
+	if on := d.p.cfg.OnRetry; on != nil {
+		opts = append(opts, backoff.WithNotify(func(err error, wait time.Duration) {
+			on(int(attempt), wait, d.redact(err.Error()))
+		}))
+	}
+	resp, err := backoff.Retry(ctx, op, opts...)
 	if err != nil {
 		var ra *retryAfter
 		if errors.As(err, &ra) {
