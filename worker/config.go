@@ -1,0 +1,188 @@
+package worker
+
+import (
+	"context"
+	"iter"
+	"log/slog"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Provider is a model endpoint: a stream function and the metadata of its
+// models. *openai.Provider satisfies it; so does a faux model wrapped in
+// FauxProvider.
+type Provider interface {
+	// Stream is an agent.StreamFn.
+	Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent]
+	// Model returns the model with this id, with the metadata (cost,
+	// context window) the provider knows; an unknown id still works, with
+	// no metadata: ids are passed through to the endpoint.
+	Model(id string) agent.Model
+}
+
+// Noticer is implemented by a provider that wants run_started to carry a
+// notice (the demo model says it is one).
+type Noticer interface{ Notice() string }
+
+// Config configures a worker. Client is required; everything else has a
+// default.
+type Config struct {
+	// Client is the bus connection. The worker does not close it.
+	Client *bus.Client
+	// Queues to take requests from; default ["default"].
+	Queues []string
+	// Concurrency is the number of runs in flight at most; default 8.
+	Concurrency int
+	// AckWait of the queue consumers; default 60s. Heartbeats
+	// (InProgress) are sent every HeartbeatInterval (default AckWait/4).
+	AckWait           time.Duration
+	HeartbeatInterval time.Duration
+	// MaxDeliver bounds deliveries of a request; default 5.
+	MaxDeliver int
+	// DrainTimeout is how long running runs may go on after ctx is
+	// cancelled before they are stopped and handed back (Nak); default 30s.
+	DrainTimeout time.Duration
+	// PollWait is how long one idle pull waits; default 2s. It bounds how
+	// long stopping takes to stop pulling.
+	PollWait time.Duration
+	// PublishWindow is the number of a run's events (and record writes)
+	// whose JetStream acks may be outstanding; a full window blocks the
+	// agent's listener (back-pressure). Default 256.
+	PublishWindow int
+	// ToolTimeout bounds one tool call; default 2 minutes.
+	ToolTimeout time.Duration
+	// MaxToolResultBytes caps a tool result's text; default 64 KiB.
+	MaxToolResultBytes int
+	// Tools are offered to runs besides the built-ins (calculator,
+	// current_time, sleep); a tool of the same name replaces a built-in.
+	Tools []*agent.Tool
+	// NoBuiltinTools leaves the built-in tools out.
+	NoBuiltinTools bool
+	// Providers by name ("openai", ...). "faux" is always available: a
+	// request's faux script, or the demo model when it has none (unless
+	// Providers["faux"] is set).
+	Providers map[string]Provider
+	// DefaultModel is the model of requests that name none, "provider/id";
+	// default "faux/demo".
+	DefaultModel string
+	// SkipEnsureStreams leaves stream, consumer and bucket creation to
+	// someone else (operators who manage them with NACK or the nats CLI).
+	SkipEnsureStreams bool
+	// Streams shapes what EnsureStreams creates (Queues, AckWait and
+	// MaxDeliver are taken from this Config).
+	Streams bus.StreamsConfig
+	// WorkerID names the worker in events and records; default
+	// hostname-random.
+	WorkerID string
+	Logger   *slog.Logger
+	// Observer is told about runs, turns, model requests, tool calls,
+	// publishing, control messages and slots (metrics). Optional.
+	Observer Observer
+}
+
+// RunInfo identifies a run to an Observer.
+type RunInfo struct {
+	ID          string
+	Queue       string
+	Attempt     int
+	Model       string // provider/id
+	SubmittedAt time.Time
+	StartedAt   time.Time
+}
+
+// ModelRequest is one model call, as seen by an Observer.
+type ModelRequest struct {
+	Model            string // provider/id
+	Duration         time.Duration
+	TimeToFirstEvent time.Duration // 0 when nothing streamed
+	Usage            agent.Usage
+	StopReason       agent.StopReason
+}
+
+// ToolCall is one tool execution, as seen by an Observer.
+type ToolCall struct {
+	Tool     string
+	Duration time.Duration
+	Err      error
+	TimedOut bool
+}
+
+// Observer receives what issue 6's metrics need. Calls are synchronous and
+// may come from many goroutines: keep them cheap. Embed NopObserver to
+// implement only some methods.
+type Observer interface {
+	RunStarted(r RunInfo)
+	RunFinished(r RunInfo, f bus.RunFinished)
+	// RunHandedBack: the run was stopped by a drain and Nak'ed.
+	RunHandedBack(r RunInfo)
+	Turn(r RunInfo)
+	ModelRequest(r RunInfo, m ModelRequest)
+	ToolCall(r RunInfo, t ToolCall)
+	// EventPublished: an event was stored (its ack arrived).
+	EventPublished()
+	PublishFailed(err error)
+	// PublishWait: the agent's listener waited this long for room in the
+	// publish window (only called when it had to wait).
+	PublishWait(d time.Duration)
+	ControlReceived(kind string)
+	Slots(busy, total int)
+}
+
+// NopObserver does nothing.
+type NopObserver struct{}
+
+func (NopObserver) RunStarted(RunInfo)                   {}
+func (NopObserver) RunFinished(RunInfo, bus.RunFinished) {}
+func (NopObserver) RunHandedBack(RunInfo)                {}
+func (NopObserver) Turn(RunInfo)                         {}
+func (NopObserver) ModelRequest(RunInfo, ModelRequest)   {}
+func (NopObserver) ToolCall(RunInfo, ToolCall)           {}
+func (NopObserver) EventPublished()                      {}
+func (NopObserver) PublishFailed(error)                  {}
+func (NopObserver) PublishWait(time.Duration)            {}
+func (NopObserver) ControlReceived(string)               {}
+func (NopObserver) Slots(int, int)                       {}
+
+func (c *Config) defaults() {
+	if len(c.Queues) == 0 {
+		c.Queues = []string{bus.DefaultQueue}
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 8
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 60 * time.Second
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = c.AckWait / 4
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 5
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.PollWait <= 0 {
+		c.PollWait = 2 * time.Second
+	}
+	if c.PublishWindow <= 0 {
+		c.PublishWindow = 256
+	}
+	if c.ToolTimeout <= 0 {
+		c.ToolTimeout = 2 * time.Minute
+	}
+	if c.MaxToolResultBytes <= 0 {
+		c.MaxToolResultBytes = 64 << 10
+	}
+	if c.DefaultModel == "" {
+		c.DefaultModel = "faux/demo"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Observer == nil {
+		c.Observer = NopObserver{}
+	}
+}

@@ -1,0 +1,147 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// MaxSleep bounds the sleep tool.
+const MaxSleep = 60 * time.Second
+
+type calcArgs struct {
+	Expression string `json:"expression" jsonschema:"description=An arithmetic expression: numbers, + - * / % ^ and parentheses, e.g. (2+3)*4^2"`
+}
+
+type timeArgs struct {
+	Timezone string `json:"timezone,omitempty" jsonschema:"description=IANA time zone such as Europe/Paris; default UTC"`
+}
+
+type sleepArgs struct {
+	Seconds float64 `json:"seconds" jsonschema:"description=How long to wait, at most 60 seconds,minimum=0,maximum=60"`
+}
+
+// BuiltinTools returns the built-in tools: calculator, current_time, sleep.
+func BuiltinTools() []*agent.Tool {
+	calc := agent.NewTool("calculator", "Evaluate an arithmetic expression (+ - * / % ^, parentheses, unary minus) and return the number.",
+		func(_ context.Context, a calcArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
+			v, err := Calculate(a.Expression)
+			if err != nil {
+				return agent.ToolResult{}, fmt.Errorf("cannot evaluate %q: %w", a.Expression, err)
+			}
+			return agent.TextResult(strconv.FormatFloat(v, 'g', -1, 64)), nil
+		})
+	now := agent.NewTool("current_time", "Return the current date and time (RFC 3339) in a time zone (default UTC).",
+		func(_ context.Context, a timeArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
+			loc := time.UTC
+			if a.Timezone != "" {
+				l, err := time.LoadLocation(a.Timezone)
+				if err != nil {
+					return agent.ToolResult{}, fmt.Errorf("unknown time zone %q", a.Timezone)
+				}
+				loc = l
+			}
+			t := time.Now().In(loc)
+			return agent.TextResult(t.Format(time.RFC3339) + " (" + t.Weekday().String() + ")"), nil
+		})
+	sleep := agent.NewTool("sleep", "Wait for a number of seconds (at most 60), then return. For tests and load tests.",
+		func(ctx context.Context, a sleepArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
+			if a.Seconds < 0 || a.Seconds > MaxSleep.Seconds() {
+				return agent.ToolResult{}, fmt.Errorf("seconds must be between 0 and %g", MaxSleep.Seconds())
+			}
+			t := time.NewTimer(time.Duration(a.Seconds * float64(time.Second)))
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return agent.TextResult(fmt.Sprintf("slept %gs", a.Seconds)), nil
+			case <-ctx.Done():
+				return agent.ToolResult{}, ctx.Err()
+			}
+		})
+	return []*agent.Tool{calc, now, sleep}
+}
+
+type runKey struct{}
+
+// wrapTool returns a copy of t whose Execute has a timeout, caps the
+// result's size and reports to the observer.
+func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
+	inner := t.Execute
+	name := t.Name
+	timeout := w.cfg.ToolTimeout
+	maxBytes := w.cfg.MaxToolResultBytes
+	return &agent.Tool{
+		Name: t.Name, Label: t.Label, Description: t.Description, Parameters: t.Parameters,
+		ExecutionMode: t.ExecutionMode, PrepareArguments: t.PrepareArguments,
+		Execute: func(ctx context.Context, id string, args map[string]any, update agent.UpdateFunc) (agent.ToolResult, error) {
+			if inner == nil {
+				return agent.ToolResult{}, fmt.Errorf("tool %s has no implementation", name)
+			}
+			tctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			start := time.Now()
+			res, err := inner(tctx, id, args, update)
+			timedOut := false
+			if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
+				timedOut = true
+				err = fmt.Errorf("tool %s timed out after %s", name, timeout)
+			}
+			if r, ok := ctx.Value(runKey{}).(*run); ok {
+				w.obs.ToolCall(r.info(), ToolCall{Tool: name, Duration: time.Since(start), Err: err, TimedOut: timedOut})
+			}
+			if err == nil {
+				res.Content = capContent(res.Content, maxBytes)
+			}
+			return res, err
+		},
+	}
+}
+
+// capContent keeps at most max bytes of text and image data, cutting the
+// text that crosses the limit and saying so.
+func capContent(cs []agent.Content, max int) []agent.Content {
+	total := 0
+	for _, c := range cs {
+		total += len(c.Text) + len(c.Data)
+	}
+	if total <= max {
+		return cs
+	}
+	out := make([]agent.Content, 0, len(cs)+1)
+	left := max
+	for _, c := range cs {
+		switch c.Type {
+		case agent.ContentText:
+			if len(c.Text) > left {
+				c.Text = clipUTF8(c.Text, left)
+			}
+			left -= len(c.Text)
+			out = append(out, c)
+		case agent.ContentImage:
+			if len(c.Data) <= left {
+				left -= len(c.Data)
+				out = append(out, c)
+			}
+		default:
+			out = append(out, c)
+		}
+	}
+	return append(out, agent.Text(fmt.Sprintf("\n[tool result truncated: %d bytes, the limit is %d]", total, max)))
+}
+
+func clipUTF8(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,367 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Worker takes run requests from its queues and runs them. Create it with
+// New and start it with Run.
+type Worker struct {
+	cfg   Config
+	c     *bus.Client
+	js    jetstream.JetStream // the worker's own context: async publish limits
+	names bus.Names
+	log   *slog.Logger
+	obs   Observer
+	id    string
+
+	tools        map[string]*agent.Tool
+	toolNames    []string
+	providers    map[string]Provider
+	defaultModel bus.ModelRef
+
+	slots chan struct{}
+
+	controlStream jetstream.Stream
+	kv            jetstream.KeyValue
+
+	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+
+	mu   sync.Mutex
+	runs map[string]*run
+	wg   sync.WaitGroup
+}
+
+// Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
+func Run(ctx context.Context, cfg Config) error {
+	w, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
+
+// New checks the configuration and builds a worker.
+func New(cfg Config) (*Worker, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("worker: Config.Client is required")
+	}
+	cfg.defaults()
+	for _, q := range cfg.Queues {
+		if err := bus.CheckQueue(q); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
+	def, err := bus.ParseModelRef(cfg.DefaultModel)
+	if err != nil {
+		return nil, fmt.Errorf("worker: default model: %w", err)
+	}
+	id := cfg.WorkerID
+	if id == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "worker"
+		}
+		id = host + "-" + bus.NewRunID()[:8]
+	}
+	window := cfg.PublishWindow
+	js, err := jetstream.New(cfg.Client.Conn(),
+		jetstream.WithPublishAsyncMaxPending(cfg.Concurrency*(window+4)+64),
+		jetstream.WithPublishAsyncTimeout(15*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(),
+		log: cfg.Logger.With("worker", id), obs: cfg.Observer, id: id,
+		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
+		defaultModel: def,
+		slots:        make(chan struct{}, cfg.Concurrency),
+		runs:         map[string]*run{},
+	}
+	var tools []*agent.Tool
+	if !cfg.NoBuiltinTools {
+		tools = BuiltinTools()
+	}
+	tools = append(tools, cfg.Tools...)
+	for _, t := range tools {
+		if t == nil || t.Name == "" {
+			return nil, errors.New("worker: a tool without a name")
+		}
+		w.tools[t.Name] = w.wrapTool(t)
+	}
+	for name := range w.tools {
+		w.toolNames = append(w.toolNames, name)
+	}
+	sort.Strings(w.toolNames)
+	for name, p := range cfg.Providers {
+		if p != nil {
+			w.providers[name] = p
+		}
+	}
+	if w.providers["faux"] == nil {
+		w.providers["faux"] = DemoProvider()
+	}
+	if w.providers[def.Provider] == nil {
+		return nil, fmt.Errorf("worker: default model %s: no provider %q is configured", def, def.Provider)
+	}
+	return w, nil
+}
+
+// ID returns the worker's id.
+func (w *Worker) ID() string { return w.id }
+
+// ToolNames returns the names of the tools runs may use.
+func (w *Worker) ToolNames() []string { return append([]string(nil), w.toolNames...) }
+
+func (w *Worker) maxPayload() int64 {
+	if n := w.c.Conn().MaxPayload(); n > 0 {
+		return n
+	}
+	return 1 << 20
+}
+
+// Run ensures the streams (unless SkipEnsureStreams), then pulls requests
+// until ctx is cancelled. Then it stops pulling, lets running runs finish
+// within DrainTimeout, stops the rest and hands them back (Nak, so another
+// worker takes them at once), and returns nil. The connection is left open
+// (drain it after Run returns).
+func (w *Worker) Run(ctx context.Context) error {
+	w.hardCtx, w.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
+	defer w.hardCancel()
+	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if !w.cfg.SkipEnsureStreams {
+		sc := w.cfg.Streams
+		sc.Queues, sc.AckWait, sc.MaxDeliver = w.cfg.Queues, w.cfg.AckWait, w.cfg.MaxDeliver
+		if err := w.c.EnsureStreams(setup, sc); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
+	var err error
+	if w.controlStream, err = w.c.JetStream().Stream(setup, w.names.ControlStream()); err != nil {
+		return fmt.Errorf("worker: control stream: %w", err)
+	}
+	if w.kv, err = w.c.Records(setup); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	consumers := make([]jetstream.Consumer, len(w.cfg.Queues))
+	for i, q := range w.cfg.Queues {
+		if consumers[i], err = w.js.Consumer(setup, w.names.RunsStream(), w.names.Consumer(q)); err != nil {
+			return fmt.Errorf("worker: consumer %s: %w", w.names.Consumer(q), err)
+		}
+	}
+	sub, err := w.c.Conn().Subscribe(w.names.Republished(), w.onControl)
+	if err != nil {
+		return fmt.Errorf("worker: control subscription: %w", err)
+	}
+	sub.SetPendingLimits(-1, 64<<20)
+	defer func() { _ = sub.Unsubscribe() }()
+
+	hbDone := make(chan struct{})
+	stopHB := make(chan struct{})
+	go w.heartbeats(stopHB, hbDone)
+
+	w.log.Info("worker started", "queues", w.cfg.Queues, "concurrency", w.cfg.Concurrency,
+		"ackWait", w.cfg.AckWait, "maxDeliver", w.cfg.MaxDeliver, "tools", w.toolNames,
+		"defaultModel", w.defaultModel.String())
+	w.obs.Slots(0, w.cfg.Concurrency)
+
+	var pullers sync.WaitGroup
+	for i, q := range w.cfg.Queues {
+		pullers.Go(func() { w.pull(ctx, q, consumers[i]) })
+	}
+	<-ctx.Done()
+	pullers.Wait()
+	w.log.Info("worker stopping: no new runs; waiting for running runs", "running", w.running(), "drainTimeout", w.cfg.DrainTimeout)
+
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	t := time.NewTimer(w.cfg.DrainTimeout)
+	select {
+	case <-done:
+		t.Stop()
+	case <-t.C:
+		w.log.Warn("drain timeout: stopping running runs and handing them back", "running", w.running())
+		w.hardCancel()
+		<-done
+	}
+	close(stopHB)
+	<-hbDone
+	w.log.Info("worker stopped")
+	return nil
+}
+
+func (w *Worker) running() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.runs)
+}
+
+// pull takes requests from one queue, one per free slot: it takes every
+// free slot, asks for at most that many messages without waiting, gives
+// back the slots it got nothing for, and when nothing is pending parks one
+// long pull holding one slot. No message is ever fetched without a slot
+// for it, so none waits in a buffer while its AckWait runs.
+func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer) {
+	log := w.log.With("queue", queue)
+	for {
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+	more:
+		for n < w.cfg.Concurrency {
+			select {
+			case w.slots <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
+		if n > 1 {
+			got := w.fetch(ctx, log, cons, n, true)
+			if got > 0 {
+				w.releaseSlots(n - got)
+				continue
+			}
+			w.releaseSlots(n - 1) // keep one for the long pull
+		}
+		if w.fetch(ctx, log, cons, 1, false) == 0 {
+			w.releaseSlots(1)
+		}
+	}
+}
+
+func (w *Worker) releaseSlots(n int) {
+	for range n {
+		<-w.slots
+	}
+	if n > 0 {
+		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
+	}
+}
+
+// fetch asks for up to n messages and starts a run for each; it returns how
+// many it got. Each started run owns one slot.
+func (w *Worker) fetch(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, n int, noWait bool) int {
+	var batch jetstream.MessageBatch
+	var err error
+	if noWait {
+		batch, err = cons.FetchNoWait(n)
+	} else {
+		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.PollWait))
+	}
+	if err != nil {
+		log.Warn("fetch failed", "err", err)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		return 0
+	}
+	got := 0
+	for m := range batch.Messages() {
+		got++
+		if ctx.Err() != nil {
+			// Stopping: hand it back at once.
+			_ = m.Nak()
+			<-w.slots
+			continue
+		}
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			defer w.releaseSlots(1)
+			w.handle(m)
+		}()
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+		log.Debug("fetch ended", "err", err)
+	}
+	return got
+}
+
+// onControl is the wildcard subscription's handler.
+func (w *Worker) onControl(m *nats.Msg) {
+	runID, kind, err := w.names.ParseRepublished(m.Subject)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	r := w.runs[runID]
+	w.mu.Unlock()
+	if r == nil {
+		return // not ours, or finished
+	}
+	r.ctl.live(kind, m)
+}
+
+func (w *Worker) register(r *run) {
+	w.mu.Lock()
+	w.runs[r.id] = r
+	w.mu.Unlock()
+}
+
+func (w *Worker) unregister(r *run) {
+	w.mu.Lock()
+	if w.runs[r.id] == r {
+		delete(w.runs, r.id)
+	}
+	w.mu.Unlock()
+}
+
+// heartbeats keeps every running request owned (InProgress resets its
+// AckWait) and refreshes the records.
+func (w *Worker) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			w.mu.Lock()
+			runs := make([]*run, 0, len(w.runs))
+			for _, r := range w.runs {
+				runs = append(runs, r)
+			}
+			w.mu.Unlock()
+			for _, r := range runs {
+				r.heartbeat()
+			}
+		case <-stop:
+			return
+		}
+	}
+}
+
+// providerNames lists the configured providers, for error texts.
+func (w *Worker) providerNames() string {
+	var names []string
+	for n := range w.providers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
