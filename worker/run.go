@@ -227,10 +227,10 @@ func (r *run) badRequest(err error) {
 	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
 	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
 		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
-	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	rec := r.record(bus.StatusFailed)
 	rec.Reason, rec.Error, rec.FinishedAt = bus.ReasonBadRequest, text, time.Now()
 	_ = r.pub.putRecord(rec, true, true)
+	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 30*time.Second)
 	defer cancel()
 	if err := r.pub.flush(fctx); err != nil {
@@ -317,10 +317,12 @@ func (r *run) start() {
 	}
 	fin := r.outcome(runErr, timedOut, timeout)
 	fin.LastControlSeq = lastControl
-	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
+	// The final record is published before run_finished, so a follower
+	// that saw run_finished reads the final record.
 	rec := r.record(fin.Status)
 	rec.Reason, rec.Error, rec.FinishedAt = fin.Reason, fin.Error, time.Now()
 	_ = r.pub.putRecord(rec, true, true)
+	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	if err := r.pub.flush(fctx); err != nil {
 		r.log.Error("run_finished not stored; handing the run back", "err", err)
 		_ = r.msg.NakWithDelay(time.Second)

@@ -1,0 +1,689 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/llm/faux"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// gate is a test tool that blocks until the test opens it.
+type gate struct {
+	started chan string
+	release chan struct{}
+}
+
+func newGate() *gate {
+	return &gate{started: make(chan string, 100), release: make(chan struct{}, 100)}
+}
+
+type gateArgs struct {
+	Name string `json:"name"`
+}
+
+func (g *gate) tool() *agent.Tool {
+	return agent.NewTool("gate", "waits until the test opens it", func(ctx context.Context, a gateArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		g.started <- a.Name
+		select {
+		case <-g.release:
+			return agent.TextResult("opened " + a.Name), nil
+		case <-ctx.Done():
+			return agent.ToolResult{}, ctx.Err()
+		}
+	})
+}
+
+func (g *gate) waitStarted(t *testing.T) string {
+	t.Helper()
+	select {
+	case n := <-g.started:
+		return n
+	case <-time.After(15 * time.Second):
+		t.Fatal("gate tool never started")
+		return ""
+	}
+}
+
+// obs records what tests wait on.
+type obs struct {
+	worker.NopObserver
+	controls chan string
+	mu       sync.Mutex
+	maxBusy  int
+	started  int
+}
+
+func newObs() *obs { return &obs{controls: make(chan string, 100)} }
+
+func (o *obs) ControlReceived(kind string) { o.controls <- kind }
+func (o *obs) Slots(busy, total int) {
+	o.mu.Lock()
+	o.maxBusy = max(o.maxBusy, busy)
+	o.mu.Unlock()
+}
+func (o *obs) RunStarted(worker.RunInfo) {
+	o.mu.Lock()
+	o.started++
+	o.mu.Unlock()
+}
+
+func (o *obs) waitControl(t *testing.T, kind string) {
+	t.Helper()
+	select {
+	case k := <-o.controls:
+		if k != kind {
+			t.Fatalf("control %s received, want %s", k, kind)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("control %s never received", kind)
+	}
+}
+
+func toolCall(id, name string, args map[string]any) bus.FauxResponse {
+	return bus.FauxResponse{Content: []agent.Content{agent.ToolCall(id, name, args)}, StopReason: agent.StopReasonToolUse}
+}
+
+func textResp(s string) bus.FauxResponse {
+	return bus.FauxResponse{Content: []agent.Content{agent.Text(s)}}
+}
+
+// localTrace runs the same script on a local Agent and returns its event
+// types (with the stream event type for message_update).
+func localTrace(t *testing.T, prompt string, tools []*agent.Tool, resps []bus.FauxResponse) []string {
+	t.Helper()
+	var fr []faux.Response
+	for _, r := range resps {
+		fr = append(fr, faux.Response{Content: r.Content, StopReason: r.StopReason, ErrorMessage: r.ErrorMessage})
+	}
+	m := faux.New(faux.Options{}, fr...)
+	a := agent.New(agent.Options{StreamFn: m.Stream, Tools: tools, Model: agent.Model{ID: "scripted", Provider: "faux", API: "faux"}})
+	var out []string
+	a.Subscribe(func(_ context.Context, ev agent.Event) error {
+		s := string(ev.Type)
+		if ev.Type == agent.EventMessageUpdate {
+			s += ":" + string(ev.StreamEvent.Type)
+		}
+		out = append(out, s)
+		return nil
+	})
+	if err := a.Prompt(context.Background(), prompt); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func wireTrace(t *testing.T, envs []*bus.Envelope) []string {
+	var out []string
+	for _, e := range envs {
+		if e.Type == bus.EventRunStarted || e.Type == bus.EventRunFinished {
+			continue
+		}
+		s := e.Type
+		if e.Type == string(agent.EventMessageUpdate) {
+			s += ":" + string(decode(t, e).Agent.AssistantMessageEvent.Type)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// checkEnvelopes checks the invariants every run's events keep.
+func checkEnvelopes(t *testing.T, id string, envs []*bus.Envelope) *bus.RunFinished {
+	t.Helper()
+	if len(envs) < 2 {
+		t.Fatalf("only %d envelopes", len(envs))
+	}
+	if envs[0].Type != bus.EventRunStarted {
+		t.Fatalf("first event is %s", envs[0].Type)
+	}
+	for i, e := range envs {
+		if e.Run != id || e.Attempt != 1 || e.Seq != uint64(i+1) || e.Worker == "" || e.TS == 0 {
+			t.Fatalf("envelope %d: run=%s attempt=%d seq=%d worker=%q ts=%d", i, e.Run, e.Attempt, e.Seq, e.Worker, e.TS)
+		}
+		if e.Type == bus.EventRunFinished && i != len(envs)-1 {
+			t.Fatalf("run_finished at %d of %d", i, len(envs))
+		}
+	}
+	last := envs[len(envs)-1]
+	if last.Type != bus.EventRunFinished {
+		t.Fatalf("last event is %s", last.Type)
+	}
+	return decode(t, last).RunFinished
+}
+
+func transcriptOf(t *testing.T, envs []*bus.Envelope) *bus.Transcript {
+	tr := &bus.Transcript{}
+	for _, e := range envs {
+		if err := tr.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tr
+}
+
+func roles(msgs []agent.Message) string {
+	var s []string
+	for _, m := range msgs {
+		switch m.Role {
+		case agent.RoleUser:
+			s = append(s, "user:"+m.TextOf())
+		case agent.RoleAssistant:
+			if calls := m.ToolCalls(); len(calls) > 0 {
+				s = append(s, "assistant:call:"+calls[0].Name)
+			} else {
+				s = append(s, "assistant:"+m.TextOf())
+			}
+		default:
+			s = append(s, m.Role)
+		}
+	}
+	return strings.Join(s, " | ")
+}
+
+func TestTextRun(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	resps := []bus.FauxResponse{textResp("The answer is forty-two, as everyone knows.")}
+	id := f.submit("", &bus.RunRequest{Prompt: "what is the answer?", Model: fauxModel(), Faux: &bus.FauxScript{Responses: resps}})
+	envs := f.follow(id)
+	fin := checkEnvelopes(t, id, envs)
+	if fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.Usage.TotalTokens == 0 {
+		t.Fatalf("run_finished = %+v", fin)
+	}
+	want := localTrace(t, "what is the answer?", nil, resps)
+	if got := wireTrace(t, envs); !slices.Equal(got, want) {
+		t.Fatalf("event order differs from the agent's own trace:\n got %v\nwant %v", got, want)
+	}
+	started := decode(t, envs[0]).RunStarted
+	if started.Queue != "default" || started.Attempt != 1 || started.Model.String() != "faux/scripted" || started.Worker != envs[0].Worker {
+		t.Fatalf("run_started = %+v", started)
+	}
+	tr := transcriptOf(t, envs)
+	if got := roles(tr.Messages); got != "user:what is the answer? | assistant:The answer is forty-two, as everyone knows." {
+		t.Fatalf("transcript: %s", got)
+	}
+	// message_update carries a delta, never the partial message.
+	for _, e := range envs {
+		if e.Type == "message_update" && strings.Contains(string(e.Event), `"message"`) {
+			t.Fatalf("message_update with a message: %s", e.Event)
+		}
+	}
+	// agent_end refers to message_end seqs.
+	end := decode(t, envs[len(envs)-2]).Agent
+	if end.Type != "agent_end" || *end.MessageCount != 2 || len(end.MessageSeqs) != 2 {
+		t.Fatalf("agent_end = %+v", end)
+	}
+	for _, s := range end.MessageSeqs {
+		if envs[s-1].Type != "message_end" {
+			t.Fatalf("agent_end refers to seq %d, a %s", s, envs[s-1].Type)
+		}
+	}
+}
+
+func TestToolRun(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	resps := []bus.FauxResponse{
+		toolCall("c1", "calculator", map[string]any{"expression": "(2+3)*4^2"}),
+		textResp("It is 80."),
+	}
+	id := f.submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fauxModel(), Faux: &bus.FauxScript{Responses: resps}})
+	envs := f.follow(id)
+	fin := checkEnvelopes(t, id, envs)
+	if fin.Status != bus.StatusSucceeded || fin.Turns != 2 {
+		t.Fatalf("run_finished = %+v\n%s", fin, dump(envs))
+	}
+	want := localTrace(t, "compute", worker.BuiltinTools()[:1], resps)
+	if got := wireTrace(t, envs); !slices.Equal(got, want) {
+		t.Fatalf("event order differs from the agent's own trace:\n got %v\nwant %v", got, want)
+	}
+	tr := transcriptOf(t, envs)
+	if got := roles(tr.Messages); got != "user:compute | assistant:call:calculator | toolResult | assistant:It is 80." {
+		t.Fatalf("transcript: %s", got)
+	}
+	if res := tr.Messages[2]; res.TextOf() != "80" || res.IsError {
+		t.Fatalf("tool result %+v", res)
+	}
+	for _, e := range envs {
+		ev := decode(t, e)
+		if ev.Type == "turn_end" && len(ev.Agent.ToolResultSeqs) == 1 {
+			if s := ev.Agent.ToolResultSeqs[0]; envs[s-1].Type != "message_end" || !strings.Contains(string(envs[s-1].Event), `"toolResult"`) {
+				t.Fatalf("turn_end refers to %s", envs[s-1].Event)
+			}
+		}
+		if ev.Type == "tool_execution_end" && (ev.Agent.IsError == nil || *ev.Agent.IsError) {
+			t.Fatalf("tool_execution_end %s", e.Event)
+		}
+	}
+}
+
+func TestSteerDuringToolsAndFollowUp(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	o := newObs()
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
+	resps := []bus.FauxResponse{
+		toolCall("c1", "gate", map[string]any{"name": "one"}),
+		textResp("steered answer"),
+		textResp("follow-up answer"),
+	}
+	id := f.submit("", &bus.RunRequest{Prompt: "start", Tools: []string{"gate"}, Model: fauxModel(), Faux: &bus.FauxScript{Responses: resps}})
+	g.waitStarted(t)
+	steerSeq, err := f.c.Steer(f.ctx(), id, "change course")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.waitControl(t, bus.KindSteer)
+	fuSeq, err := f.c.FollowUp(f.ctx(), id, "and then?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.waitControl(t, bus.KindFollowUp)
+	g.release <- struct{}{}
+	envs := f.follow(id)
+	fin := checkEnvelopes(t, id, envs)
+	if fin.Status != bus.StatusSucceeded || fin.LastControlSeq != fuSeq {
+		t.Fatalf("run_finished = %+v", fin)
+	}
+	tr := transcriptOf(t, envs)
+	want := "user:start | assistant:call:gate | toolResult | user:change course | assistant:steered answer | user:and then? | assistant:follow-up answer"
+	if got := roles(tr.Messages); got != want {
+		t.Fatalf("transcript:\n got %s\nwant %s", got, want)
+	}
+	if got := tr.ControlSeqs(); !slices.Equal(got, []uint64{steerSeq, fuSeq}) {
+		t.Fatalf("controlSeqs %v, want %v", got, []uint64{steerSeq, fuSeq})
+	}
+	// Both message_start and message_end of a control message carry controlSeq.
+	n := 0
+	for _, e := range envs {
+		if e.ControlSeq != 0 {
+			n++
+		}
+	}
+	if n != 4 {
+		t.Fatalf("%d envelopes with controlSeq, want 4", n)
+	}
+	// The run has finished: further messages are refused.
+	if _, err := f.c.Steer(f.ctx(), id, "too late"); !errors.Is(err, bus.ErrRunFinished) {
+		t.Fatalf("steer after the end: %v", err)
+	}
+}
+
+func TestSteerAndAbortBeforePickup(t *testing.T) {
+	f := newFleet(t)
+	steered := f.submit("", &bus.RunRequest{Prompt: "first", Model: fauxModel(), Faux: fauxText("one", "two")})
+	if _, err := f.c.Steer(f.ctx(), steered, "also this"); err != nil {
+		t.Fatal(err)
+	}
+	aborted := f.submit("", &bus.RunRequest{Prompt: "never", Model: fauxModel(), Faux: fauxText("nope")})
+	if _, err := f.c.Abort(f.ctx(), aborted, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := f.c.Status(f.ctx(), aborted)
+	if err != nil || rec.State != bus.StateQueued || rec.Queue != "default" {
+		t.Fatalf("status before pickup: %+v %v", rec, err)
+	}
+	f.startWorker(worker.Config{})
+
+	envs := f.follow(steered)
+	checkEnvelopes(t, steered, envs)
+	tr := transcriptOf(t, envs)
+	if got := roles(tr.Messages); got != "user:first | user:also this | assistant:one" {
+		t.Fatalf("steered transcript: %s", got)
+	}
+
+	envs = f.follow(aborted)
+	fin := checkEnvelopes(t, aborted, envs)
+	if fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonAbortedByUser || fin.Error != "changed my mind" {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	if got := types(envs); !slices.Equal(got, []string{"run_started", "run_finished"}) {
+		t.Fatalf("aborted before pickup: %v", got)
+	}
+	rec, err = f.c.Status(f.ctx(), aborted)
+	if err != nil || rec.State != bus.StatusAborted {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+}
+
+func TestAbortMidStream(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	long := strings.Repeat("word ", 2000)
+	id := f.submit("", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{textResp(long)}, TokenSize: 1, TokensPerSecond: 50}})
+	var sent time.Time
+	var fin *bus.RunFinished
+	for env, err := range f.c.Follow(f.ctx(), id) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if env.Type == "message_update" && sent.IsZero() {
+			if _, err := f.c.Abort(f.ctx(), id, ""); err != nil {
+				t.Fatal(err)
+			}
+			sent = time.Now()
+		}
+		if env.Type == bus.EventRunFinished {
+			fin = decode(t, env).RunFinished
+		}
+	}
+	took := time.Since(sent)
+	if fin == nil || fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonAbortedByUser {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	if took > time.Second {
+		t.Fatalf("abort took %s from publish to run_finished", took)
+	}
+	t.Logf("abort to run_finished: %s", took)
+}
+
+func TestBadRequests(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	cases := []struct {
+		name, body, want string
+	}{
+		{"malformed", `{"prompt": "hi"`, "malformed JSON"},
+		{"unknown field", `{"prompt": "hi", "bogus": 1}`, `unknown field "bogus"`},
+		{"no prompt", `{}`, `no "prompt"`},
+		{"unknown tool", `{"prompt":"hi","tools":["rm_rf"]}`, `unknown tool "rm_rf"`},
+		{"unknown provider", `{"prompt":"hi","model":"nowhere/x"}`, `unknown model provider "nowhere"`},
+		{"id mismatch", `{"id":"other","prompt":"hi"}`, "differs from the subject"},
+		{"oversized", `{"prompt":"` + strings.Repeat("x", bus.MaxPromptBytes+1) + `"}`, "prompt is"},
+		{"bad limits", `{"prompt":"hi","limits":{"maxTurns":-1}}`, "limits.maxTurns"},
+	}
+	for i, c := range cases {
+		id := fmt.Sprintf("bad-%d", i)
+		if _, err := f.c.SubmitRaw(f.ctx(), "", id, []byte(c.body)); err != nil {
+			t.Fatal(err)
+		}
+		envs := f.follow(id)
+		fin := checkEnvelopes(t, id, envs)
+		if len(envs) != 2 || fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, c.want) {
+			t.Errorf("%s: %d events, %+v", c.name, len(envs), fin)
+		}
+		rec, err := f.c.Status(f.ctx(), id)
+		if err != nil || rec.State != bus.StatusFailed || rec.Reason != bus.ReasonBadRequest || !strings.Contains(rec.Error, c.want) {
+			t.Errorf("%s: record %+v %v\n%s", c.name, rec, err, dump(envs))
+		}
+	}
+
+	// A finished run's id reused by a new request (past the dedupe window,
+	// simulated by another Nats-Msg-Id): terminated, the run untouched.
+	id := f.submit("", &bus.RunRequest{Prompt: "hi", Model: fauxModel(), Faux: fauxText("done")})
+	before := f.follow(id)
+	advisories := make(chan *nats.Msg, 10)
+	sub, err := f.c.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", advisories)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	m := nats.NewMsg(f.c.Names().Submit("default", id))
+	m.Data = []byte(`{"prompt":"again"}`)
+	m.Header.Set("Nats-Msg-Id", id+"-again")
+	if _, err := f.c.JetStream().PublishMsg(f.ctx(), m); err != nil {
+		t.Fatal(err)
+	}
+	waitTerminated(t, advisories)
+	after := f.follow(id)
+	if len(after) != len(before) {
+		t.Fatalf("reused id changed the run's events: %d -> %d", len(before), len(after))
+	}
+	rec, err := f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StatusSucceeded {
+		t.Fatalf("reused id changed the record: %+v %v", rec, err)
+	}
+
+	// A subject whose run token fails the id pattern: terminated, no events.
+	bad := strings.Repeat("x", 65)
+	if _, err := f.c.JetStream().Publish(f.ctx(), "agents.submit.default."+bad, []byte(`{"prompt":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitTerminated(t, advisories)
+	s, err := f.c.JetStream().Stream(f.ctx(), f.c.Names().EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetLastMsgForSubject(f.ctx(), "agents.run."+bad+".events"); err == nil {
+		t.Fatal("events published for an invalid run id")
+	}
+	// The worker is still up.
+	id2 := f.submit("", &bus.RunRequest{Prompt: "still there?", Model: fauxModel(), Faux: fauxText("yes")})
+	if fin := checkEnvelopes(t, id2, f.follow(id2)); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("after bad requests: %+v", fin)
+	}
+}
+
+func waitTerminated(t *testing.T, ch chan *nats.Msg) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no MSG_TERMINATED advisory")
+	}
+}
+
+func TestTwoWorkersOneQueue(t *testing.T) {
+	f := newFleet(t)
+	o1, o2 := newObs(), newObs()
+	f.startWorker(worker.Config{Concurrency: 4, Observer: o1})
+	f.startWorker(worker.Config{Concurrency: 4, Observer: o2})
+	const n = 40
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = f.submit("", &bus.RunRequest{Prompt: fmt.Sprint("run ", i), Model: fauxModel(), Faux: fauxText(fmt.Sprint("answer ", i))})
+	}
+	workers := map[string]int{}
+	for i, id := range ids {
+		envs := f.follow(id)
+		fin := checkEnvelopes(t, id, envs)
+		if fin.Status != bus.StatusSucceeded {
+			t.Fatalf("%s: %+v", id, fin)
+		}
+		starts := 0
+		for _, e := range envs {
+			if e.Type == bus.EventRunStarted {
+				starts++
+			}
+		}
+		if starts != 1 {
+			t.Fatalf("%s started %d times", id, starts)
+		}
+		if got := transcriptOf(t, envs).FinalText(); got != fmt.Sprint("answer ", i) {
+			t.Fatalf("%s: %q", id, got)
+		}
+		workers[envs[0].Worker]++
+	}
+	o1.mu.Lock()
+	o2.mu.Lock()
+	total := o1.started + o2.started
+	o2.mu.Unlock()
+	o1.mu.Unlock()
+	if total != n {
+		t.Fatalf("%d runs started for %d requests", total, n)
+	}
+	t.Logf("runs per worker: %v", workers)
+}
+
+func TestConcurrencyBound(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	o := newObs()
+	f.startWorker(worker.Config{Concurrency: 2, Queues: []string{"default"}, Tools: []*agent.Tool{g.tool()}, Observer: o})
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+			Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": fmt.Sprint(i)}), textResp("ok")}}}))
+	}
+	g.waitStarted(t)
+	g.waitStarted(t)
+	cons, err := f.c.JetStream().Consumer(f.ctx(), f.c.Names().RunsStream(), "workers-default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(f.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 2 || info.NumPending != 3 {
+		t.Fatalf("ack pending %d, pending %d; want 2 and 3", info.NumAckPending, info.NumPending)
+	}
+	// Let them all through, one at a time.
+	for range 5 {
+		g.release <- struct{}{}
+	}
+	for _, id := range ids {
+		if fin := checkEnvelopes(t, id, f.follow(id)); fin.Status != bus.StatusSucceeded {
+			t.Fatalf("%s: %+v", id, fin)
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.maxBusy > 2 {
+		t.Fatalf("%d slots busy, concurrency is 2", o.maxBusy)
+	}
+}
+
+func TestLateFollowerSeesTheSame(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	id := f.submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c1", "calculator", map[string]any{"expression": "1+1"}), textResp("two")}}})
+	live := f.follow(id)
+	late := f.follow(id)
+	if len(live) != len(late) {
+		t.Fatalf("live %d envelopes, late %d", len(live), len(late))
+	}
+	for i := range live {
+		a, _ := json.Marshal(live[i])
+		b, _ := json.Marshal(late[i])
+		if string(a) != string(b) {
+			t.Fatalf("envelope %d differs:\n%s\n%s", i, a, b)
+		}
+	}
+}
+
+func TestRunRecordLifecycle(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(), Metadata: map[string]string{"team": "qa"},
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+	rec, err := f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StateQueued {
+		t.Fatalf("queued: %+v %v", rec, err)
+	}
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	g.waitStarted(t)
+	rec, err = f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StateRunning || rec.Attempt != 1 || rec.Worker == "" || rec.StartedAt.IsZero() ||
+		rec.SubmittedAt.IsZero() || rec.Model != "faux/scripted" || rec.Metadata["team"] != "qa" {
+		t.Fatalf("running: %+v %v", rec, err)
+	}
+	list, err := f.c.List(f.ctx(), bus.ListOptions{State: bus.StateRunning})
+	if err != nil || len(list) != 1 || list[0].ID != id {
+		t.Fatalf("list running: %+v %v", list, err)
+	}
+	g.release <- struct{}{}
+	envs := f.follow(id)
+	checkEnvelopes(t, id, envs)
+	rec, err = f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StatusSucceeded || rec.Turns != 2 || rec.Usage.TotalTokens == 0 || rec.FinishedAt.IsZero() {
+		t.Fatalf("finished: %+v %v", rec, err)
+	}
+	list, err = f.c.List(f.ctx(), bus.ListOptions{})
+	if err != nil || len(list) != 1 || list[0].State != bus.StatusSucceeded {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	loop := []bus.FauxResponse{
+		toolCall("a", "calculator", map[string]any{"expression": "1"}),
+		toolCall("b", "calculator", map[string]any{"expression": "2"}),
+		toolCall("c", "calculator", map[string]any{"expression": "3"}),
+	}
+	turns := f.submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fauxModel(),
+		Limits: &bus.Limits{MaxTurns: 2}, Faux: &bus.FauxScript{Responses: loop}})
+	fin := checkEnvelopes(t, turns, f.follow(turns))
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonMaxTurns || fin.Turns != 2 {
+		t.Fatalf("max turns: %+v", fin)
+	}
+	// Reaching maxTurns with a final answer is a success.
+	ok := f.submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fauxModel(),
+		Limits: &bus.Limits{MaxTurns: 2}, Faux: &bus.FauxScript{Responses: []bus.FauxResponse{loop[0], textResp("done")}}})
+	if fin := checkEnvelopes(t, ok, f.follow(ok)); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("max turns with an answer: %+v", fin)
+	}
+	budget := f.submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fauxModel(),
+		Limits: &bus.Limits{MaxTotalTokens: 1}, Faux: &bus.FauxScript{Responses: loop}})
+	if fin := checkEnvelopes(t, budget, f.follow(budget)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTokenBudget {
+		t.Fatalf("token budget: %+v", fin)
+	}
+	timeout := f.submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"gate"}, Model: fauxModel(),
+		Limits: &bus.Limits{TimeoutSeconds: 1}, Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("g", "gate", map[string]any{"name": "t"}), textResp("late")}}})
+	if fin := checkEnvelopes(t, timeout, f.follow(timeout)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTimeout {
+		t.Fatalf("timeout: %+v", fin)
+	}
+	modelErr := f.submit("", &bus.RunRequest{Prompt: "fail", Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{{StopReason: agent.StopReasonError, ErrorMessage: "upstream 500"}}}})
+	if fin := checkEnvelopes(t, modelErr, f.follow(modelErr)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError || fin.Error != "upstream 500" {
+		t.Fatalf("model error: %+v", fin)
+	}
+}
+
+func TestDemoModelAndContinueFrom(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	first := f.submit("", &bus.RunRequest{Prompt: "hello demo"})
+	envs := f.follow(first)
+	checkEnvelopes(t, first, envs)
+	if n := decode(t, envs[0]).RunStarted.Notice; !strings.Contains(n, "DEMO") {
+		t.Fatalf("run_started notice %q", n)
+	}
+	if got := transcriptOf(t, envs).FinalText(); !strings.Contains(got, "You said: hello demo") {
+		t.Fatalf("demo reply %q", got)
+	}
+	second := f.submit("", &bus.RunRequest{Prompt: "and again", ContinueFrom: first, Model: fauxModel(), Faux: fauxText("second answer")})
+	tr := transcriptOf(t, f.follow(second))
+	if got := roles(tr.Messages); !strings.HasPrefix(got, "user:hello demo | assistant:Hello from") || !strings.HasSuffix(got, "user:and again | assistant:second answer") {
+		t.Fatalf("continued transcript %s", got)
+	}
+}
+
+func TestDrainHandsRunsBack(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	stop := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, DrainTimeout: 100 * time.Millisecond})
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+	g.waitStarted(t)
+	stop() // drain times out: the run is stopped and Nak'ed
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	g.waitStarted(t)
+	g.release <- struct{}{}
+	envs := f.follow(id)
+	last := envs[len(envs)-1]
+	if last.Attempt != 2 || decode(t, last).RunFinished.Status != bus.StatusSucceeded {
+		t.Fatalf("after drain: %s", dump(envs))
+	}
+	tr := transcriptOf(t, envs)
+	if tr.Attempt != 2 || roles(tr.Messages) != "user:go | assistant:call:gate | toolResult | assistant:ok" {
+		t.Fatalf("transcript after restart: %s", roles(tr.Messages))
+	}
+}
