@@ -1,0 +1,337 @@
+// Command worker runs an agentfleet worker: it takes run requests from NATS
+// JetStream, runs one agent per request and publishes the run's events.
+// Without a NATS URL it starts an embedded NATS server; without a model
+// endpoint it uses the demo model. See worker --help.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/llm/openai"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:], os.Stderr, nil)
+	stop()
+	os.Exit(code)
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+type options struct {
+	conn         bus.ConnectOptions
+	listen       string
+	queues       listFlag
+	concurrency  int
+	ackWait      time.Duration
+	maxDeliver   int
+	drainTimeout time.Duration
+	toolTimeout  time.Duration
+	dataDir      string
+	metricsAddr  string
+	logFormat    string
+	logLevel     string
+	models       string
+	defaultModel string
+	openaiURL    string
+	openaiKey    string
+	workerID     string
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+const usageHead = `worker runs agentfleet runs: it takes run requests from NATS JetStream
+(subject agents.submit.<queue>.<run>), drives one agent per run, publishes every
+event to agents.run.<run>.events and applies steering, follow-ups and aborts.
+
+Usage: worker [flags]
+
+Quick start (no NATS, no model endpoint): just run "worker". It starts an
+embedded NATS server on 127.0.0.1:4222 with its data under --data-dir, and the
+demo model, which replies with canned text. Then "submit 'hello'".
+
+Real model: set OPENAI_BASE_URL (any OpenAI-compatible server: OpenAI, vLLM,
+Ollama at http://localhost:11434/v1, ...) and OPENAI_API_KEY (or
+--openai-api-key-file), and --default-model openai/<model id>.
+
+Several workers: start NATS yourself (or one worker with the embedded server)
+and point every worker at it with --nats or NATS_URL.
+
+Flags (environment variable in brackets):
+`
+
+func parse(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	home, _ := os.UserHomeDir()
+	defData := filepath.Join(home, ".agentfleet")
+	if home == "" {
+		defData = ".agentfleet"
+	}
+	fs.StringVar(&o.conn.URL, "nats", env("NATS_URL", ""), "NATS server URL(s), comma-separated; empty starts an embedded server [NATS_URL]")
+	fs.StringVar(&o.listen, "nats-listen", env("AGENTS_NATS_LISTEN", "127.0.0.1:4222"), "where the embedded NATS server listens (port 0: any free port) [AGENTS_NATS_LISTEN]")
+	fs.StringVar(&o.conn.User, "user", env("NATS_USER", ""), "NATS user [NATS_USER]")
+	fs.StringVar(&o.conn.Password, "password", "", "NATS password (prefer the environment: flags show in ps) [NATS_PASSWORD]")
+	fs.StringVar(&o.conn.Token, "token", "", "NATS auth token (prefer the environment) [NATS_TOKEN]")
+	fs.StringVar(&o.conn.NKeySeedFile, "nkey", env("NATS_NKEY", ""), "file with an NKey user seed [NATS_NKEY]")
+	fs.StringVar(&o.conn.CredsFile, "creds", env("NATS_CREDS", ""), "NATS credentials (.creds) file [NATS_CREDS]")
+	fs.StringVar(&o.conn.TLSCA, "tlsca", env("NATS_CA", ""), "CA certificate file to verify the server [NATS_CA]")
+	fs.StringVar(&o.conn.TLSCert, "tlscert", env("NATS_CERT", ""), "client certificate file (mutual TLS) [NATS_CERT]")
+	fs.StringVar(&o.conn.TLSKey, "tlskey", env("NATS_KEY", ""), "client key file (mutual TLS) [NATS_KEY]")
+	fs.StringVar(&o.conn.Prefix, "prefix", env("AGENTS_PREFIX", bus.DefaultPrefix), "subject prefix; stream names follow it (AGENTS_RUNS for agents) [AGENTS_PREFIX]")
+	fs.Var(&o.queues, "queue", "queue to take runs from; repeatable or comma-separated (default \"default\") [AGENTS_QUEUES]")
+	fs.IntVar(&o.concurrency, "concurrency", envInt("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
+	fs.DurationVar(&o.ackWait, "ack-wait", envDuration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
+	fs.IntVar(&o.maxDeliver, "max-deliver", envInt("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most [AGENTS_MAX_DELIVER]")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", envDuration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
+	fs.DurationVar(&o.toolTimeout, "tool-timeout", envDuration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
+	fs.StringVar(&o.dataDir, "data-dir", env("AGENTS_DATA_DIR", defData), "data directory of the embedded NATS server (JetStream under <dir>/nats) [AGENTS_DATA_DIR]")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", env("AGENTS_METRICS_ADDR", ":9464"), "address of /metrics, /healthz and /readyz (not served by this build yet) [AGENTS_METRICS_ADDR]")
+	fs.StringVar(&o.logFormat, "log-format", env("AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
+	fs.StringVar(&o.logLevel, "log-level", env("AGENTS_LOG_LEVEL", "info"), "log level: debug, info, warn, error [AGENTS_LOG_LEVEL]")
+	fs.StringVar(&o.models, "models", env("AGENTS_MODELS", ""), "model table file (JSON: ids, context window, cost) [AGENTS_MODELS]")
+	fs.StringVar(&o.defaultModel, "default-model", env("AGENTS_DEFAULT_MODEL", ""), "model of requests that name none, provider/id (default: the model table's first model, else openai/gpt-4o-mini; faux/demo without an endpoint) [AGENTS_DEFAULT_MODEL]")
+	fs.StringVar(&o.openaiURL, "openai-base-url", env("OPENAI_BASE_URL", ""), "OpenAI-compatible API base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1 [OPENAI_BASE_URL]")
+	fs.StringVar(&o.openaiKey, "openai-api-key-file", env("OPENAI_API_KEY_FILE", ""), "file holding the API key (else OPENAI_API_KEY) [OPENAI_API_KEY_FILE]")
+	fs.StringVar(&o.workerID, "worker-id", env("AGENTS_WORKER_ID", ""), "worker name in events and records (default hostname-random) [AGENTS_WORKER_ID]")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHead)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (see --help)", fs.Arg(0))
+	}
+	// Secrets come from the environment after parsing, so --help never
+	// prints them as defaults.
+	o.conn.FromEnv()
+	if len(o.queues) == 0 {
+		_ = o.queues.Set(env("AGENTS_QUEUES", bus.DefaultQueue))
+	}
+	for _, q := range o.queues {
+		if err := bus.CheckQueue(q); err != nil {
+			return nil, err
+		}
+	}
+	if o.concurrency < 1 {
+		return nil, errors.New("--concurrency must be at least 1")
+	}
+	if o.ackWait < time.Second {
+		return nil, errors.New("--ack-wait must be at least 1s")
+	}
+	if o.logFormat != "text" && o.logFormat != "json" {
+		return nil, fmt.Errorf("--log-format %q: use text or json", o.logFormat)
+	}
+	return o, nil
+}
+
+func newLogger(o *options, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	ho := &slog.HandlerOptions{Level: level}
+	if o.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return slog.New(slog.NewTextHandler(w, ho)), nil
+}
+
+// run is main without the process: it returns the exit code. ready, if
+// not nil, receives the NATS URL once the worker is connected (tests).
+func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- string) int {
+	o, err := parse(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "worker:", err)
+		return 2
+	}
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "worker:", err)
+		return 2
+	}
+	cfg, err := modelConfig(o, log)
+	if err != nil {
+		log.Error("model configuration", "err", err)
+		return 2
+	}
+
+	var srv *bus.Server
+	if o.conn.URL == "" {
+		srv, err = startEmbedded(o, log)
+		if err != nil {
+			log.Error(err.Error())
+			return 1
+		}
+		defer srv.Shutdown()
+		o.conn.URL = srv.URL()
+		log.Info("embedded NATS server started; connect other workers and clients with --nats "+srv.URL()+" or NATS_URL="+srv.URL(),
+			"url", srv.URL(), "store", filepath.Join(o.dataDir, "nats"))
+	}
+	o.conn.Logger = log
+	o.conn.Name = "agentfleet-worker"
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	c, err := bus.Connect(cctx, o.conn)
+	cancel()
+	if err != nil {
+		log.Error("cannot connect to NATS", "err", err)
+		return 1
+	}
+	defer c.Close()
+	log.Info("connected to NATS", "url", bus.RedactURL(c.Conn().ConnectedUrlRedacted()))
+	if o.metricsAddr != "" {
+		log.Info("metrics are not served by this build yet", "metricsAddr", o.metricsAddr)
+	}
+
+	cfg.Client = c
+	cfg.Queues = o.queues
+	cfg.Concurrency = o.concurrency
+	cfg.AckWait = o.ackWait
+	cfg.MaxDeliver = o.maxDeliver
+	cfg.DrainTimeout = o.drainTimeout
+	cfg.ToolTimeout = o.toolTimeout
+	cfg.WorkerID = o.workerID
+	cfg.Logger = log
+	w, err := worker.New(cfg)
+	if err != nil {
+		log.Error("worker configuration", "err", err)
+		return 2
+	}
+	if ready != nil {
+		ready <- o.conn.URL
+	}
+	if err := w.Run(ctx); err != nil {
+		log.Error("worker failed", "err", err)
+		return 1
+	}
+	// Flush what is left and close: subscriptions first, then publishes.
+	closed := make(chan struct{})
+	c.Conn().SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := c.Conn().Drain(); err == nil {
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	log.Info("worker exited")
+	return 0
+}
+
+func startEmbedded(o *options, log *slog.Logger) (*bus.Server, error) {
+	host, portS, err := net.SplitHostPort(o.listen)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen %q: %w", o.listen, err)
+	}
+	port, err := strconv.Atoi(portS)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen %q: bad port", o.listen)
+	}
+	if port == 0 {
+		port = -1
+	}
+	dir := filepath.Join(o.dataDir, "nats")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	return bus.StartServer(bus.ServerOptions{Host: host, Port: port, StoreDir: dir, Logger: log})
+}
+
+// modelConfig sets up the model providers: OpenAI-compatible when an
+// endpoint or key is configured, else the demo model.
+func modelConfig(o *options, log *slog.Logger) (worker.Config, error) {
+	var cfg worker.Config
+	key := os.Getenv("OPENAI_API_KEY")
+	if o.openaiKey != "" {
+		b, err := os.ReadFile(o.openaiKey)
+		if err != nil {
+			return cfg, fmt.Errorf("--openai-api-key-file: %w", err)
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	var models []openai.ModelInfo
+	if o.models != "" {
+		var err error
+		if models, err = openai.LoadModels(o.models); err != nil {
+			return cfg, fmt.Errorf("--models: %w", err)
+		}
+	}
+	cfg.DefaultModel = o.defaultModel
+	if o.openaiURL == "" && key == "" {
+		if cfg.DefaultModel == "" {
+			cfg.DefaultModel = "faux/demo"
+		}
+		log.Warn("NO MODEL ENDPOINT CONFIGURED: using the DEMO model, whose replies are canned. " +
+			"Set OPENAI_BASE_URL and OPENAI_API_KEY (or --openai-api-key-file) to use a real model.")
+		return cfg, nil
+	}
+	p, err := openai.New(openai.Config{BaseURL: o.openaiURL, APIKey: key, Models: models})
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Providers = map[string]worker.Provider{"openai": p}
+	if cfg.DefaultModel == "" {
+		cfg.DefaultModel = "openai/gpt-4o-mini"
+		if len(models) > 0 {
+			cfg.DefaultModel = "openai/" + models[0].ID
+		}
+	}
+	base := o.openaiURL
+	if base == "" {
+		base = "https://api.openai.com/v1"
+	}
+	log.Info("model endpoint configured", "baseURL", bus.RedactURL(base), "apiKey", key != "", "models", len(models), "defaultModel", cfg.DefaultModel)
+	return cfg, nil
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestHelp(t *testing.T) {
+	var out syncBuf
+	if code := run(context.Background(), []string{"--help"}, &out, nil); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, f := range []string{"-nats ", "-queue", "-concurrency", "-ack-wait", "-max-deliver", "-drain-timeout",
+		"-data-dir", "-metrics-addr", "-log-format", "-models", "-default-model", "-openai-base-url",
+		"-openai-api-key-file", "-creds", "-nkey", "-tlscert", "-user", "-password", "-token", "NATS_URL", "OPENAI_API_KEY"} {
+		if !strings.Contains(out.String(), f) {
+			t.Errorf("--help does not mention %s", f)
+		}
+	}
+	if code := run(context.Background(), []string{"--bogus"}, &out, nil); code != 2 {
+		t.Fatalf("bad flag: exit %d", code)
+	}
+	if code := run(context.Background(), []string{"--queue", "a.b"}, &out, nil); code != 2 {
+		t.Fatalf("bad queue: exit %d", code)
+	}
+}
+
+func TestEmbeddedWorkerRunsADemoRun(t *testing.T) {
+	t.Setenv("OPENAI_API_KEY", "")
+	t.Setenv("OPENAI_BASE_URL", "")
+	t.Setenv("NATS_URL", "")
+	var out syncBuf
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json", "--ack-wait", "5s"}, &out, ready)
+	}()
+	var url string
+	select {
+	case url = <-ready:
+	case code := <-done:
+		t.Fatalf("worker exited %d:\n%s", code, out.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker not ready")
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	c, err := bus.Connect(cctx, bus.ConnectOptions{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res, err := c.Submit(cctx, "", &bus.RunRequest{Prompt: "ping"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.LoadTranscript(cctx, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Finished.Status != bus.StatusSucceeded || !strings.Contains(tr.FinalText(), "You said: ping") {
+		t.Fatalf("demo run: %+v %q", tr.Finished, tr.FinalText())
+	}
+	cancel() // SIGTERM
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d:\n%s", code, out.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+	log := out.String()
+	for _, want := range []string{"DEMO model", "embedded NATS server started", `"run":"` + res.ID + `"`, "worker exited"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+}
+
+func TestBusyPort(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var out syncBuf
+	code := run(context.Background(), []string{"--nats-listen", ln.Addr().String(), "--data-dir", t.TempDir()}, &out, nil)
+	if code != 1 || !strings.Contains(out.String(), "already in use") {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+}
