@@ -1,0 +1,316 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestNames(t *testing.T) {
+	n := MustNames("")
+	checks := map[string]string{
+		n.RunsStream():           "AGENTS_RUNS",
+		n.EventsStream():         "AGENTS_EVENTS",
+		n.ControlStream():        "AGENTS_CONTROL",
+		n.RecordsBucket():        "agents_runs",
+		n.Consumer("default"):    "workers-default",
+		n.Submit("default", "r"): "agents.submit.default.r",
+		n.SubmitFilter("q"):      "agents.submit.q.*",
+		n.Events("r"):            "agents.run.r.events",
+		n.Control("r", "steer"):  "agents.run.r.steer",
+		n.Republished():          "agents.ctl.*.*",
+		n.Record("r"):            "$KV.agents_runs.r",
+	}
+	for got, want := range checks {
+		if got != want {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	}
+	m := MustNames("acme.agents")
+	if m.RunsStream() != "ACME_AGENTS_RUNS" || m.RecordsBucket() != "acme_agents_runs" || m.Events("x") != "acme.agents.run.x.events" {
+		t.Errorf("dotted prefix: %s %s %s", m.RunsStream(), m.RecordsBucket(), m.Events("x"))
+	}
+	for _, bad := range []string{"a..b", "a.*", "a b", ">", "a.>"} {
+		if _, err := NewNames(bad); err == nil {
+			t.Errorf("prefix %q accepted", bad)
+		}
+	}
+	q, r, err := n.ParseSubmit("agents.submit.default.run-1")
+	if err != nil || q != "default" || r != "run-1" {
+		t.Fatalf("ParseSubmit: %s %s %v", q, r, err)
+	}
+	for _, bad := range []string{"agents.submit.default", "agents.submit.default.a.b", "other.submit.q.r",
+		"agents.submit.default." + strings.Repeat("x", 65), "agents.submit.q!.r"} {
+		if _, _, err := n.ParseSubmit(bad); err == nil {
+			t.Errorf("ParseSubmit(%q) accepted", bad)
+		}
+	}
+}
+
+func TestIDs(t *testing.T) {
+	for _, ok := range []string{"a", "run_1-X", strings.Repeat("z", 64), NewRunID()} {
+		if !ValidID(ok) {
+			t.Errorf("%q refused", ok)
+		}
+	}
+	for _, bad := range []string{"", "a.b", "a*", "a>", "a b", "ü", strings.Repeat("z", 65), "a\n"} {
+		if ValidID(bad) || CheckID(bad) == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestDecodeRunRequest(t *testing.T) {
+	req, err := DecodeRunRequest([]byte(`{"id":"r1","model":"openai/meta-llama/Llama-3","prompt":"hi","tools":["calculator"],
+		"limits":{"maxTurns":3},"metadata":{"k":"v"},"thinkingLevel":"high","temperature":0.5}`), "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Model.Provider != "openai" || req.Model.ID != "meta-llama/Llama-3" || req.EffectiveLimits().MaxTurns != 3 ||
+		req.EffectiveLimits().TimeoutSeconds != DefaultTimeoutSeconds {
+		t.Fatalf("%+v", req)
+	}
+	req, err = DecodeRunRequest([]byte(`{"model":{"provider":"faux","id":"x"},"prompt":"hi","faux":{"responses":[{"content":[{"type":"text","text":"yo"}]}]}}`), "r2")
+	if err != nil || req.ID != "r2" || len(req.Faux.Responses) != 1 || req.Faux.Responses[0].Content[0].Text != "yo" {
+		t.Fatalf("%+v %v", req, err)
+	}
+	bad := map[string]string{
+		``:                                   "empty request",
+		`nope`:                               "malformed JSON",
+		`{"prompt":1}`:                       `field "prompt"`,
+		`{"prompt":"a"} {}`:                  "extra data",
+		`{"prompt":"a","x":1}`:               `unknown field "x"`,
+		`{}`:                                 `no "prompt"`,
+		`{"id":"zz","prompt":"a"}`:           "differs from the subject",
+		`{"id":"a.b","prompt":"a"}`:          "must match",
+		`{"model":"gpt","prompt":"a"}`:       "provider/id",
+		`{"model":{"id":"x"},"prompt":"a"}`:  "provider",
+		`{"prompt":"a","thinkingLevel":"x"}`: "thinkingLevel",
+		`{"prompt":"a","steeringMode":"x"}`:  "steeringMode",
+		`{"prompt":"a","tools":["t","t"]}`:   "listed twice",
+		`{"prompt":"a","limits":{"timeoutSeconds":-1}}`:                       "timeoutSeconds",
+		`{"prompt":"a","temperature":3}`:                                      "temperature",
+		`{"prompt":"a","continueFrom":"r"}`:                                   "names the run itself",
+		`{"messages":[{"role":"assistant","content":[]}]}`:                    "nothing to answer",
+		`{"messages":[{"role":"wizard","content":"x"}],"prompt":"a"}`:         "role",
+		`{"prompt":"a","model":"openai/x","faux":{"responses":[]}}`:           "only for the faux provider",
+		`{"prompt":"a","images":[{"type":"text","text":"x"}]}`:                "images[0]",
+		`{"prompt":"` + strings.Repeat("x", MaxPromptBytes+1) + `"}`:          "prompt is",
+		`{"prompt":"a","metadata":{"k":"` + strings.Repeat("v", 2000) + `"}}`: "value is",
+	}
+	for body, want := range bad {
+		_, err := DecodeRunRequest([]byte(body), "r")
+		if err == nil || !IsBadRequest(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%.60s: got %v, want %q", body, err, want)
+		}
+	}
+	if _, err := DecodeRunRequest(make([]byte, MaxRequestBytes+1), "r"); err == nil || !strings.Contains(err.Error(), "limit") {
+		t.Errorf("oversized: %v", err)
+	}
+}
+
+func TestControlDecode(t *testing.T) {
+	at := time.UnixMilli(1234)
+	m, err := DecodeUserControl([]byte(`{"text":"go left"}`), at)
+	if err != nil || m.Role != agent.RoleUser || m.TextOf() != "go left" || m.Timestamp != 1234 {
+		t.Fatalf("%+v %v", m, err)
+	}
+	m, err = DecodeUserControl([]byte(`{"message":{"role":"user","content":"hi","timestamp":5}}`), at)
+	if err != nil || m.TextOf() != "hi" || m.Timestamp != 5 {
+		t.Fatalf("%+v %v", m, err)
+	}
+	for _, bad := range []string{``, `{}`, `{"text":"a","message":{"role":"user","content":"x"}}`,
+		`{"message":{"role":"assistant","content":"x"}}`, `{"message":{"role":"user","content":[]}}`, `[1]`, `{"txt":"a"}`} {
+		if _, err := DecodeUserControl([]byte(bad), at); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if r := DecodeAbort([]byte(`{"reason":"stop it"}`)); r != "stop it" {
+		t.Errorf("abort reason %q", r)
+	}
+	if r := DecodeAbort(nil); r != "" {
+		t.Errorf("empty abort reason %q", r)
+	}
+	if r := DecodeAbort([]byte("plain words")); r != "plain words" {
+		t.Errorf("text abort reason %q", r)
+	}
+}
+
+func env(t *testing.T, run string, attempt int, seq uint64, ctl uint64, ev any) *Envelope {
+	t.Helper()
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := AppendEnvelope(nil, run, seq, attempt, `w"1`, 99, ctl, b)
+	e, err := DecodeEnvelope(data)
+	if err != nil {
+		t.Fatalf("%s: %v", data, err)
+	}
+	return e
+}
+
+func TestEnvelopeAndTranscript(t *testing.T) {
+	user := agent.UserText("hi")
+	head := agent.Message{Role: agent.RoleAssistant, Provider: "faux", Model: "m"}
+	final := head
+	final.Content = []agent.Content{agent.Text("hello")}
+	final.StopReason = agent.StopReasonStop
+	steer := agent.UserText("more")
+	evs := []any{
+		RunStarted{Type: EventRunStarted, Attempt: 1, Tools: []string{}},
+		AgentEvent{Type: "agent_start"},
+		AgentEvent{Type: "message_start", Message: &user},
+		AgentEvent{Type: "message_end", Message: &user},
+		AgentEvent{Type: "message_start", Message: &head},
+		AgentEvent{Type: "message_update", AssistantMessageEvent: &agent.StreamEvent{Type: agent.StreamTextStart}},
+		AgentEvent{Type: "message_update", AssistantMessageEvent: &agent.StreamEvent{Type: agent.StreamTextDelta, Delta: "hel"}},
+	}
+	tr := &Transcript{}
+	for i, ev := range evs {
+		if err := tr.Apply(env(t, "r", 1, uint64(i+1), 0, ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := tr.Partial(); p == nil || p.TextOf() != "hel" || len(tr.Messages) != 1 {
+		t.Fatalf("partial %+v, %d messages", p, len(tr.Messages))
+	}
+	rest := []any{
+		AgentEvent{Type: "message_update", AssistantMessageEvent: &agent.StreamEvent{Type: agent.StreamTextEnd, Content: "hello"}},
+		AgentEvent{Type: "message_end", Message: &final},
+		AgentEvent{Type: "message_start", Message: &steer},
+	}
+	for i, ev := range rest {
+		if err := tr.Apply(env(t, "r", 1, uint64(len(evs)+i+1), 0, ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tr.Apply(env(t, "r", 1, 11, 42, AgentEvent{Type: "message_end", Message: &steer})); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Partial() != nil || len(tr.Messages) != 3 || tr.FinalText() != "hello" || len(tr.ControlSeqs()) != 1 || tr.ControlSeqs()[0] != 42 {
+		t.Fatalf("transcript %+v", tr.Messages)
+	}
+	// A second attempt starts over; a late event of the first is ignored.
+	_ = tr.Apply(env(t, "r", 2, 1, 0, RunStarted{Type: EventRunStarted, Attempt: 2}))
+	_ = tr.Apply(env(t, "r", 1, 12, 0, AgentEvent{Type: "message_end", Message: &final}))
+	if tr.Attempt != 2 || len(tr.Messages) != 0 {
+		t.Fatalf("after a new attempt: attempt %d, %d messages", tr.Attempt, len(tr.Messages))
+	}
+	// run_resumed restores the previous attempts' messages.
+	_ = tr.Apply(env(t, "r", 2, 2, 0, RunResumed{Type: EventRunResumed, Attempt: 2, MessagesRestored: 2}))
+	if len(tr.Messages) != 2 || len(tr.ControlSeqs()) != 0 {
+		t.Fatalf("after run_resumed: %d messages", len(tr.Messages))
+	}
+	_ = tr.Apply(env(t, "r", 2, 3, 0, RunFinished{Type: EventRunFinished, Status: StatusSucceeded}))
+	if !tr.Done() {
+		t.Fatal("not done")
+	}
+	// The worker id is JSON-quoted in the envelope.
+	e := env(t, "r", 1, 1, 0, AgentEvent{Type: "agent_start"})
+	if e.Worker != `w"1` || e.TS != 99 || e.Type != "agent_start" {
+		t.Fatalf("%+v", e)
+	}
+	if MsgID("r", 2, 7) != "r:2:7" {
+		t.Fatal(MsgID("r", 2, 7))
+	}
+}
+
+func TestNewAgentEventWireForm(t *testing.T) {
+	se := agent.StreamEvent{Type: agent.StreamToolCallDelta, ContentIndex: 1, Delta: `{"a":`, Arguments: map[string]any{"a": 1}}
+	w := NewAgentEvent(&agent.Event{Type: agent.EventMessageUpdate, StreamEvent: &se, Message: &agent.Message{Role: agent.RoleAssistant}})
+	b, _ := json.Marshal(w)
+	if string(b) != `{"type":"message_update","assistantMessageEvent":{"type":"toolcall_delta","contentIndex":1,"delta":"{\"a\":"}}` {
+		t.Fatalf("%s", b)
+	}
+	w = NewAgentEvent(&agent.Event{Type: agent.EventToolExecutionEnd, ToolCallID: "c", ToolName: "t", Result: &agent.ToolResult{Content: []agent.Content{agent.Text("r")}}})
+	b, _ = json.Marshal(w)
+	if string(b) != `{"type":"tool_execution_end","toolCallId":"c","toolName":"t","result":{"content":[{"type":"text","text":"r"}]},"isError":false}` {
+		t.Fatalf("%s", b)
+	}
+}
+
+func TestEmbeddedServerAndClient(t *testing.T) {
+	srv, err := StartServer(ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent.
+	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Submit(ctx, "", &RunRequest{Prompt: "hi"})
+	if err != nil || res.Duplicate || res.Queue != DefaultQueue {
+		t.Fatalf("%+v %v", res, err)
+	}
+	again, err := c.SubmitRaw(ctx, "", res.ID, []byte(`{"prompt":"hi"}`))
+	if err != nil || !again.Duplicate || again.Seq != res.Seq {
+		t.Fatalf("dedupe: %+v %v", again, err)
+	}
+	if _, err := c.Submit(ctx, "", &RunRequest{}); !IsBadRequest(err) {
+		t.Fatalf("invalid request submitted: %v", err)
+	}
+	if _, err := c.SubmitRaw(ctx, "a.b", "x", nil); err == nil {
+		t.Fatal("bad queue accepted")
+	}
+	rec, err := c.Status(ctx, res.ID)
+	if err != nil || rec.State != StateQueued {
+		t.Fatalf("%+v %v", rec, err)
+	}
+	if _, err := c.Status(ctx, "nope"); !errors.Is(err, ErrRunNotFound) {
+		t.Fatalf("unknown run: %v", err)
+	}
+	list, err := c.List(ctx, ListOptions{})
+	if err != nil || len(list) != 1 || list[0].ID != res.ID || list[0].State != StateQueued {
+		t.Fatalf("%+v %v", list, err)
+	}
+	// The control stream republishes with the stream sequence.
+	sub, err := c.Conn().SubscribeSync(c.Names().Republished())
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := c.Steer(ctx, res.ID, "left")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(5 * time.Second)
+	if err != nil || m.Subject != "agents.ctl."+res.ID+".steer" || m.Header.Get("Nats-Sequence") == "" || m.Header.Get("Nats-Last-Sequence") != "0" {
+		t.Fatalf("republished %v %+v", err, m)
+	}
+	if seq == 0 {
+		t.Fatal("no control seq")
+	}
+	// A second server on the same port is refused clearly.
+	u := srv.URL()
+	port := u[strings.LastIndex(u, ":")+1:]
+	var p int
+	for _, ch := range port {
+		p = p*10 + int(ch-'0')
+	}
+	if _, err := StartServer(ServerOptions{Port: p, StoreDir: t.TempDir()}); !errors.Is(err, ErrPortBusy) {
+		t.Fatalf("busy port: %v", err)
+	}
+	if RedactURL("nats://u:secret@h:4222,nats://tok@h2") != "nats://u:REDACTED@h:4222,nats://REDACTED@h2" {
+		t.Fatal(RedactURL("nats://u:secret@h:4222,nats://tok@h2"))
+	}
+}
