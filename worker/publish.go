@@ -209,12 +209,6 @@ func (p *publisher) flush(ctx context.Context) error {
 	return p.err
 }
 
-func (p *publisher) lastSeq() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.seq
-}
-
 func encodeJSON(v any) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)

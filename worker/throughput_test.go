@@ -54,8 +54,15 @@ func TestThroughput(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 	text := strings.Repeat("abcd", 20*4) // 20 deltas of 16 characters
+	rate := 0.0
+	fmt.Sscan(os.Getenv("AGENTFLEET_RATE"), &rate)
 	start := time.Now()
 	for i := range n {
+		if rate > 0 {
+			if d := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); d > 0 {
+				time.Sleep(d) // pacing the offered load, not waiting for a result
+			}
+		}
 		id := fmt.Sprintf("bench-%d", i)
 		mu.Lock()
 		submitted[id] = time.Now()

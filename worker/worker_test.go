@@ -687,3 +687,40 @@ func TestDrainHandsRunsBack(t *testing.T) {
 		t.Fatalf("transcript after restart: %s", roles(tr.Messages))
 	}
 }
+
+func TestHeartbeatKeepsALongRunOwned(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 200 * time.Millisecond})
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+	g.waitStarted(t)
+	// The run outlives its AckWait three times over.
+	timer := time.AfterFunc(3*time.Second, func() { g.release <- struct{}{} })
+	defer timer.Stop()
+	envs := f.follow(id)
+	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+	select {
+	case n := <-g.started:
+		t.Fatalf("the run was redelivered and started again (%s)", n)
+	default:
+	}
+}
+
+func TestToolTimeout(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, ToolTimeout: 100 * time.Millisecond})
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+	envs := f.follow(id)
+	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+	tr := transcriptOf(t, envs)
+	if res := tr.Messages[2]; !res.IsError || !strings.Contains(res.TextOf(), "timed out after 100ms") {
+		t.Fatalf("tool result %+v", res)
+	}
+}
