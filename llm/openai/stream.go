@@ -103,6 +103,9 @@ func (c *call) read(resp *http.Response) (error, bool) {
 	for {
 		b, err := br.Peek(1)
 		if err != nil {
+			if errors.Is(err, io.EOF) && c.ctx.Err() == nil {
+				c.a.failed = notStream(resp, []byte("(empty body)"))
+			}
 			return err, true
 		}
 		if b[0] != ' ' && b[0] != '\t' && b[0] != '\r' && b[0] != '\n' {
