@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -312,5 +313,53 @@ func TestEmbeddedServerAndClient(t *testing.T) {
 	}
 	if RedactURL("nats://u:secret@h:4222,nats://tok@h2") != "nats://u:REDACTED@h:4222,nats://REDACTED@h2" {
 		t.Fatal(RedactURL("nats://u:secret@h:4222,nats://tok@h2"))
+	}
+}
+
+func TestFollowGapsAndStaleAttempts(t *testing.T) {
+	srv, err := StartServer(ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	pub := func(attempt int, seq uint64, ev any) {
+		b, _ := json.Marshal(ev)
+		if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), AppendEnvelope(nil, "r", seq, attempt, "w", 1, 0, b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub(1, 1, RunStarted{Type: EventRunStarted, Attempt: 1})
+	pub(1, 2, AgentEvent{Type: "agent_start"})
+	pub(1, 4, AgentEvent{Type: "turn_start"}) // seq 3 is missing
+	pub(2, 1, RunStarted{Type: EventRunStarted, Attempt: 2})
+	pub(1, 5, AgentEvent{Type: "turn_end"}) // a stale attempt's late event
+	pub(2, 2, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
+	pub(2, 3, AgentEvent{Type: "agent_start"}) // after the end: not read
+	var got []string
+	gaps := 0
+	for e, err := range c.Follow(ctx, "r") {
+		if err != nil {
+			var gap *GapError
+			if !errors.As(err, &gap) || gap.Want != 3 || gap.Got != 4 {
+				t.Fatalf("error %v", err)
+			}
+			gaps++
+			continue
+		}
+		got = append(got, fmt.Sprintf("%d:%d:%s", e.Attempt, e.Seq, e.Type))
+	}
+	want := "1:1:run_started 1:2:agent_start 1:4:turn_start 2:1:run_started 2:2:run_finished"
+	if strings.Join(got, " ") != want || gaps != 1 {
+		t.Fatalf("got %v (%d gaps), want %s", got, gaps, want)
 	}
 }

@@ -724,3 +724,34 @@ func TestToolTimeout(t *testing.T) {
 		t.Fatalf("tool result %+v", res)
 	}
 }
+
+type waitObs struct {
+	worker.NopObserver
+	mu    sync.Mutex
+	waits int
+	pubs  int
+}
+
+func (o *waitObs) PublishWait(time.Duration) { o.mu.Lock(); o.waits++; o.mu.Unlock() }
+func (o *waitObs) EventPublished()           { o.mu.Lock(); o.pubs++; o.mu.Unlock() }
+
+func TestPublishWindowBackPressure(t *testing.T) {
+	f := newFleet(t)
+	o := &waitObs{}
+	f.startWorker(worker.Config{PublishWindow: 1, Observer: o})
+	text := strings.Repeat("0123456789abcdef", 100) // 100 deltas
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Model: fauxModel(), Faux: fauxText(text)})
+	envs := f.follow(id)
+	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+	if got := transcriptOf(t, envs).FinalText(); got != text {
+		t.Fatalf("text differs: %d bytes", len(got))
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pubs < len(envs) {
+		t.Fatalf("%d acks for %d events", o.pubs, len(envs))
+	}
+	t.Logf("window 1: %d events, the listener waited %d times", len(envs), o.waits)
+}
