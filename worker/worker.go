@@ -43,6 +43,8 @@ type Worker struct {
 	hardCtx    context.Context
 	hardCancel context.CancelFunc
 
+	ready chan struct{}
+
 	mu   sync.Mutex
 	runs map[string]*run
 	wg   sync.WaitGroup
@@ -94,6 +96,7 @@ func New(cfg Config) (*Worker, error) {
 		defaultModel: def,
 		slots:        make(chan struct{}, cfg.Concurrency),
 		runs:         map[string]*run{},
+		ready:        make(chan struct{}),
 	}
 	var tools []*agent.Tool
 	if !cfg.NoBuiltinTools {
@@ -123,6 +126,10 @@ func New(cfg Config) (*Worker, error) {
 	}
 	return w, nil
 }
+
+// Ready is closed once Run has set up the streams and subscriptions and
+// starts pulling.
+func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
 // ID returns the worker's id.
 func (w *Worker) ID() string { return w.id }
@@ -182,6 +189,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		"ackWait", w.cfg.AckWait, "maxDeliver", w.cfg.MaxDeliver, "tools", w.toolNames,
 		"defaultModel", w.defaultModel.String())
 	w.obs.Slots(0, w.cfg.Concurrency)
+	close(w.ready)
 
 	var pullers sync.WaitGroup
 	for i, q := range w.cfg.Queues {

@@ -250,10 +250,17 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 		log.Error("worker configuration", "err", err)
 		return 2
 	}
-	if ready != nil {
-		ready <- o.conn.URL
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	select {
+	case <-w.Ready():
+		if ready != nil {
+			ready <- o.conn.URL
+		}
+		err = <-runErr
+	case err = <-runErr:
 	}
-	if err := w.Run(ctx); err != nil {
+	if err != nil {
 		log.Error("worker failed", "err", err)
 		return 1
 	}
