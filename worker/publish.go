@@ -79,7 +79,9 @@ func (p *publisher) ackLoop() {
 	for f := range p.futures {
 		select {
 		case <-f.Ok():
-			p.w.obs.EventPublished()
+			if f.Msg().Subject == p.subject { // not the record writes
+				p.w.obs.EventPublished()
+			}
 		case err := <-f.Err():
 			p.fail(fmt.Errorf("publish to %s: %w", f.Msg().Subject, err))
 		}

@@ -288,7 +288,7 @@ func (r *run) start() {
 		runErr = r.agent.PromptMessages(tctx, r.prompt...)
 		// A steer or follow-up that came after the agent's last poll is
 		// still delivered: go on while messages remain.
-		for runErr == nil && tctx.Err() == nil && !r.modelFailed() && !r.ctl.finishIfIdle(tctx) {
+		for runErr == nil && tctx.Err() == nil && !r.modelFailed() && !r.idleAndDone(tctx) {
 			runErr = r.agent.Continue(tctx)
 		}
 	}
@@ -360,6 +360,15 @@ func (r *run) outcome(runErr error, timedOut bool, timeout time.Duration) bus.Ru
 		fail(bus.ReasonModelError, r.lastAssistant.ErrorMessage)
 	}
 	return f
+}
+
+// idleAndDone is called when the agent went idle: it reports whether the
+// run may finish (no late control message is queued).
+func (r *run) idleAndDone(ctx context.Context) bool {
+	if h := r.w.beforeIdleCheck; h != nil {
+		h(r.id)
+	}
+	return r.ctl.finishIfIdle(ctx)
 }
 
 // abort stops the run at the user's request.

@@ -45,6 +45,10 @@ type Worker struct {
 
 	ready chan struct{}
 
+	// beforeIdleCheck, when set (tests), is called each time a run's agent
+	// went idle, before the worker looks for late control messages.
+	beforeIdleCheck func(runID string)
+
 	mu   sync.Mutex
 	runs map[string]*run
 	wg   sync.WaitGroup

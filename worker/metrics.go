@@ -1,0 +1,93 @@
+package worker
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/metrics"
+)
+
+// MetricsObserver reports what the worker observes to Prometheus metrics.
+func MetricsObserver(m *metrics.Metrics) Observer { return &metricsObserver{m: m} }
+
+type metricsObserver struct{ m *metrics.Metrics }
+
+// modelLabel maps "provider/id" to the label metrics bound: the model id,
+// or "faux" for any scripted model.
+func modelLabel(model string) string {
+	provider, id, ok := strings.Cut(model, "/")
+	if !ok {
+		return model
+	}
+	if provider == "faux" {
+		return "faux"
+	}
+	return id
+}
+
+func (o *metricsObserver) RunStarted(r RunInfo) {
+	wait := time.Duration(-1)
+	if !r.SubmittedAt.IsZero() && !r.StartedAt.IsZero() {
+		wait = max(r.StartedAt.Sub(r.SubmittedAt), 0)
+	}
+	o.m.RunStarted(r.Queue, modelLabel(r.Model), r.Attempt, wait)
+}
+
+func (o *metricsObserver) RunFinished(r RunInfo, f bus.RunFinished) {
+	o.m.RunFinished(r.Queue, modelLabel(r.Model), f.Status, f.Reason, time.Duration(f.DurationMs)*time.Millisecond, true)
+}
+
+func (o *metricsObserver) RunHandedBack(r RunInfo) { o.m.RunHandedBack(r.Queue) }
+func (o *metricsObserver) Turn(r RunInfo)          { o.m.Turn(modelLabel(r.Model)) }
+
+func (o *metricsObserver) ModelRequest(r RunInfo, mr ModelRequest) {
+	ttft := mr.TimeToFirstEvent
+	if ttft <= 0 {
+		ttft = -1
+	}
+	u := mr.Usage
+	o.m.ModelRequest(modelLabel(mr.Model), string(mr.StopReason), mr.Duration, ttft, metrics.ModelUsage{
+		Input: u.Input, Output: u.Output, CacheRead: u.CacheRead, CacheWrite: u.CacheWrite, Cost: u.Cost.Total,
+	})
+}
+
+func (o *metricsObserver) ToolCall(_ RunInfo, t ToolCall) {
+	o.m.ToolCall(t.Tool, t.Err != nil, t.Duration)
+}
+
+func (o *metricsObserver) EventPublished()             { o.m.EventsPublished(1) }
+func (o *metricsObserver) PublishFailed(error)         { o.m.PublishFailed() }
+func (o *metricsObserver) PublishWait(d time.Duration) { o.m.PublishWaited(d) }
+func (o *metricsObserver) ControlReceived(kind string) { o.m.ControlReceived(kind) }
+func (o *metricsObserver) Slots(busy, total int)       { o.m.SetSlots(busy, total) }
+
+// PollQueueDepth sets each queue's depth (its consumer's pending plus ack
+// pending, what KEDA scales on) every interval until ctx is done. A failed
+// poll keeps the last value; readiness reports NATS trouble.
+func PollQueueDepth(ctx context.Context, c *bus.Client, queues []string, interval time.Duration, set func(queue string, depth int)) {
+	poll := func() {
+		for _, q := range queues {
+			pctx, cancel := context.WithTimeout(ctx, interval)
+			cons, err := c.JetStream().Consumer(pctx, c.Names().RunsStream(), c.Names().Consumer(q))
+			if err == nil {
+				if info, err := cons.Info(pctx); err == nil {
+					set(q, int(info.NumPending)+info.NumAckPending)
+				}
+			}
+			cancel()
+		}
+	}
+	poll()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			poll()
+		}
+	}
+}

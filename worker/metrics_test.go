@@ -1,0 +1,122 @@
+package worker_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/metrics"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// gathered indexes a registry's samples by name and sorted label pairs.
+type gathered map[string]*dto.Metric
+
+func gather(t *testing.T, reg *prometheus.Registry) (gathered, []string) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := gathered{}
+	var labelValues []string
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range m.GetLabel() {
+				key += "," + l.GetName() + "=" + l.GetValue()
+				labelValues = append(labelValues, l.GetValue())
+			}
+			out[key] = m
+		}
+	}
+	return out, labelValues
+}
+
+func (g gathered) value(t *testing.T, key string) float64 {
+	t.Helper()
+	m, ok := g[key]
+	if !ok {
+		t.Errorf("no sample %s", key)
+		return 0
+	}
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
+	}
+	return 0
+}
+
+// A faux run with a tool call moves the counters and histograms it should,
+// and no label carries the run id or the prompt.
+func TestMetricsFromAFauxRun(t *testing.T) {
+	f := newFleet(t)
+	reg := prometheus.NewPedanticRegistry()
+	m := metrics.New(reg, metrics.Config{Models: []string{"gpt-4o-mini"}, Tools: []string{"calculator"}, Queues: []string{"default", "other"}})
+	stop := f.startWorker(worker.Config{Observer: worker.MetricsObserver(m)})
+
+	const prompt = "what is 6*7, secret-prompt-text"
+	id := f.submit("default", &bus.RunRequest{
+		Prompt: prompt, Model: fauxModel(), Tools: []string{"calculator"},
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+			toolCall("c1", "calculator", map[string]any{"expression": "6*7"}),
+			textResp("It is 42."),
+		}},
+	})
+	envs := f.follow(id)
+	stop() // drains: every ack and observer call is done
+
+	g, labels := gather(t, reg)
+	checks := map[string]float64{
+		"agentfleet_runs_started_total,model=faux,queue=default":                           1,
+		"agentfleet_runs_finished_total,model=faux,queue=default,reason=,status=succeeded": 1,
+		"agentfleet_runs_in_flight,queue=default":                                          0,
+		"agentfleet_run_duration_seconds,queue=default,status=succeeded":                   1,
+		"agentfleet_queue_wait_seconds,queue=default":                                      1,
+		"agentfleet_turns_total,model=faux":                                                2,
+		"agentfleet_model_requests_total,model=faux,outcome=toolUse":                       1,
+		"agentfleet_model_requests_total,model=faux,outcome=stop":                          1,
+		"agentfleet_model_request_duration_seconds,model=faux":                             2,
+		"agentfleet_tool_calls_total,outcome=ok,tool=calculator":                           1,
+		"agentfleet_tool_duration_seconds,tool=calculator":                                 1,
+		"agentfleet_events_published_total":                                                float64(len(envs)),
+	}
+	for key, want := range checks {
+		if got := g.value(t, key); got != want {
+			t.Errorf("%s = %v, want %v", key, got, want)
+		}
+	}
+	for _, kind := range []string{"input", "output"} {
+		if got := g.value(t, "agentfleet_tokens_total,kind="+kind+",model=faux"); got <= 0 {
+			t.Errorf("%s tokens = %v, want > 0", kind, got)
+		}
+	}
+	if got := g.value(t, "agentfleet_worker_slots"); got != 8 {
+		t.Errorf("slots = %v, want 8", got)
+	}
+	for _, v := range labels {
+		if strings.Contains(v, id) || strings.Contains(v, "secret-prompt") {
+			t.Errorf("label value %q carries the run id or the prompt", v)
+		}
+	}
+	if _, ok := g["agentfleet_tokens_total,kind=input,model=faux"]; !ok {
+		t.Log(strings.Join(keys(g), "\n"))
+	}
+	_ = agent.StopReasonStop
+}
+
+func keys(g gathered) []string {
+	var out []string
+	for k := range g {
+		out = append(out, k)
+	}
+	return out
+}
