@@ -164,6 +164,10 @@ func (m *Metrics) RunFinished(queue, model, status, reason string, d time.Durati
 var reasons = []string{"", "model_error", "bad_request", "max_turns", "timeout", "token_budget",
 	"aborted_by_user", "gave_up", "lease_lost", "internal"}
 
+// RunHandedBack marks a run that a draining worker stopped and handed back
+// to the queue: it leaves the in-flight gauge without finishing.
+func (m *Metrics) RunHandedBack(queue string) { m.runsInFlight.WithLabelValues(m.queue(queue)).Dec() }
+
 // Turn counts one agent turn.
 func (m *Metrics) Turn(model string) { m.turns.WithLabelValues(m.Model(model)).Inc() }
 
