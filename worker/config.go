@@ -120,7 +120,8 @@ type Observer interface {
 	Turn(r RunInfo)
 	ModelRequest(r RunInfo, m ModelRequest)
 	ToolCall(r RunInfo, t ToolCall)
-	// EventPublished: an event was stored (its ack arrived).
+	// EventPublished: an event was stored (its ack arrived). Record
+	// writes are not counted.
 	EventPublished()
 	PublishFailed(err error)
 	// PublishWait: the agent's listener waited this long for room in the
