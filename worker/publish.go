@@ -48,7 +48,7 @@ type publisher struct {
 	limit   int
 
 	window  chan struct{}
-	futures chan pendingAck
+	futures chan jetstream.PubAckFuture
 	done    chan struct{}
 
 	mu     sync.Mutex
@@ -66,7 +66,7 @@ func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publi
 		subject: w.names.Events(run), record: w.names.Record(run),
 		limit:   int(w.maxPayload()) - envelopeHeadroom,
 		window:  make(chan struct{}, n),
-		futures: make(chan pendingAck, n),
+		futures: make(chan jetstream.PubAckFuture, n),
 		done:    make(chan struct{}),
 		onFail:  onFail,
 	}
@@ -151,7 +151,7 @@ func (p *publisher) event(typ string, event []byte, controlSeq uint64) (uint64, 
 		return 0, err
 	}
 	p.seq = seq
-	p.futures <- pendingAck{f, true} // never blocks: each future holds a window slot
+	p.futures <- f // never blocks: each future holds a window slot
 	p.mu.Unlock()
 	return seq, nil
 }
@@ -188,7 +188,7 @@ func (p *publisher) putRecord(rec *bus.RunRecord, final, block bool) error {
 		<-p.window
 		return err
 	}
-	p.futures <- pendingAck{f, false}
+	p.futures <- f
 	return nil
 }
 
