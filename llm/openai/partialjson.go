@@ -19,7 +19,9 @@ func parseArguments(s string) map[string]any {
 	if err := json.Unmarshal([]byte(t), &v); err != nil {
 		p := partialParser{s: t}
 		p.ws()
-		v, _ = p.value(0)
+		if v, _ = p.value(0); p.tooDeep {
+			return map[string]any{}
+		}
 	}
 	switch x := v.(type) {
 	case map[string]any:
@@ -38,8 +40,9 @@ func parseArguments(s string) map[string]any {
 // keeps what is complete enough to use: partial strings, numbers and
 // containers; a key without a value or a cut literal is dropped.
 type partialParser struct {
-	s string
-	i int
+	s       string
+	i       int
+	tooDeep bool // nesting beyond maxDepth: give up rather than recurse
 }
 
 const maxDepth = 512
@@ -57,7 +60,10 @@ func (p *partialParser) ws() {
 
 // value parses one value; ok is false when nothing usable was found.
 func (p *partialParser) value(depth int) (v any, ok bool) {
-	if p.i >= len(p.s) || depth > maxDepth {
+	if depth > maxDepth {
+		p.tooDeep, p.i = true, len(p.s)
+	}
+	if p.i >= len(p.s) {
 		return nil, false
 	}
 	switch c := p.s[p.i]; {

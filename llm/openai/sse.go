@@ -170,7 +170,7 @@ func (d *sseDecoder) endLine() (sseEvent, bool, error) {
 		if d.hasData {
 			// A server that forgot the blank line between events: a
 			// complete JSON value is an event of its own.
-			if startsEvent(value) && json.Valid(d.data) {
+			if len(d.data) < 1<<20 && startsEvent(value) && json.Valid(d.data) {
 				d.pending = append([]byte{}, value...)
 				return d.dispatch(), true, nil
 			}
