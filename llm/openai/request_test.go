@@ -166,3 +166,29 @@ func TestRequestHeadersWithoutKey(t *testing.T) {
 		t.Errorf("Authorization sent without a key: %q", v)
 	}
 }
+
+// Azure and organisation settings go through go-openai's client config.
+func TestAzureAndOrgHeaders(t *testing.T) {
+	var path, query string
+	var header http.Header
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		path, query, header = r.URL.Path, r.URL.RawQuery, r.Header.Clone()
+		okStream(w)
+	})
+	p := newProvider(t, srv, func(c *Config) {
+		c.BaseURL = srv.URL
+		c.APIKey = "azure-key"
+		c.AzureAPIVersion = "2024-10-21"
+		c.OrgID = "org-1"
+	})
+	_, msg := run(t, context.Background(), p, agent.Model{ID: "gpt-4o"}, userContext("hi"), agent.StreamOptions{})
+	if msg.StopReason != agent.StopReasonStop {
+		t.Fatalf("%s", js(msg))
+	}
+	if path != "/openai/deployments/gpt-4o/chat/completions" || query != "api-version=2024-10-21" {
+		t.Errorf("url %s?%s", path, query)
+	}
+	if header.Get("api-key") != "azure-key" || header.Get("Authorization") != "" || header.Get("OpenAI-Organization") != "org-1" {
+		t.Errorf("headers %v", header)
+	}
+}
