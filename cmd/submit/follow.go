@@ -1,0 +1,324 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// followOptions shape how a run is followed.
+type followOptions struct {
+	run   string
+	queue string // for the no-worker notice; "" looks it up
+	json  bool   // raw envelopes as NDJSON
+	// interactive: read steering from stdin (a terminal).
+	interactive      bool
+	abortOnInterrupt bool
+	hideThinking     bool
+	showPrompt       bool
+	noColor          bool
+	// noticeAfter: say so when no worker has picked the run up by then.
+	noticeAfter time.Duration
+}
+
+type followItem struct {
+	env *bus.Envelope
+	err error
+}
+
+// ctlResult is the outcome of a control message sent from the terminal.
+type ctlResult struct {
+	kind string
+	seq  uint64
+	err  error
+}
+
+// follow prints a run's events until its run_finished and returns the exit
+// code of its status; Ctrl-C detaches (130) or aborts.
+func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	items := make(chan followItem, 1024)
+	wg.Go(func() {
+		defer close(items)
+		for env, err := range c.Follow(fctx, o.run) {
+			select {
+			case items <- followItem{env, err}:
+			case <-fctx.Done():
+				return
+			}
+		}
+	})
+
+	r := newRenderer(e.stdout, style{on: e.color(o.noColor)})
+	r.hideThinking, r.showPrompt = o.hideThinking, o.showPrompt
+	r.live = e.stdoutTTY && !o.json
+	r.width = e.termWidth()
+	var enc *json.Encoder
+	if o.json {
+		enc = json.NewEncoder(e.stdout)
+	}
+
+	// Steering typed on the terminal.
+	var lines <-chan string
+	if o.interactive {
+		lines = readLines(e.stdin)
+		r.note("type a line to steer · /followup TEXT queues a follow-up · /abort aborts · Ctrl-C detaches")
+	}
+	results := make(chan ctlResult, 8)
+	send := func(kind, text string) {
+		wg.Go(func() {
+			sctx, scancel := context.WithTimeout(fctx, 10*time.Second)
+			defer scancel()
+			var seq uint64
+			var err error
+			switch kind {
+			case bus.KindSteer:
+				seq, err = c.Steer(sctx, o.run, text)
+			case bus.KindFollowUp:
+				seq, err = c.FollowUp(sctx, o.run, text)
+			case bus.KindAbort:
+				seq, err = c.Abort(sctx, o.run, text)
+			}
+			select {
+			case results <- ctlResult{kind, seq, err}:
+			case <-fctx.Done():
+			}
+		})
+	}
+
+	started := false
+	begin := time.Now()
+	var notice <-chan time.Time
+	if o.noticeAfter > 0 {
+		t := time.NewTimer(o.noticeAfter)
+		defer t.Stop()
+		notice = t.C
+	}
+	var tick <-chan time.Time
+	if r.live {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		tick = t.C
+	}
+	aborting := false
+	var finished *bus.RunFinished
+
+	for {
+		select {
+		case it, ok := <-items:
+			if !ok {
+				r.clearStatus()
+				if finished == nil {
+					return exitFailed
+				}
+				return statusCode(finished.Status)
+			}
+			if it.err != nil {
+				if bus.IsFatalFollowError(it.err) {
+					r.closeBlock()
+					r.clearStatus()
+					if ctx.Err() != nil {
+						return exitDetached
+					}
+					fmt.Fprintf(e.stderr, "submit: %v\n", it.err)
+					return exitFailed
+				}
+				r.closeBlock()
+				r.clearStatus()
+				fmt.Fprintf(e.stderr, "submit: warning: %v\n", it.err)
+				continue
+			}
+			if it.env.Type == bus.EventRunStarted {
+				started = true
+			}
+			if it.env.Type == bus.EventRunFinished {
+				finished, _ = decodeFinished(it.env)
+			}
+			if enc != nil {
+				if err := enc.Encode(it.env); err != nil {
+					return fail(e, err)
+				}
+				continue
+			}
+			if err := r.Render(it.env); err != nil {
+				fmt.Fprintf(e.stderr, "submit: warning: %v\n", err)
+			}
+		case <-notice:
+			if !started {
+				msg := noWorkerNotice(fctx, c, o.run, o.queue, time.Since(begin))
+				r.closeBlock()
+				r.clearStatus()
+				fmt.Fprintln(e.stderr, r.st.yellow(msg))
+			}
+		case <-tick:
+			if !started {
+				r.setStatus(fmt.Sprintf("waiting for a worker · %s", time.Since(begin).Round(time.Second)))
+			} else if finished == nil && time.Since(r.lastEvent) > 500*time.Millisecond {
+				what := "working"
+				if r.toolRun != "" {
+					what = "running " + r.toolRun
+				}
+				r.setStatus(fmt.Sprintf("%s · turn %d · %s", what, max(r.turns, 1), time.Since(begin).Round(time.Second)))
+			}
+		case line, ok := <-lines:
+			if !ok {
+				lines = nil
+				continue
+			}
+			kind, text, err := parseInput(line)
+			if err != nil {
+				r.note(err.Error())
+				continue
+			}
+			if kind == "" {
+				continue
+			}
+			if kind == bus.KindAbort {
+				text = "aborted from the terminal"
+			}
+			send(kind, text)
+		case res := <-results:
+			switch {
+			case errors.Is(res.err, bus.ErrRunFinished):
+				r.note(fmt.Sprintf("the run has finished; %s not sent", kindName(res.kind)))
+			case res.err != nil:
+				r.note(fmt.Sprintf("%s failed: %v", kindName(res.kind), res.err))
+			default:
+				r.note(fmt.Sprintf("→ %s sent", kindName(res.kind)))
+			}
+		case <-e.interrupts:
+			if o.abortOnInterrupt && !aborting {
+				aborting = true
+				r.closeBlock()
+				r.clearStatus()
+				fmt.Fprintf(e.stderr, "aborting run %s… (Ctrl-C again to detach)\n", o.run)
+				send(bus.KindAbort, "interrupted (Ctrl-C)")
+				continue
+			}
+			r.closeBlock()
+			r.clearStatus()
+			fmt.Fprintf(e.stderr, "\ndetached from run %s; it goes on.\n  re-attach: submit follow %s\n  abort:     submit abort %s\n", o.run, o.run, o.run)
+			return exitDetached
+		}
+	}
+}
+
+func kindName(kind string) string {
+	switch kind {
+	case bus.KindSteer:
+		return "steering"
+	case bus.KindFollowUp:
+		return "follow-up"
+	}
+	return kind
+}
+
+// parseInput reads a line typed while following: text steers, /followup
+// TEXT queues a follow-up, /abort aborts.
+func parseInput(line string) (kind, text string, err error) {
+	line = strings.TrimSpace(line)
+	switch {
+	case line == "":
+		return "", "", nil
+	case line == "/abort":
+		return bus.KindAbort, "", nil
+	case strings.HasPrefix(line, "/followup"):
+		text = strings.TrimSpace(strings.TrimPrefix(line, "/followup"))
+		if text == "" {
+			return "", "", errors.New("usage: /followup TEXT")
+		}
+		return bus.KindFollowUp, text, nil
+	case strings.HasPrefix(line, "//"):
+		return bus.KindSteer, line[1:], nil // "//x" steers with "/x"
+	case strings.HasPrefix(line, "/"):
+		return "", "", fmt.Errorf("unknown command %q: type text to steer, /followup TEXT, /abort (//text steers with /text)", cut(line, 40))
+	}
+	return bus.KindSteer, line, nil
+}
+
+// readLines reads lines in a goroutine. It ends with the input; on a
+// terminal the process exits while it is blocked reading, which is fine.
+func readLines(r io.Reader) <-chan string {
+	ch := make(chan string)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64<<10), bus.MaxControlBytes)
+		for sc.Scan() {
+			ch <- sc.Text()
+		}
+	}()
+	return ch
+}
+
+func decodeFinished(env *bus.Envelope) (*bus.RunFinished, error) {
+	ev, err := env.Decode()
+	if err != nil {
+		return nil, err
+	}
+	return ev.RunFinished, nil
+}
+
+func statusCode(status string) int {
+	switch status {
+	case bus.StatusSucceeded:
+		return exitOK
+	case bus.StatusAborted:
+		return exitAborted
+	}
+	return exitFailed
+}
+
+// noWorkerNotice says why a run has not been picked up: which queue, and
+// whether any worker is connected to it. It reads the queue consumer's
+// info: pull requests waiting (idle workers), requests in progress (busy
+// workers) and requests pending.
+func noWorkerNotice(ctx context.Context, c *bus.Client, run, queue string, waited time.Duration) string {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if queue == "" {
+		if rec, err := c.Status(ctx, run); err == nil {
+			queue = rec.Queue
+		}
+	}
+	if queue == "" {
+		queue = bus.DefaultQueue
+	}
+	head := fmt.Sprintf("no worker has picked up run %s after %s (queue %q)", run, waited.Round(100*time.Millisecond), queue)
+	n := c.Names()
+	cons, err := c.JetStream().Consumer(ctx, n.RunsStream(), n.Consumer(queue))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return head + fmt.Sprintf(": no worker has ever served this queue (no consumer %s).\n"+
+			"  Start one: go run ./cmd/worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", n.Consumer(queue), queue)
+	}
+	if err != nil {
+		return head + fmt.Sprintf(" (cannot read the queue: %v); still waiting", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return head + fmt.Sprintf(" (cannot read the queue: %v); still waiting", err)
+	}
+	switch {
+	case info.NumWaiting > 0:
+		return head + fmt.Sprintf(": %d idle worker pull(s) are waiting on the queue, %d request(s) pending; still waiting", info.NumWaiting, info.NumPending)
+	case info.NumAckPending > 0:
+		return head + fmt.Sprintf(": the workers are busy (%d run(s) in progress, %d request(s) queued); still waiting", info.NumAckPending, info.NumPending)
+	}
+	return head + fmt.Sprintf(": no worker is connected to this queue (%d request(s) queued).\n"+
+		"  Start one: go run ./cmd/worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", info.NumPending, queue)
+}
