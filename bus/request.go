@@ -175,6 +175,10 @@ func BadRequest(format string, args ...any) *RequestError {
 // set to it. Every error is a *RequestError with a readable text. Whether
 // the model, provider and tools exist is for the worker to check.
 func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
+	if !ValidID(subjectRun) {
+		// The subject is checked before, but the id goes into subjects: never trust it here.
+		return nil, BadRequest("run id %q must match [A-Za-z0-9_-]{1,64}", truncate(subjectRun, 80))
+	}
 	if len(data) > MaxRequestBytes {
 		return nil, BadRequest("request is %d bytes, the limit is %d", len(data), MaxRequestBytes)
 	}
