@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -21,9 +22,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/openai"
+	"github.com/agentfleet/agentfleet/metrics"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -134,7 +138,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", envDuration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
 	fs.DurationVar(&o.toolTimeout, "tool-timeout", envDuration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
 	fs.StringVar(&o.dataDir, "data-dir", env("AGENTS_DATA_DIR", defData), "data directory of the embedded NATS server (JetStream under <dir>/nats) [AGENTS_DATA_DIR]")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", env("AGENTS_METRICS_ADDR", ":9464"), "address of /metrics, /healthz and /readyz (not served by this build yet) [AGENTS_METRICS_ADDR]")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", env("AGENTS_METRICS_ADDR", ":9464"), "address of /metrics, /healthz and /readyz; empty disables them [AGENTS_METRICS_ADDR]")
 	fs.StringVar(&o.logFormat, "log-format", env("AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
 	fs.StringVar(&o.logLevel, "log-level", env("AGENTS_LOG_LEVEL", "info"), "log level: debug, info, warn, error [AGENTS_LOG_LEVEL]")
 	fs.StringVar(&o.models, "models", env("AGENTS_MODELS", ""), "model table file (JSON: ids, context window, cost) [AGENTS_MODELS]")
@@ -187,9 +191,15 @@ func newLogger(o *options, w io.Writer) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(w, ho)), nil
 }
 
+// started tells tests where a running worker can be reached.
+type started struct {
+	NATSURL     string
+	MetricsAddr string // "" when metrics are disabled
+}
+
 // run is main without the process: it returns the exit code. ready, if
-// not nil, receives the NATS URL once the worker is connected (tests).
-func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- string) int {
+// not nil, is told once the worker is connected and serving (tests).
+func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- started) int {
 	o, err := parse(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -203,7 +213,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 		fmt.Fprintln(stderr, "worker:", err)
 		return 2
 	}
-	cfg, err := modelConfig(o, log)
+	cfg, modelIDs, err := modelConfig(o, log)
 	if err != nil {
 		log.Error("model configuration", "err", err)
 		return 2
@@ -232,8 +242,28 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 	}
 	defer c.Close()
 	log.Info("connected to NATS", "url", bus.RedactURL(c.Conn().ConnectedUrlRedacted()))
+
+	// Metrics: the observer is in place before the worker starts; /readyz
+	// says whether NATS is connected and the runs stream is reachable.
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg, metrics.Config{Models: modelIDs, Tools: toolNames(cfg.Tools), Queues: o.queues})
+	cfg.Observer = worker.MetricsObserver(m)
+	var metricsAddr string
 	if o.metricsAddr != "" {
-		log.Info("metrics are not served by this build yet", "metricsAddr", o.metricsAddr)
+		ln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			log.Error("cannot serve metrics: --metrics-addr "+o.metricsAddr+" is unavailable (already in use?); pass another address or an empty one to disable", "err", err)
+			return 1
+		}
+		metricsAddr = ln.Addr().String()
+		hs := &http.Server{Handler: metrics.Handler(reg, readiness(c, o.queues)), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = hs.Serve(ln) }()
+		defer func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			_ = hs.Shutdown(sctx)
+		}()
+		log.Info("serving /metrics, /healthz and /readyz", "addr", metricsAddr)
 	}
 
 	cfg.Client = c
@@ -252,13 +282,22 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- stri
 	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- w.Run(ctx) }()
+	// Queue depth is polled once the worker has ensured the consumers.
+	pctx, pcancel := context.WithCancel(ctx)
+	polled := make(chan struct{})
+	defer func() { pcancel(); <-polled }()
 	select {
 	case <-w.Ready():
+		go func() {
+			defer close(polled)
+			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth)
+		}()
 		if ready != nil {
-			ready <- o.conn.URL
+			ready <- started{NATSURL: o.conn.URL, MetricsAddr: metricsAddr}
 		}
 		err = <-runErr
 	case err = <-runErr:
+		close(polled)
 	}
 	if err != nil {
 		log.Error("worker failed", "err", err)
@@ -296,15 +335,45 @@ func startEmbedded(o *options, log *slog.Logger) (*bus.Server, error) {
 	return bus.StartServer(bus.ServerOptions{Host: host, Port: port, StoreDir: dir, Logger: log})
 }
 
+// readiness is /readyz: NATS connected and the runs stream reachable.
+func readiness(c *bus.Client, queues []string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if !c.Conn().IsConnected() {
+			return fmt.Errorf("NATS is %s", strings.ToLower(c.Conn().Status().String()))
+		}
+		js := c.JetStream()
+		if _, err := js.Stream(ctx, c.Names().RunsStream()); err != nil {
+			return fmt.Errorf("stream %s: %w", c.Names().RunsStream(), err)
+		}
+		for _, q := range queues {
+			if _, err := js.Consumer(ctx, c.Names().RunsStream(), c.Names().Consumer(q)); err != nil {
+				return fmt.Errorf("consumer %s: %w", c.Names().Consumer(q), err)
+			}
+		}
+		return nil
+	}
+}
+
+// toolNames lists the tools runs may use (the built-ins and cfg's own), for
+// the bounded tool label of the metrics.
+func toolNames(extra []*agent.Tool) []string {
+	var names []string
+	for _, t := range append(worker.BuiltinTools(), extra...) {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
 // modelConfig sets up the model providers: OpenAI-compatible when an
-// endpoint or key is configured, else the demo model.
-func modelConfig(o *options, log *slog.Logger) (worker.Config, error) {
+// endpoint or key is configured, else the demo model. It also returns the
+// model table's ids (the metrics' model label values).
+func modelConfig(o *options, log *slog.Logger) (worker.Config, []string, error) {
 	var cfg worker.Config
 	key := os.Getenv("OPENAI_API_KEY")
 	if o.openaiKey != "" {
 		b, err := os.ReadFile(o.openaiKey)
 		if err != nil {
-			return cfg, fmt.Errorf("--openai-api-key-file: %w", err)
+			return cfg, nil, fmt.Errorf("--openai-api-key-file: %w", err)
 		}
 		key = strings.TrimSpace(string(b))
 	}
@@ -312,7 +381,7 @@ func modelConfig(o *options, log *slog.Logger) (worker.Config, error) {
 	if o.models != "" {
 		var err error
 		if models, err = openai.LoadModels(o.models); err != nil {
-			return cfg, fmt.Errorf("--models: %w", err)
+			return cfg, nil, fmt.Errorf("--models: %w", err)
 		}
 	}
 	cfg.DefaultModel = o.defaultModel
@@ -322,11 +391,11 @@ func modelConfig(o *options, log *slog.Logger) (worker.Config, error) {
 		}
 		log.Warn("NO MODEL ENDPOINT CONFIGURED: using the DEMO model, whose replies are canned. " +
 			"Set OPENAI_BASE_URL and OPENAI_API_KEY (or --openai-api-key-file) to use a real model.")
-		return cfg, nil
+		return cfg, nil, nil
 	}
 	p, err := openai.New(openai.Config{BaseURL: o.openaiURL, APIKey: key, Models: models})
 	if err != nil {
-		return cfg, err
+		return cfg, nil, err
 	}
 	cfg.Providers = map[string]worker.Provider{"openai": p}
 	if cfg.DefaultModel == "" {
@@ -340,5 +409,9 @@ func modelConfig(o *options, log *slog.Logger) (worker.Config, error) {
 		base = "https://api.openai.com/v1"
 	}
 	log.Info("model endpoint configured", "baseURL", bus.RedactURL(base), "apiKey", key != "", "models", len(models), "defaultModel", cfg.DefaultModel)
-	return cfg, nil
+	ids := make([]string, len(models))
+	for i, m := range models {
+		ids[i] = m.ID
+	}
+	return cfg, ids, nil
 }

@@ -60,14 +60,15 @@ func TestEmbeddedWorkerRunsADemoRun(t *testing.T) {
 	var out syncBuf
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan string, 1)
+	ready := make(chan started, 1)
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json", "--ack-wait", "5s"}, &out, ready)
+		done <- run(ctx, []string{"--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json", "--ack-wait", "5s", "--metrics-addr", ""}, &out, ready)
 	}()
 	var url string
 	select {
-	case url = <-ready:
+	case st := <-ready:
+		url = st.NATSURL
 	case code := <-done:
 		t.Fatalf("worker exited %d:\n%s", code, out.String())
 	case <-time.After(20 * time.Second):
@@ -116,7 +117,7 @@ func TestBusyPort(t *testing.T) {
 	}
 	defer ln.Close()
 	var out syncBuf
-	code := run(context.Background(), []string{"--nats-listen", ln.Addr().String(), "--data-dir", t.TempDir()}, &out, nil)
+	code := run(context.Background(), []string{"--nats-listen", ln.Addr().String(), "--data-dir", t.TempDir(), "--metrics-addr", ""}, &out, nil)
 	if code != 1 || !strings.Contains(out.String(), "already in use") {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
