@@ -106,8 +106,10 @@ func (o *ConnectOptions) natsOptions() ([]nats.Option, error) {
 	}
 	opts := []nats.Option{
 		nats.Timeout(timeout),
+		// Reconnect forever, with a capped exponential backoff plus
+		// jitter, so a fleet does not stampede a restarting server.
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(time.Second),
+		nats.CustomReconnectDelay(ReconnectDelay),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)
@@ -158,12 +160,30 @@ func (o *ConnectOptions) natsOptions() ([]nats.Option, error) {
 	return append(opts, o.NATSOptions...), nil
 }
 
+// ReconnectDelay is the wait before reconnect attempt n (after every
+// server was tried once): 100ms doubling up to 5s, plus up to 25% jitter.
+func ReconnectDelay(attempts int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < attempts && d < 5*time.Second; i++ {
+		d *= 2
+	}
+	d = min(d, 5*time.Second)
+	var b [1]byte
+	_, _ = rand.Read(b[:])
+	return d + d*time.Duration(b[0])/1024
+}
+
+// DefaultStaleAfter is how old a running record's heartbeat may be before
+// Status and List report it stale.
+const DefaultStaleAfter = 3 * time.Minute
+
 // Client speaks the protocol over one NATS connection.
 type Client struct {
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	names Names
-	own   bool
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	names      Names
+	own        bool
+	staleAfter time.Duration
 
 	mu      sync.Mutex
 	kv      jetstream.KeyValue
@@ -228,7 +248,28 @@ func NewClient(nc *nats.Conn, prefix string, jsOpts ...jetstream.JetStreamOpt) (
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, names: names, streams: map[string]jetstream.Stream{}}, nil
+	return &Client{nc: nc, js: js, names: names, streams: map[string]jetstream.Stream{}, staleAfter: DefaultStaleAfter}, nil
+}
+
+// SetStaleAfter sets how old a running record's heartbeat may be before
+// Status and List mark it stale (default DefaultStaleAfter). Keep it well
+// above the workers' heartbeat interval (AckWait/4). Call it before use.
+func (c *Client) SetStaleAfter(d time.Duration) {
+	if d > 0 {
+		c.staleAfter = d
+	}
+}
+
+// markStale sets Stale on a running record whose heartbeat is too old.
+func (c *Client) markStale(r *RunRecord, now time.Time) {
+	if r.State != StateRunning {
+		return
+	}
+	hb := r.HeartbeatAt
+	if hb.IsZero() {
+		hb = r.StartedAt
+	}
+	r.Stale = !hb.IsZero() && now.Sub(hb) > c.staleAfter
 }
 
 // Close closes the connection if the client owns it.
@@ -262,6 +303,8 @@ type StreamsConfig struct {
 	EventsMaxAge    time.Duration // [7 days]
 	ControlMaxAge   time.Duration // [7 days]
 	RecordsTTL      time.Duration // [7 days]
+	// DeadMaxAge keeps dead-lettered requests (AGENTS_DEAD) [RequestsMaxAge].
+	DeadMaxAge time.Duration
 	// Consumer settings.
 	AckWait       time.Duration // [60s]
 	MaxDeliver    int           // [5]
@@ -305,6 +348,9 @@ func (s *StreamsConfig) defaults() {
 	if s.MaxAckPending == 0 {
 		s.MaxAckPending = 10_000
 	}
+	if s.DeadMaxAge == 0 {
+		s.DeadMaxAge = s.RequestsMaxAge
+	}
 }
 
 // EnsureStreams creates or updates AGENTS_RUNS, AGENTS_EVENTS,
@@ -336,9 +382,12 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Subjects:    []string{n.Events("*")},
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      cfg.EventsMaxAge,
-		Duplicates:  min(2*time.Minute, cfg.EventsMaxAge),
-		Storage:     cfg.Storage,
-		Replicas:    cfg.Replicas,
+		// A worker re-sends unacknowledged events after a reconnect for
+		// up to AckWait; the window must cover that so re-sent events are
+		// dropped, not stored twice.
+		Duplicates: min(max(2*time.Minute, 2*cfg.AckWait), cfg.EventsMaxAge),
+		Storage:    cfg.Storage,
+		Replicas:   cfg.Replicas,
 	}, {
 		Name:        n.ControlStream(),
 		Description: "agentfleet steering, follow-ups and aborts",
@@ -352,6 +401,24 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		// Each stored control message is republished with its stream
 		// sequence, so workers need no consumer per run.
 		RePublish: &jetstream.RePublish{Source: n.Prefix() + ".run.>", Destination: n.Prefix() + ".ctl.>"},
+	}, {
+		Name:        n.DeadStream(),
+		Description: "agentfleet dead-lettered run requests (given up after MaxDeliver)",
+		Subjects:    []string{n.DeadAll()},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.DeadMaxAge,
+		MaxMsgSize:  MaxRequestBytes + 64<<10,
+		Duplicates:  min(time.Hour, cfg.DeadMaxAge),
+		Storage:     cfg.Storage,
+		Replicas:    cfg.Replicas,
+	}, {
+		Name:        n.AdvisoriesStream(),
+		Description: "agentfleet MAX_DELIVERIES advisories of the request consumers, for the give-up path",
+		Subjects:    []string{n.MaxDeliveriesAdvisories()},
+		Retention:   jetstream.WorkQueuePolicy,
+		MaxAge:      cfg.RequestsMaxAge,
+		Storage:     cfg.Storage,
+		Replicas:    cfg.Replicas,
 	}}
 	for _, sc := range streams {
 		if _, err := c.js.CreateOrUpdateStream(ctx, sc); err != nil {
@@ -372,6 +439,17 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		}); err != nil {
 			return fmt.Errorf("consumer %s: %w", n.Consumer(q), err)
 		}
+	}
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.AdvisoriesStream(), jetstream.ConsumerConfig{
+		Durable:       n.GiveUpConsumer(),
+		Description:   "agentfleet workers giving up runs that reached MaxDeliver",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1000,
+		Replicas:      cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("consumer %s: %w", n.GiveUpConsumer(), err)
 	}
 	if _, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.RecordsBucket(),
@@ -593,6 +671,69 @@ func (c *Client) LoadTranscript(ctx context.Context, runID string) (*Transcript,
 	return t, nil
 }
 
+// ReadEvents returns a run's envelopes in stream order, those stored at a
+// stream sequence below before (0: everything stored now). It does not
+// wait for events to come; envelopes that do not decode are skipped.
+func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([]*Envelope, error) {
+	if err := CheckID(runID); err != nil {
+		return nil, err
+	}
+	s, err := c.Stream(ctx, c.names.EventsStream())
+	if err != nil {
+		return nil, err
+	}
+	last, err := s.GetLastMsgForSubject(ctx, c.names.Events(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	if before == 0 || before > last.Sequence+1 {
+		before = last.Sequence + 1
+	}
+	if before <= 1 {
+		return nil, nil
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.names.Events(runID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	defer it.Stop()
+	var out []*Envelope
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return out, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return out, err
+		}
+		seq := md.Sequence.Stream
+		if seq >= before {
+			return out, nil
+		}
+		if env, err := DecodeEnvelope(msg.Data()); err == nil {
+			env.StreamSeq = seq
+			out = append(out, env)
+		}
+		if seq+1 >= before {
+			return out, nil
+		}
+	}
+}
+
 // Steer sends a steering message to a run; it returns the control stream
 // sequence. A finished run gives ErrRunFinished and nothing is sent.
 func (c *Client) Steer(ctx context.Context, runID, text string) (uint64, error) {
@@ -664,6 +805,7 @@ func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 	}
 	r, err := c.record(ctx, runID)
 	if err == nil {
+		c.markStale(r, time.Now())
 		return r, nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -686,7 +828,9 @@ func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 
 // ListOptions filter List.
 type ListOptions struct {
-	State string // "" for all; queued, running, succeeded, failed, aborted
+	// State: "" for all; queued, running, succeeded, failed, aborted, or
+	// stale (running records whose heartbeat is too old).
+	State string
 	Queue string // "" for all
 	Limit int    // 0 for no limit
 }
@@ -742,8 +886,11 @@ loop:
 		}
 	}
 	out := recs[:0]
+	now := time.Now()
 	for _, r := range recs {
-		if (o.State == "" || r.State == o.State) && (o.Queue == "" || r.Queue == o.Queue) {
+		c.markStale(&r, now)
+		state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale)
+		if state && (o.Queue == "" || r.Queue == o.Queue) {
 			out = append(out, r)
 		}
 	}

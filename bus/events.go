@@ -27,6 +27,8 @@ const (
 const (
 	StateQueued  = "queued"
 	StateRunning = "running"
+	// StateStale is only a List filter: running records marked Stale.
+	StateStale = "stale"
 )
 
 // Machine-readable reasons of run_finished (for failed and aborted runs).
@@ -39,7 +41,10 @@ const (
 	ReasonAbortedByUser = "aborted_by_user"
 	ReasonEventTooLarge = "event_too_large"
 	ReasonInternal      = "internal_error"
-	ReasonGaveUp        = "gave_up" // reserved for the give-up path (issue 7)
+	// ReasonGaveUp: the request was delivered MaxDeliver times without
+	// finishing (crashes, hand-backs); its copy is on the dead-letter
+	// subject.
+	ReasonGaveUp = "gave_up"
 )
 
 // Envelope is one NATS message on <prefix>.run.<run>.events. Seq starts at 1
@@ -54,8 +59,13 @@ type Envelope struct {
 	// ControlSeq is the AGENTS_CONTROL stream sequence of the control
 	// message a user message came from (on its message_start and
 	// message_end).
-	ControlSeq uint64          `json:"controlSeq,omitempty"`
-	Event      json.RawMessage `json:"event"`
+	ControlSeq uint64 `json:"controlSeq,omitempty"`
+	// Interrupted marks the message_end of an assistant message that was
+	// cut off because its worker was stopping (drain, lost lease, lost
+	// NATS), not because the user aborted: recovery drops it and the next
+	// attempt regenerates the answer.
+	Interrupted bool            `json:"interrupted,omitempty"`
+	Event       json.RawMessage `json:"event"`
 
 	// Type is the event's type, filled by DecodeEnvelope.
 	Type string `json:"-"`
@@ -93,6 +103,11 @@ func DecodeEnvelope(data []byte) (*Envelope, error) {
 // AppendEnvelope writes an envelope around an encoded event. worker is
 // JSON-quoted here; run must be a valid id.
 func AppendEnvelope(dst []byte, run string, seq uint64, attempt int, worker string, ts int64, controlSeq uint64, event []byte) []byte {
+	return AppendEnvelopeFlags(dst, run, seq, attempt, worker, ts, controlSeq, false, event)
+}
+
+// AppendEnvelopeFlags is AppendEnvelope with the interrupted flag.
+func AppendEnvelopeFlags(dst []byte, run string, seq uint64, attempt int, worker string, ts int64, controlSeq uint64, interrupted bool, event []byte) []byte {
 	dst = append(dst, `{"run":"`...)
 	dst = append(dst, run...)
 	dst = append(dst, `","seq":`...)
@@ -107,6 +122,9 @@ func AppendEnvelope(dst []byte, run string, seq uint64, attempt int, worker stri
 	if controlSeq > 0 {
 		dst = append(dst, `,"controlSeq":`...)
 		dst = strconv.AppendUint(dst, controlSeq, 10)
+	}
+	if interrupted {
+		dst = append(dst, `,"interrupted":true`...)
 	}
 	dst = append(dst, `,"event":`...)
 	dst = append(dst, event...)

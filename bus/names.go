@@ -93,6 +93,30 @@ func (n Names) ControlStream() string { return n.upper + "_CONTROL" }
 // RecordsBucket is the KV bucket of run records (agents_runs).
 func (n Names) RecordsBucket() string { return n.lower + "_runs" }
 
+// DeadStream keeps dead-lettered requests (AGENTS_DEAD).
+func (n Names) DeadStream() string { return n.upper + "_DEAD" }
+
+// Dead is the dead-letter subject of a request that was given up:
+// <prefix>.dead.<queue>.<run>.
+func (n Names) Dead(queue, run string) string { return n.prefix + ".dead." + queue + "." + run }
+
+// DeadAll matches every dead-letter subject: <prefix>.dead.*.*.
+func (n Names) DeadAll() string { return n.prefix + ".dead.*.*" }
+
+// AdvisoriesStream captures the MAX_DELIVERIES advisories of the request
+// consumers (AGENTS_ADVISORIES), so giving up survives any one worker.
+func (n Names) AdvisoriesStream() string { return n.upper + "_ADVISORIES" }
+
+// MaxDeliveriesAdvisories is the subject of the server's advisories for
+// requests that reached MaxDeliver on any queue consumer.
+func (n Names) MaxDeliveriesAdvisories() string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + n.RunsStream() + ".*"
+}
+
+// GiveUpConsumer is the durable consumer of AGENTS_ADVISORIES that workers
+// share.
+func (n Names) GiveUpConsumer() string { return "giveup" }
+
 // Consumer is the durable consumer of a queue (workers-<queue>).
 func (n Names) Consumer(queue string) string { return "workers-" + queue }
 

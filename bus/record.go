@@ -28,6 +28,10 @@ type RunRecord struct {
 	Cost        float64           `json:"cost"`
 	Error       string            `json:"error,omitempty"`
 	Metadata    map[string]string `json:"metadata,omitempty"`
+	// Stale is set by Status and List (never stored) on a running record
+	// whose heartbeat is older than the client's stale bound: its worker
+	// is gone or cut off and no one has taken the run over (yet).
+	Stale bool `json:"stale,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
 }

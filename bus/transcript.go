@@ -8,7 +8,10 @@ import (
 // order, it rebuilds the transcript, the partial assistant message being
 // streamed, and the run's fleet events. Envelopes of an attempt older than
 // the newest attempt seen are ignored (events an old attempt stored after a
-// newer attempt's run_started).
+// newer attempt's run_started), so are duplicates (a seq already applied in
+// the same attempt) and everything after the run's run_finished (a run has
+// exactly one; a rejected request that reused the id may add events after
+// it).
 type Transcript struct {
 	Run      string
 	Attempt  int
@@ -21,16 +24,24 @@ type Transcript struct {
 
 	streaming bool
 	builder   agent.MessageBuilder
-	ctl       []uint64 // parallel to Messages: the controlSeq, or 0
+	meta      []msgMeta // parallel to Messages
 	prev      []agent.Message
-	prevCtl   []uint64
+	prevMeta  []msgMeta
+}
+
+type msgMeta struct {
+	controlSeq  uint64
+	interrupted bool
 }
 
 // Apply folds one envelope into the transcript. It returns an error only for
 // an event that does not decode; the envelope is then skipped.
 func (t *Transcript) Apply(env *Envelope) error {
-	if env.Attempt < t.Attempt {
+	if env.Attempt < t.Attempt || t.Finished != nil {
 		return nil
+	}
+	if env.Attempt == t.Attempt && t.Attempt != 0 && env.Seq != 0 && env.Seq <= t.LastSeq {
+		return nil // a duplicate
 	}
 	ev, err := env.Decode()
 	if err != nil {
@@ -41,11 +52,11 @@ func (t *Transcript) Apply(env *Envelope) error {
 	}
 	if env.Attempt > t.Attempt {
 		// A new attempt starts over unless run_resumed says otherwise.
-		t.prev, t.prevCtl = t.Messages, t.ctl
-		t.Messages, t.ctl = nil, nil
+		t.prev, t.prevMeta = t.Messages, t.meta
+		t.Messages, t.meta = nil, nil
 		t.Attempt = env.Attempt
 		t.streaming = false
-		t.Finished, t.Resumed = nil, nil
+		t.Resumed = nil
 	}
 	t.LastSeq = env.Seq
 	switch ev.Type {
@@ -55,7 +66,7 @@ func (t *Transcript) Apply(env *Envelope) error {
 		t.Resumed = ev.RunResumed
 		n := min(max(ev.RunResumed.MessagesRestored, 0), len(t.prev))
 		t.Messages = append(append([]agent.Message(nil), t.prev[:n]...), t.Messages...)
-		t.ctl = append(append([]uint64(nil), t.prevCtl[:n]...), t.ctl...)
+		t.meta = append(append([]msgMeta(nil), t.prevMeta[:n]...), t.meta...)
 	case EventRunFinished:
 		t.Finished = ev.RunFinished
 		t.streaming = false
@@ -71,7 +82,7 @@ func (t *Transcript) Apply(env *Envelope) error {
 	case string(agent.EventMessageEnd):
 		if m := ev.Agent.Message; m != nil {
 			t.Messages = append(t.Messages, *m)
-			t.ctl = append(t.ctl, env.ControlSeq)
+			t.meta = append(t.meta, msgMeta{controlSeq: env.ControlSeq, interrupted: env.Interrupted})
 		}
 		t.streaming = false
 	}
@@ -104,10 +115,16 @@ func (t *Transcript) FinalText() string {
 // came from control messages, in transcript order: what was delivered.
 func (t *Transcript) ControlSeqs() []uint64 {
 	var out []uint64
-	for _, s := range t.ctl {
-		if s > 0 {
-			out = append(out, s)
+	for _, m := range t.meta {
+		if m.controlSeq > 0 {
+			out = append(out, m.controlSeq)
 		}
 	}
 	return out
+}
+
+// Interrupted reports whether message i ended because its worker was
+// stopping (the envelope's interrupted flag).
+func (t *Transcript) Interrupted(i int) bool {
+	return i >= 0 && i < len(t.meta) && t.meta[i].interrupted
 }

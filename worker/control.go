@@ -29,6 +29,9 @@ type controls struct {
 	last   map[string]uint64 // highest sequence taken, per kind
 	max    uint64            // highest sequence taken
 	queued []queuedControl   // handed to the agent, not yet in the transcript
+	// delivered are control sequences an earlier attempt put into the
+	// transcript (restored by resume): taken, not delivered again.
+	delivered map[uint64]bool
 }
 
 type queuedControl struct {
@@ -105,11 +108,27 @@ func (c *controls) catchUpLocked(ctx context.Context) {
 	}
 }
 
+// skip marks control sequences as delivered by an earlier attempt.
+func (c *controls) skip(seqs []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.delivered == nil {
+		c.delivered = map[uint64]bool{}
+	}
+	for _, s := range seqs {
+		c.delivered[s] = true
+	}
+}
+
 // take delivers one control message. Caller holds mu.
 func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) {
 	c.last[kind] = seq
 	c.max = max(c.max, seq)
 	r := c.r
+	if c.delivered[seq] {
+		r.log.Debug("control message already in the transcript; not delivered again", "kind", kind, "controlSeq", seq)
+		return
+	}
 	r.w.obs.ControlReceived(kind)
 	switch kind {
 	case bus.KindAbort:

@@ -19,7 +19,11 @@ import (
 // protocol overhead.
 const envelopeHeadroom = 4 << 10
 
-var errPublisherClosed = errors.New("publisher closed")
+var (
+	errPublisherClosed = errors.New("publisher closed")
+	errLeaseLost       = errors.New("the run's lease was lost: another attempt owns it")
+	errOutOfOrder      = errors.New("events were stored out of order after a reconnect")
+)
 
 // EventTooLargeError is a single event that would not fit in one NATS
 // message. The run fails with reason event_too_large.
@@ -33,60 +37,218 @@ func (e *EventTooLargeError) Error() string {
 	return fmt.Sprintf("%s event is %d bytes, more than the %d bytes a NATS message may carry", e.Type, e.Size, e.Limit)
 }
 
-// publisher publishes one attempt's events and record writes asynchronously
-// with a bounded window of outstanding acks. Every message takes a window
-// slot before it is published and gives it back when its ack arrives; a
-// full window blocks the caller (the agent's listener): back-pressure.
-// Any failed publish fails the attempt: its events would no longer be
-// gapless, so the run is stopped and handed back.
+// publisher publishes one attempt's events asynchronously with a bounded
+// window of outstanding acks. Every event takes a window slot before it is
+// published and gives it back when its ack arrives; a full window blocks
+// the caller (the agent's listener): back-pressure.
+//
+// Events stay in order and gapless across NATS outages: an event is only
+// sent while the connection is up; when an ack fails for a reason that a
+// reconnect cures (disconnect, timeout, no responders, 503), the publisher
+// holds new events, waits for the connection and re-sends every
+// unacknowledged event in seq order with its Nats-Msg-Id, so those already
+// stored are dropped as duplicates. Acks must come back with increasing
+// stream sequences; if not (a lost event stored after a later one), the
+// attempt fails and is handed back. The retry budget is AckWait: past it
+// the request is redelivered anyway.
 type publisher struct {
 	w       *Worker
 	run     string
 	attempt int
 	subject string
-	record  string
+	msgID   func(seq uint64) string
 	limit   int
+	budget  time.Duration
 
-	window  chan struct{}
-	futures chan jetstream.PubAckFuture
-	done    chan struct{}
+	window chan struct{}
+	kick   chan struct{}
+	done   chan struct{}
+	first  chan struct{} // closed when seq 1 is acked
 
-	mu     sync.Mutex
-	seq    uint64
-	final  bool
-	closed bool
-	err    error
-	onFail func(error)
+	mu          sync.Mutex
+	queue       []*outgoing // unacknowledged, in seq order
+	seq         uint64
+	holding     bool // do not send: disconnected, or re-sending
+	closed      bool
+	err         error
+	lastStream  uint64 // stream sequence of the last acked event
+	firstStream uint64
+	onFail      func(error)
+}
+
+type outgoing struct {
+	seq uint64
+	msg *nats.Msg
+	f   jetstream.PubAckFuture // nil: not sent yet
 }
 
 func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publisher {
 	n := w.cfg.PublishWindow
 	p := &publisher{
 		w: w, run: run, attempt: attempt,
-		subject: w.names.Events(run), record: w.names.Record(run),
+		subject: w.names.Events(run),
+		msgID:   func(seq uint64) string { return bus.MsgID(run, attempt, seq) },
 		limit:   int(w.maxPayload()) - envelopeHeadroom,
+		budget:  w.cfg.AckWait,
 		window:  make(chan struct{}, n),
-		futures: make(chan jetstream.PubAckFuture, n),
+		kick:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
+		first:   make(chan struct{}),
 		onFail:  onFail,
 	}
 	go p.ackLoop()
 	return p
 }
 
+func (p *publisher) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// retryable tells publish errors that a reconnect or a new stream leader
+// cures.
+func retryable(err error) bool {
+	if errors.Is(err, nats.ErrDisconnected) || errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.Code == 503
+}
+
 func (p *publisher) ackLoop() {
 	defer close(p.done)
-	for f := range p.futures {
-		select {
-		case <-f.Ok():
-			if f.Msg().Subject == p.subject { // not the record writes
-				p.w.obs.EventPublished()
-			}
-		case err := <-f.Err():
-			p.fail(fmt.Errorf("publish to %s: %w", f.Msg().Subject, err))
+	var retryStart time.Time
+	for {
+		p.mu.Lock()
+		if p.err != nil {
+			p.dropLocked()
 		}
+		if len(p.queue) == 0 {
+			if p.closed {
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			<-p.kick
+			continue
+		}
+		head := p.queue[0]
+		f := head.f
+		p.mu.Unlock()
+		if f == nil {
+			if err := p.resend(&retryStart, nil); err != nil {
+				p.fail(err)
+			}
+			continue
+		}
+		select {
+		case <-p.kick:
+			// re-check: failed, fenced or closing
+		case ack := <-f.Ok():
+			p.acked(head, ack)
+			retryStart = time.Time{}
+		case err := <-f.Err():
+			if !retryable(err) {
+				p.fail(fmt.Errorf("publish to %s: %w", p.subject, err))
+				continue
+			}
+			if err := p.resend(&retryStart, err); err != nil {
+				p.fail(err)
+			}
+		}
+	}
+}
+
+func (p *publisher) acked(o *outgoing, ack *jetstream.PubAck) {
+	p.mu.Lock()
+	if len(p.queue) == 0 || p.queue[0] != o {
+		p.mu.Unlock()
+		return
+	}
+	if ack.Sequence <= p.lastStream {
+		p.mu.Unlock()
+		p.fail(fmt.Errorf("%w (event %d stored at %d, before %d)", errOutOfOrder, o.seq, ack.Sequence, p.lastStream))
+		return
+	}
+	p.lastStream = ack.Sequence
+	p.queue[0] = nil
+	p.queue = p.queue[1:]
+	if o.seq == 1 {
+		p.firstStream = ack.Sequence
+		close(p.first)
+	}
+	p.mu.Unlock()
+	<-p.window
+	if !ack.Duplicate {
+		p.w.obs.EventPublished()
+	}
+}
+
+// resend waits for the connection and re-sends every unacknowledged event
+// in order. It returns an error once the retry budget is spent.
+func (p *publisher) resend(start *time.Time, cause error) error {
+	if start.IsZero() {
+		*start = time.Now()
+		if cause != nil {
+			p.w.log.Warn("event publish not acknowledged; re-sending when NATS is back", "run", p.run, "err", cause)
+		}
+	}
+	p.mu.Lock()
+	p.holding = true
+	p.mu.Unlock()
+	nc := p.w.c.Conn()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if time.Since(*start) > p.budget {
+			if cause == nil {
+				cause = nats.ErrDisconnected
+			}
+			return fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause)
+		}
+		p.mu.Lock()
+		if p.err != nil {
+			p.mu.Unlock()
+			return nil
+		}
+		if nc.IsConnected() {
+			sent := true
+			for _, o := range p.queue {
+				f, err := p.w.js.PublishMsgAsync(o.msg)
+				if err != nil {
+					sent = false
+					o.f = nil
+					break
+				}
+				o.f = f
+			}
+			if sent {
+				p.holding = false
+				p.mu.Unlock()
+				return nil
+			}
+		}
+		p.mu.Unlock()
+		select {
+		case <-t.C:
+		case <-p.w.hardCtx.Done():
+			return fmt.Errorf("publish to %s: worker stopping: %w", p.subject, cause)
+		}
+	}
+}
+
+// dropLocked releases every queued event after a failure.
+func (p *publisher) dropLocked() {
+	for range p.queue {
 		<-p.window
 	}
+	clear(p.queue)
+	p.queue = p.queue[:0]
 }
 
 func (p *publisher) fail(err error) {
@@ -96,7 +258,8 @@ func (p *publisher) fail(err error) {
 		p.err = err
 	}
 	p.mu.Unlock()
-	if first {
+	p.wake()
+	if first && !errors.Is(err, errLeaseLost) {
 		p.w.obs.PublishFailed(err)
 		if p.onFail != nil {
 			p.onFail(err)
@@ -104,25 +267,30 @@ func (p *publisher) fail(err error) {
 	}
 }
 
-// acquire takes a window slot; block=false gives up at once when full.
-func (p *publisher) acquire(block bool) bool {
+// fence stops publishing at once (the lease is lost): nothing more is sent.
+func (p *publisher) fence() {
+	p.fail(errLeaseLost)
+}
+
+// acquire takes a window slot, blocking while the window is full.
+func (p *publisher) acquire() {
 	select {
 	case p.window <- struct{}{}:
-		return true
+		return
 	default:
-	}
-	if !block {
-		return false
 	}
 	start := time.Now()
 	p.window <- struct{}{}
 	p.w.obs.PublishWait(time.Since(start))
-	return true
 }
 
 // event publishes one encoded event and returns its seq.
 func (p *publisher) event(typ string, event []byte, controlSeq uint64) (uint64, error) {
-	p.acquire(true)
+	return p.eventFlags(typ, event, controlSeq, false)
+}
+
+func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, interrupted bool) (uint64, error) {
+	p.acquire()
 	p.mu.Lock()
 	if p.err != nil || p.closed {
 		err := p.err
@@ -134,25 +302,37 @@ func (p *publisher) event(typ string, event []byte, controlSeq uint64) (uint64, 
 		return 0, err
 	}
 	seq := p.seq + 1
-	data := bus.AppendEnvelope(make([]byte, 0, len(event)+160), p.run, seq, p.attempt, p.w.id, time.Now().UnixMilli(), controlSeq, event)
+	data := bus.AppendEnvelopeFlags(make([]byte, 0, len(event)+160), p.run, seq, p.attempt, p.w.id,
+		time.Now().UnixMilli(), controlSeq, interrupted, event)
 	if len(data) > p.limit {
 		p.mu.Unlock()
 		<-p.window
 		return 0, &EventTooLargeError{Type: typ, Size: len(data), Limit: p.limit}
 	}
 	m := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
-	m.Header.Set(jetstream.MsgIDHeader, bus.MsgID(p.run, p.attempt, seq))
-	f, err := p.w.js.PublishMsgAsync(m)
-	if err != nil {
-		p.mu.Unlock()
-		<-p.window
-		err = fmt.Errorf("publish to %s: %w", p.subject, err)
-		p.fail(err)
-		return 0, err
+	m.Header.Set(jetstream.MsgIDHeader, p.msgID(seq))
+	o := &outgoing{seq: seq, msg: m}
+	if !p.holding && p.w.c.Conn().IsConnected() {
+		f, err := p.w.js.PublishMsgAsync(m)
+		switch {
+		case err == nil:
+			o.f = f
+		case retryable(err):
+			p.holding = true // sent with the others when NATS is back
+		default:
+			p.mu.Unlock()
+			<-p.window
+			err = fmt.Errorf("publish to %s: %w", p.subject, err)
+			p.fail(err)
+			return 0, err
+		}
+	} else {
+		p.holding = true
 	}
 	p.seq = seq
-	p.futures <- f // never blocks: each future holds a window slot
+	p.queue = append(p.queue, o)
 	p.mu.Unlock()
+	p.wake()
 	return seq, nil
 }
 
@@ -165,50 +345,81 @@ func (p *publisher) fleetEvent(typ string, v any) (uint64, error) {
 	return p.event(typ, data, 0)
 }
 
-// putRecord writes the run record. A final write is the last: later
-// writes (a late heartbeat) are dropped. With block=false the write is
-// skipped when the window is full.
-func (p *publisher) putRecord(rec *bus.RunRecord, final, block bool) error {
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return err
+// startedAt waits until the attempt's first event (run_started) is stored
+// and returns its stream sequence.
+func (p *publisher) startedAt(ctx context.Context) (uint64, error) {
+	select {
+	case <-p.first:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.firstStream, nil
+	case <-p.done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.firstStream != 0 {
+			return p.firstStream, nil
+		}
+		return 0, cmpErr(p.err, errPublisherClosed)
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
-	if !p.acquire(block) {
-		return nil
+}
+
+// sync waits until every event published so far is stored.
+func (p *publisher) sync(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		n, err := len(p.queue), p.err
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for event acks: %w", ctx.Err())
+		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.final || p.closed || p.err != nil {
-		<-p.window
-		return p.err
-	}
-	p.final = final
-	f, err := p.w.js.PublishAsync(p.record, data)
-	if err != nil {
-		<-p.window
-		return err
-	}
-	p.futures <- f
-	return nil
 }
 
 // flush waits until every publish is acked (or ctx is done) and closes
 // the publisher. It returns the first publish error.
 func (p *publisher) flush(ctx context.Context) error {
 	p.mu.Lock()
-	if !p.closed {
-		p.closed = true
-		close(p.futures)
-	}
+	p.closed = true
 	p.mu.Unlock()
+	p.wake()
 	select {
 	case <-p.done:
 	case <-ctx.Done():
-		return fmt.Errorf("waiting for event acks: %w", ctx.Err())
+		p.fail(fmt.Errorf("waiting for event acks: %w", ctx.Err()))
+		<-p.done
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
+}
+
+// abandon closes the publisher without waiting for acks (lease lost).
+func (p *publisher) abandon() {
+	p.fence()
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.wake()
+	<-p.done
+}
+
+func cmpErr(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
 }
 
 func encodeJSON(v any) ([]byte, error) {

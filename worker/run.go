@@ -24,8 +24,10 @@ type run struct {
 	attempt     int
 	reqSeq      uint64
 	submittedAt time.Time
-	startedAt   time.Time
+	startedAt   time.Time // this attempt's pickup
+	runStart    time.Time // the first attempt's start: timeout and duration count from it
 	log         *slog.Logger
+	prev        *bus.RunRecord // the record read at pickup
 
 	req      *bus.RunRequest
 	limits   bus.Limits
@@ -43,6 +45,15 @@ type run struct {
 	toolSeqs         []uint64
 	lastAssistantSeq uint64
 
+	// a faux script's model, replaced by resume to skip restored turns
+	fauxStream agent.StreamFn
+	fauxSkip   func(turns int)
+
+	// the lease (lease.go)
+	leaseMu   sync.Mutex
+	leaseRev  uint64
+	leaseDone bool
+
 	mu            sync.Mutex
 	turns         int
 	usage         agent.Usage
@@ -52,6 +63,7 @@ type run struct {
 	limitText     string
 	tooLarge      error
 	pubErr        error
+	lost          bool
 }
 
 func (w *Worker) handle(m jetstream.Msg) {
@@ -69,6 +81,7 @@ func (w *Worker) handle(m jetstream.Msg) {
 		r.submittedAt = md.Timestamp
 	}
 	r.attempt = max(r.attempt, 1)
+	r.runStart = r.startedAt
 	r.log = w.log.With("run", runID, "queue", queue, "attempt", r.attempt)
 	r.ctl = newControls(r)
 	r.execute()
@@ -88,24 +101,18 @@ func (r *run) execute() {
 		_ = r.msg.NakWithDelay(2 * time.Second)
 		return
 	}
-	if rec != nil && rec.Finished() {
-		if rec.RequestSeq == r.reqSeq {
-			// This request already ran to its end; only the ack was lost.
-			r.log.Info("request already finished; acknowledging", "state", rec.State)
-			_ = r.msg.Ack()
+	if rec != nil {
+		if o := r.classify(rec); o != leaseTaken {
+			r.settle(o, rec)
 			return
 		}
-		// A new request reusing a finished run's id. Its record and events
-		// stay untouched: a run has exactly one run_finished.
-		r.log.Warn("bad request: run id already used by a finished run; terminated", "state", rec.State)
-		_ = r.msg.TermWithReason("bad_request: run id already used by a finished run")
-		return
+		if !rec.StartedAt.IsZero() && rec.StartedAt.Before(r.runStart) {
+			r.runStart = rec.StartedAt
+		}
 	}
+	r.prev = rec
 	if r.attempt > 1 {
-		// Seam for issue 7: resume from the run's events instead of
-		// starting over (restore the transcript, skip delivered controls,
-		// publish run_resumed). Until then a redelivered run starts over.
-		r.log.Info("redelivered request: starting the run over")
+		r.log.Info("redelivered request: resuming the run")
 	}
 	req, err := bus.DecodeRunRequest(r.msg.Data(), r.id)
 	r.req = req
@@ -117,6 +124,95 @@ func (r *run) execute() {
 		return
 	}
 	r.start()
+}
+
+// settle handles a request that must not run: its run has finished, or the
+// record belongs to another request or a newer attempt.
+func (r *run) settle(o leaseOutcome, rec *bus.RunRecord) {
+	switch o {
+	case leaseFinished:
+		if rec.RequestSeq == 0 || rec.RequestSeq == r.reqSeq {
+			// This request already ran to its end; only the ack was lost.
+			r.alreadyFinished(rec)
+			return
+		}
+		r.reusedID(rec)
+	case leaseReused:
+		// Another request with this id is running: nothing may touch its
+		// record or events.
+		r.log.Warn("bad request: run id in use by another running request; terminated", "recordRequestSeq", rec.RequestSeq)
+		_ = r.msg.TermWithReason("bad_request: run id in use by another request")
+	case leaseNewer:
+		// A newer delivery owns the run; this one is stale. Neither ack nor
+		// nak: either would act on the newer delivery.
+		r.log.Warn("stale delivery of a run a newer attempt owns; ignored", "recordAttempt", rec.Attempt)
+	}
+}
+
+// alreadyFinished acks a redelivered request whose run has finished. If a
+// crash came between the final record and run_finished, run_finished is
+// published first (from the record, continuing the last attempt's seq: the
+// same Nats-Msg-Id as the one its worker would have used, so it is stored
+// once).
+func (r *run) alreadyFinished(rec *bus.RunRecord) {
+	ctx, cancel := context.WithTimeout(r.w.hardCtx, 30*time.Second)
+	defer cancel()
+	envs, err := r.w.c.ReadEvents(ctx, r.id, 0)
+	if err != nil {
+		r.log.Warn("cannot read the run's events; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return
+	}
+	t := &bus.Transcript{}
+	for _, e := range envs {
+		_ = t.Apply(e)
+	}
+	if !t.Done() {
+		att := max(t.Attempt, 1)
+		p := newPublisher(r.w, r.id, att, nil)
+		p.seq = t.LastSeq
+		fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
+			Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns}
+		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
+			fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()
+		}
+		_, _ = p.fleetEvent(bus.EventRunFinished, fin)
+		if err := p.flush(ctx); err != nil {
+			r.log.Warn("run_finished not stored; handing the request back", "err", err)
+			_ = r.msg.NakWithDelay(2 * time.Second)
+			return
+		}
+		r.log.Warn("finished run had no run_finished; published it from the record", "state", rec.State)
+	}
+	r.log.Info("request already finished; acknowledging", "state", rec.State)
+	_ = r.msg.Ack()
+}
+
+// reusedID rejects a new request whose id belongs to a finished run. It
+// gets run_started and run_finished (bad_request) on the run's subject,
+// after the original's run_finished, so readers of the original (who stop
+// at its run_finished) never see them; the record is not touched. The
+// envelopes' Nats-Msg-Id carries the request's stream sequence so they are
+// not mistaken for the original's events.
+func (r *run) reusedID(rec *bus.RunRecord) {
+	text := fmt.Sprintf("run id %q is already used by a finished run (%s); submit with a new id", r.id, rec.State)
+	r.log.Warn("bad request: run id already used by a finished run; terminated", "state", rec.State)
+	seq := r.reqSeq
+	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
+	r.pub.msgID = func(s uint64) string { return fmt.Sprintf("%s:req%d:%d", r.id, seq, s) }
+	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
+	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
+		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
+	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 30*time.Second)
+	defer cancel()
+	if err := r.pub.flush(fctx); err != nil {
+		r.log.Error("bad request: events not stored; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(time.Second)
+		return
+	}
+	r.w.obs.RunFinished(r.info(), fin)
+	_ = r.msg.TermWithReason("bad_request: run id already used by a finished run")
 }
 
 // plan resolves the request against the worker: model, provider, tools,
@@ -149,8 +245,15 @@ func (r *run) plan(ctx context.Context) error {
 		for i, fr := range req.Faux.Responses {
 			resps[i] = faux.Response{Content: fr.Content, StopReason: fr.StopReason, ErrorMessage: fr.ErrorMessage}
 		}
-		fm := faux.New(faux.Options{TokenSize: req.Faux.TokenSize, TokensPerSecond: req.Faux.TokensPerSecond}, resps...)
-		stream = fm.Stream
+		opts := faux.Options{TokenSize: req.Faux.TokenSize, TokensPerSecond: req.Faux.TokensPerSecond}
+		r.fauxStream = faux.New(opts, resps...).Stream
+		// A resumed run's script goes on at the response after the
+		// restored turns (see resume): the script is a function of the
+		// transcript, as a real model is.
+		r.fauxSkip = func(n int) { r.fauxStream = faux.New(opts, resps[min(n, len(resps)):]...).Stream }
+		stream = func(ctx context.Context, m agent.Model, llm agent.Context, o agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+			return r.fauxStream(ctx, m, llm, o)
+		}
 		model = agent.Model{ID: ref.ID, Name: ref.ID, API: "faux", Provider: "faux"}
 	} else if n, ok := p.(Noticer); ok {
 		r.notice = n.Notice()
@@ -218,21 +321,29 @@ func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error)
 func (r *run) badRequest(err error) {
 	text := err.Error()
 	r.log.Warn("bad request", "err", text)
-	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
 	started := r.runStarted()
 	if r.req != nil {
 		started.Model = r.req.Model
 		started.Tools = append([]string{}, r.req.Tools...)
 	}
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
 	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
 		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
 	rec := r.record(bus.StatusFailed)
 	rec.Reason, rec.Error, rec.FinishedAt = bus.ReasonBadRequest, text, time.Now()
-	_ = r.pub.putRecord(rec, true, true)
-	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 30*time.Second)
 	defer cancel()
+	// The final record first (compare-and-set: it must not overwrite a
+	// finished run or a newer attempt), then the events.
+	switch o, cur, err := r.takeLease(fctx, r.prev, rec); {
+	case err != nil:
+		r.log.Warn("bad request: record not written", "err", err)
+	case o != leaseTaken:
+		r.settle(o, cur)
+		return
+	}
+	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
+	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
+	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	if err := r.pub.flush(fctx); err != nil {
 		r.log.Error("bad request: events not stored; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(time.Second)
@@ -267,25 +378,66 @@ func (r *run) start() {
 	defer cancel()
 	r.cancel = cancel
 	timeout := time.Duration(r.limits.TimeoutSeconds) * time.Second
-	tctx, tcancel := context.WithTimeout(runCtx, timeout)
+	// The timeout counts from the run's first start: a crash does not
+	// extend a run's budget.
+	tctx, tcancel := context.WithDeadline(runCtx, r.runStart.Add(timeout))
 	defer tcancel()
 	tctx = context.WithValue(tctx, runKey{}, r)
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), 30*time.Second)
+	defer fcancel()
 
+	// Take the lease before anything is published.
+	switch o, cur, err := r.takeLease(fctx, r.prev, r.record(bus.StateRunning)); {
+	case err != nil:
+		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return
+	case o != leaseTaken:
+		r.settle(o, cur)
+		return
+	}
 	r.pub = newPublisher(w, r.id, r.attempt, r.publishFailed)
 	w.register(r)
 	defer w.unregister(r)
+	hbStop, hbDone := make(chan struct{}), make(chan struct{})
+	go r.heartbeatLoop(hbStop, hbDone)
+	stopHeartbeat := sync.OnceFunc(func() { close(hbStop); <-hbDone })
+	defer stopHeartbeat()
 	if r.notice != "" {
 		r.log.Warn(r.notice)
 	}
-	_ = r.pub.putRecord(r.record(bus.StateRunning), false, true)
 	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
 	w.obs.RunStarted(r.info())
 	r.log.Debug("run started", "model", r.modelRef.String())
 
+	restored := false
+	if r.attempt > 1 {
+		var err error
+		restored, err = r.resume(tctx)
+		if errors.Is(err, errAlreadyFinished) {
+			stopHeartbeat()
+			_ = r.pub.flush(fctx)
+			r.log.Info("run already has its run_finished; acknowledging")
+			_ = r.msg.Ack()
+			return
+		}
+		if err != nil && !r.leaseIsLost() {
+			r.publishFailed(fmt.Errorf("resume: %w", err))
+		}
+	}
+
 	r.ctl.catchUp(tctx)
 	var runErr error
 	if !r.stopping() {
-		runErr = r.agent.PromptMessages(tctx, r.prompt...)
+		switch {
+		case !restored:
+			runErr = r.agent.PromptMessages(tctx, r.prompt...)
+		case bus.EndsWithAnswer(r.agent.Messages()):
+			// The transcript has its final answer: no model call, unless
+			// controls are queued (the loop below).
+		default:
+			runErr = r.agent.Continue(tctx)
+		}
 		// A steer or follow-up that came after the agent's last poll is
 		// still delivered: go on while messages remain.
 		for runErr == nil && tctx.Err() == nil && !r.modelFailed() && !r.idleAndDone(tctx) {
@@ -296,14 +448,19 @@ func (r *run) start() {
 
 	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && runCtx.Err() == nil
 	r.mu.Lock()
-	aborted, pubErr := r.abortReason != nil, r.pubErr
+	aborted, pubErr, lost := r.abortReason != nil, r.pubErr, r.lost
 	r.mu.Unlock()
 	drained := w.hardCtx.Err() != nil && !aborted && !timedOut
 
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), 30*time.Second)
-	defer fcancel()
+	if lost {
+		stopHeartbeat()
+		r.pub.abandon()
+		r.log.Warn("run stopped: lease lost to a newer attempt")
+		return
+	}
 	if pubErr != nil || drained {
-		// Stop and hand back: another attempt runs it (issue 7 resumes).
+		// Stop and hand back: the next attempt resumes from the events.
+		stopHeartbeat()
 		_ = r.pub.flush(fctx)
 		if pubErr != nil {
 			r.log.Error("events could not be stored; handing the run back", "err", pubErr)
@@ -317,11 +474,33 @@ func (r *run) start() {
 	}
 	fin := r.outcome(runErr, timedOut, timeout)
 	fin.LastControlSeq = lastControl
-	// The final record is published before run_finished, so a follower
-	// that saw run_finished reads the final record.
+	// Every event before run_finished is stored, then the final record
+	// (the lease's last compare-and-set), then run_finished: a follower
+	// that saw run_finished reads the final record, and an attempt that
+	// lost the lease publishes no run_finished.
+	if err := r.pub.sync(fctx); err != nil {
+		stopHeartbeat()
+		_ = r.pub.flush(fctx)
+		r.log.Error("events could not be stored; handing the run back", "err", err)
+		_ = r.msg.NakWithDelay(time.Second)
+		return
+	}
 	rec := r.record(fin.Status)
 	rec.Reason, rec.Error, rec.FinishedAt = fin.Reason, fin.Error, time.Now()
-	_ = r.pub.putRecord(rec, true, true)
+	err := r.writeLeased(fctx, rec, true)
+	stopHeartbeat()
+	if errors.Is(err, errLeaseLost) {
+		r.loseLease()
+		r.pub.abandon()
+		r.log.Warn("run stopped at its end: lease lost to a newer attempt")
+		return
+	}
+	if err != nil {
+		_ = r.pub.flush(fctx)
+		r.log.Error("final record not stored; handing the run back", "err", err)
+		_ = r.msg.NakWithDelay(time.Second)
+		return
+	}
 	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	if err := r.pub.flush(fctx); err != nil {
 		r.log.Error("run_finished not stored; handing the run back", "err", err)
@@ -340,7 +519,7 @@ func (r *run) outcome(runErr error, timedOut bool, timeout time.Duration) bus.Ru
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded, Usage: r.usage,
-		Cost: r.usage.Cost.Total, Turns: r.turns, DurationMs: time.Since(r.startedAt).Milliseconds()}
+		Cost: r.usage.Cost.Total, Turns: r.turns, DurationMs: time.Since(r.runStart).Milliseconds()}
 	fail := func(reason, text string) { f.Status, f.Reason, f.Error = bus.StatusFailed, reason, text }
 	switch {
 	case r.abortReason != nil:
@@ -444,11 +623,13 @@ func (r *run) onEvent(_ context.Context, ev agent.Event) error {
 	}
 	we := bus.NewAgentEvent(&ev)
 	var ctlSeq uint64
+	interrupted := false
 	switch ev.Type {
 	case agent.EventMessageStart:
 		ctlSeq = r.ctl.seqOf(ev.Message, false)
 	case agent.EventMessageEnd:
 		ctlSeq = r.ctl.seqOf(ev.Message, true)
+		interrupted = r.cutOff(ev.Message)
 	case agent.EventTurnEnd:
 		we.MessageSeq = r.lastAssistantSeq
 		we.ToolResultSeqs = lastN(r.toolSeqs, len(ev.ToolResults))
@@ -459,7 +640,7 @@ func (r *run) onEvent(_ context.Context, ev agent.Event) error {
 	if err != nil {
 		return err
 	}
-	seq, err := r.pub.event(string(ev.Type), data, ctlSeq)
+	seq, err := r.pub.eventFlags(string(ev.Type), data, ctlSeq, interrupted)
 	if err != nil {
 		var tl *EventTooLargeError
 		if errors.As(err, &tl) {
@@ -493,6 +674,29 @@ func (r *run) onEvent(_ context.Context, ev agent.Event) error {
 		r.w.obs.Turn(r.info())
 	}
 	return nil
+}
+
+// cutOff reports whether a message ends because the worker is stopping
+// (drain timeout, lost lease, events not stored) rather than by the user's
+// abort or a limit: an aborted assistant message, or a tool result that
+// failed. Its message_end is marked interrupted, so recovery drops it and
+// the next attempt regenerates it.
+func (r *run) cutOff(m *agent.Message) bool {
+	if m == nil {
+		return false
+	}
+	switch {
+	case m.Role == agent.RoleAssistant && m.StopReason == agent.StopReasonAborted:
+	case m.Role == agent.RoleToolResult && m.IsError:
+	default:
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.abortReason != nil {
+		return false
+	}
+	return r.w.hardCtx.Err() != nil || r.lost || r.pubErr != nil
 }
 
 func lastN(s []uint64, n int) []uint64 {
@@ -530,7 +734,7 @@ func (r *run) record(state string) *bus.RunRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rec := &bus.RunRecord{ID: r.id, Queue: r.queue, State: state, Attempt: r.attempt, Worker: r.w.id,
-		RequestSeq: r.reqSeq, SubmittedAt: r.submittedAt, StartedAt: r.startedAt, HeartbeatAt: time.Now(),
+		RequestSeq: r.reqSeq, SubmittedAt: r.submittedAt, StartedAt: r.runStart, HeartbeatAt: time.Now(),
 		Turns: r.turns, Usage: r.usage, Cost: r.usage.Cost.Total}
 	if !r.modelRef.IsZero() {
 		rec.Model = r.modelRef.String()
@@ -539,14 +743,6 @@ func (r *run) record(state string) *bus.RunRecord {
 		rec.Metadata = r.req.Metadata
 	}
 	return rec
-}
-
-// heartbeat keeps the request owned and refreshes the record.
-func (r *run) heartbeat() {
-	if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-		r.log.Warn("heartbeat failed", "err", err)
-	}
-	_ = r.pub.putRecord(r.record(bus.StateRunning), false, false)
 }
 
 func (w *Worker) getRecord(ctx context.Context, id string) (*bus.RunRecord, error) {

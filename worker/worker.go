@@ -37,6 +37,7 @@ type Worker struct {
 	slots chan struct{}
 
 	controlStream jetstream.Stream
+	runsStream    jetstream.Stream
 	kv            jetstream.KeyValue
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
@@ -185,9 +186,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	sub.SetPendingLimits(-1, 64<<20)
 	defer func() { _ = sub.Unsubscribe() }()
 
-	hbDone := make(chan struct{})
-	stopHB := make(chan struct{})
-	go w.heartbeats(stopHB, hbDone)
+	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
+		return fmt.Errorf("worker: runs stream: %w", err)
+	}
+	stopGiveUp := w.startGiveUp(setup)
 
 	w.log.Info("worker started", "queues", w.cfg.Queues, "concurrency", w.cfg.Concurrency,
 		"ackWait", w.cfg.AckWait, "maxDeliver", w.cfg.MaxDeliver, "tools", w.toolNames,
@@ -214,8 +216,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.hardCancel()
 		<-done
 	}
-	close(stopHB)
-	<-hbDone
+	stopGiveUp()
 	w.log.Info("worker stopped")
 	return nil
 }
@@ -342,30 +343,6 @@ func (w *Worker) unregister(r *run) {
 		delete(w.runs, r.id)
 	}
 	w.mu.Unlock()
-}
-
-// heartbeats keeps every running request owned (InProgress resets its
-// AckWait) and refreshes the records.
-func (w *Worker) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	t := time.NewTicker(w.cfg.HeartbeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			w.mu.Lock()
-			runs := make([]*run, 0, len(w.runs))
-			for _, r := range w.runs {
-				runs = append(runs, r)
-			}
-			w.mu.Unlock()
-			for _, r := range runs {
-				r.heartbeat()
-			}
-		case <-stop:
-			return
-		}
-	}
 }
 
 // providerNames lists the configured providers, for error texts.

@@ -674,17 +674,30 @@ func TestDrainHandsRunsBack(t *testing.T) {
 		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
 	g.waitStarted(t)
 	stop() // drain times out: the run is stopped and Nak'ed
+	// The next worker resumes: the cancelled tool result (marked
+	// interrupted) is replaced by an error result and the model goes on.
 	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
-	g.waitStarted(t)
-	g.release <- struct{}{}
 	envs := f.follow(id)
 	last := envs[len(envs)-1]
 	if last.Attempt != 2 || decode(t, last).RunFinished.Status != bus.StatusSucceeded {
 		t.Fatalf("after drain: %s", dump(envs))
 	}
 	tr := transcriptOf(t, envs)
-	if tr.Attempt != 2 || roles(tr.Messages) != "user:go | assistant:call:gate | toolResult | assistant:ok" {
-		t.Fatalf("transcript after restart: %s", roles(tr.Messages))
+	if tr.Attempt != 2 || tr.Resumed == nil || tr.Resumed.MessagesRestored != 2 ||
+		roles(tr.Messages) != "user:go | assistant:call:gate | toolResult | assistant:ok" {
+		t.Fatalf("transcript after restart: %s\n%s", roles(tr.Messages), dump(envs))
+	}
+	if res := tr.Messages[2]; !res.IsError || res.TextOf() != bus.InterruptedToolResult {
+		t.Fatalf("tool result after resume: %+v", res)
+	}
+	interrupted := 0
+	for _, e := range envs {
+		if e.Interrupted {
+			interrupted++
+		}
+	}
+	if interrupted == 0 {
+		t.Fatalf("%d interrupted envelopes:\n%s", interrupted, dump(envs))
 	}
 }
 

@@ -1,0 +1,130 @@
+package bus
+
+import (
+	"sort"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// InterruptedToolResult is the text of the error result a resumed attempt
+// gives a tool call whose result no earlier attempt recorded.
+const InterruptedToolResult = "the worker stopped before the result of this tool call was recorded; the tool may or may not have run"
+
+// Recovery is what a new attempt of a run restores from the events that
+// earlier attempts stored before its own run_started (crash recovery).
+type Recovery struct {
+	// Attempt is the newest earlier attempt seen (0: no events).
+	Attempt int
+	// Messages is the transcript to restore: the readers' view of the
+	// earlier attempts (the same Transcript reducer) without its dropped
+	// tail. Its length is run_resumed's messagesRestored.
+	Messages []agent.Message
+	// Dropped counts messages removed from the end of the view: assistant
+	// messages that ended aborted, and any message marked interrupted (cut
+	// off, or a tool result cancelled, because its worker stopped).
+	Dropped int
+	// Partial is set when an assistant message was being streamed and never
+	// ended (it is not in the view, so nothing to drop).
+	Partial bool
+	// Synthetic are error tool results for the tool calls of the last
+	// assistant message that have no result; the new attempt publishes them
+	// (message_start/message_end) right after run_resumed.
+	Synthetic []agent.Message
+	// ControlSeqs are the control sequences of the restored messages that
+	// came from steering and follow-ups: already delivered.
+	ControlSeqs []uint64
+	// Finished is set when the run already has its run_finished.
+	Finished *RunFinished
+	// LastSeq is the seq of the newest attempt's last envelope.
+	LastSeq uint64
+}
+
+// Recover rebuilds what a new attempt restores from a run's envelopes, given
+// in stream order (those stored before the new attempt's run_started).
+// Envelopes of an attempt stored after a newer attempt's run_started are
+// left out; within an attempt, envelopes are taken in seq order without
+// duplicates. now stamps the synthetic tool results (Unix ms).
+func Recover(envs []*Envelope, now int64) *Recovery {
+	kept := make([]*Envelope, 0, len(envs))
+	newest := 0
+	for _, e := range envs {
+		if e.Attempt < newest {
+			continue
+		}
+		newest = e.Attempt
+		kept = append(kept, e)
+	}
+	// Attempts are non-decreasing in kept: sorting by (attempt, seq) only
+	// reorders within an attempt (a re-sent event stored late).
+	sort.SliceStable(kept, func(i, j int) bool {
+		if kept[i].Attempt != kept[j].Attempt {
+			return kept[i].Attempt < kept[j].Attempt
+		}
+		return kept[i].Seq < kept[j].Seq
+	})
+	t := &Transcript{}
+	for _, e := range kept {
+		_ = t.Apply(e)
+	}
+	rec := &Recovery{Attempt: t.Attempt, Finished: t.Finished, LastSeq: t.LastSeq, Partial: t.streaming}
+	msgs := t.Messages
+	n := len(msgs)
+	for n > 0 {
+		m := &msgs[n-1]
+		if !t.Interrupted(n-1) && (m.Role != agent.RoleAssistant || m.StopReason != agent.StopReasonAborted) {
+			break
+		}
+		n--
+	}
+	rec.Dropped = len(msgs) - n
+	rec.Messages = append([]agent.Message(nil), msgs[:n]...)
+	for i := range n {
+		if s := t.meta[i].controlSeq; s > 0 {
+			rec.ControlSeqs = append(rec.ControlSeqs, s)
+		}
+	}
+	rec.Synthetic = missingToolResults(rec.Messages, now)
+	return rec
+}
+
+// missingToolResults returns error results for the tool calls of the last
+// assistant message that have no result after it.
+func missingToolResults(msgs []agent.Message, now int64) []agent.Message {
+	last := -1
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == agent.RoleAssistant {
+			last = i
+			break
+		}
+	}
+	if last < 0 {
+		return nil
+	}
+	have := map[string]bool{}
+	for _, m := range msgs[last+1:] {
+		if m.Role == agent.RoleToolResult {
+			have[m.ToolCallID] = true
+		}
+	}
+	var out []agent.Message
+	for _, c := range msgs[last].ToolCalls() {
+		if have[c.ID] {
+			continue
+		}
+		have[c.ID] = true
+		out = append(out, agent.Message{Role: agent.RoleToolResult, ToolCallID: c.ID, ToolName: c.Name,
+			Content: []agent.Content{agent.Text(InterruptedToolResult)}, IsError: true, Timestamp: now})
+	}
+	return out
+}
+
+// EndsWithAnswer reports whether a transcript ends with an assistant
+// message that asks for no tool call: the run has its final answer (or
+// its final model error) and needs no other model call.
+func EndsWithAnswer(msgs []agent.Message) bool {
+	if len(msgs) == 0 {
+		return false
+	}
+	m := &msgs[len(msgs)-1]
+	return m.Role == agent.RoleAssistant && len(m.ToolCalls()) == 0
+}

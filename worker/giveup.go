@@ -1,0 +1,208 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Giving up. When a request's delivery count reaches MaxDeliver and its
+// last delivery ends without an ack (the worker crashed, stalled, or handed
+// it back), the server publishes a MAX_DELIVERIES advisory. The stream
+// AGENTS_ADVISORIES stores those advisories (work queue) and every worker
+// pulls them from the shared durable consumer "giveup", so the give-up
+// happens even when the worker of the last delivery is gone, and happens
+// again if the worker handling it dies half-way (each step is idempotent):
+//
+//  1. the request is read from AGENTS_RUNS by its stream sequence (gone:
+//     done already);
+//  2. a finished record means only the ack was lost: the request is just
+//     removed;
+//  3. a copy goes to agents.dead.<queue>.<run> (stream AGENTS_DEAD,
+//     Nats-Msg-Id <run>:<requestSeq>, headers with the reason);
+//  4. the lease is taken as attempt deliveries+1 (fencing a stalled last
+//     worker), run_started, run_resumed (the transcript so far stays
+//     readable), the final record failed/gave_up, run_finished;
+//  5. the request is deleted from AGENTS_RUNS and the advisory acked.
+
+type maxDeliveriesAdvisory struct {
+	Stream     string `json:"stream"`
+	Consumer   string `json:"consumer"`
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries int    `json:"deliveries"`
+}
+
+// Dead-letter headers.
+const (
+	HeaderDeadReason     = "Agentfleet-Dead-Reason"
+	HeaderDeadDeliveries = "Agentfleet-Deliveries"
+	HeaderDeadSubject    = "Agentfleet-Subject"
+	HeaderDeadRequestSeq = "Agentfleet-Request-Seq"
+)
+
+// startGiveUp starts pulling MAX_DELIVERIES advisories; the returned
+// function stops it and waits for a give-up in progress.
+func (w *Worker) startGiveUp(ctx context.Context) (stop func()) {
+	cons, err := w.js.Consumer(ctx, w.names.AdvisoriesStream(), w.names.GiveUpConsumer())
+	if err != nil {
+		w.log.Warn("give-up disabled: no advisories consumer (create the streams with EnsureStreams)", "err", err)
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		wg.Add(1)
+		defer wg.Done()
+		w.onAdvisory(m)
+	}, jetstream.PullMaxMessages(4), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if w.hardCtx.Err() == nil {
+			w.log.Debug("advisories consumer", "err", err)
+		}
+	}))
+	if err != nil {
+		w.log.Warn("give-up disabled", "err", err)
+		return func() {}
+	}
+	return func() {
+		cc.Stop()
+		<-cc.Closed()
+		wg.Wait()
+	}
+}
+
+func (w *Worker) onAdvisory(m jetstream.Msg) {
+	var adv maxDeliveriesAdvisory
+	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 || adv.Stream != w.names.RunsStream() {
+		_ = m.Term()
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.hardCtx, 30*time.Second)
+	defer cancel()
+	if err := w.giveUp(ctx, adv); err != nil {
+		w.log.Warn("give-up failed; retrying", "requestSeq", adv.StreamSeq, "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	_ = m.Ack()
+}
+
+func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
+	req, err := w.runsStream.GetMsg(ctx, adv.StreamSeq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil // acked meanwhile, or given up already
+	}
+	if err != nil {
+		return fmt.Errorf("read request: %w", err)
+	}
+	removeRequest := func() error {
+		if err := w.runsStream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("remove request: %w", err)
+		}
+		return nil
+	}
+	queue, id, err := w.names.ParseSubmit(req.Subject)
+	if err != nil {
+		w.log.Warn("give-up: request with an invalid subject removed", "requestSeq", adv.StreamSeq)
+		return removeRequest()
+	}
+	log := w.log.With("run", id, "queue", queue, "attempt", adv.Deliveries+1)
+	rec, err := w.getRecord(ctx, id)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
+	}
+	if rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == adv.StreamSeq) {
+		log.Info("give-up: run had finished (its ack was lost); request removed", "state", rec.State)
+		return removeRequest()
+	}
+	// The dead letter first: the request is never gone without a copy.
+	dl := &nats.Msg{Subject: w.names.Dead(queue, id), Data: req.Data, Header: nats.Header{}}
+	dl.Header.Set(jetstream.MsgIDHeader, id+":"+strconv.FormatUint(adv.StreamSeq, 10))
+	dl.Header.Set(HeaderDeadReason, bus.ReasonGaveUp)
+	dl.Header.Set(HeaderDeadDeliveries, strconv.Itoa(adv.Deliveries))
+	dl.Header.Set(HeaderDeadSubject, req.Subject)
+	dl.Header.Set(HeaderDeadRequestSeq, strconv.FormatUint(adv.StreamSeq, 10))
+	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(w.names.DeadStream())); err != nil {
+		return fmt.Errorf("dead letter: %w", err)
+	}
+	if rec == nil || !rec.Finished() {
+		r := &run{w: w, id: id, queue: queue, attempt: adv.Deliveries + 1, reqSeq: adv.StreamSeq,
+			submittedAt: req.Time, startedAt: time.Now(), log: log}
+		r.runStart = r.startedAt
+		if rec != nil && !rec.StartedAt.IsZero() {
+			r.runStart = rec.StartedAt
+		}
+		if err := r.finishGaveUp(ctx, rec, adv.Deliveries); err != nil {
+			return err
+		}
+	}
+	if err := removeRequest(); err != nil {
+		return err
+	}
+	log.Warn("run given up", "deliveries", adv.Deliveries, "deadLetter", w.names.Dead(queue, id))
+	return nil
+}
+
+// finishGaveUp marks the run failed/gave_up under the lease, with its own
+// attempt: run_started, run_resumed (the transcript so far), run_finished.
+func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries int) error {
+	rec := r.record(bus.StateRunning)
+	if prev != nil {
+		rec.Model, rec.Metadata, rec.Turns, rec.Usage, rec.Cost = prev.Model, prev.Metadata, prev.Turns, prev.Usage, prev.Cost
+	}
+	o, cur, err := r.takeLease(ctx, prev, rec)
+	if err != nil {
+		return err
+	}
+	if o != leaseTaken {
+		if o == leaseFinished {
+			r.log.Info("give-up: run finished meanwhile", "state", cur.State)
+		}
+		return nil
+	}
+	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
+	started := r.runStarted()
+	if prev != nil && prev.Model != "" {
+		if m, err := bus.ParseModelRef(prev.Model); err == nil {
+			started.Model = &m
+		}
+	}
+	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
+	restored := 0
+	if seq, err := r.pub.startedAt(ctx); err == nil {
+		if envs, err := r.w.c.ReadEvents(ctx, r.id, seq); err == nil {
+			restored = len(bus.Recover(envs, time.Now().UnixMilli()).Messages)
+		}
+	}
+	_, _ = r.pub.fleetEvent(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: restored})
+	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
+		deliveries, r.w.names.Dead(r.queue, r.id))
+	if err := r.pub.sync(ctx); err != nil {
+		_ = r.pub.flush(ctx)
+		return err
+	}
+	rec.State, rec.Reason, rec.Error, rec.FinishedAt, rec.HeartbeatAt = bus.StatusFailed, bus.ReasonGaveUp, text, time.Now(), time.Now()
+	if err := r.writeLeased(ctx, rec, true); err != nil {
+		_ = r.pub.flush(ctx)
+		if errors.Is(err, errLeaseLost) {
+			return nil
+		}
+		return err
+	}
+	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonGaveUp, Error: text,
+		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, DurationMs: time.Since(r.runStart).Milliseconds()}
+	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
+	if err := r.pub.flush(ctx); err != nil {
+		return err
+	}
+	r.w.obs.RunFinished(RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: rec.Model,
+		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}, fin)
+	return nil
+}

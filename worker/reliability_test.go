@@ -1,0 +1,403 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// killable runs a worker that the test can stop hard: kill closes its NATS
+// connection first (nothing it does afterwards reaches NATS, as if the
+// process died), then stops it.
+func (f *fleet) killable(cfg worker.Config) (kill func()) {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.srv.URL()})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cfg.Client = c
+	if cfg.PollWait == 0 {
+		cfg.PollWait = 200 * time.Millisecond
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 50 * time.Millisecond
+	}
+	w, err := worker.New(cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	<-w.Ready()
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			c.Close()
+			rcancel()
+			<-done
+		})
+	}
+	f.t.Cleanup(kill)
+	return kill
+}
+
+// cancelGate is a gate tool that also reports its cancellation.
+type cancelGate struct {
+	*gate
+	cancelled chan string
+}
+
+func newCancelGate() *cancelGate {
+	return &cancelGate{gate: newGate(), cancelled: make(chan string, 100)}
+}
+
+func (g *cancelGate) tool() *agent.Tool {
+	return agent.NewTool("gate", "waits until the test opens it", func(ctx context.Context, a gateArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		g.started <- a.Name
+		select {
+		case <-g.release:
+			return agent.TextResult("opened " + a.Name), nil
+		case <-ctx.Done():
+			g.cancelled <- a.Name
+			return agent.ToolResult{}, ctx.Err()
+		}
+	})
+}
+
+func waitFor[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		var zero T
+		return zero
+	}
+}
+
+func allEvents(t *testing.T, f *fleet, id string) []*bus.Envelope {
+	t.Helper()
+	envs, err := f.c.ReadEvents(f.ctx(), id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return envs
+}
+
+func count(msgs []agent.Message, role, text string) int {
+	n := 0
+	for _, m := range msgs {
+		if m.Role == role && m.TextOf() == text {
+			n++
+		}
+	}
+	return n
+}
+
+// A worker dies mid-run (in a tool call, with one steer in the transcript
+// and one still queued): the redelivered request resumes on another worker
+// from the events; the steer already in the transcript is not delivered
+// again, the queued one is; the tool call gets an error result; the
+// model is called only for what is missing.
+func TestResumeAfterWorkerKilled(t *testing.T) {
+	f := newFleet(t)
+	g := newCancelGate()
+	first := newObs()
+	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, Observer: first}
+	kill := f.killable(cfg)
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+			toolCall("c1", "gate", map[string]any{"name": "x"}),
+			toolCall("c2", "gate", map[string]any{"name": "y"}),
+			textResp("done"),
+		}}})
+	waitFor(t, g.started, "gate x")
+	if _, err := f.c.Steer(f.ctx(), id, "first steer"); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the worker has the steer queued, then let the tool end:
+	// the steer goes into the transcript before the next model call.
+	first.waitControl(t, bus.KindSteer)
+	g.release <- struct{}{}
+	waitFor(t, g.started, "gate y")
+	if _, err := f.c.Steer(f.ctx(), id, "second steer"); err != nil {
+		t.Fatal(err)
+	}
+	first.waitControl(t, bus.KindSteer)
+	kill()
+	waitFor(t, g.cancelled, "gate y cancelled")
+
+	o := newObs()
+	cfg.Observer = o
+	f.startWorker(cfg)
+	envs := f.follow(id)
+	tr := transcriptOf(t, envs)
+	fin := tr.Finished
+	if fin == nil || fin.Status != bus.StatusSucceeded || tr.Attempt != 2 || tr.Resumed == nil {
+		t.Fatalf("resumed run: %+v\n%s", fin, dump(envs))
+	}
+	want := "user:go | assistant:call:gate | toolResult | user:first steer | assistant:call:gate | toolResult | user:second steer | assistant:done"
+	if got := roles(tr.Messages); got != want {
+		t.Fatalf("transcript\n got %s\nwant %s\n%s", got, want, dump(envs))
+	}
+	if tr.Resumed.MessagesRestored != 5 {
+		t.Fatalf("restored %d messages", tr.Resumed.MessagesRestored)
+	}
+	if r := tr.Messages[5]; !r.IsError || r.TextOf() != bus.InterruptedToolResult || r.ToolCallID != "c2" {
+		t.Fatalf("synthetic result %+v", r)
+	}
+	if tr.Messages[2].TextOf() != "opened x" {
+		t.Fatalf("first tool result %q", tr.Messages[2].TextOf())
+	}
+	if fin.Turns != 3 {
+		t.Fatalf("turns %d, want 3 (two restored, one run)", fin.Turns)
+	}
+	seqs := tr.ControlSeqs()
+	if len(seqs) != 2 || seqs[0] >= seqs[1] {
+		t.Fatalf("control seqs %v", seqs)
+	}
+	rec, err := f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StatusSucceeded || rec.Attempt != 2 || rec.Turns != 3 {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+}
+
+// A worker that stalls past AckWait loses its run to another worker: the
+// other resumes it and finishes it once; the stalled one, at its next
+// lease renewal, stops its copy and publishes nothing after.
+func TestLeaseLoss(t *testing.T) {
+	f := newFleet(t)
+	g := newCancelGate()
+	// Worker A heartbeats later than AckWait: its request is redelivered.
+	stopA := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second,
+		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled", Concurrency: 1})
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
+	waitFor(t, g.started, "gate x")
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, WorkerID: "healthy"})
+	envs := f.follow(id)
+	tr := transcriptOf(t, envs)
+	if tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded || tr.Attempt != 2 || envs[len(envs)-1].Worker != "healthy" {
+		t.Fatalf("run: %s", dump(envs))
+	}
+	if got := roles(tr.Messages); got != "user:go | assistant:call:gate | toolResult | assistant:done" {
+		t.Fatalf("transcript %s", got)
+	}
+	// The stalled worker learns at its renewal: its tool call is cancelled.
+	waitFor(t, g.cancelled, "the stalled run's tool cancelled")
+	stopA()
+	finished := 0
+	for _, e := range allEvents(t, f, id) {
+		if e.Type == bus.EventRunFinished {
+			finished++
+		}
+		if e.Worker == "stalled" && e.Type == string(agent.EventMessageEnd) {
+			if m := decode(t, e).Agent.Message; m.Role == agent.RoleToolResult {
+				t.Fatalf("the stalled worker published its cancelled tool result after losing the lease: %s", dump([]*bus.Envelope{e}))
+			}
+		}
+	}
+	if finished != 1 {
+		t.Fatalf("%d run_finished", finished)
+	}
+	rec, err := f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StatusSucceeded || rec.Worker != "healthy" {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+}
+
+// A request whose deliveries all end without finishing is given up: the
+// record says failed/gave_up, the run gets its run_finished, the request
+// leaves the work queue and a copy is on the dead-letter subject.
+func TestGiveUp(t *testing.T) {
+	f := newFleet(t)
+	g := newCancelGate()
+	// Heartbeats never come in time: every delivery times out.
+	stop := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: 500 * time.Millisecond,
+		HeartbeatInterval: time.Hour, MaxDeliver: 2, DrainTimeout: 50 * time.Millisecond})
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+			toolCall("c1", "gate", map[string]any{"name": "x"}),
+			toolCall("c2", "gate", map[string]any{"name": "y"}),
+			textResp("never"),
+		}}})
+	envs := f.follow(id)
+	last := envs[len(envs)-1]
+	fin := decode(t, last).RunFinished
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonGaveUp || last.Attempt != 3 || !strings.Contains(fin.Error, "agents.dead.default."+id) {
+		t.Fatalf("given up run: %s", dump(envs))
+	}
+	tr := transcriptOf(t, envs)
+	if tr.Resumed == nil || len(tr.Messages) < 2 {
+		t.Fatalf("transcript of the given-up run: %s", roles(tr.Messages))
+	}
+	rec, err := f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StatusFailed || rec.Reason != bus.ReasonGaveUp {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+	runs, err := f.c.Stream(f.ctx(), f.c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runs.GetMsg(f.ctx(), 1, jetstream.WithGetMsgSubject(f.c.Names().Submit("*", id))); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("request still queued: %v", err)
+	}
+	dead, err := f.c.Stream(f.ctx(), f.c.Names().DeadStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dead.GetLastMsgForSubject(f.ctx(), "agents.dead.default."+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req bus.RunRequest
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.Prompt != "go" || m.Header.Get(worker.HeaderDeadReason) != bus.ReasonGaveUp ||
+		m.Header.Get(worker.HeaderDeadDeliveries) != "2" {
+		t.Fatalf("dead letter %s %v %v", m.Data, m.Header, err)
+	}
+	stop()
+}
+
+// Status and List report a running record whose heartbeat is too old as
+// stale.
+func TestStaleRecord(t *testing.T) {
+	f := newFleet(t)
+	kv, err := f.c.Records(f.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	for id, hb := range map[string]time.Time{"old": old, "fresh": time.Now()} {
+		b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, StartedAt: old, HeartbeatAt: hb})
+		if _, err := kv.Put(f.ctx(), id, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.c.SetStaleAfter(time.Minute)
+	if r, err := f.c.Status(f.ctx(), "old"); err != nil || !r.Stale || r.State != bus.StateRunning {
+		t.Fatalf("old: %+v %v", r, err)
+	}
+	if r, err := f.c.Status(f.ctx(), "fresh"); err != nil || r.Stale {
+		t.Fatalf("fresh: %+v %v", r, err)
+	}
+	recs, err := f.c.List(f.ctx(), bus.ListOptions{State: bus.StateStale})
+	if err != nil || len(recs) != 1 || recs[0].ID != "old" {
+		t.Fatalf("stale list %+v %v", recs, err)
+	}
+}
+
+// A new request reusing a finished run's id is a bad request: terminated,
+// run_started + run_finished(bad_request) after the original's end, the
+// original's record untouched. Readers of the run still see the original.
+func TestReusedRunID(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	id := f.submit("", &bus.RunRequest{Prompt: "hi", Model: fauxModel(), Faux: fauxText("hello")})
+	f.follow(id)
+	before, err := f.c.Status(f.ctx(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	advisories := make(chan *nats.Msg, 10)
+	sub, err := f.c.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", advisories)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	// No Nats-Msg-Id: the stream does not dedupe it.
+	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Submit("default", id), []byte(`{"prompt":"again"}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitTerminated(t, advisories)
+	after, err := f.c.Status(f.ctx(), id)
+	if err != nil || after.Revision != before.Revision || after.State != bus.StatusSucceeded {
+		t.Fatalf("record changed: %+v -> %+v (%v)", before, after, err)
+	}
+	envs := allEvents(t, f, id)
+	n := len(envs)
+	if n < 4 || envs[n-2].Type != bus.EventRunStarted || envs[n-1].Type != bus.EventRunFinished {
+		t.Fatalf("events: %s", dump(envs))
+	}
+	fin := decode(t, envs[n-1]).RunFinished
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, id) {
+		t.Fatalf("reused id: %+v", fin)
+	}
+	tr, err := f.c.LoadTranscript(f.ctx(), id)
+	if err != nil || tr.Finished.Status != bus.StatusSucceeded || tr.FinalText() != "hello" {
+		t.Fatalf("original transcript: %+v %v", tr.Finished, err)
+	}
+	tr2 := transcriptOf(t, envs)
+	if tr2.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("reducer over all events: %+v", tr2.Finished)
+	}
+}
+
+// A redelivered request whose run already finished is acked without
+// running; if its run_finished is missing (a crash between the final
+// record and run_finished), it is published from the record.
+func TestRedeliveryOfFinishedRun(t *testing.T) {
+	f := newFleet(t)
+	res, err := f.c.Submit(f.ctx(), "", &bus.RunRequest{Prompt: "hi", Model: fauxModel(), Faux: fauxText("hello")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.ID
+	kv, err := f.c.Records(f.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StatusSucceeded, Attempt: 1, Worker: "gone",
+		RequestSeq: res.Seq, StartedAt: now, FinishedAt: now, HeartbeatAt: now, Turns: 1})
+	if _, err := kv.Put(f.ctx(), id, b); err != nil {
+		t.Fatal(err)
+	}
+	started, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "gone", Attempt: 1, Tools: []string{}})
+	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Events(id), bus.AppendEnvelope(nil, id, 1, 1, "gone", now.UnixMilli(), 0, started)); err != nil {
+		t.Fatal(err)
+	}
+	o := newObs()
+	f.startWorker(worker.Config{Observer: o})
+	envs := f.follow(id)
+	if len(envs) != 2 || envs[1].Type != bus.EventRunFinished || envs[1].Attempt != 1 || envs[1].Seq != 2 {
+		t.Fatalf("events: %s", dump(envs))
+	}
+	if fin := decode(t, envs[1]).RunFinished; fin.Status != bus.StatusSucceeded || fin.Turns != 1 {
+		t.Fatalf("run_finished from the record: %+v", fin)
+	}
+	runs, err := f.c.Stream(f.ctx(), f.c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := runs.GetMsg(f.ctx(), res.Seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("request not acked: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the stream: no event to wait on
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.started != 0 {
+		t.Fatalf("the finished run ran again (%d starts)", o.started)
+	}
+}

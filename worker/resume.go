@@ -1,0 +1,88 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+var errAlreadyFinished = errors.New("the run already has its run_finished")
+
+// resume restores what earlier attempts put into the run's transcript:
+// the events stored before this attempt's run_started, folded by the
+// readers' reducer (bus.Recover), without the tail a stopping worker cut
+// off, plus an error result for every tool call left without one. It
+// publishes run_resumed (and the synthetic tool results) and reports
+// whether a transcript was restored; if not (nothing stored, or the prompt
+// itself incomplete) the run starts over with its prompt.
+//
+// Accounting: turns and usage start from the restored assistant messages
+// (those after the prompt), so maxTurns and maxTotalTokens bound the whole
+// run; tokens of a message that was cut off are not counted. The timeout
+// counts from the first attempt's start (r.runStart).
+func (r *run) resume(ctx context.Context) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	startSeq, err := r.pub.startedAt(rctx)
+	if err != nil {
+		return false, fmt.Errorf("run_started not stored: %w", err)
+	}
+	envs, err := r.w.c.ReadEvents(rctx, r.id, startSeq)
+	if err != nil {
+		return false, err
+	}
+	rc := bus.Recover(envs, time.Now().UnixMilli())
+	if rc.Finished != nil {
+		return false, errAlreadyFinished
+	}
+	msgs := rc.Messages
+	if len(msgs) < len(r.prompt) {
+		msgs = nil // the prompt itself was cut short: start over
+	}
+	if _, err := r.pub.fleetEvent(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed,
+		Attempt: r.attempt, MessagesRestored: len(msgs)}); err != nil {
+		return false, err
+	}
+	if len(msgs) == 0 {
+		r.log.Info("resume: nothing to restore; starting over", "eventsRead", len(envs))
+		return false, nil
+	}
+	all := append([]agent.Message(nil), msgs...)
+	for i := range rc.Synthetic {
+		m := rc.Synthetic[i]
+		for _, typ := range []agent.EventType{agent.EventMessageStart, agent.EventMessageEnd} {
+			data, err := encodeJSON(bus.AgentEvent{Type: string(typ), Message: &m})
+			if err != nil {
+				return false, err
+			}
+			if _, err := r.pub.event(string(typ), data, 0); err != nil {
+				return false, err
+			}
+		}
+		all = append(all, m)
+	}
+	r.agent.SetMessages(all)
+	r.ctl.skip(rc.ControlSeqs)
+	r.mu.Lock()
+	for i := len(r.prompt); i < len(msgs); i++ {
+		if m := &msgs[i]; m.Role == agent.RoleAssistant {
+			r.turns++
+			r.usage.Add(m.Usage)
+			c := *m
+			r.lastAssistant = &c
+		}
+	}
+	turns := r.turns
+	r.mu.Unlock()
+	if r.fauxSkip != nil {
+		r.fauxSkip(turns)
+	}
+	r.log.Info("resumed", "fromAttempt", rc.Attempt, "messagesRestored", len(msgs), "dropped", rc.Dropped,
+		"partialDropped", rc.Partial, "syntheticToolResults", len(rc.Synthetic), "controlsDelivered", len(rc.ControlSeqs),
+		"turns", turns)
+	return true, nil
+}
