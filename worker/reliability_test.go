@@ -401,3 +401,88 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 		t.Fatalf("the finished run ran again (%d starts)", o.started)
 	}
 }
+
+// countObs signals once n events were stored.
+type countObs struct {
+	worker.NopObserver
+	mu      sync.Mutex
+	n, at   int
+	reached chan struct{}
+}
+
+func (o *countObs) EventPublished() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.n++
+	if o.n == o.at {
+		close(o.reached)
+	}
+}
+
+// The NATS server restarts (same store) in the middle of a streaming run:
+// the worker reconnects, re-sends what was not acknowledged, and the run
+// finishes in its first attempt with gapless events.
+func TestNATSServerRestartKeepsTheRun(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := srv.URL()
+	port := 0
+	for _, ch := range u[strings.LastIndex(u, ":")+1:] {
+		port = port*10 + int(ch-'0')
+	}
+	defer func() { srv.Shutdown() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: u})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: u})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wc.Close()
+	o := &countObs{at: 15, reached: make(chan struct{})}
+	w, err := worker.New(worker.Config{Client: wc, AckWait: 10 * time.Second, PollWait: 200 * time.Millisecond, Observer: o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() {
+		wcancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-w.Ready()
+	text := strings.Repeat("word ", 60)
+	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{textResp(text)}, TokenSize: 1, TokensPerSecond: 40}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, o.reached, "the run streaming")
+	srv.Shutdown()
+	srv, err = bus.StartServer(bus.ServerOptions{Port: port, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var envs []*bus.Envelope
+	for env, err := range c.Follow(ctx, res.ID) {
+		if err != nil {
+			t.Fatalf("follow: %v (after %d)", err, len(envs))
+		}
+		envs = append(envs, env)
+	}
+	fin := checkEnvelopes(t, res.ID, envs) // attempt 1, seq 1..n without gaps
+	tr := transcriptOf(t, envs)
+	if fin.Status != bus.StatusSucceeded || tr.FinalText() != text {
+		t.Fatalf("after the restart: %+v %q", fin, tr.FinalText())
+	}
+}

@@ -57,6 +57,7 @@ type options struct {
 	concurrency  int
 	ackWait      time.Duration
 	maxDeliver   int
+	replicas     int
 	drainTimeout time.Duration
 	toolTimeout  time.Duration
 	dataDir      string
@@ -134,7 +135,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(&o.queues, "queue", "queue to take runs from; repeatable or comma-separated (default \"default\") [AGENTS_QUEUES]")
 	fs.IntVar(&o.concurrency, "concurrency", envInt("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
 	fs.DurationVar(&o.ackWait, "ack-wait", envDuration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
-	fs.IntVar(&o.maxDeliver, "max-deliver", envInt("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most [AGENTS_MAX_DELIVER]")
+	fs.IntVar(&o.maxDeliver, "max-deliver", envInt("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
+	fs.IntVar(&o.replicas, "stream-replicas", envInt("AGENTS_STREAM_REPLICAS", 1), "replicas of the streams, consumers and bucket the worker creates (3 on a 3-node cluster) [AGENTS_STREAM_REPLICAS]")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", envDuration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
 	fs.DurationVar(&o.toolTimeout, "tool-timeout", envDuration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
 	fs.StringVar(&o.dataDir, "data-dir", env("AGENTS_DATA_DIR", defData), "data directory of the embedded NATS server (JetStream under <dir>/nats) [AGENTS_DATA_DIR]")
@@ -172,6 +174,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.ackWait < time.Second {
 		return nil, errors.New("--ack-wait must be at least 1s")
+	}
+	if o.replicas < 1 || o.replicas > 5 {
+		return nil, errors.New("--stream-replicas must be 1..5")
 	}
 	if o.logFormat != "text" && o.logFormat != "json" {
 		return nil, fmt.Errorf("--log-format %q: use text or json", o.logFormat)
@@ -271,6 +276,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.Concurrency = o.concurrency
 	cfg.AckWait = o.ackWait
 	cfg.MaxDeliver = o.maxDeliver
+	cfg.Streams.Replicas = o.replicas
 	cfg.DrainTimeout = o.drainTimeout
 	cfg.ToolTimeout = o.toolTimeout
 	cfg.WorkerID = o.workerID
