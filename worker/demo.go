@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"iter"
+	"regexp"
+	"strings"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/llm/faux"
@@ -41,12 +43,29 @@ func DemoProvider() Provider {
 	return noticeProvider{&FauxProvider{M: m, Notice: DemoNotice}}
 }
 
+// arithmetic finds an expression with at least one operator in a prompt.
+var arithmetic = regexp.MustCompile(`\(*[-+]?\d+(?:\.\d+)?\)*(?:\s*[-+*/%^]\s*\(*[-+]?\d+(?:\.\d+)?\)*)+`)
+
+// demoReply answers like a tiny model: with the calculator when the run
+// offers it and the prompt holds arithmetic, so the offline demo shows a
+// tool call; otherwise with a canned text that says it is a demo.
 func demoReply(llm agent.Context) faux.Response {
 	said := ""
+	if n := len(llm.Messages); n > 0 {
+		if last := llm.Messages[n-1]; last.Role == agent.RoleToolResult && last.ToolName == "calculator" {
+			return faux.Response{Content: []agent.Content{agent.Text("The calculator says: " + last.TextOf())}}
+		}
+	}
 	for i := len(llm.Messages) - 1; i >= 0; i-- {
 		if llm.Messages[i].Role == agent.RoleUser {
 			said = llm.Messages[i].TextOf()
 			break
+		}
+	}
+	if expr := arithmetic.FindString(said); expr != "" && hasTool(llm.Tools, "calculator") {
+		return faux.Response{
+			Content:    []agent.Content{agent.Text("Let me compute that."), agent.ToolCall("demo-calc-1", "calculator", map[string]any{"expression": strings.TrimSpace(expr)})},
+			StopReason: agent.StopReasonToolUse,
 		}
 	}
 	text := "Hello from agentfleet's demo model. No model endpoint is configured on this worker, " +
@@ -55,6 +74,15 @@ func demoReply(llm agent.Context) faux.Response {
 		text += "\n\nYou said: " + said
 	}
 	return faux.Response{Content: []agent.Content{agent.Text(text)}}
+}
+
+func hasTool(tools []*agent.Tool, name string) bool {
+	for _, t := range tools {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
