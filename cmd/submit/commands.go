@@ -657,7 +657,7 @@ func writeList(e *env, recs []bus.RunRecord) {
 	fmt.Fprintln(tw, "RUN\tSTATE\tQUEUE\tMODEL\tTURNS\tTOKENS\tCOST\tSUBMITTED\tDURATION")
 	for _, r := range recs {
 		state := r.State
-		if r.Reason != "" {
+		if r.Reason != "" && r.State == bus.StatusFailed {
 			state += "/" + r.Reason
 		}
 		submitted := "-"

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -55,7 +56,7 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	fleet.url = srv.URL()
-	stopWorker, err := startWorkerProcess(fleet.url, filepath.Join(dir, "worker.log"), "--concurrency", "16")
+	stopWorker, _, err := startWorkerProcess(filepath.Join(dir, "worker.log"), nil, "--nats", fleet.url, "--concurrency", "16")
 	if err != nil {
 		srv.Shutdown()
 		fmt.Fprintln(os.Stderr, err)
@@ -103,21 +104,23 @@ func buildBinaries(dir string) error {
 	return nil
 }
 
-// startWorkerProcess starts the worker binary against url and waits until
-// it has created the streams and pulls. stop sends SIGTERM and waits.
-func startWorkerProcess(url, logPath string, extra ...string) (stop func() error, err error) {
-	args := append([]string{"--nats", url, "--ack-wait", "10s", "--drain-timeout", "2s", "--log-format", "json"}, extra...)
+// startWorkerProcess starts the worker binary and waits until it has
+// created the streams and pulls. Without --nats in args it starts its
+// embedded server: url is where. stop sends SIGTERM and waits.
+func startWorkerProcess(logPath string, env []string, args ...string) (stop func() error, url string, err error) {
+	// Metrics on a free port: workers of parallel tests must not collide.
+	args = append([]string{"--ack-wait", "10s", "--drain-timeout", "2s", "--log-format", "json", "--metrics-addr", "127.0.0.1:0"}, args...)
 	cmd := exec.Command(fleet.worker, args...)
-	cmd.Env = append(os.Environ(), "OPENAI_API_KEY=", "OPENAI_BASE_URL=")
+	cmd.Env = append(append(os.Environ(), "OPENAI_API_KEY=", "OPENAI_BASE_URL=", "NATS_URL="), env...)
 	logf, err := os.Create(logPath)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, err
+		return nil, "", err
 	}
 	ready := make(chan struct{})
 	copied := make(chan struct{})
@@ -129,7 +132,15 @@ func startWorkerProcess(url, logPath string, extra ...string) (stop func() error
 		for sc.Scan() {
 			line := sc.Text()
 			fmt.Fprintln(logf, line)
-			if strings.Contains(line, `"worker started"`) {
+			var rec struct {
+				Msg string `json:"msg"`
+				URL string `json:"url"`
+			}
+			_ = json.Unmarshal([]byte(line), &rec)
+			if strings.HasPrefix(rec.Msg, "embedded NATS server started") {
+				url = rec.URL // read after ready
+			}
+			if rec.Msg == "worker started" {
 				once.Do(func() { close(ready) })
 			}
 		}
@@ -150,15 +161,15 @@ func startWorkerProcess(url, logPath string, extra ...string) (stop func() error
 	}
 	select {
 	case <-ready:
-		return stop, nil
+		return stop, url, nil
 	case err := <-exited:
 		<-copied
 		logf.Close()
 		log, _ := os.ReadFile(logPath)
-		return nil, fmt.Errorf("worker exited before it was ready: %v\n%s", err, log)
+		return nil, "", fmt.Errorf("worker exited before it was ready: %v\n%s", err, log)
 	case <-time.After(30 * time.Second):
 		_ = stop()
-		return nil, errors.New("worker not ready after 30s")
+		return nil, "", errors.New("worker not ready after 30s")
 	}
 }
 
