@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,7 +56,11 @@ type Metrics struct {
 	slotsBusy        prometheus.Gauge
 	slotsTotal       prometheus.Gauge
 	queueDepth       *prometheus.GaugeVec
-	pastDeadline     prometheus.Gauge
+
+	// deadlines of the runs in flight, for runs_past_deadline (computed at
+	// scrape time, so a stuck run shows without any event).
+	mu        sync.Mutex
+	deadlines map[string]time.Time
 }
 
 // New creates the metrics and registers them, with the Go runtime and
@@ -91,7 +96,11 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.controls = counterVec(reg, m, "control_messages_total", "Control messages received, by kind (steer, followup, abort).", "kind")
 	m.slotsBusy = gauge(reg, m, "worker_slots_busy", "Run slots in use on this worker.")
 	m.slotsTotal = gauge(reg, m, "worker_slots", "Run slots on this worker (its concurrency).")
-	m.pastDeadline = gauge(reg, m, "runs_past_deadline", "Runs on this worker still going after their timeout (a tool or model ignoring cancellation).")
+	m.deadlines = map[string]time.Time{}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: fqName(m, "runs_past_deadline"),
+		Help: "Runs on this worker still going after their timeout (a tool or model ignoring cancellation).",
+	}, m.pastDeadline))
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending).", "queue")
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -230,8 +239,30 @@ func (m *Metrics) SetSlots(busy, total int) {
 	m.slotsTotal.Set(float64(total))
 }
 
-// SetRunsPastDeadline sets how many runs are past their timeout.
-func (m *Metrics) SetRunsPastDeadline(n int) { m.pastDeadline.Set(float64(n)) }
+// RunDeadline tracks the deadline of a run in flight under key (not a
+// label: any unique string); a zero deadline stops tracking it.
+func (m *Metrics) RunDeadline(key string, deadline time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if deadline.IsZero() {
+		delete(m.deadlines, key)
+	} else {
+		m.deadlines[key] = deadline
+	}
+}
+
+func (m *Metrics) pastDeadline() float64 {
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, d := range m.deadlines {
+		if now.After(d) {
+			n++
+		}
+	}
+	return float64(n)
+}
 
 // SetQueueDepth sets a queue's depth (pending + ack pending).
 func (m *Metrics) SetQueueDepth(queue string, depth int) {

@@ -90,6 +90,7 @@ type RunInfo struct {
 	Model       string // provider/id
 	SubmittedAt time.Time
 	StartedAt   time.Time
+	Deadline    time.Time // when the run's timeout expires; zero if unknown
 }
 
 // ModelRequest is one model call, as seen by an Observer.

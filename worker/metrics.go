@@ -2,7 +2,9 @@ package worker
 
 import (
 	"context"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
@@ -10,9 +12,31 @@ import (
 )
 
 // MetricsObserver reports what the worker observes to Prometheus metrics.
-func MetricsObserver(m *metrics.Metrics) Observer { return &metricsObserver{m: m} }
+func MetricsObserver(m *metrics.Metrics) Observer {
+	return &metricsObserver{m: m, active: map[string]bool{}}
+}
 
-type metricsObserver struct{ m *metrics.Metrics }
+type metricsObserver struct {
+	m *metrics.Metrics
+
+	mu     sync.Mutex
+	active map[string]bool // run attempts started and not yet left
+}
+
+func attemptKey(r RunInfo) string { return r.ID + ":" + strconv.Itoa(r.Attempt) }
+
+// leave reports whether the attempt had started, and forgets it.
+func (o *metricsObserver) leave(r RunInfo) bool {
+	k := attemptKey(r)
+	o.mu.Lock()
+	started := o.active[k]
+	delete(o.active, k)
+	o.mu.Unlock()
+	if started {
+		o.m.RunDeadline(k, time.Time{})
+	}
+	return started
+}
 
 // modelLabel maps "provider/id" to the label metrics bound: the model id,
 // or "faux" for any scripted model.
@@ -32,15 +56,26 @@ func (o *metricsObserver) RunStarted(r RunInfo) {
 	if !r.SubmittedAt.IsZero() && !r.StartedAt.IsZero() {
 		wait = max(r.StartedAt.Sub(r.SubmittedAt), 0)
 	}
+	k := attemptKey(r)
+	o.mu.Lock()
+	o.active[k] = true
+	o.mu.Unlock()
 	o.m.RunStarted(r.Queue, modelLabel(r.Model), r.Attempt, wait)
+	o.m.RunDeadline(k, r.Deadline)
 }
 
+// RunFinished also comes for runs that never started on this worker (bad
+// requests, give-ups): only a started one leaves the in-flight gauge.
 func (o *metricsObserver) RunFinished(r RunInfo, f bus.RunFinished) {
-	o.m.RunFinished(r.Queue, modelLabel(r.Model), f.Status, f.Reason, time.Duration(f.DurationMs)*time.Millisecond, true)
+	o.m.RunFinished(r.Queue, modelLabel(r.Model), f.Status, f.Reason, time.Duration(f.DurationMs)*time.Millisecond, o.leave(r))
 }
 
-func (o *metricsObserver) RunHandedBack(r RunInfo) { o.m.RunHandedBack(r.Queue) }
-func (o *metricsObserver) Turn(r RunInfo)          { o.m.Turn(modelLabel(r.Model)) }
+func (o *metricsObserver) RunHandedBack(r RunInfo) {
+	if o.leave(r) {
+		o.m.RunHandedBack(r.Queue)
+	}
+}
+func (o *metricsObserver) Turn(r RunInfo) { o.m.Turn(modelLabel(r.Model)) }
 
 func (o *metricsObserver) ModelRequest(r RunInfo, mr ModelRequest) {
 	ttft := mr.TimeToFirstEvent

@@ -88,8 +88,12 @@ func (w *Worker) handle(m jetstream.Msg) {
 }
 
 func (r *run) info() RunInfo {
-	return RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: r.modelRef.String(),
+	i := RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: r.modelRef.String(),
 		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}
+	if r.limits.TimeoutSeconds > 0 {
+		i.Deadline = r.runStart.Add(time.Duration(r.limits.TimeoutSeconds) * time.Second)
+	}
+	return i
 }
 
 func (r *run) execute() {
@@ -408,6 +412,15 @@ func (r *run) start() {
 	}
 	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
 	w.obs.RunStarted(r.info())
+	// Every way out of here tells the observer the run left this worker;
+	// those that neither finish nor hand back (a lost lease, a failed
+	// publish) count as handed back.
+	left := false
+	defer func() {
+		if !left {
+			w.obs.RunHandedBack(r.info())
+		}
+	}()
 	r.log.Debug("run started", "model", r.modelRef.String())
 
 	restored := false
@@ -468,6 +481,7 @@ func (r *run) start() {
 		} else {
 			r.log.Warn("worker stopping: run stopped and handed back")
 			_ = r.msg.Nak()
+			left = true
 			w.obs.RunHandedBack(r.info())
 		}
 		return
@@ -510,6 +524,7 @@ func (r *run) start() {
 	if err := r.msg.DoubleAck(fctx); err != nil {
 		r.log.Warn("ack failed", "err", err)
 	}
+	left = true
 	w.obs.RunFinished(r.info(), fin)
 	r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
 		"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)
