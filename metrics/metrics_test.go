@@ -131,3 +131,30 @@ func TestHandler(t *testing.T) {
 	}
 	srv.CloseClientConnections()
 }
+
+func TestRunsPastDeadline(t *testing.T) {
+	reg, m := newTest(t)
+	value := func() float64 {
+		t.Helper()
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "agentfleet_runs_past_deadline" {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("runs_past_deadline not exported")
+		return 0
+	}
+	m.RunDeadline("r1:1", time.Now().Add(-time.Second))
+	m.RunDeadline("r2:1", time.Now().Add(time.Hour))
+	if got := value(); got != 1 {
+		t.Fatalf("past deadline = %v, want 1", got)
+	}
+	m.RunDeadline("r1:1", time.Time{})
+	if got := value(); got != 0 {
+		t.Fatalf("past deadline after the run left = %v, want 0", got)
+	}
+}

@@ -71,6 +71,9 @@ func TestMetricsFromAFauxRun(t *testing.T) {
 		}},
 	})
 	envs := f.follow(id)
+	// A bad request finishes without starting: it must not move runs_in_flight.
+	bad := f.submit("default", &bus.RunRequest{Prompt: "x", Model: fauxModel(), Tools: []string{"no_such_tool"}})
+	badEnvs := f.follow(bad)
 	stop() // drains: every ack and observer call is done
 
 	g, labels := gather(t, reg)
@@ -86,7 +89,7 @@ func TestMetricsFromAFauxRun(t *testing.T) {
 		"agentfleet_model_request_duration_seconds,model=faux":                             2,
 		"agentfleet_tool_calls_total,outcome=ok,tool=calculator":                           1,
 		"agentfleet_tool_duration_seconds,tool=calculator":                                 1,
-		"agentfleet_events_published_total":                                                float64(len(envs)),
+		"agentfleet_events_published_total":                                                float64(len(envs) + len(badEnvs)),
 	}
 	for key, want := range checks {
 		if got := g.value(t, key); got != want {
