@@ -3,7 +3,6 @@
 package faultsuite
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -580,5 +579,3 @@ func countLines(ps []*proc, substr string) int {
 	}
 	return n
 }
-
-var _ = context.Background
