@@ -62,13 +62,16 @@ type options struct {
 	toolTimeout  time.Duration
 	dataDir      string
 	metricsAddr  string
-	logFormat    string
-	logLevel     string
-	models       string
-	defaultModel string
-	openaiURL    string
-	openaiKey    string
-	workerID     string
+	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
+	// port (a second worker on one machine) falls back to a free port.
+	metricsAddrDefault bool
+	logFormat          string
+	logLevel           string
+	models             string
+	defaultModel       string
+	openaiURL          string
+	openaiKey          string
+	workerID           string
 }
 
 func env(name, def string) string {
@@ -158,6 +161,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (see --help)", fs.Arg(0))
 	}
+	o.metricsAddrDefault = os.Getenv("AGENTS_METRICS_ADDR") == ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "metrics-addr" {
+			o.metricsAddrDefault = false
+		}
+	})
 	// Secrets come from the environment after parsing, so --help never
 	// prints them as defaults.
 	o.conn.FromEnv()
@@ -256,6 +265,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	var metricsAddr string
 	if o.metricsAddr != "" {
 		ln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil && o.metricsAddrDefault {
+			log.Warn("the default metrics address is in use (another worker on this machine?); serving metrics on a free port instead", "wanted", o.metricsAddr)
+			ln, err = net.Listen("tcp", "127.0.0.1:0")
+		}
 		if err != nil {
 			log.Error("cannot serve metrics: --metrics-addr "+o.metricsAddr+" is unavailable (already in use?); pass another address or an empty one to disable", "err", err)
 			return 1

@@ -129,3 +129,55 @@ func TestMetricsAndReadiness(t *testing.T) {
 		t.Errorf("log does not say where metrics are served:\n%s", out.String())
 	}
 }
+
+// A second worker on one machine does not fail on the default metrics port;
+// a port chosen explicitly that is busy is an error.
+func TestBusyMetricsPort(t *testing.T) {
+	t.Setenv("OPENAI_API_KEY", "")
+	t.Setenv("OPENAI_BASE_URL", "")
+	t.Setenv("AGENTS_METRICS_ADDR", "")
+	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	var out syncBuf
+	if code := run(context.Background(), []string{"--nats", srv.URL(), "--metrics-addr", ln.Addr().String()}, &out, nil); code != 1 ||
+		!strings.Contains(out.String(), "cannot serve metrics") {
+		t.Fatalf("explicit busy port: exit %d\n%s", code, out.String())
+	}
+
+	// Make sure the default port is busy (if something else holds it, so much the better).
+	if def, err := net.Listen("tcp", ":9464"); err == nil {
+		defer def.Close()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan started, 1)
+	done := make(chan int, 1)
+	var out2 syncBuf
+	go func() { done <- run(ctx, []string{"--nats", srv.URL()}, &out2, ready) }()
+	select {
+	case st := <-ready:
+		if st.MetricsAddr == "" || strings.HasSuffix(st.MetricsAddr, ":9464") {
+			t.Fatalf("metrics served on %q", st.MetricsAddr)
+		}
+	case code := <-done:
+		t.Fatalf("worker exited %d:\n%s", code, out2.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker not ready")
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out2.String())
+	}
+	if !strings.Contains(out2.String(), "serving metrics on a free port") {
+		t.Errorf("no warning about the busy default port:\n%s", out2.String())
+	}
+}
