@@ -62,6 +62,8 @@ type options struct {
 	toolTimeout  time.Duration
 	dataDir      string
 	metricsAddr  string
+	// Retention of what EnsureStreams creates.
+	eventsMaxAge, controlMaxAge, recordsTTL time.Duration
 	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
 	// port (a second worker on one machine) falls back to a free port.
 	metricsAddrDefault bool
@@ -139,6 +141,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", envInt("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
 	fs.DurationVar(&o.ackWait, "ack-wait", envDuration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
 	fs.IntVar(&o.maxDeliver, "max-deliver", envInt("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
+	fs.DurationVar(&o.eventsMaxAge, "events-max-age", envDuration("AGENTS_EVENTS_MAX_AGE", 7*24*time.Hour), "how long run events are kept (stream AGENTS_EVENTS) [AGENTS_EVENTS_MAX_AGE]")
+	fs.DurationVar(&o.controlMaxAge, "control-max-age", envDuration("AGENTS_CONTROL_MAX_AGE", 7*24*time.Hour), "how long control messages are kept (stream AGENTS_CONTROL) [AGENTS_CONTROL_MAX_AGE]")
+	fs.DurationVar(&o.recordsTTL, "records-ttl", envDuration("AGENTS_RECORDS_TTL", 7*24*time.Hour), "how long run records are kept (bucket agents_runs) [AGENTS_RECORDS_TTL]")
 	fs.IntVar(&o.replicas, "stream-replicas", envInt("AGENTS_STREAM_REPLICAS", 1), "replicas of the streams, consumers and bucket the worker creates (3 on a 3-node cluster) [AGENTS_STREAM_REPLICAS]")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", envDuration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
 	fs.DurationVar(&o.toolTimeout, "tool-timeout", envDuration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
@@ -290,6 +295,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.AckWait = o.ackWait
 	cfg.MaxDeliver = o.maxDeliver
 	cfg.Streams.Replicas = o.replicas
+	cfg.Streams.EventsMaxAge = o.eventsMaxAge
+	cfg.Streams.ControlMaxAge = o.controlMaxAge
+	cfg.Streams.RecordsTTL = o.recordsTTL
 	cfg.DrainTimeout = o.drainTimeout
 	cfg.ToolTimeout = o.toolTimeout
 	cfg.WorkerID = o.workerID
