@@ -383,16 +383,11 @@ func control(ctx context.Context, e *env, args []string, kind string) int {
 	if strings.TrimSpace(text) == "" {
 		return fail(e, usagef("empty %s text", kindName(kind)))
 	}
-	ctx, cancel := interruptible(ctx, e)
-	defer cancel()
-	c, err := cf.connect(ctx, e)
+	ctx, c, _, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {
 		return fail(e, err)
 	}
-	defer c.Close()
-	if _, err := existingRun(ctx, c, id); err != nil {
-		return fail(e, err)
-	}
+	defer release()
 	var seq uint64
 	if kind == bus.KindSteer {
 		seq, err = c.Steer(ctx, id, text)
@@ -411,6 +406,28 @@ func finishedError(err error, kind string) error {
 		return fmt.Errorf("%v: the %s was not sent", err, kindName(kind))
 	}
 	return err
+}
+
+// openRun checks a run id, connects and reads the run's record: how every
+// command on one existing run starts. release undoes what it took; it is
+// nil when the error is not nil.
+func openRun(ctx context.Context, e *env, cf *conn, id string) (context.Context, *bus.Client, *bus.RunRecord, func(), error) {
+	if err := bus.CheckID(id); err != nil {
+		return nil, nil, nil, nil, usagef("%v", err)
+	}
+	ctx, cancel := interruptible(ctx, e)
+	c, err := cf.connect(ctx, e)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, nil, err
+	}
+	release := func() { c.Close(); cancel() }
+	rec, err := existingRun(ctx, c, id)
+	if err != nil {
+		release()
+		return nil, nil, nil, nil, err
+	}
+	return ctx, c, rec, release, nil
 }
 
 // existingRun returns a run's record, or an error saying there is no such
@@ -439,20 +456,11 @@ func cmdAbort(ctx context.Context, e *env, args []string) int {
 		return fail(e, usagef("abort takes one run id"))
 	}
 	id := pos[0]
-	if err := bus.CheckID(id); err != nil {
-		return fail(e, usagef("%v", err))
-	}
-	ctx, cancel := interruptible(ctx, e)
-	defer cancel()
-	c, err := cf.connect(ctx, e)
+	ctx, c, rec, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {
 		return fail(e, err)
 	}
-	defer c.Close()
-	rec, err := existingRun(ctx, c, id)
-	if err != nil {
-		return fail(e, err)
-	}
+	defer release()
 	if _, err := c.Abort(ctx, id, reason); err != nil {
 		return fail(e, finishedError(err, bus.KindAbort))
 	}
@@ -500,20 +508,11 @@ func cmdStatus(ctx context.Context, e *env, args []string) int {
 	if len(pos) != 1 {
 		return fail(e, usagef("status takes one run id"))
 	}
-	if err := bus.CheckID(pos[0]); err != nil {
-		return fail(e, usagef("%v", err))
-	}
-	ctx, cancel := interruptible(ctx, e)
-	defer cancel()
-	c, err := cf.connect(ctx, e)
+	_, _, rec, release, err := openRun(ctx, e, &cf, pos[0])
 	if err != nil {
 		return fail(e, err)
 	}
-	defer c.Close()
-	rec, err := existingRun(ctx, c, pos[0])
-	if err != nil {
-		return fail(e, err)
-	}
+	defer release()
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
@@ -707,20 +706,11 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 		return fail(e, usagef("result takes one run id"))
 	}
 	id := pos[0]
-	if err := bus.CheckID(id); err != nil {
-		return fail(e, usagef("%v", err))
-	}
-	ctx, cancel := interruptible(ctx, e)
-	defer cancel()
-	c, err := cf.connect(ctx, e)
+	ctx, c, rec, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {
 		return fail(e, err)
 	}
-	defer c.Close()
-	rec, err := existingRun(ctx, c, id)
-	if err != nil {
-		return fail(e, err)
-	}
+	defer release()
 	if noWait && !rec.Finished() {
 		return fail(e, fmt.Errorf("run %s is %s", id, rec.State))
 	}
