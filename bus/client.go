@@ -353,9 +353,19 @@ func (s *StreamsConfig) defaults() {
 	}
 }
 
+// keepReplicas never lowers the replicas of an existing stream: a worker
+// started without --stream-replicas must not strip a cluster's redundancy.
+func (c *Client) keepReplicas(ctx context.Context, stream string, want int) int {
+	s, err := c.js.Stream(ctx, stream)
+	if err != nil {
+		return want
+	}
+	return max(want, s.CachedInfo().Config.Replicas)
+}
+
 // EnsureStreams creates or updates AGENTS_RUNS, AGENTS_EVENTS,
 // AGENTS_CONTROL, the durable consumer workers-<queue> of each queue and the
-// KV bucket agents_runs.
+// KV bucket agents_runs. It never lowers the replicas of what exists.
 func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	cfg.defaults()
 	n := c.names
@@ -421,10 +431,12 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Replicas:    cfg.Replicas,
 	}}
 	for _, sc := range streams {
+		sc.Replicas = c.keepReplicas(ctx, sc.Name, sc.Replicas)
 		if _, err := c.js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
 	}
+	runsReplicas := c.keepReplicas(ctx, n.RunsStream(), cfg.Replicas)
 	for _, q := range cfg.Queues {
 		if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(), jetstream.ConsumerConfig{
 			Durable:       n.Consumer(q),
@@ -435,7 +447,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 			AckWait:       cfg.AckWait,
 			MaxDeliver:    cfg.MaxDeliver,
 			MaxAckPending: cfg.MaxAckPending,
-			Replicas:      cfg.Replicas,
+			Replicas:      runsReplicas,
 		}); err != nil {
 			return fmt.Errorf("consumer %s: %w", n.Consumer(q), err)
 		}
@@ -447,7 +459,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckWait:       30 * time.Second,
 		MaxAckPending: 1000,
-		Replicas:      cfg.Replicas,
+		Replicas:      c.keepReplicas(ctx, n.AdvisoriesStream(), cfg.Replicas),
 	}); err != nil {
 		return fmt.Errorf("consumer %s: %w", n.GiveUpConsumer(), err)
 	}
@@ -458,7 +470,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		TTL:          cfg.RecordsTTL,
 		MaxValueSize: 64 << 10,
 		Storage:      cfg.Storage,
-		Replicas:     cfg.Replicas,
+		Replicas:     c.keepReplicas(ctx, "KV_"+n.RecordsBucket(), cfg.Replicas),
 	}); err != nil {
 		return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
 	}

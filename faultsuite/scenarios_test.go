@@ -157,22 +157,22 @@ func TestClusterNodeLoss(t *testing.T) {
 	nc := startNATS(t, dir, 3, "")
 	f := newFleet(t, dir, nc)
 	streams := bus.StreamsConfig{Queues: []string{"default"}, Replicas: 3, AckWait: f.ackWait, MaxDeliver: f.maxDeliver}
+	// R3 streams first; then a worker WITHOUT a replicas setting, which must
+	// not scale them down, and one with it.
+	ctx0, cancel0 := f.ctx(60 * time.Second)
+	err0 := f.c.EnsureStreams(ctx0, streams)
+	cancel0()
+	if err0 != nil {
+		t.Fatalf("EnsureStreams R3: %v", err0)
+	}
+	procs := []*proc{f.startWorker("a1")}
 	if bins.replicasFlag != "" {
 		f.extraArgs = []string{bins.replicasFlag, "3"}
-		t.Logf("worker has %s: workers create R3 streams", bins.replicasFlag)
-	} else {
-		t.Logf("worker --help shows no replicas flag: creating R3 streams from the test before starting workers")
-		ctx, cancel := f.ctx(60 * time.Second)
-		err := f.c.EnsureStreams(ctx, streams)
-		cancel()
-		if err != nil {
-			t.Fatalf("EnsureStreams R3: %v", err)
-		}
 	}
-	procs := []*proc{f.startWorker("a1"), f.startWorker("b1")}
+	procs = append(procs, f.startWorker("b1"))
 	if bad := replicaCounts(t, f); len(bad) > 0 {
-		t.Errorf("FAIL: after the workers started, these are not R3: %s. A worker without a replicas setting scales existing R3 "+
-			"streams down (EnsureStreams updates them with Replicas 1); restoring R3 from the test to go on", strings.Join(bad, ", "))
+		t.Errorf("FAIL: after the workers started, these are not R3: %s. A worker without a replicas setting scaled existing R3 "+
+			"streams down; restoring R3 from the test to go on", strings.Join(bad, ", "))
 		ctx, cancel := f.ctx(60 * time.Second)
 		err := f.c.EnsureStreams(ctx, streams)
 		cancel()

@@ -55,6 +55,9 @@ type Config struct {
 	ToolTimeout time.Duration
 	// MaxToolResultBytes caps a tool result's text; default 64 KiB.
 	MaxToolResultBytes int
+	// MaxToolArgsBytes caps a tool call's arguments (as JSON): a larger
+	// call fails with an error result and is not executed; default 64 KiB.
+	MaxToolArgsBytes int
 	// Tools are offered to runs besides the built-ins (calculator,
 	// current_time, sleep); a tool of the same name replaces a built-in.
 	Tools []*agent.Tool
@@ -177,6 +180,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxToolResultBytes <= 0 {
 		c.MaxToolResultBytes = 64 << 10
+	}
+	if c.MaxToolArgsBytes <= 0 {
+		c.MaxToolArgsBytes = 64 << 10
 	}
 	if c.DefaultModel == "" {
 		c.DefaultModel = "faux/demo"

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -74,9 +75,21 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 	name := t.Name
 	timeout := w.cfg.ToolTimeout
 	maxBytes := w.cfg.MaxToolResultBytes
+	maxArgs := w.cfg.MaxToolArgsBytes
+	prepare := t.PrepareArguments
 	return &agent.Tool{
 		Name: t.Name, Label: t.Label, Description: t.Description, Parameters: t.Parameters,
-		ExecutionMode: t.ExecutionMode, PrepareArguments: t.PrepareArguments,
+		ExecutionMode: t.ExecutionMode,
+		// Oversized arguments fail the call before validation and execution.
+		PrepareArguments: func(args map[string]any) (map[string]any, error) {
+			if raw, err := json.Marshal(args); err == nil && len(raw) > maxArgs {
+				return nil, fmt.Errorf("the arguments of tool %s are %d bytes, the limit is %d", name, len(raw), maxArgs)
+			}
+			if prepare != nil {
+				return prepare(args)
+			}
+			return args, nil
+		},
 		Execute: func(ctx context.Context, id string, args map[string]any, update agent.UpdateFunc) (agent.ToolResult, error) {
 			if inner == nil {
 				return agent.ToolResult{}, fmt.Errorf("tool %s has no implementation", name)

@@ -768,3 +768,43 @@ func TestPublishWindowBackPressure(t *testing.T) {
 	}
 	t.Logf("window 1: %d events, the listener waited %d times", len(envs), o.waits)
 }
+
+// Tool arguments and results are capped: oversized arguments fail the call
+// without running the tool; a long result is cut and says so.
+func TestToolSizeCaps(t *testing.T) {
+	f := newFleet(t)
+	ran := make(chan string, 10)
+	echo := agent.NewTool("echo", "returns its text", func(_ context.Context, a struct {
+		Text string `json:"text"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		ran <- a.Text
+		return agent.TextResult(strings.Repeat(a.Text, 100)), nil
+	})
+	f.startWorker(worker.Config{Tools: []*agent.Tool{echo}, MaxToolArgsBytes: 200, MaxToolResultBytes: 500})
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+			toolCall("big", "echo", map[string]any{"text": strings.Repeat("x", 300)}),
+			toolCall("small", "echo", map[string]any{"text": "0123456789"}),
+			textResp("done"),
+		}}})
+	envs := f.follow(id)
+	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+	tr := transcriptOf(t, envs)
+	big, small := tr.Messages[2], tr.Messages[4]
+	if !big.IsError || !strings.Contains(big.TextOf(), "the limit is 200") {
+		t.Fatalf("oversized arguments: %+v", big)
+	}
+	if small.IsError || !strings.Contains(small.TextOf(), "[tool result truncated: 1000 bytes, the limit is 500]") {
+		t.Fatalf("long result: %q", small.TextOf())
+	}
+	close(ran)
+	var executed []string
+	for s := range ran {
+		executed = append(executed, s)
+	}
+	if len(executed) != 1 || executed[0] != "0123456789" {
+		t.Fatalf("tool ran with %q; the oversized call must not run", executed)
+	}
+}

@@ -64,6 +64,7 @@ type options struct {
 	metricsAddr  string
 	// Retention of what EnsureStreams creates.
 	eventsMaxAge, controlMaxAge, recordsTTL time.Duration
+	maxToolArgs, maxToolResult              int
 	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
 	// port (a second worker on one machine) falls back to a free port.
 	metricsAddrDefault bool
@@ -141,6 +142,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", envInt("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
 	fs.DurationVar(&o.ackWait, "ack-wait", envDuration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
 	fs.IntVar(&o.maxDeliver, "max-deliver", envInt("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
+	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", envInt("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
+	fs.IntVar(&o.maxToolResult, "max-tool-result-bytes", envInt("AGENTS_MAX_TOOL_RESULT_BYTES", 64<<10), "tool results are cut to this many bytes [AGENTS_MAX_TOOL_RESULT_BYTES]")
 	fs.DurationVar(&o.eventsMaxAge, "events-max-age", envDuration("AGENTS_EVENTS_MAX_AGE", 7*24*time.Hour), "how long run events are kept (stream AGENTS_EVENTS) [AGENTS_EVENTS_MAX_AGE]")
 	fs.DurationVar(&o.controlMaxAge, "control-max-age", envDuration("AGENTS_CONTROL_MAX_AGE", 7*24*time.Hour), "how long control messages are kept (stream AGENTS_CONTROL) [AGENTS_CONTROL_MAX_AGE]")
 	fs.DurationVar(&o.recordsTTL, "records-ttl", envDuration("AGENTS_RECORDS_TTL", 7*24*time.Hour), "how long run records are kept (bucket agents_runs) [AGENTS_RECORDS_TTL]")
@@ -300,6 +303,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.Streams.RecordsTTL = o.recordsTTL
 	cfg.DrainTimeout = o.drainTimeout
 	cfg.ToolTimeout = o.toolTimeout
+	cfg.MaxToolArgsBytes = o.maxToolArgs
+	cfg.MaxToolResultBytes = o.maxToolResult
 	cfg.WorkerID = o.workerID
 	cfg.Logger = log
 	w, err := worker.New(cfg)
