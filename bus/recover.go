@@ -66,6 +66,12 @@ func Recover(envs []*Envelope, now int64) *Recovery {
 	for _, e := range kept {
 		_ = t.Apply(e)
 	}
+	if t.Attempt > 1 && t.Resumed == nil && len(t.Messages) == 0 {
+		// The newest attempt died before run_resumed: it decided nothing,
+		// so the view of the attempts before it is what there is.
+		t.Messages = append([]agent.Message(nil), t.prev...)
+		t.meta = append([]msgMeta(nil), t.prevMeta...)
+	}
 	rec := &Recovery{Attempt: t.Attempt, Finished: t.Finished, LastSeq: t.LastSeq, Partial: t.streaming}
 	msgs := t.Messages
 	n := len(msgs)

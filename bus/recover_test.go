@@ -144,6 +144,17 @@ func TestRecover(t *testing.T) {
 		},
 		want: "user:q | calls:a | result:a=" + InterruptedToolResult + " | assistant:answer/stop",
 	}, {
+		name: "an attempt that died before run_resumed does not wipe what earlier attempts did",
+		build: func(b *recEnv) {
+			b.add(1, 1, started(1))
+			b.add(1, 2, msgEnd(agent.UserText("q")))
+			b.add(1, 3, msgEnd(assistantCalls("a")))
+			b.add(1, 4, msgEnd(toolResult("a", "1", false)))
+			b.add(2, 1, started(2)) // killed while reading the events
+			b.add(3, 1, started(3)) // and again
+		},
+		want: "user:q | calls:a | result:a=1",
+	}, {
 		name: "events re-sent out of order within an attempt are taken in seq order, duplicates once",
 		build: func(b *recEnv) {
 			b.add(1, 1, started(1))

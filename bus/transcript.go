@@ -51,8 +51,12 @@ func (t *Transcript) Apply(env *Envelope) error {
 		t.Run = env.Run
 	}
 	if env.Attempt > t.Attempt {
-		// A new attempt starts over unless run_resumed says otherwise.
-		t.prev, t.prevMeta = t.Messages, t.meta
+		// A new attempt starts over unless run_resumed says otherwise. An
+		// attempt > 1 that never published run_resumed died before it
+		// decided anything: what it would have restored stays the base.
+		if t.Attempt <= 1 || t.Resumed != nil {
+			t.prev, t.prevMeta = t.Messages, t.meta
+		}
 		t.Messages, t.meta = nil, nil
 		t.Attempt = env.Attempt
 		t.streaming = false

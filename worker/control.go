@@ -26,7 +26,11 @@ type controls struct {
 
 	mu     sync.Mutex
 	closed bool
-	last   map[string]uint64 // highest sequence taken, per kind
+	// started: the pickup catch-up ran. Live messages wait for it, so a
+	// resumed attempt knows what earlier attempts delivered (skip) before
+	// it takes anything; the catch-up reads whatever came meanwhile.
+	started bool
+	last    map[string]uint64 // highest sequence taken, per kind
 	max    uint64            // highest sequence taken
 	queued []queuedControl   // handed to the agent, not yet in the transcript
 	// delivered are control sequences an earlier attempt put into the
@@ -62,6 +66,9 @@ func (c *controls) live(kind string, m *nats.Msg) {
 		c.r.log.Debug("control message for a finishing run ignored", "kind", kind, "controlSeq", seq)
 		return
 	}
+	if !c.started {
+		return // the pickup catch-up will read it from the stream
+	}
 	if seq <= c.last[kind] {
 		return // already taken through the catch-up read
 	}
@@ -78,6 +85,7 @@ func (c *controls) catchUp(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
+		c.started = true
 		c.catchUpLocked(ctx)
 	}
 }

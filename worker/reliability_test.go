@@ -486,3 +486,28 @@ func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 		t.Fatalf("after the restart: %+v %q", fin, tr.FinalText())
 	}
 }
+
+// A run whose deadline passed while it waited for redelivery is finished
+// failed/timeout by the next attempt, not handed back until it gives up.
+func TestRedeliveredAfterDeadlineTimesOut(t *testing.T) {
+	f := newFleet(t)
+	g := newCancelGate()
+	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond}
+	kill := f.killable(cfg)
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Limits: &bus.Limits{TimeoutSeconds: 1},
+		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+			toolCall("c1", "gate", map[string]any{"name": "x"}),
+			textResp("done"),
+		}}})
+	waitFor(t, g.started, "gate x")
+	kill()
+	waitFor(t, g.cancelled, "gate x cancelled")
+	// The redelivery comes after AckWait (1 s), past the run's 1 s budget.
+	f.startWorker(cfg)
+	envs := f.follow(id)
+	tr := transcriptOf(t, envs)
+	if fin := tr.Finished; fin == nil || fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTimeout || tr.Attempt != 2 {
+		t.Fatalf("run_finished %+v attempt %d\n%s", tr.Finished, tr.Attempt, dump(envs))
+	}
+}

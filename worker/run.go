@@ -426,7 +426,10 @@ func (r *run) start() {
 	restored := false
 	if r.attempt > 1 {
 		var err error
-		restored, err = r.resume(tctx)
+		// Resume even when the run was aborted or its deadline passed
+		// meanwhile: the outcome below then says so, instead of the
+		// attempt being handed back (and redelivered until it gives up).
+		restored, err = r.resume(context.WithoutCancel(tctx))
 		if errors.Is(err, errAlreadyFinished) {
 			stopHeartbeat()
 			_ = r.pub.flush(fctx)
