@@ -31,8 +31,8 @@ type controls struct {
 	// it takes anything; the catch-up reads whatever came meanwhile.
 	started bool
 	last    map[string]uint64 // highest sequence taken, per kind
-	max    uint64            // highest sequence taken
-	queued []queuedControl   // handed to the agent, not yet in the transcript
+	max     uint64            // highest sequence taken
+	queued  []queuedControl   // handed to the agent, not yet in the transcript
 	// delivered are control sequences an earlier attempt put into the
 	// transcript (restored by resume): taken, not delivered again.
 	delivered map[uint64]bool
