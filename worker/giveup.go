@@ -175,12 +175,19 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		}
 	}
 	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
-	restored := 0
-	if seq, err := r.pub.startedAt(ctx); err == nil {
-		if envs, err := r.w.c.ReadEvents(ctx, r.id, seq); err == nil {
-			restored = len(bus.Recover(envs, time.Now().UnixMilli()).Messages)
-		}
+	// Readers restore messagesRestored messages: an unreadable history is
+	// an error to retry (the advisory is handled again), not an empty one.
+	seq, err := r.pub.startedAt(ctx)
+	if err != nil {
+		_ = r.pub.flush(ctx)
+		return fmt.Errorf("give-up: run_started not stored: %w", err)
 	}
+	envs, err := r.w.c.ReadEvents(ctx, r.id, seq)
+	if err != nil {
+		_ = r.pub.flush(ctx)
+		return fmt.Errorf("give-up: reading the run's events: %w", err)
+	}
+	restored := len(bus.Recover(envs, time.Now().UnixMilli()).Messages)
 	_, _ = r.pub.fleetEvent(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: restored})
 	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
 		deliveries, r.w.names.Dead(r.queue, r.id))

@@ -123,6 +123,13 @@ func (r *run) execute() {
 	if err == nil {
 		err = r.plan(ctx)
 	}
+	if err != nil && !bus.IsBadRequest(err) {
+		// NATS trouble while planning (loading continueFrom's run): not the
+		// request's fault, so try again later instead of failing it.
+		r.log.Warn("cannot prepare the run; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return
+	}
 	if err != nil {
 		r.badRequest(err)
 		return
@@ -316,8 +323,11 @@ func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error)
 	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	t, err := r.w.c.LoadTranscript(lctx, id)
-	if err != nil || !t.Done() {
-		return nil, bus.BadRequest("continueFrom: cannot load the events of run %s: %v", id, err)
+	if err != nil {
+		return nil, fmt.Errorf("continueFrom: loading the events of run %s: %w", id, err)
+	}
+	if !t.Done() {
+		return nil, bus.BadRequest("continueFrom: the events of run %s do not end with run_finished", id)
 	}
 	return t.Messages, nil
 }
@@ -340,7 +350,10 @@ func (r *run) badRequest(err error) {
 	// finished run or a newer attempt), then the events.
 	switch o, cur, err := r.takeLease(fctx, r.prev, rec); {
 	case err != nil:
-		r.log.Warn("bad request: record not written", "err", err)
+		// Without its record the run would look unknown: try again later.
+		r.log.Warn("bad request: record not written; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return
 	case o != leaseTaken:
 		r.settle(o, cur)
 		return

@@ -553,6 +553,9 @@ func writeRecord(e *env, st style, r *bus.RunRecord) {
 	if r.Reason != "" {
 		state += " (" + r.Reason + ")"
 	}
+	if r.Stale {
+		state += " " + st.red("(stale: no heartbeat since "+ago(time.Since(r.HeartbeatAt))+"; its worker may be gone)")
+	}
 	row("state", state)
 	row("queue", r.Queue)
 	row("model", r.Model)
@@ -595,7 +598,7 @@ func ago(d time.Duration) string {
 	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
 }
 
-var listStates = []string{bus.StateQueued, bus.StateRunning, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted}
+var listStates = []string{bus.StateQueued, bus.StateRunning, bus.StateStale, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted}
 
 func cmdList(ctx context.Context, e *env, args []string) int {
 	fs := newFlagSet(e, "list", "submit list [--state S] [--queue Q] [--limit N] [--json]")
@@ -658,6 +661,9 @@ func writeList(e *env, recs []bus.RunRecord) {
 		state := r.State
 		if r.Reason != "" && r.State == bus.StatusFailed {
 			state += "/" + r.Reason
+		}
+		if r.Stale {
+			state += " (stale)"
 		}
 		submitted := "-"
 		if t := r.SubmittedAt; !t.IsZero() {

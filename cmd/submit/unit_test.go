@@ -297,3 +297,22 @@ func TestInProcess(t *testing.T) {
 	pw.Close()
 	expect(t, clean(view.String()), "type a line to steer", "→ abort sent", "■ aborted")
 }
+
+// A running record whose worker stopped heartbeating is shown as stale.
+func TestStaleRecordShown(t *testing.T) {
+	rec := bus.RunRecord{ID: "r1", State: bus.StateRunning, Queue: "default", Stale: true,
+		HeartbeatAt: time.Now().Add(-10 * time.Minute), StartedAt: time.Now().Add(-11 * time.Minute)}
+	e, out, _ := testEnv("")
+	writeList(e, []bus.RunRecord{rec})
+	if !strings.Contains(out.String(), "running (stale)") {
+		t.Fatalf("list:\n%s", out.String())
+	}
+	e, out, _ = testEnv("")
+	writeRecord(e, style{}, &rec)
+	if !strings.Contains(out.String(), "stale: no heartbeat since 10m") {
+		t.Fatalf("status:\n%s", out.String())
+	}
+	if !contains(listStates, bus.StateStale) {
+		t.Fatal("--state stale is refused")
+	}
+}
