@@ -116,6 +116,18 @@ func (c *controls) catchUpLocked(ctx context.Context) {
 	}
 }
 
+// refresh reads control messages whose live copy was lost (the republish
+// is plain NATS: a reconnect can drop one), so a lone abort waits at most a
+// heartbeat, not until the run goes idle. Nothing before the pickup
+// catch-up.
+func (c *controls) refresh(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed && c.started {
+		c.catchUpLocked(ctx)
+	}
+}
+
 // skip marks control sequences as delivered by an earlier attempt.
 func (c *controls) skip(seqs []uint64) {
 	c.mu.Lock()

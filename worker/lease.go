@@ -189,8 +189,9 @@ func (r *run) leaseIsLost() bool {
 	return r.lost
 }
 
-// heartbeatLoop keeps the request owned (InProgress resets its AckWait)
-// and renews the lease, every HeartbeatInterval, until stop is closed.
+// heartbeatLoop keeps the request owned (InProgress resets its AckWait),
+// renews the lease and reads control messages whose live copy was lost,
+// every HeartbeatInterval, until stop is closed.
 func (r *run) heartbeatLoop(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(r.w.cfg.HeartbeatInterval)
@@ -205,6 +206,7 @@ func (r *run) heartbeatLoop(stop <-chan struct{}, done chan<- struct{}) {
 				r.log.Warn("heartbeat failed", "err", err)
 			}
 			r.renew()
+			r.ctl.refresh(r.w.hardCtx)
 		case <-stop:
 			return
 		}
