@@ -66,7 +66,8 @@ type publisher struct {
 	first  chan struct{} // closed when seq 1 is acked
 
 	mu          sync.Mutex
-	queue       []*outgoing // unacknowledged, in seq order
+	queue       []*outgoing     // unacknowledged, in seq order
+	drained     []chan struct{} // sync waiters: closed when queue empties or a publish fails
 	seq         uint64
 	holding     bool // do not send: disconnected, or re-sending
 	closed      bool
@@ -182,6 +183,9 @@ func (p *publisher) acked(o *outgoing, ack *jetstream.PubAck) {
 		p.firstStream = ack.Sequence
 		close(p.first)
 	}
+	if len(p.queue) == 0 {
+		p.releaseSyncLocked()
+	}
 	p.mu.Unlock()
 	<-p.window
 	if !ack.Duplicate {
@@ -249,6 +253,7 @@ func (p *publisher) dropLocked() {
 	}
 	clear(p.queue)
 	p.queue = p.queue[:0]
+	p.releaseSyncLocked()
 }
 
 func (p *publisher) fail(err error) {
@@ -257,6 +262,7 @@ func (p *publisher) fail(err error) {
 	if first {
 		p.err = err
 	}
+	p.releaseSyncLocked()
 	p.mu.Unlock()
 	p.wake()
 	if first && !errors.Is(err, errLeaseLost) {
@@ -367,11 +373,14 @@ func (p *publisher) startedAt(ctx context.Context) (uint64, error) {
 
 // sync waits until every event published so far is stored.
 func (p *publisher) sync(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
 	for {
 		p.mu.Lock()
 		n, err := len(p.queue), p.err
+		var ch chan struct{}
+		if err == nil && n > 0 {
+			ch = make(chan struct{})
+			p.drained = append(p.drained, ch)
+		}
 		p.mu.Unlock()
 		if err != nil {
 			return err
@@ -380,11 +389,19 @@ func (p *publisher) sync(ctx context.Context) error {
 			return nil
 		}
 		select {
-		case <-t.C:
+		case <-ch:
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for event acks: %w", ctx.Err())
 		}
 	}
+}
+
+// releaseSyncLocked wakes the sync waiters. Caller holds mu.
+func (p *publisher) releaseSyncLocked() {
+	for _, ch := range p.drained {
+		close(ch)
+	}
+	p.drained = nil
 }
 
 // flush waits until every publish is acked (or ctx is done) and closes
