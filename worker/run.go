@@ -182,6 +182,13 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 		att := max(t.Attempt, 1)
 		p := newPublisher(r.w, r.id, att, nil)
 		p.seq = t.LastSeq
+		if t.Attempt == 0 {
+			// No event at all (the record is written first): run_started
+			// still comes first.
+			started := r.runStarted()
+			started.Attempt = att
+			_, _ = p.fleetEvent(bus.EventRunStarted, started)
+		}
 		fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
 			Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns}
 		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
