@@ -801,9 +801,15 @@ func (c *Client) record(ctx context.Context, runID string) (*RunRecord, error) {
 	if err != nil {
 		return nil, err
 	}
+	return DecodeRecord(e)
+}
+
+// DecodeRecord decodes a run record from its KV entry, with its revision
+// (the lease's compare-and-set token).
+func DecodeRecord(e jetstream.KeyValueEntry) (*RunRecord, error) {
 	var r RunRecord
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return nil, fmt.Errorf("record %s: %w", runID, err)
+		return nil, fmt.Errorf("record %s: %w", e.Key(), err)
 	}
 	r.Revision = e.Revision()
 	return &r, nil

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"iter"
 	"regexp"
 	"strings"
@@ -84,5 +83,3 @@ func hasTool(tools []*agent.Tool, name string) bool {
 	}
 	return false
 }
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

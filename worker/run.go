@@ -218,19 +218,30 @@ func (r *run) reusedID(rec *bus.RunRecord) {
 	seq := r.reqSeq
 	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
 	r.pub.msgID = func(s uint64) string { return fmt.Sprintf("%s:req%d:%d", r.id, seq, s) }
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
-	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
-		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
-	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 30*time.Second)
 	defer cancel()
-	if err := r.pub.flush(fctx); err != nil {
+	r.rejectWithEvents(fctx, r.runStarted(), r.badRequestFinished(text), "bad_request: run id already used by a finished run")
+}
+
+// badRequestFinished is the run_finished of a bad request.
+func (r *run) badRequestFinished(text string) bus.RunFinished {
+	return bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
+		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
+}
+
+// rejectWithEvents publishes run_started and run_finished on r.pub, waits
+// until they are stored, and terminates the request (handing it back if
+// the events could not be stored).
+func (r *run) rejectWithEvents(ctx context.Context, started bus.RunStarted, fin bus.RunFinished, termReason string) {
+	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
+	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
+	if err := r.pub.flush(ctx); err != nil {
 		r.log.Error("bad request: events not stored; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(time.Second)
 		return
 	}
 	r.w.obs.RunFinished(r.info(), fin)
-	_ = r.msg.TermWithReason("bad_request: run id already used by a finished run")
+	_ = r.msg.TermWithReason(termReason)
 }
 
 // plan resolves the request against the worker: model, provider, tools,
@@ -347,8 +358,7 @@ func (r *run) badRequest(err error) {
 		started.Model = r.req.Model
 		started.Tools = append([]string{}, r.req.Tools...)
 	}
-	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
-		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
+	fin := r.badRequestFinished(text)
 	rec := r.record(bus.StatusFailed)
 	rec.Reason, rec.Error, rec.FinishedAt = bus.ReasonBadRequest, text, time.Now()
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 30*time.Second)
@@ -366,15 +376,7 @@ func (r *run) badRequest(err error) {
 		return
 	}
 	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
-	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
-	if err := r.pub.flush(fctx); err != nil {
-		r.log.Error("bad request: events not stored; handing the request back", "err", err)
-		_ = r.msg.NakWithDelay(time.Second)
-		return
-	}
-	r.w.obs.RunFinished(r.info(), fin)
-	_ = r.msg.TermWithReason("bad_request: " + clipString(text, 200))
+	r.rejectWithEvents(fctx, started, fin, "bad_request: "+clipString(text, 200))
 }
 
 func (r *run) runStarted() bus.RunStarted {
@@ -790,12 +792,7 @@ func (w *Worker) getRecord(ctx context.Context, id string) (*bus.RunRecord, erro
 	if err != nil {
 		return nil, err
 	}
-	var rec bus.RunRecord
-	if err := jsonUnmarshal(e.Value(), &rec); err != nil {
-		return nil, fmt.Errorf("record %s: %w", id, err)
-	}
-	rec.Revision = e.Revision()
-	return &rec, nil
+	return bus.DecodeRecord(e)
 }
 
 func clipString(s string, n int) string {
