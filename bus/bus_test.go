@@ -241,21 +241,7 @@ func TestNewAgentEventWireForm(t *testing.T) {
 }
 
 func TestEmbeddedServerAndClient(t *testing.T) {
-	srv, err := StartServer(ServerOptions{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, c := embeddedClient(t)
 	// Idempotent.
 	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
 		t.Fatal(err)
@@ -302,7 +288,7 @@ func TestEmbeddedServerAndClient(t *testing.T) {
 		t.Fatal("no control seq")
 	}
 	// A second server on the same port is refused clearly.
-	u := srv.URL()
+	u := c.Conn().ConnectedUrl()
 	port := u[strings.LastIndex(u, ":")+1:]
 	var p int
 	for _, ch := range port {
@@ -317,21 +303,7 @@ func TestEmbeddedServerAndClient(t *testing.T) {
 }
 
 func TestFollowGapsAndStaleAttempts(t *testing.T) {
-	srv, err := StartServer(ServerOptions{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, c := embeddedClient(t)
 	pub := func(attempt int, seq uint64, ev any) {
 		b, _ := json.Marshal(ev)
 		if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), AppendEnvelope(nil, "r", seq, attempt, "w", 1, 0, b)); err != nil {
@@ -362,4 +334,26 @@ func TestFollowGapsAndStaleAttempts(t *testing.T) {
 	if strings.Join(got, " ") != want || gaps != 1 {
 		t.Fatalf("got %v (%d gaps), want %s", got, gaps, want)
 	}
+}
+
+// embeddedClient starts an embedded server and returns a connected client
+// with the streams in place; both end with the test.
+func embeddedClient(t *testing.T) (context.Context, *Client) {
+	t.Helper()
+	srv, err := StartServer(ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, c
 }

@@ -91,6 +91,22 @@ func (f *fleet) startWorker(cfg worker.Config) (stop func()) {
 	return stop
 }
 
+// runWorker runs w until the test ends (then stops it and checks Run's
+// error), and returns once it is ready.
+func runWorker(t *testing.T, w *worker.Worker) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	<-w.Ready()
+}
+
 func (f *fleet) ctx() context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	f.t.Cleanup(cancel)

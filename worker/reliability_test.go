@@ -451,16 +451,7 @@ func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, wcancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() {
-		wcancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	<-w.Ready()
+	runWorker(t, w)
 	text := strings.Repeat("word ", 60)
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
 		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{textResp(text)}, TokenSize: 1, TokensPerSecond: 40}})
