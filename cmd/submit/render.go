@@ -221,15 +221,8 @@ func (r *renderer) streamEvent(se *agent.StreamEvent) {
 		r.write(sanitize(se.Delta))
 	case agent.StreamThinkingStart:
 		r.closeBlock()
-		if r.hideThinking {
-			return
-		}
-		r.newline()
-		r.block = "thinking"
-		if r.st.on {
-			_, _ = io.WriteString(r.w, "\x1b[2m")
-		} else {
-			r.write("[thinking] ")
+		if !r.hideThinking {
+			r.openThinking()
 		}
 	case agent.StreamThinkingDelta:
 		if r.hideThinking {
@@ -237,13 +230,7 @@ func (r *renderer) streamEvent(se *agent.StreamEvent) {
 		}
 		if r.block != "thinking" {
 			r.closeBlock()
-			r.newline()
-			r.block = "thinking"
-			if r.st.on {
-				_, _ = io.WriteString(r.w, "\x1b[2m")
-			} else {
-				r.write("[thinking] ")
-			}
+			r.openThinking()
 		}
 		r.write(sanitize(se.Delta))
 	case agent.StreamTextEnd, agent.StreamThinkingEnd:
@@ -433,4 +420,15 @@ func stripANSI(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// openThinking starts a thinking block: dimmed on a terminal, marked when plain.
+func (r *renderer) openThinking() {
+	r.newline()
+	r.block = "thinking"
+	if r.st.on {
+		_, _ = io.WriteString(r.w, "\x1b[2m")
+	} else {
+		r.write("[thinking] ")
+	}
 }
