@@ -271,38 +271,32 @@ func fqName(m *Metrics, name string) string {
 	return full
 }
 
-func counter(reg prometheus.Registerer, m *Metrics, name, help string) prometheus.Counter {
-	c := prometheus.NewCounter(prometheus.CounterOpts{Name: fqName(m, name), Help: help})
+// register registers c on reg and returns it.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	reg.MustRegister(c)
 	return c
+}
+
+func counter(reg prometheus.Registerer, m *Metrics, name, help string) prometheus.Counter {
+	return register(reg, prometheus.NewCounter(prometheus.CounterOpts{Name: fqName(m, name), Help: help}))
 }
 
 func counterVec(reg prometheus.Registerer, m *Metrics, name, help string, labels ...string) *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: fqName(m, name), Help: help}, labels)
-	reg.MustRegister(c)
-	return c
+	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: fqName(m, name), Help: help}, labels))
 }
 
 func gauge(reg prometheus.Registerer, m *Metrics, name, help string) prometheus.Gauge {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: fqName(m, name), Help: help})
-	reg.MustRegister(g)
-	return g
+	return register(reg, prometheus.NewGauge(prometheus.GaugeOpts{Name: fqName(m, name), Help: help}))
 }
 
 func gaugeVec(reg prometheus.Registerer, m *Metrics, name, help string, labels ...string) *prometheus.GaugeVec {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: fqName(m, name), Help: help}, labels)
-	reg.MustRegister(g)
-	return g
+	return register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: fqName(m, name), Help: help}, labels))
 }
 
 func histogram(reg prometheus.Registerer, m *Metrics, name, help string, buckets []float64) prometheus.Histogram {
-	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: fqName(m, name), Help: help, Buckets: buckets})
-	reg.MustRegister(h)
-	return h
+	return register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{Name: fqName(m, name), Help: help, Buckets: buckets}))
 }
 
 func histogramVec(reg prometheus.Registerer, m *Metrics, name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
-	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: fqName(m, name), Help: help, Buckets: buckets}, labels)
-	reg.MustRegister(h)
-	return h
+	return register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: fqName(m, name), Help: help, Buckets: buckets}, labels))
 }
