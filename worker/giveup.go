@@ -57,9 +57,20 @@ func (w *Worker) startGiveUp(ctx context.Context) (stop func()) {
 		w.log.Warn("give-up disabled: no advisories consumer (create the streams with EnsureStreams)", "err", err)
 		return func() {}
 	}
+	// wg counts give-ups in progress; once stopping, none starts (so Add
+	// never races with Wait).
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stopping := false
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		mu.Lock()
+		if stopping {
+			mu.Unlock()
+			_ = m.Nak()
+			return
+		}
 		wg.Add(1)
+		mu.Unlock()
 		defer wg.Done()
 		w.onAdvisory(m)
 	}, jetstream.PullMaxMessages(4), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -72,6 +83,9 @@ func (w *Worker) startGiveUp(ctx context.Context) (stop func()) {
 		return func() {}
 	}
 	return func() {
+		mu.Lock()
+		stopping = true
+		mu.Unlock()
 		cc.Stop()
 		<-cc.Closed()
 		wg.Wait()
