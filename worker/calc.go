@@ -199,3 +199,18 @@ func (p *calcParser) primary() (float64, error) {
 	}
 	return 0, fmt.Errorf("unexpected %q at position %d", c, p.i+1)
 }
+
+// FormatNumber prints a calculator result for people and models to read:
+// an integral value below 2^53 as its digits, anything else rounded to 15
+// significant digits (what a float64 holds reliably), without an exponent
+// for 1e-6 <= |v| < 1e21 and trailing zeros trimmed, as JavaScript does.
+func FormatNumber(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1<<53 {
+		return strconv.FormatInt(int64(v), 10)
+	}
+	r, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 15, 64), 64)
+	if a := math.Abs(r); a >= 1e-6 && a < 1e21 {
+		return strconv.FormatFloat(r, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(r, 'e', -1, 64)
+}

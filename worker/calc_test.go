@@ -56,3 +56,47 @@ func TestCalculate(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatNumber(t *testing.T) {
+	cases := map[float64]string{
+		1234 * 5678:         "7006652",
+		-7006652:            "-7006652",
+		0:                   "0",
+		1 << 52:             "4503599627370496",
+		1.0 / 3:             "0.333333333333333",
+		123456.789:          "123456.789",
+		2.5:                 "2.5",
+		-0.1 + 0.3:          "0.2",
+		1.5e-7:              "1.5e-07",
+		1e21:                "1e+21",
+		1e-6:                "0.000001",
+		1e20 + 1<<20:        "100000000000001000000",
+		9007199254740993e10: "9.00719925474099e+25",
+		-2.5e-9:             "-2.5e-09",
+	}
+	for v, want := range cases {
+		if got := worker.FormatNumber(v); got != want {
+			t.Errorf("FormatNumber(%v) = %q, want %q", v, got, want)
+		}
+	}
+	for _, expr := range []string{"(-1)^0.5", "10^400", "-(10^400)"} {
+		if _, err := worker.Calculate(expr); err == nil || !strings.Contains(err.Error(), "not a finite number") {
+			t.Errorf("%s: %v, want a not-a-finite-number error", expr, err)
+		}
+	}
+}
+
+// The calculator tool is what the model and the user read.
+func TestCalculatorToolPrintsDigits(t *testing.T) {
+	for _, tool := range worker.BuiltinTools() {
+		if tool.Name != "calculator" {
+			continue
+		}
+		res, err := tool.Execute(t.Context(), "c1", map[string]any{"expression": "1234*5678"}, nil)
+		if err != nil || len(res.Content) != 1 || res.Content[0].Text != "7006652" {
+			t.Fatalf("calculator(1234*5678) = %+v, %v; want 7006652", res.Content, err)
+		}
+		return
+	}
+	t.Fatal("no calculator tool")
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -34,7 +33,7 @@ func BuiltinTools() []*agent.Tool {
 			if err != nil {
 				return agent.ToolResult{}, fmt.Errorf("cannot evaluate %q: %w", a.Expression, err)
 			}
-			return agent.TextResult(strconv.FormatFloat(v, 'g', -1, 64)), nil
+			return agent.TextResult(FormatNumber(v)), nil
 		})
 	now := agent.NewTool("current_time", "Return the current date and time (RFC 3339) in a time zone (default UTC).",
 		func(_ context.Context, a timeArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
