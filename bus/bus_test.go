@@ -97,7 +97,7 @@ func TestDecodeRunRequest(t *testing.T) {
 		`{"model":{"id":"x"},"prompt":"a"}`:  "provider",
 		`{"prompt":"a","thinkingLevel":"x"}`: "thinkingLevel",
 		`{"prompt":"a","steeringMode":"x"}`:  "steeringMode",
-		`{"prompt":"a","tools":["t","t"]}`:   "listed twice",
+		`{"prompt":"a","tools":["t","t"]}`:   "listed more than once",
 		`{"prompt":"a","limits":{"timeoutSeconds":-1}}`:                       "timeoutSeconds",
 		`{"prompt":"a","temperature":3}`:                                      "temperature",
 		`{"prompt":"a","continueFrom":"r"}`:                                   "names the run itself",

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -34,6 +36,18 @@ const (
 	MaxTurnsLimit        = 1000
 	MaxTimeoutSeconds    = 7 * 24 * 3600
 	MaxControlBytes      = 256 << 10 // a control message body
+	MaxJSONDepth         = 128       // nesting of the request's JSON
+	MaxModelIDBytes      = 256
+	MaxProviderBytes     = 64
+	MaxFauxTokenSize     = 1 << 20
+	MaxFauxTokensPerSec  = 1e6
+	MaxFauxErrorBytes    = 4 << 10
+	// MaxErrorBytes bounds every error text a request can cause, in events,
+	// records and logs.
+	MaxErrorBytes = 4 << 10
+	// maxProblems is how many problems an error lists before "and N more".
+	maxProblems     = 20
+	maxProblemBytes = 512
 )
 
 // ModelRef names a model: a provider and the provider's model id. On the wire
@@ -149,14 +163,45 @@ func (r *RunRequest) EffectiveLimits() Limits {
 }
 
 // RequestError is a bad request: why the request cannot run. Its text is
-// meant for the person who sent it.
+// meant for the person who sent it: it lists every problem, the first
+// twenty in full and then how many more, within MaxErrorBytes.
 type RequestError struct{ Problems []string }
 
 func (e *RequestError) Error() string {
-	if len(e.Problems) == 1 {
-		return "bad request: " + e.Problems[0]
+	var b strings.Builder
+	b.WriteString("bad request: ")
+	for i, p := range e.Problems {
+		if i == maxProblems {
+			fmt.Fprintf(&b, "; and %d more", len(e.Problems)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(truncate(p, maxProblemBytes))
 	}
-	return "bad request: " + strings.Join(e.Problems, "; ")
+	return truncate(b.String(), MaxErrorBytes)
+}
+
+// Join merges the problems of several errors into one RequestError (nil
+// when there are none); errors that are not bad requests are returned
+// first, unchanged.
+func Join(errs ...error) error {
+	var all []string
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		var re *RequestError
+		if !errors.As(err, &re) {
+			return err
+		}
+		all = append(all, re.Problems...)
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	return &RequestError{Problems: all}
 }
 
 // IsBadRequest reports whether err is (or wraps) a *RequestError.
@@ -185,6 +230,9 @@ func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, BadRequest("empty request body: send a JSON object such as {\"prompt\":\"hello\"}")
 	}
+	if err := checkJSONShape(data); err != nil {
+		return nil, err
+	}
 	var req RunRequest
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -209,12 +257,78 @@ func jsonErrorText(err error) string {
 		return fmt.Sprintf("%s (at byte %d)", se.Error(), se.Offset)
 	case errors.As(err, &te):
 		if te.Field != "" {
-			return fmt.Sprintf("field %q: expected %s, got JSON %s", te.Field, te.Type, te.Value)
+			return fmt.Sprintf("field %q: expected %s, got JSON %s", truncate(te.Field, 128), te.Type, truncate(te.Value, 64))
 		}
-		return fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)
+		return fmt.Sprintf("expected %s, got JSON %s", te.Type, truncate(te.Value, 64))
 	}
-	return err.Error()
+	return truncate(err.Error(), 256)
 }
+
+// checkJSONShape refuses what encoding/json accepts silently: duplicate
+// keys (which one wins is up to the reader) and deep nesting (costly to
+// walk and to print).
+func checkJSONShape(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	type frame struct {
+		object bool
+		keys   map[string]bool
+		key    bool // the next token of an object is a key
+	}
+	var stack []frame
+	var dups []string
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			break // syntax errors are reported by the real decode
+		}
+		if n := len(stack); n > 0 && stack[n-1].object {
+			top := &stack[n-1]
+			if top.key {
+				if k, ok := tok.(string); ok {
+					if top.keys[k] {
+						dups = append(dups, fmt.Sprintf("key %q appears twice in one object", truncate(k, 64)))
+					}
+					top.keys[k] = true
+					top.key = false
+					continue
+				}
+			} else {
+				top.key = true
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true, keys: map[string]bool{}, key: true})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > MaxJSONDepth {
+			return BadRequest("the request's JSON is nested deeper than %d levels", MaxJSONDepth)
+		}
+	}
+	if len(dups) > 0 {
+		return &RequestError{Problems: dups}
+	}
+	return nil
+}
+
+// checkText refuses control characters in a short field that is shown on
+// terminals and pages (model ids, metadata keys).
+func checkText(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == utf8.RuneError {
+			return false
+		}
+	}
+	return true
+}
+
+// imageMimeRE bounds an image block's mimeType: it is copied into data:
+// URLs and HTTP bodies.
+var imageMimeRE = regexp.MustCompile(`^image/[a-z0-9][a-z0-9.+-]{0,62}$`)
 
 // Validate checks a decoded request. subjectRun may be "" when the id is not
 // known yet (a client validating before Submit).
@@ -248,6 +362,8 @@ func (r *RunRequest) Validate(subjectRun string) error {
 		for i, im := range r.Images {
 			if im.Type != agent.ContentImage || im.Data == "" || im.MimeType == "" {
 				add("images[%d] must be {\"type\":\"image\",\"data\":<base64>,\"mimeType\":...}", i)
+			} else if !imageMimeRE.MatchString(im.MimeType) {
+				add("images[%d] has mimeType %q; use image/<type> (e.g. image/png)", i, truncate(im.MimeType, 40))
 			}
 		}
 	}
@@ -261,6 +377,11 @@ func (r *RunRequest) Validate(subjectRun string) error {
 		default:
 			add("messages[%d] has role %q; use user, assistant, toolResult, system or developer", i, truncate(m.Role, 40))
 		}
+		for j, c := range m.Content {
+			if bad := blockProblem(m.Role, c); bad != "" {
+				add("messages[%d].content[%d]: %s", i, j, bad)
+			}
+		}
 		if b, err := json.Marshal(m); err != nil {
 			add("messages[%d]: %v", i, err)
 		} else if len(b) > MaxMessageBytes {
@@ -273,12 +394,11 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	if len(r.Tools) > MaxTools {
 		add("%d tools, the limit is %d", len(r.Tools), MaxTools)
 	}
-	seen := map[string]bool{}
+	seen := map[string]int{}
 	for _, t := range r.Tools {
-		if seen[t] {
-			add("tool %q listed twice", truncate(t, 64))
+		if seen[t]++; seen[t] == 2 {
+			add("tool %q listed more than once", truncate(t, 64))
 		}
-		seen[t] = true
 	}
 	switch r.ThinkingLevel {
 	case "", agent.ThinkingOff, agent.ThinkingMinimal, agent.ThinkingLow, agent.ThinkingMedium,
@@ -336,6 +456,19 @@ func (r *RunRequest) Validate(subjectRun string) error {
 			add("metadata %q value is %d bytes, the limit is %d", truncate(k, 64), len(v), MaxMetadataValue)
 		}
 	}
+	if m := r.Model; m != nil {
+		if len(m.Provider) > MaxProviderBytes || !ValidQueue(m.Provider) {
+			add("model provider %q must match [A-Za-z0-9_-]{1,%d}", truncate(m.Provider, 64), MaxProviderBytes)
+		}
+		if len(m.ID) > MaxModelIDBytes || !checkText(m.ID) || strings.ContainsAny(m.ID, " \t") {
+			add("model id %q must be 1..%d printable bytes without spaces", truncate(m.ID, 64), MaxModelIDBytes)
+		}
+	}
+	for k := range r.Metadata {
+		if !checkText(k) {
+			add("metadata key %q holds control characters", truncate(k, 64))
+		}
+	}
 	if r.Faux != nil {
 		if r.Model != nil && r.Model.Provider != "faux" {
 			add(`"faux" is only for the faux provider, but model is %q`, r.Model.String())
@@ -343,12 +476,51 @@ func (r *RunRequest) Validate(subjectRun string) error {
 		if len(r.Faux.Responses) > MaxFauxResponses {
 			add("%d faux responses, the limit is %d", len(r.Faux.Responses), MaxFauxResponses)
 		}
-		if r.Faux.TokenSize < 0 || r.Faux.TokensPerSecond < 0 {
-			add("faux tokenSize and tokensPerSecond must not be negative")
+		if r.Faux.TokenSize < 0 || r.Faux.TokenSize > MaxFauxTokenSize {
+			add("faux tokenSize %d is not in 0..%d", r.Faux.TokenSize, MaxFauxTokenSize)
+		}
+		if tps := r.Faux.TokensPerSecond; !(tps >= 0 && tps <= MaxFauxTokensPerSec) {
+			add("faux tokensPerSecond %g is not in 0..%g", tps, MaxFauxTokensPerSec)
+		}
+		for i, fr := range r.Faux.Responses {
+			if len(fr.ErrorMessage) > MaxFauxErrorBytes {
+				add("faux responses[%d].errorMessage is %d bytes, the limit is %d", i, len(fr.ErrorMessage), MaxFauxErrorBytes)
+			}
+			for j, c := range fr.Content {
+				if bad := blockProblem(agent.RoleAssistant, c); bad != "" {
+					add("faux responses[%d].content[%d]: %s", i, j, bad)
+				}
+			}
 		}
 	}
 	if len(p) > 0 {
 		return &RequestError{Problems: p}
 	}
 	return nil
+}
+
+// blockProblem says what is wrong with a content block in a message of
+// role, or "". Users and tool results send text and images; only the
+// assistant has thinking and tool calls.
+func blockProblem(role string, c agent.Content) string {
+	switch c.Type {
+	case agent.ContentText:
+		return ""
+	case agent.ContentImage:
+		if !imageMimeRE.MatchString(c.MimeType) {
+			return fmt.Sprintf("image mimeType %q; use image/<type> (e.g. image/png)", truncate(c.MimeType, 40))
+		}
+		return ""
+	case agent.ContentThinking, agent.ContentToolCall:
+		if role == agent.RoleAssistant {
+			if c.Type == agent.ContentToolCall && (c.ID == "" || c.Name == "") {
+				return "a toolCall block needs an id and a name"
+			}
+			return ""
+		}
+	}
+	if role == agent.RoleAssistant {
+		return fmt.Sprintf("block type %q is not text, thinking, toolCall or image", truncate(c.Type, 40))
+	}
+	return fmt.Sprintf("block type %q is not allowed in a %s message (text or image only)", truncate(c.Type, 40), truncate(role, 20))
 }
