@@ -557,9 +557,9 @@ func writeRecord(e *env, st style, r *bus.RunRecord) {
 		state += " " + st.red("(stale: no heartbeat since "+ago(time.Since(r.HeartbeatAt))+"; its worker may be gone)")
 	}
 	row("state", state)
-	row("queue", r.Queue)
-	row("model", r.Model)
-	row("worker", r.Worker)
+	row("queue", field(r.Queue))
+	row("model", field(r.Model))
+	row("worker", field(r.Worker))
 	if r.Attempt > 1 {
 		row("attempt", fmt.Sprint(r.Attempt))
 	}
@@ -579,9 +579,9 @@ func writeRecord(e *env, st style, r *bus.RunRecord) {
 		row("tokens", fmt.Sprintf("%s (%s in, %s out)", thousands(r.Usage.TotalTokens), thousands(r.Usage.Input), thousands(r.Usage.Output)))
 		row("cost", money(r.Cost))
 	}
-	row("error", sanitize(r.Error))
+	row("error", field(r.Error))
 	for k, v := range r.Metadata {
-		row("meta "+sanitize(k), sanitize(v))
+		row("meta "+field(k), field(v))
 	}
 	_ = tw.Flush()
 }
@@ -677,11 +677,11 @@ func writeList(e *env, recs []bus.RunRecord) {
 			}
 			dur = fmtDuration(end.Sub(r.StartedAt))
 		}
-		model := r.Model
+		model := field(r.Model)
 		if model == "" {
 			model = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.ID, state, r.Queue, model, r.Turns,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.ID, state, field(r.Queue), model, r.Turns,
 			thousands(r.Usage.TotalTokens), money(r.Cost), submitted, dur)
 	}
 	_ = tw.Flush()

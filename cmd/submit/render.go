@@ -166,7 +166,7 @@ func (r *renderer) runStarted(env *bus.Envelope, rs *bus.RunStarted) {
 	if rs.ContinueFrom != "" {
 		parts = append(parts, "continues "+rs.ContinueFrom)
 	}
-	r.println(r.st.dim("● " + strings.Join(parts, " · ")))
+	r.println(r.st.dim("● " + field(strings.Join(parts, " · "))))
 	if rs.Notice != "" {
 		r.println(r.st.yellow("! " + sanitize(rs.Notice)))
 	}
@@ -403,6 +403,17 @@ func sanitize(s string) string {
 
 // stripANSI removes the escape sequences style adds (for column counting
 // and for tests).
+// field is sanitize for a value shown on one line (a table cell, a
+// banner): line breaks and tabs become spaces, so a value cannot forge rows.
+func field(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' || r == '\r' {
+			return ' '
+		}
+		return r
+	}, sanitize(s))
+}
+
 func stripANSI(s string) string {
 	if !strings.Contains(s, "\x1b[") {
 		return s

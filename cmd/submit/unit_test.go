@@ -316,3 +316,34 @@ func TestStaleRecordShown(t *testing.T) {
 		t.Fatal("--state stale is refused")
 	}
 }
+
+// A record's fields come from the wire: terminal escapes and line breaks in
+// them must neither drive the terminal nor forge rows.
+func TestStatusAndListAreInertToEscapes(t *testing.T) {
+	evil := "gpt\x1b]0;owned\x07\x1b[2J\nr9\tsucceeded"
+	rec := bus.RunRecord{ID: "r1", State: bus.StatusFailed, Reason: "model_error", Queue: "q\x1b[31m", Model: evil,
+		Worker: "w\x1b[H", Error: "boom\x1b[2J\nforged row", Metadata: map[string]string{"k\x1b[1m": "v\nx"},
+		StartedAt: time.Now(), FinishedAt: time.Now()}
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}
+	writeRecord(e, style{}, &rec)
+	writeList(e, []bus.RunRecord{rec})
+	got := out.String()
+	if strings.ContainsAny(got, "\x1b\x07") {
+		t.Fatalf("escape reached the terminal: %q", got)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(got), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "r9") || strings.HasPrefix(strings.TrimSpace(line), "forged") {
+			t.Fatalf("a value forged a line: %q in %q", line, got)
+		}
+	}
+	var b bytes.Buffer
+	r := newRenderer(&b, style{})
+	m := bus.ModelRef{Provider: "openai", ID: evil}
+	if err := r.Render(envelope(t, 1, 0, bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "w1", Model: &m})); err != nil {
+		t.Fatal(err)
+	}
+	if s := b.String(); strings.ContainsAny(s, "\x1b\x07") || strings.Count(s, "\n") != 1 {
+		t.Fatalf("banner not inert: %q", s)
+	}
+}
