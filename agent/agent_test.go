@@ -663,3 +663,27 @@ func TestWaitForIdleHonoursContext(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Inside a listener the run waits for the listener, so WaitForIdle there
+// returns only through its ctx; the run then goes on.
+func TestWaitForIdleInsideListener(t *testing.T) {
+	a := agent.New(agent.Options{Model: testModel, StreamFn: faux.New(faux.Options{}, text("x", agent.StopReasonStop)).Stream})
+	var waitErr error
+	a.Subscribe(func(_ context.Context, ev agent.Event) error {
+		if ev.Type == agent.EventAgentStart {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+			defer cancel()
+			waitErr = a.WaitForIdle(ctx)
+		}
+		return nil
+	})
+	if err := a.Prompt(context.Background(), "go"); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(waitErr, context.DeadlineExceeded) {
+		t.Fatalf("WaitForIdle inside a listener: %v", waitErr)
+	}
+	if got := roles(a.Messages()); got != "user,assistant" {
+		t.Fatalf("messages %s", got)
+	}
+}

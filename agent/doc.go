@@ -53,8 +53,10 @@
 //     synthesized error message and full lifecycle; a tool that panics or
 //     fails yields an error result. Tool updates after the tool returned are
 //     dropped.
-//   - Every method is safe from any goroutine, also from inside listeners;
-//     State returns a consistent copy. Runs leave no goroutine behind.
+//   - Every method is safe from any goroutine; State returns a consistent
+//     copy. Runs leave no goroutine behind. Inside a listener every method
+//     may be called except a blocking WaitForIdle: the run waits for the
+//     listener, so WaitForIdle there returns only when its ctx is done.
 //
 // Messages handed to listeners are shared with the state: read them, do not
 // change them. The partial message of message_update, and its StreamEvent,

@@ -43,7 +43,8 @@ func TextResult(text string) ToolResult {
 type UpdateFunc func(partial ToolResult)
 
 // ExecuteFunc runs a tool call with validated arguments. ctx is cancelled
-// when the run is aborted.
+// when the run is aborted, and when a listener fails while the call runs in
+// a parallel batch (its result is then not used).
 type ExecuteFunc func(ctx context.Context, toolCallID string, args map[string]any, update UpdateFunc) (ToolResult, error)
 
 // Tool is a function the model may call. Parameters is a JSON Schema; the
