@@ -371,7 +371,8 @@ func TestPanicsNeverEscape(t *testing.T) {
 
 func TestAbortCancelsToolsAndLeavesNoGoroutines(t *testing.T) {
 	model := faux.New(faux.Options{},
-		faux.Response{Content: []agent.Content{agent.ToolCall("c1", "wait", nil), agent.ToolCall("c2", "wait", nil)}, StopReason: agent.StopReasonToolUse})
+		faux.Response{Content: []agent.Content{agent.ToolCall("c1", "wait", nil), agent.ToolCall("c2", "wait", nil)}, StopReason: agent.StopReasonToolUse},
+		text("never", agent.StopReasonStop))
 	var running sync.WaitGroup
 	running.Add(2)
 	wait := &agent.Tool{Name: "wait", Execute: func(ctx context.Context, _ string, _ map[string]any, _ agent.UpdateFunc) (agent.ToolResult, error) {

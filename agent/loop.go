@@ -685,7 +685,7 @@ func toolResultMessage(out *toolOutcome) Message {
 	case json.RawMessage:
 		m.Details = d
 	default:
-		if b, err := json.Marshal(d); err == nil {
+		if b, err := MarshalJSON(d); err == nil {
 			m.Details = b
 		}
 	}

@@ -359,10 +359,10 @@ func toSchemaValue(v any) any {
 	return v
 }
 
-// CanonicalJSON writes v with sorted object keys and no spaces.
-// (encoding/json already sorts map keys.)
+// CanonicalJSON writes v with sorted object keys and no spaces, as
+// AppendJSON does (encoding/json already sorts map keys).
 func CanonicalJSON(v any) string {
-	b, err := json.Marshal(v)
+	b, err := MarshalJSON(v)
 	if err != nil {
 		return "null"
 	}
@@ -376,7 +376,7 @@ func NewTool[T any](name, description string, fn func(ctx context.Context, args 
 	r := reflectschema.Reflector{ExpandedStruct: true, DoNotReference: true, Anonymous: true}
 	s := r.Reflect(new(T))
 	s.Version = ""
-	schema, err := json.Marshal(s)
+	schema, err := MarshalJSON(s)
 	if err != nil {
 		panic(fmt.Sprintf("agent.NewTool(%s): schema: %v", name, err))
 	}
