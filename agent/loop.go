@@ -349,8 +349,12 @@ type preparedCall struct {
 	args map[string]any
 }
 
+// maxErrorText bounds the text of an error result, as the worker bounds a
+// successful one: an error may quote its input, and the input may be huge.
+const maxErrorText = 4 << 10
+
 func errorOutcome(call Content, text string) *toolOutcome {
-	return &toolOutcome{call: call, result: TextResult(text), isError: true}
+	return &toolOutcome{call: call, result: TextResult(clipText(text, maxErrorText)), isError: true}
 }
 
 func (r *loopRun) findTool(name string) *Tool {
@@ -609,7 +613,7 @@ func (r *loopRun) runPrepared(ctx context.Context, emit func(*Event) error, assi
 	closed = true
 	mu.Unlock()
 	if err != nil {
-		result, out.isError = TextResult(err.Error()), true
+		result, out.isError = TextResult(clipText(err.Error(), maxErrorText)), true
 	}
 	if hook := r.a.opts.AfterToolCall; hook != nil {
 		var after *AfterToolCallResult
@@ -621,7 +625,7 @@ func (r *loopRun) runPrepared(ctx context.Context, emit func(*Event) error, assi
 		})
 		switch {
 		case herr != nil:
-			result, out.isError = TextResult(herr.Error()), true
+			result, out.isError = TextResult(clipText(herr.Error(), maxErrorText)), true
 		case after != nil:
 			if after.Content != nil {
 				result.Content = after.Content
