@@ -147,7 +147,7 @@ type State struct {
 
 // Agent holds a conversation and runs the agent loop over it. Every method
 // is safe to call from any goroutine, also while a run is active and from
-// inside listeners.
+// inside listeners, except WaitForIdle inside a listener (see WaitForIdle).
 type Agent struct {
 	opts Options // hooks; immutable after New
 
@@ -365,7 +365,8 @@ func (a *Agent) Abort() {
 }
 
 // WaitForIdle returns when no run is active (after the listeners of the
-// last agent_end), or when ctx is done.
+// last agent_end), or when ctx is done. Called from a listener it waits for
+// a run that waits for that listener: it returns only when ctx is done.
 func (a *Agent) WaitForIdle(ctx context.Context) error {
 	a.mu.Lock()
 	r := a.active

@@ -371,7 +371,8 @@ func TestPanicsNeverEscape(t *testing.T) {
 
 func TestAbortCancelsToolsAndLeavesNoGoroutines(t *testing.T) {
 	model := faux.New(faux.Options{},
-		faux.Response{Content: []agent.Content{agent.ToolCall("c1", "wait", nil), agent.ToolCall("c2", "wait", nil)}, StopReason: agent.StopReasonToolUse})
+		faux.Response{Content: []agent.Content{agent.ToolCall("c1", "wait", nil), agent.ToolCall("c2", "wait", nil)}, StopReason: agent.StopReasonToolUse},
+		text("never", agent.StopReasonStop))
 	var running sync.WaitGroup
 	running.Add(2)
 	wait := &agent.Tool{Name: "wait", Execute: func(ctx context.Context, _ string, _ map[string]any, _ agent.UpdateFunc) (agent.ToolResult, error) {
@@ -661,5 +662,29 @@ func TestWaitForIdleHonoursContext(t *testing.T) {
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Inside a listener the run waits for the listener, so WaitForIdle there
+// returns only through its ctx; the run then goes on.
+func TestWaitForIdleInsideListener(t *testing.T) {
+	a := agent.New(agent.Options{Model: testModel, StreamFn: faux.New(faux.Options{}, text("x", agent.StopReasonStop)).Stream})
+	var waitErr error
+	a.Subscribe(func(_ context.Context, ev agent.Event) error {
+		if ev.Type == agent.EventAgentStart {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+			defer cancel()
+			waitErr = a.WaitForIdle(ctx)
+		}
+		return nil
+	})
+	if err := a.Prompt(context.Background(), "go"); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(waitErr, context.DeadlineExceeded) {
+		t.Fatalf("WaitForIdle inside a listener: %v", waitErr)
+	}
+	if got := roles(a.Messages()); got != "user,assistant" {
+		t.Fatalf("messages %s", got)
 	}
 }

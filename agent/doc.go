@@ -27,10 +27,14 @@
 // the answer. Tools run in parallel (preflight in source order, execution
 // concurrent, tool_execution_end in completion order, result messages in
 // source order) or sequentially (Options.ToolExecution, or any called tool
-// whose ExecutionMode is sequential). Preflight looks the tool up, runs
-// PrepareArguments, coerces scalars the way pi's validator does ("2" for a
-// number becomes 2) and validates against the JSON Schema, then asks
-// BeforeToolCall, which may block (and ask to terminate). AfterToolCall may
+// whose ExecutionMode is sequential); in a parallel batch a call not yet
+// started when the run is aborted ends "Operation aborted" without running,
+// and a listener failure fails the batch at once. Preflight looks the tool
+// up, runs PrepareArguments, refuses arguments nested deeper than
+// MaxArgumentDepth, coerces them as pi-ai does (JavaScript's Number() for a
+// numeric string: "0x10" for a number becomes 16) and validates against the
+// JSON Schema, then asks BeforeToolCall, which may block (and ask to
+// terminate). Error results are clipped to a few KiB. AfterToolCall may
 // override a result field by field. A message cut off by the token limit
 // (stop reason length) fails all its calls without running them. Steering is
 // polled after every turn; follow-ups when the agent would otherwise stop. A
@@ -53,8 +57,14 @@
 //     synthesized error message and full lifecycle; a tool that panics or
 //     fails yields an error result. Tool updates after the tool returned are
 //     dropped.
-//   - Every method is safe from any goroutine, also from inside listeners;
-//     State returns a consistent copy. Runs leave no goroutine behind.
+//   - Every method is safe from any goroutine; State returns a consistent
+//     copy. Runs leave no goroutine behind. Inside a listener every method
+//     may be called except a blocking WaitForIdle: the run waits for the
+//     listener, so WaitForIdle there returns only when its ctx is done.
+//
+// JSON the package writes (messages, canonical arguments) keeps <, > and &
+// as they are, as JavaScript does: encode values holding messages with
+// AppendJSON or MarshalJSON, not json.Marshal.
 //
 // Messages handed to listeners are shared with the state: read them, do not
 // change them. The partial message of message_update, and its StreamEvent,

@@ -349,8 +349,12 @@ type preparedCall struct {
 	args map[string]any
 }
 
+// maxErrorText bounds the text of an error result, as the worker bounds a
+// successful one: an error may quote its input, and the input may be huge.
+const maxErrorText = 4 << 10
+
 func errorOutcome(call Content, text string) *toolOutcome {
-	return &toolOutcome{call: call, result: TextResult(text), isError: true}
+	return &toolOutcome{call: call, result: TextResult(clipText(text, maxErrorText)), isError: true}
 }
 
 func (r *loopRun) findTool(name string) *Tool {
@@ -384,7 +388,7 @@ func (r *loopRun) executeSequential(assistant *Message, calls []Content) ([]Mess
 		}
 		p, out := r.prepare(assistant, call)
 		if p != nil {
-			out = r.runPrepared(assistant, p)
+			out = r.runPrepared(r.ctx, r.emit, assistant, p)
 			if out.err != nil {
 				return nil, false, out.err
 			}
@@ -407,18 +411,14 @@ func (r *loopRun) executeSequential(assistant *Message, calls []Content) ([]Mess
 
 func (r *loopRun) executeParallel(assistant *Message, calls []Content) ([]Message, bool, error) {
 	outcomes := make([]*toolOutcome, len(calls))
-	type job struct {
-		i int
-		p *preparedCall
-	}
-	var jobs []job
+	prepared := make([]*preparedCall, len(calls))
 	for i, call := range calls {
 		if err := r.emitToolStart(call); err != nil {
 			return nil, false, err
 		}
 		p, out := r.prepare(assistant, call)
 		if p != nil {
-			jobs = append(jobs, job{i, p})
+			prepared[i] = p
 		} else {
 			outcomes[i] = out
 			if err := r.emitToolEnd(out); err != nil {
@@ -429,30 +429,8 @@ func (r *loopRun) executeParallel(assistant *Message, calls []Content) ([]Messag
 			break
 		}
 	}
-
-	errs := make([]error, len(calls))
-	runJob := func(j job) {
-		out := r.runPrepared(assistant, j.p)
-		outcomes[j.i] = out
-		if out.err != nil {
-			errs[j.i] = out.err
-			return
-		}
-		errs[j.i] = r.emitToolEnd(out)
-	}
-	if len(jobs) == 1 {
-		runJob(jobs[0])
-	} else {
-		var wg sync.WaitGroup
-		for _, j := range jobs {
-			wg.Go(func() { runJob(j) })
-		}
-		wg.Wait()
-	}
-	for _, err := range errs {
-		if err != nil {
-			return nil, false, err
-		}
+	if err := r.runBatch(assistant, prepared, outcomes); err != nil {
+		return nil, false, err
 	}
 
 	results := make([]Message, 0, len(calls))
@@ -471,14 +449,83 @@ func (r *loopRun) executeParallel(assistant *Message, calls []Content) ([]Messag
 	return results, len(results) > 0 && terminate, nil
 }
 
+// runBatch executes the prepared calls of a parallel batch concurrently and
+// fills their outcomes. As in pi, a call not yet started when the run is
+// aborted ends "Operation aborted" without running, and the first listener
+// failure fails the batch at once: the other calls are cancelled and their
+// events dropped (the run waits for them to return, so none outlives it).
+func (r *loopRun) runBatch(assistant *Message, prepared []*preparedCall, outcomes []*toolOutcome) error {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	var mu sync.Mutex // held across each emit, so no event follows a failure
+	var failed error
+	fail := func(err error) error {
+		if failed == nil {
+			failed = err
+			cancel()
+		}
+		return failed
+	}
+	emit := func(ev *Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed != nil {
+			return failed
+		}
+		if err := r.emit(ev); err != nil {
+			return fail(err)
+		}
+		return nil
+	}
+	run := func(i int) {
+		out := r.runPrepared(ctx, emit, assistant, prepared[i])
+		outcomes[i] = out
+		if out.err != nil {
+			mu.Lock()
+			fail(out.err)
+			mu.Unlock()
+			return
+		}
+		_ = emit(toolEndEvent(out))
+	}
+	n := 0
+	for _, p := range prepared {
+		if p != nil {
+			n++
+		}
+	}
+	var wg sync.WaitGroup
+	for i, p := range prepared {
+		if p == nil {
+			continue
+		}
+		if r.ctx.Err() != nil {
+			outcomes[i] = errorOutcome(p.call, abortedText)
+			if emit(toolEndEvent(outcomes[i])) != nil {
+				break
+			}
+			continue
+		}
+		if n == 1 {
+			run(i)
+		} else {
+			wg.Go(func() { run(i) })
+		}
+	}
+	wg.Wait()
+	return failed
+}
+
 func (r *loopRun) emitToolStart(call Content) error {
 	return r.emit(&Event{Type: EventToolExecutionStart, ToolCallID: call.ID, ToolName: call.Name, Args: call.Arguments})
 }
 
-func (r *loopRun) emitToolEnd(out *toolOutcome) error {
+func (r *loopRun) emitToolEnd(out *toolOutcome) error { return r.emit(toolEndEvent(out)) }
+
+func toolEndEvent(out *toolOutcome) *Event {
 	res := out.result
-	return r.emit(&Event{Type: EventToolExecutionEnd, ToolCallID: out.call.ID, ToolName: out.call.Name,
-		Result: &res, IsError: out.isError})
+	return &Event{Type: EventToolExecutionEnd, ToolCallID: out.call.ID, ToolName: out.call.Name,
+		Result: &res, IsError: out.isError}
 }
 
 const abortedText = "Operation aborted"
@@ -537,9 +584,10 @@ func (r *loopRun) prepare(assistant *Message, call Content) (*preparedCall, *too
 	return prepared, immediate
 }
 
-// runPrepared executes a prepared call and applies afterToolCall. Updates
-// the tool reports are emitted at once; those after it returned are dropped.
-func (r *loopRun) runPrepared(assistant *Message, p *preparedCall) *toolOutcome {
+// runPrepared executes a prepared call with ctx and applies afterToolCall.
+// Updates the tool reports are emitted at once; those after it returned are
+// dropped.
+func (r *loopRun) runPrepared(ctx context.Context, emit func(*Event) error, assistant *Message, p *preparedCall) *toolOutcome {
 	out := &toolOutcome{call: p.call}
 	var mu sync.Mutex
 	closed := false
@@ -549,7 +597,7 @@ func (r *loopRun) runPrepared(assistant *Message, p *preparedCall) *toolOutcome 
 		if closed || out.err != nil {
 			return
 		}
-		out.err = r.emit(&Event{Type: EventToolExecutionUpdate, ToolCallID: p.call.ID, ToolName: p.call.Name,
+		out.err = emit(&Event{Type: EventToolExecutionUpdate, ToolCallID: p.call.ID, ToolName: p.call.Name,
 			Args: p.call.Arguments, Result: &partial})
 	}
 	var result ToolResult
@@ -558,26 +606,26 @@ func (r *loopRun) runPrepared(assistant *Message, p *preparedCall) *toolOutcome 
 			return fmt.Errorf("tool %s has no Execute function", p.tool.Name)
 		}
 		var err error
-		result, err = p.tool.Execute(r.ctx, p.call.ID, p.args, update)
+		result, err = p.tool.Execute(ctx, p.call.ID, p.args, update)
 		return err
 	})
 	mu.Lock()
 	closed = true
 	mu.Unlock()
 	if err != nil {
-		result, out.isError = TextResult(err.Error()), true
+		result, out.isError = TextResult(clipText(err.Error(), maxErrorText)), true
 	}
 	if hook := r.a.opts.AfterToolCall; hook != nil {
 		var after *AfterToolCallResult
 		herr := catch(func() error {
 			var err error
-			after, err = hook(r.ctx, &AfterToolCallContext{AssistantMessage: assistant, ToolCall: p.call,
+			after, err = hook(ctx, &AfterToolCallContext{AssistantMessage: assistant, ToolCall: p.call,
 				Args: p.args, Result: result, IsError: out.isError, Context: &r.cur})
 			return err
 		})
 		switch {
 		case herr != nil:
-			result, out.isError = TextResult(herr.Error()), true
+			result, out.isError = TextResult(clipText(herr.Error(), maxErrorText)), true
 		case after != nil:
 			if after.Content != nil {
 				result.Content = after.Content
@@ -641,7 +689,7 @@ func toolResultMessage(out *toolOutcome) Message {
 	case json.RawMessage:
 		m.Details = d
 	default:
-		if b, err := json.Marshal(d); err == nil {
+		if b, err := MarshalJSON(d); err == nil {
 			m.Details = b
 		}
 	}

@@ -107,17 +107,17 @@ type toolCallJSON struct {
 func (c Content) MarshalJSON() ([]byte, error) {
 	switch c.Type {
 	case ContentText:
-		return json.Marshal(textJSON{c.Type, c.Text, c.TextSignature})
+		return MarshalJSON(textJSON{c.Type, c.Text, c.TextSignature})
 	case ContentThinking:
-		return json.Marshal(thinkingJSON{c.Type, c.Thinking, c.ThinkingSignature, c.Redacted})
+		return MarshalJSON(thinkingJSON{c.Type, c.Thinking, c.ThinkingSignature, c.Redacted})
 	case ContentImage:
-		return json.Marshal(imageJSON{c.Type, c.Data, c.MimeType})
+		return MarshalJSON(imageJSON{c.Type, c.Data, c.MimeType})
 	case ContentToolCall:
 		args := c.Arguments
 		if args == nil {
 			args = map[string]any{}
 		}
-		return json.Marshal(toolCallJSON{c.Type, c.ID, c.Name, args, c.ThoughtSignature})
+		return MarshalJSON(toolCallJSON{c.Type, c.ID, c.Name, args, c.ThoughtSignature})
 	default:
 		return nil, fmt.Errorf("agent: unknown content type %q", c.Type)
 	}
@@ -332,12 +332,12 @@ func (m Message) MarshalJSON() ([]byte, error) {
 	}
 	switch m.Role {
 	case RoleUser, RoleSystem, RoleDeveloper:
-		return json.Marshal(userJSON{m.Role, content, m.Timestamp})
+		return MarshalJSON(userJSON{m.Role, content, m.Timestamp})
 	case RoleAssistant:
-		return json.Marshal(assistantJSON{m.Role, content, m.API, m.Provider, m.Model,
+		return MarshalJSON(assistantJSON{m.Role, content, m.API, m.Provider, m.Model,
 			m.ResponseModel, m.ResponseID, m.Usage, m.StopReason, m.ErrorMessage, m.Timestamp})
 	case RoleToolResult:
-		return json.Marshal(toolResultJSON{m.Role, m.ToolCallID, m.ToolName, content,
+		return MarshalJSON(toolResultJSON{m.Role, m.ToolCallID, m.ToolName, content,
 			m.Details, m.AddedToolNames, m.IsError, m.Timestamp})
 	case "":
 		return nil, errors.New("agent: message without a role")
@@ -345,7 +345,7 @@ func (m Message) MarshalJSON() ([]byte, error) {
 		if m.Raw != nil {
 			return m.Raw, nil
 		}
-		return json.Marshal(userJSON{m.Role, content, m.Timestamp})
+		return MarshalJSON(userJSON{m.Role, content, m.Timestamp})
 	}
 }
 

@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"math/big"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode"
 
 	reflectschema "github.com/invopop/jsonschema"
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -43,7 +48,8 @@ func TextResult(text string) ToolResult {
 type UpdateFunc func(partial ToolResult)
 
 // ExecuteFunc runs a tool call with validated arguments. ctx is cancelled
-// when the run is aborted.
+// when the run is aborted, and when a listener fails while the call runs in
+// a parallel batch (its result is then not used).
 type ExecuteFunc func(ctx context.Context, toolCallID string, args map[string]any, update UpdateFunc) (ToolResult, error)
 
 // Tool is a function the model may call. Parameters is a JSON Schema; the
@@ -58,9 +64,10 @@ type Tool struct {
 	PrepareArguments func(args map[string]any) (map[string]any, error)
 	Execute          ExecuteFunc
 
-	once      sync.Once
-	schemaDoc any
-	schema    *jsonschema.Schema
+	once       sync.Once
+	schemaDoc  any
+	schema     *jsonschema.Schema
+	subSchemas sync.Map // sub-schema map pointer -> *jsonschema.Schema (nil: does not compile)
 }
 
 var emptyObjectSchema = json.RawMessage(`{"type":"object","properties":{}}`)
@@ -93,15 +100,33 @@ func (t *Tool) compile() {
 	})
 }
 
-// ValidateArguments coerces scalars the way pi (AJV coerceTypes) does, then
-// validates against the tool's schema. It returns the coerced arguments, a
-// copy: args is not changed.
+// MaxArgumentDepth is how deeply tool-call arguments may nest (the
+// arguments object is level 1). Deeper arguments are refused before
+// validation, whose cost and error text grow with the depth.
+const MaxArgumentDepth = 64
+
+// ErrArgumentsTooDeep: tool-call arguments nest deeper than MaxArgumentDepth.
+var ErrArgumentsTooDeep = fmt.Errorf("arguments are nested deeper than %d levels", MaxArgumentDepth)
+
+// maxValidationText bounds a validation error's text: the model gets the
+// problems and the start of what it sent, never a copy of a huge input.
+const maxValidationText = 2 << 10
+
+// ValidateArguments coerces the arguments the way pi-ai does (normalizing
+// optional nulls, then coerceWithJsonSchema), then validates them against
+// the tool's schema. It returns the coerced arguments, a copy: args is not
+// changed.
 func (t *Tool) ValidateArguments(args map[string]any) (map[string]any, error) {
+	if deeperThan(args, MaxArgumentDepth) {
+		return nil, fmt.Errorf("Validation failed for tool %q: %w", t.Name, ErrArgumentsTooDeep)
+	}
 	t.compile()
 	if t.schema == nil {
 		return args, nil
 	}
-	coerced, _ := coerce(t.schemaDoc, deepCopy(args)).(map[string]any)
+	copied := deepCopy(args)
+	t.dropOptionalNulls(copied, t.schemaDoc)
+	coerced, _ := t.coerce(t.schemaDoc, copied).(map[string]any)
 	if coerced == nil {
 		coerced = map[string]any{}
 	}
@@ -112,6 +137,35 @@ func (t *Tool) ValidateArguments(args map[string]any) (map[string]any, error) {
 	return nil, validationError(t.Name, args, err)
 }
 
+// deeperThan reports whether v nests more than limit levels of objects and
+// arrays. It stops descending past the limit, so its cost is bounded by the
+// size of v and its stack by the limit.
+func deeperThan(v any, limit int) bool {
+	switch x := v.(type) {
+	case map[string]any:
+		if limit == 0 {
+			return true
+		}
+		for _, e := range x {
+			if deeperThan(e, limit-1) {
+				return true
+			}
+		}
+	case []any:
+		if limit == 0 {
+			return true
+		}
+		for _, e := range x {
+			if deeperThan(e, limit-1) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// validationError is pi's text, with the arguments compact rather than
+// indented, the whole clipped to maxValidationText.
 func validationError(name string, args map[string]any, err error) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Validation failed for tool %q:\n", name)
@@ -121,67 +175,186 @@ func validationError(name string, args map[string]any, err error) error {
 			if u.Error == nil {
 				continue
 			}
+			if b.Len() > maxValidationText {
+				break
+			}
 			path := strings.TrimPrefix(u.InstanceLocation, "/")
 			if path == "" {
 				path = "root"
 			}
-			fmt.Fprintf(&b, "  - %s: %s\n", path, u.Error.String())
+			fmt.Fprintf(&b, "  - %s: %s\n", strings.ReplaceAll(path, "/", "."), u.Error.String())
 			lines++
 		}
 	}
 	if lines == 0 {
 		b.WriteString("  - root: Unknown validation error\n")
 	}
-	received, _ := json.MarshalIndent(args, "", "  ")
-	fmt.Fprintf(&b, "\nReceived arguments:\n%s", received)
-	return fmt.Errorf("%s", b.String())
+	b.WriteString("\nReceived arguments:\n")
+	if b.Len() < maxValidationText {
+		received, _ := MarshalJSON(args)
+		b.Write(received[:min(len(received), maxValidationText-b.Len()+1)])
+	}
+	return errors.New(clipText(b.String(), maxValidationText))
 }
 
-// coerce converts scalars to the type the schema asks for, recursing through
-// properties and items, following AJV's coerceTypes rules.
-func coerce(schema any, v any) any {
+// clipText cuts s to at most n bytes on a UTF-8 boundary, marking the cut.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	n -= len(mark)
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n] + mark
+}
+
+// coerce is pi-ai's coerceWithJsonSchema: allOf in order, then anyOf and
+// oneOf, then the schema's own types, then properties and items. It changes
+// maps and slices of v in place.
+func (t *Tool) coerce(schema any, v any) any {
 	s, ok := schema.(map[string]any)
 	if !ok {
 		return v
 	}
-	if types := schemaTypes(s["type"]); len(types) > 0 && !matchesAny(types, v) {
+	if all, ok := s["allOf"].([]any); ok {
+		for _, sub := range all {
+			v = t.coerce(sub, v)
+		}
+	}
+	if members, ok := s["anyOf"].([]any); ok {
+		v = t.coerceUnion(v, members)
+	}
+	if members, ok := s["oneOf"].([]any); ok {
+		v = t.coerceUnion(v, members)
+	}
+	types := schemaTypes(s["type"])
+	if len(types) > 0 && !(len(types) > 1 && matchesAny(types, v)) {
 		for _, typ := range types {
-			if c, ok := coerceTo(typ, v); ok {
+			if c, changed := coercePrimitive(typ, v); changed {
 				v = c
 				break
 			}
 		}
 	}
-	switch val := v.(type) {
-	case map[string]any:
+	if m, ok := v.(map[string]any); ok && slices.Contains(types, "object") {
 		props, _ := s["properties"].(map[string]any)
-		for k, child := range val {
-			if ps, ok := props[k]; ok {
-				val[k] = coerce(ps, child)
-			} else if ap, ok := s["additionalProperties"].(map[string]any); ok {
-				val[k] = coerce(ap, child)
+		for k, ps := range props {
+			if child, ok := m[k]; ok {
+				m[k] = t.coerce(ps, child)
 			}
 		}
-	case []any:
-		switch items := s["items"].(type) {
-		case map[string]any:
-			for i := range val {
-				val[i] = coerce(items, val[i])
-			}
-		case []any:
-			for i := range val {
-				if i < len(items) {
-					val[i] = coerce(items[i], val[i])
+		if ap, ok := s["additionalProperties"].(map[string]any); ok {
+			for k, child := range m {
+				if _, defined := props[k]; !defined {
+					m[k] = t.coerce(ap, child)
 				}
 			}
 		}
 	}
-	if all, ok := s["allOf"].([]any); ok {
-		for _, sub := range all {
-			v = coerce(sub, v)
+	if a, ok := v.([]any); ok && slices.Contains(types, "array") {
+		switch items := s["items"].(type) {
+		case map[string]any:
+			for i := range a {
+				a[i] = t.coerce(items, a[i])
+			}
+		case []any:
+			for i := range a {
+				if i < len(items) {
+					a[i] = t.coerce(items[i], a[i])
+				}
+			}
 		}
 	}
 	return v
+}
+
+// coerceUnion keeps v when a member accepts it, else takes the first
+// member's coercion that it accepts, else keeps v.
+func (t *Tool) coerceUnion(v any, members []any) any {
+	for _, m := range members {
+		if ok, known := t.accepts(m, v); known && ok {
+			return v
+		}
+	}
+	for _, m := range members {
+		c := t.coerce(m, deepCopy(v))
+		if ok, known := t.accepts(m, c); known && ok {
+			return c
+		}
+	}
+	return v
+}
+
+// dropOptionalNulls is pi-ai's normalizeOptionalNulls: a null for a
+// property that is not required and whose schema refuses null is removed.
+func (t *Tool) dropOptionalNulls(v any, schema any) {
+	s, ok := schema.(map[string]any)
+	if !ok {
+		return
+	}
+	switch x := v.(type) {
+	case []any:
+		switch items := s["items"].(type) {
+		case map[string]any:
+			for _, e := range x {
+				t.dropOptionalNulls(e, items)
+			}
+		case []any:
+			for i := range x {
+				if i < len(items) {
+					t.dropOptionalNulls(x[i], items[i])
+				}
+			}
+		}
+	case map[string]any:
+		props, _ := s["properties"].(map[string]any)
+		required, _ := s["required"].([]any)
+		for k, ps := range props {
+			e, ok := x[k]
+			if !ok {
+				continue
+			}
+			if e == nil && !slices.Contains(required, any(k)) && !hasRef(ps) {
+				if accepted, known := t.accepts(ps, nil); known && !accepted {
+					delete(x, k)
+					continue
+				}
+			}
+			t.dropOptionalNulls(e, ps)
+		}
+	}
+}
+
+func hasRef(schema any) bool {
+	s, _ := schema.(map[string]any)
+	_, ok := s["$ref"].(string)
+	return ok
+}
+
+// accepts validates v against a sub-schema compiled on its own (as pi-ai
+// does); known is false when the sub-schema does not compile.
+func (t *Tool) accepts(schema any, v any) (ok, known bool) {
+	m, isMap := schema.(map[string]any)
+	if !isMap {
+		return false, false
+	}
+	key := reflect.ValueOf(m).UnsafePointer()
+	cached, found := t.subSchemas.Load(key)
+	if !found {
+		var sch *jsonschema.Schema
+		c := jsonschema.NewCompiler()
+		if c.AddResource("sub.json", m) == nil {
+			sch, _ = c.Compile("sub.json")
+		}
+		cached, _ = t.subSchemas.LoadOrStore(key, sch)
+	}
+	sch := cached.(*jsonschema.Schema)
+	if sch == nil {
+		return false, false
+	}
+	return sch.Validate(toSchemaValue(deepCopy(v))) == nil, true
 }
 
 func schemaTypes(t any) []string {
@@ -250,55 +423,50 @@ func toFloat(v any) (float64, bool) {
 	return 0, false
 }
 
-func coerceTo(typ string, v any) (any, bool) {
+// coercePrimitive is pi-ai's coercePrimitiveByType; changed is false when
+// it leaves v as it is.
+func coercePrimitive(typ string, v any) (c any, changed bool) {
 	switch typ {
-	case "string":
-		switch x := v.(type) {
-		case bool:
-			return strconv.FormatBool(x), true
-		case nil:
-			return "", true
-		default:
-			if f, ok := toFloat(v); ok {
-				return strconv.FormatFloat(f, 'f', -1, 64), true
-			}
-		}
 	case "number", "integer":
-		var f float64
 		switch x := v.(type) {
-		case string:
-			s := strings.TrimSpace(x)
-			if x == "" || s == "" {
-				return nil, false
-			}
-			p, err := strconv.ParseFloat(s, 64)
-			if err != nil || math.IsInf(p, 0) || math.IsNaN(p) {
-				return nil, false
-			}
-			f = p
+		case nil:
+			return 0.0, true
 		case bool:
 			if x {
-				f = 1
+				return 1.0, true
 			}
-		case nil:
-		default:
-			return nil, false
+			return 0.0, true
+		case string:
+			if strings.TrimFunc(x, isJSSpace) == "" {
+				break
+			}
+			f, ok := jsNumber(x)
+			if ok && !math.IsInf(f, 0) && (typ == "number" || f == math.Trunc(f)) {
+				return f, true
+			}
 		}
-		if typ == "integer" && f != math.Trunc(f) {
-			return nil, false
-		}
-		return f, true
 	case "boolean":
 		switch x := v.(type) {
+		case nil:
+			return false, true
 		case string:
 			if x == "true" || x == "false" {
 				return x == "true", true
 			}
-		case nil:
-			return false, true
 		default:
 			if f, ok := toFloat(v); ok && (f == 0 || f == 1) {
 				return f == 1, true
+			}
+		}
+	case "string":
+		switch x := v.(type) {
+		case nil:
+			return "", true
+		case bool:
+			return strconv.FormatBool(x), true
+		default:
+			if f, ok := toFloat(v); ok {
+				return jsNumberString(f), true
 			}
 		}
 	case "null":
@@ -317,7 +485,129 @@ func coerceTo(typ string, v any) (any, bool) {
 			}
 		}
 	}
-	return nil, false
+	return v, false
+}
+
+// isJSSpace is JavaScript's white space and line terminators, which
+// String.prototype.trim and Number() strip.
+func isJSSpace(r rune) bool {
+	return r == '\ufeff' || (r != '\u0085' && unicode.IsSpace(r))
+}
+
+// jsNumber is JavaScript's Number(s) for a string; false where it is NaN.
+// Infinity comes back as an infinity.
+func jsNumber(s string) (float64, bool) {
+	s = strings.TrimFunc(s, isJSSpace)
+	if s == "" {
+		return 0, true
+	}
+	if len(s) > 2 && s[0] == '0' {
+		base := 0
+		switch s[1] {
+		case 'x', 'X':
+			base = 16
+		case 'o', 'O':
+			base = 8
+		case 'b', 'B':
+			base = 2
+		}
+		if base != 0 {
+			for _, c := range s[2:] {
+				if d := digitValue(c); d >= base {
+					return 0, false
+				}
+			}
+			n, ok := new(big.Int).SetString(s[2:], base)
+			if !ok {
+				return 0, false
+			}
+			f, _ := new(big.Float).SetInt(n).Float64()
+			return f, true
+		}
+	}
+	body := strings.TrimLeft(s, "+-")
+	if len(s)-len(body) > 1 {
+		return 0, false
+	}
+	if body == "Infinity" {
+		if s[0] == '-' {
+			return math.Inf(-1), true
+		}
+		return math.Inf(1), true
+	}
+	if !isDecimalLiteral(body) {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, false
+	}
+	return f, true
+}
+
+func digitValue(c rune) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return 99
+}
+
+// isDecimalLiteral matches JavaScript's unsigned StrDecimalLiteral without
+// Infinity: digits, an optional fraction, an optional exponent, and at least
+// one digit before the exponent.
+func isDecimalLiteral(s string) bool {
+	i, digits := 0, 0
+	for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+		i, digits = i+1, digits+1
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i, digits = i+1, digits+1
+		}
+	}
+	if digits == 0 {
+		return false
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		exp := 0
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i, exp = i+1, exp+1
+		}
+		if exp == 0 {
+			return false
+		}
+	}
+	return i == len(s)
+}
+
+// jsNumberString is JavaScript's String(f) for a finite number (the format
+// encoding/json also uses for float64).
+func jsNumberString(f float64) string {
+	if f == 0 {
+		return "0"
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs < 1e-6 || abs >= 1e21 {
+		format = 'e'
+	}
+	s := strconv.FormatFloat(f, format, -1, 64)
+	if format == 'e' {
+		// e-07 -> e-7
+		if n := len(s); n >= 4 && s[n-4] == 'e' && s[n-3] == '-' && s[n-2] == '0' {
+			s = s[:n-2] + s[n-1:]
+		}
+	}
+	return s
 }
 
 func deepCopy(v any) any {
@@ -358,10 +648,10 @@ func toSchemaValue(v any) any {
 	return v
 }
 
-// CanonicalJSON writes v with sorted object keys and no spaces.
-// (encoding/json already sorts map keys.)
+// CanonicalJSON writes v with sorted object keys and no spaces, as
+// AppendJSON does (encoding/json already sorts map keys).
 func CanonicalJSON(v any) string {
-	b, err := json.Marshal(v)
+	b, err := MarshalJSON(v)
 	if err != nil {
 		return "null"
 	}
@@ -375,7 +665,7 @@ func NewTool[T any](name, description string, fn func(ctx context.Context, args 
 	r := reflectschema.Reflector{ExpandedStruct: true, DoNotReference: true, Anonymous: true}
 	s := r.Reflect(new(T))
 	s.Version = ""
-	schema, err := json.Marshal(s)
+	schema, err := MarshalJSON(s)
 	if err != nil {
 		panic(fmt.Sprintf("agent.NewTool(%s): schema: %v", name, err))
 	}

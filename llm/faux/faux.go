@@ -2,8 +2,8 @@ package faux
 
 import (
 	"context"
-	"encoding/json"
 	"iter"
+	"math"
 	"sync"
 	"time"
 
@@ -94,15 +94,16 @@ func (m *Model) Stream(ctx context.Context, model agent.Model, llm agent.Context
 		if !ok && m.opts.Fallback != nil {
 			resp, ok = m.opts.Fallback(llm), true
 		}
-		s := streamer{ctx: ctx, yield: yield, chunk: m.opts.TokenSize * 4, tps: m.opts.TokensPerSecond}
+		s := streamer{ctx: ctx, yield: yield, chunk: chunkChars(m.opts.TokenSize), tps: m.opts.TokensPerSecond}
 		s.msg = agent.Message{Role: agent.RoleAssistant, API: model.API, Provider: model.Provider,
 			Model: model.ID, StopReason: agent.StopReasonStop, Timestamp: time.Now().UnixMilli()}
-		if ctx.Err() != nil {
-			s.abort()
-			return
-		}
+		// The reference reports an empty queue before it looks at the abort.
 		if !ok {
 			s.fail(agent.StopReasonError, NoMoreText)
+			return
+		}
+		if ctx.Err() != nil {
+			s.abort()
 			return
 		}
 		s.msg.Usage.Input = estimateTokens(contextChars(llm))
@@ -110,12 +111,11 @@ func (m *Model) Stream(ctx context.Context, model agent.Model, llm agent.Context
 		if !yield(agent.StreamEvent{Type: agent.StreamStart, Message: &hdr}) {
 			return
 		}
+		// No abort check between blocks: the reference pushes a block's end
+		// and the next block's start before its consumer sees either, so an
+		// abort at an end event is seen only after the next start.
 		out := 0
 		for i, block := range resp.Content {
-			if ctx.Err() != nil {
-				s.abort()
-				return
-			}
 			n, ok := s.block(i, block)
 			if !ok {
 				return
@@ -166,7 +166,7 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 		if args == nil {
 			args = map[string]any{}
 		}
-		raw, _ := json.Marshal(args)
+		raw, _ := agent.MarshalJSON(args)
 		full, start, delta, end = string(raw), agent.StreamToolCallStart, agent.StreamToolCallDelta, agent.StreamToolCallEnd
 		s.msg.Content = append(s.msg.Content, agent.Content{Type: agent.ContentToolCall, ID: b.ID, Name: b.Name, Arguments: map[string]any{}})
 	default:
@@ -177,7 +177,8 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 	if !s.yield(agent.StreamEvent{Type: start, ContentIndex: i, ID: b.ID, Name: b.Name}) {
 		return 0, false
 	}
-	for pos := 0; pos < len(full); {
+	// At least one delta: an empty block streams one empty chunk.
+	for pos := 0; ; {
 		n := min(s.chunk, len(full)-pos)
 		if !s.pace(n) {
 			s.abort()
@@ -201,6 +202,9 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 		if !s.yield(ev) {
 			return 0, false
 		}
+		if pos >= len(full) {
+			break
+		}
 	}
 	final := b
 	if b.Type == agent.ContentToolCall && final.Arguments == nil {
@@ -218,8 +222,10 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 // pace waits before a chunk of n characters; false when aborted.
 func (s *streamer) pace(n int) bool {
 	if s.tps > 0 {
-		tokens := (n + 3) / 4
-		d := time.Duration(float64(tokens) / s.tps * float64(time.Second))
+		d := time.Duration(math.MaxInt64) // a pace too slow to express: wait for the abort
+		if secs := float64(estimateTokens(n)) / s.tps; secs < float64(math.MaxInt64)/float64(time.Second) {
+			d = time.Duration(secs * float64(time.Second))
+		}
 		if s.timer == nil {
 			s.timer = time.NewTimer(d)
 		} else {
@@ -246,7 +252,17 @@ func (s *streamer) fail(reason agent.StopReason, text string) {
 	s.yield(agent.StreamEvent{Type: agent.StreamError, Reason: reason, Message: &final})
 }
 
-func estimateTokens(chars int) int { return (chars + 3) / 4 }
+// estimateTokens is ceil(chars/4), without overflow.
+func estimateTokens(chars int) int { return chars/4 + min(chars%4, 1) }
+
+// chunkChars is tokenSize*4, or the whole block for a tokenSize too large to
+// multiply.
+func chunkChars(tokenSize int) int {
+	if tokenSize > math.MaxInt/4 {
+		return math.MaxInt
+	}
+	return tokenSize * 4
+}
 
 // contextChars sizes the request for the usage estimate. Tool-call
 // arguments count by name and id only: an estimate need not serialise them.

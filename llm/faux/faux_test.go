@@ -2,6 +2,7 @@ package faux_test
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 
@@ -86,5 +87,72 @@ func TestPacedAbort(t *testing.T) {
 	}
 	if deltas != 3 || last.Type != agent.StreamError || last.Reason != agent.StopReasonAborted || last.Message.TextOf() != "abcdabcdabcd" {
 		t.Fatalf("deltas %d, last %s %q", deltas, last.Type, last.Message.TextOf())
+	}
+}
+
+// streamAll collects the events of one reply, failing past limit events (a
+// chunk size of 0 would stream empty deltas forever).
+func streamAll(t *testing.T, ctx context.Context, m *faux.Model, limit int) []agent.StreamEvent {
+	t.Helper()
+	var out []agent.StreamEvent
+	for ev := range m.Stream(ctx, model, agent.Context{}, agent.StreamOptions{}) {
+		out = append(out, ev)
+		if len(out) > limit {
+			t.Fatalf("more than %d events", limit)
+		}
+	}
+	return out
+}
+
+// Any tokenSize works: too large to multiply means the whole block in one
+// chunk, never an empty chunk or a panic.
+func TestTokenSizeNeverOverflows(t *testing.T) {
+	reply := faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("x", 100)),
+		agent.ToolCall("c1", "t", map[string]any{"a": strings.Repeat("y", 100)})}, StopReason: agent.StopReasonToolUse}
+	for _, size := range []int{4611686018427387904, math.MaxInt, math.MaxInt / 4, math.MaxInt/4 + 1, -1, math.MinInt} {
+		evs := streamAll(t, context.Background(), faux.New(faux.Options{TokenSize: size}, reply), 100)
+		deltas := 0
+		for _, ev := range evs {
+			if ev.Type == agent.StreamTextDelta || ev.Type == agent.StreamToolCallDelta {
+				deltas++
+				if ev.Delta == "" {
+					t.Fatalf("tokenSize %d: empty delta", size)
+				}
+			}
+		}
+		want := 2
+		if size <= 0 { // the default of 4 tokens: 16 characters a chunk
+			want = 7 + 7
+		}
+		last := evs[len(evs)-1]
+		if deltas != want || last.Type != agent.StreamDone || last.Message.TextOf() != strings.Repeat("x", 100) {
+			t.Fatalf("tokenSize %d: %d deltas, last %s", size, deltas, last.Type)
+		}
+	}
+}
+
+// Any tokensPerSecond works: huge or infinite means no delay, zero, negative
+// or NaN no pacing, and a pace too slow to express waits for the abort.
+func TestTokensPerSecondNeverOverflows(t *testing.T) {
+	reply := faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("x", 400))}}
+	for _, tps := range []float64{math.MaxFloat64, math.Inf(1), 1e300, 0, -1, math.Inf(-1), math.NaN()} {
+		evs := streamAll(t, context.Background(), faux.New(faux.Options{TokenSize: 1, TokensPerSecond: tps}, reply), 200)
+		if last := evs[len(evs)-1]; last.Type != agent.StreamDone {
+			t.Fatalf("tokensPerSecond %v: last %s", tps, last.Type)
+		}
+	}
+	for _, tps := range []float64{1e-300, math.SmallestNonzeroFloat64} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var evs []agent.StreamEvent
+		for ev := range faux.New(faux.Options{TokenSize: 1, TokensPerSecond: tps}, reply).Stream(ctx, model, agent.Context{}, agent.StreamOptions{}) {
+			evs = append(evs, ev)
+			if ev.Type == agent.StreamTextStart {
+				cancel() // the first chunk's wait must end with the abort
+			}
+		}
+		cancel()
+		if last := evs[len(evs)-1]; last.Type != agent.StreamError || last.Reason != agent.StopReasonAborted || len(evs) != 3 {
+			t.Fatalf("tokensPerSecond %v: %d events, last %s", tps, len(evs), last.Type)
+		}
 	}
 }
