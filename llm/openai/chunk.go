@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -114,10 +115,24 @@ func rawInt(raw json.RawMessage) (int, bool) {
 
 // toolState is a tool call being streamed.
 type toolState struct {
-	block   int    // content index
-	key     string // stream index key
-	partial string // raw argument JSON so far
-	args    map[string]any
+	block     int             // content index
+	key       string          // stream index key
+	partial   strings.Builder // raw argument JSON so far
+	parsedLen int             // partial.Len() when args was parsed
+	args      map[string]any
+}
+
+// reparseEvery is how much new argument text is always worth parsing again.
+// Past it, the partial arguments are parsed again once they grew by
+// max(reparseEvery, 1/16 of their length): each delta still carries
+// arguments (at most that stale) and a long call costs work linear in its
+// length, not quadratic. The end of the stream parses them whole.
+const reparseEvery = 2 << 10
+
+// reparseDue reports whether the arguments grew enough to parse them again.
+func (t *toolState) reparseDue() bool {
+	n := t.partial.Len()
+	return n <= reparseEvery || n-t.parsedLen >= max(reparseEvery, n/16)
 }
 
 // assembler maps decoded chunks to agent stream events with pi's rules. It
@@ -138,10 +153,21 @@ type assembler struct {
 	failed    string // provider error text, ends the stream
 	dataSeen  bool   // any event that parsed as a chunk or error
 	usageSeen bool
+
+	maxArgs     int // bytes of one call's arguments; <= 0 is no limit
+	argsScanned int // bytes handed to parseArguments, for tests of the work done
 }
 
 func newAssembler(model agent.Model, header agent.Message) *assembler {
-	return &assembler{model: model, msg: header, text: -1, thinking: -1, byKey: map[string]*toolState{}}
+	return &assembler{model: model, msg: header, text: -1, thinking: -1, byKey: map[string]*toolState{},
+		maxArgs: DefaultMaxToolArgumentBytes}
+}
+
+// parseArgs parses a call's arguments as streamed so far.
+func (a *assembler) parseArgs(t *toolState) map[string]any {
+	a.argsScanned += t.partial.Len()
+	t.parsedLen = t.partial.Len()
+	return parseArguments(t.partial.String())
 }
 
 // ended reports that nothing after this point matters.
@@ -390,16 +416,24 @@ func (a *assembler) toolDelta(key, id, name string, rawArgs json.RawMessage) {
 		c.Name = name
 	}
 	var frag string
+	size := t.partial.Len()
+	whole := false
 	if raw := bytes.TrimSpace(rawArgs); len(raw) > 0 && raw[0] == '{' {
 		// Arguments sent as an object, not a JSON string: the whole value.
-		frag = string(raw)
-		t.partial = frag
+		frag, size, whole = string(raw), 0, true
 	} else {
 		frag = rawString(rawArgs)
-		t.partial += frag
 	}
-	if frag != "" || t.args == nil {
-		t.args = parseArguments(t.partial)
+	if size += len(frag); a.maxArgs > 0 && size > a.maxArgs {
+		a.failed = fmt.Sprintf("Tool call arguments exceed the limit of %d bytes (MaxToolArgumentBytes)", a.maxArgs)
+		return
+	}
+	if whole {
+		t.partial.Reset()
+	}
+	t.partial.WriteString(frag)
+	if t.args == nil || (frag != "" && t.reparseDue()) {
+		t.args = a.parseArgs(t)
 	}
 	c.Arguments = t.args
 	a.emit(agent.StreamEvent{Type: agent.StreamToolCallDelta, ContentIndex: t.block, Delta: frag, Arguments: t.args})
@@ -451,7 +485,7 @@ func (a *assembler) closeBlocks() {
 		case agent.ContentToolCall:
 			for _, t := range a.tools {
 				if t.block == i {
-					c.Arguments = parseArguments(t.partial)
+					c.Arguments = a.parseArgs(t)
 				}
 			}
 			final := *c

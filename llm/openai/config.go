@@ -28,6 +28,8 @@ const (
 	DefaultMaxRetryDelay  = 60 * time.Second
 	DefaultIdleTimeout    = 10 * time.Minute
 	DefaultRetryBaseDelay = 500 * time.Millisecond
+
+	DefaultMaxToolArgumentBytes = 1 << 20
 )
 
 // Config configures a Provider. The zero value talks to api.openai.com
@@ -62,6 +64,10 @@ type Config struct {
 	// IdleTimeout ends a request that receives nothing (no headers, no bytes)
 	// for this long. 0 means 10 minutes, negative means never.
 	IdleTimeout time.Duration
+	// MaxToolArgumentBytes bounds the streamed arguments of one tool call;
+	// a model that sends more ends the stream with an error naming the
+	// limit. 0 means 1 MiB, negative means no limit.
+	MaxToolArgumentBytes int
 
 	// HTTPClient sends the requests; nil uses a client of the provider's own.
 	// Do not set a Timeout on it: it would cap long generations; ctx and
@@ -211,6 +217,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.RetryBaseDelay <= 0 {
 		cfg.RetryBaseDelay = DefaultRetryBaseDelay
+	}
+	if cfg.MaxToolArgumentBytes == 0 {
+		cfg.MaxToolArgumentBytes = DefaultMaxToolArgumentBytes
 	}
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout

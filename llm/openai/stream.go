@@ -58,6 +58,7 @@ func (p *Provider) stream(ctx context.Context, model agent.Model, llm agent.Cont
 		return
 	}
 	c := &call{ctx: ctx, yield: yield, keys: []string{key, p.cfg.APIKey}, a: newAssembler(model, header)}
+	c.a.maxArgs = p.cfg.MaxToolArgumentBytes
 	if ctx.Err() != nil {
 		c.end(nil)
 		return
