@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -279,6 +280,10 @@ func (p *Provider) clientConfig(key string, doer goopenai.HTTPDoer) goopenai.Cli
 	if p.cfg.AzureAPIVersion != "" {
 		c = goopenai.DefaultAzureConfig(key, p.cfg.BaseURL)
 		c.APIVersion = p.cfg.AzureAPIVersion
+		mapName := c.AzureModelMapperFunc
+		// go-openai pastes the name into the path as is; azureDeployment
+		// has refused unsafe names already, escaping is a second guard.
+		c.AzureModelMapperFunc = func(model string) string { return url.PathEscape(mapName(model)) }
 	} else {
 		c = goopenai.DefaultConfig(key)
 		c.BaseURL = p.cfg.BaseURL
@@ -286,4 +291,28 @@ func (p *Provider) clientConfig(key string, doer goopenai.HTTPDoer) goopenai.Cli
 	c.OrgID = p.cfg.OrgID
 	c.HTTPClient = doer
 	return c
+}
+
+// maxDeploymentName bounds an Azure deployment name; Azure allows 64.
+const maxDeploymentName = 255
+
+// checkDeployment refuses a model id that, in Azure mode, would not name one
+// deployment: the name goes into the URL path next to the api-key header, so
+// "../" or "?" in it would send the key to another endpoint.
+func (p *Provider) checkDeployment(model string) error {
+	if p.cfg.AzureAPIVersion == "" {
+		return nil
+	}
+	name := goopenai.DefaultAzureConfig("", "").GetAzureDeploymentByModel(model)
+	ok := name != "" && name != "." && name != ".." && len(name) <= maxDeploymentName
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			ok = false
+			break
+		}
+	}
+	if !ok {
+		return fmt.Errorf("openai: model %s is not a valid Azure deployment name (letters, digits, '-', '_' and '.')", capText(strconv.Quote(model)))
+	}
+	return nil
 }

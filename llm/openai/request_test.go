@@ -192,3 +192,54 @@ func TestAzureAndOrgHeaders(t *testing.T) {
 		t.Errorf("headers %v", header)
 	}
 }
+
+// In Azure mode the model id names a deployment in the URL path, next to
+// the api-key header: an id that would leave that path is refused before
+// any request, and every request stays under the deployment's path.
+func TestAzureDeploymentPath(t *testing.T) {
+	var paths []string
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		paths = append(paths, r.URL.EscapedPath())
+		if r.URL.EscapedPath() != "/openai/deployments/gpt-35-turbo/chat/completions" {
+			http.Error(w, "wrong path", http.StatusNotFound)
+			return
+		}
+		okStream(w)
+	})
+	p := newProvider(t, srv, func(c *Config) {
+		c.BaseURL = srv.URL
+		c.APIKey = "azure-key"
+		c.AzureAPIVersion = "2024-10-21"
+		c.MaxRetries = -1
+	})
+	_, msg := run(t, context.Background(), p, agent.Model{ID: "gpt-3.5-turbo"}, userContext("hi"), agent.StreamOptions{})
+	if msg.StopReason != agent.StopReasonStop || len(paths) != 1 {
+		t.Fatalf("valid deployment: %v %s", paths, js(msg))
+	}
+	for _, id := range []string{"../../../admin/keys?x=", "..", ".", "a/b", "a%2Fb", "x?y", "x#y", "a b", "\x1b[2J", ""} {
+		paths = nil
+		_, msg := run(t, context.Background(), p, agent.Model{ID: id}, userContext("hi"), agent.StreamOptions{})
+		if msg.StopReason != agent.StopReasonError || !strings.Contains(msg.ErrorMessage, "not a valid Azure deployment name") {
+			t.Errorf("model %q: %s %q", id, msg.StopReason, msg.ErrorMessage)
+		}
+		if len(paths) != 0 {
+			t.Errorf("model %q reached %v", id, paths)
+		}
+		if strings.Contains(msg.ErrorMessage, "\x1b") {
+			t.Errorf("model %q: control characters in %q", id, msg.ErrorMessage)
+		}
+	}
+}
+
+// The escaping of the deployment name holds on its own: go-openai's mapper
+// output is one path segment whatever the id.
+func TestAzureDeploymentEscaped(t *testing.T) {
+	p, err := New(Config{BaseURL: "https://example.invalid", AzureAPIVersion: "2024-10-21"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := p.clientConfig("k", nil)
+	if got := cfg.GetAzureDeploymentByModel("../../admin/keys?x="); got != "..%2F..%2Fadmin%2Fkeys%3Fx=" {
+		t.Errorf("deployment %q", got)
+	}
+}

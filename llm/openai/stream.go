@@ -63,6 +63,10 @@ func (p *Provider) stream(ctx context.Context, model agent.Model, llm agent.Cont
 		c.end(nil)
 		return
 	}
+	if err := p.checkDeployment(model.ID); err != nil {
+		c.finish(agent.StopReasonError, err.Error())
+		return
+	}
 	body, err := p.requestBody(model, llm, opts)
 	if err != nil {
 		c.finish(agent.StopReasonError, err.Error())
