@@ -243,3 +243,59 @@ func TestAzureDeploymentEscaped(t *testing.T) {
 		t.Errorf("deployment %q", got)
 	}
 }
+
+// The request carries "<", ">" and "&" as written, in tool-call arguments
+// sent back to the model and everywhere else, not as \u003c escapes.
+func TestRequestKeepsHTMLCharacters(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	llm := agent.Context{
+		SystemPrompt: "Answer in <b>bold</b> & brief.",
+		Tools: []*agent.Tool{{Name: "grep", Description: "Search for <pattern> & print",
+			Parameters: json.RawMessage(`{"type":"object","properties":{"q":{"type":"string","description":"a <regexp> & more"}}}`)}},
+		Messages: []agent.Message{
+			agent.UserText("find <a&b>"),
+			{Role: agent.RoleAssistant, API: API, Provider: "openai", Model: testModel.ID, StopReason: agent.StopReasonToolUse,
+				Content: []agent.Content{agent.ToolCall("call_1", "grep", map[string]any{"q": "<a&b>"})}},
+			{Role: agent.RoleToolResult, ToolCallID: "call_1", ToolName: "grep", Content: []agent.Content{agent.Text("x <a&b> y")}},
+		},
+	}
+	body, err := p.requestBody(testModel, llm, agent.StreamOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, esc := range []string{`\u003c`, `\u003e`, `\u0026`} {
+		if bytes.Contains(body, []byte(esc)) {
+			t.Errorf("body holds %s: %s", esc, body)
+		}
+	}
+	for _, want := range []string{`"arguments":"{\"q\":\"<a&b>\"}"`, `"content":"x <a&b> y"`, `"Search for <pattern> & print"`, `a <regexp> & more`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("body lacks %s: %s", want, body)
+		}
+	}
+}
+
+// Taking the HTML escapes out keeps every string as it was, including text
+// that spells an escape.
+func TestMarshalJSONKeepsStrings(t *testing.T) {
+	for _, s := range []string{`<a&b>`, `\u003c`, `\\u003c`, `\<`, "\\\u003c&", `"<"`, "\u2028<\u2029", "\xff<", `\`, `u003c`} {
+		raw, err := marshalJSON(map[string]any{"s": s, "args": s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back map[string]string
+		if err := json.Unmarshal(raw, &back); err != nil {
+			t.Fatalf("%q: %s: %v", s, raw, err)
+		}
+		want := strings.ToValidUTF8(s, "\uFFFD")
+		if back["s"] != want || back["args"] != want {
+			t.Errorf("%q came back as %q from %s", s, back["s"], raw)
+		}
+		if bytes.Contains(raw, []byte(`\u003c`)) && !bytes.Contains(raw, []byte(`\\u003c`)) {
+			t.Errorf("%q: escaped: %s", s, raw)
+		}
+	}
+}
