@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,6 +63,17 @@ type Config struct {
 	// attempt that failed (1 is the first), the wait, and why (key removed).
 	// It runs on the stream's goroutine and must not block.
 	OnRetry func(attempt int, wait time.Duration, reason string)
+	// OnRetryAfter, when set, is told when the server asks to slow down: a
+	// 429, or a 503 with Retry-After or retry-after-ms. until is the time
+	// the server names, or zero when a 429 names none. It is told whether
+	// or not the call is retried, so that callers sharing a rate limit can
+	// all pause. It runs on the stream's goroutine and must not block.
+	OnRetryAfter func(model string, until time.Time)
+	// Gate, when set, is asked before each HTTP attempt, retries included,
+	// and may wait (for a shared rate limit, say). Its error ends the stream
+	// as an error, or as aborted when ctx is done. The idle timeout does not
+	// run while it waits.
+	Gate func(ctx context.Context, model string) error
 	// IdleTimeout ends a request that receives nothing (no headers, no bytes)
 	// for this long. 0 means 10 minutes, negative means never.
 	IdleTimeout time.Duration

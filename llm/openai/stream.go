@@ -75,7 +75,7 @@ func (p *Provider) stream(ctx context.Context, model agent.Model, llm agent.Cont
 
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.d = &doer{p: p, body: body, redact: c.redact, watch: &watchdog{d: p.cfg.IdleTimeout}}
+	c.d = &doer{p: p, model: model.ID, body: body, redact: c.redact, watch: &watchdog{d: p.cfg.IdleTimeout}}
 	defer c.d.watch.stop()
 	client := goopenai.NewClientWithConfig(p.clientConfig(key, c.d))
 	// Only the model goes to go-openai: its request validators refuse
