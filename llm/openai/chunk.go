@@ -145,8 +145,11 @@ type assembler struct {
 
 	text     int // content index of the text block, -1 if none
 	thinking int // content index of the thinking block, -1 if none
-	tools    []*toolState
-	byKey    map[string]*toolState
+	// The blocks' text, copied into the message when they end: appending
+	// to a string on each delta would copy it whole every time.
+	textBuf, thinkingBuf strings.Builder
+	tools                []*toolState
+	byKey                map[string]*toolState
 
 	finish    string // last finish_reason seen
 	sawDone   bool   // data: [DONE]
@@ -366,7 +369,7 @@ func (a *assembler) addText(s string) {
 		a.msg.Content = append(a.msg.Content, agent.Content{Type: agent.ContentText})
 		a.emit(agent.StreamEvent{Type: agent.StreamTextStart, ContentIndex: a.text})
 	}
-	a.msg.Content[a.text].Text += s
+	a.textBuf.WriteString(s)
 	a.emit(agent.StreamEvent{Type: agent.StreamTextDelta, ContentIndex: a.text, Delta: s})
 }
 
@@ -379,7 +382,7 @@ func (a *assembler) addThinking(s, field string) {
 		a.msg.Content = append(a.msg.Content, agent.Content{Type: agent.ContentThinking, ThinkingSignature: field})
 		a.emit(agent.StreamEvent{Type: agent.StreamThinkingStart, ContentIndex: a.thinking, Signature: field})
 	}
-	a.msg.Content[a.thinking].Thinking += s
+	a.thinkingBuf.WriteString(s)
 	a.emit(agent.StreamEvent{Type: agent.StreamThinkingDelta, ContentIndex: a.thinking, Delta: s})
 }
 
@@ -479,8 +482,10 @@ func (a *assembler) closeBlocks() {
 		c := &a.msg.Content[i]
 		switch c.Type {
 		case agent.ContentText:
+			c.Text = a.textBuf.String()
 			a.emit(agent.StreamEvent{Type: agent.StreamTextEnd, ContentIndex: i, Content: c.Text})
 		case agent.ContentThinking:
+			c.Thinking = a.thinkingBuf.String()
 			a.emit(agent.StreamEvent{Type: agent.StreamThinkingEnd, ContentIndex: i, Content: c.Thinking, Signature: c.ThinkingSignature})
 		case agent.ContentToolCall:
 			for _, t := range a.tools {

@@ -82,9 +82,9 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// feedToolArgs runs an SSE body through an assembler and returns it with
+// feedBody runs an SSE body through an assembler and returns it with
 // the events it produced.
-func feedToolArgs(t *testing.T, body []byte) (*assembler, []agent.StreamEvent) {
+func feedBody(t *testing.T, body []byte) (*assembler, []agent.StreamEvent) {
 	t.Helper()
 	a := newAssembler(testModel, agent.Message{Role: agent.RoleAssistant})
 	dec := newSSEDecoder(bytes.NewReader(body))
@@ -111,7 +111,7 @@ func TestLongToolArgumentsParseLinearly(t *testing.T) {
 
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	a, events := feedToolArgs(t, body)
+	a, events := feedBody(t, body)
 	runtime.ReadMemStats(&after)
 
 	if a.failed != "" {
@@ -187,5 +187,34 @@ func TestToolArgumentsLimit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Long text and reasoning streamed in small deltas cost memory linear in
+// their length: the blocks are not copied whole on each delta.
+func TestLongTextAllocatesLinearly(t *testing.T) {
+	text := strings.Repeat("word <&> ", 128<<10/9)
+	var body bytes.Buffer
+	for rest := text; rest != ""; {
+		n := min(20, len(rest))
+		body.WriteString("data: " + `{"choices":[{"index":0,"delta":{"reasoning_content":` + js(rest[:n]) + `,"content":` + js(rest[:n]) + `}}]}` + "\n\n")
+		rest = rest[n:]
+	}
+	body.WriteString("data: " + stopChunk + "\n\n")
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	a, _ := feedBody(t, body.Bytes())
+	runtime.ReadMemStats(&after)
+
+	if a.msg.TextOf() != text || a.msg.ThinkingOf() != text {
+		t.Fatalf("text of %d bytes, thinking of %d, want %d", len(a.msg.TextOf()), len(a.msg.ThinkingOf()), len(text))
+	}
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("allocated %d bytes (%.1fx) for %d bytes of text and of thinking", alloc, float64(alloc)/float64(len(text)), len(text))
+	// Decoding the chunks costs a few KB each; copying the text on each
+	// delta would cost ~7,000x its length here.
+	if alloc > uint64(600*len(text)) {
+		t.Errorf("allocated %d bytes for %d bytes of text", alloc, len(text))
 	}
 }
