@@ -3,34 +3,43 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/agentfleet/agentfleet/agent"
 	goopenai "github.com/sashabaranov/go-openai"
 )
 
 // Wire shapes of a chat.completion.chunk. They mirror go-openai's
-// ChatCompletionStreamResponse, but every field is raw so that one field of
-// an unexpected type (content as an array, arguments as an object, a number
-// as a string) loses only itself instead of the whole chunk, and the fields
+// ChatCompletionStreamResponse, but every value is raw, or a container of
+// raw values, so that one field of an unexpected type (content as an array,
+// arguments as an object, a number as a string, a choice that is not an
+// object) loses only itself instead of the whole chunk, and the fields
 // go-openai lacks (reasoning, reasoning_text, reasoning_details, error) are
-// kept.
+// kept. The containers are decoded in the chunk's one pass: decoding each
+// level from raw bytes again scanned the bytes of a delta about eight times.
 type wireChunk struct {
 	ID      json.RawMessage `json:"id"`
 	Model   json.RawMessage `json:"model"`
-	Choices json.RawMessage `json:"choices"`
+	Choices []wireChoice    `json:"choices"`
 	Usage   json.RawMessage `json:"usage"`
 	Error   json.RawMessage `json:"error"`
 }
 
 type wireChoice struct {
 	Index        json.RawMessage `json:"index"`
-	Delta        json.RawMessage `json:"delta"`
-	Message      json.RawMessage `json:"message"` // a non-streamed completion
+	Delta        *wireDelta      `json:"delta"`
+	Message      *wireDelta      `json:"message"` // a non-streamed completion
 	FinishReason json.RawMessage `json:"finish_reason"`
 	Usage        json.RawMessage `json:"usage"`
+}
+
+// empty reports a choice that had no fields, or was not an object at all.
+func (c *wireChoice) empty() bool {
+	return c.Index == nil && c.Delta == nil && c.Message == nil && c.FinishReason == nil && c.Usage == nil
 }
 
 type wireDelta struct {
@@ -40,20 +49,25 @@ type wireDelta struct {
 	Reasoning        json.RawMessage `json:"reasoning"`
 	ReasoningText    json.RawMessage `json:"reasoning_text"`
 	ReasoningDetails json.RawMessage `json:"reasoning_details"`
-	ToolCalls        json.RawMessage `json:"tool_calls"`
-	FunctionCall     json.RawMessage `json:"function_call"`
+	ToolCalls        []wireToolCall  `json:"tool_calls"`
+	FunctionCall     *wireFunction   `json:"function_call"`
 }
 
 type wireToolCall struct {
 	Index    json.RawMessage `json:"index"`
 	ID       json.RawMessage `json:"id"`
-	Function json.RawMessage `json:"function"`
+	Function wireFunction    `json:"function"`
 }
+
+// empty reports a call that had no fields, or was not an object at all.
+func (t *wireToolCall) empty() bool { return t.Index == nil && t.ID == nil && t.Function.empty() }
 
 type wireFunction struct {
 	Name      json.RawMessage `json:"name"`
 	Arguments json.RawMessage `json:"arguments"`
 }
+
+func (f *wireFunction) empty() bool { return f.Name == nil && f.Arguments == nil }
 
 type wireUsage struct {
 	PromptTokens         json.RawMessage `json:"prompt_tokens"`
@@ -87,6 +101,11 @@ func rawString(raw json.RawMessage) string {
 	}
 	switch raw[0] {
 	case '"':
+		// Most strings need no unescaping: take them as they are.
+		if len(raw) >= 2 && raw[len(raw)-1] == '"' && bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) &&
+			bytes.IndexFunc(raw, func(r rune) bool { return r < 0x20 }) < 0 && bytes.IndexByte(raw[1:len(raw)-1], '"') < 0 {
+			return string(raw[1 : len(raw)-1])
+		}
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
 			return s
@@ -196,8 +215,11 @@ func (a *assembler) event(ev sseEvent) {
 		return
 	}
 	var c wireChunk
-	if json.Unmarshal(data, &c) != nil {
-		return // a broken chunk loses only itself
+	if data[0] != '{' {
+		return
+	}
+	if err := json.Unmarshal(data, &c); err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) {
+		return // a broken chunk loses only itself; a field of another type loses only the field
 	}
 	a.dataSeen = true
 	a.chunk(&c)
@@ -213,13 +235,10 @@ func (a *assembler) chunk(c *wireChunk) {
 	if !isNull(c.Usage) {
 		a.usage(c.Usage)
 	}
-	var choices []json.RawMessage
-	_ = json.Unmarshal(c.Choices, &choices)
 	var choice wireChoice
 	found := false
-	for _, raw := range choices {
-		var ch wireChoice
-		if json.Unmarshal(raw, &ch) != nil {
+	for _, ch := range c.Choices {
+		if ch.empty() {
 			continue
 		}
 		if i, ok := rawInt(ch.Index); !found || (ok && i == 0) {
@@ -236,13 +255,12 @@ func (a *assembler) chunk(c *wireChunk) {
 		if r := rawString(choice.FinishReason); r != "" && r != string(goopenai.FinishReasonNull) {
 			a.finish = r // a later null never erases it
 		}
-		delta := choice.Delta
-		if isNull(delta) {
-			delta = choice.Message
+		d := choice.Delta
+		if d == nil {
+			d = choice.Message
 		}
-		var d wireDelta
-		if !isNull(delta) && json.Unmarshal(delta, &d) == nil {
-			a.delta(&d)
+		if d != nil {
+			a.delta(d)
 		}
 	}
 	if !isNull(c.Error) {
@@ -292,27 +310,18 @@ func (a *assembler) delta(d *wireDelta) {
 		a.addThinking(strings.Join(thinking, ""), "content")
 	}
 
-	var calls []json.RawMessage
-	if json.Unmarshal(d.ToolCalls, &calls) == nil {
-		for pos, raw := range calls {
-			var tc wireToolCall
-			if json.Unmarshal(raw, &tc) != nil {
-				continue
-			}
-			var fn wireFunction
-			_ = json.Unmarshal(tc.Function, &fn)
-			key := strconv.Itoa(pos)
-			if i, ok := rawInt(tc.Index); ok {
-				key = strconv.Itoa(i)
-			}
-			a.toolDelta(key, rawString(tc.ID), rawString(fn.Name), fn.Arguments)
+	for pos, tc := range d.ToolCalls {
+		if tc.empty() {
+			continue
 		}
+		key := strconv.Itoa(pos)
+		if i, ok := rawInt(tc.Index); ok {
+			key = strconv.Itoa(i)
+		}
+		a.toolDelta(key, rawString(tc.ID), rawString(tc.Function.Name), tc.Function.Arguments)
 	}
-	if !isNull(d.FunctionCall) {
-		var fn wireFunction
-		if json.Unmarshal(d.FunctionCall, &fn) == nil {
-			a.toolDelta("function_call", "", rawString(fn.Name), fn.Arguments)
-		}
+	if fn := d.FunctionCall; fn != nil && !fn.empty() {
+		a.toolDelta("function_call", "", rawString(fn.Name), fn.Arguments)
 	}
 }
 
