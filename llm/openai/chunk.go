@@ -444,7 +444,8 @@ func (a *assembler) toolDelta(key, id, name string, rawArgs json.RawMessage) {
 		t.partial.Reset()
 	}
 	t.partial.WriteString(frag)
-	if t.args == nil || (frag != "" && t.reparseDue()) {
+	// A whole object is parsed at once: its bytes arrived in this chunk.
+	if t.args == nil || whole || (frag != "" && t.reparseDue()) {
 		t.args = a.parseArgs(t)
 	}
 	c.Arguments = t.args

@@ -218,3 +218,24 @@ func TestLongTextAllocatesLinearly(t *testing.T) {
 		t.Errorf("allocated %d bytes for %d bytes of text", alloc, len(text))
 	}
 }
+
+// Arguments sent again as a whole object replace the ones before, and each
+// delta carries the object it sent, however long the ones before were.
+func TestToolArgumentsWholeObjects(t *testing.T) {
+	long := bigArguments(8 << 10)
+	second := strings.Replace(bigArguments(4<<10), "notes/", "other/", 1)
+	var body bytes.Buffer
+	for _, args := range []string{long, second} {
+		body.WriteString("data: " + `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"write","arguments":` + args + `}}]}}]}` + "\n\n")
+	}
+	_, events := feedBody(t, body.Bytes())
+	var deltas []string
+	for _, ev := range events {
+		if ev.Type == agent.StreamToolCallDelta {
+			deltas = append(deltas, js(ev.Arguments))
+		}
+	}
+	if len(deltas) != 2 || deltas[0] != js(parseArguments(long)) || deltas[1] != js(parseArguments(second)) {
+		t.Fatalf("deltas carried %.200q", deltas)
+	}
+}
