@@ -293,7 +293,7 @@ func (p *Provider) clientConfig(key string, doer goopenai.HTTPDoer) goopenai.Cli
 		c = goopenai.DefaultAzureConfig(key, p.cfg.BaseURL)
 		c.APIVersion = p.cfg.AzureAPIVersion
 		mapName := c.AzureModelMapperFunc
-		// go-openai pastes the name into the path as is; azureDeployment
+		// go-openai pastes the name into the path as is; checkDeployment
 		// has refused unsafe names already, escaping is a second guard.
 		c.AzureModelMapperFunc = func(model string) string { return url.PathEscape(mapName(model)) }
 	} else {
