@@ -3,33 +3,43 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/agentfleet/agentfleet/agent"
 	goopenai "github.com/sashabaranov/go-openai"
 )
 
 // Wire shapes of a chat.completion.chunk. They mirror go-openai's
-// ChatCompletionStreamResponse, but every field is raw so that one field of
-// an unexpected type (content as an array, arguments as an object, a number
-// as a string) loses only itself instead of the whole chunk, and the fields
+// ChatCompletionStreamResponse, but every value is raw, or a container of
+// raw values, so that one field of an unexpected type (content as an array,
+// arguments as an object, a number as a string, a choice that is not an
+// object) loses only itself instead of the whole chunk, and the fields
 // go-openai lacks (reasoning, reasoning_text, reasoning_details, error) are
-// kept.
+// kept. The containers are decoded in the chunk's one pass: decoding each
+// level from raw bytes again scanned the bytes of a delta about eight times.
 type wireChunk struct {
 	ID      json.RawMessage `json:"id"`
 	Model   json.RawMessage `json:"model"`
-	Choices json.RawMessage `json:"choices"`
+	Choices []wireChoice    `json:"choices"`
 	Usage   json.RawMessage `json:"usage"`
 	Error   json.RawMessage `json:"error"`
 }
 
 type wireChoice struct {
 	Index        json.RawMessage `json:"index"`
-	Delta        json.RawMessage `json:"delta"`
-	Message      json.RawMessage `json:"message"` // a non-streamed completion
+	Delta        *wireDelta      `json:"delta"`
+	Message      *wireDelta      `json:"message"` // a non-streamed completion
 	FinishReason json.RawMessage `json:"finish_reason"`
 	Usage        json.RawMessage `json:"usage"`
+}
+
+// empty reports a choice that had no fields, or was not an object at all.
+func (c *wireChoice) empty() bool {
+	return c.Index == nil && c.Delta == nil && c.Message == nil && c.FinishReason == nil && c.Usage == nil
 }
 
 type wireDelta struct {
@@ -39,20 +49,25 @@ type wireDelta struct {
 	Reasoning        json.RawMessage `json:"reasoning"`
 	ReasoningText    json.RawMessage `json:"reasoning_text"`
 	ReasoningDetails json.RawMessage `json:"reasoning_details"`
-	ToolCalls        json.RawMessage `json:"tool_calls"`
-	FunctionCall     json.RawMessage `json:"function_call"`
+	ToolCalls        []wireToolCall  `json:"tool_calls"`
+	FunctionCall     *wireFunction   `json:"function_call"`
 }
 
 type wireToolCall struct {
 	Index    json.RawMessage `json:"index"`
 	ID       json.RawMessage `json:"id"`
-	Function json.RawMessage `json:"function"`
+	Function wireFunction    `json:"function"`
 }
+
+// empty reports a call that had no fields, or was not an object at all.
+func (t *wireToolCall) empty() bool { return t.Index == nil && t.ID == nil && t.Function.empty() }
 
 type wireFunction struct {
 	Name      json.RawMessage `json:"name"`
 	Arguments json.RawMessage `json:"arguments"`
 }
+
+func (f *wireFunction) empty() bool { return f.Name == nil && f.Arguments == nil }
 
 type wireUsage struct {
 	PromptTokens         json.RawMessage `json:"prompt_tokens"`
@@ -86,6 +101,11 @@ func rawString(raw json.RawMessage) string {
 	}
 	switch raw[0] {
 	case '"':
+		// Most strings need no unescaping: take them as they are.
+		if len(raw) >= 2 && raw[len(raw)-1] == '"' && bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) &&
+			bytes.IndexFunc(raw, func(r rune) bool { return r < 0x20 }) < 0 && bytes.IndexByte(raw[1:len(raw)-1], '"') < 0 {
+			return string(raw[1 : len(raw)-1])
+		}
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
 			return s
@@ -114,10 +134,24 @@ func rawInt(raw json.RawMessage) (int, bool) {
 
 // toolState is a tool call being streamed.
 type toolState struct {
-	block   int    // content index
-	key     string // stream index key
-	partial string // raw argument JSON so far
-	args    map[string]any
+	block     int             // content index
+	key       string          // stream index key
+	partial   strings.Builder // raw argument JSON so far
+	parsedLen int             // partial.Len() when args was parsed
+	args      map[string]any
+}
+
+// reparseEvery is how much new argument text is always worth parsing again.
+// Past it, the partial arguments are parsed again once they grew by
+// max(reparseEvery, 1/16 of their length): each delta still carries
+// arguments (at most that stale) and a long call costs work linear in its
+// length, not quadratic. The end of the stream parses them whole.
+const reparseEvery = 2 << 10
+
+// reparseDue reports whether the arguments grew enough to parse them again.
+func (t *toolState) reparseDue() bool {
+	n := t.partial.Len()
+	return n <= reparseEvery || n-t.parsedLen >= max(reparseEvery, n/16)
 }
 
 // assembler maps decoded chunks to agent stream events with pi's rules. It
@@ -130,18 +164,32 @@ type assembler struct {
 
 	text     int // content index of the text block, -1 if none
 	thinking int // content index of the thinking block, -1 if none
-	tools    []*toolState
-	byKey    map[string]*toolState
+	// The blocks' text, copied into the message when they end: appending
+	// to a string on each delta would copy it whole every time.
+	textBuf, thinkingBuf strings.Builder
+	tools                []*toolState
+	byKey                map[string]*toolState
 
 	finish    string // last finish_reason seen
 	sawDone   bool   // data: [DONE]
 	failed    string // provider error text, ends the stream
 	dataSeen  bool   // any event that parsed as a chunk or error
 	usageSeen bool
+
+	maxArgs     int // bytes of one call's arguments; <= 0 is no limit
+	argsScanned int // bytes handed to parseArguments, for tests of the work done
 }
 
 func newAssembler(model agent.Model, header agent.Message) *assembler {
-	return &assembler{model: model, msg: header, text: -1, thinking: -1, byKey: map[string]*toolState{}}
+	return &assembler{model: model, msg: header, text: -1, thinking: -1, byKey: map[string]*toolState{},
+		maxArgs: DefaultMaxToolArgumentBytes}
+}
+
+// parseArgs parses a call's arguments as streamed so far.
+func (a *assembler) parseArgs(t *toolState) map[string]any {
+	a.argsScanned += t.partial.Len()
+	t.parsedLen = t.partial.Len()
+	return parseArguments(t.partial.String())
 }
 
 // ended reports that nothing after this point matters.
@@ -167,8 +215,11 @@ func (a *assembler) event(ev sseEvent) {
 		return
 	}
 	var c wireChunk
-	if json.Unmarshal(data, &c) != nil {
-		return // a broken chunk loses only itself
+	if data[0] != '{' {
+		return
+	}
+	if err := json.Unmarshal(data, &c); err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) {
+		return // a broken chunk loses only itself; a field of another type loses only the field
 	}
 	a.dataSeen = true
 	a.chunk(&c)
@@ -184,13 +235,10 @@ func (a *assembler) chunk(c *wireChunk) {
 	if !isNull(c.Usage) {
 		a.usage(c.Usage)
 	}
-	var choices []json.RawMessage
-	_ = json.Unmarshal(c.Choices, &choices)
 	var choice wireChoice
 	found := false
-	for _, raw := range choices {
-		var ch wireChoice
-		if json.Unmarshal(raw, &ch) != nil {
+	for _, ch := range c.Choices {
+		if ch.empty() {
 			continue
 		}
 		if i, ok := rawInt(ch.Index); !found || (ok && i == 0) {
@@ -207,13 +255,12 @@ func (a *assembler) chunk(c *wireChunk) {
 		if r := rawString(choice.FinishReason); r != "" && r != string(goopenai.FinishReasonNull) {
 			a.finish = r // a later null never erases it
 		}
-		delta := choice.Delta
-		if isNull(delta) {
-			delta = choice.Message
+		d := choice.Delta
+		if d == nil {
+			d = choice.Message
 		}
-		var d wireDelta
-		if !isNull(delta) && json.Unmarshal(delta, &d) == nil {
-			a.delta(&d)
+		if d != nil {
+			a.delta(d)
 		}
 	}
 	if !isNull(c.Error) {
@@ -263,27 +310,18 @@ func (a *assembler) delta(d *wireDelta) {
 		a.addThinking(strings.Join(thinking, ""), "content")
 	}
 
-	var calls []json.RawMessage
-	if json.Unmarshal(d.ToolCalls, &calls) == nil {
-		for pos, raw := range calls {
-			var tc wireToolCall
-			if json.Unmarshal(raw, &tc) != nil {
-				continue
-			}
-			var fn wireFunction
-			_ = json.Unmarshal(tc.Function, &fn)
-			key := strconv.Itoa(pos)
-			if i, ok := rawInt(tc.Index); ok {
-				key = strconv.Itoa(i)
-			}
-			a.toolDelta(key, rawString(tc.ID), rawString(fn.Name), fn.Arguments)
+	for pos, tc := range d.ToolCalls {
+		if tc.empty() {
+			continue
 		}
+		key := strconv.Itoa(pos)
+		if i, ok := rawInt(tc.Index); ok {
+			key = strconv.Itoa(i)
+		}
+		a.toolDelta(key, rawString(tc.ID), rawString(tc.Function.Name), tc.Function.Arguments)
 	}
-	if !isNull(d.FunctionCall) {
-		var fn wireFunction
-		if json.Unmarshal(d.FunctionCall, &fn) == nil {
-			a.toolDelta("function_call", "", rawString(fn.Name), fn.Arguments)
-		}
+	if fn := d.FunctionCall; fn != nil && !fn.empty() {
+		a.toolDelta("function_call", "", rawString(fn.Name), fn.Arguments)
 	}
 }
 
@@ -340,7 +378,7 @@ func (a *assembler) addText(s string) {
 		a.msg.Content = append(a.msg.Content, agent.Content{Type: agent.ContentText})
 		a.emit(agent.StreamEvent{Type: agent.StreamTextStart, ContentIndex: a.text})
 	}
-	a.msg.Content[a.text].Text += s
+	a.textBuf.WriteString(s)
 	a.emit(agent.StreamEvent{Type: agent.StreamTextDelta, ContentIndex: a.text, Delta: s})
 }
 
@@ -353,7 +391,7 @@ func (a *assembler) addThinking(s, field string) {
 		a.msg.Content = append(a.msg.Content, agent.Content{Type: agent.ContentThinking, ThinkingSignature: field})
 		a.emit(agent.StreamEvent{Type: agent.StreamThinkingStart, ContentIndex: a.thinking, Signature: field})
 	}
-	a.msg.Content[a.thinking].Thinking += s
+	a.thinkingBuf.WriteString(s)
 	a.emit(agent.StreamEvent{Type: agent.StreamThinkingDelta, ContentIndex: a.thinking, Delta: s})
 }
 
@@ -390,16 +428,25 @@ func (a *assembler) toolDelta(key, id, name string, rawArgs json.RawMessage) {
 		c.Name = name
 	}
 	var frag string
+	size := t.partial.Len()
+	whole := false
 	if raw := bytes.TrimSpace(rawArgs); len(raw) > 0 && raw[0] == '{' {
 		// Arguments sent as an object, not a JSON string: the whole value.
-		frag = string(raw)
-		t.partial = frag
+		frag, size, whole = string(raw), 0, true
 	} else {
 		frag = rawString(rawArgs)
-		t.partial += frag
 	}
-	if frag != "" || t.args == nil {
-		t.args = parseArguments(t.partial)
+	if size += len(frag); a.maxArgs > 0 && size > a.maxArgs {
+		a.failed = fmt.Sprintf("Tool call arguments exceed the limit of %d bytes (MaxToolArgumentBytes)", a.maxArgs)
+		return
+	}
+	if whole {
+		t.partial.Reset()
+	}
+	t.partial.WriteString(frag)
+	// A whole object is parsed at once: its bytes arrived in this chunk.
+	if t.args == nil || whole || (frag != "" && t.reparseDue()) {
+		t.args = a.parseArgs(t)
 	}
 	c.Arguments = t.args
 	a.emit(agent.StreamEvent{Type: agent.StreamToolCallDelta, ContentIndex: t.block, Delta: frag, Arguments: t.args})
@@ -445,13 +492,15 @@ func (a *assembler) closeBlocks() {
 		c := &a.msg.Content[i]
 		switch c.Type {
 		case agent.ContentText:
+			c.Text = a.textBuf.String()
 			a.emit(agent.StreamEvent{Type: agent.StreamTextEnd, ContentIndex: i, Content: c.Text})
 		case agent.ContentThinking:
+			c.Thinking = a.thinkingBuf.String()
 			a.emit(agent.StreamEvent{Type: agent.StreamThinkingEnd, ContentIndex: i, Content: c.Thinking, Signature: c.ThinkingSignature})
 		case agent.ContentToolCall:
 			for _, t := range a.tools {
 				if t.block == i {
-					c.Arguments = parseArguments(t.partial)
+					c.Arguments = a.parseArgs(t)
 				}
 			}
 			final := *c

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -28,6 +30,8 @@ const (
 	DefaultMaxRetryDelay  = 60 * time.Second
 	DefaultIdleTimeout    = 10 * time.Minute
 	DefaultRetryBaseDelay = 500 * time.Millisecond
+
+	DefaultMaxToolArgumentBytes = 1 << 20
 )
 
 // Config configures a Provider. The zero value talks to api.openai.com
@@ -59,9 +63,24 @@ type Config struct {
 	// attempt that failed (1 is the first), the wait, and why (key removed).
 	// It runs on the stream's goroutine and must not block.
 	OnRetry func(attempt int, wait time.Duration, reason string)
+	// OnRetryAfter, when set, is told when the server asks to slow down: a
+	// 429, or a 503 with Retry-After or retry-after-ms. until is the time
+	// the server names, or zero when a 429 names none. It is told whether
+	// or not the call is retried, so that callers sharing a rate limit can
+	// all pause. It runs on the stream's goroutine and must not block.
+	OnRetryAfter func(model string, until time.Time)
+	// Gate, when set, is asked before each HTTP attempt, retries included,
+	// and may wait (for a shared rate limit, say). Its error ends the stream
+	// as an error, or as aborted when ctx is done. The idle timeout does not
+	// run while it waits.
+	Gate func(ctx context.Context, model string) error
 	// IdleTimeout ends a request that receives nothing (no headers, no bytes)
 	// for this long. 0 means 10 minutes, negative means never.
 	IdleTimeout time.Duration
+	// MaxToolArgumentBytes bounds the streamed arguments of one tool call;
+	// a model that sends more ends the stream with an error naming the
+	// limit. 0 means 1 MiB, negative means no limit.
+	MaxToolArgumentBytes int
 
 	// HTTPClient sends the requests; nil uses a client of the provider's own.
 	// Do not set a Timeout on it: it would cap long generations; ctx and
@@ -212,6 +231,9 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.RetryBaseDelay <= 0 {
 		cfg.RetryBaseDelay = DefaultRetryBaseDelay
 	}
+	if cfg.MaxToolArgumentBytes == 0 {
+		cfg.MaxToolArgumentBytes = DefaultMaxToolArgumentBytes
+	}
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
@@ -270,6 +292,10 @@ func (p *Provider) clientConfig(key string, doer goopenai.HTTPDoer) goopenai.Cli
 	if p.cfg.AzureAPIVersion != "" {
 		c = goopenai.DefaultAzureConfig(key, p.cfg.BaseURL)
 		c.APIVersion = p.cfg.AzureAPIVersion
+		mapName := c.AzureModelMapperFunc
+		// go-openai pastes the name into the path as is; checkDeployment
+		// has refused unsafe names already, escaping is a second guard.
+		c.AzureModelMapperFunc = func(model string) string { return url.PathEscape(mapName(model)) }
 	} else {
 		c = goopenai.DefaultConfig(key)
 		c.BaseURL = p.cfg.BaseURL
@@ -277,4 +303,28 @@ func (p *Provider) clientConfig(key string, doer goopenai.HTTPDoer) goopenai.Cli
 	c.OrgID = p.cfg.OrgID
 	c.HTTPClient = doer
 	return c
+}
+
+// maxDeploymentName bounds an Azure deployment name; Azure allows 64.
+const maxDeploymentName = 255
+
+// checkDeployment refuses a model id that, in Azure mode, would not name one
+// deployment: the name goes into the URL path next to the api-key header, so
+// "../" or "?" in it would send the key to another endpoint.
+func (p *Provider) checkDeployment(model string) error {
+	if p.cfg.AzureAPIVersion == "" {
+		return nil
+	}
+	name := goopenai.DefaultAzureConfig("", "").GetAzureDeploymentByModel(model)
+	ok := name != "" && name != "." && name != ".." && len(name) <= maxDeploymentName
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			ok = false
+			break
+		}
+	}
+	if !ok {
+		return fmt.Errorf("openai: model %s is not a valid Azure deployment name (letters, digits, '-', '_' and '.')", capText(strconv.Quote(model)))
+	}
+	return nil
 }

@@ -105,3 +105,25 @@ func TestSSEDecoderReadError(t *testing.T) {
 		t.Fatalf("events %s, err %v", js(got), err)
 	}
 }
+
+// A field of an unexpected type loses only itself: the rest of its chunk,
+// and the elements next to it, still count. An empty tool call ({}) is
+// not a call.
+func TestChunkFieldOfAnotherType(t *testing.T) {
+	body := strings.Join([]string{
+		`data: {"id":7,"choices":[5,{"index":0,"delta":{"content":"a","tool_calls":"oops"}}]}`,
+		`data: {"choices":[{"index":0,"delta":"oops","finish_reason":1}],"usage":{"prompt_tokens":"3","completion_tokens":[]}}`,
+		`data: {"choices":{"index":0},"usage":"oops"}`,
+		`data: {"choices":[{"index":0,"delta":{"content":"b","tool_calls":["x",{},{"index":0,"id":"c1","function":"oops"},{"index":0,"function":{"name":"f","arguments":"{\"k\":"}}]}}]}`,
+		`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}],"function_call":"oops"},"finish_reason":"tool_calls"}]}`,
+		`data: [1,2]`,
+		`data: [DONE]`,
+	}, "\n\n") + "\n\n"
+	events := decodeBody(strings.NewReader(body))
+	msg := checkProtocol(t, events)
+	calls := msg.ToolCalls()
+	if msg.TextOf() != "ab" || msg.StopReason != "toolUse" || len(calls) != 1 || calls[0].ID != "c1" || calls[0].Name != "f" ||
+		js(calls[0].Arguments) != `{"k":1}` || msg.Usage.Input != 3 || msg.ResponseID != "7" {
+		t.Fatalf("message %s", js(msg))
+	}
+}

@@ -40,7 +40,17 @@
 //   - Retries (go-openai has none) are done in the HTTPDoer with
 //     github.com/cenkalti/backoff/v5, honouring retry-after-ms and
 //     Retry-After, before any output streams; an idle watchdog bounds both
-//     the wait for headers and the gaps between body bytes.
+//     the wait for headers and the gaps between body bytes. Config.Gate is
+//     asked before each attempt and Config.OnRetryAfter told of each rate
+//     limit answer, so that a fleet can share one limit per model.
+//   - Azure deployment names are checked before go-openai pastes them into
+//     the URL path (it does not escape them), and go-openai's marshalled
+//     messages lose their HTML escapes (\u003c for "<"), which the model
+//     should not see.
+//
+// Streamed tool-call arguments are parsed again only every few KB (then
+// every 1/16 of their length), so a long call costs linear work, and are
+// capped per call by Config.MaxToolArgumentBytes.
 //
 // The API key is only handed to go-openai's ClientConfig (whose String
 // hides it); Config and Provider print without it, and error texts are

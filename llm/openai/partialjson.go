@@ -181,10 +181,18 @@ func (p *partialParser) str() (string, bool) {
 			default: // \" \\ \/ and anything a sloppy model invents
 				b.WriteByte(e)
 			}
+		case c < utf8.RuneSelf:
+			// Copy a run of plain ASCII at once. Raw control characters are
+			// invalid JSON but common in model output: keep them.
+			j := p.i + 1
+			for j < len(p.s) && p.s[j] < utf8.RuneSelf && p.s[j] != '"' && p.s[j] != '\\' {
+				j++
+			}
+			b.WriteString(p.s[p.i:j])
+			p.i = j
 		default:
-			// Raw control characters are invalid JSON but common in model output.
 			r, size := utf8.DecodeRuneInString(p.s[p.i:])
-			b.WriteRune(r)
+			b.WriteRune(r) // invalid UTF-8 becomes U+FFFD, as encoding/json does
 			p.i += size
 		}
 	}

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -88,7 +89,7 @@ func (p *Provider) requestBody(model agent.Model, llm agent.Context, opts agent.
 	if opts.SessionID != "" && (p.cfg.PromptCacheKey == nil && p.isOpenAI || p.cfg.PromptCacheKey != nil && *p.cfg.PromptCacheKey) {
 		body["prompt_cache_key"] = opts.SessionID
 	}
-	out, err := json.Marshal(body)
+	out, err := marshalJSON(body)
 	if err != nil {
 		return nil, fmt.Errorf("encoding request: %w", err)
 	}
@@ -129,7 +130,7 @@ func setReasoning(body map[string]any, info ModelInfo, level agent.ThinkingLevel
 func convertMessages(llm agent.Context, model agent.Model, images bool) ([]json.RawMessage, error) {
 	var out []json.RawMessage
 	add := func(m goopenai.ChatCompletionMessage, extra map[string]any) error {
-		raw, err := json.Marshal(m)
+		raw, err := marshalJSON(m)
 		if err != nil {
 			return fmt.Errorf("encoding %s message: %w", m.Role, err)
 		}
@@ -141,7 +142,7 @@ func convertMessages(llm agent.Context, model agent.Model, images bool) ([]json.
 			for k, v := range extra {
 				obj[k] = v
 			}
-			if raw, err = json.Marshal(obj); err != nil {
+			if raw, err = marshalJSON(obj); err != nil {
 				return err
 			}
 		}
@@ -268,7 +269,7 @@ func assistantMessage(m *agent.Message) (goopenai.ChatCompletionMessage, map[str
 			if args == nil {
 				args = map[string]any{}
 			}
-			raw, err := json.Marshal(args)
+			raw, err := marshalJSON(args)
 			if err != nil {
 				raw = []byte("{}")
 			}
@@ -435,6 +436,52 @@ func replaceImages(content []agent.Content, placeholder string) []agent.Content 
 			c = agent.Text(placeholder)
 		}
 		out = append(out, c)
+	}
+	return out
+}
+
+// marshalJSON is json.Marshal without HTML escaping: the model sees "<",
+// ">" and "&" as written, as the reference sends them. An encoder with
+// SetEscapeHTML(false) is not enough, because go-openai's message types
+// marshal themselves with json.Marshal.
+func marshalJSON(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return unescapeHTML(b), nil
+}
+
+// unescapeHTML turns the \u003c, \u003e and \u0026 escapes of json.Marshal
+// output back into the characters. In valid JSON a backslash only starts an
+// escape inside a string, so stepping over each escape whole is exact.
+func unescapeHTML(b []byte) []byte {
+	i := bytes.IndexByte(b, '\\')
+	if i < 0 {
+		return b
+	}
+	out := append(make([]byte, 0, len(b)), b[:i]...)
+	for i < len(b) {
+		c := b[i]
+		if c != '\\' || i+1 >= len(b) {
+			out = append(out, c)
+			i++
+			continue
+		}
+		if b[i+1] == 'u' && i+6 <= len(b) {
+			switch string(b[i+2 : i+6]) {
+			case "003c":
+				out, i = append(out, '<'), i+6
+				continue
+			case "003e":
+				out, i = append(out, '>'), i+6
+				continue
+			case "0026":
+				out, i = append(out, '&'), i+6
+				continue
+			}
+		}
+		out, i = append(out, c, b[i+1]), i+2
 	}
 	return out
 }

@@ -192,3 +192,110 @@ func TestAzureAndOrgHeaders(t *testing.T) {
 		t.Errorf("headers %v", header)
 	}
 }
+
+// In Azure mode the model id names a deployment in the URL path, next to
+// the api-key header: an id that would leave that path is refused before
+// any request, and every request stays under the deployment's path.
+func TestAzureDeploymentPath(t *testing.T) {
+	var paths []string
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		paths = append(paths, r.URL.EscapedPath())
+		if r.URL.EscapedPath() != "/openai/deployments/gpt-35-turbo/chat/completions" {
+			http.Error(w, "wrong path", http.StatusNotFound)
+			return
+		}
+		okStream(w)
+	})
+	p := newProvider(t, srv, func(c *Config) {
+		c.BaseURL = srv.URL
+		c.APIKey = "azure-key"
+		c.AzureAPIVersion = "2024-10-21"
+		c.MaxRetries = -1
+	})
+	_, msg := run(t, context.Background(), p, agent.Model{ID: "gpt-3.5-turbo"}, userContext("hi"), agent.StreamOptions{})
+	if msg.StopReason != agent.StopReasonStop || len(paths) != 1 {
+		t.Fatalf("valid deployment: %v %s", paths, js(msg))
+	}
+	for _, id := range []string{"../../../admin/keys?x=", "..", ".", "a/b", "a%2Fb", "x?y", "x#y", "a b", "\x1b[2J", ""} {
+		paths = nil
+		_, msg := run(t, context.Background(), p, agent.Model{ID: id}, userContext("hi"), agent.StreamOptions{})
+		if msg.StopReason != agent.StopReasonError || !strings.Contains(msg.ErrorMessage, "not a valid Azure deployment name") {
+			t.Errorf("model %q: %s %q", id, msg.StopReason, msg.ErrorMessage)
+		}
+		if len(paths) != 0 {
+			t.Errorf("model %q reached %v", id, paths)
+		}
+		if strings.Contains(msg.ErrorMessage, "\x1b") {
+			t.Errorf("model %q: control characters in %q", id, msg.ErrorMessage)
+		}
+	}
+}
+
+// The escaping of the deployment name holds on its own: go-openai's mapper
+// output is one path segment whatever the id.
+func TestAzureDeploymentEscaped(t *testing.T) {
+	p, err := New(Config{BaseURL: "https://example.invalid", AzureAPIVersion: "2024-10-21"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := p.clientConfig("k", nil)
+	if got := cfg.GetAzureDeploymentByModel("../../admin/keys?x="); got != "..%2F..%2Fadmin%2Fkeys%3Fx=" {
+		t.Errorf("deployment %q", got)
+	}
+}
+
+// The request carries "<", ">" and "&" as written, in tool-call arguments
+// sent back to the model and everywhere else, not as \u003c escapes.
+func TestRequestKeepsHTMLCharacters(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	llm := agent.Context{
+		SystemPrompt: "Answer in <b>bold</b> & brief.",
+		Tools: []*agent.Tool{{Name: "grep", Description: "Search for <pattern> & print",
+			Parameters: json.RawMessage(`{"type":"object","properties":{"q":{"type":"string","description":"a <regexp> & more"}}}`)}},
+		Messages: []agent.Message{
+			agent.UserText("find <a&b>"),
+			{Role: agent.RoleAssistant, API: API, Provider: "openai", Model: testModel.ID, StopReason: agent.StopReasonToolUse,
+				Content: []agent.Content{agent.ToolCall("call_1", "grep", map[string]any{"q": "<a&b>"})}},
+			{Role: agent.RoleToolResult, ToolCallID: "call_1", ToolName: "grep", Content: []agent.Content{agent.Text("x <a&b> y")}},
+		},
+	}
+	body, err := p.requestBody(testModel, llm, agent.StreamOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, esc := range []string{`\u003c`, `\u003e`, `\u0026`} {
+		if bytes.Contains(body, []byte(esc)) {
+			t.Errorf("body holds %s: %s", esc, body)
+		}
+	}
+	for _, want := range []string{`"arguments":"{\"q\":\"<a&b>\"}"`, `"content":"x <a&b> y"`, `"Search for <pattern> & print"`, `a <regexp> & more`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("body lacks %s: %s", want, body)
+		}
+	}
+}
+
+// Taking the HTML escapes out keeps every string as it was, including text
+// that spells an escape.
+func TestMarshalJSONKeepsStrings(t *testing.T) {
+	for _, s := range []string{`<a&b>`, `\u003c`, `\\u003c`, `\<`, "\\\u003c&", `"<"`, "\u2028<\u2029", "\xff<", `\`, `u003c`} {
+		raw, err := marshalJSON(map[string]any{"s": s, "args": s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back map[string]string
+		if err := json.Unmarshal(raw, &back); err != nil {
+			t.Fatalf("%q: %s: %v", s, raw, err)
+		}
+		want := strings.ToValidUTF8(s, "\uFFFD")
+		if back["s"] != want || back["args"] != want {
+			t.Errorf("%q came back as %q from %s", s, back["s"], raw)
+		}
+		if bytes.Contains(raw, []byte(`\u003c`)) && !bytes.Contains(raw, []byte(`\\u003c`)) {
+			t.Errorf("%q: escaped: %s", s, raw)
+		}
+	}
+}

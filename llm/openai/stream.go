@@ -58,8 +58,13 @@ func (p *Provider) stream(ctx context.Context, model agent.Model, llm agent.Cont
 		return
 	}
 	c := &call{ctx: ctx, yield: yield, keys: []string{key, p.cfg.APIKey}, a: newAssembler(model, header)}
+	c.a.maxArgs = p.cfg.MaxToolArgumentBytes
 	if ctx.Err() != nil {
 		c.end(nil)
+		return
+	}
+	if err := p.checkDeployment(model.ID); err != nil {
+		c.finish(agent.StopReasonError, err.Error())
 		return
 	}
 	body, err := p.requestBody(model, llm, opts)
@@ -70,7 +75,7 @@ func (p *Provider) stream(ctx context.Context, model agent.Model, llm agent.Cont
 
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.d = &doer{p: p, body: body, redact: c.redact, watch: &watchdog{d: p.cfg.IdleTimeout}}
+	c.d = &doer{p: p, model: model.ID, body: body, redact: c.redact, watch: &watchdog{d: p.cfg.IdleTimeout}}
 	defer c.d.watch.stop()
 	client := goopenai.NewClientWithConfig(p.clientConfig(key, c.d))
 	// Only the model goes to go-openai: its request validators refuse

@@ -31,6 +31,7 @@ var (
 // response so the stream function reads the body with its own decoder.
 type doer struct {
 	p      *Provider
+	model  string
 	body   []byte
 	redact func(string) string
 
@@ -77,6 +78,14 @@ func (d *doer) Do(req *http.Request) (*http.Response, error) {
 // or the last try) is returned as a response, so go-openai turns it into its
 // error types.
 func (d *doer) attempt(ctx context.Context, orig *http.Request, last bool) (*http.Response, error) {
+	if gate := d.p.cfg.Gate; gate != nil {
+		if err := gate(ctx, d.model); err != nil {
+			if ctx.Err() != nil {
+				return nil, backoff.Permanent(context.Cause(ctx))
+			}
+			return nil, backoff.Permanent(err)
+		}
+	}
 	actx, cancel := context.WithCancelCause(ctx)
 	d.watch.arm(cancel)
 	req := orig.Clone(actx)
@@ -115,11 +124,21 @@ func (d *doer) attempt(ctx context.Context, orig *http.Request, last bool) (*htt
 	d.errBody = body
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	resp.ContentLength = int64(len(body))
+	now := time.Now()
+	delay, hasDelay := retryDelay(resp.Header, now)
+	if on := d.p.cfg.OnRetryAfter; on != nil {
+		switch {
+		case resp.StatusCode == http.StatusTooManyRequests && !hasDelay:
+			on(d.model, time.Time{})
+		case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable && hasDelay:
+			on(d.model, now.Add(delay))
+		}
+	}
 	if last || !shouldRetry(resp) {
 		return resp, nil
 	}
 	fail := fmt.Errorf("%s", statusText(resp.Status, resp.StatusCode, body))
-	if delay, ok := retryDelay(resp.Header, time.Now()); ok {
+	if hasDelay {
 		if limit := d.p.cfg.MaxRetryDelay; limit > 0 && delay > limit {
 			return nil, backoff.Permanent(fmt.Errorf("%w: Server requested %ds retry delay (max: %ds). %s", errRetryBudget,
 				ceilSeconds(delay), ceilSeconds(limit), fail))
