@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -287,16 +288,6 @@ func TestEmbeddedServerAndClient(t *testing.T) {
 	if seq == 0 {
 		t.Fatal("no control seq")
 	}
-	// A second server on the same port is refused clearly.
-	u := c.Conn().ConnectedUrl()
-	port := u[strings.LastIndex(u, ":")+1:]
-	var p int
-	for _, ch := range port {
-		p = p*10 + int(ch-'0')
-	}
-	if _, err := StartServer(ServerOptions{Port: p, StoreDir: t.TempDir()}); !errors.Is(err, ErrPortBusy) {
-		t.Fatalf("busy port: %v", err)
-	}
 	if RedactURL("nats://u:secret@h:4222,nats://tok@h2") != "nats://u:REDACTED@h:4222,nats://REDACTED@h2" {
 		t.Fatal(RedactURL("nats://u:secret@h:4222,nats://tok@h2"))
 	}
@@ -340,7 +331,7 @@ func TestFollowGapsAndStaleAttempts(t *testing.T) {
 // with the streams in place; both end with the test.
 func embeddedClient(t *testing.T) (context.Context, *Client) {
 	t.Helper()
-	srv, err := StartServer(ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -424,7 +425,7 @@ func (o *countObs) EventPublished() {
 // finishes in its first attempt with gapless events.
 func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: dir})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,7 +461,7 @@ func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 	}
 	waitFor(t, o.reached, "the run streaming")
 	srv.Shutdown()
-	srv, err = bus.StartServer(bus.ServerOptions{Port: port, StoreDir: dir})
+	srv, err = natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/metrics"
+	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -241,7 +242,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 		return 2
 	}
 
-	var srv *bus.Server
+	var srv *natsembed.Server
 	if o.conn.URL == "" {
 		srv, err = startEmbedded(o, log)
 		if err != nil {
@@ -348,7 +349,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	return 0
 }
 
-func startEmbedded(o *options, log *slog.Logger) (*bus.Server, error) {
+func startEmbedded(o *options, log *slog.Logger) (*natsembed.Server, error) {
 	host, portS, err := net.SplitHostPort(o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--nats-listen %q: %w", o.listen, err)
@@ -364,7 +365,7 @@ func startEmbedded(o *options, log *slog.Logger) (*bus.Server, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	return bus.StartServer(bus.ServerOptions{Host: host, Port: port, StoreDir: dir, Logger: log})
+	return natsembed.Start(natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log})
 }
 
 // readiness is /readyz: NATS connected and the runs stream reachable.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 func freePort(t *testing.T) int {
@@ -58,7 +58,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 	t.Setenv("OPENAI_BASE_URL", "")
 	port := freePort(t)
 	store := t.TempDir()
-	srv, err := bus.StartServer(bus.ServerOptions{Port: port, StoreDir: store})
+	srv, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 		t.Fatalf("/healthz while NATS is away: %d", code)
 	}
 
-	srv, err = bus.StartServer(bus.ServerOptions{Port: port, StoreDir: store})
+	srv, err = natsembed.Start(natsembed.Options{Port: port, StoreDir: store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestBusyMetricsPort(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
 	t.Setenv("AGENTS_METRICS_ADDR", "")
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

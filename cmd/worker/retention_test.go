@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // The retention flags reach the streams and the bucket the worker creates.
 func TestRetentionFlags(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
