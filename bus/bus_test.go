@@ -120,40 +120,13 @@ func TestDecodeRunRequest(t *testing.T) {
 	}
 }
 
-func TestControlDecode(t *testing.T) {
-	at := time.UnixMilli(1234)
-	m, err := DecodeUserControl([]byte(`{"text":"go left"}`), at)
-	if err != nil || m.Role != agent.RoleUser || m.TextOf() != "go left" || m.Timestamp != 1234 {
-		t.Fatalf("%+v %v", m, err)
-	}
-	m, err = DecodeUserControl([]byte(`{"message":{"role":"user","content":"hi","timestamp":5}}`), at)
-	if err != nil || m.TextOf() != "hi" || m.Timestamp != 5 {
-		t.Fatalf("%+v %v", m, err)
-	}
-	for _, bad := range []string{``, `{}`, `{"text":"a","message":{"role":"user","content":"x"}}`,
-		`{"message":{"role":"assistant","content":"x"}}`, `{"message":{"role":"user","content":[]}}`, `[1]`, `{"txt":"a"}`} {
-		if _, err := DecodeUserControl([]byte(bad), at); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-	if r := DecodeAbort([]byte(`{"reason":"stop it"}`)); r != "stop it" {
-		t.Errorf("abort reason %q", r)
-	}
-	if r := DecodeAbort(nil); r != "" {
-		t.Errorf("empty abort reason %q", r)
-	}
-	if r := DecodeAbort([]byte("plain words")); r != "plain words" {
-		t.Errorf("text abort reason %q", r)
-	}
-}
-
 func env(t *testing.T, run string, attempt int, seq uint64, ctl uint64, ev any) *Envelope {
 	t.Helper()
 	b, err := json.Marshal(ev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := AppendEnvelope(nil, run, seq, attempt, `w"1`, 99, ctl, b)
+	data := (&Envelope{Run: run, Seq: seq, Attempt: attempt, Worker: `w"1`, TS: 99, ControlSeq: ctl, Event: b}).AppendJSON(nil)
 	e, err := DecodeEnvelope(data)
 	if err != nil {
 		t.Fatalf("%s: %v", data, err)
@@ -222,23 +195,6 @@ func TestEnvelopeAndTranscript(t *testing.T) {
 	if e.Worker != `w"1` || e.TS != 99 || e.Type != "agent_start" {
 		t.Fatalf("%+v", e)
 	}
-	if MsgID("r", 2, 7) != "r:2:7" {
-		t.Fatal(MsgID("r", 2, 7))
-	}
-}
-
-func TestNewAgentEventWireForm(t *testing.T) {
-	se := agent.StreamEvent{Type: agent.StreamToolCallDelta, ContentIndex: 1, Delta: `{"a":`, Arguments: map[string]any{"a": 1}}
-	w := NewAgentEvent(&agent.Event{Type: agent.EventMessageUpdate, StreamEvent: &se, Message: &agent.Message{Role: agent.RoleAssistant}})
-	b, _ := json.Marshal(w)
-	if string(b) != `{"type":"message_update","assistantMessageEvent":{"type":"toolcall_delta","contentIndex":1,"delta":"{\"a\":"}}` {
-		t.Fatalf("%s", b)
-	}
-	w = NewAgentEvent(&agent.Event{Type: agent.EventToolExecutionEnd, ToolCallID: "c", ToolName: "t", Result: &agent.ToolResult{Content: []agent.Content{agent.Text("r")}}})
-	b, _ = json.Marshal(w)
-	if string(b) != `{"type":"tool_execution_end","toolCallId":"c","toolName":"t","result":{"content":[{"type":"text","text":"r"}]},"isError":false}` {
-		t.Fatalf("%s", b)
-	}
 }
 
 func TestEmbeddedServerAndClient(t *testing.T) {
@@ -297,7 +253,7 @@ func TestFollowGapsAndStaleAttempts(t *testing.T) {
 	ctx, c := embeddedClient(t)
 	pub := func(attempt int, seq uint64, ev any) {
 		b, _ := json.Marshal(ev)
-		if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), AppendEnvelope(nil, "r", seq, attempt, "w", 1, 0, b)); err != nil {
+		if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), (&Envelope{Run: "r", Seq: seq, Attempt: attempt, Worker: "w", TS: 1, Event: b}).AppendJSON(nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -348,3 +304,25 @@ func embeddedClient(t *testing.T) (context.Context, *Client) {
 	}
 	return ctx, c
 }
+
+// Nothing belongs to a run after its run_finished (a rejected request that
+// reused the id adds events after it).
+func TestTranscriptStopsAtRunFinished(t *testing.T) {
+	tr := &Transcript{}
+	for _, e := range []*Envelope{
+		env(t, "r", 1, 1, 0, RunStarted{Type: EventRunStarted, Attempt: 1}),
+		env(t, "r", 1, 2, 0, AgentEvent{Type: "message_end", Message: ptr(agent.UserText("q"))}),
+		env(t, "r", 1, 3, 0, RunFinished{Type: EventRunFinished, Status: StatusSucceeded}),
+		env(t, "r", 1, 1, 0, RunStarted{Type: EventRunStarted, Attempt: 1}),
+		env(t, "r", 1, 2, 0, RunFinished{Type: EventRunFinished, Status: StatusFailed, Reason: ReasonBadRequest}),
+	} {
+		if err := tr.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tr.Finished.Status != StatusSucceeded || len(tr.Messages) != 1 {
+		t.Fatalf("%+v %d", tr.Finished, len(tr.Messages))
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

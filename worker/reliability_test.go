@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -159,7 +160,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 	if tr.Resumed.MessagesRestored != 5 {
 		t.Fatalf("restored %d messages", tr.Resumed.MessagesRestored)
 	}
-	if r := tr.Messages[5]; !r.IsError || r.TextOf() != bus.InterruptedToolResult || r.ToolCallID != "c2" {
+	if r := tr.Messages[5]; !r.IsError || r.TextOf() != workerproto.InterruptedToolResult || r.ToolCallID != "c2" {
 		t.Fatalf("synthetic result %+v", r)
 	}
 	if tr.Messages[2].TextOf() != "opened x" {
@@ -369,7 +370,7 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	started, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "gone", Attempt: 1, Tools: []string{}})
-	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Events(id), bus.AppendEnvelope(nil, id, 1, 1, "gone", now.UnixMilli(), 0, started)); err != nil {
+	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Events(id), (&bus.Envelope{Run: id, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
 		t.Fatal(err)
 	}
 	o := newObs()

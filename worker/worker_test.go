@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/llm/faux"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -687,7 +688,7 @@ func TestDrainHandsRunsBack(t *testing.T) {
 		roles(tr.Messages) != "user:go | assistant:call:gate | toolResult | assistant:ok" {
 		t.Fatalf("transcript after restart: %s\n%s", roles(tr.Messages), dump(envs))
 	}
-	if res := tr.Messages[2]; !res.IsError || res.TextOf() != bus.InterruptedToolResult {
+	if res := tr.Messages[2]; !res.IsError || res.TextOf() != workerproto.InterruptedToolResult {
 		t.Fatalf("tool result after resume: %+v", res)
 	}
 	interrupted := 0

@@ -215,7 +215,7 @@ func (b *bench) onEvent(m *nats.Msg) {
 
 // eventTypes finds an envelope's event type, and for message_update the
 // type of its assistantMessageEvent, without decoding the whole envelope:
-// envelopes are written by bus.AppendEnvelope with the event last and its
+// envelopes are written by bus.Envelope.AppendJSON with the event last and its
 // "type" first. Anything else falls back to a full decode.
 func eventTypes(data []byte) (typ, sub string) {
 	const evKey = `"event":{"type":"`
