@@ -110,13 +110,13 @@ func deny() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 500*time.Millisecond)
 }
 
-func fauxRun(prompt string, resps ...bus.FauxResponse) *bus.RunRequest {
+func fauxRun(prompt string, resps ...agent.ScriptedResponse) *bus.RunRequest {
 	return &bus.RunRequest{Prompt: prompt, Model: &bus.ModelRef{Provider: "faux", ID: "acl"}, Tools: []string{"calculator"},
 		Faux: &bus.FauxScript{Responses: resps, TokenSize: 1, TokensPerSecond: 400}}
 }
 
-func text(s string) bus.FauxResponse {
-	return bus.FauxResponse{Content: []agent.Content{agent.Text(s)}}
+func text(s string) agent.ScriptedResponse {
+	return agent.ScriptedResponse{Content: []agent.Content{agent.Text(s)}}
 }
 
 // noMsg asserts that nothing is stored on subject in stream (read with a
@@ -211,7 +211,7 @@ func TestAccountsConfig(t *testing.T) {
 	// end, status, list.
 	run1 := "acl-run-1"
 	req := fauxRun("what is 6*7?",
-		bus.FauxResponse{Content: []agent.Content{agent.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"})}, StopReason: agent.StopReasonToolUse},
+		agent.ScriptedResponse{Content: []agent.Content{agent.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"})}, StopReason: agent.StopReasonToolUse},
 		text("It is 42."), text("Noted."), text("Done."))
 	req.ID = run1
 	if _, err := sub.Submit(ctx, "", req); err != nil {

@@ -59,7 +59,7 @@ func TestLateControlMessagesAreNotLost(t *testing.T) {
 	<-w.Ready()
 
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "one", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			{Content: []agent.Content{agent.Text("first")}},
 			{Content: []agent.Content{agent.Text("second")}},
 		}}})

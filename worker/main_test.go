@@ -140,7 +140,7 @@ func (f *fleet) follow(id string) []*bus.Envelope {
 func fauxText(texts ...string) *bus.FauxScript {
 	s := &bus.FauxScript{}
 	for _, t := range texts {
-		s.Responses = append(s.Responses, bus.FauxResponse{Content: []agent.Content{agent.Text(t)}})
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(t)}})
 	}
 	return s
 }

@@ -123,7 +123,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, Observer: first}
 	kill := f.killable(cfg)
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("c1", "gate", map[string]any{"name": "x"}),
 			toolCall("c2", "gate", map[string]any{"name": "y"}),
 			textResp("done"),
@@ -189,7 +189,7 @@ func TestLeaseLoss(t *testing.T) {
 	stopA := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second,
 		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled", Concurrency: 1})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
 	waitFor(t, g.started, "gate x")
 	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, WorkerID: "healthy"})
 	envs := f.follow(id)
@@ -233,7 +233,7 @@ func TestGiveUp(t *testing.T) {
 	stop := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: 500 * time.Millisecond,
 		HeartbeatInterval: time.Hour, MaxDeliver: 2, DrainTimeout: 50 * time.Millisecond})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("c1", "gate", map[string]any{"name": "x"}),
 			toolCall("c2", "gate", map[string]any{"name": "y"}),
 			textResp("never"),
@@ -456,7 +456,7 @@ func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 	runWorker(t, w)
 	text := strings.Repeat("word ", 60)
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{textResp(text)}, TokenSize: 1, TokensPerSecond: 40}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{textResp(text)}, TokenSize: 1, TokensPerSecond: 40}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,7 +489,7 @@ func TestRedeliveredAfterDeadlineTimesOut(t *testing.T) {
 	kill := f.killable(cfg)
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
 		Limits: &bus.Limits{TimeoutSeconds: 1},
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("c1", "gate", map[string]any{"name": "x"}),
 			textResp("done"),
 		}}})

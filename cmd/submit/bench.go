@@ -124,9 +124,9 @@ func benchRequest(bf *benchFlags) ([]byte, error) {
 			for i := range calls {
 				calls[i] = agent.ToolCall("c"+strconv.Itoa(i+1), "calculator", map[string]any{"expression": strconv.Itoa(i) + "+1"})
 			}
-			s.Responses = append(s.Responses, bus.FauxResponse{Content: calls, StopReason: agent.StopReasonToolUse})
+			s.Responses = append(s.Responses, agent.ScriptedResponse{Content: calls, StopReason: agent.StopReasonToolUse})
 		}
-		s.Responses = append(s.Responses, bus.FauxResponse{Content: []agent.Content{agent.Text(text)}})
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(text)}})
 		req.Faux = s
 	}
 	if err := req.Validate(""); err != nil {
