@@ -344,11 +344,3 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	}
 	return nil
 }
-
-// Control is the body of a control message: steer and followup take Text or
-// Message (a pi user message); abort takes an optional Reason.
-type Control struct {
-	Text    string         `json:"text,omitempty"`
-	Message *agent.Message `json:"message,omitempty"`
-	Reason  string         `json:"reason,omitempty"`
-}
