@@ -150,9 +150,17 @@ type AgentEvent struct {
 	MessageSeqs  []uint64 `json:"messageSeqs,omitempty"`
 }
 
+// ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
+// changes only with an incompatible change, the minor with every addition
+// (a field, a verb, an event type). Workers announce it in run_started.
+const ProtocolVersion = "1.1"
+
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
-	Type         string            `json:"type"`
+	Type string `json:"type"`
+	// Protocol is the ProtocolVersion of the worker that runs the attempt
+	// ("" from workers older than 1.1).
+	Protocol     string            `json:"protocol,omitempty"`
 	Queue        string            `json:"queue"`
 	Worker       string            `json:"worker"`
 	Attempt      int               `json:"attempt"`
@@ -199,7 +207,9 @@ type Event struct {
 	RunResumed  *RunResumed
 }
 
-// Decode decodes the envelope's event.
+// Decode decodes the envelope's event. An event type this version does not
+// know decodes to an Event with that Type and only Agent.Type set, so that
+// readers ignore it (see docs/protocol.md, protocol evolution).
 func (e *Envelope) Decode() (*Event, error) {
 	typ := e.Type
 	if typ == "" {
@@ -224,11 +234,25 @@ func (e *Envelope) Decode() (*Event, error) {
 		ev.RunResumed = &RunResumed{}
 		target = ev.RunResumed
 	default:
-		ev.Agent = &AgentEvent{}
+		ev.Agent = &AgentEvent{Type: typ}
+		if !knownAgentEvent(typ) {
+			// A newer worker's event: readers skip it, whatever its fields.
+			return ev, nil
+		}
 		target = ev.Agent
 	}
 	if err := json.Unmarshal(e.Event, target); err != nil {
 		return nil, fmt.Errorf("%s event: %w", typ, err)
 	}
 	return ev, nil
+}
+
+func knownAgentEvent(typ string) bool {
+	switch agent.EventType(typ) {
+	case agent.EventAgentStart, agent.EventAgentEnd, agent.EventTurnStart, agent.EventTurnEnd,
+		agent.EventMessageStart, agent.EventMessageUpdate, agent.EventMessageEnd,
+		agent.EventToolExecutionStart, agent.EventToolExecutionUpdate, agent.EventToolExecutionEnd:
+		return true
+	}
+	return false
 }

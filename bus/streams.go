@@ -2,7 +2,10 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -73,19 +76,92 @@ func (s *StreamsConfig) defaults() {
 	}
 }
 
-// keepReplicas never lowers the replicas of an existing stream: a worker
-// started without --stream-replicas must not strip a cluster's redundancy.
-func (c *Client) keepReplicas(ctx context.Context, stream string, want int) int {
-	s, err := c.js.Stream(ctx, stream)
-	if err != nil {
+// ensureStream creates a stream, or widens an existing one's config with
+// want (see widenStream), so an older worker cannot undo a newer one's
+// additions nor an operator's settings.
+func (c *Client) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
+	s, err := c.js.Stream(ctx, want.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		_, err = c.js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return c.ensureStream(ctx, want) // another worker was first
+		}
+		return err
+	case err != nil:
+		return err
+	}
+	have := s.CachedInfo().Config
+	widened := widenStream(have, want)
+	if reflect.DeepEqual(widened, have) {
+		return nil
+	}
+	_, err = c.js.UpdateStream(ctx, widened)
+	return err
+}
+
+// widenStream is the existing config with want added: subjects are the
+// union, limits the larger (unlimited is the largest, a limit want leaves
+// at zero keeps its value), flags on if on in either, replicas never
+// lowered. Everything want does not set (fields this version does not
+// know, an operator's max_bytes or sources) is kept.
+func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
+	out := have
+	out.Subjects = append([]string(nil), have.Subjects...)
+	for _, sub := range want.Subjects {
+		if !slices.Contains(out.Subjects, sub) {
+			out.Subjects = append(out.Subjects, sub)
+		}
+	}
+	if out.Description == "" {
+		out.Description = want.Description
+	}
+	out.MaxMsgs = raiseLimit(have.MaxMsgs, want.MaxMsgs)
+	out.MaxBytes = raiseLimit(have.MaxBytes, want.MaxBytes)
+	out.MaxMsgsPerSubject = raiseLimit(have.MaxMsgsPerSubject, want.MaxMsgsPerSubject)
+	out.MaxMsgSize = int32(raiseLimit(int64(have.MaxMsgSize), int64(want.MaxMsgSize)))
+	out.MaxAge = time.Duration(raiseLimit(int64(have.MaxAge), int64(want.MaxAge)))
+	out.Duplicates = max(have.Duplicates, want.Duplicates)
+	out.Replicas = max(have.Replicas, want.Replicas)
+	if want.Discard != jetstream.DiscardOld {
+		out.Discard = want.Discard
+	}
+	if want.RePublish != nil {
+		out.RePublish = want.RePublish
+	}
+	out.AllowDirect = have.AllowDirect || want.AllowDirect
+	out.AllowRollup = have.AllowRollup || want.AllowRollup
+	out.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
+	out.DenyDelete = have.DenyDelete || want.DenyDelete
+	out.DenyPurge = have.DenyPurge || want.DenyPurge
+	for k, v := range want.Metadata {
+		if out.Metadata == nil {
+			out.Metadata = map[string]string{}
+		}
+		if _, ok := out.Metadata[k]; !ok {
+			out.Metadata[k] = v
+		}
+	}
+	return out
+}
+
+// raiseLimit returns the larger of two JetStream limits where zero or less
+// is unlimited; want zero means "not set here" and keeps have.
+func raiseLimit(have, want int64) int64 {
+	if want == 0 || have <= 0 {
+		return have
+	}
+	if want < 0 {
 		return want
 	}
-	return max(want, s.CachedInfo().Config.Replicas)
+	return max(have, want)
 }
 
 // EnsureStreams creates or updates AGENTS_RUNS, AGENTS_EVENTS,
 // AGENTS_CONTROL, the durable consumer workers-<queue> of each queue and the
-// KV bucket agents_runs. It never lowers the replicas of what exists.
+// KV bucket agents_runs. What exists is only widened (widenStream): subjects
+// and flags added, limits raised, replicas never lowered, and nothing an
+// operator or a newer worker set is removed.
 func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	cfg.defaults()
 	n := c.names
@@ -150,13 +226,18 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Storage:     cfg.Storage,
 		Replicas:    cfg.Replicas,
 	}}
+	replicas := map[string]int{}
 	for _, sc := range streams {
-		sc.Replicas = c.keepReplicas(ctx, sc.Name, sc.Replicas)
-		if _, err := c.js.CreateOrUpdateStream(ctx, sc); err != nil {
+		if err := c.ensureStream(ctx, sc); err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
+		s, err := c.js.Stream(ctx, sc.Name)
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", sc.Name, err)
+		}
+		replicas[sc.Name] = s.CachedInfo().Config.Replicas
 	}
-	runsReplicas := c.keepReplicas(ctx, n.RunsStream(), cfg.Replicas)
+	runsReplicas := replicas[n.RunsStream()]
 	for _, q := range cfg.Queues {
 		if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(), jetstream.ConsumerConfig{
 			Durable:       n.Consumer(q),
@@ -179,9 +260,26 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckWait:       30 * time.Second,
 		MaxAckPending: 1000,
-		Replicas:      c.keepReplicas(ctx, n.AdvisoriesStream(), cfg.Replicas),
+		Replicas:      replicas[n.AdvisoriesStream()],
 	}); err != nil {
 		return fmt.Errorf("consumer %s: %w", n.GiveUpConsumer(), err)
+	}
+	kvStream := "KV_" + n.RecordsBucket()
+	if _, err := c.js.Stream(ctx, kvStream); err == nil {
+		// The bucket exists: widen its stream like the others (the KV
+		// layer's update would rewrite the whole config).
+		if err := c.ensureStream(ctx, jetstream.StreamConfig{
+			Name:              kvStream,
+			MaxMsgsPerSubject: 1,
+			MaxAge:            cfg.RecordsTTL,
+			MaxMsgSize:        64 << 10,
+			Replicas:          cfg.Replicas,
+		}); err != nil {
+			return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
+		}
+		return nil
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
 	}
 	if _, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.RecordsBucket(),
@@ -190,7 +288,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		TTL:          cfg.RecordsTTL,
 		MaxValueSize: 64 << 10,
 		Storage:      cfg.Storage,
-		Replicas:     c.keepReplicas(ctx, "KV_"+n.RecordsBucket(), cfg.Replicas),
+		Replicas:     cfg.Replicas,
 	}); err != nil {
 		return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
 	}

@@ -381,7 +381,7 @@ func (r *run) badRequest(err error) {
 }
 
 func (r *run) runStarted() bus.RunStarted {
-	s := bus.RunStarted{Type: bus.EventRunStarted, Queue: r.queue, Worker: r.w.id, Attempt: r.attempt,
+	s := bus.RunStarted{Type: bus.EventRunStarted, Protocol: bus.ProtocolVersion, Queue: r.queue, Worker: r.w.id, Attempt: r.attempt,
 		Tools: r.toolList, Notice: r.notice}
 	if s.Tools == nil {
 		s.Tools = []string{}
