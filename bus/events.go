@@ -191,7 +191,7 @@ type RunFinished struct {
 }
 
 // RunResumed follows run_started when an attempt continues the transcript
-// of earlier attempts instead of starting over (crash recovery, issue 7).
+// of earlier attempts instead of starting over (crash recovery).
 type RunResumed struct {
 	Type             string `json:"type"`
 	Attempt          int    `json:"attempt"`
