@@ -1,18 +1,13 @@
 package bus
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/agent"
-	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -195,114 +190,6 @@ func TestEnvelopeAndTranscript(t *testing.T) {
 	if e.Worker != `w"1` || e.TS != 99 || e.Type != "agent_start" {
 		t.Fatalf("%+v", e)
 	}
-}
-
-func TestEmbeddedServerAndClient(t *testing.T) {
-	ctx, c := embeddedClient(t)
-	// Idempotent.
-	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.Submit(ctx, "", &RunRequest{Prompt: "hi"})
-	if err != nil || res.Duplicate || res.Queue != DefaultQueue {
-		t.Fatalf("%+v %v", res, err)
-	}
-	again, err := c.SubmitRaw(ctx, "", res.ID, []byte(`{"prompt":"hi"}`))
-	if err != nil || !again.Duplicate || again.Seq != res.Seq {
-		t.Fatalf("dedupe: %+v %v", again, err)
-	}
-	if _, err := c.Submit(ctx, "", &RunRequest{}); !IsBadRequest(err) {
-		t.Fatalf("invalid request submitted: %v", err)
-	}
-	if _, err := c.SubmitRaw(ctx, "a.b", "x", nil); err == nil {
-		t.Fatal("bad queue accepted")
-	}
-	rec, err := c.Status(ctx, res.ID)
-	if err != nil || rec.State != StateQueued {
-		t.Fatalf("%+v %v", rec, err)
-	}
-	if _, err := c.Status(ctx, "nope"); !errors.Is(err, ErrRunNotFound) {
-		t.Fatalf("unknown run: %v", err)
-	}
-	list, err := c.List(ctx, ListOptions{})
-	if err != nil || len(list) != 1 || list[0].ID != res.ID || list[0].State != StateQueued {
-		t.Fatalf("%+v %v", list, err)
-	}
-	// The control stream republishes with the stream sequence.
-	sub, err := c.Conn().SubscribeSync(c.Names().Republished())
-	if err != nil {
-		t.Fatal(err)
-	}
-	seq, err := c.Steer(ctx, res.ID, "left")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := sub.NextMsg(5 * time.Second)
-	if err != nil || m.Subject != "agents.ctl."+res.ID+".steer" || m.Header.Get("Nats-Sequence") == "" || m.Header.Get("Nats-Last-Sequence") != "0" {
-		t.Fatalf("republished %v %+v", err, m)
-	}
-	if seq == 0 {
-		t.Fatal("no control seq")
-	}
-	if RedactURL("nats://u:secret@h:4222,nats://tok@h2") != "nats://u:REDACTED@h:4222,nats://REDACTED@h2" {
-		t.Fatal(RedactURL("nats://u:secret@h:4222,nats://tok@h2"))
-	}
-}
-
-func TestFollowGapsAndStaleAttempts(t *testing.T) {
-	ctx, c := embeddedClient(t)
-	pub := func(attempt int, seq uint64, ev any) {
-		b, _ := json.Marshal(ev)
-		if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), (&Envelope{Run: "r", Seq: seq, Attempt: attempt, Worker: "w", TS: 1, Event: b}).AppendJSON(nil)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pub(1, 1, RunStarted{Type: EventRunStarted, Attempt: 1})
-	pub(1, 2, AgentEvent{Type: "agent_start"})
-	pub(1, 4, AgentEvent{Type: "turn_start"}) // seq 3 is missing
-	pub(2, 1, RunStarted{Type: EventRunStarted, Attempt: 2})
-	pub(1, 5, AgentEvent{Type: "turn_end"}) // a stale attempt's late event
-	pub(2, 2, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
-	pub(2, 3, AgentEvent{Type: "agent_start"}) // after the end: not read
-	var got []string
-	gaps := 0
-	for e, err := range c.Follow(ctx, "r") {
-		if err != nil {
-			var gap *GapError
-			if !errors.As(err, &gap) || gap.Want != 3 || gap.Got != 4 {
-				t.Fatalf("error %v", err)
-			}
-			gaps++
-			continue
-		}
-		got = append(got, fmt.Sprintf("%d:%d:%s", e.Attempt, e.Seq, e.Type))
-	}
-	want := "1:1:run_started 1:2:agent_start 1:4:turn_start 2:1:run_started 2:2:run_finished"
-	if strings.Join(got, " ") != want || gaps != 1 {
-		t.Fatalf("got %v (%d gaps), want %s", got, gaps, want)
-	}
-}
-
-// embeddedClient starts an embedded server and returns a connected client
-// with the streams in place; both end with the test.
-func embeddedClient(t *testing.T) (context.Context, *Client) {
-	t.Helper()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	return ctx, c
 }
 
 // Nothing belongs to a run after its run_finished (a rejected request that

@@ -11,31 +11,15 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/natsembed"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
-
-func connectEmbedded(t *testing.T) (context.Context, *bus.Client) {
-	t.Helper()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return ctx, c
-}
 
 // An older worker's EnsureStreams must not undo what a newer worker or an
 // operator added: a subject, a byte limit, a longer age, more replicas'
 // worth of settings it does not know.
 func TestEnsureStreamsOnlyWidens(t *testing.T) {
-	ctx, c := connectEmbedded(t)
+	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
+	ctx, c := fleettest.Context(t), f.Client
 	n := c.Names()
 	extra := n.Prefix() + ".run.*.progress"
 	if _, err := c.JetStream().CreateStream(ctx, jetstream.StreamConfig{
@@ -99,10 +83,8 @@ func streamConfig(ctx context.Context, t *testing.T, c *bus.Client, name string)
 // Events of a type this version does not know (a newer worker's) are
 // skipped by readers whatever their fields, and nothing stops.
 func TestReadersIgnoreUnknownEventTypes(t *testing.T) {
-	ctx, c := connectEmbedded(t)
-	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
 	user := agent.UserText("q")
 	answer := agent.Message{Role: agent.RoleAssistant, Content: []agent.Content{agent.Text("a")}, StopReason: agent.StopReasonStop}
 	events := []any{
