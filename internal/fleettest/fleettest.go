@@ -63,15 +63,21 @@ func Start(t testing.TB, o Options) *Fleet {
 // down with the test.
 func StartServer(t testing.TB, port int, storeDir string) *natsembed.Server {
 	t.Helper()
-	if port == 0 {
-		port = -1
-	}
-	srv, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: storeDir, MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	srv, err := NewServer(port, storeDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
 	return srv
+}
+
+// NewServer starts an embedded server sized for tests (port 0: a free
+// one), for a TestMain that has no testing.TB; the caller shuts it down.
+func NewServer(port int, storeDir string) (*natsembed.Server, error) {
+	if port == 0 {
+		port = -1
+	}
+	return natsembed.Start(natsembed.Options{Port: port, StoreDir: storeDir, MaxMemory: 64 << 20, MaxStore: 1 << 30})
 }
 
 // Connect connects a client that closes with the test.
@@ -115,17 +121,24 @@ type Worker struct {
 	Stop func()
 }
 
-// StartWorker runs a worker with cfg on its own connection until the test
-// ends, and returns once it is ready. Defaults for tests: the fleet's
-// queues (or "default"), AckWait 5 s, PollWait 200 ms, DrainTimeout 5 s.
-// Stop stops it and checks Run's error.
+// StartWorker runs a worker with cfg on its own connection to the fleet
+// until the test ends (see RunWorker); it takes the fleet's queues unless
+// cfg names some.
 func (f *Fleet) StartWorker(cfg worker.Config) *Worker {
 	f.T.Helper()
-	c := Connect(f.T, f.URL())
-	cfg.Client = c
+	cfg.Client = Connect(f.T, f.URL())
 	if len(cfg.Queues) == 0 {
 		cfg.Queues = f.streams.Queues
 	}
+	return RunWorker(f.T, cfg)
+}
+
+// RunWorker runs a worker with cfg (Client required) until Stop or the end
+// of the test, and returns once it is ready. Test defaults: AckWait 5 s,
+// PollWait 200 ms, DrainTimeout 5 s. Stop waits for Run (at most 30 s) and
+// checks its error.
+func RunWorker(t testing.TB, cfg worker.Config) *Worker {
+	t.Helper()
 	if cfg.AckWait == 0 {
 		cfg.AckWait = 5 * time.Second
 	}
@@ -137,7 +150,7 @@ func (f *Fleet) StartWorker(cfg worker.Config) *Worker {
 	}
 	w, err := worker.New(cfg)
 	if err != nil {
-		f.T.Fatal(err)
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -146,17 +159,24 @@ func (f *Fleet) StartWorker(cfg worker.Config) *Worker {
 	stop := func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				f.T.Errorf("worker.Run: %v", err)
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("worker.Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("worker did not stop within 30s")
 			}
 		})
 	}
-	f.T.Cleanup(stop)
+	t.Cleanup(stop)
 	select {
 	case <-w.Ready():
 	case err := <-done:
-		done <- err
-		f.T.Fatalf("worker stopped before it was ready: %v", err)
+		once.Do(func() {})
+		t.Fatalf("worker stopped before it was ready: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker not ready after 30s")
 	}
 	return &Worker{Worker: w, Stop: stop}
 }
