@@ -104,6 +104,18 @@ func Context(t testing.TB) context.Context {
 // URL is the server's client URL.
 func (f *Fleet) URL() string { return f.Server.URL() }
 
+// Port is the server's client port.
+func (f *Fleet) Port() int { return f.Server.NATS().Addr().(*net.TCPAddr).Port }
+
+// Restart stops the server and starts it again on the same port and store,
+// as a restarted NATS node; clients reconnect on their own.
+func (f *Fleet) Restart() {
+	f.T.Helper()
+	port := f.Port()
+	f.Server.Shutdown()
+	f.Server = StartServer(f.T, port, f.StoreDir)
+}
+
 // FreePort returns a TCP port that was free a moment ago on 127.0.0.1.
 func FreePort(t testing.TB) int {
 	t.Helper()

@@ -56,3 +56,18 @@ func TestCheckEnvelopes(t *testing.T) {
 		}
 	}
 }
+
+// After a restart the stored runs are there and the client reconnects.
+func TestRestartKeepsTheStore(t *testing.T) {
+	f := Start(t, Options{})
+	id := f.Submit("", FauxRun("hi", Text("hello")))
+	port := f.Port()
+	f.Restart()
+	if f.Port() != port {
+		t.Fatalf("port %d after restart, was %d", f.Port(), port)
+	}
+	f.StartWorker(worker.Config{})
+	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+}
