@@ -37,6 +37,15 @@ const (
 	StopReasonAborted StopReason = "aborted"
 )
 
+// ScriptedResponse is one reply of a scripted model: the llm/faux model and
+// the "faux" script of a run request share it, so a script is passed on
+// as it was decoded.
+type ScriptedResponse struct {
+	Content      []Content  `json:"content"`
+	StopReason   StopReason `json:"stopReason,omitempty"`
+	ErrorMessage string     `json:"errorMessage,omitempty"`
+}
+
 // Content is one block of a message. It is a tagged union on Type, kept as one
 // flat struct so transcripts are plain values without interface boxing; only
 // the fields of its type are set and serialised.

@@ -1,5 +1,7 @@
-// Package bus is agentfleet's wire protocol (v1) on NATS JetStream and a
-// small client for it. It is used by the worker, by cmd/submit and by tests.
+// Package bus is agentfleet's wire protocol (v1, see ProtocolVersion) on
+// NATS JetStream and a small client for it: what a client needs, and
+// nothing more. It links no nats-server (natsembed has the embedded server)
+// and no model provider, and it does not run agents (the worker does).
 //
 // bus owns:
 //
@@ -9,16 +11,20 @@
 //     is also the guard against subject injection;
 //   - the JSON of the protocol: the run request (RunRequest, decoded and
 //     validated with readable errors and size limits by DecodeRunRequest),
-//     the event envelope (Envelope), the wire form of agent events
-//     (AgentEvent), the fleet events (RunStarted, RunFinished, RunResumed),
-//     control messages (Control) and the run record (RunRecord);
+//     the event envelope (Envelope, DecodeEnvelope, AppendJSON), the wire
+//     form of agent events (AgentEvent), the fleet events (RunStarted,
+//     RunFinished, RunResumed), control messages as clients send them
+//     (Control) and the run record (RunRecord);
 //   - the receiver-side reducer (Transcript) that rebuilds a run's transcript
-//     and its partial assistant message from envelopes;
-//   - the client operations: Connect, EnsureStreams, Submit, Follow, Steer,
-//     FollowUp, Abort, Status, List;
-//   - an embedded nats-server with JetStream (StartServer) for tests and the
-//     worker's default.
+//     and its partial assistant message from envelopes, skipping event types
+//     it does not know;
+//   - the client operations, one file each: connecting (connect.go: Connect,
+//     ConnectOptions), the streams (streams.go: EnsureStreams, which only
+//     ever widens what exists), submitting and following (submit.go: Submit,
+//     Follow, ReadEvents, LoadTranscript), controls and records (controls.go:
+//     Steer, FollowUp, Abort, Status, List).
 //
-// bus does not run agents and does not import any model provider: the worker
-// does that. docs/protocol.md is the normative description of the protocol.
+// What only a worker needs (decoding controls into agent messages, crash
+// recovery, message ids) is in internal/workerproto. docs/protocol.md is the
+// normative description of the protocol.
 package bus

@@ -73,11 +73,6 @@ type Envelope struct {
 	StreamSeq uint64 `json:"-"`
 }
 
-// MsgID is the Nats-Msg-Id of an envelope.
-func MsgID(run string, attempt int, seq uint64) string {
-	return run + ":" + strconv.Itoa(attempt) + ":" + strconv.FormatUint(seq, 10)
-}
-
 // DecodeEnvelope parses an envelope and the type of its event.
 func DecodeEnvelope(data []byte) (*Envelope, error) {
 	var e Envelope
@@ -100,34 +95,31 @@ func DecodeEnvelope(data []byte) (*Envelope, error) {
 	return &e, nil
 }
 
-// AppendEnvelope writes an envelope around an encoded event. worker is
-// JSON-quoted here; run must be a valid id.
-func AppendEnvelope(dst []byte, run string, seq uint64, attempt int, worker string, ts int64, controlSeq uint64, event []byte) []byte {
-	return AppendEnvelopeFlags(dst, run, seq, attempt, worker, ts, controlSeq, false, event)
-}
-
-// AppendEnvelopeFlags is AppendEnvelope with the interrupted flag.
-func AppendEnvelopeFlags(dst []byte, run string, seq uint64, attempt int, worker string, ts int64, controlSeq uint64, interrupted bool, event []byte) []byte {
+// AppendJSON appends the envelope's JSON to dst: the fields in a fixed
+// order and the encoded event last, as readers that scan envelopes without
+// a full decode expect. Run must be a valid id; Type and StreamSeq are not
+// written.
+func (e *Envelope) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"run":"`...)
-	dst = append(dst, run...)
+	dst = append(dst, e.Run...)
 	dst = append(dst, `","seq":`...)
-	dst = strconv.AppendUint(dst, seq, 10)
+	dst = strconv.AppendUint(dst, e.Seq, 10)
 	dst = append(dst, `,"attempt":`...)
-	dst = strconv.AppendInt(dst, int64(attempt), 10)
+	dst = strconv.AppendInt(dst, int64(e.Attempt), 10)
 	dst = append(dst, `,"worker":`...)
-	q, _ := json.Marshal(worker)
+	q, _ := json.Marshal(e.Worker)
 	dst = append(dst, q...)
 	dst = append(dst, `,"ts":`...)
-	dst = strconv.AppendInt(dst, ts, 10)
-	if controlSeq > 0 {
+	dst = strconv.AppendInt(dst, e.TS, 10)
+	if e.ControlSeq > 0 {
 		dst = append(dst, `,"controlSeq":`...)
-		dst = strconv.AppendUint(dst, controlSeq, 10)
+		dst = strconv.AppendUint(dst, e.ControlSeq, 10)
 	}
-	if interrupted {
+	if e.Interrupted {
 		dst = append(dst, `,"interrupted":true`...)
 	}
 	dst = append(dst, `,"event":`...)
-	dst = append(dst, event...)
+	dst = append(dst, e.Event...)
 	return append(dst, '}')
 }
 
@@ -158,49 +150,17 @@ type AgentEvent struct {
 	MessageSeqs  []uint64 `json:"messageSeqs,omitempty"`
 }
 
-// NewAgentEvent converts an agent event to its wire form. The references of
-// turn_end and agent_end (MessageSeq, ToolResultSeqs, MessageSeqs) are the
-// publisher's to fill in. The result shares the event's data: encode it
-// before the listener returns.
-func NewAgentEvent(ev *agent.Event) AgentEvent {
-	w := AgentEvent{Type: string(ev.Type)}
-	switch ev.Type {
-	case agent.EventMessageStart, agent.EventMessageEnd:
-		w.Message = ev.Message
-	case agent.EventMessageUpdate:
-		if ev.StreamEvent != nil {
-			se := *ev.StreamEvent
-			se.Arguments = nil // partial arguments are in the deltas
-			se.Message = nil
-			w.AssistantMessageEvent = &se
-		}
-	case agent.EventToolExecutionStart:
-		w.ToolCallID, w.ToolName, w.Args = ev.ToolCallID, ev.ToolName, nonNilArgs(ev.Args)
-	case agent.EventToolExecutionUpdate:
-		w.ToolCallID, w.ToolName, w.Args = ev.ToolCallID, ev.ToolName, nonNilArgs(ev.Args)
-		w.PartialResult = ev.Result
-	case agent.EventToolExecutionEnd:
-		w.ToolCallID, w.ToolName = ev.ToolCallID, ev.ToolName
-		w.Result = ev.Result
-		isErr := ev.IsError
-		w.IsError = &isErr
-	case agent.EventAgentEnd:
-		n := len(ev.Messages)
-		w.MessageCount = &n
-	}
-	return w
-}
-
-func nonNilArgs(a map[string]any) map[string]any {
-	if a == nil {
-		return map[string]any{}
-	}
-	return a
-}
+// ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
+// changes only with an incompatible change, the minor with every addition
+// (a field, a verb, an event type). Workers announce it in run_started.
+const ProtocolVersion = "1.1"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
-	Type         string            `json:"type"`
+	Type string `json:"type"`
+	// Protocol is the ProtocolVersion of the worker that runs the attempt
+	// ("" from workers older than 1.1).
+	Protocol     string            `json:"protocol,omitempty"`
 	Queue        string            `json:"queue"`
 	Worker       string            `json:"worker"`
 	Attempt      int               `json:"attempt"`
@@ -231,7 +191,7 @@ type RunFinished struct {
 }
 
 // RunResumed follows run_started when an attempt continues the transcript
-// of earlier attempts instead of starting over (crash recovery, issue 7).
+// of earlier attempts instead of starting over (crash recovery).
 type RunResumed struct {
 	Type             string `json:"type"`
 	Attempt          int    `json:"attempt"`
@@ -247,7 +207,9 @@ type Event struct {
 	RunResumed  *RunResumed
 }
 
-// Decode decodes the envelope's event.
+// Decode decodes the envelope's event. An event type this version does not
+// know decodes to an Event with that Type and only Agent.Type set, so that
+// readers ignore it (see docs/protocol.md, protocol evolution).
 func (e *Envelope) Decode() (*Event, error) {
 	typ := e.Type
 	if typ == "" {
@@ -272,11 +234,25 @@ func (e *Envelope) Decode() (*Event, error) {
 		ev.RunResumed = &RunResumed{}
 		target = ev.RunResumed
 	default:
-		ev.Agent = &AgentEvent{}
+		ev.Agent = &AgentEvent{Type: typ}
+		if !knownAgentEvent(typ) {
+			// A newer worker's event: readers skip it, whatever its fields.
+			return ev, nil
+		}
 		target = ev.Agent
 	}
 	if err := json.Unmarshal(e.Event, target); err != nil {
 		return nil, fmt.Errorf("%s event: %w", typ, err)
 	}
 	return ev, nil
+}
+
+func knownAgentEvent(typ string) bool {
+	switch agent.EventType(typ) {
+	case agent.EventAgentStart, agent.EventAgentEnd, agent.EventTurnStart, agent.EventTurnEnd,
+		agent.EventMessageStart, agent.EventMessageUpdate, agent.EventMessageEnd,
+		agent.EventToolExecutionStart, agent.EventToolExecutionUpdate, agent.EventToolExecutionEnd:
+		return true
+	}
+	return false
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf8"
 )
 
@@ -39,33 +38,6 @@ func FuzzDecodeRunRequest(f *testing.F) {
 		}
 		if _, err := json.Marshal(req); err != nil {
 			t.Fatalf("accepted request does not encode: %v", err)
-		}
-	})
-}
-
-func FuzzDecodeControl(f *testing.F) {
-	for _, s := range []string{
-		`{"text":"answer in French"}`,
-		`{"message":{"role":"user","content":[{"type":"text","text":"x"}],"timestamp":1}}`,
-		`{"message":{"role":"assistant","content":[]}}`,
-		`{"reason":"stop"}`, `{"text":""}`, `{}`, `{"text":"a","message":{"role":"user","content":"b"}}`, `x`,
-	} {
-		f.Add([]byte(s))
-	}
-	stored := time.UnixMilli(1_700_000_000_000)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := DecodeUserControl(data, stored)
-		if err == nil {
-			if m.Role != "user" {
-				t.Fatalf("control became a %q message", m.Role)
-			}
-			if _, err := json.Marshal(m); err != nil {
-				t.Fatalf("accepted message does not encode: %v", err)
-			}
-		}
-		reason := DecodeAbort(data)
-		if len(reason) > MaxAbortReason+len("…")+4 {
-			t.Fatalf("abort reason of %d bytes", len(reason))
 		}
 	})
 }

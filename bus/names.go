@@ -185,14 +185,6 @@ func (n Names) ParseRepublished(subject string) (run, kind string, err error) {
 	return "", "", errors.New("not a control subject")
 }
 
-// KindOfControlSubject returns the kind (last token) of a control subject.
-func KindOfControlSubject(subject string) string {
-	if i := strings.LastIndexByte(subject, '.'); i >= 0 {
-		return subject[i+1:]
-	}
-	return subject
-}
-
 // truncate cuts s to at most n bytes on a rune boundary, marking the cut.
 func truncate(s string, n int) string {
 	if len(s) <= n {

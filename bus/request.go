@@ -110,19 +110,11 @@ type Limits struct {
 	MaxTotalTokens int `json:"maxTotalTokens,omitempty"`
 }
 
-// FauxResponse is one scripted reply of the faux provider; it has the JSON
-// shape of llm/faux.Response (content blocks, stopReason, errorMessage).
-type FauxResponse struct {
-	Content      []agent.Content  `json:"content"`
-	StopReason   agent.StopReason `json:"stopReason,omitempty"`
-	ErrorMessage string           `json:"errorMessage,omitempty"`
-}
-
 // FauxScript scripts a whole run for the faux provider.
 type FauxScript struct {
-	Responses       []FauxResponse `json:"responses"`
-	TokenSize       int            `json:"tokenSize,omitempty"`
-	TokensPerSecond float64        `json:"tokensPerSecond,omitempty"`
+	Responses       []agent.ScriptedResponse `json:"responses"`
+	TokenSize       int                      `json:"tokenSize,omitempty"`
+	TokensPerSecond float64                  `json:"tokensPerSecond,omitempty"`
 }
 
 // RunRequest is the body of a run request (see docs/protocol.md).

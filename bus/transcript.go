@@ -132,3 +132,23 @@ func (t *Transcript) ControlSeqs() []uint64 {
 func (t *Transcript) Interrupted(i int) bool {
 	return i >= 0 && i < len(t.meta) && t.meta[i].interrupted
 }
+
+// ControlSeq returns the controlSeq of message i: the control message it
+// came from, or 0.
+func (t *Transcript) ControlSeq(i int) uint64 {
+	if i < 0 || i >= len(t.meta) {
+		return 0
+	}
+	return t.meta[i].controlSeq
+}
+
+// FallBackToEarlierAttempts makes the view that of the attempts before the
+// newest one when the newest (> 1) stored no run_resumed and no message: it
+// died before it decided anything. A new attempt's recovery restores that
+// view; readers keep what was published.
+func (t *Transcript) FallBackToEarlierAttempts() {
+	if t.Attempt > 1 && t.Resumed == nil && len(t.Messages) == 0 {
+		t.Messages = append([]agent.Message(nil), t.prev...)
+		t.meta = append([]msgMeta(nil), t.prevMeta...)
+	}
+}

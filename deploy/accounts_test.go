@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -110,13 +111,11 @@ func deny() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 500*time.Millisecond)
 }
 
-func fauxRun(prompt string, resps ...bus.FauxResponse) *bus.RunRequest {
-	return &bus.RunRequest{Prompt: prompt, Model: &bus.ModelRef{Provider: "faux", ID: "acl"}, Tools: []string{"calculator"},
-		Faux: &bus.FauxScript{Responses: resps, TokenSize: 1, TokensPerSecond: 400}}
-}
-
-func text(s string) bus.FauxResponse {
-	return bus.FauxResponse{Content: []agent.Content{agent.Text(s)}}
+func fauxRun(prompt string, resps ...agent.ScriptedResponse) *bus.RunRequest {
+	req := fleettest.FauxRun(prompt, resps...)
+	req.Tools = []string{"calculator"}
+	req.Faux.TokenSize, req.Faux.TokensPerSecond = 1, 400
+	return req
 }
 
 // noMsg asserts that nothing is stored on subject in stream (read with a
@@ -177,32 +176,7 @@ func TestAccountsConfig(t *testing.T) {
 
 	// The worker, in-process, with the worker's permissions only: it
 	// creates the streams (EnsureStreams) and runs.
-	w, err := worker.New(worker.Config{Client: wc, AckWait: 5 * time.Second, PollWait: 200 * time.Millisecond,
-		DrainTimeout: 2 * time.Second, WorkerID: "acl-worker"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithCancel(context.Background())
-	wdone := make(chan error, 1)
-	go func() { wdone <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		wcancel()
-		select {
-		case err := <-wdone:
-			if err != nil {
-				t.Errorf("worker.Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("worker did not stop")
-		}
-	})
-	select {
-	case <-w.Ready():
-	case err := <-wdone:
-		t.Fatalf("worker with the worker account's permissions failed: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("worker not ready")
-	}
+	fleettest.RunWorker(t, worker.Config{Client: wc, DrainTimeout: 2 * time.Second, WorkerID: "acl-worker"})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -211,8 +185,8 @@ func TestAccountsConfig(t *testing.T) {
 	// end, status, list.
 	run1 := "acl-run-1"
 	req := fauxRun("what is 6*7?",
-		bus.FauxResponse{Content: []agent.Content{agent.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"})}, StopReason: agent.StopReasonToolUse},
-		text("It is 42."), text("Noted."), text("Done."))
+		fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"}),
+		fleettest.Text("It is 42."), fleettest.Text("Noted."), fleettest.Text("Done."))
 	req.ID = run1
 	if _, err := sub.Submit(ctx, "", req); err != nil {
 		t.Fatalf("submitter: submit: %v", err)
@@ -249,7 +223,7 @@ func TestAccountsConfig(t *testing.T) {
 	// Submitter: abort (sent before pickup, so the run never calls the
 	// model).
 	run2 := "acl-run-2"
-	req2 := fauxRun("a long story", text(strings.Repeat("once upon a time ", 200)))
+	req2 := fauxRun("a long story", fleettest.Text(strings.Repeat("once upon a time ", 200)))
 	req2.ID = run2
 	if _, err := sub.Submit(ctx, "", req2); err != nil {
 		t.Fatalf("submitter: submit: %v", err)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // bins are the binaries the suite runs, built once by TestMain.
@@ -259,16 +259,6 @@ func (p *proc) tail(n int) string {
 	return "    " + strings.Join(l, "\n    ")
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // workDir is the scenario's directory for logs and stores: a t.TempDir, or a
 // kept directory with FAULT_KEEP=1.
 func workDir(t testing.TB) string {
@@ -326,7 +316,7 @@ func startNATS(t testing.TB, dir string, n int, extraConf string, auth ...string
 		c.user, c.password = auth[0], auth[1]
 	}
 	for i := range n {
-		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), port: freePort(t), cport: freePort(t), httpPort: freePort(t)}
+		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), port: fleettest.FreePort(t), cport: fleettest.FreePort(t), httpPort: fleettest.FreePort(t)}
 		nd.dir = filepath.Join(dir, nd.name)
 		if err := os.MkdirAll(nd.dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -460,7 +450,7 @@ func (f *fleet) startWorker(id string) *proc {
 		"--ack-wait", f.ackWait.String(), "--drain-timeout", f.drain.String(),
 		"--max-deliver", strconv.Itoa(f.maxDeliver), "--worker-id", id,
 		"--log-format", "json", "--log-level", "info",
-		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", freePort(f.t)),
+		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", fleettest.FreePort(f.t)),
 		"--data-dir", filepath.Join(f.dir, "data-"+id)}
 	args = append(args, f.extraArgs...)
 	p := startProc(f.t, f.dir, "worker-"+id, bins.worker, args, cleanEnv())

@@ -41,15 +41,15 @@ type sentControl struct {
 	err        error
 }
 
-func toolCall(id, name string, args map[string]any) bus.FauxResponse {
-	return bus.FauxResponse{Content: []agent.Content{agent.ToolCall(id, name, args)}, StopReason: agent.StopReasonToolUse}
+func toolCall(id, name string, args map[string]any) agent.ScriptedResponse {
+	return agent.ScriptedResponse{Content: []agent.Content{agent.ToolCall(id, name, args)}, StopReason: agent.StopReasonToolUse}
 }
 
 // toolRequest is a tool-using faux run: three tool calls (calculator, sleep,
 // calculator), then paced text answers; extra answers serve the turns that
 // steering and follow-ups add, and attempts that start the script over.
 func toolRequest(r *rand.Rand, prompt string, tps float64, textChars int) *bus.RunRequest {
-	resps := []bus.FauxResponse{
+	resps := []agent.ScriptedResponse{
 		toolCall("c1", "calculator", map[string]any{"expression": fmt.Sprintf("%d*%d", r.IntN(90)+10, r.IntN(90)+10)}),
 		toolCall("c2", "sleep", map[string]any{"seconds": 0.2 + r.Float64()*0.4}),
 		toolCall("c3", "calculator", map[string]any{"expression": "2^10-24"}),
@@ -59,7 +59,7 @@ func toolRequest(r *rand.Rand, prompt string, tps float64, textChars int) *bus.R
 		for len(text) < textChars {
 			text += "the result is one thousand, as computed; "
 		}
-		resps = append(resps, bus.FauxResponse{Content: []agent.Content{agent.Text(text[:textChars])}})
+		resps = append(resps, agent.ScriptedResponse{Content: []agent.Content{agent.Text(text[:textChars])}})
 	}
 	return &bus.RunRequest{Prompt: prompt, Model: &bus.ModelRef{Provider: "faux", ID: "fault"},
 		Tools: []string{"calculator", "sleep"},

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // TestNoSecretsInLogsEventsRecords runs two worker processes that hold a
@@ -73,8 +74,8 @@ func TestNoSecretsInLogsEventsRecords(t *testing.T) {
 	}
 	common := []string{"--queue", "default", "--ack-wait", "4s", "--drain-timeout", "2s", "--log-level", "debug",
 		"--openai-base-url", model.URL + "/v1", "--default-model", "openai/fake-model"}
-	metricsA := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	metricsB := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metricsA := fmt.Sprintf("127.0.0.1:%d", fleettest.FreePort(t))
+	metricsB := fmt.Sprintf("127.0.0.1:%d", fleettest.FreePort(t))
 	// Worker A: secrets from the environment.
 	a := startProc(t, dir, "worker-secret-a", bins.worker, append([]string{"--nats", nc.URL(), "--worker-id", "sa",
 		"--log-format", "text", "--metrics-addr", metricsA}, common...),

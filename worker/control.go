@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
 // controls delivers a run's control messages to its Agent, each exactly
@@ -108,7 +109,7 @@ func (c *controls) catchUpLocked(ctx context.Context) {
 			}
 			return
 		}
-		kind := bus.KindOfControlSubject(m.Subject)
+		kind := workerproto.ControlKind(m.Subject)
 		if m.Sequence > c.last[kind] {
 			c.take(kind, m.Sequence, m.Data, m.Time)
 		}
@@ -152,11 +153,11 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) 
 	r.w.obs.ControlReceived(kind)
 	switch kind {
 	case bus.KindAbort:
-		reason := bus.DecodeAbort(data)
+		reason := workerproto.DecodeAbort(data)
 		r.log.Info("abort received", "controlSeq", seq, "reason", reason)
 		r.abort(reason)
 	case bus.KindSteer, bus.KindFollowUp:
-		msg, err := bus.DecodeUserControl(data, stored)
+		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {
 			r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
 			return

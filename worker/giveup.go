@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
 // Giving up. When a request's delivery count reaches MaxDeliver and its
@@ -201,7 +202,7 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		_ = r.pub.flush(ctx)
 		return fmt.Errorf("give-up: reading the run's events: %w", err)
 	}
-	restored := len(bus.Recover(envs, time.Now().UnixMilli()).Messages)
+	restored := len(workerproto.Recover(envs, time.Now().UnixMilli()).Messages)
 	_, _ = r.pub.fleetEvent(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: restored})
 	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
 		deliveries, r.w.names.Dead(r.queue, r.id))

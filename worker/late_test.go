@@ -7,6 +7,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 type ctlObs struct {
@@ -19,7 +20,7 @@ func (o ctlObs) ControlReceived(kind string) { o.got <- kind }
 // A follow-up (and a steer) that arrive after the agent's last look at its
 // queues, while the run is not finished yet, still run.
 func TestLateControlMessagesAreNotLost(t *testing.T) {
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir()})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestLateControlMessagesAreNotLost(t *testing.T) {
 	<-w.Ready()
 
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "one", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			{Content: []agent.Content{agent.Text("first")}},
 			{Content: []agent.Content{agent.Text("second")}},
 		}}})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -20,13 +21,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // fleet is an embedded server and a client for one test.
 type fleet struct {
 	t   *testing.T
-	srv *bus.Server
+	srv *natsembed.Server
 	c   *bus.Client
 }
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +140,7 @@ func (f *fleet) follow(id string) []*bus.Envelope {
 func fauxText(texts ...string) *bus.FauxScript {
 	s := &bus.FauxScript{}
 	for _, t := range texts {
-		s.Responses = append(s.Responses, bus.FauxResponse{Content: []agent.Content{agent.Text(t)}})
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(t)}})
 	}
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/metrics"
 	"github.com/agentfleet/agentfleet/worker"
@@ -65,7 +66,7 @@ func TestMetricsFromAFauxRun(t *testing.T) {
 	const prompt = "what is 6*7, secret-prompt-text"
 	id := f.submit("default", &bus.RunRequest{
 		Prompt: prompt, Model: fauxModel(), Tools: []string{"calculator"},
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("c1", "calculator", map[string]any{"expression": "6*7"}),
 			textResp("It is 42."),
 		}},

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
 // envelopeHeadroom is kept free under the max payload for headers and
@@ -88,7 +89,7 @@ func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publi
 	p := &publisher{
 		w: w, run: run, attempt: attempt,
 		subject: w.names.Events(run),
-		msgID:   func(seq uint64) string { return bus.MsgID(run, attempt, seq) },
+		msgID:   func(seq uint64) string { return workerproto.MsgID(run, attempt, seq) },
 		limit:   int(w.maxPayload()) - envelopeHeadroom,
 		budget:  w.cfg.AckWait,
 		window:  make(chan struct{}, n),
@@ -308,8 +309,9 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		return 0, err
 	}
 	seq := p.seq + 1
-	data := bus.AppendEnvelopeFlags(make([]byte, 0, len(event)+160), p.run, seq, p.attempt, p.w.id,
-		time.Now().UnixMilli(), controlSeq, interrupted, event)
+	env := bus.Envelope{Run: p.run, Seq: seq, Attempt: p.attempt, Worker: p.w.id,
+		TS: time.Now().UnixMilli(), ControlSeq: controlSeq, Interrupted: interrupted, Event: event}
+	data := env.AppendJSON(make([]byte, 0, len(event)+160))
 	if len(data) > p.limit {
 		p.mu.Unlock()
 		<-p.window

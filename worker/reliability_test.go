@@ -14,6 +14,8 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -121,7 +123,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, Observer: first}
 	kill := f.killable(cfg)
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("c1", "gate", map[string]any{"name": "x"}),
 			toolCall("c2", "gate", map[string]any{"name": "y"}),
 			textResp("done"),
@@ -158,7 +160,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 	if tr.Resumed.MessagesRestored != 5 {
 		t.Fatalf("restored %d messages", tr.Resumed.MessagesRestored)
 	}
-	if r := tr.Messages[5]; !r.IsError || r.TextOf() != bus.InterruptedToolResult || r.ToolCallID != "c2" {
+	if r := tr.Messages[5]; !r.IsError || r.TextOf() != workerproto.InterruptedToolResult || r.ToolCallID != "c2" {
 		t.Fatalf("synthetic result %+v", r)
 	}
 	if tr.Messages[2].TextOf() != "opened x" {
@@ -187,7 +189,7 @@ func TestLeaseLoss(t *testing.T) {
 	stopA := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second,
 		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled", Concurrency: 1})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
 	waitFor(t, g.started, "gate x")
 	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, WorkerID: "healthy"})
 	envs := f.follow(id)
@@ -231,7 +233,7 @@ func TestGiveUp(t *testing.T) {
 	stop := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: 500 * time.Millisecond,
 		HeartbeatInterval: time.Hour, MaxDeliver: 2, DrainTimeout: 50 * time.Millisecond})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("c1", "gate", map[string]any{"name": "x"}),
 			toolCall("c2", "gate", map[string]any{"name": "y"}),
 			textResp("never"),
@@ -368,7 +370,7 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	started, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "gone", Attempt: 1, Tools: []string{}})
-	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Events(id), bus.AppendEnvelope(nil, id, 1, 1, "gone", now.UnixMilli(), 0, started)); err != nil {
+	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Events(id), (&bus.Envelope{Run: id, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
 		t.Fatal(err)
 	}
 	o := newObs()
@@ -424,7 +426,7 @@ func (o *countObs) EventPublished() {
 // finishes in its first attempt with gapless events.
 func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: dir})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,13 +456,13 @@ func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 	runWorker(t, w)
 	text := strings.Repeat("word ", 60)
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{textResp(text)}, TokenSize: 1, TokensPerSecond: 40}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{textResp(text)}, TokenSize: 1, TokensPerSecond: 40}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, o.reached, "the run streaming")
 	srv.Shutdown()
-	srv, err = bus.StartServer(bus.ServerOptions{Port: port, StoreDir: dir})
+	srv, err = natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +489,7 @@ func TestRedeliveredAfterDeadlineTimesOut(t *testing.T) {
 	kill := f.killable(cfg)
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
 		Limits: &bus.Limits{TimeoutSeconds: 1},
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("c1", "gate", map[string]any{"name": "x"}),
 			textResp("done"),
 		}}})

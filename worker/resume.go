@@ -8,13 +8,14 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
 var errAlreadyFinished = errors.New("the run already has its run_finished")
 
 // resume restores what earlier attempts put into the run's transcript:
 // the events stored before this attempt's run_started, folded by the
-// readers' reducer (bus.Recover), without the tail a stopping worker cut
+// readers' reducer (workerproto.Recover), without the tail a stopping worker cut
 // off, plus an error result for every tool call left without one. It
 // publishes run_resumed (and the synthetic tool results) and reports
 // whether a transcript was restored; if not (nothing stored, or the prompt
@@ -35,7 +36,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	rc := bus.Recover(envs, time.Now().UnixMilli())
+	rc := workerproto.Recover(envs, time.Now().UnixMilli())
 	if rc.Finished != nil {
 		return false, errAlreadyFinished
 	}

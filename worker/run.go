@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/llm/faux"
 )
 
@@ -380,7 +381,7 @@ func (r *run) badRequest(err error) {
 }
 
 func (r *run) runStarted() bus.RunStarted {
-	s := bus.RunStarted{Type: bus.EventRunStarted, Queue: r.queue, Worker: r.w.id, Attempt: r.attempt,
+	s := bus.RunStarted{Type: bus.EventRunStarted, Protocol: bus.ProtocolVersion, Queue: r.queue, Worker: r.w.id, Attempt: r.attempt,
 		Tools: r.toolList, Notice: r.notice}
 	if s.Tools == nil {
 		s.Tools = []string{}
@@ -470,7 +471,7 @@ func (r *run) start() {
 		switch {
 		case !restored:
 			runErr = r.agent.PromptMessages(tctx, r.prompt...)
-		case bus.EndsWithAnswer(r.agent.Messages()):
+		case workerproto.EndsWithAnswer(r.agent.Messages()):
 			// The transcript has its final answer: no model call, unless
 			// controls are queued (the loop below).
 		default:
@@ -661,7 +662,7 @@ func (r *run) onEvent(_ context.Context, ev agent.Event) error {
 	case agent.EventTurnStart:
 		r.toolSeqs = r.toolSeqs[:0]
 	}
-	we := bus.NewAgentEvent(&ev)
+	we := workerproto.NewAgentEvent(&ev)
 	var ctlSeq uint64
 	interrupted := false
 	switch ev.Type {

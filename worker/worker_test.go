@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/llm/faux"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -91,17 +92,17 @@ func (o *obs) waitControl(t *testing.T, kind string) {
 	}
 }
 
-func toolCall(id, name string, args map[string]any) bus.FauxResponse {
-	return bus.FauxResponse{Content: []agent.Content{agent.ToolCall(id, name, args)}, StopReason: agent.StopReasonToolUse}
+func toolCall(id, name string, args map[string]any) agent.ScriptedResponse {
+	return agent.ScriptedResponse{Content: []agent.Content{agent.ToolCall(id, name, args)}, StopReason: agent.StopReasonToolUse}
 }
 
-func textResp(s string) bus.FauxResponse {
-	return bus.FauxResponse{Content: []agent.Content{agent.Text(s)}}
+func textResp(s string) agent.ScriptedResponse {
+	return agent.ScriptedResponse{Content: []agent.Content{agent.Text(s)}}
 }
 
 // localTrace runs the same script on a local Agent and returns its event
 // types (with the stream event type for message_update).
-func localTrace(t *testing.T, prompt string, tools []*agent.Tool, resps []bus.FauxResponse) []string {
+func localTrace(t *testing.T, prompt string, tools []*agent.Tool, resps []agent.ScriptedResponse) []string {
 	t.Helper()
 	var fr []faux.Response
 	for _, r := range resps {
@@ -195,7 +196,7 @@ func roles(msgs []agent.Message) string {
 func TestTextRun(t *testing.T) {
 	f := newFleet(t)
 	f.startWorker(worker.Config{})
-	resps := []bus.FauxResponse{textResp("The answer is forty-two, as everyone knows.")}
+	resps := []agent.ScriptedResponse{textResp("The answer is forty-two, as everyone knows.")}
 	id := f.submit("", &bus.RunRequest{Prompt: "what is the answer?", Model: fauxModel(), Faux: &bus.FauxScript{Responses: resps}})
 	envs := f.follow(id)
 	fin := checkEnvelopes(t, id, envs)
@@ -235,7 +236,7 @@ func TestTextRun(t *testing.T) {
 func TestToolRun(t *testing.T) {
 	f := newFleet(t)
 	f.startWorker(worker.Config{})
-	resps := []bus.FauxResponse{
+	resps := []agent.ScriptedResponse{
 		toolCall("c1", "calculator", map[string]any{"expression": "(2+3)*4^2"}),
 		textResp("It is 80."),
 	}
@@ -274,7 +275,7 @@ func TestSteerDuringToolsAndFollowUp(t *testing.T) {
 	g := newGate()
 	o := newObs()
 	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
-	resps := []bus.FauxResponse{
+	resps := []agent.ScriptedResponse{
 		toolCall("c1", "gate", map[string]any{"name": "one"}),
 		textResp("steered answer"),
 		textResp("follow-up answer"),
@@ -363,7 +364,7 @@ func TestAbortMidStream(t *testing.T) {
 	f.startWorker(worker.Config{})
 	long := strings.Repeat("word ", 2000)
 	id := f.submit("", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{textResp(long)}, TokenSize: 1, TokensPerSecond: 50}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{textResp(long)}, TokenSize: 1, TokensPerSecond: 50}})
 	var sent time.Time
 	var fin *bus.RunFinished
 	for env, err := range f.c.Follow(f.ctx(), id) {
@@ -526,7 +527,7 @@ func TestConcurrencyBound(t *testing.T) {
 	var ids []string
 	for i := range 5 {
 		ids = append(ids, f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-			Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": fmt.Sprint(i)}), textResp("ok")}}}))
+			Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": fmt.Sprint(i)}), textResp("ok")}}}))
 	}
 	g.waitStarted(t)
 	g.waitStarted(t)
@@ -561,7 +562,7 @@ func TestLateFollowerSeesTheSame(t *testing.T) {
 	f := newFleet(t)
 	f.startWorker(worker.Config{})
 	id := f.submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c1", "calculator", map[string]any{"expression": "1+1"}), textResp("two")}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c1", "calculator", map[string]any{"expression": "1+1"}), textResp("two")}}})
 	live := f.follow(id)
 	late := f.follow(id)
 	if len(live) != len(late) {
@@ -580,7 +581,7 @@ func TestRunRecordLifecycle(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(), Metadata: map[string]string{"team": "qa"},
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
 	rec, err := f.c.Status(f.ctx(), id)
 	if err != nil || rec.State != bus.StateQueued {
 		t.Fatalf("queued: %+v %v", rec, err)
@@ -613,7 +614,7 @@ func TestLimits(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
 	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
-	loop := []bus.FauxResponse{
+	loop := []agent.ScriptedResponse{
 		toolCall("a", "calculator", map[string]any{"expression": "1"}),
 		toolCall("b", "calculator", map[string]any{"expression": "2"}),
 		toolCall("c", "calculator", map[string]any{"expression": "3"}),
@@ -626,7 +627,7 @@ func TestLimits(t *testing.T) {
 	}
 	// Reaching maxTurns with a final answer is a success.
 	ok := f.submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fauxModel(),
-		Limits: &bus.Limits{MaxTurns: 2}, Faux: &bus.FauxScript{Responses: []bus.FauxResponse{loop[0], textResp("done")}}})
+		Limits: &bus.Limits{MaxTurns: 2}, Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{loop[0], textResp("done")}}})
 	if fin := checkEnvelopes(t, ok, f.follow(ok)); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("max turns with an answer: %+v", fin)
 	}
@@ -636,12 +637,12 @@ func TestLimits(t *testing.T) {
 		t.Fatalf("token budget: %+v", fin)
 	}
 	timeout := f.submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"gate"}, Model: fauxModel(),
-		Limits: &bus.Limits{TimeoutSeconds: 1}, Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("g", "gate", map[string]any{"name": "t"}), textResp("late")}}})
+		Limits: &bus.Limits{TimeoutSeconds: 1}, Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("g", "gate", map[string]any{"name": "t"}), textResp("late")}}})
 	if fin := checkEnvelopes(t, timeout, f.follow(timeout)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTimeout {
 		t.Fatalf("timeout: %+v", fin)
 	}
 	modelErr := f.submit("", &bus.RunRequest{Prompt: "fail", Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{{StopReason: agent.StopReasonError, ErrorMessage: "upstream 500"}}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{StopReason: agent.StopReasonError, ErrorMessage: "upstream 500"}}}})
 	if fin := checkEnvelopes(t, modelErr, f.follow(modelErr)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError || fin.Error != "upstream 500" {
 		t.Fatalf("model error: %+v", fin)
 	}
@@ -671,7 +672,7 @@ func TestDrainHandsRunsBack(t *testing.T) {
 	g := newGate()
 	stop := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, DrainTimeout: 100 * time.Millisecond})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
 	g.waitStarted(t)
 	stop() // drain times out: the run is stopped and Nak'ed
 	// The next worker resumes: the cancelled tool result (marked
@@ -687,7 +688,7 @@ func TestDrainHandsRunsBack(t *testing.T) {
 		roles(tr.Messages) != "user:go | assistant:call:gate | toolResult | assistant:ok" {
 		t.Fatalf("transcript after restart: %s\n%s", roles(tr.Messages), dump(envs))
 	}
-	if res := tr.Messages[2]; !res.IsError || res.TextOf() != bus.InterruptedToolResult {
+	if res := tr.Messages[2]; !res.IsError || res.TextOf() != workerproto.InterruptedToolResult {
 		t.Fatalf("tool result after resume: %+v", res)
 	}
 	interrupted := 0
@@ -706,7 +707,7 @@ func TestHeartbeatKeepsALongRunOwned(t *testing.T) {
 	g := newGate()
 	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 200 * time.Millisecond})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
 	g.waitStarted(t)
 	// The run outlives its AckWait three times over.
 	timer := time.AfterFunc(3*time.Second, func() { g.release <- struct{}{} })
@@ -727,7 +728,7 @@ func TestToolTimeout(t *testing.T) {
 	g := newGate()
 	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, ToolTimeout: 100 * time.Millisecond})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
 	envs := f.follow(id)
 	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("%+v", fin)
@@ -782,7 +783,7 @@ func TestToolSizeCaps(t *testing.T) {
 	})
 	f.startWorker(worker.Config{Tools: []*agent.Tool{echo}, MaxToolArgsBytes: 200, MaxToolResultBytes: 500})
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			toolCall("big", "echo", map[string]any{"text": strings.Repeat("x", 300)}),
 			toolCall("small", "echo", map[string]any{"text": "0123456789"}),
 			textResp("done"),

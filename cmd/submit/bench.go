@@ -124,9 +124,9 @@ func benchRequest(bf *benchFlags) ([]byte, error) {
 			for i := range calls {
 				calls[i] = agent.ToolCall("c"+strconv.Itoa(i+1), "calculator", map[string]any{"expression": strconv.Itoa(i) + "+1"})
 			}
-			s.Responses = append(s.Responses, bus.FauxResponse{Content: calls, StopReason: agent.StopReasonToolUse})
+			s.Responses = append(s.Responses, agent.ScriptedResponse{Content: calls, StopReason: agent.StopReasonToolUse})
 		}
-		s.Responses = append(s.Responses, bus.FauxResponse{Content: []agent.Content{agent.Text(text)}})
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(text)}})
 		req.Faux = s
 	}
 	if err := req.Validate(""); err != nil {
@@ -215,7 +215,7 @@ func (b *bench) onEvent(m *nats.Msg) {
 
 // eventTypes finds an envelope's event type, and for message_update the
 // type of its assistantMessageEvent, without decoding the whole envelope:
-// envelopes are written by bus.AppendEnvelope with the event last and its
+// envelopes are written by bus.Envelope.AppendJSON with the event last and its
 // "type" first. Anything else falls back to a full decode.
 func eventTypes(data []byte) (typ, sub string) {
 	const evKey = `"event":{"type":"`

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // Faux scripts (run requests) the tests submit.
@@ -266,12 +266,7 @@ func TestUsageErrors(t *testing.T) {
 
 func TestUnreachableNATS(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "nats://" + ln.Addr().String()
-	ln.Close() // a port nobody listens on
+	url := fmt.Sprintf("nats://127.0.0.1:%d", fleettest.FreePort(t)) // a port nobody listens on
 	for _, args := range [][]string{{"--nats", url, "hello"}, {"status", "--nats", url, "r1"}, {"--nats", url, "list"}, {"bench", "--nats", url}} {
 		_, errOut, code := submit(t, args...)
 		if code != 4 {

@@ -19,7 +19,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // raceEnabled is set by race_test.go: the submit binary is then built with
@@ -50,7 +50,7 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: filepath.Join(dir, "nats"), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	srv, err := fleettest.NewServer(0, filepath.Join(dir, "nats"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -22,7 +22,7 @@ func envelope(t *testing.T, seq uint64, controlSeq uint64, event any) *bus.Envel
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := bus.AppendEnvelope(nil, "r1", seq, 1, "w1", 1, controlSeq, ev)
+	data := (&bus.Envelope{Run: "r1", Seq: seq, Attempt: 1, Worker: "w1", TS: 1, ControlSeq: controlSeq, Event: ev}).AppendJSON(nil)
 	env, err := bus.DecodeEnvelope(data)
 	if err != nil {
 		t.Fatal(err)

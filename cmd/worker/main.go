@@ -28,6 +28,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/metrics"
+	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -84,18 +85,46 @@ func env(name, def string) string {
 	return def
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
+// environment reads flag defaults from the environment and keeps every
+// value that does not parse, so that the worker refuses to start instead of
+// silently running with the default.
+type environment struct{ errs []error }
+
+func (e *environment) int(name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
 	}
-	return def
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q is not a whole number", name, clip(v)))
+		return def
+	}
+	return n
 }
 
-func envDuration(name string, def time.Duration) time.Duration {
-	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
-		return v
+func (e *environment) duration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
 	}
-	return def
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		hint := ""
+		if _, nerr := strconv.ParseFloat(strings.TrimSpace(v), 64); nerr == nil {
+			hint = " (it needs a unit)"
+		}
+		e.errs = append(e.errs, fmt.Errorf("%s=%q is not a duration such as 30s, 2m or 1h%s", name, clip(v), hint))
+		return def
+	}
+	return d
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
 }
 
 const usageHead = `worker runs agentfleet runs: it takes run requests from NATS JetStream
@@ -120,6 +149,7 @@ Flags (environment variable in brackets):
 
 func parse(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
+	var environ environment
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	home, _ := os.UserHomeDir()
@@ -139,17 +169,17 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.conn.TLSKey, "tlskey", env("NATS_KEY", ""), "client key file (mutual TLS) [NATS_KEY]")
 	fs.StringVar(&o.conn.Prefix, "prefix", env("AGENTS_PREFIX", bus.DefaultPrefix), "subject prefix; stream names follow it (AGENTS_RUNS for agents) [AGENTS_PREFIX]")
 	fs.Var(&o.queues, "queue", "queue to take runs from; repeatable or comma-separated (default \"default\") [AGENTS_QUEUES]")
-	fs.IntVar(&o.concurrency, "concurrency", envInt("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
-	fs.DurationVar(&o.ackWait, "ack-wait", envDuration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
-	fs.IntVar(&o.maxDeliver, "max-deliver", envInt("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
-	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", envInt("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
-	fs.IntVar(&o.maxToolResult, "max-tool-result-bytes", envInt("AGENTS_MAX_TOOL_RESULT_BYTES", 64<<10), "tool results are cut to this many bytes [AGENTS_MAX_TOOL_RESULT_BYTES]")
-	fs.DurationVar(&o.eventsMaxAge, "events-max-age", envDuration("AGENTS_EVENTS_MAX_AGE", 7*24*time.Hour), "how long run events are kept (stream AGENTS_EVENTS) [AGENTS_EVENTS_MAX_AGE]")
-	fs.DurationVar(&o.controlMaxAge, "control-max-age", envDuration("AGENTS_CONTROL_MAX_AGE", 7*24*time.Hour), "how long control messages are kept (stream AGENTS_CONTROL) [AGENTS_CONTROL_MAX_AGE]")
-	fs.DurationVar(&o.recordsTTL, "records-ttl", envDuration("AGENTS_RECORDS_TTL", 7*24*time.Hour), "how long run records are kept (bucket agents_runs) [AGENTS_RECORDS_TTL]")
-	fs.IntVar(&o.replicas, "stream-replicas", envInt("AGENTS_STREAM_REPLICAS", 1), "replicas of the streams, consumers and bucket the worker creates (3 on a 3-node cluster) [AGENTS_STREAM_REPLICAS]")
-	fs.DurationVar(&o.drainTimeout, "drain-timeout", envDuration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
-	fs.DurationVar(&o.toolTimeout, "tool-timeout", envDuration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
+	fs.IntVar(&o.concurrency, "concurrency", environ.int("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
+	fs.DurationVar(&o.ackWait, "ack-wait", environ.duration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
+	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
+	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", environ.int("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
+	fs.IntVar(&o.maxToolResult, "max-tool-result-bytes", environ.int("AGENTS_MAX_TOOL_RESULT_BYTES", 64<<10), "tool results are cut to this many bytes [AGENTS_MAX_TOOL_RESULT_BYTES]")
+	fs.DurationVar(&o.eventsMaxAge, "events-max-age", environ.duration("AGENTS_EVENTS_MAX_AGE", 7*24*time.Hour), "how long run events are kept (stream AGENTS_EVENTS) [AGENTS_EVENTS_MAX_AGE]")
+	fs.DurationVar(&o.controlMaxAge, "control-max-age", environ.duration("AGENTS_CONTROL_MAX_AGE", 7*24*time.Hour), "how long control messages are kept (stream AGENTS_CONTROL) [AGENTS_CONTROL_MAX_AGE]")
+	fs.DurationVar(&o.recordsTTL, "records-ttl", environ.duration("AGENTS_RECORDS_TTL", 7*24*time.Hour), "how long run records are kept (bucket agents_runs) [AGENTS_RECORDS_TTL]")
+	fs.IntVar(&o.replicas, "stream-replicas", environ.int("AGENTS_STREAM_REPLICAS", 1), "replicas of the streams, consumers and bucket the worker creates (3 on a 3-node cluster) [AGENTS_STREAM_REPLICAS]")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", environ.duration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
+	fs.DurationVar(&o.toolTimeout, "tool-timeout", environ.duration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
 	fs.StringVar(&o.dataDir, "data-dir", env("AGENTS_DATA_DIR", defData), "data directory of the embedded NATS server (JetStream under <dir>/nats) [AGENTS_DATA_DIR]")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", env("AGENTS_METRICS_ADDR", ":9464"), "address of /metrics, /healthz and /readyz; empty disables them [AGENTS_METRICS_ADDR]")
 	fs.StringVar(&o.logFormat, "log-format", env("AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
@@ -168,6 +198,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (see --help)", fs.Arg(0))
+	}
+	if len(environ.errs) > 0 {
+		return nil, errors.Join(environ.errs...)
 	}
 	o.metricsAddrDefault = os.Getenv("AGENTS_METRICS_ADDR") == ""
 	fs.Visit(func(f *flag.Flag) {
@@ -241,7 +274,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 		return 2
 	}
 
-	var srv *bus.Server
+	var srv *natsembed.Server
 	if o.conn.URL == "" {
 		srv, err = startEmbedded(o, log)
 		if err != nil {
@@ -348,7 +381,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	return 0
 }
 
-func startEmbedded(o *options, log *slog.Logger) (*bus.Server, error) {
+func startEmbedded(o *options, log *slog.Logger) (*natsembed.Server, error) {
 	host, portS, err := net.SplitHostPort(o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--nats-listen %q: %w", o.listen, err)
@@ -364,7 +397,7 @@ func startEmbedded(o *options, log *slog.Logger) (*bus.Server, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	return bus.StartServer(bus.ServerOptions{Host: host, Port: port, StoreDir: dir, Logger: log})
+	return natsembed.Start(natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log})
 }
 
 // readiness is /readyz: NATS connected and the runs stream reachable.

@@ -53,6 +53,45 @@ func TestHelp(t *testing.T) {
 	}
 }
 
+// An environment value that does not parse stops the worker before it
+// starts anything, naming the variable and what is wrong, instead of being
+// replaced by the default.
+func TestEnvironmentThatDoesNotParseIsRefused(t *testing.T) {
+	t.Setenv("AGENTS_ACK_WAIT", "30")
+	t.Setenv("AGENTS_CONCURRENCY", "eight")
+	t.Setenv("AGENTS_NATS_LISTEN", "127.0.0.1:0")
+	t.Setenv("AGENTS_DATA_DIR", t.TempDir())
+	t.Setenv("AGENTS_METRICS_ADDR", "")
+	var out syncBuf
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan started, 1)
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, nil, &out, ready) }()
+	select {
+	case code := <-done:
+		if code != 2 {
+			t.Fatalf("exit %d:\n%s", code, out.String())
+		}
+	case <-ready:
+		cancel()
+		<-done
+		t.Fatalf("the worker started with AGENTS_ACK_WAIT=30:\n%s", out.String())
+	}
+	for _, want := range []string{`AGENTS_ACK_WAIT="30" is not a duration`, "needs a unit", `AGENTS_CONCURRENCY="eight" is not a whole number`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	// A valid value in the environment is taken.
+	t.Setenv("AGENTS_ACK_WAIT", "30s")
+	t.Setenv("AGENTS_CONCURRENCY", "3")
+	o, err := parse(nil, &out)
+	if err != nil || o.ackWait != 30*time.Second || o.concurrency != 3 {
+		t.Fatalf("parse: %+v %v", o, err)
+	}
+}
+
 func TestEmbeddedWorkerRunsADemoRun(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")

@@ -9,18 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // get fetches a path of the worker's metrics server.
 func get(t *testing.T, addr, path string) (int, string) {
@@ -56,13 +46,9 @@ func waitStatus(t *testing.T, addr, path string, code int) {
 func TestMetricsAndReadiness(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
-	port := freePort(t)
+	port := fleettest.FreePort(t)
 	store := t.TempDir()
-	srv, err := bus.StartServer(bus.ServerOptions{Port: port, StoreDir: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { srv.Shutdown() }()
+	srv := fleettest.StartServer(t, port, store)
 
 	var out syncBuf
 	ctx, cancel := context.WithCancel(context.Background())
@@ -110,10 +96,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 		t.Fatalf("/healthz while NATS is away: %d", code)
 	}
 
-	srv, err = bus.StartServer(bus.ServerOptions{Port: port, StoreDir: store})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fleettest.StartServer(t, port, store)
 	waitStatus(t, st.MetricsAddr, "/readyz", 200)
 
 	cancel()
@@ -136,11 +119,7 @@ func TestBusyMetricsPort(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
 	t.Setenv("AGENTS_METRICS_ADDR", "")
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := fleettest.StartServer(t, 0, t.TempDir())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -5,18 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // The retention flags reach the streams and the bucket the worker creates.
 func TestRetentionFlags(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := fleettest.StartServer(t, 0, t.TempDir())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan started, 1)
@@ -33,13 +29,8 @@ func TestRetentionFlags(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("worker not ready")
 	}
-	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer ccancel()
-	c, err := bus.Connect(cctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	cctx := fleettest.Context(t)
+	c := fleettest.Connect(t, srv.URL())
 	for name, want := range map[string]time.Duration{
 		c.Names().EventsStream():          time.Hour,
 		c.Names().ControlStream():         2 * time.Hour,

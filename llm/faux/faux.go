@@ -17,12 +17,9 @@ const (
 	DefaultTokens = 4
 )
 
-// Response is one scripted reply.
-type Response struct {
-	Content      []agent.Content  `json:"content"`
-	StopReason   agent.StopReason `json:"stopReason,omitempty"`
-	ErrorMessage string           `json:"errorMessage,omitempty"`
-}
+// Response is one scripted reply (the type a run request's faux script
+// decodes into).
+type Response = agent.ScriptedResponse
 
 // Options shape the stream.
 type Options struct {

@@ -1,23 +1,17 @@
-package bus
+package workerproto
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 )
-
-// Control is the body of a control message: steer and followup take Text or
-// Message (a pi user message); abort takes an optional Reason.
-type Control struct {
-	Text    string         `json:"text,omitempty"`
-	Message *agent.Message `json:"message,omitempty"`
-	Reason  string         `json:"reason,omitempty"`
-}
 
 // MaxAbortReason bounds the reason of an abort.
 const MaxAbortReason = 1024
@@ -26,10 +20,10 @@ const MaxAbortReason = 1024
 // it queues. storedAt (the time the stream stored it) stamps a text message
 // and a message without a timestamp.
 func DecodeUserControl(data []byte, storedAt time.Time) (agent.Message, error) {
-	if len(data) > MaxControlBytes {
-		return agent.Message{}, fmt.Errorf("control message is %d bytes, the limit is %d", len(data), MaxControlBytes)
+	if len(data) > bus.MaxControlBytes {
+		return agent.Message{}, fmt.Errorf("control message is %d bytes, the limit is %d", len(data), bus.MaxControlBytes)
 	}
-	var c Control
+	var c bus.Control
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
@@ -66,7 +60,7 @@ func DecodeAbort(data []byte) string {
 	if len(data) == 0 {
 		return ""
 	}
-	var c Control
+	var c bus.Control
 	if json.Unmarshal(data, &c) == nil {
 		return clip(c.Reason, MaxAbortReason)
 	}
@@ -84,4 +78,35 @@ func clip(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// ControlKind returns the kind (last token) of a control subject.
+func ControlKind(subject string) string {
+	if i := strings.LastIndexByte(subject, '.'); i >= 0 {
+		return subject[i+1:]
+	}
+	return subject
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// jsonErrorText says where a JSON body went wrong, for a person to read.
+func jsonErrorText(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("%s (at byte %d)", se.Error(), se.Offset)
+	case errors.As(err, &te):
+		if te.Field != "" {
+			return fmt.Sprintf("field %q: expected %s, got JSON %s", te.Field, te.Type, te.Value)
+		}
+		return fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)
+	}
+	return err.Error()
 }

@@ -1,4 +1,7 @@
-package bus
+// Package natsembed runs a nats-server with JetStream inside the current
+// process: the worker's default when no --nats URL is given, tests, and
+// programs that embed a fleet. Clients never need it; they import bus.
+package natsembed
 
 import (
 	"errors"
@@ -11,8 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// ServerOptions configure an embedded nats-server with JetStream.
-type ServerOptions struct {
+// Options configure an embedded nats-server with JetStream.
+type Options struct {
 	// Host and Port to listen on. Port 0 means 4222 (the NATS default);
 	// -1 picks a free port (tests).
 	Host string // default 127.0.0.1
@@ -38,12 +41,12 @@ type Server struct {
 	s *server.Server
 }
 
-// ErrPortBusy is returned by StartServer when the port is taken.
+// ErrPortBusy is returned by Start when the port is taken.
 var ErrPortBusy = errors.New("port is already in use")
 
-// StartServer starts an embedded nats-server with JetStream and waits until
+// Start starts an embedded nats-server with JetStream and waits until
 // it accepts connections.
-func StartServer(o ServerOptions) (*Server, error) {
+func Start(o Options) (*Server, error) {
 	if o.StoreDir == "" {
 		return nil, errors.New("embedded NATS: a JetStream store directory is required")
 	}
@@ -106,7 +109,7 @@ func StartServer(o ServerOptions) (*Server, error) {
 func (s *Server) URL() string { return s.s.ClientURL() }
 
 // NATS returns the underlying server (also an in-process connection
-// provider for ConnectOptions.InProcess).
+// provider for bus.ConnectOptions.InProcess).
 func (s *Server) NATS() *server.Server { return s.s }
 
 // Shutdown stops the server and waits until it is down.

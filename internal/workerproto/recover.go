@@ -1,9 +1,10 @@
-package bus
+package workerproto
 
 import (
 	"sort"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // InterruptedToolResult is the text of the error result a resumed attempt
@@ -16,7 +17,7 @@ type Recovery struct {
 	// Attempt is the newest earlier attempt seen (0: no events).
 	Attempt int
 	// Messages is the transcript to restore: the readers' view of the
-	// earlier attempts (the same Transcript reducer) without its dropped
+	// earlier attempts (the same bus.Transcript reducer) without its dropped
 	// tail. Its length is run_resumed's messagesRestored.
 	Messages []agent.Message
 	// Dropped counts messages removed from the end of the view: assistant
@@ -34,7 +35,7 @@ type Recovery struct {
 	// came from steering and follow-ups: already delivered.
 	ControlSeqs []uint64
 	// Finished is set when the run already has its run_finished.
-	Finished *RunFinished
+	Finished *bus.RunFinished
 	// LastSeq is the seq of the newest attempt's last envelope.
 	LastSeq uint64
 }
@@ -44,8 +45,8 @@ type Recovery struct {
 // Envelopes of an attempt stored after a newer attempt's run_started are
 // left out; within an attempt, envelopes are taken in seq order without
 // duplicates. now stamps the synthetic tool results (Unix ms).
-func Recover(envs []*Envelope, now int64) *Recovery {
-	kept := make([]*Envelope, 0, len(envs))
+func Recover(envs []*bus.Envelope, now int64) *Recovery {
+	kept := make([]*bus.Envelope, 0, len(envs))
 	newest := 0
 	for _, e := range envs {
 		if e.Attempt < newest {
@@ -62,17 +63,12 @@ func Recover(envs []*Envelope, now int64) *Recovery {
 		}
 		return kept[i].Seq < kept[j].Seq
 	})
-	t := &Transcript{}
+	t := &bus.Transcript{}
 	for _, e := range kept {
 		_ = t.Apply(e)
 	}
-	if t.Attempt > 1 && t.Resumed == nil && len(t.Messages) == 0 {
-		// The newest attempt died before run_resumed: it decided nothing,
-		// so the view of the attempts before it is what there is.
-		t.Messages = append([]agent.Message(nil), t.prev...)
-		t.meta = append([]msgMeta(nil), t.prevMeta...)
-	}
-	rec := &Recovery{Attempt: t.Attempt, Finished: t.Finished, LastSeq: t.LastSeq, Partial: t.streaming}
+	t.FallBackToEarlierAttempts()
+	rec := &Recovery{Attempt: t.Attempt, Finished: t.Finished, LastSeq: t.LastSeq, Partial: t.Partial() != nil}
 	msgs := t.Messages
 	n := len(msgs)
 	for n > 0 {
@@ -85,7 +81,7 @@ func Recover(envs []*Envelope, now int64) *Recovery {
 	rec.Dropped = len(msgs) - n
 	rec.Messages = append([]agent.Message(nil), msgs[:n]...)
 	for i := range n {
-		if s := t.meta[i].controlSeq; s > 0 {
+		if s := t.ControlSeq(i); s > 0 {
 			rec.ControlSeqs = append(rec.ControlSeqs, s)
 		}
 	}

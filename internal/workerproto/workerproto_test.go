@@ -1,19 +1,22 @@
-package bus
+package workerproto
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // recEnv builds envelopes for Recover tests.
 type recEnv struct {
 	t   *testing.T
-	out []*Envelope
+	out []*bus.Envelope
 }
 
-func (b *recEnv) add(attempt int, seq uint64, ev any, opts ...func(*Envelope)) {
+func (b *recEnv) add(attempt int, seq uint64, ev any, opts ...func(*bus.Envelope)) {
 	e := env(b.t, "r", attempt, seq, 0, ev)
 	for _, o := range opts {
 		o(e)
@@ -21,9 +24,9 @@ func (b *recEnv) add(attempt int, seq uint64, ev any, opts ...func(*Envelope)) {
 	b.out = append(b.out, e)
 }
 
-func ctlSeq(s uint64) func(*Envelope)   { return func(e *Envelope) { e.ControlSeq = s } }
-func interrupted() func(*Envelope)      { return func(e *Envelope) { e.Interrupted = true } }
-func msgEnd(m agent.Message) AgentEvent { return AgentEvent{Type: "message_end", Message: &m} }
+func ctlSeq(s uint64) func(*bus.Envelope)   { return func(e *bus.Envelope) { e.ControlSeq = s } }
+func interrupted() func(*bus.Envelope)      { return func(e *bus.Envelope) { e.Interrupted = true } }
+func msgEnd(m agent.Message) bus.AgentEvent { return bus.AgentEvent{Type: "message_end", Message: &m} }
 
 func assistantCalls(ids ...string) agent.Message {
 	m := agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonToolUse}
@@ -65,7 +68,7 @@ func summary(msgs []agent.Message) string {
 }
 
 func TestRecover(t *testing.T) {
-	started := func(a int) RunStarted { return RunStarted{Type: EventRunStarted, Attempt: a} }
+	started := func(a int) bus.RunStarted { return bus.RunStarted{Type: bus.EventRunStarted, Attempt: a} }
 	cases := []struct {
 		name      string
 		build     func(b *recEnv)
@@ -83,8 +86,8 @@ func TestRecover(t *testing.T) {
 		build: func(b *recEnv) {
 			b.add(1, 1, started(1))
 			b.add(1, 2, msgEnd(agent.UserText("q")))
-			b.add(1, 3, AgentEvent{Type: "message_start", Message: &agent.Message{Role: agent.RoleAssistant}})
-			b.add(1, 4, AgentEvent{Type: "message_update", AssistantMessageEvent: &agent.StreamEvent{Type: agent.StreamTextStart}})
+			b.add(1, 3, bus.AgentEvent{Type: "message_start", Message: &agent.Message{Role: agent.RoleAssistant}})
+			b.add(1, 4, bus.AgentEvent{Type: "message_update", AssistantMessageEvent: &agent.StreamEvent{Type: agent.StreamTextStart}})
 		},
 		want:    "user:q",
 		partial: true,
@@ -137,7 +140,7 @@ func TestRecover(t *testing.T) {
 			b.add(1, 2, msgEnd(agent.UserText("q")))
 			b.add(1, 3, msgEnd(assistantCalls("a")))
 			b.add(2, 1, started(2))
-			b.add(2, 2, RunResumed{Type: EventRunResumed, Attempt: 2, MessagesRestored: 2})
+			b.add(2, 2, bus.RunResumed{Type: bus.EventRunResumed, Attempt: 2, MessagesRestored: 2})
 			b.add(2, 3, msgEnd(toolResult("a", InterruptedToolResult, true)))
 			b.add(1, 4, msgEnd(toolResult("a", "late", false))) // stored after attempt 2 started
 			b.add(2, 4, msgEnd(assistantText("answer", agent.StopReasonStop)))
@@ -168,7 +171,7 @@ func TestRecover(t *testing.T) {
 		build: func(b *recEnv) {
 			b.add(1, 1, started(1))
 			b.add(1, 2, msgEnd(agent.UserText("q")))
-			b.add(1, 3, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
+			b.add(1, 3, bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded})
 		},
 		want:     "user:q",
 		finished: true,
@@ -217,22 +220,63 @@ func TestEndsWithAnswer(t *testing.T) {
 	}
 }
 
-// Nothing belongs to a run after its run_finished (a rejected request that
-// reused the id adds events after it).
-func TestTranscriptStopsAtRunFinished(t *testing.T) {
-	tr := &Transcript{}
-	for _, e := range []*Envelope{
-		env(t, "r", 1, 1, 0, RunStarted{Type: EventRunStarted, Attempt: 1}),
-		env(t, "r", 1, 2, 0, msgEnd(agent.UserText("q"))),
-		env(t, "r", 1, 3, 0, RunFinished{Type: EventRunFinished, Status: StatusSucceeded}),
-		env(t, "r", 1, 1, 0, RunStarted{Type: EventRunStarted, Attempt: 1}),
-		env(t, "r", 1, 2, 0, RunFinished{Type: EventRunFinished, Status: StatusFailed, Reason: ReasonBadRequest}),
-	} {
-		if err := tr.Apply(e); err != nil {
-			t.Fatal(err)
+func env(t *testing.T, run string, attempt int, seq uint64, ctl uint64, ev any) *bus.Envelope {
+	t.Helper()
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := (&bus.Envelope{Run: run, Seq: seq, Attempt: attempt, Worker: "w", TS: 99, ControlSeq: ctl, Event: b}).AppendJSON(nil)
+	e, err := bus.DecodeEnvelope(data)
+	if err != nil {
+		t.Fatalf("%s: %v", data, err)
+	}
+	return e
+}
+
+func TestControlDecode(t *testing.T) {
+	at := time.UnixMilli(1234)
+	m, err := DecodeUserControl([]byte(`{"text":"go left"}`), at)
+	if err != nil || m.Role != agent.RoleUser || m.TextOf() != "go left" || m.Timestamp != 1234 {
+		t.Fatalf("%+v %v", m, err)
+	}
+	m, err = DecodeUserControl([]byte(`{"message":{"role":"user","content":"hi","timestamp":5}}`), at)
+	if err != nil || m.TextOf() != "hi" || m.Timestamp != 5 {
+		t.Fatalf("%+v %v", m, err)
+	}
+	for _, bad := range []string{``, `{}`, `{"text":"a","message":{"role":"user","content":"x"}}`,
+		`{"message":{"role":"assistant","content":"x"}}`, `{"message":{"role":"user","content":[]}}`, `[1]`, `{"txt":"a"}`} {
+		if _, err := DecodeUserControl([]byte(bad), at); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
-	if tr.Finished.Status != StatusSucceeded || len(tr.Messages) != 1 {
-		t.Fatalf("%+v %d", tr.Finished, len(tr.Messages))
+	if r := DecodeAbort([]byte(`{"reason":"stop it"}`)); r != "stop it" {
+		t.Errorf("abort reason %q", r)
+	}
+	if r := DecodeAbort(nil); r != "" {
+		t.Errorf("empty abort reason %q", r)
+	}
+	if r := DecodeAbort([]byte("plain words")); r != "plain words" {
+		t.Errorf("text abort reason %q", r)
+	}
+}
+
+func TestNewAgentEventWireForm(t *testing.T) {
+	se := agent.StreamEvent{Type: agent.StreamToolCallDelta, ContentIndex: 1, Delta: `{"a":`, Arguments: map[string]any{"a": 1}}
+	w := NewAgentEvent(&agent.Event{Type: agent.EventMessageUpdate, StreamEvent: &se, Message: &agent.Message{Role: agent.RoleAssistant}})
+	b, _ := json.Marshal(w)
+	if string(b) != `{"type":"message_update","assistantMessageEvent":{"type":"toolcall_delta","contentIndex":1,"delta":"{\"a\":"}}` {
+		t.Fatalf("%s", b)
+	}
+	w = NewAgentEvent(&agent.Event{Type: agent.EventToolExecutionEnd, ToolCallID: "c", ToolName: "t", Result: &agent.ToolResult{Content: []agent.Content{agent.Text("r")}}})
+	b, _ = json.Marshal(w)
+	if string(b) != `{"type":"tool_execution_end","toolCallId":"c","toolName":"t","result":{"content":[{"type":"text","text":"r"}]},"isError":false}` {
+		t.Fatalf("%s", b)
+	}
+}
+
+func TestMsgID(t *testing.T) {
+	if MsgID("r", 2, 7) != "r:2:7" {
+		t.Fatal(MsgID("r", 2, 7))
 	}
 }

@@ -1,0 +1,262 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Control is the body of a control message: steer and followup take Text or
+// Message (a pi user message); abort takes an optional Reason.
+type Control struct {
+	Text    string         `json:"text,omitempty"`
+	Message *agent.Message `json:"message,omitempty"`
+	Reason  string         `json:"reason,omitempty"`
+}
+
+// Steer sends a steering message to a run; it returns the control stream
+// sequence. A finished run gives ErrRunFinished and nothing is sent.
+func (c *Client) Steer(ctx context.Context, runID, text string) (uint64, error) {
+	return c.SendControl(ctx, runID, KindSteer, Control{Text: text})
+}
+
+// FollowUp queues a follow-up message for a run.
+func (c *Client) FollowUp(ctx context.Context, runID, text string) (uint64, error) {
+	return c.SendControl(ctx, runID, KindFollowUp, Control{Text: text})
+}
+
+// Abort asks a run to stop.
+func (c *Client) Abort(ctx context.Context, runID, reason string) (uint64, error) {
+	return c.SendControl(ctx, runID, KindAbort, Control{Reason: reason})
+}
+
+// SteerMessage sends a full pi user message as steering.
+func (c *Client) SteerMessage(ctx context.Context, runID string, m agent.Message) (uint64, error) {
+	return c.SendControl(ctx, runID, KindSteer, Control{Message: &m})
+}
+
+// SendControl publishes a control message of a kind (steer, followup,
+// abort) after checking the run has not finished.
+func (c *Client) SendControl(ctx context.Context, runID, kind string, body Control) (uint64, error) {
+	if err := CheckID(runID); err != nil {
+		return 0, err
+	}
+	switch kind {
+	case KindSteer, KindFollowUp, KindAbort:
+	default:
+		return 0, fmt.Errorf("unknown control kind %q", kind)
+	}
+	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
+		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return 0, err
+	}
+	ack, err := c.js.Publish(ctx, c.names.Control(runID, kind), data, jetstream.WithExpectStream(c.names.ControlStream()))
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: %w", kind, runID, err)
+	}
+	return ack.Sequence, nil
+}
+
+// RunRecord is the value of a run's key in the KV bucket agents_runs.
+type RunRecord struct {
+	ID     string `json:"id"`
+	Queue  string `json:"queue"`
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	// Attempt is the delivery count of the request being run.
+	Attempt int    `json:"attempt"`
+	Worker  string `json:"worker,omitempty"`
+	// RequestSeq is the AGENTS_RUNS sequence of the request: a redelivery
+	// has the same, a new request reusing the id has another.
+	RequestSeq  uint64            `json:"requestSeq,omitempty"`
+	SubmittedAt time.Time         `json:"submittedAt,omitzero"`
+	StartedAt   time.Time         `json:"startedAt,omitzero"`
+	FinishedAt  time.Time         `json:"finishedAt,omitzero"`
+	HeartbeatAt time.Time         `json:"heartbeatAt,omitzero"`
+	Model       string            `json:"model,omitempty"`
+	Turns       int               `json:"turns"`
+	Usage       agent.Usage       `json:"usage"`
+	Cost        float64           `json:"cost"`
+	Error       string            `json:"error,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	// Stale is set by Status and List (never stored) on a running record
+	// whose heartbeat is older than the client's stale bound: its worker
+	// is gone or cut off and no one has taken the run over (yet).
+	Stale bool `json:"stale,omitempty"`
+	// Revision is the KV revision the record was read at (not stored).
+	Revision uint64 `json:"-"`
+}
+
+// Finished reports whether the record's state is final.
+func (r *RunRecord) Finished() bool {
+	switch r.State {
+	case StatusSucceeded, StatusFailed, StatusAborted:
+		return true
+	}
+	return false
+}
+
+func (c *Client) record(ctx context.Context, runID string) (*RunRecord, error) {
+	kv, err := c.Records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := kv.Get(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeRecord(e)
+}
+
+// DecodeRecord decodes a run record from its KV entry, with its revision
+// (the lease's compare-and-set token).
+func DecodeRecord(e jetstream.KeyValueEntry) (*RunRecord, error) {
+	var r RunRecord
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, fmt.Errorf("record %s: %w", e.Key(), err)
+	}
+	r.Revision = e.Revision()
+	return &r, nil
+}
+
+// Status returns a run's record. A run with no record but a pending request
+// is reported as queued; neither gives ErrRunNotFound.
+func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
+	if err := CheckID(runID); err != nil {
+		return nil, err
+	}
+	r, err := c.record(ctx, runID)
+	if err == nil {
+		c.markStale(r, time.Now())
+		return r, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, err
+	}
+	s, err := c.Stream(ctx, c.names.RunsStream())
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.names.Submit("*", runID)))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+		}
+		return nil, err
+	}
+	q, _, _ := c.names.ParseSubmit(m.Subject)
+	return &RunRecord{ID: runID, Queue: q, State: StateQueued, SubmittedAt: m.Time, RequestSeq: m.Sequence}, nil
+}
+
+// ListOptions filter List.
+type ListOptions struct {
+	// State: "" for all; queued, running, succeeded, failed, aborted, or
+	// stale (running records whose heartbeat is too old).
+	State string
+	Queue string // "" for all
+	Limit int    // 0 for no limit
+}
+
+// List returns run records, the newest first: queued runs (requests with no
+// record yet) and the records of the bucket.
+func (c *Client) List(ctx context.Context, o ListOptions) ([]RunRecord, error) {
+	kv, err := c.Records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	var recs []RunRecord
+	have := map[string]bool{}
+loop:
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok || e == nil {
+				break loop
+			}
+			var r RunRecord
+			if json.Unmarshal(e.Value(), &r) != nil {
+				continue
+			}
+			r.Revision = e.Revision()
+			have[r.ID] = true
+			recs = append(recs, r)
+		case <-ctx.Done():
+			_ = w.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	_ = w.Stop()
+	if o.State == "" || o.State == StateQueued {
+		s, err := c.Stream(ctx, c.names.RunsStream())
+		if err != nil {
+			return nil, err
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(c.names.SubmitAll()))
+		if err != nil {
+			return nil, err
+		}
+		for subj := range info.State.Subjects {
+			q, id, err := c.names.ParseSubmit(subj)
+			if err != nil || have[id] {
+				continue
+			}
+			recs = append(recs, RunRecord{ID: id, Queue: q, State: StateQueued})
+		}
+	}
+	out := recs[:0]
+	now := time.Now()
+	for _, r := range recs {
+		c.markStale(&r, now)
+		state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale)
+		if state && (o.Queue == "" || r.Queue == o.Queue) {
+			out = append(out, r)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if (a.State == StateQueued) != (b.State == StateQueued) {
+			return a.State == StateQueued
+		}
+		ta, tb := a.SubmittedAt, b.SubmittedAt
+		if ta.IsZero() {
+			ta = a.StartedAt
+		}
+		if tb.IsZero() {
+			tb = b.StartedAt
+		}
+		if !ta.Equal(tb) {
+			return ta.After(tb)
+		}
+		return a.ID < b.ID
+	})
+	if o.Limit > 0 && len(out) > o.Limit {
+		out = out[:o.Limit]
+	}
+	return out, nil
+}
+
+// markStale sets Stale on a running record whose heartbeat is too old.
+func (c *Client) markStale(r *RunRecord, now time.Time) {
+	if r.State != StateRunning {
+		return
+	}
+	hb := r.HeartbeatAt
+	if hb.IsZero() {
+		hb = r.StartedAt
+	}
+	r.Stale = !hb.IsZero() && now.Sub(hb) > c.staleAfter
+}

@@ -1,0 +1,129 @@
+package bus_test
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+)
+
+// An older worker's EnsureStreams must not undo what a newer worker or an
+// operator added: a subject, a byte limit, a longer age, more replicas'
+// worth of settings it does not know.
+func TestEnsureStreamsOnlyWidens(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
+	ctx, c := fleettest.Context(t), f.Client
+	n := c.Names()
+	extra := n.Prefix() + ".run.*.progress"
+	if _, err := c.JetStream().CreateStream(ctx, jetstream.StreamConfig{
+		Name:     n.EventsStream(),
+		Subjects: []string{n.Events("*"), extra},
+		MaxBytes: 512 << 20,
+		MaxAge:   30 * 24 * time.Hour,
+		Metadata: map[string]string{"owner": "ops"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.JetStream().CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: n.RecordsBucket(), History: 1, MaxBytes: 64 << 20, TTL: time.Hour,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second run changes nothing
+		if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := streamConfig(ctx, t, c, n.EventsStream())
+	if !slices.Contains(cfg.Subjects, extra) || !slices.Contains(cfg.Subjects, n.Events("*")) {
+		t.Errorf("subjects %v", cfg.Subjects)
+	}
+	if cfg.MaxBytes != 512<<20 || cfg.MaxAge != 30*24*time.Hour || cfg.Metadata["owner"] != "ops" {
+		t.Errorf("operator settings lost: max bytes %d, max age %v, metadata %v", cfg.MaxBytes, cfg.MaxAge, cfg.Metadata)
+	}
+	if cfg.Duplicates < 2*time.Minute {
+		t.Errorf("duplicate window %v not raised", cfg.Duplicates)
+	}
+	kv := streamConfig(ctx, t, c, "KV_"+n.RecordsBucket())
+	if kv.MaxBytes != 64<<20 || kv.MaxAge != 7*24*time.Hour {
+		t.Errorf("bucket: max bytes %d, max age %v (the TTL is raised to the default week, the byte limit kept)", kv.MaxBytes, kv.MaxAge)
+	}
+	// The streams EnsureStreams created itself are complete.
+	ctl := streamConfig(ctx, t, c, n.ControlStream())
+	if ctl.RePublish == nil || len(ctl.Subjects) != 3 {
+		t.Errorf("control stream %+v", ctl)
+	}
+	// A run still goes through: the widened streams work.
+	res, err := c.Submit(ctx, bus.DefaultQueue, &bus.RunRequest{Prompt: "hi"})
+	if err != nil || res.ID == "" {
+		t.Fatalf("submit: %v", err)
+	}
+}
+
+func streamConfig(ctx context.Context, t *testing.T, c *bus.Client, name string) jetstream.StreamConfig {
+	t.Helper()
+	s, err := c.JetStream().Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Config
+}
+
+// Events of a type this version does not know (a newer worker's) are
+// skipped by readers whatever their fields, and nothing stops.
+func TestReadersIgnoreUnknownEventTypes(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	user := agent.UserText("q")
+	answer := agent.Message{Role: agent.RoleAssistant, Content: []agent.Content{agent.Text("a")}, StopReason: agent.StopReasonStop}
+	events := []any{
+		bus.RunStarted{Type: bus.EventRunStarted, Protocol: "1.9", Attempt: 1, Tools: []string{}},
+		bus.AgentEvent{Type: "message_end", Message: &user},
+		// Fields that clash with the known events' types.
+		map[string]any{"type": "tool_progress", "message": 5, "result": "half", "status": []int{1}},
+		bus.AgentEvent{Type: "message_end", Message: &answer},
+		map[string]any{"type": "run_paused", "attempt": "x"},
+		bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
+	}
+	for i, ev := range events {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := bus.Envelope{Run: "r1", Seq: uint64(i + 1), Attempt: 1, Worker: "w", TS: 1, Event: b}
+		if _, err := c.JetStream().Publish(ctx, c.Names().Events("r1"), env.AppendJSON(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var types []string
+	for e, err := range c.Follow(ctx, "r1") {
+		if err != nil {
+			t.Fatalf("follow: %v", err)
+		}
+		if _, err := e.Decode(); err != nil {
+			t.Errorf("%s: %v", e.Type, err)
+		}
+		types = append(types, e.Type)
+	}
+	if len(types) != len(events) || types[len(types)-1] != bus.EventRunFinished {
+		t.Fatalf("followed %v", types)
+	}
+	tr, err := c.LoadTranscript(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tr.Done() || len(tr.Messages) != 2 || tr.FinalText() != "a" || tr.Started.Protocol != "1.9" {
+		t.Fatalf("transcript: done %v, %d messages, %q, protocol %q", tr.Done(), len(tr.Messages), tr.FinalText(), tr.Started.Protocol)
+	}
+}

@@ -1,0 +1,329 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamsConfig shapes the streams, consumers and bucket EnsureStreams
+// creates or updates. Zero fields take the defaults in brackets.
+type StreamsConfig struct {
+	Queues   []string              // consumers to ensure [default]
+	Replicas int                   // [1]
+	Storage  jetstream.StorageType // [file]
+	// RequestsMaxAge drops requests no worker took in time [7 days].
+	RequestsMaxAge time.Duration
+	// MaxPendingRequests caps the work queue; Submit then fails [1,000,000].
+	MaxPendingRequests int64
+	// DuplicateWindow is the dedupe window of requests (by run id) [1h].
+	DuplicateWindow time.Duration
+	EventsMaxAge    time.Duration // [7 days]
+	ControlMaxAge   time.Duration // [7 days]
+	RecordsTTL      time.Duration // [7 days]
+	// DeadMaxAge keeps dead-lettered requests (AGENTS_DEAD) [RequestsMaxAge].
+	DeadMaxAge time.Duration
+	// Consumer settings.
+	AckWait       time.Duration // [60s]
+	MaxDeliver    int           // [5]
+	MaxAckPending int           // [10,000]; keep it above the fleet's slots
+}
+
+const week = 7 * 24 * time.Hour
+
+func (s *StreamsConfig) defaults() {
+	if len(s.Queues) == 0 {
+		s.Queues = []string{DefaultQueue}
+	}
+	if s.Replicas == 0 {
+		s.Replicas = 1
+	}
+	if s.RequestsMaxAge == 0 {
+		s.RequestsMaxAge = week
+	}
+	if s.MaxPendingRequests == 0 {
+		s.MaxPendingRequests = 1_000_000
+	}
+	if s.DuplicateWindow == 0 {
+		s.DuplicateWindow = time.Hour
+	}
+	s.DuplicateWindow = min(s.DuplicateWindow, s.RequestsMaxAge)
+	if s.EventsMaxAge == 0 {
+		s.EventsMaxAge = week
+	}
+	if s.ControlMaxAge == 0 {
+		s.ControlMaxAge = week
+	}
+	if s.RecordsTTL == 0 {
+		s.RecordsTTL = week
+	}
+	if s.AckWait == 0 {
+		s.AckWait = 60 * time.Second
+	}
+	if s.MaxDeliver == 0 {
+		s.MaxDeliver = 5
+	}
+	if s.MaxAckPending == 0 {
+		s.MaxAckPending = 10_000
+	}
+	if s.DeadMaxAge == 0 {
+		s.DeadMaxAge = s.RequestsMaxAge
+	}
+}
+
+// ensureStream creates a stream, or widens an existing one's config with
+// want (see widenStream), so an older worker cannot undo a newer one's
+// additions nor an operator's settings.
+func (c *Client) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
+	s, err := c.js.Stream(ctx, want.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		_, err = c.js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return c.ensureStream(ctx, want) // another worker was first
+		}
+		return err
+	case err != nil:
+		return err
+	}
+	have := s.CachedInfo().Config
+	widened := widenStream(have, want)
+	if reflect.DeepEqual(widened, have) {
+		return nil
+	}
+	_, err = c.js.UpdateStream(ctx, widened)
+	return err
+}
+
+// widenStream is the existing config with want added: subjects are the
+// union, limits the larger (unlimited is the largest, a limit want leaves
+// at zero keeps its value), flags on if on in either, replicas never
+// lowered. Everything want does not set (fields this version does not
+// know, an operator's max_bytes or sources) is kept.
+func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
+	out := have
+	out.Subjects = append([]string(nil), have.Subjects...)
+	for _, sub := range want.Subjects {
+		if !slices.Contains(out.Subjects, sub) {
+			out.Subjects = append(out.Subjects, sub)
+		}
+	}
+	if out.Description == "" {
+		out.Description = want.Description
+	}
+	out.MaxMsgs = raiseLimit(have.MaxMsgs, want.MaxMsgs)
+	out.MaxBytes = raiseLimit(have.MaxBytes, want.MaxBytes)
+	out.MaxMsgsPerSubject = raiseLimit(have.MaxMsgsPerSubject, want.MaxMsgsPerSubject)
+	out.MaxMsgSize = int32(raiseLimit(int64(have.MaxMsgSize), int64(want.MaxMsgSize)))
+	out.MaxAge = time.Duration(raiseLimit(int64(have.MaxAge), int64(want.MaxAge)))
+	out.Duplicates = max(have.Duplicates, want.Duplicates)
+	out.Replicas = max(have.Replicas, want.Replicas)
+	if want.Discard != jetstream.DiscardOld {
+		out.Discard = want.Discard
+	}
+	if want.RePublish != nil {
+		out.RePublish = want.RePublish
+	}
+	out.AllowDirect = have.AllowDirect || want.AllowDirect
+	out.AllowRollup = have.AllowRollup || want.AllowRollup
+	out.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
+	out.DenyDelete = have.DenyDelete || want.DenyDelete
+	out.DenyPurge = have.DenyPurge || want.DenyPurge
+	for k, v := range want.Metadata {
+		if out.Metadata == nil {
+			out.Metadata = map[string]string{}
+		}
+		if _, ok := out.Metadata[k]; !ok {
+			out.Metadata[k] = v
+		}
+	}
+	return out
+}
+
+// raiseLimit returns the larger of two JetStream limits where zero or less
+// is unlimited; want zero means "not set here" and keeps have.
+func raiseLimit(have, want int64) int64 {
+	if want == 0 || have <= 0 {
+		return have
+	}
+	if want < 0 {
+		return want
+	}
+	return max(have, want)
+}
+
+// EnsureStreams creates or updates AGENTS_RUNS, AGENTS_EVENTS,
+// AGENTS_CONTROL, the durable consumer workers-<queue> of each queue and the
+// KV bucket agents_runs. What exists is only widened (widenStream): subjects
+// and flags added, limits raised, replicas never lowered, and nothing an
+// operator or a newer worker set is removed.
+func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
+	cfg.defaults()
+	n := c.names
+	for _, q := range cfg.Queues {
+		if err := CheckQueue(q); err != nil {
+			return err
+		}
+	}
+	streams := []jetstream.StreamConfig{{
+		Name:        n.RunsStream(),
+		Description: "agentfleet run requests (work queue)",
+		Subjects:    []string{n.SubmitAll()},
+		Retention:   jetstream.WorkQueuePolicy,
+		Discard:     jetstream.DiscardNew,
+		MaxMsgs:     cfg.MaxPendingRequests,
+		MaxAge:      cfg.RequestsMaxAge,
+		MaxMsgSize:  MaxRequestBytes + 64<<10,
+		Duplicates:  cfg.DuplicateWindow,
+		Storage:     cfg.Storage,
+		Replicas:    cfg.Replicas,
+	}, {
+		Name:        n.EventsStream(),
+		Description: "agentfleet run events",
+		Subjects:    []string{n.Events("*")},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.EventsMaxAge,
+		// A worker re-sends unacknowledged events after a reconnect for
+		// up to AckWait; the window must cover that so re-sent events are
+		// dropped, not stored twice.
+		Duplicates: min(max(2*time.Minute, 2*cfg.AckWait), cfg.EventsMaxAge),
+		Storage:    cfg.Storage,
+		Replicas:   cfg.Replicas,
+	}, {
+		Name:        n.ControlStream(),
+		Description: "agentfleet steering, follow-ups and aborts",
+		Subjects: []string{n.Control("*", KindSteer), n.Control("*", KindFollowUp),
+			n.Control("*", KindAbort)},
+		Retention:  jetstream.LimitsPolicy,
+		MaxAge:     cfg.ControlMaxAge,
+		MaxMsgSize: MaxControlBytes + 16<<10,
+		Storage:    cfg.Storage,
+		Replicas:   cfg.Replicas,
+		// Each stored control message is republished with its stream
+		// sequence, so workers need no consumer per run.
+		RePublish: &jetstream.RePublish{Source: n.Prefix() + ".run.>", Destination: n.Prefix() + ".ctl.>"},
+	}, {
+		Name:        n.DeadStream(),
+		Description: "agentfleet dead-lettered run requests (given up after MaxDeliver)",
+		Subjects:    []string{n.DeadAll()},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.DeadMaxAge,
+		MaxMsgSize:  MaxRequestBytes + 64<<10,
+		Duplicates:  min(time.Hour, cfg.DeadMaxAge),
+		Storage:     cfg.Storage,
+		Replicas:    cfg.Replicas,
+	}, {
+		Name:        n.AdvisoriesStream(),
+		Description: "agentfleet MAX_DELIVERIES advisories of the request consumers, for the give-up path",
+		Subjects:    []string{n.MaxDeliveriesAdvisories()},
+		Retention:   jetstream.WorkQueuePolicy,
+		MaxAge:      cfg.RequestsMaxAge,
+		Storage:     cfg.Storage,
+		Replicas:    cfg.Replicas,
+	}}
+	replicas := map[string]int{}
+	for _, sc := range streams {
+		if err := c.ensureStream(ctx, sc); err != nil {
+			return fmt.Errorf("stream %s: %w", sc.Name, err)
+		}
+		s, err := c.js.Stream(ctx, sc.Name)
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", sc.Name, err)
+		}
+		replicas[sc.Name] = s.CachedInfo().Config.Replicas
+	}
+	runsReplicas := replicas[n.RunsStream()]
+	for _, q := range cfg.Queues {
+		if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(), jetstream.ConsumerConfig{
+			Durable:       n.Consumer(q),
+			Description:   "agentfleet workers of queue " + q,
+			FilterSubject: n.SubmitFilter(q),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckWait:       cfg.AckWait,
+			MaxDeliver:    cfg.MaxDeliver,
+			MaxAckPending: cfg.MaxAckPending,
+			Replicas:      runsReplicas,
+		}); err != nil {
+			return fmt.Errorf("consumer %s: %w", n.Consumer(q), err)
+		}
+	}
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.AdvisoriesStream(), jetstream.ConsumerConfig{
+		Durable:       n.GiveUpConsumer(),
+		Description:   "agentfleet workers giving up runs that reached MaxDeliver",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1000,
+		Replicas:      replicas[n.AdvisoriesStream()],
+	}); err != nil {
+		return fmt.Errorf("consumer %s: %w", n.GiveUpConsumer(), err)
+	}
+	kvStream := "KV_" + n.RecordsBucket()
+	if _, err := c.js.Stream(ctx, kvStream); err == nil {
+		// The bucket exists: widen its stream like the others (the KV
+		// layer's update would rewrite the whole config).
+		if err := c.ensureStream(ctx, jetstream.StreamConfig{
+			Name:              kvStream,
+			MaxMsgsPerSubject: 1,
+			MaxAge:            cfg.RecordsTTL,
+			MaxMsgSize:        64 << 10,
+			Replicas:          cfg.Replicas,
+		}); err != nil {
+			return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
+		}
+		return nil
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
+	}
+	if _, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.RecordsBucket(),
+		Description:  "agentfleet run records",
+		History:      1,
+		TTL:          cfg.RecordsTTL,
+		MaxValueSize: 64 << 10,
+		Storage:      cfg.Storage,
+		Replicas:     cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
+	}
+	return nil
+}
+
+// Records returns the KV bucket of run records.
+func (c *Client) Records(ctx context.Context) (jetstream.KeyValue, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.kv != nil {
+		return c.kv, nil
+	}
+	kv, err := c.js.KeyValue(ctx, c.names.RecordsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("kv bucket %s: %w (has a worker or EnsureStreams created it?)", c.names.RecordsBucket(), err)
+	}
+	c.kv = kv
+	return kv, nil
+}
+
+// Stream returns a stream handle, cached.
+func (c *Client) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	c.mu.Lock()
+	s := c.streams[name]
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s, err := c.js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	c.mu.Lock()
+	c.streams[name] = s
+	c.mu.Unlock()
+	return s, nil
+}

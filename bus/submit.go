@@ -1,0 +1,250 @@
+package bus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NewRunID returns a fresh random run id (26 characters).
+func NewRunID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// SubmitResult says where a request was stored.
+type SubmitResult struct {
+	ID    string
+	Queue string
+	// Seq is the AGENTS_RUNS sequence of the request.
+	Seq uint64
+	// Duplicate is true when a request with this id was already stored
+	// within the dedupe window: this one was dropped.
+	Duplicate bool
+}
+
+// Submit validates a request and stores it on the queue ("" is the default
+// queue). A request without ID gets a fresh one. It returns once JetStream
+// has stored the request.
+func (c *Client) Submit(ctx context.Context, queue string, req *RunRequest) (SubmitResult, error) {
+	if req.ID == "" {
+		req.ID = NewRunID()
+	}
+	if err := req.Validate(req.ID); err != nil {
+		return SubmitResult{}, err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return SubmitResult{}, err
+	}
+	return c.SubmitRaw(ctx, queue, req.ID, body)
+}
+
+// SubmitRaw stores a request body as it is (no validation but of the
+// subject tokens): for tools and tests.
+func (c *Client) SubmitRaw(ctx context.Context, queue, runID string, body []byte) (SubmitResult, error) {
+	if queue == "" {
+		queue = DefaultQueue
+	}
+	if err := CheckQueue(queue); err != nil {
+		return SubmitResult{}, err
+	}
+	if err := CheckID(runID); err != nil {
+		return SubmitResult{}, err
+	}
+	ack, err := c.js.Publish(ctx, c.names.Submit(queue, runID), body,
+		jetstream.WithMsgID(runID), jetstream.WithExpectStream(c.names.RunsStream()))
+	if err != nil {
+		return SubmitResult{}, fmt.Errorf("submit %s: %w", runID, err)
+	}
+	return SubmitResult{ID: runID, Queue: queue, Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// GapError reports missing envelopes: Follow yields it (with a nil
+// envelope) before the envelope that came after the gap, and goes on.
+type GapError struct {
+	Run     string
+	Attempt int
+	Want    uint64
+	Got     uint64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("run %s attempt %d: events %d..%d missing", e.Run, e.Attempt, e.Want, e.Got-1)
+}
+
+// DecodeError is an envelope that did not decode; Follow skips it.
+type DecodeError struct {
+	Run string
+	Err error
+}
+
+func (e *DecodeError) Error() string { return fmt.Sprintf("run %s: %v", e.Run, e.Err) }
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// IsFatalFollowError tells the errors that end Follow from those it yields
+// and goes on after (*GapError, *DecodeError).
+func IsFatalFollowError(err error) bool {
+	var gap *GapError
+	var dec *DecodeError
+	return !errors.As(err, &gap) && !errors.As(err, &dec)
+}
+
+// Follow yields a run's envelopes from the first one, then live, and stops
+// after the run's run_finished. Envelopes of an attempt stored after a newer
+// attempt's run_started are skipped. Non-fatal problems are yielded as
+// errors with a nil envelope (a *GapError, an envelope that does not
+// decode) and following goes on; a fatal error (ctx done, the stream gone)
+// is yielded last. Stop early by breaking out of the loop.
+func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, error] {
+	return func(yield func(*Envelope, error) bool) {
+		if err := CheckID(runID); err != nil {
+			yield(nil, err)
+			return
+		}
+		cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{c.names.Events(runID)},
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
+		})
+		if err != nil {
+			yield(nil, fmt.Errorf("follow %s: %w", runID, err))
+			return
+		}
+		it, err := cons.Messages()
+		if err != nil {
+			yield(nil, fmt.Errorf("follow %s: %w", runID, err))
+			return
+		}
+		defer it.Stop()
+		attempt := 0
+		var next uint64
+		for {
+			msg, err := it.Next(jetstream.NextContext(ctx))
+			if err != nil {
+				if ctx.Err() != nil {
+					err = ctx.Err()
+				}
+				yield(nil, fmt.Errorf("follow %s: %w", runID, err))
+				return
+			}
+			env, err := DecodeEnvelope(msg.Data())
+			if err != nil {
+				if !yield(nil, &DecodeError{Run: runID, Err: err}) {
+					return
+				}
+				continue
+			}
+			if md, err := msg.Metadata(); err == nil {
+				env.StreamSeq = md.Sequence.Stream
+			}
+			if env.Attempt < attempt {
+				continue // a stale attempt's late event
+			}
+			if env.Attempt > attempt {
+				attempt, next = env.Attempt, 1
+			}
+			if env.Seq != next && next != 0 {
+				if env.Seq < next {
+					continue // a duplicate
+				}
+				if !yield(nil, &GapError{Run: runID, Attempt: attempt, Want: next, Got: env.Seq}) {
+					return
+				}
+			}
+			next = env.Seq + 1
+			if !yield(env, nil) {
+				return
+			}
+			if env.Type == EventRunFinished {
+				return
+			}
+		}
+	}
+}
+
+// LoadTranscript replays a run's events into a Transcript, up to its
+// run_finished. It waits for a running run to finish (bound it with ctx).
+func (c *Client) LoadTranscript(ctx context.Context, runID string) (*Transcript, error) {
+	t := &Transcript{Run: runID}
+	for env, err := range c.Follow(ctx, runID) {
+		if err != nil {
+			if IsFatalFollowError(err) {
+				return t, err
+			}
+			continue
+		}
+		_ = t.Apply(env)
+	}
+	return t, nil
+}
+
+// ReadEvents returns a run's envelopes in stream order, those stored at a
+// stream sequence below before (0: everything stored now). It does not
+// wait for events to come; envelopes that do not decode are skipped.
+func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([]*Envelope, error) {
+	if err := CheckID(runID); err != nil {
+		return nil, err
+	}
+	s, err := c.Stream(ctx, c.names.EventsStream())
+	if err != nil {
+		return nil, err
+	}
+	last, err := s.GetLastMsgForSubject(ctx, c.names.Events(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	if before == 0 || before > last.Sequence+1 {
+		before = last.Sequence + 1
+	}
+	if before <= 1 {
+		return nil, nil
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.names.Events(runID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	defer it.Stop()
+	var out []*Envelope
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return out, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return out, err
+		}
+		seq := md.Sequence.Stream
+		if seq >= before {
+			return out, nil
+		}
+		if env, err := DecodeEnvelope(msg.Data()); err == nil {
+			env.StreamSeq = seq
+			out = append(out, env)
+		}
+		if seq+1 >= before {
+			return out, nil
+		}
+	}
+}

@@ -1,0 +1,331 @@
+// Package fleettest is the test harness of agentfleet: a fleet on an
+// embedded nats-server, workers started in process, and helpers to submit
+// runs, follow them and check their envelopes. Everything it starts ends
+// with the test (t.Cleanup), so goleak stays quiet.
+package fleettest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// Options shape a fleet. The zero value is a fresh server on a free port
+// with the streams of queue "default".
+type Options struct {
+	// Port of the server; 0 picks a free one.
+	Port int
+	// StoreDir is the JetStream directory; "" is a fresh temporary one.
+	StoreDir string
+	// Streams are ensured before Start returns (unless NoStreams).
+	Streams   bus.StreamsConfig
+	NoStreams bool
+}
+
+// Fleet is an embedded server and a client connected to it.
+type Fleet struct {
+	T      testing.TB
+	Server *natsembed.Server
+	Client *bus.Client
+	// StoreDir is the server's JetStream directory (to restart it).
+	StoreDir string
+	streams  bus.StreamsConfig
+}
+
+// Start starts a server, connects a client and ensures the streams.
+func Start(t testing.TB, o Options) *Fleet {
+	t.Helper()
+	if o.StoreDir == "" {
+		o.StoreDir = t.TempDir()
+	}
+	srv := StartServer(t, o.Port, o.StoreDir)
+	f := &Fleet{T: t, Server: srv, StoreDir: o.StoreDir, streams: o.Streams}
+	f.Client = Connect(t, srv.URL())
+	if !o.NoStreams {
+		if err := f.Client.EnsureStreams(Context(t), o.Streams); err != nil {
+			t.Fatalf("EnsureStreams: %v", err)
+		}
+	}
+	return f
+}
+
+// StartServer starts an embedded server (port 0: a free one) that shuts
+// down with the test.
+func StartServer(t testing.TB, port int, storeDir string) *natsembed.Server {
+	t.Helper()
+	srv, err := NewServer(port, storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+// NewServer starts an embedded server sized for tests (port 0: a free
+// one), for a TestMain that has no testing.TB; the caller shuts it down.
+func NewServer(port int, storeDir string) (*natsembed.Server, error) {
+	if port == 0 {
+		port = -1
+	}
+	return natsembed.Start(natsembed.Options{Port: port, StoreDir: storeDir, MaxMemory: 64 << 20, MaxStore: 1 << 30})
+}
+
+// Connect connects a client that closes with the test.
+func Connect(t testing.TB, url string) *bus.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Context is a context that ends with the test, bounded to 30 s so that a
+// hung operation fails the test instead of the whole package.
+func Context(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// URL is the server's client URL.
+func (f *Fleet) URL() string { return f.Server.URL() }
+
+// Port is the server's client port.
+func (f *Fleet) Port() int { return f.Server.NATS().Addr().(*net.TCPAddr).Port }
+
+// Restart stops the server and starts it again on the same port and store,
+// as a restarted NATS node; clients reconnect on their own.
+func (f *Fleet) Restart() {
+	f.T.Helper()
+	port := f.Port()
+	f.Server.Shutdown()
+	f.Server = StartServer(f.T, port, f.StoreDir)
+}
+
+// FreePort returns a TCP port that was free a moment ago on 127.0.0.1.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Worker is a worker running in process until Stop or the end of the test.
+type Worker struct {
+	*worker.Worker
+	Stop func()
+}
+
+// StartWorker runs a worker with cfg on its own connection to the fleet
+// until the test ends (see RunWorker); it takes the fleet's queues unless
+// cfg names some.
+func (f *Fleet) StartWorker(cfg worker.Config) *Worker {
+	f.T.Helper()
+	cfg.Client = Connect(f.T, f.URL())
+	if len(cfg.Queues) == 0 {
+		cfg.Queues = f.streams.Queues
+	}
+	return RunWorker(f.T, cfg)
+}
+
+// RunWorker runs a worker with cfg (Client required) until Stop or the end
+// of the test, and returns once it is ready. Test defaults: AckWait 5 s,
+// PollWait 200 ms, DrainTimeout 5 s. Stop waits for Run (at most 30 s) and
+// checks its error.
+func RunWorker(t testing.TB, cfg worker.Config) *Worker {
+	t.Helper()
+	if cfg.AckWait == 0 {
+		cfg.AckWait = 5 * time.Second
+	}
+	if cfg.PollWait == 0 {
+		cfg.PollWait = 200 * time.Millisecond
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 5 * time.Second
+	}
+	w, err := worker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("worker.Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("worker did not stop within 30s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		once.Do(func() {})
+		t.Fatalf("worker stopped before it was ready: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker not ready after 30s")
+	}
+	return &Worker{Worker: w, Stop: stop}
+}
+
+// Submit stores a request on a queue ("" is the default) and returns its id.
+func (f *Fleet) Submit(queue string, req *bus.RunRequest) string {
+	f.T.Helper()
+	if queue == "" {
+		queue = bus.DefaultQueue
+	}
+	res, err := f.Client.Submit(Context(f.T), queue, req)
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	return res.ID
+}
+
+// Follow collects a run's envelopes up to its run_finished.
+func (f *Fleet) Follow(id string) []*bus.Envelope {
+	f.T.Helper()
+	var out []*bus.Envelope
+	for env, err := range f.Client.Follow(Context(f.T), id) {
+		if err != nil {
+			f.T.Fatalf("follow %s: %v (after %d envelopes)", id, err, len(out))
+		}
+		out = append(out, env)
+	}
+	return out
+}
+
+// WaitFinished follows a run to its end and returns its run_finished.
+func (f *Fleet) WaitFinished(id string) *bus.RunFinished {
+	f.T.Helper()
+	envs := f.Follow(id)
+	if len(envs) == 0 {
+		f.T.Fatalf("run %s: no events", id)
+	}
+	ev := Decode(f.T, envs[len(envs)-1])
+	if ev.RunFinished == nil {
+		f.T.Fatalf("run %s ended with %s", id, ev.Type)
+	}
+	return ev.RunFinished
+}
+
+// Transcript loads a run's transcript.
+func (f *Fleet) Transcript(id string) *bus.Transcript {
+	f.T.Helper()
+	tr, err := f.Client.LoadTranscript(Context(f.T), id)
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	return tr
+}
+
+// FauxModel names the scripted model of a request's faux script.
+func FauxModel() *bus.ModelRef { return &bus.ModelRef{Provider: "faux", ID: "scripted"} }
+
+// FauxRun is a request that the faux model answers with responses.
+func FauxRun(prompt string, responses ...agent.ScriptedResponse) *bus.RunRequest {
+	return &bus.RunRequest{Prompt: prompt, Model: FauxModel(), Faux: &bus.FauxScript{Responses: responses}}
+}
+
+// Text is a scripted reply with this text.
+func Text(s string) agent.ScriptedResponse {
+	return agent.ScriptedResponse{Content: []agent.Content{agent.Text(s)}}
+}
+
+// ToolCall is a scripted reply that calls one tool with args.
+func ToolCall(id, tool string, args map[string]any) agent.ScriptedResponse {
+	return agent.ScriptedResponse{Content: []agent.Content{agent.ToolCall(id, tool, args)}, StopReason: agent.StopReasonToolUse}
+}
+
+// Decode decodes an envelope's event or fails the test.
+func Decode(t testing.TB, e *bus.Envelope) *bus.Event {
+	t.Helper()
+	ev, err := e.Decode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// Types lists the event types of envelopes.
+func Types(envs []*bus.Envelope) []string {
+	out := make([]string, len(envs))
+	for i, e := range envs {
+		out[i] = e.Type
+	}
+	return out
+}
+
+// Dump is the envelopes as JSON lines, for failure messages.
+func Dump(envs []*bus.Envelope) string {
+	var b strings.Builder
+	for _, e := range envs {
+		j, _ := json.Marshal(e)
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// CheckEnvelopes checks what every run's envelopes must satisfy: one run
+// id, each attempt starts with run_started at seq 1 and counts up without
+// gaps, and exactly one run_finished, last.
+func CheckEnvelopes(t testing.TB, envs []*bus.Envelope) {
+	t.Helper()
+	if err := checkEnvelopes(envs); err != nil {
+		t.Fatalf("%v\n%s", err, Dump(envs))
+	}
+}
+
+func checkEnvelopes(envs []*bus.Envelope) error {
+	if len(envs) == 0 {
+		return fmt.Errorf("no envelopes")
+	}
+	attempt, seq, finished := 0, uint64(0), 0
+	for i, e := range envs {
+		if e.Run != envs[0].Run {
+			return fmt.Errorf("envelope %d is of run %s, not %s", i, e.Run, envs[0].Run)
+		}
+		if e.Attempt != attempt {
+			if e.Attempt < attempt || e.Seq != 1 || e.Type != bus.EventRunStarted {
+				return fmt.Errorf("envelope %d: attempt %d seq %d %s does not start an attempt", i, e.Attempt, e.Seq, e.Type)
+			}
+			attempt, seq = e.Attempt, 0
+		}
+		if e.Seq != seq+1 {
+			return fmt.Errorf("envelope %d: seq %d after %d", i, e.Seq, seq)
+		}
+		seq = e.Seq
+		if e.Type == bus.EventRunFinished {
+			finished++
+		}
+	}
+	if finished != 1 || envs[len(envs)-1].Type != bus.EventRunFinished {
+		return fmt.Errorf("%d run_finished, the last event is %s", finished, envs[len(envs)-1].Type)
+	}
+	return nil
+}

@@ -1,0 +1,73 @@
+package fleettest
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestFauxRunOnAnInProcessWorker(t *testing.T) {
+	f := Start(t, Options{})
+	f.StartWorker(worker.Config{})
+	id := f.Submit("", FauxRun("what is 6*7?", ToolCall("c1", "calculator", map[string]any{"expression": "6*7"}), Text("42")))
+	envs := f.Follow(id)
+	CheckEnvelopes(t, envs)
+	started := Decode(t, envs[0]).RunStarted
+	if started.Protocol != bus.ProtocolVersion {
+		t.Errorf("run_started protocol %q, want %q", started.Protocol, bus.ProtocolVersion)
+	}
+	if fin := Decode(t, envs[len(envs)-1]).RunFinished; fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v\n%s", fin, Dump(envs))
+	}
+	if tr := f.Transcript(id); tr.FinalText() != "42" || len(tr.Messages) != 4 {
+		t.Fatalf("transcript %q, %d messages", tr.FinalText(), len(tr.Messages))
+	}
+}
+
+func TestCheckEnvelopes(t *testing.T) {
+	env := func(attempt int, seq uint64, typ string) *bus.Envelope {
+		b, _ := json.Marshal(map[string]string{"type": typ})
+		return &bus.Envelope{Run: "r", Attempt: attempt, Seq: seq, Type: typ, Event: b}
+	}
+	good := []*bus.Envelope{env(1, 1, "run_started"), env(1, 2, "agent_start"),
+		env(2, 1, "run_started"), env(2, 2, "run_finished")}
+	if err := checkEnvelopes(good); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		envs []*bus.Envelope
+		want string
+	}{
+		"gap":          {[]*bus.Envelope{env(1, 1, "run_started"), env(1, 3, "run_finished")}, "seq 3 after 1"},
+		"no start":     {[]*bus.Envelope{env(1, 1, "run_started"), env(2, 2, "run_finished")}, "does not start"},
+		"two finishes": {[]*bus.Envelope{env(1, 1, "run_started"), env(1, 2, "run_finished"), env(1, 3, "run_finished")}, "2 run_finished"},
+		"unfinished":   {[]*bus.Envelope{env(1, 1, "run_started")}, "0 run_finished"},
+		"empty":        {nil, "no envelopes"},
+	} {
+		if err := checkEnvelopes(c.envs); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+}
+
+// After a restart the stored runs are there and the client reconnects.
+func TestRestartKeepsTheStore(t *testing.T) {
+	f := Start(t, Options{})
+	id := f.Submit("", FauxRun("hi", Text("hello")))
+	port := f.Port()
+	f.Restart()
+	if f.Port() != port {
+		t.Fatalf("port %d after restart, was %d", f.Port(), port)
+	}
+	f.StartWorker(worker.Config{})
+	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+}
