@@ -514,3 +514,25 @@ func TestPrometheusRuleMatchesAlerts(t *testing.T) {
 		t.Errorf("only %d alerts", n)
 	}
 }
+
+// The Dockerfile's -X main.version reaches the worker: a build with it
+// prints that version for --version (-X on a missing variable does nothing).
+func TestImageVersionIsSet(t *testing.T) {
+	dockerfile, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(dockerfile, []byte(`-X main.version=${VERSION}" -o /out/worker ./cmd/worker`)) {
+		t.Fatalf("the Dockerfile no longer sets main.version of the worker")
+	}
+	bin := filepath.Join(t.TempDir(), "worker")
+	build := exec.Command("go", "build", "-ldflags", "-X main.version=v0.0.0-verify", "-o", bin, "./cmd/worker")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "v0.0.0-verify") {
+		t.Fatalf("worker --version: %v, %q", err, out)
+	}
+}
