@@ -282,8 +282,19 @@ func TestManifestsCrossReferences(t *testing.T) {
 	// metrics port; every named port exists on the pods it selects.
 	var workerPolicy bool
 	for _, np := range m.networkPolicies {
-		if np.Namespace != "" {
-			continue // another namespace's pods (NATS): checked against the chart
+		if np.Namespace == "nats" {
+			// The chart's pods: its container port names.
+			if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "nats" {
+				t.Errorf("NetworkPolicy %s selects no chart pod", np.Name)
+			}
+			for _, in := range np.Spec.Ingress {
+				for _, p := range in.Ports {
+					if p.Port == nil || !slices.Contains([]string{"nats", "cluster", "monitor", "prom-metrics"}, p.Port.StrVal) {
+						t.Errorf("NetworkPolicy %s: port %v is not one the chart's pods name", np.Name, p.Port)
+					}
+				}
+			}
+			continue
 		}
 		if !matches(t, &np.Spec.PodSelector, pod) {
 			t.Errorf("NetworkPolicy %s selects no worker pod", np.Name)
