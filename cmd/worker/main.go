@@ -32,6 +32,9 @@ import (
 	"github.com/agentfleet/agentfleet/worker"
 )
 
+// version is set at build time: -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	code := run(ctx, os.Args[1:], os.Stderr, nil)
@@ -189,6 +192,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.openaiURL, "openai-base-url", env("OPENAI_BASE_URL", ""), "OpenAI-compatible API base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1 [OPENAI_BASE_URL]")
 	fs.StringVar(&o.openaiKey, "openai-api-key-file", env("OPENAI_API_KEY_FILE", ""), "file holding the API key (else OPENAI_API_KEY) [OPENAI_API_KEY_FILE]")
 	fs.StringVar(&o.workerID, "worker-id", env("AGENTS_WORKER_ID", ""), "worker name in events and records (default hostname-random) [AGENTS_WORKER_ID]")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
 		fs.PrintDefaults()
@@ -198,6 +202,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (see --help)", fs.Arg(0))
+	}
+	if *showVersion {
+		fmt.Fprintln(stderr, "worker", version)
+		return nil, flag.ErrHelp
 	}
 	if len(environ.errs) > 0 {
 		return nil, errors.Join(environ.errs...)
