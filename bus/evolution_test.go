@@ -127,3 +127,35 @@ func TestReadersIgnoreUnknownEventTypes(t *testing.T) {
 		t.Fatalf("transcript: done %v, %d messages, %q, protocol %q", tr.Done(), len(tr.Messages), tr.FinalText(), tr.Started.Protocol)
 	}
 }
+
+// A worker's byte limits are set where a stream has none, raise a smaller
+// one, and never lower an operator's.
+func TestEnsureStreamsByteLimits(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
+	ctx, c := fleettest.Context(t), f.Client
+	n := c.Names()
+	if _, err := c.JetStream().CreateStream(ctx, jetstream.StreamConfig{
+		Name: n.ControlStream(), Subjects: []string{n.Control("*", bus.KindSteer)}, MaxBytes: 256 << 20,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := bus.StreamsConfig{RequestsMaxBytes: 64 << 20, EventsMaxBytes: 128 << 20, ControlMaxBytes: 64 << 20}
+	if err := c.EnsureStreams(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int64{n.RunsStream(): 64 << 20, n.EventsStream(): 128 << 20, n.ControlStream(): 256 << 20} {
+		if got := streamConfig(ctx, t, c, name).MaxBytes; got != want {
+			t.Errorf("%s: max bytes %d, want %d", name, got, want)
+		}
+	}
+	// A worker started without the flags keeps them; a larger one raises.
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{EventsMaxBytes: 192 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if got := streamConfig(ctx, t, c, n.RunsStream()).MaxBytes; got != 64<<20 {
+		t.Errorf("runs: max bytes %d after a worker without the flag", got)
+	}
+	if got := streamConfig(ctx, t, c, n.EventsStream()).MaxBytes; got != 192<<20 {
+		t.Errorf("events: max bytes %d, want raised to 192 MiB", got)
+	}
+}

@@ -24,8 +24,12 @@ type StreamsConfig struct {
 	// DuplicateWindow is the dedupe window of requests (by run id) [1h].
 	DuplicateWindow time.Duration
 	EventsMaxAge    time.Duration // [7 days]
-	ControlMaxAge   time.Duration // [7 days]
-	RecordsTTL      time.Duration // [7 days]
+	// Byte limits of AGENTS_RUNS, AGENTS_EVENTS and AGENTS_CONTROL [none].
+	// A limit is set where a stream has none and only ever raised: an
+	// operator's smaller one stays.
+	RequestsMaxBytes, EventsMaxBytes, ControlMaxBytes int64
+	ControlMaxAge                                     time.Duration // [7 days]
+	RecordsTTL                                        time.Duration // [7 days]
 	// DeadMaxAge keeps dead-lettered requests (AGENTS_DEAD) [RequestsMaxAge].
 	DeadMaxAge time.Duration
 	// Consumer settings.
@@ -118,6 +122,9 @@ func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
 	}
 	out.MaxMsgs = raiseLimit(have.MaxMsgs, want.MaxMsgs)
 	out.MaxBytes = raiseLimit(have.MaxBytes, want.MaxBytes)
+	if have.MaxBytes <= 0 && want.MaxBytes > 0 {
+		out.MaxBytes = want.MaxBytes // a byte limit where there was none
+	}
 	out.MaxMsgsPerSubject = raiseLimit(have.MaxMsgsPerSubject, want.MaxMsgsPerSubject)
 	out.MaxMsgSize = int32(raiseLimit(int64(have.MaxMsgSize), int64(want.MaxMsgSize)))
 	out.MaxAge = time.Duration(raiseLimit(int64(have.MaxAge), int64(want.MaxAge)))
@@ -177,6 +184,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Retention:   jetstream.WorkQueuePolicy,
 		Discard:     jetstream.DiscardNew,
 		MaxMsgs:     cfg.MaxPendingRequests,
+		MaxBytes:    cfg.RequestsMaxBytes,
 		MaxAge:      cfg.RequestsMaxAge,
 		MaxMsgSize:  MaxRequestBytes + 64<<10,
 		Duplicates:  cfg.DuplicateWindow,
@@ -188,6 +196,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Subjects:    []string{n.Events("*")},
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      cfg.EventsMaxAge,
+		MaxBytes:    cfg.EventsMaxBytes,
 		// A worker re-sends unacknowledged events after a reconnect for
 		// up to AckWait; the window must cover that so re-sent events are
 		// dropped, not stored twice.
@@ -201,6 +210,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 			n.Control("*", KindAbort)},
 		Retention:  jetstream.LimitsPolicy,
 		MaxAge:     cfg.ControlMaxAge,
+		MaxBytes:   cfg.ControlMaxBytes,
 		MaxMsgSize: MaxControlBytes + 16<<10,
 		Storage:    cfg.Storage,
 		Replicas:   cfg.Replicas,

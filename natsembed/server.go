@@ -34,6 +34,29 @@ type Options struct {
 	Logger *slog.Logger
 	// Name is the server name; default "agentfleet-embedded".
 	Name string
+	// Sync is how JetStream syncs its files to disk: "always" (fsync after
+	// every write: an acknowledged message survives a power cut) or an
+	// interval such as "2m" (the nats-server default: a power cut can lose
+	// the last interval's acknowledged writes). Empty means "2m".
+	Sync string
+}
+
+// DefaultSync is the sync setting of an embedded server that names none.
+const DefaultSync = "2m"
+
+// ParseSync checks a Sync setting: "always" or a positive duration.
+func ParseSync(v string) (interval time.Duration, always bool, err error) {
+	if v == "" {
+		v = DefaultSync
+	}
+	if v == "always" {
+		return 0, true, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, false, fmt.Errorf("sync %q must be \"always\" or a positive duration such as 2m or 10s", v)
+	}
+	return d, false, nil
 }
 
 // Server is an embedded nats-server.
@@ -68,6 +91,10 @@ func Start(o Options) (*Server, error) {
 	if o.Name == "" {
 		o.Name = "agentfleet-embedded"
 	}
+	syncEvery, syncAlways, err := ParseSync(o.Sync)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
 	if o.Port > 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
 		ln, err := net.Listen("tcp", addr)
@@ -88,6 +115,8 @@ func Start(o Options) (*Server, error) {
 		NoSigs:                 true,
 		NoLog:                  o.Logger == nil,
 		DisableJetStreamBanner: true,
+		SyncInterval:           syncEvery,
+		SyncAlways:             syncAlways,
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

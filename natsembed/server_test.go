@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -31,5 +32,30 @@ func TestBusyPortIsRefusedClearly(t *testing.T) {
 func TestStoreDirIsRequired(t *testing.T) {
 	if _, err := natsembed.Start(natsembed.Options{Port: -1}); err == nil {
 		t.Fatal("started without a store dir")
+	}
+}
+
+// The sync setting reaches the server JetStream runs with: "always" makes
+// every write fsync, an interval sets the background sync.
+func TestSyncReachesTheServer(t *testing.T) {
+	for _, c := range []struct {
+		sync   string
+		always bool
+		every  time.Duration
+	}{{"", false, 2 * time.Minute}, {"always", true, 0}, {"10s", false, 10 * time.Second}} {
+		srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), Sync: c.sync})
+		if err != nil {
+			t.Fatal(err)
+		}
+		js := srv.NATS().JetStreamConfig()
+		srv.Shutdown()
+		if js == nil || js.SyncAlways != c.always || (c.every != 0 && js.SyncInterval != c.every) {
+			t.Errorf("sync %q: the server runs with %+v", c.sync, js)
+		}
+	}
+	for _, bad := range []string{"sometimes", "-1s", "0s", "30"} {
+		if _, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), Sync: bad}); err == nil || !strings.Contains(err.Error(), "always") {
+			t.Errorf("sync %q: %v", bad, err)
+		}
 	}
 }

@@ -68,7 +68,10 @@ type options struct {
 	metricsAddr  string
 	// Retention of what EnsureStreams creates.
 	eventsMaxAge, controlMaxAge, recordsTTL time.Duration
-	maxToolArgs, maxToolResult              int
+	// byte limits of the streams; 0 leaves them as they are
+	requestsMaxBytes, eventsMaxBytes, controlMaxBytes byteSize
+	natsSync                                          string
+	maxToolArgs, maxToolResult                        int
 	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
 	// port (a second worker on one machine) falls back to a free port.
 	metricsAddrDefault bool
@@ -121,6 +124,41 @@ func (e *environment) duration(name string, def time.Duration) time.Duration {
 		return def
 	}
 	return d
+}
+
+func (e *environment) bytes(name string) byteSize {
+	var b byteSize
+	if v := os.Getenv(name); v != "" {
+		if err := b.Set(v); err != nil {
+			e.errs = append(e.errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	return b
+}
+
+// byteSize is a flag of bytes: 1048576, 512MiB, 10GiB, 1TB.
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(v string) error {
+	s := strings.TrimSpace(v)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return fmt.Errorf("%q is not a size such as 1073741824, 512MiB or 10GiB", clip(v))
+	}
+	*b = byteSize(n * mult)
+	return nil
 }
 
 func clip(s string) string {
@@ -180,6 +218,13 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.eventsMaxAge, "events-max-age", environ.duration("AGENTS_EVENTS_MAX_AGE", 7*24*time.Hour), "how long run events are kept (stream AGENTS_EVENTS) [AGENTS_EVENTS_MAX_AGE]")
 	fs.DurationVar(&o.controlMaxAge, "control-max-age", environ.duration("AGENTS_CONTROL_MAX_AGE", 7*24*time.Hour), "how long control messages are kept (stream AGENTS_CONTROL) [AGENTS_CONTROL_MAX_AGE]")
 	fs.DurationVar(&o.recordsTTL, "records-ttl", environ.duration("AGENTS_RECORDS_TTL", 7*24*time.Hour), "how long run records are kept (bucket agents_runs) [AGENTS_RECORDS_TTL]")
+	o.requestsMaxBytes = environ.bytes("AGENTS_REQUESTS_MAX_BYTES")
+	o.eventsMaxBytes = environ.bytes("AGENTS_EVENTS_MAX_BYTES")
+	o.controlMaxBytes = environ.bytes("AGENTS_CONTROL_MAX_BYTES")
+	fs.Var(&o.requestsMaxBytes, "requests-max-bytes", "byte limit of stream AGENTS_RUNS (e.g. 10GiB); set where the stream has none, raised never lowered [AGENTS_REQUESTS_MAX_BYTES]")
+	fs.Var(&o.eventsMaxBytes, "events-max-bytes", "byte limit of stream AGENTS_EVENTS (oldest events go first); set where the stream has none, raised never lowered [AGENTS_EVENTS_MAX_BYTES]")
+	fs.Var(&o.controlMaxBytes, "control-max-bytes", "byte limit of stream AGENTS_CONTROL; set where the stream has none, raised never lowered [AGENTS_CONTROL_MAX_BYTES]")
+	fs.StringVar(&o.natsSync, "nats-sync", env("AGENTS_NATS_SYNC", natsembed.DefaultSync), "embedded NATS only: \"always\" fsyncs every write (nothing acknowledged is lost on power loss; much slower), or how often JetStream syncs to disk (a power cut loses up to that much) [AGENTS_NATS_SYNC]")
 	fs.IntVar(&o.replicas, "stream-replicas", environ.int("AGENTS_STREAM_REPLICAS", 1), "replicas of the streams, consumers and bucket the worker creates (3 on a 3-node cluster) [AGENTS_STREAM_REPLICAS]")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", environ.duration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
 	fs.DurationVar(&o.toolTimeout, "tool-timeout", environ.duration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
@@ -206,6 +251,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if *showVersion {
 		fmt.Fprintln(stderr, "worker", version)
 		return nil, flag.ErrHelp
+	}
+	if _, _, err := natsembed.ParseSync(o.natsSync); err != nil {
+		environ.errs = append(environ.errs, fmt.Errorf("--nats-sync: %w", err))
 	}
 	if len(environ.errs) > 0 {
 		return nil, errors.Join(environ.errs...)
@@ -340,6 +388,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.MaxDeliver = o.maxDeliver
 	cfg.Streams.Replicas = o.replicas
 	cfg.Streams.EventsMaxAge = o.eventsMaxAge
+	cfg.Streams.RequestsMaxBytes = int64(o.requestsMaxBytes)
+	cfg.Streams.EventsMaxBytes = int64(o.eventsMaxBytes)
+	cfg.Streams.ControlMaxBytes = int64(o.controlMaxBytes)
 	cfg.Streams.ControlMaxAge = o.controlMaxAge
 	cfg.Streams.RecordsTTL = o.recordsTTL
 	cfg.DrainTimeout = o.drainTimeout
@@ -405,7 +456,7 @@ func startEmbedded(o *options, log *slog.Logger) (*natsembed.Server, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	return natsembed.Start(natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log})
+	return natsembed.Start(natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log, Sync: o.natsSync})
 }
 
 // readiness is /readyz: NATS connected and the runs stream reachable.

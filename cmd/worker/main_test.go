@@ -161,3 +161,38 @@ func TestBusyPort(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
 }
+
+// Sizes and the embedded server's sync setting parse, and bad values stop
+// the worker naming the flag or variable.
+func TestSizeAndSyncFlags(t *testing.T) {
+	var out syncBuf
+	o, err := parse([]string{"--events-max-bytes", "10GiB", "--requests-max-bytes", "1048576", "--nats-sync", "always"}, &out)
+	if err != nil || o.eventsMaxBytes != 10<<30 || o.requestsMaxBytes != 1<<20 || o.controlMaxBytes != 0 || o.natsSync != "always" {
+		t.Fatalf("parse: %+v %v", o, err)
+	}
+	t.Setenv("AGENTS_CONTROL_MAX_BYTES", "512MiB")
+	t.Setenv("AGENTS_NATS_SYNC", "10s")
+	if o, err = parse(nil, &out); err != nil || o.controlMaxBytes != 512<<20 || o.natsSync != "10s" {
+		t.Fatalf("parse from env: %+v %v", o, err)
+	}
+	for _, c := range []struct {
+		args []string
+		env  [2]string
+		want string
+	}{
+		{[]string{"--events-max-bytes", "lots"}, [2]string{}, `"lots" is not a size`},
+		{nil, [2]string{"AGENTS_CONTROL_MAX_BYTES", "-5"}, `AGENTS_CONTROL_MAX_BYTES: "-5" is not a size`},
+		{[]string{"--nats-sync", "sometimes"}, [2]string{}, `--nats-sync: sync "sometimes" must be "always"`},
+		{nil, [2]string{"AGENTS_NATS_SYNC", "30"}, `--nats-sync: sync "30"`},
+	} {
+		t.Run(strings.Join(c.args, " ")+c.env[0], func(t *testing.T) {
+			if c.env[0] != "" {
+				t.Setenv(c.env[0], c.env[1])
+			}
+			var msgs syncBuf
+			if _, err := parse(c.args, &msgs); err == nil || !strings.Contains(err.Error()+msgs.String(), c.want) {
+				t.Fatalf("got %v / %s, want %q", err, msgs.String(), c.want)
+			}
+		})
+	}
+}
