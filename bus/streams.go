@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -113,7 +114,7 @@ func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
 	out := have
 	out.Subjects = append([]string(nil), have.Subjects...)
 	for _, sub := range want.Subjects {
-		if !slices.Contains(out.Subjects, sub) {
+		if !slices.ContainsFunc(out.Subjects, func(h string) bool { return covers(h, sub) }) {
 			out.Subjects = append(out.Subjects, sub)
 		}
 	}
@@ -152,6 +153,21 @@ func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
 	return out
 }
 
+// covers reports whether subject filter have matches every subject that
+// filter want matches (a stream may not hold overlapping subjects).
+func covers(have, want string) bool {
+	h, w := strings.Split(have, "."), strings.Split(want, ".")
+	for i, t := range h {
+		if t == ">" {
+			return i < len(w)
+		}
+		if i >= len(w) || (t != "*" && t != w[i]) || (t == "*" && w[i] == ">") {
+			return false
+		}
+	}
+	return len(h) == len(w)
+}
+
 // raiseLimit returns the larger of two JetStream limits where zero or less
 // is unlimited; want zero means "not set here" and keeps have.
 func raiseLimit(have, want int64) int64 {
@@ -162,6 +178,14 @@ func raiseLimit(have, want int64) int64 {
 		return want
 	}
 	return max(have, want)
+}
+
+func queueSubjects(n Names, queues []string) []string {
+	subs := make([]string, len(queues))
+	for i, q := range queues {
+		subs[i] = n.SubmitFilter(q)
+	}
+	return subs
 }
 
 // EnsureStreams creates or updates AGENTS_RUNS, AGENTS_EVENTS,
@@ -180,16 +204,19 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	streams := []jetstream.StreamConfig{{
 		Name:        n.RunsStream(),
 		Description: "agentfleet run requests (work queue)",
-		Subjects:    []string{n.SubmitAll()},
-		Retention:   jetstream.WorkQueuePolicy,
-		Discard:     jetstream.DiscardNew,
-		MaxMsgs:     cfg.MaxPendingRequests,
-		MaxBytes:    cfg.RequestsMaxBytes,
-		MaxAge:      cfg.RequestsMaxAge,
-		MaxMsgSize:  MaxRequestBytes + 64<<10,
-		Duplicates:  cfg.DuplicateWindow,
-		Storage:     cfg.Storage,
-		Replicas:    cfg.Replicas,
+		// Only declared queues take requests: a request for a queue no
+		// worker ever served is refused at publish (no stream answers)
+		// instead of being kept for a week.
+		Subjects:   queueSubjects(n, cfg.Queues),
+		Retention:  jetstream.WorkQueuePolicy,
+		Discard:    jetstream.DiscardNew,
+		MaxMsgs:    cfg.MaxPendingRequests,
+		MaxBytes:   cfg.RequestsMaxBytes,
+		MaxAge:     cfg.RequestsMaxAge,
+		MaxMsgSize: MaxRequestBytes + 64<<10,
+		Duplicates: cfg.DuplicateWindow,
+		Storage:    cfg.Storage,
+		Replicas:   cfg.Replicas,
 	}, {
 		Name:        n.EventsStream(),
 		Description: "agentfleet run events",

@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -62,10 +63,58 @@ func (c *Client) SubmitRaw(ctx context.Context, queue, runID string, body []byte
 	}
 	ack, err := c.js.Publish(ctx, c.names.Submit(queue, runID), body,
 		jetstream.WithMsgID(runID), jetstream.WithExpectStream(c.names.RunsStream()))
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		if _, serr := c.js.Stream(ctx, c.names.RunsStream()); serr == nil {
+			return SubmitResult{}, fmt.Errorf("submit %s: %w: no worker has declared queue %q (start a worker with --queue %s; see docs/operations.md, queues)", runID, ErrUnknownQueue, queue, queue)
+		}
+	}
 	if err != nil {
 		return SubmitResult{}, fmt.Errorf("submit %s: %w", runID, err)
 	}
+	if ack.Duplicate {
+		if err := c.sameRequest(ctx, ack.Sequence, queue, runID, body); err != nil {
+			return SubmitResult{}, err
+		}
+	}
 	return SubmitResult{ID: runID, Queue: queue, Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// ErrUnknownQueue: the request names a queue the runs stream does not take.
+var ErrUnknownQueue = errors.New("unknown queue")
+
+// ErrRunIDTaken: a different request with this run id is already stored.
+var ErrRunIDTaken = errors.New("run id taken by another request")
+
+// sameRequest checks that the stored request a duplicate ack points at is
+// this one (same queue, same body), so a request squatting on the id is
+// not taken for ours. Once the original has been picked up and acked only
+// its queue can be compared (from the run record).
+func (c *Client) sameRequest(ctx context.Context, seq uint64, queue, runID string, body []byte) error {
+	s, err := c.Stream(ctx, c.names.RunsStream())
+	if err != nil {
+		return fmt.Errorf("submit %s: checking the duplicate: %w", runID, err)
+	}
+	storedQueue := ""
+	m, err := s.GetMsg(ctx, seq)
+	switch {
+	case err == nil:
+		storedQueue, _, _ = c.names.ParseSubmit(m.Subject)
+		if storedQueue == queue && m.Subject == c.names.Submit(queue, runID) && !bytes.Equal(m.Data, body) {
+			return fmt.Errorf("submit %s: %w (sequence %d on queue %q holds another body); submit with a new id", runID, ErrRunIDTaken, seq, queue)
+		}
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		rec, rerr := c.record(ctx, runID)
+		if rerr != nil {
+			return nil // neither the message nor a record: nothing to compare
+		}
+		storedQueue = rec.Queue
+	default:
+		return fmt.Errorf("submit %s: checking the duplicate: %w", runID, err)
+	}
+	if storedQueue != queue {
+		return fmt.Errorf("submit %s: %w (stored on queue %q, not %q); submit with a new id", runID, ErrRunIDTaken, storedQueue, queue)
+	}
+	return nil
 }
 
 // GapError reports missing envelopes: Follow yields it (with a nil

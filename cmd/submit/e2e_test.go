@@ -200,8 +200,30 @@ func TestSteerFromAnotherCommand(t *testing.T) {
 	}
 }
 
+// A queue nobody declared is refused at once, naming the fix.
+func TestUndeclaredQueueIsRefused(t *testing.T) {
+	t.Parallel()
+	_, errOut, code := submit(t, "--queue", "undeclared", "--detach", "hello?")
+	if code != 1 || !strings.Contains(errOut, `no worker has declared queue "undeclared"`) || !strings.Contains(errOut, "--queue undeclared") {
+		t.Fatalf("exit %d\n%s", code, errOut)
+	}
+}
+
 func TestNoWorkerNoticeAndCtrlCDetaches(t *testing.T) {
 	t.Parallel()
+	// The queue is declared (as an operator does for scale from zero) but
+	// no worker ever served it.
+	c := fleettest.Connect(t, fleet.url)
+	ctx := fleettest.Context(t)
+	s, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = append(cfg.Subjects, c.Names().SubmitFilter("nobody"))
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
 	id := "t-queued-" + bus.NewRunID()[:8]
 	p := start(t, nil, "--queue", "nobody", "--id", id, "--notice-after", "200ms", "hello?")
 	p.stderr.waitFor(t, `no worker has picked up run `+id, 30*time.Second)
