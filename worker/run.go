@@ -409,11 +409,11 @@ func (r *run) start() {
 	tctx, tcancel := context.WithDeadline(runCtx, r.runStart.Add(timeout))
 	defer tcancel()
 	tctx = context.WithValue(tctx, runKey{}, r)
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), 30*time.Second)
-	defer fcancel()
+	lctx, lcancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), w.cfg.AckWait)
+	defer lcancel()
 
 	// Take the lease before anything is published.
-	switch o, cur, err := r.takeLease(fctx, r.prev, r.record(bus.StateRunning)); {
+	switch o, cur, err := r.takeLease(lctx, r.prev, r.record(bus.StateRunning)); {
 	case err != nil:
 		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
@@ -454,7 +454,7 @@ func (r *run) start() {
 		restored, err = r.resume(context.WithoutCancel(tctx))
 		if errors.Is(err, errAlreadyFinished) {
 			stopHeartbeat()
-			_ = r.pub.flush(fctx)
+			_ = r.pub.flush(lctx)
 			r.log.Info("run already has its run_finished; acknowledging")
 			_ = r.msg.Ack()
 			return
@@ -483,6 +483,10 @@ func (r *run) start() {
 		}
 	}
 	lastControl := r.ctl.close()
+	// The finish has its own deadline, from now: a run of any length
+	// finishes on its attempt.
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), w.cfg.AckWait)
+	defer fcancel()
 
 	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && runCtx.Err() == nil
 	r.mu.Lock()
