@@ -46,6 +46,8 @@ type controls struct {
 	r     *run
 	inbox chan liveControl
 	gap   atomic.Bool   // a live message was dropped: read the stream
+	// dropped counts live messages the full inbox turned away.
+	dropped atomic.Uint64
 	wake  chan struct{} // a gap or a heartbeat: read the stream
 	idle  chan chan bool
 	quit  chan struct{}
@@ -91,6 +93,7 @@ func (c *controls) offer(kind string, m *nats.Msg) {
 	select {
 	case c.inbox <- liveControl{kind, m}:
 	default:
+		c.dropped.Add(1)
 		c.gap.Store(true)
 		c.poke()
 	}
