@@ -45,13 +45,13 @@ const controlInbox = 64
 type controls struct {
 	r     *run
 	inbox chan liveControl
-	gap   atomic.Bool   // a live message was dropped: read the stream
+	gap   atomic.Bool // a live message was dropped: read the stream
 	// dropped counts live messages the full inbox turned away.
 	dropped atomic.Uint64
-	wake  chan struct{} // a gap or a heartbeat: read the stream
-	idle  chan chan bool
-	quit  chan struct{}
-	done  chan struct{} // the owner has stopped
+	wake    chan struct{} // a gap or a heartbeat: read the stream
+	idle    chan chan bool
+	quit    chan struct{}
+	done    chan struct{} // the owner has stopped
 	// closed: intake stopped, live messages are dropped.
 	closed  atomic.Bool
 	running bool // the owner was started (the run's goroutine only)
