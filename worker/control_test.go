@@ -126,7 +126,6 @@ func TestStalledCatchUpDoesNotStallOtherRuns(t *testing.T) {
 			}
 		}
 	})
-	defer once.Do(func() {})
 	released := sync.OnceFunc(func() { close(unblock) })
 	defer released()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

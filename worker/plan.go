@@ -94,7 +94,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 		}
 		r.prompt = append(r.prompt, prior...)
 	}
-	if len(problems) > 0 || p == nil {
+	if len(problems) > 0 {
 		return problems, nil
 	}
 	r.prompt = append(r.prompt, req.Messages...)
