@@ -13,7 +13,8 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 )
 
-// A run request goes through three steps, each in its own function:
+// A run request is picked up (its record read, the request decoded and
+// planned), then goes through three steps, each in its own function:
 //
 //   - acquire: take the run's lease (its record), then start the
 //     publisher, the control intake and the heartbeat, and publish
@@ -109,42 +110,13 @@ func (r *run) info() RunInfo {
 }
 
 func (r *run) execute() {
-	w := r.w
-	rec, err := w.getRecord(w.hardCtx, r.id)
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		r.log.Warn("cannot read the run record; handing the request back", "err", err)
-		_ = r.msg.NakWithDelay(2 * time.Second)
+	if !r.pickup() {
 		return
 	}
-	if rec != nil {
-		if o := r.lease.classify(rec); o != leaseTaken {
-			r.refuse(o, rec)
-			return
-		}
-		if !rec.StartedAt.IsZero() && rec.StartedAt.Before(r.runStart) {
-			r.runStart = rec.StartedAt
-		}
-	}
-	r.prev = rec
-	if r.attempt > 1 {
-		r.log.Info("redelivered request: resuming the run")
-	}
-	switch err := r.prepare(w.hardCtx); {
-	case bus.IsBadRequest(err):
-		r.badRequest(err)
-		return
-	case err != nil:
-		// NATS trouble while planning (loading continueFrom's run): not the
-		// request's fault, so try again later instead of failing it.
-		r.log.Warn("cannot prepare the run; handing the request back", "err", err)
-		_ = r.msg.NakWithDelay(2 * time.Second)
-		return
-	}
-
 	// The timeout counts from the run's first start: a crash does not
 	// extend a run's budget.
 	timeout := time.Duration(r.limits.TimeoutSeconds) * time.Second
-	ctx, cancel := context.WithDeadline(w.hardCtx, r.runStart.Add(timeout))
+	ctx, cancel := context.WithDeadline(r.w.hardCtx, r.runStart.Add(timeout))
 	defer cancel()
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
@@ -156,12 +128,7 @@ func (r *run) execute() {
 	runErr, finished := r.drive(ctx)
 	lastControl := r.ctl.close()
 	if finished {
-		r.endHeartbeat()
-		fctx, fcancel := r.finishContext()
-		defer fcancel()
-		_ = r.pub.flush(fctx)
-		r.log.Info("run already has its run_finished; acknowledging")
-		_ = r.msg.Ack()
+		r.ackResumedFinished()
 		return
 	}
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
@@ -176,6 +143,44 @@ func (r *run) execute() {
 		r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
 			"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)
 	}
+}
+
+// pickup reads the run's record and prepares the request. It reports
+// whether the run may start; if not, the request is settled (refused, a
+// bad request finished, or handed back on NATS trouble).
+func (r *run) pickup() bool {
+	w := r.w
+	rec, err := w.getRecord(w.hardCtx, r.id)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		r.log.Warn("cannot read the run record; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return false
+	}
+	if rec != nil {
+		if o := r.lease.classify(rec); o != leaseTaken {
+			r.refuse(o, rec)
+			return false
+		}
+		if !rec.StartedAt.IsZero() && rec.StartedAt.Before(r.runStart) {
+			r.runStart = rec.StartedAt
+		}
+	}
+	r.prev = rec
+	if r.attempt > 1 {
+		r.log.Info("redelivered request: resuming the run")
+	}
+	switch err := r.prepare(w.hardCtx); {
+	case bus.IsBadRequest(err):
+		r.badRequest(err)
+		return false
+	case err != nil:
+		// NATS trouble while planning (loading continueFrom's run): not the
+		// request's fault, so try again later instead of failing it.
+		r.log.Warn("cannot prepare the run; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return false
+	}
+	return true
 }
 
 // acquire takes the lease, then starts the publisher, the control intake
@@ -262,6 +267,17 @@ func (r *run) idleAndDone() bool {
 		h(r.id)
 	}
 	return r.ctl.finishIfIdle()
+}
+
+// ackResumedFinished acks a request whose resume found run_finished
+// stored: an earlier attempt finished it, only its ack was lost.
+func (r *run) ackResumedFinished() {
+	r.endHeartbeat()
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	_ = r.pub.flush(ctx)
+	r.log.Info("run already has its run_finished; acknowledging")
+	_ = r.msg.Ack()
 }
 
 // mustNotFinish hands back an attempt that stopped without the right to
