@@ -23,7 +23,7 @@ func TestEmbeddedServerAndClient(t *testing.T) {
 	if err != nil || res.Duplicate || res.Queue != bus.DefaultQueue {
 		t.Fatalf("%+v %v", res, err)
 	}
-	again, err := c.SubmitRaw(ctx, "", res.ID, []byte(`{"prompt":"hi"}`))
+	again, err := c.Submit(ctx, "", &bus.RunRequest{ID: res.ID, Prompt: "hi"})
 	if err != nil || !again.Duplicate || again.Seq != res.Seq {
 		t.Fatalf("dedupe: %+v %v", again, err)
 	}

@@ -2,7 +2,7 @@
 // worker binary and real nats-server processes (both built from this
 // module) on loopback ports and kills, stops, restarts and partitions them
 // while runs are in flight, then checks that no run and no user message was
-// lost or doubled (issue 7).
+// lost or doubled.
 //
 // The tests are behind the build tag "fault", so the default "go test ./..."
 // stays fast; .ci/run runs them with

@@ -37,6 +37,7 @@ type Config struct {
 	Concurrency int
 	// AckWait of the queue consumers; default 60s. Heartbeats
 	// (InProgress) are sent every HeartbeatInterval (default AckWait/4).
+	// A run's finish (final record, run_finished, ack) has one AckWait.
 	AckWait           time.Duration
 	HeartbeatInterval time.Duration
 	// MaxDeliver bounds deliveries of a request; default 5.
@@ -47,9 +48,9 @@ type Config struct {
 	// PollWait is how long one idle pull waits; default 2s. It bounds how
 	// long stopping takes to stop pulling.
 	PollWait time.Duration
-	// PublishWindow is the number of a run's events (and record writes)
-	// whose JetStream acks may be outstanding; a full window blocks the
-	// agent's listener (back-pressure). Default 256.
+	// PublishWindow is the number of a run's events whose JetStream acks
+	// may be outstanding (record writes are not in it); a full window
+	// blocks the agent's listener (back-pressure). Default 256.
 	PublishWindow int
 	// ToolTimeout bounds one tool call; default 2 minutes.
 	ToolTimeout time.Duration
@@ -113,13 +114,16 @@ type ToolCall struct {
 	TimedOut bool
 }
 
-// Observer receives what issue 6's metrics need. Calls are synchronous and
+// Observer receives what the worker's metrics need. Calls are synchronous and
 // may come from many goroutines: keep them cheap. Embed NopObserver to
 // implement only some methods.
 type Observer interface {
 	RunStarted(r RunInfo)
 	RunFinished(r RunInfo, f bus.RunFinished)
-	// RunHandedBack: the run was stopped by a drain and Nak'ed.
+	// RunHandedBack: a started attempt left the worker without finishing:
+	// stopped by a drain and Nak'ed, its lease lost to a newer attempt, or
+	// its events not stored (Nak'ed for a retry). Every started attempt
+	// ends with exactly one RunFinished or RunHandedBack.
 	RunHandedBack(r RunInfo)
 	Turn(r RunInfo)
 	ModelRequest(r RunInfo, m ModelRequest)
@@ -131,6 +135,8 @@ type Observer interface {
 	// PublishWait: the agent's listener waited this long for room in the
 	// publish window (only called when it had to wait).
 	PublishWait(d time.Duration)
+	// ControlReceived: a control message was applied: a steer or
+	// follow-up is in the agent's queue, an abort took effect.
 	ControlReceived(kind string)
 	Slots(busy, total int)
 }

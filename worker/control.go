@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -15,28 +16,62 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
-// controls delivers a run's control messages to its Agent, each exactly
-// once and in stream order per kind. Two paths feed it: the worker's
-// wildcard subscription to the control stream's republished messages (the
-// live path, which carries each message's stream sequence and the previous
-// sequence of its subject), and a catch-up read of the control stream (at
-// pickup, on a sequence gap, and before finishing). Sequences per kind
-// make both paths idempotent.
-type controls struct {
-	r *run
+// controlInbox bounds the live control messages waiting for a run's
+// control owner. Past it the stream is read instead: a flood of control
+// messages costs reads, not memory.
+const controlInbox = 64
 
+// controls delivers a run's control messages to its Agent, each exactly
+// once and in stream order per kind.
+//
+// One goroutine, the owner, applies them; nothing else takes a control
+// message, so the owner needs no lock to decide, and reads the stream
+// without holding one. Two paths feed it:
+//
+//   - the live path: the worker's wildcard subscription to the control
+//     stream's republished messages (each carries its stream sequence and
+//     the previous sequence of its subject). The NATS callback puts them
+//     into a bounded inbox and never blocks: when the inbox is full it
+//     drops the message and marks a gap.
+//   - the stream, the source of truth: the owner reads what it has not
+//     taken yet at pickup (before any live message, so a resumed attempt
+//     first knows what earlier attempts delivered), on a gap (a dropped
+//     message, or a live message whose previous sequence it has not
+//     taken), at every heartbeat (the republish is plain NATS: a
+//     reconnect can drop one), and at the idle check.
+//
+// Sequences per kind make both paths idempotent. The idle check (nothing
+// stored is left and the agent has nothing queued) and the close of intake
+// are one step of the owner, so no control message slips between them.
+type controls struct {
+	r     *run
+	inbox chan liveControl
+	gap   atomic.Bool // a live message was dropped: read the stream
+	// dropped counts live messages the full inbox turned away.
+	dropped atomic.Uint64
+	wake    chan struct{} // a gap or a heartbeat: read the stream
+	idle    chan chan bool
+	quit    chan struct{}
+	done    chan struct{} // the owner has stopped
+	// closed: intake stopped, live messages are dropped.
+	closed  atomic.Bool
+	running bool // the owner was started (the run's goroutine only)
+
+	// The owner's own state.
+	last      map[string]uint64 // highest sequence taken, per kind
+	max       uint64            // highest sequence taken; read after done
+	delivered map[uint64]bool   // put into the transcript by an earlier attempt
+
+	// queued are control messages handed to the agent, not yet in the
+	// transcript; the agent's listener stamps their sequence on their
+	// message_start and message_end. mu is held only to touch the slice.
 	mu     sync.Mutex
-	closed bool
-	// started: the pickup catch-up ran. Live messages wait for it, so a
-	// resumed attempt knows what earlier attempts delivered (skip) before
-	// it takes anything; the catch-up reads whatever came meanwhile.
-	started bool
-	last    map[string]uint64 // highest sequence taken, per kind
-	max     uint64            // highest sequence taken
-	queued  []queuedControl   // handed to the agent, not yet in the transcript
-	// delivered are control sequences an earlier attempt put into the
-	// transcript (restored by resume): taken, not delivered again.
-	delivered map[uint64]bool
+	queued []queuedControl
+}
+
+type liveControl struct {
+	kind string
+	m    *nats.Msg
 }
 
 type queuedControl struct {
@@ -45,63 +80,123 @@ type queuedControl struct {
 }
 
 func newControls(r *run) *controls {
-	return &controls{r: r, last: map[string]uint64{}}
+	return &controls{r: r, inbox: make(chan liveControl, controlInbox), wake: make(chan struct{}, 1),
+		idle: make(chan chan bool), quit: make(chan struct{}), done: make(chan struct{}),
+		last: map[string]uint64{}}
 }
 
-// live handles a republished control message.
-func (c *controls) live(kind string, m *nats.Msg) {
-	seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
-	if err != nil {
+// offer is the NATS callback's part: it never blocks.
+func (c *controls) offer(kind string, m *nats.Msg) {
+	if c.closed.Load() {
+		c.r.log.Debug("control message for a finishing run ignored", "kind", kind)
 		return
 	}
-	prev, _ := strconv.ParseUint(m.Header.Get("Nats-Last-Sequence"), 10, 64)
+	select {
+	case c.inbox <- liveControl{kind, m}:
+	default:
+		c.dropped.Add(1)
+		c.gap.Store(true)
+		c.poke()
+	}
+}
+
+// refresh asks the owner to read the stream (a heartbeat); it never blocks.
+func (c *controls) refresh() { c.poke() }
+
+func (c *controls) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// skip marks control sequences as delivered by an earlier attempt. Call
+// it before start.
+func (c *controls) skip(seqs []uint64) {
+	if c.delivered == nil {
+		c.delivered = map[uint64]bool{}
+	}
+	for _, s := range seqs {
+		c.delivered[s] = true
+	}
+}
+
+// start runs the owner and returns once it has read what is stored (the
+// pickup catch-up).
+func (c *controls) start(ctx context.Context) {
+	c.running = true
+	started := make(chan struct{})
+	go c.own(ctx, started)
+	select {
+	case <-started:
+	case <-c.done:
+	}
+}
+
+func (c *controls) own(ctx context.Context, started chan<- struct{}) {
+	defer close(c.done)
+	c.catchUp(ctx)
+	close(started)
+	for {
+		select {
+		case lc := <-c.inbox:
+			c.live(ctx, lc)
+		case <-c.wake:
+			c.gap.Store(false)
+			c.catchUp(ctx)
+		case reply := <-c.idle:
+			c.catchUp(ctx)
+			if c.r.agent.HasQueuedMessages() && !c.r.tally.stopping() {
+				reply <- false
+				continue
+			}
+			c.closed.Store(true)
+			reply <- true
+			return
+		case <-c.quit:
+			c.closed.Store(true)
+			return
+		}
+	}
+}
+
+// live takes a republished control message, or reads the stream when
+// something of its kind came before it that was not taken yet.
+func (c *controls) live(ctx context.Context, lc liveControl) {
+	h := lc.m.Header
+	seq, err := strconv.ParseUint(h.Get("Nats-Sequence"), 10, 64)
+	if err != nil || seq <= c.last[lc.kind] {
+		return // unusable, or taken already through a read
+	}
+	prev, _ := strconv.ParseUint(h.Get("Nats-Last-Sequence"), 10, 64)
+	if prev != c.last[lc.kind] {
+		c.catchUp(ctx)
+		return
+	}
 	stored := time.Now()
-	if ts := m.Header.Get("Nats-Time-Stamp"); ts != "" {
+	if ts := h.Get("Nats-Time-Stamp"); ts != "" {
 		if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
 			stored = t
 		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		c.r.log.Debug("control message for a finishing run ignored", "kind", kind, "controlSeq", seq)
-		return
-	}
-	if !c.started {
-		return // the pickup catch-up will read it from the stream
-	}
-	if seq <= c.last[kind] {
-		return // already taken through the catch-up read
-	}
-	if prev == c.last[kind] {
-		c.take(kind, seq, m.Data, stored)
-		return
-	}
-	// A gap: something of this kind was not seen yet. Read the stream.
-	c.catchUpLocked(c.r.w.hardCtx)
+	c.take(lc.kind, seq, lc.m.Data, stored)
 }
 
-// catchUp reads control messages stored but not taken yet.
+// catchUp reads the control messages stored but not taken yet.
 func (c *controls) catchUp(ctx context.Context) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.closed {
-		c.started = true
-		c.catchUpLocked(ctx)
-	}
-}
-
-func (c *controls) catchUpLocked(ctx context.Context) {
 	from := c.last[bus.KindSteer]
 	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort} {
 		from = min(from, c.last[k])
 	}
 	from++
-	s := c.r.w.controlStream
-	subj := c.r.w.names.ControlAll(c.r.id)
+	w := c.r.w
+	subj := w.names.ControlAll(c.r.id)
 	for {
+		if h := w.beforeCatchUpRead; h != nil {
+			h(c.r.id)
+		}
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m, err := s.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
+		m, err := w.controlStream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
 		cancel()
 		if err != nil {
 			if !errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -117,31 +212,7 @@ func (c *controls) catchUpLocked(ctx context.Context) {
 	}
 }
 
-// refresh reads control messages whose live copy was lost (the republish
-// is plain NATS: a reconnect can drop one), so a lone abort waits at most a
-// heartbeat, not until the run goes idle. Nothing before the pickup
-// catch-up.
-func (c *controls) refresh(ctx context.Context) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.closed && c.started {
-		c.catchUpLocked(ctx)
-	}
-}
-
-// skip marks control sequences as delivered by an earlier attempt.
-func (c *controls) skip(seqs []uint64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.delivered == nil {
-		c.delivered = map[uint64]bool{}
-	}
-	for _, s := range seqs {
-		c.delivered[s] = true
-	}
-}
-
-// take delivers one control message. Caller holds mu.
+// take delivers one control message.
 func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) {
 	c.last[kind] = seq
 	c.max = max(c.max, seq)
@@ -150,7 +221,6 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) 
 		r.log.Debug("control message already in the transcript; not delivered again", "kind", kind, "controlSeq", seq)
 		return
 	}
-	r.w.obs.ControlReceived(kind)
 	switch kind {
 	case bus.KindAbort:
 		reason := workerproto.DecodeAbort(data)
@@ -162,14 +232,21 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) 
 			r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
 			return
 		}
+		// Known before the agent can emit it: the listener stamps it.
+		c.mu.Lock()
 		c.queued = append(c.queued, queuedControl{first: &msg.Content[0], seq: seq})
-		r.log.Info("control message queued", "kind", kind, "controlSeq", seq)
+		c.mu.Unlock()
 		if kind == bus.KindSteer {
 			r.agent.Steer(msg)
 		} else {
 			r.agent.FollowUp(msg)
 		}
+		r.log.Info("control message queued", "kind", kind, "controlSeq", seq)
+	default:
+		return
 	}
+	// Reported once applied: a steer is in the agent's queue.
+	r.w.obs.ControlReceived(kind)
 }
 
 // seqOf returns the control sequence of a user message the agent emitted
@@ -193,28 +270,32 @@ func (c *controls) seqOf(m *agent.Message, end bool) uint64 {
 	return 0
 }
 
-// finishIfIdle reads what is stored and, when the agent has nothing
-// queued, closes: later control messages are ignored. It reports whether
-// it closed; if not, the caller runs the agent again.
-func (c *controls) finishIfIdle(ctx context.Context) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+// finishIfIdle has the owner read what is stored and, when the agent has
+// nothing queued, close intake: later control messages are ignored. It
+// reports whether intake is closed; if not, the caller runs the agent
+// again.
+func (c *controls) finishIfIdle() bool {
+	reply := make(chan bool, 1)
+	select {
+	case c.idle <- reply:
+		return <-reply
+	case <-c.done:
 		return true
 	}
-	c.catchUpLocked(ctx)
-	if c.r.agent.HasQueuedMessages() && !c.r.stopping() {
-		return false
-	}
-	c.closed = true
-	return true
 }
 
-// close stops taking control messages and returns the highest sequence
+// close stops intake and the owner, and returns the highest sequence
 // taken.
 func (c *controls) close() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
+	c.closed.Store(true)
+	if !c.running {
+		return 0
+	}
+	select {
+	case <-c.quit:
+	default:
+		close(c.quit)
+	}
+	<-c.done
 	return c.max
 }

@@ -148,13 +148,12 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		return fmt.Errorf("dead letter: %w", err)
 	}
 	if rec == nil || !rec.Finished() {
-		r := &run{w: w, id: id, queue: queue, attempt: adv.Deliveries + 1, reqSeq: adv.StreamSeq,
-			submittedAt: req.Time, startedAt: time.Now(), log: log}
-		r.runStart = r.startedAt
+		r := w.newRun(id, queue, adv.Deliveries+1, adv.StreamSeq, req.Time)
 		if rec != nil && !rec.StartedAt.IsZero() {
 			r.runStart = rec.StartedAt
 		}
-		if err := r.finishGaveUp(ctx, rec, adv.Deliveries); err != nil {
+		// A lost lease: a newer attempt fenced this one; the request goes.
+		if err := r.finishGaveUp(ctx, rec, adv.Deliveries, removeRequest); err != nil && !errors.Is(err, errLeaseLost) {
 			return err
 		}
 	}
@@ -166,13 +165,20 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 }
 
 // finishGaveUp marks the run failed/gave_up under the lease, with its own
-// attempt: run_started, run_resumed (the transcript so far), run_finished.
-func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries int) error {
+// attempt: run_started, run_resumed (the transcript so far), then the
+// finish, whose settlement removes the request (the caller then acks the
+// advisory).
+func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries int, removeRequest func() error) error {
+	if prev != nil && prev.Model != "" {
+		if m, err := bus.ParseModelRef(prev.Model); err == nil {
+			r.modelRef = m
+		}
+	}
 	rec := r.record(bus.StateRunning)
 	if prev != nil {
 		rec.Model, rec.Metadata, rec.Turns, rec.Usage, rec.Cost = prev.Model, prev.Metadata, prev.Turns, prev.Usage, prev.Cost
 	}
-	o, cur, err := r.takeLease(ctx, prev, rec)
+	o, cur, err := r.lease.take(ctx, prev, rec)
 	if err != nil {
 		return err
 	}
@@ -183,13 +189,7 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		return nil
 	}
 	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
-	started := r.runStarted()
-	if prev != nil && prev.Model != "" {
-		if m, err := bus.ParseModelRef(prev.Model); err == nil {
-			started.Model = &m
-		}
-	}
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
+	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
 	// Readers restore messagesRestored messages: an unreadable history is
 	// an error to retry (the advisory is handled again), not an empty one.
 	seq, err := r.pub.startedAt(ctx)
@@ -206,25 +206,9 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 	_, _ = r.pub.fleetEvent(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: restored})
 	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
 		deliveries, r.w.names.Dead(r.queue, r.id))
-	if err := r.pub.sync(ctx); err != nil {
-		_ = r.pub.flush(ctx)
-		return err
-	}
 	rec.State, rec.Reason, rec.Error, rec.FinishedAt, rec.HeartbeatAt = bus.StatusFailed, bus.ReasonGaveUp, text, time.Now(), time.Now()
-	if err := r.writeLeased(ctx, rec, true); err != nil {
-		_ = r.pub.flush(ctx)
-		if errors.Is(err, errLeaseLost) {
-			return nil
-		}
-		return err
-	}
 	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonGaveUp, Error: text,
 		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, DurationMs: time.Since(r.runStart).Milliseconds()}
-	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
-	if err := r.pub.flush(ctx); err != nil {
-		return err
-	}
-	r.w.obs.RunFinished(RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: rec.Model,
-		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}, fin)
-	return nil
+	return r.finish(ending{record: rec, fin: fin,
+		settle: settlement{done: func(context.Context) error { return removeRequest() }}})
 }

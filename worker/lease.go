@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,6 +20,13 @@ import (
 // run_finished. Any other attempt taking it makes the holder's next
 // compare-and-set fail: the holder then stops at once and publishes
 // nothing more. A lower attempt never takes it from a higher one.
+//
+// One goroutine writes at a time, so no lock is held over a KV call: the
+// run's goroutine takes the lease, then the heartbeat renews it, then the
+// heartbeat stops renewing (it goes on sending InProgress) and the run's
+// goroutine writes the final record. The final write retries transient
+// errors within the finish's deadline; a permanent one (a record too
+// large for the bucket) fails at once.
 
 type leaseOutcome int
 
@@ -29,28 +37,40 @@ const (
 	leaseReused                // the record belongs to another request with this id
 )
 
+// lease is one attempt's hold on its run record.
+type lease struct {
+	w       *Worker
+	id      string
+	attempt int
+	reqSeq  uint64
+	onLost  func() // called once, when another attempt takes the lease
+
+	rev  uint64 // the revision this attempt wrote last; see the ordering above
+	done bool   // the final record is written
+	lost atomic.Bool
+}
+
 func isConflict(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
 // classify says whether this attempt may take a run whose record is cur.
-func (r *run) classify(cur *bus.RunRecord) leaseOutcome {
+func (l *lease) classify(cur *bus.RunRecord) leaseOutcome {
 	switch {
 	case cur.Finished():
 		return leaseFinished
-	case cur.RequestSeq != 0 && cur.RequestSeq != r.reqSeq:
+	case cur.RequestSeq != 0 && cur.RequestSeq != l.reqSeq:
 		return leaseReused
-	case cur.Attempt > r.attempt:
+	case cur.Attempt > l.attempt:
 		return leaseNewer
 	}
 	return leaseTaken
 }
 
-// takeLease writes rec over prev (nil: no record) with compare-and-set,
+// take writes rec over prev (nil: no record) with compare-and-set,
 // re-reading and retrying while other attempts race. On leaseTaken the
-// run holds the lease at r.leaseRev; otherwise the current record is
-// returned.
-func (r *run) takeLease(ctx context.Context, prev, rec *bus.RunRecord) (leaseOutcome, *bus.RunRecord, error) {
+// attempt holds the lease; otherwise the current record is returned.
+func (l *lease) take(ctx context.Context, prev, rec *bus.RunRecord) (leaseOutcome, *bus.RunRecord, error) {
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return 0, nil, err
@@ -59,21 +79,20 @@ func (r *run) takeLease(ctx context.Context, prev, rec *bus.RunRecord) (leaseOut
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		var rev uint64
 		if prev == nil {
-			rev, err = r.w.kv.Create(cctx, r.id, data)
+			rev, err = l.w.kv.Create(cctx, l.id, data)
 		} else {
-			rev, err = r.w.kv.Update(cctx, r.id, data, prev.Revision)
+			rev, err = l.w.kv.Update(cctx, l.id, data, prev.Revision)
 		}
 		cancel()
 		if err == nil {
-			r.leaseMu.Lock()
-			r.leaseRev = rev
-			r.leaseMu.Unlock()
+			l.rev = rev
+			l.done = rec.Finished()
 			return leaseTaken, nil, nil
 		}
 		if !isConflict(err) {
 			return 0, nil, fmt.Errorf("run record: %w", err)
 		}
-		cur, err := r.w.getRecord(ctx, r.id)
+		cur, err := l.w.getRecord(ctx, l.id)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			prev = nil
 			continue
@@ -81,7 +100,7 @@ func (r *run) takeLease(ctx context.Context, prev, rec *bus.RunRecord) (leaseOut
 		if err != nil {
 			return 0, nil, err
 		}
-		if o := r.classify(cur); o != leaseTaken {
+		if o := l.classify(cur); o != leaseTaken {
 			return o, cur, nil
 		}
 		prev = cur
@@ -91,40 +110,44 @@ func (r *run) takeLease(ctx context.Context, prev, rec *bus.RunRecord) (leaseOut
 
 // ownWrite reports whether cur is a record this attempt wrote (a write
 // whose ack was lost, e.g. across a reconnect).
-func (r *run) ownWrite(cur *bus.RunRecord) bool {
-	return cur.Attempt == r.attempt && cur.Worker == r.w.id && cur.RequestSeq == r.reqSeq
+func (l *lease) ownWrite(cur *bus.RunRecord) bool {
+	return cur.Attempt == l.attempt && cur.Worker == l.w.id && cur.RequestSeq == l.reqSeq
 }
 
-// writeLeased writes rec if the run still holds the lease. It returns
-// errLeaseLost when another attempt took it. final marks the last write:
-// heartbeats write nothing after it.
-func (r *run) writeLeased(ctx context.Context, rec *bus.RunRecord, final bool) error {
+// renew is a heartbeat's write: a failure is retried at the next one.
+func (l *lease) renew(ctx context.Context, rec *bus.RunRecord) error {
+	return l.write(ctx, rec, false)
+}
+
+// writeFinal is the last compare-and-set. It returns errLeaseLost when
+// another attempt took the lease.
+func (l *lease) writeFinal(ctx context.Context, rec *bus.RunRecord) error {
+	return l.write(ctx, rec, true)
+}
+
+func (l *lease) write(ctx context.Context, rec *bus.RunRecord, final bool) error {
+	if l.done {
+		return nil
+	}
+	if l.lost.Load() {
+		return errLeaseLost
+	}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	r.leaseMu.Lock()
-	defer r.leaseMu.Unlock()
-	if r.leaseDone {
-		return nil
-	}
-	if r.leaseIsLost() {
-		return errLeaseLost
-	}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		rev, err := r.w.kv.Update(cctx, r.id, data, r.leaseRev)
+		rev, err := l.w.kv.Update(cctx, l.id, data, l.rev)
 		cancel()
 		if err == nil {
-			r.leaseRev = rev
-			r.leaseDone = final
+			l.rev, l.done = rev, final
 			return nil
 		}
 		if !isConflict(err) {
-			if !final || ctx.Err() != nil {
+			if !final || ctx.Err() != nil || !transientKV(err) {
 				return fmt.Errorf("run record: %w", err)
 			}
-			// The final record must be written: retry while ctx allows.
 			select {
 			case <-time.After(200 * time.Millisecond):
 			case <-ctx.Done():
@@ -132,83 +155,101 @@ func (r *run) writeLeased(ctx context.Context, rec *bus.RunRecord, final bool) e
 			}
 			continue
 		}
-		cur, gerr := r.w.getRecord(ctx, r.id)
+		cur, gerr := l.w.getRecord(ctx, l.id)
 		if gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound) {
 			return fmt.Errorf("run record: %w", gerr)
 		}
-		if cur != nil && r.ownWrite(cur) && !cur.Finished() {
-			r.leaseRev = cur.Revision // our own write, its ack lost: retry
+		switch {
+		case cur != nil && l.ownWrite(cur) && !cur.Finished():
+			l.rev = cur.Revision // our own write, its ack lost: retry
 			continue
-		}
-		if cur != nil && r.ownWrite(cur) && final {
-			r.leaseDone = true
+		case cur != nil && l.ownWrite(cur) && final:
+			l.done = true
 			return nil
 		}
+		l.lose()
 		return errLeaseLost
 	}
 }
 
-// renew is the heartbeat's lease renewal.
-func (r *run) renew() {
-	ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
-	defer cancel()
-	err := r.writeLeased(ctx, r.record(bus.StateRunning), false)
-	switch {
-	case errors.Is(err, errLeaseLost):
-		r.loseLease()
-	case err != nil:
-		r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
+// transientKV tells KV write errors that a retry may cure (NATS away, a
+// timeout, no stream leader yet) from permanent ones (a record too large).
+func transientKV(err error) bool {
+	return retryable(err) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// lose marks the lease lost and stops the run, once.
+func (l *lease) lose() {
+	if l.lost.CompareAndSwap(false, true) && l.onLost != nil {
+		l.onLost()
 	}
 }
 
-// loseLease stops the run at once: another attempt owns it. Nothing more
-// is published, the request is neither acked nor naked.
-func (r *run) loseLease() {
-	r.mu.Lock()
-	first := !r.lost
-	r.lost = true
-	r.mu.Unlock()
-	if !first {
-		return
-	}
-	r.log.Warn("lease lost: another attempt owns this run; stopping it without publishing more")
-	if r.pub != nil {
-		r.pub.fence()
-	}
-	if r.cancel != nil {
-		r.cancel()
-	}
-	if r.agent != nil {
-		r.agent.Abort()
-	}
+// heartbeat keeps a running attempt's request owned (InProgress resets its
+// AckWait), renews the lease and asks the control owner to read what the
+// live path may have lost, every HeartbeatInterval. Once the finish
+// starts it stops renewing (the final write is the finish's) and only
+// sends InProgress.
+type heartbeat struct {
+	stop, stopped chan struct{}
+	final         chan chan struct{}
 }
 
-func (r *run) leaseIsLost() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lost
+func (r *run) startHeartbeat() *heartbeat {
+	h := &heartbeat{stop: make(chan struct{}), stopped: make(chan struct{}), final: make(chan chan struct{})}
+	go r.heartbeatLoop(h)
+	return h
 }
 
-// heartbeatLoop keeps the request owned (InProgress resets its AckWait),
-// renews the lease and reads control messages whose live copy was lost,
-// every HeartbeatInterval, until stop is closed.
-func (r *run) heartbeatLoop(stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
+func (r *run) heartbeatLoop(h *heartbeat) {
+	defer close(h.stopped)
 	t := time.NewTicker(r.w.cfg.HeartbeatInterval)
 	defer t.Stop()
+	renewing := true
 	for {
 		select {
 		case <-t.C:
-			if r.leaseIsLost() {
+			if r.lease.lost.Load() {
 				return
 			}
 			if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 				r.log.Warn("heartbeat failed", "err", err)
 			}
-			r.renew()
-			r.ctl.refresh(r.w.hardCtx)
-		case <-stop:
+			if !renewing {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
+			err := r.lease.renew(ctx, r.record(bus.StateRunning))
+			cancel()
+			if err != nil && !errors.Is(err, errLeaseLost) {
+				r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
+			}
+			r.ctl.refresh()
+		case ack := <-h.final:
+			renewing = false
+			close(ack)
+		case <-h.stop:
 			return
 		}
 	}
+}
+
+// stopRenewing returns once no renewal is in flight or will start.
+func (h *heartbeat) stopRenewing() {
+	ack := make(chan struct{})
+	select {
+	case h.final <- ack:
+		<-ack
+	case <-h.stopped:
+	}
+}
+
+// end stops the heartbeat and waits for it.
+func (h *heartbeat) end() {
+	select {
+	case <-h.stop:
+	default:
+		close(h.stop)
+	}
+	<-h.stopped
 }

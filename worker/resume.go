@@ -68,17 +68,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	}
 	r.agent.SetMessages(all)
 	r.ctl.skip(rc.ControlSeqs)
-	r.mu.Lock()
-	for i := len(r.prompt); i < len(msgs); i++ {
-		if m := &msgs[i]; m.Role == agent.RoleAssistant {
-			r.turns++
-			r.usage.Add(m.Usage)
-			c := *m
-			r.lastAssistant = &c
-		}
-	}
-	turns := r.turns
-	r.mu.Unlock()
+	turns := r.tally.restore(msgs[len(r.prompt):])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)
 	}

@@ -49,6 +49,9 @@ type Worker struct {
 	// beforeIdleCheck, when set (tests), is called each time a run's agent
 	// went idle, before the worker looks for late control messages.
 	beforeIdleCheck func(runID string)
+	// beforeCatchUpRead, when set (tests), is called before each read of
+	// the control stream by a run's control owner.
+	beforeCatchUpRead func(runID string)
 
 	mu   sync.Mutex
 	runs map[string]*run
@@ -316,7 +319,8 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, cons jetstream.Con
 	return got
 }
 
-// onControl is the wildcard subscription's handler.
+// onControl is the wildcard subscription's handler: it hands the message
+// to its run's control owner without blocking.
 func (w *Worker) onControl(m *nats.Msg) {
 	runID, kind, err := w.names.ParseRepublished(m.Subject)
 	if err != nil {
@@ -328,7 +332,7 @@ func (w *Worker) onControl(m *nats.Msg) {
 	if r == nil {
 		return // not ours, or finished
 	}
-	r.ctl.live(kind, m)
+	r.ctl.offer(kind, m)
 }
 
 func (w *Worker) register(r *run) {

@@ -741,17 +741,21 @@ func TestToolTimeout(t *testing.T) {
 
 type waitObs struct {
 	worker.NopObserver
-	mu    sync.Mutex
-	waits int
-	pubs  int
+	mu       sync.Mutex
+	waits    int
+	pubs     int
+	finished chan struct{}
 }
+
+// RunFinished comes after every event's ack was counted.
+func (o *waitObs) RunFinished(worker.RunInfo, bus.RunFinished) { close(o.finished) }
 
 func (o *waitObs) PublishWait(time.Duration) { o.mu.Lock(); o.waits++; o.mu.Unlock() }
 func (o *waitObs) EventPublished()           { o.mu.Lock(); o.pubs++; o.mu.Unlock() }
 
 func TestPublishWindowBackPressure(t *testing.T) {
 	f := newFleet(t)
-	o := &waitObs{}
+	o := &waitObs{finished: make(chan struct{})}
 	f.startWorker(worker.Config{PublishWindow: 1, Observer: o})
 	text := strings.Repeat("0123456789abcdef", 100) // 100 deltas
 	id := f.submit("", &bus.RunRequest{Prompt: "go", Model: fauxModel(), Faux: fauxText(text)})
@@ -762,6 +766,7 @@ func TestPublishWindowBackPressure(t *testing.T) {
 	if got := transcriptOf(t, envs).FinalText(); got != text {
 		t.Fatalf("text differs: %d bytes", len(got))
 	}
+	waitFor(t, o.finished, "the run to leave the worker")
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.pubs < len(envs) {

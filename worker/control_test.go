@@ -1,0 +1,299 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
+)
+
+// startInternal runs a worker on an embedded server until the test ends;
+// hooks are set before it starts.
+func startInternal(t *testing.T, cfg Config, hooks func(w *Worker)) (*Worker, *bus.Client) {
+	t.Helper()
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg.Client = c
+	if cfg.PollWait == 0 {
+		cfg.PollWait = 200 * time.Millisecond
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hooks != nil {
+		hooks(w)
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() {
+		wcancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	<-w.Ready()
+	return w, c
+}
+
+// testGate is a tool that blocks until the test opens it.
+type testGate struct {
+	started chan string
+	release chan struct{}
+}
+
+func newTestGate() *testGate {
+	return &testGate{started: make(chan string, 10), release: make(chan struct{}, 10)}
+}
+
+func (g *testGate) tool() *agent.Tool {
+	return agent.NewTool("gate", "waits until the test opens it", func(ctx context.Context, a struct {
+		Name string `json:"name"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		g.started <- a.Name
+		select {
+		case <-g.release:
+			return agent.TextResult("opened " + a.Name), nil
+		case <-ctx.Done():
+			return agent.ToolResult{}, ctx.Err()
+		}
+	})
+}
+
+func gateScript(name string, texts ...string) *bus.FauxScript {
+	s := &bus.FauxScript{Responses: []agent.ScriptedResponse{{
+		Content:    []agent.Content{agent.ToolCall("g-"+name, "gate", map[string]any{"name": name})},
+		StopReason: agent.StopReasonToolUse}}}
+	for _, t := range texts {
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(t)}})
+	}
+	return s
+}
+
+func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: nothing within %s", what, d)
+		var zero T
+		return zero
+	}
+}
+
+func userTexts(tr *bus.Transcript) []string {
+	var out []string
+	for _, m := range tr.Messages {
+		if m.Role == agent.RoleUser {
+			out = append(out, m.TextOf())
+		}
+	}
+	return out
+}
+
+// One run's control owner stuck in a read of the control stream does not
+// hold up another run's control messages (nor the NATS callback).
+func TestStalledCatchUpDoesNotStallOtherRuns(t *testing.T) {
+	const stalled = "stalled-run"
+	reached, unblock := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, 10)}
+	// Heartbeats (which also read the control stream) far apart: B gets
+	// its steer from the live path or not at all.
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 4, AckWait: 2 * time.Minute,
+		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
+		w.beforeCatchUpRead = func(id string) {
+			if id == stalled {
+				once.Do(func() { close(reached) })
+				<-unblock
+			}
+		}
+	})
+	released := sync.OnceFunc(func() { close(unblock) })
+	defer released()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	model := &bus.ModelRef{Provider: "faux", ID: "s"}
+
+	b, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "b", Tools: []string{"gate"}, Model: model, Faux: gateScript("b", "b done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "run B's tool")
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: stalled, Prompt: "a", Model: model, Faux: fauxTexts("a1", "a2")}); err != nil {
+		t.Fatal(err)
+	}
+	within(t, reached, 20*time.Second, "run A's catch-up read")
+	if _, err := c.Steer(ctx, stalled, "to a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Steer(ctx, b.ID, "to b"); err != nil {
+		t.Fatal(err)
+	}
+	// Only B can take a control message now.
+	within(t, o.got, 10*time.Second, "run B's steer while run A's read is stalled")
+	g.release <- struct{}{}
+	trB, err := c.LoadTranscript(ctx, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(userTexts(trB)); got != "[b to b]" || trB.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("run B: user messages %s, %+v", got, trB.Finished)
+	}
+	released()
+	trA, err := c.LoadTranscript(ctx, stalled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(userTexts(trA)); got != "[a to a]" || trA.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("run A: user messages %s, %+v", got, trA.Finished)
+	}
+}
+
+func fauxTexts(texts ...string) *bus.FauxScript {
+	s := &bus.FauxScript{}
+	for _, t := range texts {
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(t)}})
+	}
+	return s
+}
+
+// A flood of control messages to one run, while its owner is stuck in a
+// read: the inbox stays bounded (the overflow is dropped and read from the
+// stream later), and every message is delivered exactly once, in order.
+func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
+	const id, n = "flooded", 300
+	var block sync.Mutex
+	blocking := false
+	reached, unblock := make(chan struct{}, 1), make(chan struct{})
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, n)}
+	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: 30 * time.Second,
+		HeartbeatInterval: 100 * time.Millisecond, Observer: o}, func(w *Worker) {
+		w.beforeCatchUpRead = func(run string) {
+			block.Lock()
+			b := blocking
+			blocking = false
+			block.Unlock()
+			if b && run == id {
+				reached <- struct{}{}
+				<-unblock
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "go", Tools: []string{"gate"}, SteeringMode: agent.QueueAll,
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")}); err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the tool")
+	// The next heartbeat's read blocks the owner.
+	block.Lock()
+	blocking = true
+	block.Unlock()
+	within(t, reached, 20*time.Second, "the owner's read")
+	var seqs []uint64
+	for i := range n {
+		if i == n/2 {
+			close(unblock)
+		}
+		s, err := c.Steer(ctx, id, fmt.Sprintf("s%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, s)
+	}
+	w.mu.Lock()
+	r := w.runs[id]
+	w.mu.Unlock()
+	if r == nil {
+		t.Fatal("the run is not running")
+	}
+	if d := r.ctl.dropped.Load(); d == 0 {
+		t.Fatalf("no live message dropped: the flood did not overflow the inbox of %d", controlInbox)
+	}
+	// Every steer in the agent's queue, then the tool ends: one turn
+	// takes them all.
+	for i := range n {
+		within(t, o.got, 20*time.Second, fmt.Sprintf("steer %d in the agent's queue", i))
+	}
+	g.release <- struct{}{}
+	tr, err := c.LoadTranscript(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := userTexts(tr)
+	if len(got) != n+1 || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("%d user messages, want %d; %+v", len(got), n+1, tr.Finished)
+	}
+	for i := range n {
+		if got[i+1] != fmt.Sprintf("s%d", i) {
+			t.Fatalf("user message %d is %q", i+1, got[i+1])
+		}
+	}
+	if cs := tr.ControlSeqs(); fmt.Sprint(cs) != fmt.Sprint(seqs) {
+		t.Fatalf("control seqs %v\nwant %v", cs, seqs)
+	}
+	t.Logf("%d steers: %d live messages dropped and read from the stream instead", n, r.ctl.dropped.Load())
+}
+
+// queueObs checks, when a steer is reported, that it is in the agent's
+// queue: tests that wait for the report then rely on it.
+type queueObs struct {
+	NopObserver
+	w      **Worker
+	queued chan bool
+}
+
+func (o queueObs) ControlReceived(string) {
+	w := *o.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.runs {
+		o.queued <- r.agent.HasQueuedMessages()
+	}
+}
+
+func TestControlReportedOnceQueued(t *testing.T) {
+	var wp *Worker
+	o := queueObs{w: &wp, queued: make(chan bool, 10)}
+	g := newTestGate()
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Observer: o}, func(w *Worker) { wp = w })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the tool")
+	if _, err := c.Steer(ctx, res.ID, "steer"); err != nil {
+		t.Fatal(err)
+	}
+	if !within(t, o.queued, 20*time.Second, "the steer reported") {
+		t.Fatal("the steer was reported before it was in the agent's queue")
+	}
+	g.release <- struct{}{}
+	if _, err := c.LoadTranscript(ctx, res.ID); err != nil {
+		t.Fatal(err)
+	}
+}

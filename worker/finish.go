@@ -1,0 +1,264 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// ending is how an attempt ends: what it publishes and writes, and what
+// then happens to its request.
+type ending struct {
+	// started is published first by an attempt that never started (a
+	// refused request).
+	started *bus.RunStarted
+	// msgID is the envelopes' Nats-Msg-Id scheme when the finish creates
+	// the publisher; nil: the attempt's own (workerproto.MsgID).
+	msgID func(seq uint64) string
+	// record is the final record, written with the lease's last
+	// compare-and-set; nil when it is written already (a bad request
+	// takes the lease with it) or is not this request's (a reused id).
+	record *bus.RunRecord
+	fin    bus.RunFinished
+	settle settlement
+}
+
+// settlement is what happens to the request once its run_finished is
+// stored (done), or when it could not be (retry; nil: the caller retries
+// on the returned error).
+type settlement struct {
+	done  func(ctx context.Context) error
+	retry func()
+}
+
+// ackRequest settles a run that finished.
+func (r *run) ackRequest() settlement {
+	return settlement{
+		done: func(ctx context.Context) error {
+			if err := r.msg.DoubleAck(ctx); err != nil {
+				r.log.Warn("ack failed", "err", err)
+			}
+			return nil
+		},
+		retry: func() { _ = r.msg.NakWithDelay(time.Second) },
+	}
+}
+
+// termRequest settles a request that must not run.
+func (r *run) termRequest(reason string) settlement {
+	return settlement{
+		done:  func(context.Context) error { return r.msg.TermWithReason(reason) },
+		retry: func() { _ = r.msg.NakWithDelay(time.Second) },
+	}
+}
+
+// finishContext bounds a finish (and a lease take): one AckWait from now,
+// not cancelled when the run stops or the worker drains.
+func (r *run) finishContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.w.hardCtx), r.w.cfg.AckWait)
+}
+
+// finish ends an attempt: every event before run_finished is stored, then
+// the final record (the lease's last compare-and-set), then run_finished,
+// then the request is settled. So a follower that saw run_finished reads
+// the final record, and an attempt that lost the lease publishes no
+// run_finished. It returns errLeaseLost when another attempt owns the
+// run (nothing more is published and the request is left alone), or the
+// error that kept the run from finishing (the request was handed back
+// through settle.retry).
+func (r *run) finish(e ending) error {
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	if r.hb != nil {
+		r.hb.stopRenewing()
+	}
+	if r.pub == nil {
+		r.pub = newPublisher(r.w, r.id, r.attempt, nil)
+		if e.msgID != nil {
+			r.pub.msgID = e.msgID
+		}
+	}
+	if e.started != nil {
+		_, _ = r.pub.fleetEvent(bus.EventRunStarted, *e.started)
+	}
+	if err := r.pub.sync(ctx); err != nil {
+		return r.notStored(ctx, e.settle, "events not stored", err)
+	}
+	if e.record != nil {
+		err := r.lease.writeFinal(ctx, e.record)
+		if errors.Is(err, errLeaseLost) {
+			r.endHeartbeat()
+			r.pub.abandon()
+			r.log.Warn("run stopped at its end: lease lost to a newer attempt")
+			return err
+		}
+		if err != nil {
+			return r.notStored(ctx, e.settle, "final record not stored", err)
+		}
+	}
+	if err := r.publishFinished(ctx, e.fin, e.settle); err != nil {
+		return err
+	}
+	r.left = true
+	r.w.obs.RunFinished(r.info(), e.fin)
+	return nil
+}
+
+// publishFinished publishes run_finished, waits until every event is
+// stored and settles the request.
+func (r *run) publishFinished(ctx context.Context, fin bus.RunFinished, s settlement) error {
+	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
+	if err := r.pub.flush(ctx); err != nil {
+		return r.notStored(ctx, s, "run_finished not stored", err)
+	}
+	r.endHeartbeat()
+	return s.done(ctx)
+}
+
+// notStored hands the request back after a failed finish.
+func (r *run) notStored(ctx context.Context, s settlement, what string, err error) error {
+	_ = r.pub.flush(ctx)
+	r.endHeartbeat()
+	r.log.Error(what+"; handing the request back", "err", err)
+	if s.retry != nil {
+		s.retry()
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// handBack stops an attempt that must not finish: what it published is
+// stored (the next attempt resumes from it) and the request is naked.
+func (r *run) handBack(delay time.Duration, why string, err error) {
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	_ = r.pub.flush(ctx)
+	r.endHeartbeat()
+	if err != nil {
+		r.log.Error(why, "err", err)
+	} else {
+		r.log.Warn(why)
+	}
+	if delay > 0 {
+		_ = r.msg.NakWithDelay(delay)
+	} else {
+		_ = r.msg.Nak()
+	}
+}
+
+// refuse handles a request that must not run: its run has finished, or the
+// record belongs to another request or a newer attempt.
+func (r *run) refuse(o leaseOutcome, rec *bus.RunRecord) {
+	switch o {
+	case leaseFinished:
+		if rec.RequestSeq == 0 || rec.RequestSeq == r.reqSeq {
+			// This request already ran to its end; only the ack was lost.
+			r.alreadyFinished(rec)
+			return
+		}
+		r.reusedID(rec)
+	case leaseReused:
+		// Another request with this id is running: nothing may touch its
+		// record or events.
+		r.log.Warn("bad request: run id in use by another running request; terminated", "recordRequestSeq", rec.RequestSeq)
+		_ = r.msg.TermWithReason("bad_request: run id in use by another request")
+	case leaseNewer:
+		// A newer delivery owns the run; this one is stale. Neither ack nor
+		// nak: either would act on the newer delivery.
+		r.log.Warn("stale delivery of a run a newer attempt owns; ignored", "recordAttempt", rec.Attempt)
+	}
+}
+
+// alreadyFinished acks a redelivered request whose run has finished. If a
+// crash came between the final record and run_finished, run_finished is
+// published first (from the record, continuing the last attempt's seq: the
+// same Nats-Msg-Id as the one its worker would have used, so it is stored
+// once).
+func (r *run) alreadyFinished(rec *bus.RunRecord) {
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	envs, err := r.w.c.ReadEvents(ctx, r.id, 0)
+	if err != nil {
+		r.log.Warn("cannot read the run's events; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return
+	}
+	t := &bus.Transcript{}
+	for _, e := range envs {
+		_ = t.Apply(e)
+	}
+	if !t.Done() {
+		att := max(t.Attempt, 1)
+		r.pub = newPublisher(r.w, r.id, att, nil)
+		r.pub.seq = t.LastSeq
+		if t.Attempt == 0 {
+			// No event at all (the record is written first): run_started
+			// still comes first.
+			started := r.runStarted()
+			started.Attempt = att
+			_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
+		}
+		fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
+			Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns}
+		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
+			fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()
+		}
+		if r.publishFinished(ctx, fin, r.ackRequest()) == nil {
+			r.log.Warn("finished run had no run_finished; published it from the record", "state", rec.State)
+		}
+		return
+	}
+	r.log.Info("request already finished; acknowledging", "state", rec.State)
+	_ = r.msg.Ack()
+}
+
+// reusedID rejects a new request whose id belongs to a finished run. It
+// gets run_started and run_finished (bad_request) on the run's subject,
+// after the original's run_finished, so readers of the original (who stop
+// at its run_finished) never see them; the record is not touched. The
+// envelopes' Nats-Msg-Id carries the request's stream sequence so they are
+// not mistaken for the original's events.
+func (r *run) reusedID(rec *bus.RunRecord) {
+	text := fmt.Sprintf("run id %q is already used by a finished run (%s); submit with a new id", r.id, rec.State)
+	r.log.Warn("bad request: run id already used by a finished run; terminated", "state", rec.State)
+	started := r.runStarted()
+	_ = r.finish(ending{started: &started, msgID: func(s uint64) string { return fmt.Sprintf("%s:req%d:%d", r.id, r.reqSeq, s) },
+		fin: r.badRequestFinished(text), settle: r.termRequest("bad_request: run id already used by a finished run")})
+}
+
+// badRequest fails a request that cannot run. The final record is written
+// first, as the lease's compare-and-set (it must not overwrite a finished
+// run or a newer attempt), then the events.
+func (r *run) badRequest(err error) {
+	text := err.Error()
+	r.log.Warn("bad request", "err", text)
+	started := r.runStarted()
+	if r.req != nil {
+		started.Model = r.req.Model
+		started.Tools = append([]string{}, r.req.Tools...)
+	}
+	rec := r.record(bus.StatusFailed)
+	rec.Reason, rec.Error, rec.FinishedAt = bus.ReasonBadRequest, text, time.Now()
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	switch o, cur, err := r.lease.take(ctx, r.prev, rec); {
+	case err != nil:
+		// Without its record the run would look unknown: try again later.
+		r.log.Warn("bad request: record not written; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return
+	case o != leaseTaken:
+		r.refuse(o, cur)
+		return
+	}
+	_ = r.finish(ending{started: &started, fin: r.badRequestFinished(text),
+		settle: r.termRequest("bad_request: " + clipString(text, 200))})
+}
+
+// badRequestFinished is the run_finished of a bad request.
+func (r *run) badRequestFinished(text string) bus.RunFinished {
+	return bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
+		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
+}

@@ -1,0 +1,98 @@
+package worker_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// A run much longer than AckWait finishes on its first attempt: the finish
+// has its own deadline, counted from when the finish starts.
+func TestLongRunFinishesOnFirstAttempt(t *testing.T) {
+	f := newFleet(t)
+	ackWait := 2 * time.Second
+	o := newObs()
+	f.startWorker(worker.Config{AckWait: ackWait, Observer: o})
+	secs := (2*ackWait + time.Second).Seconds()
+	id := f.submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"sleep"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			toolCall("s1", "sleep", map[string]any{"seconds": secs}),
+			textResp("done"),
+		}}})
+	envs := f.follow(id)
+	started, resumed := 0, 0
+	for _, e := range envs {
+		switch e.Type {
+		case bus.EventRunStarted:
+			started++
+		case bus.EventRunResumed:
+			resumed++
+		}
+	}
+	tr := transcriptOf(t, envs)
+	if started != 1 || resumed != 0 || tr.Attempt != 1 || tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("run_started %d, run_resumed %d, attempt %d, finished %+v\n%s", started, resumed, tr.Attempt, tr.Finished, dump(envs))
+	}
+	rec, err := f.c.Status(f.ctx(), id)
+	if err != nil || rec.State != bus.StatusSucceeded || rec.Attempt != 1 {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.started != 1 {
+		t.Fatalf("%d attempts started, want 1", o.started)
+	}
+}
+
+// The user messages of a steer carry the control's stream sequence on
+// their message_start and message_end; the prompt's carry none.
+func TestControlSeqStamping(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	o := newObs()
+	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
+	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
+	g.waitStarted(t)
+	seq, err := f.c.Steer(f.ctx(), id, "steer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.waitControl(t, bus.KindSteer)
+	g.release <- struct{}{}
+	envs := f.follow(id)
+	stamped := map[string][]uint64{}
+	for _, e := range envs {
+		if e.Type != string(agent.EventMessageStart) && e.Type != string(agent.EventMessageEnd) {
+			continue
+		}
+		m := decode(t, e).Agent.Message
+		if m.Role == agent.RoleUser {
+			stamped[m.TextOf()] = append(stamped[m.TextOf()], e.ControlSeq)
+		}
+	}
+	if got, want := fmt.Sprint(stamped), fmt.Sprintf("map[go:[0 0] steer:[%d %d]]", seq, seq); got != want {
+		t.Fatalf("control seqs of user messages %s, want %s\n%s", got, want, dump(envs))
+	}
+}
+
+// A bad request's error lists every problem: the decoder's and the
+// worker's.
+func TestBadRequestListsEveryProblem(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker(worker.Config{})
+	res, err := f.c.SubmitRaw(f.ctx(), "", "bad-everywhere", []byte(`{"prompt":"x","tools":["rm_rf"],"temperature":9}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := transcriptOf(t, f.follow(res.ID))
+	fin := tr.Finished
+	if fin == nil || fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "temperature 9") || !strings.Contains(fin.Error, `unknown tool "rm_rf"`) {
+		t.Fatalf("run_finished %+v", fin)
+	}
+}

@@ -1,0 +1,127 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
+)
+
+// listener turns the agent's events into the run's wire envelopes. The
+// agent calls it one event at a time, so its own state needs no lock. A
+// full publish window blocks it, and so the agent (back-pressure).
+type listener struct {
+	r *run
+	// seqs of the events this agent run and this turn published, for the
+	// agent_end and turn_end references.
+	msgSeqs          []uint64
+	toolSeqs         []uint64
+	lastAssistantSeq uint64
+}
+
+func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
+	r := l.r
+	switch ev.Type {
+	case agent.EventAgentStart:
+		l.msgSeqs = l.msgSeqs[:0]
+	case agent.EventTurnStart:
+		l.toolSeqs = l.toolSeqs[:0]
+	}
+	we := workerproto.NewAgentEvent(&ev)
+	var ctlSeq uint64
+	interrupted := false
+	switch ev.Type {
+	case agent.EventMessageStart:
+		ctlSeq = r.ctl.seqOf(ev.Message, false)
+	case agent.EventMessageEnd:
+		ctlSeq = r.ctl.seqOf(ev.Message, true)
+		interrupted = r.cutOff(ev.Message)
+	case agent.EventTurnEnd:
+		we.MessageSeq = l.lastAssistantSeq
+		we.ToolResultSeqs = lastN(l.toolSeqs, len(ev.ToolResults))
+	case agent.EventAgentEnd:
+		we.MessageSeqs = lastN(l.msgSeqs, len(ev.Messages))
+	}
+	data, err := encodeJSON(we)
+	if err != nil {
+		return err
+	}
+	seq, err := r.pub.eventFlags(string(ev.Type), data, ctlSeq, interrupted)
+	if err != nil {
+		var tl *EventTooLargeError
+		if errors.As(err, &tl) {
+			r.tally.eventTooLarge(err)
+			r.log.Error("event too large for NATS; failing the run", "err", err)
+		}
+		return err
+	}
+	switch ev.Type {
+	case agent.EventMessageEnd:
+		l.msgSeqs = append(l.msgSeqs, seq)
+		switch ev.Message.Role {
+		case agent.RoleToolResult:
+			l.toolSeqs = append(l.toolSeqs, seq)
+		case agent.RoleAssistant:
+			l.lastAssistantSeq = seq
+			r.tally.assistant(*ev.Message)
+		}
+	case agent.EventTurnEnd:
+		r.tally.turn()
+		r.w.obs.Turn(r.info())
+	}
+	return nil
+}
+
+// cutOff reports whether a message ends because the worker is stopping
+// (drain timeout, lost lease, events not stored) rather than by the user's
+// abort or a limit: an aborted assistant message, or a tool result that
+// failed. Its message_end is marked interrupted, so recovery drops it and
+// the next attempt regenerates it.
+func (r *run) cutOff(m *agent.Message) bool {
+	if m == nil {
+		return false
+	}
+	switch {
+	case m.Role == agent.RoleAssistant && m.StopReason == agent.StopReasonAborted:
+	case m.Role == agent.RoleToolResult && m.IsError:
+	default:
+		return false
+	}
+	if r.tally.aborted() {
+		return false
+	}
+	return r.w.hardCtx.Err() != nil || r.lease.lost.Load() || r.tally.publishErr() != nil
+}
+
+func lastN(s []uint64, n int) []uint64 {
+	n = min(n, len(s))
+	if n <= 0 {
+		return nil
+	}
+	return append([]uint64(nil), s[len(s)-n:]...)
+}
+
+// observeStream reports each model call to the observer.
+func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
+	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+		return func(yield func(agent.StreamEvent) bool) {
+			start := time.Now()
+			var first time.Duration
+			for ev := range fn(ctx, model, llm, opts) {
+				if first == 0 {
+					first = time.Since(start)
+				}
+				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
+					r.w.obs.ModelRequest(r.info(), ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start),
+						TimeToFirstEvent: first, Usage: ev.Message.Usage, StopReason: ev.Message.StopReason})
+				}
+				if !yield(ev) {
+					return
+				}
+			}
+		}
+	}
+}

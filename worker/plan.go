@@ -1,0 +1,185 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/llm/faux"
+)
+
+// prepare decodes the request and resolves it against the worker (model,
+// provider, tools, continueFrom), then builds the Agent. A bad request's
+// error is one *bus.RequestError listing every problem, the decoder's and
+// the worker's; any other error is NATS trouble (loading continueFrom).
+func (r *run) prepare(ctx context.Context) error {
+	data := r.msg.Data()
+	req, err := bus.DecodeRunRequest(data, r.id)
+	var bad *bus.RequestError
+	if err != nil {
+		if !errors.As(err, &bad) {
+			return err
+		}
+		// The worker's checks still run on what decodes, so the error
+		// lists every problem at once.
+		req = nil
+		var lenient bus.RunRequest
+		if json.Unmarshal(data, &lenient) == nil {
+			req = &lenient
+		}
+	}
+	if req == nil {
+		return bad
+	}
+	r.req = req
+	problems, err := r.plan(ctx)
+	if err != nil && bad == nil {
+		return err
+	}
+	if bad != nil {
+		problems = append(append([]string(nil), bad.Problems...), problems...)
+	}
+	if len(problems) > 0 {
+		return &bus.RequestError{Problems: problems}
+	}
+	r.agent = r.newAgent()
+	return nil
+}
+
+// plan resolves the request: it returns the request's problems, or an
+// error reading continueFrom's run.
+func (r *run) plan(ctx context.Context) ([]string, error) {
+	w, req := r.w, r.req
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	r.limits = req.EffectiveLimits()
+	ref := w.defaultModel
+	if req.Model != nil {
+		ref = *req.Model
+	}
+	r.modelRef = ref
+	// An explicit model that is not faux is the decoder's problem.
+	if req.Faux != nil && req.Model == nil && ref.Provider != "faux" {
+		add(`"faux" is only for the faux provider, but the model is %s`, ref)
+	}
+	p := w.providers[ref.Provider]
+	if p == nil {
+		add("unknown model provider %q: this worker has %s", clipString(ref.Provider, 64), w.providerNames())
+	}
+	r.toolList = []string{}
+	for _, name := range req.Tools {
+		t := w.tools[name]
+		if t == nil {
+			add("unknown tool %q: this worker has %v", clipString(name, 64), w.toolNames)
+			continue
+		}
+		r.tools = append(r.tools, t)
+		r.toolList = append(r.toolList, name)
+	}
+	if req.ContinueFrom != "" && bus.ValidID(req.ContinueFrom) && req.ContinueFrom != r.id {
+		prior, err := r.loadPrior(ctx, req.ContinueFrom)
+		var bad *bus.RequestError
+		switch {
+		case errors.As(err, &bad):
+			problems = append(problems, bad.Problems...)
+		case err != nil:
+			return problems, err
+		}
+		r.prompt = append(r.prompt, prior...)
+	}
+	if len(problems) > 0 {
+		return problems, nil
+	}
+	r.prompt = append(r.prompt, req.Messages...)
+	if req.Prompt != "" {
+		r.prompt = append(r.prompt, agent.UserText(req.Prompt, req.Images...))
+	}
+	r.model = p.Model(ref.ID)
+	if r.model.ID == "" {
+		r.model.ID = ref.ID
+	}
+	if r.model.Provider == "" {
+		r.model.Provider = ref.Provider
+	}
+	r.stream = p.Stream
+	if req.Faux != nil {
+		r.fauxScript(ref)
+	} else if n, ok := p.(Noticer); ok {
+		r.notice = n.Notice()
+	}
+	return nil, nil
+}
+
+// fauxScript makes the request's faux script the run's model. A resumed
+// run's script goes on at the response after the restored turns (see
+// resume): the script is a function of the transcript, as a real model is.
+func (r *run) fauxScript(ref bus.ModelRef) {
+	f := r.req.Faux
+	resps := f.Responses
+	opts := faux.Options{TokenSize: f.TokenSize, TokensPerSecond: f.TokensPerSecond}
+	script := faux.New(opts, resps...).Stream
+	r.fauxSkip = func(n int) { script = faux.New(opts, resps[min(n, len(resps)):]...).Stream }
+	r.stream = func(ctx context.Context, m agent.Model, llm agent.Context, o agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+		return script(ctx, m, llm, o)
+	}
+	r.model = agent.Model{ID: ref.ID, Name: ref.ID, API: "faux", Provider: "faux"}
+}
+
+func (r *run) newAgent() *agent.Agent {
+	req := r.req
+	a := agent.New(agent.Options{
+		SystemPrompt:        req.SystemPrompt,
+		Model:               r.model,
+		ThinkingLevel:       req.ThinkingLevel,
+		Tools:               r.tools,
+		StreamFn:            r.observeStream(r.stream),
+		ShouldStopAfterTurn: r.shouldStop,
+		SteeringMode:        req.SteeringMode,
+		FollowUpMode:        req.FollowUpMode,
+		ToolExecution:       req.ToolExecution,
+		SessionID:           r.id,
+		Temperature:         req.Temperature,
+		MaxTokens:           req.MaxTokens,
+	})
+	l := &listener{r: r}
+	a.Subscribe(l.onEvent)
+	return a
+}
+
+// shouldStop enforces maxTurns and maxTotalTokens after each turn, when
+// the agent would otherwise run another one.
+func (r *run) shouldStop(_ context.Context, tc *agent.TurnContext) (bool, error) {
+	wantsMore := len(tc.Message.ToolCalls()) > 0 || r.agent.HasQueuedMessages()
+	return wantsMore && r.tally.overLimit(r.limits), nil
+}
+
+// loadPrior loads the transcript of a finished run (continueFrom).
+func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error) {
+	rec, err := r.w.getRecord(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, bus.BadRequest("continueFrom: run %s not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("continueFrom: %w", err)
+	}
+	if !rec.Finished() {
+		return nil, bus.BadRequest("continueFrom: run %s has not finished (it is %s)", id, rec.State)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	t, err := r.w.c.LoadTranscript(lctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("continueFrom: loading the events of run %s: %w", id, err)
+	}
+	if !t.Done() {
+		return nil, bus.BadRequest("continueFrom: the events of run %s do not end with run_finished", id)
+	}
+	return t.Messages, nil
+}
