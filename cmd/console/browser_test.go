@@ -326,15 +326,17 @@ func mustFaux(s string) *bus.FauxScript {
 func screenshots(t *testing.T, b *browser, f *testFleet) {
 	f.submit(&bus.RunRequest{ID: "demo-calculator", Prompt: "What is 12.5% of 3,480? Use the calculator.", Tools: []string{"calculator"},
 		Metadata: map[string]string{"tenant": "acme"},
-		Faux: &bus.FauxScript{Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{TokenSize: 1, TokensPerSecond: 30, Responses: []bus.FauxResponse{
 			{Content: []agent.Content{agent.Content{Type: agent.ContentThinking, Thinking: "12.5% is one eighth; let the calculator do it."}, agent.Text("Let me compute that."),
 				agent.ToolCall("calc-1", "calculator", map[string]any{"expression": "3480 * 0.125"})}, StopReason: agent.StopReasonToolUse},
-			{Content: []agent.Content{agent.Text("12.5% of 3,480 is **435**.")}}}}})
+			{Content: []agent.Content{agent.Text("12.5% of 3,480 is 435. To check: one eighth of 3,480 is 3,480 / 8 = 435, " +
+				"and 0.125 * 3,480 = 435. Both ways agree, so the answer is 435. " + strings.Repeat("(The faux model paces this text.) ", 8))}}}}})
 	f.submit(&bus.RunRequest{ID: "demo-long-report", Prompt: "Write the weekly report.", Metadata: map[string]string{"tenant": "globex"},
 		Faux: mustFaux(fauxJSON(40, strings.Repeat("Still writing the weekly report. ", 100)))})
 	page := b.tab()
 	b.open(page, "/runs/demo-calculator")
-	b.do(page, "demo run", wait(`document.getElementById("transcript").dataset.ended === "true"`),
+	// Mid-stream, so the steer, follow-up and abort forms show.
+	b.do(page, "demo run", wait(`document.querySelectorAll("#transcript .msg-assistant").length === 2 && document.querySelectorAll("#transcript .msg-assistant")[1].textContent.length > 120`),
 		chromedp.Evaluate[chromedp.Void](`document.querySelector("details.thinking").open = true`))
 	shot(t, b, page, "console-run.png")
 	b.open(page, "/")

@@ -389,7 +389,7 @@ async function runPage(main, id) {
 
   const drawStatus = () => {
     const u = status.usage || {};
-    line.replaceChildren(
+    line.replaceChildren(...[
       stateBadge(status.state || "unknown", status.stale),
       status.reason ? el("span", { class: "muted" }, status.reason) : null,
       el("span", {}, "queue " + (status.queue || "–")),
@@ -398,8 +398,9 @@ async function runPage(main, id) {
       el("span", { class: "mono" }, "worker " + (status.worker || "–")),
       el("span", {}, (status.turns || 0) + " turns"),
       el("span", {}, (u.totalTokens || 0) + " tokens"),
-      el("span", {}, fmtCost(status.cost)),
-      el("span", {}, fmtDuration(status.durationMs)));
+      el("span", {}, "cost " + fmtCost(status.cost)),
+      el("span", {}, "duration " + fmtDuration(status.durationMs)),
+    ].filter(Boolean));
     line.dataset.state = status.state || "";
     controls.hidden = !!status.finished;
   };
