@@ -30,12 +30,17 @@ func TestMain(m *testing.M) {
 // testFleet is an embedded NATS server, a client, and one in-process
 // worker with the faux model, for one test.
 type testFleet struct {
-	t   *testing.T
+	t   testing.TB
 	srv *bus.Server
 	c   *bus.Client
 }
 
-func newTestFleet(t *testing.T) *testFleet {
+func newTestFleet(t testing.TB) *testFleet {
+	return newTestFleetN(t, 64)
+}
+
+// newTestFleetN is newTestFleet with a worker of that many slots.
+func newTestFleetN(t testing.TB, slots int) *testFleet {
 	t.Helper()
 	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
 	if err != nil {
@@ -56,12 +61,12 @@ func newTestFleet(t *testing.T) *testFleet {
 		t.Fatal(err)
 	}
 	f := &testFleet{t: t, srv: srv, c: c}
-	f.startWorker()
+	f.startWorker(slots)
 	return f
 }
 
 // startWorker runs a worker with the faux model until the test ends.
-func (f *testFleet) startWorker() {
+func (f *testFleet) startWorker(slots int) {
 	t := f.t
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -69,7 +74,7 @@ func (f *testFleet) startWorker() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(worker.Config{Client: c, Queues: []string{"default", "other"}, Concurrency: 64,
+	w, err := worker.New(worker.Config{Client: c, Queues: []string{"default", "other"}, Concurrency: slots,
 		AckWait: 5 * time.Second, PollWait: 200 * time.Millisecond, DrainTimeout: 2 * time.Second, WorkerID: "test-worker-1"})
 	if err != nil {
 		c.Close()
@@ -120,7 +125,7 @@ type console struct {
 	s *server
 }
 
-func newConsole(t *testing.T, f *testFleet, cfg serverConfig) *console {
+func newConsole(t testing.TB, f *testFleet, cfg serverConfig) *console {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

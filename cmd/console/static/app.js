@@ -150,6 +150,9 @@ function runsPage(main) {
         const page = await getJSON("/api/runs?" + p, signal);
         version = page.version;
         render(page);
+        // A busy fleet changes records all the time: at most two
+        // renders a second.
+        await new Promise((r) => setTimeout(r, 500));
       } catch (e) {
         if (signal.aborted) return;
         count.textContent = "disconnected: " + e.message;
