@@ -21,10 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The HTTP client's idle keep-alive connections of httptest.
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"))
+	goleak.VerifyTestMain(m)
 }
 
 // testFleet is an embedded NATS server, a client, and one in-process

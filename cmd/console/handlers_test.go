@@ -464,3 +464,51 @@ func TestModelTextStoredRaw(t *testing.T) {
 		t.Errorf("page %s\n%s", resp.Header, page)
 	}
 }
+
+// TestRunServesAndStops runs the command as main does: it serves, and on
+// ctx cancel ends its open event streams and exits 0.
+func TestRunServesAndStops(t *testing.T) {
+	t.Parallel()
+	f := newTestFleet(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	exit := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() {
+		exit <- run(ctx, []string{"--addr", "127.0.0.1:0", "--log-level", "warn"}, func(k string) string {
+			if k == "NATS_URL" {
+				return f.srv.URL()
+			}
+			return ""
+		}, &stderr, ready)
+	}()
+	var addr string
+	select {
+	case addr = <-ready:
+	case code := <-exit:
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	resp, err := http.Get("http://" + addr + "/api/session")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("session: %d", resp.StatusCode)
+	}
+	stream, err := http.Get("http://" + addr + "/api/runs/quiet-run/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	cancel()
+	if code := <-exit; code != 0 {
+		t.Errorf("exit %d: %s", code, stderr.String())
+	}
+	// The open stream ended with the server.
+	if _, err := io.ReadAll(stream.Body); err != nil {
+		t.Logf("stream ended with %v", err)
+	}
+	http.DefaultClient.CloseIdleConnections()
+}
