@@ -176,6 +176,7 @@ func rowState(id string) string {
 }
 
 func TestBrowser(t *testing.T) {
+	chromiumPath(t) // skip (or fail in CI) before starting a fleet
 	f := newTestFleet(t)
 	c := newConsole(t, f, serverConfig{AllowControl: true})
 	b := newBrowser(t, c.URL)
