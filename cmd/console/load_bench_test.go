@@ -35,7 +35,12 @@ import (
 //
 //	go test -run '^$' -bench ConsoleFollows200Runs -benchtime 200x ./cmd/console
 func BenchmarkConsoleFollows200Runs(b *testing.B) {
-	const runs = 200
+	for _, runs := range []int{50, 200} {
+		b.Run("runs="+strconv.Itoa(runs), func(b *testing.B) { benchmarkFollow(b, runs) })
+	}
+}
+
+func benchmarkFollow(b *testing.B, runs int) {
 	f := newTestFleetN(b, runs+8)
 	base, pid := startConsoleProcess(b, f.srv.URL())
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: runs + 16, MaxConnsPerHost: 0}}
@@ -123,6 +128,7 @@ func BenchmarkConsoleFollows200Runs(b *testing.B) {
 	started.Wait()
 
 	cpu0, wall0 := processCPU(b, pid), time.Now()
+	self0 := processCPU(b, os.Getpid())
 	events0 := events.Load()
 	lat := make([]time.Duration, 0, b.N)
 	delivery := make([]time.Duration, 0, b.N)
@@ -161,6 +167,7 @@ func BenchmarkConsoleFollows200Runs(b *testing.B) {
 	b.StopTimer()
 	wall := time.Since(wall0)
 	cpu := processCPU(b, pid) - cpu0
+	self := processCPU(b, os.Getpid()) - self0
 	rss, peak := processMemory(b, pid)
 	slices.Sort(lat)
 	slices.Sort(delivery)
@@ -172,6 +179,8 @@ func BenchmarkConsoleFollows200Runs(b *testing.B) {
 	b.ReportMetric(pct(delivery, 0.95), "delivery-p95-ms")
 	b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
 	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "console-cpu-%")
+	// The rest of the fleet: NATS, the worker and the 200 followers.
+	b.ReportMetric(100*self.Seconds()/wall.Seconds(), "nats+worker+clients-cpu-%")
 	b.ReportMetric(float64(rss)/(1<<20), "console-rss-MiB")
 	b.ReportMetric(float64(peak)/(1<<20), "console-peak-rss-MiB")
 	b.ReportMetric(float64(events.Load()-events0)/wall.Seconds(), "sse-events/s")
