@@ -23,7 +23,7 @@ var updateScreenshots = flag.Bool("update-screenshots", false, "write the consol
 
 // chromiumPath finds a Chromium or Chrome binary. Without one the browser
 // tests skip, except in CI (CI=true), where they fail.
-func chromiumPath(t *testing.T) string {
+func chromiumPath(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("CHROMIUM"); p != "" {
 		return p
@@ -42,14 +42,14 @@ func chromiumPath(t *testing.T) string {
 
 // browser is a headless Chromium for one test; tab opens pages in it.
 type browser struct {
-	t        *testing.T
+	t        testing.TB
 	ctx      context.Context
 	base     string
 	mu       sync.Mutex
 	problems []string
 }
 
-func newBrowser(t *testing.T, base string) *browser {
+func newBrowser(t testing.TB, base string) *browser {
 	t.Helper()
 	path := chromiumPath(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -35,12 +37,16 @@ import (
 //
 //	go test -run '^$' -bench ConsoleFollows200Runs -benchtime 200x ./cmd/console
 func BenchmarkConsoleFollows200Runs(b *testing.B) {
-	for _, runs := range []int{50, 200} {
-		b.Run("runs="+strconv.Itoa(runs), func(b *testing.B) { benchmarkFollow(b, runs) })
+	// chunks is each run's pace: 50 chunks of 4 characters a second is a
+	// fast model streaming one token per event; 20 of 8 is a model that
+	// streams two tokens per event.
+	for _, c := range []struct{ runs, chunks, chunkTokens int }{{50, 50, 1}, {200, 50, 1}, {200, 20, 2}} {
+		name := fmt.Sprintf("runs=%d/chunks=%dx%d", c.runs, c.chunks, c.chunkTokens)
+		b.Run(name, func(b *testing.B) { benchmarkFollow(b, c.runs, c.chunks, c.chunkTokens) })
 	}
 }
 
-func benchmarkFollow(b *testing.B, runs int) {
+func benchmarkFollow(b *testing.B, runs, chunks, chunkTokens int) {
 	f := newTestFleetN(b, runs+8)
 	base, pid := startConsoleProcess(b, f.srv.URL())
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: runs + 16, MaxConnsPerHost: 0}}
@@ -51,9 +57,9 @@ func benchmarkFollow(b *testing.B, runs int) {
 	}
 	getJSONFrom(b, hc, base+"/api/session", &sess)
 
-	// Each turn streams a short text and a calculator call, about 22
-	// chunks of 4 characters at 50 chunks a second.
-	script := &bus.FauxScript{TokenSize: 1, TokensPerSecond: 50}
+	// Each turn streams a short text and a calculator call (about 40
+	// characters).
+	script := &bus.FauxScript{TokenSize: chunkTokens, TokensPerSecond: float64(chunks * chunkTokens)}
 	for i := range bus.MaxFauxResponses {
 		script.Responses = append(script.Responses, bus.FauxResponse{Content: []agent.Content{
 			agent.Text("Step " + strconv.Itoa(i) + ": computing."),
@@ -166,6 +172,38 @@ func benchmarkFollow(b *testing.B, runs int) {
 	}
 	b.StopTimer()
 	wall := time.Since(wall0)
+	if _, err := exec.LookPath("chromium"); err == nil && runs >= 200 {
+		// The same from a real page: fill the steer form, click, and time
+		// in the page until the message shows in the transcript.
+		br := newBrowser(b, base)
+		page := br.tab()
+		br.open(page, "/runs/"+ids[1])
+		br.do(page, "page streams", wait(`document.querySelector("#transcript .msg-assistant")`))
+		var onPage []time.Duration
+		for i := range 40 {
+			ms, err := chromedp.Run(page, chromedp.Evaluate[float64](`(async (text) => {
+				const t0 = performance.now();
+				const tr = document.getElementById("transcript");
+				const shown = () => [...tr.querySelectorAll(".msg-user")].some((m) => m.textContent.includes(text));
+				const seen = new Promise((res) => {
+					const mo = new MutationObserver(() => { if (shown()) { mo.disconnect(); res(); } });
+					mo.observe(tr, { childList: true, subtree: true, characterData: true });
+				});
+				document.getElementById("steer-text").value = text;
+				document.querySelector("#steer-form button").click();
+				await seen;
+				return performance.now() - t0;
+			})(`+jsString("steer-page-"+strconv.Itoa(i))+`)`, chromedp.EvalAwaitPromise))
+			if err != nil {
+				b.Fatal(err)
+			}
+			onPage = append(onPage, time.Duration(ms*float64(time.Millisecond)))
+		}
+		slices.Sort(onPage)
+		b.ReportMetric(float64(onPage[len(onPage)*95/100].Microseconds())/1000, "page-p95-ms")
+		b.ReportMetric(float64(onPage[len(onPage)/2].Microseconds())/1000, "page-p50-ms")
+		br.checkConsole()
+	}
 	cpu := processCPU(b, pid) - cpu0
 	self := processCPU(b, os.Getpid()) - self0
 	rss, peak := processMemory(b, pid)
