@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -303,6 +304,23 @@ func TestBrowser(t *testing.T) {
 			if !eval[bool](b, page, expr) {
 				t.Errorf("%s: %s is false", name, expr)
 			}
+		}
+	}
+
+	{ // images
+		t.Log("images")
+		const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+		svg := base64.StdEncoding.EncodeToString([]byte(`<svg xmlns="http://www.w3.org/2000/svg" onload="window.__xss=3"/>`))
+		f.submit(&bus.RunRequest{ID: "browser-image", Prompt: "what is in these?",
+			Images: []agent.Content{agent.Image(png, "image/png"), agent.Image(svg, "image/svg+xml")}, Faux: mustFaux(fauxJSON(0, "a pixel"))})
+		page := b.tab()
+		b.open(page, "/runs/browser-image")
+		b.do(page, "render", wait(`document.getElementById("transcript").dataset.ended === "true"`))
+		if got := eval[[]string](b, page, `[...document.querySelectorAll("#transcript img")].map((i) => i.src)`); len(got) != 1 || got[0] != "data:image/png;base64,"+png {
+			t.Errorf("images %v", got)
+		}
+		if !eval[bool](b, page, `document.querySelector(".msg-user").textContent.includes("image of type image/svg+xml not shown") && window.__xss === undefined`) {
+			t.Error("the svg image was not refused")
 		}
 	}
 
