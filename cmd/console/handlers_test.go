@@ -207,7 +207,7 @@ func TestControlNeedsAllowControlAndCSRF(t *testing.T) {
 	f := newTestFleet(t)
 	ro := newConsole(t, f, serverConfig{})
 	rw := newConsole(t, f, serverConfig{AllowControl: true})
-	id := f.submit(slowText("ctl-1", strings.Repeat("long answer ", 60), "after the steer"))
+	id := f.submit(slowText("ctl-1", strings.Repeat("long answer ", 60), "after the steer", "after the follow-up"))
 
 	// Read-only console: every control POST is refused, with a token too.
 	tok := ro.csrfToken(t)
@@ -252,20 +252,23 @@ func TestControlNeedsAllowControlAndCSRF(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &ack); err != nil || ack.ControlSeq == 0 {
 		t.Fatalf("steer answer %s", body)
 	}
+	if code, body := rw.post(t, "/api/runs/"+id+"/followup", good, `{"text":"followed up from the console"}`); code != http.StatusAccepted {
+		t.Fatalf("followup: %d %s", code, body)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tr, err := f.c.LoadTranscript(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	found := false
+	var said []string
 	for _, m := range tr.Messages {
-		if m.Role == "user" && m.TextOf() == "steered from the console" {
-			found = true
-		}
+		said = append(said, m.Role+": "+m.TextOf())
 	}
-	if !found {
-		t.Errorf("the steer is not in the transcript: %+v", tr.Messages)
+	want := []string{"user: go", "assistant: " + strings.Repeat("long answer ", 60), "user: steered from the console",
+		"assistant: after the steer", "user: followed up from the console", "assistant: after the follow-up"}
+	if strings.Join(said, "\n") != strings.Join(want, "\n") {
+		t.Errorf("transcript:\n%s\nwant:\n%s", strings.Join(said, "\n"), strings.Join(want, "\n"))
 	}
 	// Submitting, and control of a finished run.
 	code, body = rw.post(t, "/api/runs", good, `{"queue":"other","id":"ctl-2","prompt":"hi","metadata":{"tenant":"t1"}}`)
