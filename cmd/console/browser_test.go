@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -324,6 +325,27 @@ func TestBrowser(t *testing.T) {
 		}
 	}
 
+	{ // readers' rules on a resumed run
+		t.Log("a resumed run")
+		publishResumedRun(t, f, "browser-resumed")
+		page := b.tab()
+		b.open(page, "/runs/browser-resumed")
+		b.do(page, "render", wait(`document.getElementById("transcript").dataset.ended === "true"`))
+		text := eval[string](b, page, `document.getElementById("transcript").textContent`)
+		for _, want := range []string{"interrupted: attempt 1 stopped here", "attempt 2 started on w2",
+			"attempt 2 resumed the run: 1 messages restored", "the full answer", "finished: succeeded"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("no %q in the transcript:\n%s", want, text)
+			}
+		}
+		if strings.Contains(text, "STALE") {
+			t.Errorf("an old attempt's late event was shown:\n%s", text)
+		}
+		if got := eval[[]string](b, page, `[...document.querySelectorAll("#transcript .msg")].map((m) => m.dataset.role + (m.classList.contains("interrupted") ? "!" : ""))`); strings.Join(got, ",") != "user,assistant!,assistant" {
+			t.Errorf("messages %v", got)
+		}
+	}
+
 	if *updateScreenshots {
 		screenshots(t, b, f)
 	}
@@ -380,4 +402,48 @@ func shot(t *testing.T, b *browser, ctx context.Context, name string) {
 		t.Fatal(err)
 	}
 	t.Logf("wrote %s", path)
+}
+
+// publishResumedRun stores the events of a run whose first attempt stopped
+// mid-answer and whose second resumed it, with a late event of the first
+// attempt stored after the second one's run_started.
+func publishResumedRun(t *testing.T, f *testFleet, id string) {
+	t.Helper()
+	user := `{"role":"user","content":[{"type":"text","text":"resume me"}],"timestamp":1}`
+	assistant := func(text string) string {
+		return `{"role":"assistant","content":[{"type":"text","text":` + jsString(text) + `}],"api":"faux","provider":"faux","model":"m","usage":{"input":1,"output":2,"cacheRead":0,"cacheWrite":0,"totalTokens":3,"cost":{"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"total":0}},"stopReason":"stop","timestamp":2}`
+	}
+	type ev struct {
+		attempt int
+		seq     uint64
+		body    string
+	}
+	evs := []ev{
+		{1, 1, `{"type":"run_started","queue":"default","worker":"w1","attempt":1,"tools":[]}`},
+		{1, 2, `{"type":"agent_start"}`},
+		{1, 3, `{"type":"message_start","message":` + user + `}`},
+		{1, 4, `{"type":"message_end","message":` + user + `}`},
+		{1, 5, `{"type":"message_start","message":` + assistant("") + `}`},
+		{1, 6, `{"type":"message_update","assistantMessageEvent":{"type":"text_start","contentIndex":0}}`},
+		{1, 7, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"half an ans"}}`},
+		{2, 1, `{"type":"run_started","queue":"default","worker":"w2","attempt":2,"tools":[]}`},
+		{1, 8, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"STALE"}}`},
+		{1, 9, `{"type":"message_end","message":` + assistant("half an answer, STALE") + `}`},
+		{2, 2, `{"type":"run_resumed","attempt":2,"messagesRestored":1}`},
+		{2, 3, `{"type":"message_start","message":` + assistant("") + `}`},
+		{2, 4, `{"type":"message_update","assistantMessageEvent":{"type":"text_start","contentIndex":0}}`},
+		{2, 5, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"the full answer"}}`},
+		{2, 6, `{"type":"message_end","message":` + assistant("the full answer") + `}`},
+		{2, 7, `{"type":"turn_end","messageSeq":6}`},
+		{2, 8, `{"type":"run_finished","status":"succeeded","usage":{"input":1,"output":2,"cacheRead":0,"cacheWrite":0,"totalTokens":3,"cost":{"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"total":0}},"cost":0,"turns":1,"durationMs":5}`},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, e := range evs {
+		worker := "w" + strconv.Itoa(e.attempt)
+		data := bus.AppendEnvelope(nil, id, e.seq, e.attempt, worker, time.Now().UnixMilli(), 0, []byte(e.body))
+		if _, err := f.c.JetStream().Publish(ctx, f.c.Names().Events(id), data); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
