@@ -203,7 +203,7 @@ func serve(ctx context.Context, srv *server, ln net.Listener, log *slog.Logger, 
 		defer close(watched)
 		srv.records.run(wctx)
 	}()
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	// Streams end with the server's base context.
 	sctx, stopStreams := context.WithCancel(context.Background())
 	hs.BaseContext = func(net.Listener) context.Context { return sctx }
