@@ -1,0 +1,451 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+//go:embed static
+var staticFiles embed.FS
+
+// serverConfig configures the console's HTTP handler.
+type serverConfig struct {
+	Client       *bus.Client
+	Logger       *slog.Logger
+	AllowControl bool
+	Auth         *auth // nil: no authentication
+	// Heartbeat is the interval of SSE comments on a quiet stream; default 15s.
+	Heartbeat time.Duration
+	// LongPoll bounds a GET /api/runs?after= wait; default 25s.
+	LongPoll time.Duration
+}
+
+// server is the console's HTTP handler.
+type server struct {
+	client       *bus.Client
+	log          *slog.Logger
+	allowControl bool
+	auth         *auth
+	csrf         csrf
+	records      *recordStore
+	heartbeat    time.Duration
+	longPoll     time.Duration
+	mux          *http.ServeMux
+	static       fs.FS
+	page         []byte
+}
+
+func newServer(cfg serverConfig) (*server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 15 * time.Second
+	}
+	if cfg.LongPoll <= 0 {
+		cfg.LongPoll = 25 * time.Second
+	}
+	static, err := fs.Sub(staticFiles, "static")
+	if err != nil {
+		return nil, err
+	}
+	page, err := fs.ReadFile(static, "index.html")
+	if err != nil {
+		return nil, err
+	}
+	s := &server{
+		client:       cfg.Client,
+		log:          cfg.Logger,
+		allowControl: cfg.AllowControl,
+		auth:         cfg.Auth,
+		csrf:         newCSRF(),
+		records:      newRecordStore(cfg.Client, cfg.Logger),
+		heartbeat:    cfg.Heartbeat,
+		longPoll:     cfg.LongPoll,
+		static:       static,
+		page:         page,
+	}
+	m := http.NewServeMux()
+	m.HandleFunc("GET /{$}", s.servePage)
+	m.HandleFunc("GET /runs/{id}", s.servePage)
+	m.HandleFunc("GET /fleet", s.servePage)
+	m.HandleFunc("GET /new", s.servePage)
+	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /api/session", s.session)
+	m.HandleFunc("GET /api/runs", s.listRuns)
+	m.HandleFunc("GET /api/runs/{id}", s.getRun)
+	m.HandleFunc("GET /api/runs/{id}/events", s.events)
+	m.HandleFunc("GET /api/fleet", s.fleet)
+	m.HandleFunc("POST /api/runs", s.control(s.submit))
+	m.HandleFunc("POST /api/runs/{id}/{action}", s.control(s.act))
+	s.mux = m
+	return s, nil
+}
+
+// ServeHTTP authenticates, sets the security headers and routes.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	h.Set("X-Frame-Options", "DENY")
+	if s.auth.keepToken(w, r) {
+		return
+	}
+	user := s.auth.user(r)
+	if user == "" {
+		s.auth.refuse(w)
+		return
+	}
+	s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
+}
+
+type userKey struct{}
+
+func userOf(r *http.Request) string {
+	u, _ := r.Context().Value(userKey{}).(string)
+	return u
+}
+
+func (s *server) servePage(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(s.page)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// apiError is the body of an API error.
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+}
+
+func (s *server) session(w http.ResponseWriter, r *http.Request) {
+	u := userOf(r)
+	writeJSON(w, http.StatusOK, map[string]any{
+		"user":         u,
+		"allowControl": s.allowControl,
+		"csrf":         s.csrf.token(u),
+		"prefix":       s.client.Names().Prefix(),
+	})
+}
+
+// runsPage is the body of GET /api/runs.
+type runsPage struct {
+	// Version changes whenever a record does: pass it as ?after= to wait
+	// for the next change.
+	Version uint64          `json:"version"`
+	Runs    json.RawMessage `json:"runs"`
+	Total   int             `json:"total"`
+	Ready   bool            `json:"ready"`
+}
+
+func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := runFilter{State: q.Get("state"), Queue: q.Get("queue"), Query: strings.TrimSpace(q.Get("q")), Limit: 500}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, "limit %q must be a positive number", l)
+			return
+		}
+		f.Limit = min(n, 5000)
+	}
+	if a := q.Get("after"); a != "" {
+		after, err := strconv.ParseUint(a, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "after %q must be a version number", a)
+			return
+		}
+		// Long poll: wait until the records change after that version.
+		t := time.NewTimer(s.longPoll)
+		defer t.Stop()
+		for {
+			v, changed := s.records.watchVersion()
+			if v != after {
+				break
+			}
+			select {
+			case <-changed:
+				continue
+			case <-t.C:
+			case <-r.Context().Done():
+				return
+			}
+			break
+		}
+	}
+	v, _ := s.records.watchVersion()
+	runs := s.records.list(runFilter{State: f.State, Queue: f.Queue, Query: f.Query}, time.Now())
+	total := len(runs)
+	if len(runs) > f.Limit {
+		runs = runs[:f.Limit]
+	}
+	b, err := marshalRuns(runs)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	rates := s.records.rates(time.Now())
+	writeJSON(w, http.StatusOK, runsPage{Version: v, Runs: b, Total: total, Ready: rates.Ready})
+}
+
+func (s *server) getRun(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := bus.CheckID(id); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if rec, ok := s.records.get(id, time.Now()); ok {
+		writeJSON(w, http.StatusOK, rec)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	rec, err := s.client.Status(ctx, id)
+	if errors.Is(err, bus.ErrRunNotFound) {
+		writeError(w, http.StatusNotFound, "no run %s", id)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "%v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// control wraps the POST handlers: they need --allow-control, a JSON body
+// and the page's CSRF token from the same origin.
+func (s *server) control(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.allowControl {
+			writeError(w, http.StatusForbidden, "this console is read-only: start it with --allow-control to submit, steer, follow up and abort")
+			return
+		}
+		if o := r.Header.Get("Origin"); o != "" {
+			u, err := url.Parse(o)
+			if err != nil || u.Host != r.Host {
+				writeError(w, http.StatusForbidden, "cross-origin request refused")
+				return
+			}
+		}
+		if !s.csrf.valid(userOf(r), r.Header.Get("X-CSRF-Token")) {
+			writeError(w, http.StatusForbidden, "missing or wrong X-CSRF-Token: reload the page")
+			return
+		}
+		h(w, r)
+	}
+}
+
+// readJSON decodes a bounded JSON body, refusing unknown fields.
+func readJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "body: %v", err)
+		return false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return true
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "body: %v", err)
+		return false
+	}
+	return true
+}
+
+// submitBody is a run request plus the queue to put it on.
+type submitBody struct {
+	Queue string `json:"queue,omitempty"`
+	bus.RunRequest
+}
+
+func (s *server) submit(w http.ResponseWriter, r *http.Request) {
+	var b submitBody
+	if !readJSON(w, r, bus.MaxRequestBytes+4096, &b) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	req := b.RunRequest
+	res, err := s.client.Submit(ctx, b.Queue, &req)
+	if bus.IsBadRequest(err) {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "%v", err)
+		return
+	}
+	model := ""
+	if req.Model != nil {
+		model = req.Model.String()
+	}
+	s.records.queued(res.ID, res.Queue, res.Seq, model, req.Metadata)
+	s.log.Info("run submitted", "user", userOf(r), "run", res.ID, "queue", res.Queue, "duplicate", res.Duplicate)
+	writeJSON(w, http.StatusCreated, map[string]any{"id": res.ID, "queue": res.Queue, "seq": res.Seq, "duplicate": res.Duplicate})
+}
+
+// actionBody is the body of steer, followup, abort and approve.
+type actionBody struct {
+	Text   string `json:"text,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Approvals (not on this fleet yet).
+	Call string `json:"call,omitempty"`
+	Deny bool   `json:"deny,omitempty"`
+}
+
+func (s *server) act(w http.ResponseWriter, r *http.Request) {
+	id, action := r.PathValue("id"), r.PathValue("action")
+	if err := bus.CheckID(id); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	var b actionBody
+	if !readJSON(w, r, bus.MaxControlBytes, &b) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	var seq uint64
+	var err error
+	switch action {
+	case "steer", "followup":
+		if strings.TrimSpace(b.Text) == "" {
+			writeError(w, http.StatusBadRequest, "%s needs a non-empty \"text\"", action)
+			return
+		}
+		if action == "steer" {
+			seq, err = s.client.Steer(ctx, id, b.Text)
+		} else {
+			seq, err = s.client.FollowUp(ctx, id, b.Text)
+		}
+	case "abort":
+		seq, err = s.client.Abort(ctx, id, b.Reason)
+	case "approve":
+		writeError(w, http.StatusNotImplemented, "approvals are not available on this fleet yet")
+		return
+	default:
+		writeError(w, http.StatusNotFound, "unknown action %q: use steer, followup, abort or approve", action)
+		return
+	}
+	if errors.Is(err, bus.ErrRunFinished) {
+		writeError(w, http.StatusConflict, "%v", err)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "%v", err)
+		return
+	}
+	s.log.Info("run "+action, "user", userOf(r), "run", id, "controlSeq", seq)
+	writeJSON(w, http.StatusAccepted, map[string]any{"controlSeq": seq})
+}
+
+// queueInfo is one queue of the fleet, from its consumer's info.
+type queueInfo struct {
+	Queue    string `json:"queue"`
+	Consumer string `json:"consumer"`
+	// Depth is the requests waiting for a worker.
+	Depth uint64 `json:"depth"`
+	// InFlight is the requests delivered and not acknowledged (running).
+	InFlight int `json:"inFlight"`
+	// Waiting is the pull requests of idle workers waiting for work.
+	Waiting     int `json:"waiting"`
+	Redelivered int `json:"redelivered"`
+}
+
+// fleetInfo is the body of GET /api/fleet.
+type fleetInfo struct {
+	Queues  []queueInfo       `json:"queues"`
+	Workers []json.RawMessage `json:"workers"`
+	Rates   rates             `json:"rates"`
+	Errors  []string          `json:"errors,omitempty"`
+}
+
+// maxWorkers bounds the presence entries read for one page.
+const maxWorkers = 1000
+
+func (s *server) fleet(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	out := fleetInfo{Queues: []queueInfo{}, Workers: []json.RawMessage{}, Rates: s.records.rates(time.Now())}
+	js, names := s.client.JetStream(), s.client.Names()
+	if st, err := js.Stream(ctx, names.RunsStream()); err != nil {
+		out.Errors = append(out.Errors, fmt.Sprintf("stream %s: %v", names.RunsStream(), err))
+	} else {
+		lister := st.ListConsumers(ctx)
+		for ci := range lister.Info() {
+			q, ok := strings.CutPrefix(ci.Name, "workers-")
+			if !ok {
+				continue
+			}
+			out.Queues = append(out.Queues, queueInfo{Queue: q, Consumer: ci.Name, Depth: ci.NumPending,
+				InFlight: ci.NumAckPending, Waiting: ci.NumWaiting, Redelivered: ci.NumRedelivered})
+		}
+		if err := lister.Err(); err != nil {
+			out.Errors = append(out.Errors, fmt.Sprintf("consumers: %v", err))
+		}
+	}
+	bucket := workersBucket(names)
+	kv, err := js.KeyValue(ctx, bucket)
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+	case err != nil:
+		out.Errors = append(out.Errors, fmt.Sprintf("kv bucket %s: %v", bucket, err))
+	default:
+		keys, err := kv.ListKeys(ctx)
+		if err != nil {
+			out.Errors = append(out.Errors, fmt.Sprintf("kv bucket %s: %v", bucket, err))
+			break
+		}
+		for k := range keys.Keys() {
+			if len(out.Workers) >= maxWorkers {
+				continue // drain the lister
+			}
+			e, err := kv.Get(ctx, k)
+			if err != nil || !json.Valid(e.Value()) {
+				continue
+			}
+			out.Workers = append(out.Workers, json.RawMessage(e.Value()))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// workersBucket is the presence bucket of the workers: agents_workers for
+// the default prefix.
+func workersBucket(n bus.Names) string {
+	return strings.TrimSuffix(n.RecordsBucket(), "_runs") + "_workers"
+}
