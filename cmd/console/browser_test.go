@@ -164,7 +164,7 @@ func (b *browser) open(ctx context.Context, path string) {
 func fauxJSON(rate float64, texts ...string) string {
 	s := bus.FauxScript{TokenSize: 1, TokensPerSecond: rate / 4}
 	for _, t := range texts {
-		s.Responses = append(s.Responses, bus.FauxResponse{Content: []agent.Content{agent.Text(t)}})
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(t)}})
 	}
 	b, _ := json.Marshal(s)
 	return string(b)
@@ -281,7 +281,7 @@ func TestBrowser(t *testing.T) {
 		t.Log("model text renders inert")
 		xss := `<script>window.__xss=1</script><img src=x onerror="window.__xss=2"><b>bold</b>`
 		req := &bus.RunRequest{ID: "browser-xss", Prompt: xss, Metadata: map[string]string{"note": xss},
-			Faux: &bus.FauxScript{Responses: []bus.FauxResponse{{Content: []agent.Content{
+			Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{Content: []agent.Content{
 				agent.Content{Type: agent.ContentThinking, Thinking: xss}, agent.Text(xss), agent.ToolCall("call-1", xss, map[string]any{"html": xss})}, StopReason: agent.StopReasonToolUse},
 				{Content: []agent.Content{agent.Text(xss)}}}}}
 		f.submit(req)
@@ -367,7 +367,7 @@ func mustFaux(s string) *bus.FauxScript {
 func screenshots(t *testing.T, b *browser, f *testFleet) {
 	f.submit(&bus.RunRequest{ID: "demo-calculator", Prompt: "What is 12.5% of 3,480? Use the calculator.", Tools: []string{"calculator"},
 		Metadata: map[string]string{"tenant": "acme"},
-		Faux: &bus.FauxScript{TokenSize: 1, TokensPerSecond: 30, Responses: []bus.FauxResponse{
+		Faux: &bus.FauxScript{TokenSize: 1, TokensPerSecond: 30, Responses: []agent.ScriptedResponse{
 			{Content: []agent.Content{agent.Content{Type: agent.ContentThinking, Thinking: "12.5% is one eighth; let the calculator do it."}, agent.Text("Let me compute that."),
 				agent.ToolCall("calc-1", "calculator", map[string]any{"expression": "3480 * 0.125"})}, StopReason: agent.StopReasonToolUse},
 			{Content: []agent.Content{agent.Text("12.5% of 3,480 is 435. To check: one eighth of 3,480 is 3,480 / 8 = 435, " +
@@ -441,7 +441,7 @@ func publishResumedRun(t *testing.T, f *testFleet, id string) {
 	defer cancel()
 	for _, e := range evs {
 		worker := "w" + strconv.Itoa(e.attempt)
-		data := bus.AppendEnvelope(nil, id, e.seq, e.attempt, worker, time.Now().UnixMilli(), 0, []byte(e.body))
+		data := (&bus.Envelope{Run: id, Seq: e.seq, Attempt: e.attempt, Worker: worker, TS: time.Now().UnixMilli(), Event: []byte(e.body)}).AppendJSON(nil)
 		if _, err := f.c.JetStream().Publish(ctx, f.c.Names().Events(id), data); err != nil {
 			t.Fatal(err)
 		}

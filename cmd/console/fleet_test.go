@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 // worker with the faux model, for one test.
 type testFleet struct {
 	t   testing.TB
-	srv *bus.Server
+	srv *natsembed.Server
 	c   *bus.Client
 }
 
@@ -39,7 +40,7 @@ func newTestFleet(t testing.TB) *testFleet {
 // newTestFleetN is newTestFleet with a worker of that many slots.
 func newTestFleetN(t testing.TB, slots int) *testFleet {
 	t.Helper()
-	srv, err := bus.StartServer(bus.ServerOptions{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func (f *testFleet) submit(req *bus.RunRequest) string {
 func slowText(id string, texts ...string) *bus.RunRequest {
 	s := &bus.FauxScript{TokenSize: 1, TokensPerSecond: 50}
 	for _, t := range texts {
-		s.Responses = append(s.Responses, bus.FauxResponse{Content: []agent.Content{agent.Text(t)}})
+		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(t)}})
 	}
 	return &bus.RunRequest{ID: id, Prompt: "go", Faux: s}
 }

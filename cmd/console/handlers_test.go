@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
 
@@ -26,7 +27,7 @@ func TestRunsList(t *testing.T) {
 	a := slowText("list-a", "first")
 	a.Metadata = map[string]string{"tenant": "acme"}
 	f.submit(a)
-	f.submit(&bus.RunRequest{ID: "list-b", Prompt: "go", Faux: &bus.FauxScript{Responses: []bus.FauxResponse{{StopReason: "error", ErrorMessage: "boom"}}}})
+	f.submit(&bus.RunRequest{ID: "list-b", Prompt: "go", Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{StopReason: "error", ErrorMessage: "boom"}}}})
 	ra := c.waitRun(t, "list-a", func(r bus.RunRecord) bool { return r.State == bus.StatusSucceeded })
 	if ra.Metadata["tenant"] != "acme" || ra.Queue != "default" || ra.Worker != "test-worker-1" || ra.Turns != 1 {
 		t.Errorf("record %+v", ra)

@@ -61,7 +61,7 @@ func benchmarkFollow(b *testing.B, runs, chunks, chunkTokens int) {
 	// characters).
 	script := &bus.FauxScript{TokenSize: chunkTokens, TokensPerSecond: float64(chunks * chunkTokens)}
 	for i := range bus.MaxFauxResponses {
-		script.Responses = append(script.Responses, bus.FauxResponse{Content: []agent.Content{
+		script.Responses = append(script.Responses, agent.ScriptedResponse{Content: []agent.Content{
 			agent.Text("Step " + strconv.Itoa(i) + ": computing."),
 			agent.ToolCall("c"+strconv.Itoa(i), "calculator", map[string]any{"expression": "1+1"})},
 			StopReason: agent.StopReasonToolUse})
