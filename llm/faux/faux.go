@@ -6,6 +6,8 @@ import (
 	"math"
 	"sync"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -176,8 +178,8 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 	}
 	// At least one delta: an empty block streams one empty chunk.
 	for pos := 0; ; {
-		n := min(s.chunk, len(full)-pos)
-		if !s.pace(n) {
+		n, units := chunkAt(full[pos:], s.chunk)
+		if !s.pace(units) {
 			s.abort()
 			return 0, false
 		}
@@ -251,6 +253,19 @@ func (s *streamer) fail(reason agent.StopReason, text string) {
 
 // estimateTokens is ceil(chars/4), without overflow.
 func estimateTokens(chars int) int { return chars/4 + min(chars%4, 1) }
+
+// chunkAt returns the byte length of the next chunk of s: limit
+// characters counted in UTF-16 units, as the reference's string slicing
+// does, but never splitting a character (a delta stays valid UTF-8); and the
+// units it holds.
+func chunkAt(s string, limit int) (n, units int) {
+	for n < len(s) && units < limit {
+		r, size := utf8.DecodeRuneInString(s[n:])
+		n += size
+		units += utf16.RuneLen(r)
+	}
+	return n, units
+}
 
 // chunkChars is tokenSize*4, or the whole block for a tokenSize too large to
 // multiply.

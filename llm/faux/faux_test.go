@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"go.uber.org/goleak"
 
@@ -154,5 +155,27 @@ func TestTokensPerSecondNeverOverflows(t *testing.T) {
 		if last := evs[len(evs)-1]; last.Type != agent.StreamError || last.Reason != agent.StopReasonAborted || len(evs) != 3 {
 			t.Fatalf("tokensPerSecond %v: %d events, last %s", tps, len(evs), last.Type)
 		}
+	}
+}
+
+// Chunks count characters as the reference does (UTF-16 units) and never
+// split one: every delta is valid UTF-8 and the deltas rebuild the text.
+func TestChunksNeverSplitACharacter(t *testing.T) {
+	text := "1×2=2 ×😀😀 é" + strings.Repeat("ü", 9)
+	m := faux.New(faux.Options{TokenSize: 1}, faux.Response{Content: []agent.Content{agent.Text(text)}})
+	var deltas []string
+	for _, ev := range collect(m, context.Background()) {
+		if ev.Type == agent.StreamTextDelta {
+			if !utf8.ValidString(ev.Delta) {
+				t.Fatalf("delta %q is not valid UTF-8", ev.Delta)
+			}
+			deltas = append(deltas, ev.Delta)
+		}
+	}
+	if got := strings.Join(deltas, ""); got != text {
+		t.Fatalf("deltas %q rebuild %q", deltas, got)
+	}
+	if deltas[0] != "1×2=" || deltas[1] != "2 ×😀" || deltas[2] != "😀 é" {
+		t.Fatalf("chunks of 4 UTF-16 units: %q", deltas)
 	}
 }
