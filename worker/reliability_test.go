@@ -73,6 +73,23 @@ func allEvents(t *testing.T, f *fleettest.Fleet, id string) []*bus.Envelope {
 	return envs
 }
 
+// waitGone polls until get finds no message: a request leaves its stream
+// after its run_finished, and no event marks that.
+func waitGone(t *testing.T, what string, get func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := get()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the stream: no event to wait on
+	}
+}
+
 func count(msgs []agent.Message, role, text string) int {
 	n := 0
 	for _, m := range msgs {
@@ -228,9 +245,11 @@ func TestGiveUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runs.GetMsg(fleettest.Context(t), 1, jetstream.WithGetMsgSubject(f.Client.Names().Submit("*", id))); !errors.Is(err, jetstream.ErrMsgNotFound) {
-		t.Fatalf("request still queued: %v", err)
-	}
+	// The give-up removes the request after run_finished.
+	waitGone(t, "request still queued", func() error {
+		_, err := runs.GetMsg(fleettest.Context(t), 1, jetstream.WithGetMsgSubject(f.Client.Names().Submit("*", id)))
+		return err
+	})
 	dead, err := f.Client.Stream(fleettest.Context(t), f.Client.Names().DeadStream())
 	if err != nil {
 		t.Fatal(err)
@@ -358,17 +377,10 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitGone(t, "request not acked", func() error {
 		_, err := runs.GetMsg(fleettest.Context(t), res.Seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("request not acked: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the stream: no event to wait on
-	}
+		return err
+	})
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.started != 0 {
