@@ -9,48 +9,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/natsembed"
 )
-
-// startInternal runs a worker on an embedded server until the test ends;
-// hooks are set before it starts.
-func startInternal(t *testing.T, cfg Config, hooks func(w *Worker)) (*Worker, *bus.Client) {
-	t.Helper()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	cfg.Client = c
-	if cfg.PollWait == 0 {
-		cfg.PollWait = 200 * time.Millisecond
-	}
-	w, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hooks != nil {
-		hooks(w)
-	}
-	wctx, wcancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		wcancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	<-w.Ready()
-	return w, c
-}
 
 // testGate is a tool that blocks until the test opens it.
 type testGate struct {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 type ctlObs struct {
@@ -20,43 +19,21 @@ func (o ctlObs) ControlReceived(kind string) { o.got <- kind }
 // A follow-up (and a steer) that arrive after the agent's last look at its
 // queues, while the run is not finished yet, still run.
 func TestLateControlMessagesAreNotLost(t *testing.T) {
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	o := ctlObs{got: make(chan string, 10)}
-	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, Observer: o})
-	if err != nil {
-		t.Fatal(err)
-	}
 	idle := make(chan string)
 	resume := make(chan struct{})
 	first := true
-	w.beforeIdleCheck = func(id string) {
-		if first {
-			first = false
-			idle <- id
-			<-resume
+	_, c := startInternal(t, Config{Observer: o}, func(w *Worker) {
+		w.beforeIdleCheck = func(id string) {
+			if first {
+				first = false
+				idle <- id
+				<-resume
+			}
 		}
-	}
-	wctx, wcancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() {
-		wcancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	<-w.Ready()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "one", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{

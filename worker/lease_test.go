@@ -10,24 +10,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // A final record the bucket refuses for good (too large) fails at once;
 // it is not retried until the finish's deadline.
 func TestFinalRecordPermanentErrorIsNotRetried(t *testing.T) {
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	c := connectTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	kv, err := c.JetStream().CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "small", MaxValueSize: 1024})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -17,14 +18,14 @@ func TestLongRunFinishesOnFirstAttempt(t *testing.T) {
 	f := newFleet(t)
 	ackWait := 2 * time.Second
 	o := newObs()
-	f.startWorker(worker.Config{AckWait: ackWait, Observer: o})
+	f.StartWorker(worker.Config{AckWait: ackWait, Observer: o})
 	secs := (2*ackWait + time.Second).Seconds()
-	id := f.submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"sleep"}, Model: fauxModel(),
+	id := f.Submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"sleep"}, Model: fleettest.FauxModel(),
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
-			toolCall("s1", "sleep", map[string]any{"seconds": secs}),
-			textResp("done"),
+			fleettest.ToolCall("s1", "sleep", map[string]any{"seconds": secs}),
+			fleettest.Text("done"),
 		}}})
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	started, resumed := 0, 0
 	for _, e := range envs {
 		switch e.Type {
@@ -36,9 +37,9 @@ func TestLongRunFinishesOnFirstAttempt(t *testing.T) {
 	}
 	tr := transcriptOf(t, envs)
 	if started != 1 || resumed != 0 || tr.Attempt != 1 || tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded {
-		t.Fatalf("run_started %d, run_resumed %d, attempt %d, finished %+v\n%s", started, resumed, tr.Attempt, tr.Finished, dump(envs))
+		t.Fatalf("run_started %d, run_resumed %d, attempt %d, finished %+v\n%s", started, resumed, tr.Attempt, tr.Finished, fleettest.Dump(envs))
 	}
-	rec, err := f.c.Status(f.ctx(), id)
+	rec, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StatusSucceeded || rec.Attempt != 1 {
 		t.Fatalf("record %+v %v", rec, err)
 	}
@@ -55,29 +56,29 @@ func TestControlSeqStamping(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
 	o := newObs()
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c1", "gate", map[string]any{"name": "x"}), fleettest.Text("done")}}})
 	g.waitStarted(t)
-	seq, err := f.c.Steer(f.ctx(), id, "steer")
+	seq, err := f.Client.Steer(fleettest.Context(t), id, "steer")
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.waitControl(t, bus.KindSteer)
 	g.release <- struct{}{}
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	stamped := map[string][]uint64{}
 	for _, e := range envs {
 		if e.Type != string(agent.EventMessageStart) && e.Type != string(agent.EventMessageEnd) {
 			continue
 		}
-		m := decode(t, e).Agent.Message
+		m := fleettest.Decode(t, e).Agent.Message
 		if m.Role == agent.RoleUser {
 			stamped[m.TextOf()] = append(stamped[m.TextOf()], e.ControlSeq)
 		}
 	}
 	if got, want := fmt.Sprint(stamped), fmt.Sprintf("map[go:[0 0] steer:[%d %d]]", seq, seq); got != want {
-		t.Fatalf("control seqs of user messages %s, want %s\n%s", got, want, dump(envs))
+		t.Fatalf("control seqs of user messages %s, want %s\n%s", got, want, fleettest.Dump(envs))
 	}
 }
 
@@ -85,12 +86,12 @@ func TestControlSeqStamping(t *testing.T) {
 // worker's.
 func TestBadRequestListsEveryProblem(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
-	res, err := f.c.SubmitRaw(f.ctx(), "", "bad-everywhere", []byte(`{"prompt":"x","tools":["rm_rf"],"temperature":9}`))
+	f.StartWorker(worker.Config{})
+	res, err := f.Client.SubmitRaw(fleettest.Context(t), "", "bad-everywhere", []byte(`{"prompt":"x","tools":["rm_rf"],"temperature":9}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := transcriptOf(t, f.follow(res.ID))
+	tr := transcriptOf(t, f.Follow(res.ID))
 	fin := tr.Finished
 	if fin == nil || fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "temperature 9") || !strings.Contains(fin.Error, `unknown tool "rm_rf"`) {
 		t.Fatalf("run_finished %+v", fin)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/metrics"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -61,20 +62,20 @@ func TestMetricsFromAFauxRun(t *testing.T) {
 	f := newFleet(t)
 	reg := prometheus.NewPedanticRegistry()
 	m := metrics.New(reg, metrics.Config{Models: []string{"gpt-4o-mini"}, Tools: []string{"calculator"}, Queues: []string{"default", "other"}})
-	stop := f.startWorker(worker.Config{Observer: worker.MetricsObserver(m)})
+	stop := f.StartWorker(worker.Config{Observer: worker.MetricsObserver(m)}).Stop
 
 	const prompt = "what is 6*7, secret-prompt-text"
-	id := f.submit("default", &bus.RunRequest{
-		Prompt: prompt, Model: fauxModel(), Tools: []string{"calculator"},
+	id := f.Submit("default", &bus.RunRequest{
+		Prompt: prompt, Model: fleettest.FauxModel(), Tools: []string{"calculator"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
-			toolCall("c1", "calculator", map[string]any{"expression": "6*7"}),
-			textResp("It is 42."),
+			fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"}),
+			fleettest.Text("It is 42."),
 		}},
 	})
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	// A bad request finishes without starting: it must not move runs_in_flight.
-	bad := f.submit("default", &bus.RunRequest{Prompt: "x", Model: fauxModel(), Tools: []string{"no_such_tool"}})
-	badEnvs := f.follow(bad)
+	bad := f.Submit("default", &bus.RunRequest{Prompt: "x", Model: fleettest.FauxModel(), Tools: []string{"no_such_tool"}})
+	badEnvs := f.Follow(bad)
 	stop() // drains: every ack and observer call is done
 
 	g, labels := gather(t, reg)

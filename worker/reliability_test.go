@@ -14,47 +14,19 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
-	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
-// killable runs a worker that the test can stop hard: kill closes its NATS
-// connection first (nothing it does afterwards reaches NATS, as if the
-// process died), then stops it.
-func (f *fleet) killable(cfg worker.Config) (kill func()) {
-	f.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.srv.URL()})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cfg.Client = c
-	if cfg.PollWait == 0 {
-		cfg.PollWait = 200 * time.Millisecond
-	}
+// killable starts a worker that the test kills as if its process died
+// (fleettest.Worker.Kill); it drains only briefly if the test ends first.
+func killable(f *fleettest.Fleet, cfg worker.Config) (kill func()) {
+	f.T.Helper()
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 50 * time.Millisecond
 	}
-	w, err := worker.New(cfg)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	<-w.Ready()
-	var once sync.Once
-	kill = func() {
-		once.Do(func() {
-			c.Close()
-			rcancel()
-			<-done
-		})
-	}
-	f.t.Cleanup(kill)
-	return kill
+	return f.StartWorker(cfg).Kill
 }
 
 // cancelGate is a gate tool that also reports its cancellation.
@@ -92,13 +64,30 @@ func waitFor[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
-func allEvents(t *testing.T, f *fleet, id string) []*bus.Envelope {
+func allEvents(t *testing.T, f *fleettest.Fleet, id string) []*bus.Envelope {
 	t.Helper()
-	envs, err := f.c.ReadEvents(f.ctx(), id, 0)
+	envs, err := f.Client.ReadEvents(fleettest.Context(t), id, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return envs
+}
+
+// waitGone polls until get finds no message: a request leaves its stream
+// after its run_finished, and no event marks that.
+func waitGone(t *testing.T, what string, get func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := get()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the stream: no event to wait on
+	}
 }
 
 func count(msgs []agent.Message, role, text string) int {
@@ -121,15 +110,15 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 	g := newCancelGate()
 	first := newObs()
 	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, Observer: first}
-	kill := f.killable(cfg)
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+	kill := killable(f, cfg)
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
-			toolCall("c1", "gate", map[string]any{"name": "x"}),
-			toolCall("c2", "gate", map[string]any{"name": "y"}),
-			textResp("done"),
+			fleettest.ToolCall("c1", "gate", map[string]any{"name": "x"}),
+			fleettest.ToolCall("c2", "gate", map[string]any{"name": "y"}),
+			fleettest.Text("done"),
 		}}})
 	waitFor(t, g.started, "gate x")
-	if _, err := f.c.Steer(f.ctx(), id, "first steer"); err != nil {
+	if _, err := f.Client.Steer(fleettest.Context(t), id, "first steer"); err != nil {
 		t.Fatal(err)
 	}
 	// Wait until the worker has the steer queued, then let the tool end:
@@ -137,7 +126,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 	first.waitControl(t, bus.KindSteer)
 	g.release <- struct{}{}
 	waitFor(t, g.started, "gate y")
-	if _, err := f.c.Steer(f.ctx(), id, "second steer"); err != nil {
+	if _, err := f.Client.Steer(fleettest.Context(t), id, "second steer"); err != nil {
 		t.Fatal(err)
 	}
 	first.waitControl(t, bus.KindSteer)
@@ -146,16 +135,16 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 
 	o := newObs()
 	cfg.Observer = o
-	f.startWorker(cfg)
-	envs := f.follow(id)
+	f.StartWorker(cfg)
+	envs := f.Follow(id)
 	tr := transcriptOf(t, envs)
 	fin := tr.Finished
 	if fin == nil || fin.Status != bus.StatusSucceeded || tr.Attempt != 2 || tr.Resumed == nil {
-		t.Fatalf("resumed run: %+v\n%s", fin, dump(envs))
+		t.Fatalf("resumed run: %+v\n%s", fin, fleettest.Dump(envs))
 	}
 	want := "user:go | assistant:call:gate | toolResult | user:first steer | assistant:call:gate | toolResult | user:second steer | assistant:done"
 	if got := roles(tr.Messages); got != want {
-		t.Fatalf("transcript\n got %s\nwant %s\n%s", got, want, dump(envs))
+		t.Fatalf("transcript\n got %s\nwant %s\n%s", got, want, fleettest.Dump(envs))
 	}
 	if tr.Resumed.MessagesRestored != 5 {
 		t.Fatalf("restored %d messages", tr.Resumed.MessagesRestored)
@@ -173,7 +162,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 	if len(seqs) != 2 || seqs[0] >= seqs[1] {
 		t.Fatalf("control seqs %v", seqs)
 	}
-	rec, err := f.c.Status(f.ctx(), id)
+	rec, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StatusSucceeded || rec.Attempt != 2 || rec.Turns != 3 {
 		t.Fatalf("record %+v %v", rec, err)
 	}
@@ -186,16 +175,16 @@ func TestLeaseLoss(t *testing.T) {
 	f := newFleet(t)
 	g := newCancelGate()
 	// Worker A heartbeats later than AckWait: its request is redelivered.
-	stopA := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second,
-		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled", Concurrency: 1})
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c1", "gate", map[string]any{"name": "x"}), textResp("done")}}})
+	stopA := f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second,
+		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled", Concurrency: 1}).Stop
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c1", "gate", map[string]any{"name": "x"}), fleettest.Text("done")}}})
 	waitFor(t, g.started, "gate x")
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, WorkerID: "healthy"})
-	envs := f.follow(id)
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, WorkerID: "healthy"})
+	envs := f.Follow(id)
 	tr := transcriptOf(t, envs)
 	if tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded || tr.Attempt != 2 || envs[len(envs)-1].Worker != "healthy" {
-		t.Fatalf("run: %s", dump(envs))
+		t.Fatalf("run: %s", fleettest.Dump(envs))
 	}
 	if got := roles(tr.Messages); got != "user:go | assistant:call:gate | toolResult | assistant:done" {
 		t.Fatalf("transcript %s", got)
@@ -209,15 +198,15 @@ func TestLeaseLoss(t *testing.T) {
 			finished++
 		}
 		if e.Worker == "stalled" && e.Type == string(agent.EventMessageEnd) {
-			if m := decode(t, e).Agent.Message; m.Role == agent.RoleToolResult {
-				t.Fatalf("the stalled worker published its cancelled tool result after losing the lease: %s", dump([]*bus.Envelope{e}))
+			if m := fleettest.Decode(t, e).Agent.Message; m.Role == agent.RoleToolResult {
+				t.Fatalf("the stalled worker published its cancelled tool result after losing the lease: %s", fleettest.Dump([]*bus.Envelope{e}))
 			}
 		}
 	}
 	if finished != 1 {
 		t.Fatalf("%d run_finished", finished)
 	}
-	rec, err := f.c.Status(f.ctx(), id)
+	rec, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StatusSucceeded || rec.Worker != "healthy" {
 		t.Fatalf("record %+v %v", rec, err)
 	}
@@ -230,40 +219,42 @@ func TestGiveUp(t *testing.T) {
 	f := newFleet(t)
 	g := newCancelGate()
 	// Heartbeats never come in time: every delivery times out.
-	stop := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: 500 * time.Millisecond,
-		HeartbeatInterval: time.Hour, MaxDeliver: 2, DrainTimeout: 50 * time.Millisecond})
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+	stop := f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: 500 * time.Millisecond,
+		HeartbeatInterval: time.Hour, MaxDeliver: 2, DrainTimeout: 50 * time.Millisecond}).Stop
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
-			toolCall("c1", "gate", map[string]any{"name": "x"}),
-			toolCall("c2", "gate", map[string]any{"name": "y"}),
-			textResp("never"),
+			fleettest.ToolCall("c1", "gate", map[string]any{"name": "x"}),
+			fleettest.ToolCall("c2", "gate", map[string]any{"name": "y"}),
+			fleettest.Text("never"),
 		}}})
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	last := envs[len(envs)-1]
-	fin := decode(t, last).RunFinished
+	fin := fleettest.Decode(t, last).RunFinished
 	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonGaveUp || last.Attempt != 3 || !strings.Contains(fin.Error, "agents.dead.default."+id) {
-		t.Fatalf("given up run: %s", dump(envs))
+		t.Fatalf("given up run: %s", fleettest.Dump(envs))
 	}
 	tr := transcriptOf(t, envs)
 	if tr.Resumed == nil || len(tr.Messages) < 2 {
 		t.Fatalf("transcript of the given-up run: %s", roles(tr.Messages))
 	}
-	rec, err := f.c.Status(f.ctx(), id)
+	rec, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StatusFailed || rec.Reason != bus.ReasonGaveUp {
 		t.Fatalf("record %+v %v", rec, err)
 	}
-	runs, err := f.c.Stream(f.ctx(), f.c.Names().RunsStream())
+	runs, err := f.Client.Stream(fleettest.Context(t), f.Client.Names().RunsStream())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runs.GetMsg(f.ctx(), 1, jetstream.WithGetMsgSubject(f.c.Names().Submit("*", id))); !errors.Is(err, jetstream.ErrMsgNotFound) {
-		t.Fatalf("request still queued: %v", err)
-	}
-	dead, err := f.c.Stream(f.ctx(), f.c.Names().DeadStream())
+	// The give-up removes the request after run_finished.
+	waitGone(t, "request still queued", func() error {
+		_, err := runs.GetMsg(fleettest.Context(t), 1, jetstream.WithGetMsgSubject(f.Client.Names().Submit("*", id)))
+		return err
+	})
+	dead, err := f.Client.Stream(fleettest.Context(t), f.Client.Names().DeadStream())
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := dead.GetLastMsgForSubject(f.ctx(), "agents.dead.default."+id)
+	m, err := dead.GetLastMsgForSubject(fleettest.Context(t), "agents.dead.default."+id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,25 +270,25 @@ func TestGiveUp(t *testing.T) {
 // stale.
 func TestStaleRecord(t *testing.T) {
 	f := newFleet(t)
-	kv, err := f.c.Records(f.ctx())
+	kv, err := f.Client.Records(fleettest.Context(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := time.Now().Add(-time.Hour)
 	for id, hb := range map[string]time.Time{"old": old, "fresh": time.Now()} {
 		b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, StartedAt: old, HeartbeatAt: hb})
-		if _, err := kv.Put(f.ctx(), id, b); err != nil {
+		if _, err := kv.Put(fleettest.Context(t), id, b); err != nil {
 			t.Fatal(err)
 		}
 	}
-	f.c.SetStaleAfter(time.Minute)
-	if r, err := f.c.Status(f.ctx(), "old"); err != nil || !r.Stale || r.State != bus.StateRunning {
+	f.Client.SetStaleAfter(time.Minute)
+	if r, err := f.Client.Status(fleettest.Context(t), "old"); err != nil || !r.Stale || r.State != bus.StateRunning {
 		t.Fatalf("old: %+v %v", r, err)
 	}
-	if r, err := f.c.Status(f.ctx(), "fresh"); err != nil || r.Stale {
+	if r, err := f.Client.Status(fleettest.Context(t), "fresh"); err != nil || r.Stale {
 		t.Fatalf("fresh: %+v %v", r, err)
 	}
-	recs, err := f.c.List(f.ctx(), bus.ListOptions{State: bus.StateStale})
+	recs, err := f.Client.List(fleettest.Context(t), bus.ListOptions{State: bus.StateStale})
 	if err != nil || len(recs) != 1 || recs[0].ID != "old" {
 		t.Fatalf("stale list %+v %v", recs, err)
 	}
@@ -308,38 +299,38 @@ func TestStaleRecord(t *testing.T) {
 // original's record untouched. Readers of the run still see the original.
 func TestReusedRunID(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
-	id := f.submit("", &bus.RunRequest{Prompt: "hi", Model: fauxModel(), Faux: fauxText("hello")})
-	f.follow(id)
-	before, err := f.c.Status(f.ctx(), id)
+	f.StartWorker(worker.Config{})
+	id := f.Submit("", &bus.RunRequest{Prompt: "hi", Model: fleettest.FauxModel(), Faux: fleettest.Texts("hello")})
+	f.Follow(id)
+	before, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	advisories := make(chan *nats.Msg, 10)
-	sub, err := f.c.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", advisories)
+	sub, err := f.Client.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", advisories)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	// No Nats-Msg-Id: the stream does not dedupe it.
-	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Submit("default", id), []byte(`{"prompt":"again"}`)); err != nil {
+	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Submit("default", id), []byte(`{"prompt":"again"}`)); err != nil {
 		t.Fatal(err)
 	}
 	waitTerminated(t, advisories)
-	after, err := f.c.Status(f.ctx(), id)
+	after, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || after.Revision != before.Revision || after.State != bus.StatusSucceeded {
 		t.Fatalf("record changed: %+v -> %+v (%v)", before, after, err)
 	}
 	envs := allEvents(t, f, id)
 	n := len(envs)
 	if n < 4 || envs[n-2].Type != bus.EventRunStarted || envs[n-1].Type != bus.EventRunFinished {
-		t.Fatalf("events: %s", dump(envs))
+		t.Fatalf("events: %s", fleettest.Dump(envs))
 	}
-	fin := decode(t, envs[n-1]).RunFinished
+	fin := fleettest.Decode(t, envs[n-1]).RunFinished
 	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, id) {
 		t.Fatalf("reused id: %+v", fin)
 	}
-	tr, err := f.c.LoadTranscript(f.ctx(), id)
+	tr, err := f.Client.LoadTranscript(fleettest.Context(t), id)
 	if err != nil || tr.Finished.Status != bus.StatusSucceeded || tr.FinalText() != "hello" {
 		t.Fatalf("original transcript: %+v %v", tr.Finished, err)
 	}
@@ -354,49 +345,42 @@ func TestReusedRunID(t *testing.T) {
 // record and run_finished), it is published from the record.
 func TestRedeliveryOfFinishedRun(t *testing.T) {
 	f := newFleet(t)
-	res, err := f.c.Submit(f.ctx(), "", &bus.RunRequest{Prompt: "hi", Model: fauxModel(), Faux: fauxText("hello")})
+	res, err := f.Client.Submit(fleettest.Context(t), "", &bus.RunRequest{Prompt: "hi", Model: fleettest.FauxModel(), Faux: fleettest.Texts("hello")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := res.ID
-	kv, err := f.c.Records(f.ctx())
+	kv, err := f.Client.Records(fleettest.Context(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
 	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StatusSucceeded, Attempt: 1, Worker: "gone",
 		RequestSeq: res.Seq, StartedAt: now, FinishedAt: now, HeartbeatAt: now, Turns: 1})
-	if _, err := kv.Put(f.ctx(), id, b); err != nil {
+	if _, err := kv.Put(fleettest.Context(t), id, b); err != nil {
 		t.Fatal(err)
 	}
 	started, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "gone", Attempt: 1, Tools: []string{}})
-	if _, err := f.c.JetStream().Publish(f.ctx(), f.c.Names().Events(id), (&bus.Envelope{Run: id, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
+	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Events(id), (&bus.Envelope{Run: id, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
 		t.Fatal(err)
 	}
 	o := newObs()
-	f.startWorker(worker.Config{Observer: o})
-	envs := f.follow(id)
+	f.StartWorker(worker.Config{Observer: o})
+	envs := f.Follow(id)
 	if len(envs) != 2 || envs[1].Type != bus.EventRunFinished || envs[1].Attempt != 1 || envs[1].Seq != 2 {
-		t.Fatalf("events: %s", dump(envs))
+		t.Fatalf("events: %s", fleettest.Dump(envs))
 	}
-	if fin := decode(t, envs[1]).RunFinished; fin.Status != bus.StatusSucceeded || fin.Turns != 1 {
+	if fin := fleettest.Decode(t, envs[1]).RunFinished; fin.Status != bus.StatusSucceeded || fin.Turns != 1 {
 		t.Fatalf("run_finished from the record: %+v", fin)
 	}
-	runs, err := f.c.Stream(f.ctx(), f.c.Names().RunsStream())
+	runs, err := f.Client.Stream(fleettest.Context(t), f.Client.Names().RunsStream())
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := runs.GetMsg(f.ctx(), res.Seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("request not acked: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the stream: no event to wait on
-	}
+	waitGone(t, "request not acked", func() error {
+		_, err := runs.GetMsg(fleettest.Context(t), res.Seq)
+		return err
+	})
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.started != 0 {
@@ -425,55 +409,16 @@ func (o *countObs) EventPublished() {
 // the worker reconnects, re-sends what was not acknowledged, and the run
 // finishes in its first attempt with gapless events.
 func TestNATSServerRestartKeepsTheRun(t *testing.T) {
-	dir := t.TempDir()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := srv.URL()
-	port := 0
-	for _, ch := range u[strings.LastIndex(u, ":")+1:] {
-		port = port*10 + int(ch-'0')
-	}
-	defer func() { srv.Shutdown() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: u})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: u})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wc.Close()
+	f := fleettest.Start(t, fleettest.Options{})
 	o := &countObs{at: 15, reached: make(chan struct{})}
-	w, err := worker.New(worker.Config{Client: wc, AckWait: 10 * time.Second, PollWait: 200 * time.Millisecond, Observer: o})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWorker(t, w)
+	f.StartWorker(worker.Config{AckWait: 10 * time.Second, Observer: o})
 	text := strings.Repeat("word ", 60)
-	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{textResp(text)}, TokenSize: 1, TokensPerSecond: 40}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := f.Submit("", &bus.RunRequest{Prompt: "talk", Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.Text(text)}, TokenSize: 1, TokensPerSecond: 40}})
 	waitFor(t, o.reached, "the run streaming")
-	srv.Shutdown()
-	srv, err = natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var envs []*bus.Envelope
-	for env, err := range c.Follow(ctx, res.ID) {
-		if err != nil {
-			t.Fatalf("follow: %v (after %d)", err, len(envs))
-		}
-		envs = append(envs, env)
-	}
-	fin := checkEnvelopes(t, res.ID, envs) // attempt 1, seq 1..n without gaps
+	f.Restart()
+	envs := f.Follow(id)
+	fin := checkEnvelopes(t, id, envs) // attempt 1, seq 1..n without gaps
 	tr := transcriptOf(t, envs)
 	if fin.Status != bus.StatusSucceeded || tr.FinalText() != text {
 		t.Fatalf("after the restart: %+v %q", fin, tr.FinalText())
@@ -486,21 +431,21 @@ func TestRedeliveredAfterDeadlineTimesOut(t *testing.T) {
 	f := newFleet(t)
 	g := newCancelGate()
 	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond}
-	kill := f.killable(cfg)
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
+	kill := killable(f, cfg)
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
 		Limits: &bus.Limits{TimeoutSeconds: 1},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
-			toolCall("c1", "gate", map[string]any{"name": "x"}),
-			textResp("done"),
+			fleettest.ToolCall("c1", "gate", map[string]any{"name": "x"}),
+			fleettest.Text("done"),
 		}}})
 	waitFor(t, g.started, "gate x")
 	kill()
 	waitFor(t, g.cancelled, "gate x cancelled")
 	// The redelivery comes after AckWait (1 s), past the run's 1 s budget.
-	f.startWorker(cfg)
-	envs := f.follow(id)
+	f.StartWorker(cfg)
+	envs := f.Follow(id)
 	tr := transcriptOf(t, envs)
 	if fin := tr.Finished; fin == nil || fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTimeout || tr.Attempt != 2 {
-		t.Fatalf("run_finished %+v attempt %d\n%s", tr.Finished, tr.Attempt, dump(envs))
+		t.Fatalf("run_finished %+v attempt %d\n%s", tr.Finished, tr.Attempt, fleettest.Dump(envs))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -25,13 +26,13 @@ func TestThroughput(t *testing.T) {
 		t.Skip("set AGENTFLEET_THROUGHPUT=<runs> to measure")
 	}
 	f := newFleet(t)
-	f.startWorker(worker.Config{Concurrency: 64, Queues: []string{"default"}})
+	f.StartWorker(worker.Config{Concurrency: 64, Queues: []string{"default"}})
 	var mu sync.Mutex
 	submitted := map[string]time.Time{}
 	var startLat []time.Duration
 	finished := make(chan struct{}, n)
 	events := 0
-	sub, err := f.c.Conn().Subscribe("agents.run.*.events", func(m *nats.Msg) {
+	sub, err := f.Client.Conn().Subscribe("agents.run.*.events", func(m *nats.Msg) {
 		var e struct {
 			Run   string `json:"run"`
 			Event struct {
@@ -67,7 +68,7 @@ func TestThroughput(t *testing.T) {
 		mu.Lock()
 		submitted[id] = time.Now()
 		mu.Unlock()
-		if _, err := f.c.Submit(f.ctx(), "", &bus.RunRequest{ID: id, Prompt: "go", Model: fauxModel(), Faux: fauxText(text)}); err != nil {
+		if _, err := f.Client.Submit(fleettest.Context(t), "", &bus.RunRequest{ID: id, Prompt: "go", Model: fleettest.FauxModel(), Faux: fleettest.Texts(text)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/llm/faux"
 	"github.com/agentfleet/agentfleet/worker"
@@ -92,14 +93,6 @@ func (o *obs) waitControl(t *testing.T, kind string) {
 	}
 }
 
-func toolCall(id, name string, args map[string]any) agent.ScriptedResponse {
-	return agent.ScriptedResponse{Content: []agent.Content{agent.ToolCall(id, name, args)}, StopReason: agent.StopReasonToolUse}
-}
-
-func textResp(s string) agent.ScriptedResponse {
-	return agent.ScriptedResponse{Content: []agent.Content{agent.Text(s)}}
-}
-
 // localTrace runs the same script on a local Agent and returns its event
 // types (with the stream event type for message_update).
 func localTrace(t *testing.T, prompt string, tools []*agent.Tool, resps []agent.ScriptedResponse) []string {
@@ -133,35 +126,28 @@ func wireTrace(t *testing.T, envs []*bus.Envelope) []string {
 		}
 		s := e.Type
 		if e.Type == string(agent.EventMessageUpdate) {
-			s += ":" + string(decode(t, e).Agent.AssistantMessageEvent.Type)
+			s += ":" + string(fleettest.Decode(t, e).Agent.AssistantMessageEvent.Type)
 		}
 		out = append(out, s)
 	}
 	return out
 }
 
-// checkEnvelopes checks the invariants every run's events keep.
+// checkEnvelopes checks the invariants of a run's envelopes
+// (fleettest.CheckEnvelopes) and that the run had one attempt, with
+// every envelope stamped.
 func checkEnvelopes(t *testing.T, id string, envs []*bus.Envelope) *bus.RunFinished {
 	t.Helper()
+	fleettest.CheckEnvelopes(t, envs)
 	if len(envs) < 2 {
 		t.Fatalf("only %d envelopes", len(envs))
 	}
-	if envs[0].Type != bus.EventRunStarted {
-		t.Fatalf("first event is %s", envs[0].Type)
-	}
 	for i, e := range envs {
-		if e.Run != id || e.Attempt != 1 || e.Seq != uint64(i+1) || e.Worker == "" || e.TS == 0 {
+		if e.Run != id || e.Attempt != 1 || e.Worker == "" || e.TS == 0 {
 			t.Fatalf("envelope %d: run=%s attempt=%d seq=%d worker=%q ts=%d", i, e.Run, e.Attempt, e.Seq, e.Worker, e.TS)
 		}
-		if e.Type == bus.EventRunFinished && i != len(envs)-1 {
-			t.Fatalf("run_finished at %d of %d", i, len(envs))
-		}
 	}
-	last := envs[len(envs)-1]
-	if last.Type != bus.EventRunFinished {
-		t.Fatalf("last event is %s", last.Type)
-	}
-	return decode(t, last).RunFinished
+	return fleettest.Decode(t, envs[len(envs)-1]).RunFinished
 }
 
 func transcriptOf(t *testing.T, envs []*bus.Envelope) *bus.Transcript {
@@ -195,10 +181,10 @@ func roles(msgs []agent.Message) string {
 
 func TestTextRun(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
-	resps := []agent.ScriptedResponse{textResp("The answer is forty-two, as everyone knows.")}
-	id := f.submit("", &bus.RunRequest{Prompt: "what is the answer?", Model: fauxModel(), Faux: &bus.FauxScript{Responses: resps}})
-	envs := f.follow(id)
+	f.StartWorker(worker.Config{})
+	resps := []agent.ScriptedResponse{fleettest.Text("The answer is forty-two, as everyone knows.")}
+	id := f.Submit("", &bus.RunRequest{Prompt: "what is the answer?", Model: fleettest.FauxModel(), Faux: &bus.FauxScript{Responses: resps}})
+	envs := f.Follow(id)
 	fin := checkEnvelopes(t, id, envs)
 	if fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.Usage.TotalTokens == 0 {
 		t.Fatalf("run_finished = %+v", fin)
@@ -207,7 +193,7 @@ func TestTextRun(t *testing.T) {
 	if got := wireTrace(t, envs); !slices.Equal(got, want) {
 		t.Fatalf("event order differs from the agent's own trace:\n got %v\nwant %v", got, want)
 	}
-	started := decode(t, envs[0]).RunStarted
+	started := fleettest.Decode(t, envs[0]).RunStarted
 	if started.Queue != "default" || started.Attempt != 1 || started.Model.String() != "faux/scripted" || started.Worker != envs[0].Worker {
 		t.Fatalf("run_started = %+v", started)
 	}
@@ -222,7 +208,7 @@ func TestTextRun(t *testing.T) {
 		}
 	}
 	// agent_end refers to message_end seqs.
-	end := decode(t, envs[len(envs)-2]).Agent
+	end := fleettest.Decode(t, envs[len(envs)-2]).Agent
 	if end.Type != "agent_end" || *end.MessageCount != 2 || len(end.MessageSeqs) != 2 {
 		t.Fatalf("agent_end = %+v", end)
 	}
@@ -235,16 +221,16 @@ func TestTextRun(t *testing.T) {
 
 func TestToolRun(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
+	f.StartWorker(worker.Config{})
 	resps := []agent.ScriptedResponse{
-		toolCall("c1", "calculator", map[string]any{"expression": "(2+3)*4^2"}),
-		textResp("It is 80."),
+		fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "(2+3)*4^2"}),
+		fleettest.Text("It is 80."),
 	}
-	id := f.submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fauxModel(), Faux: &bus.FauxScript{Responses: resps}})
-	envs := f.follow(id)
+	id := f.Submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fleettest.FauxModel(), Faux: &bus.FauxScript{Responses: resps}})
+	envs := f.Follow(id)
 	fin := checkEnvelopes(t, id, envs)
 	if fin.Status != bus.StatusSucceeded || fin.Turns != 2 {
-		t.Fatalf("run_finished = %+v\n%s", fin, dump(envs))
+		t.Fatalf("run_finished = %+v\n%s", fin, fleettest.Dump(envs))
 	}
 	want := localTrace(t, "compute", worker.BuiltinTools()[:1], resps)
 	if got := wireTrace(t, envs); !slices.Equal(got, want) {
@@ -258,7 +244,7 @@ func TestToolRun(t *testing.T) {
 		t.Fatalf("tool result %+v", res)
 	}
 	for _, e := range envs {
-		ev := decode(t, e)
+		ev := fleettest.Decode(t, e)
 		if ev.Type == "turn_end" && len(ev.Agent.ToolResultSeqs) == 1 {
 			if s := ev.Agent.ToolResultSeqs[0]; envs[s-1].Type != "message_end" || !strings.Contains(string(envs[s-1].Event), `"toolResult"`) {
 				t.Fatalf("turn_end refers to %s", envs[s-1].Event)
@@ -274,26 +260,26 @@ func TestSteerDuringToolsAndFollowUp(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
 	o := newObs()
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
 	resps := []agent.ScriptedResponse{
-		toolCall("c1", "gate", map[string]any{"name": "one"}),
-		textResp("steered answer"),
-		textResp("follow-up answer"),
+		fleettest.ToolCall("c1", "gate", map[string]any{"name": "one"}),
+		fleettest.Text("steered answer"),
+		fleettest.Text("follow-up answer"),
 	}
-	id := f.submit("", &bus.RunRequest{Prompt: "start", Tools: []string{"gate"}, Model: fauxModel(), Faux: &bus.FauxScript{Responses: resps}})
+	id := f.Submit("", &bus.RunRequest{Prompt: "start", Tools: []string{"gate"}, Model: fleettest.FauxModel(), Faux: &bus.FauxScript{Responses: resps}})
 	g.waitStarted(t)
-	steerSeq, err := f.c.Steer(f.ctx(), id, "change course")
+	steerSeq, err := f.Client.Steer(fleettest.Context(t), id, "change course")
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.waitControl(t, bus.KindSteer)
-	fuSeq, err := f.c.FollowUp(f.ctx(), id, "and then?")
+	fuSeq, err := f.Client.FollowUp(fleettest.Context(t), id, "and then?")
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.waitControl(t, bus.KindFollowUp)
 	g.release <- struct{}{}
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	fin := checkEnvelopes(t, id, envs)
 	if fin.Status != bus.StatusSucceeded || fin.LastControlSeq != fuSeq {
 		t.Fatalf("run_finished = %+v", fin)
@@ -317,43 +303,43 @@ func TestSteerDuringToolsAndFollowUp(t *testing.T) {
 		t.Fatalf("%d envelopes with controlSeq, want 4", n)
 	}
 	// The run has finished: further messages are refused.
-	if _, err := f.c.Steer(f.ctx(), id, "too late"); !errors.Is(err, bus.ErrRunFinished) {
+	if _, err := f.Client.Steer(fleettest.Context(t), id, "too late"); !errors.Is(err, bus.ErrRunFinished) {
 		t.Fatalf("steer after the end: %v", err)
 	}
 }
 
 func TestSteerAndAbortBeforePickup(t *testing.T) {
 	f := newFleet(t)
-	steered := f.submit("", &bus.RunRequest{Prompt: "first", Model: fauxModel(), Faux: fauxText("one", "two")})
-	if _, err := f.c.Steer(f.ctx(), steered, "also this"); err != nil {
+	steered := f.Submit("", &bus.RunRequest{Prompt: "first", Model: fleettest.FauxModel(), Faux: fleettest.Texts("one", "two")})
+	if _, err := f.Client.Steer(fleettest.Context(t), steered, "also this"); err != nil {
 		t.Fatal(err)
 	}
-	aborted := f.submit("", &bus.RunRequest{Prompt: "never", Model: fauxModel(), Faux: fauxText("nope")})
-	if _, err := f.c.Abort(f.ctx(), aborted, "changed my mind"); err != nil {
+	aborted := f.Submit("", &bus.RunRequest{Prompt: "never", Model: fleettest.FauxModel(), Faux: fleettest.Texts("nope")})
+	if _, err := f.Client.Abort(fleettest.Context(t), aborted, "changed my mind"); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := f.c.Status(f.ctx(), aborted)
+	rec, err := f.Client.Status(fleettest.Context(t), aborted)
 	if err != nil || rec.State != bus.StateQueued || rec.Queue != "default" {
 		t.Fatalf("status before pickup: %+v %v", rec, err)
 	}
-	f.startWorker(worker.Config{})
+	f.StartWorker(worker.Config{})
 
-	envs := f.follow(steered)
+	envs := f.Follow(steered)
 	checkEnvelopes(t, steered, envs)
 	tr := transcriptOf(t, envs)
 	if got := roles(tr.Messages); got != "user:first | user:also this | assistant:one" {
 		t.Fatalf("steered transcript: %s", got)
 	}
 
-	envs = f.follow(aborted)
+	envs = f.Follow(aborted)
 	fin := checkEnvelopes(t, aborted, envs)
 	if fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonAbortedByUser || fin.Error != "changed my mind" {
 		t.Fatalf("run_finished %+v", fin)
 	}
-	if got := types(envs); !slices.Equal(got, []string{"run_started", "run_finished"}) {
+	if got := fleettest.Types(envs); !slices.Equal(got, []string{"run_started", "run_finished"}) {
 		t.Fatalf("aborted before pickup: %v", got)
 	}
-	rec, err = f.c.Status(f.ctx(), aborted)
+	rec, err = f.Client.Status(fleettest.Context(t), aborted)
 	if err != nil || rec.State != bus.StatusAborted {
 		t.Fatalf("record %+v %v", rec, err)
 	}
@@ -361,24 +347,24 @@ func TestSteerAndAbortBeforePickup(t *testing.T) {
 
 func TestAbortMidStream(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
+	f.StartWorker(worker.Config{})
 	long := strings.Repeat("word ", 2000)
-	id := f.submit("", &bus.RunRequest{Prompt: "talk", Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{textResp(long)}, TokenSize: 1, TokensPerSecond: 50}})
+	id := f.Submit("", &bus.RunRequest{Prompt: "talk", Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.Text(long)}, TokenSize: 1, TokensPerSecond: 50}})
 	var sent time.Time
 	var fin *bus.RunFinished
-	for env, err := range f.c.Follow(f.ctx(), id) {
+	for env, err := range f.Client.Follow(fleettest.Context(t), id) {
 		if err != nil {
 			t.Fatal(err)
 		}
 		if env.Type == "message_update" && sent.IsZero() {
-			if _, err := f.c.Abort(f.ctx(), id, ""); err != nil {
+			if _, err := f.Client.Abort(fleettest.Context(t), id, ""); err != nil {
 				t.Fatal(err)
 			}
 			sent = time.Now()
 		}
 		if env.Type == bus.EventRunFinished {
-			fin = decode(t, env).RunFinished
+			fin = fleettest.Decode(t, env).RunFinished
 		}
 	}
 	took := time.Since(sent)
@@ -393,7 +379,7 @@ func TestAbortMidStream(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
+	f.StartWorker(worker.Config{})
 	cases := []struct {
 		name, body, want string
 	}{
@@ -408,62 +394,62 @@ func TestBadRequests(t *testing.T) {
 	}
 	for i, c := range cases {
 		id := fmt.Sprintf("bad-%d", i)
-		if _, err := f.c.SubmitRaw(f.ctx(), "", id, []byte(c.body)); err != nil {
+		if _, err := f.Client.SubmitRaw(fleettest.Context(t), "", id, []byte(c.body)); err != nil {
 			t.Fatal(err)
 		}
-		envs := f.follow(id)
+		envs := f.Follow(id)
 		fin := checkEnvelopes(t, id, envs)
 		if len(envs) != 2 || fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, c.want) {
 			t.Errorf("%s: %d events, %+v", c.name, len(envs), fin)
 		}
-		rec, err := f.c.Status(f.ctx(), id)
+		rec, err := f.Client.Status(fleettest.Context(t), id)
 		if err != nil || rec.State != bus.StatusFailed || rec.Reason != bus.ReasonBadRequest || !strings.Contains(rec.Error, c.want) {
-			t.Errorf("%s: record %+v %v\n%s", c.name, rec, err, dump(envs))
+			t.Errorf("%s: record %+v %v\n%s", c.name, rec, err, fleettest.Dump(envs))
 		}
 	}
 
 	// A finished run's id reused by a new request (past the dedupe window,
 	// simulated by another Nats-Msg-Id): terminated, the run untouched.
-	id := f.submit("", &bus.RunRequest{Prompt: "hi", Model: fauxModel(), Faux: fauxText("done")})
-	before := f.follow(id)
+	id := f.Submit("", &bus.RunRequest{Prompt: "hi", Model: fleettest.FauxModel(), Faux: fleettest.Texts("done")})
+	before := f.Follow(id)
 	advisories := make(chan *nats.Msg, 10)
-	sub, err := f.c.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", advisories)
+	sub, err := f.Client.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", advisories)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	m := nats.NewMsg(f.c.Names().Submit("default", id))
+	m := nats.NewMsg(f.Client.Names().Submit("default", id))
 	m.Data = []byte(`{"prompt":"again"}`)
 	m.Header.Set("Nats-Msg-Id", id+"-again")
-	if _, err := f.c.JetStream().PublishMsg(f.ctx(), m); err != nil {
+	if _, err := f.Client.JetStream().PublishMsg(fleettest.Context(t), m); err != nil {
 		t.Fatal(err)
 	}
 	waitTerminated(t, advisories)
-	after := f.follow(id)
+	after := f.Follow(id)
 	if len(after) != len(before) {
 		t.Fatalf("reused id changed the run's events: %d -> %d", len(before), len(after))
 	}
-	rec, err := f.c.Status(f.ctx(), id)
+	rec, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StatusSucceeded {
 		t.Fatalf("reused id changed the record: %+v %v", rec, err)
 	}
 
 	// A subject whose run token fails the id pattern: terminated, no events.
 	bad := strings.Repeat("x", 65)
-	if _, err := f.c.JetStream().Publish(f.ctx(), "agents.submit.default."+bad, []byte(`{"prompt":"hi"}`)); err != nil {
+	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), "agents.submit.default."+bad, []byte(`{"prompt":"hi"}`)); err != nil {
 		t.Fatal(err)
 	}
 	waitTerminated(t, advisories)
-	s, err := f.c.JetStream().Stream(f.ctx(), f.c.Names().EventsStream())
+	s, err := f.Client.JetStream().Stream(fleettest.Context(t), f.Client.Names().EventsStream())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetLastMsgForSubject(f.ctx(), "agents.run."+bad+".events"); err == nil {
+	if _, err := s.GetLastMsgForSubject(fleettest.Context(t), "agents.run."+bad+".events"); err == nil {
 		t.Fatal("events published for an invalid run id")
 	}
 	// The worker is still up.
-	id2 := f.submit("", &bus.RunRequest{Prompt: "still there?", Model: fauxModel(), Faux: fauxText("yes")})
-	if fin := checkEnvelopes(t, id2, f.follow(id2)); fin.Status != bus.StatusSucceeded {
+	id2 := f.Submit("", &bus.RunRequest{Prompt: "still there?", Model: fleettest.FauxModel(), Faux: fleettest.Texts("yes")})
+	if fin := checkEnvelopes(t, id2, f.Follow(id2)); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("after bad requests: %+v", fin)
 	}
 }
@@ -480,16 +466,16 @@ func waitTerminated(t *testing.T, ch chan *nats.Msg) {
 func TestTwoWorkersOneQueue(t *testing.T) {
 	f := newFleet(t)
 	o1, o2 := newObs(), newObs()
-	f.startWorker(worker.Config{Concurrency: 4, Observer: o1})
-	f.startWorker(worker.Config{Concurrency: 4, Observer: o2})
+	f.StartWorker(worker.Config{Concurrency: 4, Observer: o1})
+	f.StartWorker(worker.Config{Concurrency: 4, Observer: o2})
 	const n = 40
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = f.submit("", &bus.RunRequest{Prompt: fmt.Sprint("run ", i), Model: fauxModel(), Faux: fauxText(fmt.Sprint("answer ", i))})
+		ids[i] = f.Submit("", &bus.RunRequest{Prompt: fmt.Sprint("run ", i), Model: fleettest.FauxModel(), Faux: fleettest.Texts(fmt.Sprint("answer ", i))})
 	}
 	workers := map[string]int{}
 	for i, id := range ids {
-		envs := f.follow(id)
+		envs := f.Follow(id)
 		fin := checkEnvelopes(t, id, envs)
 		if fin.Status != bus.StatusSucceeded {
 			t.Fatalf("%s: %+v", id, fin)
@@ -523,19 +509,19 @@ func TestConcurrencyBound(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
 	o := newObs()
-	f.startWorker(worker.Config{Concurrency: 2, Queues: []string{"default"}, Tools: []*agent.Tool{g.tool()}, Observer: o})
+	f.StartWorker(worker.Config{Concurrency: 2, Queues: []string{"default"}, Tools: []*agent.Tool{g.tool()}, Observer: o})
 	var ids []string
 	for i := range 5 {
-		ids = append(ids, f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-			Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": fmt.Sprint(i)}), textResp("ok")}}}))
+		ids = append(ids, f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+			Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": fmt.Sprint(i)}), fleettest.Text("ok")}}}))
 	}
 	g.waitStarted(t)
 	g.waitStarted(t)
-	cons, err := f.c.JetStream().Consumer(f.ctx(), f.c.Names().RunsStream(), "workers-default")
+	cons, err := f.Client.JetStream().Consumer(fleettest.Context(t), f.Client.Names().RunsStream(), "workers-default")
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := cons.Info(f.ctx())
+	info, err := cons.Info(fleettest.Context(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,7 +533,7 @@ func TestConcurrencyBound(t *testing.T) {
 		g.release <- struct{}{}
 	}
 	for _, id := range ids {
-		if fin := checkEnvelopes(t, id, f.follow(id)); fin.Status != bus.StatusSucceeded {
+		if fin := checkEnvelopes(t, id, f.Follow(id)); fin.Status != bus.StatusSucceeded {
 			t.Fatalf("%s: %+v", id, fin)
 		}
 	}
@@ -560,11 +546,11 @@ func TestConcurrencyBound(t *testing.T) {
 
 func TestLateFollowerSeesTheSame(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
-	id := f.submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c1", "calculator", map[string]any{"expression": "1+1"}), textResp("two")}}})
-	live := f.follow(id)
-	late := f.follow(id)
+	f.StartWorker(worker.Config{})
+	id := f.Submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "1+1"}), fleettest.Text("two")}}})
+	live := f.Follow(id)
+	late := f.Follow(id)
 	if len(live) != len(late) {
 		t.Fatalf("live %d envelopes, late %d", len(live), len(late))
 	}
@@ -580,31 +566,31 @@ func TestLateFollowerSeesTheSame(t *testing.T) {
 func TestRunRecordLifecycle(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(), Metadata: map[string]string{"team": "qa"},
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
-	rec, err := f.c.Status(f.ctx(), id)
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(), Metadata: map[string]string{"team": "qa"},
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
+	rec, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StateQueued {
 		t.Fatalf("queued: %+v %v", rec, err)
 	}
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
 	g.waitStarted(t)
-	rec, err = f.c.Status(f.ctx(), id)
+	rec, err = f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StateRunning || rec.Attempt != 1 || rec.Worker == "" || rec.StartedAt.IsZero() ||
 		rec.SubmittedAt.IsZero() || rec.Model != "faux/scripted" || rec.Metadata["team"] != "qa" {
 		t.Fatalf("running: %+v %v", rec, err)
 	}
-	list, err := f.c.List(f.ctx(), bus.ListOptions{State: bus.StateRunning})
+	list, err := f.Client.List(fleettest.Context(t), bus.ListOptions{State: bus.StateRunning})
 	if err != nil || len(list) != 1 || list[0].ID != id {
 		t.Fatalf("list running: %+v %v", list, err)
 	}
 	g.release <- struct{}{}
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	checkEnvelopes(t, id, envs)
-	rec, err = f.c.Status(f.ctx(), id)
+	rec, err = f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StatusSucceeded || rec.Turns != 2 || rec.Usage.TotalTokens == 0 || rec.FinishedAt.IsZero() {
 		t.Fatalf("finished: %+v %v", rec, err)
 	}
-	list, err = f.c.List(f.ctx(), bus.ListOptions{})
+	list, err = f.Client.List(fleettest.Context(t), bus.ListOptions{})
 	if err != nil || len(list) != 1 || list[0].State != bus.StatusSucceeded {
 		t.Fatalf("list: %+v %v", list, err)
 	}
@@ -613,55 +599,55 @@ func TestRunRecordLifecycle(t *testing.T) {
 func TestLimits(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
 	loop := []agent.ScriptedResponse{
-		toolCall("a", "calculator", map[string]any{"expression": "1"}),
-		toolCall("b", "calculator", map[string]any{"expression": "2"}),
-		toolCall("c", "calculator", map[string]any{"expression": "3"}),
+		fleettest.ToolCall("a", "calculator", map[string]any{"expression": "1"}),
+		fleettest.ToolCall("b", "calculator", map[string]any{"expression": "2"}),
+		fleettest.ToolCall("c", "calculator", map[string]any{"expression": "3"}),
 	}
-	turns := f.submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fauxModel(),
+	turns := f.Submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fleettest.FauxModel(),
 		Limits: &bus.Limits{MaxTurns: 2}, Faux: &bus.FauxScript{Responses: loop}})
-	fin := checkEnvelopes(t, turns, f.follow(turns))
+	fin := checkEnvelopes(t, turns, f.Follow(turns))
 	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonMaxTurns || fin.Turns != 2 {
 		t.Fatalf("max turns: %+v", fin)
 	}
 	// Reaching maxTurns with a final answer is a success.
-	ok := f.submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fauxModel(),
-		Limits: &bus.Limits{MaxTurns: 2}, Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{loop[0], textResp("done")}}})
-	if fin := checkEnvelopes(t, ok, f.follow(ok)); fin.Status != bus.StatusSucceeded {
+	ok := f.Submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fleettest.FauxModel(),
+		Limits: &bus.Limits{MaxTurns: 2}, Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{loop[0], fleettest.Text("done")}}})
+	if fin := checkEnvelopes(t, ok, f.Follow(ok)); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("max turns with an answer: %+v", fin)
 	}
-	budget := f.submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fauxModel(),
+	budget := f.Submit("", &bus.RunRequest{Prompt: "loop", Tools: []string{"calculator"}, Model: fleettest.FauxModel(),
 		Limits: &bus.Limits{MaxTotalTokens: 1}, Faux: &bus.FauxScript{Responses: loop}})
-	if fin := checkEnvelopes(t, budget, f.follow(budget)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTokenBudget {
+	if fin := checkEnvelopes(t, budget, f.Follow(budget)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTokenBudget {
 		t.Fatalf("token budget: %+v", fin)
 	}
-	timeout := f.submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"gate"}, Model: fauxModel(),
-		Limits: &bus.Limits{TimeoutSeconds: 1}, Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("g", "gate", map[string]any{"name": "t"}), textResp("late")}}})
-	if fin := checkEnvelopes(t, timeout, f.follow(timeout)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTimeout {
+	timeout := f.Submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Limits: &bus.Limits{TimeoutSeconds: 1}, Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("g", "gate", map[string]any{"name": "t"}), fleettest.Text("late")}}})
+	if fin := checkEnvelopes(t, timeout, f.Follow(timeout)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTimeout {
 		t.Fatalf("timeout: %+v", fin)
 	}
-	modelErr := f.submit("", &bus.RunRequest{Prompt: "fail", Model: fauxModel(),
+	modelErr := f.Submit("", &bus.RunRequest{Prompt: "fail", Model: fleettest.FauxModel(),
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{StopReason: agent.StopReasonError, ErrorMessage: "upstream 500"}}}})
-	if fin := checkEnvelopes(t, modelErr, f.follow(modelErr)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError || fin.Error != "upstream 500" {
+	if fin := checkEnvelopes(t, modelErr, f.Follow(modelErr)); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError || fin.Error != "upstream 500" {
 		t.Fatalf("model error: %+v", fin)
 	}
 }
 
 func TestDemoModelAndContinueFrom(t *testing.T) {
 	f := newFleet(t)
-	f.startWorker(worker.Config{})
-	first := f.submit("", &bus.RunRequest{Prompt: "hello demo"})
-	envs := f.follow(first)
+	f.StartWorker(worker.Config{})
+	first := f.Submit("", &bus.RunRequest{Prompt: "hello demo"})
+	envs := f.Follow(first)
 	checkEnvelopes(t, first, envs)
-	if n := decode(t, envs[0]).RunStarted.Notice; !strings.Contains(n, "DEMO") {
+	if n := fleettest.Decode(t, envs[0]).RunStarted.Notice; !strings.Contains(n, "DEMO") {
 		t.Fatalf("run_started notice %q", n)
 	}
 	if got := transcriptOf(t, envs).FinalText(); !strings.Contains(got, "You said: hello demo") {
 		t.Fatalf("demo reply %q", got)
 	}
-	second := f.submit("", &bus.RunRequest{Prompt: "and again", ContinueFrom: first, Model: fauxModel(), Faux: fauxText("second answer")})
-	tr := transcriptOf(t, f.follow(second))
+	second := f.Submit("", &bus.RunRequest{Prompt: "and again", ContinueFrom: first, Model: fleettest.FauxModel(), Faux: fleettest.Texts("second answer")})
+	tr := transcriptOf(t, f.Follow(second))
 	if got := roles(tr.Messages); !strings.HasPrefix(got, "user:hello demo | assistant:Hello from") || !strings.HasSuffix(got, "user:and again | assistant:second answer") {
 		t.Fatalf("continued transcript %s", got)
 	}
@@ -670,23 +656,23 @@ func TestDemoModelAndContinueFrom(t *testing.T) {
 func TestDrainHandsRunsBack(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
-	stop := f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, DrainTimeout: 100 * time.Millisecond})
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+	stop := f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, DrainTimeout: 100 * time.Millisecond}).Stop
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
 	g.waitStarted(t)
 	stop() // drain times out: the run is stopped and Nak'ed
 	// The next worker resumes: the cancelled tool result (marked
 	// interrupted) is replaced by an error result and the model goes on.
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
-	envs := f.follow(id)
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	envs := f.Follow(id)
 	last := envs[len(envs)-1]
-	if last.Attempt != 2 || decode(t, last).RunFinished.Status != bus.StatusSucceeded {
-		t.Fatalf("after drain: %s", dump(envs))
+	if last.Attempt != 2 || fleettest.Decode(t, last).RunFinished.Status != bus.StatusSucceeded {
+		t.Fatalf("after drain: %s", fleettest.Dump(envs))
 	}
 	tr := transcriptOf(t, envs)
 	if tr.Attempt != 2 || tr.Resumed == nil || tr.Resumed.MessagesRestored != 2 ||
 		roles(tr.Messages) != "user:go | assistant:call:gate | toolResult | assistant:ok" {
-		t.Fatalf("transcript after restart: %s\n%s", roles(tr.Messages), dump(envs))
+		t.Fatalf("transcript after restart: %s\n%s", roles(tr.Messages), fleettest.Dump(envs))
 	}
 	if res := tr.Messages[2]; !res.IsError || res.TextOf() != workerproto.InterruptedToolResult {
 		t.Fatalf("tool result after resume: %+v", res)
@@ -698,21 +684,21 @@ func TestDrainHandsRunsBack(t *testing.T) {
 		}
 	}
 	if interrupted == 0 {
-		t.Fatalf("%d interrupted envelopes:\n%s", interrupted, dump(envs))
+		t.Fatalf("%d interrupted envelopes:\n%s", interrupted, fleettest.Dump(envs))
 	}
 }
 
 func TestHeartbeatKeepsALongRunOwned(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 200 * time.Millisecond})
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 200 * time.Millisecond})
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
 	g.waitStarted(t)
 	// The run outlives its AckWait three times over.
 	timer := time.AfterFunc(3*time.Second, func() { g.release <- struct{}{} })
 	defer timer.Stop()
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("%+v", fin)
 	}
@@ -726,10 +712,10 @@ func TestHeartbeatKeepsALongRunOwned(t *testing.T) {
 func TestToolTimeout(t *testing.T) {
 	f := newFleet(t)
 	g := newGate()
-	f.startWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, ToolTimeout: 100 * time.Millisecond})
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fauxModel(),
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{toolCall("c", "gate", map[string]any{"name": "x"}), textResp("ok")}}})
-	envs := f.follow(id)
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, ToolTimeout: 100 * time.Millisecond})
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
+	envs := f.Follow(id)
 	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("%+v", fin)
 	}
@@ -756,10 +742,10 @@ func (o *waitObs) EventPublished()           { o.mu.Lock(); o.pubs++; o.mu.Unloc
 func TestPublishWindowBackPressure(t *testing.T) {
 	f := newFleet(t)
 	o := &waitObs{finished: make(chan struct{})}
-	f.startWorker(worker.Config{PublishWindow: 1, Observer: o})
+	f.StartWorker(worker.Config{PublishWindow: 1, Observer: o})
 	text := strings.Repeat("0123456789abcdef", 100) // 100 deltas
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Model: fauxModel(), Faux: fauxText(text)})
-	envs := f.follow(id)
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Model: fleettest.FauxModel(), Faux: fleettest.Texts(text)})
+	envs := f.Follow(id)
 	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("%+v", fin)
 	}
@@ -786,14 +772,14 @@ func TestToolSizeCaps(t *testing.T) {
 		ran <- a.Text
 		return agent.TextResult(strings.Repeat(a.Text, 100)), nil
 	})
-	f.startWorker(worker.Config{Tools: []*agent.Tool{echo}, MaxToolArgsBytes: 200, MaxToolResultBytes: 500})
-	id := f.submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: fauxModel(),
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{echo}, MaxToolArgsBytes: 200, MaxToolResultBytes: 500})
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: fleettest.FauxModel(),
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
-			toolCall("big", "echo", map[string]any{"text": strings.Repeat("x", 300)}),
-			toolCall("small", "echo", map[string]any{"text": "0123456789"}),
-			textResp("done"),
+			fleettest.ToolCall("big", "echo", map[string]any{"text": strings.Repeat("x", 300)}),
+			fleettest.ToolCall("small", "echo", map[string]any{"text": "0123456789"}),
+			fleettest.Text("done"),
 		}}})
-	envs := f.follow(id)
+	envs := f.Follow(id)
 	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("%+v", fin)
 	}

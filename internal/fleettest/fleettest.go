@@ -127,10 +127,15 @@ func FreePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// Worker is a worker running in process until Stop or the end of the test.
+// Worker is a worker running in process until Stop, Kill or the end of
+// the test.
 type Worker struct {
 	*worker.Worker
 	Stop func()
+	// Kill stops it as if its process died: its NATS connection closes
+	// first, so nothing it does afterwards reaches NATS; Run's error is
+	// not checked.
+	Kill func()
 }
 
 // StartWorker runs a worker with cfg on its own connection to the fleet
@@ -168,12 +173,15 @@ func RunWorker(t testing.TB, cfg worker.Config) *Worker {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	var once sync.Once
-	stop := func() {
+	end := func(kill bool) {
 		once.Do(func() {
+			if kill {
+				cfg.Client.Close()
+			}
 			cancel()
 			select {
 			case err := <-done:
-				if err != nil {
+				if err != nil && !kill {
 					t.Errorf("worker.Run: %v", err)
 				}
 			case <-time.After(30 * time.Second):
@@ -181,6 +189,7 @@ func RunWorker(t testing.TB, cfg worker.Config) *Worker {
 			}
 		})
 	}
+	stop := func() { end(false) }
 	t.Cleanup(stop)
 	select {
 	case <-w.Ready():
@@ -190,7 +199,7 @@ func RunWorker(t testing.TB, cfg worker.Config) *Worker {
 	case <-time.After(30 * time.Second):
 		t.Fatal("worker not ready after 30s")
 	}
-	return &Worker{Worker: w, Stop: stop}
+	return &Worker{Worker: w, Stop: stop, Kill: func() { end(true) }}
 }
 
 // Submit stores a request on a queue ("" is the default) and returns its id.
@@ -249,6 +258,15 @@ func FauxModel() *bus.ModelRef { return &bus.ModelRef{Provider: "faux", ID: "scr
 // FauxRun is a request that the faux model answers with responses.
 func FauxRun(prompt string, responses ...agent.ScriptedResponse) *bus.RunRequest {
 	return &bus.RunRequest{Prompt: prompt, Model: FauxModel(), Faux: &bus.FauxScript{Responses: responses}}
+}
+
+// Texts is a faux script of text replies.
+func Texts(texts ...string) *bus.FauxScript {
+	s := &bus.FauxScript{}
+	for _, t := range texts {
+		s.Responses = append(s.Responses, Text(t))
+	}
+	return s
 }
 
 // Text is a scripted reply with this text.

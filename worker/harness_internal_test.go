@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
+)
+
+// The package's own tests reach into the worker (hooks, its runs), so
+// they cannot use internal/fleettest, which imports this package; this
+// file is their one copy of the server and worker setup.
+
+// connectTestServer starts an embedded server and connects a client; both
+// end with the test.
+func connectTestServer(t *testing.T) *bus.Client {
+	t.Helper()
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// startInternal runs a worker on an embedded server until the test ends;
+// hooks are set before it starts.
+func startInternal(t *testing.T, cfg Config, hooks func(w *Worker)) (*Worker, *bus.Client) {
+	t.Helper()
+	c := connectTestServer(t)
+	cfg.Client = c
+	if cfg.PollWait == 0 {
+		cfg.PollWait = 200 * time.Millisecond
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hooks != nil {
+		hooks(w)
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() {
+		wcancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("worker stopped before it was ready: %v", err)
+	}
+	return w, c
+}
