@@ -106,8 +106,9 @@ func TestHostileToolErrorResultCapped(t *testing.T) {
 	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("run ended %s/%s: %s", fin.Status, fin.Reason, fin.Error)
 	}
-	if largest, _ := largestEvent(envs, string(agent.EventToolExecutionEnd)); largest == 0 || largest > 1024+512 {
-		t.Fatalf("tool_execution_end is %d bytes, the result cap is 1024", largest)
+	// The error text is in the tool result's message_end.
+	if largest, _ := largestEvent(envs, ""); largest > 1024+1024 {
+		t.Fatalf("largest event is %d bytes, the result cap is 1024", largest)
 	}
 }
 
@@ -177,9 +178,10 @@ func TestHostileHugeToolListIsBadRequest(t *testing.T) {
 	}
 }
 
-// A model endpoint answering a 100 KiB error body: the run fails
-// model_error (not gave_up: its record fits the bucket's value limit) and
-// every error text is clipped.
+// A model's 100 KiB error text (a provider's own, and an
+// OpenAI-compatible endpoint's error body): the run fails model_error, not
+// gave_up (its record fits the bucket's value limit), and every error text
+// is clipped.
 func TestHostileModelErrorTextClipped(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -187,24 +189,27 @@ func TestHostileModelErrorTextClipped(t *testing.T) {
 		_, _ = w.Write([]byte(`{"error":{"message":"` + strings.Repeat("z", 100<<10) + `"}}`))
 	}))
 	t.Cleanup(srv.Close)
-	p, err := openai.New(openai.Config{BaseURL: srv.URL, APIKey: "k", MaxRetries: -1})
+	endpoint, err := openai.New(openai.Config{BaseURL: srv.URL, APIKey: "k", MaxRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
+	loud := faux.New(faux.Options{}, faux.Response{StopReason: agent.StopReasonError, ErrorMessage: strings.Repeat("y", 100<<10)})
 	f := fleettest.Start(t, fleettest.Options{})
-	f.StartWorker(worker.Config{Providers: map[string]worker.Provider{"openai": p}})
-	id := f.Submit("", &bus.RunRequest{Prompt: "hi", Model: &bus.ModelRef{Provider: "openai", ID: "m"}})
-	envs := f.Follow(id)
-	fin := finishedOf(t, envs)
-	if fin.Reason != bus.ReasonModelError || len(fin.Error) > bus.MaxErrorBytes+8 {
-		t.Fatalf("run ended %s/%s with a %d-byte error", fin.Status, fin.Reason, len(fin.Error))
-	}
-	if largest, _ := largestEvent(envs, ""); largest > 2*bus.MaxErrorBytes+4<<10 {
-		t.Fatalf("largest event is %d bytes", largest)
-	}
-	rec, err := f.Client.Status(fleettest.Context(t), id)
-	if err != nil || rec.State != bus.StatusFailed || rec.Reason != bus.ReasonModelError || len(rec.Error) > bus.MaxErrorBytes+8 {
-		t.Fatalf("record %+v %v", rec, err)
+	f.StartWorker(worker.Config{Providers: map[string]worker.Provider{"openai": endpoint, "loud": &worker.FauxProvider{M: loud}}})
+	for _, provider := range []string{"openai", "loud"} {
+		id := f.Submit("", &bus.RunRequest{Prompt: "hi", Model: &bus.ModelRef{Provider: provider, ID: "m"}})
+		envs := f.Follow(id)
+		fin := finishedOf(t, envs)
+		if fin.Reason != bus.ReasonModelError || len(fin.Error) > bus.MaxErrorBytes+8 {
+			t.Fatalf("%s: run ended %s/%s with a %d-byte error", provider, fin.Status, fin.Reason, len(fin.Error))
+		}
+		if largest, _ := largestEvent(envs, ""); largest > 2*bus.MaxErrorBytes+4<<10 {
+			t.Fatalf("%s: largest event is %d bytes", provider, largest)
+		}
+		rec, err := f.Client.Status(fleettest.Context(t), id)
+		if err != nil || rec.State != bus.StatusFailed || rec.Reason != bus.ReasonModelError || len(rec.Error) > bus.MaxErrorBytes+8 {
+			t.Fatalf("%s: record %v: %s/%s, %d-byte error", provider, err, rec.State, rec.Reason, len(rec.Error))
+		}
 	}
 }
 
