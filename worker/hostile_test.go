@@ -101,13 +101,16 @@ func TestHostileToolErrorResultCapped(t *testing.T) {
 		return agent.ToolResult{}, errors.New(strings.Repeat("e", 1<<20))
 	})
 	f.StartWorker(worker.Config{Tools: []*agent.Tool{loud}, MaxToolResultBytes: 1024})
-	id := f.Submit("", fleettest.FauxRun("go", fleettest.ToolCall("c1", "loud", map[string]any{}), fleettest.Text("done")))
+	req := fleettest.FauxRun("go", fleettest.ToolCall("c1", "loud", map[string]any{}), fleettest.Text("done"))
+	req.Tools = []string{"loud"}
+	id := f.Submit("", req)
 	envs := f.Follow(id)
 	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("run ended %s/%s: %s", fin.Status, fin.Reason, fin.Error)
 	}
-	// The error text is in the tool result's message_end.
-	if largest, _ := largestEvent(envs, ""); largest > 1024+1024 {
+	// The error text is in tool_execution_end and the tool result's
+	// message_start and message_end.
+	if largest, _ := largestEvent(envs, ""); largest < 1024 || largest > 1024+1024 {
 		t.Fatalf("largest event is %d bytes, the result cap is 1024", largest)
 	}
 }
