@@ -60,7 +60,8 @@ type Config struct {
 	// call fails with an error result and is not executed; default 64 KiB.
 	MaxToolArgsBytes int
 	// MaxRunEvents and MaxRunEventBytes are a run's event budget (count,
-	// and bytes of stored envelopes) over all its attempts' publishes;
+	// and bytes of stored envelopes, over all its attempts: a resumed
+	// attempt is charged for what earlier ones stored);
 	// past either the run fails with reason event_budget. Defaults
 	// 100,000 events and 256 MiB: a long tool-using run publishes a few
 	// thousand events, while a run streaming empty deltas would otherwise

@@ -355,6 +355,16 @@ func (p *publisher) spent() (int, int64) {
 	return p.sent, p.sentBytes
 }
 
+// charge counts earlier attempts' events against the run's event budget.
+func (p *publisher) charge(envs []*bus.Envelope) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range envs {
+		p.sent++
+		p.sentBytes += int64(len(e.Event)) + 160 // envelope fields, roughly
+	}
+}
+
 // fleetEvent encodes and publishes a fleet event (run_started, ...).
 func (p *publisher) fleetEvent(typ string, v any) (uint64, error) {
 	data, err := encodeJSON(v)

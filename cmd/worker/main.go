@@ -252,9 +252,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
 	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", environ.int("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
 	fs.IntVar(&o.maxToolResult, "max-tool-result-bytes", environ.int("AGENTS_MAX_TOOL_RESULT_BYTES", 64<<10), "tool results are cut to this many bytes [AGENTS_MAX_TOOL_RESULT_BYTES]")
-	fs.IntVar(&o.maxRunEvents, "max-run-events", environ.int("AGENTS_MAX_RUN_EVENTS", 100_000), "events one run attempt may publish; past it the run fails (reason event_budget) [AGENTS_MAX_RUN_EVENTS]")
+	fs.IntVar(&o.maxRunEvents, "max-run-events", environ.int("AGENTS_MAX_RUN_EVENTS", 100_000), "events one run may publish (over all its attempts); past it the run fails (reason event_budget) [AGENTS_MAX_RUN_EVENTS]")
 	o.maxRunEventBytes = environ.bytesDefault("AGENTS_MAX_RUN_EVENT_BYTES", 256<<20)
-	fs.Var(&o.maxRunEventBytes, "max-run-event-bytes", "bytes of events one run attempt may publish (e.g. 256MiB); past it the run fails (reason event_budget) [AGENTS_MAX_RUN_EVENT_BYTES]")
+	fs.Var(&o.maxRunEventBytes, "max-run-event-bytes", "bytes of events one run may publish (e.g. 256MiB); past it the run fails (reason event_budget) [AGENTS_MAX_RUN_EVENT_BYTES]")
 	fs.IntVar(&o.maxQueuedControls, "max-queued-controls", environ.int("AGENTS_MAX_QUEUED_CONTROLS", 1024), "steer/follow-up messages a run may have waiting for its agent; one more fails the run (reason control_budget) [AGENTS_MAX_QUEUED_CONTROLS]")
 	o.maxQueuedControlBytes = environ.bytesDefault("AGENTS_MAX_QUEUED_CONTROL_BYTES", 4<<20)
 	fs.Var(&o.maxQueuedControlBytes, "max-queued-control-bytes", "bytes of steer/follow-up messages a run may have waiting for its agent (reason control_budget past it) [AGENTS_MAX_QUEUED_CONTROL_BYTES]")
@@ -353,6 +353,25 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--log-format %q: use text or json", o.logFormat)
 	}
 	return o, nil
+}
+
+// applyBounds puts the per-run bounds and ceilings into the worker's
+// configuration (after modelConfig: the faux default depends on it).
+func applyBounds(o *options, cfg *worker.Config) {
+	cfg.MaxRunEvents = o.maxRunEvents
+	cfg.MaxRunEventBytes = int64(o.maxRunEventBytes)
+	cfg.MaxQueuedControls = o.maxQueuedControls
+	cfg.MaxQueuedControlBytes = int(min(int64(o.maxQueuedControlBytes), 1<<40))
+	cfg.MaxTranscriptBytes = int(min(int64(o.maxTranscript), 1<<40))
+	cfg.MaxRunTimeout = o.maxRunTimeout
+	cfg.MaxTurns = o.maxTurns
+	cfg.QueueConcurrency, _ = parseQueueConcurrency(o.queueConcurrency)
+	// Faux lets a submitter script the "model": on by default only where
+	// there is no real model (the quickstart's demo, tests).
+	cfg.NoFaux = !o.allowFaux.v
+	if !o.allowFaux.set {
+		cfg.NoFaux = len(cfg.Providers) > 0
+	}
 }
 
 // parseQueueConcurrency reads --queue-concurrency's queue=N entries.
@@ -481,20 +500,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.MaxToolArgsBytes = o.maxToolArgs
 	cfg.MaxToolResultBytes = o.maxToolResult
 	cfg.WorkerID = o.workerID
-	cfg.MaxRunEvents = o.maxRunEvents
-	cfg.MaxRunEventBytes = int64(o.maxRunEventBytes)
-	cfg.MaxQueuedControls = o.maxQueuedControls
-	cfg.MaxQueuedControlBytes = int(min(int64(o.maxQueuedControlBytes), 1<<40))
-	cfg.MaxTranscriptBytes = int(min(int64(o.maxTranscript), 1<<40))
-	cfg.MaxRunTimeout = o.maxRunTimeout
-	cfg.MaxTurns = o.maxTurns
-	cfg.QueueConcurrency, _ = parseQueueConcurrency(o.queueConcurrency)
-	// Faux lets a submitter script the "model": on by default only where
-	// there is no real model (the quickstart's demo, tests).
-	cfg.NoFaux = !o.allowFaux.v
-	if !o.allowFaux.set {
-		cfg.NoFaux = len(cfg.Providers) > 0
-	}
+	applyBounds(o, &cfg)
 	cfg.Logger = log
 	w, err := worker.New(cfg)
 	if err != nil {
