@@ -464,3 +464,24 @@ func TestHostileContinueFromOtherQueue(t *testing.T) {
 		t.Fatalf("same-queue continueFrom ended %s/%s: %s", fin.Status, fin.Reason, fin.Error)
 	}
 }
+
+// A transcript past --max-transcript-bytes fails the run with reason
+// transcript_too_large, before the model is called again.
+func TestHostileTranscriptBound(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	f.StartWorker(worker.Config{MaxTranscriptBytes: 96 << 10})
+	calc := fleettest.ToolCall("c", "calculator", map[string]any{"expression": "1+1"})
+	big := agent.ScriptedResponse{Content: []agent.Content{agent.Text(strings.Repeat("w", 40<<10)), agent.ToolCall("c", "calculator", map[string]any{"expression": "1+1"})},
+		StopReason: agent.StopReasonToolUse}
+	req := fleettest.FauxRun(strings.Repeat("p", 40<<10), big, big, calc, fleettest.Text("done"))
+	req.Tools = []string{"calculator"}
+	envs := f.Follow(f.Submit("", req))
+	fleettest.CheckEnvelopes(t, envs)
+	fin := finishedOf(t, envs)
+	if fin.Reason != bus.ReasonTranscriptTooLarge || fin.Turns > 2 || !strings.Contains(fin.Error, "--max-transcript-bytes") {
+		t.Fatalf("run ended %s/%s after %d turns: %s", fin.Status, fin.Reason, fin.Turns, fin.Error)
+	}
+	if _, total := largestEvent(envs, ""); total > 1<<20 {
+		t.Fatalf("%d KiB of events", total>>10)
+	}
+}
