@@ -79,6 +79,8 @@ func TestHostileDeepToolArgumentsStayBounded(t *testing.T) {
 		t.Fatalf("run ended %s/%s after %d turns: %s", fin.Status, fin.Reason, fin.Turns, fin.Error)
 	}
 	largest, _ := largestEvent(envs, string(agent.EventToolExecutionEnd))
+	t.Logf("tool_execution_end %d bytes; allocated %d MB; heap %d -> %d MB", largest,
+		(after.TotalAlloc-before.TotalAlloc)>>20, before.HeapAlloc>>20, after.HeapAlloc>>20)
 	if largest == 0 || largest > 8<<10 {
 		t.Fatalf("largest tool_execution_end is %d bytes, the bound is 8 KiB", largest)
 	}
