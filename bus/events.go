@@ -41,6 +41,15 @@ const (
 	ReasonAbortedByUser = "aborted_by_user"
 	ReasonEventTooLarge = "event_too_large"
 	ReasonInternal      = "internal_error"
+	// ReasonEventBudget: the run published more events (count or bytes)
+	// than the worker's event budget.
+	ReasonEventBudget = "event_budget"
+	// ReasonControlBudget: more steer/follow-up messages (count or bytes)
+	// were waiting for the agent than the worker allows per run.
+	ReasonControlBudget = "control_budget"
+	// ReasonTranscriptTooLarge: the run's transcript grew past the
+	// worker's bound.
+	ReasonTranscriptTooLarge = "transcript_too_large"
 	// ReasonGaveUp: the request was delivered MaxDeliver times without
 	// finishing (crashes, hand-backs); its copy is on the dead-letter
 	// subject.

@@ -137,6 +137,9 @@ func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
 	if want.RePublish != nil {
 		out.RePublish = want.RePublish
 	}
+	// Needs a per-subject limit (an operator's unlimited one is kept).
+	out.DiscardNewPerSubject = (have.DiscardNewPerSubject || want.DiscardNewPerSubject) && out.MaxMsgsPerSubject > 0 &&
+		out.Discard == jetstream.DiscardNew
 	out.AllowDirect = have.AllowDirect || want.AllowDirect
 	out.AllowRollup = have.AllowRollup || want.AllowRollup
 	out.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
@@ -170,6 +173,10 @@ func covers(have, want string) bool {
 
 // raiseLimit returns the larger of two JetStream limits where zero or less
 // is unlimited; want zero means "not set here" and keeps have.
+// MaxControlsPerSubject bounds the stored control messages of one kind for
+// one run (AGENTS_CONTROL max_msgs_per_subject, discard new per subject).
+const MaxControlsPerSubject = 1024
+
 func raiseLimit(have, want int64) int64 {
 	if want == 0 || have <= 0 {
 		return have
@@ -239,8 +246,12 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		MaxAge:     cfg.ControlMaxAge,
 		MaxBytes:   cfg.ControlMaxBytes,
 		MaxMsgSize: MaxControlBytes + 16<<10,
-		Storage:    cfg.Storage,
-		Replicas:   cfg.Replicas,
+		// A flood of control messages to one run is refused at publish.
+		MaxMsgsPerSubject:    MaxControlsPerSubject,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		Storage:              cfg.Storage,
+		Replicas:             cfg.Replicas,
 		// Each stored control message is republished with its stream
 		// sequence, so workers need no consumer per run.
 		RePublish: &jetstream.RePublish{Source: n.Prefix() + ".run.>", Destination: n.Prefix() + ".ctl.>"},

@@ -59,6 +59,39 @@ type Config struct {
 	// MaxToolArgsBytes caps a tool call's arguments (as JSON): a larger
 	// call fails with an error result and is not executed; default 64 KiB.
 	MaxToolArgsBytes int
+	// MaxRunEvents and MaxRunEventBytes are a run's event budget (count,
+	// and bytes of stored envelopes, over all its attempts: a resumed
+	// attempt is charged for what earlier ones stored);
+	// past either the run fails with reason event_budget. Defaults
+	// 100,000 events and 256 MiB: a long tool-using run publishes a few
+	// thousand events, while a run streaming empty deltas would otherwise
+	// fill the events stream until its timeout.
+	MaxRunEvents     int
+	MaxRunEventBytes int64
+	// MaxQueuedControls and MaxQueuedControlBytes bound a run's steer and
+	// follow-up messages that the agent has not taken yet; one past them
+	// fails the run with reason control_budget. Defaults 1024 (the
+	// control stream keeps at most that many per run and kind) and 4 MiB.
+	MaxQueuedControls     int
+	MaxQueuedControlBytes int
+	// MaxTranscriptBytes bounds the run's transcript (the JSON of its
+	// messages, as sent to the model); past it the run fails with reason
+	// transcript_too_large. Default 32 MiB.
+	MaxTranscriptBytes int
+	// NoFaux refuses requests that script the faux model or name a faux
+	// model (bad request naming --allow-faux): a submitter must not
+	// script the "model" on a fleet with a real endpoint. The demo model
+	// as DefaultModel still answers requests that name no model.
+	NoFaux bool
+	// MaxRunTimeout and MaxTurns are operator ceilings: a request asking
+	// more is a bad request; a default above them is lowered to them.
+	// Zero: no ceiling beyond the protocol's.
+	MaxRunTimeout time.Duration
+	MaxTurns      int
+	// QueueConcurrency caps the runs in flight per queue (queue name to
+	// slots), so one queue cannot take every slot. A queue not named
+	// shares Concurrency.
+	QueueConcurrency map[string]int
 	// Tools are offered to runs besides the built-ins (calculator,
 	// current_time, sleep); a tool of the same name replaces a built-in.
 	Tools []*agent.Tool
@@ -189,6 +222,21 @@ func (c *Config) defaults() {
 	}
 	if c.MaxToolArgsBytes <= 0 {
 		c.MaxToolArgsBytes = 64 << 10
+	}
+	if c.MaxRunEvents <= 0 {
+		c.MaxRunEvents = 100_000
+	}
+	if c.MaxRunEventBytes <= 0 {
+		c.MaxRunEventBytes = 256 << 20
+	}
+	if c.MaxQueuedControls <= 0 {
+		c.MaxQueuedControls = 1024
+	}
+	if c.MaxQueuedControlBytes <= 0 {
+		c.MaxQueuedControlBytes = 4 << 20
+	}
+	if c.MaxTranscriptBytes <= 0 {
+		c.MaxTranscriptBytes = 32 << 20
 	}
 	if c.DefaultModel == "" {
 		c.DefaultModel = "faux/demo"

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -65,8 +66,9 @@ type controls struct {
 	// queued are control messages handed to the agent, not yet in the
 	// transcript; the agent's listener stamps their sequence on their
 	// message_start and message_end. mu is held only to touch the slice.
-	mu     sync.Mutex
-	queued []queuedControl
+	mu          sync.Mutex
+	queued      []queuedControl
+	queuedBytes int
 }
 
 type liveControl struct {
@@ -77,6 +79,7 @@ type liveControl struct {
 type queuedControl struct {
 	first *agent.Content // identity of the message: its content array
 	seq   uint64
+	size  int
 }
 
 func newControls(r *run) *controls {
@@ -221,6 +224,12 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) 
 		r.log.Debug("control message already in the transcript; not delivered again", "kind", kind, "controlSeq", seq)
 		return
 	}
+	// A control message stored before the request was published for a run
+	// that did not exist yet (a guessed id): it is not the run's.
+	if !r.submittedAt.IsZero() && stored.Before(r.submittedAt) {
+		r.log.Warn("control message stored before the run's request; ignored", "kind", kind, "controlSeq", seq)
+		return
+	}
 	switch kind {
 	case bus.KindAbort:
 		reason := workerproto.DecodeAbort(data)
@@ -234,8 +243,18 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) 
 		}
 		// Known before the agent can emit it: the listener stamps it.
 		c.mu.Lock()
-		c.queued = append(c.queued, queuedControl{first: &msg.Content[0], seq: seq})
+		n, b := len(c.queued), c.queuedBytes
+		over := n >= r.w.cfg.MaxQueuedControls || b+len(data) > r.w.cfg.MaxQueuedControlBytes
+		if !over {
+			c.queued = append(c.queued, queuedControl{first: &msg.Content[0], seq: seq, size: len(data)})
+			c.queuedBytes += len(data)
+		}
 		c.mu.Unlock()
+		if over {
+			r.overBudget(bus.ReasonControlBudget, fmt.Sprintf("%d steer/follow-up messages (%d bytes) were waiting for the agent; a run takes at most %d (--max-queued-controls) and %d bytes (--max-queued-control-bytes)",
+				n+1, b+len(data), r.w.cfg.MaxQueuedControls, r.w.cfg.MaxQueuedControlBytes))
+			return
+		}
 		if kind == bus.KindSteer {
 			r.agent.Steer(msg)
 		} else {
@@ -262,6 +281,7 @@ func (c *controls) seqOf(m *agent.Message, end bool) uint64 {
 	for i, q := range c.queued {
 		if q.first == first {
 			if end {
+				c.queuedBytes -= q.size
 				c.queued = append(c.queued[:i:i], c.queued[i+1:]...)
 			}
 			return q.seq

@@ -232,12 +232,13 @@ func (r *run) reusedID(rec *bus.RunRecord) {
 // first, as the lease's compare-and-set (it must not overwrite a finished
 // run or a newer attempt), then the events.
 func (r *run) badRequest(err error) {
-	text := err.Error()
+	text := clipString(err.Error(), bus.MaxErrorBytes)
 	r.log.Warn("bad request", "err", text)
 	started := r.runStarted()
 	if r.req != nil {
 		started.Model = r.req.Model
-		started.Tools = append([]string{}, r.req.Tools...)
+		// A bad request's tool list can be huge: its first names tell.
+		started.Tools = append([]string{}, r.req.Tools[:min(len(r.req.Tools), maxToolsShown)]...)
 	}
 	rec := r.record(bus.StatusFailed)
 	rec.Reason, rec.Error, rec.FinishedAt = bus.ReasonBadRequest, text, time.Now()
@@ -256,6 +257,9 @@ func (r *run) badRequest(err error) {
 	_ = r.finish(ending{started: &started, fin: r.badRequestFinished(text),
 		settle: r.termRequest("bad_request: " + clipString(text, 200))})
 }
+
+// maxToolsShown bounds the tool names a bad request's run_started lists.
+const maxToolsShown = 64
 
 // badRequestFinished is the run_finished of a bad request.
 func (r *run) badRequestFinished(text string) bus.RunFinished {

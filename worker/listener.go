@@ -3,10 +3,12 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
@@ -20,7 +22,12 @@ type listener struct {
 	msgSeqs          []uint64
 	toolSeqs         []uint64
 	lastAssistantSeq uint64
+	// transcriptBytes is the size of the messages this attempt put into
+	// the transcript (their message_end events).
+	transcriptBytes int
 }
+
+var errOverBudget = errors.New("the run is over one of its bounds")
 
 func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	r := l.r
@@ -49,6 +56,9 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	if err != nil {
 		return err
 	}
+	if err := l.checkBounds(ev.Type, len(data)); err != nil {
+		return err
+	}
 	seq, err := r.pub.eventFlags(string(ev.Type), data, ctlSeq, interrupted)
 	if err != nil {
 		var tl *EventTooLargeError
@@ -71,6 +81,34 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	case agent.EventTurnEnd:
 		r.tally.turn()
 		r.w.obs.Turn(r.info())
+	}
+	return nil
+}
+
+// checkBounds enforces the run's event budget and transcript bound before
+// an agent event is published. Past either, nothing more of the agent is
+// published and the run stops; its finish events are not counted.
+func (l *listener) checkBounds(typ agent.EventType, size int) error {
+	r := l.r
+	cfg := &r.w.cfg
+	if r.tally.overBudgetAlready() {
+		return errOverBudget
+	}
+	n, b := r.pub.spent()
+	switch {
+	case n >= cfg.MaxRunEvents:
+		r.overBudget(bus.ReasonEventBudget, fmt.Sprintf("the run published %d events, the budget is %d (--max-run-events)", n, cfg.MaxRunEvents))
+		return errOverBudget
+	case b+int64(size) > cfg.MaxRunEventBytes:
+		r.overBudget(bus.ReasonEventBudget, fmt.Sprintf("the run's events would exceed %d bytes, the budget (--max-run-event-bytes)", cfg.MaxRunEventBytes))
+		return errOverBudget
+	}
+	if typ == agent.EventMessageEnd {
+		l.transcriptBytes += size
+		if l.transcriptBytes > cfg.MaxTranscriptBytes {
+			r.overBudget(bus.ReasonTranscriptTooLarge, fmt.Sprintf("the run's transcript exceeds %d bytes (--max-transcript-bytes)", cfg.MaxTranscriptBytes))
+			return errOverBudget
+		}
 	}
 	return nil
 }
@@ -114,7 +152,16 @@ func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 				if first == 0 {
 					first = time.Since(start)
 				}
+				if ev.Type == agent.StreamError && ev.Message != nil && len(ev.Message.ErrorMessage) > bus.MaxErrorBytes {
+					// A model's error text is bounded before it reaches
+					// the transcript, the events and the record.
+					m := *ev.Message
+					m.ErrorMessage = clipString(m.ErrorMessage, bus.MaxErrorBytes)
+					ev.Message = &m
+				}
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
+					// Only this run's model calls count toward its usage.
+					r.tally.modelCall(ev.Message.Usage)
 					r.w.obs.ModelRequest(r.info(), ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start),
 						TimeToFirstEvent: first, Usage: ev.Message.Usage, StopReason: ev.Message.StopReason})
 				}

@@ -60,6 +60,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	r.limits = req.EffectiveLimits()
+	r.ceilings(req, add)
 	ref := w.defaultModel
 	if req.Model != nil {
 		ref = *req.Model
@@ -69,12 +70,16 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if req.Faux != nil && req.Model == nil && ref.Provider != "faux" {
 		add(`"faux" is only for the faux provider, but the model is %s`, ref)
 	}
+	if w.cfg.NoFaux && (req.Faux != nil || (req.Model != nil && ref.Provider == "faux")) {
+		add("this worker does not run faux models or faux scripts (--allow-faux is off)")
+	}
 	p := w.providers[ref.Provider]
 	if p == nil {
 		add("unknown model provider %q: this worker has %s", clipString(ref.Provider, 64), w.providerNames())
 	}
 	r.toolList = []string{}
-	for _, name := range req.Tools {
+	// A longer list is the decoder's problem; its first names are checked.
+	for _, name := range req.Tools[:min(len(req.Tools), bus.MaxTools)] {
 		t := w.tools[name]
 		if t == nil {
 			add("unknown tool %q: this worker has %v", clipString(name, 64), w.toolNames)
@@ -115,6 +120,34 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 		r.notice = n.Notice()
 	}
 	return nil, nil
+}
+
+// ceilings applies the operator's ceilings (--max-run-timeout,
+// --max-turns): a request asking more is a bad request; a default above a
+// ceiling is lowered to it.
+func (r *run) ceilings(req *bus.RunRequest, add func(string, ...any)) {
+	cfg := r.w.cfg
+	var asked bus.Limits
+	if req.Limits != nil {
+		asked = *req.Limits
+	}
+	if c := cfg.MaxRunTimeout; c > 0 {
+		secs := max(int(c/time.Second), 1)
+		switch {
+		case asked.TimeoutSeconds > secs:
+			add("limits.timeoutSeconds %d is more than this worker's ceiling of %d (--max-run-timeout)", asked.TimeoutSeconds, secs)
+		case r.limits.TimeoutSeconds > secs:
+			r.limits.TimeoutSeconds = secs
+		}
+	}
+	if c := cfg.MaxTurns; c > 0 {
+		switch {
+		case asked.MaxTurns > c:
+			add("limits.maxTurns %d is more than this worker's ceiling of %d (--max-turns)", asked.MaxTurns, c)
+		case r.limits.MaxTurns > c:
+			r.limits.MaxTurns = c
+		}
+	}
 }
 
 // fauxScript makes the request's faux script the run's model. A resumed
@@ -171,6 +204,12 @@ func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error)
 	}
 	if !rec.Finished() {
 		return nil, bus.BadRequest("continueFrom: run %s has not finished (it is %s)", id, rec.State)
+	}
+	// Queues are the unit of permission (subject permissions): a run may
+	// only read the transcript of a run of its own queue.
+	if rec.Queue != r.queue {
+		return nil, bus.BadRequest("continueFrom: run %s is on queue %q, this run is on queue %q; a run may only continue a run of its own queue",
+			id, clipString(rec.Queue, 64), r.queue)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()

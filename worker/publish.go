@@ -74,6 +74,8 @@ type publisher struct {
 	closed      bool
 	err         error
 	lastStream  uint64 // stream sequence of the last acked event
+	sent        int    // events published, for the run's event budget
+	sentBytes   int64
 	firstStream uint64
 	onFail      func(error)
 }
@@ -338,10 +340,29 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		p.holding = true
 	}
 	p.seq = seq
+	p.sent++
+	p.sentBytes += int64(len(data))
 	p.queue = append(p.queue, o)
 	p.mu.Unlock()
 	p.wake()
 	return seq, nil
+}
+
+// spent returns the events and bytes published so far.
+func (p *publisher) spent() (int, int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sent, p.sentBytes
+}
+
+// charge counts earlier attempts' events against the run's event budget.
+func (p *publisher) charge(envs []*bus.Envelope) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range envs {
+		p.sent++
+		p.sentBytes += int64(len(e.Event)) + 160 // envelope fields, roughly
+	}
 }
 
 // fleetEvent encodes and publishes a fleet event (run_started, ...).

@@ -36,6 +36,8 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// The event budget spans attempts: a redelivery does not renew it.
+	r.pub.charge(envs)
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())
 	if rc.Finished != nil {
 		return false, errAlreadyFinished

@@ -306,6 +306,15 @@ func (r *run) abort(reason string) {
 	r.stop()
 }
 
+// overBudget stops a run that crossed one of its per-run bounds; it fails
+// with reason.
+func (r *run) overBudget(reason, text string) {
+	if r.tally.overBudget(reason, text) {
+		r.log.Error("run over a per-run bound; failing it", "reason", reason, "err", text)
+		r.stop()
+	}
+}
+
 func (r *run) publishFailed(err error) {
 	r.tally.publishFailed(err)
 	r.stop()

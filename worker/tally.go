@@ -23,16 +23,39 @@ type tally struct {
 	limitReason   string
 	limitText     string
 	tooLarge      error
+	budgetReason  string // a per-run bound was crossed (events, controls, transcript)
+	budgetText    string
 	pubErr        error
 }
 
-// assistant counts an assistant message (its usage, and it is the last
-// answer so far).
+// assistant records an assistant message as the last answer so far. Its
+// usage is not counted here: the prompt's assistant messages are the
+// submitter's, and their usage is whatever the submitter wrote.
 func (t *tally) assistant(m agent.Message) {
 	t.mu.Lock()
-	t.usage.Add(m.Usage)
 	t.lastAssistant = &m
 	t.mu.Unlock()
+}
+
+// modelCall counts the usage of one of this run's model calls.
+func (t *tally) modelCall(u agent.Usage) {
+	t.mu.Lock()
+	t.usage.Add(nonNegative(u))
+	t.mu.Unlock()
+}
+
+// nonNegative clamps negative counts and costs (a hostile endpoint's, or a
+// forged transcript's) to zero, so usage only ever grows.
+func nonNegative(u agent.Usage) agent.Usage {
+	for _, p := range []*int{&u.Input, &u.Output, &u.CacheRead, &u.CacheWrite, &u.Reasoning, &u.TotalTokens} {
+		*p = max(*p, 0)
+	}
+	for _, p := range []*float64{&u.Cost.Input, &u.Cost.Output, &u.Cost.CacheRead, &u.Cost.CacheWrite, &u.Cost.Total} {
+		if !(*p > 0) { // also NaN
+			*p = 0
+		}
+	}
+	return u
 }
 
 func (t *tally) turn() {
@@ -49,7 +72,7 @@ func (t *tally) restore(msgs []agent.Message) int {
 	for i := range msgs {
 		if m := msgs[i]; m.Role == agent.RoleAssistant {
 			t.turns++
-			t.usage.Add(m.Usage)
+			t.usage.Add(nonNegative(m.Usage))
 			t.lastAssistant = &m
 		}
 	}
@@ -85,6 +108,24 @@ func (t *tally) eventTooLarge(err error) {
 	t.mu.Unlock()
 }
 
+// overBudget records the first per-run bound the run crossed; it reports
+// whether this was the first.
+func (t *tally) overBudget(reason, text string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.budgetReason != "" {
+		return false
+	}
+	t.budgetReason, t.budgetText = reason, text
+	return true
+}
+
+func (t *tally) overBudgetAlready() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.budgetReason != ""
+}
+
 // publishFailed records the first failed publish: the attempt is handed
 // back.
 func (t *tally) publishFailed(err error) {
@@ -105,7 +146,8 @@ func (t *tally) publishErr() error {
 func (t *tally) stopping() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.abortReason != nil || t.limitReason != "" || t.tooLarge != nil || t.pubErr != nil
+	return t.abortReason != nil || t.limitReason != "" || t.tooLarge != nil || t.pubErr != nil ||
+		t.budgetReason != ""
 }
 
 func (t *tally) modelFailed() bool {
@@ -150,6 +192,8 @@ func (t *tally) outcome(runErr error, timedOut bool, timeout time.Duration, runS
 		fail(bus.ReasonTimeout, fmt.Sprintf("the run exceeded its timeout of %s", timeout))
 	case t.tooLarge != nil:
 		fail(bus.ReasonEventTooLarge, t.tooLarge.Error())
+	case t.budgetReason != "":
+		fail(t.budgetReason, t.budgetText)
 	case t.limitReason != "":
 		fail(t.limitReason, t.limitText)
 	case runErr != nil:
@@ -157,5 +201,8 @@ func (t *tally) outcome(runErr error, timedOut bool, timeout time.Duration, runS
 	case t.lastAssistant != nil && (t.lastAssistant.StopReason == agent.StopReasonError || t.lastAssistant.StopReason == agent.StopReasonAborted):
 		fail(bus.ReasonModelError, t.lastAssistant.ErrorMessage)
 	}
+	// Error texts come from models, tools and submitters: bounded in the
+	// event, the record and the log.
+	f.Error = clipString(f.Error, bus.MaxErrorBytes)
 	return f
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // MaxSleep bounds the sleep tool.
@@ -105,10 +106,15 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			if r, ok := ctx.Value(runKey{}).(*run); ok {
 				w.obs.ToolCall(r.info(), ToolCall{Tool: name, Duration: time.Since(start), Err: err, TimedOut: timedOut})
 			}
-			if err == nil {
-				res.Content = capContent(res.Content, maxBytes)
+			if err != nil {
+				// An error result is capped like a successful one.
+				if msg := err.Error(); len(msg) > min(maxBytes, bus.MaxErrorBytes) {
+					err = errors.New(clipString(msg, min(maxBytes, bus.MaxErrorBytes)))
+				}
+				return res, err
 			}
-			return res, err
+			res.Content = capContent(res.Content, maxBytes)
+			return res, nil
 		},
 	}
 }

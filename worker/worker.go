@@ -35,6 +35,9 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
+	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
+	// queue without an entry has only the shared slots.
+	queueSlots map[string]chan struct{}
 
 	controlStream jetstream.Stream
 	runsStream    jetstream.Stream
@@ -105,6 +108,18 @@ func New(cfg Config) (*Worker, error) {
 		slots:        make(chan struct{}, cfg.Concurrency),
 		runs:         map[string]*run{},
 		ready:        make(chan struct{}),
+		queueSlots:   map[string]chan struct{}{},
+	}
+	for q, n := range cfg.QueueConcurrency {
+		if err := bus.CheckQueue(q); err != nil {
+			return nil, fmt.Errorf("worker: queue concurrency: %w", err)
+		}
+		if n <= 0 {
+			return nil, fmt.Errorf("worker: queue concurrency of %s must be positive, not %d", q, n)
+		}
+		if n < cfg.Concurrency {
+			w.queueSlots[q] = make(chan struct{}, n)
+		}
 	}
 	var tools []*agent.Tool
 	if !cfg.NoBuiltinTools {
@@ -237,40 +252,71 @@ func (w *Worker) running() int {
 // for it, so none waits in a buffer while its AckWait runs.
 func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer) {
 	log := w.log.With("queue", queue)
+	qs := w.queueSlots[queue]
+	limit := w.cfg.Concurrency
+	if qs != nil {
+		limit = cap(qs)
+	}
 	for {
+		// The queue's own slot first: a queue at its cap holds no shared
+		// slot while it waits.
+		if qs != nil {
+			select {
+			case qs <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
 		select {
 		case w.slots <- struct{}{}:
 		case <-ctx.Done():
+			if qs != nil {
+				<-qs
+			}
 			return
 		}
 		n := 1
 	more:
-		for n < w.cfg.Concurrency {
+		for n < limit {
+			if qs != nil {
+				select {
+				case qs <- struct{}{}:
+				default:
+					break more
+				}
+			}
 			select {
 			case w.slots <- struct{}{}:
 				n++
 			default:
+				if qs != nil {
+					<-qs
+				}
 				break more
 			}
 		}
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
 		if n > 1 {
-			got := w.fetch(ctx, log, cons, n, true)
+			got := w.fetch(ctx, log, queue, cons, n, true)
 			if got > 0 {
-				w.releaseSlots(n - got)
+				w.releaseSlots(queue, n-got)
 				continue
 			}
-			w.releaseSlots(n - 1) // keep one for the long pull
+			w.releaseSlots(queue, n-1) // keep one for the long pull
 		}
-		if w.fetch(ctx, log, cons, 1, false) == 0 {
-			w.releaseSlots(1)
+		if w.fetch(ctx, log, queue, cons, 1, false) == 0 {
+			w.releaseSlots(queue, 1)
 		}
 	}
 }
 
-func (w *Worker) releaseSlots(n int) {
+func (w *Worker) releaseSlots(queue string, n int) {
+	qs := w.queueSlots[queue]
 	for range n {
 		<-w.slots
+		if qs != nil {
+			<-qs
+		}
 	}
 	if n > 0 {
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
@@ -279,7 +325,7 @@ func (w *Worker) releaseSlots(n int) {
 
 // fetch asks for up to n messages and starts a run for each; it returns how
 // many it got. Each started run owns one slot.
-func (w *Worker) fetch(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, n int, noWait bool) int {
+func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons jetstream.Consumer, n int, noWait bool) int {
 	var batch jetstream.MessageBatch
 	var err error
 	if noWait {
@@ -303,13 +349,13 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, cons jetstream.Con
 		if ctx.Err() != nil {
 			// Stopping: hand it back at once.
 			_ = m.Nak()
-			<-w.slots
+			w.releaseSlots(queue, 1)
 			continue
 		}
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			defer w.releaseSlots(1)
+			defer w.releaseSlots(queue, 1)
 			w.handle(m)
 		}()
 	}

@@ -72,6 +72,15 @@ type options struct {
 	requestsMaxBytes, eventsMaxBytes, controlMaxBytes byteSize
 	natsSync                                          string
 	maxToolArgs, maxToolResult                        int
+	// Per-run bounds and operator ceilings.
+	maxRunEvents                         int
+	maxRunEventBytes                     byteSize
+	maxQueuedControls                    int
+	maxQueuedControlBytes, maxTranscript byteSize
+	maxRunTimeout                        time.Duration
+	maxTurns                             int
+	queueConcurrency                     listFlag
+	allowFaux                            optionalBool
 	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
 	// port (a second worker on one machine) falls back to a free port.
 	metricsAddrDefault bool
@@ -135,6 +144,34 @@ func (e *environment) bytes(name string) byteSize {
 	}
 	return b
 }
+
+func (e *environment) bytesDefault(name string, def byteSize) byteSize {
+	if os.Getenv(name) == "" {
+		return def
+	}
+	return e.bytes(name)
+}
+
+// optionalBool is a boolean flag whose default depends on other flags.
+type optionalBool struct{ set, v bool }
+
+func (b *optionalBool) String() string {
+	if b == nil || !b.set {
+		return ""
+	}
+	return strconv.FormatBool(b.v)
+}
+
+func (b *optionalBool) Set(s string) error {
+	v, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not true or false", clip(s))
+	}
+	b.set, b.v = true, v
+	return nil
+}
+
+func (b *optionalBool) IsBoolFlag() bool { return true }
 
 // byteSize is a flag of bytes: 1048576, 512MiB, 10GiB, 1TB.
 type byteSize int64
@@ -215,6 +252,23 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
 	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", environ.int("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
 	fs.IntVar(&o.maxToolResult, "max-tool-result-bytes", environ.int("AGENTS_MAX_TOOL_RESULT_BYTES", 64<<10), "tool results are cut to this many bytes [AGENTS_MAX_TOOL_RESULT_BYTES]")
+	fs.IntVar(&o.maxRunEvents, "max-run-events", environ.int("AGENTS_MAX_RUN_EVENTS", 100_000), "events one run may publish (over all its attempts); past it the run fails (reason event_budget) [AGENTS_MAX_RUN_EVENTS]")
+	o.maxRunEventBytes = environ.bytesDefault("AGENTS_MAX_RUN_EVENT_BYTES", 256<<20)
+	fs.Var(&o.maxRunEventBytes, "max-run-event-bytes", "bytes of events one run may publish (e.g. 256MiB); past it the run fails (reason event_budget) [AGENTS_MAX_RUN_EVENT_BYTES]")
+	fs.IntVar(&o.maxQueuedControls, "max-queued-controls", environ.int("AGENTS_MAX_QUEUED_CONTROLS", 1024), "steer/follow-up messages a run may have waiting for its agent; one more fails the run (reason control_budget) [AGENTS_MAX_QUEUED_CONTROLS]")
+	o.maxQueuedControlBytes = environ.bytesDefault("AGENTS_MAX_QUEUED_CONTROL_BYTES", 4<<20)
+	fs.Var(&o.maxQueuedControlBytes, "max-queued-control-bytes", "bytes of steer/follow-up messages a run may have waiting for its agent (reason control_budget past it) [AGENTS_MAX_QUEUED_CONTROL_BYTES]")
+	o.maxTranscript = environ.bytesDefault("AGENTS_MAX_TRANSCRIPT_BYTES", 32<<20)
+	fs.Var(&o.maxTranscript, "max-transcript-bytes", "size of a run's transcript (its messages as JSON); past it the run fails (reason transcript_too_large) [AGENTS_MAX_TRANSCRIPT_BYTES]")
+	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
+	fs.IntVar(&o.maxTurns, "max-turns", environ.int("AGENTS_MAX_TURNS", 0), "ceiling of a run's maxTurns: a request asking more is a bad request, the default is lowered to it; 0: the protocol's 1000 [AGENTS_MAX_TURNS]")
+	fs.Var(&o.queueConcurrency, "queue-concurrency", "queue=N: runs of that queue in flight at most, so one queue cannot take every slot; repeatable or comma-separated [AGENTS_QUEUE_CONCURRENCY]")
+	if v := os.Getenv("AGENTS_ALLOW_FAUX"); v != "" {
+		if err := o.allowFaux.Set(v); err != nil {
+			environ.errs = append(environ.errs, fmt.Errorf("AGENTS_ALLOW_FAUX: %w", err))
+		}
+	}
+	fs.Var(&o.allowFaux, "allow-faux", "let requests script the faux model (tests, demos); default on without a model endpoint, off with one [AGENTS_ALLOW_FAUX]")
 	fs.DurationVar(&o.eventsMaxAge, "events-max-age", environ.duration("AGENTS_EVENTS_MAX_AGE", 7*24*time.Hour), "how long run events are kept (stream AGENTS_EVENTS) [AGENTS_EVENTS_MAX_AGE]")
 	fs.DurationVar(&o.controlMaxAge, "control-max-age", environ.duration("AGENTS_CONTROL_MAX_AGE", 7*24*time.Hour), "how long control messages are kept (stream AGENTS_CONTROL) [AGENTS_CONTROL_MAX_AGE]")
 	fs.DurationVar(&o.recordsTTL, "records-ttl", environ.duration("AGENTS_RECORDS_TTL", 7*24*time.Hour), "how long run records are kept (bucket agents_runs) [AGENTS_RECORDS_TTL]")
@@ -275,6 +329,17 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 			return nil, err
 		}
 	}
+	if len(o.queueConcurrency) == 0 {
+		if v := env("AGENTS_QUEUE_CONCURRENCY", ""); v != "" {
+			_ = o.queueConcurrency.Set(v)
+		}
+	}
+	if _, err := parseQueueConcurrency(o.queueConcurrency); err != nil {
+		return nil, err
+	}
+	if o.maxRunTimeout < 0 || o.maxTurns < 0 {
+		return nil, errors.New("--max-run-timeout and --max-turns must not be negative")
+	}
 	if o.concurrency < 1 {
 		return nil, errors.New("--concurrency must be at least 1")
 	}
@@ -288,6 +353,43 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--log-format %q: use text or json", o.logFormat)
 	}
 	return o, nil
+}
+
+// applyBounds puts the per-run bounds and ceilings into the worker's
+// configuration (after modelConfig: the faux default depends on it).
+func applyBounds(o *options, cfg *worker.Config) {
+	cfg.MaxRunEvents = o.maxRunEvents
+	cfg.MaxRunEventBytes = int64(o.maxRunEventBytes)
+	cfg.MaxQueuedControls = o.maxQueuedControls
+	cfg.MaxQueuedControlBytes = int(min(int64(o.maxQueuedControlBytes), 1<<40))
+	cfg.MaxTranscriptBytes = int(min(int64(o.maxTranscript), 1<<40))
+	cfg.MaxRunTimeout = o.maxRunTimeout
+	cfg.MaxTurns = o.maxTurns
+	cfg.QueueConcurrency, _ = parseQueueConcurrency(o.queueConcurrency)
+	// Faux lets a submitter script the "model": on by default only where
+	// there is no real model (the quickstart's demo, tests).
+	cfg.NoFaux = !o.allowFaux.v
+	if !o.allowFaux.set {
+		cfg.NoFaux = len(cfg.Providers) > 0
+	}
+}
+
+// parseQueueConcurrency reads --queue-concurrency's queue=N entries.
+func parseQueueConcurrency(entries []string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, e := range entries {
+		q, n, ok := strings.Cut(e, "=")
+		v, err := strconv.Atoi(strings.TrimSpace(n))
+		if !ok || err != nil || v < 1 {
+			return nil, fmt.Errorf("--queue-concurrency %q: use queue=N with N at least 1", clip(e))
+		}
+		q = strings.TrimSpace(q)
+		if err := bus.CheckQueue(q); err != nil {
+			return nil, fmt.Errorf("--queue-concurrency: %w", err)
+		}
+		out[q] = v
+	}
+	return out, nil
 }
 
 func newLogger(o *options, w io.Writer) (*slog.Logger, error) {
@@ -398,6 +500,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.MaxToolArgsBytes = o.maxToolArgs
 	cfg.MaxToolResultBytes = o.maxToolResult
 	cfg.WorkerID = o.workerID
+	applyBounds(o, &cfg)
 	cfg.Logger = log
 	w, err := worker.New(cfg)
 	if err != nil {
