@@ -261,6 +261,9 @@ func (s *MCPServer) execute(remote, full string) agent.ExecuteFunc {
 		if sess == nil {
 			return agent.ToolResult{}, s.unavailable(cause)
 		}
+		if args == nil {
+			args = map[string]any{} // a typed nil would go out as null
+		}
 		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: remote, Arguments: args})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -316,15 +319,9 @@ func (s *MCPServer) Resolve(_ context.Context, namespace string) ([]*agent.Tool,
 // not serve that tool.
 func (s *MCPServer) Missing(name string) *agent.Tool {
 	_, remote, _ := SplitName(name)
-	return failingTool(name, "", func() error {
-		s.mu.Lock()
-		sess, cause := s.session, s.cause
-		s.mu.Unlock()
-		if sess == nil {
-			return s.unavailable(cause)
-		}
-		return fmt.Errorf("MCP server %s has no tool %q", s.name, clip(remote, 64))
-	})
+	// While the server is up the call goes to it anyway: it is the judge
+	// of its tools (its list may have changed), and it says what is wrong.
+	return &agent.Tool{Name: name, Parameters: []byte(`{"type":"object"}`), Execute: s.execute(remote, name)}
 }
 
 // Status reports the server and its tools.
