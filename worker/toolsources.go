@@ -65,7 +65,7 @@ func (r *run) resolveTools(ctx context.Context) []string {
 				if rest == "*" {
 					for _, t := range found {
 						if !seen[t.Name] {
-							add(w.wrapTool(t))
+							add(w.wrapTool(r.sourceTool(t)))
 						}
 					}
 					continue
@@ -75,9 +75,9 @@ func (r *run) resolveTools(ctx context.Context) []string {
 				}
 				i := slices.IndexFunc(found, func(t *agent.Tool) bool { return t.Name == name })
 				if i >= 0 {
-					add(w.wrapTool(found[i]))
+					add(w.wrapTool(r.sourceTool(found[i])))
 				} else {
-					add(w.wrapTool(src.Missing(name)))
+					add(w.wrapTool(r.sourceTool(src.Missing(name))))
 				}
 				continue
 			}
@@ -91,6 +91,19 @@ func (r *run) resolveTools(ctx context.Context) []string {
 		r.toolList[i] = t.Name
 	}
 	return problems
+}
+
+// sourceTool tells a source's tool which run calls it.
+func (r *run) sourceTool(t *agent.Tool) *agent.Tool {
+	inner := t.Execute
+	call := toolsource.Call{Run: r.id, Attempt: r.attempt}
+	return &agent.Tool{
+		Name: t.Name, Label: t.Label, Description: t.Description, Parameters: t.Parameters,
+		ExecutionMode: t.ExecutionMode, PrepareArguments: t.PrepareArguments,
+		Execute: func(ctx context.Context, id string, args map[string]any, update agent.UpdateFunc) (agent.ToolResult, error) {
+			return inner(toolsource.WithCall(ctx, call), id, args, update)
+		},
+	}
 }
 
 // resolveNamespace finds the source serving a namespace and its tools now.
