@@ -185,4 +185,3 @@ func TestEverythingEnvHasNoWorkerSecrets(t *testing.T) {
 		}
 	}
 }
-
