@@ -69,6 +69,8 @@ type Config struct {
 	// servers and NATS tool services (package toolsource). Run starts
 	// them and stops them when it returns.
 	ToolSources []toolsource.Source
+	// Version is the worker's version in its presence entry.
+	Version string
 	// Providers by name ("openai", ...). "faux" is always available: a
 	// request's faux script, or the demo model when it has none (unless
 	// Providers["faux"] is set).

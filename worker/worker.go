@@ -195,6 +195,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopGiveUp := w.startGiveUp(setup)
 	stopToolSources := w.startToolSources(setup) // worker/toolsources.go
 	defer stopToolSources()
+	stopPresence := w.startPresence() // worker/presence.go
+	defer stopPresence()
 
 	w.log.Info("worker started", "queues", w.cfg.Queues, "concurrency", w.cfg.Concurrency,
 		"ackWait", w.cfg.AckWait, "maxDeliver", w.cfg.MaxDeliver, "tools", w.toolNames,

@@ -409,6 +409,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.MaxToolResultBytes = o.maxToolResult
 	cfg.WorkerID = o.workerID
 	cfg.Logger = log
+	cfg.Version = version
 	if cfg.ToolSources, err = tools.sources(c.Conn(), log); err != nil {
 		log.Error("tools configuration", "err", err)
 		return 2
