@@ -71,7 +71,9 @@ func TestAccountsToolSources(t *testing.T) {
 		for {
 			ws, err := c.ListWorkers(ctx)
 			if err == nil && len(ws) == 1 && ws[0].Worker == "acl-tools-worker" &&
-				slices.ContainsFunc(ws[0].Tools, func(p bus.PresenceTool) bool { return p.Name == "calc__add" && p.Source == "service:calc" && p.Available }) {
+				slices.ContainsFunc(ws[0].Tools, func(p bus.PresenceTool) bool {
+					return p.Name == "calc__add" && p.Source == "service:calc" && p.Available
+				}) {
 				break
 			}
 			if time.Now().After(deadline) {
