@@ -27,15 +27,15 @@ func (w *Worker) startPresence() (stop func()) {
 		kv, err := w.c.Workers(ctx)
 		if err != nil {
 			w.log.Warn("no worker presence", "err", err)
-			return
 		}
 		var last []byte
 		var lastPut time.Time
 		t := time.NewTicker(presenceCheck)
 		defer t.Stop()
 		for {
+			w.observeToolSources()
 			b, err := json.Marshal(w.presence(started))
-			if err == nil && (!bytes.Equal(b, last) || time.Since(lastPut) >= bus.PresenceInterval) {
+			if kv != nil && err == nil && (!bytes.Equal(b, last) || time.Since(lastPut) >= bus.PresenceInterval) {
 				pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 				if _, err := kv.Put(pctx, w.id, b); err != nil && ctx.Err() == nil {
 					w.log.Warn("writing worker presence failed", "err", err)
@@ -46,9 +46,11 @@ func (w *Worker) startPresence() (stop func()) {
 			}
 			select {
 			case <-ctx.Done():
-				dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Second)
-				_ = kv.Delete(dctx, w.id)
-				dcancel()
+				if kv != nil {
+					dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Second)
+					_ = kv.Delete(dctx, w.id)
+					dcancel()
+				}
 				return
 			case <-t.C:
 			}

@@ -180,3 +180,35 @@ func editDistance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// ToolSourceObserver is an Observer that is also told, about once a
+// second, the state of the worker's tool sources.
+type ToolSourceObserver interface {
+	ToolSources(parts []toolsource.SourceStatus, tools []string)
+}
+
+// ToolSources implements ToolSourceObserver for the metrics.
+func (o *metricsObserver) ToolSources(parts []toolsource.SourceStatus, tools []string) {
+	o.m.AllowTools(tools)
+	for _, p := range parts {
+		o.m.ToolSourceUp(p.Name, p.Up)
+	}
+}
+
+// observeToolSources tells a ToolSourceObserver the sources' state.
+func (w *Worker) observeToolSources() {
+	o, ok := w.obs.(ToolSourceObserver)
+	if !ok || len(w.cfg.ToolSources) == 0 {
+		return
+	}
+	var parts []toolsource.SourceStatus
+	var names []string
+	for _, s := range w.cfg.ToolSources {
+		p, tools := s.Status()
+		parts = append(parts, p...)
+		for _, t := range tools {
+			names = append(names, t.Name)
+		}
+	}
+	o.ToolSources(parts, names)
+}
