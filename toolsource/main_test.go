@@ -2,6 +2,7 @@ package toolsource_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,35 @@ import (
 	"github.com/agentfleet/agentfleet/toolsource"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The test binary doubles as a no-op MCP stdio server (benchmarks).
+	if os.Getenv("TOOLSOURCE_TEST_STDIO_SERVER") == "1" {
+		serveNoopStdio()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func serveNoopStdio() {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "noop", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "noop", Description: "Does nothing.", InputSchema: json.RawMessage(`{"type":"object"}`)},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil
+		})
+	if err := srv.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// noopStdioConfig runs this test binary as a no-op MCP stdio server.
+func noopStdioConfig(t testing.TB) toolsource.ServerConfig {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "1"}}
+}
 
 // everythingDir is where `npm install @modelcontextprotocol/server-everything`
 // put the package (AGENTFLEET_MCP_EVERYTHING); .ci/run installs it. Without
@@ -131,7 +160,7 @@ func (c *watchConn) Write(ctx context.Context, m jsonrpc.Message) error {
 
 // runSource runs a source until the test ends and waits for its first
 // connection attempt.
-func runSource(t *testing.T, s toolsource.Source) {
+func runSource(t testing.TB, s toolsource.Source) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -145,7 +174,7 @@ func runSource(t *testing.T, s toolsource.Source) {
 }
 
 // waitUp waits until every part of a source is up.
-func waitUp(t *testing.T, s toolsource.Source) {
+func waitUp(t testing.TB, s toolsource.Source) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
