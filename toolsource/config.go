@@ -28,6 +28,20 @@ type ServerConfig struct {
 	Env     map[string]string `json:"env,omitempty"`
 	URL     string            `json:"url,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
+
+	// expanded are the values ${VAR} references took: they may be
+	// secrets, so they are cut out of every error and log line.
+	expanded []string
+}
+
+// Redact replaces in s every value the config took from the environment.
+func (s ServerConfig) Redact(text string) string {
+	for _, v := range s.expanded {
+		if len(v) >= 4 {
+			text = strings.ReplaceAll(text, v, "REDACTED")
+		}
+	}
+	return text
 }
 
 // Stdio reports whether the server is started as a subprocess.
@@ -133,6 +147,9 @@ func ParseConfig(data []byte, getenv func(string) (string, bool)) (*Config, erro
 				val, ok := getenv(key)
 				if !ok {
 					add("%s.%s: environment variable %s is not set", where, field, key)
+				}
+				if val != "" {
+					s.expanded = append(s.expanded, val)
 				}
 				return val
 			})

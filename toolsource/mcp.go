@@ -106,7 +106,7 @@ func (s *MCPServer) Run(ctx context.Context) {
 		if err != nil {
 			s.setDown(err.Error())
 			if ctx.Err() == nil {
-				s.log.Warn("MCP server did not start", "err", err)
+				s.log.Warn("MCP server did not start", "err", s.cfg.Redact(err.Error()))
 			}
 		}
 		if first {
@@ -121,7 +121,7 @@ func (s *MCPServer) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			s.log.Warn("MCP server session ended; restarting", "cause", cause)
+			s.log.Warn("MCP server session ended; restarting", "cause", s.cfg.Redact(cause))
 			if time.Since(start) > time.Minute {
 				b.Reset()
 			}
@@ -157,7 +157,7 @@ func (s *MCPServer) serve(ctx context.Context, sess *mcp.ClientSession) string {
 			tools, skipped, err := s.listTools(lctx, sess)
 			cancel()
 			if err != nil {
-				s.log.Warn("MCP server: listing tools after list_changed failed", "err", err)
+				s.log.Warn("MCP server: listing tools after list_changed failed", "err", s.cfg.Redact(err.Error()))
 				continue
 			}
 			s.mu.Lock()
@@ -271,7 +271,7 @@ func (s *MCPServer) execute(remote, full string) agent.ExecuteFunc {
 			}
 			var werr *jsonrpc.Error
 			if errors.As(err, &werr) {
-				return agent.ToolResult{}, fmt.Errorf("%s failed: %s", full, werr.Message)
+				return agent.ToolResult{}, fmt.Errorf("%s failed: %s", full, s.cfg.Redact(werr.Message))
 			}
 			return agent.ToolResult{}, s.unavailable(err.Error())
 		}
@@ -280,7 +280,7 @@ func (s *MCPServer) execute(remote, full string) agent.ExecuteFunc {
 }
 
 func (s *MCPServer) unavailable(cause string) error {
-	return fmt.Errorf("MCP server %s is unavailable: %s", s.name, cause)
+	return fmt.Errorf("MCP server %s is unavailable: %s", s.name, s.cfg.Redact(cause))
 }
 
 func (s *MCPServer) setDown(cause string) {
@@ -289,7 +289,7 @@ func (s *MCPServer) setDown(cause string) {
 	if s.session != nil {
 		_ = s.session.Close()
 	}
-	s.session, s.cause = nil, cause
+	s.session, s.cause = nil, s.cfg.Redact(cause)
 }
 
 func (s *MCPServer) toolNames() []string {
