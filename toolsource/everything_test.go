@@ -58,12 +58,20 @@ func TestEverythingTools(t *testing.T) {
 		batch(agent.ToolCall("sum", "everything__get-sum", map[string]any{"a": 2, "b": 40}),
 			agent.ToolCall("img", "everything__get-tiny-image", map[string]any{}),
 			agent.ToolCall("sampling", "everything__trigger-sampling-request", map[string]any{"prompt": "hi"}),
-			agent.ToolCall("calc", "calculator", map[string]any{"expression": "1+1"})),
+			agent.ToolCall("calc", "calculator", map[string]any{"expression": "1+1"}),
+			agent.ToolCall("long", "everything__trigger-long-running-operation", map[string]any{"duration": 1, "steps": 2})),
 		fleettest.Text("done"))
 	req.Tools = []string{"everything__*", "everything__get-sum", "calculator", "everything__trigger-sampling-request"}
 	id := f.Submit("", req)
-	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+	envs := f.Follow(id)
+	if fin := fleettest.Decode(t, envs[len(envs)-1]).RunFinished; fin == nil || fin.Status != bus.StatusSucceeded {
 		t.Fatalf("finished %+v", fin)
+	}
+	// Progress notifications become tool_execution_update events.
+	if !slices.ContainsFunc(envs, func(e *bus.Envelope) bool {
+		return e.Type == "tool_execution_update" && strings.Contains(string(e.Event), `"long"`) && strings.Contains(string(e.Event), "progress 1/2")
+	}) {
+		t.Errorf("no progress update of the long operation:\n%s", fleettest.Dump(envs))
 	}
 	tr := f.Transcript(id)
 	got := tr.Started.Tools

@@ -46,6 +46,12 @@ type MCPServer struct {
 	ready   chan struct{}
 	refresh chan struct{}
 
+	// progress routes a call's progress notifications to its run, by
+	// progress token.
+	progMu    sync.Mutex
+	progress  map[string]chan agent.ToolResult
+	nextToken uint64
+
 	mu      sync.Mutex
 	session *mcp.ClientSession // nil while down
 	cause   string             // why it is down
@@ -82,10 +88,11 @@ func NewMCPServer(name string, cfg ServerConfig, o MCPOptions) *MCPServer {
 	}
 	return &MCPServer{
 		name: name, cfg: cfg, o: o,
-		log:     o.Logger.With("mcpServer", name),
-		ready:   make(chan struct{}),
-		refresh: make(chan struct{}, 1),
-		cause:   "not started yet",
+		log:      o.Logger.With("mcpServer", name),
+		ready:    make(chan struct{}),
+		refresh:  make(chan struct{}, 1),
+		cause:    "not started yet",
+		progress: map[string]chan agent.ToolResult{},
 	}
 }
 
@@ -184,7 +191,8 @@ func (s *MCPServer) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "agentfleet-worker", Version: s.o.Version}, &mcp.ClientOptions{
 		// No roots, no sampling, no elicitation: the worker offers none.
-		Capabilities: &mcp.ClientCapabilities{},
+		Capabilities:                &mcp.ClientCapabilities{},
+		ProgressNotificationHandler: s.onProgress,
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
 			select {
 			case s.refresh <- struct{}{}:
@@ -254,7 +262,7 @@ func (s *MCPServer) listTools(ctx context.Context, sess *mcp.ClientSession) ([]*
 }
 
 func (s *MCPServer) execute(remote, full string) agent.ExecuteFunc {
-	return func(ctx context.Context, _ string, args map[string]any, _ agent.UpdateFunc) (agent.ToolResult, error) {
+	return func(ctx context.Context, _ string, args map[string]any, update agent.UpdateFunc) (agent.ToolResult, error) {
 		s.mu.Lock()
 		sess, cause := s.session, s.cause
 		s.mu.Unlock()
@@ -264,7 +272,13 @@ func (s *MCPServer) execute(remote, full string) agent.ExecuteFunc {
 		if args == nil {
 			args = map[string]any{} // a typed nil would go out as null
 		}
-		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: remote, Arguments: args})
+		params := &mcp.CallToolParams{Name: remote, Arguments: args}
+		if update != nil {
+			token, stop := s.followProgress(update)
+			defer stop()
+			params.SetProgressToken(token)
+		}
+		res, err := sess.CallTool(ctx, params)
 		if err != nil {
 			if ctx.Err() != nil {
 				return agent.ToolResult{}, ctx.Err()
@@ -276,6 +290,59 @@ func (s *MCPServer) execute(remote, full string) agent.ExecuteFunc {
 			return agent.ToolResult{}, s.unavailable(err.Error())
 		}
 		return mcpResult(res)
+	}
+}
+
+// followProgress passes a call's progress notifications to update (as
+// tool_execution_update) from a goroutine of its own: the session's reader
+// never waits for a run's event publishing.
+func (s *MCPServer) followProgress(update agent.UpdateFunc) (token string, stop func()) {
+	ch := make(chan agent.ToolResult, 16)
+	s.progMu.Lock()
+	s.nextToken++
+	token = fmt.Sprintf("%s-%d", s.name, s.nextToken)
+	s.progress[token] = ch
+	s.progMu.Unlock()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case u := <-ch:
+				update(u)
+			case <-done:
+				return
+			}
+		}
+	})
+	return token, func() {
+		s.progMu.Lock()
+		delete(s.progress, token)
+		s.progMu.Unlock()
+		close(done)
+		wg.Wait()
+	}
+}
+
+func (s *MCPServer) onProgress(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+	p := req.Params
+	token, _ := p.ProgressToken.(string)
+	text := fmt.Sprintf("progress %g", p.Progress)
+	if p.Total > 0 {
+		text += fmt.Sprintf("/%g", p.Total)
+	}
+	if p.Message != "" {
+		text += ": " + p.Message
+	}
+	u := agent.ToolResult{Content: []agent.Content{agent.Text(text)},
+		Details: map[string]any{"progress": p.Progress, "total": p.Total}}
+	s.progMu.Lock()
+	defer s.progMu.Unlock()
+	if ch := s.progress[token]; ch != nil {
+		select {
+		case ch <- u:
+		default: // a run that cannot keep up misses progress, not results
+		}
 	}
 }
 
