@@ -61,6 +61,7 @@ type Services struct {
 
 type service struct {
 	tools     []*agent.Tool
+	skipped   []string // endpoints whose tool names are not valid
 	instances int
 }
 
@@ -190,13 +191,13 @@ func (s *Services) gather(ctx context.Context) (map[string]*service, error) {
 			s.log.Warn("tool service skipped", "service", clip(info.Name, 64), "err", err)
 			continue
 		}
-		found[info.Name] = &service{tools: s.tools(info), instances: 1}
+		tools, skipped := s.tools(info)
+		found[info.Name] = &service{tools: tools, skipped: skipped, instances: 1}
 	}
 	return found, nil
 }
 
-func (s *Services) tools(info micro.Info) []*agent.Tool {
-	var tools []*agent.Tool
+func (s *Services) tools(info micro.Info) (tools []*agent.Tool, skipped []string) {
 	for _, ep := range info.Endpoints {
 		schema, hasSchema := ep.Metadata["schema"]
 		desc, hasDesc := ep.Metadata["description"]
@@ -206,6 +207,7 @@ func (s *Services) tools(info micro.Info) []*agent.Tool {
 		full := info.Name + Separator + ep.Name
 		if !ValidToolName(full) {
 			s.log.Warn("tool service endpoint skipped: its name is not ^[A-Za-z0-9_-]{1,64}$", "tool", clip(full, 80))
+			skipped = append(skipped, clip(full, 80))
 			continue
 		}
 		var obj map[string]any
@@ -217,7 +219,7 @@ func (s *Services) tools(info micro.Info) []*agent.Tool {
 			Execute: s.execute(info.Name, full, ep.Subject)})
 	}
 	slices.SortFunc(tools, func(a, b *agent.Tool) int { return cmpString(a.Name, b.Name) })
-	return tools
+	return tools, skipped
 }
 
 // serviceReply is a reply in the agent's own result shape.
@@ -351,6 +353,9 @@ func (s *Services) Status() ([]SourceStatus, []ToolStatus) {
 		}
 		for _, t := range svc.tools {
 			tools = append(tools, ToolStatus{Name: t.Name, Source: "service:" + n, Description: t.Description, Available: true})
+		}
+		for _, name := range svc.skipped {
+			tools = append(tools, ToolStatus{Name: name, Source: "service:" + n})
 		}
 	}
 	return parts, tools

@@ -74,6 +74,10 @@ func startCalc(t *testing.T, f *fleettest.Fleet, name string, block func()) *cal
 	add("slow", func(micro.Request) {}, meta("Never answers.", `{"type":"object"}`))
 	add("plain", func(r micro.Request) { _ = r.Respond([]byte("just text")) }, meta("Answers plain text.", `{"type":"object"}`))
 	add("internal", func(r micro.Request) { _ = r.Respond([]byte("no")) }) // no metadata: not a tool
+	add("refuse", func(r micro.Request) {
+		_ = r.Respond([]byte(`{"content":[{"type":"text","text":"I will not."}],"isError":true}`))
+	}, meta("Refuses.", `{"type":"object"}`))
+	add(strings.Repeat("x", 70), func(r micro.Request) { _ = r.Respond(nil) }, meta("Too long a name.", `{"type":"object"}`))
 	if block != nil {
 		add("block", func(r micro.Request) { block(); _ = r.Respond([]byte("released")) }, meta("Waits.", `{"type":"object"}`))
 	}
@@ -103,6 +107,7 @@ func TestServiceCalls(t *testing.T) {
 		agent.ToolCall("fail", "calc__fail", map[string]any{}),
 		agent.ToolCall("slow", "calc__slow", map[string]any{}),
 		agent.ToolCall("plain", "calc__plain", map[string]any{}),
+		agent.ToolCall("refuse", "calc__refuse", map[string]any{}),
 		agent.ToolCall("bad", "calc__add", map[string]any{"a": "x"}))
 	req := fleettest.FauxRun("calc", batch(calls...), fleettest.Text("done"))
 	req.Tools = []string{"calc__*"}
@@ -111,7 +116,7 @@ func TestServiceCalls(t *testing.T) {
 		t.Fatalf("finished %+v", fin)
 	}
 	tr := f.Transcript(id)
-	if want := []string{"calc__add", "calc__fail", "calc__plain", "calc__slow"}; !slices.Equal(tr.Started.Tools, want) {
+	if want := []string{"calc__add", "calc__fail", "calc__plain", "calc__refuse", "calc__slow"}; !slices.Equal(tr.Started.Tools, want) {
 		t.Errorf("run_started.tools %v, want %v", tr.Started.Tools, want)
 	}
 	res := toolResults(tr)
@@ -129,6 +134,9 @@ func TestServiceCalls(t *testing.T) {
 	}
 	if m := res["slow"]; !m.IsError || !strings.Contains(text(m), "calc__slow timed out after 2s") {
 		t.Errorf("slow: %+v", m)
+	}
+	if m := res["refuse"]; !m.IsError || text(m) != "I will not." {
+		t.Errorf("isError reply: %+v", m)
 	}
 	if m := res["plain"]; m.IsError || text(m) != "just text" {
 		t.Errorf("plain: %+v", m)
@@ -202,7 +210,8 @@ func TestServiceDiscoveryAndMissing(t *testing.T) {
 	if m := toolResults(f.Transcript(id))["add"]; m.IsError || text(m) != "3 from A" {
 		t.Errorf("add: %+v", m)
 	}
-	if parts, tools := src.Status(); len(parts) != 1 || parts[0] != (toolsource.SourceStatus{Name: "service:calc", Up: true}) || len(tools) != 4 {
+	if parts, tools := src.Status(); len(parts) != 1 || parts[0] != (toolsource.SourceStatus{Name: "service:calc", Up: true}) || len(tools) != 6 ||
+		!slices.Contains(tools, toolsource.ToolStatus{Name: "calc__" + strings.Repeat("x", 70), Source: "service:calc"}) {
 		t.Errorf("status %+v %+v", parts, tools)
 	}
 
