@@ -29,7 +29,7 @@ func accountsServer(t *testing.T) (url string, passwords map[string]string) {
 	t.Helper()
 	passwords = map[string]string{}
 	for user, env := range map[string]string{"worker": "AGENTS_WORKER_PASSWORD", "submitter": "AGENTS_SUBMITTER_PASSWORD",
-		"observer": "AGENTS_OBSERVER_PASSWORD", "other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD"} {
+		"observer": "AGENTS_OBSERVER_PASSWORD", "toolservice": "AGENTS_TOOLSERVICE_PASSWORD", "other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD"} {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		passwords[user] = hex.EncodeToString(b[:])

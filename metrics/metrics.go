@@ -52,6 +52,9 @@ type Metrics struct {
 	slotsBusy        prometheus.Gauge
 	slotsTotal       prometheus.Gauge
 	queueDepth       *prometheus.GaugeVec
+	toolSourceUp     *prometheus.GaugeVec // toolsources.go
+
+	toolsMu sync.RWMutex // tools grows as tool sources list tools (toolsources.go)
 
 	// deadlines of the runs in flight, for runs_past_deadline (computed at
 	// scrape time, so a stuck run shows without any event).
@@ -98,6 +101,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 		Help: "Runs on this worker still going after their timeout (a tool or model ignoring cancellation).",
 	}, m.pastDeadline))
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending).", "queue")
+	m.toolSourceUp = gaugeVec(reg, m, "tool_source_up", "Tool sources (mcp:<server>, service:<name>): 1 while up.", "source")
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	sort.Strings(m.names)
@@ -126,7 +130,11 @@ func bound(s map[string]bool, v string) string {
 // Model bounds a model label value.
 func (m *Metrics) Model(id string) string { return bound(m.models, id) }
 
-func (m *Metrics) tool(name string) string  { return bound(m.tools, name) }
+func (m *Metrics) tool(name string) string {
+	m.toolsMu.RLock()
+	defer m.toolsMu.RUnlock()
+	return bound(m.tools, name)
+}
 func (m *Metrics) queue(name string) string { return bound(m.queues, name) }
 func oneOf(v string, allowed ...string) string {
 	for _, a := range allowed {

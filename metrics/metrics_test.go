@@ -82,6 +82,7 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.PublishWaited(time.Millisecond)
 	m.ControlReceived("steer")
 	m.SetQueueDepth("default", 1)
+	m.ToolSourceUp("mcp:x", true)
 	if families, err = reg.Gather(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/toolsource"
 )
 
 // Provider is a model endpoint: a stream function and the metadata of its
@@ -97,6 +98,12 @@ type Config struct {
 	Tools []*agent.Tool
 	// NoBuiltinTools leaves the built-in tools out.
 	NoBuiltinTools bool
+	// ToolSources serve tools the worker discovers at run time: MCP
+	// servers and NATS tool services (package toolsource). Run starts
+	// them and stops them when it returns.
+	ToolSources []toolsource.Source
+	// Version is the worker's version in its presence entry.
+	Version string
 	// Providers by name ("openai", ...). "faux" is always available: a
 	// request's faux script, or the demo model when it has none (unless
 	// Providers["faux"] is set).

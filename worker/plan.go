@@ -77,17 +77,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if p == nil {
 		add("unknown model provider %q: this worker has %s", clipString(ref.Provider, 64), w.providerNames())
 	}
-	r.toolList = []string{}
-	// A longer list is the decoder's problem; its first names are checked.
-	for _, name := range req.Tools[:min(len(req.Tools), bus.MaxTools)] {
-		t := w.tools[name]
-		if t == nil {
-			add("unknown tool %q: this worker has %v", clipString(name, 64), w.toolNames)
-			continue
-		}
-		r.tools = append(r.tools, t)
-		r.toolList = append(r.toolList, name)
-	}
+	problems = append(problems, r.resolveTools(ctx)...) // worker/toolsources.go
 	if req.ContinueFrom != "" && bus.ValidID(req.ContinueFrom) && req.ContinueFrom != r.id {
 		prior, err := r.loadPrior(ctx, req.ContinueFrom)
 		var bad *bus.RequestError

@@ -208,6 +208,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
 	stopGiveUp := w.startGiveUp(setup)
+	stopToolSources := w.startToolSources(setup) // worker/toolsources.go
+	defer stopToolSources()
+	stopPresence := w.startPresence() // worker/presence.go
+	defer stopPresence()
 
 	w.log.Info("worker started", "queues", w.cfg.Queues, "concurrency", w.cfg.Concurrency,
 		"ackWait", w.cfg.AckWait, "maxDeliver", w.cfg.MaxDeliver, "tools", w.toolNames,

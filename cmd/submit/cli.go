@@ -31,6 +31,7 @@ Usage:
   submit result RUN [--transcript] the final answer (waits for a running run)
   submit reply RUN "text"          a new run that continues RUN's conversation
   submit bench [--runs N] ...      load-test the fleet (faux model by default)
+  submit tools [--json]            the tools the fleet's workers serve (name, source, workers)
 
 A local fleet (embedded NATS, one worker, the demo model): go run ./cmd/worker
 
@@ -80,6 +81,7 @@ func commands() []command {
 		{"result", cmdResult},
 		{"reply", cmdReply},
 		{"bench", cmdBench},
+		{"tools", cmdTools}, // tools.go
 	}
 }
 
@@ -106,6 +108,9 @@ func run(ctx context.Context, args []string, e *env) int {
 	i := firstPositional(args)
 	if i >= 0 {
 		for _, c := range commands() {
+			if mk := promptWords[args[i]]; c.name == args[i] && mk != nil && !takesOnly(mk(e), args[:i]) {
+				break // a prompt after run-only flags (tools.go)
+			}
 			if c.name == args[i] {
 				rest := append(append([]string{}, args[:i]...), args[i+1:]...)
 				return c.run(ctx, e, rest)

@@ -42,6 +42,16 @@ func TestREADMECommands(t *testing.T) {
 			t.Logf("block %d skipped (%s)", i, first)
 			continue
 		}
+		// "# uses VAR ...": runs where VAR is set (CI installs what it names).
+		if v, ok := strings.CutPrefix(first, "# uses "); ok {
+			if name, _, _ := strings.Cut(v, " "); os.Getenv(name) == "" {
+				if os.Getenv("CI") == "true" {
+					t.Errorf("block %d needs %s, which CI must set", i, name)
+				}
+				t.Logf("block %d skipped: %s is not set", i, name)
+				continue
+			}
+		}
 		if cmds := testCommands(block); cmds != nil {
 			// The test commands: CI runs them (.ci/run); here they are only
 			// checked to be the same.
@@ -96,6 +106,9 @@ func runREADMEBlock(t *testing.T, root, block string) {
 		if args, ok := strings.CutPrefix(line, "go run ./cmd/worker"); ok {
 			fields := strings.Fields(strings.ReplaceAll(args, "nats://127.0.0.1:4222", url))
 			for i := range fields {
+				if strings.HasPrefix(fields[i], "examples/") {
+					fields[i] = filepath.Join(root, fields[i]) // the worker runs elsewhere
+				}
 				if fields[i] == "--metrics-addr" && i+1 < len(fields) {
 					fields[i+1] = "127.0.0.1:0" // the README's ports may be taken here
 				}

@@ -91,6 +91,8 @@ type options struct {
 	openaiURL          string
 	openaiKey          string
 	workerID           string
+	// Tool sources (toolsources.go).
+	toolsConfig, toolServices string
 }
 
 func env(name, def string) string {
@@ -291,6 +293,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.openaiURL, "openai-base-url", env("OPENAI_BASE_URL", ""), "OpenAI-compatible API base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1 [OPENAI_BASE_URL]")
 	fs.StringVar(&o.openaiKey, "openai-api-key-file", env("OPENAI_API_KEY_FILE", ""), "file holding the API key (else OPENAI_API_KEY) [OPENAI_API_KEY_FILE]")
 	fs.StringVar(&o.workerID, "worker-id", env("AGENTS_WORKER_ID", ""), "worker name in events and records (default hostname-random) [AGENTS_WORKER_ID]")
+	// Tool sources: MCP servers and NATS tool services.
+	fs.StringVar(&o.toolsConfig, "tools-config", env("AGENTS_TOOLS_CONFIG", ""), "MCP servers whose tools runs may use: a JSON file {\"mcpServers\": {\"<server>\": {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}; values may use ${VAR}; tools are named <server>__<tool> [AGENTS_TOOLS_CONFIG]")
+	fs.StringVar(&o.toolServices, "tool-services", env("AGENTS_TOOL_SERVICES", ""), "NATS tool services (micro) whose tools runs may use: comma-separated names, or * for every service found; tools are named <service>__<endpoint> [AGENTS_TOOL_SERVICES]")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
@@ -431,6 +436,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 		log.Error("model configuration", "err", err)
 		return 2
 	}
+	tools, err := loadToolSources(o) // toolsources.go
+	if err != nil {
+		log.Error("tools configuration", "err", err)
+		return 2
+	}
 
 	var srv *natsembed.Server
 	if o.conn.URL == "" {
@@ -502,6 +512,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.WorkerID = o.workerID
 	applyBounds(o, &cfg)
 	cfg.Logger = log
+	cfg.Version = version
+	if cfg.ToolSources, err = tools.sources(c.Conn(), log); err != nil {
+		log.Error("tools configuration", "err", err)
+		return 2
+	}
 	w, err := worker.New(cfg)
 	if err != nil {
 		log.Error("worker configuration", "err", err)

@@ -1,0 +1,112 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Worker presence: each worker writes its state to KV bucket
+// agents_workers (key = worker id) every PresenceInterval and on change;
+// an entry lives PresenceTTL, so a worker that died vanishes on its own.
+const (
+	PresenceInterval = 10 * time.Second
+	PresenceTTL      = 30 * time.Second
+	maxPresenceBytes = 1 << 20
+)
+
+// WorkersBucket is the KV bucket of worker presence (agents_workers).
+func (n Names) WorkersBucket() string { return n.lower + "_workers" }
+
+// WorkerPresence is one worker's entry in agents_workers.
+type WorkerPresence struct {
+	Worker    string    `json:"worker"`
+	Version   string    `json:"version"`
+	Protocol  string    `json:"protocol"`
+	StartedAt time.Time `json:"startedAt"`
+	Queues    []string  `json:"queues"`
+	// Slots is the worker's concurrency; Busy the runs it drives now;
+	// Waiting the requests it holds without a slot (always 0 for this
+	// worker, which pulls only into free slots).
+	Slots   int            `json:"slots"`
+	Busy    int            `json:"busy"`
+	Waiting int            `json:"waiting"`
+	Tools   []PresenceTool `json:"tools"`
+}
+
+// PresenceTool is a tool a worker serves. Source is "builtin",
+// "mcp:<server>" or "service:<name>"; Available is false while its source
+// is down or when its name cannot be used.
+type PresenceTool struct {
+	Name        string `json:"name"`
+	Source      string `json:"source"`
+	Description string `json:"description,omitempty"`
+	Available   bool   `json:"available"`
+}
+
+// ensureWorkersBucket creates agents_workers (history 1, TTL 30 s).
+func (c *Client) ensureWorkersBucket(ctx context.Context, cfg StreamsConfig) error {
+	if _, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:       c.names.WorkersBucket(),
+		Description:  "agentfleet worker presence",
+		History:      1,
+		TTL:          PresenceTTL,
+		MaxValueSize: maxPresenceBytes,
+		Storage:      jetstream.MemoryStorage,
+		Replicas:     cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("kv bucket %s: %w", c.names.WorkersBucket(), err)
+	}
+	return nil
+}
+
+// Workers returns the presence bucket.
+func (c *Client) Workers(ctx context.Context) (jetstream.KeyValue, error) {
+	kv, err := c.js.KeyValue(ctx, c.names.WorkersBucket())
+	if err != nil {
+		return nil, fmt.Errorf("kv bucket %s: %w (has a worker or EnsureStreams created it?)", c.names.WorkersBucket(), err)
+	}
+	return kv, nil
+}
+
+// ListWorkers reads every live worker's presence, sorted by worker id.
+// Entries that do not decode are skipped.
+func (c *Client) ListWorkers(ctx context.Context) ([]WorkerPresence, error) {
+	kv, err := c.Workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []WorkerPresence
+	for k := range keys.Keys() {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var p WorkerPresence
+		if json.Unmarshal(e.Value(), &p) == nil && p.Worker != "" {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b WorkerPresence) int {
+		switch {
+		case a.Worker < b.Worker:
+			return -1
+		case a.Worker > b.Worker:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}

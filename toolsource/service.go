@@ -1,0 +1,362 @@
+package toolsource
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Headers of a tool service call.
+const (
+	HeaderRun      = "Agentfleet-Run"
+	HeaderAttempt  = "Agentfleet-Attempt"
+	HeaderToolCall = "Agentfleet-Tool-Call"
+	HeaderTool     = "Agentfleet-Tool"
+	HeaderDeadline = "Agentfleet-Deadline" // unix milliseconds
+)
+
+// DiscoverySubject is where micro services answer who they are.
+const DiscoverySubject = "$SRV.INFO"
+
+// ServiceOptions shape the tool services source.
+type ServiceOptions struct {
+	Logger *slog.Logger
+	// Allowed lists the services whose tools runs may use; "*" allows
+	// every service found.
+	Allowed []string
+	// Refresh is how often services are discovered again; default 30s.
+	Refresh time.Duration
+	// Quiet is how long discovery waits after the last answer; default
+	// 150ms. Discovery never takes longer than MaxWait (default 2s).
+	Quiet, MaxWait time.Duration
+}
+
+// Services is the source of NATS tool services: micro services whose
+// endpoints carry "schema" and "description" metadata. It finds them by
+// scatter-gather on $SRV.INFO.
+type Services struct {
+	nc      *nats.Conn
+	o       ServiceOptions
+	log     *slog.Logger
+	all     bool
+	allowed map[string]bool
+	ready   chan struct{}
+	kick    chan kick
+
+	mu       sync.Mutex
+	services map[string]*service
+	lastDone time.Time
+}
+
+type service struct {
+	tools     []*agent.Tool
+	skipped   []string // endpoints whose tool names are not valid
+	instances int
+}
+
+type kick struct {
+	at   time.Time
+	done chan struct{}
+}
+
+// Call identifies the run a tool call belongs to; the worker puts it in
+// the call's context.
+type Call struct {
+	Run     string
+	Attempt int
+}
+
+type callKey struct{}
+
+// WithCall returns ctx carrying the run of a tool call.
+func WithCall(ctx context.Context, c Call) context.Context {
+	return context.WithValue(ctx, callKey{}, c)
+}
+
+// NewServices returns the source of the allowed tool services; Run
+// starts discovery. Names that cannot prefix tool names are refused.
+func NewServices(nc *nats.Conn, o ServiceOptions) (*Services, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = 30 * time.Second
+	}
+	if o.Quiet <= 0 {
+		o.Quiet = 150 * time.Millisecond
+	}
+	if o.MaxWait <= 0 {
+		o.MaxWait = 2 * time.Second
+	}
+	s := &Services{nc: nc, o: o, log: o.Logger, allowed: map[string]bool{},
+		ready: make(chan struct{}), kick: make(chan kick), services: map[string]*service{}}
+	for _, n := range o.Allowed {
+		if n == "*" {
+			s.all = true
+			continue
+		}
+		if err := CheckNamespace(n); err != nil {
+			return nil, fmt.Errorf("tool service: %w", err)
+		}
+		s.allowed[n] = true
+	}
+	return s, nil
+}
+
+// Ready is closed after the first discovery.
+func (s *Services) Ready() <-chan struct{} { return s.ready }
+
+// Run discovers services now, every Refresh, and when a run names an
+// unknown one, until ctx is cancelled.
+func (s *Services) Run(ctx context.Context) {
+	s.discover(ctx)
+	close(s.ready)
+	t := time.NewTicker(s.o.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.discover(ctx)
+		case k := <-s.kick:
+			s.mu.Lock()
+			stale := s.lastDone.Before(k.at)
+			s.mu.Unlock()
+			if stale {
+				s.discover(ctx)
+			}
+			close(k.done)
+		}
+	}
+}
+
+// discover asks every micro service for its info and keeps the allowed
+// tool services.
+func (s *Services) discover(ctx context.Context) {
+	found, err := s.gather(ctx)
+	if err != nil {
+		s.log.Warn("tool service discovery failed", "err", err)
+		return
+	}
+	s.mu.Lock()
+	s.services, s.lastDone = found, time.Now()
+	s.mu.Unlock()
+}
+
+func (s *Services) gather(ctx context.Context) (map[string]*service, error) {
+	inbox := s.nc.NewInbox()
+	sub, err := s.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := s.nc.PublishRequest(DiscoverySubject, inbox, nil); err != nil {
+		return nil, err
+	}
+	found := map[string]*service{}
+	end := time.Now().Add(s.o.MaxWait)
+	for {
+		wait := min(s.o.Quiet, time.Until(end))
+		if wait <= 0 || ctx.Err() != nil {
+			break
+		}
+		m, err := sub.NextMsg(wait)
+		if err != nil {
+			break // quiet: every instance has answered
+		}
+		var info micro.Info
+		if json.Unmarshal(m.Data, &info) != nil || info.Name == "" {
+			continue
+		}
+		if !s.all && !s.allowed[info.Name] {
+			continue
+		}
+		if svc := found[info.Name]; svc != nil {
+			svc.instances++
+			continue
+		}
+		if err := CheckNamespace(info.Name); err != nil {
+			s.log.Warn("tool service skipped", "service", clip(info.Name, 64), "err", err)
+			continue
+		}
+		tools, skipped := s.tools(info)
+		found[info.Name] = &service{tools: tools, skipped: skipped, instances: 1}
+	}
+	return found, nil
+}
+
+func (s *Services) tools(info micro.Info) (tools []*agent.Tool, skipped []string) {
+	for _, ep := range info.Endpoints {
+		schema, hasSchema := ep.Metadata["schema"]
+		desc, hasDesc := ep.Metadata["description"]
+		if !hasSchema || !hasDesc {
+			continue // not a tool
+		}
+		full := info.Name + Separator + ep.Name
+		if !ValidToolName(full) {
+			s.log.Warn("tool service endpoint skipped: its name is not ^[A-Za-z0-9_-]{1,64}$", "tool", clip(full, 80))
+			skipped = append(skipped, clip(full, 80))
+			continue
+		}
+		var obj map[string]any
+		if json.Unmarshal([]byte(schema), &obj) != nil {
+			s.log.Warn("tool service endpoint skipped: its schema is not a JSON object", "tool", full)
+			continue
+		}
+		tools = append(tools, &agent.Tool{Name: full, Description: desc, Parameters: json.RawMessage(schema),
+			Execute: s.execute(info.Name, full, ep.Subject)})
+	}
+	slices.SortFunc(tools, func(a, b *agent.Tool) int { return cmpString(a.Name, b.Name) })
+	return tools, skipped
+}
+
+// serviceReply is a reply in the agent's own result shape.
+type serviceReply struct {
+	Content []agent.Content `json:"content"`
+	IsError bool            `json:"isError"`
+	Details json.RawMessage `json:"details"`
+}
+
+func (s *Services) execute(svc, full, subject string) agent.ExecuteFunc {
+	return func(ctx context.Context, callID string, args map[string]any, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		if args == nil {
+			args = map[string]any{}
+		}
+		body, err := json.Marshal(args)
+		if err != nil {
+			return agent.ToolResult{}, err
+		}
+		msg := nats.NewMsg(subject)
+		msg.Data = body
+		if c, ok := ctx.Value(callKey{}).(Call); ok {
+			msg.Header.Set(HeaderRun, c.Run)
+			msg.Header.Set(HeaderAttempt, strconv.Itoa(c.Attempt))
+		}
+		msg.Header.Set(HeaderToolCall, callID)
+		msg.Header.Set(HeaderTool, full)
+		start := time.Now()
+		if d, ok := ctx.Deadline(); ok {
+			msg.Header.Set(HeaderDeadline, strconv.FormatInt(d.UnixMilli(), 10))
+		}
+		reply, err := s.nc.RequestMsgWithContext(ctx, msg)
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return agent.ToolResult{}, fmt.Errorf("no instance of service %s is running", svc)
+		case errors.Is(err, context.DeadlineExceeded):
+			return agent.ToolResult{}, fmt.Errorf("%s timed out after %s: %w", full, time.Since(start).Round(time.Millisecond), err)
+		case err != nil:
+			return agent.ToolResult{}, err
+		}
+		if e := reply.Header.Get(micro.ErrorHeader); e != "" {
+			return agent.ToolResult{}, fmt.Errorf("%s failed: %s (code %s)", full, e, reply.Header.Get(micro.ErrorCodeHeader))
+		}
+		return serviceResult(reply.Data)
+	}
+}
+
+// serviceResult reads a reply: a JSON object with a "content" array of
+// blocks is a result; any other body is one text block.
+func serviceResult(data []byte) (agent.ToolResult, error) {
+	var probe struct {
+		Content json.RawMessage `json:"content"`
+	}
+	var r serviceReply
+	if json.Unmarshal(data, &probe) == nil && len(probe.Content) > 0 && probe.Content[0] == '[' && json.Unmarshal(data, &r) == nil {
+		out := agent.ToolResult{Content: r.Content}
+		if len(r.Details) > 0 && string(r.Details) != "null" {
+			out.Details = r.Details
+		}
+		if r.IsError {
+			return agent.ToolResult{}, errors.New(resultText(r.Content, "the tool reported an error"))
+		}
+		return out, nil
+	}
+	return agent.TextResult(string(data)), nil
+}
+
+// Resolve returns an allowed service's tools. A name not allowed
+// explicitly, under "*", triggers a discovery first.
+func (s *Services) Resolve(ctx context.Context, namespace string) ([]*agent.Tool, bool) {
+	if !s.all && !s.allowed[namespace] {
+		return nil, false
+	}
+	if svc := s.lookup(namespace); svc != nil {
+		return slices.Clone(svc.tools), true
+	}
+	k := kick{at: time.Now(), done: make(chan struct{})}
+	wait, cancel := context.WithTimeout(ctx, s.o.MaxWait+time.Second)
+	defer cancel()
+	select {
+	case s.kick <- k:
+		select {
+		case <-k.done:
+		case <-wait.Done():
+		}
+	case <-wait.Done():
+	}
+	if svc := s.lookup(namespace); svc != nil {
+		return slices.Clone(svc.tools), true
+	}
+	return nil, s.allowed[namespace]
+}
+
+func (s *Services) lookup(name string) *service {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.services[name]
+}
+
+// Missing returns a tool of an allowed service that was not found.
+func (s *Services) Missing(name string) *agent.Tool {
+	ns, _, _ := SplitName(name)
+	return failingTool(name, "", func() error {
+		if s.lookup(ns) == nil {
+			return fmt.Errorf("no instance of service %s is running", ns)
+		}
+		return fmt.Errorf("service %s has no tool %s", ns, clip(name, 80))
+	})
+}
+
+// Status reports the allowed services and their tools.
+func (s *Services) Status() ([]SourceStatus, []ToolStatus) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.services)+len(s.allowed))
+	for n := range s.services {
+		names = append(names, n)
+	}
+	for n := range s.allowed {
+		if s.services[n] == nil {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	var parts []SourceStatus
+	var tools []ToolStatus
+	for _, n := range names {
+		svc := s.services[n]
+		parts = append(parts, SourceStatus{Name: "service:" + n, Up: svc != nil})
+		if svc == nil {
+			continue
+		}
+		for _, t := range svc.tools {
+			tools = append(tools, ToolStatus{Name: t.Name, Source: "service:" + n, Description: t.Description, Available: true})
+		}
+		for _, name := range svc.skipped {
+			tools = append(tools, ToolStatus{Name: name, Source: "service:" + n})
+		}
+	}
+	return parts, tools
+}
