@@ -75,6 +75,11 @@ func (r *run) finish(e ending) error {
 	if r.hb != nil {
 		r.hb.stopRenewing()
 	}
+	if r.lease.lost.Load() {
+		// The renewal stopRenewing waited for found a newer attempt.
+		r.abandon("run stopped at its end: lease lost to a newer attempt")
+		return errLeaseLost
+	}
 	if r.pub == nil {
 		r.pub = newPublisher(r.w, r.id, r.attempt, nil)
 		if e.msgID != nil {
@@ -90,9 +95,7 @@ func (r *run) finish(e ending) error {
 	if e.record != nil {
 		err := r.lease.writeFinal(ctx, e.record)
 		if errors.Is(err, errLeaseLost) {
-			r.endHeartbeat()
-			r.pub.abandon()
-			r.log.Warn("run stopped at its end: lease lost to a newer attempt")
+			r.abandon("run stopped at its end: lease lost to a newer attempt")
 			return err
 		}
 		if err != nil {
@@ -118,10 +121,15 @@ func (r *run) publishFinished(ctx context.Context, fin bus.RunFinished, s settle
 	return s.done(ctx)
 }
 
-// notStored hands the request back after a failed finish.
+// notStored hands the request back after a failed finish, unless the
+// lease is gone.
 func (r *run) notStored(ctx context.Context, s settlement, what string, err error) error {
 	_ = r.pub.flush(ctx)
 	r.endHeartbeat()
+	if !r.stillOwned(ctx) {
+		r.abandon("run stopped at its end: lease lost to a newer attempt")
+		return errLeaseLost
+	}
 	r.log.Error(what+"; handing the request back", "err", err)
 	if s.retry != nil {
 		s.retry()
@@ -129,13 +137,40 @@ func (r *run) notStored(ctx context.Context, s settlement, what string, err erro
 	return fmt.Errorf("%s: %w", what, err)
 }
 
+// stillOwned re-checks the lease (a compare-and-set) before a nak: the
+// server does not tell a request's deliveries apart, so a nak from an
+// attempt that lost its lease would reschedule the newer attempt's
+// delivery. Call it once the heartbeat no longer renews.
+func (r *run) stillOwned(ctx context.Context) bool {
+	if r.lease.lost.Load() {
+		return false
+	}
+	if r.lease.rev == 0 {
+		return true // never taken (a reused id): the request is this attempt's to settle
+	}
+	return !errors.Is(r.lease.renew(ctx, r.record(bus.StateRunning)), errLeaseLost)
+}
+
+// abandon stops an attempt whose lease a newer attempt took: nothing more
+// is published and the request is neither acked nor naked.
+func (r *run) abandon(why string) {
+	r.endHeartbeat()
+	r.pub.abandon()
+	r.log.Warn(why)
+}
+
 // handBack stops an attempt that must not finish: what it published is
-// stored (the next attempt resumes from it) and the request is naked.
+// stored (the next attempt resumes from it) and the request is naked,
+// unless the lease is gone.
 func (r *run) handBack(delay time.Duration, why string, err error) {
 	ctx, cancel := r.finishContext()
 	defer cancel()
 	_ = r.pub.flush(ctx)
 	r.endHeartbeat()
+	if !r.stillOwned(ctx) {
+		r.abandon("run stopped: lease lost to a newer attempt")
+		return
+	}
 	if err != nil {
 		r.log.Error(why, "err", err)
 	} else {
