@@ -102,6 +102,12 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		return nil, err
 	}
 	lo, hi := info.State.FirstSeq, info.State.LastSeq
+	// The share of sequences still holding a record (the rest were
+	// rewritten or deleted), to size each batch.
+	density := 1.0
+	if hi >= lo && hi > 0 {
+		density = min(1, float64(info.State.Msgs)/float64(hi-lo+1))
+	}
 	if o.BeforeSeq > 0 {
 		hi = min(hi, o.BeforeSeq-1)
 	}
@@ -131,6 +137,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 	}
 	now := time.Now()
 	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
+	needles := listNeedles(o)
 	window := uint64(firstWindow)
 	if o.Limit > 0 && o.State == "" && o.Queue == "" {
 		window = uint64(max(o.Limit+o.Limit/4, 8)) // holes aside, one window is the page
@@ -144,7 +151,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		if hi-lo+1 > window {
 			from = hi - window + 1
 		}
-		msgs, err := g.rangeOf(ctx, from, hi)
+		msgs, err := g.rangeOf(ctx, from, hi, density)
 		if err != nil {
 			return nil, err
 		}
@@ -155,6 +162,9 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 				continue // a delete or purge marker
 			}
 			page.Scanned++
+			if !mayMatch(m.data, needles) {
+				continue
+			}
 			var r RunRecord
 			if json.Unmarshal(m.data, &r) != nil {
 				continue
@@ -176,6 +186,34 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		page.Next = 0
 	}
 	return page, nil
+}
+
+// listNeedles are strings a matching record's JSON must contain: a
+// filtered scan decodes only the records that have them (the quoted value
+// of a state or queue appears in any encoding but one with \u escapes of
+// plain letters, which no writer of records produces).
+func listNeedles(o ListOptions) [][]byte {
+	var out [][]byte
+	switch o.State {
+	case "":
+	case StateStale:
+		out = append(out, []byte(`"`+StateRunning+`"`))
+	default:
+		out = append(out, []byte(`"`+o.State+`"`))
+	}
+	if o.Queue != "" {
+		out = append(out, []byte(`"`+o.Queue+`"`))
+	}
+	return out
+}
+
+func mayMatch(data []byte, needles [][]byte) bool {
+	for _, n := range needles {
+		if !bytes.Contains(data, n) {
+			return false
+		}
+	}
+	return true
 }
 
 func matches(r *RunRecord, o ListOptions) bool {
@@ -281,12 +319,17 @@ func (g *directGetter) batch(ctx context.Context, from uint64, n int) ([]storedM
 	return msgs, err
 }
 
-// rangeOf returns the stored messages of sequences from..to, in order. A
-// batch stops early at the server's byte bound; the rest is asked again.
-func (g *directGetter) rangeOf(ctx context.Context, from, to uint64) ([]storedMsg, error) {
+// rangeOf returns the stored messages of sequences from..to, in order,
+// asking for about density × the range at a time (a batch steps over
+// deleted sequences, so asking for the whole range would also send as many
+// messages beyond it). A batch may also stop early at the server's byte
+// bound; the rest is asked again.
+func (g *directGetter) rangeOf(ctx context.Context, from, to uint64, density float64) ([]storedMsg, error) {
 	var out []storedMsg
 	for from <= to {
-		msgs, err := g.batch(ctx, from, int(to-from+1))
+		span := to - from + 1
+		n := min(span, uint64(float64(span)*density*1.1)+8)
+		msgs, err := g.batch(ctx, from, int(n))
 		if err != nil {
 			return nil, err
 		}
@@ -299,7 +342,7 @@ func (g *directGetter) rangeOf(ctx context.Context, from, to uint64) ([]storedMs
 			}
 		}
 		last := msgs[len(msgs)-1].seq
-		if last >= to || len(msgs) == int(to-from+1) {
+		if last >= to {
 			break
 		}
 		from = last + 1
