@@ -26,7 +26,7 @@ const (
 	maxWindow   = 8192
 	// DefaultListScan bounds the records one List call reads when a filter
 	// is rare; the page then ends early with Next set.
-	DefaultListScan = 200_000
+	DefaultListScan = 100_000
 )
 
 // ListOptions filter List.
@@ -102,18 +102,13 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		return nil, err
 	}
 	lo, hi := info.State.FirstSeq, info.State.LastSeq
-	// The share of sequences still holding a record (the rest were
-	// rewritten or deleted), to size each batch.
-	density := 1.0
-	if hi >= lo && hi > 0 {
-		density = min(1, float64(info.State.Msgs)/float64(hi-lo+1))
-	}
+	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
 	if o.BeforeSeq > 0 {
 		hi = min(hi, o.BeforeSeq-1)
 	}
 	g := c.directGetter(stream)
 	if !o.Before.IsZero() {
-		seq, err := g.seqAt(ctx, o.Before)
+		seq, err := g.seqAt(ctx, o.Before, keyPrefix+">")
 		if err != nil {
 			return nil, err
 		}
@@ -122,7 +117,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		}
 	}
 	if !o.Since.IsZero() {
-		seq, err := g.seqAt(ctx, o.Since)
+		seq, err := g.seqAt(ctx, o.Since, keyPrefix+">")
 		if err != nil {
 			return nil, err
 		}
@@ -136,11 +131,10 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		maxScan = DefaultListScan
 	}
 	now := time.Now()
-	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
 	needles := listNeedles(o)
 	window := uint64(firstWindow)
 	if o.Limit > 0 && o.State == "" && o.Queue == "" {
-		window = uint64(max(o.Limit+o.Limit/4, 8)) // holes aside, one window is the page
+		window = uint64(2*o.Limit + 8) // with a rewritten record's hole each, one window is the page
 	}
 	for hi >= lo && hi > 0 && want() {
 		if maxScan > 0 && page.Scanned >= maxScan {
@@ -151,7 +145,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		if hi-lo+1 > window {
 			from = hi - window + 1
 		}
-		msgs, err := g.rangeOf(ctx, from, hi, density)
+		msgs, err := g.rangeOf(ctx, from, hi)
 		if err != nil {
 			return nil, err
 		}
@@ -309,45 +303,74 @@ func (c *Client) directGetter(stream string) *directGetter {
 
 var errNoResults = errors.New("no results")
 
-// batch returns up to n stored messages from sequence from on (deleted
-// sequences are stepped over, so some may lie beyond from+n-1).
-func (g *directGetter) batch(ctx context.Context, from uint64, n int) ([]storedMsg, error) {
-	msgs, err := g.request(ctx, map[string]any{"seq": from, "batch": n})
-	if errors.Is(err, errNoResults) {
+// rangeOf returns the stored messages of sequences from..to, in order: one
+// direct get per sequence, all sent before the first answer is read, a
+// deleted sequence answered 404. (A batched direct get would step over
+// deleted sequences, but the server counts the pending messages of every
+// batch, which on a stream keeping one message per subject walks every
+// subject: its cost grows with the bucket.)
+func (g *directGetter) rangeOf(ctx context.Context, from, to uint64) ([]storedMsg, error) {
+	if to < from {
 		return nil, nil
 	}
-	return msgs, err
-}
-
-// rangeOf returns the stored messages of sequences from..to, in order,
-// asking for about density × the range at a time (a batch steps over
-// deleted sequences, so asking for the whole range would also send as many
-// messages beyond it). A batch may also stop early at the server's byte
-// bound; the rest is asked again.
-func (g *directGetter) rangeOf(ctx context.Context, from, to uint64, density float64) ([]storedMsg, error) {
-	var out []storedMsg
-	for from <= to {
-		span := to - from + 1
-		n := min(span, uint64(float64(span)*density*1.1)+8)
-		msgs, err := g.batch(ctx, from, int(n))
+	inbox := g.nc.NewInbox()
+	sub, err := g.nc.SubscribeSync(inbox + ".*")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1)
+	body := make([]byte, 0, 32)
+	for seq := from; seq <= to; seq++ {
+		body = strconv.AppendUint(append(body[:0], `{"seq":`...), seq, 10)
+		body = append(body, '}')
+		if err := g.nc.PublishRequest(g.subject, inbox+"."+strconv.FormatUint(seq, 10), body); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	out := make([]storedMsg, 0, to-from+1)
+	for range to - from + 1 {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("direct get on %s: %w", g.stream, err)
+		}
+		sm, err := g.decode(m)
+		if errors.Is(err, errNoResults) {
+			continue // a deleted sequence
+		}
 		if err != nil {
 			return nil, err
 		}
-		if len(msgs) == 0 {
-			break
-		}
-		for _, m := range msgs {
-			if m.seq <= to {
-				out = append(out, m)
-			}
-		}
-		last := msgs[len(msgs)-1].seq
-		if last >= to {
-			break
-		}
-		from = last + 1
+		out = append(out, sm)
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
 	return out, nil
+}
+
+// decode reads one direct get answer: a stored message, errNoResults, or
+// the error its status says.
+func (g *directGetter) decode(m *nats.Msg) (storedMsg, error) {
+	if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
+		switch status {
+		case "404":
+			return storedMsg{}, errNoResults
+		case "503":
+			return storedMsg{}, fmt.Errorf("direct get on %s: %w (is the stream's allow_direct on?)", g.stream, nats.ErrNoResponders)
+		}
+		return storedMsg{}, fmt.Errorf("direct get on %s: %s %s", g.stream, status, m.Header.Get("Description"))
+	}
+	seq, _ := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	ts, _ := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+	sm := storedMsg{subject: m.Header.Get(jetstream.SubjectHeader), seq: seq, time: ts, data: m.Data}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		sm.data = nil
+	}
+	return sm, nil
 }
 
 // multiLast returns the last message of each subject that has one.
@@ -361,8 +384,8 @@ func (g *directGetter) multiLast(ctx context.Context, subjects []string) ([]stor
 
 // seqAt returns the sequence of the first message stored at or after t, 0
 // when there is none.
-func (g *directGetter) seqAt(ctx context.Context, t time.Time) (uint64, error) {
-	msgs, err := g.request(ctx, map[string]any{"start_time": t.UTC(), "batch": 1, "no_hdr": false})
+func (g *directGetter) seqAt(ctx context.Context, t time.Time, filter string) (uint64, error) {
+	msgs, err := g.request(ctx, map[string]any{"start_time": t.UTC(), "next_by_subj": filter})
 	if errors.Is(err, errNoResults) || (err == nil && len(msgs) == 0) {
 		return 0, nil
 	}
@@ -398,33 +421,17 @@ func (g *directGetter) request(ctx context.Context, req map[string]any) ([]store
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
-			if errors.Is(err, nats.ErrNoResponders) {
-				return nil, fmt.Errorf("direct get on %s: %w (is the stream's allow_direct on?)", g.stream, err)
-			}
 			return nil, fmt.Errorf("direct get on %s: %w", g.stream, err)
 		}
-		if len(m.Data) == 0 && m.Header != nil {
-			if status := m.Header.Get("Status"); status != "" {
-				switch status {
-				case "204": // end of batch
-					return out, nil
-				case "404":
-					if len(out) > 0 {
-						return out, nil
-					}
-					return nil, errNoResults
-				case "503":
-					return nil, fmt.Errorf("direct get on %s: %w", g.stream, nats.ErrNoResponders)
-				default:
-					return nil, fmt.Errorf("direct get on %s: %s %s", g.stream, status, m.Header.Get("Description"))
-				}
-			}
+		if m.Header.Get("Status") == "204" && len(m.Data) == 0 {
+			return out, nil // end of a multi-message answer
 		}
-		seq, _ := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
-		ts, _ := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
-		sm := storedMsg{subject: m.Header.Get(jetstream.SubjectHeader), seq: seq, time: ts, data: m.Data}
-		if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" || bytes.Equal(m.Data, nil) {
-			sm.data = nil
+		sm, err := g.decode(m)
+		if errors.Is(err, errNoResults) && len(out) > 0 {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, sm)
 		if _, batched := req["batch"]; !batched {

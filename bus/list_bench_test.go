@@ -140,6 +140,39 @@ func BenchmarkListMillion(b *testing.B) {
 			b.ReportMetric(float64(len(p.Records)), "records-returned")
 		})
 	}
+	b.Run("records-stream-info", func(b *testing.B) {
+		var times []time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			if _, err := kvInfo.Info(ctx); err != nil {
+				b.Fatal(err)
+			}
+			times = append(times, time.Since(t0))
+		}
+		slices.Sort(times)
+		b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms-p50")
+	})
+	b.Run("direct-batch-20", func(b *testing.B) {
+		var times []time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			sub, _ := c.Conn().SubscribeSync(c.Conn().NewInbox())
+			_ = c.Conn().PublishRequest("$JS.API.DIRECT.GET.KV_agents_runs", sub.Subject, []byte(fmt.Sprintf(`{"seq":%d,"batch":20}`, st.LastSeq-40)))
+			for {
+				m, err := sub.NextMsg(10 * time.Second)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if m.Header.Get("Status") != "" {
+					break
+				}
+			}
+			_ = sub.Unsubscribe()
+			times = append(times, time.Since(t0))
+		}
+		slices.Sort(times)
+		b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms-p50")
+	})
 	b.Run("status", func(b *testing.B) {
 		var times []time.Duration
 		for b.Loop() {
