@@ -89,7 +89,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 			}
 		}
 	}
-	if o.State == StateQueued || !want() {
+	if o.State == StateQueued {
 		return page, nil
 	}
 	stream := "KV_" + c.names.RecordsBucket()
@@ -102,6 +102,12 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		return nil, err
 	}
 	lo, hi := info.State.FirstSeq, info.State.LastSeq
+	if !want() { // queued runs filled the page: the records come next
+		if info.State.Msgs > 0 {
+			page.Next = hi + 1
+		}
+		return page, nil
+	}
 	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
 	if o.BeforeSeq > 0 {
 		hi = min(hi, o.BeforeSeq-1)

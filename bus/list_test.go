@@ -105,3 +105,38 @@ func ids(recs []bus.RunRecord) []string {
 	}
 	return out
 }
+
+// TestListQueuedFirst: queued runs come first on the first page only, and
+// a page they fill still points at the records.
+func TestListQueuedFirst(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	for _, id := range []string{"q-b", "q-a"} {
+		if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "hi"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(bus.RunRecord{ID: "done", Queue: "default", State: bus.StatusSucceeded})
+	if _, err := kv.Put(ctx, "done", data); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.ListPage(ctx, bus.ListOptions{Limit: 2})
+	if err != nil || !slices.Equal(ids(p.Records), []string{"q-a", "q-b"}) || p.Next == 0 {
+		t.Fatalf("first page: %v next %d %v", ids(p.Records), p.Next, err)
+	}
+	p, err = c.ListPage(ctx, bus.ListOptions{Limit: 2, BeforeSeq: p.Next})
+	if err != nil || !slices.Equal(ids(p.Records), []string{"done"}) || p.Next != 0 {
+		t.Fatalf("second page: %v next %d %v", ids(p.Records), p.Next, err)
+	}
+	all, err := c.List(ctx, bus.ListOptions{})
+	if err != nil || !slices.Equal(ids(all), []string{"q-a", "q-b", "done"}) {
+		t.Fatalf("all: %v %v", ids(all), err)
+	}
+	if q, err := c.List(ctx, bus.ListOptions{State: bus.StateQueued}); err != nil || len(q) != 2 {
+		t.Fatalf("queued: %v %v", ids(q), err)
+	}
+}
