@@ -33,7 +33,7 @@ func BenchmarkResumeLongRun(b *testing.B) {
 	f := fleettest.Start(b, fleettest.Options{})
 	c := f.Client
 	ctx := context.Background()
-	js, err := jetstream.New(c.Conn())
+	js, err := jetstream.New(c.Conn(), jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {
 		b.Fatal(err)
 	}
