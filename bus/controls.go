@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -156,97 +155,6 @@ func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 	}
 	q, _, _ := c.names.ParseSubmit(m.Subject)
 	return &RunRecord{ID: runID, Queue: q, State: StateQueued, SubmittedAt: m.Time, RequestSeq: m.Sequence}, nil
-}
-
-// ListOptions filter List.
-type ListOptions struct {
-	// State: "" for all; queued, running, succeeded, failed, aborted, or
-	// stale (running records whose heartbeat is too old).
-	State string
-	Queue string // "" for all
-	Limit int    // 0 for no limit
-}
-
-// List returns run records, the newest first: queued runs (requests with no
-// record yet) and the records of the bucket.
-func (c *Client) List(ctx context.Context, o ListOptions) ([]RunRecord, error) {
-	kv, err := c.Records(ctx)
-	if err != nil {
-		return nil, err
-	}
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	var recs []RunRecord
-	have := map[string]bool{}
-loop:
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok || e == nil {
-				break loop
-			}
-			var r RunRecord
-			if json.Unmarshal(e.Value(), &r) != nil {
-				continue
-			}
-			r.Revision = e.Revision()
-			have[r.ID] = true
-			recs = append(recs, r)
-		case <-ctx.Done():
-			_ = w.Stop()
-			return nil, ctx.Err()
-		}
-	}
-	_ = w.Stop()
-	if o.State == "" || o.State == StateQueued {
-		s, err := c.Stream(ctx, c.names.RunsStream())
-		if err != nil {
-			return nil, err
-		}
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(c.names.SubmitAll()))
-		if err != nil {
-			return nil, err
-		}
-		for subj := range info.State.Subjects {
-			q, id, err := c.names.ParseSubmit(subj)
-			if err != nil || have[id] {
-				continue
-			}
-			recs = append(recs, RunRecord{ID: id, Queue: q, State: StateQueued})
-		}
-	}
-	out := recs[:0]
-	now := time.Now()
-	for _, r := range recs {
-		c.markStale(&r, now)
-		state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale)
-		if state && (o.Queue == "" || r.Queue == o.Queue) {
-			out = append(out, r)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if (a.State == StateQueued) != (b.State == StateQueued) {
-			return a.State == StateQueued
-		}
-		ta, tb := a.SubmittedAt, b.SubmittedAt
-		if ta.IsZero() {
-			ta = a.StartedAt
-		}
-		if tb.IsZero() {
-			tb = b.StartedAt
-		}
-		if !ta.Equal(tb) {
-			return ta.After(tb)
-		}
-		return a.ID < b.ID
-	})
-	if o.Limit > 0 && len(out) > o.Limit {
-		out = out[:o.Limit]
-	}
-	return out, nil
 }
 
 // markStale sets Stale on a running record whose heartbeat is too old.

@@ -27,7 +27,7 @@ Usage:
   submit followup RUN "text"       queue a follow-up (taken when the run would stop)
   submit abort RUN [--reason R]    abort a run
   submit status RUN                a run's record
-  submit list [--state S] [--limit N] [--json]
+  submit list [--state S] [--limit N] [--before T|RUN] [--since 1h] [--json]
   submit result RUN [--transcript] the final answer (waits for a running run)
   submit reply RUN "text"          a new run that continues RUN's conversation
   submit bench [--runs N] ...      load-test the fleet (faux model by default)

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -601,9 +602,9 @@ func ago(d time.Duration) string {
 var listStates = []string{bus.StateQueued, bus.StateRunning, bus.StateStale, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted}
 
 func cmdList(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "list", "submit list [--state S] [--queue Q] [--limit N] [--json]")
+	fs := newFlagSet(e, "list", "submit list [--state S] [--queue Q] [--limit N] [--before TIME|RUN] [--since TIME] [--json]")
 	var cf conn
-	var state, queue string
+	var state, queue, before, since string
 	var limit int
 	var asJSON bool
 	cf.register(fs.FlagSet, e)
@@ -611,12 +612,30 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&queue, "queue", "", "only runs of this queue")
 	fs.IntVar(&limit, "limit", 20, "at most this many runs, the newest first (0: all)")
 	fs.BoolVar(&asJSON, "json", false, "print a JSON array of run records")
+	fs.StringVar(&before, "before", "", "only runs last written before this: a time (RFC 3339, or a duration ago such as 2h), a run id (the page after it), or @SEQ (a page's cursor)")
+	fs.StringVar(&since, "since", "", "only runs last written since this: a duration ago (1h) or an RFC 3339 time")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
 	}
 	if len(pos) > 0 {
 		return fail(e, usagef("list takes no arguments (got %q)", pos[0]))
+	}
+	opts := bus.ListOptions{State: state, Queue: queue, Limit: limit}
+	var beforeRun string
+	if before != "" {
+		t, seq, run, err := parseListBound(before, true)
+		if err != nil {
+			return fail(e, usagef("--before %q: %v", before, err))
+		}
+		opts.Before, opts.BeforeSeq, beforeRun = t, seq, run
+	}
+	if since != "" {
+		t, _, _, err := parseListBound(since, false)
+		if err != nil {
+			return fail(e, usagef("--since %q: %v", since, err))
+		}
+		opts.Since = t
 	}
 	if state != "" && !contains(listStates, state) {
 		return fail(e, usagef("--state %q: use one of %s", state, strings.Join(listStates, ", ")))
@@ -631,9 +650,23 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 		return fail(e, err)
 	}
 	defer c.Close()
-	recs, err := c.List(ctx, bus.ListOptions{State: state, Queue: queue, Limit: limit})
+	if beforeRun != "" {
+		rec, err := c.Status(ctx, beforeRun)
+		if err != nil {
+			return fail(e, fleetError(c, err))
+		}
+		if rec.Revision == 0 {
+			return fail(e, fmt.Errorf("--before %s: the run is queued (it has no record yet)", beforeRun))
+		}
+		opts.BeforeSeq = rec.Revision
+	}
+	page, err := c.ListPage(ctx, opts)
 	if err != nil {
 		return fail(e, fleetError(c, err))
+	}
+	recs := page.Records
+	if page.Truncated {
+		fmt.Fprintf(e.stderr, "stopped after reading %d records; older ones: submit list --before @%d\n", page.Scanned, page.Next)
 	}
 	if asJSON {
 		if recs == nil {
@@ -650,6 +683,34 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 	}
 	writeList(e, recs)
 	return exitOK
+}
+
+// parseListBound reads a --before or --since value: an RFC 3339 time, a
+// duration ago, and for --before also @SEQ (a page cursor) or a run id.
+func parseListBound(v string, allowRun bool) (time.Time, uint64, string, error) {
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, 0, "", nil
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		if d < 0 {
+			return time.Time{}, 0, "", errors.New("a duration ago must not be negative")
+		}
+		return time.Now().Add(-d), 0, "", nil
+	}
+	if !allowRun {
+		return time.Time{}, 0, "", errors.New("use a duration ago (1h) or an RFC 3339 time")
+	}
+	if seq, ok := strings.CutPrefix(v, "@"); ok {
+		n, err := strconv.ParseUint(seq, 10, 64)
+		if err != nil || n == 0 {
+			return time.Time{}, 0, "", errors.New("@SEQ takes a positive sequence")
+		}
+		return time.Time{}, n, "", nil
+	}
+	if err := bus.CheckID(v); err != nil {
+		return time.Time{}, 0, "", errors.New("use an RFC 3339 time, a duration ago (2h), a run id or @SEQ")
+	}
+	return time.Time{}, 0, v, nil
 }
 
 // writeList prints records as a table (plain: tabwriter would count colour

@@ -111,6 +111,12 @@ func TestSucceededRunFollowReplayResultStatusList(t *testing.T) {
 	if !found {
 		t.Errorf("list --json lacks %s", id)
 	}
+	if since, _, code := submit(t, "list", "--since", "1h", "--limit", "0"); code != 0 || !strings.Contains(since, id) {
+		t.Errorf("list --since 1h: exit %d\n%s", code, since)
+	}
+	if before, _, code := submit(t, "list", "--before", id, "--limit", "0"); code != 0 || strings.Contains(before, id) {
+		t.Errorf("list --before %s: exit %d\n%s", id, code, before)
+	}
 	one, _, _ := submit(t, "list", "--limit", "1")
 	if n := len(strings.Split(strings.TrimSpace(one), "\n")); n != 2 {
 		t.Errorf("list --limit 1 printed %d lines:\n%s", n, one)

@@ -1,0 +1,449 @@
+package bus
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Listing reads the records stream (KV_agents_runs) backwards from a
+// sequence with batched direct gets, in windows that double: with history 1
+// every key's record is the only message of its subject, so the stream in
+// sequence order is the records in the order they were last written, and a
+// page costs the records it skips over, never the whole bucket.
+
+const (
+	firstWindow = 128
+	maxWindow   = 8192
+	// DefaultListScan bounds the records one List call reads when a filter
+	// is rare; the page then ends early with Next set.
+	DefaultListScan = 100_000
+)
+
+// ListOptions filter List.
+type ListOptions struct {
+	// State: "" for all; queued, running, succeeded, failed, aborted, or
+	// stale (running records whose heartbeat is too old).
+	State string
+	Queue string // "" for all
+	Limit int    // 0 for no limit
+	// BeforeSeq lists only records stored below this records-stream
+	// sequence (a page's Next, or a record's Revision). Queued runs are
+	// listed only on the first page.
+	BeforeSeq uint64
+	// Before lists only records last written before this time.
+	Before time.Time
+	// Since lists only records last written at or after this time.
+	Since time.Time
+	// MaxScan bounds the records read [DefaultListScan]; -1 for no bound.
+	MaxScan int
+}
+
+// RunPage is one page of List.
+type RunPage struct {
+	Records []RunRecord
+	// Next is the BeforeSeq of the next page; 0 when no older record is left.
+	Next uint64
+	// Scanned counts the records read to build the page.
+	Scanned int
+	// Truncated is set when MaxScan stopped the read before Limit matches.
+	Truncated bool
+}
+
+// List returns run records, the newest first: queued runs (requests with no
+// record yet), then records by the time they were last written (running
+// runs heartbeat, so they stay near the top; a finished run sits where it
+// finished). It reads only what the page needs; see ListPage.
+func (c *Client) List(ctx context.Context, o ListOptions) ([]RunRecord, error) {
+	p, err := c.ListPage(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return p.Records, nil
+}
+
+// ListPage is List with paging: pass the page's Next as BeforeSeq to get
+// the next one. Its cost is the records between the page's ends (plus the
+// queued requests on the first page), not the bucket's size.
+func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) {
+	page := &RunPage{}
+	first := o.BeforeSeq == 0 && o.Before.IsZero()
+	want := func() bool { return o.Limit <= 0 || len(page.Records) < o.Limit }
+	if first && (o.State == "" || o.State == StateQueued) {
+		q, err := c.listQueued(ctx, o.Queue)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range q {
+			if want() {
+				page.Records = append(page.Records, r)
+			}
+		}
+	}
+	if o.State == StateQueued {
+		return page, nil
+	}
+	stream := "KV_" + c.names.RecordsBucket()
+	s, err := c.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lo, hi := info.State.FirstSeq, info.State.LastSeq
+	if !want() { // queued runs filled the page: the records come next
+		if info.State.Msgs > 0 {
+			page.Next = hi + 1
+		}
+		return page, nil
+	}
+	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
+	if o.BeforeSeq > 0 {
+		hi = min(hi, o.BeforeSeq-1)
+	}
+	g := c.directGetter(stream)
+	if !o.Before.IsZero() {
+		seq, err := g.seqAt(ctx, o.Before, keyPrefix+">")
+		if err != nil {
+			return nil, err
+		}
+		if seq > 0 {
+			hi = min(hi, seq-1)
+		}
+	}
+	if !o.Since.IsZero() {
+		seq, err := g.seqAt(ctx, o.Since, keyPrefix+">")
+		if err != nil {
+			return nil, err
+		}
+		if seq == 0 {
+			return page, nil // nothing written since
+		}
+		lo = max(lo, seq)
+	}
+	maxScan := o.MaxScan
+	if maxScan == 0 {
+		maxScan = DefaultListScan
+	}
+	now := time.Now()
+	needles := listNeedles(o)
+	window := uint64(firstWindow)
+	if o.Limit > 0 && o.State == "" && o.Queue == "" {
+		window = uint64(2*o.Limit + 8) // with a rewritten record's hole each, one window is the page
+	}
+	for hi >= lo && hi > 0 && want() {
+		if maxScan > 0 && page.Scanned >= maxScan {
+			page.Truncated = true
+			break
+		}
+		from := lo
+		if hi-lo+1 > window {
+			from = hi - window + 1
+		}
+		msgs, err := g.rangeOf(ctx, from, hi)
+		if err != nil {
+			return nil, err
+		}
+		for i := len(msgs) - 1; i >= 0 && want(); i-- {
+			m := msgs[i]
+			page.Next = m.seq
+			if len(m.data) == 0 || !strings.HasPrefix(m.subject, keyPrefix) {
+				continue // a delete or purge marker
+			}
+			page.Scanned++
+			if !mayMatch(m.data, needles) {
+				continue
+			}
+			var r RunRecord
+			if json.Unmarshal(m.data, &r) != nil {
+				continue
+			}
+			r.Revision = m.seq
+			c.markStale(&r, now)
+			if matches(&r, o) {
+				page.Records = append(page.Records, r)
+			}
+		}
+		if !want() {
+			break
+		}
+		page.Next = from
+		hi = from - 1
+		window = min(window*2, maxWindow)
+	}
+	if hi < lo || hi == 0 {
+		page.Next = 0
+	}
+	return page, nil
+}
+
+// listNeedles are strings a matching record's JSON must contain: a
+// filtered scan decodes only the records that have them (the quoted value
+// of a state or queue appears in any encoding but one with \u escapes of
+// plain letters, which no writer of records produces).
+func listNeedles(o ListOptions) [][]byte {
+	var out [][]byte
+	switch o.State {
+	case "":
+	case StateStale:
+		out = append(out, []byte(`"`+StateRunning+`"`))
+	default:
+		out = append(out, []byte(`"`+o.State+`"`))
+	}
+	if o.Queue != "" {
+		out = append(out, []byte(`"`+o.Queue+`"`))
+	}
+	return out
+}
+
+func mayMatch(data []byte, needles [][]byte) bool {
+	for _, n := range needles {
+		if !bytes.Contains(data, n) {
+			return false
+		}
+	}
+	return true
+}
+
+func matches(r *RunRecord, o ListOptions) bool {
+	state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale)
+	return state && (o.Queue == "" || r.Queue == o.Queue)
+}
+
+// listQueued returns the requests that have no record yet, by id. It costs
+// the requests pending in AGENTS_RUNS (the backlog and the running runs,
+// whose requests are acked only at the end), never the history.
+func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, error) {
+	s, err := c.Stream(ctx, c.names.RunsStream())
+	if err != nil {
+		return nil, err
+	}
+	filter := c.names.SubmitAll()
+	if queue != "" {
+		filter = c.names.SubmitFilter(queue)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, err
+	}
+	var pending []RunRecord
+	for subj := range info.State.Subjects {
+		q, id, err := c.names.ParseSubmit(subj)
+		if err != nil {
+			continue
+		}
+		pending = append(pending, RunRecord{ID: id, Queue: q, State: StateQueued})
+	}
+	if len(pending) == 0 {
+		return nil, nil
+	}
+	// Drop those with a record: batched last-by-subject gets, 1,024 keys a
+	// request (the server's bound).
+	stream := "KV_" + c.names.RecordsBucket()
+	g := c.directGetter(stream)
+	have := map[string]bool{}
+	prefix := "$KV." + c.names.RecordsBucket() + "."
+	for i := 0; i < len(pending); i += 1024 {
+		chunk := pending[i:min(i+1024, len(pending))]
+		subjects := make([]string, len(chunk))
+		for j, r := range chunk {
+			subjects[j] = prefix + r.ID
+		}
+		msgs, err := g.multiLast(ctx, subjects)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			if len(m.data) > 0 {
+				have[strings.TrimPrefix(m.subject, prefix)] = true
+			}
+		}
+	}
+	out := pending[:0]
+	for _, r := range pending {
+		if !have[r.ID] {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// directGetter speaks the batched direct get API of a stream (AllowDirect,
+// which KV buckets have): nats.go has no call for it.
+type directGetter struct {
+	nc      *nats.Conn
+	subject string
+	stream  string
+}
+
+type storedMsg struct {
+	subject string
+	seq     uint64
+	time    time.Time
+	data    []byte
+}
+
+func (c *Client) directGetter(stream string) *directGetter {
+	o := c.js.Options()
+	prefix := "$JS.API."
+	switch {
+	case o.Domain != "":
+		prefix = "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return &directGetter{nc: c.nc, subject: prefix + "DIRECT.GET." + stream, stream: stream}
+}
+
+var errNoResults = errors.New("no results")
+
+// rangeOf returns the stored messages of sequences from..to, in order: one
+// direct get per sequence, all sent before the first answer is read, a
+// deleted sequence answered 404. (A batched direct get would step over
+// deleted sequences, but the server counts the pending messages of every
+// batch, which on a stream keeping one message per subject walks every
+// subject: its cost grows with the bucket.)
+func (g *directGetter) rangeOf(ctx context.Context, from, to uint64) ([]storedMsg, error) {
+	if to < from {
+		return nil, nil
+	}
+	inbox := g.nc.NewInbox()
+	sub, err := g.nc.SubscribeSync(inbox + ".*")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1)
+	body := make([]byte, 0, 32)
+	for seq := from; seq <= to; seq++ {
+		body = strconv.AppendUint(append(body[:0], `{"seq":`...), seq, 10)
+		body = append(body, '}')
+		if err := g.nc.PublishRequest(g.subject, inbox+"."+strconv.FormatUint(seq, 10), body); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	out := make([]storedMsg, 0, to-from+1)
+	for range to - from + 1 {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("direct get on %s: %w", g.stream, err)
+		}
+		sm, err := g.decode(m)
+		if errors.Is(err, errNoResults) {
+			continue // a deleted sequence
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sm)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
+	return out, nil
+}
+
+// decode reads one direct get answer: a stored message, errNoResults, or
+// the error its status says.
+func (g *directGetter) decode(m *nats.Msg) (storedMsg, error) {
+	if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
+		switch status {
+		case "404":
+			return storedMsg{}, errNoResults
+		case "503":
+			return storedMsg{}, fmt.Errorf("direct get on %s: %w (is the stream's allow_direct on?)", g.stream, nats.ErrNoResponders)
+		}
+		return storedMsg{}, fmt.Errorf("direct get on %s: %s %s", g.stream, status, m.Header.Get("Description"))
+	}
+	seq, _ := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	ts, _ := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+	sm := storedMsg{subject: m.Header.Get(jetstream.SubjectHeader), seq: seq, time: ts, data: m.Data}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		sm.data = nil
+	}
+	return sm, nil
+}
+
+// multiLast returns the last message of each subject that has one.
+func (g *directGetter) multiLast(ctx context.Context, subjects []string) ([]storedMsg, error) {
+	msgs, err := g.request(ctx, map[string]any{"multi_last": subjects})
+	if errors.Is(err, errNoResults) {
+		return nil, nil
+	}
+	return msgs, err
+}
+
+// seqAt returns the sequence of the first message stored at or after t, 0
+// when there is none.
+func (g *directGetter) seqAt(ctx context.Context, t time.Time, filter string) (uint64, error) {
+	msgs, err := g.request(ctx, map[string]any{"start_time": t.UTC(), "next_by_subj": filter})
+	if errors.Is(err, errNoResults) || (err == nil && len(msgs) == 0) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return msgs[0].seq, nil
+}
+
+// request sends one batched direct get and reads its messages up to the
+// end-of-batch status.
+func (g *directGetter) request(ctx context.Context, req map[string]any) ([]storedMsg, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	inbox := g.nc.NewInbox()
+	sub, err := g.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := g.nc.PublishRequest(g.subject, inbox, body); err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	var out []storedMsg
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("direct get on %s: %w", g.stream, err)
+		}
+		if m.Header.Get("Status") == "204" && len(m.Data) == 0 {
+			return out, nil // end of a multi-message answer
+		}
+		sm, err := g.decode(m)
+		if errors.Is(err, errNoResults) && len(out) > 0 {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sm)
+		if _, batched := req["batch"]; !batched {
+			if _, multi := req["multi_last"]; !multi {
+				return out, nil
+			}
+		}
+	}
+}
