@@ -33,7 +33,7 @@ const controlInbox = 64
 //     stream's republished messages (each carries its stream sequence and
 //     the previous sequence of its subject). The NATS callback puts them
 //     into a bounded inbox and never blocks: when the inbox is full it
-//     drops the message and marks a gap.
+//     drops the message and wakes the owner to read the stream.
 //   - the stream, the source of truth: the owner reads what it has not
 //     taken yet at pickup (before any live message, so a resumed attempt
 //     first knows what earlier attempts delivered), on a gap (a dropped
@@ -47,11 +47,10 @@ const controlInbox = 64
 type controls struct {
 	r     *run
 	inbox chan liveControl
-	gap   atomic.Bool // a live message was dropped: read the stream
 	// dropped counts live messages the full inbox turned away.
 	dropped atomic.Uint64
 	wake    chan struct{} // a gap or a heartbeat: read the stream
-	idle    chan chan bool
+	idle    chan chan int
 	quit    chan struct{}
 	done    chan struct{} // the owner has stopped
 	// closed: intake stopped, live messages are dropped.
@@ -60,6 +59,7 @@ type controls struct {
 
 	// The owner's own state.
 	last      map[string]uint64 // highest sequence taken, per kind
+	scanned   uint64            // every message of the run up to here was read
 	max       uint64            // highest sequence taken; read after done
 	delivered map[uint64]bool   // put into the transcript by an earlier attempt
 
@@ -84,7 +84,7 @@ type queuedControl struct {
 
 func newControls(r *run) *controls {
 	return &controls{r: r, inbox: make(chan liveControl, controlInbox), wake: make(chan struct{}, 1),
-		idle: make(chan chan bool), quit: make(chan struct{}), done: make(chan struct{}),
+		idle: make(chan chan int), quit: make(chan struct{}), done: make(chan struct{}),
 		last: map[string]uint64{}}
 }
 
@@ -98,7 +98,6 @@ func (c *controls) offer(kind string, m *nats.Msg) {
 	case c.inbox <- liveControl{kind, m}:
 	default:
 		c.dropped.Add(1)
-		c.gap.Store(true)
 		c.poke()
 	}
 }
@@ -145,16 +144,29 @@ func (c *controls) own(ctx context.Context, started chan<- struct{}) {
 		case lc := <-c.inbox:
 			c.live(ctx, lc)
 		case <-c.wake:
-			c.gap.Store(false)
 			c.catchUp(ctx)
 		case reply := <-c.idle:
-			c.catchUp(ctx)
+			// What already came live is applied first; then the stream
+			// says whether anything else is stored. Intake closes only on
+			// a read that succeeded: a failed one could hide a message.
+			for drained := false; !drained; {
+				select {
+				case lc := <-c.inbox:
+					c.live(ctx, lc)
+				default:
+					drained = true
+				}
+			}
+			if err := c.catchUp(ctx); err != nil {
+				reply <- idleUnknown
+				continue
+			}
 			if c.r.agent.HasQueuedMessages() && !c.r.tally.stopping() {
-				reply <- false
+				reply <- idleBusy
 				continue
 			}
 			c.closed.Store(true)
-			reply <- true
+			reply <- idleDone
 			return
 		case <-c.quit:
 			c.closed.Store(true)
@@ -185,13 +197,19 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 	c.take(lc.kind, seq, lc.m.Data, stored)
 }
 
-// catchUp reads the control messages stored but not taken yet.
-func (c *controls) catchUp(ctx context.Context) {
+// catchUp reads the control messages stored but not taken yet. It starts
+// after what an earlier read saw (scanned), so each read costs the new
+// messages, not the run's whole history. A read that failed is returned
+// (a missing message is not an error).
+func (c *controls) catchUp(ctx context.Context) error {
 	from := c.last[bus.KindSteer]
 	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort} {
 		from = min(from, c.last[k])
 	}
-	from++
+	from = max(from, c.scanned) + 1
+	// Every message of the run below from was seen: later ones get
+	// higher sequences.
+	defer func() { c.scanned = max(c.scanned, from-1) }()
 	w := c.r.w
 	subj := w.names.ControlAll(c.r.id)
 	for {
@@ -201,11 +219,12 @@ func (c *controls) catchUp(ctx context.Context) {
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m, err := w.controlStream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
 		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
 		if err != nil {
-			if !errors.Is(err, jetstream.ErrMsgNotFound) {
-				c.r.log.Warn("control catch-up read failed", "err", err)
-			}
-			return
+			c.r.log.Warn("control catch-up read failed", "err", err)
+			return err
 		}
 		kind := workerproto.ControlKind(m.Subject)
 		if m.Sequence > c.last[kind] {
@@ -290,17 +309,39 @@ func (c *controls) seqOf(m *agent.Message, end bool) uint64 {
 	return 0
 }
 
-// finishIfIdle has the owner read what is stored and, when the agent has
-// nothing queued, close intake: later control messages are ignored. It
-// reports whether intake is closed; if not, the caller runs the agent
-// again.
-func (c *controls) finishIfIdle() bool {
-	reply := make(chan bool, 1)
-	select {
-	case c.idle <- reply:
-		return <-reply
-	case <-c.done:
-		return true
+// The owner's answers to an idle check.
+const (
+	idleDone    = iota // nothing is queued: intake is closed
+	idleBusy           // messages are queued: run the agent again
+	idleUnknown        // the stream could not be read: ask again
+)
+
+// finishIfIdle has the owner apply what came and read what is stored and,
+// when the agent has nothing queued, close intake. It reports whether it
+// closed; if not, the caller runs the agent again. While the stream cannot
+// be read it asks again, with backoff, until ctx ends (a timeout or a
+// drain: then the run stops anyway).
+func (c *controls) finishIfIdle(ctx context.Context) bool {
+	wait := 100 * time.Millisecond
+	for {
+		reply := make(chan int, 1)
+		select {
+		case c.idle <- reply:
+		case <-c.done:
+			return true
+		}
+		switch <-reply {
+		case idleDone:
+			return true
+		case idleBusy:
+			return false
+		}
+		select {
+		case <-time.After(wait):
+			wait = min(2*wait, 2*time.Second)
+		case <-ctx.Done():
+			return true
+		}
 	}
 }
 

@@ -6,12 +6,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 type lockedLog struct {
@@ -87,5 +91,136 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 	}
 	if _, naked := ended(); naked > 0 {
 		t.Errorf("%d attempts that lost their lease were handed back (naked)", naked)
+	}
+}
+
+// A steer already in the run's inbox when the idle check's read fails (NATS
+// away): intake must not close on a read that failed, and the steer is
+// delivered once the stream can be read again.
+func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.NATS().Addr().(*net.TCPAddr).Port
+	restarted := make(chan *natsembed.Server, 1)
+	t.Cleanup(func() {
+		select {
+		case s := <-restarted:
+			s.Shutdown()
+		case <-time.After(20 * time.Second):
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "idle-fail"
+	var armed, fired atomic.Bool
+	w.beforeIdleCheck = func(run string) { armed.Store(run == id && !fired.Load()) }
+	w.beforeCatchUpRead = func(run string) {
+		if run != id || !armed.CompareAndSwap(true, false) {
+			return
+		}
+		fired.Store(true)
+		if _, err := c.Steer(ctx, id, "late"); err != nil {
+			t.Error(err)
+			return
+		}
+		// The steer's live copy reaches the inbox, then NATS goes away
+		// for longer than a read may take.
+		w.mu.Lock()
+		r := w.runs[id]
+		w.mu.Unlock()
+		for deadline := time.Now().Add(5 * time.Second); len(r.ctl.inbox) == 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		srv.Shutdown()
+		go func() {
+			time.Sleep(6 * time.Second) // the outage
+			s, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			restarted <- s
+		}()
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { wcancel(); <-done }()
+	<-w.Ready()
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "one", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
+		Faux: fauxTexts("first", "second")}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.LoadTranscript(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(userTexts(tr)); got != "[one late]" || tr.Finished.LastControlSeq == 0 {
+		t.Fatalf("the steer stored before the idle check was lost: users %s, lastControlSeq %d", got, tr.Finished.LastControlSeq)
+	}
+}
+
+// Each read of the control stream starts after what the last one saw: a
+// run that took many control messages does not read them all again at
+// every heartbeat.
+func TestCatchUpReadsOnlyWhatIsNew(t *testing.T) {
+	const id, n = "many", 100
+	var reads atomic.Int64
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, n)}
+	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Minute,
+		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
+		w.beforeCatchUpRead = func(run string) {
+			if run == id {
+				reads.Add(1)
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "go", Tools: []string{"gate"}, SteeringMode: agent.QueueAll,
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")}); err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the tool")
+	for i := range n {
+		if _, err := c.Steer(ctx, id, fmt.Sprintf("s%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		within(t, o.got, 20*time.Second, "steer")
+	}
+	w.mu.Lock()
+	r := w.runs[id]
+	w.mu.Unlock()
+	// The wake channel holds one request: a send goes through once the
+	// owner has taken the one before, so after the third send the first
+	// read is complete.
+	for range 3 {
+		r.ctl.wake <- struct{}{}
+	}
+	before := reads.Load()
+	for range 3 {
+		r.ctl.wake <- struct{}{}
+	}
+	if got := reads.Load() - before; got > 6 {
+		t.Errorf("3 catch-ups with nothing new read the stream %d times (the run holds %d control messages)", got, n)
+	}
+	g.release <- struct{}{}
+	if _, err := c.LoadTranscript(ctx, id); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -255,7 +255,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	}
 	// A steer or follow-up that came after the agent's last poll is still
 	// delivered: go on while messages remain.
-	for runErr == nil && ctx.Err() == nil && !r.tally.modelFailed() && !r.idleAndDone() {
+	for runErr == nil && ctx.Err() == nil && !r.tally.modelFailed() && !r.idleAndDone(ctx) {
 		runErr = r.agent.Continue(ctx)
 	}
 	return runErr, false
@@ -263,11 +263,11 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 
 // idleAndDone is called when the agent went idle: it reports whether the
 // run may finish (no late control message is queued).
-func (r *run) idleAndDone() bool {
+func (r *run) idleAndDone(ctx context.Context) bool {
 	if h := r.w.beforeIdleCheck; h != nil {
 		h(r.id)
 	}
-	return r.ctl.finishIfIdle()
+	return r.ctl.finishIfIdle(ctx)
 }
 
 // ackResumedFinished acks a request whose resume found run_finished
