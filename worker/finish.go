@@ -269,6 +269,7 @@ func (r *run) reusedID(rec *bus.RunRecord) {
 func (r *run) badRequest(err error) {
 	text := clipString(err.Error(), bus.MaxErrorBytes)
 	r.log.Warn("bad request", "err", text)
+	r.dropInvalidFields()
 	started := r.runStarted()
 	if r.req != nil {
 		started.Model = r.req.Model
@@ -291,6 +292,22 @@ func (r *run) badRequest(err error) {
 	}
 	_ = r.finish(ending{started: &started, fin: r.badRequestFinished(text),
 		settle: r.termRequest("bad_request: " + clipString(text, 200))})
+}
+
+// dropInvalidFields forgets the model and metadata of a bad request when
+// they are what is wrong with it: copied into its record and run_started
+// they could make the record too large to store (then the request would be
+// retried until it gave up, never failing bad_request).
+func (r *run) dropInvalidFields() {
+	if r.req == nil {
+		return
+	}
+	if r.req.Model != nil && (&bus.RunRequest{Prompt: "x", Model: r.req.Model}).Validate("") != nil {
+		r.req.Model, r.modelRef = nil, bus.ModelRef{}
+	}
+	if (&bus.RunRequest{Prompt: "x", Metadata: r.req.Metadata}).Validate("") != nil {
+		r.req.Metadata = nil
+	}
 }
 
 // maxToolsShown bounds the tool names a bad request's run_started lists.

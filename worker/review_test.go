@@ -224,3 +224,32 @@ func TestCatchUpReadsOnlyWhatIsNew(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A bad request whose metadata is what is wrong with it (a 100 KiB value)
+// fails bad_request at once: its record must not carry that value, which
+// would not fit in the bucket.
+func TestBadRequestWithHugeMetadataFailsAtOnce(t *testing.T) {
+	_, c := startInternal(t, Config{AckWait: 5 * time.Second, MaxDeliver: 2}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for id, body := range map[string]map[string]any{
+		"bigmeta":  {"prompt": "hi", "metadata": map[string]string{"k": strings.Repeat("v", 100<<10)}},
+		"bigmodel": {"prompt": "hi", "model": "openai/" + strings.Repeat("m", 70_000)},
+	} {
+		data, _ := json.Marshal(body)
+		if _, err := c.SubmitRaw(ctx, "", id, data); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := c.LoadTranscript(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr.Finished.Reason != bus.ReasonBadRequest || tr.Attempt != 1 {
+			t.Errorf("%s: %s/%s on attempt %d, want failed/bad_request on attempt 1", id, tr.Finished.Status, tr.Finished.Reason, tr.Attempt)
+		}
+		rec, err := c.Status(ctx, id)
+		if err != nil || rec.Reason != bus.ReasonBadRequest || len(rec.Metadata) != 0 {
+			t.Errorf("%s: record %+v %v", id, rec, err)
+		}
+	}
+}
