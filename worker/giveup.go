@@ -72,8 +72,12 @@ func (w *Worker) startGiveUp(ctx context.Context) (stop func()) {
 		}
 		wg.Add(1)
 		mu.Unlock()
-		defer wg.Done()
-		w.onAdvisory(m)
+		// A give-up reads and writes NATS: never in the callback. The
+		// consumer's MaxAckPending bounds how many run at once.
+		go func() {
+			defer wg.Done()
+			w.onAdvisory(m)
+		}()
 	}, jetstream.PullMaxMessages(4), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if w.hardCtx.Err() == nil {
 			w.log.Debug("advisories consumer", "err", err)
@@ -99,6 +103,25 @@ func (w *Worker) onAdvisory(m jetstream.Msg) {
 		_ = m.Term()
 		return
 	}
+	// The advisory stays this worker's while the give-up runs (its finish
+	// alone may take one AckWait): another worker must not give the same
+	// run up with the same attempt.
+	stop := make(chan struct{})
+	beat := make(chan struct{})
+	go func() {
+		defer close(beat)
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				_ = m.InProgress()
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-beat }()
 	ctx, cancel := context.WithTimeout(w.hardCtx, 30*time.Second)
 	defer cancel()
 	if err := w.giveUp(ctx, adv); err != nil {
@@ -118,7 +141,11 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		return fmt.Errorf("read request: %w", err)
 	}
 	removeRequest := func() error {
-		if err := w.runsStream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		// Its own deadline: it comes after the finish, which may have
+		// used up ctx's.
+		dctx, cancel := context.WithTimeout(w.hardCtx, 5*time.Second)
+		defer cancel()
+		if err := w.runsStream.DeleteMsg(dctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return fmt.Errorf("remove request: %w", err)
 		}
 		return nil

@@ -127,12 +127,14 @@ func (r *run) execute() {
 	}
 	defer r.release()
 	runErr, finished := r.drive(ctx)
+	// Read when the agent stopped, not after the close below: a run that
+	// ended just before its deadline did not time out.
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	lastControl := r.ctl.close()
 	if finished {
 		r.ackResumedFinished()
 		return
 	}
-	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	if r.mustNotFinish(timedOut) {
 		return
 	}
@@ -232,7 +234,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		// Resume even when the run was aborted or its deadline passed
 		// meanwhile: the outcome then says so, instead of the attempt
 		// being handed back (and redelivered until it gives up).
-		restored, err = r.resume(context.WithoutCancel(ctx))
+		restored, err = r.resume(r.w.hardCtx) // not the run's deadline; a drain timeout stops it
 		if errors.Is(err, errAlreadyFinished) {
 			return nil, true
 		}
