@@ -55,7 +55,7 @@ func (c *Client) SendControl(ctx context.Context, runID, kind string, body Contr
 	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
 		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
 	}
-	data, err := json.Marshal(body)
+	data, err := agent.MarshalJSON(body)
 	if err != nil {
 		return 0, err
 	}

@@ -5,12 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
 	"strings"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -42,7 +42,7 @@ func (c *Client) Submit(ctx context.Context, queue string, req *RunRequest) (Sub
 	if err := req.Validate(req.ID); err != nil {
 		return SubmitResult{}, err
 	}
-	body, err := json.Marshal(req)
+	body, err := agent.MarshalJSON(req)
 	if err != nil {
 		return SubmitResult{}, err
 	}

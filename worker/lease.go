@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
 
@@ -71,7 +71,7 @@ func (l *lease) classify(cur *bus.RunRecord) leaseOutcome {
 // re-reading and retrying while other attempts race. On leaseTaken the
 // attempt holds the lease; otherwise the current record is returned.
 func (l *lease) take(ctx context.Context, prev, rec *bus.RunRecord) (leaseOutcome, *bus.RunRecord, error) {
-	data, err := json.Marshal(rec)
+	data, err := agent.MarshalJSON(rec)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -132,7 +132,7 @@ func (l *lease) write(ctx context.Context, rec *bus.RunRecord, final bool) error
 	if l.lost.Load() {
 		return errLeaseLost
 	}
-	data, err := json.Marshal(rec)
+	data, err := agent.MarshalJSON(rec)
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	case agent.EventAgentEnd:
 		we.MessageSeqs = lastN(l.msgSeqs, len(ev.Messages))
 	}
-	data, err := encodeJSON(we)
+	data, err := agent.MarshalJSON(we)
 	if err != nil {
 		return err
 	}

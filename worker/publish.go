@@ -1,9 +1,7 @@
 package worker
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -12,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
@@ -367,7 +366,7 @@ func (p *publisher) charge(envs []*bus.Envelope) {
 
 // fleetEvent encodes and publishes a fleet event (run_started, ...).
 func (p *publisher) fleetEvent(typ string, v any) (uint64, error) {
-	data, err := encodeJSON(v)
+	data, err := agent.MarshalJSON(v)
 	if err != nil {
 		return 0, err
 	}
@@ -460,14 +459,4 @@ func cmpErr(err, def error) error {
 		return err
 	}
 	return def
-}
-
-func encodeJSON(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimRight(b.Bytes(), "\n"), nil
 }

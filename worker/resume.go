@@ -58,7 +58,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	for i := range rc.Synthetic {
 		m := rc.Synthetic[i]
 		for _, typ := range []agent.EventType{agent.EventMessageStart, agent.EventMessageEnd} {
-			data, err := encodeJSON(bus.AgentEvent{Type: string(typ), Message: &m})
+			data, err := agent.MarshalJSON(bus.AgentEvent{Type: string(typ), Message: &m})
 			if err != nil {
 				return false, err
 			}
