@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -84,6 +85,12 @@ func lastStreamSeq(t *testing.T, c *bus.Client, stream, subject string) uint64 {
 		t.Fatal(err)
 	}
 	return m.Sequence
+}
+
+// fleetQueue is a queue of the console's GET /api/fleet.
+type fleetQueue struct {
+	Queue    string `json:"queue"`
+	Consumer string `json:"consumer"`
 }
 
 // consoleProcess is the console binary connected as one NATS user.
@@ -238,9 +245,13 @@ func TestAccountsConsole(t *testing.T) {
 	cons := connectAs(t, url, "console", pw["console"])
 	other := connectAs(t, url, "other", pw["other"])
 	names := wc.Names()
+	ctx := fleettest.Context(t)
+	// Queue "idle" is declared, and no worker serves it.
+	if err := wc.EnsureStreams(ctx, bus.StreamsConfig{Queues: []string{bus.DefaultQueue, "idle"}}); err != nil {
+		t.Fatal(err)
+	}
 	fleettest.RunWorker(t, worker.Config{Client: wc, DrainTimeout: 2 * time.Second, WorkerID: "acl-console-worker"})
 
-	ctx := fleettest.Context(t)
 	// A finished run, before the console starts (it reads the backlog).
 	done := fauxRun("what is 6*7?", fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"}), fleettest.Text("It is 42."))
 	done.ID = "acl-console-done"
@@ -289,12 +300,25 @@ func TestAccountsConsole(t *testing.T) {
 		}
 	}
 
+	// A run no worker takes (no worker serves queue "idle"): the console
+	// finds its request on the work queue.
+	{
+		idle := fauxRun("wait", fleettest.Text("never"))
+		idle.ID = "acl-console-idle"
+		if _, err := sub.Submit(ctx, "idle", idle); err != nil {
+			t.Fatalf("submitter: submit to queue idle: %v", err)
+		}
+		var rec bus.RunRecord
+		p.getJSON(t, "/api/runs/"+idle.ID, &rec)
+		if rec.State != bus.StateQueued || rec.Queue != "idle" {
+			t.Errorf("/api/runs/%s: %+v, want queued on idle", idle.ID, rec)
+		}
+	}
+
 	// GET /api/fleet answers with the queue and the worker.
 	{
 		var fl struct {
-			Queues []struct {
-				Queue, Consumer string
-			} `json:"queues"`
+			Queues  []fleetQueue         `json:"queues"`
 			Workers []bus.WorkerPresence `json:"workers"`
 			Errors  []string             `json:"errors"`
 		}
@@ -309,7 +333,9 @@ func TestAccountsConsole(t *testing.T) {
 		if len(fl.Errors) > 0 {
 			t.Errorf("/api/fleet errors: %q", fl.Errors)
 		}
-		if len(fl.Queues) != 1 || fl.Queues[0].Queue != bus.DefaultQueue || fl.Queues[0].Consumer != names.Consumer(bus.DefaultQueue) {
+		if !slices.ContainsFunc(fl.Queues, func(q fleetQueue) bool {
+			return q.Queue == bus.DefaultQueue && q.Consumer == names.Consumer(bus.DefaultQueue)
+		}) {
 			t.Errorf("/api/fleet queues: %+v", fl.Queues)
 		}
 		if len(fl.Workers) != 1 || fl.Workers[0].Worker != "acl-console-worker" {
