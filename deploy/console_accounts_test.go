@@ -198,7 +198,8 @@ func (p *consoleProcess) waitRun(t *testing.T, id string, ok func(bus.RunRecord)
 // events reads a run's event stream from the console up to its end.
 func (p *consoleProcess) events(t *testing.T, id string) []*bus.Envelope {
 	t.Helper()
-	resp, err := http.Get(p.base + "/api/runs/" + id + "/events")
+	// Bounded: a refused pull leaves the stream waiting.
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Get(p.base + "/api/runs/" + id + "/events")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,13 +353,16 @@ func TestAccountsConsole(t *testing.T) {
 	running := "acl-console-running"
 	body, _ := json.Marshal(map[string]any{"id": running, "prompt": "tell a story", "model": fleettest.FauxModel(),
 		"faux": &bus.FauxScript{TokenSize: 1, TokensPerSecond: 50, Responses: []agent.ScriptedResponse{
-			fleettest.Text(strings.Repeat("once upon a time ", 10)), fleettest.Text("and they turned left.")}}})
+			fleettest.Text(strings.Repeat("once upon a time ", 10)), fleettest.Text("and they turned left."), fleettest.Text("The end.")}}})
 	if code, b := p.post(t, "/api/runs", session.CSRF, string(body)); code != http.StatusCreated {
 		t.Fatalf("console: submit: %d %s", code, b)
 	}
 	p.waitRun(t, running, func(r bus.RunRecord) bool { return r.State == bus.StateRunning })
 	if code, b := p.post(t, "/api/runs/"+running+"/steer", session.CSRF, `{"text":"turn left"}`); code != http.StatusAccepted {
 		t.Fatalf("console: steer: %d %s", code, b)
+	}
+	if code, b := p.post(t, "/api/runs/"+running+"/followup", session.CSRF, `{"text":"and then?"}`); code != http.StatusAccepted {
+		t.Fatalf("console: follow-up: %d %s", code, b)
 	}
 	p.waitRun(t, running, func(r bus.RunRecord) bool { return r.State == bus.StatusSucceeded })
 	tr, err := sub.LoadTranscript(ctx, running)
@@ -371,8 +375,23 @@ func TestAccountsConsole(t *testing.T) {
 			users = append(users, m.TextOf())
 		}
 	}
-	if strings.Join(users, "|") != "tell a story|turn left" {
+	if strings.Join(users, "|") != "tell a story|turn left|and then?" {
 		t.Errorf("the steered run's user messages: %q", users)
+	}
+
+	// Abort of the queued run: the control message waits in AGENTS_CONTROL
+	// for the run's pickup.
+	if code, b := p.post(t, "/api/runs/acl-console-idle/abort", session.CSRF, `{"reason":"not needed"}`); code != http.StatusAccepted {
+		t.Fatalf("console: abort: %d %s", code, b)
+	}
+	{
+		st, err := wc.JetStream().Stream(ctx, names.ControlStream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.GetLastMsgForSubject(ctx, names.Control("acl-console-idle", bus.KindAbort)); err != nil {
+			t.Errorf("the console's abort is not stored: %v", err)
+		}
 	}
 
 	// All of that within the role: no violation by the console.
