@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -27,9 +28,18 @@ import (
 // loopback port.
 func accountsServer(t *testing.T) (url string, passwords map[string]string) {
 	t.Helper()
+	url, passwords, _ = accountsServerLog(t)
+	return url, passwords
+}
+
+// accountsServerLog is accountsServer that also keeps the server's log
+// (permission violations are logged there with the user).
+func accountsServerLog(t *testing.T) (url string, passwords map[string]string, serverLog *logBuf) {
+	t.Helper()
 	passwords = map[string]string{}
 	for user, env := range map[string]string{"worker": "AGENTS_WORKER_PASSWORD", "submitter": "AGENTS_SUBMITTER_PASSWORD",
-		"observer": "AGENTS_OBSERVER_PASSWORD", "toolservice": "AGENTS_TOOLSERVICE_PASSWORD", "other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD"} {
+		"observer": "AGENTS_OBSERVER_PASSWORD", "toolservice": "AGENTS_TOOLSERVICE_PASSWORD", "console": "AGENTS_CONSOLE_PASSWORD",
+		"other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD"} {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		passwords[user] = hex.EncodeToString(b[:])
@@ -47,14 +57,29 @@ func accountsServer(t *testing.T) (url string, passwords map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serverLog = &logBuf{}
+	s.SetLoggerV2(serverLogger{serverLog}, false, false, false)
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		s.Shutdown()
 		t.Fatal("nats-server with accounts.conf did not start")
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s.ClientURL(), passwords
+	return s.ClientURL(), passwords, serverLog
 }
+
+// serverLogger writes the server's log lines to a logBuf.
+type serverLogger struct{ l *logBuf }
+
+func (s serverLogger) logf(level, format string, v ...any) {
+	fmt.Fprintf(s.l, level+" "+format+"\n", v...)
+}
+func (s serverLogger) Noticef(format string, v ...any) { s.logf("[INF]", format, v...) }
+func (s serverLogger) Warnf(format string, v ...any)   { s.logf("[WRN]", format, v...) }
+func (s serverLogger) Fatalf(format string, v ...any)  { s.logf("[FTL]", format, v...) }
+func (s serverLogger) Errorf(format string, v ...any)  { s.logf("[ERR]", format, v...) }
+func (s serverLogger) Debugf(format string, v ...any)  { s.logf("[DBG]", format, v...) }
+func (s serverLogger) Tracef(format string, v ...any)  { s.logf("[TRC]", format, v...) }
 
 // logBuf keeps a client's log: the server's permission violations arrive
 // asynchronously and bus logs them ("nats async error").

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -25,9 +26,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testFleet is an embedded NATS server, a client, and one in-process
-// worker with the faux model, for one test.
+// testFleet is the shared harness's fleet (an embedded NATS server and a
+// client) with one in-process worker with the faux model, for one test.
 type testFleet struct {
+	*fleettest.Fleet
 	t   testing.TB
 	srv *natsembed.Server
 	c   *bus.Client
@@ -40,59 +42,9 @@ func newTestFleet(t testing.TB) *testFleet {
 // newTestFleetN is newTestFleet with a worker of that many slots.
 func newTestFleetN(t testing.TB, slots int) *testFleet {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		srv.Shutdown()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		srv.Shutdown()
-	})
-	if err := c.EnsureStreams(ctx, bus.StreamsConfig{Queues: []string{"default", "other"}, AckWait: 5 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	f := &testFleet{t: t, srv: srv, c: c}
-	f.startWorker(slots)
-	return f
-}
-
-// startWorker runs a worker with the faux model until the test ends.
-func (f *testFleet) startWorker(slots int) {
-	t := f.t
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.srv.URL(), Name: "test-worker"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.New(worker.Config{Client: c, Queues: []string{"default", "other"}, Concurrency: slots,
-		AckWait: 5 * time.Second, PollWait: 200 * time.Millisecond, DrainTimeout: 2 * time.Second, WorkerID: "test-worker-1"})
-	if err != nil {
-		c.Close()
-		t.Fatal(err)
-	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	t.Cleanup(func() {
-		rcancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-		c.Close()
-	})
-	select {
-	case <-w.Ready():
-	case err := <-done:
-		t.Fatalf("worker: %v", err)
-	}
+	fl := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default", "other"}, AckWait: 5 * time.Second}})
+	fl.StartWorker(worker.Config{Concurrency: slots, DrainTimeout: 2 * time.Second, WorkerID: "test-worker-1"})
+	return &testFleet{Fleet: fl, t: t, srv: fl.Server, c: fl.Client}
 }
 
 // submit stores a request on the default queue.

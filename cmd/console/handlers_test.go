@@ -75,8 +75,17 @@ func TestRunsList(t *testing.T) {
 	if code := c.getJSON(t, "/api/fleet", &fl); code != http.StatusOK {
 		t.Fatalf("fleet: %d", code)
 	}
-	if len(fl.Queues) != 2 || fl.Rates.FailedSinceStart != 1 || fl.Rates.FinishedLastMinute != 2 || len(fl.Workers) != 0 {
+	if len(fl.Queues) != 2 || fl.Rates.FailedSinceStart != 1 || fl.Rates.FinishedLastMinute != 2 {
 		t.Errorf("fleet %+v", fl)
+	}
+	// The worker's presence is written after it starts, on its own time.
+	for deadline := time.Now().Add(10 * time.Second); len(fl.Workers) == 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		c.getJSON(t, "/api/fleet", &fl)
+	}
+	var p bus.WorkerPresence
+	if len(fl.Workers) != 1 || json.Unmarshal(fl.Workers[0], &p) != nil || p.Worker != "test-worker-1" {
+		t.Errorf("fleet workers: %s", fl.Workers)
 	}
 }
 
