@@ -80,18 +80,13 @@ func everythingConfig(t *testing.T, env map[string]string) toolsource.ServerConf
 type watcher struct {
 	mu      sync.Mutex
 	methods []string
-	cmd     *exec.Cmd
+	proc    *os.Process // the server process of the last connect
 	changed chan struct{}
 }
 
 func newWatcher() *watcher { return &watcher{changed: make(chan struct{}, 1)} }
 
 func (w *watcher) wrap(_ string, t mcp.Transport) mcp.Transport {
-	if ct, ok := t.(*mcp.CommandTransport); ok {
-		w.mu.Lock()
-		w.cmd = ct.Command
-		w.mu.Unlock()
-	}
 	return &watchTransport{t, w}
 }
 
@@ -133,7 +128,7 @@ func (w *watcher) waitSent(t *testing.T, method string, n int) {
 func (w *watcher) process() *os.Process {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.cmd.Process
+	return w.proc
 }
 
 type watchTransport struct {
@@ -145,6 +140,13 @@ func (t *watchTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	c, err := t.Transport.Connect(ctx)
 	if err != nil {
 		return nil, err
+	}
+	// The process exists once Connect has started it; read it only then
+	// (the SDK writes the Cmd while it starts).
+	if ct, ok := t.Transport.(*mcp.CommandTransport); ok {
+		t.w.mu.Lock()
+		t.w.proc = ct.Command.Process
+		t.w.mu.Unlock()
 	}
 	return &watchConn{c, t.w}, nil
 }
