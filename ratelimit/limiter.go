@@ -66,12 +66,13 @@ type Config struct {
 
 // Grant is one admitted call.
 type Grant struct {
-	l      *Limiter
-	group  string
-	id     string
-	Waited time.Duration // how long the call queued; 0 if it did not
-	At     time.Time     // when it was granted: what the window counts
-	done   bool
+	l        *Limiter
+	group    string
+	id       string
+	Waited   time.Duration // how long the call queued; 0 if it did not
+	At       time.Time     // when it was granted: what the window counts
+	done     bool
+	reserved int
 }
 
 // Limiter admits model calls against the fleet's shared limits.
@@ -84,8 +85,43 @@ type Limiter struct {
 	changed map[string]chan struct{} // closed when the key changes
 	cached  map[string]*state        // last seen state by key
 	active  map[string]int           // this worker's holds and waiters by group
-	stopped bool
+	stats   map[string]*Stats
 }
+
+// Stats are one group's counters in this process.
+type Stats struct {
+	Waits      int           // calls that queued
+	WaitTime   time.Duration // total time queued
+	Reserved   int64         // tokens reserved
+	Used       int64         // tokens settled
+	RetryAfter int           // 429s and 503s with a retry time reported
+	Grants     int
+}
+
+// Stats returns a copy of the counters by group.
+func (l *Limiter) Stats() map[string]Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]Stats, len(l.stats))
+	for g, s := range l.stats {
+		out[g] = *s
+	}
+	return out
+}
+
+// stat changes a group's counters under the lock.
+func (l *Limiter) stat(group string, f func(*Stats)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.stats[group]
+	if s == nil {
+		s = &Stats{}
+		l.stats[group] = s
+	}
+	f(s)
+}
+
+func (l *Limiter) count429(group string) { l.stat(group, func(s *Stats) { s.RetryAfter++ }) }
 
 var validKey = regexp.MustCompile(`^[-_=.a-zA-Z0-9]+$`)
 
@@ -119,7 +155,7 @@ func New(kv jetstream.KeyValue, cfg Config) (*Limiter, error) {
 		}
 	}
 	return &Limiter{kv: kv, cfg: cfg, win: newWindow(cfg.Window),
-		changed: map[string]chan struct{}{}, cached: map[string]*state{}, active: map[string]int{}}, nil
+		changed: map[string]chan struct{}{}, cached: map[string]*state{}, active: map[string]int{}, stats: map[string]*Stats{}}, nil
 }
 
 // Limits returns a group's limits; ok is false for a group without any.
@@ -337,6 +373,15 @@ func (l *Limiter) Acquire(ctx context.Context, group string, tokens int) (*Grant
 			if queued {
 				g.Waited = time.Since(asked)
 			}
+			g.reserved = tokens
+			l.stat(group, func(s *Stats) {
+				s.Grants++
+				s.Reserved += int64(tokens)
+				if g.Waited > 0 {
+					s.Waits++
+					s.WaitTime += g.Waited
+				}
+			})
 			return g, nil
 		}
 		queued = true
@@ -391,6 +436,7 @@ func (g *Grant) Settle(ctx context.Context, used int) error {
 	}
 	g.done = true
 	defer g.l.track(g.group, -1)
+	g.l.stat(g.group, func(s *Stats) { s.Used += int64(max(used, 0)) })
 	_, err := g.l.update(ctx, g.group, func(s *state, _ int64) (bool, error) {
 		return s.settle(g.l.win, g.id, max(used, 0)), nil
 	})

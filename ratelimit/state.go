@@ -111,8 +111,10 @@ func (s *state) addBin(win window, at int64, tokens int) {
 	s.Bins = append(s.Bins, bin{At: start, Requests: 1, Tokens: tokens})
 }
 
-// usage is what counts in the window ending at now. A bin counts until its
-// end leaves the window, so bins only ever overcount.
+// usage is what counts in the window ending at now. Every call counts for
+// one window plus one bin: bins count until their end leaves the window,
+// and holds as long, a guard against the time between a grant and the
+// provider seeing the request.
 func (s *state) usage(win window, now int64) (requests, tokens, inFlight int) {
 	for _, b := range s.Bins {
 		if b.At+win.binWidth+win.width > now {
@@ -122,7 +124,7 @@ func (s *state) usage(win window, now int64) (requests, tokens, inFlight int) {
 	}
 	for _, h := range s.Holds {
 		inFlight++
-		if h.At+win.width > now {
+		if h.At+win.binWidth+win.width > now {
 			requests++
 			tokens += h.Tokens
 		}
@@ -156,7 +158,7 @@ func (s *state) fits(lim Limits, win window, now int64, tokens int) (ok bool, re
 		consider(b.At + win.binWidth + win.width)
 	}
 	for _, h := range s.Holds {
-		consider(h.At + win.width)
+		consider(h.At + win.binWidth + win.width)
 	}
 	return false, next
 }

@@ -109,6 +109,9 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	} else if n, ok := p.(Noticer); ok {
 		r.notice = n.Notice()
 	}
+	if ml, ok := w.modelLimit(ref); ok && req.Faux == nil {
+		r.stream = r.limitStream(r.stream, ml) // worker/ratelimit.go
+	}
 	return nil, nil
 }
 
