@@ -20,11 +20,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fleet is one NATS server with the limits bucket.
 type fleet struct {
-	t   *testing.T
+	t   testing.TB
 	url string
 }
 
-func newFleet(t *testing.T) *fleet {
+func newFleet(t testing.TB) *fleet {
 	srv := fleettest.StartServer(t, 0, t.TempDir())
 	c := fleettest.Connect(t, srv.URL())
 	if err := c.EnsureStreams(fleettest.Context(t), bus.StreamsConfig{}); err != nil {
