@@ -472,6 +472,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, metrics.Config{Models: modelIDs, Tools: toolNames(cfg.Tools), Queues: o.queues})
 	cfg.Observer = worker.MetricsObserver(m)
+	if cfg.RateLimits != nil {
+		reg.MustRegister(cfg.RateLimits.Seam.Collector(metrics.Namespace))
+	}
 	var metricsAddr string
 	if o.metricsAddr != "" {
 		ln, err := net.Listen("tcp", o.metricsAddr)
