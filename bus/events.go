@@ -69,6 +69,9 @@ const (
 	// finishing (crashes, hand-backs); its copy is on the dead-letter
 	// subject.
 	ReasonGaveUp = "gave_up"
+	// ReasonBudgetExceeded: the run's model calls would cost, or cost,
+	// more than limits.maxCostUsd.
+	ReasonBudgetExceeded = "budget_exceeded"
 )
 
 // Envelope is one NATS message on <prefix>.run.<run>.events. Seq starts at 1

@@ -26,6 +26,7 @@ import (
 type limitedProvider struct {
 	rpm, tpm int
 	window   time.Duration
+	extra    int // input tokens reported beyond the real ones
 
 	mu       sync.Mutex
 	calls    []time.Time
@@ -74,7 +75,7 @@ func (p *limitedProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"calculator","arguments":"{\"expression\":\"6*7\"}"}}]}`, "tool_calls")
 	}
-	fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":5,\"total_tokens\":%d}}\n\n", cost-5, cost)
+	fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":5,\"total_tokens\":%d}}\n\n", cost-5+p.extra, cost+p.extra)
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
