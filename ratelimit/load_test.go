@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -114,6 +115,9 @@ func (p *minuteProvider) rejections() int {
 	return p.rejected
 }
 
+// workerSeq names worker processes: ids must differ across the fleet.
+var workerSeq atomic.Int64
+
 var buildOnce struct {
 	sync.Once
 	bin string
@@ -152,7 +156,7 @@ func startWorkers(t *testing.T, natsURL, providerURL, table string, n, slots int
 	var cmds []*exec.Cmd
 	for i := range n {
 		cmd := exec.Command(bin, "--nats", natsURL, "--concurrency", strconv.Itoa(slots), "--models", models,
-			"--metrics-addr", "", "--worker-id", fmt.Sprintf("load-%d", i), "--log-level", "warn")
+			"--metrics-addr", "", "--worker-id", fmt.Sprintf("load-%d", workerSeq.Add(1)), "--log-level", "warn")
 		cmd.Env = append(os.Environ(), "OPENAI_BASE_URL="+providerURL+"/v1", "OPENAI_API_KEY=test")
 		log, err := os.Create(filepath.Join(dir, fmt.Sprintf("worker-%d.log", i)))
 		if err != nil {
