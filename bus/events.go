@@ -22,6 +22,10 @@ const (
 // WaitRateLimit is the reason of a model_wait for shared rate limits.
 const WaitRateLimit = "rate_limit"
 
+// WaitingModel is a running record's Waiting while a model call queues
+// for the fleet's shared rate limits.
+const WaitingModel = "model"
+
 // ModelWait is a model call that waited before it started.
 type ModelWait struct {
 	Type     string `json:"type"`

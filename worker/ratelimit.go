@@ -89,7 +89,9 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			reserve := EstimateTokens(llm, opts.MaxTokens, ml.MaxTokens)
+			r.waitingModel.Store(true) // the record says so at the next heartbeat
 			g, err := l.Acquire(ctx, ml.Group, reserve)
+			r.waitingModel.Store(false)
 			if err != nil {
 				yield(limitError(ctx, err))
 				return
