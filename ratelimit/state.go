@@ -58,11 +58,6 @@ func newWindow(w time.Duration) window {
 // used the provider's capacity), so it frees the concurrency at once and
 // the window when it ages out.
 func (s *state) prune(win window, now int64) {
-	for w, until := range s.Workers {
-		if until <= now && !s.hasWorker(w) {
-			delete(s.Workers, w)
-		}
-	}
 	stale := func(w string) bool { return s.Workers[w] <= now }
 	s.Queue = slices.DeleteFunc(s.Queue, func(q waiter) bool { return stale(q.Worker) })
 	var dead []hold
@@ -82,20 +77,6 @@ func (s *state) prune(win window, now int64) {
 			delete(s.Workers, w)
 		}
 	}
-}
-
-func (s *state) hasWorker(w string) bool {
-	for _, q := range s.Queue {
-		if q.Worker == w {
-			return true
-		}
-	}
-	for _, h := range s.Holds {
-		if h.Worker == w {
-			return true
-		}
-	}
-	return false
 }
 
 // addBin counts a settled call at its grant time.
