@@ -92,6 +92,10 @@ type RunRecord struct {
 	// whose heartbeat is older than the client's stale bound: its worker
 	// is gone or cut off and no one has taken the run over (yet).
 	Stale bool `json:"stale,omitempty"`
+	// Waiting says what a running run waits for: "model" while a model
+	// call queues for the fleet's shared rate limits (since 1.2; written
+	// with the heartbeat).
+	Waiting string `json:"waiting,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
 }

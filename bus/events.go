@@ -14,7 +14,26 @@ const (
 	EventRunStarted  = "run_started"
 	EventRunFinished = "run_finished"
 	EventRunResumed  = "run_resumed"
+	// EventModelWait: a model call waited for the fleet's shared rate
+	// limits; published once the call proceeds.
+	EventModelWait = "model_wait"
 )
+
+// WaitRateLimit is the reason of a model_wait for shared rate limits.
+const WaitRateLimit = "rate_limit"
+
+// WaitingModel is a running record's Waiting while a model call queues
+// for the fleet's shared rate limits.
+const WaitingModel = "model"
+
+// ModelWait is a model call that waited before it started.
+type ModelWait struct {
+	Type     string `json:"type"`
+	Reason   string `json:"reason"`
+	WaitedMs int64  `json:"waitedMs"`
+	// Group is the limit group waited for.
+	Group string `json:"group,omitempty"`
+}
 
 // Run statuses (the status of run_finished).
 const (
@@ -54,6 +73,9 @@ const (
 	// finishing (crashes, hand-backs); its copy is on the dead-letter
 	// subject.
 	ReasonGaveUp = "gave_up"
+	// ReasonBudgetExceeded: the run's model calls would cost, or cost,
+	// more than limits.maxCostUsd.
+	ReasonBudgetExceeded = "budget_exceeded"
 )
 
 // Envelope is one NATS message on <prefix>.run.<run>.events. Seq starts at 1
@@ -162,7 +184,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.1"
+const ProtocolVersion = "1.2"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
@@ -214,6 +236,7 @@ type Event struct {
 	RunStarted  *RunStarted
 	RunFinished *RunFinished
 	RunResumed  *RunResumed
+	ModelWait   *ModelWait
 }
 
 // Decode decodes the envelope's event. An event type this version does not
@@ -242,6 +265,9 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventRunResumed:
 		ev.RunResumed = &RunResumed{}
 		target = ev.RunResumed
+	case EventModelWait:
+		ev.ModelWait = &ModelWait{}
+		target = ev.ModelWait
 	default:
 		ev.Agent = &AgentEvent{Type: typ}
 		if !knownAgentEvent(typ) {

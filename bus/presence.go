@@ -110,3 +110,31 @@ func (c *Client) ListWorkers(ctx context.Context) ([]WorkerPresence, error) {
 	})
 	return out, nil
 }
+
+// LimitsBucket is the KV bucket of the fleet's shared model rate limits
+// (agents_limits): one key per limit group.
+func (n Names) LimitsBucket() string { return n.lower + "_limits" }
+
+// ensureLimitsBucket creates agents_limits (history 1, in memory: the
+// state only matters for one window).
+func (c *Client) ensureLimitsBucket(ctx context.Context, cfg StreamsConfig) error {
+	if _, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      c.names.LimitsBucket(),
+		Description: "agentfleet shared model rate limits",
+		History:     1,
+		Storage:     jetstream.MemoryStorage,
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("kv bucket %s: %w", c.names.LimitsBucket(), err)
+	}
+	return nil
+}
+
+// Limits returns the bucket of shared model rate limits.
+func (c *Client) Limits(ctx context.Context) (jetstream.KeyValue, error) {
+	kv, err := c.js.KeyValue(ctx, c.names.LimitsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("kv bucket %s: %w (has a worker or EnsureStreams created it?)", c.names.LimitsBucket(), err)
+	}
+	return kv, nil
+}

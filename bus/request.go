@@ -108,6 +108,9 @@ type Limits struct {
 	MaxTurns       int `json:"maxTurns,omitempty"`
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
 	MaxTotalTokens int `json:"maxTotalTokens,omitempty"`
+	// MaxCostUsd bounds what the run's model calls may cost, in dollars
+	// from the model table's prices; 0 means no bound.
+	MaxCostUsd float64 `json:"maxCostUsd,omitempty"`
 }
 
 // FauxScript scripts a whole run for the faux provider.
@@ -422,6 +425,9 @@ func (r *RunRequest) Validate(subjectRun string) error {
 		}
 		if l.MaxTotalTokens < 0 {
 			add("limits.maxTotalTokens must not be negative")
+		}
+		if l.MaxCostUsd < 0 {
+			add("limits.maxCostUsd must not be negative")
 		}
 	}
 	if t := r.Temperature; t != nil && (*t < 0 || *t > 2) {

@@ -124,6 +124,9 @@ type Config struct {
 	// Observer is told about runs, turns, model requests, tool calls,
 	// publishing, control messages and slots (metrics). Optional.
 	Observer Observer
+	// RateLimits, when set, makes every call of a model it lists take
+	// capacity from the fleet's shared limits first (ratelimit.go).
+	RateLimits *RateLimits
 }
 
 // RunInfo identifies a run to an Observer.

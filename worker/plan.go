@@ -109,6 +109,15 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	} else if n, ok := p.(Noticer); ok {
 		r.notice = n.Notice()
 	}
+	if ml, ok := w.modelLimit(ref); ok && req.Faux == nil {
+		r.stream = r.limitStream(r.stream, ml) // worker/ratelimit.go
+	}
+	if r.checkCostBound(add); len(problems) > 0 { // worker/budget.go
+		return problems, nil
+	}
+	if r.limits.MaxCostUsd > 0 {
+		r.stream = r.budgetStream(r.stream)
+	}
 	return nil, nil
 }
 
@@ -180,7 +189,7 @@ func (r *run) newAgent() *agent.Agent {
 // the agent would otherwise run another one.
 func (r *run) shouldStop(_ context.Context, tc *agent.TurnContext) (bool, error) {
 	wantsMore := len(tc.Message.ToolCalls()) > 0 || r.agent.HasQueuedMessages()
-	return wantsMore && r.tally.overLimit(r.limits), nil
+	return wantsMore && (r.tally.overLimit(r.limits) || r.overCostNext(tc)), nil
 }
 
 // loadPrior loads the transcript of a finished run (continueFrom).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,6 +59,8 @@ type run struct {
 	hb     *heartbeat
 	cancel context.CancelFunc // stops the drive
 	left   bool               // the observer was told the run finished
+
+	waitingModel atomic.Bool // a model call queues for the shared rate limits
 }
 
 // runPlan is the request resolved against the worker.
@@ -377,6 +380,9 @@ func (r *run) record(state string) *bus.RunRecord {
 	}
 	if r.req != nil {
 		rec.Metadata = r.req.Metadata
+	}
+	if state == bus.StateRunning && r.waitingModel.Load() {
+		rec.Waiting = bus.WaitingModel // worker/ratelimit.go
 	}
 	return rec
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/ratelimit"
 )
 
 // Worker takes run requests from its queues and runs them. Create it with
@@ -59,6 +60,8 @@ type Worker struct {
 	mu   sync.Mutex
 	runs map[string]*run
 	wg   sync.WaitGroup
+
+	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
@@ -207,6 +210,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
+	stopRateLimits, err := w.startRateLimits(setup) // worker/ratelimit.go
+	if err != nil {
+		return fmt.Errorf("worker: shared rate limits: %w", err)
+	}
+	defer stopRateLimits()
 	stopGiveUp := w.startGiveUp(setup)
 	stopToolSources := w.startToolSources(setup) // worker/toolsources.go
 	defer stopToolSources()

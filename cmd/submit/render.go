@@ -143,8 +143,12 @@ func (r *renderer) Render(env *bus.Envelope) error {
 	case bus.EventRunFinished:
 		r.finished = ev.RunFinished
 		r.println(closingLine(r.st, ev.RunFinished))
+	case bus.EventModelWait:
+		r.println(r.st.dim(fmt.Sprintf("⏳ the model call waited %s for the fleet's rate limits", time.Duration(ev.ModelWait.WaitedMs)*time.Millisecond)))
 	default:
-		r.agentEvent(env, ev.Agent)
+		if ev.Agent != nil {
+			r.agentEvent(env, ev.Agent)
+		}
 	}
 	return nil
 }

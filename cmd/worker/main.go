@@ -29,6 +29,7 @@ import (
 	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/metrics"
 	"github.com/agentfleet/agentfleet/natsembed"
+	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -471,6 +472,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, metrics.Config{Models: modelIDs, Tools: toolNames(cfg.Tools), Queues: o.queues})
 	cfg.Observer = worker.MetricsObserver(m)
+	if cfg.RateLimits != nil {
+		reg.MustRegister(cfg.RateLimits.Seam.Collector(metrics.Namespace))
+	}
 	var metricsAddr string
 	if o.metricsAddr != "" {
 		ln, err := net.Listen("tcp", o.metricsAddr)
@@ -635,7 +639,13 @@ func modelConfig(o *options, log *slog.Logger) (worker.Config, []string, error) 
 			"Set OPENAI_BASE_URL and OPENAI_API_KEY (or --openai-api-key-file) to use a real model.")
 		return cfg, nil, nil
 	}
-	p, err := openai.New(openai.Config{BaseURL: o.openaiURL, APIKey: key, Models: models})
+	pcfg := openai.Config{BaseURL: o.openaiURL, APIKey: key, Models: models}
+	if rl := rateLimits("openai", models); rl != nil {
+		// The provider reports 429s and asks before each attempt; the
+		// worker holds the shared state (worker/ratelimit.go).
+		cfg.RateLimits, pcfg.Gate, pcfg.OnRetryAfter = rl, rl.Seam.Gate, rl.Seam.OnRetryAfter
+	}
+	p, err := openai.New(pcfg)
 	if err != nil {
 		return cfg, nil, err
 	}
@@ -656,4 +666,27 @@ func modelConfig(o *options, log *slog.Logger) (worker.Config, []string, error) 
 		ids[i] = m.ID
 	}
 	return cfg, ids, nil
+}
+
+// rateLimits are the shared rate limits of the model table's entries that
+// have limits, or nil when none has.
+func rateLimits(provider string, models []openai.ModelInfo) *worker.RateLimits {
+	rl := &worker.RateLimits{Models: map[string]worker.ModelLimit{}}
+	groups := map[string]string{}
+	for _, m := range models {
+		if m.Limits == nil {
+			continue
+		}
+		lim := ratelimit.Limits{RPM: m.Limits.RPM, TPM: m.Limits.TPM, Concurrency: m.Limits.Concurrency}
+		if lim.IsZero() {
+			continue
+		}
+		rl.Models[provider+"/"+m.ID] = worker.ModelLimit{Group: m.Group(), Limits: lim, MaxTokens: m.MaxTokens}
+		groups[m.ID] = m.Group()
+	}
+	if len(groups) == 0 {
+		return nil
+	}
+	rl.Seam = ratelimit.NewSeam(groups)
+	return rl
 }

@@ -139,6 +139,29 @@ type ModelInfo struct {
 	// max_completion_tokens for api.openai.com (its reasoning models refuse
 	// max_tokens), max_tokens elsewhere (what every compatible server knows).
 	MaxTokensField string `json:"maxTokensField,omitempty"`
+
+	// Limits are the provider's limits for this model, shared by the
+	// whole fleet (the worker enforces them; this package only reports
+	// 429s and asks its Gate).
+	Limits *ModelLimits `json:"limits,omitempty"`
+	// LimitGroup names the shared budget of Limits; entries that use one
+	// key share one group. Default: the model id.
+	LimitGroup string `json:"limitGroup,omitempty"`
+}
+
+// ModelLimits are per-minute limits; 0 means none.
+type ModelLimits struct {
+	RPM         int `json:"rpm,omitempty"`
+	TPM         int `json:"tpm,omitempty"`
+	Concurrency int `json:"concurrency,omitempty"`
+}
+
+// Group is the model's limit group: LimitGroup, else its id.
+func (m ModelInfo) Group() string {
+	if m.LimitGroup != "" {
+		return m.LimitGroup
+	}
+	return m.ID
 }
 
 // LoadModels reads a model table: a JSON array of ModelInfo, or an object
@@ -180,6 +203,8 @@ func validateModels(models []ModelInfo) error {
 			return fmt.Errorf("model %q: negative token limit", m.ID)
 		case m.Cost.Input < 0 || m.Cost.Output < 0 || m.Cost.CacheRead < 0 || m.Cost.CacheWrite < 0:
 			return fmt.Errorf("model %q: negative cost", m.ID)
+		case m.Limits != nil && (m.Limits.RPM < 0 || m.Limits.TPM < 0 || m.Limits.Concurrency < 0):
+			return fmt.Errorf("model %q: negative limit", m.ID)
 		}
 		switch m.MaxTokensField {
 		case "", "max_tokens", "max_completion_tokens":

@@ -1,0 +1,112 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// A run's cost bound (limits.maxCostUsd): before each model call, the
+// spent cost plus the call's worst case (its reservation at the model's
+// prices) must stay within it, else the run fails as budget_exceeded
+// without the call; after a call that crossed it, the turn's tool calls
+// still run and the run then stops.
+
+// checkCostBound is a planning problem: a bound needs prices to count.
+func (r *run) checkCostBound(add func(string, ...any)) {
+	if r.limits.MaxCostUsd <= 0 {
+		return
+	}
+	if c := r.model.Cost; c.Input <= 0 && c.Output <= 0 {
+		add("limits.maxCostUsd needs a model with prices in the worker's model table; %s has none", r.modelRef)
+	}
+}
+
+// worstCost is what the next call may cost at most: its input estimate and
+// its whole output reserve at the model's prices.
+func (r *run) worstCost(llm agent.Context, requestMax int) float64 {
+	in := EstimateTokens(llm, 0, 0) - DefaultOutputReserve
+	out := DefaultOutputReserve
+	switch {
+	case requestMax > 0:
+		out = requestMax
+	case r.model.MaxTokens > 0:
+		out = r.model.MaxTokens
+	}
+	c := r.model.Cost
+	return (float64(in)*c.Input + float64(out)*c.Output) / 1e6
+}
+
+// spent is the run's cost so far.
+func (r *run) spent() float64 {
+	_, u := r.tally.counts()
+	return u.Cost.Total
+}
+
+// overCost records budget_exceeded when the run spent its bound, or when
+// the next call (llm) could cross it; it reports whether it did.
+func (r *run) overCost(llm agent.Context, requestMax int) bool {
+	max := r.limits.MaxCostUsd
+	if max <= 0 {
+		return false
+	}
+	spent := r.spent()
+	switch worst := r.worstCost(llm, requestMax); {
+	case spent > max:
+		return r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf("the run spent $%.6f, its budget (limits.maxCostUsd) is $%.6f", spent, max))
+	case spent+worst > max:
+		return r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
+			"the next model call could cost $%.6f; with $%.6f spent that would pass the run's budget (limits.maxCostUsd) of $%.6f", worst, spent, max))
+	}
+	return false
+}
+
+// budgetStream refuses a call whose worst case would pass the run's cost
+// bound: the run ends as budget_exceeded without calling the model.
+func (r *run) budgetStream(fn agent.StreamFn) agent.StreamFn {
+	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+		if !r.overCost(llm, opts.MaxTokens) {
+			return fn(ctx, model, llm, opts)
+		}
+		return func(yield func(agent.StreamEvent) bool) {
+			_, text := r.tally.limitState()
+			yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant,
+				StopReason: agent.StopReasonError, ErrorMessage: text, Timestamp: time.Now().UnixMilli(),
+				API: model.API, Provider: model.Provider, Model: model.ID}})
+		}
+	}
+}
+
+// limit records the first limit the run reached; it reports whether it
+// is now stopped by one.
+func (t *tally) limit(reason, text string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.limitReason == "" {
+		t.limitReason, t.limitText = reason, text
+	}
+	return true
+}
+
+func (t *tally) limitState() (reason, text string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.limitReason, t.limitText
+}
+
+// overCostNext checks the cost bound after a turn whose model wants
+// another: the next call's context is this turn's.
+func (r *run) overCostNext(tc *agent.TurnContext) bool {
+	if r.limits.MaxCostUsd <= 0 {
+		return false
+	}
+	var llm agent.Context
+	if tc.Context != nil {
+		llm = *tc.Context
+	}
+	return r.overCost(llm, r.req.MaxTokens)
+}

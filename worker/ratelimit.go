@@ -1,0 +1,162 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/ratelimit"
+)
+
+// RateLimits are the fleet's shared model rate limits as one worker sees
+// them. Every worker of a fleet should be given the same ones.
+type RateLimits struct {
+	// Models maps "provider/id" to its limits.
+	Models map[string]ModelLimit
+	// Window is the sliding window; default 60 s (tests shorten it).
+	Window time.Duration
+	// Liveness bounds how long a dead worker's reservations count as in
+	// flight; default 15 s.
+	Liveness time.Duration
+	// Seam, when set, is attached to the worker's limiter once it runs:
+	// the providers' Gate and OnRetryAfter go through it.
+	Seam *ratelimit.Seam
+}
+
+// ModelLimit is one model's limits and the group that holds them.
+type ModelLimit struct {
+	Group  string
+	Limits ratelimit.Limits
+	// MaxTokens is the model table's output bound: the output reserve of
+	// a call whose request sets none.
+	MaxTokens int
+}
+
+// DefaultOutputReserve is the output reserve of a call when neither the
+// request nor the model table bounds the output.
+const DefaultOutputReserve = 4096
+
+// startRateLimits creates the worker's limiter and runs its watch until
+// the returned stop is called. Without RateLimits it does nothing.
+func (w *Worker) startRateLimits(ctx context.Context) (stop func(), err error) {
+	rl := w.cfg.RateLimits
+	if rl == nil || len(rl.Models) == 0 {
+		return func() {}, nil
+	}
+	kv, err := w.c.Limits(ctx)
+	if err != nil {
+		return nil, err
+	}
+	groups := map[string]ratelimit.Limits{}
+	for ref, m := range rl.Models {
+		if m.Group == "" {
+			return nil, fmt.Errorf("rate limits of %s: no group", ref)
+		}
+		if have, ok := groups[m.Group]; ok && have != m.Limits {
+			return nil, fmt.Errorf("rate limits of %s: group %s has other limits already", ref, m.Group)
+		}
+		groups[m.Group] = m.Limits
+	}
+	l, err := ratelimit.New(kv, ratelimit.Config{Groups: groups, Worker: w.id, Window: rl.Window, Liveness: rl.Liveness})
+	if err != nil {
+		return nil, err
+	}
+	w.limiter = l
+	if rl.Seam != nil {
+		rl.Seam.Attach(l)
+	}
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := l.Run(lctx); err != nil {
+			w.log.Error("shared rate limits: watch failed; waiting calls see changes only on their timers", "err", err)
+		}
+	}()
+	return func() { cancel(); <-done }, nil
+}
+
+// limitStream makes each call of fn take capacity from the model's group
+// first: it reserves the estimated input plus the output reserve, tells
+// the run's readers how long it waited, and settles to the real usage.
+func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
+	l := r.w.limiter
+	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+		return func(yield func(agent.StreamEvent) bool) {
+			reserve := EstimateTokens(llm, opts.MaxTokens, ml.MaxTokens)
+			r.waitingModel.Store(true) // the record says so at the next heartbeat
+			g, err := l.Acquire(ctx, ml.Group, reserve)
+			r.waitingModel.Store(false)
+			if err != nil {
+				yield(limitError(ctx, err))
+				return
+			}
+			if g.Waited > 0 {
+				_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+					Reason: bus.WaitRateLimit, WaitedMs: g.Waited.Milliseconds(), Group: ml.Group})
+			}
+			used := reserve // a call cut off before its usage counts as reserved
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := g.Settle(sctx, used); err != nil {
+					r.log.Warn("shared rate limits: cannot settle a call; its reservation counts until it leaves the window", "err", err)
+				}
+			}()
+			for ev := range fn(ctx, model, llm, opts) {
+				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
+					if u := ev.Message.Usage; u.Input+u.Output+u.CacheRead > 0 {
+						used = u.Input + u.Output + u.CacheRead
+					}
+				}
+				if !yield(ev) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func limitError(ctx context.Context, err error) agent.StreamEvent {
+	m := &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonError,
+		ErrorMessage: "waiting for the model's shared rate limits: " + err.Error(), Timestamp: time.Now().UnixMilli()}
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		m.StopReason, m.ErrorMessage = agent.StopReasonAborted, "aborted while waiting for the model's shared rate limits"
+	}
+	return agent.StreamEvent{Type: agent.StreamError, Message: m}
+}
+
+// EstimateTokens is a call's reservation: the bytes of its messages as
+// JSON / 4, rounded up, plus the output reserve (the request's maxTokens,
+// else the model table's, else DefaultOutputReserve).
+func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
+	n := len(llm.SystemPrompt)
+	if b, err := json.Marshal(llm.Messages); err == nil {
+		n += len(b)
+	}
+	out := DefaultOutputReserve
+	switch {
+	case requestMax > 0:
+		out = requestMax
+	case modelMax > 0:
+		out = modelMax
+	}
+	return (n+3)/4 + out
+}
+
+// modelLimit returns the shared limits of a model, if it has any.
+func (w *Worker) modelLimit(ref bus.ModelRef) (ModelLimit, bool) {
+	if w.limiter == nil {
+		return ModelLimit{}, false
+	}
+	ml, ok := w.cfg.RateLimits.Models[ref.String()]
+	if !ok || ml.Limits.IsZero() {
+		return ModelLimit{}, false
+	}
+	return ml, true
+}
