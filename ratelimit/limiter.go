@@ -59,6 +59,10 @@ type Config struct {
 	// refresh (they are refreshed every Liveness/4 while the worker lives);
 	// default 15 s, at most Window.
 	Liveness time.Duration
+	// MaxHold bounds how long a granted call counts as in flight: a hold
+	// whose Settle never arrived (it failed) must not take a concurrency
+	// slot for as long as its worker lives [10m].
+	MaxHold time.Duration
 	// Jitter spreads the fleet's resumption after a provider's pause:
 	// each call waits up to this much more; default 500 ms.
 	Jitter time.Duration
@@ -141,6 +145,9 @@ func New(kv jetstream.KeyValue, cfg Config) (*Limiter, error) {
 	}
 	if cfg.Window <= 0 {
 		cfg.Window = DefaultWindow
+	}
+	if cfg.MaxHold <= 0 {
+		cfg.MaxHold = 10 * time.Minute
 	}
 	if cfg.Liveness <= 0 {
 		cfg.Liveness = 15 * time.Second
@@ -266,7 +273,7 @@ func (l *Limiter) update(ctx context.Context, group string, change func(s *state
 			}
 		}
 		now := l.now()
-		s.prune(l.win, now)
+		s.prune(l.win, now, l.cfg.MaxHold.Milliseconds())
 		write, err := change(&s, now)
 		if err != nil || !write {
 			l.remember(key, &s)
@@ -424,7 +431,12 @@ func (s *state) has(id string) bool {
 func (l *Limiter) abandon(group, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = l.update(ctx, group, func(s *state, _ int64) (bool, error) { return s.dequeue(id), nil })
+	// The granting write may have been applied though its answer was
+	// lost (a cancelled or timed-out request): a hold with this id is then
+	// this call's, and no Grant will ever settle it.
+	_, _ = l.update(ctx, group, func(s *state, _ int64) (bool, error) {
+		return s.dequeue(id) || s.release(l.win, id), nil
+	})
 	l.track(group, -1)
 }
 

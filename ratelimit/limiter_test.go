@@ -297,3 +297,47 @@ func TestCancelledWaiterLeavesQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A grant whose Settle failed (NATS slow, the call's ctx gone) leaves a
+// hold no one will settle. While its worker lives and keeps asking, that
+// hold must not take the group's concurrency forever: it counts at most
+// MaxHold.
+func TestUnsettledHoldFreesAfterMaxHold(t *testing.T) {
+	f := newFleet(t)
+	const maxHold = 1500 * time.Millisecond
+	cfg := ratelimit.Config{Groups: map[string]ratelimit.Limits{"c": {Concurrency: 1}}, Window: 2 * time.Second,
+		Liveness: 400 * time.Millisecond, MaxHold: maxHold, Jitter: time.Millisecond}
+	a, b := f.limiter("a", cfg), f.limiter("b", cfg)
+	ctx := fleettest.Context(t)
+	held, err := a.Acquire(ctx, "c", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := held.Settle(gone, 1); err == nil {
+		t.Fatal("a settle with a cancelled context succeeded")
+	}
+	// a stays alive: one of its calls waits behind the orphaned hold.
+	waiting := make(chan error, 1)
+	go func() {
+		g, err := a.Acquire(ctx, "c", 1)
+		if err == nil {
+			err = g.Settle(ctx, 1)
+		}
+		waiting <- err
+	}()
+	g, err := b.Acquire(ctx, "c", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := g.At.Sub(held.At); d > maxHold+time.Second {
+		t.Fatalf("the orphaned hold kept the slot for %v (MaxHold %v)", d, maxHold)
+	}
+	if err := g.Settle(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -53,16 +53,17 @@ func newWindow(w time.Duration) window {
 }
 
 // prune drops what no longer counts at now: bins and holds that left the
-// window and the waiters and holds of workers that went stale. A stale
+// window, the waiters and holds of workers that went stale, and holds
+// older than maxHold (their Settle never came). A stale
 // worker's hold becomes a settled call with its reservation (it may have
 // used the provider's capacity), so it frees the concurrency at once and
 // the window when it ages out.
-func (s *state) prune(win window, now int64) {
+func (s *state) prune(win window, now, maxHold int64) {
 	stale := func(w string) bool { return s.Workers[w] <= now }
 	s.Queue = slices.DeleteFunc(s.Queue, func(q waiter) bool { return stale(q.Worker) })
 	var dead []hold
 	s.Holds = slices.DeleteFunc(s.Holds, func(h hold) bool {
-		if stale(h.Worker) {
+		if stale(h.Worker) || h.At+maxHold <= now {
 			dead = append(dead, h)
 			return true
 		}
@@ -165,6 +166,16 @@ func (s *state) dequeue(id string) bool {
 	n := len(s.Queue)
 	s.Queue = slices.DeleteFunc(s.Queue, func(q waiter) bool { return q.ID == id })
 	return len(s.Queue) != n
+}
+
+// release turns the hold id into a settled call with its reservation.
+func (s *state) release(win window, id string) bool {
+	for i, h := range s.Holds {
+		if h.ID == id {
+			return s.settle(win, id, s.Holds[i].Tokens)
+		}
+	}
+	return false
 }
 
 func (s *state) settle(win window, id string, used int) bool {

@@ -320,9 +320,13 @@ const (
 // when the agent has nothing queued, close intake. It reports whether it
 // closed; if not, the caller runs the agent again. While the stream cannot
 // be read it asks again, with backoff, until ctx ends (a timeout or a
-// drain: then the run stops anyway).
+// drain: then the run stops anyway) or one AckWait has passed (then the
+// run is handed back).
 func (c *controls) finishIfIdle(ctx context.Context) bool {
 	wait := 100 * time.Millisecond
+	// Past one AckWait of failed reads the run is handed back (another
+	// attempt resumes it) rather than holding its slot until its timeout.
+	giveUp := time.Now().Add(c.r.w.cfg.AckWait)
 	for {
 		reply := make(chan int, 1)
 		select {
@@ -335,6 +339,10 @@ func (c *controls) finishIfIdle(ctx context.Context) bool {
 			return true
 		case idleBusy:
 			return false
+		}
+		if time.Now().After(giveUp) {
+			c.r.publishFailed(fmt.Errorf("the control stream could not be read for %s at the run's end", c.r.w.cfg.AckWait))
+			return true
 		}
 		select {
 		case <-time.After(wait):

@@ -253,3 +253,48 @@ func TestBadRequestWithHugeMetadataFailsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// While the control stream stays unreadable at a run's end, the run does
+// not hold its slot until its timeout: after one AckWait it is handed back.
+func TestUnreadableControlsHandTheRunBack(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	logs := &lockedLog{}
+	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "no-controls"
+	var down atomic.Bool
+	w.beforeIdleCheck = func(run string) {
+		if run == id && down.CompareAndSwap(false, true) {
+			srv.Shutdown() // and it stays down
+		}
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { wcancel(); <-done }()
+	<-w.Ready()
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "one", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
+		Faux: fauxTexts("first")}); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(logs.String(), "the control stream could not be read") {
+		if ctx.Err() != nil {
+			t.Fatalf("the run was not handed back within a minute:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
