@@ -63,8 +63,24 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		}
 		return kept[i].Seq < kept[j].Seq
 	})
+	// Only an attempt's gapless prefix counts: events missing from the
+	// middle (lost with a cluster node, re-sent later, after this read)
+	// would leave a view without its beginning, e.g. a transcript without
+	// its prompt. What follows a gap is restored by nobody: the run goes on
+	// from the prefix, as readers do from what run_resumed says.
 	t := &bus.Transcript{}
+	attempt, next := 0, uint64(1)
 	for _, e := range kept {
+		if e.Attempt != attempt {
+			attempt, next = e.Attempt, 1
+		}
+		if e.Seq != next {
+			if e.Seq > next {
+				next = ^uint64(0) // a gap: skip the rest of this attempt
+			}
+			continue
+		}
+		next++
 		_ = t.Apply(e)
 	}
 	t.FallBackToEarlierAttempts()

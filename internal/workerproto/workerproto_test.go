@@ -92,6 +92,25 @@ func TestRecover(t *testing.T) {
 		want:    "user:q",
 		partial: true,
 	}, {
+		// A cluster node died with the prompt's events; later ones were
+		// stored, the prompt's re-sends not yet: nothing before the gap
+		// but run_started, so nothing is restored (never a transcript
+		// without its prompt).
+		name: "a gap in an attempt: only its gapless prefix counts",
+		build: func(b *recEnv) {
+			b.add(1, 1, started(1))
+			b.add(1, 4, msgEnd(assistantCalls("a")))
+			b.add(1, 5, msgEnd(toolResult("a", "1", false)))
+		},
+	}, {
+		name: "a gap after the prompt: the prompt is restored",
+		build: func(b *recEnv) {
+			b.add(1, 1, started(1))
+			b.add(1, 2, msgEnd(agent.UserText("q")))
+			b.add(1, 4, msgEnd(toolResult("a", "1", false)))
+		},
+		want: "user:q",
+	}, {
 		name: "drain: the cut-off answer is interrupted and dropped",
 		build: func(b *recEnv) {
 			b.add(1, 1, started(1))
