@@ -4,14 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -28,17 +24,8 @@ import (
 //
 // Each sub-benchmark reports ms-p50, ms-max and the records it read.
 func BenchmarkListMillion(b *testing.B) {
-	n := 1_000_000
-	if v := os.Getenv("LIST_BENCH_RECORDS"); v != "" {
-		n, _ = strconv.Atoi(v)
-	}
-	f := fleettest.Start(b, fleettest.Options{})
-	c := f.Client
-	ctx := context.Background()
-	js, err := jetstream.New(c.Conn(), jetstream.WithPublishAsyncMaxPending(16384))
-	if err != nil {
-		b.Fatal(err)
-	}
+	n, f, js := benchFleet(b, "LIST_BENCH_RECORDS", 1_000_000)
+	c, ctx := f.Client, context.Background()
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)

@@ -26,17 +26,8 @@ import (
 //
 //	go test ./bus -run '^$' -bench ResumeLongRun -benchtime 5x -timeout 30m
 func BenchmarkResumeLongRun(b *testing.B) {
-	n := 100_000
-	if v := os.Getenv("RESUME_BENCH_EVENTS"); v != "" {
-		n, _ = strconv.Atoi(v)
-	}
-	f := fleettest.Start(b, fleettest.Options{})
-	c := f.Client
-	ctx := context.Background()
-	js, err := jetstream.New(c.Conn(), jetstream.WithPublishAsyncMaxPending(16384))
-	if err != nil {
-		b.Fatal(err)
-	}
+	n, f, js := benchFleet(b, "RESUME_BENCH_EVENTS", 100_000)
+	c, ctx := f.Client, context.Background()
 	const run = "long-run"
 	seqs := map[string]uint64{}
 	pending := 0
@@ -103,4 +94,20 @@ func BenchmarkResumeLongRun(b *testing.B) {
 	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms-p50")
 	b.ReportMetric(float64(times[len(times)-1].Microseconds())/1000, "ms-max")
 	b.ReportMetric(float64(restored), "messages-restored")
+}
+
+// benchFleet starts a fleet for a storage benchmark: the size from the
+// environment variable (else def), the fleet, and a JetStream context that
+// keeps many async publishes in flight.
+func benchFleet(b *testing.B, sizeEnv string, def int) (int, *fleettest.Fleet, jetstream.JetStream) {
+	n := def
+	if v := os.Getenv(sizeEnv); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	f := fleettest.Start(b, fleettest.Options{})
+	js, err := jetstream.New(f.Client.Conn(), jetstream.WithPublishAsyncMaxPending(16384))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n, f, js
 }
