@@ -43,6 +43,10 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// MaxDeliver bounds deliveries of a request; default 5.
 	MaxDeliver int
+	// MaxAckPending bounds the queue consumers' unacknowledged requests
+	// (running, waiting and handed-back runs of the whole fleet); default
+	// 10,000. Keep it above the fleet's slots plus its waiting runs.
+	MaxAckPending int
 	// DrainTimeout is how long running runs may go on after ctx is
 	// cancelled before they are stopped and handed back (Nak); default 30s.
 	DrainTimeout time.Duration
@@ -214,6 +218,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxDeliver == 0 {
 		c.MaxDeliver = 5
+	}
+	if c.MaxAckPending <= 0 {
+		c.MaxAckPending = 10_000
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second

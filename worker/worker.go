@@ -182,7 +182,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer cancel()
 	if !w.cfg.SkipEnsureStreams {
 		sc := w.cfg.Streams
-		sc.Queues, sc.AckWait, sc.MaxDeliver = w.cfg.Queues, w.cfg.AckWait, w.cfg.MaxDeliver
+		sc.Queues, sc.AckWait, sc.MaxDeliver, sc.MaxAckPending = w.cfg.Queues, w.cfg.AckWait, w.cfg.MaxDeliver, w.cfg.MaxAckPending
 		if err := w.c.EnsureStreams(setup, sc); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}

@@ -56,17 +56,18 @@ func (l *listFlag) Set(v string) error {
 }
 
 type options struct {
-	conn         bus.ConnectOptions
-	listen       string
-	queues       listFlag
-	concurrency  int
-	ackWait      time.Duration
-	maxDeliver   int
-	replicas     int
-	drainTimeout time.Duration
-	toolTimeout  time.Duration
-	dataDir      string
-	metricsAddr  string
+	conn          bus.ConnectOptions
+	listen        string
+	queues        listFlag
+	concurrency   int
+	ackWait       time.Duration
+	maxDeliver    int
+	maxAckPending int
+	replicas      int
+	drainTimeout  time.Duration
+	toolTimeout   time.Duration
+	dataDir       string
+	metricsAddr   string
 	// Retention of what EnsureStreams creates.
 	eventsMaxAge, controlMaxAge, recordsTTL time.Duration
 	// byte limits of the streams; 0 leaves them as they are
@@ -252,6 +253,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(&o.queues, "queue", "queue to take runs from; repeatable or comma-separated (default \"default\") [AGENTS_QUEUES]")
 	fs.IntVar(&o.concurrency, "concurrency", environ.int("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
 	fs.DurationVar(&o.ackWait, "ack-wait", environ.duration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
+	fs.IntVar(&o.maxAckPending, "max-ack-pending", environ.int("AGENTS_MAX_ACK_PENDING", 10_000), "unacknowledged requests per queue consumer across the fleet (running, waiting, handed back); keep it above the fleet's slots plus waiting runs [AGENTS_MAX_ACK_PENDING]")
 	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
 	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", environ.int("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
 	fs.IntVar(&o.maxToolResult, "max-tool-result-bytes", environ.int("AGENTS_MAX_TOOL_RESULT_BYTES", 64<<10), "tool results are cut to this many bytes [AGENTS_MAX_TOOL_RESULT_BYTES]")
@@ -502,6 +504,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.Concurrency = o.concurrency
 	cfg.AckWait = o.ackWait
 	cfg.MaxDeliver = o.maxDeliver
+	cfg.MaxAckPending = o.maxAckPending
 	cfg.Streams.Replicas = o.replicas
 	cfg.Streams.EventsMaxAge = o.eventsMaxAge
 	cfg.Streams.RequestsMaxBytes = int64(o.requestsMaxBytes)
