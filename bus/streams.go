@@ -318,6 +318,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	if err := c.ensureLimitsBucket(ctx, cfg); err != nil { // presence.go
 		return err
 	}
+	if err := c.ensureBudgetsBucket(ctx, cfg); err != nil { // budgets.go
+		return err
+	}
 	kvStream := "KV_" + n.RecordsBucket()
 	if _, err := c.js.Stream(ctx, kvStream); err == nil {
 		// The bucket exists: widen its stream like the others (the KV

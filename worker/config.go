@@ -131,6 +131,9 @@ type Config struct {
 	// RateLimits, when set, makes every call of a model it lists take
 	// capacity from the fleet's shared limits first (ratelimit.go).
 	RateLimits *RateLimits
+	// Budgets, when set, charges every run's model calls to its tenant's
+	// budget per period (tenant.go).
+	Budgets *TenantBudgets
 }
 
 // RunInfo identifies a run to an Observer.

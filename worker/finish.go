@@ -267,8 +267,14 @@ func (r *run) reusedID(rec *bus.RunRecord) {
 // first, as the lease's compare-and-set (it must not overwrite a finished
 // run or a newer attempt), then the events.
 func (r *run) badRequest(err error) {
-	text := clipString(err.Error(), bus.MaxErrorBytes)
-	r.log.Warn("bad request", "err", text)
+	r.refuseAtPickup(bus.ReasonBadRequest, clipString(err.Error(), bus.MaxErrorBytes))
+}
+
+// refuseAtPickup fails a request before it runs, as failed/reason (a bad
+// request, or a tenant without budget): record, run_started and
+// run_finished, then the request is terminated (not retried).
+func (r *run) refuseAtPickup(reason, text string) {
+	r.log.Warn("request refused", "reason", reason, "err", text)
 	r.dropInvalidFields()
 	started := r.runStarted()
 	if r.req != nil {
@@ -277,21 +283,22 @@ func (r *run) badRequest(err error) {
 		started.Tools = append([]string{}, r.req.Tools[:min(len(r.req.Tools), maxToolsShown)]...)
 	}
 	rec := r.record(bus.StatusFailed)
-	rec.Reason, rec.Error, rec.FinishedAt = bus.ReasonBadRequest, text, time.Now()
+	rec.Reason, rec.Error, rec.FinishedAt = reason, text, time.Now()
 	ctx, cancel := r.finishContext()
 	defer cancel()
 	switch o, cur, err := r.lease.take(ctx, r.prev, rec); {
 	case err != nil:
 		// Without its record the run would look unknown: try again later.
-		r.log.Warn("bad request: record not written; handing the request back", "err", err)
+		r.log.Warn("refused request: record not written; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
 		return
 	case o != leaseTaken:
 		r.refuse(o, cur)
 		return
 	}
-	_ = r.finish(ending{started: &started, fin: r.badRequestFinished(text),
-		settle: r.termRequest("bad_request: " + clipString(text, 200))})
+	fin := r.badRequestFinished(text)
+	fin.Reason = reason
+	_ = r.finish(ending{started: &started, fin: fin, settle: r.termRequest(reason + ": " + clipString(text, 200))})
 }
 
 // dropInvalidFields forgets the model and metadata of a bad request when

@@ -112,6 +112,9 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if ml, ok := w.modelLimit(ref); ok && req.Faux == nil {
 		r.stream = r.limitStream(r.stream, ml) // worker/ratelimit.go
 	}
+	if r.resolveTenant(); r.tenant.budgeted { // worker/tenant.go
+		r.stream = r.tenantStream(r.stream)
+	}
 	if r.checkCostBound(add); len(problems) > 0 { // worker/budget.go
 		return problems, nil
 	}

@@ -75,6 +75,7 @@ type runPlan struct {
 	notice   string
 	prompt   []agent.Message
 	fauxSkip func(turns int) // a faux script skips the turns a resume restored
+	tenant   tenancy         // tenant.go
 }
 
 func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedAt time.Time) *run {
@@ -184,6 +185,16 @@ func (r *run) pickup() bool {
 		// request's fault, so try again later instead of failing it.
 		r.log.Warn("cannot prepare the run; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
+		return false
+	}
+	switch text, _, err := r.checkTenant(w.hardCtx); { // worker/tenant.go
+	case err != nil:
+		r.log.Warn("cannot read the tenant's budget; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return false
+	case text != "":
+		w.cfg.Budgets.Stats.Refused(r.tenant.name)
+		r.refuseAtPickup(bus.ReasonBudgetExceeded, text)
 		return false
 	}
 	return true

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/budget"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/ratelimit"
 )
@@ -62,6 +63,7 @@ type Worker struct {
 	wg   sync.WaitGroup
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
+	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
@@ -215,6 +217,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: shared rate limits: %w", err)
 	}
 	defer stopRateLimits()
+	stopBudgets, err := w.startBudgets(setup) // worker/tenant.go
+	if err != nil {
+		return fmt.Errorf("worker: tenant budgets: %w", err)
+	}
+	defer stopBudgets()
 	stopGiveUp := w.startGiveUp(setup)
 	stopToolSources := w.startToolSources(setup) // worker/toolsources.go
 	defer stopToolSources()

@@ -1,0 +1,183 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/budget"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Tenant budgets: every model call of a run whose tenant has a budget
+// reserves its worst case (the input estimate and the whole output
+// reserve at the model's prices) in the tenant's ledger entry for the
+// current period before it starts, by compare-and-set, and settles to its
+// real cost (the usage's cost, as the cost metrics count it) after. A call
+// that does not fit is refused as budget_exceeded, like limits.maxCostUsd's
+// check before a call. So concurrent runs of a tenant cannot together
+// reserve past its budget; only a call costing more than its worst case
+// can pass it, by the difference.
+
+// TenantBudgets configure per-tenant spending budgets. Every worker of a
+// fleet should be given the same ones.
+type TenantBudgets struct {
+	Budgets *budget.Budgets
+	// Key is the request metadata key naming the tenant; default "tenant".
+	Key string
+	// FromQueue makes the queue name the tenant instead of the metadata
+	// (the metadata is what the submitter says; a queue can be restricted
+	// by subject permissions).
+	FromQueue bool
+	// Liveness and MaxHold bound a dead worker's reservations (see
+	// budget.LedgerConfig); defaults 15 s and 10 min.
+	Liveness, MaxHold time.Duration
+	// Stats, when set, counts spending, refusals and waits by tenant.
+	Stats *budget.Stats
+}
+
+// DefaultTenantKey is the metadata key naming a run's tenant.
+const DefaultTenantKey = "tenant"
+
+// tenancy is a run's tenant and budget.
+type tenancy struct {
+	name     string
+	budget   budget.Tenant
+	budgeted bool
+}
+
+// startBudgets opens the ledger and keeps this worker's reservations
+// alive until the returned stop is called. Without budgets it does
+// nothing.
+func (w *Worker) startBudgets(ctx context.Context) (stop func(), err error) {
+	tb := w.cfg.Budgets
+	if tb == nil || tb.Budgets == nil {
+		return func() {}, nil
+	}
+	kv, err := w.c.Budgets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l, err := budget.NewLedger(kv, budget.LedgerConfig{Worker: w.id, Liveness: tb.Liveness, MaxHold: tb.MaxHold})
+	if err != nil {
+		return nil, err
+	}
+	w.ledger = l
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(lctx) }()
+	return func() { cancel(); <-done }, nil
+}
+
+// resolveTenant finds the run's tenant and its budget.
+func (r *run) resolveTenant() {
+	tb := r.w.cfg.Budgets
+	if r.w.ledger == nil || tb == nil {
+		return
+	}
+	name := r.queue
+	if !tb.FromQueue {
+		key := tb.Key
+		if key == "" {
+			key = DefaultTenantKey
+		}
+		name = r.req.Metadata[key]
+	}
+	r.tenant.name = name
+	r.tenant.budget, r.tenant.budgeted = tb.Budgets.For(name)
+}
+
+func (r *run) account(now time.Time) budget.Account {
+	return budget.AccountAt(r.tenant.name, r.tenant.budget, r.w.cfg.Budgets.Budgets.Period, now)
+}
+
+func tenantLabel(name string) string {
+	if name == "" {
+		return "(no tenant)"
+	}
+	return fmt.Sprintf("%q", clipString(name, 64))
+}
+
+// checkTenant is the pickup check of a run that has not started: its
+// tenant must be able to pay its first call's worst case. It returns the
+// refusal's text, and the end of the period, when it cannot; an error
+// is NATS trouble.
+func (r *run) checkTenant(ctx context.Context) (text string, resets time.Time, err error) {
+	if !r.tenant.budgeted || r.prev != nil {
+		// A run that started already is charged call by call.
+		return "", time.Time{}, nil
+	}
+	acct := r.account(time.Now())
+	e, err := r.w.ledger.Open(ctx, acct)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	worst := r.worstCost(agent.Context{SystemPrompt: r.req.SystemPrompt, Messages: r.prompt}, r.req.MaxTokens)
+	left := e.Remaining()
+	if left > 0 && left >= worst {
+		return "", time.Time{}, nil
+	}
+	return fmt.Sprintf("tenant %s has no budget left for this period: $%.6f of $%.6f spent or reserved, the first model call could cost $%.6f; the budget resets at %s",
+		tenantLabel(r.tenant.name), e.SpentUSD+e.Held(), e.LimitUSD, worst, acct.End.Format(time.RFC3339)), acct.End, nil
+}
+
+// tenantStream charges each call of fn to the run's tenant: it reserves
+// the call's worst case first (refusing the call as budget_exceeded when
+// it does not fit) and settles to the real cost after.
+func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
+	stats := r.w.cfg.Budgets.Stats
+	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+		return func(yield func(agent.StreamEvent) bool) {
+			worst := r.worstCost(llm, opts.MaxTokens)
+			if worst <= 0 {
+				// A model without prices costs nothing the budget counts.
+				for ev := range fn(ctx, model, llm, opts) {
+					if !yield(ev) {
+						return
+					}
+				}
+				return
+			}
+			acct := r.account(time.Now())
+			res, e, err := r.w.ledger.Reserve(ctx, acct, worst)
+			if err != nil {
+				yield(callRefused(model, "cannot reserve the call in the tenant's budget: "+err.Error()))
+				return
+			}
+			if res == nil {
+				stats.Refused(r.tenant.name)
+				r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
+					"the next model call could cost $%.6f; tenant %s has $%.6f of its $%.6f budget left for this period (it resets at %s)",
+					worst, tenantLabel(r.tenant.name), e.Remaining(), e.LimitUSD, acct.End.Format(time.RFC3339)))
+				_, text := r.tally.limitState()
+				yield(callRefused(model, text))
+				return
+			}
+			cost := 0.0 // a call that reported no usage cost nothing the run counts
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				stats.Spent(r.tenant.name, cost)
+				if err := res.Settle(sctx, cost); err != nil {
+					r.log.Warn("tenant budget: cannot settle a call; its reservation is charged in full when it lapses", "err", err)
+				}
+			}()
+			for ev := range fn(ctx, model, llm, opts) {
+				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
+					cost = ev.Message.Usage.Cost.Total
+				}
+				if !yield(ev) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func callRefused(model agent.Model, text string) agent.StreamEvent {
+	return agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant,
+		StopReason: agent.StopReasonError, ErrorMessage: text, Timestamp: time.Now().UnixMilli(),
+		API: model.API, Provider: model.Provider, Model: model.ID}}
+}

@@ -1,0 +1,190 @@
+package worker_test
+
+import (
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/budget"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/llm/openai"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// tenantMaxTokens is the priced model's output bound: a call's worst case
+// is its input estimate plus this many output tokens.
+const tenantMaxTokens = 200
+
+// tenantFleet runs workers with budgets on the provider's model m at
+// $1,000 per million tokens.
+func tenantFleet(t *testing.T, p *limitedProvider, b *budget.Budgets, workers, slots int, stats *budget.Stats) *fleettest.Fleet {
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	f := newFleet(t)
+	for range workers {
+		prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{
+			{ID: "m", MaxTokens: tenantMaxTokens, Cost: agent.ModelCost{Input: 1000, Output: 1000}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(prov.CloseIdleConnections)
+		f.StartWorker(worker.Config{DefaultModel: "openai/m", Concurrency: slots,
+			Providers: map[string]worker.Provider{"openai": prov},
+			Budgets:   &worker.TenantBudgets{Budgets: b, Stats: stats}})
+	}
+	return f
+}
+
+// firstCallWorst is the worst case of a run's first call at $0.001 a
+// token: its estimate with the model's output bound.
+func firstCallWorst(prompt string) float64 {
+	return float64(worker.EstimateTokens(agent.Context{Messages: []agent.Message{agent.UserText(prompt)}}, 0, tenantMaxTokens)) / 1000
+}
+
+func ledger(t *testing.T, f *fleettest.Fleet) *budget.Ledger {
+	kv, err := f.Client.Budgets(fleettest.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := budget.NewLedger(kv, budget.LedgerConfig{Worker: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func entries(t *testing.T, f *fleettest.Fleet) []budget.Entry {
+	kv, err := f.Client.Budgets(fleettest.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := budget.List(fleettest.Context(t), kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return es
+}
+
+func tenantRun(tenant string) *bus.RunRequest {
+	return &bus.RunRequest{Prompt: "what is 6*7?", Tools: []string{"calculator"}, Metadata: map[string]string{"tenant": tenant}}
+}
+
+// A tenant whose period's budget is spent is refused at pickup without a
+// model call; once the period rolls over its runs are admitted again.
+func TestTenantRefusedUntilThePeriodRollsOver(t *testing.T) {
+	const period = 2 * time.Second
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: budget.Refuse}}}
+	stats := budget.NewStats(b)
+	f := tenantFleet(t, p, b, 1, 4, stats)
+	l := ledger(t, f)
+	ctx := fleettest.Context(t)
+
+	// Spend the whole period's budget, as other runs would have; then
+	// submit. A period boundary in between admits the run: try again.
+	var id string
+	var fin *bus.RunFinished
+	for range 5 {
+		acct := budget.AccountAt("acme", b.Tenants["acme"], period, time.Now())
+		res, _, err := l.Reserve(ctx, acct, 5)
+		if err != nil || res == nil {
+			t.Fatalf("reserve: %v %v", res, err)
+		}
+		if err := res.Settle(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+		id = f.Submit("", tenantRun("acme"))
+		fin = f.WaitFinished(id)
+		if fin.Status != bus.StatusSucceeded {
+			break
+		}
+	}
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBudgetExceeded || !strings.Contains(fin.Error, "no budget left") {
+		t.Fatalf("finished %s/%s (%s), want failed/budget_exceeded at pickup", fin.Status, fin.Reason, fin.Error)
+	}
+	if fin.Turns != 0 {
+		t.Fatalf("%d turns, want none: refused at pickup", fin.Turns)
+	}
+	rec, err := f.Client.Status(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != bus.StatusFailed || rec.Reason != bus.ReasonBudgetExceeded {
+		t.Fatalf("record %s/%s, want failed/budget_exceeded", rec.State, rec.Reason)
+	}
+	_, callsBefore, _ := p.stats()
+
+	// Wait for the next period (the state that matters: the clock).
+	_, end := budget.PeriodAt(time.Now(), period)
+	time.Sleep(time.Until(end))
+	id = f.Submit("", tenantRun("acme"))
+	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("after the rollover: %s/%s (%s), want succeeded", fin.Status, fin.Reason, fin.Error)
+	}
+	if _, calls, _ := p.stats(); calls == callsBefore {
+		t.Fatal("the admitted run made no model call")
+	}
+	var charged float64
+	for _, e := range entries(t, f) {
+		if e.Tenant == "acme" && e.Start >= end.UnixMilli() {
+			charged += e.SpentUSD
+		}
+	}
+	if charged <= 0 {
+		t.Fatalf("the new period's spending is $%v, want the run's cost", charged)
+	}
+}
+
+// Eight runs of one tenant at once on two workers: every call reserves
+// its worst case before it starts, so together they spend at most the
+// budget plus one call's worst case, though each alone could afford its
+// first call.
+func TestTenantConcurrentRunsDoNotOverspend(t *testing.T) {
+	worst := firstCallWorst("what is 6*7?")
+	limit := 1.5 * worst
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	b := &budget.Budgets{Period: time.Hour, Default: &budget.Tenant{USD: limit, OnExhausted: budget.Refuse}}
+	f := tenantFleet(t, p, b, 2, 4, nil)
+	ids := make([]string, 8)
+	for i := range ids {
+		ids[i] = f.Submit("", tenantRun("acme"))
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var spent float64
+	refused := 0
+	for _, id := range ids {
+		wg.Go(func() {
+			fin := f.WaitFinished(id)
+			mu.Lock()
+			defer mu.Unlock()
+			spent += fin.Cost
+			if fin.Reason == bus.ReasonBudgetExceeded {
+				refused++
+			}
+		})
+	}
+	wg.Wait()
+	_, calls, _ := p.stats()
+	t.Logf("limit $%.3f, worst first call $%.3f: %d calls, $%.3f spent, %d runs refused", limit, worst, calls, spent, refused)
+	if calls == 0 || refused == 0 {
+		t.Fatalf("%d calls, %d refused: the test measures nothing", calls, refused)
+	}
+	var charged float64
+	for _, e := range entries(t, f) {
+		if len(e.Holds) > 0 {
+			t.Fatalf("holds left after every run finished: %+v", e.Holds)
+		}
+		if e.SpentUSD > e.LimitUSD+worst {
+			t.Fatalf("period %d: spent $%.4f of $%.4f, more than one call's worst case ($%.4f) over", e.Start, e.SpentUSD, e.LimitUSD, worst)
+		}
+		charged += e.SpentUSD
+	}
+	if d := charged - spent; d > 1e-9 || d < -1e-9 {
+		t.Fatalf("the ledger charged $%.6f, the runs say they spent $%.6f", charged, spent)
+	}
+}
