@@ -220,4 +220,3 @@ func clip(s string) string {
 	}
 	return s
 }
-
