@@ -95,6 +95,7 @@ type options struct {
 	workerID           string
 	// Tool sources (toolsources.go).
 	toolsConfig, toolServices string
+	budgets                   budgetOptions // budgets.go
 }
 
 func env(name, def string) string {
@@ -299,6 +300,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	// Tool sources: MCP servers and NATS tool services.
 	fs.StringVar(&o.toolsConfig, "tools-config", env("AGENTS_TOOLS_CONFIG", ""), "MCP servers whose tools runs may use: a JSON file {\"mcpServers\": {\"<server>\": {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}; values may use ${VAR}; tools are named <server>__<tool> [AGENTS_TOOLS_CONFIG]")
 	fs.StringVar(&o.toolServices, "tool-services", env("AGENTS_TOOL_SERVICES", ""), "NATS tool services (micro) whose tools runs may use: comma-separated names, or * for every service found; tools are named <service>__<endpoint> [AGENTS_TOOL_SERVICES]")
+	o.budgets.register(fs) // budgets.go
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
@@ -359,6 +361,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.logFormat != "text" && o.logFormat != "json" {
 		return nil, fmt.Errorf("--log-format %q: use text or json", o.logFormat)
+	}
+	if err := o.budgets.load(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -518,6 +523,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.MaxToolResultBytes = o.maxToolResult
 	cfg.WorkerID = o.workerID
 	applyBounds(o, &cfg)
+	if cfg.Budgets = o.budgets.config(); cfg.Budgets != nil {
+		reg.MustRegister(cfg.Budgets.Stats.Collector(metrics.Namespace))
+	}
 	cfg.Logger = log
 	cfg.Version = version
 	if cfg.ToolSources, err = tools.sources(c.Conn(), log); err != nil {
