@@ -32,6 +32,7 @@ Usage:
   submit reply RUN "text"          a new run that continues RUN's conversation
   submit bench [--runs N] ...      load-test the fleet (faux model by default)
   submit tools [--json]            the tools the fleet's workers serve (name, source, workers)
+  submit budgets [--all] [--json]  tenants' spending this period (spent, limit, remaining, resets)
 
 A local fleet (embedded NATS, one worker, the demo model): go run ./cmd/worker
 
@@ -81,7 +82,8 @@ func commands() []command {
 		{"result", cmdResult},
 		{"reply", cmdReply},
 		{"bench", cmdBench},
-		{"tools", cmdTools}, // tools.go
+		{"tools", cmdTools},     // tools.go
+		{"budgets", cmdBudgets}, // budgets.go
 	}
 }
 

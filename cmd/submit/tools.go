@@ -108,6 +108,14 @@ var promptWords = map[string]func(e *env) *flag.FlagSet{
 		fs.Bool("json", false, "")
 		return fs
 	},
+	"budgets": func(e *env) *flag.FlagSet {
+		fs := flag.NewFlagSet("budgets", flag.ContinueOnError)
+		var cf conn
+		cf.register(fs, e)
+		var asJSON, all bool
+		budgetsFlags(fs, &asJSON, &all) // budgets.go
+		return fs
+	},
 }
 
 // takesOnly reports whether every flag in args is one fs defines.

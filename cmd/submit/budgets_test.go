@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/budget"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+)
+
+// A worker process with --budgets refuses a tenant without budget at
+// pickup and runs another; submit budgets lists both with the limits the
+// worker wrote into the ledger, and the spending charged to them.
+func TestBudgetsEndToEnd(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "budgets.json")
+	if err := os.WriteFile(file, []byte(`{"period": "24h", "tenants": {"acme": {"usd": 0}, "beta": {"usd": 5}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop, url, err := startWorkerProcess(filepath.Join(dir, "worker.log"), []string{"AGENTS_BUDGETS=" + file},
+		"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--worker-id", "e2e-budgets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := stop(); err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	}()
+	nats := func(args ...string) []string { return append([]string{"--nats", url}, args...) }
+
+	out, errOut, code := submit(t, nats("--meta", "tenant=acme", "hello")...)
+	if code != 1 {
+		t.Fatalf("acme's run: exit %d, want 1 (failed)\n%s\n%s", code, out, errOut)
+	}
+	expect(t, out+errOut, "budget_exceeded", `tenant "acme" has no budget left`)
+	if out, errOut, code := submit(t, nats("--meta", "tenant=beta", "hello")...); code != 0 {
+		t.Fatalf("beta's run: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	// Spending charged by another worker shows.
+	c := fleettest.Connect(t, url)
+	kv, err := c.Budgets(fleettest.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := budget.NewLedger(kv, budget.LedgerConfig{Worker: "other"})
+	acct := budget.AccountAt("beta", budget.Tenant{USD: 5}, 24*time.Hour, time.Now())
+	res, _, err := l.Reserve(fleettest.Context(t), acct, 2)
+	if err != nil || res == nil {
+		t.Fatalf("reserve: %v", err)
+	}
+	if err := res.Settle(fleettest.Context(t), 1.25); err != nil {
+		t.Fatal(err)
+	}
+
+	js, errOut, code := submit(t, nats("budgets", "--json")...)
+	if code != 0 {
+		t.Fatalf("budgets --json: exit %d\n%s", code, errOut)
+	}
+	var lines []struct {
+		Tenant                                        string
+		Period                                        string
+		SpentUSD, LimitUSD, RemainingUSD, ReservedUSD float64
+		ResetsAt                                      time.Time
+	}
+	if err := json.Unmarshal([]byte(js), &lines); err != nil {
+		t.Fatalf("%v\n%s", err, js)
+	}
+	if len(lines) != 2 || lines[0].Tenant != "acme" || lines[1].Tenant != "beta" {
+		t.Fatalf("lines %+v", lines)
+	}
+	_, end := budget.PeriodAt(time.Now(), 24*time.Hour)
+	if a := lines[0]; a.LimitUSD != 0 || a.RemainingUSD != 0 || a.Period != "24h0m0s" || !a.ResetsAt.Equal(end) {
+		t.Fatalf("acme %+v", a)
+	}
+	if b := lines[1]; b.LimitUSD != 5 || b.SpentUSD != 1.25 || b.RemainingUSD != 3.75 || b.ReservedUSD != 0 {
+		t.Fatalf("beta %+v", b)
+	}
+	table, errOut, code := submit(t, nats("budgets")...)
+	if code != 0 {
+		t.Fatalf("budgets: exit %d\n%s", code, errOut)
+	}
+	expect(t, table, "TENANT", "SPENT", "LIMIT", "REMAINING", "RESETS", "acme", "beta", "$1.2500", "$5.0000", "$3.7500", end.Format(time.RFC3339))
+}
