@@ -8,6 +8,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// WaitBudget is the reason of a model_wait for the tenant's next budget
+// period (the run's first call waited for it).
+const WaitBudget = "budget"
+
+// WaitingBudget is a running record's Waiting while the run waits for its
+// tenant's next budget period.
+const WaitingBudget = "budget"
+
 // BudgetsBucket is the KV bucket of the tenants' spending ledger
 // (agents_budgets): one key per tenant and budget period (package budget).
 func (n Names) BudgetsBucket() string { return n.lower + "_budgets" }

@@ -60,7 +60,8 @@ type run struct {
 	cancel context.CancelFunc // stops the drive
 	left   bool               // the observer was told the run finished
 
-	waitingModel atomic.Bool // a model call queues for the shared rate limits
+	waitingModel  atomic.Bool // a model call queues for the shared rate limits
+	waitingBudget atomic.Bool // the run waits for its tenant's next budget period (tenant.go)
 }
 
 // runPlan is the request resolved against the worker.
@@ -187,17 +188,7 @@ func (r *run) pickup() bool {
 		_ = r.msg.NakWithDelay(2 * time.Second)
 		return false
 	}
-	switch text, _, err := r.checkTenant(w.hardCtx); { // worker/tenant.go
-	case err != nil:
-		r.log.Warn("cannot read the tenant's budget; handing the request back", "err", err)
-		_ = r.msg.NakWithDelay(2 * time.Second)
-		return false
-	case text != "":
-		w.cfg.Budgets.Stats.Refused(r.tenant.name)
-		r.refuseAtPickup(bus.ReasonBudgetExceeded, text)
-		return false
-	}
-	return true
+	return r.admitTenant(w.hardCtx) // worker/tenant.go
 }
 
 // acquire takes the lease, then starts the publisher, the control intake
@@ -258,6 +249,9 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	}
 	r.ctl.start(r.w.hardCtx)
 	if r.tally.stopping() {
+		return nil, false
+	}
+	if err := r.awaitBudget(ctx); err != nil || r.tally.stopping() { // worker/tenant.go
 		return nil, false
 	}
 	switch {
@@ -394,6 +388,9 @@ func (r *run) record(state string) *bus.RunRecord {
 	}
 	if state == bus.StateRunning && r.waitingModel.Load() {
 		rec.Waiting = bus.WaitingModel // worker/ratelimit.go
+	}
+	if state == bus.StateRunning && r.waitingBudget.Load() {
+		rec.Waiting = bus.WaitingBudget // worker/tenant.go
 	}
 	return rec
 }

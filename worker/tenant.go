@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"math/rand/v2"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -46,6 +47,9 @@ type tenancy struct {
 	name     string
 	budget   budget.Tenant
 	budgeted bool
+	// mustWait: the pickup found no budget and the tenant's runs wait for
+	// the next period (onExhausted "wait").
+	mustWait bool
 }
 
 // startBudgets opens the ledger and keeps this worker's reservations
@@ -100,13 +104,13 @@ func tenantLabel(name string) string {
 	return fmt.Sprintf("%q", clipString(name, 64))
 }
 
-// checkTenant is the pickup check of a run that has not started: its
-// tenant must be able to pay its first call's worst case. It returns the
-// refusal's text, and the end of the period, when it cannot; an error
+// checkTenant is the pickup check of a run that has not had a turn yet:
+// its tenant must be able to pay its first call's worst case. It returns
+// the refusal's text, and the end of the period, when it cannot; an error
 // is NATS trouble.
 func (r *run) checkTenant(ctx context.Context) (text string, resets time.Time, err error) {
-	if !r.tenant.budgeted || r.prev != nil {
-		// A run that started already is charged call by call.
+	if !r.tenant.budgeted || (r.prev != nil && r.prev.Turns > 0) {
+		// A run that has had turns is charged call by call.
 		return "", time.Time{}, nil
 	}
 	acct := r.account(time.Now())
@@ -180,4 +184,77 @@ func callRefused(model agent.Model, text string) agent.StreamEvent {
 	return agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant,
 		StopReason: agent.StopReasonError, ErrorMessage: text, Timestamp: time.Now().UnixMilli(),
 		API: model.API, Provider: model.Provider, Model: model.ID}}
+}
+
+// admitTenant is the pickup's budget check. A run whose tenant cannot pay
+// its first call is refused as budget_exceeded (onExhausted "refuse"), or
+// marked to wait for the next period once it holds its lease ("wait"). It
+// reports whether the run may go on; if not, the request is settled.
+func (r *run) admitTenant(ctx context.Context) bool {
+	text, _, err := r.checkTenant(ctx)
+	switch {
+	case err != nil:
+		r.log.Warn("cannot read the tenant's budget; handing the request back", "err", err)
+		_ = r.msg.NakWithDelay(2 * time.Second)
+		return false
+	case text == "":
+		return true
+	case r.tenant.budget.OnExhausted == budget.Wait:
+		r.tenant.mustWait = true
+		return true
+	case r.prev != nil:
+		// An earlier attempt started the run: its first call is refused
+		// instead (the run's events already began).
+		return true
+	}
+	r.w.cfg.Budgets.Stats.Refused(r.tenant.name)
+	r.refuseAtPickup(bus.ReasonBudgetExceeded, text)
+	return false
+}
+
+// awaitBudget waits until the run's tenant can pay its first call: until
+// the period rolls over, then checks again (other runs may have spent
+// the new period's budget first). The run's record shows waiting
+// "budget"; once the run proceeds it gets a model_wait event (reason
+// "budget"). It returns ctx's error if the run was stopped meanwhile.
+func (r *run) awaitBudget(ctx context.Context) error {
+	if !r.tenant.mustWait {
+		return nil
+	}
+	r.w.cfg.Budgets.Stats.Waited(r.tenant.name)
+	since := time.Now()
+	r.waitingBudget.Store(true)
+	defer r.waitingBudget.Store(false)
+	for {
+		text, resets, err := r.checkTenant(ctx)
+		if err == nil && text == "" {
+			break
+		}
+		if err != nil {
+			r.log.Warn("cannot read the tenant's budget; checking again shortly", "err", err)
+			resets = time.Now().Add(2 * time.Second)
+		} else {
+			r.log.Info("tenant budget spent: waiting for the next period", "tenant", clipString(r.tenant.name, 64), "until", resets)
+		}
+		if err := r.sleepUntil(ctx, resets); err != nil {
+			return err
+		}
+	}
+	_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+		Reason: bus.WaitBudget, WaitedMs: time.Since(since).Milliseconds()})
+	return nil
+}
+
+// sleepUntil waits until t, plus up to 250 ms so that the waiting runs of
+// a fleet do not all check the ledger at the same instant.
+func (r *run) sleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t) + time.Duration(rand.Int64N(int64(250*time.Millisecond)))
+	timer := time.NewTimer(max(d, time.Millisecond))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
 }

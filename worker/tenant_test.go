@@ -188,3 +188,61 @@ func TestTenantConcurrentRunsDoNotOverspend(t *testing.T) {
 		t.Fatalf("the ledger charged $%.6f, the runs say they spent $%.6f", charged, spent)
 	}
 }
+
+// With onExhausted "wait" a run of a spent tenant waits for the next
+// period, its record saying so. Then it runs, and its events say how long
+// it waited.
+func TestTenantWaitsForTheNextPeriod(t *testing.T) {
+	const period = 3 * time.Second
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{
+		"acme": {USD: 5, OnExhausted: budget.Wait}, "beta": {USD: 100}}}
+	stats := budget.NewStats(b)
+	f := tenantFleet(t, p, b, 1, 1, stats)
+	l := ledger(t, f)
+	ctx := fleettest.Context(t)
+
+	// Spend this period's budget and the next one's: the run waits at
+	// least one whole period.
+	now := time.Now()
+	_, next := budget.PeriodAt(now, period)
+	for _, at := range []time.Time{now, next} {
+		acct := budget.AccountAt("acme", b.Tenants["acme"], period, at)
+		res, _, err := l.Reserve(ctx, acct, 5)
+		if err != nil || res == nil {
+			t.Fatalf("reserve: %v %v", res, err)
+		}
+		if err := res.Settle(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, free := budget.PeriodAt(next, period)
+	waiter := f.Submit("", tenantRun("acme"))
+	for {
+		rec, err := f.Client.Status(ctx, waiter)
+		if err == nil && rec.State == bus.StateRunning && rec.Waiting == bus.WaitingBudget {
+			break
+		}
+		if time.Now().After(free) {
+			t.Fatalf("the record never showed waiting %q before the budget came back: %+v %v", bus.WaitingBudget, rec, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	envs := f.Follow(waiter)
+	fin := fleettest.Decode(t, envs[len(envs)-1]).RunFinished
+	if fin == nil || fin.Status != bus.StatusSucceeded {
+		t.Fatalf("acme's run: %+v", fin)
+	}
+	if time.Now().Before(free) {
+		t.Fatal("acme's run finished before its budget came back")
+	}
+	waited := false
+	for _, e := range envs {
+		if ev := fleettest.Decode(t, e); ev.ModelWait != nil && ev.ModelWait.Reason == bus.WaitBudget && ev.ModelWait.WaitedMs >= (period-time.Second).Milliseconds() {
+			waited = true
+		}
+	}
+	if !waited {
+		t.Fatalf("no model_wait (reason budget) of at least a period:\n%s", fleettest.Dump(envs))
+	}
+}
