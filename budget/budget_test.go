@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/budget"
@@ -125,5 +127,32 @@ func TestReservationOfADeadWorkerLapses(t *testing.T) {
 	}
 	if e, _ := live.Open(ctx, acct); len(e.Holds) != 0 || e.SpentUSD < 0.85-1e-9 || e.SpentUSD > 0.85+1e-9 {
 		t.Fatalf("after settling: %+v", e)
+	}
+}
+
+// Only the tenants of the budgets file get their own label.
+func TestStatsLabelsAreBounded(t *testing.T) {
+	s := budget.NewStats(&budget.Budgets{Period: time.Hour, Tenants: map[string]budget.Tenant{"acme": {USD: 1}}})
+	s.Spent("acme", 0.25)
+	s.Spent("mallory-1", 1)
+	s.Spent("mallory-2", 2)
+	s.Refused("acme")
+	s.Waited("zeta")
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s.Collector("agentfleet"))
+	want := `
+# HELP agentfleet_tenant_budget_refusals_total Runs and model calls refused because the tenant's budget was spent.
+# TYPE agentfleet_tenant_budget_refusals_total counter
+agentfleet_tenant_budget_refusals_total{tenant="acme"} 1
+# HELP agentfleet_tenant_budget_waits_total Runs that waited for the tenant's next budget period.
+# TYPE agentfleet_tenant_budget_waits_total counter
+agentfleet_tenant_budget_waits_total{tenant="other"} 1
+# HELP agentfleet_tenant_spend_usd_total Cost of model calls charged to tenants' budgets (the model table's prices); tenants outside the budgets file are "other".
+# TYPE agentfleet_tenant_spend_usd_total counter
+agentfleet_tenant_spend_usd_total{tenant="acme"} 0.25
+agentfleet_tenant_spend_usd_total{tenant="other"} 3
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
 	}
 }
