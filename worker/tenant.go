@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"math/rand/v2"
@@ -214,31 +215,42 @@ func (r *run) admitTenant(ctx context.Context) bool {
 
 // awaitBudget waits until the run's tenant can pay its first call: until
 // the period rolls over, then checks again (other runs may have spent
-// the new period's budget first). The run's record shows waiting
-// "budget"; once the run proceeds it gets a model_wait event (reason
-// "budget"). It returns ctx's error if the run was stopped meanwhile.
+// the new period's budget first). It waits without the run's slot and
+// with its timeout paused (waitOffSlot, waiting.go); the record shows
+// waiting "budget", and once the run proceeds it gets a model_wait event
+// (reason "budget"). It returns an error if the run was stopped meanwhile
+// (handed back when the worker drains).
 func (r *run) awaitBudget(ctx context.Context) error {
 	if !r.tenant.mustWait {
 		return nil
 	}
 	r.w.cfg.Budgets.Stats.Waited(r.tenant.name)
 	since := time.Now()
-	r.waitingBudget.Store(true)
-	defer r.waitingBudget.Store(false)
-	for {
-		text, resets, err := r.checkTenant(ctx)
-		if err == nil && text == "" {
-			break
+	if p := r.prev; p != nil && p.Waiting != nil && p.Waiting.For == bus.WaitingBudget && !p.Waiting.Since.IsZero() {
+		since = p.Waiting.Since // an earlier attempt's wait goes on
+	}
+	err := r.waitOffSlot(ctx, bus.WaitingBudget, since, func(wctx context.Context) error {
+		for {
+			text, resets, err := r.checkTenant(wctx)
+			if err == nil && text == "" {
+				return nil
+			}
+			if err != nil {
+				r.log.Warn("cannot read the tenant's budget; checking again shortly", "err", err)
+				resets = time.Now().Add(2 * time.Second)
+			} else {
+				r.log.Info("tenant budget spent: waiting for the next period", "tenant", clipString(r.tenant.name, 64), "until", resets)
+			}
+			if err := sleepUntil(wctx, resets); err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			r.log.Warn("cannot read the tenant's budget; checking again shortly", "err", err)
-			resets = time.Now().Add(2 * time.Second)
-		} else {
-			r.log.Info("tenant budget spent: waiting for the next period", "tenant", clipString(r.tenant.name, 64), "until", resets)
-		}
-		if err := r.sleepUntil(ctx, resets); err != nil {
-			return err
-		}
+	})
+	if errors.Is(err, errWaitHandedBack) {
+		r.handBackWhileWaiting() // approval.go
+	}
+	if err != nil {
+		return err
 	}
 	_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 		Reason: bus.WaitBudget, WaitedMs: time.Since(since).Milliseconds()})
@@ -247,7 +259,7 @@ func (r *run) awaitBudget(ctx context.Context) error {
 
 // sleepUntil waits until t, plus up to 250 ms so that the waiting runs of
 // a fleet do not all check the ledger at the same instant.
-func (r *run) sleepUntil(ctx context.Context, t time.Time) error {
+func sleepUntil(ctx context.Context, t time.Time) error {
 	d := time.Until(t) + time.Duration(rand.Int64N(int64(250*time.Millisecond)))
 	timer := time.NewTimer(max(d, time.Millisecond))
 	defer timer.Stop()

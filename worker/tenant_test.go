@@ -190,9 +190,10 @@ func TestTenantConcurrentRunsDoNotOverspend(t *testing.T) {
 }
 
 // With onExhausted "wait" a run of a spent tenant waits for the next
-// period, its record saying so. Then it runs, and its events say how long
-// it waited.
-func TestTenantWaitsForTheNextPeriod(t *testing.T) {
+// period, its record saying so, without holding its slot: a run of another
+// tenant on the same one-slot worker runs meanwhile. Then it runs, and its
+// events say how long it waited.
+func TestTenantWaitsForTheNextPeriodWithoutASlot(t *testing.T) {
 	const period = 3 * time.Second
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{
@@ -220,13 +221,22 @@ func TestTenantWaitsForTheNextPeriod(t *testing.T) {
 	waiter := f.Submit("", tenantRun("acme"))
 	for {
 		rec, err := f.Client.Status(ctx, waiter)
-		if err == nil && rec.State == bus.StateRunning && rec.Waiting == bus.WaitingBudget {
+		if err == nil && rec.State == bus.StateRunning && rec.Waiting != nil && rec.Waiting.For == bus.WaitingBudget {
 			break
 		}
 		if time.Now().After(free) {
 			t.Fatalf("the record never showed waiting %q before the budget came back: %+v %v", bus.WaitingBudget, rec, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// The only slot is free: another tenant's run goes through while the
+	// first one waits.
+	other := f.Submit("", tenantRun("beta"))
+	if fin := f.WaitFinished(other); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("beta's run: %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+	}
+	if rec, err := f.Client.Status(ctx, waiter); err != nil || rec.Finished() {
+		t.Fatalf("acme's run finished before beta's could start (%+v, %v): its wait held the only slot", rec, err)
 	}
 	envs := f.Follow(waiter)
 	fin := fleettest.Decode(t, envs[len(envs)-1]).RunFinished
