@@ -226,8 +226,14 @@ func (r *run) awaitBudget(ctx context.Context) error {
 	}
 	r.w.cfg.Budgets.Stats.Waited(r.tenant.name)
 	since := time.Now()
-	if p := r.prev; p != nil && p.Waiting != nil && p.Waiting.For == bus.WaitingBudget && !p.Waiting.Since.IsZero() {
-		since = p.Waiting.Since // an earlier attempt's wait goes on
+	switch p := r.prev; {
+	case p != nil && p.Waiting != nil && p.Waiting.For == bus.WaitingBudget && !p.Waiting.Since.IsZero():
+		since = p.Waiting.Since // an earlier attempt's wait goes on (it crashed)
+	case p != nil && p.Turns == 0 && p.WaitedMs > 0:
+		// An earlier attempt waited and was handed back (its last record
+		// no longer says so): a run waits for its budget before its first
+		// turn, so that wait began at the run's start.
+		since = r.runStart
 	}
 	err := r.waitOffSlot(ctx, bus.WaitingBudget, since, func(wctx context.Context) error {
 		for {

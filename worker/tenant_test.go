@@ -22,21 +22,29 @@ const tenantMaxTokens = 200
 // tenantFleet runs workers with budgets on the provider's model m at
 // $1,000 per million tokens.
 func tenantFleet(t *testing.T, p *limitedProvider, b *budget.Budgets, workers, slots int, stats *budget.Stats) *fleettest.Fleet {
+	f, start := tenantWorkers(t, p, b, stats)
+	for range workers {
+		start(slots)
+	}
+	return f
+}
+
+// tenantWorkers is tenantFleet with the workers started by the caller.
+func tenantWorkers(t *testing.T, p *limitedProvider, b *budget.Budgets, stats *budget.Stats) (*fleettest.Fleet, func(slots int) *fleettest.Worker) {
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	f := newFleet(t)
-	for range workers {
+	return f, func(slots int) *fleettest.Worker {
 		prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{
 			{ID: "m", MaxTokens: tenantMaxTokens, Cost: agent.ModelCost{Input: 1000, Output: 1000}}}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(prov.CloseIdleConnections)
-		f.StartWorker(worker.Config{DefaultModel: "openai/m", Concurrency: slots,
+		return f.StartWorker(worker.Config{DefaultModel: "openai/m", Concurrency: slots,
 			Providers: map[string]worker.Provider{"openai": prov},
 			Budgets:   &worker.TenantBudgets{Budgets: b, Stats: stats}})
 	}
-	return f
 }
 
 // firstCallWorst is the worst case of a run's first call at $0.001 a
@@ -254,5 +262,70 @@ func TestTenantWaitsForTheNextPeriodWithoutASlot(t *testing.T) {
 	}
 	if !waited {
 		t.Fatalf("no model_wait (reason budget) of at least a period:\n%s", fleettest.Dump(envs))
+	}
+}
+
+// spendPeriods spends a tenant's whole budget in the periods containing
+// each of at, as other runs would have.
+func spendPeriods(t *testing.T, l *budget.Ledger, tenant string, tb budget.Tenant, period time.Duration, at ...time.Time) {
+	for _, a := range at {
+		acct := budget.AccountAt(tenant, tb, period, a)
+		res, _, err := l.Reserve(fleettest.Context(t), acct, tb.USD)
+		if err != nil || res == nil {
+			t.Fatalf("reserve: %v %v", res, err)
+		}
+		if err := res.Settle(fleettest.Context(t), tb.USD); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitWaiting waits until the run's record shows it waiting for its
+// budget, at the latest until deadline.
+func waitWaiting(t *testing.T, f *fleettest.Fleet, id string, attempt int, deadline time.Time) *bus.RunRecord {
+	t.Helper()
+	for {
+		rec, err := f.Client.Status(fleettest.Context(t), id)
+		if err == nil && rec.State == bus.StateRunning && rec.Attempt >= attempt && rec.Waiting != nil && rec.Waiting.For == bus.WaitingBudget {
+			return rec
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the record of attempt %d never showed waiting %q: %+v %v", attempt, bus.WaitingBudget, rec, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A worker that drains hands a run waiting for its budget back; the next
+// worker's attempt goes on waiting (since the same time) and runs it once
+// the budget is back.
+func TestTenantWaitingRunHandedBackOnDrain(t *testing.T) {
+	const period = 4 * time.Second
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: budget.Wait}}}
+	f, start := tenantWorkers(t, p, b, nil)
+	first := start(1)
+	now := time.Now()
+	_, next := budget.PeriodAt(now, period)
+	spendPeriods(t, ledger(t, f), "acme", b.Tenants["acme"], period, now, next)
+	_, free := budget.PeriodAt(next, period)
+
+	id := f.Submit("", tenantRun("acme"))
+	rec := waitWaiting(t, f, id, 1, free)
+	since := rec.Waiting.Since
+	first.Stop()
+	start(1)
+	rec = waitWaiting(t, f, id, 2, free)
+	// The wait goes on from the run's start (the hand-back's last record
+	// no longer shows the first wait), not from the second attempt.
+	if d := since.Sub(rec.Waiting.Since); d < 0 || d > time.Second {
+		t.Fatalf("the second attempt waits since %v, the first since %v", rec.Waiting.Since, since)
+	}
+	fin := f.WaitFinished(id)
+	if fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+	}
+	if time.Now().Before(free) {
+		t.Fatal("the run finished before its budget came back")
 	}
 }
