@@ -329,3 +329,28 @@ func TestTenantWaitingRunHandedBackOnDrain(t *testing.T) {
 		t.Fatal("the run finished before its budget came back")
 	}
 }
+
+// With FromQueue the queue is the tenant, whatever the metadata says.
+func TestTenantFromQueue(t *testing.T) {
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	f := newFleet(t)
+	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{
+		{ID: "m", MaxTokens: tenantMaxTokens, Cost: agent.ModelCost{Input: 1000, Output: 1000}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.CloseIdleConnections)
+	b := &budget.Budgets{Period: time.Hour, Tenants: map[string]budget.Tenant{"other": {USD: 0}, "default": {USD: 100}}}
+	f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
+		Budgets: &worker.TenantBudgets{Budgets: b, FromQueue: true}})
+	// The metadata names the queue with budget: it does not count.
+	fin := f.WaitFinished(f.Submit("other", tenantRun("default")))
+	if fin.Reason != bus.ReasonBudgetExceeded || !strings.Contains(fin.Error, `tenant "other"`) {
+		t.Fatalf("a run on queue other: %s/%s (%s), want budget_exceeded for tenant other", fin.Status, fin.Reason, fin.Error)
+	}
+	if fin := f.WaitFinished(f.Submit("default", tenantRun("other"))); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("a run on queue default: %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+	}
+}
