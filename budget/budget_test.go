@@ -156,3 +156,11 @@ agentfleet_tenant_spend_usd_total{tenant="other"} 3
 		t.Fatal(err)
 	}
 }
+
+func TestFormatPeriod(t *testing.T) {
+	for d, want := range map[time.Duration]string{24 * time.Hour: "24h", 720 * time.Hour: "720h", 90 * time.Minute: "90m", 2 * time.Second: "2s", 1500 * time.Millisecond: "1.5s"} {
+		if got := budget.FormatPeriod(d); got != want {
+			t.Errorf("%v: %q, want %q", d, got, want)
+		}
+	}
+}

@@ -83,6 +83,20 @@ func PeriodAt(t time.Time, period time.Duration) (start, end time.Time) {
 	return time.UnixMilli(s).UTC(), time.UnixMilli(s + p).UTC()
 }
 
+// FormatPeriod writes a period as a budgets file would: "24h", "90m",
+// "2s", else Go's form.
+func FormatPeriod(d time.Duration) string {
+	for _, u := range []struct {
+		d    time.Duration
+		unit string
+	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}} {
+		if d > 0 && d%u.d == 0 {
+			return fmt.Sprintf("%d%s", d/u.d, u.unit)
+		}
+	}
+	return d.String()
+}
+
 // Load reads and parses a budgets file.
 func Load(path string) (*Budgets, error) {
 	data, err := os.ReadFile(path)

@@ -217,7 +217,7 @@ func (l *Ledger) update(ctx context.Context, key string, acct *Account, change f
 			}
 		}
 		if acct != nil {
-			e.Tenant, e.Period = acct.Tenant, acct.Period.String()
+			e.Tenant, e.Period = acct.Tenant, FormatPeriod(acct.Period)
 			e.Start, e.End = acct.Start.UnixMilli(), acct.End.UnixMilli()
 			e.LimitUSD = acct.LimitUSD
 		}

@@ -75,7 +75,7 @@ func TestBudgetsEndToEnd(t *testing.T) {
 		t.Fatalf("lines %+v", lines)
 	}
 	_, end := budget.PeriodAt(time.Now(), 24*time.Hour)
-	if a := lines[0]; a.LimitUSD != 0 || a.RemainingUSD != 0 || a.Period != "24h0m0s" || !a.ResetsAt.Equal(end) {
+	if a := lines[0]; a.LimitUSD != 0 || a.RemainingUSD != 0 || a.Period != "24h" || !a.ResetsAt.Equal(end) {
 		t.Fatalf("acme %+v", a)
 	}
 	if b := lines[1]; b.LimitUSD != 5 || b.SpentUSD != 1.25 || b.RemainingUSD != 3.75 || b.ReservedUSD != 0 {
