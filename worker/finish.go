@@ -263,16 +263,15 @@ func (r *run) reusedID(rec *bus.RunRecord) {
 		fin: r.badRequestFinished(text), settle: r.termRequest("bad_request: run id already used by a finished run")})
 }
 
-// badRequest fails a request that cannot run. The final record is written
-// first, as the lease's compare-and-set (it must not overwrite a finished
-// run or a newer attempt), then the events.
+// badRequest fails a request that cannot run.
 func (r *run) badRequest(err error) {
 	r.refuseAtPickup(bus.ReasonBadRequest, clipString(err.Error(), bus.MaxErrorBytes))
 }
 
 // refuseAtPickup fails a request before it runs, as failed/reason (a bad
-// request, or a tenant without budget): record, run_started and
-// run_finished, then the request is terminated (not retried).
+// request, or a tenant without budget), and terminates it (not retried).
+// The final record is written first, as the lease's compare-and-set (it
+// must not overwrite a finished run or a newer attempt), then the events.
 func (r *run) refuseAtPickup(reason, text string) {
 	r.log.Warn("request refused", "reason", reason, "err", text)
 	r.dropInvalidFields()
