@@ -211,7 +211,11 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	}
 	r.appr.add(c)
-	defer r.appr.remove(c)
+	r.hb.now() // the record lists the call
+	defer func() {
+		r.appr.remove(c)
+		r.hb.now()
+	}()
 
 	var got *answer
 	var edited map[string]any
