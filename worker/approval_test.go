@@ -530,3 +530,82 @@ func TestApprovalWaitNotCountedInTheTimeout(t *testing.T) {
 		t.Fatalf("waitedMs %d, deploy %q", final.WaitedMs, d.targets())
 	}
 }
+
+// startOn runs a worker on c until the returned stop (a drain) is called.
+func startOn(t *testing.T, c *bus.Client, cfg Config) (*Worker, func()) {
+	t.Helper()
+	cfg.Client = c
+	if cfg.PollWait == 0 {
+		cfg.PollWait = 200 * time.Millisecond
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("worker stopped before it was ready: %v", err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return w, stop
+}
+
+// A drained worker hands its waiting run back at once; the next worker
+// resumes it still waiting, with the same expiry and no second request.
+// answerWhileNone sends the answer while no worker holds the run.
+func testApprovalResume(t *testing.T, answerWhileNone bool) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	before := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	start := time.Now()
+	stopA()
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("the drain took %s: the waiting run held it", took)
+	}
+	var seq uint64
+	if answerWhileNone {
+		seq = sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "offline"})
+	}
+	startOn(t, c, cfg)
+	if !answerWhileNone {
+		rec := waitRecord(t, c, run, "waiting on a later attempt", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+		if got := rec.Waiting.Approvals[0]; got.ExpiresAt != asked.ExpiresAt || !rec.Waiting.Since.Equal(before.Waiting.Since) {
+			t.Fatalf("resumed wait %+v since %v; first %+v since %v", got, rec.Waiting.Since, before.Waiting.Approvals[0], before.Waiting.Since)
+		}
+		seq = sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "later"})
+	}
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq {
+		t.Fatalf("resolved %+v, want controlSeq %d", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 || d.targets() != "prod" {
+		t.Fatalf("%d requests (want 1), deploy %q; events %s", n, d.targets(), re.types())
+	}
+	res := toolResults(t, c, run)["c1"]
+	if res.IsError || res.TextOf() != "deployed prod" {
+		t.Fatalf("tool result %+v", res)
+	}
+}
+
+func TestApprovalResumeKeepsWaiting(t *testing.T)             { testApprovalResume(t, false) }
+func TestApprovalAnswerWhileNoWorkerHoldsTheRun(t *testing.T) { testApprovalResume(t, true) }
