@@ -609,3 +609,35 @@ func testApprovalResume(t *testing.T, answerWhileNone bool) {
 
 func TestApprovalResumeKeepsWaiting(t *testing.T)             { testApprovalResume(t, false) }
 func TestApprovalAnswerWhileNoWorkerHoldsTheRun(t *testing.T) { testApprovalResume(t, true) }
+
+// Drains while a run waits do not use up MaxDeliver: once its deliveries
+// run out, the request is requeued and the run goes on waiting.
+func TestApprovalHandBacksWhileWaitingDoNotUseUpMaxDeliver(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, MaxDeliver: 2, HeartbeatInterval: time.Second}
+	_, stop := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	for i := 1; i <= 2; i++ {
+		if i > 1 {
+			_, stop = startOn(t, c, cfg)
+		}
+		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
+		stop()
+		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
+	}
+	startOn(t, c, cfg)
+	rec := waitRecord(t, c, run, "waiting after the requeue", func(r *bus.RunRecord) bool { return r.Attempt > 2 && waitingFor(r, "c1") || r.Finished() })
+	if rec.Finished() || rec.Waiting.Approvals[0].ExpiresAt != asked.ExpiresAt {
+		t.Fatalf("after the drains: %+v %+v", rec, rec.Waiting)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 {
+		t.Fatalf("%d requests", n)
+	}
+}

@@ -228,7 +228,7 @@ func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wai
 	err := wait(wctx)
 	drained := !stopDrain() && ctx.Err() == nil
 	cancel()
-	r.leaveWait(ctx)
+	r.leaveWait(ctx, drained)
 	if drained {
 		return errWaitHandedBack
 	}
@@ -264,7 +264,10 @@ func (r *run) enterWait(what string, since time.Time) {
 	r.hb.now()
 }
 
-func (r *run) leaveWait(ctx context.Context) {
+// leaveWait ends a wait. A wait ended by the drain (handedBack) stays on
+// the record and keeps the clock paused: the attempt ends, and the next
+// one takes the wait over from the record.
+func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
@@ -274,15 +277,17 @@ func (r *run) leaveWait(ctx context.Context) {
 	}
 	w := r.w
 	wasOff := ws.offSlot
-	if wasOff {
+	if wasOff && !handedBack {
 		// Blocks until a slot is free; the run's stop (ctx) lets it
 		// finish without one.
 		r.slot.take(ctx)
 		ws.offSlot = false
 	}
-	ws.now.Store(nil)
-	if r.clock != nil {
-		r.clock.resume()
+	if !handedBack {
+		ws.now.Store(nil)
+		if r.clock != nil {
+			r.clock.resume()
+		}
 	}
 	w.waitMu.Lock()
 	w.waitingRuns--
