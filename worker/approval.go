@@ -171,7 +171,9 @@ func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) ag
 	if err != nil {
 		return fail(err.Error())
 	}
+	r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
 	res, err := r.gateTool(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
+	r.toolBusy(-1)
 	if err != nil {
 		return fail(err.Error())
 	}
