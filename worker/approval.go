@@ -430,43 +430,6 @@ func nonNilMap(m map[string]any) map[string]any {
 	return m
 }
 
-// handBackWhileWaiting stops a run whose wait the worker's drain ended:
-// what it published is stored, then nothing more is (the gated calls stay
-// pending in its events, for the next attempt), and mustNotFinish hands
-// it back.
-func (r *run) handBackWhileWaiting() {
-	if !r.waitHandedBack.CompareAndSwap(false, true) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
-	_ = r.pub.sync(ctx)
-	cancel()
-	r.pub.fence()
-	r.stop()
-}
-
-// handBackWaiting is the hand-back of a run stopped by
-// handBackWhileWaiting. Its Nak would count as a delivery: the record
-// counts waiting hand-backs (waitHandBacks) so the give-up leaves them out.
-func (r *run) handBackWaiting() {
-	r.endHeartbeat()
-	r.pub.abandon()
-	ctx, cancel := r.finishContext()
-	defer cancel()
-	r.waitingHandBacks++
-	if err := r.lease.renew(ctx, r.record(bus.StateRunning)); err != nil {
-		if errors.Is(err, errLeaseLost) {
-			r.log.Warn("run stopped: lease lost to a newer attempt")
-			return
-		}
-		r.log.Warn("cannot count the waiting hand-back in the record; it counts as a delivery", "err", err)
-	}
-	r.log.Info("worker stopping: waiting run handed back")
-	// After this worker's pulls have stopped, so none of them takes it
-	// again (each take would use up a delivery).
-	_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
-}
-
 // decodeApproval is the control owner's decoding of an approve message.
 func decodeApproval(data []byte) (bus.ApprovalAnswer, error) {
 	return workerproto.DecodeApproval(data)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // errWaitHandedBack ends a wait when the worker starts draining: the run
@@ -34,13 +36,26 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //   - past Config.MaxWaiting runs off their slots, a run keeps its slot
 //     while it waits (still paused and shown as waiting).
 //
-// Waits of one run nest: parallel calls of a batch may wait together; the
-// run leaves its slot when the first wait starts and takes one again when
-// the last ends. A wait whose context ends (abort, timeout, lost lease)
-// returns without a slot; the run then finishes without one (finishing
-// needs no slot). When the worker starts draining, waits end with
-// errWaitHandedBack: the caller hands the run back at once instead of
-// holding the drain (see handBackWaiting).
+// Waits of one run nest: parallel calls of a batch may wait together. The
+// run leaves its slot once a wait started and none of its tool calls runs
+// (toolBusy: the listener counts calls from tool_execution_start to
+// tool_execution_end; a wait inside a tool call brackets itself with
+// toolBusy(-1) / toolBusy(+1), a wait outside one needs nothing), and
+// takes one again as soon as a wait ends (the call runs on), even while
+// others still wait. A wait whose context ends (abort, timeout, lost
+// lease) returns without a slot; the run then finishes without one
+// (finishing needs no slot). When the worker starts draining, waits end
+// with errWaitHandedBack: the caller then calls handBackWhileWaiting and
+// returns; the record keeps the wait (the next attempt takes it over) and
+// execute hands the run back (handBackWaiting) without using up a
+// delivery (giveup.go requeues).
+//
+// Use (tenant budgets, approvals):
+//
+//	err := r.waitOffSlot(ctx, "budget", time.Now(), func(ctx context.Context) error {
+//		select { case <-rollover: return nil; case <-ctx.Done(): return ctx.Err() }
+//	})
+//	if errors.Is(err, errWaitHandedBack) { r.handBackWhileWaiting(); return err }
 
 // slotHold is the concurrency slot (shared, plus its queue's own) a run
 // was started with. The pull loop's goroutine releases it when the run
@@ -353,4 +368,41 @@ func (w *Worker) OffSlot() int {
 	w.waitMu.Lock()
 	defer w.waitMu.Unlock()
 	return w.offSlot
+}
+
+// handBackWhileWaiting stops a run whose wait the worker's drain ended:
+// what it published is stored, then nothing more is (the gated calls stay
+// pending in its events, for the next attempt), and mustNotFinish hands
+// it back.
+func (r *run) handBackWhileWaiting() {
+	if !r.waitHandedBack.CompareAndSwap(false, true) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
+	_ = r.pub.sync(ctx)
+	cancel()
+	r.pub.fence()
+	r.stop()
+}
+
+// handBackWaiting is the hand-back of a run stopped by
+// handBackWhileWaiting. Its Nak would count as a delivery: the record
+// counts waiting hand-backs (waitHandBacks) so the give-up leaves them out.
+func (r *run) handBackWaiting() {
+	r.endHeartbeat()
+	r.pub.abandon()
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	r.waitingHandBacks++
+	if err := r.lease.renew(ctx, r.record(bus.StateRunning)); err != nil {
+		if errors.Is(err, errLeaseLost) {
+			r.log.Warn("run stopped: lease lost to a newer attempt")
+			return
+		}
+		r.log.Warn("cannot count the waiting hand-back in the record; it counts as a delivery", "err", err)
+	}
+	r.log.Info("worker stopping: waiting run handed back")
+	// After this worker's pulls have stopped, so none of them takes it
+	// again (each take would use up a delivery).
+	_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 }
