@@ -15,6 +15,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/metrics"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // deployTool records the arguments it ran with; target is required.
@@ -783,5 +784,54 @@ func TestApprovalMetrics(t *testing.T) {
 	}
 	if v := value("agentfleet_approvals_resolved_total", "approve"); v != 1 {
 		t.Errorf("approvals_resolved_total{decision=approve} %v", v)
+	}
+}
+
+// A worker that vanishes while its run waits (its connection gone, as with
+// kill -9): after AckWait another worker resumes the run from the record
+// and the events, still waiting with the same expiry, and no new request.
+func TestApprovalResumeAfterTheWorkerVanished(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	connect := func() *bus.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, AckWait: 2 * time.Second, HeartbeatInterval: 300 * time.Millisecond,
+		DrainTimeout: time.Second}
+	ca, c := connect(), connect()
+	startOn(t, ca, cfg)
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Limits = &bus.Limits{TimeoutSeconds: 1} // the wait, on both workers, is not counted
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	before := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	ca.Close() // the worker is cut off: no heartbeat, no hand-back
+	startOn(t, c, cfg)
+	rec := waitRecord(t, c, run, "waiting on a later attempt", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+	if got := rec.Waiting.Approvals[0]; got.ExpiresAt != asked.ExpiresAt || got.RequestedAt != before.Waiting.Approvals[0].RequestedAt ||
+		!rec.Waiting.Since.Equal(before.Waiting.Since) {
+		t.Fatalf("resumed wait %+v since %v; first %+v since %v", got, rec.Waiting.Since, before.Waiting.Approvals[0], before.Waiting.Since)
+	}
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 {
+		t.Fatalf("%d requests", n)
 	}
 }
