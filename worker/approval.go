@@ -28,8 +28,9 @@ import (
 const maxEarlyAnswers = 1024
 
 type answer struct {
-	a   bus.ApprovalAnswer
-	seq uint64
+	a      bus.ApprovalAnswer
+	seq    uint64
+	stored time.Time // when AGENTS_CONTROL stored it
 }
 
 // approvals is a run's gated calls and unmatched answers.
@@ -208,13 +209,13 @@ func (r *run) gateTool(t *agent.Tool) *agent.Tool {
 
 // deliverApproval is the control owner's part: it hands an answer to the
 // oldest waiting call with its id, or keeps it.
-func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64) {
+func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time) {
 	ap := &r.appr
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	for _, c := range ap.pending {
 		if c.id == a.ToolCallID {
-			c.answers = append(c.answers, answer{a, seq})
+			c.answers = append(c.answers, answer{a, seq, stored})
 			select {
 			case c.wake <- struct{}{}:
 			default:
@@ -226,7 +227,7 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64) {
 		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq)
 		return
 	}
-	ap.early = append(ap.early, answer{a, seq})
+	ap.early = append(ap.early, answer{a, seq, stored})
 }
 
 // add registers a waiting call and gives it the answers kept for it.
@@ -343,6 +344,13 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 				if got != nil {
 					r.log.Info("further answer to a resolved call ignored", "toolCallId", id, "controlSeq", a.seq)
 					continue
+				}
+				if a.stored.After(c.expiresAt) {
+					// Sent after the call expired (read late, e.g. on a
+					// resume): the call timed out.
+					r.log.Info("answer came after the call expired", "toolCallId", id, "controlSeq", a.seq)
+					timedOut = true
+					return nil
 				}
 				if a.a.Decision == bus.DecisionApprove && a.a.Arguments != nil {
 					v, err := validateEdit(t, a.a.Arguments)

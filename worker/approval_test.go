@@ -835,3 +835,35 @@ func TestApprovalResumeAfterTheWorkerVanished(t *testing.T) {
 		t.Fatalf("%d requests", n)
 	}
 }
+
+// An answer sent after the call expired, while no worker held the run, does
+// not approve it: the worker that resumes the run times the call out.
+func TestApprovalLateAnswerWhileNoWorkerHoldsTheRun(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	stopA()
+	// The expiry is a time: wait for it to pass, then answer.
+	<-time.After(time.Until(time.UnixMilli(asked.ExpiresAt)) + 50*time.Millisecond)
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctl, err := c.JetStream().Stream(ctx, c.Names().ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw, err := ctl.GetMsg(ctx, seq); err != nil || raw.Time.UnixMilli() <= asked.ExpiresAt {
+		t.Fatalf("the answer was stored before the expiry: %v", err)
+	}
+	startOn(t, c, cfg)
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.Decision != bus.DecisionTimeout {
+		t.Fatalf("resolved %+v, want timeout (the answer %d came after the expiry)", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+}
