@@ -28,8 +28,9 @@ import (
 const maxEarlyAnswers = 1024
 
 type answer struct {
-	a   bus.ApprovalAnswer
-	seq uint64
+	a      bus.ApprovalAnswer
+	seq    uint64
+	stored time.Time // when AGENTS_CONTROL stored it
 }
 
 // approvals is a run's gated calls and unmatched answers.
@@ -75,10 +76,120 @@ func (r *run) gateTools() {
 		return
 	}
 	r.approval = p
+	r.ungated = map[string]*agent.Tool{}
 	for i, t := range r.tools {
 		if p.Gates(t.Name) {
+			r.ungated[t.Name] = t
 			r.tools[i] = r.gateTool(t)
 		}
+	}
+}
+
+// takeOverPending keeps the calls an earlier attempt left waiting: they
+// wait again (runPendingCalls) with their original times.
+func (r *run) takeOverPending(calls []workerproto.PendingCall) {
+	if len(calls) == 0 {
+		return
+	}
+	r.pendingCalls = calls
+	r.appr.mu.Lock()
+	r.appr.resumed = map[string]bus.PendingApproval{}
+	for _, c := range calls {
+		r.appr.resumed[c.Call.ID] = c.Approval
+	}
+	// The record has the exact times (the event only its publish time).
+	if p := r.prev; p != nil && p.Waiting != nil {
+		for _, a := range p.Waiting.Approvals {
+			if have, ok := r.appr.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.ExpiresAt && a.RequestedAt > 0 {
+				have.RequestedAt = a.RequestedAt
+				r.appr.resumed[a.ToolCallID] = have
+			}
+		}
+	}
+	r.appr.mu.Unlock()
+}
+
+// runPendingCalls waits for the answers of the calls an earlier attempt
+// left waiting (together, as their batch did), runs the approved ones,
+// and publishes their results as the agent would (tool_execution_end,
+// then the toolResult message), before the agent continues.
+func (r *run) runPendingCalls(ctx context.Context) error {
+	calls := r.pendingCalls
+	r.pendingCalls = nil
+	if r.approval == nil {
+		r.approval = &bus.Approval{} // the earlier attempt's gate: default bounds
+	}
+	results := make([]agent.Message, len(calls))
+	var wg sync.WaitGroup
+	for i, pc := range calls {
+		wg.Go(func() { results[i] = r.runPendingCall(ctx, pc) })
+	}
+	wg.Wait()
+	if r.waitHandedBack.Load() {
+		return nil // handed back: the calls stay pending in the events
+	}
+	for i := range results {
+		m := &results[i]
+		res := agent.ToolResult{Content: m.Content}
+		evs := []agent.Event{
+			{Type: agent.EventToolExecutionEnd, ToolCallID: m.ToolCallID, ToolName: m.ToolName, Result: &res, IsError: m.IsError},
+			{Type: agent.EventMessageStart, Message: m},
+			{Type: agent.EventMessageEnd, Message: m},
+		}
+		for j := range evs {
+			data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&evs[j]))
+			if err != nil {
+				return err
+			}
+			if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
+				return err
+			}
+		}
+	}
+	r.agent.SetMessages(append(r.agent.Messages(), results...))
+	return nil
+}
+
+func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) agent.Message {
+	c := pc.Call
+	m := agent.Message{Role: agent.RoleToolResult, ToolCallID: c.ID, ToolName: c.Name}
+	fail := func(text string) agent.Message {
+		m.Content, m.IsError, m.Timestamp = []agent.Content{agent.Text(clipString(text, bus.MaxErrorBytes))}, true, time.Now().UnixMilli()
+		return m
+	}
+	t := r.ungated[c.Name]
+	if t == nil {
+		for _, have := range r.tools {
+			if have.Name == c.Name {
+				t = have
+			}
+		}
+	}
+	if t == nil {
+		return fail(fmt.Sprintf("Tool %s not found", c.Name))
+	}
+	args, err := validateEdit(t, c.Arguments)
+	if err != nil {
+		return fail(err.Error())
+	}
+	r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
+	res, err := r.gateTool(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
+	r.toolBusy(-1)
+	if err != nil {
+		return fail(err.Error())
+	}
+	m.Content, m.Timestamp = res.Content, time.Now().UnixMilli()
+	if m.Content == nil {
+		m.Content = []agent.Content{}
+	}
+	return m
+}
+
+// endPickupPause ends the clock's pause for an earlier attempt's wait.
+func (r *run) endPickupPause() {
+	if r.pickupPaused {
+		r.pickupPaused = false
+		r.clock.resume()
 	}
 }
 
@@ -98,13 +209,13 @@ func (r *run) gateTool(t *agent.Tool) *agent.Tool {
 
 // deliverApproval is the control owner's part: it hands an answer to the
 // oldest waiting call with its id, or keeps it.
-func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64) {
+func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time) {
 	ap := &r.appr
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	for _, c := range ap.pending {
 		if c.id == a.ToolCallID {
-			c.answers = append(c.answers, answer{a, seq})
+			c.answers = append(c.answers, answer{a, seq, stored})
 			select {
 			case c.wake <- struct{}{}:
 			default:
@@ -116,7 +227,7 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64) {
 		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq)
 		return
 	}
-	ap.early = append(ap.early, answer{a, seq})
+	ap.early = append(ap.early, answer{a, seq, stored})
 }
 
 // add registers a waiting call and gives it the answers kept for it.
@@ -201,7 +312,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		c.requestedAt, c.expiresAt = time.UnixMilli(prior.RequestedAt), time.UnixMilli(prior.ExpiresAt)
 		r.log.Info("gated tool call still waits for its answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	} else {
-		c.requestedAt = time.Now()
+		c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
 		c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
 		if _, err := r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
 			ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli()}); err != nil {
@@ -211,11 +322,20 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	}
 	r.appr.add(c)
-	defer r.appr.remove(c)
+	r.hb.now() // the record lists the call
+	handedBack := false
+	defer func() {
+		if !handedBack { // a handed-back run's record still lists it
+			r.appr.remove(c)
+			r.hb.now()
+		}
+	}()
 
 	var got *answer
 	var edited map[string]any
 	timedOut := false
+	r.toolBusy(-1) // the call waits: with no other call running, the run leaves its slot
+	defer r.toolBusy(1)
 	err := r.waitOffSlot(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
 		timer := time.NewTimer(time.Until(c.expiresAt))
 		defer timer.Stop()
@@ -224,6 +344,13 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 				if got != nil {
 					r.log.Info("further answer to a resolved call ignored", "toolCallId", id, "controlSeq", a.seq)
 					continue
+				}
+				if a.stored.After(c.expiresAt) {
+					// Sent after the call expired (read late, e.g. on a
+					// resume): the call timed out.
+					r.log.Info("answer came after the call expired", "toolCallId", id, "controlSeq", a.seq)
+					timedOut = true
+					return nil
 				}
 				if a.a.Decision == bus.DecisionApprove && a.a.Arguments != nil {
 					v, err := validateEdit(t, a.a.Arguments)
@@ -253,6 +380,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	waited := time.Since(c.requestedAt)
 	switch {
 	case errors.Is(err, errWaitHandedBack):
+		handedBack = true
 		r.handBackWhileWaiting()
 		return nil, err
 	case err != nil:
@@ -308,31 +436,6 @@ func nonNilMap(m map[string]any) map[string]any {
 		return map[string]any{}
 	}
 	return m
-}
-
-// handBackWhileWaiting stops a run whose wait the worker's drain ended:
-// what it published is stored, then nothing more is (the gated calls stay
-// pending in its events, for the next attempt), and mustNotFinish hands
-// it back.
-func (r *run) handBackWhileWaiting() {
-	if !r.waitHandedBack.CompareAndSwap(false, true) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
-	_ = r.pub.sync(ctx)
-	cancel()
-	r.pub.fence()
-	r.stop()
-}
-
-// handBackWaiting is the hand-back of a run stopped by
-// handBackWhileWaiting. Its Nak would count as a delivery: the record
-// counts waiting hand-backs (waitHandBacks) so the give-up leaves them out.
-func (r *run) handBackWaiting() {
-	r.endHeartbeat()
-	r.pub.abandon()
-	r.log.Info("worker stopping: waiting run handed back")
-	_ = r.msg.Nak()
 }
 
 // decodeApproval is the control owner's decoding of an approve message.

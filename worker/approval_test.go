@@ -10,9 +10,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/metrics"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // deployTool records the arguments it ran with; target is required.
@@ -126,6 +129,9 @@ func (re *runEvents) waitFor(t *testing.T, typ string, n int) *bus.Event {
 		select {
 		case <-re.wake:
 		case <-re.done:
+			if re.count(typ) >= n {
+				continue
+			}
 			t.Fatalf("the run ended without %s #%d; events: %s", typ, n, re.types())
 		case <-deadline:
 			t.Fatalf("no %s #%d within 30s; events: %s", typ, n, re.types())
@@ -241,8 +247,12 @@ func waitingFor(rec *bus.RunRecord, ids ...string) bool {
 	if rec.State != bus.StateRunning || rec.Waiting == nil || rec.Waiting.For != bus.WaitingApproval || len(rec.Waiting.Approvals) != len(ids) {
 		return false
 	}
-	for i, a := range rec.Waiting.Approvals {
-		if a.ToolCallID != ids[i] {
+	have := map[string]bool{}
+	for _, a := range rec.Waiting.Approvals {
+		have[a.ToolCallID] = true
+	}
+	for _, id := range ids {
+		if !have[id] {
 			return false
 		}
 	}
@@ -298,5 +308,562 @@ func TestApprovalApproveRunsTheCall(t *testing.T) {
 	final := waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
 	if final.Waiting != nil || w.OffSlot() != 0 {
 		t.Fatalf("after the run: record waiting %+v, %d off slot", final.Waiting, w.OffSlot())
+	}
+}
+
+func TestApprovalDenyGivesTheModelTheReason(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "deny", "reason": "freeze week", "by": "bob"})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.Decision != bus.DecisionDeny || res.Reason != "freeze week" {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v (a denial is the model's to handle)", fin)
+	}
+	res := toolResults(t, c, run)["c1"]
+	if !res.IsError || !strings.Contains(res.TextOf(), "freeze week") || !strings.Contains(res.TextOf(), "bob") {
+		t.Fatalf("tool result %+v", res)
+	}
+	if d.targets() != "" {
+		t.Fatalf("a denied call ran: %q", d.targets())
+	}
+}
+
+func TestApprovalEditedArgumentsInvalidThenValid(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	bad := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "arguments": map[string]any{"target": map[string]any{"env": "prod"}}})
+	rej := re.waitFor(t, bus.EventToolApprovalRejected, 1).Approval
+	if rej.ControlSeq != bad || rej.Reason == "" {
+		t.Fatalf("rejected %+v, want controlSeq %d and a reason", rej, bad)
+	}
+	if n := re.count(bus.EventToolApprovalResolved); n != 0 {
+		t.Fatalf("%d resolved after an invalid edit; the call must stay pending", n)
+	}
+	good := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "arguments": map[string]any{"target": "staging"}})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != good || res.Decision != bus.DecisionApprove {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	if d.targets() != "staging" {
+		t.Fatalf("deploy ran with %q, want the edit", d.targets())
+	}
+}
+
+func TestApprovalTimeoutDenies(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1}, "prod"))
+	re := followRun(t, c, run)
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.Decision != bus.DecisionTimeout {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	if res := toolResults(t, c, run)["c1"]; !res.IsError || !strings.Contains(res.TextOf(), "not approved within") {
+		t.Fatalf("tool result %+v", res)
+	}
+	if d.targets() != "" {
+		t.Fatal("a timed-out call ran")
+	}
+}
+
+func TestApprovalTimeoutAborts(t *testing.T) {
+	_, c, _ := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1, OnTimeout: "abort"}, "prod"))
+	re := followRun(t, c, run)
+	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonApprovalTimeout {
+		t.Fatalf("finished %+v, want aborted/approval_timeout", fin)
+	}
+	if re.count(bus.EventToolApprovalResolved) != 1 {
+		t.Fatalf("events %s", re.types())
+	}
+}
+
+func TestApprovalAbortWhileWaitingEndsTheRunAtOnce(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := c.Abort(ctx, run, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonAbortedByUser {
+		t.Fatalf("finished %+v", fin)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the abort took %s", took)
+	}
+	if d.targets() != "" || re.count(bus.EventToolApprovalResolved) != 0 {
+		t.Fatalf("deploy %q, events %s", d.targets(), re.types())
+	}
+}
+
+// Two gated calls of one parallel batch ask together; each answer goes to
+// its call, whatever the order.
+func TestApprovalParallelCallsAnsweredInOppositeOrder(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"*"}}, "one", "two"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 2)
+	waitRecord(t, c, run, "waiting for both", func(r *bus.RunRecord) bool { return waitingFor(r, "c1", "c2") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
+	first := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval
+	if first.ToolCallID != "c2" {
+		t.Fatalf("first resolved %+v, want c2", first)
+	}
+	waitRecord(t, c, run, "waiting for c1 only", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "deny", "reason": "not one"})
+	if second := re.waitFor(t, bus.EventToolApprovalResolved, 2).Approval; second.ToolCallID != "c1" || second.Decision != bus.DecisionDeny {
+		t.Fatalf("second resolved %+v", second)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	if d.targets() != "two" {
+		t.Fatalf("deploy ran with %q, want two only", d.targets())
+	}
+}
+
+// An answer stored before its call asks is kept and applied when it does.
+func TestApprovalAnswerBeforeRequest(t *testing.T) {
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, 10)}
+	_, c, d := approvalWorker(t, Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	// First an ungated call that waits for the test, then the gated one.
+	req.Tools = []string{"gate", "deploy"}
+	req.Faux.Responses = append([]agent.ScriptedResponse{{
+		Content:    []agent.Content{agent.ToolCall("g1", "gate", map[string]any{"name": "x"})},
+		StopReason: agent.StopReasonToolUse}}, req.Faux.Responses...)
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	within(t, g.started, 20*time.Second, "the ungated call")
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "early"})
+	if kind := within(t, o.got, 10*time.Second, "the answer taken"); kind != bus.KindApprove {
+		t.Fatalf("control %s", kind)
+	}
+	g.release <- struct{}{}
+	res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval
+	if res.ControlSeq != seq || res.By != "early" {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+}
+
+// A worker with one slot finishes another run while a run waits.
+func TestApprovalWaitingRunLeavesItsSlot(t *testing.T) {
+	w, c, _ := approvalWorker(t, Config{Concurrency: 1})
+	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, waiting)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr, err := c.LoadTranscript(ctx, other)
+	if err != nil || tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("the other run: %v %+v", err, tr.Finished)
+	}
+	if w.OffSlot() != 1 {
+		t.Fatalf("%d runs off their slot", w.OffSlot())
+	}
+	sendAnswer(t, c, waiting, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+}
+
+// Past MaxWaiting a waiting run keeps its slot.
+func TestApprovalPastMaxWaitingKeepsTheSlot(t *testing.T) {
+	w, c, _ := approvalWorker(t, Config{Concurrency: 1, MaxWaiting: -1})
+	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, waiting)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	waitRecord(t, c, waiting, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	oe := followRun(t, c, other)
+	// The other run can only start once the slot is free again.
+	sendAnswer(t, c, waiting, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	re.finished(t)
+	oe.finished(t)
+	if w.OffSlot() != 0 {
+		t.Fatal("a run left its slot")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, _ := c.Status(ctx, waiting)
+	b, _ := c.Status(ctx, other)
+	if !b.StartedAt.After(a.FinishedAt.Add(-time.Second)) || b.StartedAt.Before(a.StartedAt) {
+		t.Fatalf("the other run started at %v, the waiting one ran %v..%v", b.StartedAt, a.StartedAt, a.FinishedAt)
+	}
+}
+
+// Time spent waiting does not count against limits.timeoutSeconds.
+func TestApprovalWaitNotCountedInTheTimeout(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{HeartbeatInterval: 300 * time.Millisecond})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Limits = &bus.Limits{TimeoutSeconds: 1}
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	rec := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	// Wait well past the timeout, on the record's own clock: a heartbeat
+	// written 2s after the run started.
+	waitRecord(t, c, run, "2s into its wait", func(r *bus.RunRecord) bool {
+		return r.HeartbeatAt.Sub(rec.StartedAt) > 2*time.Second || r.Finished()
+	})
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v: the wait counted against the timeout", fin)
+	}
+	final := waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	if final.WaitedMs < 1500 || d.targets() != "prod" {
+		t.Fatalf("waitedMs %d, deploy %q", final.WaitedMs, d.targets())
+	}
+}
+
+// startOn runs a worker on c until the returned stop (a drain) is called.
+func startOn(t *testing.T, c *bus.Client, cfg Config) (*Worker, func()) {
+	t.Helper()
+	cfg.Client = c
+	if cfg.PollWait == 0 {
+		cfg.PollWait = 200 * time.Millisecond
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("worker stopped before it was ready: %v", err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return w, stop
+}
+
+// A drained worker hands its waiting run back at once; the next worker
+// resumes it still waiting, with the same expiry and no second request.
+// answerWhileNone sends the answer while no worker holds the run.
+func testApprovalResume(t *testing.T, answerWhileNone bool) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	before := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	start := time.Now()
+	stopA()
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("the drain took %s: the waiting run held it", took)
+	}
+	var seq uint64
+	if answerWhileNone {
+		seq = sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "offline"})
+	}
+	startOn(t, c, cfg)
+	if !answerWhileNone {
+		rec := waitRecord(t, c, run, "waiting on a later attempt", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+		if got := rec.Waiting.Approvals[0]; got.ExpiresAt != asked.ExpiresAt || !rec.Waiting.Since.Equal(before.Waiting.Since) {
+			t.Fatalf("resumed wait %+v since %v; first %+v since %v", got, rec.Waiting.Since, before.Waiting.Approvals[0], before.Waiting.Since)
+		}
+		seq = sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "later"})
+	}
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq {
+		t.Fatalf("resolved %+v, want controlSeq %d", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 || d.targets() != "prod" {
+		t.Fatalf("%d requests (want 1), deploy %q; events %s", n, d.targets(), re.types())
+	}
+	res := toolResults(t, c, run)["c1"]
+	if res.IsError || res.TextOf() != "deployed prod" {
+		t.Fatalf("tool result %+v", res)
+	}
+}
+
+func TestApprovalResumeKeepsWaiting(t *testing.T)             { testApprovalResume(t, false) }
+func TestApprovalAnswerWhileNoWorkerHoldsTheRun(t *testing.T) { testApprovalResume(t, true) }
+
+// Drains while a run waits do not use up MaxDeliver: once its deliveries
+// run out, the request is requeued and the run goes on waiting.
+func TestApprovalHandBacksWhileWaitingDoNotUseUpMaxDeliver(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, MaxDeliver: 2, HeartbeatInterval: time.Second}
+	_, stop := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	for i := 1; i <= 2; i++ {
+		if i > 1 {
+			_, stop = startOn(t, c, cfg)
+		}
+		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
+		stop()
+		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
+	}
+	startOn(t, c, cfg)
+	rec := waitRecord(t, c, run, "waiting after the requeue", func(r *bus.RunRecord) bool { return r.Attempt > 2 && waitingFor(r, "c1") || r.Finished() })
+	if rec.Finished() || rec.Waiting.Approvals[0].ExpiresAt != asked.ExpiresAt {
+		t.Fatalf("after the drains: %+v %+v", rec, rec.Waiting)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 {
+		t.Fatalf("%d requests", n)
+	}
+}
+
+// The ungated calls of a batch keep the run's slot while they run: the run
+// leaves it only once every running call waits.
+func TestApprovalUngatedCallsOfTheBatchKeepTheSlot(t *testing.T) {
+	g := newTestGate()
+	w, c, d := approvalWorker(t, Config{Concurrency: 1, Tools: []*agent.Tool{g.tool()}})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Tools = []string{"deploy", "gate"}
+	first := &req.Faux.Responses[0]
+	first.Content = append(first.Content, agent.ToolCall("g1", "gate", map[string]any{"name": "x"}))
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	within(t, g.started, 20*time.Second, "the ungated call")
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	if n := w.OffSlot(); n != 0 {
+		t.Fatalf("%d runs off their slot while an ungated call of the batch runs", n)
+	}
+	g.release <- struct{}{}
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if tr, err := c.LoadTranscript(ctx, other); err != nil || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("the other run: %v", err)
+	}
+	if re.count(bus.EventToolApprovalResolved) != 0 || w.OffSlot() != 1 {
+		t.Fatalf("events %s, %d off slot", re.types(), w.OffSlot())
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+}
+
+// In sequential mode each gated call asks when it is reached.
+func TestApprovalSequentialAsksOneAtATime(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two")
+	req.ToolExecution = agent.ExecutionSequential
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	if a := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval; a.ToolCallID != "c1" {
+		t.Fatalf("first request %+v", a)
+	}
+	waitRecord(t, c, run, "waiting for c1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 {
+		t.Fatalf("%d requests before the first answer: %s", n, re.types())
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if a := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval; a.ToolCallID != "c2" {
+		t.Fatalf("second request %+v", a)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "one,two" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+	if got := re.types(); !strings.Contains(got, "tool_execution_end:c1 tool_execution_start:c2 tool_approval_requested:c2") {
+		t.Fatalf("events %s", got)
+	}
+}
+
+// Steering sent while a call waits is taken after the batch resolves.
+func TestApprovalSteeringWaitsForTheBatch(t *testing.T) {
+	o := ctlObs{got: make(chan string, 10)}
+	_, c, _ := approvalWorker(t, Config{Observer: o})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Steer(ctx, run, "use staging next time"); err != nil {
+		t.Fatal(err)
+	}
+	within(t, o.got, 10*time.Second, "the steer taken")
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	tr, err := c.LoadTranscript(ctx2, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roles []string
+	for _, m := range tr.Messages {
+		roles = append(roles, m.Role)
+	}
+	if got := strings.Join(roles, ","); got != "user,assistant,toolResult,user,assistant" {
+		t.Fatalf("transcript roles %s: the steer must come after the batch's results", got)
+	}
+}
+
+func TestApprovalMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg, metrics.Config{Tools: []string{"deploy"}})
+	_, c, _ := approvalWorker(t, Config{Observer: MetricsObserver(m)})
+	value := func(name, label string) float64 {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				if label != "" && (len(s.GetLabel()) == 0 || s.GetLabel()[0].GetValue() != label) {
+					continue
+				}
+				switch {
+				case s.Counter != nil:
+					return s.Counter.GetValue()
+				case s.Gauge != nil:
+					return s.Gauge.GetValue()
+				case s.Histogram != nil:
+					return float64(s.Histogram.GetSampleCount())
+				}
+			}
+		}
+		return -1
+	}
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	if v := value("agentfleet_runs_waiting", ""); v != 1 {
+		t.Fatalf("runs_waiting %v while waiting", v)
+	}
+	if v := value("agentfleet_approvals_requested_total", ""); v != 1 {
+		t.Fatalf("approvals_requested_total %v", v)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	re.finished(t)
+	for name, want := range map[string]float64{"agentfleet_runs_waiting": 0, "agentfleet_approval_wait_seconds": 1} {
+		if v := value(name, ""); v != want {
+			t.Errorf("%s %v, want %v", name, v, want)
+		}
+	}
+	if v := value("agentfleet_approvals_resolved_total", "approve"); v != 1 {
+		t.Errorf("approvals_resolved_total{decision=approve} %v", v)
+	}
+}
+
+// A worker that vanishes while its run waits (its connection gone, as with
+// kill -9): after AckWait another worker resumes the run from the record
+// and the events, still waiting with the same expiry, and no new request.
+func TestApprovalResumeAfterTheWorkerVanished(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	connect := func() *bus.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, AckWait: 2 * time.Second, HeartbeatInterval: 300 * time.Millisecond,
+		DrainTimeout: time.Second}
+	ca, c := connect(), connect()
+	startOn(t, ca, cfg)
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Limits = &bus.Limits{TimeoutSeconds: 1} // the wait, on both workers, is not counted
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	before := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	ca.Close() // the worker is cut off: no heartbeat, no hand-back
+	startOn(t, c, cfg)
+	rec := waitRecord(t, c, run, "waiting on a later attempt", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+	if got := rec.Waiting.Approvals[0]; got.ExpiresAt != asked.ExpiresAt || got.RequestedAt != before.Waiting.Approvals[0].RequestedAt ||
+		!rec.Waiting.Since.Equal(before.Waiting.Since) {
+		t.Fatalf("resumed wait %+v since %v; first %+v since %v", got, rec.Waiting.Since, before.Waiting.Approvals[0], before.Waiting.Since)
+	}
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 {
+		t.Fatalf("%d requests", n)
+	}
+}
+
+// An answer sent after the call expired, while no worker held the run, does
+// not approve it: the worker that resumes the run times the call out.
+func TestApprovalLateAnswerWhileNoWorkerHoldsTheRun(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	stopA()
+	// The expiry is a time: wait for it to pass, then answer.
+	<-time.After(time.Until(time.UnixMilli(asked.ExpiresAt)) + 50*time.Millisecond)
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctl, err := c.JetStream().Stream(ctx, c.Names().ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw, err := ctl.GetMsg(ctx, seq); err != nil || raw.Time.UnixMilli() <= asked.ExpiresAt {
+		t.Fatalf("the answer was stored before the expiry: %v", err)
+	}
+	startOn(t, c, cfg)
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.Decision != bus.DecisionTimeout {
+		t.Fatalf("resolved %+v, want timeout (the answer %d came after the expiry)", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
 	}
 }

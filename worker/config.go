@@ -48,7 +48,8 @@ type Config struct {
 	// 10,000. Keep it above the fleet's slots plus its waiting runs.
 	MaxAckPending int
 	// MaxWaiting bounds the runs that wait (for an approval) without a
-	// slot; past it a waiting run keeps its slot; default 1,000.
+	// slot; past it a waiting run keeps its slot; default 1,000, negative:
+	// waiting runs always keep their slot.
 	MaxWaiting int
 	// ApproveTools gates tools (names or path.Match patterns, "*" for
 	// all) on a person's answer in every run, whatever the request says

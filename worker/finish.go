@@ -188,7 +188,7 @@ func (r *run) handBack(delay time.Duration, why string, err error) {
 func (r *run) refuse(o leaseOutcome, rec *bus.RunRecord) {
 	switch o {
 	case leaseFinished:
-		if rec.RequestSeq == 0 || rec.RequestSeq == r.reqSeq {
+		if rec.RequestSeq == 0 || rec.RequestSeq == r.reqSeq || rec.RequestSeq == r.lease.requeuedFrom {
 			// This request already ran to its end; only the ack was lost.
 			r.alreadyFinished(rec)
 			return

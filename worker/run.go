@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -64,6 +65,7 @@ type run struct {
 
 	approval *bus.Approval // the run's gate (approval.go); nil: none
 	appr     approvals
+	ungated  map[string]*agent.Tool // the gated tools, unwrapped
 
 	slot  *slotHold // nil for a give-up
 	clock *runClock // the timeout, waits left out (waiting.go)
@@ -73,6 +75,13 @@ type run struct {
 	// waitHandedBack: a wait ended because the worker is draining; the
 	// run is handed back without publishing more.
 	waitHandedBack atomic.Bool
+	// pickupPaused: the clock was paused at pickup for an earlier
+	// attempt's wait (endPickupPause ends it).
+	pickupPaused bool
+	// waitingHandBacks is the record's count for this request.
+	waitingHandBacks int
+	// pendingCalls are gated calls an earlier attempt left waiting.
+	pendingCalls []workerproto.PendingCall
 }
 
 // runPlan is the request resolved against the worker.
@@ -112,7 +121,16 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if md, err := m.Metadata(); err == nil {
 		attempt, reqSeq, submittedAt = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
+	// A requeued request (giveup.go) goes on counting attempts from the
+	// one it replaced.
+	h := m.Headers()
+	if base, err := strconv.Atoi(h.Get(HeaderAttemptBase)); err == nil && base > 0 {
+		attempt += base
+	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
+	if from, err := strconv.ParseUint(h.Get(HeaderRequeuedFrom), 10, 64); err == nil {
+		r.lease.requeuedFrom = from
+	}
 	r.msg = m
 	r.slot = slot
 	r.execute()
@@ -142,6 +160,12 @@ func (r *run) execute() {
 	defer cancel()
 	r.clock = newRunClock(r.runStart.Add(timeout), r.prevWaited, func() { cancelCause(context.DeadlineExceeded) })
 	defer r.clock.stop()
+	if w := r.prev; w != nil && w.Waiting != nil && w.Waiting.For == bus.WaitingApproval {
+		// The earlier attempt was waiting: its wait goes on until the
+		// resume knows whether calls still wait (endPickupPause).
+		r.clock.pause(w.Waiting.Since)
+		r.pickupPaused = true
+	}
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
 
@@ -191,6 +215,12 @@ func (r *run) pickup() bool {
 			r.runStart = rec.StartedAt
 		}
 		r.prevWaited = time.Duration(rec.WaitedMs) * time.Millisecond
+		if rec.RequestSeq == r.reqSeq {
+			r.waitingHandBacks = rec.WaitingHandBacks
+		}
+		if r.lease.requeuedFrom != 0 && rec.RequestSeq == r.lease.requeuedFrom && !rec.SubmittedAt.IsZero() {
+			r.submittedAt = rec.SubmittedAt // the run's, not the requeue's
+		}
 	}
 	r.prev = rec
 	if r.attempt > 1 {
@@ -274,6 +304,17 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	if err := r.awaitBudget(ctx); err != nil || r.tally.stopping() { // worker/tenant.go
 		return nil, false
 	}
+	if restored && len(r.pendingCalls) > 0 {
+		// Gated calls an earlier attempt left waiting wait again (their
+		// answers may be in the stream already: the control owner has
+		// read it).
+		err := r.runPendingCalls(ctx)
+		r.endPickupPause()
+		if err != nil || r.tally.stopping() || ctx.Err() != nil {
+			return err, false
+		}
+	}
+	r.endPickupPause()
 	switch {
 	case !restored:
 		runErr = r.agent.PromptMessages(ctx, r.prompt...)
@@ -408,6 +449,7 @@ func (r *run) record(state string) *bus.RunRecord {
 	if r.req != nil {
 		rec.Metadata = r.req.Metadata
 	}
+	rec.WaitingHandBacks = r.waitingHandBacks
 	if r.clock != nil {
 		waited, _ := r.clock.state()
 		rec.WaitedMs = waited.Milliseconds()

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // errWaitHandedBack ends a wait when the worker starts draining: the run
@@ -34,13 +36,26 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //   - past Config.MaxWaiting runs off their slots, a run keeps its slot
 //     while it waits (still paused and shown as waiting).
 //
-// Waits of one run nest: parallel calls of a batch may wait together; the
-// run leaves its slot when the first wait starts and takes one again when
-// the last ends. A wait whose context ends (abort, timeout, lost lease)
-// returns without a slot; the run then finishes without one (finishing
-// needs no slot). When the worker starts draining, waits end with
-// errWaitHandedBack: the caller hands the run back at once instead of
-// holding the drain (see handBackWaiting).
+// Waits of one run nest: parallel calls of a batch may wait together. The
+// run leaves its slot once a wait started and none of its tool calls runs
+// (toolBusy: the listener counts calls from tool_execution_start to
+// tool_execution_end; a wait inside a tool call brackets itself with
+// toolBusy(-1) / toolBusy(+1), a wait outside one needs nothing), and
+// takes one again as soon as a wait ends (the call runs on), even while
+// others still wait. A wait whose context ends (abort, timeout, lost
+// lease) returns without a slot; the run then finishes without one
+// (finishing needs no slot). When the worker starts draining, waits end
+// with errWaitHandedBack: the caller then calls handBackWhileWaiting and
+// returns; the record keeps the wait (the next attempt takes it over) and
+// execute hands the run back (handBackWaiting) without using up a
+// delivery (giveup.go requeues).
+//
+// Use (tenant budgets, approvals):
+//
+//	err := r.waitOffSlot(ctx, "budget", time.Now(), func(ctx context.Context) error {
+//		select { case <-rollover: return nil; case <-ctx.Done(): return ctx.Err() }
+//	})
+//	if errors.Is(err, errWaitHandedBack) { r.handBackWhileWaiting(); return err }
 
 // slotHold is the concurrency slot (shared, plus its queue's own) a run
 // was started with. The pull loop's goroutine releases it when the run
@@ -203,6 +218,7 @@ func (c *runClock) stop() { c.timer.Stop() }
 type waitState struct {
 	mu      sync.Mutex // held across a wait's start and end, not the wait
 	n       int        // waits in progress
+	busy    int        // tool calls that run, not wait (toolBusy)
 	offSlot bool       // the run gave its slot up
 	// now is what the record shows (nil: not waiting); read by the
 	// heartbeat without mu, which a wait's end holds while it takes a slot.
@@ -228,7 +244,7 @@ func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wai
 	err := wait(wctx)
 	drained := !stopDrain() && ctx.Err() == nil
 	cancel()
-	r.leaveWait(ctx)
+	r.leaveWait(ctx, drained)
 	if drained {
 		return errWaitHandedBack
 	}
@@ -241,6 +257,7 @@ func (r *run) enterWait(what string, since time.Time) {
 	defer ws.mu.Unlock()
 	ws.n++
 	if ws.n > 1 {
+		r.leaveSlotLocked()
 		return
 	}
 	ws.now.Store(&waitInfo{what: what, since: since})
@@ -250,45 +267,80 @@ func (r *run) enterWait(what string, since time.Time) {
 	w := r.w
 	w.waitMu.Lock()
 	w.waitingRuns++
-	leave := r.slot != nil && w.offSlot < w.cfg.MaxWaiting
-	if leave {
-		w.offSlot++
-	}
 	n := w.waitingRuns
 	w.waitMu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
+	r.leaveSlotLocked()
+	r.hb.now()
+}
+
+// leaveSlotLocked gives the run's slot up when it waits and none of its
+// tool calls runs (ungated calls of the batch keep it until they end),
+// within MaxWaiting. ws.mu is held.
+func (r *run) leaveSlotLocked() {
+	ws := &r.wait
+	if ws.n == 0 || ws.busy > 0 || ws.offSlot || r.slot == nil {
+		return
+	}
+	w := r.w
+	w.waitMu.Lock()
+	leave := w.offSlot < w.cfg.MaxWaiting
+	if leave {
+		w.offSlot++
+	}
+	w.waitMu.Unlock()
 	if leave {
 		ws.offSlot = true
 		r.slot.release()
 	}
-	r.hb.now()
 }
 
-func (r *run) leaveWait(ctx context.Context) {
+// toolBusy counts the run's tool calls that run (not wait): +1 at a
+// call's tool_execution_start and when its wait ends, -1 when it starts
+// waiting and at its tool_execution_end. A wait that is not a tool call's
+// (none runs meanwhile) need not call it.
+func (r *run) toolBusy(d int) {
+	ws := &r.wait
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.busy = max(ws.busy+d, 0)
+	if d < 0 {
+		r.leaveSlotLocked()
+	}
+}
+
+// leaveWait ends a wait. A wait ended by the drain (handedBack) stays on
+// the record and keeps the clock paused: the attempt ends, and the next
+// one takes the wait over from the record.
+func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.n--
+	w := r.w
+	if ws.offSlot {
+		// The call runs now: it needs a slot, even while other calls of
+		// the run still wait. This blocks until one is free; the run's
+		// stop (ctx) lets it finish without one. A handed-back run ends.
+		if !handedBack {
+			r.slot.take(ctx)
+		}
+		ws.offSlot = false
+		w.waitMu.Lock()
+		w.offSlot--
+		w.waitMu.Unlock()
+	}
 	if ws.n > 0 {
 		return
 	}
-	w := r.w
-	wasOff := ws.offSlot
-	if wasOff {
-		// Blocks until a slot is free; the run's stop (ctx) lets it
-		// finish without one.
-		r.slot.take(ctx)
-		ws.offSlot = false
-	}
-	ws.now.Store(nil)
-	if r.clock != nil {
-		r.clock.resume()
+	if !handedBack {
+		ws.now.Store(nil)
+		if r.clock != nil {
+			r.clock.resume()
+		}
 	}
 	w.waitMu.Lock()
 	w.waitingRuns--
-	if wasOff {
-		w.offSlot--
-	}
 	n := w.waitingRuns
 	w.waitMu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
@@ -316,4 +368,41 @@ func (w *Worker) OffSlot() int {
 	w.waitMu.Lock()
 	defer w.waitMu.Unlock()
 	return w.offSlot
+}
+
+// handBackWhileWaiting stops a run whose wait the worker's drain ended:
+// what it published is stored, then nothing more is (the gated calls stay
+// pending in its events, for the next attempt), and mustNotFinish hands
+// it back.
+func (r *run) handBackWhileWaiting() {
+	if !r.waitHandedBack.CompareAndSwap(false, true) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
+	_ = r.pub.sync(ctx)
+	cancel()
+	r.pub.fence()
+	r.stop()
+}
+
+// handBackWaiting is the hand-back of a run stopped by
+// handBackWhileWaiting. Its Nak would count as a delivery: the record
+// counts waiting hand-backs (waitHandBacks) so the give-up leaves them out.
+func (r *run) handBackWaiting() {
+	r.endHeartbeat()
+	r.pub.abandon()
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	r.waitingHandBacks++
+	if err := r.lease.renew(ctx, r.record(bus.StateRunning)); err != nil {
+		if errors.Is(err, errLeaseLost) {
+			r.log.Warn("run stopped: lease lost to a newer attempt")
+			return
+		}
+		r.log.Warn("cannot count the waiting hand-back in the record; it counts as a delivery", "err", err)
+	}
+	r.log.Info("worker stopping: waiting run handed back")
+	// After this worker's pulls have stopped, so none of them takes it
+	// again (each take would use up a delivery).
+	_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 }

@@ -202,7 +202,8 @@ func (s *recordStore) list(f runFilter, now time.Time) []bus.RunRecord {
 	for _, r := range s.runs {
 		c := *r
 		markStale(&c, now)
-		if f.State != "" && c.State != f.State && !(f.State == bus.StateStale && c.Stale) {
+		if f.State != "" && c.State != f.State && !(f.State == bus.StateStale && c.Stale) &&
+			!(f.State == bus.StateWaiting && c.State == bus.StateRunning && c.Waiting != nil) {
 			continue
 		}
 		if f.Queue != "" && c.Queue != f.Queue {

@@ -87,7 +87,7 @@ function stateBadge(state, stale) {
 
 // ---------------------------------------------------------------- runs page
 
-const STATES = ["", "queued", "running", "stale", "succeeded", "failed", "aborted"];
+const STATES = ["", "queued", "running", "waiting", "stale", "succeeded", "failed", "aborted"];
 
 function runsPage(main) {
   const params = new URLSearchParams(location.search);
@@ -119,7 +119,8 @@ function runsPage(main) {
       const meta = Object.entries(r.metadata || {}).map(([k, v]) => k + "=" + v).join(" ");
       return el("tr", { "data-run": r.id, "data-state": r.stale ? "stale" : r.state },
         el("td", { class: "mono" }, el("a", { href: runPath(r.id) }, r.id)),
-        el("td", {}, stateBadge(r.state, r.stale), r.reason ? el("span", { class: "muted" }, " " + r.reason) : null),
+        el("td", {}, stateBadge(r.state, r.stale), r.reason ? el("span", { class: "muted" }, " " + r.reason) : null,
+          r.waiting && r.state === "running" ? el("span", { class: "muted" }, " waiting for " + r.waiting.for) : null),
         el("td", {}, r.queue || ""),
         el("td", {}, r.model || ""),
         el("td", { class: "meta" }, meta),
