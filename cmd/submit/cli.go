@@ -32,12 +32,16 @@ Usage:
   submit reply RUN "text"          a new run that continues RUN's conversation
   submit bench [--runs N] ...      load-test the fleet (faux model by default)
   submit tools [--json]            the tools the fleet's workers serve (name, source, workers)
+  submit approvals [--queue Q] [--json]   tool calls waiting for a person's approval
+  submit approve RUN CALL [--args JSON] [--by NAME]   approve a call (optionally with edited arguments)
+  submit deny RUN CALL --reason TEXT      deny a call (the model sees the reason)
 
 A local fleet (embedded NATS, one worker, the demo model): go run ./cmd/worker
 
 The prompt: arguments (joined by spaces), --file F, or "-" / --file - for stdin.
 While following on a terminal, a typed line steers the run; /followup TEXT
-queues a follow-up, /abort aborts it. Ctrl-C detaches (the run goes on);
+queues a follow-up, /abort aborts it; /approve [CALL] and /deny [CALL] REASON
+answer a tool call that waits for approval. Ctrl-C detaches (the run goes on);
 --abort-on-interrupt makes it abort instead.
 
 Exit codes: 0 succeeded, 1 failed (or no such run, or an error), 2 usage
@@ -81,7 +85,10 @@ func commands() []command {
 		{"result", cmdResult},
 		{"reply", cmdReply},
 		{"bench", cmdBench},
-		{"tools", cmdTools}, // tools.go
+		{"tools", cmdTools},         // tools.go
+		{"approvals", cmdApprovals}, // approvals.go
+		{"approve", cmdApprove},
+		{"deny", cmdDeny},
 	}
 }
 

@@ -108,6 +108,9 @@ var promptWords = map[string]func(e *env) *flag.FlagSet{
 		fs.Bool("json", false, "")
 		return fs
 	},
+	"approvals": approvalPromptWords("approvals"), // approvals.go
+	"approve":   approvalPromptWords("approve"),
+	"deny":      approvalPromptWords("deny"),
 }
 
 // takesOnly reports whether every flag in args is one fs defines.

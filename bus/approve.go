@@ -1,0 +1,283 @@
+package bus
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Decisions of an approval answer.
+const (
+	DecisionApprove = "approve"
+	DecisionDeny    = "deny"
+)
+
+// MaxApprovedByBytes bounds an answer's By: display text, not an identity.
+const MaxApprovedByBytes = 128
+
+// maxToolCallIDBytes bounds an answer's toolCallId (model-made ids are short).
+const maxToolCallIDBytes = 512
+
+// approveKind is the last token of the approval answer subject.
+const approveKind = "approve"
+
+// Approval event types (the worker publishes them).
+const (
+	eventApprovalRequested = "tool_approval_requested"
+	eventApprovalResolved  = "tool_approval_resolved"
+)
+
+// ApprovalAnswer is the body of a control message on
+// <prefix>.run.<run>.approve: a person's decision on one gated tool call.
+type ApprovalAnswer struct {
+	ToolCallID string `json:"toolCallId"`
+	// Decision is DecisionApprove or DecisionDeny.
+	Decision string `json:"decision"`
+	Reason   string `json:"reason,omitempty"`
+	// By is who answered, as display text (unauthenticated): NATS
+	// permissions on the subject decide who may answer.
+	By string `json:"by,omitempty"`
+	// Arguments replace the call's arguments (approve only): a JSON
+	// object, validated by the worker against the tool's schema.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
+
+// Check returns a readable error for an answer the worker would ignore.
+func (a *ApprovalAnswer) Check() error {
+	switch {
+	case a.ToolCallID == "":
+		return errors.New("approval answer: no toolCallId")
+	case len(a.ToolCallID) > maxToolCallIDBytes || !utf8.ValidString(a.ToolCallID):
+		return fmt.Errorf("approval answer: toolCallId %q is not a tool call id", truncate(a.ToolCallID, 80))
+	case a.Decision != DecisionApprove && a.Decision != DecisionDeny:
+		return fmt.Errorf("approval answer: decision %q: use %q or %q", truncate(a.Decision, 40), DecisionApprove, DecisionDeny)
+	case len(a.By) > MaxApprovedByBytes:
+		return fmt.Errorf("approval answer: by is %d bytes, at most %d", len(a.By), MaxApprovedByBytes)
+	case !utf8.ValidString(a.By) || !utf8.ValidString(a.Reason):
+		return errors.New("approval answer: by and reason must be UTF-8")
+	}
+	if len(a.Arguments) > 0 {
+		if a.Decision != DecisionApprove {
+			return errors.New("approval answer: arguments go with approve only")
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(a.Arguments, &obj); err != nil || obj == nil {
+			return errors.New("approval answer: arguments must be a JSON object")
+		}
+	}
+	return nil
+}
+
+// Answer publishes an approval answer for a run through JetStream (stored
+// in AGENTS_CONTROL even while no worker holds the run) and returns its
+// control stream sequence. A finished run gives ErrRunFinished and nothing
+// is sent. It does not check that the call is pending: see PendingOf.
+func (c *Client) Answer(ctx context.Context, runID string, a ApprovalAnswer) (uint64, error) {
+	if err := CheckID(runID); err != nil {
+		return 0, err
+	}
+	if err := a.Check(); err != nil {
+		return 0, err
+	}
+	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
+		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
+	}
+	data, err := json.Marshal(a)
+	if err != nil {
+		return 0, err
+	}
+	if len(data) > MaxControlBytes {
+		return 0, fmt.Errorf("approval answer: %d bytes, at most %d", len(data), MaxControlBytes)
+	}
+	ack, err := c.js.Publish(ctx, c.names.Control(runID, approveKind), data, jetstream.WithExpectStream(c.names.ControlStream()))
+	if err != nil {
+		return 0, fmt.Errorf("approve %s: %w", runID, err)
+	}
+	return ack.Sequence, nil
+}
+
+// PendingCall is a gated tool call waiting for an answer.
+type PendingCall struct {
+	Run        string `json:"run"`
+	Queue      string `json:"queue,omitempty"`
+	ToolCallID string `json:"toolCallId"`
+	ToolName   string `json:"toolName"`
+	// Args are the arguments the model chose, from the call's
+	// tool_approval_requested event.
+	Args json.RawMessage `json:"args,omitempty"`
+	// RequestedAt is when the request was published; WaitingSince when
+	// the run started waiting (its record's waiting.since, else
+	// RequestedAt).
+	RequestedAt  time.Time `json:"requestedAt"`
+	WaitingSince time.Time `json:"waitingSince"`
+	ExpiresAt    time.Time `json:"expiresAt,omitzero"`
+}
+
+// approvalEvent is the part of the approval events (and of
+// tool_execution_end) that PendingOf reads.
+type approvalEvent struct {
+	Type       string          `json:"type"`
+	ToolCallID string          `json:"toolCallId"`
+	ToolName   string          `json:"toolName"`
+	Args       json.RawMessage `json:"args"`
+	ExpiresAt  int64           `json:"expiresAt"`
+}
+
+// pendingCalls folds a run's envelopes into its pending gated calls, the
+// oldest first: a call with tool_approval_requested and neither
+// tool_approval_resolved nor tool_execution_end (in any attempt: a resumed
+// attempt keeps waiting without asking again); none once the run has
+// finished. A result or resolution settles the oldest unsettled call with
+// its id (a model may reuse ids across turns).
+func pendingCalls(envs []*Envelope) []PendingCall {
+	var out []PendingCall
+	settle := func(id string) {
+		for i := range out {
+			if out[i].ToolCallID == id {
+				out = append(out[:i], out[i+1:]...)
+				return
+			}
+		}
+	}
+	for _, env := range envs {
+		switch env.Type {
+		case EventRunFinished:
+			return nil
+		case eventApprovalRequested, eventApprovalResolved, string(agent.EventToolExecutionEnd):
+		default:
+			continue
+		}
+		var ev approvalEvent
+		if json.Unmarshal(env.Event, &ev) != nil || ev.ToolCallID == "" {
+			continue
+		}
+		if env.Type != eventApprovalRequested {
+			settle(ev.ToolCallID)
+			continue
+		}
+		p := PendingCall{Run: env.Run, ToolCallID: ev.ToolCallID, ToolName: ev.ToolName,
+			Args: ev.Args, RequestedAt: time.UnixMilli(env.TS)}
+		if ev.ExpiresAt > 0 {
+			p.ExpiresAt = time.UnixMilli(ev.ExpiresAt)
+		}
+		p.WaitingSince = p.RequestedAt
+		out = append(out, p)
+	}
+	return out
+}
+
+// PendingOf returns a run's pending gated calls, read from its events as
+// stored now (answers need no more than that: a call that is not pending
+// yet cannot be named).
+func (c *Client) PendingOf(ctx context.Context, runID string) ([]PendingCall, error) {
+	envs, err := c.storedEvents(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return pendingCalls(envs), nil
+}
+
+// storedEvents reads a run's envelopes stored now with an ordered consumer
+// (the reads every client role has), stopping when none is pending.
+func (c *Client) storedEvents(ctx context.Context, runID string) ([]*Envelope, error) {
+	if err := CheckID(runID); err != nil {
+		return nil, err
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.names.Events(runID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	if info.NumPending == 0 {
+		return nil, nil
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	defer it.Stop()
+	var out []*Envelope
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return out, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		if env, err := DecodeEnvelope(msg.Data()); err == nil {
+			out = append(out, env)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return out, err
+		}
+		if md.NumPending == 0 {
+			return out, nil
+		}
+	}
+}
+
+// ApprovalsOptions filter PendingApprovals.
+type ApprovalsOptions struct {
+	Queue string // "" for every queue
+	// MaxScan bounds the records read to find waiting runs
+	// [DefaultListScan]; -1 for no bound.
+	MaxScan int
+}
+
+// PendingApprovals lists the pending approvals across the fleet: the
+// running records waiting for approval, each run's pending calls read from
+// its events (with the arguments the model chose), the oldest request
+// first.
+func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]PendingCall, error) {
+	page, err := c.ListPage(ctx, ListOptions{State: StateRunning, Queue: o.Queue, MaxScan: o.MaxScan})
+	if err != nil {
+		return nil, err
+	}
+	var out []PendingCall
+	for i := range page.Records {
+		r := &page.Records[i]
+		since, ok := waitingForApproval(r)
+		if !ok {
+			continue
+		}
+		calls, err := c.PendingOf(ctx, r.ID)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range calls {
+			p.Queue = r.Queue
+			if !since.IsZero() {
+				p.WaitingSince = since
+			}
+			out = append(out, p)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].RequestedAt.Before(out[j].RequestedAt) })
+	return out, nil
+}
+
+// waitingForApproval reports whether a record says its run waits for
+// approval, and since when.
+func waitingForApproval(r *RunRecord) (time.Time, bool) {
+	if !bytes.Contains([]byte(r.Waiting), []byte("approval")) {
+		return time.Time{}, false
+	}
+	return time.Time{}, true
+}
