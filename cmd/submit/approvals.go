@@ -69,7 +69,7 @@ func cmdApprovals(ctx context.Context, e *env, args []string) int {
 	fmt.Fprintln(tw, "RUN\tCALL\tTOOL\tARGUMENTS\tWAITING\tEXPIRES")
 	for _, p := range ps {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Run, field(cut(p.ToolCallID, 40)), field(cut(p.ToolName, 40)),
-			cut(field(string(p.Args)), 60), fmtDuration(now.Sub(p.WaitingSince).Round(time.Second)), expiresIn(now, p.ExpiresAt))
+			cut(field(string(p.Args)), 60), roughDuration(now.Sub(p.WaitingSince)), expiresIn(now, p.ExpiresAt))
 	}
 	_ = tw.Flush()
 	return exitOK
@@ -83,7 +83,29 @@ func expiresIn(now, t time.Time) string {
 	case !t.After(now):
 		return "now"
 	}
-	return "in " + fmtDuration(t.Sub(now).Round(time.Second))
+	return "in " + roughDuration(t.Sub(now))
+}
+
+// clockTime is a local time of day, with the date when not today.
+func clockTime(t time.Time) string {
+	t = t.Local()
+	if y, m, d := t.Date(); time.Now().Local().Format("2006-01-02") != fmt.Sprintf("%04d-%02d-%02d", y, m, d) {
+		return t.Format("2006-01-02 15:04")
+	}
+	return t.Format("15:04:05")
+}
+
+// roughDuration is a wait as a person reads it: 45s, 12m, 23h59m, 6d.
+func roughDuration(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
 }
 
 func cmdApprove(ctx context.Context, e *env, args []string) int {
@@ -233,7 +255,7 @@ func (r *renderer) approvalEvent(env *bus.Envelope, typ string) {
 		line := "⏸ approval needed: " + field(cut(ev.ToolName, 60)) + " " + call + " " + cut(field(string(ev.Args)), r.room(30, 2))
 		if ev.ExpiresAt > 0 {
 			exp := time.UnixMilli(ev.ExpiresAt)
-			line += " · expires " + exp.Local().Format("15:04:05") + " (" + expiresIn(time.Now(), exp) + ")"
+			line += " · expires " + clockTime(exp) + " (" + expiresIn(time.Now(), exp) + ")"
 		}
 		r.println(r.st.yellow(line))
 		if r.interactive {
