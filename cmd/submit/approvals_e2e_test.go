@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,24 @@ func detach(t *testing.T, body string, args ...string) string {
 		t.Fatalf("submit --detach: exit %d\n%s\n%s", code, out, errOut)
 	}
 	return strings.TrimSpace(out)
+}
+
+// needsApprovalWorker skips a test while the worker side of approvals is
+// missing (AGENTS_CONTROL does not store answers).
+func needsApprovalWorker(t *testing.T) {
+	t.Helper()
+	c := testClient(t)
+	s, err := c.Stream(ctx(t), c.Names().ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(info.Config.Subjects, c.Names().Control("*", "approve")) {
+		t.Skip("needs the worker side of approvals: AGENTS_CONTROL does not take agents.run.*.approve")
+	}
 }
 
 // testClient is a client of the test fleet for what the CLI does not show.
@@ -152,6 +171,7 @@ func toolResult(t *testing.T, c *bus.Client, run, call string) (string, bool) {
 // is not pending, approves the call, and the run goes on with its result.
 func TestApprovalApprove(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("It is 42.")))
 	req := decodeApproval(t, waitEvent(t, c, run, evApprovalRequested, "c1"))
@@ -209,6 +229,7 @@ func TestApprovalApprove(t *testing.T) {
 // reason and the model goes on.
 func TestApprovalDenyWithReason(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("Understood, no calculator.")))
 	waitEvent(t, c, run, evApprovalRequested, "c1")
@@ -238,6 +259,7 @@ func TestApprovalDenyWithReason(t *testing.T) {
 // the approver's arguments.
 func TestApprovalEditedArguments(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("Done.")))
 	waitEvent(t, c, run, evApprovalRequested, "c1")
@@ -272,6 +294,7 @@ func TestApprovalEditedArguments(t *testing.T) {
 // expiry and the run goes on.
 func TestApprovalTimeoutDeny(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	out, errOut, code := submit(t, "--request", request(t, gatedRun(`{"tools":["calculator"],"timeoutSeconds":1}`, calcCall, textReply("No answer, then."))), "go")
 	if code != 0 {
@@ -299,6 +322,7 @@ func TestApprovalTimeoutDeny(t *testing.T) {
 // approval_timeout.
 func TestApprovalTimeoutAbort(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	out, errOut, code := submit(t, "--request", request(t, gatedRun(`{"tools":["calculator"],"timeoutSeconds":1,"onTimeout":"abort"}`, calcCall, textReply("never"))), "go")
 	if code != exitAborted {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
@@ -317,6 +341,7 @@ func TestApprovalTimeoutAbort(t *testing.T) {
 // TestApprovalAbortWhileWaiting: an abort ends a waiting run at once.
 func TestApprovalAbortWhileWaiting(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("never")))
 	waitEvent(t, c, run, evApprovalRequested, "c1")
@@ -338,6 +363,7 @@ func TestApprovalAbortWhileWaiting(t *testing.T) {
 // and gets its own result.
 func TestApprovalParallelCallsOppositeOrder(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, twoCalls, textReply("42 and 4.")))
 	waitEvent(t, c, run, evApprovalRequested, "c1")
@@ -374,6 +400,7 @@ func TestApprovalParallelCallsOppositeOrder(t *testing.T) {
 // asked is kept and applied when the call is reached.
 func TestApprovalAnswerBeforeRequest(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	sleepFirst := `{"content":[{"type":"toolCall","id":"s1","name":"sleep","arguments":{"seconds":2}}],"stopReason":"toolUse"}`
 	run := detach(t, gatedRun(gateCalculator, sleepFirst, calcCall, textReply("It is 42.")))
@@ -440,6 +467,7 @@ func waitRecord(t *testing.T, run string, ok func(waitingRecord) bool) waitingRe
 // then runs the call.
 func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	c := testClient(t)
 	queue := "apprkill"
 	dir := t.TempDir()
@@ -493,6 +521,7 @@ func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 // /deny c1 REASON denies c1, then /approve approves the one left.
 func TestApprovalOnATerminal(t *testing.T) {
 	t.Parallel()
+	needsApprovalWorker(t)
 	p := startPTY(t, []string{"USER=carol"}, "--request", request(t, gatedRun(gateCalculator, twoCalls, textReply("Only c2 ran."))), "go")
 	p.out.waitFor(t, "/approve [CALL], /deny [CALL] REASON", 30*time.Second)
 	p.out.waitFor(t, "⏸ approval needed: calculator c2", 30*time.Second)
