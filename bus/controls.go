@@ -48,7 +48,7 @@ func (c *Client) SendControl(ctx context.Context, runID, kind string, body Contr
 		return 0, err
 	}
 	switch kind {
-	case KindSteer, KindFollowUp, KindAbort:
+	case KindSteer, KindFollowUp, KindAbort, KindApprove:
 	default:
 		return 0, fmt.Errorf("unknown control kind %q", kind)
 	}
@@ -92,10 +92,12 @@ type RunRecord struct {
 	// whose heartbeat is older than the client's stale bound: its worker
 	// is gone or cut off and no one has taken the run over (yet).
 	Stale bool `json:"stale,omitempty"`
-	// Waiting says what a running run waits for: "model" while a model
-	// call queues for the fleet's shared rate limits (since 1.2; written
-	// with the heartbeat).
-	Waiting string `json:"waiting,omitempty"`
+	// Waiting says what a running run waits for (written with the
+	// heartbeat); nil when it does not wait. See Waiting.
+	Waiting *Waiting `json:"waiting,omitempty"`
+	// WaitedMs is the time the run spent waiting for approvals, over all
+	// its attempts (since 1.3): left out of limits.timeoutSeconds.
+	WaitedMs int64 `json:"waitedMs,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -17,14 +18,81 @@ const (
 	// EventModelWait: a model call waited for the fleet's shared rate
 	// limits; published once the call proceeds.
 	EventModelWait = "model_wait"
+	// Approvals of gated tool calls (since 1.3): a call waits for a
+	// person's answer (requested), got it or timed out (resolved), or got
+	// an edit its tool's schema refuses (rejected: it goes on waiting).
+	EventToolApprovalRequested = "tool_approval_requested"
+	EventToolApprovalResolved  = "tool_approval_resolved"
+	EventToolApprovalRejected  = "tool_approval_rejected"
 )
+
+// Decisions of a tool_approval_resolved.
+const (
+	DecisionApprove = "approve"
+	DecisionDeny    = "deny"
+	DecisionTimeout = "timeout"
+)
+
+// ToolApproval is the body of the three approval events; each uses the
+// fields its type needs.
+type ToolApproval struct {
+	Type       string `json:"type"`
+	ToolCallID string `json:"toolCallId"`
+	// requested
+	ToolName  string         `json:"toolName,omitempty"`
+	Args      map[string]any `json:"args,omitempty"`
+	ExpiresAt int64          `json:"expiresAt,omitempty"` // unix ms
+	// resolved, rejected
+	Decision   string `json:"decision,omitempty"`
+	By         string `json:"by,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	ControlSeq uint64 `json:"controlSeq,omitempty"`
+}
 
 // WaitRateLimit is the reason of a model_wait for shared rate limits.
 const WaitRateLimit = "rate_limit"
 
-// WaitingModel is a running record's Waiting while a model call queues
-// for the fleet's shared rate limits.
-const WaitingModel = "model"
+// What a running record's waiting.for says the run waits for.
+const (
+	// WaitingModel: a model call queues for the fleet's shared rate limits.
+	WaitingModel = "model"
+	// WaitingApproval: every running gated tool call of the batch waits
+	// for a person's answer (since 1.3).
+	WaitingApproval = "approval"
+)
+
+// Waiting is a running record's "waiting": what the run waits for, since
+// when, and for an approval the calls that wait. Protocol 1.2 wrote the
+// bare string "model"; it decodes as {"for":"model"}.
+type Waiting struct {
+	For       string            `json:"for"`
+	Since     time.Time         `json:"since,omitzero"`
+	Approvals []PendingApproval `json:"approvals,omitempty"`
+}
+
+// PendingApproval is one gated tool call waiting for its answer.
+type PendingApproval struct {
+	ToolCallID  string `json:"toolCallId"`
+	ToolName    string `json:"toolName"`
+	RequestedAt int64  `json:"requestedAt"` // unix ms
+	ExpiresAt   int64  `json:"expiresAt"`   // unix ms
+}
+
+// UnmarshalJSON takes the object, or 1.2's string form.
+func (w *Waiting) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		*w = Waiting{For: s}
+		return nil
+	}
+	type plain Waiting
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	*w = Waiting(p)
+	return nil
+}
 
 // ModelWait is a model call that waited before it started.
 type ModelWait struct {
@@ -48,6 +116,9 @@ const (
 	StateRunning = "running"
 	// StateStale is only a List filter: running records marked Stale.
 	StateStale = "stale"
+	// StateWaiting is only a List filter: running records with a
+	// "waiting" (for approval or for the model's rate limits).
+	StateWaiting = "waiting"
 )
 
 // Machine-readable reasons of run_finished (for failed and aborted runs).
@@ -184,7 +255,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.2"
+const ProtocolVersion = "1.3"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
@@ -237,6 +308,7 @@ type Event struct {
 	RunFinished *RunFinished
 	RunResumed  *RunResumed
 	ModelWait   *ModelWait
+	Approval    *ToolApproval // the three tool_approval_* events
 }
 
 // Decode decodes the envelope's event. An event type this version does not
@@ -268,6 +340,9 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventModelWait:
 		ev.ModelWait = &ModelWait{}
 		target = ev.ModelWait
+	case EventToolApprovalRequested, EventToolApprovalResolved, EventToolApprovalRejected:
+		ev.Approval = &ToolApproval{}
+		target = ev.Approval
 	default:
 		ev.Agent = &AgentEvent{Type: typ}
 		if !knownAgentEvent(typ) {

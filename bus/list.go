@@ -31,8 +31,9 @@ const (
 
 // ListOptions filter List.
 type ListOptions struct {
-	// State: "" for all; queued, running, succeeded, failed, aborted, or
-	// stale (running records whose heartbeat is too old).
+	// State: "" for all; queued, running, succeeded, failed, aborted,
+	// stale (running records whose heartbeat is too old), or waiting
+	// (running records with a "waiting", StateWaiting).
 	State string
 	Queue string // "" for all
 	Limit int    // 0 for no limit
@@ -198,6 +199,8 @@ func listNeedles(o ListOptions) [][]byte {
 	case "":
 	case StateStale:
 		out = append(out, []byte(`"`+StateRunning+`"`))
+	case StateWaiting:
+		out = append(out, []byte(`"`+StateRunning+`"`), []byte(`"waiting"`))
 	default:
 		out = append(out, []byte(`"`+o.State+`"`))
 	}
@@ -217,7 +220,8 @@ func mayMatch(data []byte, needles [][]byte) bool {
 }
 
 func matches(r *RunRecord, o ListOptions) bool {
-	state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale)
+	state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale) ||
+		(o.State == StateWaiting && r.State == StateRunning && r.Waiting != nil)
 	return state && (o.Queue == "" || r.Queue == o.Queue)
 }
 

@@ -19,7 +19,12 @@ const (
 	KindSteer    = "steer"
 	KindFollowUp = "followup"
 	KindAbort    = "abort"
+	// KindApprove answers a gated tool call (since 1.3): body Approval.
+	KindApprove = "approve"
 )
+
+// ControlKinds lists every control kind, in the order streams list them.
+var ControlKinds = []string{KindSteer, KindFollowUp, KindAbort, KindApprove}
 
 var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
@@ -179,7 +184,7 @@ func (n Names) ParseRepublished(subject string) (run, kind string, err error) {
 		return "", "", errors.New("not a control subject")
 	}
 	switch kind {
-	case KindSteer, KindFollowUp, KindAbort:
+	case KindSteer, KindFollowUp, KindAbort, KindApprove:
 		return run, kind, nil
 	}
 	return "", "", errors.New("not a control subject")

@@ -140,6 +140,8 @@ type RunRequest struct {
 	ContinueFrom  string              `json:"continueFrom,omitempty"`
 	Metadata      map[string]string   `json:"metadata,omitempty"`
 	Faux          *FauxScript         `json:"faux,omitempty"`
+	// Approval gates tool calls on a person's answer (since 1.3).
+	Approval *Approval `json:"approval,omitempty"`
 }
 
 // EffectiveLimits returns the limits with defaults filled in.
@@ -466,6 +468,9 @@ func (r *RunRequest) Validate(subjectRun string) error {
 		if !checkText(k) {
 			add("metadata key %q holds control characters", truncate(k, 64))
 		}
+	}
+	if r.Approval != nil {
+		p = append(p, r.Approval.Problems("approval")...)
 	}
 	if r.Faux != nil {
 		if r.Model != nil && r.Model.Provider != "faux" {

@@ -239,9 +239,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Replicas:   cfg.Replicas,
 	}, {
 		Name:        n.ControlStream(),
-		Description: "agentfleet steering, follow-ups and aborts",
+		Description: "agentfleet steering, follow-ups, aborts and approvals",
 		Subjects: []string{n.Control("*", KindSteer), n.Control("*", KindFollowUp),
-			n.Control("*", KindAbort)},
+			n.Control("*", KindAbort), n.Control("*", KindApprove)},
 		Retention:  jetstream.LimitsPolicy,
 		MaxAge:     cfg.ControlMaxAge,
 		MaxBytes:   cfg.ControlMaxBytes,

@@ -54,6 +54,11 @@ type Metrics struct {
 	queueDepth       *prometheus.GaugeVec
 	toolSourceUp     *prometheus.GaugeVec // toolsources.go
 
+	approvalsRequested prometheus.Counter
+	approvalsResolved  *prometheus.CounterVec
+	approvalWait       prometheus.Histogram
+	runsWaiting        prometheus.Gauge
+
 	toolsMu sync.RWMutex // tools grows as tool sources list tools (toolsources.go)
 
 	// deadlines of the runs in flight, for runs_past_deadline (computed at
@@ -93,6 +98,10 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.publishWaits = counter(reg, m, "publish_backpressure_waits_total", "Times a run waited for the publish window to drain.")
 	m.publishWaitTime = histogram(reg, m, "publish_backpressure_wait_seconds", "How long a run waited for the publish window.", latency)
 	m.controls = counterVec(reg, m, "control_messages_total", "Control messages received, by kind (steer, followup, abort).", "kind")
+	m.approvalsRequested = counter(reg, m, "approvals_requested_total", "Gated tool calls that asked for a person's answer.")
+	m.approvalsResolved = counterVec(reg, m, "approvals_resolved_total", "Gated tool calls resolved, by decision (approve, deny, timeout).", "decision")
+	m.approvalWait = histogram(reg, m, "approval_wait_seconds", "How long a gated tool call waited for its answer.", prometheus.ExponentialBucketsRange(0.5, 604800, 16))
+	m.runsWaiting = gauge(reg, m, "runs_waiting", "Runs on this worker waiting (for an approval), with or without a slot.")
 	m.slotsBusy = gauge(reg, m, "worker_slots_busy", "Run slots in use on this worker.")
 	m.slotsTotal = gauge(reg, m, "worker_slots", "Run slots on this worker (its concurrency).")
 	m.deadlines = map[string]time.Time{}
@@ -234,8 +243,21 @@ func (m *Metrics) PublishWaited(d time.Duration) {
 
 // ControlReceived counts a control message (steer, followup, abort).
 func (m *Metrics) ControlReceived(kind string) {
-	m.controls.WithLabelValues(oneOf(kind, "steer", "followup", "abort")).Inc()
+	m.controls.WithLabelValues(oneOf(kind, "steer", "followup", "abort", "approve")).Inc()
 }
+
+// ApprovalRequested counts a gated call asking for an answer.
+func (m *Metrics) ApprovalRequested() { m.approvalsRequested.Inc() }
+
+// ApprovalResolved counts a gated call's answer (approve, deny, timeout)
+// and how long it waited.
+func (m *Metrics) ApprovalResolved(decision string, d time.Duration) {
+	m.approvalsResolved.WithLabelValues(oneOf(decision, "approve", "deny", "timeout")).Inc()
+	m.approvalWait.Observe(d.Seconds())
+}
+
+// SetRunsWaiting sets the runs waiting now.
+func (m *Metrics) SetRunsWaiting(n int) { m.runsWaiting.Set(float64(n)) }
 
 // SetSlots sets the busy and total run slots.
 func (m *Metrics) SetSlots(busy, total int) {

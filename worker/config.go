@@ -47,6 +47,14 @@ type Config struct {
 	// (running, waiting and handed-back runs of the whole fleet); default
 	// 10,000. Keep it above the fleet's slots plus its waiting runs.
 	MaxAckPending int
+	// MaxWaiting bounds the runs that wait (for an approval) without a
+	// slot; past it a waiting run keeps its slot; default 1,000.
+	MaxWaiting int
+	// ApproveTools gates tools (names or path.Match patterns, "*" for
+	// all) on a person's answer in every run, whatever the request says
+	// (it may gate more, never fewer); the wait bound and onTimeout are
+	// the request's, else the defaults (1 day, deny).
+	ApproveTools []string
 	// DrainTimeout is how long running runs may go on after ctx is
 	// cancelled before they are stopped and handed back (Nak); default 30s.
 	DrainTimeout time.Duration
@@ -186,22 +194,34 @@ type Observer interface {
 	// follow-up is in the agent's queue, an abort took effect.
 	ControlReceived(kind string)
 	Slots(busy, total int)
+	// RunsWaiting: the runs that wait now (for an approval), with or
+	// without their slot.
+	RunsWaiting(r RunInfo, n int)
+	// ApprovalRequested: a gated call asked for an answer (a resumed
+	// wait is not asked again).
+	ApprovalRequested(r RunInfo)
+	// ApprovalResolved: a gated call got its answer (approve, deny) or
+	// timed out, after waiting d.
+	ApprovalResolved(r RunInfo, decision string, d time.Duration)
 }
 
 // NopObserver does nothing.
 type NopObserver struct{}
 
-func (NopObserver) RunStarted(RunInfo)                   {}
-func (NopObserver) RunFinished(RunInfo, bus.RunFinished) {}
-func (NopObserver) RunHandedBack(RunInfo)                {}
-func (NopObserver) Turn(RunInfo)                         {}
-func (NopObserver) ModelRequest(RunInfo, ModelRequest)   {}
-func (NopObserver) ToolCall(RunInfo, ToolCall)           {}
-func (NopObserver) EventPublished()                      {}
-func (NopObserver) PublishFailed(error)                  {}
-func (NopObserver) PublishWait(time.Duration)            {}
-func (NopObserver) ControlReceived(string)               {}
-func (NopObserver) Slots(int, int)                       {}
+func (NopObserver) RunStarted(RunInfo)                              {}
+func (NopObserver) RunFinished(RunInfo, bus.RunFinished)            {}
+func (NopObserver) RunHandedBack(RunInfo)                           {}
+func (NopObserver) Turn(RunInfo)                                    {}
+func (NopObserver) ModelRequest(RunInfo, ModelRequest)              {}
+func (NopObserver) ToolCall(RunInfo, ToolCall)                      {}
+func (NopObserver) EventPublished()                                 {}
+func (NopObserver) PublishFailed(error)                             {}
+func (NopObserver) PublishWait(time.Duration)                       {}
+func (NopObserver) ControlReceived(string)                          {}
+func (NopObserver) Slots(int, int)                                  {}
+func (NopObserver) RunsWaiting(RunInfo, int)                        {}
+func (NopObserver) ApprovalRequested(RunInfo)                       {}
+func (NopObserver) ApprovalResolved(RunInfo, string, time.Duration) {}
 
 func (c *Config) defaults() {
 	if len(c.Queues) == 0 {
@@ -221,6 +241,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxAckPending <= 0 {
 		c.MaxAckPending = 10_000
+	}
+	if c.MaxWaiting == 0 {
+		c.MaxWaiting = 1_000
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second

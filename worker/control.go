@@ -203,7 +203,7 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 // (a missing message is not an error).
 func (c *controls) catchUp(ctx context.Context) error {
 	from := c.last[bus.KindSteer]
-	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort} {
+	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort, bus.KindApprove} {
 		from = min(from, c.last[k])
 	}
 	from = max(from, c.scanned) + 1
@@ -254,6 +254,13 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) 
 		reason := workerproto.DecodeAbort(data)
 		r.log.Info("abort received", "controlSeq", seq, "reason", reason)
 		r.abort(reason)
+	case bus.KindApprove:
+		a, err := decodeApproval(data)
+		if err != nil {
+			r.log.Warn("approval ignored", "controlSeq", seq, "err", err)
+			return
+		}
+		r.deliverApproval(a, seq) // worker/approval.go
 	case bus.KindSteer, bus.KindFollowUp:
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {

@@ -193,10 +193,24 @@ func (l *lease) lose() {
 type heartbeat struct {
 	stop, stopped chan struct{}
 	final         chan chan struct{}
+	poke          chan struct{} // beat now: the record changed (a wait)
+}
+
+// now asks for a beat at once (it never blocks): a wait started or ended,
+// and the record should say so before the next tick.
+func (h *heartbeat) now() {
+	if h == nil {
+		return
+	}
+	select {
+	case h.poke <- struct{}{}:
+	default:
+	}
 }
 
 func (r *run) startHeartbeat() *heartbeat {
-	h := &heartbeat{stop: make(chan struct{}), stopped: make(chan struct{}), final: make(chan chan struct{})}
+	h := &heartbeat{stop: make(chan struct{}), stopped: make(chan struct{}), final: make(chan chan struct{}),
+		poke: make(chan struct{}, 1)}
 	go r.heartbeatLoop(h)
 	return h
 }
@@ -207,29 +221,38 @@ func (r *run) heartbeatLoop(h *heartbeat) {
 	defer t.Stop()
 	renewing := true
 	for {
+		poked := false
 		select {
 		case <-t.C:
-			if r.lease.lost.Load() {
-				return
-			}
-			if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-				r.log.Warn("heartbeat failed", "err", err)
-			}
-			if !renewing {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
-			err := r.lease.renew(ctx, r.record(bus.StateRunning))
-			cancel()
-			if err != nil && !errors.Is(err, errLeaseLost) {
-				r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
-			}
-			r.ctl.refresh()
+		case <-h.poke:
+			poked = true
 		case ack := <-h.final:
 			renewing = false
 			close(ack)
+			continue
 		case <-h.stop:
 			return
+		}
+		if r.lease.lost.Load() {
+			return
+		}
+		if poked && !renewing {
+			continue
+		}
+		if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			r.log.Warn("heartbeat failed", "err", err)
+		}
+		if !renewing {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
+		err := r.lease.renew(ctx, r.record(bus.StateRunning))
+		cancel()
+		if err != nil && !errors.Is(err, errLeaseLost) {
+			r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
+		}
+		if !poked {
+			r.ctl.refresh()
 		}
 	}
 }

@@ -97,6 +97,23 @@ func (o *metricsObserver) PublishFailed(error)         { o.m.PublishFailed() }
 func (o *metricsObserver) PublishWait(d time.Duration) { o.m.PublishWaited(d) }
 func (o *metricsObserver) ControlReceived(kind string) { o.m.ControlReceived(kind) }
 func (o *metricsObserver) Slots(busy, total int)       { o.m.SetSlots(busy, total) }
+func (o *metricsObserver) ApprovalRequested(RunInfo)   { o.m.ApprovalRequested() }
+func (o *metricsObserver) ApprovalResolved(_ RunInfo, decision string, d time.Duration) {
+	o.m.ApprovalResolved(decision, d)
+}
+
+// RunsWaiting also moves the run's deadline: none while it waits, a
+// later one after (waiting does not count against the timeout).
+func (o *metricsObserver) RunsWaiting(r RunInfo, n int) {
+	o.m.SetRunsWaiting(n)
+	k := attemptKey(r)
+	o.mu.Lock()
+	active := o.active[k]
+	o.mu.Unlock()
+	if active {
+		o.m.RunDeadline(k, r.Deadline)
+	}
+}
 
 // PollQueueDepth sets each queue's depth (its consumer's pending plus ack
 // pending, what KEDA scales on) every interval until ctx is done. A failed

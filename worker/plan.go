@@ -92,6 +92,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if len(problems) > 0 {
 		return problems, nil
 	}
+	r.gateTools() // worker/approval.go
 	r.prompt = append(r.prompt, req.Messages...)
 	if req.Prompt != "" {
 		r.prompt = append(r.prompt, agent.UserText(req.Prompt, req.Images...))

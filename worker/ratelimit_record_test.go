@@ -46,7 +46,7 @@ func TestWaitingModelRecord(t *testing.T) {
 	id := f.Submit("", &bus.RunRequest{Prompt: "hi"})
 	for {
 		rec, err := f.Client.Status(ctx, id)
-		if err == nil && rec.Waiting == bus.WaitingModel {
+		if err == nil && rec.Waiting != nil && rec.Waiting.For == bus.WaitingModel {
 			if rec.State != bus.StateRunning {
 				t.Fatalf("waiting record in state %s", rec.State)
 			}
@@ -68,8 +68,8 @@ func TestWaitingModelRecord(t *testing.T) {
 		t.Fatalf("run %s/%s: %s", fin.Status, fin.Reason, fin.Error)
 	}
 	rec, err := f.Client.Status(ctx, id)
-	if err != nil || rec.Waiting != "" {
-		t.Fatalf("final record waiting %q (%v)", rec.Waiting, err)
+	if err != nil || rec.Waiting != nil {
+		t.Fatalf("final record waiting %+v (%v)", rec.Waiting, err)
 	}
 	waits := 0
 	for _, e := range f.Follow(id) {

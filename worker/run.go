@@ -61,6 +61,18 @@ type run struct {
 	left   bool               // the observer was told the run finished
 
 	waitingModel atomic.Bool // a model call queues for the shared rate limits
+
+	approval *bus.Approval // the run's gate (approval.go); nil: none
+	appr     approvals
+
+	slot  *slotHold // nil for a give-up
+	clock *runClock // the timeout, waits left out (waiting.go)
+	wait  waitState
+	// prevWaited is the wait time earlier attempts recorded (waitedMs).
+	prevWaited time.Duration
+	// waitHandedBack: a wait ended because the worker is draining; the
+	// run is handed back without publishing more.
+	waitHandedBack atomic.Bool
 }
 
 // runPlan is the request resolved against the worker.
@@ -87,7 +99,7 @@ func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedA
 	return r
 }
 
-func (w *Worker) handle(m jetstream.Msg) {
+func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	queue, runID, err := w.names.ParseSubmit(m.Subject())
 	if err != nil {
 		// No events: the subject cannot name a run safely.
@@ -101,13 +113,16 @@ func (w *Worker) handle(m jetstream.Msg) {
 	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
 	r.msg = m
+	r.slot = slot
 	r.execute()
 }
 
 func (r *run) info() RunInfo {
 	i := RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: r.modelRef.String(),
 		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}
-	if r.limits.TimeoutSeconds > 0 {
+	if r.clock != nil {
+		i.Deadline = r.clock.deadline()
+	} else if r.limits.TimeoutSeconds > 0 {
 		i.Deadline = r.runStart.Add(time.Duration(r.limits.TimeoutSeconds) * time.Second)
 	}
 	return i
@@ -119,9 +134,13 @@ func (r *run) execute() {
 	}
 	// The timeout counts from the run's first start: a crash does not
 	// extend a run's budget.
+	// Time spent waiting (for an approval) is left out (waiting.go).
 	timeout := time.Duration(r.limits.TimeoutSeconds) * time.Second
-	ctx, cancel := context.WithDeadline(r.w.hardCtx, r.runStart.Add(timeout))
+	ctx, cancelCause := context.WithCancelCause(r.w.hardCtx)
+	cancel := func() { cancelCause(context.Canceled) }
 	defer cancel()
+	r.clock = newRunClock(r.runStart.Add(timeout), r.prevWaited, func() { cancelCause(context.DeadlineExceeded) })
+	defer r.clock.stop()
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
 
@@ -132,7 +151,7 @@ func (r *run) execute() {
 	runErr, finished := r.drive(ctx)
 	// Read when the agent stopped, not after the close below: a run that
 	// ended just before its deadline did not time out.
-	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	timedOut := r.clock.timedOut()
 	lastControl := r.ctl.close()
 	if finished {
 		r.ackResumedFinished()
@@ -170,6 +189,7 @@ func (r *run) pickup() bool {
 		if !rec.StartedAt.IsZero() && rec.StartedAt.Before(r.runStart) {
 			r.runStart = rec.StartedAt
 		}
+		r.prevWaited = time.Duration(rec.WaitedMs) * time.Millisecond
 	}
 	r.prev = rec
 	if r.attempt > 1 {
@@ -221,6 +241,7 @@ func (r *run) acquire() bool {
 // back (a drain, a lost lease, a failed publish).
 func (r *run) release() {
 	r.ctl.close()
+	r.logUnmatchedApprovals()
 	r.endHeartbeat()
 	r.w.unregister(r)
 	if !r.left {
@@ -290,6 +311,8 @@ func (r *run) ackResumedFinished() {
 // finish, and reports whether it did.
 func (r *run) mustNotFinish(timedOut bool) bool {
 	switch pubErr := r.tally.publishErr(); {
+	case r.waitHandedBack.Load() && !r.lease.lost.Load() && !r.tally.aborted() && !timedOut:
+		r.handBackWaiting()
 	case r.lease.lost.Load():
 		r.endHeartbeat()
 		r.pub.abandon()
@@ -381,8 +404,22 @@ func (r *run) record(state string) *bus.RunRecord {
 	if r.req != nil {
 		rec.Metadata = r.req.Metadata
 	}
-	if state == bus.StateRunning && r.waitingModel.Load() {
-		rec.Waiting = bus.WaitingModel // worker/ratelimit.go
+	if r.clock != nil {
+		waited, _ := r.clock.state()
+		rec.WaitedMs = waited.Milliseconds()
+	} else {
+		rec.WaitedMs = r.prevWaited.Milliseconds()
+	}
+	if state != bus.StateRunning {
+		return rec
+	}
+	if what, since := r.waiting(); what != "" {
+		rec.Waiting = &bus.Waiting{For: what, Since: since}
+		if what == bus.WaitingApproval {
+			rec.Waiting.Approvals = r.pendingApprovals()
+		}
+	} else if r.waitingModel.Load() {
+		rec.Waiting = &bus.Waiting{For: bus.WaitingModel} // worker/ratelimit.go
 	}
 	return rec
 }

@@ -20,6 +20,7 @@ type tally struct {
 	usage         agent.Usage
 	lastAssistant *agent.Message
 	abortReason   *string
+	abortCode     string // the reason code of an abort not by a user ("": aborted_by_user)
 	limitReason   string
 	limitText     string
 	tooLarge      error
@@ -90,6 +91,16 @@ func (t *tally) abort(reason string) {
 	t.mu.Lock()
 	if t.abortReason == nil {
 		t.abortReason = &reason
+	}
+	t.mu.Unlock()
+}
+
+// abortWith aborts the run with a reason code other than aborted_by_user
+// (approval_timeout).
+func (t *tally) abortWith(code, text string) {
+	t.mu.Lock()
+	if t.abortReason == nil {
+		t.abortReason, t.abortCode = &text, code
 	}
 	t.mu.Unlock()
 }
@@ -185,6 +196,9 @@ func (t *tally) outcome(runErr error, timedOut bool, timeout time.Duration, runS
 	switch {
 	case t.abortReason != nil:
 		f.Status, f.Reason, f.Error = bus.StatusAborted, bus.ReasonAbortedByUser, *t.abortReason
+		if t.abortCode != "" {
+			f.Reason = t.abortCode
+		}
 		if f.Error == "" {
 			f.Error = "aborted by user"
 		}

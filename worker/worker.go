@@ -62,6 +62,14 @@ type Worker struct {
 	wg   sync.WaitGroup
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
+
+	// runCtx is Run's context: it ends when the worker starts draining.
+	runCtx context.Context
+	// Waiting runs (waiting.go): waitingRuns wait now, offSlot of them
+	// without a slot (at most MaxWaiting).
+	waitMu      sync.Mutex
+	waitingRuns int
+	offSlot     int
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
@@ -176,6 +184,7 @@ func (w *Worker) maxPayload() int64 {
 // worker takes them at once), and returns nil. The connection is left open
 // (drain it after Run returns).
 func (w *Worker) Run(ctx context.Context) error {
+	w.runCtx = ctx
 	w.hardCtx, w.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer w.hardCancel()
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -365,10 +374,11 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 			continue
 		}
 		w.wg.Add(1)
+		hold := w.newSlotHold(queue)
 		go func() {
 			defer w.wg.Done()
-			defer w.releaseSlots(queue, 1)
-			w.handle(m)
+			defer hold.release()
+			w.handle(m, hold)
 		}()
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {

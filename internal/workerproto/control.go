@@ -110,3 +110,21 @@ func jsonErrorText(err error) string {
 	}
 	return err.Error()
 }
+
+// DecodeApproval decodes the body of an approve control message. Its
+// error lists every problem.
+func DecodeApproval(data []byte) (bus.ApprovalAnswer, error) {
+	var a bus.ApprovalAnswer
+	if len(data) > bus.MaxControlBytes {
+		return a, fmt.Errorf("approval is %d bytes, the limit is %d", len(data), bus.MaxControlBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		return bus.ApprovalAnswer{}, fmt.Errorf(`approval must be {"toolCallId":"...","decision":"approve"|"deny",...}: %s`, jsonErrorText(err))
+	}
+	if p := a.Problems(); len(p) > 0 {
+		return bus.ApprovalAnswer{}, errors.New("approval: " + strings.Join(p, "; "))
+	}
+	return a, nil
+}

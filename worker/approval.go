@@ -1,0 +1,341 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
+)
+
+// Approval of tool calls. A gated tool (the request's approval.tools, or
+// the worker's ApproveTools) is wrapped so that its execution, after the
+// agent's tool_execution_start, first asks for an answer and waits for it
+// without a slot (waiting.go). The agent core knows nothing of it: in a
+// parallel batch each call's Execute runs on its own goroutine, so gated
+// calls of a batch ask together while ungated ones run; in sequential mode
+// each asks when reached.
+//
+// Answers come from the control owner (control.go): each is matched to the
+// oldest unresolved gated call with its toolCallId; one that matches
+// nothing yet is kept until the run ends (then logged and ignored).
+
+// maxEarlyAnswers bounds the answers kept for calls that have not asked.
+const maxEarlyAnswers = 1024
+
+type answer struct {
+	a   bus.ApprovalAnswer
+	seq uint64
+}
+
+// approvals is a run's gated calls and unmatched answers.
+type approvals struct {
+	mu      sync.Mutex
+	pending []*gatedCall // in the order they asked
+	early   []answer     // in stream order
+	// resumed are calls an earlier attempt asked for that got no answer:
+	// they wait again with their original times, without a new request.
+	resumed map[string]bus.PendingApproval
+}
+
+type gatedCall struct {
+	id, tool    string
+	requestedAt time.Time
+	expiresAt   time.Time
+	answers     []answer
+	wake        chan struct{}
+}
+
+// approvalPolicy is the run's gate: the request's, widened by the
+// worker's ApproveTools.
+func (r *run) approvalPolicy() *bus.Approval {
+	var req *bus.Approval
+	if r.req != nil {
+		req = r.req.Approval
+	}
+	if len(r.w.cfg.ApproveTools) == 0 {
+		return req
+	}
+	p := &bus.Approval{Tools: append([]string(nil), r.w.cfg.ApproveTools...)}
+	if req != nil {
+		p.Tools = append(p.Tools, req.Tools...)
+		p.TimeoutSeconds, p.OnTimeout = req.TimeoutSeconds, req.OnTimeout
+	}
+	return p
+}
+
+// gateTools wraps the run's gated tools.
+func (r *run) gateTools() {
+	p := r.approvalPolicy()
+	if p == nil {
+		return
+	}
+	r.approval = p
+	for i, t := range r.tools {
+		if p.Gates(t.Name) {
+			r.tools[i] = r.gateTool(t)
+		}
+	}
+}
+
+func (r *run) gateTool(t *agent.Tool) *agent.Tool {
+	return &agent.Tool{
+		Name: t.Name, Label: t.Label, Description: t.Description, Parameters: t.Parameters,
+		ExecutionMode: t.ExecutionMode, PrepareArguments: t.PrepareArguments,
+		Execute: func(ctx context.Context, id string, args map[string]any, update agent.UpdateFunc) (agent.ToolResult, error) {
+			args, err := r.awaitApproval(ctx, t, id, args)
+			if err != nil {
+				return agent.ToolResult{}, err
+			}
+			return t.Execute(ctx, id, args, update)
+		},
+	}
+}
+
+// deliverApproval is the control owner's part: it hands an answer to the
+// oldest waiting call with its id, or keeps it.
+func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64) {
+	ap := &r.appr
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	for _, c := range ap.pending {
+		if c.id == a.ToolCallID {
+			c.answers = append(c.answers, answer{a, seq})
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+	if len(ap.early) >= maxEarlyAnswers {
+		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq)
+		return
+	}
+	ap.early = append(ap.early, answer{a, seq})
+}
+
+// add registers a waiting call and gives it the answers kept for it.
+func (ap *approvals) add(c *gatedCall) {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	ap.pending = append(ap.pending, c)
+	kept := ap.early[:0]
+	for _, e := range ap.early {
+		if e.a.ToolCallID == c.id {
+			c.answers = append(c.answers, e)
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	clear(ap.early[len(kept):])
+	ap.early = kept
+}
+
+func (ap *approvals) remove(c *gatedCall) {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	for i, p := range ap.pending {
+		if p == c {
+			ap.pending = append(ap.pending[:i:i], ap.pending[i+1:]...)
+			return
+		}
+	}
+}
+
+// next takes the call's queued answers.
+func (ap *approvals) next(c *gatedCall) []answer {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	out := c.answers
+	c.answers = nil
+	return out
+}
+
+func (ap *approvals) takeResumed(id string) (bus.PendingApproval, bool) {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	p, ok := ap.resumed[id]
+	if ok {
+		delete(ap.resumed, id)
+	}
+	return p, ok
+}
+
+// pendingApprovals is the record's waiting.approvals.
+func (r *run) pendingApprovals() []bus.PendingApproval {
+	ap := &r.appr
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	out := make([]bus.PendingApproval, 0, len(ap.pending))
+	for _, c := range ap.pending {
+		out = append(out, bus.PendingApproval{ToolCallID: c.id, ToolName: c.tool,
+			RequestedAt: c.requestedAt.UnixMilli(), ExpiresAt: c.expiresAt.UnixMilli()})
+	}
+	return out
+}
+
+// logUnmatchedApprovals logs the answers no call took (the run's end).
+func (r *run) logUnmatchedApprovals() {
+	ap := &r.appr
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	for _, e := range ap.early {
+		r.log.Warn("approval matched no gated call of the run; ignored", "toolCallId", e.a.ToolCallID, "controlSeq", e.seq)
+	}
+	ap.early = nil
+}
+
+// awaitApproval asks for an answer to a gated call (unless an earlier
+// attempt asked already) and waits for it. It returns the arguments to
+// run the call with (the approver's edit, validated), or the error the
+// call's result carries (denied, timed out, stopped).
+func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args map[string]any) (map[string]any, error) {
+	p := r.approval
+	c := &gatedCall{id: id, tool: t.Name, wake: make(chan struct{}, 1)}
+	if prior, ok := r.appr.takeResumed(id); ok {
+		c.requestedAt, c.expiresAt = time.UnixMilli(prior.RequestedAt), time.UnixMilli(prior.ExpiresAt)
+		r.log.Info("gated tool call still waits for its answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
+	} else {
+		c.requestedAt = time.Now()
+		c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
+		if _, err := r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
+			ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli()}); err != nil {
+			return nil, err
+		}
+		r.w.obs.ApprovalRequested(r.info())
+		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
+	}
+	r.appr.add(c)
+	defer r.appr.remove(c)
+
+	var got *answer
+	var edited map[string]any
+	timedOut := false
+	err := r.waitOffSlot(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
+		timer := time.NewTimer(time.Until(c.expiresAt))
+		defer timer.Stop()
+		for {
+			for _, a := range r.appr.next(c) {
+				if got != nil {
+					r.log.Info("further answer to a resolved call ignored", "toolCallId", id, "controlSeq", a.seq)
+					continue
+				}
+				if a.a.Decision == bus.DecisionApprove && a.a.Arguments != nil {
+					v, err := validateEdit(t, a.a.Arguments)
+					if err != nil {
+						r.log.Info("approval's edited arguments refused; the call goes on waiting", "toolCallId", id, "controlSeq", a.seq, "err", err)
+						_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+							ToolCallID: id, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: a.seq})
+						continue
+					}
+					edited = v
+				}
+				got = &a
+			}
+			if got != nil {
+				return nil
+			}
+			select {
+			case <-c.wake:
+			case <-timer.C:
+				timedOut = true
+				return nil
+			case <-wctx.Done():
+				return wctx.Err()
+			}
+		}
+	})
+	waited := time.Since(c.requestedAt)
+	switch {
+	case errors.Is(err, errWaitHandedBack):
+		r.handBackWhileWaiting()
+		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("stopped while waiting for approval: %w", err)
+	case timedOut:
+		reason := fmt.Sprintf("not approved within %s", time.Duration(p.Timeout())*time.Second)
+		r.resolved(id, bus.DecisionTimeout, "", reason, 0, waited)
+		if p.Aborts() {
+			r.log.Warn("gated tool call not answered in time; aborting the run", "toolCallId", id)
+			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was %s", id, t.Name, reason))
+			r.stop()
+		}
+		return nil, fmt.Errorf("tool call %s", reason)
+	}
+	a := got.a
+	r.resolved(id, a.Decision, a.By, a.Reason, got.seq, waited)
+	if a.Decision == bus.DecisionDeny {
+		text := "tool call denied"
+		if a.By != "" {
+			text += " by " + a.By
+		}
+		if a.Reason != "" {
+			text += ": " + a.Reason
+		}
+		return nil, errors.New(text)
+	}
+	if edited != nil {
+		return edited, nil
+	}
+	return args, nil
+}
+
+func (r *run) resolved(id, decision, by, reason string, seq uint64, waited time.Duration) {
+	_, _ = r.pub.fleetEvent(bus.EventToolApprovalResolved, bus.ToolApproval{Type: bus.EventToolApprovalResolved,
+		ToolCallID: id, Decision: decision, By: by, Reason: reason, ControlSeq: seq})
+	r.w.obs.ApprovalResolved(r.info(), decision, waited)
+	r.log.Info("gated tool call resolved", "toolCallId", id, "decision", decision, "by", by, "controlSeq", seq, "waited", waited)
+}
+
+// validateEdit checks an approver's arguments as the model's are checked.
+func validateEdit(t *agent.Tool, args map[string]any) (map[string]any, error) {
+	if t.PrepareArguments != nil {
+		var err error
+		if args, err = t.PrepareArguments(args); err != nil {
+			return nil, err
+		}
+	}
+	return t.ValidateArguments(args)
+}
+
+func nonNilMap(m map[string]any) map[string]any {
+	if m == nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+// handBackWhileWaiting stops a run whose wait the worker's drain ended:
+// what it published is stored, then nothing more is (the gated calls stay
+// pending in its events, for the next attempt), and mustNotFinish hands
+// it back.
+func (r *run) handBackWhileWaiting() {
+	if !r.waitHandedBack.CompareAndSwap(false, true) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
+	_ = r.pub.sync(ctx)
+	cancel()
+	r.pub.fence()
+	r.stop()
+}
+
+// handBackWaiting is the hand-back of a run stopped by
+// handBackWhileWaiting. Its Nak would count as a delivery: the record
+// counts waiting hand-backs (waitHandBacks) so the give-up leaves them out.
+func (r *run) handBackWaiting() {
+	r.endHeartbeat()
+	r.pub.abandon()
+	r.log.Info("worker stopping: waiting run handed back")
+	_ = r.msg.Nak()
+}
+
+// decodeApproval is the control owner's decoding of an approve message.
+func decodeApproval(data []byte) (bus.ApprovalAnswer, error) {
+	return workerproto.DecodeApproval(data)
+}

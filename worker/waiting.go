@@ -1,0 +1,319 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// errWaitHandedBack ends a wait when the worker starts draining: the run
+// is handed back (handBackWaiting) instead of holding the drain.
+var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is handed back")
+
+// Waiting without a slot.
+//
+// A run that waits for something outside the worker (a person's approval,
+// a budget's next period) need not hold one of the worker's concurrency
+// slots: (*run).waitOffSlot gives the run's slot back while it waits, so a
+// worker with a few slots can keep thousands of runs waiting, and takes a
+// slot again when the wait ends (blocking on the slot channels: no busy
+// waiting). While a run waits:
+//
+//   - its request stays unacknowledged: the heartbeat goes on sending
+//     InProgress and renewing the lease, so the record stays the lease
+//     and the readers' rules hold unchanged (it counts against the queue
+//     consumer's MaxAckPending: docs/operations.md sizes it);
+//   - the run's timeout clock is paused (runClock): waiting does not
+//     count against limits.timeoutSeconds; the time waited is written to
+//     the record (waitedMs) so a later attempt keeps it out as well;
+//   - the record says what it waits for (waiting: {for, since, ...}),
+//     written by the heartbeat, which is woken at once when a wait starts
+//     or ends;
+//   - past Config.MaxWaiting runs off their slots, a run keeps its slot
+//     while it waits (still paused and shown as waiting).
+//
+// Waits of one run nest: parallel calls of a batch may wait together; the
+// run leaves its slot when the first wait starts and takes one again when
+// the last ends. A wait whose context ends (abort, timeout, lost lease)
+// returns without a slot; the run then finishes without one (finishing
+// needs no slot). When the worker starts draining, waits end with
+// errWaitHandedBack: the caller hands the run back at once instead of
+// holding the drain (see handBackWaiting).
+
+// slotHold is the concurrency slot (shared, plus its queue's own) a run
+// was started with. The pull loop's goroutine releases it when the run
+// returns, unless the run gave it up and did not take it back.
+type slotHold struct {
+	w     *Worker
+	queue string
+	mu    sync.Mutex
+	held  bool
+}
+
+func (w *Worker) newSlotHold(queue string) *slotHold {
+	return &slotHold{w: w, queue: queue, held: true}
+}
+
+// release gives the slot back if it is held.
+func (h *slotHold) release() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	held := h.held
+	h.held = false
+	h.mu.Unlock()
+	if held {
+		h.w.releaseSlots(h.queue, 1)
+	}
+}
+
+// take blocks until a slot is free (the queue's own first, as the pull
+// loop takes them) or ctx ends; it reports whether it holds one.
+func (h *slotHold) take(ctx context.Context) bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held {
+		return true
+	}
+	w := h.w
+	qs := w.queueSlots[h.queue]
+	if qs != nil {
+		select {
+		case qs <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	select {
+	case w.slots <- struct{}{}:
+	case <-ctx.Done():
+		if qs != nil {
+			<-qs
+		}
+		return false
+	}
+	h.held = true
+	w.obs.Slots(len(w.slots), w.cfg.Concurrency)
+	return true
+}
+
+// runClock is a run's timeout with the time spent waiting left out: the
+// deadline is end + waited, and while paused nothing expires.
+type runClock struct {
+	mu       sync.Mutex
+	end      time.Time     // the first attempt's start + the timeout
+	waited   time.Duration // finished pauses, this attempt's and earlier ones'
+	pauses   int
+	pausedAt time.Time
+	expired  bool
+	timer    *time.Timer
+	fire     func()
+}
+
+// newRunClock starts a clock that calls fire once end + waited passes
+// outside pauses.
+func newRunClock(end time.Time, waited time.Duration, fire func()) *runClock {
+	c := &runClock{end: end, waited: waited, fire: fire}
+	c.timer = time.AfterFunc(time.Until(end.Add(waited)), c.expire)
+	return c
+}
+
+func (c *runClock) expire() {
+	c.mu.Lock()
+	if c.pauses > 0 || c.expired {
+		c.mu.Unlock()
+		return
+	}
+	if d := time.Until(c.end.Add(c.waited)); d > 0 {
+		c.timer.Reset(d) // moved by a pause that ended meanwhile
+		c.mu.Unlock()
+		return
+	}
+	c.expired = true
+	c.mu.Unlock()
+	c.fire()
+}
+
+// pause stops the clock from since (a resumed wait started before this
+// attempt: since is its original start). Pauses nest.
+func (c *runClock) pause(since time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pauses++; c.pauses == 1 {
+		c.pausedAt = since
+		if now := time.Now(); since.IsZero() || since.After(now) {
+			c.pausedAt = now
+		}
+		c.timer.Stop()
+	}
+}
+
+// resume ends one pause; the last one adds its time to waited.
+func (c *runClock) resume() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pauses == 0 {
+		return
+	}
+	if c.pauses--; c.pauses == 0 {
+		c.waited += time.Since(c.pausedAt)
+		c.pausedAt = time.Time{}
+		if !c.expired {
+			c.timer.Reset(time.Until(c.end.Add(c.waited)))
+		}
+	}
+}
+
+// state returns the finished pauses' time and the current pause's start
+// (zero when running).
+func (c *runClock) state() (waited time.Duration, pausedAt time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.waited, c.pausedAt
+}
+
+// deadline is when the run times out if it does not wait again (zero
+// while paused).
+func (c *runClock) deadline() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pauses > 0 {
+		return time.Time{}
+	}
+	return c.end.Add(c.waited)
+}
+
+// timedOut reports whether the clock fired.
+func (c *runClock) timedOut() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.expired
+}
+
+func (c *runClock) stop() { c.timer.Stop() }
+
+// waitState is a run's waits now (guarded by its own mutex; see
+// waitOffSlot).
+type waitState struct {
+	mu      sync.Mutex // held across a wait's start and end, not the wait
+	n       int        // waits in progress
+	offSlot bool       // the run gave its slot up
+	// now is what the record shows (nil: not waiting); read by the
+	// heartbeat without mu, which a wait's end holds while it takes a slot.
+	now atomic.Pointer[waitInfo]
+}
+
+type waitInfo struct {
+	what  string // the record's waiting.for
+	since time.Time
+}
+
+// waitOffSlot runs wait with the run's slot given up (up to MaxWaiting
+// runs per worker) and its timeout clock paused from since (time.Now()
+// for a new wait; the original start for a wait a resumed attempt takes
+// over). what is the record's waiting.for ("approval", ...). wait gets a
+// context that also ends when the worker starts draining; waitOffSlot
+// then returns errWaitHandedBack. After wait returns, the run takes a slot
+// again (blocking until one is free) unless ctx ended.
+func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wait func(ctx context.Context) error) error {
+	r.enterWait(what, since)
+	wctx, cancel := context.WithCancel(ctx)
+	stopDrain := context.AfterFunc(r.w.drainCtx(), cancel)
+	err := wait(wctx)
+	drained := !stopDrain() && ctx.Err() == nil
+	cancel()
+	r.leaveWait(ctx)
+	if drained {
+		return errWaitHandedBack
+	}
+	return err
+}
+
+func (r *run) enterWait(what string, since time.Time) {
+	ws := &r.wait
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.n++
+	if ws.n > 1 {
+		return
+	}
+	ws.now.Store(&waitInfo{what: what, since: since})
+	if r.clock != nil {
+		r.clock.pause(since)
+	}
+	w := r.w
+	w.waitMu.Lock()
+	w.waitingRuns++
+	leave := r.slot != nil && w.offSlot < w.cfg.MaxWaiting
+	if leave {
+		w.offSlot++
+	}
+	n := w.waitingRuns
+	w.waitMu.Unlock()
+	w.obs.RunsWaiting(r.info(), n)
+	if leave {
+		ws.offSlot = true
+		r.slot.release()
+	}
+	r.hb.now()
+}
+
+func (r *run) leaveWait(ctx context.Context) {
+	ws := &r.wait
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.n--
+	if ws.n > 0 {
+		return
+	}
+	w := r.w
+	wasOff := ws.offSlot
+	if wasOff {
+		// Blocks until a slot is free; the run's stop (ctx) lets it
+		// finish without one.
+		r.slot.take(ctx)
+		ws.offSlot = false
+	}
+	ws.now.Store(nil)
+	if r.clock != nil {
+		r.clock.resume()
+	}
+	w.waitMu.Lock()
+	w.waitingRuns--
+	if wasOff {
+		w.offSlot--
+	}
+	n := w.waitingRuns
+	w.waitMu.Unlock()
+	w.obs.RunsWaiting(r.info(), n)
+	r.hb.now()
+}
+
+// waiting returns what the run waits for now ("" when it does not).
+func (r *run) waiting() (what string, since time.Time) {
+	if i := r.wait.now.Load(); i != nil {
+		return i.what, i.since
+	}
+	return "", time.Time{}
+}
+
+// drainCtx ends when the worker starts draining (Run's context).
+func (w *Worker) drainCtx() context.Context {
+	if w.runCtx == nil {
+		return context.Background()
+	}
+	return w.runCtx
+}
+
+// OffSlot returns how many runs wait without a slot now.
+func (w *Worker) OffSlot() int {
+	w.waitMu.Lock()
+	defer w.waitMu.Unlock()
+	return w.offSlot
+}
