@@ -1,92 +1,29 @@
 package bus
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
 
-// Decisions of an approval answer.
-const (
-	DecisionApprove = "approve"
-	DecisionDeny    = "deny"
-)
-
-// MaxApprovedByBytes bounds an answer's By: display text, not an identity.
-const MaxApprovedByBytes = 128
-
-// maxToolCallIDBytes bounds an answer's toolCallId (model-made ids are short).
-const maxToolCallIDBytes = 512
-
-// approveKind is the last token of the approval answer subject.
-const approveKind = "approve"
-
-// Approval event types (the worker publishes them).
-const (
-	eventApprovalRequested = "tool_approval_requested"
-	eventApprovalResolved  = "tool_approval_resolved"
-)
-
-// ApprovalAnswer is the body of a control message on
-// <prefix>.run.<run>.approve: a person's decision on one gated tool call.
-type ApprovalAnswer struct {
-	ToolCallID string `json:"toolCallId"`
-	// Decision is DecisionApprove or DecisionDeny.
-	Decision string `json:"decision"`
-	Reason   string `json:"reason,omitempty"`
-	// By is who answered, as display text (unauthenticated): NATS
-	// permissions on the subject decide who may answer.
-	By string `json:"by,omitempty"`
-	// Arguments replace the call's arguments (approve only): a JSON
-	// object, validated by the worker against the tool's schema.
-	Arguments json.RawMessage `json:"arguments,omitempty"`
-}
-
-// Check returns a readable error for an answer the worker would ignore.
-func (a *ApprovalAnswer) Check() error {
-	switch {
-	case a.ToolCallID == "":
-		return errors.New("approval answer: no toolCallId")
-	case len(a.ToolCallID) > maxToolCallIDBytes || !utf8.ValidString(a.ToolCallID):
-		return fmt.Errorf("approval answer: toolCallId %q is not a tool call id", truncate(a.ToolCallID, 80))
-	case a.Decision != DecisionApprove && a.Decision != DecisionDeny:
-		return fmt.Errorf("approval answer: decision %q: use %q or %q", truncate(a.Decision, 40), DecisionApprove, DecisionDeny)
-	case len(a.By) > MaxApprovedByBytes:
-		return fmt.Errorf("approval answer: by is %d bytes, at most %d", len(a.By), MaxApprovedByBytes)
-	case !utf8.ValidString(a.By) || !utf8.ValidString(a.Reason):
-		return errors.New("approval answer: by and reason must be UTF-8")
-	}
-	if len(a.Arguments) > 0 {
-		if a.Decision != DecisionApprove {
-			return errors.New("approval answer: arguments go with approve only")
-		}
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(a.Arguments, &obj); err != nil || obj == nil {
-			return errors.New("approval answer: arguments must be a JSON object")
-		}
-	}
-	return nil
-}
-
-// Answer publishes an approval answer for a run through JetStream (stored
-// in AGENTS_CONTROL even while no worker holds the run) and returns its
-// control stream sequence. A finished run gives ErrRunFinished and nothing
-// is sent. It does not check that the call is pending: see PendingOf.
+// Answer checks an approval answer and publishes it for a run through
+// JetStream (stored in AGENTS_CONTROL even while no worker holds the run);
+// it returns the control stream sequence. A finished run gives
+// ErrRunFinished and nothing is sent. It does not check that the call is
+// pending: see PendingOf.
 func (c *Client) Answer(ctx context.Context, runID string, a ApprovalAnswer) (uint64, error) {
 	if err := CheckID(runID); err != nil {
 		return 0, err
 	}
-	if err := a.Check(); err != nil {
-		return 0, err
+	if p := a.Problems(); len(p) > 0 {
+		return 0, fmt.Errorf("approval answer: %s", strings.Join(p, "; "))
 	}
 	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
 		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
@@ -98,7 +35,7 @@ func (c *Client) Answer(ctx context.Context, runID string, a ApprovalAnswer) (ui
 	if len(data) > MaxControlBytes {
 		return 0, fmt.Errorf("approval answer: %d bytes, at most %d", len(data), MaxControlBytes)
 	}
-	ack, err := c.js.Publish(ctx, c.names.Control(runID, approveKind), data, jetstream.WithExpectStream(c.names.ControlStream()))
+	ack, err := c.js.Publish(ctx, c.names.Control(runID, KindApprove), data, jetstream.WithExpectStream(c.names.ControlStream()))
 	if err != nil {
 		return 0, fmt.Errorf("approve %s: %w", runID, err)
 	}
@@ -152,7 +89,7 @@ func pendingCalls(envs []*Envelope) []PendingCall {
 		switch env.Type {
 		case EventRunFinished:
 			return nil
-		case eventApprovalRequested, eventApprovalResolved, string(agent.EventToolExecutionEnd):
+		case EventToolApprovalRequested, EventToolApprovalResolved, string(agent.EventToolExecutionEnd):
 		default:
 			continue
 		}
@@ -160,7 +97,7 @@ func pendingCalls(envs []*Envelope) []PendingCall {
 		if json.Unmarshal(env.Event, &ev) != nil || ev.ToolCallID == "" {
 			continue
 		}
-		if env.Type != eventApprovalRequested {
+		if env.Type != EventToolApprovalRequested {
 			settle(ev.ToolCallID)
 			continue
 		}
@@ -246,15 +183,14 @@ type ApprovalsOptions struct {
 // its events (with the arguments the model chose), the oldest request
 // first.
 func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]PendingCall, error) {
-	page, err := c.ListPage(ctx, ListOptions{State: StateRunning, Queue: o.Queue, MaxScan: o.MaxScan})
+	page, err := c.ListPage(ctx, ListOptions{State: StateWaiting, Queue: o.Queue, MaxScan: o.MaxScan})
 	if err != nil {
 		return nil, err
 	}
 	var out []PendingCall
 	for i := range page.Records {
 		r := &page.Records[i]
-		since, ok := waitingForApproval(r)
-		if !ok {
+		if r.Waiting == nil || r.Waiting.For != WaitingApproval {
 			continue
 		}
 		calls, err := c.PendingOf(ctx, r.ID)
@@ -263,21 +199,12 @@ func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]Pe
 		}
 		for _, p := range calls {
 			p.Queue = r.Queue
-			if !since.IsZero() {
-				p.WaitingSince = since
+			if !r.Waiting.Since.IsZero() {
+				p.WaitingSince = r.Waiting.Since
 			}
 			out = append(out, p)
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].RequestedAt.Before(out[j].RequestedAt) })
 	return out, nil
-}
-
-// waitingForApproval reports whether a record says its run waits for
-// approval, and since when.
-func waitingForApproval(r *RunRecord) (time.Time, bool) {
-	if !bytes.Contains([]byte(r.Waiting), []byte("approval")) {
-		return time.Time{}, false
-	}
-	return time.Time{}, true
 }

@@ -13,13 +13,6 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 )
 
-// Approval event types, as the worker publishes them.
-const (
-	evApprovalRequested = "tool_approval_requested"
-	evApprovalResolved  = "tool_approval_resolved"
-	evApprovalRejected  = "tool_approval_rejected"
-)
-
 func cmdApprovals(ctx context.Context, e *env, args []string) int {
 	fs := newFlagSet(e, "approvals", "submit approvals [--queue Q] [--json]")
 	var cf conn
@@ -145,10 +138,12 @@ func answer(ctx context.Context, e *env, args []string, decision string) int {
 	}
 	a := bus.ApprovalAnswer{ToolCallID: pos[1], Decision: decision, Reason: reason, By: by}
 	if argsJSON != "" {
-		a.Arguments = json.RawMessage(argsJSON)
+		if err := json.Unmarshal([]byte(argsJSON), &a.Arguments); err != nil || a.Arguments == nil {
+			return fail(e, usagef("--args must be a JSON object (the call's new arguments)"))
+		}
 	}
-	if err := a.Check(); err != nil {
-		return fail(e, usagef("%v", err))
+	if p := a.Problems(); len(p) > 0 {
+		return fail(e, usagef("%s", strings.Join(p, "; ")))
 	}
 	id := pos[0]
 	ctx, c, rec, release, err := openRun(ctx, e, &cf, id)
@@ -250,7 +245,7 @@ func (r *renderer) approvalEvent(env *bus.Envelope, typ string) {
 		reason = ": " + cut(field(oneLine(ev.Reason)), 300)
 	}
 	switch typ {
-	case evApprovalRequested:
+	case bus.EventToolApprovalRequested:
 		r.approvals = append(r.approvals, pendingCall{ev.ToolCallID, ev.ToolName})
 		line := "⏸ approval needed: " + field(cut(ev.ToolName, 60)) + " " + call + " " + cut(field(string(ev.Args)), r.room(30, 2))
 		if ev.ExpiresAt > 0 {
@@ -261,7 +256,7 @@ func (r *renderer) approvalEvent(env *bus.Envelope, typ string) {
 		if r.interactive {
 			r.note(fmt.Sprintf("/approve %s approves · /deny %s REASON denies", call, call))
 		}
-	case evApprovalResolved:
+	case bus.EventToolApprovalResolved:
 		r.settle(ev.ToolCallID)
 		switch ev.Decision {
 		case bus.DecisionApprove:
@@ -271,7 +266,7 @@ func (r *renderer) approvalEvent(env *bus.Envelope, typ string) {
 		default:
 			r.println(r.st.red("✗ " + field(cut(ev.Decision, 20)) + " " + call + reason))
 		}
-	case evApprovalRejected:
+	case bus.EventToolApprovalRejected:
 		r.println(r.st.yellow("! the edit of " + call + " was rejected" + reason + "; still waiting"))
 	}
 }
@@ -335,4 +330,29 @@ func parseApprovalInput(line string, pending []pendingCall) (a *bus.ApprovalAnsw
 		a.Reason = rest
 	}
 	return a, true, nil
+}
+
+// waitingNote marks a listed run that waits: " (waiting: approval)".
+func waitingNote(w *bus.Waiting) string {
+	if w == nil {
+		return ""
+	}
+	return " (waiting: " + field(cut(w.For, 20)) + ")"
+}
+
+// writeWaiting adds what a running run waits for to its status rows.
+func writeWaiting(row func(k, v string), w *bus.Waiting) {
+	if w == nil {
+		return
+	}
+	v := field(cut(w.For, 20))
+	if !w.Since.IsZero() {
+		v += " since " + w.Since.Local().Format("2006-01-02 15:04:05") + " (" + ago(time.Since(w.Since)) + ")"
+	}
+	row("waiting", v)
+	now := time.Now()
+	for _, a := range w.Approvals {
+		row("  call "+field(cut(a.ToolCallID, 40)), field(cut(a.ToolName, 40))+" · expires "+
+			clockTime(time.UnixMilli(a.ExpiresAt))+" ("+expiresIn(now, time.UnixMilli(a.ExpiresAt))+")")
+	}
 }

@@ -174,7 +174,7 @@ func TestApprovalApprove(t *testing.T) {
 	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("It is 42.")))
-	req := decodeApproval(t, waitEvent(t, c, run, evApprovalRequested, "c1"))
+	req := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1"))
 	if req.ToolName != "calculator" || req.Args["expression"] != "6*7" || req.ExpiresAt < time.Now().Add(23*time.Hour).UnixMilli() {
 		t.Errorf("request %+v", req)
 	}
@@ -213,7 +213,7 @@ func TestApprovalApprove(t *testing.T) {
 	}
 	expect(t, out, `⚙ calculator {"expression":"6*7"}`, `⏸ approval needed: calculator c1 {"expression":"6*7"} · expires `,
 		"✓ approved c1 by alice", "↳ calculator → ok: 42", "It is 42.", "✓ succeeded")
-	res := decodeApproval(t, waitEvent(t, c, run, evApprovalResolved, "c1"))
+	res := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalResolved, "c1"))
 	if res.Decision != "approve" || res.By != "alice" || res.ControlSeq == 0 {
 		t.Errorf("resolved %+v", res)
 	}
@@ -232,7 +232,7 @@ func TestApprovalDenyWithReason(t *testing.T) {
 	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("Understood, no calculator.")))
-	waitEvent(t, c, run, evApprovalRequested, "c1")
+	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
 	if _, errOut, code := submit(t, "deny", run, "c1"); code != 2 || !strings.Contains(errOut, "--reason") {
 		t.Errorf("deny without a reason: exit %d\n%s", code, errOut)
 	}
@@ -248,7 +248,7 @@ func TestApprovalDenyWithReason(t *testing.T) {
 	if !isErr || !strings.Contains(text, "not in production") {
 		t.Errorf("the denied call's result: %q (error %v)", text, isErr)
 	}
-	res := decodeApproval(t, waitEvent(t, c, run, evApprovalResolved, "c1"))
+	res := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalResolved, "c1"))
 	if res.Decision != "deny" || res.Reason != "not in production" || res.By != "bob" {
 		t.Errorf("resolved %+v", res)
 	}
@@ -262,14 +262,14 @@ func TestApprovalEditedArguments(t *testing.T) {
 	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("Done.")))
-	waitEvent(t, c, run, evApprovalRequested, "c1")
+	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
 	if _, errOut, code := submit(t, "approve", run, "c1", "--args", "[1,2]"); code != 2 || !strings.Contains(errOut, "JSON object") {
 		t.Errorf("--args not an object: exit %d\n%s", code, errOut)
 	}
 	if out, errOut, code := submit(t, "approve", run, "c1", "--args", `{"expression":{"nested":true}}`); code != 0 {
 		t.Fatalf("approve with invalid args: exit %d\n%s\n%s", code, out, errOut)
 	}
-	rej := decodeApproval(t, waitEvent(t, c, run, evApprovalRejected, "c1"))
+	rej := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalRejected, "c1"))
 	if rej.Reason == "" || rej.ControlSeq == 0 {
 		t.Errorf("rejected %+v", rej)
 	}
@@ -305,8 +305,8 @@ func TestApprovalTimeoutDeny(t *testing.T) {
 	if run == nil {
 		t.Fatalf("no run id in\n%s", out)
 	}
-	req := decodeApproval(t, waitEvent(t, c, run[1], evApprovalRequested, "c1"))
-	res := waitEvent(t, c, run[1], evApprovalResolved, "c1")
+	req := decodeApproval(t, waitEvent(t, c, run[1], bus.EventToolApprovalRequested, "c1"))
+	res := waitEvent(t, c, run[1], bus.EventToolApprovalResolved, "c1")
 	if ev := decodeApproval(t, res); ev.Decision != "timeout" {
 		t.Errorf("resolved %+v", ev)
 	}
@@ -344,7 +344,7 @@ func TestApprovalAbortWhileWaiting(t *testing.T) {
 	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("never")))
-	waitEvent(t, c, run, evApprovalRequested, "c1")
+	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
 	out, errOut, code := submit(t, "abort", run, "--reason", "not needed")
 	if code != 0 || !strings.Contains(out, "■ aborted: not needed") {
 		t.Fatalf("abort: exit %d\n%s\n%s", code, out, errOut)
@@ -366,12 +366,12 @@ func TestApprovalParallelCallsOppositeOrder(t *testing.T) {
 	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, twoCalls, textReply("42 and 4.")))
-	waitEvent(t, c, run, evApprovalRequested, "c1")
-	waitEvent(t, c, run, evApprovalRequested, "c2")
+	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
+	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c2")
 	if _, errOut, code := submit(t, "approve", run, "c2"); code != 0 {
 		t.Fatalf("approve c2: exit %d\n%s", code, errOut)
 	}
-	waitEvent(t, c, run, evApprovalResolved, "c2")
+	waitEvent(t, c, run, bus.EventToolApprovalResolved, "c2")
 	if ps, err := c.PendingOf(ctx(t), run); err != nil || len(ps) != 1 || ps[0].ToolCallID != "c1" {
 		t.Fatalf("after c2's answer: pending %+v %v", ps, err)
 	}
@@ -383,7 +383,7 @@ func TestApprovalParallelCallsOppositeOrder(t *testing.T) {
 		t.Fatalf("follow: exit %d\n%s", code, out)
 	}
 	var order []string
-	for _, env := range events(t, c, run, evApprovalRequested, evApprovalResolved) {
+	for _, env := range events(t, c, run, bus.EventToolApprovalRequested, bus.EventToolApprovalResolved) {
 		order = append(order, strings.TrimPrefix(env.Type, "tool_approval_")+":"+decodeApproval(t, env).ToolCallID)
 	}
 	if got := strings.Join(order, " "); got != "requested:c1 requested:c2 resolved:c2 resolved:c1" {
@@ -414,11 +414,11 @@ func TestApprovalAnswerBeforeRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, env := range envs {
-		if env.Type == evApprovalRequested {
+		if env.Type == bus.EventToolApprovalRequested {
 			t.Fatalf("the call was asked before the answer was stored (a slow machine?):\n%s", fleettest.Dump(envs))
 		}
 	}
-	res := decodeApproval(t, waitEvent(t, c, run, evApprovalResolved, "c1"))
+	res := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalResolved, "c1"))
 	if res.Decision != "approve" || res.By != "early" || res.ControlSeq != seq {
 		t.Errorf("resolved %+v, want the answer of control sequence %d", res, seq)
 	}
@@ -477,7 +477,7 @@ func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = stopA() })
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("It is 42.")), "--queue", queue)
-	req := decodeApproval(t, waitEvent(t, c, run, evApprovalRequested, "c1"))
+	req := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1"))
 	waitRecord(t, run, func(r waitingRecord) bool {
 		return r.Waiting != nil && r.Waiting.For == "approval" && r.Attempt == 1
 	})
@@ -508,7 +508,7 @@ func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 		t.Fatalf("follow: exit %d\n%s", code, out)
 	}
 	expect(t, out, "attempt 2", "✓ approved c1", "↳ calculator → ok: 42", "It is 42.", "✓ succeeded")
-	if n := len(events(t, c, run, evApprovalRequested)); n != 1 {
+	if n := len(events(t, c, run, bus.EventToolApprovalRequested)); n != 1 {
 		t.Errorf("%d tool_approval_requested events, want 1 (no second request)", n)
 	}
 	if text, isErr := toolResult(t, c, run, "c1"); isErr || text != "42" {

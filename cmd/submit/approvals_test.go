@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 func TestParseApprovalInput(t *testing.T) {
@@ -61,11 +63,11 @@ func TestRenderApprovalEvents(t *testing.T) {
 	evil := "\x1b]0;owned\x07\x1b[2J"
 	for i, ev := range []map[string]any{
 		{"type": "tool_execution_start", "toolCallId": "c1", "toolName": "deploy", "args": map[string]any{"env": "prod"}},
-		{"type": evApprovalRequested, "toolCallId": "c1", "toolName": "deploy", "args": map[string]any{"env": "prod" + evil}, "expiresAt": 4102444800000},
-		{"type": evApprovalRequested, "toolCallId": "c2" + evil, "toolName": "pay\nfake line", "args": map[string]any{}, "expiresAt": 4102444800000},
-		{"type": evApprovalRejected, "toolCallId": "c1", "reason": "env: must be one of staging, prod" + evil, "controlSeq": 7},
-		{"type": evApprovalResolved, "toolCallId": "c1", "decision": "approve", "by": "alice" + evil, "controlSeq": 8},
-		{"type": evApprovalResolved, "toolCallId": "c2" + evil, "decision": "deny", "by": "bob", "reason": "too\nmuch", "controlSeq": 9},
+		{"type": bus.EventToolApprovalRequested, "toolCallId": "c1", "toolName": "deploy", "args": map[string]any{"env": "prod" + evil}, "expiresAt": 4102444800000},
+		{"type": bus.EventToolApprovalRequested, "toolCallId": "c2" + evil, "toolName": "pay\nfake line", "args": map[string]any{}, "expiresAt": 4102444800000},
+		{"type": bus.EventToolApprovalRejected, "toolCallId": "c1", "reason": "env: must be one of staging, prod" + evil, "controlSeq": 7},
+		{"type": bus.EventToolApprovalResolved, "toolCallId": "c1", "decision": "approve", "by": "alice" + evil, "controlSeq": 8},
+		{"type": bus.EventToolApprovalResolved, "toolCallId": "c2" + evil, "decision": "deny", "by": "bob", "reason": "too\nmuch", "controlSeq": 9},
 	} {
 		if err := r.Render(envelope(t, uint64(i+2), 0, ev)); err != nil {
 			t.Fatal(err)

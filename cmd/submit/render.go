@@ -147,7 +147,7 @@ func (r *renderer) Render(env *bus.Envelope) error {
 	case bus.EventRunFinished:
 		r.finished, r.approvals = ev.RunFinished, nil
 		r.println(closingLine(r.st, ev.RunFinished))
-	case evApprovalRequested, evApprovalResolved, evApprovalRejected:
+	case bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
 		r.approvalEvent(env, ev.Type)
 	case bus.EventModelWait:
 		r.println(r.st.dim(fmt.Sprintf("⏳ the model call waited %s for the fleet's rate limits", time.Duration(ev.ModelWait.WaitedMs)*time.Millisecond)))
