@@ -27,7 +27,7 @@ func textReply(s string) string { return fmt.Sprintf(`{"content":[{"type":"text"
 
 // gatedRun is a faux run request whose approval field is approval.
 func gatedRun(approval string, responses ...string) string {
-	return `{"model":"faux/x","tools":["calculator","sleep"],"approval":` + approval +
+	return `{"prompt":"go","model":"faux/x","tools":["calculator","sleep"],"approval":` + approval +
 		`,"faux":{"responses":[` + strings.Join(responses, ",") + `]}}`
 }
 
