@@ -69,13 +69,13 @@ type approvalEvent struct {
 	ExpiresAt  int64           `json:"expiresAt"`
 }
 
-// pendingCalls folds a run's envelopes into its pending gated calls, the
-// oldest first: a call with tool_approval_requested and neither
+// PendingCalls folds a run's envelopes (in stream order) into its pending
+// gated calls, the oldest first: a call with tool_approval_requested and neither
 // tool_approval_resolved nor tool_execution_end (in any attempt: a resumed
 // attempt keeps waiting without asking again); none once the run has
 // finished. A result or resolution settles the oldest unsettled call with
 // its id (a model may reuse ids across turns).
-func pendingCalls(envs []*Envelope) []PendingCall {
+func PendingCalls(envs []*Envelope) []PendingCall {
 	var out []PendingCall
 	settle := func(id string) {
 		for i := range out {
@@ -120,7 +120,7 @@ func (c *Client) PendingOf(ctx context.Context, runID string) ([]PendingCall, er
 	if err != nil {
 		return nil, err
 	}
-	return pendingCalls(envs), nil
+	return PendingCalls(envs), nil
 }
 
 // storedEvents reads a run's envelopes stored now with an ordered consumer

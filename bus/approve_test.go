@@ -23,7 +23,7 @@ func TestPendingCalls(t *testing.T) {
 	}
 	ids := func(envs ...*Envelope) string {
 		var out []string
-		for _, p := range pendingCalls(envs) {
+		for _, p := range PendingCalls(envs) {
 			out = append(out, p.ToolCallID+"/"+p.ToolName+"@"+p.ExpiresAt.UTC().Format("05"))
 		}
 		return strings.Join(out, " ")
@@ -58,7 +58,7 @@ func TestPendingCalls(t *testing.T) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}
-	if p := pendingCalls([]*Envelope{a})[0]; string(p.Args) != `{"x":1}` || p.RequestedAt.UnixMilli() != 1 || p.Run != "r1" {
+	if p := PendingCalls([]*Envelope{a})[0]; string(p.Args) != `{"x":1}` || p.RequestedAt.UnixMilli() != 1 || p.Run != "r1" {
 		t.Errorf("pending %+v", p)
 	}
 }

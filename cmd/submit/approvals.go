@@ -111,14 +111,16 @@ func cmdDeny(ctx context.Context, e *env, args []string) int {
 
 // answer sends an approval answer after checking the call is pending.
 func answer(ctx context.Context, e *env, args []string, decision string) int {
-	usage := "submit approve RUN CALL [--args JSON] [--by NAME]"
+	usage := "submit approve RUN CALL [--args JSON] [--by NAME] [--wait D]"
 	if decision == bus.DecisionDeny {
-		usage = "submit deny RUN CALL --reason TEXT [--by NAME]"
+		usage = "submit deny RUN CALL --reason TEXT [--by NAME] [--wait D]"
 	}
 	fs := newFlagSet(e, decision, usage)
 	var cf conn
 	var argsJSON, by, reason string
+	var wait time.Duration
 	cf.register(fs.FlagSet, e)
+	fs.DurationVar(&wait, "wait", 0, "wait this long for the run to ask for an approval (for scripts that submit and answer)")
 	fs.StringVar(&by, "by", e.getenv("USER"), "who answers, shown in the run's events (display text, at most 128 bytes) [USER]")
 	if decision == bus.DecisionApprove {
 		fs.StringVar(&argsJSON, "args", "", "replace the call's arguments with this JSON object (the worker checks it against the tool's schema)")
@@ -155,6 +157,9 @@ func answer(ctx context.Context, e *env, args []string, decision string) int {
 		return fail(e, fmt.Errorf("run %s is %s: nothing to %s", id, rec.State, decision))
 	}
 	pending, err := c.PendingOf(ctx, id)
+	if err == nil && len(pending) == 0 && wait > 0 {
+		pending, err = waitAsked(ctx, c, id, wait)
+	}
 	if err != nil {
 		return fail(e, fleetError(c, err))
 	}
@@ -167,6 +172,30 @@ func answer(ctx context.Context, e *env, args []string, decision string) int {
 	}
 	fmt.Fprintf(e.stdout, "%s sent for call %s of run %s (control sequence %d)\n", decision, field(a.ToolCallID), id, seq)
 	return exitOK
+}
+
+// waitAsked follows a run until a call of it waits for approval or it
+// finishes, at most d, and returns its pending calls then.
+func waitAsked(ctx context.Context, c *bus.Client, run string, d time.Duration) ([]bus.PendingCall, error) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var envs []*bus.Envelope
+	for env, err := range c.Follow(wctx, run) {
+		if err != nil {
+			if bus.IsFatalFollowError(err) {
+				break
+			}
+			continue
+		}
+		envs = append(envs, env)
+		if env.Type == bus.EventRunFinished || env.Type == bus.EventToolApprovalRequested && len(bus.PendingCalls(envs)) > 0 {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return c.PendingOf(ctx, run)
 }
 
 func hasCall(ps []bus.PendingCall, id string) bool {
@@ -210,6 +239,7 @@ func approvalPromptWords(name string) func(e *env) *flag.FlagSet {
 			fs.String("by", "", "")
 			fs.String("reason", "", "")
 			fs.String("args", "", "")
+			fs.Duration("wait", 0, "")
 		}
 		return fs
 	}
