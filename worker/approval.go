@@ -75,10 +75,118 @@ func (r *run) gateTools() {
 		return
 	}
 	r.approval = p
+	r.ungated = map[string]*agent.Tool{}
 	for i, t := range r.tools {
 		if p.Gates(t.Name) {
+			r.ungated[t.Name] = t
 			r.tools[i] = r.gateTool(t)
 		}
+	}
+}
+
+// takeOverPending keeps the calls an earlier attempt left waiting: they
+// wait again (runPendingCalls) with their original times.
+func (r *run) takeOverPending(calls []workerproto.PendingCall) {
+	if len(calls) == 0 {
+		return
+	}
+	r.pendingCalls = calls
+	r.appr.mu.Lock()
+	r.appr.resumed = map[string]bus.PendingApproval{}
+	for _, c := range calls {
+		r.appr.resumed[c.Call.ID] = c.Approval
+	}
+	// The record has the exact times (the event only its publish time).
+	if p := r.prev; p != nil && p.Waiting != nil {
+		for _, a := range p.Waiting.Approvals {
+			if have, ok := r.appr.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.ExpiresAt && a.RequestedAt > 0 {
+				have.RequestedAt = a.RequestedAt
+				r.appr.resumed[a.ToolCallID] = have
+			}
+		}
+	}
+	r.appr.mu.Unlock()
+}
+
+// runPendingCalls waits for the answers of the calls an earlier attempt
+// left waiting (together, as their batch did), runs the approved ones,
+// and publishes their results as the agent would (tool_execution_end,
+// then the toolResult message), before the agent continues.
+func (r *run) runPendingCalls(ctx context.Context) error {
+	calls := r.pendingCalls
+	r.pendingCalls = nil
+	if r.approval == nil {
+		r.approval = &bus.Approval{} // the earlier attempt's gate: default bounds
+	}
+	results := make([]agent.Message, len(calls))
+	var wg sync.WaitGroup
+	for i, pc := range calls {
+		wg.Go(func() { results[i] = r.runPendingCall(ctx, pc) })
+	}
+	wg.Wait()
+	if r.waitHandedBack.Load() {
+		return nil // handed back: the calls stay pending in the events
+	}
+	for i := range results {
+		m := &results[i]
+		res := agent.ToolResult{Content: m.Content}
+		evs := []agent.Event{
+			{Type: agent.EventToolExecutionEnd, ToolCallID: m.ToolCallID, ToolName: m.ToolName, Result: &res, IsError: m.IsError},
+			{Type: agent.EventMessageStart, Message: m},
+			{Type: agent.EventMessageEnd, Message: m},
+		}
+		for j := range evs {
+			data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&evs[j]))
+			if err != nil {
+				return err
+			}
+			if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
+				return err
+			}
+		}
+	}
+	r.agent.SetMessages(append(r.agent.Messages(), results...))
+	return nil
+}
+
+func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) agent.Message {
+	c := pc.Call
+	m := agent.Message{Role: agent.RoleToolResult, ToolCallID: c.ID, ToolName: c.Name}
+	fail := func(text string) agent.Message {
+		m.Content, m.IsError, m.Timestamp = []agent.Content{agent.Text(clipString(text, bus.MaxErrorBytes))}, true, time.Now().UnixMilli()
+		return m
+	}
+	t := r.ungated[c.Name]
+	if t == nil {
+		for _, have := range r.tools {
+			if have.Name == c.Name {
+				t = have
+			}
+		}
+	}
+	if t == nil {
+		return fail(fmt.Sprintf("Tool %s not found", c.Name))
+	}
+	args, err := validateEdit(t, c.Arguments)
+	if err != nil {
+		return fail(err.Error())
+	}
+	res, err := r.gateTool(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
+	if err != nil {
+		return fail(err.Error())
+	}
+	m.Content, m.Timestamp = res.Content, time.Now().UnixMilli()
+	if m.Content == nil {
+		m.Content = []agent.Content{}
+	}
+	return m
+}
+
+// endPickupPause ends the clock's pause for an earlier attempt's wait.
+func (r *run) endPickupPause() {
+	if r.pickupPaused {
+		r.pickupPaused = false
+		r.clock.resume()
 	}
 }
 
@@ -201,7 +309,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		c.requestedAt, c.expiresAt = time.UnixMilli(prior.RequestedAt), time.UnixMilli(prior.ExpiresAt)
 		r.log.Info("gated tool call still waits for its answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	} else {
-		c.requestedAt = time.Now()
+		c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
 		c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
 		if _, err := r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
 			ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli()}); err != nil {
@@ -211,7 +319,11 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	}
 	r.appr.add(c)
-	defer r.appr.remove(c)
+	r.hb.now() // the record lists the call
+	defer func() {
+		r.appr.remove(c)
+		r.hb.now()
+	}()
 
 	var got *answer
 	var edited map[string]any

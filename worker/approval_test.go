@@ -126,6 +126,9 @@ func (re *runEvents) waitFor(t *testing.T, typ string, n int) *bus.Event {
 		select {
 		case <-re.wake:
 		case <-re.done:
+			if re.count(typ) >= n {
+				continue
+			}
 			t.Fatalf("the run ended without %s #%d; events: %s", typ, n, re.types())
 		case <-deadline:
 			t.Fatalf("no %s #%d within 30s; events: %s", typ, n, re.types())
@@ -241,8 +244,12 @@ func waitingFor(rec *bus.RunRecord, ids ...string) bool {
 	if rec.State != bus.StateRunning || rec.Waiting == nil || rec.Waiting.For != bus.WaitingApproval || len(rec.Waiting.Approvals) != len(ids) {
 		return false
 	}
-	for i, a := range rec.Waiting.Approvals {
-		if a.ToolCallID != ids[i] {
+	have := map[string]bool{}
+	for _, a := range rec.Waiting.Approvals {
+		have[a.ToolCallID] = true
+	}
+	for _, id := range ids {
+		if !have[id] {
 			return false
 		}
 	}
@@ -300,3 +307,305 @@ func TestApprovalApproveRunsTheCall(t *testing.T) {
 		t.Fatalf("after the run: record waiting %+v, %d off slot", final.Waiting, w.OffSlot())
 	}
 }
+
+func TestApprovalDenyGivesTheModelTheReason(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "deny", "reason": "freeze week", "by": "bob"})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.Decision != bus.DecisionDeny || res.Reason != "freeze week" {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v (a denial is the model's to handle)", fin)
+	}
+	res := toolResults(t, c, run)["c1"]
+	if !res.IsError || !strings.Contains(res.TextOf(), "freeze week") || !strings.Contains(res.TextOf(), "bob") {
+		t.Fatalf("tool result %+v", res)
+	}
+	if d.targets() != "" {
+		t.Fatalf("a denied call ran: %q", d.targets())
+	}
+}
+
+func TestApprovalEditedArgumentsInvalidThenValid(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	bad := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "arguments": map[string]any{"target": map[string]any{"env": "prod"}}})
+	rej := re.waitFor(t, bus.EventToolApprovalRejected, 1).Approval
+	if rej.ControlSeq != bad || rej.Reason == "" {
+		t.Fatalf("rejected %+v, want controlSeq %d and a reason", rej, bad)
+	}
+	if n := re.count(bus.EventToolApprovalResolved); n != 0 {
+		t.Fatalf("%d resolved after an invalid edit; the call must stay pending", n)
+	}
+	good := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "arguments": map[string]any{"target": "staging"}})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != good || res.Decision != bus.DecisionApprove {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	if d.targets() != "staging" {
+		t.Fatalf("deploy ran with %q, want the edit", d.targets())
+	}
+}
+
+func TestApprovalTimeoutDenies(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1}, "prod"))
+	re := followRun(t, c, run)
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.Decision != bus.DecisionTimeout {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	if res := toolResults(t, c, run)["c1"]; !res.IsError || !strings.Contains(res.TextOf(), "not approved within") {
+		t.Fatalf("tool result %+v", res)
+	}
+	if d.targets() != "" {
+		t.Fatal("a timed-out call ran")
+	}
+}
+
+func TestApprovalTimeoutAborts(t *testing.T) {
+	_, c, _ := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1, OnTimeout: "abort"}, "prod"))
+	re := followRun(t, c, run)
+	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonApprovalTimeout {
+		t.Fatalf("finished %+v, want aborted/approval_timeout", fin)
+	}
+	if re.count(bus.EventToolApprovalResolved) != 1 {
+		t.Fatalf("events %s", re.types())
+	}
+}
+
+func TestApprovalAbortWhileWaitingEndsTheRunAtOnce(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := c.Abort(ctx, run, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonAbortedByUser {
+		t.Fatalf("finished %+v", fin)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the abort took %s", took)
+	}
+	if d.targets() != "" || re.count(bus.EventToolApprovalResolved) != 0 {
+		t.Fatalf("deploy %q, events %s", d.targets(), re.types())
+	}
+}
+
+// Two gated calls of one parallel batch ask together; each answer goes to
+// its call, whatever the order.
+func TestApprovalParallelCallsAnsweredInOppositeOrder(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"*"}}, "one", "two"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 2)
+	waitRecord(t, c, run, "waiting for both", func(r *bus.RunRecord) bool { return waitingFor(r, "c1", "c2") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
+	first := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval
+	if first.ToolCallID != "c2" {
+		t.Fatalf("first resolved %+v, want c2", first)
+	}
+	waitRecord(t, c, run, "waiting for c1 only", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "deny", "reason": "not one"})
+	if second := re.waitFor(t, bus.EventToolApprovalResolved, 2).Approval; second.ToolCallID != "c1" || second.Decision != bus.DecisionDeny {
+		t.Fatalf("second resolved %+v", second)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	if d.targets() != "two" {
+		t.Fatalf("deploy ran with %q, want two only", d.targets())
+	}
+}
+
+// An answer stored before its call asks is kept and applied when it does.
+func TestApprovalAnswerBeforeRequest(t *testing.T) {
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, 10)}
+	_, c, d := approvalWorker(t, Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	// First an ungated call that waits for the test, then the gated one.
+	req.Tools = []string{"gate", "deploy"}
+	req.Faux.Responses = append([]agent.ScriptedResponse{{
+		Content:    []agent.Content{agent.ToolCall("g1", "gate", map[string]any{"name": "x"})},
+		StopReason: agent.StopReasonToolUse}}, req.Faux.Responses...)
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	within(t, g.started, 20*time.Second, "the ungated call")
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "early"})
+	if kind := within(t, o.got, 10*time.Second, "the answer taken"); kind != bus.KindApprove {
+		t.Fatalf("control %s", kind)
+	}
+	g.release <- struct{}{}
+	res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval
+	if res.ControlSeq != seq || res.By != "early" {
+		t.Fatalf("resolved %+v", res)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+}
+
+// A worker with one slot finishes another run while a run waits.
+func TestApprovalWaitingRunLeavesItsSlot(t *testing.T) {
+	w, c, _ := approvalWorker(t, Config{Concurrency: 1})
+	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, waiting)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr, err := c.LoadTranscript(ctx, other)
+	if err != nil || tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("the other run: %v %+v", err, tr.Finished)
+	}
+	if w.OffSlot() != 1 {
+		t.Fatalf("%d runs off their slot", w.OffSlot())
+	}
+	sendAnswer(t, c, waiting, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+}
+
+// Past MaxWaiting a waiting run keeps its slot.
+func TestApprovalPastMaxWaitingKeepsTheSlot(t *testing.T) {
+	w, c, _ := approvalWorker(t, Config{Concurrency: 1, MaxWaiting: -1})
+	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, waiting)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	waitRecord(t, c, waiting, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	oe := followRun(t, c, other)
+	// The other run can only start once the slot is free again.
+	sendAnswer(t, c, waiting, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	re.finished(t)
+	oe.finished(t)
+	if w.OffSlot() != 0 {
+		t.Fatal("a run left its slot")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, _ := c.Status(ctx, waiting)
+	b, _ := c.Status(ctx, other)
+	if !b.StartedAt.After(a.FinishedAt.Add(-time.Second)) || b.StartedAt.Before(a.StartedAt) {
+		t.Fatalf("the other run started at %v, the waiting one ran %v..%v", b.StartedAt, a.StartedAt, a.FinishedAt)
+	}
+}
+
+// Time spent waiting does not count against limits.timeoutSeconds.
+func TestApprovalWaitNotCountedInTheTimeout(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{HeartbeatInterval: 300 * time.Millisecond})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Limits = &bus.Limits{TimeoutSeconds: 1}
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	rec := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	// Wait well past the timeout, on the record's own clock: a heartbeat
+	// written 2s after the run started.
+	waitRecord(t, c, run, "2s into its wait", func(r *bus.RunRecord) bool {
+		return r.HeartbeatAt.Sub(rec.StartedAt) > 2*time.Second || r.Finished()
+	})
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v: the wait counted against the timeout", fin)
+	}
+	final := waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	if final.WaitedMs < 1500 || d.targets() != "prod" {
+		t.Fatalf("waitedMs %d, deploy %q", final.WaitedMs, d.targets())
+	}
+}
+
+// startOn runs a worker on c until the returned stop (a drain) is called.
+func startOn(t *testing.T, c *bus.Client, cfg Config) (*Worker, func()) {
+	t.Helper()
+	cfg.Client = c
+	if cfg.PollWait == 0 {
+		cfg.PollWait = 200 * time.Millisecond
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("worker stopped before it was ready: %v", err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return w, stop
+}
+
+// A drained worker hands its waiting run back at once; the next worker
+// resumes it still waiting, with the same expiry and no second request.
+// answerWhileNone sends the answer while no worker holds the run.
+func testApprovalResume(t *testing.T, answerWhileNone bool) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	before := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	start := time.Now()
+	stopA()
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("the drain took %s: the waiting run held it", took)
+	}
+	var seq uint64
+	if answerWhileNone {
+		seq = sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "offline"})
+	}
+	startOn(t, c, cfg)
+	if !answerWhileNone {
+		rec := waitRecord(t, c, run, "waiting on a later attempt", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+		if got := rec.Waiting.Approvals[0]; got.ExpiresAt != asked.ExpiresAt || !rec.Waiting.Since.Equal(before.Waiting.Since) {
+			t.Fatalf("resumed wait %+v since %v; first %+v since %v", got, rec.Waiting.Since, before.Waiting.Approvals[0], before.Waiting.Since)
+		}
+		seq = sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "later"})
+	}
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq {
+		t.Fatalf("resolved %+v, want controlSeq %d", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 || d.targets() != "prod" {
+		t.Fatalf("%d requests (want 1), deploy %q; events %s", n, d.targets(), re.types())
+	}
+	res := toolResults(t, c, run)["c1"]
+	if res.IsError || res.TextOf() != "deployed prod" {
+		t.Fatalf("tool result %+v", res)
+	}
+}
+
+func TestApprovalResumeKeepsWaiting(t *testing.T)             { testApprovalResume(t, false) }
+func TestApprovalAnswerWhileNoWorkerHoldsTheRun(t *testing.T) { testApprovalResume(t, true) }

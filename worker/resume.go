@@ -70,12 +70,15 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	}
 	r.agent.SetMessages(all)
 	r.ctl.skip(rc.ControlSeqs)
+	r.ctl.skip(rc.AnsweredSeqs)
+	r.takeOverPending(rc.Pending) // worker/approval.go
 	turns := r.tally.restore(msgs[len(r.prompt):])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)
 	}
 	r.log.Info("resumed", "fromAttempt", rc.Attempt, "messagesRestored", len(msgs), "dropped", rc.Dropped,
 		"partialDropped", rc.Partial, "syntheticToolResults", len(rc.Synthetic), "controlsDelivered", len(rc.ControlSeqs),
+		"approvalsPending", len(rc.Pending),
 		"turns", turns)
 	return true, nil
 }

@@ -64,6 +64,7 @@ type run struct {
 
 	approval *bus.Approval // the run's gate (approval.go); nil: none
 	appr     approvals
+	ungated  map[string]*agent.Tool // the gated tools, unwrapped
 
 	slot  *slotHold // nil for a give-up
 	clock *runClock // the timeout, waits left out (waiting.go)
@@ -73,6 +74,11 @@ type run struct {
 	// waitHandedBack: a wait ended because the worker is draining; the
 	// run is handed back without publishing more.
 	waitHandedBack atomic.Bool
+	// pickupPaused: the clock was paused at pickup for an earlier
+	// attempt's wait (endPickupPause ends it).
+	pickupPaused bool
+	// pendingCalls are gated calls an earlier attempt left waiting.
+	pendingCalls []workerproto.PendingCall
 }
 
 // runPlan is the request resolved against the worker.
@@ -141,6 +147,12 @@ func (r *run) execute() {
 	defer cancel()
 	r.clock = newRunClock(r.runStart.Add(timeout), r.prevWaited, func() { cancelCause(context.DeadlineExceeded) })
 	defer r.clock.stop()
+	if w := r.prev; w != nil && w.Waiting != nil && w.Waiting.For == bus.WaitingApproval {
+		// The earlier attempt was waiting: its wait goes on until the
+		// resume knows whether calls still wait (endPickupPause).
+		r.clock.pause(w.Waiting.Since)
+		r.pickupPaused = true
+	}
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
 
@@ -270,6 +282,17 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	if r.tally.stopping() {
 		return nil, false
 	}
+	if restored && len(r.pendingCalls) > 0 {
+		// Gated calls an earlier attempt left waiting wait again (their
+		// answers may be in the stream already: the control owner has
+		// read it).
+		err := r.runPendingCalls(ctx)
+		r.endPickupPause()
+		if err != nil || r.tally.stopping() || ctx.Err() != nil {
+			return err, false
+		}
+	}
+	r.endPickupPause()
 	switch {
 	case !restored:
 		runErr = r.agent.PromptMessages(ctx, r.prompt...)

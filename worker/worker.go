@@ -279,6 +279,12 @@ func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer
 		limit = cap(qs)
 	}
 	for {
+		// Stopping: no new fetch (a select below may pick a free slot over
+		// ctx.Done, and every message fetched now is handed back, one
+		// delivery used up).
+		if ctx.Err() != nil {
+			return
+		}
 		// The queue's own slot first: a queue at its cap holds no shared
 		// slot while it waits.
 		if qs != nil {

@@ -63,6 +63,8 @@ type options struct {
 	ackWait       time.Duration
 	maxDeliver    int
 	maxAckPending int
+	maxWaiting    int
+	approveTools  string
 	replicas      int
 	drainTimeout  time.Duration
 	toolTimeout   time.Duration
@@ -254,6 +256,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", environ.int("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
 	fs.DurationVar(&o.ackWait, "ack-wait", environ.duration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
 	fs.IntVar(&o.maxAckPending, "max-ack-pending", environ.int("AGENTS_MAX_ACK_PENDING", 10_000), "unacknowledged requests per queue consumer across the fleet (running, waiting, handed back); keep it above the fleet's slots plus waiting runs [AGENTS_MAX_ACK_PENDING]")
+	fs.IntVar(&o.maxWaiting, "max-waiting", environ.int("AGENTS_MAX_WAITING", 1_000), "runs waiting for an approval without holding a slot, at most; past it a waiting run keeps its slot; -1: waiting runs keep their slots [AGENTS_MAX_WAITING]")
+	fs.StringVar(&o.approveTools, "approve-tools", env("AGENTS_APPROVE_TOOLS", ""), "tools whose every call waits for a person's answer (comma-separated names or patterns, \"*\" for all); requests may gate more, never fewer [AGENTS_APPROVE_TOOLS]")
 	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
 	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", environ.int("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
 	fs.IntVar(&o.maxToolResult, "max-tool-result-bytes", environ.int("AGENTS_MAX_TOOL_RESULT_BYTES", 64<<10), "tool results are cut to this many bytes [AGENTS_MAX_TOOL_RESULT_BYTES]")
@@ -359,6 +363,15 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.logFormat != "text" && o.logFormat != "json" {
 		return nil, fmt.Errorf("--log-format %q: use text or json", o.logFormat)
+	}
+	if o.maxWaiting < -1 {
+		return nil, errors.New("--max-waiting must be -1 (never) or more")
+	}
+	if tools := bus.ParseApproveTools(o.approveTools); len(tools) > 0 {
+		a := bus.Approval{Tools: tools}
+		if p := a.Problems("--approve-tools"); len(p) > 0 {
+			return nil, errors.New(strings.Join(p, "; "))
+		}
 	}
 	return o, nil
 }
@@ -505,6 +518,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.AckWait = o.ackWait
 	cfg.MaxDeliver = o.maxDeliver
 	cfg.MaxAckPending = o.maxAckPending
+	cfg.MaxWaiting = o.maxWaiting
+	if cfg.MaxWaiting == 0 {
+		cfg.MaxWaiting = -1 // 0 from the flag: none off their slot
+	}
+	cfg.ApproveTools = bus.ParseApproveTools(o.approveTools)
 	cfg.Streams.Replicas = o.replicas
 	cfg.Streams.EventsMaxAge = o.eventsMaxAge
 	cfg.Streams.RequestsMaxBytes = int64(o.requestsMaxBytes)

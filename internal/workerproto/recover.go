@@ -34,10 +34,25 @@ type Recovery struct {
 	// ControlSeqs are the control sequences of the restored messages that
 	// came from steering and follow-ups: already delivered.
 	ControlSeqs []uint64
+	// Pending are the tool calls of the last assistant message that asked
+	// for approval (tool_approval_requested) and have neither
+	// tool_approval_resolved nor tool_execution_end: they wait again with
+	// their original times, without a new request, and get no synthetic
+	// result. An approved call without a result gets the synthetic one.
+	Pending []PendingCall
+	// AnsweredSeqs are the control sequences of the approvals earlier
+	// attempts used (resolved or rejected): not applied again.
+	AnsweredSeqs []uint64
 	// Finished is set when the run already has its run_finished.
 	Finished *bus.RunFinished
 	// LastSeq is the seq of the newest attempt's last envelope.
 	LastSeq uint64
+}
+
+// PendingCall is a gated tool call still waiting for its answer.
+type PendingCall struct {
+	Call     agent.Content // the tool call, from the assistant message
+	Approval bus.PendingApproval
 }
 
 // Recover rebuilds what a new attempt restores from a run's envelopes, given
@@ -69,6 +84,8 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 	// its prompt. What follows a gap is restored by nobody: the run goes on
 	// from the prefix, as readers do from what run_resumed says.
 	t := &bus.Transcript{}
+	gates := approvalTracker{requested: map[string]bus.PendingApproval{}, done: map[string]bool{}}
+	var answered []uint64
 	attempt, next := 0, uint64(1)
 	for _, e := range kept {
 		if e.Attempt != attempt {
@@ -82,6 +99,9 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		}
 		next++
 		_ = t.Apply(e)
+		if s := gates.apply(e); s > 0 {
+			answered = append(answered, s)
+		}
 	}
 	t.FallBackToEarlierAttempts()
 	rec := &Recovery{Attempt: t.Attempt, Finished: t.Finished, LastSeq: t.LastSeq, Partial: t.Partial() != nil}
@@ -101,8 +121,96 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 			rec.ControlSeqs = append(rec.ControlSeqs, s)
 		}
 	}
-	rec.Synthetic = missingToolResults(rec.Messages, now)
+	rec.AnsweredSeqs = answered
+	rec.Pending = gates.pending(rec.Messages)
+	waiting := map[string]bool{}
+	for _, p := range rec.Pending {
+		waiting[p.Call.ID] = true
+	}
+	for _, m := range missingToolResults(rec.Messages, now) {
+		if !waiting[m.ToolCallID] {
+			rec.Synthetic = append(rec.Synthetic, m)
+		}
+	}
 	return rec
+}
+
+// approvalTracker follows the approval events of the current assistant
+// message's tool calls (an assistant message_end starts afresh: call ids
+// may repeat across turns).
+type approvalTracker struct {
+	requested map[string]bus.PendingApproval
+	done      map[string]bool // resolved, or its tool_execution_end came
+}
+
+// apply takes one envelope; it returns the control sequence of an answer
+// the event used (0: none).
+func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
+	switch e.Type {
+	case string(agent.EventMessageEnd), string(agent.EventToolExecutionEnd),
+		bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
+	default:
+		return 0
+	}
+	ev, err := e.Decode()
+	if err != nil {
+		return 0
+	}
+	switch {
+	case ev.Agent != nil && ev.Type == string(agent.EventMessageEnd):
+		if m := ev.Agent.Message; m != nil && m.Role == agent.RoleAssistant {
+			clear(g.requested)
+			clear(g.done)
+		}
+	case ev.Agent != nil && ev.Type == string(agent.EventToolExecutionEnd):
+		g.done[ev.Agent.ToolCallID] = true
+	case ev.Approval != nil && ev.Type == bus.EventToolApprovalRequested:
+		a := ev.Approval
+		if _, ok := g.requested[a.ToolCallID]; !ok {
+			g.requested[a.ToolCallID] = bus.PendingApproval{ToolCallID: a.ToolCallID, ToolName: a.ToolName,
+				RequestedAt: e.TS, ExpiresAt: a.ExpiresAt}
+		}
+	case ev.Approval != nil && ev.Type == bus.EventToolApprovalResolved:
+		g.done[ev.Approval.ToolCallID] = true
+		return ev.Approval.ControlSeq
+	case ev.Approval != nil:
+		return ev.Approval.ControlSeq
+	}
+	return 0
+}
+
+// pending returns the waiting calls of the last assistant message of
+// msgs that have no result.
+func (g *approvalTracker) pending(msgs []agent.Message) []PendingCall {
+	if len(msgs) == 0 {
+		return nil
+	}
+	last := -1
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == agent.RoleAssistant {
+			last = i
+			break
+		}
+	}
+	if last < 0 {
+		return nil
+	}
+	have := map[string]bool{}
+	for _, m := range msgs[last+1:] {
+		if m.Role == agent.RoleToolResult {
+			have[m.ToolCallID] = true
+		}
+	}
+	var out []PendingCall
+	for _, c := range msgs[last].ToolCalls() {
+		p, asked := g.requested[c.ID]
+		if !asked || g.done[c.ID] || have[c.ID] {
+			continue
+		}
+		have[c.ID] = true
+		out = append(out, PendingCall{Call: c, Approval: p})
+	}
+	return out
 }
 
 // missingToolResults returns error results for the tool calls of the last
