@@ -470,7 +470,6 @@ func waitRecord(t *testing.T, run string, ok func(waitingRecord) bool) waitingRe
 func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 	t.Parallel()
 	needsApprovalWorker(t)
-	t.Skip("needs the worker side's resume of a waiting run: a resumed attempt still gives a requested, unanswered call the worker-stopped error result")
 	c := testClient(t)
 	queue := "apprkill"
 	dir := t.TempDir()
