@@ -97,3 +97,26 @@ func TestRenderApprovalEvents(t *testing.T) {
 		t.Errorf("pending after the answers: %v", r.approvals)
 	}
 }
+
+// TestApprovalCommandWords: approvals, approve and deny are commands only
+// when nothing but their own flags comes before them; otherwise they start
+// a prompt (submit --model m approve the plan).
+func TestApprovalCommandWords(t *testing.T) {
+	e, _, _ := testEnv("")
+	for _, c := range []struct {
+		word string
+		args []string
+		want bool
+	}{
+		{"approve", nil, true},
+		{"approve", []string{"--by", "alice", "--nats", "nats://x"}, true},
+		{"deny", []string{"--reason=no"}, true},
+		{"approvals", []string{"--json", "--queue", "q"}, true},
+		{"approve", []string{"--model", "faux/x"}, false},
+		{"approvals", []string{"--by", "alice"}, false},
+	} {
+		if got := takesOnly(promptWords[c.word](e), c.args); got != c.want {
+			t.Errorf("%s after %v: command %v, want %v", c.word, c.args, got, c.want)
+		}
+	}
+}
