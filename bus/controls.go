@@ -98,6 +98,10 @@ type RunRecord struct {
 	// WaitedMs is the time the run spent waiting for approvals, over all
 	// its attempts (since 1.3): left out of limits.timeoutSeconds.
 	WaitedMs int64 `json:"waitedMs,omitempty"`
+	// WaitingHandBacks counts the deliveries of the current request that
+	// ended with the run handed back while it waited (a drain); the
+	// give-up requeues such a request instead of failing it (since 1.3).
+	WaitingHandBacks int `json:"waitingHandBacks,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
 }

@@ -31,8 +31,8 @@ type WorkerPresence struct {
 	StartedAt time.Time `json:"startedAt"`
 	Queues    []string  `json:"queues"`
 	// Slots is the worker's concurrency; Busy the runs it drives now;
-	// Waiting the requests it holds without a slot (always 0 for this
-	// worker, which pulls only into free slots).
+	// Waiting the runs it holds without a slot (runs waiting for an
+	// approval; it pulls only into free slots).
 	Slots   int            `json:"slots"`
 	Busy    int            `json:"busy"`
 	Waiting int            `json:"waiting"`

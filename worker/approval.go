@@ -171,7 +171,9 @@ func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) ag
 	if err != nil {
 		return fail(err.Error())
 	}
+	r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
 	res, err := r.gateTool(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
+	r.toolBusy(-1)
 	if err != nil {
 		return fail(err.Error())
 	}
@@ -320,9 +322,12 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	}
 	r.appr.add(c)
 	r.hb.now() // the record lists the call
+	handedBack := false
 	defer func() {
-		r.appr.remove(c)
-		r.hb.now()
+		if !handedBack { // a handed-back run's record still lists it
+			r.appr.remove(c)
+			r.hb.now()
+		}
 	}()
 
 	var got *answer
@@ -365,6 +370,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	waited := time.Since(c.requestedAt)
 	switch {
 	case errors.Is(err, errWaitHandedBack):
+		handedBack = true
 		r.handBackWhileWaiting()
 		return nil, err
 	case err != nil:
@@ -443,8 +449,20 @@ func (r *run) handBackWhileWaiting() {
 func (r *run) handBackWaiting() {
 	r.endHeartbeat()
 	r.pub.abandon()
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	r.waitingHandBacks++
+	if err := r.lease.renew(ctx, r.record(bus.StateRunning)); err != nil {
+		if errors.Is(err, errLeaseLost) {
+			r.log.Warn("run stopped: lease lost to a newer attempt")
+			return
+		}
+		r.log.Warn("cannot count the waiting hand-back in the record; it counts as a delivery", "err", err)
+	}
 	r.log.Info("worker stopping: waiting run handed back")
-	_ = r.msg.Nak()
+	// After this worker's pulls have stopped, so none of them takes it
+	// again (each take would use up a delivery).
+	_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 }
 
 // decodeApproval is the control owner's decoding of an approve message.

@@ -609,3 +609,126 @@ func testApprovalResume(t *testing.T, answerWhileNone bool) {
 
 func TestApprovalResumeKeepsWaiting(t *testing.T)             { testApprovalResume(t, false) }
 func TestApprovalAnswerWhileNoWorkerHoldsTheRun(t *testing.T) { testApprovalResume(t, true) }
+
+// Drains while a run waits do not use up MaxDeliver: once its deliveries
+// run out, the request is requeued and the run goes on waiting.
+func TestApprovalHandBacksWhileWaitingDoNotUseUpMaxDeliver(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, MaxDeliver: 2, HeartbeatInterval: time.Second}
+	_, stop := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
+	for i := 1; i <= 2; i++ {
+		if i > 1 {
+			_, stop = startOn(t, c, cfg)
+		}
+		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
+		stop()
+		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
+	}
+	startOn(t, c, cfg)
+	rec := waitRecord(t, c, run, "waiting after the requeue", func(r *bus.RunRecord) bool { return r.Attempt > 2 && waitingFor(r, "c1") || r.Finished() })
+	if rec.Finished() || rec.Waiting.Approvals[0].ExpiresAt != asked.ExpiresAt {
+		t.Fatalf("after the drains: %+v %+v", rec, rec.Waiting)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 {
+		t.Fatalf("%d requests", n)
+	}
+}
+
+// The ungated calls of a batch keep the run's slot while they run: the run
+// leaves it only once every running call waits.
+func TestApprovalUngatedCallsOfTheBatchKeepTheSlot(t *testing.T) {
+	g := newTestGate()
+	w, c, d := approvalWorker(t, Config{Concurrency: 1, Tools: []*agent.Tool{g.tool()}})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Tools = []string{"deploy", "gate"}
+	first := &req.Faux.Responses[0]
+	first.Content = append(first.Content, agent.ToolCall("g1", "gate", map[string]any{"name": "x"}))
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	within(t, g.started, 20*time.Second, "the ungated call")
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	if n := w.OffSlot(); n != 0 {
+		t.Fatalf("%d runs off their slot while an ungated call of the batch runs", n)
+	}
+	g.release <- struct{}{}
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if tr, err := c.LoadTranscript(ctx, other); err != nil || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("the other run: %v", err)
+	}
+	if re.count(bus.EventToolApprovalResolved) != 0 || w.OffSlot() != 1 {
+		t.Fatalf("events %s, %d off slot", re.types(), w.OffSlot())
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+}
+
+// In sequential mode each gated call asks when it is reached.
+func TestApprovalSequentialAsksOneAtATime(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two")
+	req.ToolExecution = agent.ExecutionSequential
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	if a := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval; a.ToolCallID != "c1" {
+		t.Fatalf("first request %+v", a)
+	}
+	waitRecord(t, c, run, "waiting for c1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	if n := re.count(bus.EventToolApprovalRequested); n != 1 {
+		t.Fatalf("%d requests before the first answer: %s", n, re.types())
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if a := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval; a.ToolCallID != "c2" {
+		t.Fatalf("second request %+v", a)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "one,two" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+	if got := re.types(); !strings.Contains(got, "tool_execution_end:c1 tool_execution_start:c2 tool_approval_requested:c2") {
+		t.Fatalf("events %s", got)
+	}
+}
+
+// Steering sent while a call waits is taken after the batch resolves.
+func TestApprovalSteeringWaitsForTheBatch(t *testing.T) {
+	o := ctlObs{got: make(chan string, 10)}
+	_, c, _ := approvalWorker(t, Config{Observer: o})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Steer(ctx, run, "use staging next time"); err != nil {
+		t.Fatal(err)
+	}
+	within(t, o.got, 10*time.Second, "the steer taken")
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	tr, err := c.LoadTranscript(ctx2, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roles []string
+	for _, m := range tr.Messages {
+		roles = append(roles, m.Role)
+	}
+	if got := strings.Join(roles, ","); got != "user,assistant,toolResult,user,assistant" {
+		t.Fatalf("transcript roles %s: the steer must come after the batch's results", got)
+	}
+}

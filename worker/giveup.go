@@ -50,6 +50,14 @@ const (
 	HeaderDeadRequestSeq = "Agentfleet-Request-Seq"
 )
 
+// Requeue headers: a request whose deliveries ran out while its run was
+// waiting (handed back by drains) is published again; the copy names the
+// request it replaces and the attempts already used.
+const (
+	HeaderRequeuedFrom = "Agentfleet-Requeued-From"
+	HeaderAttemptBase  = "Agentfleet-Attempt-Base"
+)
+
 // startGiveUp starts pulling MAX_DELIVERIES advisories; the returned
 // function stops it and waits for a give-up in progress.
 func (w *Worker) startGiveUp(ctx context.Context) (stop func()) {
@@ -164,6 +172,9 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		log.Info("give-up: run had finished (its ack was lost); request removed", "state", rec.State)
 		return removeRequest()
 	}
+	if rec != nil && !rec.Finished() && rec.WaitingHandBacks > 0 && rec.RequestSeq == adv.StreamSeq {
+		return w.requeue(ctx, req, rec, adv, removeRequest)
+	}
 	// The dead letter first: the request is never gone without a copy.
 	dl := &nats.Msg{Subject: w.names.Dead(queue, id), Data: req.Data, Header: nats.Header{}}
 	dl.Header.Set(jetstream.MsgIDHeader, id+":"+strconv.FormatUint(adv.StreamSeq, 10))
@@ -238,4 +249,32 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, DurationMs: time.Since(r.runStart).Milliseconds()}
 	return r.finish(ending{record: rec, fin: fin,
 		settle: settlement{done: func(context.Context) error { return removeRequest() }}})
+}
+
+// requeue publishes a copy of a request whose deliveries ran out while
+// drains handed its waiting run back: hand-backs while waiting must not
+// use up MaxDeliver. The copy carries the request it replaces (its record
+// stays the run's lease: the next attempt takes it over) and the attempts
+// used so far (attempts keep rising); then the old request is removed. A
+// copy published twice (this step retried) is dropped by its Nats-Msg-Id.
+// The record's waitingHandBacks starts again at 0 with the copy, so a run
+// that only crashes is given up as usual.
+func (w *Worker) requeue(ctx context.Context, req *jetstream.RawStreamMsg, rec *bus.RunRecord, adv maxDeliveriesAdvisory, removeRequest func() error) error {
+	base := max(rec.Attempt, adv.Deliveries)
+	if prev, err := strconv.Atoi(req.Header.Get(HeaderAttemptBase)); err == nil && prev+adv.Deliveries > base {
+		base = prev + adv.Deliveries
+	}
+	m := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":requeue:"+strconv.FormatUint(adv.StreamSeq, 10))
+	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
+	m.Header.Set(HeaderAttemptBase, strconv.Itoa(base))
+	if _, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream())); err != nil {
+		return fmt.Errorf("requeue: %w", err)
+	}
+	if err := removeRequest(); err != nil {
+		return err
+	}
+	w.log.Info("request requeued: its deliveries ran out while the run waited (handed back by drains)",
+		"run", rec.ID, "deliveries", adv.Deliveries, "waitingHandBacks", rec.WaitingHandBacks, "attemptBase", base)
+	return nil
 }

@@ -43,7 +43,10 @@ type lease struct {
 	id      string
 	attempt int
 	reqSeq  uint64
-	onLost  func() // called once, when another attempt takes the lease
+	// requeuedFrom is the request this one replaced (a requeue of a
+	// waiting run, giveup.go): its record is this run's.
+	requeuedFrom uint64
+	onLost       func() // called once, when another attempt takes the lease
 
 	rev  uint64 // the revision this attempt wrote last; see the ordering above
 	done bool   // the final record is written
@@ -59,7 +62,7 @@ func (l *lease) classify(cur *bus.RunRecord) leaseOutcome {
 	switch {
 	case cur.Finished():
 		return leaseFinished
-	case cur.RequestSeq != 0 && cur.RequestSeq != l.reqSeq:
+	case cur.RequestSeq != 0 && cur.RequestSeq != l.reqSeq && cur.RequestSeq != l.requeuedFrom:
 		return leaseReused
 	case cur.Attempt > l.attempt:
 		return leaseNewer

@@ -32,6 +32,12 @@ var errOverBudget = errors.New("the run is over one of its bounds")
 func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	r := l.r
 	switch ev.Type {
+	case agent.EventToolExecutionStart:
+		r.toolBusy(1) // waiting.go: a waiting run leaves its slot only when no call runs
+	case agent.EventToolExecutionEnd:
+		defer r.toolBusy(-1)
+	}
+	switch ev.Type {
 	case agent.EventAgentStart:
 		l.msgSeqs = l.msgSeqs[:0]
 	case agent.EventTurnStart:

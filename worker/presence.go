@@ -66,7 +66,7 @@ func (w *Worker) startPresence() (stop func()) {
 func (w *Worker) presence(started time.Time) bus.WorkerPresence {
 	p := bus.WorkerPresence{
 		Worker: w.id, Version: w.cfg.Version, Protocol: bus.ProtocolVersion, StartedAt: started,
-		Queues: w.cfg.Queues, Slots: w.cfg.Concurrency, Busy: w.running(), Tools: []bus.PresenceTool{},
+		Queues: w.cfg.Queues, Slots: w.cfg.Concurrency, Busy: w.running(), Waiting: w.OffSlot(), Tools: []bus.PresenceTool{},
 	}
 	for _, name := range w.toolNames {
 		p.Tools = append(p.Tools, bus.PresenceTool{Name: name, Source: "builtin", Description: w.tools[name].Description, Available: true})

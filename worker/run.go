@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -77,6 +78,8 @@ type run struct {
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
+	// waitingHandBacks is the record's count for this request.
+	waitingHandBacks int
 	// pendingCalls are gated calls an earlier attempt left waiting.
 	pendingCalls []workerproto.PendingCall
 }
@@ -117,7 +120,16 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if md, err := m.Metadata(); err == nil {
 		attempt, reqSeq, submittedAt = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
+	// A requeued request (giveup.go) goes on counting attempts from the
+	// one it replaced.
+	h := m.Headers()
+	if base, err := strconv.Atoi(h.Get(HeaderAttemptBase)); err == nil && base > 0 {
+		attempt += base
+	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
+	if from, err := strconv.ParseUint(h.Get(HeaderRequeuedFrom), 10, 64); err == nil {
+		r.lease.requeuedFrom = from
+	}
 	r.msg = m
 	r.slot = slot
 	r.execute()
@@ -202,6 +214,12 @@ func (r *run) pickup() bool {
 			r.runStart = rec.StartedAt
 		}
 		r.prevWaited = time.Duration(rec.WaitedMs) * time.Millisecond
+		if rec.RequestSeq == r.reqSeq {
+			r.waitingHandBacks = rec.WaitingHandBacks
+		}
+		if r.lease.requeuedFrom != 0 && rec.RequestSeq == r.lease.requeuedFrom && !rec.SubmittedAt.IsZero() {
+			r.submittedAt = rec.SubmittedAt // the run's, not the requeue's
+		}
 	}
 	r.prev = rec
 	if r.attempt > 1 {
@@ -427,6 +445,7 @@ func (r *run) record(state string) *bus.RunRecord {
 	if r.req != nil {
 		rec.Metadata = r.req.Metadata
 	}
+	rec.WaitingHandBacks = r.waitingHandBacks
 	if r.clock != nil {
 		waited, _ := r.clock.state()
 		rec.WaitedMs = waited.Milliseconds()

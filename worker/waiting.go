@@ -203,6 +203,7 @@ func (c *runClock) stop() { c.timer.Stop() }
 type waitState struct {
 	mu      sync.Mutex // held across a wait's start and end, not the wait
 	n       int        // waits in progress
+	busy    int        // tool calls that run, not wait (toolBusy)
 	offSlot bool       // the run gave its slot up
 	// now is what the record shows (nil: not waiting); read by the
 	// heartbeat without mu, which a wait's end holds while it takes a slot.
@@ -228,7 +229,7 @@ func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wai
 	err := wait(wctx)
 	drained := !stopDrain() && ctx.Err() == nil
 	cancel()
-	r.leaveWait(ctx)
+	r.leaveWait(ctx, drained)
 	if drained {
 		return errWaitHandedBack
 	}
@@ -239,8 +240,10 @@ func (r *run) enterWait(what string, since time.Time) {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
+	ws.busy = max(ws.busy-1, 0) // the waiting call no longer runs
 	ws.n++
 	if ws.n > 1 {
+		r.leaveSlotLocked()
 		return
 	}
 	ws.now.Store(&waitInfo{what: what, since: since})
@@ -250,45 +253,80 @@ func (r *run) enterWait(what string, since time.Time) {
 	w := r.w
 	w.waitMu.Lock()
 	w.waitingRuns++
-	leave := r.slot != nil && w.offSlot < w.cfg.MaxWaiting
-	if leave {
-		w.offSlot++
-	}
 	n := w.waitingRuns
 	w.waitMu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
+	r.leaveSlotLocked()
+	r.hb.now()
+}
+
+// leaveSlotLocked gives the run's slot up when it waits and none of its
+// tool calls runs (ungated calls of the batch keep it until they end),
+// within MaxWaiting. ws.mu is held.
+func (r *run) leaveSlotLocked() {
+	ws := &r.wait
+	if ws.n == 0 || ws.busy > 0 || ws.offSlot || r.slot == nil {
+		return
+	}
+	w := r.w
+	w.waitMu.Lock()
+	leave := w.offSlot < w.cfg.MaxWaiting
+	if leave {
+		w.offSlot++
+	}
+	w.waitMu.Unlock()
 	if leave {
 		ws.offSlot = true
 		r.slot.release()
 	}
-	r.hb.now()
 }
 
-func (r *run) leaveWait(ctx context.Context) {
+// toolBusy counts the run's tool calls that run (not wait): +1 at a
+// call's tool_execution_start and when its wait ends, -1 when it starts
+// waiting and at its tool_execution_end.
+func (r *run) toolBusy(d int) {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
+	ws.busy = max(ws.busy+d, 0)
+	if d < 0 {
+		r.leaveSlotLocked()
+	}
+}
+
+// leaveWait ends a wait. A wait ended by the drain (handedBack) stays on
+// the record and keeps the clock paused: the attempt ends, and the next
+// one takes the wait over from the record.
+func (r *run) leaveWait(ctx context.Context, handedBack bool) {
+	ws := &r.wait
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.busy++ // the call runs again (until its tool_execution_end)
 	ws.n--
+	w := r.w
+	if ws.offSlot {
+		// The call runs now: it needs a slot, even while other calls of
+		// the run still wait. This blocks until one is free; the run's
+		// stop (ctx) lets it finish without one. A handed-back run ends.
+		if !handedBack {
+			r.slot.take(ctx)
+		}
+		ws.offSlot = false
+		w.waitMu.Lock()
+		w.offSlot--
+		w.waitMu.Unlock()
+	}
 	if ws.n > 0 {
 		return
 	}
-	w := r.w
-	wasOff := ws.offSlot
-	if wasOff {
-		// Blocks until a slot is free; the run's stop (ctx) lets it
-		// finish without one.
-		r.slot.take(ctx)
-		ws.offSlot = false
-	}
-	ws.now.Store(nil)
-	if r.clock != nil {
-		r.clock.resume()
+	if !handedBack {
+		ws.now.Store(nil)
+		if r.clock != nil {
+			r.clock.resume()
+		}
 	}
 	w.waitMu.Lock()
 	w.waitingRuns--
-	if wasOff {
-		w.offSlot--
-	}
 	n := w.waitingRuns
 	w.waitMu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
