@@ -32,9 +32,9 @@ Usage:
   submit reply RUN "text"          a new run that continues RUN's conversation
   submit bench [--runs N] ...      load-test the fleet (faux model by default)
   submit tools [--json]            the tools the fleet's workers serve (name, source, workers)
-  submit approvals [--queue Q] [--json]   tool calls waiting for a person's approval
-  submit approve RUN CALL [--args JSON] [--by NAME]   approve a call (optionally with edited arguments)
-  submit deny RUN CALL --reason TEXT      deny a call (the model sees the reason)
+  submit approvals [--queue Q]     tool calls waiting for a person's approval, fleet-wide
+  submit approve RUN CALL          approve a call [--args JSON edits it] [--by NAME]
+  submit deny RUN CALL --reason R  deny a call (the model sees the reason)
 
 A local fleet (embedded NATS, one worker, the demo model): go run ./cmd/worker
 
