@@ -103,6 +103,14 @@ func TestApprovalWaitingRunsHoldNoSlot(t *testing.T) {
 	waitCount(waiting)
 	t.Logf("%d runs waiting for approval %s after their submit", waiting, time.Since(begin).Round(time.Millisecond))
 
+	// The approvals listing reads each waiting run's events.
+	lbegin := time.Now()
+	ps, err := c.PendingApprovals(ctx(t), bus.ApprovalsOptions{Queue: queue})
+	if err != nil || len(ps) != waiting {
+		t.Fatalf("PendingApprovals: %d calls, %v", len(ps), err)
+	}
+	t.Logf("PendingApprovals of %d waiting runs: %s", waiting, time.Since(lbegin).Round(time.Millisecond))
+
 	with := measure("waiting")
 	if n := countWaiting(); n != waiting {
 		t.Errorf("%d runs waiting after the measure, want %d", n, waiting)
