@@ -42,15 +42,23 @@ func (c *Client) SteerMessage(ctx context.Context, runID string, m agent.Message
 }
 
 // SendControl publishes a control message of a kind (steer, followup,
-// abort) after checking the run has not finished.
+// abort) after checking the run has not finished. An approve carries an
+// ApprovalAnswer, not a Control: see publishControl.
 func (c *Client) SendControl(ctx context.Context, runID, kind string, body Control) (uint64, error) {
-	if err := CheckID(runID); err != nil {
-		return 0, err
-	}
 	switch kind {
-	case KindSteer, KindFollowUp, KindAbort, KindApprove:
+	case KindSteer, KindFollowUp, KindAbort:
 	default:
 		return 0, fmt.Errorf("unknown control kind %q", kind)
+	}
+	return c.publishControl(ctx, runID, kind, body)
+}
+
+// publishControl publishes any control body (a Control, an
+// ApprovalAnswer) on the run's subject of kind, through JetStream, after
+// checking the run has not finished; it returns the stream sequence.
+func (c *Client) publishControl(ctx context.Context, runID, kind string, body any) (uint64, error) {
+	if err := CheckID(runID); err != nil {
+		return 0, err
 	}
 	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
 		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)

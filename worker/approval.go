@@ -333,6 +333,8 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	var got *answer
 	var edited map[string]any
 	timedOut := false
+	r.toolBusy(-1) // the call waits: with no other call running, the run leaves its slot
+	defer r.toolBusy(1)
 	err := r.waitOffSlot(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
 		timer := time.NewTimer(time.Until(c.expiresAt))
 		defer timer.Stop()

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/metrics"
 )
 
 // deployTool records the arguments it ran with; target is required.
@@ -730,5 +732,56 @@ func TestApprovalSteeringWaitsForTheBatch(t *testing.T) {
 	}
 	if got := strings.Join(roles, ","); got != "user,assistant,toolResult,user,assistant" {
 		t.Fatalf("transcript roles %s: the steer must come after the batch's results", got)
+	}
+}
+
+func TestApprovalMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg, metrics.Config{Tools: []string{"deploy"}})
+	_, c, _ := approvalWorker(t, Config{Observer: MetricsObserver(m)})
+	value := func(name, label string) float64 {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				if label != "" && (len(s.GetLabel()) == 0 || s.GetLabel()[0].GetValue() != label) {
+					continue
+				}
+				switch {
+				case s.Counter != nil:
+					return s.Counter.GetValue()
+				case s.Gauge != nil:
+					return s.Gauge.GetValue()
+				case s.Histogram != nil:
+					return float64(s.Histogram.GetSampleCount())
+				}
+			}
+		}
+		return -1
+	}
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	if v := value("agentfleet_runs_waiting", ""); v != 1 {
+		t.Fatalf("runs_waiting %v while waiting", v)
+	}
+	if v := value("agentfleet_approvals_requested_total", ""); v != 1 {
+		t.Fatalf("approvals_requested_total %v", v)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	re.finished(t)
+	for name, want := range map[string]float64{"agentfleet_runs_waiting": 0, "agentfleet_approval_wait_seconds": 1} {
+		if v := value(name, ""); v != want {
+			t.Errorf("%s %v, want %v", name, v, want)
+		}
+	}
+	if v := value("agentfleet_approvals_resolved_total", "approve"); v != 1 {
+		t.Errorf("approvals_resolved_total{decision=approve} %v", v)
 	}
 }

@@ -240,7 +240,6 @@ func (r *run) enterWait(what string, since time.Time) {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	ws.busy = max(ws.busy-1, 0) // the waiting call no longer runs
 	ws.n++
 	if ws.n > 1 {
 		r.leaveSlotLocked()
@@ -283,7 +282,8 @@ func (r *run) leaveSlotLocked() {
 
 // toolBusy counts the run's tool calls that run (not wait): +1 at a
 // call's tool_execution_start and when its wait ends, -1 when it starts
-// waiting and at its tool_execution_end.
+// waiting and at its tool_execution_end. A wait that is not a tool call's
+// (none runs meanwhile) need not call it.
 func (r *run) toolBusy(d int) {
 	ws := &r.wait
 	ws.mu.Lock()
@@ -301,7 +301,6 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	ws.busy++ // the call runs again (until its tool_execution_end)
 	ws.n--
 	w := r.w
 	if ws.offSlot {

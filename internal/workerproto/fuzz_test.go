@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 func FuzzDecodeControl(f *testing.F) {
@@ -12,6 +14,7 @@ func FuzzDecodeControl(f *testing.F) {
 		`{"message":{"role":"user","content":[{"type":"text","text":"x"}],"timestamp":1}}`,
 		`{"message":{"role":"assistant","content":[]}}`,
 		`{"reason":"stop"}`, `{"text":""}`, `{}`, `{"text":"a","message":{"role":"user","content":"b"}}`, `x`,
+		`{"toolCallId":"c1","decision":"approve","by":"a","arguments":{"x":[1,{"y":null}]}}`, `{"toolCallId":"c1","decision":"deny","reason":"no"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -24,6 +27,11 @@ func FuzzDecodeControl(f *testing.F) {
 			}
 			if _, err := json.Marshal(m); err != nil {
 				t.Fatalf("accepted message does not encode: %v", err)
+			}
+		}
+		if a, err := DecodeApproval(data); err == nil {
+			if len(a.Problems()) > 0 || len(a.By) > bus.MaxApprovalBy {
+				t.Fatalf("accepted answer with problems %v", a.Problems())
 			}
 		}
 		reason := DecodeAbort(data)
