@@ -25,21 +25,7 @@ func (c *Client) Answer(ctx context.Context, runID string, a ApprovalAnswer) (ui
 	if p := a.Problems(); len(p) > 0 {
 		return 0, fmt.Errorf("approval answer: %s", strings.Join(p, "; "))
 	}
-	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
-		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
-	}
-	data, err := json.Marshal(a)
-	if err != nil {
-		return 0, err
-	}
-	if len(data) > MaxControlBytes {
-		return 0, fmt.Errorf("approval answer: %d bytes, at most %d", len(data), MaxControlBytes)
-	}
-	ack, err := c.js.Publish(ctx, c.names.Control(runID, KindApprove), data, jetstream.WithExpectStream(c.names.ControlStream()))
-	if err != nil {
-		return 0, fmt.Errorf("approve %s: %w", runID, err)
-	}
-	return ack.Sequence, nil
+	return c.publishControl(ctx, runID, KindApprove, a)
 }
 
 // PendingCall is a gated tool call waiting for an answer.
