@@ -502,6 +502,10 @@ func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 	if ps, err := c.PendingOf(ctx(t), run); err != nil || len(ps) != 1 || ps[0].ExpiresAt.UnixMilli() != req.ExpiresAt {
 		t.Errorf("pending after the resume: %+v %v", ps, err)
 	}
+	waitListed(t, `(?m)^`+run+`\s+c1\s+calculator\s`, "approvals", "--queue", queue)
+	if out, _, _ := submit(t, "approvals", "--queue", "default"); strings.Contains(out, run) {
+		t.Errorf("approvals --queue default lists %s of queue %s:\n%s", run, queue, out)
+	}
 	if _, errOut, code := submit(t, "approve", run, "c1"); code != 0 {
 		t.Fatalf("approve: exit %d\n%s", code, errOut)
 	}
