@@ -21,7 +21,6 @@ import (
 //
 //	go test -tags approvalload -run TestApprovalWaitingRunsHoldNoSlot -v ./cmd/submit/
 func TestApprovalWaitingRunsHoldNoSlot(t *testing.T) {
-	needsApprovalWorker(t)
 	const waiting, samples = 200, 60
 	queue := "apprcap"
 	stop, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil,

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,24 +38,6 @@ func detach(t *testing.T, body string, args ...string) string {
 		t.Fatalf("submit --detach: exit %d\n%s\n%s", code, out, errOut)
 	}
 	return strings.TrimSpace(out)
-}
-
-// needsApprovalWorker skips a test while the worker side of approvals is
-// missing (AGENTS_CONTROL does not store answers).
-func needsApprovalWorker(t *testing.T) {
-	t.Helper()
-	c := testClient(t)
-	s, err := c.Stream(ctx(t), c.Names().ControlStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(info.Config.Subjects, c.Names().Control("*", "approve")) {
-		t.Skip("needs the worker side of approvals: AGENTS_CONTROL does not take agents.run.*.approve")
-	}
 }
 
 // testClient is a client of the test fleet for what the CLI does not show.
@@ -171,7 +152,6 @@ func toolResult(t *testing.T, c *bus.Client, run, call string) (string, bool) {
 // is not pending, approves the call, and the run goes on with its result.
 func TestApprovalApprove(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("It is 42.")))
 	req := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1"))
@@ -229,7 +209,6 @@ func TestApprovalApprove(t *testing.T) {
 // reason and the model goes on.
 func TestApprovalDenyWithReason(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("Understood, no calculator.")))
 	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
@@ -259,7 +238,6 @@ func TestApprovalDenyWithReason(t *testing.T) {
 // the approver's arguments.
 func TestApprovalEditedArguments(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("Done.")))
 	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
@@ -294,7 +272,6 @@ func TestApprovalEditedArguments(t *testing.T) {
 // expiry and the run goes on.
 func TestApprovalTimeoutDeny(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	out, errOut, code := submit(t, "--request", request(t, gatedRun(`{"tools":["calculator"],"timeoutSeconds":1}`, calcCall, textReply("No answer, then."))), "go")
 	if code != 0 {
@@ -322,7 +299,6 @@ func TestApprovalTimeoutDeny(t *testing.T) {
 // approval_timeout.
 func TestApprovalTimeoutAbort(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	out, errOut, code := submit(t, "--request", request(t, gatedRun(`{"tools":["calculator"],"timeoutSeconds":1,"onTimeout":"abort"}`, calcCall, textReply("never"))), "go")
 	if code != exitAborted {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
@@ -341,7 +317,6 @@ func TestApprovalTimeoutAbort(t *testing.T) {
 // TestApprovalAbortWhileWaiting: an abort ends a waiting run at once.
 func TestApprovalAbortWhileWaiting(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, calcCall, textReply("never")))
 	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
@@ -363,7 +338,6 @@ func TestApprovalAbortWhileWaiting(t *testing.T) {
 // and gets its own result.
 func TestApprovalParallelCallsOppositeOrder(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	run := detach(t, gatedRun(gateCalculator, twoCalls, textReply("42 and 4.")))
 	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c1")
@@ -401,7 +375,6 @@ func TestApprovalParallelCallsOppositeOrder(t *testing.T) {
 // asked is kept and applied when the call is reached.
 func TestApprovalAnswerBeforeRequest(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	sleepFirst := `{"content":[{"type":"toolCall","id":"s1","name":"sleep","arguments":{"seconds":2}}],"stopReason":"toolUse"}`
 	run := detach(t, gatedRun(gateCalculator, sleepFirst, calcCall, textReply("It is 42.")))
@@ -469,7 +442,6 @@ func waitRecord(t *testing.T, run string, ok func(waitingRecord) bool) waitingRe
 // then runs the call.
 func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	c := testClient(t)
 	queue := "apprkill"
 	dir := t.TempDir()
@@ -527,7 +499,6 @@ func TestApprovalWorkerKilledWhileWaiting(t *testing.T) {
 // /deny c1 REASON denies c1, then /approve approves the one left.
 func TestApprovalOnATerminal(t *testing.T) {
 	t.Parallel()
-	needsApprovalWorker(t)
 	p := startPTY(t, []string{"USER=carol"}, "--request", request(t, gatedRun(gateCalculator, twoCalls, textReply("Only c2 ran."))), "go")
 	p.out.waitFor(t, "/approve [CALL], /deny [CALL] REASON", 30*time.Second)
 	p.out.waitFor(t, "/approve c1 approves · /deny c1 REASON denies", 30*time.Second)
