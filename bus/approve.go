@@ -102,23 +102,64 @@ func PendingCalls(envs []*Envelope) []PendingCall {
 // stored now (answers need no more than that: a call that is not pending
 // yet cannot be named).
 func (c *Client) PendingOf(ctx context.Context, runID string) ([]PendingCall, error) {
-	envs, err := c.storedEvents(ctx, runID)
+	envs, err := c.storedEvents(ctx, runID, time.Time{})
 	if err != nil {
 		return nil, err
 	}
 	return PendingCalls(envs), nil
 }
 
-// storedEvents reads a run's envelopes stored now with an ordered consumer
-// (the reads every client role has), stopping when none is pending.
-func (c *Client) storedEvents(ctx context.Context, runID string) ([]*Envelope, error) {
+// requestSlack is how much earlier than a record's requestedAt (the
+// worker's clock) a read of the requests starts (the stream's clock).
+const requestSlack = time.Minute
+
+// pendingOfWaiting is PendingOf for a run whose record lists its waiting
+// calls: it reads the events from shortly before the oldest request (a
+// long run has many), and all of them if a listed request is not there.
+func (c *Client) pendingOfWaiting(ctx context.Context, r *RunRecord) ([]PendingCall, error) {
+	if len(r.Waiting.Approvals) == 0 {
+		return c.PendingOf(ctx, r.ID)
+	}
+	oldest := r.Waiting.Approvals[0].RequestedAt
+	for _, a := range r.Waiting.Approvals {
+		oldest = min(oldest, a.RequestedAt)
+	}
+	envs, err := c.storedEvents(ctx, r.ID, time.UnixMilli(oldest).Add(-requestSlack))
+	if err != nil {
+		return nil, err
+	}
+	asked := map[string]bool{}
+	for _, env := range envs {
+		if env.Type == EventToolApprovalRequested {
+			var ev approvalEvent
+			if json.Unmarshal(env.Event, &ev) == nil {
+				asked[ev.ToolCallID] = true
+			}
+		}
+	}
+	for _, a := range r.Waiting.Approvals {
+		if !asked[a.ToolCallID] {
+			return c.PendingOf(ctx, r.ID) // clocks apart more than the slack
+		}
+	}
+	return PendingCalls(envs), nil
+}
+
+// storedEvents reads a run's envelopes stored now (those stored since a
+// time, unless zero) with an ordered consumer (the reads every client role
+// has), stopping when none is pending.
+func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time) ([]*Envelope, error) {
 	if err := CheckID(runID); err != nil {
 		return nil, err
 	}
-	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.names.Events(runID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
+	}
+	if !since.IsZero() {
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
 	}
@@ -166,8 +207,8 @@ type ApprovalsOptions struct {
 
 // PendingApprovals lists the pending approvals across the fleet: the
 // running records waiting for approval, each run's pending calls read from
-// its events (with the arguments the model chose), the oldest request
-// first.
+// its events since shortly before its oldest waiting request (with the
+// arguments the model chose), the oldest request first.
 func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]PendingCall, error) {
 	page, err := c.ListPage(ctx, ListOptions{State: StateWaiting, Queue: o.Queue, MaxScan: o.MaxScan})
 	if err != nil {
@@ -179,7 +220,7 @@ func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]Pe
 		if r.Waiting == nil || r.Waiting.For != WaitingApproval {
 			continue
 		}
-		calls, err := c.PendingOf(ctx, r.ID)
+		calls, err := c.pendingOfWaiting(ctx, r)
 		if err != nil {
 			return nil, err
 		}
@@ -191,6 +232,11 @@ func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]Pe
 			out = append(out, p)
 		}
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].RequestedAt.Before(out[j].RequestedAt) })
+	sort.SliceStable(out, func(i, j int) bool {
+		if !out[i].RequestedAt.Equal(out[j].RequestedAt) {
+			return out[i].RequestedAt.Before(out[j].RequestedAt)
+		}
+		return out[i].Run < out[j].Run
+	})
 	return out, nil
 }
