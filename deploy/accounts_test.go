@@ -39,7 +39,7 @@ func accountsServerLog(t *testing.T) (url string, passwords map[string]string, s
 	passwords = map[string]string{}
 	for user, env := range map[string]string{"worker": "AGENTS_WORKER_PASSWORD", "submitter": "AGENTS_SUBMITTER_PASSWORD",
 		"observer": "AGENTS_OBSERVER_PASSWORD", "toolservice": "AGENTS_TOOLSERVICE_PASSWORD", "console": "AGENTS_CONSOLE_PASSWORD",
-		"other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD"} {
+		"other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD", "approver": "AGENTS_APPROVER_PASSWORD"} {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		passwords[user] = hex.EncodeToString(b[:])

@@ -33,12 +33,16 @@ Usage:
   submit bench [--runs N] ...      load-test the fleet (faux model by default)
   submit tools [--json]            the tools the fleet's workers serve (name, source, workers)
   submit budgets [--all] [--json]  tenants' spending this period (spent, limit, remaining, resets)
+  submit approvals [--queue Q]     tool calls waiting for a person's approval, fleet-wide
+  submit approve RUN CALL          approve a call [--args JSON edits it] [--by NAME]
+  submit deny RUN CALL --reason R  deny a call (the model sees the reason)
 
 A local fleet (embedded NATS, one worker, the demo model): go run ./cmd/worker
 
 The prompt: arguments (joined by spaces), --file F, or "-" / --file - for stdin.
 While following on a terminal, a typed line steers the run; /followup TEXT
-queues a follow-up, /abort aborts it. Ctrl-C detaches (the run goes on);
+queues a follow-up, /abort aborts it; /approve [CALL] and /deny [CALL] REASON
+answer a tool call that waits for approval. Ctrl-C detaches (the run goes on);
 --abort-on-interrupt makes it abort instead.
 
 Exit codes: 0 succeeded, 1 failed (or no such run, or an error), 2 usage
@@ -82,8 +86,11 @@ func commands() []command {
 		{"result", cmdResult},
 		{"reply", cmdReply},
 		{"bench", cmdBench},
-		{"tools", cmdTools},     // tools.go
-		{"budgets", cmdBudgets}, // budgets.go
+		{"budgets", cmdBudgets},     // budgets.go
+		{"tools", cmdTools},         // tools.go
+		{"approvals", cmdApprovals}, // approvals.go
+		{"approve", cmdApprove},
+		{"deny", cmdDeny},
 	}
 }
 

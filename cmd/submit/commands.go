@@ -558,6 +558,7 @@ func writeRecord(e *env, st style, r *bus.RunRecord) {
 		state += " " + st.red("(stale: no heartbeat since "+ago(time.Since(r.HeartbeatAt))+"; its worker may be gone)")
 	}
 	row("state", state)
+	writeWaiting(row, r.Waiting) // approvals.go
 	row("queue", field(r.Queue))
 	row("model", field(r.Model))
 	row("worker", field(r.Worker))
@@ -599,7 +600,7 @@ func ago(d time.Duration) string {
 	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
 }
 
-var listStates = []string{bus.StateQueued, bus.StateRunning, bus.StateStale, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted}
+var listStates = []string{bus.StateQueued, bus.StateRunning, bus.StateWaiting, bus.StateStale, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted}
 
 func cmdList(ctx context.Context, e *env, args []string) int {
 	fs := newFlagSet(e, "list", "submit list [--state S] [--queue Q] [--limit N] [--before TIME|RUN] [--since TIME] [--json]")
@@ -726,6 +727,7 @@ func writeList(e *env, recs []bus.RunRecord) {
 		if r.Stale {
 			state += " (stale)"
 		}
+		state += waitingNote(r.Waiting)
 		submitted := "-"
 		if t := r.SubmittedAt; !t.IsZero() {
 			submitted = ago(time.Since(t))

@@ -68,6 +68,7 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	r.hideThinking, r.showPrompt = o.hideThinking, o.showPrompt
 	r.live = e.stdoutTTY && !o.json
 	r.width = e.termWidth()
+	r.interactive = o.interactive
 	var enc *json.Encoder
 	if o.json {
 		enc = json.NewEncoder(e.stdout)
@@ -77,7 +78,7 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	var lines <-chan string
 	if o.interactive {
 		lines = readLines(e.stdin)
-		r.note("type a line to steer · /followup TEXT queues a follow-up · /abort aborts · Ctrl-C detaches")
+		r.note("type a line to steer · /followup TEXT queues a follow-up · /abort aborts · /approve [CALL], /deny [CALL] REASON answer an approval · Ctrl-C detaches")
 	}
 	results := make(chan ctlResult, 8)
 	send := func(kind, text string) {
@@ -96,6 +97,18 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 			}
 			select {
 			case results <- ctlResult{kind, seq, err}:
+			case <-fctx.Done():
+			}
+		})
+	}
+	sendAnswer := func(a bus.ApprovalAnswer) {
+		a.By = e.getenv("USER")
+		wg.Go(func() {
+			sctx, scancel := context.WithTimeout(fctx, 10*time.Second)
+			defer scancel()
+			seq, err := c.Answer(sctx, o.run, a)
+			select {
+			case results <- ctlResult{a.Decision, seq, err}:
 			case <-fctx.Done():
 			}
 		})
@@ -170,7 +183,9 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 				r.setStatus(fmt.Sprintf("waiting for a worker · %s", time.Since(begin).Round(time.Second)))
 			} else if finished == nil && time.Since(r.lastEvent) > 500*time.Millisecond {
 				what := "working"
-				if r.toolRun != "" {
+				if len(r.approvals) > 0 {
+					what = "waiting for approval"
+				} else if r.toolRun != "" {
 					what = "running " + r.toolRun
 				}
 				r.setStatus(fmt.Sprintf("%s · turn %d · %s", what, max(r.turns, 1), time.Since(begin).Round(time.Second)))
@@ -178,6 +193,14 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 		case line, ok := <-lines:
 			if !ok {
 				lines = nil
+				continue
+			}
+			if a, ok, err := parseApprovalInput(line, r.approvals); ok {
+				if err != nil {
+					r.note(err.Error())
+				} else {
+					sendAnswer(*a)
+				}
 				continue
 			}
 			kind, text, err := parseInput(line)

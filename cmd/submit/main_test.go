@@ -108,19 +108,26 @@ func buildBinaries(dir string) error {
 // created the streams and pulls. Without --nats in args it starts its
 // embedded server: url is where. stop sends SIGTERM and waits.
 func startWorkerProcess(logPath string, env []string, args ...string) (stop func() error, url string, err error) {
+	stop, _, url, err = startKillableWorker(logPath, env, args...)
+	return stop, url, err
+}
+
+// startKillableWorker is startWorkerProcess that can also kill the worker
+// (SIGKILL, as kill -9); kill waits for it to be gone.
+func startKillableWorker(logPath string, env []string, args ...string) (stop func() error, kill func(), url string, err error) {
 	// Metrics on a free port: workers of parallel tests must not collide.
 	args = append([]string{"--ack-wait", "10s", "--drain-timeout", "2s", "--log-format", "json", "--metrics-addr", "127.0.0.1:0"}, args...)
 	cmd := exec.Command(fleet.worker, args...)
 	cmd.Env = append(append(os.Environ(), "OPENAI_API_KEY=", "OPENAI_BASE_URL=", "NATS_URL="), env...)
 	logf, err := os.Create(logPath)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	ready := make(chan struct{})
 	copied := make(chan struct{})
@@ -152,24 +159,30 @@ func startWorkerProcess(logPath string, env []string, args ...string) (stop func
 		pw.Close()
 		exited <- err
 	}()
-	stop = func() error {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		err := <-exited
-		<-copied
-		logf.Close()
-		return err
+	var once sync.Once
+	var stopErr error
+	end := func(sig os.Signal) error {
+		once.Do(func() {
+			_ = cmd.Process.Signal(sig)
+			stopErr = <-exited
+			<-copied
+			logf.Close()
+		})
+		return stopErr
 	}
+	stop = func() error { return end(syscall.SIGTERM) }
+	kill = func() { _ = end(syscall.SIGKILL) }
 	select {
 	case <-ready:
-		return stop, url, nil
+		return stop, kill, url, nil
 	case err := <-exited:
 		<-copied
 		logf.Close()
 		log, _ := os.ReadFile(logPath)
-		return nil, "", fmt.Errorf("worker exited before it was ready: %v\n%s", err, log)
+		return nil, nil, "", fmt.Errorf("worker exited before it was ready: %v\n%s", err, log)
 	case <-time.After(30 * time.Second):
 		_ = stop()
-		return nil, "", errors.New("worker not ready after 30s")
+		return nil, nil, "", errors.New("worker not ready after 30s")
 	}
 }
 

@@ -56,6 +56,10 @@ type renderer struct {
 	// lastEvent is when the last envelope was rendered (live status).
 	lastEvent time.Time
 	toolRun   string // the tool running, for the status line
+	// approvals are the gated calls waiting for an answer (approvals.go);
+	// interactive: the follower may answer them.
+	approvals   []pendingCall
+	interactive bool
 }
 
 func newRenderer(w io.Writer, st style) *renderer {
@@ -141,8 +145,10 @@ func (r *renderer) Render(env *bus.Envelope) error {
 	case bus.EventRunResumed:
 		r.println(r.st.dim(fmt.Sprintf("↻ attempt %d resumes the run (%d messages restored)", ev.RunResumed.Attempt, ev.RunResumed.MessagesRestored)))
 	case bus.EventRunFinished:
-		r.finished = ev.RunFinished
+		r.finished, r.approvals = ev.RunFinished, nil
 		r.println(closingLine(r.st, ev.RunFinished))
+	case bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
+		r.approvalEvent(env, ev.Type)
 	case bus.EventModelWait:
 		r.println(r.st.dim(fmt.Sprintf("⏳ the model call waited %s for the fleet's rate limits", time.Duration(ev.ModelWait.WaitedMs)*time.Millisecond)))
 	default:
@@ -197,6 +203,7 @@ func (r *renderer) agentEvent(env *bus.Envelope, ev *bus.AgentEvent) {
 		r.pending = ev.ToolCallID
 		r.toolRun = ev.ToolName
 	case agent.EventToolExecutionEnd:
+		r.settle(ev.ToolCallID)
 		r.toolEnd(ev)
 	}
 }

@@ -116,6 +116,9 @@ var promptWords = map[string]func(e *env) *flag.FlagSet{
 		budgetsFlags(fs, &asJSON, &all) // budgets.go
 		return fs
 	},
+	"approvals": approvalPromptWords("approvals"), // approvals.go
+	"approve":   approvalPromptWords("approve"),
+	"deny":      approvalPromptWords("deny"),
 }
 
 // takesOnly reports whether every flag in args is one fs defines.

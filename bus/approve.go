@@ -1,0 +1,242 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// Answer checks an approval answer and publishes it for a run through
+// JetStream (stored in AGENTS_CONTROL even while no worker holds the run);
+// it returns the control stream sequence. A finished run gives
+// ErrRunFinished and nothing is sent. It does not check that the call is
+// pending: see PendingOf.
+func (c *Client) Answer(ctx context.Context, runID string, a ApprovalAnswer) (uint64, error) {
+	if err := CheckID(runID); err != nil {
+		return 0, err
+	}
+	if p := a.Problems(); len(p) > 0 {
+		return 0, fmt.Errorf("approval answer: %s", strings.Join(p, "; "))
+	}
+	return c.publishControl(ctx, runID, KindApprove, a)
+}
+
+// PendingCall is a gated tool call waiting for an answer.
+type PendingCall struct {
+	Run        string `json:"run"`
+	Queue      string `json:"queue,omitempty"`
+	ToolCallID string `json:"toolCallId"`
+	ToolName   string `json:"toolName"`
+	// Args are the arguments the model chose, from the call's
+	// tool_approval_requested event.
+	Args json.RawMessage `json:"args,omitempty"`
+	// RequestedAt is when the request was published; WaitingSince when
+	// the run started waiting (its record's waiting.since, else
+	// RequestedAt).
+	RequestedAt  time.Time `json:"requestedAt"`
+	WaitingSince time.Time `json:"waitingSince"`
+	ExpiresAt    time.Time `json:"expiresAt,omitzero"`
+}
+
+// approvalEvent is the part of the approval events (and of
+// tool_execution_end) that PendingOf reads.
+type approvalEvent struct {
+	Type       string          `json:"type"`
+	ToolCallID string          `json:"toolCallId"`
+	ToolName   string          `json:"toolName"`
+	Args       json.RawMessage `json:"args"`
+	ExpiresAt  int64           `json:"expiresAt"`
+}
+
+// PendingCalls folds a run's envelopes (in stream order) into its pending
+// gated calls, the oldest first: a call with tool_approval_requested and neither
+// tool_approval_resolved nor tool_execution_end (in any attempt: a resumed
+// attempt keeps waiting without asking again); none once the run has
+// finished. A result or resolution settles the oldest unsettled call with
+// its id (a model may reuse ids across turns).
+func PendingCalls(envs []*Envelope) []PendingCall {
+	var out []PendingCall
+	settle := func(id string) {
+		for i := range out {
+			if out[i].ToolCallID == id {
+				out = append(out[:i], out[i+1:]...)
+				return
+			}
+		}
+	}
+	for _, env := range envs {
+		switch env.Type {
+		case EventRunFinished:
+			return nil
+		case EventToolApprovalRequested, EventToolApprovalResolved, string(agent.EventToolExecutionEnd):
+		default:
+			continue
+		}
+		var ev approvalEvent
+		if json.Unmarshal(env.Event, &ev) != nil || ev.ToolCallID == "" {
+			continue
+		}
+		if env.Type != EventToolApprovalRequested {
+			settle(ev.ToolCallID)
+			continue
+		}
+		p := PendingCall{Run: env.Run, ToolCallID: ev.ToolCallID, ToolName: ev.ToolName,
+			Args: ev.Args, RequestedAt: time.UnixMilli(env.TS)}
+		if ev.ExpiresAt > 0 {
+			p.ExpiresAt = time.UnixMilli(ev.ExpiresAt)
+		}
+		p.WaitingSince = p.RequestedAt
+		out = append(out, p)
+	}
+	return out
+}
+
+// PendingOf returns a run's pending gated calls, read from its events as
+// stored now (answers need no more than that: a call that is not pending
+// yet cannot be named).
+func (c *Client) PendingOf(ctx context.Context, runID string) ([]PendingCall, error) {
+	envs, err := c.storedEvents(ctx, runID, time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	return PendingCalls(envs), nil
+}
+
+// requestSlack is how much earlier than a record's requestedAt (the
+// worker's clock) a read of the requests starts (the stream's clock).
+const requestSlack = time.Minute
+
+// pendingOfWaiting is PendingOf for a run whose record lists its waiting
+// calls: it reads the events from shortly before the oldest request (a
+// long run has many), and all of them if a listed request is not there.
+func (c *Client) pendingOfWaiting(ctx context.Context, r *RunRecord) ([]PendingCall, error) {
+	if len(r.Waiting.Approvals) == 0 {
+		return c.PendingOf(ctx, r.ID)
+	}
+	oldest := r.Waiting.Approvals[0].RequestedAt
+	for _, a := range r.Waiting.Approvals {
+		oldest = min(oldest, a.RequestedAt)
+	}
+	envs, err := c.storedEvents(ctx, r.ID, time.UnixMilli(oldest).Add(-requestSlack))
+	if err != nil {
+		return nil, err
+	}
+	asked := map[string]bool{}
+	for _, env := range envs {
+		if env.Type == EventToolApprovalRequested {
+			var ev approvalEvent
+			if json.Unmarshal(env.Event, &ev) == nil {
+				asked[ev.ToolCallID] = true
+			}
+		}
+	}
+	for _, a := range r.Waiting.Approvals {
+		if !asked[a.ToolCallID] {
+			return c.PendingOf(ctx, r.ID) // clocks apart more than the slack
+		}
+	}
+	return PendingCalls(envs), nil
+}
+
+// storedEvents reads a run's envelopes stored now (those stored since a
+// time, unless zero) with an ordered consumer (the reads every client role
+// has), stopping when none is pending.
+func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time) ([]*Envelope, error) {
+	if err := CheckID(runID); err != nil {
+		return nil, err
+	}
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.names.Events(runID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	}
+	if !since.IsZero() {
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	if info.NumPending == 0 {
+		return nil, nil
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	defer it.Stop()
+	var out []*Envelope
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return out, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		if env, err := DecodeEnvelope(msg.Data()); err == nil {
+			out = append(out, env)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return out, err
+		}
+		if md.NumPending == 0 {
+			return out, nil
+		}
+	}
+}
+
+// ApprovalsOptions filter PendingApprovals.
+type ApprovalsOptions struct {
+	Queue string // "" for every queue
+	// MaxScan bounds the records read to find waiting runs
+	// [DefaultListScan]; -1 for no bound.
+	MaxScan int
+}
+
+// PendingApprovals lists the pending approvals across the fleet: the
+// running records waiting for approval, each run's pending calls read from
+// its events since shortly before its oldest waiting request (with the
+// arguments the model chose), the oldest request first.
+func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]PendingCall, error) {
+	page, err := c.ListPage(ctx, ListOptions{State: StateWaiting, Queue: o.Queue, MaxScan: o.MaxScan})
+	if err != nil {
+		return nil, err
+	}
+	var out []PendingCall
+	for i := range page.Records {
+		r := &page.Records[i]
+		if r.Waiting == nil || r.Waiting.For != WaitingApproval {
+			continue
+		}
+		calls, err := c.pendingOfWaiting(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range calls {
+			p.Queue = r.Queue
+			if !r.Waiting.Since.IsZero() {
+				p.WaitingSince = r.Waiting.Since
+			}
+			out = append(out, p)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if !out[i].RequestedAt.Equal(out[j].RequestedAt) {
+			return out[i].RequestedAt.Before(out[j].RequestedAt)
+		}
+		return out[i].Run < out[j].Run
+	})
+	return out, nil
+}

@@ -1,0 +1,95 @@
+package bus_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+)
+
+// TestPendingApprovals lists the fleet's waiting calls from records and
+// events written as workers write them: a run with a long history before
+// its request, a run whose worker's clock is far ahead of the server's
+// (its request is found by a full read), a run whose record still lists a
+// call its events resolved, a run waiting for the model, a finished run;
+// the queue filter.
+func TestPendingApprovals(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	seqs := map[string]uint64{}
+	// ts: when the worker published the event (the requests' order).
+	ts := now.Add(-time.Minute)
+	publish := func(run string, ev string) {
+		t.Helper()
+		seqs[run]++
+		ts = ts.Add(time.Millisecond)
+		data := fmt.Appendf(nil, `{"run":%q,"seq":%d,"attempt":1,"worker":"w","ts":%d,"event":%s}`, run, seqs[run], ts.UnixMilli(), ev)
+		if _, err := c.JetStream().Publish(ctx, c.Names().Events(run), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	request := func(run, call, tool string) {
+		publish(run, fmt.Sprintf(`{"type":"tool_approval_requested","toolCallId":%q,"toolName":%q,"args":{"target":%q},"expiresAt":%d}`,
+			call, tool, run, now.Add(time.Hour).UnixMilli()))
+	}
+	record := func(run, queue, state string, w *bus.Waiting) {
+		t.Helper()
+		data, _ := json.Marshal(bus.RunRecord{ID: run, Queue: queue, State: state, HeartbeatAt: time.Now(), Waiting: w})
+		if _, err := kv.Put(ctx, run, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitingFor := func(call string, requestedAt time.Time) *bus.Waiting {
+		return &bus.Waiting{For: bus.WaitingApproval, Since: requestedAt,
+			Approvals: []bus.PendingApproval{{ToolCallID: call, ToolName: "deploy", RequestedAt: requestedAt.UnixMilli(), ExpiresAt: now.Add(time.Hour).UnixMilli()}}}
+	}
+
+	publish("long", `{"type":"run_started","queue":"default","worker":"w","attempt":1,"tools":["deploy"]}`)
+	for range 300 {
+		publish("long", `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"x"}}`)
+	}
+	request("long", "c1", "deploy")
+	record("long", "default", bus.StateRunning, waitingFor("c1", now))
+
+	request("ahead", "c2", "pay")
+	record("ahead", "other", bus.StateRunning, waitingFor("c2", now.Add(10*time.Minute)))
+
+	request("lagging", "c3", "deploy")
+	publish("lagging", `{"type":"tool_approval_resolved","toolCallId":"c3","decision":"approve","controlSeq":1}`)
+	record("lagging", "default", bus.StateRunning, waitingFor("c3", now))
+
+	record("model", "default", bus.StateRunning, &bus.Waiting{For: bus.WaitingModel, Since: now})
+	request("done", "c5", "deploy")
+	record("done", "default", bus.StatusSucceeded, nil)
+
+	list := func(queue string) string {
+		t.Helper()
+		ps, err := c.PendingApprovals(ctx, bus.ApprovalsOptions{Queue: queue})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, p := range ps {
+			out = append(out, fmt.Sprintf("%s/%s/%s/%s/%s", p.Run, p.Queue, p.ToolCallID, p.ToolName, p.Args))
+			if p.ExpiresAt.UnixMilli() != now.Add(time.Hour).UnixMilli() || p.WaitingSince.IsZero() {
+				t.Errorf("%s: expires %v, waiting since %v", p.Run, p.ExpiresAt, p.WaitingSince)
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	if got, want := list(""), `long/default/c1/deploy/{"target":"long"} ahead/other/c2/pay/{"target":"ahead"}`; got != want {
+		t.Errorf("pending approvals:\n got %s\nwant %s", got, want)
+	}
+	if got, want := list("other"), `ahead/other/c2/pay/{"target":"ahead"}`; got != want {
+		t.Errorf("pending approvals of queue other:\n got %s\nwant %s", got, want)
+	}
+}
