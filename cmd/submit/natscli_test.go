@@ -20,6 +20,9 @@ func TestApprovalNATSCLI(t *testing.T) {
 	t.Parallel()
 	for _, bin := range []string{"nats", "jq"} {
 		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("no %s on the PATH: .ci/run installs it", bin)
+			}
 			t.Skipf("no %s on the PATH (nats: go install github.com/nats-io/natscli/nats@v0.5.0)", bin)
 		}
 	}
