@@ -176,6 +176,7 @@ func runScenario(t *testing.T, path string) []string {
 
 	model := faux.New(faux.Options{TokenSize: sc.Model.TokenSize, TokensPerSecond: sc.Model.TokensPerSecond}, sc.Responses...)
 	var tools []*agent.Tool
+	order := newDelayOrder()
 	for _, st := range sc.Tools {
 		st := st
 		result := "ok"
@@ -190,9 +191,14 @@ func runScenario(t *testing.T, path string) []string {
 					update(agent.TextResult(u))
 				}
 				if st.DelayMs > 0 {
+					done := order.start(st.DelayMs)
+					defer done()
 					select {
 					case <-time.After(time.Duration(st.DelayMs) * time.Millisecond):
 					case <-ctx.Done():
+						return agent.ToolResult{}, errors.New("Operation aborted")
+					}
+					if !order.waitShorter(ctx, st.DelayMs) {
 						return agent.ToolResult{}, errors.New("Operation aborted")
 					}
 				}
@@ -457,4 +463,55 @@ func lineDiff(a, b []string) string {
 		return ""
 	}
 	return strings.Join(out, "\n")
+}
+
+// delayOrder makes parallel tools finish in the order of their delays, as
+// the reference's timers did when it printed the traces: on a loaded
+// machine a 5 ms timer can fire after a 25 ms one.
+type delayOrder struct {
+	mu      sync.Mutex
+	running map[int]int // delay -> tools with that delay not finished
+	changed chan struct{}
+}
+
+func newDelayOrder() *delayOrder {
+	return &delayOrder{running: map[int]int{}, changed: make(chan struct{})}
+}
+
+// start registers a tool with delay d; done unregisters it.
+func (o *delayOrder) start(d int) (done func()) {
+	o.mu.Lock()
+	o.running[d]++
+	o.mu.Unlock()
+	return func() {
+		o.mu.Lock()
+		o.running[d]--
+		close(o.changed)
+		o.changed = make(chan struct{})
+		o.mu.Unlock()
+	}
+}
+
+// waitShorter waits until no tool with a shorter delay is running; false
+// when ctx ends first.
+func (o *delayOrder) waitShorter(ctx context.Context, d int) bool {
+	for {
+		o.mu.Lock()
+		shorter := false
+		for delay, n := range o.running {
+			if delay < d && n > 0 {
+				shorter = true
+			}
+		}
+		changed := o.changed
+		o.mu.Unlock()
+		if !shorter {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
