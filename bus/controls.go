@@ -59,7 +59,7 @@ func (c *Client) SendControl(ctx context.Context, runID, kind string, body Contr
 	if err != nil {
 		return 0, err
 	}
-	ack, err := c.js.Publish(ctx, c.names.Control(runID, kind), data, jetstream.WithExpectStream(c.names.ControlStream()))
+	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.Control(runID, kind), data), jetstream.WithExpectStream(c.names.ControlStream()))
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", kind, runID, err)
 	}

@@ -184,7 +184,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.2"
+const ProtocolVersion = "1.3"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
@@ -202,6 +202,9 @@ type RunStarted struct {
 	Metadata     map[string]string `json:"metadata,omitempty"`
 	// SubmittedAt is when the request was stored, Unix milliseconds.
 	SubmittedAt int64 `json:"submittedAt,omitempty"`
+	// Traceparent is the W3C traceparent of the attempt's invoke_agent
+	// span, when the worker traces (since 1.3; readers ignore it).
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // RunFinished is the last event of a run; there is exactly one per run.

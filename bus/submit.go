@@ -61,7 +61,7 @@ func (c *Client) SubmitRaw(ctx context.Context, queue, runID string, body []byte
 	if err := CheckID(runID); err != nil {
 		return SubmitResult{}, err
 	}
-	ack, err := c.js.Publish(ctx, c.names.Submit(queue, runID), body,
+	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.Submit(queue, runID), body),
 		jetstream.WithMsgID(runID), jetstream.WithExpectStream(c.names.RunsStream()))
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
 		if _, serr := c.js.Stream(ctx, c.names.RunsStream()); serr == nil {

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/toolsource"
@@ -131,6 +133,12 @@ type Config struct {
 	// RateLimits, when set, makes every call of a model it lists take
 	// capacity from the fleet's shared limits first (ratelimit.go).
 	RateLimits *RateLimits
+	// TracerProvider makes the attempts' spans (trace.go); nil or a noop
+	// provider: no spans, at no cost.
+	TracerProvider trace.TracerProvider
+	// TraceContent records prompts, completions and tool arguments and
+	// results in spans (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).
+	TraceContent bool
 }
 
 // RunInfo identifies a run to an Observer.

@@ -61,6 +61,7 @@ type run struct {
 	left   bool               // the observer was told the run finished
 
 	waitingModel atomic.Bool // a model call queues for the shared rate limits
+	trace        runTrace    // spans (trace.go)
 }
 
 // runPlan is the request resolved against the worker.
@@ -114,6 +115,8 @@ func (r *run) info() RunInfo {
 }
 
 func (r *run) execute() {
+	r.traceBegin()
+	defer r.traceEnd()
 	if !r.pickup() {
 		return
 	}
@@ -124,6 +127,7 @@ func (r *run) execute() {
 	defer cancel()
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
+	ctx = r.traceContext(ctx)
 
 	if !r.acquire() {
 		return
@@ -196,7 +200,10 @@ func (r *run) acquire() bool {
 	w := r.w
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	switch o, cur, err := r.lease.take(ctx, r.prev, r.record(bus.StateRunning)); {
+	start := time.Now()
+	o, cur, err := r.lease.take(ctx, r.prev, r.record(bus.StateRunning))
+	r.traceStep(spanLeaseTake, start, err)
+	switch {
 	case err != nil:
 		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
@@ -366,6 +373,7 @@ func (r *run) runStarted() bus.RunStarted {
 	if !r.submittedAt.IsZero() {
 		s.SubmittedAt = r.submittedAt.UnixMilli()
 	}
+	s.Traceparent = r.traceparent()
 	return s
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -62,6 +63,7 @@ type Worker struct {
 	wg   sync.WaitGroup
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
+	tracer  trace.Tracer       // nil when not tracing (trace.go)
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
@@ -150,6 +152,7 @@ func New(cfg Config) (*Worker, error) {
 	if w.providers[def.Provider] == nil {
 		return nil, fmt.Errorf("worker: default model %s: no provider %q is configured", def, def.Provider)
 	}
+	w.tracer = newTracer(cfg.TracerProvider)
 	return w, nil
 }
 
