@@ -25,7 +25,7 @@ type Tracing struct {
 	// (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true).
 	CaptureContent bool
 	// On is false when Provider is a noop.
-	On bool
+	On  bool
 	sdk *sdktrace.TracerProvider
 }
 

@@ -166,9 +166,9 @@ func TestTraceToolRun(t *testing.T) {
 	}
 	wantAttrs(t, children[1], map[string]any{"gen_ai.operation.name": "chat", "gen_ai.provider.name": "faux",
 		"gen_ai.request.model": "scripted", "gen_ai.conversation.id": id, "gen_ai.response.finish_reasons": []string{"tool_call"},
-		"gen_ai.usage.input_tokens": func(v any) bool { return v.(int64) > 0 },
+		"gen_ai.usage.input_tokens":  func(v any) bool { return v.(int64) > 0 },
 		"gen_ai.usage.output_tokens": func(v any) bool { return v.(int64) > 0 },
-		"agentfleet.cost_usd": 0.0, "agentfleet.time_to_first_chunk_ms": func(v any) bool { return v.(int64) >= 0 }})
+		"agentfleet.cost_usd":        0.0, "agentfleet.time_to_first_chunk_ms": func(v any) bool { return v.(int64) >= 0 }})
 	wantAttrs(t, children[3], map[string]any{"gen_ai.response.finish_reasons": []string{"stop"}})
 	if children[1].SpanKind() != trace.SpanKindClient {
 		t.Errorf("chat span kind %v", children[1].SpanKind())
