@@ -2,7 +2,6 @@ package tracing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -71,7 +70,7 @@ func New(ctx context.Context, flag bool, service string, getenv func(string) str
 		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
 	}
 	res, err := resource.Merge(resource.Default(),
-		resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(service)))
+		resource.NewSchemaless(semconv.ServiceName(service)))
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +80,7 @@ func New(ctx context.Context, flag bool, service string, getenv func(string) str
 		if err != nil {
 			return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
 		}
-		if res, err = resource.Merge(res, env); err != nil && !errors.Is(err, resource.ErrSchemaURLConflict) {
+		if res, err = resource.Merge(res, env); err != nil {
 			return nil, err
 		}
 	}

@@ -263,10 +263,12 @@ func addConnFlags(fs *flag.FlagSet, o *bus.ConnectOptions, noColor *bool, getenv
 type conn struct {
 	opts    bus.ConnectOptions
 	noColor bool
+	otel    bool // trace.go
 }
 
 func (c *conn) register(fs *flag.FlagSet, e *env) {
 	addConnFlags(fs, &c.opts, &c.noColor, e.getenv)
+	otelFlag(fs, &c.otel, e)
 }
 
 // connectError is a NATS or fleet that cannot be reached (exit 4).
