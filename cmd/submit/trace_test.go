@@ -190,7 +190,7 @@ func TestTracePropagatesFromSubmitToWorkerOverOTLP(t *testing.T) {
 }
 
 // startWithEnv runs submit in the background with env as its environment.
-func startWithEnv(t *testing.T, env []string, args ...string) *proc {
+func startWithEnv(t testing.TB, env []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(fleet.submit, args...), stdout: newOutBuf(), stderr: newOutBuf(), done: make(chan struct{})}
 	p.cmd.Env = env
