@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/llm/openai"
+	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/tracing"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -223,7 +226,9 @@ func TestTraceResumedRun(t *testing.T) {
 	f := newFleet(t)
 	s := newSpans(t)
 	g := newCancelGate()
-	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, TracerProvider: s.tp}
+	first := newObs()
+	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond,
+		TracerProvider: s.tp, Observer: first}
 	kill := killable(f, cfg)
 	id, submit := submitTraced(t, f, s.tp, &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
@@ -231,19 +236,24 @@ func TestTraceResumedRun(t *testing.T) {
 			fleettest.Text("done"),
 		}}})
 	waitFor(t, g.started, "gate x")
-	kill()
-	waitFor(t, g.cancelled, "gate x cancelled")
-	first := s.waitFor(1, "invoke_agent of attempt 1", named("invoke_agent"))[0]
-	wantAttrs(t, first, map[string]any{"agentfleet.run.status": "handed_back", "agentfleet.attempt": int64(1)})
-
-	// A steer stored while no worker runs it: the next attempt reads it
-	// from the stream, headers included.
+	// A steer while attempt 1 runs (it comes live), then the worker dies
+	// before the steer reaches the transcript: attempt 2 reads it from
+	// the stream, headers included.
 	sctx, steer := s.tp.Tracer("test").Start(fleettest.Context(t), "steer")
 	if _, err := f.Client.Steer(sctx, id, "also y"); err != nil {
 		t.Fatal(err)
 	}
 	steer.End()
+	first.waitControl(t, bus.KindSteer)
+	kill()
+	waitFor(t, g.cancelled, "gate x cancelled")
+	one := s.waitFor(1, "invoke_agent of attempt 1", named("invoke_agent"))[0]
+	wantAttrs(t, one, map[string]any{"agentfleet.run.status": "handed_back", "agentfleet.attempt": int64(1)})
+	if l := one.Links(); len(l) != 1 || l[0].SpanContext.SpanID() != steer.SpanContext().SpanID() {
+		t.Errorf("attempt 1's links %v, want the steer's sender %v", l, steer.SpanContext())
+	}
 
+	cfg.Observer = nil
 	f.StartWorker(cfg)
 	envs := f.Follow(id)
 	tr := transcriptOf(t, envs)
@@ -263,8 +273,8 @@ func TestTraceResumedRun(t *testing.T) {
 			}
 		}
 	}
-	if sc := links["earlier_attempt"]; sc.SpanID() != first.SpanContext().SpanID() || sc.TraceID() != first.SpanContext().TraceID() {
-		t.Errorf("attempt 2's link to attempt 1: %v, want %v (links %v)", sc, first.SpanContext(), second.Links())
+	if sc := links["earlier_attempt"]; sc.SpanID() != one.SpanContext().SpanID() || sc.TraceID() != one.SpanContext().TraceID() {
+		t.Errorf("attempt 2's link to attempt 1: %v, want %v (links %v)", sc, one.SpanContext(), second.Links())
 	}
 	if sc := links["control.steer"]; sc.SpanID() != steer.SpanContext().SpanID() {
 		t.Errorf("attempt 2's link to the steer's sender: %v, want %v", sc, steer.SpanContext())
@@ -308,5 +318,62 @@ func TestNoTracing(t *testing.T) {
 	envs := f.Follow(res.ID)
 	if started := fleettest.Decode(t, envs[0]); started.RunStarted == nil || started.RunStarted.Traceparent != "" {
 		t.Fatalf("run_started %s", envs[0].Event)
+	}
+}
+
+// A model call that waits for the fleet's shared limits has a
+// agentfleet.ratelimit.wait span under its chat span, one per model_wait
+// event; the chat spans of a real (OpenAI-compatible) endpoint carry its
+// response model and usage.
+func TestTraceRateLimitWait(t *testing.T) {
+	p := &limitedProvider{rpm: 100, tpm: 1 << 30, window: time.Second}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	f := newFleet(t)
+	s := newSpans(t)
+	seam := ratelimit.NewSeam(map[string]string{"m": "main"})
+	cfg := worker.Config{Concurrency: 4, DefaultModel: "openai/m", TracerProvider: s.tp,
+		RateLimits: &worker.RateLimits{Window: time.Second, Liveness: time.Second, Seam: seam,
+			Models: map[string]worker.ModelLimit{"openai/m": {Group: "main", Limits: ratelimit.Limits{RPM: 2}, MaxTokens: 50}}}}
+	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}},
+		Gate: seam.Gate, OnRetryAfter: seam.OnRetryAfter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.CloseIdleConnections)
+	cfg.Providers = map[string]worker.Provider{"openai": prov}
+	f.StartWorker(cfg)
+	var ids []string
+	for range 2 {
+		id, _ := submitTraced(t, f, s.tp, &bus.RunRequest{Prompt: "what is 6*7?", Tools: []string{"calculator"}})
+		ids = append(ids, id)
+	}
+	waits := 0
+	for _, id := range ids {
+		for _, e := range f.Follow(id) {
+			if ev := fleettest.Decode(t, e); ev.ModelWait != nil {
+				waits++
+			}
+		}
+	}
+	if waits == 0 {
+		t.Fatal("4 calls at 2 a second never waited: the test proves nothing")
+	}
+	s.waitFor(2, "invoke_agent", named("invoke_agent"))
+	chats := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for _, sp := range s.waitFor(4, "chat m", named("chat m")) {
+		chats[sp.SpanContext().SpanID()] = sp
+		wantAttrs(t, sp, map[string]any{"gen_ai.provider.name": "openai", "gen_ai.response.model": "m",
+			"gen_ai.usage.output_tokens": int64(5)})
+	}
+	limitWaits := s.waitFor(waits, "rate limit waits", named("agentfleet.ratelimit.wait"))
+	if len(limitWaits) != waits {
+		t.Fatalf("%d rate limit wait spans for %d model_wait events", len(limitWaits), waits)
+	}
+	for _, sp := range limitWaits {
+		if _, ok := chats[sp.Parent().SpanID()]; !ok {
+			t.Errorf("rate limit wait's parent %v is not a chat span", sp.Parent())
+		}
+		wantAttrs(t, sp, map[string]any{"agentfleet.ratelimit.group": "main"})
 	}
 }
