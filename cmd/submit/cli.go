@@ -51,6 +51,8 @@ Connection flags (every command; environment in brackets):
   --nkey FILE       NKey seed file [NATS_NKEY]
   --tlsca, --tlscert, --tlskey FILE   [NATS_CA, NATS_CERT, NATS_KEY]
   --prefix P        subject prefix [AGENTS_PREFIX] (default agents)
+  --otel            export an OpenTelemetry trace over OTLP/HTTP (OTEL_* variables);
+                    requests and controls carry it to the workers [AGENTS_OTEL]
 
 Run "submit COMMAND --help" for a command's flags.
 `
