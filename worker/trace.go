@@ -65,7 +65,7 @@ func newTracer(tp trace.TracerProvider) trace.Tracer {
 	case nil, noop.TracerProvider, *noop.TracerProvider:
 		return nil
 	}
-	return tp.Tracer(tracerName, trace.WithInstrumentationAttributes(), trace.WithSchemaURL(semconv.SchemaURL))
+	return tp.Tracer(tracerName, trace.WithSchemaURL(semconv.SchemaURL))
 }
 
 // runTrace is an attempt's invoke_agent span and what its end reports.
@@ -115,8 +115,12 @@ func (r *run) traceEnd() {
 	if !r.modelRef.IsZero() {
 		attrs = append(attrs, semconv.GenAIProviderNameKey.String(r.modelRef.Provider), semconv.GenAIRequestModel(r.modelRef.ID))
 	}
-	if status == "" {
+	switch {
+	case status != "":
+	case r.pub != nil:
 		status = "handed_back"
+	default:
+		status = "not_started" // refused at pickup, or handed back before its lease
 	}
 	attrs = append(attrs, attrStatus.String(status))
 	s.SetAttributes(attrs...)
