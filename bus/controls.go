@@ -42,7 +42,8 @@ func (c *Client) SteerMessage(ctx context.Context, runID string, m agent.Message
 }
 
 // SendControl publishes a control message of a kind (steer, followup,
-// abort) after checking the run has not finished.
+// abort) after checking the run has not finished. A span in ctx travels
+// with it (traceparent and tracestate headers).
 func (c *Client) SendControl(ctx context.Context, runID, kind string, body Control) (uint64, error) {
 	if err := CheckID(runID); err != nil {
 		return 0, err

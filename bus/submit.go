@@ -50,7 +50,8 @@ func (c *Client) Submit(ctx context.Context, queue string, req *RunRequest) (Sub
 }
 
 // SubmitRaw stores a request body as it is (no validation but of the
-// subject tokens): for tools and tests.
+// subject tokens): for tools and tests. A span in ctx travels with the
+// request (traceparent and tracestate headers).
 func (c *Client) SubmitRaw(ctx context.Context, queue, runID string, body []byte) (SubmitResult, error) {
 	if queue == "" {
 		queue = DefaultQueue
