@@ -250,10 +250,9 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 			for ev := range fn(ctx, model, llm, opts) {
 				if first < 0 {
 					first = time.Since(start)
-					span.SetAttributes(attrFirstChunk.Int64(first.Milliseconds()))
 				}
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
-					r.traceResponse(span, ev.Message, capture)
+					r.traceResponse(span, ev.Message, first, capture)
 				}
 				if !yield(ev) {
 					return
@@ -264,7 +263,7 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 }
 
 // traceResponse puts a model call's answer on its chat span.
-func (r *run) traceResponse(span trace.Span, m *agent.Message, capture bool) {
+func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Duration, capture bool) {
 	u := nonNegative(m.Usage)
 	r.trace.mu.Lock()
 	r.trace.usage.Add(u)
@@ -273,8 +272,11 @@ func (r *run) traceResponse(span trace.Span, m *agent.Message, capture bool) {
 	if model == "" {
 		model = m.Model
 	}
-	attrs := []attribute.KeyValue{semconv.GenAIResponseFinishReasons(finishReason(m.StopReason)...),
-		semconv.GenAIUsageInputTokens(u.Input), semconv.GenAIUsageOutputTokens(u.Output), attrCost.Float64(u.Cost.Total)}
+	// One SetAttributes: each call may grow the span's attribute slice.
+	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs, semconv.GenAIResponseFinishReasons(finishReason(m.StopReason)...),
+		semconv.GenAIUsageInputTokens(u.Input), semconv.GenAIUsageOutputTokens(u.Output), attrCost.Float64(u.Cost.Total),
+		attrFirstChunk.Int64(first.Milliseconds()))
 	if model != "" {
 		attrs = append(attrs, semconv.GenAIResponseModel(model))
 	}
@@ -285,9 +287,12 @@ func (r *run) traceResponse(span trace.Span, m *agent.Message, capture bool) {
 		out := genAIMessages([]agent.Message{*m}, true)
 		attrs = append(attrs, semconv.GenAIOutputMessagesKey.String(contentJSON(out)))
 	}
+	failed := m.StopReason == agent.StopReasonError || m.StopReason == agent.StopReasonAborted
+	if failed {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(m.StopReason)))
+	}
 	span.SetAttributes(attrs...)
-	if m.StopReason == agent.StopReasonError || m.StopReason == agent.StopReasonAborted {
-		span.SetAttributes(semconv.ErrorTypeKey.String(string(m.StopReason)))
+	if failed {
 		// A model's error text is the endpoint's, not the prompt's.
 		span.SetStatus(codes.Error, clipString(m.ErrorMessage, 1024))
 	}
