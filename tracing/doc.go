@@ -1,9 +1,8 @@
-// Package tracing sets up OpenTelemetry tracing for agentfleet's commands
-// and carries trace context across NATS in message headers (traceparent,
-// tracestate).
+// Package tracing carries OpenTelemetry trace context across NATS in
+// message headers (traceparent, tracestate) and says when a command traces.
+// It needs only the OTel API; package tracing/otlp sets up the SDK and its
+// exporter for the commands.
 //
-// Nothing here is global: New returns a TracerProvider that the caller
-// passes on explicitly (worker.Config, the submit command), and a noop one
-// when tracing is off. Exporter, sampler, batching, service name and
-// resource come from the standard OTEL_* environment, read by the SDK.
+// Nothing here is global: a TracerProvider is passed explicitly
+// (worker.Config, the commands), a noop one when tracing is off.
 package tracing

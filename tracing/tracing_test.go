@@ -33,32 +33,6 @@ func TestEnabled(t *testing.T) {
 	}
 }
 
-func TestNew(t *testing.T) {
-	ctx := context.Background()
-	off, err := New(ctx, false, "svc", envOf(nil))
-	if err != nil || off.On {
-		t.Fatalf("off: %+v %v", off, err)
-	}
-	if _, span := off.Provider.Tracer("t").Start(ctx, "x"); span.IsRecording() {
-		t.Fatal("a noop provider records")
-	}
-	on, err := New(ctx, true, "svc", envOf(map[string]string{CaptureContentEnv: "true"}))
-	if err != nil || !on.On || !on.CaptureContent {
-		t.Fatalf("on: %+v %v", on, err)
-	}
-	if _, span := on.Provider.Tracer("t").Start(ctx, "x"); !span.IsRecording() {
-		t.Fatal("the SDK provider does not record")
-	}
-	if err := on.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, env := range []map[string]string{{"OTEL_TRACES_EXPORTER": "zipkin"}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}} {
-		if _, err := New(ctx, true, "svc", envOf(env)); err == nil {
-			t.Errorf("%v: no error", env)
-		}
-	}
-}
-
 func TestCarrier(t *testing.T) {
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	sc := ParseTraceparent(tp, "vendor=x")

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/tracing/otlp"
 )
 
 func main() {
@@ -181,7 +181,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return 4
 	}
 	defer cl.Close()
-	tr, err := tracing.New(ctx, o.otel, "agentfleet-console", getenv)
+	tr, err := otlp.New(ctx, o.otel, "agentfleet-console", getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "console: tracing: %v\n", err)
 		return 2

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/tracing/otlp"
 )
 
 const tracerName = "github.com/agentfleet/agentfleet/cmd/submit"
@@ -25,11 +26,11 @@ func otelFlag(fs *flag.FlagSet, p *bool, e *env) {
 // child of the caller's TRACEPARENT if there is one (continued even when
 // tracing is off here, so the workers' spans join the caller's trace).
 // end ends the span and flushes the exporter.
-func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context.Context, t *tracing.Tracing, end func()) {
-	t, err := tracing.New(ctx, c.otel, "agentfleet-submit", e.getenv)
+func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context.Context, t *otlp.Tracing, end func()) {
+	t, err := otlp.New(ctx, c.otel, "agentfleet-submit", e.getenv)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "submit: tracing off: %v\n", err)
-		t = tracing.Off()
+		t = otlp.Off()
 	}
 	ctx = tracing.FromEnvironment(ctx, e.getenv)
 	if !t.On && !trace.SpanContextFromContext(ctx).IsValid() {
@@ -52,7 +53,7 @@ func traceRun(ctx context.Context, id, queue string) {
 }
 
 // benchTracer starts a span per bench run when tracing is on; nil when off.
-func benchTracer(t *tracing.Tracing) trace.Tracer {
+func benchTracer(t *otlp.Tracing) trace.Tracer {
 	if t == nil || !t.On {
 		return nil
 	}

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/tracing/otlp"
 )
 
 // otelFlag registers --otel [AGENTS_OTEL].
@@ -26,8 +26,8 @@ func otelFlag(fs *flag.FlagSet, p *bool, e *environment) {
 }
 
 // startTracing sets up the worker's tracing; stop flushes it.
-func startTracing(ctx context.Context, on bool, log *slog.Logger) (t *tracing.Tracing, stop func(), err error) {
-	t, err = tracing.New(ctx, on, "agentfleet-worker", os.Getenv)
+func startTracing(ctx context.Context, on bool, log *slog.Logger) (t *otlp.Tracing, stop func(), err error) {
+	t, err = otlp.New(ctx, on, "agentfleet-worker", os.Getenv)
 	if err != nil {
 		return nil, nil, err
 	}

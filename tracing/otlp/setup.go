@@ -1,4 +1,8 @@
-package tracing
+// Package otlp sets up a command's OpenTelemetry tracing: an SDK
+// TracerProvider exporting over OTLP/HTTP as the standard OTEL_* variables
+// say, or a noop one when tracing is off. It is apart from package tracing
+// so that importers of the bus (the carrier) do not pull in the SDK.
+package otlp
 
 import (
 	"context"
@@ -11,10 +15,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
-)
 
-// CaptureContentEnv turns on recording prompts and completions in spans.
-const CaptureContentEnv = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+	"github.com/agentfleet/agentfleet/tracing"
+)
 
 // Tracing is a command's tracing: its provider (noop when off) and whether
 // message content is recorded.
@@ -31,28 +34,13 @@ type Tracing struct {
 // Off is tracing turned off: a noop provider.
 func Off() *Tracing { return &Tracing{Provider: noop.NewTracerProvider()} }
 
-// Enabled says whether tracing is on: the flag (--otel), or an OTLP traces
-// endpoint or an exporter set in the environment; OTEL_SDK_DISABLED=true
-// always wins, and OTEL_TRACES_EXPORTER=none turns it off.
-func Enabled(flag bool, getenv func(string) string) bool {
-	if strings.EqualFold(strings.TrimSpace(getenv("OTEL_SDK_DISABLED")), "true") {
-		return false
-	}
-	exp := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")))
-	if exp == "none" {
-		return false
-	}
-	return flag || exp != "" || getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" ||
-		getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
-}
-
 // New sets up tracing for a command: off (a noop provider) unless Enabled;
 // on, spans are batched and exported over OTLP/HTTP (protobuf) as the
 // OTEL_EXPORTER_OTLP_* variables say (default http://localhost:4318).
 // service is the service.name unless OTEL_SERVICE_NAME sets one. Call
 // Shutdown before exiting to flush what is buffered.
 func New(ctx context.Context, flag bool, service string, getenv func(string) string) (*Tracing, error) {
-	if !Enabled(flag, getenv) {
+	if !tracing.Enabled(flag, getenv) {
 		return Off(), nil
 	}
 	if exp := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER"))); exp != "" && exp != "otlp" {
@@ -88,7 +76,7 @@ func New(ctx context.Context, flag bool, service string, getenv func(string) str
 	// read from the environment by the SDK.
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return &Tracing{Provider: tp, sdk: tp, On: true,
-		CaptureContent: strings.EqualFold(strings.TrimSpace(getenv(CaptureContentEnv)), "true")}, nil
+		CaptureContent: strings.EqualFold(strings.TrimSpace(getenv(tracing.CaptureContentEnv)), "true")}, nil
 }
 
 // Shutdown flushes and stops the exporter; a noop for tracing off.
