@@ -43,7 +43,8 @@ func (c *Client) SteerMessage(ctx context.Context, runID string, m agent.Message
 
 // SendControl publishes a control message of a kind (steer, followup,
 // abort) after checking the run has not finished. An approve carries an
-// ApprovalAnswer, not a Control: see publishControl.
+// ApprovalAnswer, not a Control: see publishControl. A span in ctx travels
+// with it (traceparent and tracestate headers).
 func (c *Client) SendControl(ctx context.Context, runID, kind string, body Control) (uint64, error) {
 	switch kind {
 	case KindSteer, KindFollowUp, KindAbort:
@@ -67,7 +68,7 @@ func (c *Client) publishControl(ctx context.Context, runID, kind string, body an
 	if err != nil {
 		return 0, err
 	}
-	ack, err := c.js.Publish(ctx, c.names.Control(runID, kind), data, jetstream.WithExpectStream(c.names.ControlStream()))
+	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.Control(runID, kind), data), jetstream.WithExpectStream(c.names.ControlStream()))
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", kind, runID, err)
 	}

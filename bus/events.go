@@ -273,6 +273,9 @@ type RunStarted struct {
 	Metadata     map[string]string `json:"metadata,omitempty"`
 	// SubmittedAt is when the request was stored, Unix milliseconds.
 	SubmittedAt int64 `json:"submittedAt,omitempty"`
+	// Traceparent is the W3C traceparent of the attempt's invoke_agent
+	// span, when the worker traces (since 1.3; readers ignore it).
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // RunFinished is the last event of a run; there is exactly one per run.

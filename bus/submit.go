@@ -50,7 +50,8 @@ func (c *Client) Submit(ctx context.Context, queue string, req *RunRequest) (Sub
 }
 
 // SubmitRaw stores a request body as it is (no validation but of the
-// subject tokens): for tools and tests.
+// subject tokens): for tools and tests. A span in ctx travels with the
+// request (traceparent and tracestate headers).
 func (c *Client) SubmitRaw(ctx context.Context, queue, runID string, body []byte) (SubmitResult, error) {
 	if queue == "" {
 		queue = DefaultQueue
@@ -61,7 +62,7 @@ func (c *Client) SubmitRaw(ctx context.Context, queue, runID string, body []byte
 	if err := CheckID(runID); err != nil {
 		return SubmitResult{}, err
 	}
-	ack, err := c.js.Publish(ctx, c.names.Submit(queue, runID), body,
+	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.Submit(queue, runID), body),
 		jetstream.WithMsgID(runID), jetstream.WithExpectStream(c.names.RunsStream()))
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
 		if _, serr := c.js.Stream(ctx, c.names.RunsStream()); serr == nil {

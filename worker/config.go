@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/toolsource"
@@ -143,6 +145,12 @@ type Config struct {
 	// Budgets, when set, charges every run's model calls to its tenant's
 	// budget per period (tenant.go).
 	Budgets *TenantBudgets
+	// TracerProvider makes the attempts' spans (trace.go); nil or a noop
+	// provider: no spans, at no cost.
+	TracerProvider trace.TracerProvider
+	// TraceContent records prompts, completions and tool arguments and
+	// results in spans (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).
+	TraceContent bool
 }
 
 // RunInfo identifies a run to an Observer.

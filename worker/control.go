@@ -194,7 +194,7 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 			stored = t
 		}
 	}
-	c.take(lc.kind, seq, lc.m.Data, stored)
+	c.take(lc.kind, seq, lc.m.Data, stored, lc.m.Header)
 }
 
 // catchUp reads the control messages stored but not taken yet. It starts
@@ -228,14 +228,14 @@ func (c *controls) catchUp(ctx context.Context) error {
 		}
 		kind := workerproto.ControlKind(m.Subject)
 		if m.Sequence > c.last[kind] {
-			c.take(kind, m.Sequence, m.Data, m.Time)
+			c.take(kind, m.Sequence, m.Data, m.Time, m.Header)
 		}
 		from = m.Sequence + 1
 	}
 }
 
 // take delivers one control message.
-func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) {
+func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, h nats.Header) {
 	c.last[kind] = seq
 	c.max = max(c.max, seq)
 	r := c.r
@@ -249,6 +249,7 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time) 
 		r.log.Warn("control message stored before the run's request; ignored", "kind", kind, "controlSeq", seq)
 		return
 	}
+	r.traceControl(kind, seq, h)
 	switch kind {
 	case bus.KindAbort:
 		reason := workerproto.DecodeAbort(data)

@@ -93,7 +93,9 @@ func (r *run) finish(e ending) error {
 		return r.notStored(ctx, e.settle, "events not stored", err)
 	}
 	if e.record != nil {
+		start := time.Now()
 		err := r.lease.writeFinal(ctx, e.record)
+		r.traceStep(spanRecord, start, err)
 		if errors.Is(err, errLeaseLost) {
 			r.abandon("run stopped at its end: lease lost to a newer attempt")
 			return err
@@ -106,6 +108,7 @@ func (r *run) finish(e ending) error {
 		return err
 	}
 	r.left = true
+	r.traceFinished(e.fin)
 	r.w.obs.RunFinished(r.info(), e.fin)
 	return nil
 }

@@ -175,7 +175,7 @@ func (r *run) newAgent() *agent.Agent {
 		Model:               r.model,
 		ThinkingLevel:       req.ThinkingLevel,
 		Tools:               r.tools,
-		StreamFn:            r.observeStream(r.stream),
+		StreamFn:            r.observeStream(r.traceStream(r.stream)),
 		ShouldStopAfterTurn: r.shouldStop,
 		SteeringMode:        req.SteeringMode,
 		FollowUpMode:        req.FollowUpMode,

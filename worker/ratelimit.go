@@ -90,8 +90,10 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 		return func(yield func(agent.StreamEvent) bool) {
 			reserve := EstimateTokens(llm, opts.MaxTokens, ml.MaxTokens)
 			r.waitingModel.Store(true) // the record says so at the next heartbeat
+			start := time.Now()
 			g, err := l.Acquire(ctx, ml.Group, reserve)
 			r.waitingModel.Store(false)
+			r.traceLimitWait(ctx, ml.Group, start, g.Waited, err)
 			if err != nil {
 				yield(limitError(ctx, err))
 				return

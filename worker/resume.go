@@ -36,6 +36,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	r.traceEarlierAttempts(envs)
 	// The event budget spans attempts: a redelivery does not renew it.
 	r.pub.charge(envs)
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())

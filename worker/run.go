@@ -82,6 +82,7 @@ type run struct {
 	waitingHandBacks int
 	// pendingCalls are gated calls an earlier attempt left waiting.
 	pendingCalls []workerproto.PendingCall
+	trace        runTrace    // spans (trace.go)
 }
 
 // runPlan is the request resolved against the worker.
@@ -148,6 +149,8 @@ func (r *run) info() RunInfo {
 }
 
 func (r *run) execute() {
+	r.traceBegin()
+	defer r.traceEnd()
 	if !r.pickup() {
 		return
 	}
@@ -168,6 +171,7 @@ func (r *run) execute() {
 	}
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
+	ctx = r.traceContext(ctx)
 
 	if !r.acquire() {
 		return
@@ -247,7 +251,10 @@ func (r *run) acquire() bool {
 	w := r.w
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	switch o, cur, err := r.lease.take(ctx, r.prev, r.record(bus.StateRunning)); {
+	start := time.Now()
+	o, cur, err := r.lease.take(ctx, r.prev, r.record(bus.StateRunning))
+	r.traceStep(spanLeaseTake, start, err)
+	switch {
 	case err != nil:
 		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
@@ -434,6 +441,7 @@ func (r *run) runStarted() bus.RunStarted {
 	if !r.submittedAt.IsZero() {
 		s.SubmittedAt = r.submittedAt.UnixMilli()
 	}
+	s.Traceparent = r.traceparent()
 	return s
 }
 

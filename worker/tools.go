@@ -97,6 +97,10 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			tctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			start := time.Now()
+			var endSpan func(agent.ToolResult, error)
+			if r, ok := ctx.Value(runKey{}).(*run); ok {
+				tctx, endSpan = r.traceTool(tctx, name, id, args)
+			}
 			res, err := inner(tctx, id, args, update)
 			timedOut := false
 			if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
@@ -105,6 +109,9 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			}
 			if r, ok := ctx.Value(runKey{}).(*run); ok {
 				w.obs.ToolCall(r.info(), ToolCall{Tool: name, Duration: time.Since(start), Err: err, TimedOut: timedOut})
+			}
+			if endSpan != nil {
+				endSpan(res, err)
 			}
 			if err != nil {
 				// An error result is capped like a successful one.

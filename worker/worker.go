@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/budget"
@@ -72,6 +73,7 @@ type Worker struct {
 	waitMu      sync.Mutex
 	waitingRuns int
 	offSlot     int
+	tracer  trace.Tracer       // nil when not tracing (trace.go)
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
@@ -160,6 +162,7 @@ func New(cfg Config) (*Worker, error) {
 	if w.providers[def.Provider] == nil {
 		return nil, fmt.Errorf("worker: default model %s: no provider %q is configured", def, def.Provider)
 	}
+	w.tracer = newTracer(cfg.TracerProvider)
 	return w, nil
 }
 

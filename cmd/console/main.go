@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/tracing/otlp"
 )
 
 func main() {
@@ -53,6 +54,7 @@ type options struct {
 	insecure      bool
 	logFormat     string
 	logLevel      string
+	otel          bool
 }
 
 func envOr(getenv func(string) string, name, def string) string {
@@ -94,6 +96,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.basicAuthFile, "basic-auth-file", envOr(getenv, "AGENTS_CONSOLE_BASIC_AUTH_FILE", ""), "htpasswd file (bcrypt) of the console's users [AGENTS_CONSOLE_BASIC_AUTH_FILE]")
 	fs.StringVar(&o.authTokenFile, "auth-token-file", envOr(getenv, "AGENTS_CONSOLE_AUTH_TOKEN_FILE", ""), "file holding a bearer token the console requires [AGENTS_CONSOLE_AUTH_TOKEN_FILE]")
 	fs.BoolVar(&o.insecure, "insecure", false, "allow a non-loopback --addr without authentication")
+	fs.BoolVar(&o.otel, "otel", envBool(getenv, "AGENTS_OTEL"), "export OpenTelemetry spans of submits and controls over OTLP/HTTP as the OTEL_* variables say; the messages carry their context to the workers [AGENTS_OTEL]")
 	fs.StringVar(&o.logFormat, "log-format", envOr(getenv, "AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
 	fs.StringVar(&o.logLevel, "log-level", envOr(getenv, "AGENTS_LOG_LEVEL", "info"), "log level: debug, info, warn, error [AGENTS_LOG_LEVEL]")
 	if err := fs.Parse(args); err != nil {
@@ -178,7 +181,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return 4
 	}
 	defer cl.Close()
-	srv, err := newServer(serverConfig{Client: cl, Logger: log, AllowControl: o.allowControl, Auth: auth})
+	tr, err := otlp.New(ctx, o.otel, "agentfleet-console", getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "console: tracing: %v\n", err)
+		return 2
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tr.Shutdown(sctx)
+	}()
+	srv, err := newServer(serverConfig{Client: cl, Logger: log, AllowControl: o.allowControl, Auth: auth, TracerProvider: tr.Provider})
 	if err != nil {
 		fmt.Fprintf(stderr, "console: %v\n", err)
 		return 1

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -34,6 +35,8 @@ type serverConfig struct {
 	Heartbeat time.Duration
 	// LongPoll bounds a GET /api/runs?after= wait; default 25s.
 	LongPoll time.Duration
+	// TracerProvider makes the spans of submits and controls (trace.go).
+	TracerProvider trace.TracerProvider
 }
 
 // server is the console's HTTP handler.
@@ -49,6 +52,7 @@ type server struct {
 	mux          *http.ServeMux
 	static       fs.FS
 	page         []byte
+	tracer       trace.Tracer // nil: no spans (trace.go)
 }
 
 func newServer(cfg serverConfig) (*server, error) {
@@ -73,6 +77,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		client:       cfg.Client,
 		log:          cfg.Logger,
 		allowControl: cfg.AllowControl,
+		tracer:       consoleTracer(cfg.TracerProvider),
 		auth:         cfg.Auth,
 		csrf:         newCSRF(),
 		records:      newRecordStore(cfg.Client, cfg.Logger),
@@ -299,6 +304,8 @@ func (s *server) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
+	ctx, endSpan := s.traceAction(ctx, r, "submit", b.ID)
+	defer endSpan()
 	req := b.RunRequest
 	res, err := s.client.Submit(ctx, b.Queue, &req)
 	if bus.IsBadRequest(err) {
@@ -339,6 +346,8 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
+	ctx, endSpan := s.traceAction(ctx, r, action, id)
+	defer endSpan()
 	var seq uint64
 	var err error
 	switch action {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -23,6 +24,7 @@ type benchFlags struct {
 	json                             bool
 	timeout                          time.Duration
 	cpuProfile                       string
+	tracer                           trace.Tracer // a span per run; nil: none (trace.go)
 }
 
 func cmdBench(ctx context.Context, e *env, args []string) int {
@@ -74,6 +76,9 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		}
 		defer stop()
 	}
+	_, tr, endTrace := cf.traceCommand(ctx, e, "agentfleet.bench") // trace.go
+	defer endTrace()
+	bf.tracer = benchTracer(tr)
 	c, err := cf.connect(ctx, e)
 	if err != nil {
 		return fail(e, err)
@@ -325,7 +330,13 @@ func runBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, body [
 			r.submitted = time.Now()
 			b.mu.Unlock()
 			wg.Go(func() {
-				if _, err := c.SubmitRaw(bctx, bf.queue, id, body); err != nil && bctx.Err() == nil {
+				sctx := bctx
+				if bf.tracer != nil {
+					var span trace.Span
+					sctx, span = bf.tracer.Start(bctx, "agentfleet.submit", trace.WithSpanKind(trace.SpanKindProducer))
+					defer span.End()
+				}
+				if _, err := c.SubmitRaw(sctx, bf.queue, id, body); err != nil && bctx.Err() == nil {
 					errOnce.Do(func() { submitErr = fleetError(c, err) })
 					halt()
 				}

@@ -56,6 +56,8 @@ Connection flags (every command; environment in brackets):
   --nkey FILE       NKey seed file [NATS_NKEY]
   --tlsca, --tlscert, --tlskey FILE   [NATS_CA, NATS_CERT, NATS_KEY]
   --prefix P        subject prefix [AGENTS_PREFIX] (default agents)
+  --otel            export an OpenTelemetry trace over OTLP/HTTP (OTEL_* variables);
+                    requests and controls carry it to the workers [AGENTS_OTEL]
 
 Run "submit COMMAND --help" for a command's flags.
 `
@@ -272,10 +274,12 @@ func addConnFlags(fs *flag.FlagSet, o *bus.ConnectOptions, noColor *bool, getenv
 type conn struct {
 	opts    bus.ConnectOptions
 	noColor bool
+	otel    bool // trace.go
 }
 
 func (c *conn) register(fs *flag.FlagSet, e *env) {
 	addConnFlags(fs, &c.opts, &c.noColor, e.getenv)
+	otelFlag(fs, &c.otel, e)
 }
 
 // connectError is a NATS or fleet that cannot be reached (exit 4).

@@ -237,6 +237,8 @@ func submitAndFollow(ctx context.Context, e *env, args []string, mode, usage str
 	if err != nil {
 		return fail(e, err)
 	}
+	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet.submit") // trace.go
+	defer endTrace()
 	ictx, icancel := context.WithCancel(ctx)
 	defer icancel()
 	c, err := cf.connect(ictx, e)
@@ -256,6 +258,7 @@ func submitAndFollow(ctx context.Context, e *env, args []string, mode, usage str
 	if err != nil {
 		return fail(e, fleetError(c, err))
 	}
+	traceRun(ctx, res.ID, res.Queue)
 	if rf.detach {
 		fmt.Fprintln(e.stdout, res.ID)
 		if res.Duplicate {
@@ -384,6 +387,8 @@ func control(ctx context.Context, e *env, args []string, kind string) int {
 	if strings.TrimSpace(text) == "" {
 		return fail(e, usagef("empty %s text", kindName(kind)))
 	}
+	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet."+name) // trace.go
+	defer endTrace()
 	ctx, c, _, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {
 		return fail(e, err)
@@ -457,6 +462,8 @@ func cmdAbort(ctx context.Context, e *env, args []string) int {
 		return fail(e, usagef("abort takes one run id"))
 	}
 	id := pos[0]
+	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet.abort") // trace.go
+	defer endTrace()
 	ctx, c, rec, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {
 		return fail(e, err)

@@ -57,6 +57,7 @@ func (l *listFlag) Set(v string) error {
 
 type options struct {
 	conn          bus.ConnectOptions
+	otel          bool // trace.go
 	listen        string
 	queues        listFlag
 	concurrency   int
@@ -305,6 +306,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.toolsConfig, "tools-config", env("AGENTS_TOOLS_CONFIG", ""), "MCP servers whose tools runs may use: a JSON file {\"mcpServers\": {\"<server>\": {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}; values may use ${VAR}; tools are named <server>__<tool> [AGENTS_TOOLS_CONFIG]")
 	fs.StringVar(&o.toolServices, "tool-services", env("AGENTS_TOOL_SERVICES", ""), "NATS tool services (micro) whose tools runs may use: comma-separated names, or * for every service found; tools are named <service>__<endpoint> [AGENTS_TOOL_SERVICES]")
 	o.budgets.register(fs) // budgets.go
+	otelFlag(fs, &o.otel, &environ) // trace.go
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
@@ -452,6 +454,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 		fmt.Fprintln(stderr, "worker:", err)
 		return 2
 	}
+	tr, stopTracing, err := startTracing(ctx, o.otel, log) // trace.go
+	if err != nil {
+		log.Error("tracing configuration", "err", err)
+		return 2
+	}
+	defer stopTracing()
 	cfg, modelIDs, err := modelConfig(o, log)
 	if err != nil {
 		log.Error("model configuration", "err", err)
@@ -540,6 +548,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.MaxToolArgsBytes = o.maxToolArgs
 	cfg.MaxToolResultBytes = o.maxToolResult
 	cfg.WorkerID = o.workerID
+	cfg.TracerProvider, cfg.TraceContent = tr.Provider, tr.CaptureContent
 	applyBounds(o, &cfg)
 	if cfg.Budgets = o.budgets.config(); cfg.Budgets != nil {
 		reg.MustRegister(cfg.Budgets.Stats.Collector(metrics.Namespace))

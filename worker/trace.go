@@ -1,0 +1,406 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"iter"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/tracing"
+)
+
+// Spans of an attempt (GenAI semantic conventions 1.41 and ours):
+//
+//	agentfleet.queue.wait        submitted -> picked up (first attempt only)
+//	invoke_agent                 the attempt, from pickup to its end
+//	  agentfleet.lease.take      the record's compare-and-set that takes the run
+//	  chat <model>               one model call, as the agent sees it
+//	    agentfleet.ratelimit.wait  waiting for the fleet's shared limits
+//	  execute_tool <name>        one tool call
+//	  agentfleet.record.write    the final record
+//
+// The request's traceparent header is their parent; control messages and
+// earlier attempts are links of invoke_agent. History a resumed attempt
+// restores makes no spans: only the model and tool calls it makes do.
+
+const tracerName = "github.com/agentfleet/agentfleet/worker"
+
+// Span names and our attributes.
+const (
+	spanQueueWait  = "agentfleet.queue.wait"
+	spanLeaseTake  = "agentfleet.lease.take"
+	spanRecord     = "agentfleet.record.write"
+	spanLimitWait  = "agentfleet.ratelimit.wait"
+	spanInvoke     = "invoke_agent"
+	attrRunID      = attribute.Key("agentfleet.run.id")
+	attrQueue      = attribute.Key("agentfleet.queue")
+	attrAttempt    = attribute.Key("agentfleet.attempt")
+	attrWorker     = attribute.Key("agentfleet.worker")
+	attrResumed    = attribute.Key("agentfleet.resumed")
+	attrCost       = attribute.Key("agentfleet.cost_usd")
+	attrFirstChunk = attribute.Key("agentfleet.time_to_first_chunk_ms")
+	attrStatus     = attribute.Key("agentfleet.run.status")
+	attrLinkKind   = attribute.Key("agentfleet.link")
+	attrCtlSeq     = attribute.Key("agentfleet.control.seq")
+	attrGroup      = attribute.Key("agentfleet.ratelimit.group")
+)
+
+// MaxTracedContent bounds each recorded gen_ai.*.messages / tool argument
+// or result attribute, in bytes.
+const MaxTracedContent = 64 << 10
+
+func newTracer(tp trace.TracerProvider) trace.Tracer {
+	switch tp.(type) {
+	case nil, noop.TracerProvider, *noop.TracerProvider:
+		return nil
+	}
+	return tp.Tracer(tracerName, trace.WithSchemaURL(semconv.SchemaURL))
+}
+
+// runTrace is an attempt's invoke_agent span and what its end reports.
+type runTrace struct {
+	span trace.Span // nil when the worker does not trace
+
+	mu     sync.Mutex
+	usage  agent.Usage // this attempt's model calls
+	status string
+}
+
+// traceBegin starts the attempt's spans, children of the request's trace
+// context (its headers).
+func (r *run) traceBegin() {
+	t := r.w.tracer
+	if t == nil {
+		return
+	}
+	ctx := context.Background()
+	if r.msg != nil {
+		if sc := tracing.Extract(r.msg.Headers()); sc.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+		}
+	}
+	if r.attempt == 1 && !r.submittedAt.IsZero() && r.submittedAt.Before(r.startedAt) {
+		_, s := t.Start(ctx, spanQueueWait, trace.WithTimestamp(r.submittedAt), trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(attrRunID.String(r.id), attrQueue.String(r.queue)))
+		s.End(trace.WithTimestamp(r.startedAt))
+	}
+	_, r.trace.span = t.Start(ctx, spanInvoke, trace.WithTimestamp(r.startedAt), trace.WithAttributes(
+		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIConversationID(r.id),
+		attrRunID.String(r.id), attrQueue.String(r.queue), attrAttempt.Int(r.attempt),
+		attrWorker.String(r.w.id), attrResumed.Bool(r.attempt > 1)))
+}
+
+// traceEnd ends invoke_agent with the attempt's model, usage and outcome.
+func (r *run) traceEnd() {
+	s := r.trace.span
+	if s == nil {
+		return
+	}
+	r.trace.mu.Lock()
+	u, status := r.trace.usage, r.trace.status
+	r.trace.mu.Unlock()
+	attrs := []attribute.KeyValue{semconv.GenAIUsageInputTokens(u.Input), semconv.GenAIUsageOutputTokens(u.Output),
+		attrCost.Float64(u.Cost.Total)}
+	if !r.modelRef.IsZero() {
+		attrs = append(attrs, semconv.GenAIProviderNameKey.String(r.modelRef.Provider), semconv.GenAIRequestModel(r.modelRef.ID))
+	}
+	switch {
+	case status != "":
+	case r.pub != nil:
+		status = "handed_back"
+	default:
+		status = "not_started" // refused at pickup, or handed back before its lease
+	}
+	attrs = append(attrs, attrStatus.String(status))
+	s.SetAttributes(attrs...)
+	s.End()
+}
+
+// traceFinished notes the run's outcome for invoke_agent.
+func (r *run) traceFinished(fin bus.RunFinished) {
+	s := r.trace.span
+	if s == nil {
+		return
+	}
+	r.trace.mu.Lock()
+	r.trace.status = fin.Status
+	r.trace.mu.Unlock()
+	if fin.Status != bus.StatusSucceeded {
+		s.SetAttributes(semconv.ErrorTypeKey.String(fin.Reason))
+		s.SetStatus(codes.Error, clipString(fin.Error, 1024))
+	}
+}
+
+// traceContext returns ctx carrying invoke_agent: the agent's model and
+// tool calls become its children.
+func (r *run) traceContext(ctx context.Context) context.Context {
+	if r.trace.span == nil {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, r.trace.span)
+}
+
+// traceparent is invoke_agent's, for run_started ("" when not tracing).
+func (r *run) traceparent() string {
+	if r.trace.span == nil {
+		return ""
+	}
+	return tracing.Traceparent(r.trace.span.SpanContext())
+}
+
+// traceStep records a step of the attempt that already happened (a lease
+// or record write) as a child of invoke_agent.
+func (r *run) traceStep(name string, start time.Time, err error) {
+	if r.trace.span == nil {
+		return
+	}
+	_, s := r.w.tracer.Start(trace.ContextWithSpan(context.Background(), r.trace.span), name,
+		trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrRunID.String(r.id)))
+	if err != nil {
+		s.SetStatus(codes.Error, clipString(err.Error(), 1024))
+	}
+	s.End()
+}
+
+// traceLimitWait records a wait for the shared rate limits (only one that
+// waited or failed), a child of the model call in ctx.
+func (r *run) traceLimitWait(ctx context.Context, group string, start time.Time, waited time.Duration, err error) {
+	if r.w.tracer == nil || (waited <= 0 && err == nil) {
+		return
+	}
+	_, s := r.w.tracer.Start(ctx, spanLimitWait, trace.WithTimestamp(start), trace.WithAttributes(attrGroup.String(group)))
+	if err != nil {
+		s.SetStatus(codes.Error, clipString(err.Error(), 1024))
+	}
+	s.End()
+}
+
+// traceControl links invoke_agent to the sender of a control message.
+func (r *run) traceControl(kind string, seq uint64, h nats.Header) {
+	if r.trace.span == nil {
+		return
+	}
+	if sc := tracing.Extract(h); sc.IsValid() {
+		r.trace.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+			attrLinkKind.String("control." + kind), attrCtlSeq.Int64(int64(seq))}})
+	}
+}
+
+// traceEarlierAttempts links a resumed attempt's invoke_agent to the
+// invoke_agent of every earlier attempt (their run_started traceparent).
+func (r *run) traceEarlierAttempts(envs []*bus.Envelope) {
+	if r.trace.span == nil {
+		return
+	}
+	for _, e := range envs {
+		if e.Type != bus.EventRunStarted || e.Attempt >= r.attempt {
+			continue
+		}
+		var s struct {
+			Traceparent string `json:"traceparent"`
+		}
+		if json.Unmarshal(e.Event, &s) != nil {
+			continue
+		}
+		if sc := tracing.ParseTraceparent(s.Traceparent, ""); sc.IsValid() {
+			r.trace.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+				attrLinkKind.String("earlier_attempt"), attrAttempt.Int(e.Attempt)}})
+		}
+	}
+}
+
+// traceStream makes a chat span of each model call of fn.
+func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
+	t := r.w.tracer
+	if t == nil {
+		return fn
+	}
+	capture := r.w.cfg.TraceContent
+	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+		return func(yield func(agent.StreamEvent) bool) {
+			attrs := []attribute.KeyValue{semconv.GenAIOperationNameChat, semconv.GenAIProviderNameKey.String(model.Provider),
+				semconv.GenAIRequestModel(model.ID), semconv.GenAIConversationID(r.id)}
+			if opts.MaxTokens > 0 {
+				attrs = append(attrs, semconv.GenAIRequestMaxTokens(opts.MaxTokens))
+			}
+			if opts.Temperature != nil {
+				attrs = append(attrs, semconv.GenAIRequestTemperature(*opts.Temperature))
+			}
+			if capture {
+				attrs = append(attrs, semconv.GenAIInputMessagesKey.String(contentJSON(genAIMessages(llm.Messages, false))))
+				if llm.SystemPrompt != "" {
+					attrs = append(attrs, semconv.GenAISystemInstructionsKey.String(contentJSON([]genAIPart{{Type: "text", Content: llm.SystemPrompt}})))
+				}
+			}
+			ctx, span := t.Start(ctx, "chat "+model.ID, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+			defer span.End()
+			start := time.Now()
+			first := time.Duration(-1)
+			for ev := range fn(ctx, model, llm, opts) {
+				if first < 0 {
+					first = time.Since(start)
+				}
+				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
+					r.traceResponse(span, ev.Message, first, capture)
+				}
+				if !yield(ev) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// traceResponse puts a model call's answer on its chat span.
+func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Duration, capture bool) {
+	u := nonNegative(m.Usage)
+	r.trace.mu.Lock()
+	r.trace.usage.Add(u)
+	r.trace.mu.Unlock()
+	model := m.ResponseModel
+	if model == "" {
+		model = m.Model
+	}
+	// One SetAttributes: each call may grow the span's attribute slice.
+	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs, semconv.GenAIResponseFinishReasons(finishReason(m.StopReason)...),
+		semconv.GenAIUsageInputTokens(u.Input), semconv.GenAIUsageOutputTokens(u.Output), attrCost.Float64(u.Cost.Total),
+		attrFirstChunk.Int64(first.Milliseconds()))
+	if model != "" {
+		attrs = append(attrs, semconv.GenAIResponseModel(model))
+	}
+	if m.ResponseID != "" {
+		attrs = append(attrs, semconv.GenAIResponseID(m.ResponseID))
+	}
+	if capture {
+		out := genAIMessages([]agent.Message{*m}, true)
+		attrs = append(attrs, semconv.GenAIOutputMessagesKey.String(contentJSON(out)))
+	}
+	failed := m.StopReason == agent.StopReasonError || m.StopReason == agent.StopReasonAborted
+	if failed {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(m.StopReason)))
+	}
+	span.SetAttributes(attrs...)
+	if failed {
+		// A model's error text is the endpoint's, not the prompt's.
+		span.SetStatus(codes.Error, clipString(m.ErrorMessage, 1024))
+	}
+}
+
+// traceTool starts an execute_tool span; end it with the call's outcome.
+func (r *run) traceTool(ctx context.Context, name, callID string, args map[string]any) (context.Context, func(agent.ToolResult, error)) {
+	t := r.w.tracer
+	if t == nil {
+		return ctx, func(agent.ToolResult, error) {}
+	}
+	attrs := []attribute.KeyValue{semconv.GenAIOperationNameExecuteTool, semconv.GenAIToolName(name),
+		semconv.GenAIToolCallID(callID), semconv.GenAIToolTypeKey.String("function"), semconv.GenAIConversationID(r.id)}
+	capture := r.w.cfg.TraceContent
+	if capture {
+		attrs = append(attrs, semconv.GenAIToolCallArgumentsKey.String(contentJSON(args)))
+	}
+	ctx, span := t.Start(ctx, "execute_tool "+name, trace.WithAttributes(attrs...))
+	return ctx, func(res agent.ToolResult, err error) {
+		if err != nil {
+			span.SetAttributes(semconv.ErrorTypeKey.String("tool_error"))
+			span.SetStatus(codes.Error, clipString(err.Error(), 1024))
+		} else if capture {
+			span.SetAttributes(semconv.GenAIToolCallResultKey.String(clipUTF8(joinText(res.Content), MaxTracedContent)))
+		}
+		span.End()
+	}
+}
+
+// finishReason maps the agent's stop reasons to the conventions' values.
+func finishReason(s agent.StopReason) []string {
+	switch s {
+	case agent.StopReasonToolUse:
+		return []string{"tool_call"}
+	case "":
+		return nil
+	}
+	return []string{string(s)}
+}
+
+// genAIMessage and genAIPart are the conventions' message JSON
+// (gen_ai.input.messages, gen_ai.output.messages).
+type genAIMessage struct {
+	Role         string      `json:"role"`
+	Parts        []genAIPart `json:"parts"`
+	FinishReason string      `json:"finish_reason,omitempty"`
+}
+
+type genAIPart struct {
+	Type      string         `json:"type"`
+	Content   string         `json:"content,omitempty"`
+	ID        string         `json:"id,omitempty"`
+	Name      string         `json:"name,omitempty"`
+	Arguments map[string]any `json:"arguments,omitempty"`
+	Response  string         `json:"response,omitempty"`
+	MimeType  string         `json:"mime_type,omitempty"`
+	Modality  string         `json:"modality,omitempty"`
+}
+
+func genAIMessages(msgs []agent.Message, output bool) []genAIMessage {
+	out := make([]genAIMessage, 0, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		gm := genAIMessage{Role: m.Role, Parts: []genAIPart{}}
+		if m.Role == agent.RoleToolResult {
+			gm.Role = "tool"
+			gm.Parts = append(gm.Parts, genAIPart{Type: "tool_call_response", ID: m.ToolCallID, Response: joinText(m.Content)})
+			out = append(out, gm)
+			continue
+		}
+		for _, c := range m.Content {
+			switch c.Type {
+			case agent.ContentText:
+				gm.Parts = append(gm.Parts, genAIPart{Type: "text", Content: c.Text})
+			case agent.ContentThinking:
+				gm.Parts = append(gm.Parts, genAIPart{Type: "reasoning", Content: c.Thinking})
+			case agent.ContentToolCall:
+				gm.Parts = append(gm.Parts, genAIPart{Type: "tool_call", ID: c.ID, Name: c.Name, Arguments: c.Arguments})
+			case agent.ContentImage:
+				// The image's bytes stay out of the span.
+				gm.Parts = append(gm.Parts, genAIPart{Type: "blob", Modality: "image", MimeType: c.MimeType})
+			}
+		}
+		if output {
+			if fr := finishReason(m.StopReason); len(fr) > 0 {
+				gm.FinishReason = fr[0]
+			}
+		}
+		out = append(out, gm)
+	}
+	return out
+}
+
+// contentJSON encodes recorded content, cut at MaxTracedContent bytes.
+func contentJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return ""
+	}
+	return clipUTF8(string(b), MaxTracedContent)
+}
+
+func joinText(cs []agent.Content) string {
+	var b strings.Builder
+	for _, c := range cs {
+		if c.Type == agent.ContentText {
+			b.WriteString(c.Text)
+		}
+	}
+	return b.String()
+}
