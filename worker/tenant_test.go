@@ -451,16 +451,17 @@ func TestTenantWaitModeFirstCallWaits(t *testing.T) {
 		ids[i] = f.Submit("", tenantRun("acme"))
 	}
 	ctx := fleettest.Context(t)
-	// Every run ends up finished or waiting (the budget pays one or two
-	// first calls an hour); none fails on its first call.
+	// Every run ends up finished or waiting (the budget pays two first
+	// calls an hour); none fails on its first call (it made no call).
 	deadline := time.Now().Add(30 * time.Second)
+	var settledAt time.Time
 	for {
 		waiting, done := 0, 0
 		for _, id := range ids {
 			rec, err := f.Client.Status(ctx, id)
 			switch {
 			case err != nil:
-			case rec.State == bus.StatusFailed && rec.Reason == bus.ReasonBudgetExceeded && rec.Turns == 0:
+			case rec.State == bus.StatusFailed && rec.Reason == bus.ReasonBudgetExceeded && rec.Usage.TotalTokens == 0:
 				t.Fatalf("run %s of a \"wait\" tenant failed on its first call: %s", id, rec.Error)
 			case rec.Finished():
 				done++
@@ -468,8 +469,21 @@ func TestTenantWaitModeFirstCallWaits(t *testing.T) {
 				waiting++
 			}
 		}
-		if done > 0 && waiting > 0 && done+waiting == len(ids) {
-			t.Logf("%d runs finished, %d wait for the budget", done, waiting)
+		// Settled: the period's spending leaves no first call room and no
+		// call holds any; the waiting runs wait for the next period. They
+		// find that out at their next look (every second): watch them for
+		// three.
+		settled := false
+		for _, e := range entries(t, f) {
+			settled = len(e.Holds) == 0 && e.SpentUSD+worst > e.LimitUSD
+		}
+		switch {
+		case !settled || done == 0 || waiting == 0 || done+waiting != len(ids):
+			settledAt = time.Time{}
+		case settledAt.IsZero():
+			settledAt = time.Now()
+		case time.Since(settledAt) > 3*time.Second:
+			t.Logf("%d runs finished, %d wait for the next period", done, waiting)
 			return
 		}
 		if time.Now().After(deadline) {
@@ -479,8 +493,8 @@ func TestTenantWaitModeFirstCallWaits(t *testing.T) {
 	}
 }
 
-// A model without prices costs nothing a budget counts: a tenant at its
-// limit (here 0) still runs it, at pickup as at its calls.
+// A model without prices costs nothing a budget counts: a tenant at or
+// past its limit still runs it, at pickup as at its calls.
 func TestTenantAtItsLimitRunsAFreeModel(t *testing.T) {
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)
@@ -491,9 +505,21 @@ func TestTenantAtItsLimitRunsAFreeModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(prov.CloseIdleConnections)
-	b := &budget.Budgets{Period: time.Hour, Tenants: map[string]budget.Tenant{"acme": {USD: 0}}}
+	b := &budget.Budgets{Period: time.Hour, Tenants: map[string]budget.Tenant{"acme": {USD: 1}, "zero": {USD: 0}}}
 	f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
 		Budgets: &worker.TenantBudgets{Budgets: b}})
+	// acme spent more than its budget (a call cost more than reserved).
+	ctx := fleettest.Context(t)
+	res, _, err := ledger(t, f).Reserve(ctx, budget.AccountAt("acme", b.Tenants["acme"], b.Period, time.Now()), 1)
+	if err != nil || res == nil {
+		t.Fatalf("reserve: %v %v", res, err)
+	}
+	if err := res.Settle(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if fin := f.WaitFinished(f.Submit("", tenantRun("zero"))); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("a free model's run of a tenant with usd 0: %s/%s (%s), want succeeded", fin.Status, fin.Reason, fin.Error)
+	}
 	if fin := f.WaitFinished(f.Submit("", tenantRun("acme"))); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("a free model's run: %s/%s (%s), want succeeded", fin.Status, fin.Reason, fin.Error)
 	}
