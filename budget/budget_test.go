@@ -2,6 +2,7 @@ package budget_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -317,5 +318,82 @@ func TestBudgetFileRejectsWaitingForever(t *testing.T) {
 	}
 	if _, err := budget.Parse([]byte(`{"period": "24h", "tenants": {"acme": {"usd": 0}}}`)); err != nil {
 		t.Fatalf("usd 0 refusing: %v", err)
+	}
+}
+
+// With KeyTTL every write expires: a period's key goes once no worker has
+// written it for the TTL, so the bucket does not grow period by period.
+func TestBudgetKeysExpire(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default"}}})
+	ctx := fleettest.Context(t)
+	kv, err := f.Client.Budgets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bus.BudgetsKeyTTL(ctx, kv) {
+		t.Fatal("EnsureStreams did not allow per-message TTLs on the budgets bucket")
+	}
+	l, _ := budget.NewLedger(kv, budget.LedgerConfig{Worker: "w", KeyTTL: 2 * time.Second, JetStream: f.Client.JetStream()})
+	acct := budget.AccountAt("acme", budget.Tenant{USD: 1}, time.Hour, time.Now())
+	res, _, err := l.Reserve(ctx, acct, 0.3) // creates the key
+	if err != nil || res == nil {
+		t.Fatalf("reserve: %v %v", res, err)
+	}
+	if err := res.Settle(ctx, 0.1); err != nil { // updates it
+		t.Fatal(err)
+	}
+	key := budget.Key("acme", acct.Start)
+	if _, err := kv.Get(ctx, key); err != nil {
+		t.Fatalf("the key is gone at once: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the key did not expire: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A new write starts the period again (from zero: it expired).
+	if res, _, err := l.Reserve(ctx, acct, 0.3); err != nil || res == nil {
+		t.Fatalf("reserve after expiry: %v %v", res, err)
+	}
+}
+
+// Writes with a TTL are still compare-and-set: reservations racing from
+// two workers neither fail nor pass the limit.
+func TestBudgetConcurrentReservesWithKeyTTL(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default"}}})
+	ctx := fleettest.Context(t)
+	kv, err := f.Client.Budgets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acct := budget.AccountAt("acme", budget.Tenant{USD: 1}, time.Hour, time.Now())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	granted := 0
+	for _, name := range []string{"a", "b"} {
+		l, _ := budget.NewLedger(kv, budget.LedgerConfig{Worker: name, KeyTTL: time.Hour, JetStream: f.Client.JetStream()})
+		for range 10 {
+			wg.Go(func() {
+				res, _, err := l.Reserve(ctx, acct, 0.25)
+				if err != nil {
+					t.Error(err)
+				}
+				if res != nil {
+					mu.Lock()
+					granted++
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if granted != 4 {
+		t.Fatalf("%d reservations of $0.25 in $1 granted, want 4", granted)
 	}
 }

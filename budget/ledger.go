@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -119,6 +120,12 @@ type LedgerConfig struct {
 	// RetryFor bounds how long Reserve tries again after NATS errors
 	// (with backoff) before it gives up; default 30 s.
 	RetryFor time.Duration
+	// KeyTTL, with JetStream, makes every write of an entry expire after
+	// it (the bucket's stream must allow per-message TTLs), so the keys
+	// of past periods go: two periods keeps the last one for `submit
+	// budgets --all`. Zero keeps every key.
+	KeyTTL    time.Duration
+	JetStream jetstream.JetStream
 }
 
 // Ledger reserves and settles tenants' spending in the budgets bucket.
@@ -283,11 +290,7 @@ func (l *Ledger) update(ctx context.Context, key string, acct *Account, change f
 		if err != nil {
 			return nil, err
 		}
-		if rev == 0 {
-			_, err = l.kv.Create(ctx, key, b)
-		} else {
-			_, err = l.kv.Update(ctx, key, b, rev)
-		}
+		err = l.write(ctx, key, b, rev)
 		if err == nil {
 			return &e, nil
 		}
@@ -295,6 +298,35 @@ func (l *Ledger) update(ctx context.Context, key string, acct *Account, change f
 			return nil, fmt.Errorf("budget: write %s: %w", key, err)
 		}
 	}
+}
+
+// write stores an entry by compare-and-set on its revision (0: create),
+// with KeyTTL when set.
+func (l *Ledger) write(ctx context.Context, key string, b []byte, rev uint64) error {
+	ttl := l.cfg.KeyTTL
+	if ttl <= 0 || l.cfg.JetStream == nil {
+		var err error
+		if rev == 0 {
+			_, err = l.kv.Create(ctx, key, b)
+		} else {
+			_, err = l.kv.Update(ctx, key, b, rev)
+		}
+		return err
+	}
+	ttl = max(ttl.Round(time.Second), time.Second)
+	if rev == 0 {
+		_, err := l.kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
+		return err
+	}
+	// KeyValue.Update carries no TTL: publish as it does, with one.
+	_, err := l.cfg.JetStream.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + l.kv.Bucket() + "." + key, Data: b},
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return fmt.Errorf("%w: %w", err, jetstream.ErrKeyRevisionMismatch)
+	}
+	return err
 }
 
 // Open returns the account's entry, creating it (with its limit) when

@@ -71,7 +71,15 @@ func (w *Worker) startBudgets(ctx context.Context) (stop func(), err error) {
 	}
 	// A call tries NATS again for a while, within the run's delivery.
 	retry := min(30*time.Second, w.cfg.AckWait/2)
-	l, err := budget.NewLedger(kv, budget.LedgerConfig{Worker: w.id, Liveness: tb.Liveness, MaxHold: tb.MaxHold, RetryFor: retry})
+	lc := budget.LedgerConfig{Worker: w.id, Liveness: tb.Liveness, MaxHold: tb.MaxHold, RetryFor: retry}
+	if bus.BudgetsKeyTTL(ctx, kv) {
+		// A key outlives its period by one: submit budgets --all shows
+		// the last period, and the bucket does not grow.
+		lc.KeyTTL, lc.JetStream = 2*tb.Budgets.Period, w.c.JetStream()
+	} else {
+		w.log.Warn("tenant budgets: the budgets bucket does not allow per-message TTLs (NATS server older than 2.11?): keys of past periods are kept; purge them now and then")
+	}
+	l, err := budget.NewLedger(kv, lc)
 	if err != nil {
 		return nil, err
 	}
