@@ -397,3 +397,34 @@ func TestBudgetConcurrentReservesWithKeyTTL(t *testing.T) {
 		t.Fatalf("%d reservations of $0.25 in $1 granted, want 4", granted)
 	}
 }
+
+// ListLatest reads each tenant's newest period only.
+func TestBudgetListLatest(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default"}}})
+	ctx := fleettest.Context(t)
+	kv, err := f.Client.Budgets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := budget.NewLedger(kv, budget.LedgerConfig{Worker: "w"})
+	now := time.Now()
+	for _, at := range []time.Time{now.Add(-2 * time.Hour), now.Add(-time.Hour), now} {
+		for _, tenant := range []string{"acme", "a b"} {
+			if _, err := l.Open(ctx, budget.AccountAt(tenant, budget.Tenant{USD: 1}, time.Hour, at)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	all, err := budget.List(ctx, kv)
+	if err != nil || len(all) != 6 {
+		t.Fatalf("List: %d entries (%v), want 6", len(all), err)
+	}
+	latest, err := budget.ListLatest(ctx, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, _ := budget.PeriodAt(now, time.Hour)
+	if len(latest) != 2 || latest[0].Start != start.UnixMilli() || latest[1].Start != start.UnixMilli() {
+		t.Fatalf("ListLatest: %+v, want the current period of both tenants", latest)
+	}
+}

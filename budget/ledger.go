@@ -425,12 +425,39 @@ func (r *Reservation) Settle(ctx context.Context, usd float64) error {
 // List reads every entry of the bucket; entries that do not decode are
 // skipped.
 func List(ctx context.Context, kv jetstream.KeyValue) ([]Entry, error) {
-	keys, err := kv.ListKeys(ctx)
+	return list(ctx, kv, false)
+}
+
+// ListLatest reads each tenant's newest entry only (its current period,
+// or the last one it ran in): one read per tenant, whatever the history.
+func ListLatest(ctx context.Context, kv jetstream.KeyValue) ([]Entry, error) {
+	return list(ctx, kv, true)
+}
+
+func list(ctx context.Context, kv jetstream.KeyValue, latest bool) ([]Entry, error) {
+	lister, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
+	var keys []string
+	newest := map[string]int64{} // the tenant part of a key to its newest start
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+		start, tenant, ok := strings.Cut(k, ".")
+		if s, err := strconv.ParseInt(start, 10, 64); ok && err == nil {
+			if have, seen := newest[tenant]; !seen || s > have {
+				newest[tenant] = s
+			}
+		}
+	}
 	var out []Entry
-	for k := range keys.Keys() {
+	for _, k := range keys {
+		if latest {
+			start, tenant, _ := strings.Cut(k, ".")
+			if s, err := strconv.ParseInt(start, 10, 64); err == nil && s != newest[tenant] {
+				continue
+			}
+		}
 		got, err := kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
