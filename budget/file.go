@@ -25,6 +25,8 @@ const (
 
 // Tenant is one tenant's budget per period.
 type Tenant struct {
+	// USD is what the tenant may spend per period; 0 lets it run only
+	// models without prices (their calls cost nothing a budget counts).
 	USD         float64 `json:"usd"`
 	OnExhausted string  `json:"onExhausted,omitempty"` // Refuse (default) or Wait
 }
@@ -215,6 +217,11 @@ func parseTenant(raw json.RawMessage, where string, add func(string, ...any)) (T
 	}
 	if t.OnExhausted == "" {
 		t.OnExhausted = Refuse
+	}
+	if ok && t.USD == 0 && t.OnExhausted == Wait {
+		// Its priced runs would wait forever: no period pays them.
+		add(`%s: usd 0 with onExhausted "wait" would wait forever; use "refuse" (only models without prices run)`, where)
+		ok = false
 	}
 	return t, ok
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -116,6 +117,15 @@ type LedgerConfig struct {
 	// 10 minutes (a call longer than it is charged its reservation, then
 	// corrected when it settles).
 	MaxHold time.Duration
+	// RetryFor bounds how long Reserve tries again after NATS errors
+	// (with backoff) before it gives up; default 30 s.
+	RetryFor time.Duration
+	// KeyTTL, with JetStream, makes every write of an entry expire after
+	// it (the bucket's stream must allow per-message TTLs), so the keys
+	// of past periods go: two periods keeps the last one for `submit
+	// budgets --all`. Zero keeps every key.
+	KeyTTL    time.Duration
+	JetStream jetstream.JetStream
 }
 
 // Ledger reserves and settles tenants' spending in the budgets bucket.
@@ -125,7 +135,13 @@ type Ledger struct {
 
 	mu     sync.Mutex
 	active map[string]int // this worker's holds by key
+	// orphans are holds whose reservation failed: their write may have
+	// been stored behind a lost answer. Run removes them (uncharged: no
+	// call was made) once NATS answers again.
+	orphans map[orphan]int64 // to when they are given up (Unix ms)
 }
+
+type orphan struct{ key, id string }
 
 // NewLedger returns a ledger on kv; Run keeps its holds alive.
 func NewLedger(kv jetstream.KeyValue, cfg LedgerConfig) (*Ledger, error) {
@@ -138,7 +154,10 @@ func NewLedger(kv jetstream.KeyValue, cfg LedgerConfig) (*Ledger, error) {
 	if cfg.MaxHold <= 0 {
 		cfg.MaxHold = 10 * time.Minute
 	}
-	return &Ledger{kv: kv, cfg: cfg, active: map[string]int{}}, nil
+	if cfg.RetryFor <= 0 {
+		cfg.RetryFor = 30 * time.Second
+	}
+	return &Ledger{kv: kv, cfg: cfg, active: map[string]int{}, orphans: map[orphan]int64{}}, nil
 }
 
 // Account names one tenant's budget in one period.
@@ -177,6 +196,37 @@ func (l *Ledger) Run(ctx context.Context) {
 		for _, k := range keys {
 			_, _ = l.update(ctx, k, nil, func(*Entry, int64) (bool, error) { return true, nil })
 		}
+		l.releaseOrphans(ctx)
+	}
+}
+
+// releaseOrphans removes the holds of failed reservations, without
+// charging them, once the bucket answers again. Those still missing when
+// they are given up (MaxHold) were never stored, or lapsed and were
+// charged meanwhile: nothing tells which.
+func (l *Ledger) releaseOrphans(ctx context.Context) {
+	l.mu.Lock()
+	var todo []orphan
+	now := time.Now().UnixMilli()
+	for o, until := range l.orphans {
+		if until <= now {
+			delete(l.orphans, o)
+			continue
+		}
+		todo = append(todo, o)
+	}
+	l.mu.Unlock()
+	for _, o := range todo {
+		_, err := l.update(ctx, o.key, nil, func(e *Entry, _ int64) (bool, error) {
+			n := len(e.Holds)
+			e.Holds = slices.DeleteFunc(e.Holds, func(h Hold) bool { return h.ID == o.id })
+			return len(e.Holds) != n, nil
+		})
+		if err == nil {
+			l.mu.Lock()
+			delete(l.orphans, o)
+			l.mu.Unlock()
+		}
 	}
 }
 
@@ -213,7 +263,7 @@ func (l *Ledger) update(ctx context.Context, key string, acct *Account, change f
 			if err := json.Unmarshal(got.Value(), &e); err != nil {
 				// A value no worker wrote: refuse rather than forget
 				// the period's spending.
-				return nil, fmt.Errorf("budget: entry %s does not decode: %w", key, err)
+				return nil, fmt.Errorf("budget: entry %s does not decode: %w: %w", key, ErrBadEntry, err)
 			}
 		}
 		if acct != nil {
@@ -240,11 +290,7 @@ func (l *Ledger) update(ctx context.Context, key string, acct *Account, change f
 		if err != nil {
 			return nil, err
 		}
-		if rev == 0 {
-			_, err = l.kv.Create(ctx, key, b)
-		} else {
-			_, err = l.kv.Update(ctx, key, b, rev)
-		}
+		err = l.write(ctx, key, b, rev)
 		if err == nil {
 			return &e, nil
 		}
@@ -252,6 +298,35 @@ func (l *Ledger) update(ctx context.Context, key string, acct *Account, change f
 			return nil, fmt.Errorf("budget: write %s: %w", key, err)
 		}
 	}
+}
+
+// write stores an entry by compare-and-set on its revision (0: create),
+// with KeyTTL when set.
+func (l *Ledger) write(ctx context.Context, key string, b []byte, rev uint64) error {
+	ttl := l.cfg.KeyTTL
+	if ttl <= 0 || l.cfg.JetStream == nil {
+		var err error
+		if rev == 0 {
+			_, err = l.kv.Create(ctx, key, b)
+		} else {
+			_, err = l.kv.Update(ctx, key, b, rev)
+		}
+		return err
+	}
+	ttl = max(ttl.Round(time.Second), time.Second)
+	if rev == 0 {
+		_, err := l.kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
+		return err
+	}
+	// KeyValue.Update carries no TTL: publish as it does, with one.
+	_, err := l.cfg.JetStream.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + l.kv.Bucket() + "." + key, Data: b},
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return fmt.Errorf("%w: %w", err, jetstream.ErrKeyRevisionMismatch)
+	}
+	return err
 }
 
 // Open returns the account's entry, creating it (with its limit) when
@@ -269,24 +344,54 @@ type Reservation struct {
 	done bool
 }
 
+// ErrBadEntry is a ledger entry that does not decode: no worker wrote it.
+var ErrBadEntry = errors.New("not a ledger entry")
+
 // Reserve holds usd of the account's budget for one call if the spent
 // cost, the open holds and usd fit in the limit. Without room it returns
-// nil and the entry as it is.
+// nil and the entry as it is. NATS errors are tried again, with backoff,
+// for up to RetryFor; the retries reuse the hold's id, so a write stored
+// behind a lost answer is found, not made twice. A reservation that fails
+// all the same leaves its hold, if it was stored, for Run to remove.
 func (l *Ledger) Reserve(ctx context.Context, a Account, usd float64) (*Reservation, *Entry, error) {
 	id := newID()
 	key := a.key()
 	l.track(key, 1)
 	ok := false
-	e, err := l.update(ctx, key, &a, func(e *Entry, now int64) (bool, error) {
-		ok = e.SpentUSD+e.Held()+usd <= e.LimitUSD
-		if ok {
-			e.Holds = append(e.Holds, Hold{ID: id, Worker: l.cfg.Worker, At: now, USD: usd})
+	try := func() (*Entry, error) {
+		return l.update(ctx, key, &a, func(e *Entry, now int64) (bool, error) {
+			if slices.ContainsFunc(e.Holds, func(h Hold) bool { return h.ID == id }) {
+				ok = true // an earlier try's write was stored
+				return false, nil
+			}
+			ok = e.SpentUSD+e.Held()+usd <= e.LimitUSD
+			if ok {
+				e.Holds = append(e.Holds, Hold{ID: id, Worker: l.cfg.Worker, At: now, USD: usd})
+			}
+			return ok, nil
+		})
+	}
+	e, err := try()
+	deadline := time.Now().Add(l.cfg.RetryFor)
+	for wait := 100 * time.Millisecond; err != nil && ctx.Err() == nil && !errors.Is(err, ErrBadEntry); wait = min(2*wait, 2*time.Second) {
+		d := wait/2 + rand.N(wait/2)
+		if time.Now().Add(d).After(deadline) {
+			break
 		}
-		return ok, nil
-	})
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		e, err = try()
+	}
 	if err != nil || !ok {
 		l.track(key, -1)
 		if err != nil {
+			l.mu.Lock()
+			l.orphans[orphan{key, id}] = time.Now().Add(l.cfg.MaxHold).UnixMilli()
+			l.mu.Unlock()
 			return nil, nil, err
 		}
 		return nil, e, nil
@@ -320,12 +425,39 @@ func (r *Reservation) Settle(ctx context.Context, usd float64) error {
 // List reads every entry of the bucket; entries that do not decode are
 // skipped.
 func List(ctx context.Context, kv jetstream.KeyValue) ([]Entry, error) {
-	keys, err := kv.ListKeys(ctx)
+	return list(ctx, kv, false)
+}
+
+// ListLatest reads each tenant's newest entry only (its current period,
+// or the last one it ran in): one read per tenant, whatever the history.
+func ListLatest(ctx context.Context, kv jetstream.KeyValue) ([]Entry, error) {
+	return list(ctx, kv, true)
+}
+
+func list(ctx context.Context, kv jetstream.KeyValue, latest bool) ([]Entry, error) {
+	lister, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
+	var keys []string
+	newest := map[string]int64{} // the tenant part of a key to its newest start
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+		start, tenant, ok := strings.Cut(k, ".")
+		if s, err := strconv.ParseInt(start, 10, 64); ok && err == nil {
+			if have, seen := newest[tenant]; !seen || s > have {
+				newest[tenant] = s
+			}
+		}
+	}
 	var out []Entry
-	for k := range keys.Keys() {
+	for _, k := range keys {
+		if latest {
+			start, tenant, _ := strings.Cut(k, ".")
+			if s, err := strconv.ParseInt(start, 10, 64); err == nil && s != newest[tenant] {
+				continue
+			}
+		}
 		got, err := kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue

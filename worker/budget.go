@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"iter"
 	"time"
@@ -26,19 +27,78 @@ func (r *run) checkCostBound(add func(string, ...any)) {
 	}
 }
 
-// worstCost is what the next call may cost at most: its input estimate and
-// its whole output reserve at the model's prices.
-func (r *run) worstCost(llm agent.Context, requestMax int) float64 {
-	in := EstimateTokens(llm, 0, 0) - DefaultOutputReserve
-	out := DefaultOutputReserve
+// RequestOverheadTokens is what a call's worst case adds to the bytes it
+// sends for what the provider counts beside them (its own framing of
+// roles, messages and tools, and the request's other fields).
+const RequestOverheadTokens = 64
+
+// CallInputTokens is a call's input as budgets count it at most:
+// everything it sends (the system prompt, the messages as JSON, the tools
+// as JSON) in bytes / 4, rounded up, plus RequestOverheadTokens. The
+// shared rate limits count less (EstimateTokens): they correct a wrong
+// guess by settling, a budget cannot unspend.
+func CallInputTokens(llm agent.Context) int {
+	n := len(llm.SystemPrompt)
+	if b, err := json.Marshal(llm.Messages); err == nil {
+		n += len(b)
+	}
+	n += toolsJSONBytes(llm.Tools)
+	return (n+3)/4 + RequestOverheadTokens
+}
+
+// toolsJSONBytes is the size of the tools as a request carries them: the
+// name, description and parameters' schema of each, in a function wrapper.
+func toolsJSONBytes(tools []*agent.Tool) int {
+	type function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"`
+	}
+	n := 0
+	for _, t := range tools {
+		if t == nil {
+			continue
+		}
+		fn := struct {
+			Type     string   `json:"type"`
+			Function function `json:"function"`
+		}{"function", function{t.Name, t.Description, t.Parameters}}
+		if b, err := json.Marshal(fn); err == nil {
+			n += len(b) + 1
+		} else {
+			// Parameters that are not JSON still go out as some bytes.
+			n += len(t.Name) + len(t.Description) + len(t.Parameters) + 64
+		}
+	}
+	return n
+}
+
+// outputReserve is a call's output bound: the request's maxTokens, else
+// the model table's, else DefaultOutputReserve.
+func (r *run) outputReserve(requestMax int) int {
 	switch {
 	case requestMax > 0:
-		out = requestMax
+		return requestMax
 	case r.model.MaxTokens > 0:
-		out = r.model.MaxTokens
+		return r.model.MaxTokens
 	}
+	return DefaultOutputReserve
+}
+
+// worstCost is what the next call may cost at most: everything it sends
+// (CallInputTokens) at the dearer of the input and cache-write prices
+// (a provider may write the whole prompt to its cache) and its whole
+// output reserve at the output price.
+func (r *run) worstCost(llm agent.Context, requestMax int) float64 {
 	c := r.model.Cost
-	return (float64(in)*c.Input + float64(out)*c.Output) / 1e6
+	return (float64(CallInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
+}
+
+// priced reports whether the run's model has prices: calls of a model
+// without any cost nothing a budget counts.
+func (r *run) priced() bool {
+	c := r.model.Cost
+	return c.Input > 0 || c.Output > 0 || c.CacheRead > 0 || c.CacheWrite > 0
 }
 
 // spent is the run's cost so far.

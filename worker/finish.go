@@ -275,7 +275,8 @@ func (r *run) badRequest(err error) {
 // request, or a tenant without budget), and terminates it (not retried).
 // The final record is written first, as the lease's compare-and-set (it
 // must not overwrite a finished run or a newer attempt), then the events.
-func (r *run) refuseAtPickup(reason, text string) {
+// It reports whether the refusal was stored.
+func (r *run) refuseAtPickup(reason, text string) bool {
 	r.log.Warn("request refused", "reason", reason, "err", text)
 	r.dropInvalidFields()
 	started := r.runStarted()
@@ -293,14 +294,15 @@ func (r *run) refuseAtPickup(reason, text string) {
 		// Without its record the run would look unknown: try again later.
 		r.log.Warn("refused request: record not written; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
-		return
+		return false
 	case o != leaseTaken:
 		r.refuse(o, cur)
-		return
+		return false
 	}
 	fin := r.badRequestFinished(text)
 	fin.Reason = reason
 	_ = r.finish(ending{started: &started, fin: fin, settle: r.termRequest(reason + ": " + clipString(text, 200))})
+	return true
 }
 
 // dropInvalidFields forgets the model and metadata of a bad request when

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -51,6 +52,9 @@ type tenancy struct {
 	// mustWait: the pickup found no budget and the tenant's runs wait for
 	// the next period (onExhausted "wait").
 	mustWait bool
+	// charged: a call of this attempt reserved its cost (later calls
+	// are not the run's first).
+	charged atomic.Bool
 }
 
 // startBudgets opens the ledger and keeps this worker's reservations
@@ -65,7 +69,17 @@ func (w *Worker) startBudgets(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := budget.NewLedger(kv, budget.LedgerConfig{Worker: w.id, Liveness: tb.Liveness, MaxHold: tb.MaxHold})
+	// A call tries NATS again for a while, within the run's delivery.
+	retry := min(30*time.Second, w.cfg.AckWait/2)
+	lc := budget.LedgerConfig{Worker: w.id, Liveness: tb.Liveness, MaxHold: tb.MaxHold, RetryFor: retry}
+	if bus.BudgetsKeyTTL(ctx, kv) {
+		// A key outlives its period by one: submit budgets --all shows
+		// the last period, and the bucket does not grow.
+		lc.KeyTTL, lc.JetStream = 2*tb.Budgets.Period, w.c.JetStream()
+	} else {
+		w.log.Warn("tenant budgets: the budgets bucket does not allow per-message TTLs (NATS server older than 2.11?): keys of past periods are kept; purge them now and then")
+	}
+	l, err := budget.NewLedger(kv, lc)
 	if err != nil {
 		return nil, err
 	}
@@ -106,12 +120,20 @@ func tenantLabel(name string) string {
 }
 
 // checkTenant is the pickup check of a run that has not had a turn yet:
-// its tenant must be able to pay its first call's worst case. It returns
-// the refusal's text, and the end of the period, when it cannot; an error
-// is NATS trouble.
+// its tenant's settled spending must leave room for its first call's
+// worst case. Other calls' open holds do not count here: they settle
+// within seconds, and the first call's reservation counts them (it waits
+// for them, tenantStream). It returns the refusal's text, and the end of
+// the period, when there is no room; an error is NATS trouble. A model
+// without prices always passes: its calls cost nothing a budget counts,
+// as tenantStream lets them through.
 func (r *run) checkTenant(ctx context.Context) (text string, resets time.Time, err error) {
-	if !r.tenant.budgeted || (r.prev != nil && r.prev.Turns > 0) {
+	if !r.tenant.budgeted || r.hadTurns() {
 		// A run that has had turns is charged call by call.
+		return "", time.Time{}, nil
+	}
+	worst := r.firstCallWorst()
+	if worst <= 0 {
 		return "", time.Time{}, nil
 	}
 	acct := r.account(time.Now())
@@ -119,18 +141,32 @@ func (r *run) checkTenant(ctx context.Context) (text string, resets time.Time, e
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	worst := r.worstCost(agent.Context{SystemPrompt: r.req.SystemPrompt, Messages: r.prompt}, r.req.MaxTokens)
-	left := e.Remaining()
-	if left > 0 && left >= worst {
+	if e.SpentUSD+worst <= e.LimitUSD {
 		return "", time.Time{}, nil
 	}
-	return fmt.Sprintf("tenant %s has no budget left for this period: $%.6f of $%.6f spent or reserved, the first model call could cost $%.6f; the budget resets at %s",
-		tenantLabel(r.tenant.name), e.SpentUSD+e.Held(), e.LimitUSD, worst, acct.End.Format(time.RFC3339)), acct.End, nil
+	return fmt.Sprintf("tenant %s has no budget left for this period: $%.6f of $%.6f spent, the first model call could cost $%.6f; the budget resets at %s",
+		tenantLabel(r.tenant.name), e.SpentUSD, e.LimitUSD, worst, acct.End.Format(time.RFC3339)), acct.End, nil
 }
 
+// hadTurns reports whether an earlier attempt of the run had turns.
+func (r *run) hadTurns() bool { return r.prev != nil && r.prev.Turns > 0 }
+
+// firstCallWorst is the worst case of the run's first model call.
+func (r *run) firstCallWorst() float64 {
+	return r.worstCost(agent.Context{SystemPrompt: r.req.SystemPrompt, Messages: r.prompt, Tools: r.tools}, r.req.MaxTokens)
+}
+
+// holdsRecheck is how often a first call that found the budget held by
+// other calls looks again.
+const holdsRecheck = time.Second
+
 // tenantStream charges each call of fn to the run's tenant: it reserves
-// the call's worst case first (refusing the call as budget_exceeded when
-// it does not fit) and settles to the real cost after.
+// the call's worst case first and settles to the real cost after. A call
+// that does not fit is refused as budget_exceeded, except the run's first
+// call when it may wait: other calls' holds would leave it room once they
+// settle (any tenant), or the tenant's runs wait for the next period
+// ("wait"). A later call that does not fit always ends the run: it has
+// spent, and waiting a period in the middle of a run helps nobody.
 func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 	stats := r.w.cfg.Budgets.Stats
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
@@ -145,21 +181,29 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 				}
 				return
 			}
-			acct := r.account(time.Now())
-			res, e, err := r.w.ledger.Reserve(ctx, acct, worst)
-			if err != nil {
+			res, e, err := r.w.ledger.Reserve(ctx, r.account(time.Now()), worst)
+			if err == nil && res == nil && !r.hadTurns() && !r.tenant.charged.Load() && r.mayWaitFirst(e, worst) {
+				res, e, err = r.waitToReserve(ctx, worst, e)
+			}
+			switch {
+			case errors.Is(err, errWaitHandedBack) || (err != nil && ctx.Err() != nil):
+				yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant,
+					StopReason: agent.StopReasonAborted, ErrorMessage: "stopped while waiting for the tenant's budget",
+					Timestamp: time.Now().UnixMilli(), API: model.API, Provider: model.Provider, Model: model.ID}})
+				return
+			case err != nil:
 				yield(callRefused(model, "cannot reserve the call in the tenant's budget: "+err.Error()))
 				return
-			}
-			if res == nil {
+			case res == nil:
 				stats.Refused(r.tenant.name)
 				r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
 					"the next model call could cost $%.6f; tenant %s has $%.6f of its $%.6f budget left for this period (it resets at %s)",
-					worst, tenantLabel(r.tenant.name), e.Remaining(), e.LimitUSD, acct.End.Format(time.RFC3339)))
+					worst, tenantLabel(r.tenant.name), e.Remaining(), e.LimitUSD, e.ResetsAt().Format(time.RFC3339)))
 				_, text := r.tally.limitState()
 				yield(callRefused(model, text))
 				return
 			}
+			r.tenant.charged.Store(true)
 			cost := 0.0 // a call that reported no usage cost nothing the run counts
 			defer func() {
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -181,6 +225,65 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 	}
 }
 
+// mayWaitFirst reports whether a refused first call waits: the tenant's
+// settled spending leaves it room (other calls' holds are in the way), or
+// its runs wait for the next period, whose budget can pay the call.
+func (r *run) mayWaitFirst(e *budget.Entry, worst float64) bool {
+	if e == nil || worst > e.LimitUSD {
+		return false
+	}
+	return e.SpentUSD+worst <= e.LimitUSD || r.tenant.budget.OnExhausted == budget.Wait
+}
+
+// waitToReserve waits, without the run's slot (waitOffSlot), until the
+// first call's reservation fits: every holdsRecheck while other calls'
+// holds are in the way, else ("wait" tenants) until the period rolls
+// over. A "refuse" tenant whose spending meanwhile leaves no room gets no
+// reservation. Once it has one, the run gets a model_wait event (reason
+// "budget").
+func (r *run) waitToReserve(ctx context.Context, worst float64, e *budget.Entry) (*budget.Reservation, *budget.Entry, error) {
+	r.w.cfg.Budgets.Stats.Waited(r.tenant.name)
+	since := time.Now()
+	var res *budget.Reservation
+	err := r.waitOffSlot(ctx, bus.WaitingBudget, since, func(wctx context.Context) error {
+		for {
+			until := time.Now().Add(holdsRecheck)
+			if e.SpentUSD+worst > e.LimitUSD {
+				if r.tenant.budget.OnExhausted != budget.Wait {
+					return nil
+				}
+				until = e.ResetsAt()
+				r.log.Info("tenant budget spent: the run's first call waits for the next period", "tenant", clipString(r.tenant.name, 64), "until", until)
+			}
+			if err := sleepUntil(wctx, until); err != nil {
+				return err
+			}
+			got, now, err := r.w.ledger.Reserve(wctx, r.account(time.Now()), worst)
+			if err != nil || got != nil {
+				res = got
+				return err
+			}
+			e = now
+		}
+	})
+	if err != nil {
+		if res != nil {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = res.Settle(sctx, 0) // the call will not be made
+			cancel()
+		}
+		if errors.Is(err, errWaitHandedBack) {
+			r.handBackWhileWaiting() // approval.go
+		}
+		return nil, e, err
+	}
+	if res != nil {
+		_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+			Reason: bus.WaitBudget, WaitedMs: time.Since(since).Milliseconds()})
+	}
+	return res, e, nil
+}
+
 func callRefused(model agent.Model, text string) agent.StreamEvent {
 	return agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant,
 		StopReason: agent.StopReasonError, ErrorMessage: text, Timestamp: time.Now().UnixMilli(),
@@ -190,7 +293,9 @@ func callRefused(model agent.Model, text string) agent.StreamEvent {
 // admitTenant is the pickup's budget check. A run whose tenant cannot pay
 // its first call is refused as budget_exceeded (onExhausted "refuse"), or
 // marked to wait for the next period once it holds its lease ("wait"). It
-// reports whether the run may go on; if not, the request is settled.
+// reports whether the run may go on; if not, the request is settled. A
+// "wait" tenant whose whole budget could not pay the first call is
+// refused: no period would.
 func (r *run) admitTenant(ctx context.Context) bool {
 	text, _, err := r.checkTenant(ctx)
 	switch {
@@ -200,7 +305,7 @@ func (r *run) admitTenant(ctx context.Context) bool {
 		return false
 	case text == "":
 		return true
-	case r.tenant.budget.OnExhausted == budget.Wait:
+	case r.tenant.budget.OnExhausted == budget.Wait && r.firstCallWorst() <= r.tenant.budget.USD:
 		r.tenant.mustWait = true
 		return true
 	case r.prev != nil:
@@ -208,8 +313,11 @@ func (r *run) admitTenant(ctx context.Context) bool {
 		// instead (the run's events already began).
 		return true
 	}
-	r.w.cfg.Budgets.Stats.Refused(r.tenant.name)
-	r.refuseAtPickup(bus.ReasonBudgetExceeded, text)
+	if r.refuseAtPickup(bus.ReasonBudgetExceeded, text) {
+		// Counted once stored: a redelivery of a refusal whose record was
+		// not written is refused again.
+		r.w.cfg.Budgets.Stats.Refused(r.tenant.name)
+	}
 	return false
 }
 

@@ -47,10 +47,22 @@ func tenantWorkers(t *testing.T, p *limitedProvider, b *budget.Budgets, stats *b
 	}
 }
 
-// firstCallWorst is the worst case of a run's first call at $0.001 a
-// token: its estimate with the model's output bound.
+// firstCallWorst is the worst case of a tenantRun's first call at $0.001
+// a token: everything it sends, with the calculator, and the model's
+// output bound.
 func firstCallWorst(prompt string) float64 {
-	return float64(worker.EstimateTokens(agent.Context{Messages: []agent.Message{agent.UserText(prompt)}}, 0, tenantMaxTokens)) / 1000
+	return float64(worker.CallInputTokens(firstCall(prompt))+tenantMaxTokens) / 1000
+}
+
+// firstCall is what a tenantRun's first call sends.
+func firstCall(prompt string) agent.Context {
+	var tools []*agent.Tool
+	for _, t := range worker.BuiltinTools() {
+		if t.Name == "calculator" {
+			tools = append(tools, t)
+		}
+	}
+	return agent.Context{Messages: []agent.Message{agent.UserText(prompt)}, Tools: tools}
 }
 
 func ledger(t *testing.T, f *fleettest.Fleet) *budget.Ledger {
@@ -352,5 +364,163 @@ func TestTenantFromQueue(t *testing.T) {
 	}
 	if fin := f.WaitFinished(f.Submit("default", tenantRun("other"))); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("a run on queue default: %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+	}
+}
+
+// A call's worst case counts everything it sends: the tools' schemas
+// too. Eight runs with the calculator, whose calls cost far more than
+// their messages alone: the tenant spends no more than its budget.
+func TestTenantWorstCaseCountsEverythingSent(t *testing.T) {
+	const maxTok = 5 // the provider answers 5 tokens: the input is most of a call
+	prompt := "what is 6*7?"
+	// Three first calls' worth; by their messages alone, ten or more.
+	limit := 3 * float64(worker.CallInputTokens(firstCall(prompt))+maxTok) / 1000
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	b := &budget.Budgets{Period: time.Hour, Default: &budget.Tenant{USD: limit}}
+	f := tenantFleet(t, p, b, 2, 4, nil)
+	ids := make([]string, 8)
+	for i := range ids {
+		req := tenantRun("acme")
+		req.MaxTokens = maxTok
+		ids[i] = f.Submit("", req)
+	}
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Go(func() { f.WaitFinished(id) })
+	}
+	wg.Wait()
+	if _, calls, _ := p.stats(); calls == 0 {
+		t.Fatal("no model call: the test measures nothing")
+	}
+	for _, e := range entries(t, f) {
+		t.Logf("limit $%.4f, spent $%.4f", e.LimitUSD, e.SpentUSD)
+		if e.SpentUSD > e.LimitUSD+1e-9 {
+			t.Fatalf("spent $%.4f of $%.4f: calls cost more than their reservations", e.SpentUSD, e.LimitUSD)
+		}
+	}
+}
+
+// Another run's call in flight holds the whole budget, though it will
+// cost a fraction of it. A run picked up meanwhile is neither refused nor
+// parked until the period ends: its first call waits (off its slot) for
+// the hold to settle, then runs.
+func TestTenantFirstCallWaitsForOtherCallsHolds(t *testing.T) {
+	for _, mode := range []string{budget.Refuse, budget.Wait} {
+		t.Run(mode, func(t *testing.T) {
+			p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+			b := &budget.Budgets{Period: time.Hour, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: mode}}}
+			f := tenantFleet(t, p, b, 1, 2, nil)
+			ctx := fleettest.Context(t)
+			acct := budget.AccountAt("acme", b.Tenants["acme"], b.Period, time.Now())
+			res, _, err := ledger(t, f).Reserve(ctx, acct, 5) // another run's call in flight
+			if err != nil || res == nil {
+				t.Fatalf("reserve: %v %v", res, err)
+			}
+			id := f.Submit("", tenantRun("acme"))
+			waitWaiting(t, f, id, 1, time.Now().Add(20*time.Second))
+			if err := res.Settle(ctx, 0.001); err != nil {
+				t.Fatal(err)
+			}
+			envs := f.Follow(id)
+			fin := fleettest.Decode(t, envs[len(envs)-1]).RunFinished
+			if fin == nil || fin.Status != bus.StatusSucceeded {
+				t.Fatalf("finished %+v, want succeeded once the hold settled", fin)
+			}
+			waited := false
+			for _, e := range envs {
+				if ev := fleettest.Decode(t, e); ev.ModelWait != nil && ev.ModelWait.Reason == bus.WaitBudget {
+					waited = true
+				}
+			}
+			if !waited {
+				t.Fatalf("no model_wait (reason budget):\n%s", fleettest.Dump(envs))
+			}
+		})
+	}
+}
+
+// Runs of a "wait" tenant picked up together all pass the pickup check;
+// those whose first call then does not fit wait instead of failing.
+func TestTenantWaitModeFirstCallWaits(t *testing.T) {
+	worst := firstCallWorst("what is 6*7?")
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	b := &budget.Budgets{Period: time.Hour, Default: &budget.Tenant{USD: 1.5 * worst, OnExhausted: budget.Wait}}
+	f := tenantFleet(t, p, b, 1, 8, nil)
+	ids := make([]string, 8)
+	for i := range ids {
+		ids[i] = f.Submit("", tenantRun("acme"))
+	}
+	ctx := fleettest.Context(t)
+	// Every run ends up finished or waiting (the budget pays two first
+	// calls an hour); none fails on its first call (it made no call).
+	deadline := time.Now().Add(30 * time.Second)
+	var settledAt time.Time
+	for {
+		waiting, done := 0, 0
+		for _, id := range ids {
+			rec, err := f.Client.Status(ctx, id)
+			switch {
+			case err != nil:
+			case rec.State == bus.StatusFailed && rec.Reason == bus.ReasonBudgetExceeded && rec.Usage.TotalTokens == 0:
+				t.Fatalf("run %s of a \"wait\" tenant failed on its first call: %s", id, rec.Error)
+			case rec.Finished():
+				done++
+			case rec.Waiting != nil && rec.Waiting.For == bus.WaitingBudget:
+				waiting++
+			}
+		}
+		// Settled: the period's spending leaves no first call room and no
+		// call holds any; the waiting runs wait for the next period. They
+		// find that out at their next look (every second): watch them for
+		// three.
+		settled := false
+		for _, e := range entries(t, f) {
+			settled = len(e.Holds) == 0 && e.SpentUSD+worst > e.LimitUSD
+		}
+		switch {
+		case !settled || done == 0 || waiting == 0 || done+waiting != len(ids):
+			settledAt = time.Time{}
+		case settledAt.IsZero():
+			settledAt = time.Now()
+		case time.Since(settledAt) > 3*time.Second:
+			t.Logf("%d runs finished, %d wait for the next period", done, waiting)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs finished, %d wait for the budget, of %d", done, waiting, len(ids))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A model without prices costs nothing a budget counts: a tenant at or
+// past its limit still runs it, at pickup as at its calls.
+func TestTenantAtItsLimitRunsAFreeModel(t *testing.T) {
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	f := newFleet(t)
+	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: tenantMaxTokens}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.CloseIdleConnections)
+	b := &budget.Budgets{Period: time.Hour, Tenants: map[string]budget.Tenant{"acme": {USD: 1}, "zero": {USD: 0}}}
+	f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
+		Budgets: &worker.TenantBudgets{Budgets: b}})
+	// acme spent more than its budget (a call cost more than reserved).
+	ctx := fleettest.Context(t)
+	res, _, err := ledger(t, f).Reserve(ctx, budget.AccountAt("acme", b.Tenants["acme"], b.Period, time.Now()), 1)
+	if err != nil || res == nil {
+		t.Fatalf("reserve: %v %v", res, err)
+	}
+	if err := res.Settle(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if fin := f.WaitFinished(f.Submit("", tenantRun("zero"))); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("a free model's run of a tenant with usd 0: %s/%s (%s), want succeeded", fin.Status, fin.Reason, fin.Error)
+	}
+	if fin := f.WaitFinished(f.Submit("", tenantRun("acme"))); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("a free model's run: %s/%s (%s), want succeeded", fin.Status, fin.Reason, fin.Error)
 	}
 }

@@ -51,7 +51,11 @@ func cmdBudgets(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return fail(e, fleetError(c, err))
 	}
-	entries, err := budget.List(ctx, kv)
+	list := budget.ListLatest // one read per tenant
+	if all {
+		list = budget.List
+	}
+	entries, err := list(ctx, kv)
 	if err != nil {
 		return fail(e, err)
 	}

@@ -2,6 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -21,7 +25,20 @@ func TestBudgetsEndToEnd(t *testing.T) {
 	if err := os.WriteFile(file, []byte(`{"period": "24h", "tenants": {"acme": {"usd": 0}, "beta": {"usd": 5}}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stop, url, err := startWorkerProcess(filepath.Join(dir, "worker.log"), []string{"AGENTS_BUDGETS=" + file},
+	// A priced model (a model without prices runs whatever the budget):
+	// its answers report no usage, so they cost nothing.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	models := filepath.Join(dir, "models.json")
+	if err := os.WriteFile(models, []byte(`[{"id": "m", "maxTokens": 100, "cost": {"input": 1, "output": 2}}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop, url, err := startWorkerProcess(filepath.Join(dir, "worker.log"), []string{"AGENTS_BUDGETS=" + file,
+		"AGENTS_MODELS=" + models, "OPENAI_BASE_URL=" + srv.URL + "/v1", "OPENAI_API_KEY=k", "AGENTS_DEFAULT_MODEL=openai/m"},
 		"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--worker-id", "e2e-budgets")
 	if err != nil {
 		t.Fatal(err)
