@@ -82,7 +82,7 @@ type run struct {
 	waitingHandBacks int
 	// pendingCalls are gated calls an earlier attempt left waiting.
 	pendingCalls []workerproto.PendingCall
-	trace        runTrace    // spans (trace.go)
+	trace        runTrace // spans (trace.go)
 }
 
 // runPlan is the request resolved against the worker.

@@ -73,7 +73,7 @@ type Worker struct {
 	waitMu      sync.Mutex
 	waitingRuns int
 	offSlot     int
-	tracer  trace.Tracer       // nil when not tracing (trace.go)
+	tracer      trace.Tracer // nil when not tracing (trace.go)
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
