@@ -334,14 +334,17 @@ func (r *run) awaitBudget(ctx context.Context) error {
 	}
 	r.w.cfg.Budgets.Stats.Waited(r.tenant.name)
 	since := time.Now()
+	var earlier time.Duration // waited by earlier attempts, for the event
 	switch p := r.prev; {
 	case p != nil && p.Waiting != nil && p.Waiting.For == bus.WaitingBudget && !p.Waiting.Since.IsZero():
-		since = p.Waiting.Since // an earlier attempt's wait goes on (it crashed)
+		// An earlier attempt's wait goes on (it crashed): its record's
+		// waitedMs leaves out the wait in progress.
+		since = p.Waiting.Since
 	case p != nil && p.Turns == 0 && p.WaitedMs > 0:
-		// An earlier attempt waited and was handed back (its last record
-		// no longer says so): a run waits for its budget before its first
-		// turn, so that wait began at the run's start.
-		since = r.runStart
+		// An earlier attempt waited and was handed back: its waitedMs,
+		// already on the clock (prevWaited), counts that wait, so this
+		// attempt's pause starts now.
+		earlier = time.Duration(p.WaitedMs) * time.Millisecond
 	}
 	err := r.waitOffSlot(ctx, bus.WaitingBudget, since, func(wctx context.Context) error {
 		for {
@@ -367,7 +370,7 @@ func (r *run) awaitBudget(ctx context.Context) error {
 		return err
 	}
 	_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
-		Reason: bus.WaitBudget, WaitedMs: time.Since(since).Milliseconds()})
+		Reason: bus.WaitBudget, WaitedMs: (earlier + time.Since(since)).Milliseconds()})
 	return nil
 }
 

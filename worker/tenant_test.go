@@ -524,3 +524,32 @@ func TestTenantAtItsLimitRunsAFreeModel(t *testing.T) {
 		t.Fatalf("a free model's run: %s/%s (%s), want succeeded", fin.Status, fin.Reason, fin.Error)
 	}
 }
+
+// A budget wait handed back on drain and resumed counts its time once
+// (waitedMs, and so the timeout).
+func TestTenantWaitedCountedOnceAcrossHandBacks(t *testing.T) {
+	const period = 6 * time.Second
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: budget.Wait}}}
+	f, start := tenantWorkers(t, p, b, nil)
+	first := start(1)
+	now := time.Now()
+	_, next := budget.PeriodAt(now, period)
+	spendPeriods(t, ledger(t, f), "acme", b.Tenants["acme"], period, now, next)
+	_, free := budget.PeriodAt(next, period)
+	id := f.Submit("", tenantRun("acme"))
+	waitWaiting(t, f, id, 1, free)
+	time.Sleep(3 * time.Second)
+	first.Stop()
+	ctx := fleettest.Context(t)
+	rec, _ := f.Client.Status(ctx, id)
+	t.Logf("after hand-back: attempt %d waitedMs %d", rec.Attempt, rec.WaitedMs)
+	start(1)
+	fin := f.WaitFinished(id)
+	rec, _ = f.Client.Status(ctx, id)
+	life := rec.FinishedAt.Sub(rec.StartedAt)
+	t.Logf("finished %s; startedAt %s finishedAt %s (%.1fs); waitedMs %d", fin.Status, rec.StartedAt, rec.FinishedAt, life.Seconds(), rec.WaitedMs)
+	if time.Duration(rec.WaitedMs)*time.Millisecond > life {
+		t.Errorf("BUG: waitedMs %d exceeds the run's whole life %s: the first attempt's wait counted twice (timeout extended by it)", rec.WaitedMs, life)
+	}
+}
