@@ -553,3 +553,37 @@ func TestTenantWaitedCountedOnceAcrossHandBacks(t *testing.T) {
 		t.Errorf("BUG: waitedMs %d exceeds the run's whole life %s: the first attempt's wait counted twice (timeout extended by it)", rec.WaitedMs, life)
 	}
 }
+
+// Drain hand-backs while a run waits for its budget do not use up
+// MaxDeliver: the run is still waiting after more drains than MaxDeliver.
+func TestTenantWaitHandBacksDoNotUseMaxDeliver(t *testing.T) {
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	f := newFleet(t)
+	b := &budget.Budgets{Period: time.Hour, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: budget.Wait}}}
+	start := func() *fleettest.Worker {
+		prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{
+			{ID: "m", MaxTokens: tenantMaxTokens, Cost: agent.ModelCost{Input: 1000, Output: 1000}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f.StartWorker(worker.Config{DefaultModel: "openai/m", Concurrency: 1, MaxDeliver: 2,
+			Providers: map[string]worker.Provider{"openai": prov}, Budgets: &worker.TenantBudgets{Budgets: b}})
+	}
+	spendPeriods(t, ledger(t, f), "acme", b.Tenants["acme"], b.Period, time.Now())
+	id := f.Submit("", tenantRun("acme"))
+	w := start()
+	for attempt := 1; attempt <= 2; attempt++ {
+		waitWaiting(t, f, id, attempt, time.Now().Add(15*time.Second))
+		w.Stop()
+		w = start()
+	}
+	// The requeued request's attempt waits again: the drains did not give
+	// the run up.
+	waitWaiting(t, f, id, 3, time.Now().Add(30*time.Second))
+	rec, err := f.Client.Status(fleettest.Context(t), id)
+	if err != nil || rec.Finished() {
+		t.Fatalf("run after 2 drain hand-backs (MaxDeliver 2): %+v, %v", rec, err)
+	}
+}
