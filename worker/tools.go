@@ -100,6 +100,8 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			var endSpan func(agent.ToolResult, error)
 			if r, ok := ctx.Value(runKey{}).(*run); ok {
 				tctx, endSpan = r.traceTool(tctx, name, id, args)
+				// The agent recovers a tool's panic: end the span on that path too.
+				defer endToolSpanOnPanic(endSpan)
 			}
 			res, err := inner(tctx, id, args, update)
 			timedOut := false

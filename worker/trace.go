@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"iter"
 	"strings"
 	"sync"
@@ -313,7 +314,11 @@ func (r *run) traceTool(ctx context.Context, name, callID string, args map[strin
 	ctx, span := t.Start(ctx, "execute_tool "+name, trace.WithAttributes(attrs...))
 	return ctx, func(res agent.ToolResult, err error) {
 		if err != nil {
-			span.SetAttributes(semconv.ErrorTypeKey.String("tool_error"))
+			errType := "tool_error"
+			if errors.As(err, new(toolPanic)) {
+				errType = "tool_panic"
+			}
+			span.SetAttributes(semconv.ErrorTypeKey.String(errType))
 			span.SetStatus(codes.Error, clipString(err.Error(), 1024))
 		} else if capture {
 			span.SetAttributes(semconv.GenAIToolCallResultKey.String(clipUTF8(joinText(res.Content), MaxTracedContent)))
@@ -321,6 +326,21 @@ func (r *run) traceTool(ctx context.Context, name, callID string, args map[strin
 		span.End()
 	}
 }
+
+// endToolSpanOnPanic ends a tool's execute_tool span as failed when the
+// tool panics, and panics on: the agent turns the panic into an error result.
+func endToolSpanOnPanic(end func(agent.ToolResult, error)) {
+	if p := recover(); p != nil {
+		end(agent.ToolResult{}, toolPanic{})
+		panic(p)
+	}
+}
+
+// toolPanic is the error a panicking tool's span ends with; the panic's
+// value stays out of the span (it may hold anything).
+type toolPanic struct{}
+
+func (toolPanic) Error() string { return "the tool panicked" }
 
 // finishReason maps the agent's stop reasons to the conventions' values.
 func finishReason(s agent.StopReason) []string {

@@ -1,13 +1,69 @@
 package worker
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 )
+
+func spanRecorder(t *testing.T) (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return rec, tp
+}
+
+// endedSpans waits until n ended spans match ok.
+func endedSpans(t *testing.T, rec *tracetest.SpanRecorder, n int, ok func(sdktrace.ReadOnlySpan) bool) []sdktrace.ReadOnlySpan {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var got []sdktrace.ReadOnlySpan
+		for _, sp := range rec.Ended() {
+			if ok(sp) {
+				got = append(got, sp)
+			}
+		}
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d matching spans ended, want %d:\n%s", len(got), n, dumpSpans(rec))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func spanNamed(name string) func(sdktrace.ReadOnlySpan) bool {
+	return func(sp sdktrace.ReadOnlySpan) bool { return sp.Name() == name }
+}
+
+func dumpSpans(rec *tracetest.SpanRecorder) string {
+	var b strings.Builder
+	for _, sp := range rec.Ended() {
+		fmt.Fprintf(&b, "%s trace=%s span=%s parent=%s %v\n", sp.Name(), sp.SpanContext().TraceID(), sp.SpanContext().SpanID(), sp.Parent().SpanID(), sp.Attributes())
+	}
+	return b.String()
+}
+
+func spanAttr(sp sdktrace.ReadOnlySpan, key string) (any, bool) {
+	for _, kv := range sp.Attributes() {
+		if string(kv.Key) == key {
+			return kv.Value.AsInterface(), true
+		}
+	}
+	return nil, false
+}
 
 func TestContentJSONIsCut(t *testing.T) {
 	big := strings.Repeat("é", MaxTracedContent) // 2 bytes each
@@ -20,5 +76,39 @@ func TestContentJSONIsCut(t *testing.T) {
 	if err := json.Unmarshal([]byte(small), &msgs); err != nil || strings.Contains(small, "QUJD") ||
 		len(msgs) != 1 || len(msgs[0].Parts) != 2 || msgs[0].Parts[1].Type != "blob" || msgs[0].Parts[1].MimeType != "image/png" {
 		t.Fatalf("%s: %v", small, err)
+	}
+}
+
+// A tool that panics (the agent recovers it) still ends its execute_tool
+// span, as failed.
+func TestTraceToolPanicEndsSpan(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	boom := &agent.Tool{Name: "boom", Description: "panics", Parameters: []byte(`{"type":"object"}`),
+		Execute: func(ctx context.Context, id string, args map[string]any, u agent.UpdateFunc) (agent.ToolResult, error) {
+			panic("kaboom")
+		}}
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{boom}, TracerProvider: tp}, nil)
+	run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"boom"}, Model: fauxModel,
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			{Content: []agent.Content{{Type: agent.ContentToolCall, ID: "c1", Name: "boom", Arguments: map[string]any{}}}, StopReason: agent.StopReasonToolUse},
+			{Content: []agent.Content{agent.Text("ok")}},
+		}}})
+	waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	// invoke_agent ends after the tool call: a span not ended by then never is.
+	endedSpans(t, rec, 1, spanNamed("invoke_agent"))
+	var ended []sdktrace.ReadOnlySpan
+	for _, sp := range rec.Ended() {
+		if sp.Name() == "execute_tool boom" {
+			ended = append(ended, sp)
+		}
+	}
+	if len(ended) != 1 {
+		t.Fatalf("%d execute_tool boom spans ended, want 1:\n%s", len(ended), dumpSpans(rec))
+	}
+	if et, _ := spanAttr(ended[0], "error.type"); et != "tool_panic" || ended[0].Status().Code.String() != "Error" {
+		t.Fatalf("error.type %v, status %v", et, ended[0].Status())
+	}
+	if strings.Contains(ended[0].Status().Description, "kaboom") {
+		t.Fatalf("the panic's value is in the span: %v", ended[0].Status())
 	}
 }
