@@ -337,6 +337,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	r.toolBusy(-1) // the call waits: with no other call running, the run leaves its slot
 	defer r.toolBusy(1)
 	err := r.waitOffSlot(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
+		defer func() { r.traceApprovalDecision(wctx, id, got, timedOut) }() // trace.go
 		timer := time.NewTimer(time.Until(c.expiresAt))
 		defer timer.Stop()
 		for {

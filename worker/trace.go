@@ -29,6 +29,9 @@ import (
 //	  chat <model>               one model call, as the agent sees it
 //	    agentfleet.ratelimit.wait  waiting for the fleet's shared limits
 //	  execute_tool <name>        one tool call
+//	  agentfleet.approval.wait   a gated call waiting for its answer
+//	  agentfleet.budget.wait     waiting for the tenant's budget (under
+//	                             the model call when it is the call's)
 //	  agentfleet.record.write    the final record
 //
 // The request's traceparent header is their parent; control messages and
@@ -39,22 +42,25 @@ const tracerName = "github.com/agentfleet/agentfleet/worker"
 
 // Span names and our attributes.
 const (
-	spanQueueWait  = "agentfleet.queue.wait"
-	spanLeaseTake  = "agentfleet.lease.take"
-	spanRecord     = "agentfleet.record.write"
-	spanLimitWait  = "agentfleet.ratelimit.wait"
-	spanInvoke     = "invoke_agent"
-	attrRunID      = attribute.Key("agentfleet.run.id")
-	attrQueue      = attribute.Key("agentfleet.queue")
-	attrAttempt    = attribute.Key("agentfleet.attempt")
-	attrWorker     = attribute.Key("agentfleet.worker")
-	attrResumed    = attribute.Key("agentfleet.resumed")
-	attrCost       = attribute.Key("agentfleet.cost_usd")
-	attrFirstChunk = attribute.Key("agentfleet.time_to_first_chunk_ms")
-	attrStatus     = attribute.Key("agentfleet.run.status")
-	attrLinkKind   = attribute.Key("agentfleet.link")
-	attrCtlSeq     = attribute.Key("agentfleet.control.seq")
-	attrGroup      = attribute.Key("agentfleet.ratelimit.group")
+	spanQueueWait   = "agentfleet.queue.wait"
+	spanLeaseTake   = "agentfleet.lease.take"
+	spanRecord      = "agentfleet.record.write"
+	spanLimitWait   = "agentfleet.ratelimit.wait"
+	spanInvoke      = "invoke_agent"
+	attrRunID       = attribute.Key("agentfleet.run.id")
+	attrQueue       = attribute.Key("agentfleet.queue")
+	attrAttempt     = attribute.Key("agentfleet.attempt")
+	attrWorker      = attribute.Key("agentfleet.worker")
+	attrResumed     = attribute.Key("agentfleet.resumed")
+	attrCost        = attribute.Key("agentfleet.cost_usd")
+	attrFirstChunk  = attribute.Key("agentfleet.time_to_first_chunk_ms")
+	attrStatus      = attribute.Key("agentfleet.run.status")
+	attrLinkKind    = attribute.Key("agentfleet.link")
+	attrCtlSeq      = attribute.Key("agentfleet.control.seq")
+	attrGroup       = attribute.Key("agentfleet.ratelimit.group")
+	attrWaitFor     = attribute.Key("agentfleet.wait.for")
+	attrWaitOutcome = attribute.Key("agentfleet.wait.outcome")
+	attrDecision    = attribute.Key("agentfleet.approval.decision")
 )
 
 // MaxTracedContent bounds each recorded gen_ai.*.messages / tool argument
@@ -185,6 +191,68 @@ func (r *run) traceLimitWait(ctx context.Context, group string, start time.Time,
 		s.SetStatus(codes.Error, clipString(err.Error(), 1024))
 	}
 	s.End()
+}
+
+// traceWait starts a span for a wait without the run's slot (waitOffSlot):
+// agentfleet.<what>.wait, a child of the span in ctx (the model call for a
+// budget wait, else invoke_agent). ctx carries it, for traceApprovalDecision;
+// end it with the wait's outcome.
+func (r *run) traceWait(ctx context.Context, what string, since time.Time) (context.Context, func(err error, handedBack bool)) {
+	t := r.w.tracer
+	if t == nil {
+		return ctx, func(error, bool) {}
+	}
+	parent := ctx
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		parent = r.traceContext(ctx)
+	}
+	// A wait an earlier attempt began shows from this attempt's pickup on.
+	start := since
+	if start.Before(r.startedAt) || start.IsZero() {
+		start = r.startedAt
+	}
+	_, span := t.Start(parent, "agentfleet."+what+".wait", trace.WithTimestamp(start),
+		trace.WithAttributes(attrRunID.String(r.id), attrWaitFor.String(what)))
+	return trace.ContextWithSpan(ctx, span), func(err error, handedBack bool) {
+		switch {
+		case handedBack:
+			span.SetAttributes(attrWaitOutcome.String("handed_back"))
+		case err != nil:
+			span.SetAttributes(attrWaitOutcome.String("stopped"), semconv.ErrorTypeKey.String(errorType(err)))
+			span.SetStatus(codes.Error, "")
+		}
+		span.End()
+	}
+}
+
+// traceApprovalDecision notes on the approval wait in ctx (traceWait) its
+// tool call and how it was answered: the answer's decision, "timeout", or
+// nothing when the wait was stopped or handed back.
+func (r *run) traceApprovalDecision(ctx context.Context, callID string, got *answer, timedOut bool) {
+	span := trace.SpanFromContext(ctx)
+	if r.w.tracer == nil || !span.IsRecording() {
+		return
+	}
+	attrs := []attribute.KeyValue{semconv.GenAIToolCallID(callID)}
+	switch {
+	case got != nil:
+		attrs = append(attrs, attrDecision.String(got.a.Decision))
+	case timedOut:
+		attrs = append(attrs, attrDecision.String(bus.DecisionTimeout))
+	}
+	span.SetAttributes(attrs...)
+}
+
+// errorType is error.type for err: a context's end, else "error" (its
+// text may carry anything; the span status keeps it only with capture).
+func errorType(err error) string {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return "error"
 }
 
 // traceControl links invoke_agent to the sender of a control message.

@@ -112,3 +112,34 @@ func TestTraceToolPanicEndsSpan(t *testing.T) {
 		t.Fatalf("the panic's value is in the span: %v", ended[0].Status())
 	}
 }
+
+// An approval wait has an agentfleet.approval.wait span under invoke_agent
+// with the call and its decision; a denied call has it too (it never runs).
+func TestTraceApprovalWait(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	_, c, d := approvalWorker(t, Config{TracerProvider: tp})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod", "staging"))
+	waitRecord(t, c, run, "waiting for c1, c2", func(r *bus.RunRecord) bool { return waitingFor(r, "c1", "c2") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "deny", "reason": "not today"})
+	waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	invoke := endedSpans(t, rec, 1, spanNamed("invoke_agent"))[0]
+	waits := endedSpans(t, rec, 2, spanNamed("agentfleet.approval.wait"))
+	got := map[any]any{}
+	for _, sp := range waits {
+		if sp.Parent().SpanID() != invoke.SpanContext().SpanID() {
+			t.Errorf("approval wait's parent %v, want invoke_agent", sp.Parent().SpanID())
+		}
+		if f, _ := spanAttr(sp, "agentfleet.wait.for"); f != "approval" {
+			t.Errorf("agentfleet.wait.for = %v", f)
+		}
+		id, _ := spanAttr(sp, "gen_ai.tool.call.id")
+		got[id], _ = spanAttr(sp, "agentfleet.approval.decision")
+	}
+	if got["c1"] != "approve" || got["c2"] != "deny" || len(got) != 2 {
+		t.Fatalf("decisions %v, want c1 approve, c2 deny:\n%s", got, dumpSpans(rec))
+	}
+	if ran := d.targets(); ran != "prod" {
+		t.Fatalf("deploy ran %q", ran)
+	}
+}

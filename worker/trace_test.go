@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/budget"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/llm/openai"
@@ -375,5 +376,49 @@ func TestTraceRateLimitWait(t *testing.T) {
 			t.Errorf("rate limit wait's parent %v is not a chat span", sp.Parent())
 		}
 		wantAttrs(t, sp, map[string]any{"agentfleet.ratelimit.group": "main"})
+	}
+}
+
+// A run that waits for its tenant's budget at pickup has an
+// agentfleet.budget.wait span under invoke_agent, as long as the wait.
+func TestTraceBudgetWait(t *testing.T) {
+	const period = 2 * time.Second
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	f := newFleet(t)
+	s := newSpans(t)
+	tb := budget.Tenant{USD: 5, OnExhausted: budget.Wait}
+	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{"acme": tb}}
+	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{
+		{ID: "m", MaxTokens: tenantMaxTokens, Cost: agent.ModelCost{Input: 1000, Output: 1000}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.CloseIdleConnections)
+	f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
+		Budgets: &worker.TenantBudgets{Budgets: b}, TracerProvider: s.tp})
+	spendPeriods(t, ledger(t, f), "acme", tb, period, time.Now())
+	id, _ := submitTraced(t, f, s.tp, tenantRun("acme"))
+	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("run: %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+	}
+	waitedMs := int64(0)
+	for _, e := range f.Follow(id) {
+		if ev := fleettest.Decode(t, e); ev.ModelWait != nil && ev.ModelWait.Reason == bus.WaitBudget {
+			waitedMs = ev.ModelWait.WaitedMs
+		}
+	}
+	if waitedMs == 0 {
+		t.Fatal("the run never waited for its budget: the test proves nothing")
+	}
+	invoke := s.waitFor(1, "invoke_agent", named("invoke_agent"))[0]
+	wait := s.waitFor(1, "budget wait", named("agentfleet.budget.wait"))[0]
+	if wait.Parent().SpanID() != invoke.SpanContext().SpanID() {
+		t.Fatalf("budget wait's parent is not invoke_agent:\n%s", s.dump())
+	}
+	wantAttrs(t, wait, map[string]any{"agentfleet.wait.for": "budget"})
+	if d := wait.EndTime().Sub(wait.StartTime()); d < time.Duration(waitedMs)*time.Millisecond-50*time.Millisecond {
+		t.Fatalf("budget wait span lasts %s, the run waited %dms", d, waitedMs)
 	}
 }

@@ -241,9 +241,11 @@ func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wai
 	r.enterWait(what, since)
 	wctx, cancel := context.WithCancel(ctx)
 	stopDrain := context.AfterFunc(r.w.drainCtx(), cancel)
+	wctx, endSpan := r.traceWait(wctx, what, since) // trace.go
 	err := wait(wctx)
 	drained := !stopDrain() && ctx.Err() == nil
 	cancel()
+	endSpan(err, drained)
 	r.leaveWait(ctx, drained)
 	if drained {
 		return errWaitHandedBack
