@@ -61,6 +61,7 @@ const (
 	attrWaitFor     = attribute.Key("agentfleet.wait.for")
 	attrWaitOutcome = attribute.Key("agentfleet.wait.outcome")
 	attrDecision    = attribute.Key("agentfleet.approval.decision")
+	attrGiveUp      = attribute.Key("agentfleet.give_up")
 )
 
 // MaxTracedContent bounds each recorded gen_ai.*.messages / tool argument
@@ -87,15 +88,50 @@ type runTrace struct {
 // traceBegin starts the attempt's spans, children of the request's trace
 // context (its headers).
 func (r *run) traceBegin() {
+	if r.msg != nil {
+		r.traceBeginFrom(r.msg.Headers())
+	} else {
+		r.traceBeginFrom(nil)
+	}
+}
+
+// traceGaveUp starts invoke_agent for a give-up's own attempt, a child of
+// the request's trace context (h, the stored request's headers), before
+// finishGaveUp (its run_started then carries the span). Call the returned
+// func with finishGaveUp's error when it returns:
+//
+//	end := r.traceGaveUp(req.Header)
+//	err := r.finishGaveUp(ctx, rec, adv.Deliveries, removeRequest)
+//	end(err)
+//
+// The finish sets run.status failed and error.type gave_up; a give-up
+// that found the run finished, or lost the lease, ends "not_started".
+func (r *run) traceGaveUp(h nats.Header) func(err error) {
+	r.traceBeginFrom(h)
+	if r.trace.span == nil {
+		return func(error) {}
+	}
+	r.trace.span.SetAttributes(attrGiveUp.Bool(true))
+	return func(err error) {
+		r.trace.mu.Lock()
+		finished := r.trace.status != ""
+		r.trace.mu.Unlock()
+		if err != nil && !finished {
+			r.trace.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+			r.trace.span.SetStatus(codes.Error, "")
+		}
+		r.traceEnd()
+	}
+}
+
+func (r *run) traceBeginFrom(h nats.Header) {
 	t := r.w.tracer
 	if t == nil {
 		return
 	}
 	ctx := context.Background()
-	if r.msg != nil {
-		if sc := tracing.Extract(r.msg.Headers()); sc.IsValid() {
-			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-		}
+	if sc := tracing.Extract(h); sc.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	}
 	if r.attempt == 1 && !r.submittedAt.IsZero() && r.submittedAt.Before(r.startedAt) {
 		_, s := t.Start(ctx, spanQueueWait, trace.WithTimestamp(r.submittedAt), trace.WithSpanKind(trace.SpanKindConsumer),

@@ -3,17 +3,20 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/tracing"
 )
 
 func spanRecorder(t *testing.T) (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
@@ -141,5 +144,45 @@ func TestTraceApprovalWait(t *testing.T) {
 	}
 	if ran := d.targets(); ran != "prod" {
 		t.Fatalf("deploy ran %q", ran)
+	}
+}
+
+// traceGaveUp makes the give-up's attempt an invoke_agent under the
+// request's trace, with the finish's outcome or the give-up's error.
+func TestTraceGaveUpHelper(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	w, _ := startInternal(t, Config{TracerProvider: tp}, nil)
+	_, submit := tp.Tracer("test").Start(context.Background(), "submit")
+	submit.End()
+	h := nats.Header{}
+	h.Set("traceparent", tracing.Traceparent(submit.SpanContext()))
+
+	r := w.newRun("r1", "default", 4, 7, time.Now())
+	end := r.traceGaveUp(h)
+	if r.traceparent() == "" {
+		t.Fatal("no traceparent for the give-up's run_started")
+	}
+	r.traceFinished(bus.RunFinished{Status: bus.StatusFailed, Reason: bus.ReasonGaveUp, Error: "gave up"})
+	end(nil)
+	r2 := w.newRun("r2", "default", 4, 8, time.Now())
+	r2.traceGaveUp(nil)(errors.New("lease: boom"))
+
+	spans := endedSpans(t, rec, 2, spanNamed("invoke_agent"))
+	byRun := map[any]sdktrace.ReadOnlySpan{}
+	for _, sp := range spans {
+		id, _ := spanAttr(sp, "agentfleet.run.id")
+		byRun[id] = sp
+	}
+	one, two := byRun["r1"], byRun["r2"]
+	if one.Parent().SpanID() != submit.SpanContext().SpanID() || one.SpanContext().TraceID() != submit.SpanContext().TraceID() {
+		t.Fatalf("give-up span is not the submit's child:\n%s", dumpSpans(rec))
+	}
+	for k, want := range map[string]any{"agentfleet.run.status": "failed", "error.type": "gave_up", "agentfleet.give_up": true, "agentfleet.attempt": int64(4)} {
+		if v, _ := spanAttr(one, k); v != want {
+			t.Errorf("%s = %v, want %v", k, v, want)
+		}
+	}
+	if v, _ := spanAttr(two, "agentfleet.run.status"); v != "not_started" || two.Status().Code.String() != "Error" {
+		t.Errorf("failed give-up: status %v, %v", v, two.Status())
 	}
 }
