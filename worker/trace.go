@@ -153,8 +153,7 @@ func (r *run) traceEnd() {
 	r.trace.mu.Lock()
 	u, status := r.trace.usage, r.trace.status
 	r.trace.mu.Unlock()
-	attrs := []attribute.KeyValue{semconv.GenAIUsageInputTokens(u.Input), semconv.GenAIUsageOutputTokens(u.Output),
-		attrCost.Float64(u.Cost.Total)}
+	attrs := append(usageAttrs(u, make([]attribute.KeyValue, 0, 10)), attrCost.Float64(u.Cost.Total))
 	if !r.modelRef.IsZero() {
 		attrs = append(attrs, semconv.GenAIProviderNameKey.String(r.modelRef.Provider), semconv.GenAIRequestModel(r.modelRef.ID))
 	}
@@ -378,10 +377,9 @@ func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Durati
 		model = m.Model
 	}
 	// One SetAttributes: each call may grow the span's attribute slice.
-	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs := usageAttrs(u, make([]attribute.KeyValue, 0, 14))
 	attrs = append(attrs, semconv.GenAIResponseFinishReasons(finishReason(m.StopReason)...),
-		semconv.GenAIUsageInputTokens(u.Input), semconv.GenAIUsageOutputTokens(u.Output), attrCost.Float64(u.Cost.Total),
-		attrFirstChunk.Int64(first.Milliseconds()))
+		attrCost.Float64(u.Cost.Total), attrFirstChunk.Int64(first.Milliseconds()))
 	if model != "" {
 		attrs = append(attrs, semconv.GenAIResponseModel(model))
 	}
@@ -401,6 +399,23 @@ func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Durati
 		// A model's error text is the endpoint's, not the prompt's.
 		span.SetStatus(codes.Error, clipString(m.ErrorMessage, 1024))
 	}
+}
+
+// usageAttrs appends u's token counts: input_tokens counts every input
+// token, cached ones included (agent.Usage.Input leaves those out), as
+// the conventions ask; the cache's share is in its own attributes.
+func usageAttrs(u agent.Usage, attrs []attribute.KeyValue) []attribute.KeyValue {
+	attrs = append(attrs, semconv.GenAIUsageInputTokens(u.Input+u.CacheRead+u.CacheWrite), semconv.GenAIUsageOutputTokens(u.Output))
+	if u.CacheRead > 0 {
+		attrs = append(attrs, semconv.GenAIUsageCacheReadInputTokens(u.CacheRead))
+	}
+	if u.CacheWrite > 0 {
+		attrs = append(attrs, semconv.GenAIUsageCacheCreationInputTokens(u.CacheWrite))
+	}
+	if u.Reasoning > 0 {
+		attrs = append(attrs, semconv.GenAIUsageReasoningOutputTokens(u.Reasoning))
+	}
+	return attrs
 }
 
 // traceTool starts an execute_tool span; end it with the call's outcome.

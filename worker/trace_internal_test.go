@@ -186,3 +186,25 @@ func TestTraceGaveUpHelper(t *testing.T) {
 		t.Errorf("failed give-up: status %v, %v", v, two.Status())
 	}
 }
+
+// gen_ai.usage.input_tokens counts cached input tokens too; the cache's
+// share has its own attributes, on chat and on invoke_agent.
+func TestTraceInputTokensCountCache(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	w := &Worker{tracer: newTracer(tp)}
+	r := &run{w: w, id: "r1"}
+	_, r.trace.span = w.tracer.Start(context.Background(), "invoke_agent")
+	_, span := w.tracer.Start(context.Background(), "chat m")
+	r.traceResponse(span, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop,
+		Usage: agent.Usage{Input: 10, CacheRead: 990, CacheWrite: 100, Output: 5, TotalTokens: 1105}}, 0, false)
+	span.End()
+	r.traceEnd()
+	for _, sp := range endedSpans(t, rec, 2, func(sdktrace.ReadOnlySpan) bool { return true }) {
+		for k, want := range map[string]any{"gen_ai.usage.input_tokens": int64(1100), "gen_ai.usage.output_tokens": int64(5),
+			"gen_ai.usage.cache_read.input_tokens": int64(990), "gen_ai.usage.cache_creation.input_tokens": int64(100)} {
+			if v, _ := spanAttr(sp, k); v != want {
+				t.Errorf("%s: %s = %v, want %v", sp.Name(), k, v, want)
+			}
+		}
+	}
+}
