@@ -186,6 +186,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		fmt.Fprintf(stderr, "console: tracing: %v\n", err)
 		return 2
 	}
+	if tr.Warning != "" {
+		log.Warn("OpenTelemetry: " + tr.Warning)
+	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -32,6 +32,9 @@ func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context
 		fmt.Fprintf(e.stderr, "submit: tracing off: %v\n", err)
 		t = otlp.Off()
 	}
+	if t.Warning != "" {
+		fmt.Fprintf(e.stderr, "submit: %s\n", t.Warning)
+	}
 	ctx = tracing.FromEnvironment(ctx, e.getenv)
 	if !t.On && !trace.SpanContextFromContext(ctx).IsValid() {
 		return ctx, t, func() {}

@@ -34,6 +34,9 @@ func startTracing(ctx context.Context, on bool, log *slog.Logger) (t *otlp.Traci
 	if t.On {
 		log.Info("exporting OpenTelemetry traces (OTLP/HTTP)", "captureContent", t.CaptureContent)
 	}
+	if t.Warning != "" {
+		log.Warn("OpenTelemetry: " + t.Warning)
+	}
 	return t, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

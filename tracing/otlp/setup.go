@@ -27,8 +27,11 @@ type Tracing struct {
 	// (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true).
 	CaptureContent bool
 	// On is false when Provider is a noop.
-	On  bool
-	sdk *sdktrace.TracerProvider
+	On bool
+	// Warning says why tracing the environment asked for is off (an
+	// exporter or protocol this build does not have); "" otherwise.
+	Warning string
+	sdk     *sdktrace.TracerProvider
 }
 
 // Off is tracing turned off: a noop provider.
@@ -39,19 +42,22 @@ func Off() *Tracing { return &Tracing{Provider: noop.NewTracerProvider()} }
 // OTEL_EXPORTER_OTLP_* variables say (default http://localhost:4318).
 // service is the service.name unless OTEL_SERVICE_NAME sets one. Call
 // Shutdown before exiting to flush what is buffered.
+//
+// An exporter or protocol other than OTLP/HTTP is an error when flag
+// asked for tracing; when only the environment did (variables often set
+// for every process of a cluster, gRPC included), tracing stays off and
+// Warning says why: the command still starts.
 func New(ctx context.Context, flag bool, service string, getenv func(string) string) (*Tracing, error) {
 	if !tracing.Enabled(flag, getenv) {
 		return Off(), nil
 	}
-	if exp := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER"))); exp != "" && exp != "otlp" {
-		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%s: only otlp (or none) is supported", exp)
-	}
-	proto := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-	if proto == "" {
-		proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
-	}
-	if proto != "" && proto != "http/protobuf" {
-		return nil, fmt.Errorf("OTLP protocol %q: only http/protobuf is supported (point it at the collector's port 4318)", proto)
+	if err := unsupported(getenv); err != nil {
+		if flag {
+			return nil, err
+		}
+		t := Off()
+		t.Warning = err.Error() + "; tracing is off"
+		return t, nil
 	}
 	exp, err := otlptracehttp.New(ctx) // the OTEL_EXPORTER_OTLP_* variables
 	if err != nil {
@@ -77,6 +83,22 @@ func New(ctx context.Context, flag bool, service string, getenv func(string) str
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return &Tracing{Provider: tp, sdk: tp, On: true,
 		CaptureContent: strings.EqualFold(strings.TrimSpace(getenv(tracing.CaptureContentEnv)), "true")}, nil
+}
+
+// unsupported says what in the environment's exporter settings this
+// build cannot export to.
+func unsupported(getenv func(string) string) error {
+	if exp := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER"))); exp != "" && exp != "otlp" {
+		return fmt.Errorf("OTEL_TRACES_EXPORTER=%s: only otlp (or none) is supported", exp)
+	}
+	proto := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if proto == "" {
+		proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	if proto != "" && proto != "http/protobuf" {
+		return fmt.Errorf("OTLP protocol %q: only http/protobuf is supported (point it at the collector's port 4318)", proto)
+	}
+	return nil
 }
 
 // Shutdown flushes and stops the exporter; a noop for tracing off.

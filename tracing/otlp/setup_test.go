@@ -34,3 +34,32 @@ func TestNew(t *testing.T) {
 		}
 	}
 }
+
+// Tracing the environment alone asks for, with an exporter or protocol
+// this build does not have (gRPC set cluster-wide), stays off with a
+// warning; asked for by the flag, it is an error.
+func TestNewUnsupportedFromTheEnvironment(t *testing.T) {
+	ctx := context.Background()
+	for _, env := range []map[string]string{
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"},
+		{"OTEL_TRACES_EXPORTER": "zipkin"},
+	} {
+		tr, err := New(ctx, false, "svc", envOf(env))
+		if err != nil || tr.On || tr.Warning == "" {
+			t.Errorf("%v without the flag: %+v, %v; want off with a warning", env, tr, err)
+			continue
+		}
+		if _, span := tr.Provider.Tracer("t").Start(ctx, "x"); span.IsRecording() {
+			t.Errorf("%v: tracing off records", env)
+		}
+		if _, err := New(ctx, true, "svc", envOf(env)); err == nil {
+			t.Errorf("%v with the flag: no error", env)
+		}
+	}
+	if tr, err := New(ctx, false, "svc", envOf(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})); err != nil || !tr.On || tr.Warning != "" {
+		t.Fatalf("OTLP/HTTP from the environment: %+v %v", tr, err)
+	} else {
+		_ = tr.Shutdown(ctx)
+	}
+}
