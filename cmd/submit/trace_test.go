@@ -5,11 +5,13 @@ import (
 	"compress/gzip"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -219,4 +221,31 @@ func startWithEnv(t testing.TB, env []string, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// submit approve and deny continue the caller's TRACEPARENT: the answer
+// on the control stream carries it to the worker.
+func TestTraceApproveAndDenyCarryTheCallersContext(t *testing.T) {
+	t.Parallel()
+	c := testClient(t)
+	run := detach(t, gatedRun(gateCalculator, twoCalls, textReply("done")))
+	waitEvent(t, c, run, bus.EventToolApprovalRequested, "c2")
+	stream, err := c.JetStream().Stream(ctx(t), c.Names().ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, args := range [][]string{{"approve", run, "c1"}, {"deny", run, "c2", "--reason", "no"}} {
+		trace := fmt.Sprintf("4bf92f3577b34da6a3ce929d0e0e47%02d", i)
+		q := startWithEnv(t, submitEnv("TRACEPARENT=00-"+trace+"-00f067aa0ba902b7-01"), args...)
+		if code := q.wait(t); code != 0 {
+			t.Fatalf("%s: exit %d\n%s\n%s", args[0], code, q.stdout, q.stderr)
+		}
+		msg, err := stream.GetLastMsgForSubject(ctx(t), c.Names().Control(run, bus.KindApprove))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tp := msg.Header.Get("traceparent"); !strings.HasPrefix(tp, "00-"+trace+"-") {
+			t.Errorf("%s: the answer's traceparent %q, want the caller's trace %s", args[0], tp, trace)
+		}
+	}
 }
