@@ -23,7 +23,9 @@ import (
 
 // Spans of an attempt (GenAI semantic conventions 1.41 and ours):
 //
-//	agentfleet.queue.wait        submitted -> picked up (first attempt only)
+//	agentfleet.queue.wait        submitted -> picked up (first attempt only;
+//	                             invoke_agent's child when the request has
+//	                             no trace context, else its sibling)
 //	invoke_agent                 the attempt, from pickup to its end
 //	  agentfleet.lease.take      the record's compare-and-set that takes the run
 //	  chat <model>               one model call, as the agent sees it
@@ -130,18 +132,25 @@ func (r *run) traceBeginFrom(h nats.Header) {
 		return
 	}
 	ctx := context.Background()
-	if sc := tracing.Extract(h); sc.IsValid() {
+	sc := tracing.Extract(h)
+	if sc.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	}
+	var invokeCtx context.Context
+	invokeCtx, r.trace.span = t.Start(ctx, spanInvoke, trace.WithTimestamp(r.startedAt), trace.WithAttributes(
+		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIConversationID(r.id),
+		attrRunID.String(r.id), attrQueue.String(r.queue), attrAttempt.Int(r.attempt),
+		attrWorker.String(r.w.id), attrResumed.Bool(r.attempt > 1)))
 	if r.attempt == 1 && !r.submittedAt.IsZero() && r.submittedAt.Before(r.startedAt) {
+		// A sibling of invoke_agent under the submitter's span; without
+		// one, invoke_agent's child, so that both are one trace.
+		if !sc.IsValid() {
+			ctx = invokeCtx
+		}
 		_, s := t.Start(ctx, spanQueueWait, trace.WithTimestamp(r.submittedAt), trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(attrRunID.String(r.id), attrQueue.String(r.queue)))
 		s.End(trace.WithTimestamp(r.startedAt))
 	}
-	_, r.trace.span = t.Start(ctx, spanInvoke, trace.WithTimestamp(r.startedAt), trace.WithAttributes(
-		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIConversationID(r.id),
-		attrRunID.String(r.id), attrQueue.String(r.queue), attrAttempt.Int(r.attempt),
-		attrWorker.String(r.w.id), attrResumed.Bool(r.attempt > 1)))
 }
 
 // traceEnd ends invoke_agent with the attempt's model, usage and outcome.

@@ -208,3 +208,23 @@ func TestTraceInputTokensCountCache(t *testing.T) {
 		}
 	}
 }
+
+// A request without a trace context still makes one trace: its queue wait
+// is a child of invoke_agent.
+func TestTraceQueueWaitWithoutAParent(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	_, c := startInternal(t, Config{TracerProvider: tp}, nil)
+	run := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	inv := endedSpans(t, rec, 1, spanNamed("invoke_agent"))[0]
+	qw := endedSpans(t, rec, 1, spanNamed("agentfleet.queue.wait"))[0]
+	if inv.Parent().IsValid() {
+		t.Fatalf("the request had no trace context, invoke_agent has a parent %v", inv.Parent())
+	}
+	if qw.SpanContext().TraceID() != inv.SpanContext().TraceID() || qw.Parent().SpanID() != inv.SpanContext().SpanID() {
+		t.Fatalf("queue wait is not invoke_agent's child:\n%s", dumpSpans(rec))
+	}
+	if !qw.EndTime().Equal(inv.StartTime()) || !qw.StartTime().Before(qw.EndTime()) {
+		t.Fatalf("queue wait %v..%v, invoke_agent starts %v", qw.StartTime(), qw.EndTime(), inv.StartTime())
+	}
+}
