@@ -297,6 +297,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		// meanwhile: the outcome then says so, instead of the attempt
 		// being handed back (and redelivered until it gives up).
 		restored, err = r.resume(r.w.hardCtx) // not the run's deadline; a drain timeout stops it
+		r.traceResumed(restored, err)         // trace.go
 		if errors.Is(err, errAlreadyFinished) {
 			return nil, true
 		}

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -140,7 +141,7 @@ func (r *run) traceBeginFrom(h nats.Header) {
 	invokeCtx, r.trace.span = t.Start(ctx, spanInvoke, trace.WithTimestamp(r.startedAt), trace.WithAttributes(
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIConversationID(r.id),
 		attrRunID.String(r.id), attrQueue.String(r.queue), attrAttempt.Int(r.attempt),
-		attrWorker.String(r.w.id), attrResumed.Bool(r.attempt > 1)))
+		attrWorker.String(r.w.id), attrResumed.Bool(false)))
 	if r.attempt == 1 && !r.submittedAt.IsZero() && r.submittedAt.Before(r.startedAt) {
 		// A sibling of invoke_agent under the submitter's span; without
 		// one, invoke_agent's child, so that both are one trace.
@@ -178,6 +179,22 @@ func (r *run) traceEnd() {
 	s.End()
 }
 
+// traceResumed notes a resume's outcome (resume.go): agentfleet.resumed
+// when it restored a transcript, and the run.status of an attempt that
+// found the run finished already (only its ack had been lost).
+func (r *run) traceResumed(restored bool, err error) {
+	s := r.trace.span
+	if s == nil {
+		return
+	}
+	s.SetAttributes(attrResumed.Bool(restored))
+	if errors.Is(err, errAlreadyFinished) {
+		r.trace.mu.Lock()
+		r.trace.status = "already_finished"
+		r.trace.mu.Unlock()
+	}
+}
+
 // traceFinished notes the run's outcome for invoke_agent.
 func (r *run) traceFinished(fin bus.RunFinished) {
 	s := r.trace.span
@@ -188,7 +205,11 @@ func (r *run) traceFinished(fin bus.RunFinished) {
 	r.trace.status = fin.Status
 	r.trace.mu.Unlock()
 	if fin.Status != bus.StatusSucceeded {
-		s.SetAttributes(semconv.ErrorTypeKey.String(fin.Reason))
+		errType := fin.Reason
+		if errType == "" {
+			errType = fin.Status
+		}
+		s.SetAttributes(semconv.ErrorTypeKey.String(errType))
 		s.SetStatus(codes.Error, clipString(fin.Error, 1024))
 	}
 }
@@ -219,6 +240,7 @@ func (r *run) traceStep(name string, start time.Time, err error) {
 	_, s := r.w.tracer.Start(trace.ContextWithSpan(context.Background(), r.trace.span), name,
 		trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrRunID.String(r.id)))
 	if err != nil {
+		s.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 		s.SetStatus(codes.Error, clipString(err.Error(), 1024))
 	}
 	s.End()
@@ -227,11 +249,16 @@ func (r *run) traceStep(name string, start time.Time, err error) {
 // traceLimitWait records a wait for the shared rate limits (only one that
 // waited or failed), a child of the model call in ctx.
 func (r *run) traceLimitWait(ctx context.Context, group string, start time.Time, waited time.Duration, err error) {
-	if r.w.tracer == nil || (waited <= 0 && err == nil) {
+	if r.w.tracer == nil {
+		return
+	}
+	restartFirstChunk(ctx)
+	if waited <= 0 && err == nil {
 		return
 	}
 	_, s := r.w.tracer.Start(ctx, spanLimitWait, trace.WithTimestamp(start), trace.WithAttributes(attrGroup.String(group)))
 	if err != nil {
+		s.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 		s.SetStatus(codes.Error, clipString(err.Error(), 1024))
 	}
 	s.End()
@@ -258,6 +285,7 @@ func (r *run) traceWait(ctx context.Context, what string, since time.Time) (cont
 	_, span := t.Start(parent, "agentfleet."+what+".wait", trace.WithTimestamp(start),
 		trace.WithAttributes(attrRunID.String(r.id), attrWaitFor.String(what)))
 	return trace.ContextWithSpan(ctx, span), func(err error, handedBack bool) {
+		restartFirstChunk(ctx)
 		switch {
 		case handedBack:
 			span.SetAttributes(attrWaitOutcome.String("handed_back"))
@@ -358,11 +386,13 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 			}
 			ctx, span := t.Start(ctx, "chat "+model.ID, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 			defer span.End()
-			start := time.Now()
+			timing := &chatTiming{}
+			timing.start.Store(time.Now().UnixNano())
+			ctx = context.WithValue(ctx, chatTimingKey{}, timing)
 			first := time.Duration(-1)
 			for ev := range fn(ctx, model, llm, opts) {
 				if first < 0 {
-					first = time.Since(start)
+					first = time.Duration(time.Now().UnixNano() - timing.start.Load())
 				}
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
 					r.traceResponse(span, ev.Message, first, capture)
@@ -372,6 +402,21 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 				}
 			}
 		}
+	}
+}
+
+// chatTiming is when a model call's request went out: the chat span's
+// start, moved past the waits for rate limits or budget that precede it,
+// so that time_to_first_chunk_ms is the endpoint's.
+type chatTiming struct{ start atomic.Int64 }
+
+type chatTimingKey struct{}
+
+// restartFirstChunk moves the first-chunk clock of the model call in ctx
+// (if any) to now: a wait before the request just ended.
+func restartFirstChunk(ctx context.Context) {
+	if ct, ok := ctx.Value(chatTimingKey{}).(*chatTiming); ok {
+		ct.start.Store(time.Now().UnixNano())
 	}
 }
 
@@ -447,7 +492,12 @@ func (r *run) traceTool(ctx context.Context, name, callID string, args map[strin
 				errType = "tool_panic"
 			}
 			span.SetAttributes(semconv.ErrorTypeKey.String(errType))
-			span.SetStatus(codes.Error, clipString(err.Error(), 1024))
+			// A tool's error text may quote its arguments or output.
+			desc := ""
+			if capture {
+				desc = clipString(err.Error(), 1024)
+			}
+			span.SetStatus(codes.Error, desc)
 		} else if capture {
 			span.SetAttributes(semconv.GenAIToolCallResultKey.String(clipUTF8(joinText(res.Content), MaxTracedContent)))
 		}

@@ -228,3 +228,78 @@ func TestTraceQueueWaitWithoutAParent(t *testing.T) {
 		t.Fatalf("queue wait %v..%v, invoke_agent starts %v", qw.StartTime(), qw.EndTime(), inv.StartTime())
 	}
 }
+
+// Without content capture a failed tool's span says it failed, not what
+// its error text says (it may quote arguments or output); with capture
+// it keeps the text.
+func TestTraceToolErrorTextOnlyWithCapture(t *testing.T) {
+	for _, capture := range []bool{false, true} {
+		rec, tp := spanRecorder(t)
+		leak := &agent.Tool{Name: "leak", Description: "fails", Parameters: []byte(`{"type":"object"}`),
+			Execute: func(ctx context.Context, id string, args map[string]any, u agent.UpdateFunc) (agent.ToolResult, error) {
+				return agent.ToolResult{}, errors.New("cannot open /home/alice/secret-plan.txt")
+			}}
+		_, c := startInternal(t, Config{Tools: []*agent.Tool{leak}, TracerProvider: tp, TraceContent: capture}, nil)
+		run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"leak"}, Model: fauxModel,
+			Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+				{Content: []agent.Content{{Type: agent.ContentToolCall, ID: "c1", Name: "leak", Arguments: map[string]any{}}}, StopReason: agent.StopReasonToolUse},
+				{Content: []agent.Content{agent.Text("ok")}},
+			}}})
+		waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+		sp := endedSpans(t, rec, 1, spanNamed("execute_tool leak"))[0]
+		if et, _ := spanAttr(sp, "error.type"); et != "tool_error" || sp.Status().Code.String() != "Error" {
+			t.Fatalf("capture %v: error.type %v, status %v", capture, et, sp.Status())
+		}
+		if got := strings.Contains(sp.Status().Description, "secret-plan"); got != capture {
+			t.Errorf("capture %v: status %q", capture, sp.Status().Description)
+		}
+	}
+}
+
+// invoke_agent's agentfleet.resumed says whether a transcript was
+// restored; an attempt that found the run finished says so; error.type is
+// never empty.
+func TestTraceResumedStatusAndErrorType(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	w := &Worker{tracer: newTracer(tp), id: "w"}
+	for _, c := range []struct {
+		id       string
+		restored bool
+		err      error
+		fin      *bus.RunFinished
+	}{
+		{id: "nothing"},
+		{id: "restored", restored: true},
+		{id: "finished", err: errAlreadyFinished},
+		{id: "failed", restored: true, fin: &bus.RunFinished{Status: bus.StatusFailed, Error: "x"}},
+	} {
+		r := &run{w: w, id: c.id, attempt: 2, startedAt: time.Now()}
+		r.traceBeginFrom(nil)
+		r.traceResumed(c.restored, c.err)
+		if c.fin != nil {
+			r.traceFinished(*c.fin)
+		}
+		r.traceEnd()
+	}
+	got := map[any]map[string]any{}
+	for _, sp := range endedSpans(t, rec, 4, spanNamed("invoke_agent")) {
+		id, _ := spanAttr(sp, "agentfleet.run.id")
+		got[id] = map[string]any{}
+		for _, k := range []string{"agentfleet.resumed", "agentfleet.run.status", "error.type"} {
+			got[id][k], _ = spanAttr(sp, k)
+		}
+	}
+	want := map[any]map[string]any{
+		"nothing":  {"agentfleet.resumed": false, "agentfleet.run.status": "not_started", "error.type": nil},
+		"restored": {"agentfleet.resumed": true, "agentfleet.run.status": "not_started", "error.type": nil},
+		"finished": {"agentfleet.resumed": false, "agentfleet.run.status": "already_finished", "error.type": nil},
+		"failed":   {"agentfleet.resumed": true, "agentfleet.run.status": "failed", "error.type": "failed"},
+	}
+	for id, w := range want {
+		for k, v := range w {
+			if got[id][k] != v {
+				t.Errorf("%s: %s = %v, want %v", id, k, got[id][k], v)
+			}
+		}
+	}
+}

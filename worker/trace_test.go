@@ -371,11 +371,25 @@ func TestTraceRateLimitWait(t *testing.T) {
 	if len(limitWaits) != waits {
 		t.Fatalf("%d rate limit wait spans for %d model_wait events", len(limitWaits), waits)
 	}
+	long := 0
 	for _, sp := range limitWaits {
-		if _, ok := chats[sp.Parent().SpanID()]; !ok {
+		chat, ok := chats[sp.Parent().SpanID()]
+		if !ok {
 			t.Errorf("rate limit wait's parent %v is not a chat span", sp.Parent())
+			continue
 		}
 		wantAttrs(t, sp, map[string]any{"agentfleet.ratelimit.group": "main"})
+		// The endpoint answers at once: its first chunk comes well within
+		// the wait, which time_to_first_chunk_ms leaves out.
+		if waited := sp.EndTime().Sub(sp.StartTime()); waited > 200*time.Millisecond {
+			long++
+			if first := attrs(chat)["agentfleet.time_to_first_chunk_ms"].AsInt64(); first >= waited.Milliseconds() {
+				t.Errorf("time_to_first_chunk_ms %d after a wait of %s: the wait is counted", first, waited)
+			}
+		}
+	}
+	if long == 0 {
+		t.Fatal("no wait of over 200ms: the first-chunk check proves nothing")
 	}
 }
 
