@@ -76,7 +76,8 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		}
 		defer stop()
 	}
-	_, tr, endTrace := cf.traceCommand(ctx, e, "agentfleet.bench") // trace.go
+	// The command's context carries the caller's TRACEPARENT to every run.
+	ctx, tr, endTrace := cf.traceCommand(ctx, e, "agentfleet.bench") // trace.go
 	defer endTrace()
 	bf.tracer = benchTracer(tr)
 	c, err := cf.connect(ctx, e)

@@ -42,7 +42,8 @@ func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context
 	ctx, span := t.Provider.Tracer(tracerName).Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer))
 	return ctx, t, func() {
 		span.End()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Short: a command must not hang on a collector that is down.
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if err := t.Shutdown(sctx); err != nil {
 			fmt.Fprintf(e.stderr, "submit: traces not all exported: %v\n", err)

@@ -249,3 +249,34 @@ func TestTraceApproveAndDenyCarryTheCallersContext(t *testing.T) {
 		}
 	}
 }
+
+// submit bench continues the caller's TRACEPARENT: every request it
+// publishes carries it.
+func TestTraceBenchCarriesTheCallersContext(t *testing.T) {
+	t.Parallel()
+	c := testClient(t)
+	sub, err := c.Conn().SubscribeSync(c.Names().SubmitFilter(bus.DefaultQueue))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const callerTrace = "4bf92f3577b34da6a3ce929d0e0e47aa"
+	q := startWithEnv(t, submitEnv("TRACEPARENT=00-"+callerTrace+"-00f067aa0ba902b7-01"), "bench", "--runs", "2", "--json")
+	if code := q.wait(t); code != 0 {
+		t.Fatalf("bench: exit %d\n%s\n%s", code, q.stdout, q.stderr)
+	}
+	// Other tests (benches too) submit meanwhile: count the requests in
+	// the caller's trace.
+	for seen := 0; seen < 2; {
+		m, err := sub.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("%d of bench's 2 requests carry the caller's trace: %v", seen, err)
+		}
+		if strings.HasPrefix(m.Header.Get("traceparent"), "00-"+callerTrace+"-") {
+			seen++
+		}
+	}
+}
