@@ -42,12 +42,12 @@ A local fleet (embedded NATS, one worker, the demo model): go run ./cmd/worker
 The prompt: arguments (joined by spaces), --file F, or "-" / --file - for stdin.
 While following on a terminal, a typed line steers the run; /followup TEXT
 queues a follow-up, /abort aborts it; /approve [CALL] and /deny [CALL] REASON
-answer a tool call that waits for approval. Ctrl-C detaches (the run goes on);
---abort-on-interrupt makes it abort instead.
+answer a tool call that waits for approval. Ctrl-C (or SIGTERM) detaches (the
+run goes on); --abort-on-interrupt makes it abort instead.
 
 Exit codes: 0 succeeded, 1 failed (or no such run, or an error), 2 usage
 error, 3 aborted, 4 cannot reach NATS (or the fleet's streams), 130 detached
-by Ctrl-C.
+by Ctrl-C or SIGTERM.
 
 Connection flags (every command; environment in brackets):
   --nats URL        NATS server URL(s) [NATS_URL] (default nats://127.0.0.1:4222)

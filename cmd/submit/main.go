@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"syscall"
 
 	"golang.org/x/term"
 )
@@ -24,7 +25,9 @@ const (
 
 func main() {
 	interrupts := make(chan os.Signal, 4)
-	signal.Notify(interrupts, os.Interrupt)
+	// SIGTERM (a CI job cancelled, a container stopped) is an interrupt
+	// too: the command exits as on Ctrl-C, flushing its trace.
+	signal.Notify(interrupts, os.Interrupt, syscall.SIGTERM)
 	e := &env{
 		stdin:      os.Stdin,
 		stdout:     os.Stdout,
@@ -55,7 +58,7 @@ type env struct {
 	// progress bar only on a terminal; interactive steering only when
 	// stdin and stdout are.
 	stdinTTY, stdoutTTY, stderrTTY bool
-	// interrupts delivers Ctrl-C (SIGINT).
+	// interrupts delivers Ctrl-C (SIGINT) and SIGTERM.
 	interrupts <-chan os.Signal
 	// width returns the terminal's width in columns, 0 if unknown.
 	width func() int

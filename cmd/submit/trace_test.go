@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -278,5 +279,31 @@ func TestTraceBenchCarriesTheCallersContext(t *testing.T) {
 		if strings.HasPrefix(m.Header.Get("traceparent"), "00-"+callerTrace+"-") {
 			seen++
 		}
+	}
+}
+
+// SIGTERM stops submit as Ctrl-C does (it detaches from the run), and
+// its span is flushed to the collector on the way out.
+func TestTraceSubmitFlushesOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	rcv := &otlpReceiver{}
+	hs := httptest.NewServer(rcv)
+	defer hs.Close()
+	c := testClient(t)
+	id := "t-term-" + bus.NewRunID()[:8]
+	q := startWithEnv(t, submitEnv("OTEL_EXPORTER_OTLP_ENDPOINT="+hs.URL),
+		"--id", id, "--request", request(t, gatedRun(gateCalculator, calcCall, textReply("done"))), "go")
+	waitEvent(t, c, id, bus.EventToolApprovalRequested, "c1")
+	if err := q.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := q.wait(t); code != exitDetached {
+		t.Fatalf("submit after SIGTERM: exit %d, want %d\n%s", code, exitDetached, q.stderr)
+	}
+	rcv.waitFor(t, "agentfleet.submit of "+id, func(s otlpSpan) bool {
+		return s.span.Name == "agentfleet.submit" && s.attr("agentfleet.run.id").GetStringValue() == id
+	})
+	if _, errOut, code := submit(t, "abort", id); code != 0 {
+		t.Errorf("abort: exit %d %s", code, errOut)
 	}
 }
