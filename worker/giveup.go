@@ -180,7 +180,19 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		return err
 	}
 	log := w.log.With("run", id, "queue", queue)
-	if rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == adv.StreamSeq) {
+	// base: the attempts the requests this one replaced used, as the
+	// record's requeue marker says (never the request's headers alone).
+	base, copyOf := 0, uint64(0)
+	if rec != nil && rec.Requeue != nil {
+		from, _ := strconv.ParseUint(req.Header.Get(HeaderRequeuedFrom), 10, 64)
+		switch {
+		case rec.RequestSeq == adv.StreamSeq:
+			base = rec.Requeue.AttemptBase
+		case from == rec.Requeue.From && rec.RequestSeq == from:
+			base, copyOf = rec.Requeue.AttemptBase, from // the copy never took the run
+		}
+	}
+	if rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == adv.StreamSeq || copyOf != 0) {
 		log.Info("give-up: run had finished (its ack was lost); request removed", "state", rec.State)
 		return removeRequest()
 	}
@@ -193,18 +205,6 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 			return w.publishRequeue(ctx, req, rec, adv, removeRequest)
 		}
 		return removeRequest()
-	}
-	// base: the attempts the requests this one replaced used, as the
-	// record's requeue marker says (never the request's headers alone).
-	base, copyOf := 0, uint64(0)
-	if rec != nil && rec.Requeue != nil {
-		from, _ := strconv.ParseUint(req.Header.Get(HeaderRequeuedFrom), 10, 64)
-		switch {
-		case rec.RequestSeq == adv.StreamSeq:
-			base = rec.Requeue.AttemptBase
-		case from == rec.Requeue.From && rec.RequestSeq == from:
-			base, copyOf = rec.Requeue.AttemptBase, from // the copy never took the run
-		}
 	}
 	if rec != nil && !rec.Finished() && rec.RequestSeq == adv.StreamSeq && rec.WaitingHandBacks > 0 {
 		// Only deliveries that did not end in a waiting hand-back count
