@@ -120,8 +120,9 @@ type RunRecord struct {
 
 // Requeue is written into a running record by the give-up before it
 // publishes a copy of a request whose deliveries ran out while drains
-// handed the waiting run back. Only a request with the requeue headers
-// naming From takes the run over; it counts attempts from AttemptBase.
+// handed the waiting run back. Only the copy (its stream sequence is
+// Copy, written once it is published; its requeue headers name From)
+// takes the run over; it counts attempts from AttemptBase.
 // Crashes counts the deliveries of the requests before the copy that did
 // not end in a waiting hand-back: once it reaches MaxDeliver the run is
 // given up instead of requeued again. The copy's own records keep it.
@@ -129,6 +130,9 @@ type Requeue struct {
 	From        uint64 `json:"from"`
 	AttemptBase int    `json:"attemptBase"`
 	Crashes     int    `json:"crashes,omitempty"`
+	// Copy is the copy's stream sequence, written once it is published:
+	// no other request naming From counts.
+	Copy uint64 `json:"copy,omitempty"`
 }
 
 // Finished reports whether the record's state is final.

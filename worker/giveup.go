@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,6 +63,10 @@ const (
 	HeaderRequeuedFrom = "Agentfleet-Requeued-From"
 	HeaderAttemptBase  = "Agentfleet-Attempt-Base"
 )
+
+// requeueBindWait bounds how long a copy picked up before the give-up
+// bound it to the run's record waits for that (one record write).
+const requeueBindWait = 5 * time.Second
 
 // startGiveUp starts pulling MAX_DELIVERIES advisories; the returned
 // function stops it and waits for a give-up in progress.
@@ -333,21 +338,54 @@ func (w *Worker) requeue(ctx context.Context, req *jetstream.RawStreamMsg, rec *
 }
 
 // publishRequeue publishes the copy of the request rec's marker names,
-// then removes the old request. A copy published twice (this step
-// retried) is dropped by its Nats-Msg-Id.
+// binds it in the marker (its stream sequence: no other request naming
+// the old one counts), then removes the old request. A copy published
+// twice (this step retried) is dropped by its Nats-Msg-Id; a message
+// already stored under that id that is not the copy is not taken for it.
 func (w *Worker) publishRequeue(ctx context.Context, req *jetstream.RawStreamMsg, rec *bus.RunRecord, adv maxDeliveriesAdvisory, removeRequest func() error) error {
-	m := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
-	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":requeue:"+strconv.FormatUint(adv.StreamSeq, 10))
-	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
-	m.Header.Set(HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
-	if _, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream())); err != nil {
-		return fmt.Errorf("requeue: %w", err)
+	if rec.Requeue.Copy == 0 {
+		m := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
+		msgID := rec.ID + ":requeue:" + strconv.FormatUint(adv.StreamSeq, 10)
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+		m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
+		m.Header.Set(HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
+		ack, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream()))
+		if err != nil {
+			return fmt.Errorf("requeue: %w", err)
+		}
+		if ack.Duplicate && !w.isRequeueCopy(ctx, ack.Sequence, m) {
+			w.log.Warn("requeue: another message holds the copy's id; publishing the copy without it", "run", rec.ID)
+			m.Header.Del(jetstream.MsgIDHeader)
+			if ack, err = w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream())); err != nil {
+				return fmt.Errorf("requeue: %w", err)
+			}
+		}
+		bound := *rec
+		q := *rec.Requeue
+		q.Copy = ack.Sequence
+		bound.Requeue = &q
+		data, err := agent.MarshalJSON(&bound)
+		if err != nil {
+			return err
+		}
+		if _, err := w.kv.Update(ctx, rec.ID, data, rec.Revision); err != nil {
+			return fmt.Errorf("requeue: binding the copy: %w", err) // handled again
+		}
+		rec = &bound
 	}
 	if err := removeRequest(); err != nil {
 		return err
 	}
 	w.log.Info("request requeued: its deliveries ran out while the run waited (handed back by drains)",
 		"run", rec.ID, "deliveries", adv.Deliveries, "waitingHandBacks", rec.WaitingHandBacks,
-		"attemptBase", rec.Requeue.AttemptBase, "crashes", rec.Requeue.Crashes)
+		"attemptBase", rec.Requeue.AttemptBase, "crashes", rec.Requeue.Crashes, "copy", rec.Requeue.Copy)
 	return nil
+}
+
+// isRequeueCopy reports whether the stored message seq is the copy m.
+func (w *Worker) isRequeueCopy(ctx context.Context, seq uint64, m *nats.Msg) bool {
+	got, err := w.runsStream.GetMsg(ctx, seq)
+	return err == nil && got.Subject == m.Subject && bytes.Equal(got.Data, m.Data) &&
+		got.Header.Get(HeaderRequeuedFrom) == m.Header.Get(HeaderRequeuedFrom) &&
+		got.Header.Get(HeaderAttemptBase) == m.Header.Get(HeaderAttemptBase)
 }

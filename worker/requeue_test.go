@@ -253,3 +253,56 @@ func TestRequeueRetryAfterTheCopyTookOverLeavesTheRunAlone(t *testing.T) {
 		t.Fatalf("the live run's record was rewritten: %+v %v", rec, err)
 	}
 }
+
+// Between the give-up's requeue marker and its copy, a request naming the
+// replaced request in forged requeue headers still takes nothing over: the
+// marker is bound to the copy's stream sequence, and only the copy resumes
+// the run.
+func TestRequeueMarkerAcceptsOnlyTheCopy(t *testing.T) {
+	w, c, d := approvalWorker(t, Config{HeartbeatInterval: time.Second})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	rec := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The give-up's first step: the marker, not yet bound to a copy (the
+	// running attempt's heartbeat may write in between: read again).
+	for {
+		cur, err := w.getRecord(ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		marked := *cur
+		marked.Requeue = &bus.Requeue{From: rec.RequestSeq, AttemptBase: 1}
+		data, _ := json.Marshal(&marked)
+		if _, err = w.kv.Update(ctx, run, data, cur.Revision); err == nil {
+			break
+		} else if !isConflict(err) {
+			t.Fatal(err)
+		}
+	}
+	body, _ := json.Marshal(&bus.RunRequest{Prompt: "other", Model: fauxModel, Faux: fauxTexts("hijacked")})
+	m := &nats.Msg{Subject: c.Names().Submit(rec.Queue, run), Data: body, Header: nats.Header{}}
+	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
+	m.Header.Set(HeaderAttemptBase, "1")
+	forged, err := c.JetStream().PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The give-up goes on: the copy, bound, and the old request removed.
+	if err := w.giveUp(ctx, maxDeliveriesAdvisory{Stream: w.names.RunsStream(), StreamSeq: rec.RequestSeq, Deliveries: 1}); err != nil {
+		t.Fatal(err)
+	}
+	after := waitRecord(t, c, run, "taken by a request after the marker", func(r *bus.RunRecord) bool {
+		return r.RequestSeq != rec.RequestSeq || r.Finished()
+	})
+	if after.Finished() || after.Requeue == nil || after.RequestSeq != after.Requeue.Copy || after.RequestSeq == forged.Sequence || after.Attempt != 2 {
+		t.Fatalf("record %+v requeue %+v: want the copy (not request %d) as attempt 2", after, after.Requeue, forged.Sequence)
+	}
+	waitRecord(t, c, run, "waiting again", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") || r.Finished() })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+}

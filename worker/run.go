@@ -149,8 +149,10 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 // confirmRequeue returns the requeue marker a request with the requeue
 // headers is the copy for, or nil. Anyone may set the headers: they count
 // only when the run's record carries the give-up's marker for the request
-// they name (the record is still that request's, or already this copy's);
-// otherwise the request is a plain one (a reused id is then refused).
+// they name, bound to this request's stream sequence (the record is still
+// that request's, or already this copy's); otherwise the request is a
+// plain one (a reused id is then refused). A copy picked up before the
+// give-up bound it waits for the binding (a record write) for a while.
 func (w *Worker) confirmRequeue(h nats.Header, runID string, reqSeq uint64) (*bus.Requeue, error) {
 	fromText := h.Get(HeaderRequeuedFrom)
 	if fromText == "" {
@@ -168,12 +170,47 @@ func (w *Worker) confirmRequeue(h nats.Header, runID string, reqSeq uint64) (*bu
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil || rec.Requeue == nil || rec.Requeue.From != from || (rec.RequestSeq != from && rec.RequestSeq != reqSeq) {
+	if rec != nil && rec.Requeue != nil && rec.Requeue.From == from && rec.Requeue.Copy == 0 && rec.RequestSeq == from {
+		if rec, err = w.awaitRequeueCopy(runID, from); err != nil {
+			return nil, err
+		}
+	}
+	if rec == nil || rec.Requeue == nil || rec.Requeue.From != from || rec.Requeue.Copy != reqSeq ||
+		(rec.RequestSeq != from && rec.RequestSeq != reqSeq) {
 		w.log.Warn("requeue headers the run's record does not confirm: a plain request", "run", runID, "requeuedFrom", from)
 		return nil, nil
 	}
 	q := *rec.Requeue
 	return &q, nil
+}
+
+// awaitRequeueCopy watches the run's record until the give-up binds the
+// copy of request from (or the record moves on), for up to requeueBindWait.
+func (w *Worker) awaitRequeueCopy(runID string, from uint64) (*bus.RunRecord, error) {
+	ctx, cancel := context.WithTimeout(w.hardCtx, requeueBindWait)
+	defer cancel()
+	watch, err := w.kv.Watch(ctx, runID)
+	if err != nil {
+		return nil, fmt.Errorf("run record: %w", err)
+	}
+	defer func() { _ = watch.Stop() }()
+	for {
+		select {
+		case e := <-watch.Updates():
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			rec, err := bus.DecodeRecord(e)
+			if err != nil {
+				return nil, err
+			}
+			if rec.Requeue == nil || rec.Requeue.From != from || rec.Requeue.Copy != 0 || rec.RequestSeq != from {
+				return rec, nil
+			}
+		case <-ctx.Done():
+			return nil, errors.New("run record: the requeued copy was not bound in time")
+		}
+	}
 }
 
 func (r *run) info() RunInfo {
