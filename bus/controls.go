@@ -111,8 +111,28 @@ type RunRecord struct {
 	// ended with the run handed back while it waited (a drain); the
 	// give-up requeues such a request instead of failing it (since 1.3).
 	WaitingHandBacks int `json:"waitingHandBacks,omitempty"`
+	// Requeue marks a run whose request the give-up requeued (since 1.3);
+	// see Requeue.
+	Requeue *Requeue `json:"requeue,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
+}
+
+// Requeue is written into a running record by the give-up before it
+// publishes a copy of a request whose deliveries ran out while drains
+// handed the waiting run back. Only the copy (its stream sequence is
+// Copy, written once it is published; its requeue headers name From)
+// takes the run over; it counts attempts from AttemptBase.
+// Crashes counts the deliveries of the requests before the copy that did
+// not end in a waiting hand-back: once it reaches MaxDeliver the run is
+// given up instead of requeued again. The copy's own records keep it.
+type Requeue struct {
+	From        uint64 `json:"from"`
+	AttemptBase int    `json:"attemptBase"`
+	Crashes     int    `json:"crashes,omitempty"`
+	// Copy is the copy's stream sequence, written once it is published:
+	// no other request naming From counts.
+	Copy uint64 `json:"copy,omitempty"`
 }
 
 // Finished reports whether the record's state is final.

@@ -1,17 +1,20 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
@@ -26,13 +29,16 @@ import (
 //
 //  1. the request is read from AGENTS_RUNS by its stream sequence (gone:
 //     done already);
-//  2. a finished record means only the ack was lost: the request is just
-//     removed;
+//  2. the request is just removed, with no dead letter, when its record
+//     has finished (only the ack was lost), names it in a requeue marker
+//     (requeued already) or belongs to another running request; a request
+//     whose waiting run drains handed back is requeued instead (requeue);
 //  3. a copy goes to agents.dead.<queue>.<run> (stream AGENTS_DEAD,
 //     Nats-Msg-Id <run>:<requestSeq>, headers with the reason);
-//  4. the lease is taken as attempt deliveries+1 (fencing a stalled last
-//     worker), run_started, run_resumed (the transcript so far stays
-//     readable), the final record failed/gave_up, run_finished;
+//  4. the lease is taken as attempt deliveries+1 (plus a requeued copy's
+//     attempt base; never below the record's attempt + 1), fencing a
+//     stalled last worker; run_started, run_resumed (the transcript so far
+//     stays readable), the final record failed/gave_up, run_finished;
 //  5. the request is deleted from AGENTS_RUNS and the advisory acked.
 
 type maxDeliveriesAdvisory struct {
@@ -57,6 +63,10 @@ const (
 	HeaderRequeuedFrom = "Agentfleet-Requeued-From"
 	HeaderAttemptBase  = "Agentfleet-Attempt-Base"
 )
+
+// requeueBindWait bounds how long a copy picked up before the give-up
+// bound it to the run's record waits for that (one record write).
+const requeueBindWait = 5 * time.Second
 
 // startGiveUp starts pulling MAX_DELIVERIES advisories; the returned
 // function stops it and waits for a give-up in progress.
@@ -148,7 +158,13 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	if err != nil {
 		return fmt.Errorf("read request: %w", err)
 	}
+	// The finish's settlement removes the request, and so does the end of
+	// the give-up: the server refuses a second delete, so only one is sent.
+	var removed atomic.Bool
 	removeRequest := func() error {
+		if removed.Load() {
+			return nil
+		}
 		// Its own deadline: it comes after the finish, which may have
 		// used up ctx's.
 		dctx, cancel := context.WithTimeout(w.hardCtx, 5*time.Second)
@@ -156,6 +172,7 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		if err := w.runsStream.DeleteMsg(dctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return fmt.Errorf("remove request: %w", err)
 		}
+		removed.Store(true)
 		return nil
 	}
 	queue, id, err := w.names.ParseSubmit(req.Subject)
@@ -163,18 +180,60 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		w.log.Warn("give-up: request with an invalid subject removed", "requestSeq", adv.StreamSeq)
 		return removeRequest()
 	}
-	log := w.log.With("run", id, "queue", queue, "attempt", adv.Deliveries+1)
 	rec, err := w.getRecord(ctx, id)
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}
-	if rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == adv.StreamSeq) {
+	log := w.log.With("run", id, "queue", queue)
+	// base: the attempts the requests this one replaced used, as the
+	// record's requeue marker says (never the request's headers alone).
+	base, copyOf := 0, uint64(0)
+	if rec != nil && rec.Requeue != nil {
+		from, _ := strconv.ParseUint(req.Header.Get(HeaderRequeuedFrom), 10, 64)
+		switch {
+		case rec.RequestSeq == adv.StreamSeq:
+			base = rec.Requeue.AttemptBase
+		case from == rec.Requeue.From && rec.RequestSeq == from:
+			base, copyOf = rec.Requeue.AttemptBase, from // the copy never took the run
+		}
+	}
+	if rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == adv.StreamSeq || copyOf != 0) {
 		log.Info("give-up: run had finished (its ack was lost); request removed", "state", rec.State)
 		return removeRequest()
 	}
-	if rec != nil && !rec.Finished() && rec.WaitingHandBacks > 0 && rec.RequestSeq == adv.StreamSeq {
-		return w.requeue(ctx, req, rec, adv, removeRequest)
+	if rec != nil && rec.Requeue != nil && rec.Requeue.From == adv.StreamSeq {
+		// Requeued already (this step is retried): publish the copy again
+		// while it has not taken the run (Nats-Msg-Id drops a second
+		// copy); once it has, only the old request goes. Never a dead
+		// letter: the run lives on in the copy.
+		if rec.RequestSeq == adv.StreamSeq && !rec.Finished() {
+			return w.publishRequeue(ctx, req, rec, adv, removeRequest)
+		}
+		return removeRequest()
 	}
+	if rec != nil && !rec.Finished() && rec.RequestSeq == adv.StreamSeq && rec.WaitingHandBacks > 0 {
+		// Only deliveries that did not end in a waiting hand-back count
+		// against MaxDeliver, over every requeue of the run.
+		crashes := max(adv.Deliveries-rec.WaitingHandBacks, 0)
+		if rec.Requeue != nil {
+			crashes += rec.Requeue.Crashes
+		}
+		if crashes < w.cfg.MaxDeliver {
+			return w.requeue(ctx, req, rec, adv, base, crashes, removeRequest)
+		}
+		log.Info("give-up: deliveries that were not waiting hand-backs reached MaxDeliver", "crashes", crashes)
+	}
+	if rec != nil && !rec.Finished() && rec.RequestSeq != 0 && rec.RequestSeq != adv.StreamSeq && copyOf == 0 {
+		// The record is another request's (a reused id): its run is live,
+		// this request never held it. No dead letter for a live run.
+		log.Warn("give-up: request removed; its run id is held by another running request", "recordRequestSeq", rec.RequestSeq)
+		return removeRequest()
+	}
+	attempt := base + adv.Deliveries + 1
+	if rec != nil && attempt <= rec.Attempt {
+		attempt = rec.Attempt + 1
+	}
+	log = log.With("attempt", attempt)
 	// The dead letter first: the request is never gone without a copy.
 	dl := &nats.Msg{Subject: w.names.Dead(queue, id), Data: req.Data, Header: nats.Header{}}
 	dl.Header.Set(jetstream.MsgIDHeader, id+":"+strconv.FormatUint(adv.StreamSeq, 10))
@@ -186,7 +245,8 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		return fmt.Errorf("dead letter: %w", err)
 	}
 	if rec == nil || !rec.Finished() {
-		r := w.newRun(id, queue, adv.Deliveries+1, adv.StreamSeq, req.Time)
+		r := w.newRun(id, queue, attempt, adv.StreamSeq, req.Time)
+		r.lease.requeuedFrom = copyOf
 		if rec != nil && !rec.StartedAt.IsZero() {
 			r.runStart = rec.StartedAt
 		}
@@ -215,6 +275,7 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 	rec := r.record(bus.StateRunning)
 	if prev != nil {
 		rec.Model, rec.Metadata, rec.Turns, rec.Usage, rec.Cost = prev.Model, prev.Metadata, prev.Turns, prev.Usage, prev.Cost
+		rec.WaitedMs, rec.Requeue = prev.WaitedMs, prev.Requeue
 	}
 	o, cur, err := r.lease.take(ctx, prev, rec)
 	if err != nil {
@@ -251,30 +312,80 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		settle: settlement{done: func(context.Context) error { return removeRequest() }}})
 }
 
-// requeue publishes a copy of a request whose deliveries ran out while
-// drains handed its waiting run back: hand-backs while waiting must not
-// use up MaxDeliver. The copy carries the request it replaces (its record
-// stays the run's lease: the next attempt takes it over) and the attempts
-// used so far (attempts keep rising); then the old request is removed. A
-// copy published twice (this step retried) is dropped by its Nats-Msg-Id.
-// The record's waitingHandBacks starts again at 0 with the copy, so a run
-// that only crashes is given up as usual.
-func (w *Worker) requeue(ctx context.Context, req *jetstream.RawStreamMsg, rec *bus.RunRecord, adv maxDeliveriesAdvisory, removeRequest func() error) error {
-	base := max(rec.Attempt, adv.Deliveries)
-	if prev, err := strconv.Atoi(req.Header.Get(HeaderAttemptBase)); err == nil && prev+adv.Deliveries > base {
-		base = prev + adv.Deliveries
+// requeue replaces a request whose deliveries ran out while drains
+// handed its waiting run back: hand-backs while waiting must not use up
+// MaxDeliver. First the run's record gets the requeue marker (compare-and-
+// set: a holder that was only stalled loses its lease), naming the request
+// replaced, the attempts used so far (attempts keep rising) and the
+// deliveries that were not waiting hand-backs; then the copy is published
+// (publishRequeue). The marker is what makes the copy's headers count: a
+// request that merely carries them takes nothing over. The copy's record
+// starts its waitingHandBacks again at 0, so a run that only crashes is
+// given up as usual.
+func (w *Worker) requeue(ctx context.Context, req *jetstream.RawStreamMsg, rec *bus.RunRecord, adv maxDeliveriesAdvisory, base, crashes int, removeRequest func() error) error {
+	marked := *rec
+	marked.Requeue = &bus.Requeue{From: adv.StreamSeq, AttemptBase: max(rec.Attempt, base+adv.Deliveries), Crashes: crashes}
+	data, err := agent.MarshalJSON(&marked)
+	if err != nil {
+		return err
 	}
-	m := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
-	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":requeue:"+strconv.FormatUint(adv.StreamSeq, 10))
-	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
-	m.Header.Set(HeaderAttemptBase, strconv.Itoa(base))
-	if _, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream())); err != nil {
-		return fmt.Errorf("requeue: %w", err)
+	rev, err := w.kv.Update(ctx, rec.ID, data, rec.Revision)
+	if err != nil {
+		return fmt.Errorf("requeue marker: %w", err) // the advisory is handled again
+	}
+	marked.Revision = rev
+	return w.publishRequeue(ctx, req, &marked, adv, removeRequest)
+}
+
+// publishRequeue publishes the copy of the request rec's marker names,
+// binds it in the marker (its stream sequence: no other request naming
+// the old one counts), then removes the old request. A copy published
+// twice (this step retried) is dropped by its Nats-Msg-Id; a message
+// already stored under that id that is not the copy is not taken for it.
+func (w *Worker) publishRequeue(ctx context.Context, req *jetstream.RawStreamMsg, rec *bus.RunRecord, adv maxDeliveriesAdvisory, removeRequest func() error) error {
+	if rec.Requeue.Copy == 0 {
+		m := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
+		msgID := rec.ID + ":requeue:" + strconv.FormatUint(adv.StreamSeq, 10)
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+		m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
+		m.Header.Set(HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
+		ack, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream()))
+		if err != nil {
+			return fmt.Errorf("requeue: %w", err)
+		}
+		if ack.Duplicate && !w.isRequeueCopy(ctx, ack.Sequence, m) {
+			w.log.Warn("requeue: another message holds the copy's id; publishing the copy without it", "run", rec.ID)
+			m.Header.Del(jetstream.MsgIDHeader)
+			if ack, err = w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream())); err != nil {
+				return fmt.Errorf("requeue: %w", err)
+			}
+		}
+		bound := *rec
+		q := *rec.Requeue
+		q.Copy = ack.Sequence
+		bound.Requeue = &q
+		data, err := agent.MarshalJSON(&bound)
+		if err != nil {
+			return err
+		}
+		if _, err := w.kv.Update(ctx, rec.ID, data, rec.Revision); err != nil {
+			return fmt.Errorf("requeue: binding the copy: %w", err) // handled again
+		}
+		rec = &bound
 	}
 	if err := removeRequest(); err != nil {
 		return err
 	}
 	w.log.Info("request requeued: its deliveries ran out while the run waited (handed back by drains)",
-		"run", rec.ID, "deliveries", adv.Deliveries, "waitingHandBacks", rec.WaitingHandBacks, "attemptBase", base)
+		"run", rec.ID, "deliveries", adv.Deliveries, "waitingHandBacks", rec.WaitingHandBacks,
+		"attemptBase", rec.Requeue.AttemptBase, "crashes", rec.Requeue.Crashes, "copy", rec.Requeue.Copy)
 	return nil
+}
+
+// isRequeueCopy reports whether the stored message seq is the copy m.
+func (w *Worker) isRequeueCopy(ctx context.Context, seq uint64, m *nats.Msg) bool {
+	got, err := w.runsStream.GetMsg(ctx, seq)
+	return err == nil && got.Subject == m.Subject && bytes.Equal(got.Data, m.Data) &&
+		got.Header.Get(HeaderRequeuedFrom) == m.Header.Get(HeaderRequeuedFrom) &&
+		got.Header.Get(HeaderAttemptBase) == m.Header.Get(HeaderAttemptBase)
 }

@@ -19,7 +19,16 @@ import (
 // and writes the final record with one last compare-and-set before
 // run_finished. Any other attempt taking it makes the holder's next
 // compare-and-set fail: the holder then stops at once and publishes
-// nothing more. A lower attempt never takes it from a higher one.
+// nothing more. A lower attempt never takes it from a higher one: take
+// refuses to write over a record whose attempt is higher than its own,
+// whoever calls it (a pickup, a refusal, a give-up), so the attempt a
+// record names never falls and readers, which drop envelopes of a lower
+// attempt, see the run's end.
+//
+// A request takes over a record of another request only when it is that
+// request's requeued copy: the record carries the give-up's requeue
+// marker naming the request the copy replaces (giveup.go). A request
+// whose own seq the marker names has been replaced and takes nothing.
 //
 // One goroutine writes at a time, so no lock is held over a KV call: the
 // run's goroutine takes the lease, then the heartbeat renews it, then the
@@ -62,12 +71,20 @@ func (l *lease) classify(cur *bus.RunRecord) leaseOutcome {
 	switch {
 	case cur.Finished():
 		return leaseFinished
-	case cur.RequestSeq != 0 && cur.RequestSeq != l.reqSeq && cur.RequestSeq != l.requeuedFrom:
+	case cur.RequestSeq != 0 && cur.RequestSeq != l.reqSeq && !l.replaces(cur):
 		return leaseReused
 	case cur.Attempt > l.attempt:
 		return leaseNewer
+	case cur.Requeue != nil && cur.Requeue.From == l.reqSeq:
+		return leaseNewer // this request was replaced by its requeued copy
 	}
 	return leaseTaken
+}
+
+// replaces reports whether this attempt's request is the requeued copy of
+// the request cur belongs to, as cur's requeue marker says.
+func (l *lease) replaces(cur *bus.RunRecord) bool {
+	return l.requeuedFrom != 0 && cur.RequestSeq == l.requeuedFrom && cur.Requeue != nil && cur.Requeue.From == l.requeuedFrom
 }
 
 // take writes rec over prev (nil: no record) with compare-and-set,
@@ -77,6 +94,11 @@ func (l *lease) take(ctx context.Context, prev, rec *bus.RunRecord) (leaseOutcom
 	data, err := agent.MarshalJSON(rec)
 	if err != nil {
 		return 0, nil, err
+	}
+	if prev != nil {
+		if o := l.classify(prev); o != leaseTaken {
+			return o, prev, nil
+		}
 	}
 	for range 8 {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -112,9 +134,11 @@ func (l *lease) take(ctx context.Context, prev, rec *bus.RunRecord) (leaseOutcom
 }
 
 // ownWrite reports whether cur is a record this attempt wrote (a write
-// whose ack was lost, e.g. across a reconnect).
+// whose ack was lost, e.g. across a reconnect). A record the give-up
+// marked requeued keeps this attempt's fields but is not its write.
 func (l *lease) ownWrite(cur *bus.RunRecord) bool {
-	return cur.Attempt == l.attempt && cur.Worker == l.w.id && cur.RequestSeq == l.reqSeq
+	return cur.Attempt == l.attempt && cur.Worker == l.w.id && cur.RequestSeq == l.reqSeq &&
+		(cur.Requeue == nil || cur.Requeue.From != l.reqSeq)
 }
 
 // renew is a heartbeat's write: a failure is retried at the next one.

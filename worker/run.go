@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -78,6 +79,9 @@ type run struct {
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
+	// requeue is the marker under which this request, a requeued copy,
+	// took the run (giveup.go); its records keep it.
+	requeue *bus.Requeue
 	// waitingHandBacks is the record's count for this request.
 	waitingHandBacks int
 	// pendingCalls are gated calls an earlier attempt left waiting.
@@ -123,18 +127,90 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 		attempt, reqSeq, submittedAt = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
 	// A requeued request (giveup.go) goes on counting attempts from the
-	// one it replaced.
-	h := m.Headers()
-	if base, err := strconv.Atoi(h.Get(HeaderAttemptBase)); err == nil && base > 0 {
-		attempt += base
+	// one it replaced, if the run's record confirms the requeue.
+	requeue, err := w.confirmRequeue(m.Headers(), runID, reqSeq)
+	if err != nil {
+		w.log.Warn("cannot read the run record; handing the request back", "run", runID, "err", err)
+		_ = m.NakWithDelay(2 * time.Second)
+		return
+	}
+	if requeue != nil {
+		attempt += requeue.AttemptBase
 	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
-	if from, err := strconv.ParseUint(h.Get(HeaderRequeuedFrom), 10, 64); err == nil {
-		r.lease.requeuedFrom = from
+	if requeue != nil {
+		r.lease.requeuedFrom, r.requeue = requeue.From, requeue
 	}
 	r.msg = m
 	r.slot = slot
 	r.execute()
+}
+
+// confirmRequeue returns the requeue marker a request with the requeue
+// headers is the copy for, or nil. Anyone may set the headers: they count
+// only when the run's record carries the give-up's marker for the request
+// they name, bound to this request's stream sequence (the record is still
+// that request's, or already this copy's); otherwise the request is a
+// plain one (a reused id is then refused). A copy picked up before the
+// give-up bound it waits for the binding (a record write) for a while.
+func (w *Worker) confirmRequeue(h nats.Header, runID string, reqSeq uint64) (*bus.Requeue, error) {
+	fromText := h.Get(HeaderRequeuedFrom)
+	if fromText == "" {
+		return nil, nil
+	}
+	from, err := strconv.ParseUint(fromText, 10, 64)
+	if err != nil || from == 0 {
+		w.log.Warn("request with an invalid requeue header: a plain request", "run", runID)
+		return nil, nil
+	}
+	rec, err := w.getRecord(w.hardCtx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		rec, err = nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil && rec.Requeue != nil && rec.Requeue.From == from && rec.Requeue.Copy == 0 && rec.RequestSeq == from {
+		if rec, err = w.awaitRequeueCopy(runID, from); err != nil {
+			return nil, err
+		}
+	}
+	if rec == nil || rec.Requeue == nil || rec.Requeue.From != from || rec.Requeue.Copy != reqSeq ||
+		(rec.RequestSeq != from && rec.RequestSeq != reqSeq) {
+		w.log.Warn("requeue headers the run's record does not confirm: a plain request", "run", runID, "requeuedFrom", from)
+		return nil, nil
+	}
+	q := *rec.Requeue
+	return &q, nil
+}
+
+// awaitRequeueCopy watches the run's record until the give-up binds the
+// copy of request from (or the record moves on), for up to requeueBindWait.
+func (w *Worker) awaitRequeueCopy(runID string, from uint64) (*bus.RunRecord, error) {
+	ctx, cancel := context.WithTimeout(w.hardCtx, requeueBindWait)
+	defer cancel()
+	watch, err := w.kv.Watch(ctx, runID)
+	if err != nil {
+		return nil, fmt.Errorf("run record: %w", err)
+	}
+	defer func() { _ = watch.Stop() }()
+	for {
+		select {
+		case e := <-watch.Updates():
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			rec, err := bus.DecodeRecord(e)
+			if err != nil {
+				return nil, err
+			}
+			if rec.Requeue == nil || rec.Requeue.From != from || rec.Requeue.Copy != 0 || rec.RequestSeq != from {
+				return rec, nil
+			}
+		case <-ctx.Done():
+			return nil, errors.New("run record: the requeued copy was not bound in time")
+		}
+	}
 }
 
 func (r *run) info() RunInfo {
@@ -459,6 +535,7 @@ func (r *run) record(state string) *bus.RunRecord {
 		rec.Metadata = r.req.Metadata
 	}
 	rec.WaitingHandBacks = r.waitingHandBacks
+	rec.Requeue = r.requeue
 	if r.clock != nil {
 		waited, _ := r.clock.state()
 		rec.WaitedMs = waited.Milliseconds()
