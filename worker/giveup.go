@@ -17,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/tracing"
 )
 
 // Giving up. When a request's delivery count reaches MaxDeliver and its
@@ -241,6 +242,7 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	dl.Header.Set(HeaderDeadDeliveries, strconv.Itoa(adv.Deliveries))
 	dl.Header.Set(HeaderDeadSubject, req.Subject)
 	dl.Header.Set(HeaderDeadRequestSeq, strconv.FormatUint(adv.StreamSeq, 10))
+	copyTraceContext(dl.Header, req.Header)
 	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(w.names.DeadStream())); err != nil {
 		return fmt.Errorf("dead letter: %w", err)
 	}
@@ -251,7 +253,10 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 			r.runStart = rec.StartedAt
 		}
 		// A lost lease: a newer attempt fenced this one; the request goes.
-		if err := r.finishGaveUp(ctx, rec, adv.Deliveries, removeRequest); err != nil && !errors.Is(err, errLeaseLost) {
+		end := r.traceGaveUp(req.Header) // trace.go: the give-up is an attempt too
+		err := r.finishGaveUp(ctx, rec, adv.Deliveries, removeRequest)
+		end(err)
+		if err != nil && !errors.Is(err, errLeaseLost) {
 			return err
 		}
 	}
@@ -349,6 +354,7 @@ func (w *Worker) publishRequeue(ctx context.Context, req *jetstream.RawStreamMsg
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
 		m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
 		m.Header.Set(HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
+		copyTraceContext(m.Header, req.Header)
 		ack, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream()))
 		if err != nil {
 			return fmt.Errorf("requeue: %w", err)
@@ -388,4 +394,14 @@ func (w *Worker) isRequeueCopy(ctx context.Context, seq uint64, m *nats.Msg) boo
 	return err == nil && got.Subject == m.Subject && bytes.Equal(got.Data, m.Data) &&
 		got.Header.Get(HeaderRequeuedFrom) == m.Header.Get(HeaderRequeuedFrom) &&
 		got.Header.Get(HeaderAttemptBase) == m.Header.Get(HeaderAttemptBase)
+}
+
+// copyTraceContext keeps the submitter's trace on a copy of its request
+// (a requeued copy, a dead letter).
+func copyTraceContext(dst, src nats.Header) {
+	for _, k := range []string{tracing.TraceparentHeader, tracing.TracestateHeader} {
+		if v := src.Get(k); v != "" {
+			dst.Set(k, v)
+		}
+	}
 }

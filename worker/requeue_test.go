@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"strconv"
 	"testing"
 	"time"
@@ -22,7 +23,8 @@ import (
 func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
 	c := connectTestServer(t)
 	d := &deployTool{}
-	cfg := Config{Tools: []*agent.Tool{d.tool()}, MaxDeliver: 2, HeartbeatInterval: time.Second}
+	spans, tp := spanRecorder(t)
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, MaxDeliver: 2, HeartbeatInterval: time.Second, TracerProvider: tp}
 	_, stop := startOn(t, c, cfg)
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -54,6 +56,15 @@ func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
 	if fin := re.finished(t); fin.Reason != bus.ReasonGaveUp {
 		t.Fatalf("readers see %+v", fin)
 	}
+	// The give-up is an attempt in the trace too.
+	endedSpans(t, spans, 1, func(sp sdktrace.ReadOnlySpan) bool {
+		for _, a := range sp.Attributes() {
+			if a.Key == attrGiveUp && a.Value.AsBool() {
+				return sp.Name() == spanInvoke
+			}
+		}
+		return false
+	})
 }
 
 // take never writes over a record of a higher attempt, whoever calls it.

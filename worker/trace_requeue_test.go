@@ -1,0 +1,49 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// A run requeued after drains while it waits stays in its submitter's
+// trace (the copy carries the request's traceparent), and so does a
+// give-up: every attempt's invoke_agent is in the submit's trace.
+func TestTraceRequeueKeepsTheTrace(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, MaxDeliver: 2, HeartbeatInterval: time.Second, TracerProvider: tp}
+	_, stop := startOn(t, c, cfg)
+	sctx, span := tp.Tracer("test").Start(context.Background(), "submit")
+	res, err := c.Submit(sctx, "", gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	span.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.ID
+	for i := 1; i <= 2; i++ {
+		if i > 1 {
+			_, stop = startOn(t, c, cfg)
+		}
+		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
+		stop()
+		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
+	}
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting after the requeue", func(r *bus.RunRecord) bool { return r.Attempt > 2 && waitingFor(r, "c1") || r.Finished() })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	fin := waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	if fin.Attempt < 3 {
+		t.Fatalf("finished on attempt %d: the run was not requeued", fin.Attempt)
+	}
+	for _, sp := range endedSpans(t, rec, fin.Attempt, spanNamed(spanInvoke)) {
+		if sp.SpanContext().TraceID() != span.SpanContext().TraceID() {
+			t.Fatalf("an invoke_agent span is outside the submit's trace:\n%s", dumpSpans(rec))
+		}
+	}
+}
