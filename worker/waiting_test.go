@@ -43,11 +43,14 @@ func TestWaitOffSlotPrimitive(t *testing.T) {
 	run := submitRun(t, c, &bus.RunRequest{Prompt: "rest", Tools: []string{"nap"}, Model: fauxModel, Limits: &bus.Limits{TimeoutSeconds: 1},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{nap, nap, {Content: []agent.Content{agent.Text("done")}}}}})
 	re := followRun(t, c, run)
+	var prevSince time.Time // the first wait's: its last record may still be stored when the second wait starts
 	for i := range 2 {
 		within(t, waiting, 20*time.Second, "the wait")
 		rec := waitRecord(t, c, run, "waiting for a nap", func(r *bus.RunRecord) bool {
-			return r.Waiting != nil && r.Waiting.For == "nap" && r.HeartbeatAt.Sub(r.Waiting.Since) > 1200*time.Millisecond
+			return r.Waiting != nil && r.Waiting.For == "nap" && r.Waiting.Since.After(prevSince) &&
+				r.HeartbeatAt.Sub(r.Waiting.Since) > 1200*time.Millisecond
 		})
+		prevSince = rec.Waiting.Since
 		if rec.State != bus.StateRunning || w.OffSlot() != 1 {
 			t.Fatalf("wait %d: record %+v, %d off slot", i, rec, w.OffSlot())
 		}
