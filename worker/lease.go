@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -190,66 +191,85 @@ func (l *lease) lose() {
 // live path may have lost, every HeartbeatInterval. Once the finish
 // starts it stops renewing (the final write is the finish's) and only
 // sends InProgress.
+//
+// It is a timer, not a goroutine: a live run that waits (in a tool, for
+// its model) holds no stack for its heartbeat. Each beat runs on the
+// timer's goroutine and schedules the next one when it is done.
 type heartbeat struct {
-	stop, stopped chan struct{}
-	final         chan chan struct{}
+	r     *run
+	timer *time.Timer
+
+	mu       sync.Mutex
+	idle     sync.Cond // signalled when a beat ends
+	beating  bool      // a beat runs
+	renewing bool
+	ended    bool // no beat starts any more
 }
 
 func (r *run) startHeartbeat() *heartbeat {
-	h := &heartbeat{stop: make(chan struct{}), stopped: make(chan struct{}), final: make(chan chan struct{})}
-	go r.heartbeatLoop(h)
+	h := &heartbeat{r: r, renewing: true}
+	h.idle.L = &h.mu
+	h.mu.Lock()
+	h.timer = time.AfterFunc(r.w.cfg.HeartbeatInterval, h.beat)
+	h.mu.Unlock()
 	return h
 }
 
-func (r *run) heartbeatLoop(h *heartbeat) {
-	defer close(h.stopped)
-	t := time.NewTicker(r.w.cfg.HeartbeatInterval)
-	defer t.Stop()
-	renewing := true
-	for {
-		select {
-		case <-t.C:
-			if r.lease.lost.Load() {
-				return
-			}
-			if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-				r.log.Warn("heartbeat failed", "err", err)
-			}
-			if !renewing {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
-			err := r.lease.renew(ctx, r.record(bus.StateRunning))
-			cancel()
-			if err != nil && !errors.Is(err, errLeaseLost) {
-				r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
-			}
-			r.ctl.refresh()
-		case ack := <-h.final:
-			renewing = false
-			close(ack)
-		case <-h.stop:
-			return
-		}
+func (h *heartbeat) beat() {
+	r := h.r
+	h.mu.Lock()
+	if h.ended {
+		h.mu.Unlock()
+		return
 	}
+	if r.lease.lost.Load() {
+		h.ended = true
+		h.mu.Unlock()
+		return
+	}
+	h.beating = true
+	renewing := h.renewing
+	h.mu.Unlock()
+
+	if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		r.log.Warn("heartbeat failed", "err", err)
+	}
+	if renewing {
+		ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
+		err := r.lease.renew(ctx, r.record(bus.StateRunning))
+		cancel()
+		if err != nil && !errors.Is(err, errLeaseLost) {
+			r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
+		}
+		r.ctl.refresh()
+	}
+
+	h.mu.Lock()
+	h.beating = false
+	if !h.ended {
+		h.timer.Reset(r.w.cfg.HeartbeatInterval)
+	}
+	h.idle.Broadcast()
+	h.mu.Unlock()
 }
 
 // stopRenewing returns once no renewal is in flight or will start.
 func (h *heartbeat) stopRenewing() {
-	ack := make(chan struct{})
-	select {
-	case h.final <- ack:
-		<-ack
-	case <-h.stopped:
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.renewing = false
+	for h.beating {
+		h.idle.Wait()
 	}
 }
 
-// end stops the heartbeat and waits for it.
+// end stops the heartbeat and waits for a beat in flight.
 func (h *heartbeat) end() {
-	select {
-	case <-h.stop:
-	default:
-		close(h.stop)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ended = true
+	h.timer.Stop()
+	for h.beating {
+		h.idle.Wait()
 	}
-	<-h.stopped
 }
