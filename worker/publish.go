@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -95,7 +94,7 @@ func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publi
 	p := &publisher{
 		w: w, run: run, attempt: attempt,
 		subject:   w.names.Events(run),
-		msgIDHead: workerproto.MsgID(run, attempt, 0),
+		msgIDHead: workerproto.MsgIDPrefix(run, attempt),
 		limit:     int(w.maxPayload()) - envelopeHeadroom,
 		budget:    w.cfg.AckWait,
 		window:    make(chan struct{}, n),
@@ -104,7 +103,6 @@ func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publi
 		first:     make(chan struct{}),
 		onFail:    onFail,
 	}
-	p.msgIDHead = strings.TrimSuffix(p.msgIDHead, "0")
 	p.envHead, p.envMid = envelopeParts(run, attempt, w.id)
 	go p.ackLoop()
 	return p
