@@ -15,9 +15,9 @@ type ending struct {
 	// started is published first by an attempt that never started (a
 	// refused request).
 	started *bus.RunStarted
-	// msgID is the envelopes' Nats-Msg-Id scheme when the finish creates
-	// the publisher; nil: the attempt's own (workerproto.MsgID).
-	msgID func(seq uint64) string
+	// msgIDHead is the envelopes' Nats-Msg-Id before their seq when the
+	// finish creates the publisher; "": the attempt's own (workerproto.MsgID).
+	msgIDHead string
 	// record is the final record, written with the lease's last
 	// compare-and-set; nil when it is written already (a bad request
 	// takes the lease with it) or is not this request's (a reused id).
@@ -82,8 +82,8 @@ func (r *run) finish(e ending) error {
 	}
 	if r.pub == nil {
 		r.pub = newPublisher(r.w, r.id, r.attempt, nil)
-		if e.msgID != nil {
-			r.pub.msgID = e.msgID
+		if e.msgIDHead != "" {
+			r.pub.msgIDHead = e.msgIDHead
 		}
 	}
 	if e.started != nil {
@@ -262,7 +262,7 @@ func (r *run) reusedID(rec *bus.RunRecord) {
 	text := fmt.Sprintf("run id %q is already used by a finished run (%s); submit with a new id", r.id, rec.State)
 	r.log.Warn("bad request: run id already used by a finished run; terminated", "state", rec.State)
 	started := r.runStarted()
-	_ = r.finish(ending{started: &started, msgID: func(s uint64) string { return fmt.Sprintf("%s:req%d:%d", r.id, r.reqSeq, s) },
+	_ = r.finish(ending{started: &started, msgIDHead: fmt.Sprintf("%s:req%d:", r.id, r.reqSeq),
 		fin: r.badRequestFinished(text), settle: r.termRequest("bad_request: run id already used by a finished run")})
 }
 

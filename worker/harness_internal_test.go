@@ -15,7 +15,7 @@ import (
 
 // connectTestServer starts an embedded server and connects a client; both
 // end with the test.
-func connectTestServer(t *testing.T) *bus.Client {
+func connectTestServer(t testing.TB) *bus.Client {
 	t.Helper()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
 	if err != nil {
@@ -34,7 +34,7 @@ func connectTestServer(t *testing.T) *bus.Client {
 
 // startInternal runs a worker on an embedded server until the test ends;
 // hooks are set before it starts.
-func startInternal(t *testing.T, cfg Config, hooks func(w *Worker)) (*Worker, *bus.Client) {
+func startInternal(t testing.TB, cfg Config, hooks func(w *Worker)) (*Worker, *bus.Client) {
 	t.Helper()
 	c := connectTestServer(t)
 	cfg.Client = c

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -217,61 +218,77 @@ func (l *lease) lose() {
 // live path may have lost, every HeartbeatInterval. Once the finish
 // starts it stops renewing (the final write is the finish's) and only
 // sends InProgress.
+//
+// It is a timer, not a goroutine: a live run that waits (in a tool, for
+// its model) holds no stack for its heartbeat. Each beat runs on the
+// timer's goroutine and schedules the next one when it is done.
 type heartbeat struct {
-	stop, stopped chan struct{}
-	final         chan chan struct{}
-	poke          chan struct{} // beat now: the record changed (a wait)
+	r     *run
+	timer *time.Timer
+
+	mu       sync.Mutex
+	idle     sync.Cond // signalled when a beat ends
+	beating  bool      // a beat runs
+	renewing bool
+	ended    bool // no beat starts any more
+	poked    bool // a beat is wanted at once: the record changed (a wait)
 }
 
 // now asks for a beat at once (it never blocks): a wait started or ended,
-// and the record should say so before the next tick.
+// and the record should say so before the next tick. A beat in flight is
+// followed by another.
 func (h *heartbeat) now() {
 	if h == nil {
 		return
 	}
-	select {
-	case h.poke <- struct{}{}:
-	default:
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ended || !h.renewing {
+		return
+	}
+	h.poked = true
+	if !h.beating {
+		h.timer.Reset(0)
 	}
 }
 
 func (r *run) startHeartbeat() *heartbeat {
-	h := &heartbeat{stop: make(chan struct{}), stopped: make(chan struct{}), final: make(chan chan struct{}),
-		poke: make(chan struct{}, 1)}
-	go r.heartbeatLoop(h)
+	h := &heartbeat{r: r, renewing: true}
+	h.idle.L = &h.mu
+	h.mu.Lock()
+	h.timer = time.AfterFunc(r.w.cfg.HeartbeatInterval, h.beat)
+	h.mu.Unlock()
 	return h
 }
 
-func (r *run) heartbeatLoop(h *heartbeat) {
-	defer close(h.stopped)
-	t := time.NewTicker(r.w.cfg.HeartbeatInterval)
-	defer t.Stop()
-	renewing := true
-	for {
-		poked := false
-		select {
-		case <-t.C:
-		case <-h.poke:
-			poked = true
-		case ack := <-h.final:
-			renewing = false
-			close(ack)
-			continue
-		case <-h.stop:
-			return
-		}
-		if r.lease.lost.Load() {
-			return
-		}
-		if poked && !renewing {
-			continue
-		}
-		if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-			r.log.Warn("heartbeat failed", "err", err)
-		}
-		if !renewing {
-			continue
-		}
+func (h *heartbeat) beat() {
+	r := h.r
+	h.mu.Lock()
+	if h.ended {
+		h.mu.Unlock()
+		return
+	}
+	if r.lease.lost.Load() {
+		h.ended = true
+		h.mu.Unlock()
+		return
+	}
+	if h.beating {
+		// A poke's timer fired while a beat ran: that beat goes again.
+		h.poked = true
+		h.mu.Unlock()
+		return
+	}
+	h.beating = true
+	renewing := h.renewing
+	poked := h.poked
+	h.poked = false
+	h.mu.Unlock()
+
+	if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		r.log.Warn("heartbeat failed", "err", err)
+	}
+	if renewing {
 		ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
 		err := r.lease.renew(ctx, r.record(bus.StateRunning))
 		cancel()
@@ -282,24 +299,37 @@ func (r *run) heartbeatLoop(h *heartbeat) {
 			r.ctl.refresh()
 		}
 	}
+
+	h.mu.Lock()
+	h.beating = false
+	if !h.ended {
+		next := r.w.cfg.HeartbeatInterval
+		if h.poked && h.renewing {
+			next = 0
+		}
+		h.timer.Reset(next)
+	}
+	h.idle.Broadcast()
+	h.mu.Unlock()
 }
 
 // stopRenewing returns once no renewal is in flight or will start.
 func (h *heartbeat) stopRenewing() {
-	ack := make(chan struct{})
-	select {
-	case h.final <- ack:
-		<-ack
-	case <-h.stopped:
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.renewing = false
+	for h.beating {
+		h.idle.Wait()
 	}
 }
 
-// end stops the heartbeat and waits for it.
+// end stops the heartbeat and waits for a beat in flight.
 func (h *heartbeat) end() {
-	select {
-	case <-h.stop:
-	default:
-		close(h.stop)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ended = true
+	h.timer.Stop()
+	for h.beating {
+		h.idle.Wait()
 	}
-	<-h.stopped
 }

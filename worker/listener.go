@@ -25,7 +25,12 @@ type listener struct {
 	// transcriptBytes is the size of the messages this attempt put into
 	// the transcript (their message_end events).
 	transcriptBytes int
+	// scratch holds the encoded event until the publisher copied it.
+	scratch []byte
 }
+
+// scratchMax bounds the scratch buffer a live run keeps between events.
+const scratchMax = 4 << 10
 
 var errOverBudget = errors.New("the run is over one of its bounds")
 
@@ -43,7 +48,7 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	case agent.EventTurnStart:
 		l.toolSeqs = l.toolSeqs[:0]
 	}
-	we := workerproto.NewAgentEvent(&ev)
+	var refs workerproto.Refs
 	var ctlSeq uint64
 	interrupted := false
 	switch ev.Type {
@@ -53,14 +58,21 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 		ctlSeq = r.ctl.seqOf(ev.Message, true)
 		interrupted = r.cutOff(ev.Message)
 	case agent.EventTurnEnd:
-		we.MessageSeq = l.lastAssistantSeq
-		we.ToolResultSeqs = lastN(l.toolSeqs, len(ev.ToolResults))
+		refs.MessageSeq = l.lastAssistantSeq
+		refs.ToolResultSeqs = lastN(l.toolSeqs, len(ev.ToolResults))
 	case agent.EventAgentEnd:
-		we.MessageSeqs = lastN(l.msgSeqs, len(ev.Messages))
+		refs.MessageSeqs = lastN(l.msgSeqs, len(ev.Messages))
 	}
-	data, err := agent.MarshalJSON(we)
+	// The publisher copies the event into its envelope: the scratch buffer
+	// is reused for the next event (kept only while small).
+	data, err := workerproto.AppendAgentEvent(l.scratch[:0], &ev, refs)
 	if err != nil {
 		return err
+	}
+	if cap(data) <= scratchMax {
+		l.scratch = data
+	} else {
+		l.scratch = nil
 	}
 	if err := l.checkBounds(ev.Type, len(data)); err != nil {
 		return err

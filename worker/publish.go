@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -56,9 +58,10 @@ type publisher struct {
 	run     string
 	attempt int
 	subject string
-	msgID   func(seq uint64) string
-	limit   int
-	budget  time.Duration
+	// The constant parts of the envelopes and of their message ids.
+	envHead, envMid, msgIDHead string
+	limit                      int
+	budget                     time.Duration
 
 	window chan struct{}
 	kick   chan struct{}
@@ -81,7 +84,8 @@ type publisher struct {
 
 type outgoing struct {
 	seq uint64
-	msg *nats.Msg
+	msg *nats.Msg // &m
+	m   nats.Msg
 	f   jetstream.PubAckFuture // nil: not sent yet
 }
 
@@ -89,18 +93,49 @@ func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publi
 	n := w.cfg.PublishWindow
 	p := &publisher{
 		w: w, run: run, attempt: attempt,
-		subject: w.names.Events(run),
-		msgID:   func(seq uint64) string { return workerproto.MsgID(run, attempt, seq) },
-		limit:   int(w.maxPayload()) - envelopeHeadroom,
-		budget:  w.cfg.AckWait,
-		window:  make(chan struct{}, n),
-		kick:    make(chan struct{}, 1),
-		done:    make(chan struct{}),
-		first:   make(chan struct{}),
-		onFail:  onFail,
+		subject:   w.names.Events(run),
+		msgIDHead: workerproto.MsgIDPrefix(run, attempt),
+		limit:     int(w.maxPayload()) - envelopeHeadroom,
+		budget:    w.cfg.AckWait,
+		window:    make(chan struct{}, n),
+		kick:      make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		first:     make(chan struct{}),
+		onFail:    onFail,
 	}
+	p.envHead, p.envMid = envelopeParts(run, attempt, w.id)
 	go p.ackLoop()
 	return p
+}
+
+// envelopeParts cuts an attempt's envelope at its seq and ts: what comes
+// before the seq, and what between the seq and the ts.
+func envelopeParts(run string, attempt int, worker string) (head, mid string) {
+	e := (&bus.Envelope{Run: run, Attempt: attempt, Worker: worker}).AppendJSON(nil)
+	// {"run":"R","seq":0,"attempt":A,"worker":"W","ts":0,"event":}
+	i := bytes.Index(e, []byte(`,"seq":`)) + len(`,"seq":`)
+	j := bytes.Index(e, []byte(`,"attempt":`))
+	k := bytes.LastIndex(e, []byte(`,"ts":`)) + len(`,"ts":`)
+	return string(e[:i]), string(e[j:k])
+}
+
+// appendEnvelope appends what bus.Envelope.AppendJSON writes for this
+// attempt's envelope, without re-encoding its constant parts.
+func (p *publisher) appendEnvelope(dst []byte, seq uint64, ts int64, controlSeq uint64, interrupted bool, event []byte) []byte {
+	dst = append(dst, p.envHead...)
+	dst = strconv.AppendUint(dst, seq, 10)
+	dst = append(dst, p.envMid...)
+	dst = strconv.AppendInt(dst, ts, 10)
+	if controlSeq > 0 {
+		dst = append(dst, `,"controlSeq":`...)
+		dst = strconv.AppendUint(dst, controlSeq, 10)
+	}
+	if interrupted {
+		dst = append(dst, `,"interrupted":true`...)
+	}
+	dst = append(dst, `,"event":`...)
+	dst = append(dst, event...)
+	return append(dst, '}')
 }
 
 func (p *publisher) wake() {
@@ -310,17 +345,18 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		return 0, err
 	}
 	seq := p.seq + 1
-	env := bus.Envelope{Run: p.run, Seq: seq, Attempt: p.attempt, Worker: p.w.id,
-		TS: time.Now().UnixMilli(), ControlSeq: controlSeq, Interrupted: interrupted, Event: event}
-	data := env.AppendJSON(make([]byte, 0, len(event)+160))
+	data := p.appendEnvelope(make([]byte, 0, len(event)+len(p.envHead)+len(p.envMid)+64),
+		seq, time.Now().UnixMilli(), controlSeq, interrupted, event)
 	if len(data) > p.limit {
 		p.mu.Unlock()
 		<-p.window
 		return 0, &EventTooLargeError{Type: typ, Size: len(data), Limit: p.limit}
 	}
-	m := &nats.Msg{Subject: p.subject, Data: data, Header: nats.Header{}}
-	m.Header.Set(jetstream.MsgIDHeader, p.msgID(seq))
-	o := &outgoing{seq: seq, msg: m}
+	o := &outgoing{seq: seq}
+	m := &o.m
+	m.Subject, m.Data = p.subject, data
+	m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
+	o.msg = m
 	if !p.holding && p.w.c.Conn().IsConnected() {
 		f, err := p.w.js.PublishMsgAsync(m)
 		switch {

@@ -19,12 +19,17 @@ import (
 
 type benchFlags struct {
 	runs, concurrency, deltas, tools int
-	rate                             float64
+	rate, sleep                      float64
 	model, queue, prompt             string
 	json                             bool
 	timeout                          time.Duration
 	cpuProfile                       string
 	tracer                           trace.Tracer // a span per run; nil: none (trace.go)
+	// Streaming mode: concurrency runs, each streaming deltasPerSecond
+	// text deltas for duration.
+	streaming       bool
+	deltasPerSecond float64
+	duration        time.Duration
 }
 
 func cmdBench(ctx context.Context, e *env, args []string) int {
@@ -37,12 +42,16 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs.Float64Var(&bf.rate, "rate", 0, "runs per second offered (0: as fast as the concurrency allows)")
 	fs.IntVar(&bf.deltas, "deltas", 20, "text deltas per faux reply (16 characters each)")
 	fs.IntVar(&bf.tools, "tools", 0, "faux tool calls per run (calculator, in one turn before the reply)")
+	fs.Float64Var(&bf.sleep, "sleep", 0, "faux runs first call the sleep tool for this many `seconds` (at most 60): runs in flight waiting in a tool")
 	fs.StringVar(&bf.model, "model", "faux/bench", "model, provider/id; faux is scripted, a real model answers --prompt")
 	fs.StringVar(&bf.queue, "queue", env2(e.getenv, "AGENTS_QUEUE", bus.DefaultQueue), "queue to submit to [AGENTS_QUEUE]")
 	fs.StringVar(&bf.prompt, "prompt", "Say hello in twenty words.", "prompt of each run")
 	fs.BoolVar(&bf.json, "json", false, "print one JSON object: runs, failed, seconds, runsPerSec, eventsPerSec, startLatencyMs, firstDeltaLatencyMs")
 	fs.DurationVar(&bf.timeout, "timeout", 10*time.Minute, "give up on runs not finished after this long")
 	fs.StringVar(&bf.cpuProfile, "cpuprofile", "", "write a CPU profile of submit to this `file`")
+	fs.BoolVar(&bf.streaming, "streaming", false, "streaming mode: --concurrency runs at once, each streaming --deltas-per-second text deltas for --duration (a paced faux script; the worker must allow faux); reports events/s and the delay from each event's creation (its ts) to its arrival, once every run has started")
+	fs.Float64Var(&bf.deltasPerSecond, "deltas-per-second", 10, "streaming mode: text deltas per second of each run")
+	fs.DurationVar(&bf.duration, "duration", 30*time.Second, "streaming mode: how long each run streams")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -61,6 +70,21 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		return fail(e, usagef("--deltas must be at least 1"))
 	case bf.tools < 0 || bf.tools > 100:
 		return fail(e, usagef("--tools must be in 0..100"))
+	case bf.sleep < 0 || bf.sleep > 60:
+		return fail(e, usagef("--sleep must be in 0..60"))
+	}
+	if bf.streaming {
+		switch {
+		case bf.concurrency < 1:
+			return fail(e, usagef("--streaming needs --concurrency of at least 1"))
+		case bf.deltasPerSecond <= 0 || bf.deltasPerSecond > 1000:
+			return fail(e, usagef("--deltas-per-second must be in (0, 1000]"))
+		case bf.duration < time.Second:
+			return fail(e, usagef("--duration must be at least 1s"))
+		}
+		bf.runs, bf.rate, bf.tools = bf.concurrency, 0, 0
+		bf.deltas = max(1, int(bf.deltasPerSecond*bf.duration.Seconds()))
+		bf.model = "faux/bench"
 	}
 	body, err := benchRequest(&bf)
 	if err != nil {
@@ -90,6 +114,9 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	scancel()
 	if err != nil {
 		return fail(e, fleetError(c, err))
+	}
+	if bf.streaming {
+		return streamBench(ctx, e, c, &bf, body)
 	}
 	rep, err := runBench(ctx, e, c, &bf, body)
 	if err != nil {
@@ -121,10 +148,17 @@ func benchRequest(bf *benchFlags) ([]byte, error) {
 	if bf.tools > 0 {
 		req.Tools = []string{"calculator"}
 	}
+	if bf.sleep > 0 {
+		req.Tools = append(req.Tools, "sleep")
+	}
 	if m.Provider == "faux" {
 		// The faux model streams 16 characters per delta (tokenSize 4).
 		text := strings.Repeat("lorem ipsum dolo", bf.deltas)
 		s := &bus.FauxScript{}
+		if bf.sleep > 0 {
+			call := agent.ToolCall("s1", "sleep", map[string]any{"seconds": bf.sleep})
+			s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{call}, StopReason: agent.StopReasonToolUse})
+		}
 		if bf.tools > 0 {
 			calls := make([]agent.Content, bf.tools)
 			for i := range calls {
@@ -133,6 +167,10 @@ func benchRequest(bf *benchFlags) ([]byte, error) {
 			s.Responses = append(s.Responses, agent.ScriptedResponse{Content: calls, StopReason: agent.StopReasonToolUse})
 		}
 		s.Responses = append(s.Responses, agent.ScriptedResponse{Content: []agent.Content{agent.Text(text)}})
+		if bf.streaming {
+			// A delta is 4 tokens: 4 tokens/s per delta/s.
+			s.TokenSize, s.TokensPerSecond = 4, 4*bf.deltasPerSecond
+		}
 		req.Faux = s
 	}
 	if err := req.Validate(""); err != nil {

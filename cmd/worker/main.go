@@ -71,6 +71,7 @@ type options struct {
 	toolTimeout   time.Duration
 	dataDir       string
 	metricsAddr   string
+	pprofAddr     string
 	// Retention of what EnsureStreams creates.
 	eventsMaxAge, controlMaxAge, recordsTTL time.Duration
 	// byte limits of the streams; 0 leaves them as they are
@@ -295,6 +296,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.toolTimeout, "tool-timeout", environ.duration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
 	fs.StringVar(&o.dataDir, "data-dir", env("AGENTS_DATA_DIR", defData), "data directory of the embedded NATS server (JetStream under <dir>/nats) [AGENTS_DATA_DIR]")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", env("AGENTS_METRICS_ADDR", ":9464"), "address of /metrics, /healthz and /readyz; empty disables them [AGENTS_METRICS_ADDR]")
+	fs.StringVar(&o.pprofAddr, "pprof", env("AGENTS_PPROF", ""), "loopback address (127.0.0.1:PORT) of net/http/pprof for profiling; empty disables it [AGENTS_PPROF]")
 	fs.StringVar(&o.logFormat, "log-format", env("AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
 	fs.StringVar(&o.logLevel, "log-level", env("AGENTS_LOG_LEVEL", "info"), "log level: debug, info, warn, error [AGENTS_LOG_LEVEL]")
 	fs.StringVar(&o.models, "models", env("AGENTS_MODELS", ""), "model table file (JSON: ids, context window, cost) [AGENTS_MODELS]")
@@ -523,6 +525,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 			_ = hs.Shutdown(sctx)
 		}()
 		log.Info("serving /metrics, /healthz and /readyz", "addr", metricsAddr)
+	}
+
+	if o.pprofAddr != "" {
+		stop, err := servePprof(o.pprofAddr, log)
+		if err != nil {
+			log.Error("cannot serve pprof", "err", err)
+			return 1
+		}
+		defer stop()
 	}
 
 	cfg.Client = c

@@ -10,7 +10,13 @@ import (
 // MsgID is the Nats-Msg-Id of an envelope: "<run>:<attempt>:<seq>", so a
 // re-sent event is dropped by the stream's duplicate window.
 func MsgID(run string, attempt int, seq uint64) string {
-	return run + ":" + strconv.Itoa(attempt) + ":" + strconv.FormatUint(seq, 10)
+	return MsgIDPrefix(run, attempt) + strconv.FormatUint(seq, 10)
+}
+
+// MsgIDPrefix is what the message ids of an attempt's envelopes start
+// with: their seq follows.
+func MsgIDPrefix(run string, attempt int) string {
+	return run + ":" + strconv.Itoa(attempt) + ":"
 }
 
 // NewAgentEvent converts an agent event to its wire form. The references of
