@@ -41,6 +41,8 @@ type approvals struct {
 	// resumed are calls an earlier attempt asked for that got no answer:
 	// they wait again with their original times, without a new request.
 	resumed map[string]bus.PendingApproval
+	// deferred are the calls of that batch that never started.
+	deferred []agent.Content
 }
 
 type gatedCall struct {
@@ -86,13 +88,15 @@ func (r *run) gateTools() {
 }
 
 // takeOverPending keeps the calls an earlier attempt left waiting: they
-// wait again (runPendingCalls) with their original times.
-func (r *run) takeOverPending(calls []workerproto.PendingCall) {
+// wait again (runPendingCalls) with their original times. deferred are the
+// calls of the batch after them that never started: they run after.
+func (r *run) takeOverPending(calls []workerproto.PendingCall, deferred []agent.Content) {
 	if len(calls) == 0 {
 		return
 	}
 	r.pendingCalls = calls
 	r.appr.mu.Lock()
+	r.appr.deferred = deferred
 	r.appr.resumed = map[string]bus.PendingApproval{}
 	for _, c := range calls {
 		r.appr.resumed[c.Call.ID] = c.Approval
@@ -111,47 +115,108 @@ func (r *run) takeOverPending(calls []workerproto.PendingCall) {
 
 // runPendingCalls waits for the answers of the calls an earlier attempt
 // left waiting (together, as their batch did), runs the approved ones,
-// and publishes their results as the agent would (tool_execution_end,
-// then the toolResult message), before the agent continues.
+// and publishes each result as the agent would (tool_execution_end, then
+// the toolResult message) as soon as it has it. Then the batch's calls
+// that never started run one by one, each asking when reached if gated,
+// before the agent continues.
 func (r *run) runPendingCalls(ctx context.Context) error {
 	calls := r.pendingCalls
 	r.pendingCalls = nil
+	r.appr.mu.Lock()
+	deferred := r.appr.deferred
+	r.appr.deferred = nil
+	r.appr.mu.Unlock()
 	if r.approval == nil {
 		r.approval = &bus.Approval{} // the earlier attempt's gate: default bounds
 	}
-	results := make([]agent.Message, len(calls))
+	var mu sync.Mutex // one call's events at a time
+	var results []agent.Message
+	var failed error
+	publish := func(m *agent.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed != nil || r.waitHandedBack.Load() {
+			return // handed back: the calls without a result stay pending in the events
+		}
+		if err := r.publishToolResult(m); err != nil {
+			failed = err
+			return
+		}
+		results = append(results, *m)
+	}
 	var wg sync.WaitGroup
-	for i, pc := range calls {
-		wg.Go(func() { results[i] = r.runPendingCall(ctx, pc) })
+	for _, pc := range calls {
+		wg.Go(func() {
+			r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
+			defer r.toolBusy(-1)
+			m := r.runPendingCall(ctx, pc.Call, r.gateTool)
+			publish(&m)
+		})
 	}
 	wg.Wait()
-	if r.waitHandedBack.Load() {
-		return nil // handed back: the calls stay pending in the events
+	for _, c := range deferred {
+		if failed != nil || r.waitHandedBack.Load() || ctx.Err() != nil {
+			break
+		}
+		data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&agent.Event{Type: agent.EventToolExecutionStart,
+			ToolCallID: c.ID, ToolName: c.Name, Args: c.Arguments}))
+		if err == nil {
+			_, err = r.pub.event(string(agent.EventToolExecutionStart), data, 0)
+		}
+		if err != nil {
+			failed = err
+			break
+		}
+		r.toolBusy(1)
+		m := r.runPendingCall(ctx, c, r.runTool)
+		publish(&m)
+		r.toolBusy(-1)
 	}
-	for i := range results {
-		m := &results[i]
-		res := agent.ToolResult{Content: m.Content}
-		evs := []agent.Event{
-			{Type: agent.EventToolExecutionEnd, ToolCallID: m.ToolCallID, ToolName: m.ToolName, Result: &res, IsError: m.IsError},
-			{Type: agent.EventMessageStart, Message: m},
-			{Type: agent.EventMessageEnd, Message: m},
-		}
-		for j := range evs {
-			data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&evs[j]))
-			if err != nil {
-				return err
-			}
-			if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
-				return err
-			}
-		}
+	if r.waitHandedBack.Load() {
+		return nil
+	}
+	if failed != nil {
+		return failed
 	}
 	r.agent.SetMessages(append(r.agent.Messages(), results...))
 	return nil
 }
 
-func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) agent.Message {
-	c := pc.Call
+// publishToolResult publishes a call's tool_execution_end and its
+// toolResult message.
+func (r *run) publishToolResult(m *agent.Message) error {
+	res := agent.ToolResult{Content: m.Content}
+	evs := []agent.Event{
+		{Type: agent.EventToolExecutionEnd, ToolCallID: m.ToolCallID, ToolName: m.ToolName, Result: &res, IsError: m.IsError},
+		{Type: agent.EventMessageStart, Message: m},
+		{Type: agent.EventMessageEnd, Message: m},
+	}
+	for j := range evs {
+		data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&evs[j]))
+		if err != nil {
+			return err
+		}
+		if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runTool is the run's tool as the agent has it (gated or not).
+func (r *run) runTool(t *agent.Tool) *agent.Tool {
+	for _, have := range r.tools {
+		if have.Name == t.Name {
+			return have
+		}
+	}
+	return t
+}
+
+// runPendingCall runs a call of a resumed batch with wrap(tool): the gate
+// for a call that waits again, the run's own tool for one that never
+// started.
+func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*agent.Tool) *agent.Tool) agent.Message {
 	m := agent.Message{Role: agent.RoleToolResult, ToolCallID: c.ID, ToolName: c.Name}
 	fail := func(text string) agent.Message {
 		m.Content, m.IsError, m.Timestamp = []agent.Content{agent.Text(clipString(text, bus.MaxErrorBytes))}, true, time.Now().UnixMilli()
@@ -172,9 +237,7 @@ func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) ag
 	if err != nil {
 		return fail(err.Error())
 	}
-	r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
-	res, err := r.gateTool(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
-	r.toolBusy(-1)
+	res, err := wrap(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
 	if err != nil {
 		return fail(err.Error())
 	}

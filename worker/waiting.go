@@ -216,10 +216,13 @@ func (c *runClock) stop() { c.timer.Stop() }
 // waitState is a run's waits now (guarded by its own mutex; see
 // waitOffSlot).
 type waitState struct {
-	mu      sync.Mutex // held across a wait's start and end, not the wait
-	n       int        // waits in progress
-	busy    int        // tool calls that run, not wait (toolBusy)
-	offSlot bool       // the run gave its slot up
+	mu      sync.Mutex    // held across a wait's start and end, not the wait
+	n       int           // waits in progress
+	busy    int           // tool calls that run, not wait (toolBusy)
+	offSlot bool          // the run gave its slot up
+	idle    chan struct{} // closed when busy drops to 0 (awaitToolsIdle)
+	// handBack is the hand-back of a run whose wait the drain ended.
+	handBack sync.Once
 	// now is what the record shows (nil: not waiting); read by the
 	// heartbeat without mu, which a wait's end holds while it takes a slot.
 	now atomic.Pointer[waitInfo]
@@ -304,6 +307,10 @@ func (r *run) toolBusy(d int) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.busy = max(ws.busy+d, 0)
+	if ws.busy == 0 && ws.idle != nil {
+		close(ws.idle)
+		ws.idle = nil
+	}
 	if d < 0 {
 		r.leaveSlotLocked()
 	}
@@ -371,18 +378,42 @@ func (w *Worker) OffSlot() int {
 }
 
 // handBackWhileWaiting stops a run whose wait the worker's drain ended:
+// the run's tool calls that run (not wait), e.g. ungated calls of the
+// batch, finish first, within DrainTimeout, so their results are stored;
 // what it published is stored, then nothing more is (the gated calls stay
 // pending in its events, for the next attempt), and mustNotFinish hands
-// it back.
+// it back. Every waiting call of the run calls it; all return once the
+// run is fenced.
 func (r *run) handBackWhileWaiting() {
-	if !r.waitHandedBack.CompareAndSwap(false, true) {
+	r.wait.handBack.Do(func() {
+		r.awaitToolsIdle(r.w.hardCtx)
+		r.waitHandedBack.Store(true)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 5*time.Second)
+		_ = r.pub.sync(ctx)
+		cancel()
+		r.pub.fence()
+		r.stop()
+	})
+}
+
+// awaitToolsIdle returns when none of the run's tool calls runs, or ctx
+// ends.
+func (r *run) awaitToolsIdle(ctx context.Context) {
+	ws := &r.wait
+	ws.mu.Lock()
+	if ws.busy == 0 {
+		ws.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
-	_ = r.pub.sync(ctx)
-	cancel()
-	r.pub.fence()
-	r.stop()
+	if ws.idle == nil {
+		ws.idle = make(chan struct{})
+	}
+	idle := ws.idle
+	ws.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
 }
 
 // handBackWaiting is the hand-back of a run stopped by
