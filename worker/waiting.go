@@ -132,10 +132,25 @@ type runClock struct {
 }
 
 // newRunClock starts a clock that calls fire once end + waited passes
-// outside pauses.
-func newRunClock(end time.Time, waited time.Duration, fire func()) *runClock {
+// outside pauses. A non-zero pausedSince creates it paused from then (an
+// earlier attempt's wait goes on): a deadline already past must not fire
+// before the pause.
+func newRunClock(end time.Time, waited time.Duration, pausedSince time.Time, fire func()) *runClock {
 	c := &runClock{end: end, waited: waited, fire: fire}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !pausedSince.IsZero() {
+		c.pauses = 1
+		c.pausedAt = pausedSince
+		if now := time.Now(); pausedSince.After(now) {
+			c.pausedAt = now
+		}
+	}
+	// Created under mu: an expire that runs at once sees the pause.
 	c.timer = time.AfterFunc(time.Until(end.Add(waited)), c.expire)
+	if c.pauses > 0 {
+		c.timer.Stop()
+	}
 	return c
 }
 
