@@ -434,6 +434,13 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			case <-c.wake:
 			case <-timer.C:
 				timedOut = true
+				if p.Aborts() {
+					// Stopped before the wait ends: the run finishes
+					// without taking a slot again.
+					r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
+						id, t.Name, time.Duration(p.Timeout())*time.Second))
+					r.stop()
+				}
 				return nil
 			case <-wctx.Done():
 				return wctx.Err()
@@ -452,9 +459,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		reason := fmt.Sprintf("not approved within %s", time.Duration(p.Timeout())*time.Second)
 		r.resolved(id, bus.DecisionTimeout, "", reason, 0, waited)
 		if p.Aborts() {
-			r.log.Warn("gated tool call not answered in time; aborting the run", "toolCallId", id)
-			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was %s", id, t.Name, reason))
-			r.stop()
+			r.log.Warn("gated tool call not answered in time; the run aborted", "toolCallId", id)
 		}
 		return nil, fmt.Errorf("tool call %s", reason)
 	}

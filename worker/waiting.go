@@ -96,6 +96,9 @@ func (h *slotHold) take(ctx context.Context) bool {
 	if h.held {
 		return true
 	}
+	if ctx.Err() != nil {
+		return false // a stopped run finishes without a slot (a select may pick a free one)
+	}
 	w := h.w
 	qs := w.queueSlots[h.queue]
 	if qs != nil {
