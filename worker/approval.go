@@ -24,13 +24,18 @@ import (
 // oldest unresolved gated call with its toolCallId; one that matches
 // nothing yet is kept until the run ends (then logged and ignored).
 
-// maxEarlyAnswers bounds the answers kept for calls that have not asked.
-const maxEarlyAnswers = 1024
+// maxEarlyAnswers and maxEarlyAnswerBytes bound the answers kept for
+// calls that have not asked (an answer is up to a control message's size).
+const (
+	maxEarlyAnswers     = 1024
+	maxEarlyAnswerBytes = 1 << 20
+)
 
 type answer struct {
 	a      bus.ApprovalAnswer
 	seq    uint64
 	stored time.Time // when AGENTS_CONTROL stored it
+	size   int       // its message's bytes
 }
 
 // approvals is a run's gated calls and unmatched answers.
@@ -38,6 +43,8 @@ type approvals struct {
 	mu      sync.Mutex
 	pending []*gatedCall // in the order they asked
 	early   []answer     // in stream order
+	// earlyBytes is the size of the kept answers' messages.
+	earlyBytes int
 	// resumed are calls an earlier attempt asked for that got no answer:
 	// they wait again with their original times, without a new request.
 	resumed map[string]bus.PendingApproval
@@ -270,15 +277,15 @@ func (r *run) gateTool(t *agent.Tool) *agent.Tool {
 	}
 }
 
-// deliverApproval is the control owner's part: it hands an answer to the
-// oldest waiting call with its id, or keeps it.
-func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time) {
+// deliverApproval is the control owner's part: it hands an answer (its
+// message size bytes) to the oldest waiting call with its id, or keeps it.
+func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time, size int) {
 	ap := &r.appr
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	for _, c := range ap.pending {
 		if c.id == a.ToolCallID {
-			c.answers = append(c.answers, answer{a, seq, stored})
+			c.answers = append(c.answers, answer{a, seq, stored, size})
 			select {
 			case c.wake <- struct{}{}:
 			default:
@@ -286,11 +293,13 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time
 			return
 		}
 	}
-	if len(ap.early) >= maxEarlyAnswers {
-		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq)
+	if len(ap.early) >= maxEarlyAnswers || ap.earlyBytes+size > maxEarlyAnswerBytes {
+		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq,
+			"kept", len(ap.early), "keptBytes", ap.earlyBytes, "bytes", size)
 		return
 	}
-	ap.early = append(ap.early, answer{a, seq, stored})
+	ap.early = append(ap.early, answer{a, seq, stored, size})
+	ap.earlyBytes += size
 }
 
 // add registers a waiting call and gives it the answers kept for it.
@@ -302,6 +311,7 @@ func (ap *approvals) add(c *gatedCall) {
 	for _, e := range ap.early {
 		if e.a.ToolCallID == c.id {
 			c.answers = append(c.answers, e)
+			ap.earlyBytes -= e.size
 		} else {
 			kept = append(kept, e)
 		}
@@ -362,6 +372,7 @@ func (r *run) logUnmatchedApprovals() {
 		r.log.Warn("approval matched no gated call of the run; ignored", "toolCallId", e.a.ToolCallID, "controlSeq", e.seq)
 	}
 	ap.early = nil
+	ap.earlyBytes = 0
 }
 
 // awaitApproval asks for an answer to a gated call (unless an earlier

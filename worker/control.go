@@ -261,7 +261,7 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 			r.log.Warn("approval ignored", "controlSeq", seq, "err", err)
 			return
 		}
-		r.deliverApproval(a, seq, stored) // worker/approval.go
+		r.deliverApproval(a, seq, stored, len(data)) // worker/approval.go
 	case bus.KindSteer, bus.KindFollowUp:
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {
