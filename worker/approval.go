@@ -410,9 +410,20 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	timedOut := false
 	r.toolBusy(-1) // the call waits: with no other call running, the run leaves its slot
 	defer r.toolBusy(1)
+	timeOut := func() {
+		timedOut = true
+		if p.Aborts() {
+			// Stopped before the wait ends: the run finishes without
+			// taking a slot again.
+			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
+				id, t.Name, time.Duration(p.Timeout())*time.Second))
+			r.stop()
+		}
+	}
 	err := r.waitOffSlot(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
 		timer := time.NewTimer(time.Until(c.expiresAt))
 		defer timer.Stop()
+		expired := false
 		for {
 			for _, a := range r.appr.next(c) {
 				if got != nil {
@@ -423,7 +434,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 					// Sent after the call expired (read late, e.g. on a
 					// resume): the call timed out.
 					r.log.Info("answer came after the call expired", "toolCallId", id, "controlSeq", a.seq)
-					timedOut = true
+					timeOut()
 					return nil
 				}
 				if a.a.Decision == bus.DecisionApprove && a.a.Arguments != nil {
@@ -441,18 +452,16 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			if got != nil {
 				return nil
 			}
+			if expired {
+				timeOut()
+				return nil
+			}
 			select {
 			case <-c.wake:
 			case <-timer.C:
-				timedOut = true
-				if p.Aborts() {
-					// Stopped before the wait ends: the run finishes
-					// without taking a slot again.
-					r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
-						id, t.Name, time.Duration(p.Timeout())*time.Second))
-					r.stop()
-				}
-				return nil
+				// An answer that came with the timer (the select may
+				// pick either) is taken: one more look at the queue.
+				expired = true
 			case <-wctx.Done():
 				return wctx.Err()
 			}
