@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -300,6 +301,32 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time
 	}
 	ap.early = append(ap.early, answer{a, seq, stored, size})
 	ap.earlyBytes += size
+}
+
+// rejectInvalidApproval tells the approver of a waiting call why an
+// answer for it was not taken (tool_approval_rejected); an invalid answer
+// for no waiting call is only logged.
+func (r *run) rejectInvalidApproval(data []byte, seq uint64, err error) {
+	var id struct {
+		ToolCallID string `json:"toolCallId"`
+	}
+	if json.Unmarshal(data, &id) != nil || id.ToolCallID == "" || !r.appr.isWaiting(id.ToolCallID) {
+		return
+	}
+	_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+		ToolCallID: id.ToolCallID, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
+}
+
+// isWaiting reports whether a call with the id waits for its answer.
+func (ap *approvals) isWaiting(id string) bool {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	for _, c := range ap.pending {
+		if c.id == id {
+			return true
+		}
+	}
+	return false
 }
 
 // add registers a waiting call and gives it the answers kept for it.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,5 +51,27 @@ func TestApprovalTimeoutAbortNeedsNoSlot(t *testing.T) {
 	followRun(t, c, other).waitFor(t, string(agent.EventToolExecutionStart), 1) // it holds the slot
 	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonApprovalTimeout {
 		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+}
+
+// An invalid answer for a waiting call is rejected with the reason
+// (tool_approval_rejected); the call goes on waiting.
+func TestApprovalInvalidAnswerForAWaitingCallIsRejected(t *testing.T) {
+	_, c, d := approvalWorker(t, Config{})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "nobody", "decision": "maybe"}) // no waiting call: only logged
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "maybe"})
+	if rej := re.waitFor(t, bus.EventToolApprovalRejected, 1).Approval; rej.ToolCallID != "c1" || rej.ControlSeq != seq ||
+		!strings.Contains(rej.Reason, `decision "maybe"`) {
+		t.Fatalf("rejected %+v", rej)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+	if n := re.count(bus.EventToolApprovalRejected); n != 1 {
+		t.Fatalf("%d rejections; events %s", n, re.types())
 	}
 }
