@@ -36,7 +36,8 @@ const ReasonApprovalTimeout = "approval_timeout"
 // Approval is a request's "approval": which tools need a person's answer.
 type Approval struct {
 	// Tools are tool names or patterns ("everything__*"; "*" gates every
-	// call), matched as path.Match patterns.
+	// call): path.Match syntax, except that "*" and "?" also match "/"
+	// (tool names may contain it).
 	Tools []string `json:"tools"`
 	// TimeoutSeconds bounds each call's wait; 0 for the default.
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
@@ -80,11 +81,18 @@ func (a *Approval) Gates(tool string) bool {
 		return false
 	}
 	for _, t := range a.Tools {
-		if ok, _ := path.Match(t, tool); ok {
+		if matchToolPattern(t, tool) {
 			return true
 		}
 	}
 	return false
+}
+
+// matchToolPattern is path.Match with "/" an ordinary character: both
+// sides have it swapped for NUL, which no printable name or pattern holds.
+func matchToolPattern(pattern, tool string) bool {
+	ok, _ := path.Match(strings.ReplaceAll(pattern, "/", "\x00"), strings.ReplaceAll(tool, "/", "\x00"))
+	return ok
 }
 
 // Timeout is the call's wait bound in seconds, the default filled in.

@@ -33,6 +33,15 @@ func TestApprovalRequestProblemsAreAllListed(t *testing.T) {
 	if !a.Gates("deploy") || !a.Gates("everything__echo") || a.Gates("calculator") || a.Timeout() != 3600 || !a.Aborts() {
 		t.Fatalf("approval %+v", a)
 	}
+	for pattern, name := range map[string]string{"*": "mcp/files/write", "mcp/*": "mcp/files/write", "mcp/?iles/*": "mcp/files/write",
+		"mcp/files/write": "mcp/files/write", `mcp\/files*`: "mcp/files"} {
+		if !(&Approval{Tools: []string{pattern}}).Gates(name) {
+			t.Errorf("%q does not gate %q", pattern, name)
+		}
+	}
+	if (&Approval{Tools: []string{"mcp/*"}}).Gates("other/x") || (&Approval{Tools: []string{"a?b"}}).Gates("a//b") {
+		t.Error("a pattern gates a name it does not match")
+	}
 	if all := (&Approval{Tools: []string{"*"}}); !all.Gates("anything") || all.Timeout() != DefaultApprovalTimeoutSeconds || all.Aborts() {
 		t.Fatalf("defaults %+v", all)
 	}

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -24,13 +25,18 @@ import (
 // oldest unresolved gated call with its toolCallId; one that matches
 // nothing yet is kept until the run ends (then logged and ignored).
 
-// maxEarlyAnswers bounds the answers kept for calls that have not asked.
-const maxEarlyAnswers = 1024
+// maxEarlyAnswers and maxEarlyAnswerBytes bound the answers kept for
+// calls that have not asked (an answer is up to a control message's size).
+const (
+	maxEarlyAnswers     = 1024
+	maxEarlyAnswerBytes = 1 << 20
+)
 
 type answer struct {
 	a      bus.ApprovalAnswer
 	seq    uint64
 	stored time.Time // when AGENTS_CONTROL stored it
+	size   int       // its message's bytes
 }
 
 // approvals is a run's gated calls and unmatched answers.
@@ -38,9 +44,13 @@ type approvals struct {
 	mu      sync.Mutex
 	pending []*gatedCall // in the order they asked
 	early   []answer     // in stream order
+	// earlyBytes is the size of the kept answers' messages.
+	earlyBytes int
 	// resumed are calls an earlier attempt asked for that got no answer:
 	// they wait again with their original times, without a new request.
 	resumed map[string]bus.PendingApproval
+	// deferred are the calls of that batch that never started.
+	deferred []agent.Content
 }
 
 type gatedCall struct {
@@ -86,13 +96,15 @@ func (r *run) gateTools() {
 }
 
 // takeOverPending keeps the calls an earlier attempt left waiting: they
-// wait again (runPendingCalls) with their original times.
-func (r *run) takeOverPending(calls []workerproto.PendingCall) {
+// wait again (runPendingCalls) with their original times. deferred are the
+// calls of the batch after them that never started: they run after.
+func (r *run) takeOverPending(calls []workerproto.PendingCall, deferred []agent.Content) {
 	if len(calls) == 0 {
 		return
 	}
 	r.pendingCalls = calls
 	r.appr.mu.Lock()
+	r.appr.deferred = deferred
 	r.appr.resumed = map[string]bus.PendingApproval{}
 	for _, c := range calls {
 		r.appr.resumed[c.Call.ID] = c.Approval
@@ -111,47 +123,108 @@ func (r *run) takeOverPending(calls []workerproto.PendingCall) {
 
 // runPendingCalls waits for the answers of the calls an earlier attempt
 // left waiting (together, as their batch did), runs the approved ones,
-// and publishes their results as the agent would (tool_execution_end,
-// then the toolResult message), before the agent continues.
+// and publishes each result as the agent would (tool_execution_end, then
+// the toolResult message) as soon as it has it. Then the batch's calls
+// that never started run one by one, each asking when reached if gated,
+// before the agent continues.
 func (r *run) runPendingCalls(ctx context.Context) error {
 	calls := r.pendingCalls
 	r.pendingCalls = nil
+	r.appr.mu.Lock()
+	deferred := r.appr.deferred
+	r.appr.deferred = nil
+	r.appr.mu.Unlock()
 	if r.approval == nil {
 		r.approval = &bus.Approval{} // the earlier attempt's gate: default bounds
 	}
-	results := make([]agent.Message, len(calls))
+	var mu sync.Mutex // one call's events at a time
+	var results []agent.Message
+	var failed error
+	publish := func(m *agent.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed != nil || r.waitHandedBack.Load() {
+			return // handed back: the calls without a result stay pending in the events
+		}
+		if err := r.publishToolResult(m); err != nil {
+			failed = err
+			return
+		}
+		results = append(results, *m)
+	}
 	var wg sync.WaitGroup
-	for i, pc := range calls {
-		wg.Go(func() { results[i] = r.runPendingCall(ctx, pc) })
+	for _, pc := range calls {
+		wg.Go(func() {
+			r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
+			defer r.toolBusy(-1)
+			m := r.runPendingCall(ctx, pc.Call, r.gateTool)
+			publish(&m)
+		})
 	}
 	wg.Wait()
-	if r.waitHandedBack.Load() {
-		return nil // handed back: the calls stay pending in the events
+	for _, c := range deferred {
+		if failed != nil || r.waitHandedBack.Load() || ctx.Err() != nil {
+			break
+		}
+		data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&agent.Event{Type: agent.EventToolExecutionStart,
+			ToolCallID: c.ID, ToolName: c.Name, Args: c.Arguments}))
+		if err == nil {
+			_, err = r.pub.event(string(agent.EventToolExecutionStart), data, 0)
+		}
+		if err != nil {
+			failed = err
+			break
+		}
+		r.toolBusy(1)
+		m := r.runPendingCall(ctx, c, r.runTool)
+		publish(&m)
+		r.toolBusy(-1)
 	}
-	for i := range results {
-		m := &results[i]
-		res := agent.ToolResult{Content: m.Content}
-		evs := []agent.Event{
-			{Type: agent.EventToolExecutionEnd, ToolCallID: m.ToolCallID, ToolName: m.ToolName, Result: &res, IsError: m.IsError},
-			{Type: agent.EventMessageStart, Message: m},
-			{Type: agent.EventMessageEnd, Message: m},
-		}
-		for j := range evs {
-			data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&evs[j]))
-			if err != nil {
-				return err
-			}
-			if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
-				return err
-			}
-		}
+	if r.waitHandedBack.Load() {
+		return nil
+	}
+	if failed != nil {
+		return failed
 	}
 	r.agent.SetMessages(append(r.agent.Messages(), results...))
 	return nil
 }
 
-func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) agent.Message {
-	c := pc.Call
+// publishToolResult publishes a call's tool_execution_end and its
+// toolResult message.
+func (r *run) publishToolResult(m *agent.Message) error {
+	res := agent.ToolResult{Content: m.Content}
+	evs := []agent.Event{
+		{Type: agent.EventToolExecutionEnd, ToolCallID: m.ToolCallID, ToolName: m.ToolName, Result: &res, IsError: m.IsError},
+		{Type: agent.EventMessageStart, Message: m},
+		{Type: agent.EventMessageEnd, Message: m},
+	}
+	for j := range evs {
+		data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&evs[j]))
+		if err != nil {
+			return err
+		}
+		if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runTool is the run's tool as the agent has it (gated or not).
+func (r *run) runTool(t *agent.Tool) *agent.Tool {
+	for _, have := range r.tools {
+		if have.Name == t.Name {
+			return have
+		}
+	}
+	return t
+}
+
+// runPendingCall runs a call of a resumed batch with wrap(tool): the gate
+// for a call that waits again, the run's own tool for one that never
+// started.
+func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*agent.Tool) *agent.Tool) agent.Message {
 	m := agent.Message{Role: agent.RoleToolResult, ToolCallID: c.ID, ToolName: c.Name}
 	fail := func(text string) agent.Message {
 		m.Content, m.IsError, m.Timestamp = []agent.Content{agent.Text(clipString(text, bus.MaxErrorBytes))}, true, time.Now().UnixMilli()
@@ -172,9 +245,7 @@ func (r *run) runPendingCall(ctx context.Context, pc workerproto.PendingCall) ag
 	if err != nil {
 		return fail(err.Error())
 	}
-	r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
-	res, err := r.gateTool(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
-	r.toolBusy(-1)
+	res, err := wrap(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
 	if err != nil {
 		return fail(err.Error())
 	}
@@ -207,15 +278,15 @@ func (r *run) gateTool(t *agent.Tool) *agent.Tool {
 	}
 }
 
-// deliverApproval is the control owner's part: it hands an answer to the
-// oldest waiting call with its id, or keeps it.
-func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time) {
+// deliverApproval is the control owner's part: it hands an answer (its
+// message size bytes) to the oldest waiting call with its id, or keeps it.
+func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time, size int) {
 	ap := &r.appr
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	for _, c := range ap.pending {
 		if c.id == a.ToolCallID {
-			c.answers = append(c.answers, answer{a, seq, stored})
+			c.answers = append(c.answers, answer{a, seq, stored, size})
 			select {
 			case c.wake <- struct{}{}:
 			default:
@@ -223,11 +294,39 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time
 			return
 		}
 	}
-	if len(ap.early) >= maxEarlyAnswers {
-		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq)
+	if len(ap.early) >= maxEarlyAnswers || ap.earlyBytes+size > maxEarlyAnswerBytes {
+		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq,
+			"kept", len(ap.early), "keptBytes", ap.earlyBytes, "bytes", size)
 		return
 	}
-	ap.early = append(ap.early, answer{a, seq, stored})
+	ap.early = append(ap.early, answer{a, seq, stored, size})
+	ap.earlyBytes += size
+}
+
+// rejectInvalidApproval tells the approver of a waiting call why an
+// answer for it was not taken (tool_approval_rejected); an invalid answer
+// for no waiting call is only logged.
+func (r *run) rejectInvalidApproval(data []byte, seq uint64, err error) {
+	var id struct {
+		ToolCallID string `json:"toolCallId"`
+	}
+	if json.Unmarshal(data, &id) != nil || id.ToolCallID == "" || !r.appr.isWaiting(id.ToolCallID) {
+		return
+	}
+	_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+		ToolCallID: id.ToolCallID, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
+}
+
+// isWaiting reports whether a call with the id waits for its answer.
+func (ap *approvals) isWaiting(id string) bool {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	for _, c := range ap.pending {
+		if c.id == id {
+			return true
+		}
+	}
+	return false
 }
 
 // add registers a waiting call and gives it the answers kept for it.
@@ -239,6 +338,7 @@ func (ap *approvals) add(c *gatedCall) {
 	for _, e := range ap.early {
 		if e.a.ToolCallID == c.id {
 			c.answers = append(c.answers, e)
+			ap.earlyBytes -= e.size
 		} else {
 			kept = append(kept, e)
 		}
@@ -299,6 +399,7 @@ func (r *run) logUnmatchedApprovals() {
 		r.log.Warn("approval matched no gated call of the run; ignored", "toolCallId", e.a.ToolCallID, "controlSeq", e.seq)
 	}
 	ap.early = nil
+	ap.earlyBytes = 0
 }
 
 // awaitApproval asks for an answer to a gated call (unless an earlier
@@ -336,10 +437,21 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	timedOut := false
 	r.toolBusy(-1) // the call waits: with no other call running, the run leaves its slot
 	defer r.toolBusy(1)
+	timeOut := func() {
+		timedOut = true
+		if p.Aborts() {
+			// Stopped before the wait ends: the run finishes without
+			// taking a slot again.
+			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
+				id, t.Name, time.Duration(p.Timeout())*time.Second))
+			r.stop()
+		}
+	}
 	err := r.waitOffSlot(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
 		defer func() { r.traceApprovalDecision(wctx, id, got, timedOut) }() // trace.go
 		timer := time.NewTimer(time.Until(c.expiresAt))
 		defer timer.Stop()
+		expired := false
 		for {
 			for _, a := range r.appr.next(c) {
 				if got != nil {
@@ -350,7 +462,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 					// Sent after the call expired (read late, e.g. on a
 					// resume): the call timed out.
 					r.log.Info("answer came after the call expired", "toolCallId", id, "controlSeq", a.seq)
-					timedOut = true
+					timeOut()
 					return nil
 				}
 				if a.a.Decision == bus.DecisionApprove && a.a.Arguments != nil {
@@ -368,11 +480,16 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			if got != nil {
 				return nil
 			}
+			if expired {
+				timeOut()
+				return nil
+			}
 			select {
 			case <-c.wake:
 			case <-timer.C:
-				timedOut = true
-				return nil
+				// An answer that came with the timer (the select may
+				// pick either) is taken: one more look at the queue.
+				expired = true
 			case <-wctx.Done():
 				return wctx.Err()
 			}
@@ -390,9 +507,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		reason := fmt.Sprintf("not approved within %s", time.Duration(p.Timeout())*time.Second)
 		r.resolved(id, bus.DecisionTimeout, "", reason, 0, waited)
 		if p.Aborts() {
-			r.log.Warn("gated tool call not answered in time; aborting the run", "toolCallId", id)
-			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was %s", id, t.Name, reason))
-			r.stop()
+			r.log.Warn("gated tool call not answered in time; the run aborted", "toolCallId", id)
 		}
 		return nil, fmt.Errorf("tool call %s", reason)
 	}

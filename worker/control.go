@@ -259,9 +259,10 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 		a, err := decodeApproval(data)
 		if err != nil {
 			r.log.Warn("approval ignored", "controlSeq", seq, "err", err)
+			r.rejectInvalidApproval(data, seq, err) // worker/approval.go
 			return
 		}
-		r.deliverApproval(a, seq, stored) // worker/approval.go
+		r.deliverApproval(a, seq, stored, len(data)) // worker/approval.go
 	case bus.KindSteer, bus.KindFollowUp:
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {

@@ -57,6 +57,10 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	case agent.EventMessageEnd:
 		ctlSeq = r.ctl.seqOf(ev.Message, true)
 		interrupted = r.cutOff(ev.Message)
+	case agent.EventToolExecutionEnd:
+		// Recovery takes a call's result from here when its toolResult
+		// message was not stored: not a result the stop cut off.
+		interrupted = r.cutOff(&agent.Message{Role: agent.RoleToolResult, IsError: ev.IsError})
 	case agent.EventTurnEnd:
 		refs.MessageSeq = l.lastAssistantSeq
 		refs.ToolResultSeqs = lastN(l.toolSeqs, len(ev.ToolResults))

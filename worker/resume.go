@@ -72,14 +72,14 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	r.agent.SetMessages(all)
 	r.ctl.skip(rc.ControlSeqs)
 	r.ctl.skip(rc.AnsweredSeqs)
-	r.takeOverPending(rc.Pending) // worker/approval.go
+	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
 	turns := r.tally.restore(msgs[len(r.prompt):])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)
 	}
 	r.log.Info("resumed", "fromAttempt", rc.Attempt, "messagesRestored", len(msgs), "dropped", rc.Dropped,
 		"partialDropped", rc.Partial, "syntheticToolResults", len(rc.Synthetic), "controlsDelivered", len(rc.ControlSeqs),
-		"approvalsPending", len(rc.Pending),
+		"approvalsPending", len(rc.Pending), "deferredCalls", len(rc.Deferred),
 		"turns", turns)
 	return true, nil
 }

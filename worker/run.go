@@ -237,14 +237,18 @@ func (r *run) execute() {
 	ctx, cancelCause := context.WithCancelCause(r.w.hardCtx)
 	cancel := func() { cancelCause(context.Canceled) }
 	defer cancel()
-	r.clock = newRunClock(r.runStart.Add(timeout), r.prevWaited, func() { cancelCause(context.DeadlineExceeded) })
-	defer r.clock.stop()
+	var pausedSince time.Time
 	if w := r.prev; w != nil && w.Waiting != nil && w.Waiting.For == bus.WaitingApproval {
 		// The earlier attempt was waiting: its wait goes on until the
 		// resume knows whether calls still wait (endPickupPause).
-		r.clock.pause(w.Waiting.Since)
+		pausedSince = w.Waiting.Since
+		if pausedSince.IsZero() {
+			pausedSince = time.Now()
+		}
 		r.pickupPaused = true
 	}
+	r.clock = newRunClock(r.runStart.Add(timeout), r.prevWaited, pausedSince, func() { cancelCause(context.DeadlineExceeded) })
+	defer r.clock.stop()
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
 	ctx = r.traceContext(ctx)

@@ -96,6 +96,9 @@ func (h *slotHold) take(ctx context.Context) bool {
 	if h.held {
 		return true
 	}
+	if ctx.Err() != nil {
+		return false // a stopped run finishes without a slot (a select may pick a free one)
+	}
 	w := h.w
 	qs := w.queueSlots[h.queue]
 	if qs != nil {
@@ -132,10 +135,25 @@ type runClock struct {
 }
 
 // newRunClock starts a clock that calls fire once end + waited passes
-// outside pauses.
-func newRunClock(end time.Time, waited time.Duration, fire func()) *runClock {
+// outside pauses. A non-zero pausedSince creates it paused from then (an
+// earlier attempt's wait goes on): a deadline already past must not fire
+// before the pause.
+func newRunClock(end time.Time, waited time.Duration, pausedSince time.Time, fire func()) *runClock {
 	c := &runClock{end: end, waited: waited, fire: fire}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !pausedSince.IsZero() {
+		c.pauses = 1
+		c.pausedAt = pausedSince
+		if now := time.Now(); pausedSince.After(now) {
+			c.pausedAt = now
+		}
+	}
+	// Created under mu: an expire that runs at once sees the pause.
 	c.timer = time.AfterFunc(time.Until(end.Add(waited)), c.expire)
+	if c.pauses > 0 {
+		c.timer.Stop()
+	}
 	return c
 }
 
@@ -216,10 +234,13 @@ func (c *runClock) stop() { c.timer.Stop() }
 // waitState is a run's waits now (guarded by its own mutex; see
 // waitOffSlot).
 type waitState struct {
-	mu      sync.Mutex // held across a wait's start and end, not the wait
-	n       int        // waits in progress
-	busy    int        // tool calls that run, not wait (toolBusy)
-	offSlot bool       // the run gave its slot up
+	mu      sync.Mutex    // held across a wait's start and end, not the wait
+	n       int           // waits in progress
+	busy    int           // tool calls that run, not wait (toolBusy)
+	offSlot bool          // the run gave its slot up
+	idle    chan struct{} // closed when busy drops to 0 (awaitToolsIdle)
+	// handBack is the hand-back of a run whose wait the drain ended.
+	handBack sync.Once
 	// now is what the record shows (nil: not waiting); read by the
 	// heartbeat without mu, which a wait's end holds while it takes a slot.
 	now atomic.Pointer[waitInfo]
@@ -306,6 +327,10 @@ func (r *run) toolBusy(d int) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.busy = max(ws.busy+d, 0)
+	if ws.busy == 0 && ws.idle != nil {
+		close(ws.idle)
+		ws.idle = nil
+	}
 	if d < 0 {
 		r.leaveSlotLocked()
 	}
@@ -373,18 +398,42 @@ func (w *Worker) OffSlot() int {
 }
 
 // handBackWhileWaiting stops a run whose wait the worker's drain ended:
+// the run's tool calls that run (not wait), e.g. ungated calls of the
+// batch, finish first, within DrainTimeout, so their results are stored;
 // what it published is stored, then nothing more is (the gated calls stay
 // pending in its events, for the next attempt), and mustNotFinish hands
-// it back.
+// it back. Every waiting call of the run calls it; all return once the
+// run is fenced.
 func (r *run) handBackWhileWaiting() {
-	if !r.waitHandedBack.CompareAndSwap(false, true) {
+	r.wait.handBack.Do(func() {
+		r.awaitToolsIdle(r.w.hardCtx)
+		r.waitHandedBack.Store(true)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 5*time.Second)
+		_ = r.pub.sync(ctx)
+		cancel()
+		r.pub.fence()
+		r.stop()
+	})
+}
+
+// awaitToolsIdle returns when none of the run's tool calls runs, or ctx
+// ends.
+func (r *run) awaitToolsIdle(ctx context.Context) {
+	ws := &r.wait
+	ws.mu.Lock()
+	if ws.busy == 0 {
+		ws.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
-	_ = r.pub.sync(ctx)
-	cancel()
-	r.pub.fence()
-	r.stop()
+	if ws.idle == nil {
+		ws.idle = make(chan struct{})
+	}
+	idle := ws.idle
+	ws.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
 }
 
 // handBackWaiting is the hand-back of a run stopped by

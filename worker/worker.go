@@ -368,7 +368,7 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 	if noWait {
 		batch, err = cons.FetchNoWait(n)
 	} else {
-		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.PollWait))
+		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(w.longPollWait()))
 	}
 	if err != nil {
 		log.Warn("fetch failed", "err", err)
@@ -401,6 +401,19 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 		log.Debug("fetch ended", "err", err)
 	}
 	return got
+}
+
+// offSlotPollWait bounds the long pull while runs wait without a slot: the
+// long pull holds a slot, and an answered run that finds none free gets it
+// when the pull ends (a pull cannot be cut short safely: the server would
+// still deliver to it).
+const offSlotPollWait = 500 * time.Millisecond
+
+func (w *Worker) longPollWait() time.Duration {
+	if w.OffSlot() > 0 {
+		return min(w.cfg.PollWait, offSlotPollWait)
+	}
+	return w.cfg.PollWait
 }
 
 // onControl is the wildcard subscription's handler: it hands the message

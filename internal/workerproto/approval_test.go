@@ -37,6 +37,9 @@ func TestRecoverPendingApprovals(t *testing.T) {
 	b.add(1, 11, approvalEv(bus.EventToolApprovalResolved, "c2", func(a *bus.ToolApproval) { a.Decision = "approve"; a.ControlSeq = 8 }))
 	b.add(1, 12, approvalEv(bus.EventToolApprovalRequested, "c4", func(a *bus.ToolApproval) { a.ExpiresAt = 700 }))
 	b.add(1, 13, approvalEv(bus.EventToolApprovalRejected, "c4", func(a *bus.ToolApproval) { a.Reason = "bad"; a.ControlSeq = 9 }))
+	for i, id := range []string{"c1", "c2", "c3", "c4"} { // a parallel batch: all started (order does not matter here)
+		b.add(1, uint64(14+i), bus.AgentEvent{Type: "tool_execution_start", ToolCallID: id})
+	}
 	rc := Recover(b.out, 1000)
 	var pending []string
 	for _, p := range rc.Pending {
@@ -57,6 +60,53 @@ func TestRecoverPendingApprovals(t *testing.T) {
 	}
 	if got := rc.AnsweredSeqs; len(got) != 3 || got[0] != 3 || got[1] != 8 || got[2] != 9 {
 		t.Fatalf("answered seqs %v", got)
+	}
+}
+
+// A sequential batch stopped at a waiting call: the calls after it that
+// never started are deferred (no synthetic result). A parallel sibling
+// that ended keeps its result; one whose end was interrupted does not.
+func TestRecoverDeferredCallsAndEndedResults(t *testing.T) {
+	b := &recEnv{t: t}
+	b.add(1, 1, bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	b.add(1, 2, msgEnd(agent.UserText("go")))
+	b.add(1, 3, msgEnd(assistantCalls("c0", "c1", "c2", "c3")))
+	b.add(1, 4, bus.AgentEvent{Type: "tool_execution_start", ToolCallID: "c0"})
+	b.add(1, 5, bus.AgentEvent{Type: "tool_execution_end", ToolCallID: "c0", Result: &agent.ToolResult{Content: []agent.Content{agent.Text("zero")}}})
+	b.add(1, 6, msgEnd(toolResult("c0", "zero", false)))
+	b.add(1, 7, bus.AgentEvent{Type: "tool_execution_start", ToolCallID: "c1"})
+	b.add(1, 8, approvalEv(bus.EventToolApprovalRequested, "c1", func(a *bus.ToolApproval) { a.ExpiresAt = 500 }))
+	rc := Recover(b.out, 1000)
+	var deferred []string
+	for _, c := range rc.Deferred {
+		deferred = append(deferred, c.ID)
+	}
+	if len(rc.Pending) != 1 || rc.Pending[0].Call.ID != "c1" || strings.Join(deferred, ",") != "c2,c3" || len(rc.Synthetic) != 0 {
+		t.Fatalf("pending %+v, deferred %v, synthetic %+v", rc.Pending, deferred, rc.Synthetic)
+	}
+
+	yes := true
+	b = &recEnv{t: t}
+	b.add(1, 1, bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	b.add(1, 2, msgEnd(agent.UserText("go")))
+	b.add(1, 3, msgEnd(assistantCalls("c1", "e1", "e2")))
+	for i, id := range []string{"c1", "e1", "e2"} {
+		b.add(1, uint64(4+i), bus.AgentEvent{Type: "tool_execution_start", ToolCallID: id})
+	}
+	b.add(1, 7, approvalEv(bus.EventToolApprovalRequested, "c1", func(a *bus.ToolApproval) { a.ExpiresAt = 500 }))
+	b.add(1, 8, bus.AgentEvent{Type: "tool_execution_end", ToolCallID: "e1", ToolName: "calc",
+		Result: &agent.ToolResult{Content: []agent.Content{agent.Text("one")}}})
+	b.add(1, 9, bus.AgentEvent{Type: "tool_execution_end", ToolCallID: "e2", ToolName: "calc", IsError: &yes,
+		Result: &agent.ToolResult{Content: []agent.Content{agent.Text("context canceled")}}}, interrupted())
+	rc = Recover(b.out, 1000)
+	if len(rc.Pending) != 1 || len(rc.Deferred) != 0 || len(rc.Synthetic) != 2 {
+		t.Fatalf("pending %+v, deferred %+v, synthetic %+v", rc.Pending, rc.Deferred, rc.Synthetic)
+	}
+	if m := rc.Synthetic[0]; m.ToolCallID != "e1" || m.IsError || m.TextOf() != "one" || m.Timestamp != 1000 {
+		t.Fatalf("e1 %+v, want its ended result", m)
+	}
+	if m := rc.Synthetic[1]; m.ToolCallID != "e2" || !m.IsError || m.TextOf() != InterruptedToolResult {
+		t.Fatalf("e2 %+v, want the synthetic error", m)
 	}
 }
 

@@ -27,9 +27,11 @@ type Recovery struct {
 	// Partial is set when an assistant message was being streamed and never
 	// ended (it is not in the view, so nothing to drop).
 	Partial bool
-	// Synthetic are error tool results for the tool calls of the last
-	// assistant message that have no result; the new attempt publishes them
-	// (message_start/message_end) right after run_resumed.
+	// Synthetic are the tool results the new attempt publishes
+	// (message_start/message_end) right after run_resumed, for the tool
+	// calls of the last assistant message that have no toolResult message:
+	// the result of the call's stored tool_execution_end (it ran, e.g. a
+	// parallel sibling of a waiting call), else an error result.
 	Synthetic []agent.Message
 	// ControlSeqs are the control sequences of the restored messages that
 	// came from steering and follow-ups: already delivered.
@@ -40,6 +42,11 @@ type Recovery struct {
 	// their original times, without a new request, and get no synthetic
 	// result. An approved call without a result gets the synthetic one.
 	Pending []PendingCall
+	// Deferred are the calls after the first pending call that have no
+	// tool_execution_start (a sequential batch stopped at a waiting call):
+	// they never ran, so they run, in order, once the pending calls
+	// resolve, and get no synthetic result.
+	Deferred []agent.Content
 	// AnsweredSeqs are the control sequences of the approvals earlier
 	// attempts used (resolved or rejected): not applied again.
 	AnsweredSeqs []uint64
@@ -84,7 +91,8 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 	// its prompt. What follows a gap is restored by nobody: the run goes on
 	// from the prefix, as readers do from what run_resumed says.
 	t := &bus.Transcript{}
-	gates := approvalTracker{requested: map[string]bus.PendingApproval{}, done: map[string]bool{}}
+	gates := approvalTracker{requested: map[string]bus.PendingApproval{}, done: map[string]bool{},
+		started: map[string]bool{}, ended: map[string]agent.Message{}}
 	var answered []uint64
 	attempt, next := 0, uint64(1)
 	for _, e := range kept {
@@ -123,16 +131,58 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 	}
 	rec.AnsweredSeqs = answered
 	rec.Pending = gates.pending(rec.Messages)
-	waiting := map[string]bool{}
+	rec.Deferred = gates.deferred(rec.Messages, rec.Pending)
+	skip := map[string]bool{}
 	for _, p := range rec.Pending {
-		waiting[p.Call.ID] = true
+		skip[p.Call.ID] = true
+	}
+	for _, c := range rec.Deferred {
+		skip[c.ID] = true
 	}
 	for _, m := range missingToolResults(rec.Messages, now) {
-		if !waiting[m.ToolCallID] {
-			rec.Synthetic = append(rec.Synthetic, m)
+		if skip[m.ToolCallID] {
+			continue
 		}
+		if end, ok := gates.ended[m.ToolCallID]; ok {
+			end.Timestamp = now
+			m = end
+		}
+		rec.Synthetic = append(rec.Synthetic, m)
 	}
 	return rec
+}
+
+// deferred returns the calls of the last assistant message after the first
+// pending one that never started.
+func (g *approvalTracker) deferred(msgs []agent.Message, pending []PendingCall) []agent.Content {
+	if len(pending) == 0 {
+		return nil
+	}
+	last := -1
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == agent.RoleAssistant {
+			last = i
+			break
+		}
+	}
+	if last < 0 {
+		return nil
+	}
+	waiting := map[string]bool{}
+	for _, p := range pending {
+		waiting[p.Call.ID] = true
+	}
+	var out []agent.Content
+	after := false
+	for _, c := range msgs[last].ToolCalls() {
+		switch {
+		case waiting[c.ID]:
+			after = true
+		case after && !g.started[c.ID]:
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // approvalTracker follows the approval events of the current assistant
@@ -141,13 +191,17 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 type approvalTracker struct {
 	requested map[string]bus.PendingApproval
 	done      map[string]bool // resolved, or its tool_execution_end came
+	started   map[string]bool // its tool_execution_start came
+	// ended are the results of the calls' tool_execution_end, as
+	// toolResult messages.
+	ended map[string]agent.Message
 }
 
 // apply takes one envelope; it returns the control sequence of an answer
 // the event used (0: none).
 func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 	switch e.Type {
-	case string(agent.EventMessageEnd), string(agent.EventToolExecutionEnd),
+	case string(agent.EventMessageEnd), string(agent.EventToolExecutionStart), string(agent.EventToolExecutionEnd),
 		bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
 	default:
 		return 0
@@ -161,9 +215,23 @@ func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 		if m := ev.Agent.Message; m != nil && m.Role == agent.RoleAssistant {
 			clear(g.requested)
 			clear(g.done)
+			clear(g.started)
+			clear(g.ended)
 		}
+	case ev.Agent != nil && ev.Type == string(agent.EventToolExecutionStart):
+		g.started[ev.Agent.ToolCallID] = true
 	case ev.Agent != nil && ev.Type == string(agent.EventToolExecutionEnd):
-		g.done[ev.Agent.ToolCallID] = true
+		a := ev.Agent
+		g.done[a.ToolCallID] = true
+		g.started[a.ToolCallID] = true
+		if a.Result != nil && !e.Interrupted {
+			m := agent.Message{Role: agent.RoleToolResult, ToolCallID: a.ToolCallID, ToolName: a.ToolName,
+				Content: a.Result.Content, IsError: a.IsError != nil && *a.IsError, AddedToolNames: a.Result.AddedToolNames}
+			if m.Content == nil {
+				m.Content = []agent.Content{}
+			}
+			g.ended[a.ToolCallID] = m
+		}
 	case ev.Approval != nil && ev.Type == bus.EventToolApprovalRequested:
 		a := ev.Approval
 		if _, ok := g.requested[a.ToolCallID]; !ok {

@@ -1,0 +1,181 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// A sequential batch (c1, c2 both gated) handed back while c1 waits: on
+// the next attempt c2, which never started, still asks once c1 resolves,
+// and runs; it gets no synthetic "worker stopped" result.
+func TestApprovalResumeSequentialRunsTheLaterCalls(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two")
+	req.ToolExecution = agent.ExecutionSequential
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	stopA()
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if a := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval; a.ToolCallID != "c2" {
+		t.Fatalf("second request %+v, want c2; events %s", a, re.types())
+	}
+	waitRecord(t, c, run, "waiting for c2", func(r *bus.RunRecord) bool { return waitingFor(r, "c2") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "one,two" {
+		t.Fatalf("deploy ran %q, want one,two; events %s", d.targets(), re.types())
+	}
+	res := toolResults(t, c, run)
+	for id, want := range map[string]string{"c1": "deployed one", "c2": "deployed two"} {
+		if m := res[id]; m.IsError || m.TextOf() != want {
+			t.Fatalf("%s result %+v, want %q", id, m, want)
+		}
+	}
+}
+
+// echoRequest is a parallel batch: c1 deploy (gated), e1 echo (not).
+func echoRequest(echo *agent.Tool) *bus.RunRequest {
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Tools = []string{"deploy", echo.Name}
+	first := &req.Faux.Responses[0]
+	first.Content = append(first.Content, agent.ToolCall("e1", echo.Name, map[string]any{"text": "hi"}))
+	return req
+}
+
+func echoTool(run func(ctx context.Context) error) *agent.Tool {
+	return agent.NewTool("echo", "echoes", func(ctx context.Context, a struct {
+		Text string `json:"text"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		if err := run(ctx); err != nil {
+			return agent.ToolResult{}, err
+		}
+		return agent.TextResult("echo " + a.Text), nil
+	})
+}
+
+// A parallel batch handed back while its gated call waits: the ungated
+// call that finished before (its tool_execution_end stored, its toolResult
+// message not yet) keeps its real result on the next attempt.
+func TestApprovalResumeParallelKeepsAFinishedSiblingsResult(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	echo := echoTool(func(context.Context) error { return nil })
+	cfg := Config{Tools: []*agent.Tool{d.tool(), echo}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, echoRequest(echo))
+	re := followRun(t, c, run)
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	re.waitFor(t, string(agent.EventToolExecutionEnd), 1) // e1 done
+	stopA()
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	res := toolResults(t, c, run)
+	if m := res["e1"]; m.IsError || m.TextOf() != "echo hi" {
+		t.Fatalf("e1 result %+v, want its real one; events %s", m, re.types())
+	}
+	if m := res["c1"]; m.IsError || m.TextOf() != "deployed prod" {
+		t.Fatalf("c1 result %+v", m)
+	}
+}
+
+// A drain while the gated call waits lets the ungated sibling still
+// running finish (within DrainTimeout) instead of cancelling it: its
+// result is kept for the next attempt.
+func TestApprovalHandBackLetsRunningSiblingsFinish(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	var wA *Worker
+	started := make(chan struct{}, 1)
+	echo := echoTool(func(ctx context.Context) error {
+		r, _ := ctx.Value(runKey{}).(*run)
+		if r == nil || r.w != wA {
+			return nil // a later attempt's
+		}
+		started <- struct{}{}
+		<-r.w.drainCtx().Done()
+		// Cancelled by the hand-back, or waited for by it.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return errors.New("cancelled by the hand-back")
+			case <-tick.C:
+			}
+			r.wait.mu.Lock()
+			waited := r.wait.idle != nil
+			r.wait.mu.Unlock()
+			if waited {
+				return nil
+			}
+		}
+	})
+	cfg := Config{Tools: []*agent.Tool{d.tool(), echo}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	wA, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, echoRequest(echo))
+	re := followRun(t, c, run)
+	<-started
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	stopA()
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if m := toolResults(t, c, run)["e1"]; m.IsError || m.TextOf() != "echo hi" {
+		t.Fatalf("e1 result %+v, want its real one; events %s", m, re.types())
+	}
+}
+
+// Calls a resumed attempt waits for again publish their results as each
+// resolves, not once the whole batch has: a drain meanwhile keeps them.
+func TestApprovalResumedCallsPublishEachResultAtOnce(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two"))
+	re := followRun(t, c, run)
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1", "c2") })
+	stopA()
+	_, stopB := startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1", "c2") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if e := re.waitFor(t, string(agent.EventToolExecutionEnd), 1).Agent; e.ToolCallID != "c1" {
+		t.Fatalf("first tool_execution_end %+v, want c1's; events %s", e, re.types())
+	}
+	waitRecord(t, c, run, "waiting for c2 only", func(r *bus.RunRecord) bool { return waitingFor(r, "c2") })
+	stopB()
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 3", func(r *bus.RunRecord) bool { return r.Attempt >= 3 && waitingFor(r, "c2") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "one,two" {
+		t.Fatalf("deploy ran %q, want one,two; events %s", d.targets(), re.types())
+	}
+	res := toolResults(t, c, run)
+	if m := res["c1"]; m.IsError || m.TextOf() != "deployed one" {
+		t.Fatalf("c1 result %+v; events %s", m, re.types())
+	}
+}
