@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -59,6 +60,10 @@ func (c *Client) allowBudgetsTTL(ctx context.Context) {
 		return
 	}
 	cfg.AllowMsgTTL = true
+	// A refused request (no permission) is never answered: bound it, so
+	// a worker's start does not wait out its setup deadline.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	_, _ = c.js.UpdateStream(ctx, cfg)
 }
 
