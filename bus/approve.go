@@ -170,31 +170,9 @@ func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time
 	if info.NumPending == 0 {
 		return nil, nil
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return nil, fmt.Errorf("events of %s: %w", runID, err)
-	}
-	defer it.Stop()
-	var out []*Envelope
-	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			return out, fmt.Errorf("events of %s: %w", runID, err)
-		}
-		if env, err := DecodeEnvelope(msg.Data()); err == nil {
-			out = append(out, env)
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			return out, err
-		}
-		if md.NumPending == 0 {
-			return out, nil
-		}
-	}
+	return readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata) (keep, more bool) {
+		return true, md.NumPending != 0
+	})
 }
 
 // ApprovalsOptions filter PendingApprovals.

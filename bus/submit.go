@@ -267,6 +267,16 @@ func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
 	}
+	return readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata) (keep, more bool) {
+		seq := md.Sequence.Stream
+		return seq < before, seq+1 < before
+	})
+}
+
+// readEvents reads a run's envelopes from an ordered consumer on its events
+// while next says to keep them and go on; envelopes that do not decode are
+// skipped.
+func readEvents(ctx context.Context, runID string, cons jetstream.Consumer, next func(md *jetstream.MsgMetadata) (keep, more bool)) ([]*Envelope, error) {
 	it, err := cons.Messages()
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
@@ -285,15 +295,14 @@ func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([
 		if err != nil {
 			return out, err
 		}
-		seq := md.Sequence.Stream
-		if seq >= before {
-			return out, nil
+		keep, more := next(md)
+		if keep {
+			if env, err := DecodeEnvelope(msg.Data()); err == nil {
+				env.StreamSeq = md.Sequence.Stream
+				out = append(out, env)
+			}
 		}
-		if env, err := DecodeEnvelope(msg.Data()); err == nil {
-			env.StreamSeq = seq
-			out = append(out, env)
-		}
-		if seq+1 >= before {
+		if !more {
 			return out, nil
 		}
 	}
