@@ -81,7 +81,9 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 		r.note("type a line to steer · /followup TEXT queues a follow-up · /abort aborts · /approve [CALL], /deny [CALL] REASON answer an approval · Ctrl-C detaches")
 	}
 	results := make(chan ctlResult, 8)
+	inflight := 0 // controls sent whose result is not shown yet
 	send := func(kind, text string) {
+		inflight++
 		wg.Go(func() {
 			sctx, scancel := context.WithTimeout(fctx, 10*time.Second)
 			defer scancel()
@@ -103,6 +105,7 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	}
 	sendAnswer := func(a bus.ApprovalAnswer) {
 		a.By = e.getenv("USER")
+		inflight++
 		wg.Go(func() {
 			sctx, scancel := context.WithTimeout(fctx, 10*time.Second)
 			defer scancel()
@@ -112,6 +115,18 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 			case <-fctx.Done():
 			}
 		})
+	}
+
+	showResult := func(res ctlResult) {
+		inflight--
+		switch {
+		case errors.Is(res.err, bus.ErrRunFinished):
+			r.note(fmt.Sprintf("the run has finished; %s not sent", kindName(res.kind)))
+		case res.err != nil:
+			r.note(fmt.Sprintf("%s failed: %v", kindName(res.kind), res.err))
+		default:
+			r.note(fmt.Sprintf("→ %s sent", kindName(res.kind)))
+		}
 	}
 
 	started := false
@@ -135,6 +150,15 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 		select {
 		case it, ok := <-items:
 			if !ok {
+				// The run may end before a control's ack comes back (an
+				// abort): say what happened to each before returning.
+				for inflight > 0 && fctx.Err() == nil {
+					select {
+					case res := <-results:
+						showResult(res)
+					case <-fctx.Done():
+					}
+				}
 				r.clearStatus()
 				if finished == nil {
 					return exitFailed
@@ -216,14 +240,7 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 			}
 			send(kind, text)
 		case res := <-results:
-			switch {
-			case errors.Is(res.err, bus.ErrRunFinished):
-				r.note(fmt.Sprintf("the run has finished; %s not sent", kindName(res.kind)))
-			case res.err != nil:
-				r.note(fmt.Sprintf("%s failed: %v", kindName(res.kind), res.err))
-			default:
-				r.note(fmt.Sprintf("→ %s sent", kindName(res.kind)))
-			}
+			showResult(res)
 		case <-e.interrupts:
 			if o.abortOnInterrupt && !aborting {
 				aborting = true
