@@ -158,13 +158,7 @@ func (g *approvalTracker) deferred(msgs []agent.Message, pending []PendingCall) 
 	if len(pending) == 0 {
 		return nil
 	}
-	last := -1
-	for i := len(msgs) - 1; i >= 0; i-- {
-		if msgs[i].Role == agent.RoleAssistant {
-			last = i
-			break
-		}
-	}
+	last := lastAssistant(msgs)
 	if last < 0 {
 		return nil
 	}
@@ -253,13 +247,7 @@ func (g *approvalTracker) pending(msgs []agent.Message) []PendingCall {
 	if len(msgs) == 0 {
 		return nil
 	}
-	last := -1
-	for i := len(msgs) - 1; i >= 0; i-- {
-		if msgs[i].Role == agent.RoleAssistant {
-			last = i
-			break
-		}
-	}
+	last := lastAssistant(msgs)
 	if last < 0 {
 		return nil
 	}
@@ -284,13 +272,7 @@ func (g *approvalTracker) pending(msgs []agent.Message) []PendingCall {
 // missingToolResults returns error results for the tool calls of the last
 // assistant message that have no result after it.
 func missingToolResults(msgs []agent.Message, now int64) []agent.Message {
-	last := -1
-	for i := len(msgs) - 1; i >= 0; i-- {
-		if msgs[i].Role == agent.RoleAssistant {
-			last = i
-			break
-		}
-	}
+	last := lastAssistant(msgs)
 	if last < 0 {
 		return nil
 	}
@@ -321,4 +303,15 @@ func EndsWithAnswer(msgs []agent.Message) bool {
 	}
 	m := &msgs[len(msgs)-1]
 	return m.Role == agent.RoleAssistant && len(m.ToolCalls()) == 0
+}
+
+// lastAssistant is the index of the last assistant message of msgs, -1 if
+// none.
+func lastAssistant(msgs []agent.Message) int {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == agent.RoleAssistant {
+			return i
+		}
+	}
+	return -1
 }
