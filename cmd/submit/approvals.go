@@ -45,13 +45,7 @@ func cmdApprovals(ctx context.Context, e *env, args []string) int {
 		return fail(e, fleetError(c, err))
 	}
 	if asJSON {
-		if ps == nil {
-			ps = []bus.PendingCall{}
-		}
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(ps)
-		return exitOK
+		return writeJSON(e, orEmpty(ps))
 	}
 	if len(ps) == 0 {
 		fmt.Fprintln(e.stderr, "no pending approvals")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"strconv"
@@ -61,10 +60,7 @@ func cmdBudgets(ctx context.Context, e *env, args []string) int {
 	}
 	lines := tenantBudgets(entries, time.Now(), all)
 	if asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(lines)
-		return exitOK
+		return writeJSON(e, lines)
 	}
 	if len(lines) == 0 {
 		fmt.Fprintln(e.stderr, "no tenant has spending in the current period (workers write a tenant's entry at its first run of a period)")

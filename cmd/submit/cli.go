@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -387,4 +388,22 @@ func readFileOrStdin(e *env, name string) ([]byte, error) {
 		return io.ReadAll(io.LimitReader(e.stdin, bus.MaxRequestBytes+1))
 	}
 	return os.ReadFile(name)
+}
+
+// writeJSON prints v as indented JSON, the --json output of the commands.
+func writeJSON(e *env, v any) int {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fail(e, err)
+	}
+	return exitOK
+}
+
+// orEmpty makes a nil list print as [] rather than null.
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }

@@ -522,10 +522,7 @@ func cmdStatus(ctx context.Context, e *env, args []string) int {
 	}
 	defer release()
 	if asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rec)
-		return exitOK
+		return writeJSON(e, rec)
 	}
 	writeRecord(e, style{on: e.color(cf.noColor)}, rec)
 	return exitOK
@@ -677,13 +674,7 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "stopped after reading %d records; older ones: submit list --before @%d\n", page.Scanned, page.Next)
 	}
 	if asJSON {
-		if recs == nil {
-			recs = []bus.RunRecord{}
-		}
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(recs)
-		return exitOK
+		return writeJSON(e, orEmpty(recs))
 	}
 	if len(recs) == 0 {
 		fmt.Fprintln(e.stderr, "no runs")
@@ -803,13 +794,9 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 	st := style{on: e.color(cf.noColor)}
 	switch {
 	case transcript && asJSON:
-		msgs := t.Messages
-		if msgs == nil {
-			msgs = []agent.Message{}
+		if code := writeJSON(e, orEmpty(t.Messages)); code != exitOK {
+			return code
 		}
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(msgs)
 	case transcript:
 		writeTranscript(e, st, t)
 	case asJSON:

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"slices"
@@ -47,10 +46,7 @@ func cmdTools(ctx context.Context, e *env, args []string) int {
 	}
 	tools := fleetTools(ws)
 	if asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(tools)
-		return exitOK
+		return writeJSON(e, tools)
 	}
 	if len(tools) == 0 {
 		fmt.Fprintf(e.stderr, "no tools: %d workers are up\n", len(ws))
