@@ -81,7 +81,8 @@ func newTracer(tp trace.TracerProvider) trace.Tracer {
 
 // runTrace is an attempt's invoke_agent span and what its end reports.
 type runTrace struct {
-	span trace.Span // nil when the worker does not trace
+	span trace.Span      // nil when the worker does not trace
+	ctx  context.Context // carries span, for its children made after the fact
 
 	mu     sync.Mutex
 	usage  agent.Usage // this attempt's model calls
@@ -137,8 +138,7 @@ func (r *run) traceBeginFrom(h nats.Header) {
 	if sc.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	}
-	var invokeCtx context.Context
-	invokeCtx, r.trace.span = t.Start(ctx, spanInvoke, trace.WithTimestamp(r.startedAt), trace.WithAttributes(
+	r.trace.ctx, r.trace.span = t.Start(ctx, spanInvoke, trace.WithTimestamp(r.startedAt), trace.WithAttributes(
 		semconv.GenAIOperationNameInvokeAgent, semconv.GenAIConversationID(r.id),
 		attrRunID.String(r.id), attrQueue.String(r.queue), attrAttempt.Int(r.attempt),
 		attrWorker.String(r.w.id), attrResumed.Bool(false)))
@@ -146,7 +146,7 @@ func (r *run) traceBeginFrom(h nats.Header) {
 		// A sibling of invoke_agent under the submitter's span; without
 		// one, invoke_agent's child, so that both are one trace.
 		if !sc.IsValid() {
-			ctx = invokeCtx
+			ctx = r.trace.ctx
 		}
 		_, s := t.Start(ctx, spanQueueWait, trace.WithTimestamp(r.submittedAt), trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(attrRunID.String(r.id), attrQueue.String(r.queue)))
@@ -237,8 +237,8 @@ func (r *run) traceStep(name string, start time.Time, err error) {
 	if r.trace.span == nil {
 		return
 	}
-	_, s := r.w.tracer.Start(trace.ContextWithSpan(context.Background(), r.trace.span), name,
-		trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrRunID.String(r.id)))
+	// No attributes: invoke_agent, the parent, names the run.
+	_, s := r.w.tracer.Start(r.trace.ctx, name, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient))
 	if err != nil {
 		s.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 		s.SetStatus(codes.Error, clipString(err.Error(), 1024))

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -24,7 +23,6 @@ type benchFlags struct {
 	json                             bool
 	timeout                          time.Duration
 	cpuProfile                       string
-	tracer                           trace.Tracer // a span per run; nil: none (trace.go)
 	// Streaming mode: concurrency runs, each streaming deltasPerSecond
 	// text deltas for duration.
 	streaming       bool
@@ -101,9 +99,8 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		defer stop()
 	}
 	// The command's context carries the caller's TRACEPARENT to every run.
-	ctx, tr, endTrace := cf.traceCommand(ctx, e, "agentfleet.bench") // trace.go
+	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet.bench") // trace.go
 	defer endTrace()
-	bf.tracer = benchTracer(tr)
 	c, err := cf.connect(ctx, e)
 	if err != nil {
 		return fail(e, err)
@@ -369,13 +366,9 @@ func runBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, body [
 			r.submitted = time.Now()
 			b.mu.Unlock()
 			wg.Go(func() {
-				sctx := bctx
-				if bf.tracer != nil {
-					var span trace.Span
-					sctx, span = bf.tracer.Start(bctx, "agentfleet.submit", trace.WithSpanKind(trace.SpanKindProducer))
-					defer span.End()
-				}
-				if _, err := c.SubmitRaw(sctx, bf.queue, id, body); err != nil && bctx.Err() == nil {
+				// The request carries the agentfleet.bench span: a span
+				// per run would add nothing the worker's queue.wait does not.
+				if _, err := c.SubmitRaw(bctx, bf.queue, id, body); err != nil && bctx.Err() == nil {
 					errOnce.Do(func() { submitErr = fleetError(c, err) })
 					halt()
 				}

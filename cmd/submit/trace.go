@@ -55,11 +55,3 @@ func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context
 func traceRun(ctx context.Context, id, queue string) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("agentfleet.run.id", id), attribute.String("agentfleet.queue", queue))
 }
-
-// benchTracer starts a span per bench run when tracing is on; nil when off.
-func benchTracer(t *otlp.Tracing) trace.Tracer {
-	if t == nil || !t.On {
-		return nil
-	}
-	return t.Provider.Tracer(tracerName)
-}

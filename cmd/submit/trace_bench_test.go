@@ -24,11 +24,11 @@ import (
 // ratio, and the median CPU time per run of the worker, submit and this
 // process together (getrusage: steadier than runs/s on a shared machine);
 // run it with -benchtime 1x (AGENTS_BENCH_RUNS sets the runs per round,
-// default 2000):
+// default 10,000; smaller rounds are noisier):
 //
 //	go test ./cmd/submit -run '^$' -bench FleetTracing -benchtime 1x
 func BenchmarkFleetTracing(b *testing.B) {
-	runs := 2000
+	runs := 10000
 	if v, err := strconv.Atoi(os.Getenv("AGENTS_BENCH_RUNS")); err == nil && v > 0 {
 		runs = v
 	}
@@ -49,7 +49,7 @@ func BenchmarkFleetTracing(b *testing.B) {
 					env, args = otel, []string{"--otel"}
 				}
 				dir := b.TempDir()
-				cpu0 := cpuTime()
+				cpu0, self0 := cpuTime(), selfCPUTime()
 				stop, url, err := startWorkerProcess(filepath.Join(dir, "worker.log"), env,
 					"--nats-listen", "127.0.0.1:0", "--data-dir", dir, "--concurrency", "64")
 				if err != nil {
@@ -63,13 +63,15 @@ func BenchmarkFleetTracing(b *testing.B) {
 					b.Error(err)
 				}
 				perRun := float64((cpuTime() - cpu0).Microseconds()) / float64(runs)
+				selfPerRun := float64((selfCPUTime() - self0).Microseconds()) / float64(runs)
+				submitPerRun := float64((p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()).Microseconds()) / float64(runs)
 				var res benchResult
 				if err := json.Unmarshal([]byte(p.stdout.String()), &res); err != nil || code != 0 || res.Failed > 0 {
 					b.Fatalf("bench (tracing %v): exit %d %v\n%s\n%s", on, code, err, p.stdout, p.stderr)
 				}
 				load, _ := os.ReadFile("/proc/loadavg")
-				b.Logf("round %d tracing %-5v: %.0f runs/s, start p50 %.0f ms, CPU %.0f µs/run, load %s", round+1, on, res.RunsPerSec,
-					res.StartLatencyMs.P50, perRun, strings.Join(strings.Fields(string(load))[:3], " "))
+				b.Logf("round %d tracing %-5v: %.0f runs/s, start p50 %.0f ms, CPU %.0f µs/run (worker %.0f, submit %.0f, receiver %.0f), load %s", round+1, on, res.RunsPerSec,
+					res.StartLatencyMs.P50, perRun, perRun-selfPerRun-submitPerRun, submitPerRun, selfPerRun, strings.Join(strings.Fields(string(load))[:3], " "))
 				got[on] = append(got[on], res.RunsPerSec)
 				cpu[on] = append(cpu[on], perRun)
 			}
@@ -93,6 +95,13 @@ func cpuTime() time.Duration {
 		total += time.Duration(tv.Nano())
 	}
 	return total
+}
+
+// selfCPUTime is the CPU time of this process alone (the receiver).
+func selfCPUTime() time.Duration {
+	var self syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+	return time.Duration(self.Utime.Nano() + self.Stime.Nano())
 }
 
 func median(v []float64) float64 {
