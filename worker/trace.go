@@ -237,8 +237,12 @@ func (r *run) traceStep(name string, start time.Time, err error) {
 	if r.trace.span == nil {
 		return
 	}
+	parent := r.trace.ctx
+	if parent == nil { // span set without traceBeginFrom (tests)
+		parent = trace.ContextWithSpan(context.Background(), r.trace.span)
+	}
 	// No attributes: invoke_agent, the parent, names the run.
-	_, s := r.w.tracer.Start(r.trace.ctx, name, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient))
+	_, s := r.w.tracer.Start(parent, name, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient))
 	if err != nil {
 		s.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 		s.SetStatus(codes.Error, clipString(err.Error(), 1024))

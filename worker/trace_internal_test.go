@@ -209,6 +209,23 @@ func TestTraceInputTokensCountCache(t *testing.T) {
 	}
 }
 
+// A lease or record span is a child of invoke_agent, also when only the
+// span was set (as the tests above do), not the root of a new trace.
+func TestTraceStepParentWithoutTraceBegin(t *testing.T) {
+	rec, tp := spanRecorder(t)
+	w := &Worker{tracer: newTracer(tp)}
+	r := &run{w: w, id: "r1"}
+	_, r.trace.span = w.tracer.Start(context.Background(), "invoke_agent")
+	r.traceStep(spanLeaseTake, time.Now(), nil)
+	r.trace.span.End()
+	inv := r.trace.span.SpanContext()
+	for _, sp := range endedSpans(t, rec, 2, func(sdktrace.ReadOnlySpan) bool { return true }) {
+		if sp.Name() == spanLeaseTake && (sp.Parent().SpanID() != inv.SpanID() || sp.SpanContext().TraceID() != inv.TraceID()) {
+			t.Errorf("lease span: parent %v, want invoke_agent %v", sp.Parent(), inv)
+		}
+	}
+}
+
 // A request without a trace context still makes one trace: its queue wait
 // is a child of invoke_agent.
 func TestTraceQueueWaitWithoutAParent(t *testing.T) {

@@ -142,7 +142,7 @@ func answer(ctx context.Context, e *env, args []string, decision string) int {
 		return fail(e, usagef("%s", strings.Join(p, "; ")))
 	}
 	id := pos[0]
-	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet."+decision) // trace.go
+	ctx, endTrace := cf.traceCommand(ctx, e, "agentfleet."+decision) // trace.go
 	defer endTrace()
 	ctx, c, rec, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {

@@ -99,7 +99,7 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		defer stop()
 	}
 	// The command's context carries the caller's TRACEPARENT to every run.
-	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet.bench") // trace.go
+	ctx, endTrace := cf.traceCommand(ctx, e, "agentfleet.bench") // trace.go
 	defer endTrace()
 	c, err := cf.connect(ctx, e)
 	if err != nil {

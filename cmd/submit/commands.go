@@ -237,7 +237,7 @@ func submitAndFollow(ctx context.Context, e *env, args []string, mode, usage str
 	if err != nil {
 		return fail(e, err)
 	}
-	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet.submit") // trace.go
+	ctx, endTrace := cf.traceCommand(ctx, e, "agentfleet.submit") // trace.go
 	defer endTrace()
 	ictx, icancel := context.WithCancel(ctx)
 	defer icancel()
@@ -387,7 +387,7 @@ func control(ctx context.Context, e *env, args []string, kind string) int {
 	if strings.TrimSpace(text) == "" {
 		return fail(e, usagef("empty %s text", kindName(kind)))
 	}
-	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet."+name) // trace.go
+	ctx, endTrace := cf.traceCommand(ctx, e, "agentfleet."+name) // trace.go
 	defer endTrace()
 	ctx, c, _, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {
@@ -462,7 +462,7 @@ func cmdAbort(ctx context.Context, e *env, args []string) int {
 		return fail(e, usagef("abort takes one run id"))
 	}
 	id := pos[0]
-	ctx, _, endTrace := cf.traceCommand(ctx, e, "agentfleet.abort") // trace.go
+	ctx, endTrace := cf.traceCommand(ctx, e, "agentfleet.abort") // trace.go
 	defer endTrace()
 	ctx, c, rec, release, err := openRun(ctx, e, &cf, id)
 	if err != nil {

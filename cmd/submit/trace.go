@@ -26,7 +26,7 @@ func otelFlag(fs *flag.FlagSet, p *bool, e *env) {
 // child of the caller's TRACEPARENT if there is one (continued even when
 // tracing is off here, so the workers' spans join the caller's trace).
 // end ends the span and flushes the exporter.
-func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context.Context, t *otlp.Tracing, end func()) {
+func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context.Context, end func()) {
 	t, err := otlp.New(ctx, c.otel, "agentfleet-submit", e.getenv)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "submit: tracing off: %v\n", err)
@@ -37,10 +37,10 @@ func (c *conn) traceCommand(ctx context.Context, e *env, name string) (_ context
 	}
 	ctx = tracing.FromEnvironment(ctx, e.getenv)
 	if !t.On && !trace.SpanContextFromContext(ctx).IsValid() {
-		return ctx, t, func() {}
+		return ctx, func() {}
 	}
 	ctx, span := t.Provider.Tracer(tracerName).Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer))
-	return ctx, t, func() {
+	return ctx, func() {
 		span.End()
 		// Short: a command must not hang on a collector that is down.
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -22,7 +22,10 @@ import (
 // in this process that discards them. Each round has a fresh worker with
 // its embedded NATS server. It reports the medians' runs/s and their
 // ratio, and the median CPU time per run of the worker, submit and this
-// process together (getrusage: steadier than runs/s on a shared machine);
+// process together and of the worker alone (getrusage; the worker's is
+// the children's less submit's); each round's line also gives submit's
+// and this process's (the receiver, the worker log's reader and
+// TestMain's NATS server);
 // run it with -benchtime 1x (AGENTS_BENCH_RUNS sets the runs per round,
 // default 10,000; smaller rounds are noisier):
 //
@@ -38,7 +41,7 @@ func BenchmarkFleetTracing(b *testing.B) {
 	}))
 	defer discard.Close()
 	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + discard.URL, "OTEL_TRACES_SAMPLER=parentbased_always_on"}
-	got, cpu := map[bool][]float64{}, map[bool][]float64{}
+	got, cpu, workerCPU := map[bool][]float64{}, map[bool][]float64{}, map[bool][]float64{}
 	for b.Loop() {
 		for round := range 3 {
 			// The order alternates too: a load that grows or shrinks
@@ -70,10 +73,11 @@ func BenchmarkFleetTracing(b *testing.B) {
 					b.Fatalf("bench (tracing %v): exit %d %v\n%s\n%s", on, code, err, p.stdout, p.stderr)
 				}
 				load, _ := os.ReadFile("/proc/loadavg")
-				b.Logf("round %d tracing %-5v: %.0f runs/s, start p50 %.0f ms, CPU %.0f µs/run (worker %.0f, submit %.0f, receiver %.0f), load %s", round+1, on, res.RunsPerSec,
+				b.Logf("round %d tracing %-5v: %.0f runs/s, start p50 %.0f ms, CPU %.0f µs/run (worker %.0f, submit %.0f, this process %.0f), load %s", round+1, on, res.RunsPerSec,
 					res.StartLatencyMs.P50, perRun, perRun-selfPerRun-submitPerRun, submitPerRun, selfPerRun, strings.Join(strings.Fields(string(load))[:3], " "))
 				got[on] = append(got[on], res.RunsPerSec)
 				cpu[on] = append(cpu[on], perRun)
+				workerCPU[on] = append(workerCPU[on], perRun-selfPerRun-submitPerRun)
 			}
 		}
 	}
@@ -83,6 +87,8 @@ func BenchmarkFleetTracing(b *testing.B) {
 	b.ReportMetric(on/off, "on/off")
 	b.ReportMetric(median(cpu[false]), "off-cpu-µs/run")
 	b.ReportMetric(median(cpu[true]), "on-cpu-µs/run")
+	b.ReportMetric(median(workerCPU[false]), "off-worker-cpu-µs/run")
+	b.ReportMetric(median(workerCPU[true]), "on-worker-cpu-µs/run")
 }
 
 // cpuTime is the CPU time of this process and its waited-for children.

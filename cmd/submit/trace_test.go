@@ -282,6 +282,64 @@ func TestTraceBenchCarriesTheCallersContext(t *testing.T) {
 	}
 }
 
+// With tracing on, bench's requests carry its one agentfleet.bench span
+// (no span per run): each run's invoke_agent and queue.wait are its
+// children, in the caller's trace.
+func TestTraceBenchRunsAreChildrenOfTheBenchSpan(t *testing.T) {
+	t.Parallel()
+	rcv := &otlpReceiver{}
+	hs := httptest.NewServer(rcv)
+	defer hs.Close()
+	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + hs.URL, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_TRACES_SAMPLER=parentbased_always_on"}
+	stop, url, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), otel,
+		"--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	const callerTrace = "4bf92f3577b34da6a3ce929d0e0e47bb"
+	q := startWithEnv(t, append(submitEnv("NATS_URL="+url, "TRACEPARENT=00-"+callerTrace+"-00f067aa0ba902b7-01"), otel...),
+		"--otel", "bench", "--runs", "2", "--json")
+	if code := q.wait(t); code != 0 {
+		t.Fatalf("bench: exit %d\n%s\n%s", code, q.stdout, q.stderr)
+	}
+	inTrace := func(s otlpSpan) bool { return hex.EncodeToString(s.span.TraceId) == callerTrace }
+	// submit flushed every span it made before exiting, the bench span last.
+	bench := rcv.waitFor(t, "agentfleet.bench", func(s otlpSpan) bool { return s.span.Name == "agentfleet.bench" && inTrace(s) })
+	children := func(name string) int {
+		rcv.mu.Lock()
+		defer rcv.mu.Unlock()
+		n := 0
+		for _, s := range rcv.spans {
+			if s.span.Name == name && inTrace(s) && bytes.Equal(s.span.ParentSpanId, bench.span.SpanId) {
+				n++
+			}
+		}
+		return n
+	}
+	for _, name := range []string{"invoke_agent", "agentfleet.queue.wait"} {
+		for deadline := time.Now().Add(30 * time.Second); children(name) < 2; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d %s spans under agentfleet.bench, want 2", children(name), name)
+			}
+		}
+	}
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	for _, s := range rcv.spans {
+		if s.span.Name == "agentfleet.submit" && inTrace(s) {
+			t.Errorf("bench made a span per run: %v", s.span)
+		}
+	}
+	if len(rcv.bad) > 0 {
+		t.Errorf("receiver got bad requests: %v", rcv.bad)
+	}
+}
+
 // SIGTERM stops submit as Ctrl-C does (it detaches from the run), and
 // its span is flushed to the collector on the way out.
 func TestTraceSubmitFlushesOnSIGTERM(t *testing.T) {
