@@ -2,6 +2,7 @@ package workerproto
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -74,6 +75,32 @@ func FuzzAppendString(f *testing.F) {
 
 func BenchmarkEncodeDelta(b *testing.B) {
 	ev := agent.Event{Type: agent.EventMessageUpdate, StreamEvent: &agent.StreamEvent{Type: agent.StreamTextDelta, ContentIndex: 0, Delta: "lorem ipsum dolo"}}
+	var buf []byte
+	b.Run("reflection", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			we := NewAgentEvent(&ev)
+			buf, _ = agent.AppendJSON(buf[:0], we)
+		}
+	})
+	b.Run("direct", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			buf, _ = AppendAgentEvent(buf[:0], &ev, Refs{})
+		}
+	})
+}
+
+// BenchmarkEncodeMessageEnd is the worker's encoding of an assistant's
+// message_end: one text block of about 320 characters, usage with costs.
+func BenchmarkEncodeMessageEnd(b *testing.B) {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8)[:320]
+	msg := &agent.Message{Role: agent.RoleAssistant, Content: []agent.Content{agent.Text(text)},
+		API: "faux", Provider: "faux", Model: "faux-1", ResponseID: "resp-123",
+		Usage: agent.Usage{Input: 1234, Output: 321, CacheRead: 100, TotalTokens: 1655,
+			Cost: agent.Cost{Input: 0.003702, Output: 0.004815, CacheRead: 0.00003, Total: 0.008547}},
+		StopReason: agent.StopReasonStop, Timestamp: 1764563458123}
+	ev := agent.Event{Type: agent.EventMessageEnd, Message: msg}
 	var buf []byte
 	b.Run("reflection", func(b *testing.B) {
 		b.ReportAllocs()
