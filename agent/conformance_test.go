@@ -266,6 +266,7 @@ func runScenario(t *testing.T, path string) []string {
 	counts := map[string]int{}
 	a.Subscribe(func(_ context.Context, ev agent.Event) error {
 		tr.add(traceLine(ev))
+		checkEventMessagesJSON(t, ev)
 		counts[string(ev.Type)]++
 		keys := []string{string(ev.Type)}
 		if ev.Type == agent.EventMessageUpdate {

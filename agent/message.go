@@ -85,53 +85,6 @@ func ToolCall(id, name string, args map[string]any) Content {
 	return Content{Type: ContentToolCall, ID: id, Name: name, Arguments: args}
 }
 
-type textJSON struct {
-	Type          string `json:"type"`
-	Text          string `json:"text"`
-	TextSignature string `json:"textSignature,omitempty"`
-}
-
-type thinkingJSON struct {
-	Type              string `json:"type"`
-	Thinking          string `json:"thinking"`
-	ThinkingSignature string `json:"thinkingSignature,omitempty"`
-	Redacted          bool   `json:"redacted,omitempty"`
-}
-
-type imageJSON struct {
-	Type     string `json:"type"`
-	Data     string `json:"data"`
-	MimeType string `json:"mimeType"`
-}
-
-type toolCallJSON struct {
-	Type             string         `json:"type"`
-	ID               string         `json:"id"`
-	Name             string         `json:"name"`
-	Arguments        map[string]any `json:"arguments"`
-	ThoughtSignature string         `json:"thoughtSignature,omitempty"`
-}
-
-// MarshalJSON writes the block with pi's field names for its type.
-func (c Content) MarshalJSON() ([]byte, error) {
-	switch c.Type {
-	case ContentText:
-		return MarshalJSON(textJSON{c.Type, c.Text, c.TextSignature})
-	case ContentThinking:
-		return MarshalJSON(thinkingJSON{c.Type, c.Thinking, c.ThinkingSignature, c.Redacted})
-	case ContentImage:
-		return MarshalJSON(imageJSON{c.Type, c.Data, c.MimeType})
-	case ContentToolCall:
-		args := c.Arguments
-		if args == nil {
-			args = map[string]any{}
-		}
-		return MarshalJSON(toolCallJSON{c.Type, c.ID, c.Name, args, c.ThoughtSignature})
-	default:
-		return nil, fmt.Errorf("agent: unknown content type %q", c.Type)
-	}
-}
-
 // UnmarshalJSON reads a block written by pi or by MarshalJSON.
 func (c *Content) UnmarshalJSON(b []byte) error {
 	var raw struct {
@@ -302,12 +255,6 @@ func joinText(blocks []Content, sep string) string {
 	return b.String()
 }
 
-type userJSON struct {
-	Role      string    `json:"role"`
-	Content   []Content `json:"content"`
-	Timestamp int64     `json:"timestamp"`
-}
-
 type assistantJSON struct {
 	Role          string     `json:"role"`
 	Content       []Content  `json:"content"`
@@ -331,31 +278,6 @@ type toolResultJSON struct {
 	AddedToolNames []string        `json:"addedToolNames,omitempty"`
 	IsError        bool            `json:"isError"`
 	Timestamp      int64           `json:"timestamp"`
-}
-
-// MarshalJSON writes the message with pi's field names for its role.
-func (m Message) MarshalJSON() ([]byte, error) {
-	content := m.Content
-	if content == nil {
-		content = []Content{}
-	}
-	switch m.Role {
-	case RoleUser, RoleSystem, RoleDeveloper:
-		return MarshalJSON(userJSON{m.Role, content, m.Timestamp})
-	case RoleAssistant:
-		return MarshalJSON(assistantJSON{m.Role, content, m.API, m.Provider, m.Model,
-			m.ResponseModel, m.ResponseID, m.Usage, m.StopReason, m.ErrorMessage, m.Timestamp})
-	case RoleToolResult:
-		return MarshalJSON(toolResultJSON{m.Role, m.ToolCallID, m.ToolName, content,
-			m.Details, m.AddedToolNames, m.IsError, m.Timestamp})
-	case "":
-		return nil, errors.New("agent: message without a role")
-	default:
-		if m.Raw != nil {
-			return m.Raw, nil
-		}
-		return MarshalJSON(userJSON{m.Role, content, m.Timestamp})
-	}
 }
 
 // UnmarshalJSON reads a pi message. A user (or system) message's content may

@@ -2,7 +2,6 @@ package workerproto
 
 import (
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -17,97 +16,85 @@ type Refs struct {
 
 // AppendAgentEvent appends the wire JSON of an agent event to dst, byte for
 // byte what agent.AppendJSON of NewAgentEvent (with refs filled in) writes.
-// The frequent, flat events (message_update deltas, agent_start,
-// turn_start) are written without reflection or allocation; every other
-// event, and any type added later, goes through agent.AppendJSON.
+// The frequent events (message_update deltas, agent_start, turn_start,
+// message_start, message_end, turn_end, agent_end) are written without
+// reflection; every other event, and any type added later, goes through
+// agent.AppendJSON. On error dst is returned unchanged.
 func AppendAgentEvent(dst []byte, ev *agent.Event, refs Refs) ([]byte, error) {
+	var messageCount *int
+	out := dst
 	switch ev.Type {
-	case agent.EventAgentStart, agent.EventTurnStart:
-		dst = append(dst, `{"type":`...)
-		dst = appendString(dst, string(ev.Type))
-		return append(dst, '}'), nil
+	case agent.EventAgentStart, agent.EventTurnStart, agent.EventTurnEnd:
+		out = agent.AppendJSONString(append(out, `{"type":`...), string(ev.Type))
+	case agent.EventAgentEnd:
+		out = agent.AppendJSONString(append(out, `{"type":`...), string(ev.Type))
+		n := len(ev.Messages)
+		messageCount = &n
+	case agent.EventMessageStart, agent.EventMessageEnd:
+		out = agent.AppendJSONString(append(out, `{"type":`...), string(ev.Type))
+		if ev.Message != nil {
+			var err error
+			if out, err = agent.AppendMessageJSON(append(out, `,"message":`...), ev.Message); err != nil {
+				return dst, err
+			}
+		}
 	case agent.EventMessageUpdate:
 		se := ev.StreamEvent
 		if se == nil || se.ToolCall != nil {
-			break
+			return appendByReflection(dst, ev, refs)
 		}
 		// Arguments and Message are not on the wire (NewAgentEvent).
-		dst = append(dst, `{"type":"message_update","assistantMessageEvent":{"type":`...)
-		dst = appendString(dst, string(se.Type))
-		dst = append(dst, `,"contentIndex":`...)
-		dst = strconv.AppendInt(dst, int64(se.ContentIndex), 10)
-		dst = appendField(dst, `,"delta":`, se.Delta)
-		dst = appendField(dst, `,"content":`, se.Content)
-		dst = appendField(dst, `,"signature":`, se.Signature)
-		dst = appendField(dst, `,"id":`, se.ID)
-		dst = appendField(dst, `,"name":`, se.Name)
-		dst = appendField(dst, `,"reason":`, string(se.Reason))
-		return append(dst, '}', '}'), nil
+		out = append(out, `{"type":"message_update","assistantMessageEvent":{"type":`...)
+		out = agent.AppendJSONString(out, string(se.Type))
+		out = append(out, `,"contentIndex":`...)
+		out = strconv.AppendInt(out, int64(se.ContentIndex), 10)
+		out = appendField(out, `,"delta":`, se.Delta)
+		out = appendField(out, `,"content":`, se.Content)
+		out = appendField(out, `,"signature":`, se.Signature)
+		out = appendField(out, `,"id":`, se.ID)
+		out = appendField(out, `,"name":`, se.Name)
+		out = appendField(out, `,"reason":`, string(se.Reason))
+		out = append(out, '}')
+	default:
+		return appendByReflection(dst, ev, refs)
 	}
+	// The tail of bus.AgentEvent, in its field order and omitempty rules.
+	if refs.MessageSeq != 0 {
+		out = strconv.AppendUint(append(out, `,"messageSeq":`...), refs.MessageSeq, 10)
+	}
+	out = appendSeqs(out, `,"toolResultSeqs":`, refs.ToolResultSeqs)
+	if messageCount != nil {
+		out = strconv.AppendInt(append(out, `,"messageCount":`...), int64(*messageCount), 10)
+	}
+	out = appendSeqs(out, `,"messageSeqs":`, refs.MessageSeqs)
+	return append(out, '}'), nil
+}
+
+func appendByReflection(dst []byte, ev *agent.Event, refs Refs) ([]byte, error) {
 	w := NewAgentEvent(ev)
 	w.MessageSeq, w.ToolResultSeqs, w.MessageSeqs = refs.MessageSeq, refs.ToolResultSeqs, refs.MessageSeqs
 	return agent.AppendJSON(dst, w)
+}
+
+func appendSeqs(dst []byte, key string, seqs []uint64) []byte {
+	if len(seqs) == 0 {
+		return dst
+	}
+	dst = append(dst, key...)
+	for i, s := range seqs {
+		if i == 0 {
+			dst = append(dst, '[')
+		} else {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, s, 10)
+	}
+	return append(dst, ']')
 }
 
 func appendField(dst []byte, key, v string) []byte {
 	if v == "" {
 		return dst
 	}
-	return appendString(append(dst, key...), v)
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString quotes s as encoding/json does with HTML escaping off:
-// control characters, quote and backslash escaped, invalid UTF-8 as
-// U+FFFD, U+2028 and U+2029 escaped.
-func appendString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		if b := s[i]; b < utf8.RuneSelf {
-			if b >= 0x20 && b != '"' && b != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch b {
-			case '\\', '"':
-				dst = append(dst, '\\', b)
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		c, size := utf8.DecodeRuneInString(s[i:])
-		if c == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if c == '\u2028' || c == '\u2029' {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[c&0xF])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
+	return agent.AppendJSONString(append(dst, key...), v)
 }
