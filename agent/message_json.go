@@ -36,7 +36,17 @@ func (m Message) MarshalJSON() ([]byte, error) {
 	if m.Raw != nil && m.IsCustom() {
 		return m.Raw, nil
 	}
-	return appendMessage(nil, &m)
+	return appendMessage(make([]byte, 0, messageSizeHint(&m)), &m)
+}
+
+// messageSizeHint is about the size of m's JSON, to allocate it at once.
+func messageSizeHint(m *Message) int {
+	n := 320 + len(m.ErrorMessage) + len(m.Details)
+	for i := range m.Content {
+		c := &m.Content[i]
+		n += 48 + len(c.Text) + len(c.TextSignature) + len(c.Thinking) + len(c.ThinkingSignature) + len(c.Data)
+	}
+	return n
 }
 
 // MarshalJSON writes the block with pi's field names for its type.
