@@ -28,6 +28,40 @@ type loopRun struct {
 
 func (r *loopRun) emit(ev *Event) error { return r.a.emit(r.ctx, ev) }
 
+// The loop's own frame stays on the stack while tools run (minutes, for
+// thousands of runs at once): the events it emits and the messages it
+// copies live in the frames of these helpers instead, so that a waiting
+// run's stack is small enough for the runtime to shrink it.
+
+//go:noinline
+func (r *loopRun) emitType(t EventType) error { return r.emit(&Event{Type: t}) }
+
+//go:noinline
+func (r *loopRun) emitTurnEnd(msg *Message, results []Message) error {
+	return r.emit(&Event{Type: EventTurnEnd, Message: msg, ToolResults: results})
+}
+
+//go:noinline
+func (r *loopRun) emitAgentEnd() error {
+	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+}
+
+// addPending emits and records the steering or follow-up messages that
+// start a turn.
+//
+//go:noinline
+func (r *loopRun) addPending(pending []Message) error {
+	for i := range pending {
+		m := pending[i]
+		if err := r.emitMessage(&m); err != nil {
+			return err
+		}
+		r.cur.Messages = append(r.cur.Messages, m)
+		r.newMessages = append(r.newMessages, m)
+	}
+	return nil
+}
+
 // emitMessage emits message_start and message_end for a whole message.
 func (r *loopRun) emitMessage(m *Message) error {
 	if err := r.emit(&Event{Type: EventMessageStart, Message: m}); err != nil {
@@ -82,19 +116,14 @@ func (r *loopRun) loop() error {
 		hasMoreToolCalls := true
 		for hasMoreToolCalls || len(pending) > 0 {
 			if !firstTurn {
-				if err := r.emit(&Event{Type: EventTurnStart}); err != nil {
+				if err := r.emitType(EventTurnStart); err != nil {
 					return err
 				}
 			} else {
 				firstTurn = false
 			}
-			for i := range pending {
-				m := pending[i]
-				if err := r.emitMessage(&m); err != nil {
-					return err
-				}
-				r.cur.Messages = append(r.cur.Messages, m)
-				r.newMessages = append(r.newMessages, m)
+			if err := r.addPending(pending); err != nil {
+				return err
 			}
 			pending = nil
 
@@ -104,10 +133,10 @@ func (r *loopRun) loop() error {
 			}
 			r.newMessages = append(r.newMessages, *msg)
 			if msg.StopReason == StopReasonError || msg.StopReason == StopReasonAborted {
-				if err := r.emit(&Event{Type: EventTurnEnd, Message: msg}); err != nil {
+				if err := r.emitTurnEnd(msg, nil); err != nil {
 					return err
 				}
-				return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+				return r.emitAgentEnd()
 			}
 
 			var results []Message
@@ -126,14 +155,14 @@ func (r *loopRun) loop() error {
 				r.cur.Messages = append(r.cur.Messages, results...)
 				r.newMessages = append(r.newMessages, results...)
 			}
-			if err := r.emit(&Event{Type: EventTurnEnd, Message: msg, ToolResults: results}); err != nil {
+			if err := r.emitTurnEnd(msg, results); err != nil {
 				return err
 			}
 
 			if stop, err := r.afterTurn(msg, results); err != nil {
 				return err
 			} else if stop {
-				return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+				return r.emitAgentEnd()
 			}
 			pending = r.pollSteering()
 		}
@@ -143,7 +172,7 @@ func (r *loopRun) loop() error {
 		}
 		break
 	}
-	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+	return r.emitAgentEnd()
 }
 
 // afterTurn runs PrepareNextTurn and ShouldStopAfterTurn.

@@ -258,6 +258,15 @@ func (r *run) execute() {
 	}
 	defer r.release()
 	runErr, finished := r.drive(ctx)
+	r.conclude(runErr, finished, timeout)
+}
+
+// conclude settles the attempt once the agent has stopped. It is its own
+// frame so that execute's, on the stack while the run's tools run, stays
+// small (see agent's loop.go).
+//
+//go:noinline
+func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
 	// Read when the agent stopped, not after the close below: a run that
 	// ended just before its deadline did not time out.
 	timedOut := r.clock.timedOut()
