@@ -439,11 +439,26 @@ func (r *loopRun) executeSequential(assistant *Message, calls []Content) ([]Mess
 }
 
 func (r *loopRun) executeParallel(assistant *Message, calls []Content) ([]Message, bool, error) {
+	prepared, outcomes, err := r.prepareBatch(assistant, calls)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := r.runBatch(assistant, prepared, outcomes); err != nil {
+		return nil, false, err
+	}
+	return r.emitToolResults(outcomes)
+}
+
+// prepareBatch emits tool_execution_start for each call and prepares it;
+// a call that fails preparation gets its outcome and its end at once.
+//
+//go:noinline
+func (r *loopRun) prepareBatch(assistant *Message, calls []Content) ([]*preparedCall, []*toolOutcome, error) {
 	outcomes := make([]*toolOutcome, len(calls))
 	prepared := make([]*preparedCall, len(calls))
 	for i, call := range calls {
 		if err := r.emitToolStart(call); err != nil {
-			return nil, false, err
+			return nil, nil, err
 		}
 		p, out := r.prepare(assistant, call)
 		if p != nil {
@@ -451,18 +466,22 @@ func (r *loopRun) executeParallel(assistant *Message, calls []Content) ([]Messag
 		} else {
 			outcomes[i] = out
 			if err := r.emitToolEnd(out); err != nil {
-				return nil, false, err
+				return nil, nil, err
 			}
 		}
 		if r.ctx.Err() != nil {
 			break
 		}
 	}
-	if err := r.runBatch(assistant, prepared, outcomes); err != nil {
-		return nil, false, err
-	}
+	return prepared, outcomes, nil
+}
 
-	results := make([]Message, 0, len(calls))
+// emitToolResults emits the batch's tool result messages in call order.
+// Its own frame: executeParallel's stays on the stack while tools run.
+//
+//go:noinline
+func (r *loopRun) emitToolResults(outcomes []*toolOutcome) ([]Message, bool, error) {
+	results := make([]Message, 0, len(outcomes))
 	terminate := true
 	for _, out := range outcomes {
 		if out == nil {

@@ -23,7 +23,8 @@ func AppendMessageJSON(dst []byte, m *Message) ([]byte, error) {
 	}
 	out, err := appendMessage(dst, m)
 	if err != nil {
-		return dst, err
+		// Errors are rare: the reflection path words them as before.
+		return AppendJSON(dst, m)
 	}
 	return out, nil
 }
@@ -36,7 +37,11 @@ func (m Message) MarshalJSON() ([]byte, error) {
 	if m.Raw != nil && m.IsCustom() {
 		return m.Raw, nil
 	}
-	return appendMessage(make([]byte, 0, messageSizeHint(&m)), &m)
+	b, err := appendMessage(make([]byte, 0, messageSizeHint(&m)), &m)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // messageSizeHint is about the size of m's JSON, to allocate it at once.
@@ -50,7 +55,13 @@ func messageSizeHint(m *Message) int {
 }
 
 // MarshalJSON writes the block with pi's field names for its type.
-func (c Content) MarshalJSON() ([]byte, error) { return appendContent(nil, &c) }
+func (c Content) MarshalJSON() ([]byte, error) {
+	b, err := appendContent(nil, &c)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
 
 // appendMessage writes a message of a standard role, or of a custom role
 // without Raw (as a user message).
@@ -114,7 +125,8 @@ func appendContents(dst []byte, blocks []Content) ([]byte, error) {
 		}
 		var err error
 		if dst, err = appendContent(dst, &blocks[i]); err != nil {
-			return dst, err
+			// As encoding/json wraps an error of Content.MarshalJSON.
+			return dst, &json.MarshalerError{Type: reflect.TypeFor[Content](), Err: err}
 		}
 	}
 	return append(dst, ']'), nil

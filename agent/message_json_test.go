@@ -43,6 +43,14 @@ func messageJSONMismatch(m *agent.Message) error {
 		if string(got) != "prefix" {
 			return fmt.Errorf("message %#v: on error wrote %q", m, got)
 		}
+		// The reference's types have their own names; the rest of the text is the same.
+		if want := strings.NewReplacer("*jsonref.message", "*agent.Message", "jsonref.content", "agent.Content").Replace(wantErr.Error()); gotErr.Error() != want {
+			return fmt.Errorf("message %#v: error %q, reference %q", m, gotErr, want)
+		}
+		// (Raw is returned as it is; encoding/json then finds it invalid.)
+		if b, err := m.MarshalJSON(); (m.Raw == nil || !m.IsCustom()) && (err == nil || b != nil) {
+			return fmt.Errorf("message %#v: Message.MarshalJSON gave %q, %v; want nil and an error", m, b, err)
+		}
 		// Through the marshaler and json.Marshal it errors too.
 		if _, err := agent.MarshalJSON(*m); err == nil {
 			return fmt.Errorf("message %#v: MarshalJSON without the error %v", m, wantErr)

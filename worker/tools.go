@@ -74,7 +74,6 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 	inner := t.Execute
 	name := t.Name
 	timeout := w.cfg.ToolTimeout
-	maxBytes := w.cfg.MaxToolResultBytes
 	maxArgs := w.cfg.MaxToolArgsBytes
 	prepare := t.PrepareArguments
 	return &agent.Tool{
@@ -104,28 +103,38 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 				defer endToolSpanOnPanic(endSpan)
 			}
 			res, err := inner(tctx, id, args, update)
-			timedOut := false
-			if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
-				timedOut = true
-				err = fmt.Errorf("tool %s timed out after %s", name, timeout)
-			}
-			if r, ok := ctx.Value(runKey{}).(*run); ok {
-				w.obs.ToolCall(r.info(), ToolCall{Tool: name, Duration: time.Since(start), Err: err, TimedOut: timedOut})
-			}
-			if endSpan != nil {
-				endSpan(res, err)
-			}
-			if err != nil {
-				// An error result is capped like a successful one.
-				if msg := err.Error(); len(msg) > min(maxBytes, bus.MaxErrorBytes) {
-					err = errors.New(clipString(msg, min(maxBytes, bus.MaxErrorBytes)))
-				}
-				return res, err
-			}
-			res.Content = capContent(res.Content, maxBytes)
-			return res, nil
+			return w.toolCallDone(ctx, tctx, name, start, res, err, endSpan)
 		},
 	}
+}
+
+// toolCallDone reports a tool call and bounds its result. Its own frame:
+// the wrapper's stays on the stack while the tool runs.
+//
+//go:noinline
+func (w *Worker) toolCallDone(ctx, tctx context.Context, name string, start time.Time, res agent.ToolResult, err error,
+	endSpan func(agent.ToolResult, error)) (agent.ToolResult, error) {
+	maxBytes := w.cfg.MaxToolResultBytes
+	timedOut := false
+	if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
+		timedOut = true
+		err = fmt.Errorf("tool %s timed out after %s", name, w.cfg.ToolTimeout)
+	}
+	if r, ok := ctx.Value(runKey{}).(*run); ok {
+		w.obs.ToolCall(r.info(), ToolCall{Tool: name, Duration: time.Since(start), Err: err, TimedOut: timedOut})
+	}
+	if endSpan != nil {
+		endSpan(res, err)
+	}
+	if err != nil {
+		// An error result is capped like a successful one.
+		if msg := err.Error(); len(msg) > min(maxBytes, bus.MaxErrorBytes) {
+			err = errors.New(clipString(msg, min(maxBytes, bus.MaxErrorBytes)))
+		}
+		return res, err
+	}
+	res.Content = capContent(res.Content, maxBytes)
+	return res, nil
 }
 
 // capContent keeps at most max bytes of text and image data, cutting the
