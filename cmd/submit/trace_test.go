@@ -124,26 +124,36 @@ func spanNamed(name string) func(otlpSpan) bool {
 	return func(s otlpSpan) bool { return s.span.Name == name }
 }
 
-// A real submit process continues the caller's TRACEPARENT, the request
-// carries its context over NATS to a real worker process, and both export
-// over OTLP/HTTP (protobuf) to a receiver in the test: the worker's spans
-// are children of the submit's, in the caller's trace.
-func TestTracePropagatesFromSubmitToWorkerOverOTLP(t *testing.T) {
-	t.Parallel()
+// startTracedWorker starts a worker process (its own embedded NATS) that
+// exports every span to a new OTLP/HTTP receiver in the test. It returns
+// the receiver, the worker's NATS URL and the OTEL_* environment to give
+// submit too.
+func startTracedWorker(t *testing.T) (*otlpReceiver, string, []string) {
+	t.Helper()
 	rcv := &otlpReceiver{}
 	hs := httptest.NewServer(rcv)
-	defer hs.Close()
+	t.Cleanup(hs.Close)
 	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + hs.URL, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_TRACES_SAMPLER=parentbased_always_on"}
 	stop, url, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), otel,
 		"--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if err := stop(); err != nil {
 			t.Error(err)
 		}
-	}()
+	})
+	return rcv, url, otel
+}
+
+// A real submit process continues the caller's TRACEPARENT, the request
+// carries its context over NATS to a real worker process, and both export
+// over OTLP/HTTP (protobuf) to a receiver in the test: the worker's spans
+// are children of the submit's, in the caller's trace.
+func TestTracePropagatesFromSubmitToWorkerOverOTLP(t *testing.T) {
+	t.Parallel()
+	rcv, url, otel := startTracedWorker(t)
 
 	const callerTrace, callerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	id := "t-otel-" + bus.NewRunID()[:8]
@@ -287,20 +297,7 @@ func TestTraceBenchCarriesTheCallersContext(t *testing.T) {
 // children, in the caller's trace.
 func TestTraceBenchRunsAreChildrenOfTheBenchSpan(t *testing.T) {
 	t.Parallel()
-	rcv := &otlpReceiver{}
-	hs := httptest.NewServer(rcv)
-	defer hs.Close()
-	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + hs.URL, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_TRACES_SAMPLER=parentbased_always_on"}
-	stop, url, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), otel,
-		"--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	rcv, url, otel := startTracedWorker(t)
 	const callerTrace = "4bf92f3577b34da6a3ce929d0e0e47bb"
 	q := startWithEnv(t, append(submitEnv("NATS_URL="+url, "TRACEPARENT=00-"+callerTrace+"-00f067aa0ba902b7-01"), otel...),
 		"--otel", "bench", "--runs", "2", "--json")
