@@ -33,9 +33,7 @@ func TestApprovalResumeSequentialRunsTheLaterCalls(t *testing.T) {
 	}
 	waitRecord(t, c, run, "waiting for c2", func(r *bus.RunRecord) bool { return waitingFor(r, "c2") })
 	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
-	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
-		t.Fatalf("finished %+v; events %s", fin, re.types())
-	}
+	wantSucceeded(t, re)
 	if d.targets() != "one,two" {
 		t.Fatalf("deploy ran %q, want one,two; events %s", d.targets(), re.types())
 	}
@@ -84,9 +82,7 @@ func TestApprovalResumeParallelKeepsAFinishedSiblingsResult(t *testing.T) {
 	startOn(t, c, cfg)
 	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
 	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
-	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
-		t.Fatalf("finished %+v; events %s", fin, re.types())
-	}
+	wantSucceeded(t, re)
 	res := toolResults(t, c, run)
 	if m := res["e1"]; m.IsError || m.TextOf() != "echo hi" {
 		t.Fatalf("e1 result %+v, want its real one; events %s", m, re.types())
@@ -138,9 +134,7 @@ func TestApprovalHandBackLetsRunningSiblingsFinish(t *testing.T) {
 	startOn(t, c, cfg)
 	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
 	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
-	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
-		t.Fatalf("finished %+v; events %s", fin, re.types())
-	}
+	wantSucceeded(t, re)
 	if m := toolResults(t, c, run)["e1"]; m.IsError || m.TextOf() != "echo hi" {
 		t.Fatalf("e1 result %+v, want its real one; events %s", m, re.types())
 	}
@@ -168,14 +162,20 @@ func TestApprovalResumedCallsPublishEachResultAtOnce(t *testing.T) {
 	startOn(t, c, cfg)
 	waitRecord(t, c, run, "waiting on attempt 3", func(r *bus.RunRecord) bool { return r.Attempt >= 3 && waitingFor(r, "c2") })
 	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
-	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
-		t.Fatalf("finished %+v; events %s", fin, re.types())
-	}
+	wantSucceeded(t, re)
 	if d.targets() != "one,two" {
 		t.Fatalf("deploy ran %q, want one,two; events %s", d.targets(), re.types())
 	}
 	res := toolResults(t, c, run)
 	if m := res["c1"]; m.IsError || m.TextOf() != "deployed one" {
 		t.Fatalf("c1 result %+v; events %s", m, re.types())
+	}
+}
+
+// wantSucceeded waits for the run's end and wants it succeeded.
+func wantSucceeded(t *testing.T, re *runEvents) {
+	t.Helper()
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
 	}
 }

@@ -535,6 +535,21 @@ func TestApprovalWaitNotCountedInTheTimeout(t *testing.T) {
 }
 
 // startOn runs a worker on c until the returned stop (a drain) is called.
+// handBackTwice stops the worker (stop) while the run waits for c1's
+// answer, then starts one on cfg and stops it again the same way: with
+// MaxDeliver 2 the request's deliveries are used up by waiting alone.
+func handBackTwice(t *testing.T, c *bus.Client, cfg Config, run string, stop func()) {
+	t.Helper()
+	for i := 1; i <= 2; i++ {
+		if i > 1 {
+			_, stop = startOn(t, c, cfg)
+		}
+		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
+		stop()
+		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
+	}
+}
+
 func startOn(t *testing.T, c *bus.Client, cfg Config) (*Worker, func()) {
 	t.Helper()
 	cfg.Client = c
@@ -623,14 +638,7 @@ func TestApprovalHandBacksWhileWaitingDoNotUseUpMaxDeliver(t *testing.T) {
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
 	asked := re.waitFor(t, bus.EventToolApprovalRequested, 1).Approval
-	for i := 1; i <= 2; i++ {
-		if i > 1 {
-			_, stop = startOn(t, c, cfg)
-		}
-		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
-		stop()
-		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
-	}
+	handBackTwice(t, c, cfg, run, stop)
 	startOn(t, c, cfg)
 	rec := waitRecord(t, c, run, "waiting after the requeue", func(r *bus.RunRecord) bool { return r.Attempt > 2 && waitingFor(r, "c1") || r.Finished() })
 	if rec.Finished() || rec.Waiting.Approvals[0].ExpiresAt != asked.ExpiresAt {

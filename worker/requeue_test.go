@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"strconv"
 	"testing"
 	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,14 +29,7 @@ func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
 	re.waitFor(t, bus.EventToolApprovalRequested, 1)
-	for i := 1; i <= 2; i++ {
-		if i > 1 {
-			_, stop = startOn(t, c, cfg)
-		}
-		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
-		stop()
-		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
-	}
+	handBackTwice(t, c, cfg, run, stop)
 	// The copy's deliveries all time out (no heartbeat within AckWait).
 	bad := cfg
 	bad.AckWait, bad.HeartbeatInterval, bad.DrainTimeout = time.Second, time.Hour, 50*time.Millisecond

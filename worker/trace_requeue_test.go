@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -26,14 +25,7 @@ func TestTraceRequeueKeepsTheTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := res.ID
-	for i := 1; i <= 2; i++ {
-		if i > 1 {
-			_, stop = startOn(t, c, cfg)
-		}
-		waitRecord(t, c, run, fmt.Sprintf("waiting on attempt %d", i), func(r *bus.RunRecord) bool { return r.Attempt >= i && waitingFor(r, "c1") })
-		stop()
-		waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 || r.Finished() })
-	}
+	handBackTwice(t, c, cfg, run, stop)
 	startOn(t, c, cfg)
 	waitRecord(t, c, run, "waiting after the requeue", func(r *bus.RunRecord) bool { return r.Attempt > 2 && waitingFor(r, "c1") || r.Finished() })
 	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
