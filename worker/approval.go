@@ -166,8 +166,8 @@ func (r *run) runPendingCalls(ctx context.Context) error {
 		if failed != nil || r.waitHandedBack.Load() || ctx.Err() != nil {
 			break
 		}
-		data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&agent.Event{Type: agent.EventToolExecutionStart,
-			ToolCallID: c.ID, ToolName: c.Name, Args: c.Arguments}))
+		data, err := workerproto.AppendAgentEvent(nil, &agent.Event{Type: agent.EventToolExecutionStart,
+			ToolCallID: c.ID, ToolName: c.Name, Args: c.Arguments}, workerproto.Refs{})
 		if err == nil {
 			_, err = r.pub.event(string(agent.EventToolExecutionStart), data, 0)
 		}
@@ -200,7 +200,7 @@ func (r *run) publishToolResult(m *agent.Message) error {
 		{Type: agent.EventMessageEnd, Message: m},
 	}
 	for j := range evs {
-		data, err := agent.MarshalJSON(workerproto.NewAgentEvent(&evs[j]))
+		data, err := workerproto.AppendAgentEvent(nil, &evs[j], workerproto.Refs{})
 		if err != nil {
 			return err
 		}

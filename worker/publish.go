@@ -84,7 +84,6 @@ type publisher struct {
 
 type outgoing struct {
 	seq uint64
-	msg *nats.Msg // &m
 	m   nats.Msg
 	f   jetstream.PubAckFuture // nil: not sent yet
 }
@@ -260,7 +259,7 @@ func (p *publisher) resend(start *time.Time, cause error) error {
 		if nc.IsConnected() {
 			sent := true
 			for _, o := range p.queue {
-				f, err := p.w.js.PublishMsgAsync(o.msg)
+				f, err := p.w.js.PublishMsgAsync(&o.m)
 				if err != nil {
 					sent = false
 					o.f = nil
@@ -356,7 +355,6 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	m := &o.m
 	m.Subject, m.Data = p.subject, data
 	m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
-	o.msg = m
 	if !p.holding && p.w.c.Conn().IsConnected() {
 		f, err := p.w.js.PublishMsgAsync(m)
 		switch {

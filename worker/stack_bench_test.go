@@ -94,6 +94,7 @@ func BenchmarkWaitingRunStack(b *testing.B) {
 		before := stackInUse()
 		goroutines := runtime.NumGoroutine()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
 		for range runs {
 			if _, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "wait", Tools: []string{"block"}}); err != nil {
 				b.Fatal(err)
@@ -119,7 +120,6 @@ func BenchmarkWaitingRunStack(b *testing.B) {
 		case <-ctx.Done():
 			b.Fatalf("%d of %d runs left the tool", g.left.Load(), runs)
 		}
-		cancel()
 	}
 }
 

@@ -97,7 +97,7 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			defer cancel()
 			start := time.Now()
 			var endSpan func(agent.ToolResult, error)
-			if r, ok := ctx.Value(runKey{}).(*run); ok {
+			if r, ok := ctx.Value(runKey{}).(*run); ok && r.w.tracer != nil {
 				tctx, endSpan = r.traceTool(tctx, name, id, args)
 				// The agent recovers a tool's panic: end the span on that path too.
 				defer endToolSpanOnPanic(endSpan)

@@ -120,7 +120,9 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		return fail(e, err)
 	}
 	if bf.json {
-		_ = json.NewEncoder(e.stdout).Encode(rep.benchResult)
+		if err := json.NewEncoder(e.stdout).Encode(rep.benchResult); err != nil {
+			return fail(e, err)
+		}
 	} else {
 		writeBenchTable(e.stdout, rep)
 	}

@@ -271,7 +271,9 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 		}
 	}
 	if bf.json {
-		_ = json.NewEncoder(e.stdout).Encode(res)
+		if err := json.NewEncoder(e.stdout).Encode(res); err != nil {
+			return fail(e, err)
+		}
 	} else {
 		fmt.Fprintf(e.stdout, "runs        %d streaming %.0f deltas/s, %d failed, %d gaps, %d duplicates, %d dropped\n",
 			res.Runs, res.DeltasPerSecond, res.Failed, res.Gaps, res.Duplicates, res.Dropped)
