@@ -68,6 +68,9 @@ type Config struct {
 	// may be outstanding (record writes are not in it); a full window
 	// blocks the agent's listener (back-pressure). Default 256.
 	PublishWindow int
+	// PublishAckTimeout is how long an event's JetStream ack may take
+	// before the event and those after it are re-sent; default 15s.
+	PublishAckTimeout time.Duration
 	// ToolTimeout bounds one tool call; default 2 minutes.
 	ToolTimeout time.Duration
 	// MaxToolResultBytes caps a tool result's text; default 64 KiB.
@@ -265,6 +268,9 @@ func (c *Config) defaults() {
 	}
 	if c.PublishWindow <= 0 {
 		c.PublishWindow = 256
+	}
+	if c.PublishAckTimeout <= 0 {
+		c.PublishAckTimeout = 15 * time.Second
 	}
 	if c.ToolTimeout <= 0 {
 		c.ToolTimeout = 2 * time.Minute

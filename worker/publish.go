@@ -42,40 +42,56 @@ func (e *EventTooLargeError) Error() string {
 // publisher publishes one attempt's events asynchronously with a bounded
 // window of outstanding acks. Every event takes a window slot before it is
 // published and gives it back when its ack arrives; a full window blocks
-// the caller (the agent's listener): back-pressure.
+// the caller (the agent's listener): back-pressure. Acks come through the
+// worker's eventAcks (acks.go), which applies them here.
 //
-// Events stay in order and gapless across NATS outages: an event is only
-// sent while the connection is up; when an ack fails for a reason that a
-// reconnect cures (disconnect, timeout, no responders, 503), the publisher
-// holds new events, waits for the connection and re-sends every
-// unacknowledged event in seq order with its Nats-Msg-Id, so those already
-// stored are dropped as duplicates. Acks must come back with increasing
-// stream sequences; if not (a lost event stored after a later one), the
-// attempt fails and is handed back. The retry budget is AckWait: past it
-// the request is redelivered anyway.
+// Invariants:
+//   - queue holds the unacknowledged events and those acked after an
+//     earlier one still unacked, in seq order; its head is popped only
+//     once acked, so events are counted stored in seq order.
+//   - The window holds at least len(queue) slots: a queued event's slot is
+//     given back when it is popped or dropped, never before.
+//   - Acks must come with increasing stream sequences in seq order; if not
+//     (a lost event stored after a later one), the attempt fails and is
+//     handed back.
+//   - While holding, nothing new is sent: an event is sent only while the
+//     connection is up and no re-send runs, so it never overtakes an
+//     earlier event. When an ack fails for a reason a reconnect cures
+//     (disconnect, timeout, no responders, 503), one re-send goroutine
+//     waits for the connection and re-sends every unacknowledged event in
+//     seq order with its Nats-Msg-Id, so those already stored are dropped
+//     as duplicates. The retry budget is AckWait from the first failure
+//     without an ack since: past it the request is redelivered anyway.
+//   - done is closed once the publisher is closed, its queue is empty and
+//     no re-send runs; then it leaves eventAcks.
 type publisher struct {
 	w       *Worker
 	run     string
 	attempt int
 	subject string
-	// The constant parts of the envelopes and of their message ids.
+	// The constant parts of the envelopes, message ids and reply subjects.
 	envHead, envMid, msgIDHead string
+	replyHead                  string
+	ackID                      uint64
 	limit                      int
 	budget                     time.Duration
 
 	window chan struct{}
-	kick   chan struct{}
+	kick   chan struct{} // wakes the re-send goroutine
 	done   chan struct{}
 	first  chan struct{} // closed when seq 1 is acked
 
 	mu          sync.Mutex
-	queue       []*outgoing     // unacknowledged, in seq order
+	queue       []*outgoing     // see the invariants
 	drained     []chan struct{} // sync waiters: closed when queue empties or a publish fails
 	seq         uint64
 	holding     bool // do not send: disconnected, or re-sending
+	resending   bool // the re-send goroutine runs
+	retryStart  time.Time
 	closed      bool
+	finished    bool // done is closed
 	err         error
-	lastStream  uint64 // stream sequence of the last acked event
+	lastStream  uint64 // stream sequence of the last popped event
 	sent        int    // events published, for the run's event budget
 	sentBytes   int64
 	firstStream uint64
@@ -83,9 +99,14 @@ type publisher struct {
 }
 
 type outgoing struct {
-	seq uint64
-	m   nats.Msg
-	f   jetstream.PubAckFuture // nil: not sent yet
+	seq    uint64
+	m      nats.Msg
+	sent   bool // published since the last failure seen
+	epoch  uint64
+	sentAt time.Time
+	acked  bool
+	stream uint64 // where the ack says it is stored
+	dup    bool
 }
 
 func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publisher {
@@ -103,7 +124,7 @@ func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publi
 		onFail:    onFail,
 	}
 	p.envHead, p.envMid = envelopeParts(run, attempt, w.id)
-	go p.ackLoop()
+	p.replyHead = w.acks.add(p)
 	return p
 }
 
@@ -157,129 +178,233 @@ func retryable(err error) bool {
 	return errors.As(err, &api) && api.Code == 503
 }
 
-func (p *publisher) ackLoop() {
-	defer close(p.done)
-	var retryStart time.Time
-	for {
-		p.mu.Lock()
-		if p.err != nil {
-			p.dropLocked()
-		}
-		if len(p.queue) == 0 {
-			if p.closed {
-				p.mu.Unlock()
-				return
-			}
-			p.mu.Unlock()
-			<-p.kick
-			continue
-		}
-		head := p.queue[0]
-		f := head.f
+// sendLocked publishes o. Caller holds mu.
+func (p *publisher) sendLocked(o *outgoing, now time.Time) error {
+	o.epoch = p.w.acks.epoch.Load()
+	o.sentAt = now
+	if err := p.w.c.Conn().PublishMsg(&o.m); err != nil {
+		o.sent = false
+		return err
+	}
+	o.sent = true
+	return nil
+}
+
+// ackArrived applies the ack of the event seq (eventAcks' callback: it
+// must not block).
+func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
+	p.mu.Lock()
+	if p.err != nil || len(p.queue) == 0 {
 		p.mu.Unlock()
-		if f == nil {
-			if err := p.resend(&retryStart, nil); err != nil {
-				p.fail(err)
-			}
-			continue
+		return
+	}
+	head := p.queue[0].seq
+	if seq < head || seq-head >= uint64(len(p.queue)) {
+		p.mu.Unlock() // a late ack of an event already popped
+		return
+	}
+	o := p.queue[seq-head]
+	if o.acked {
+		p.mu.Unlock()
+		return
+	}
+	if ackErr != nil {
+		if retryable(ackErr) {
+			p.startResendLocked(ackErr)
+			p.mu.Unlock()
+			return
 		}
-		select {
-		case <-p.kick:
-			// re-check: failed, fenced or closing
-		case ack := <-f.Ok():
-			p.acked(head, ack)
-			retryStart = time.Time{}
-		case err := <-f.Err():
-			if !retryable(err) {
-				p.fail(fmt.Errorf("publish to %s: %w", p.subject, err))
-				continue
-			}
-			if err := p.resend(&retryStart, err); err != nil {
-				p.fail(err)
-			}
+		first := p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, ackErr))
+		p.mu.Unlock()
+		if first {
+			go p.failed()
 		}
+		return
+	}
+	o.acked, o.stream, o.dup = true, stream, dup
+	popped, stored, bad := p.popLocked()
+	var first bool
+	if bad != nil {
+		first = p.failLocked(bad)
+	}
+	p.mu.Unlock()
+	for range popped {
+		<-p.window
+	}
+	for range stored {
+		p.w.obs.EventPublished()
+	}
+	if first {
+		go p.failed()
 	}
 }
 
-func (p *publisher) acked(o *outgoing, ack *jetstream.PubAck) {
-	p.mu.Lock()
-	if len(p.queue) == 0 || p.queue[0] != o {
-		p.mu.Unlock()
-		return
+// popLocked pops the acked events at the queue's head: how many, how many
+// of them were new to the stream, and an error if one was stored out of
+// order. Caller holds mu.
+func (p *publisher) popLocked() (popped, stored int, bad error) {
+	for len(p.queue) > 0 && p.queue[0].acked {
+		o := p.queue[0]
+		if o.stream <= p.lastStream {
+			return popped, stored, fmt.Errorf("%w (event %d stored at %d, before %d)", errOutOfOrder, o.seq, o.stream, p.lastStream)
+		}
+		p.lastStream = o.stream
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+		popped++
+		if !o.dup {
+			stored++
+		}
+		p.retryStart = time.Time{}
+		if o.seq == 1 {
+			p.firstStream = o.stream
+			close(p.first)
+		}
 	}
-	if ack.Sequence <= p.lastStream {
-		p.mu.Unlock()
-		p.fail(fmt.Errorf("%w (event %d stored at %d, before %d)", errOutOfOrder, o.seq, ack.Sequence, p.lastStream))
-		return
-	}
-	p.lastStream = ack.Sequence
-	p.queue[0] = nil
-	p.queue = p.queue[1:]
-	if o.seq == 1 {
-		p.firstStream = ack.Sequence
-		close(p.first)
-	}
-	if len(p.queue) == 0 {
+	if popped > 0 && len(p.queue) == 0 {
 		p.releaseSyncLocked()
+		p.finishLocked()
+	}
+	return popped, stored, nil
+}
+
+// check is eventAcks' sweep: it starts a re-send when the oldest
+// unacknowledged event was sent before the connection's latest reconnect
+// or longer than timeout ago, and fails the publisher past its budget.
+func (p *publisher) check(now time.Time, epoch uint64, timeout time.Duration) {
+	p.mu.Lock()
+	if p.err != nil || p.resending || len(p.queue) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	if !p.retryStart.IsZero() && now.Sub(p.retryStart) > p.budget {
+		first := p.failLocked(fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, jetstream.ErrAsyncPublishTimeout))
+		p.mu.Unlock()
+		if first {
+			go p.failed()
+		}
+		return
+	}
+	for _, o := range p.queue {
+		if o.acked {
+			continue
+		}
+		switch {
+		case !o.sent, o.epoch != epoch:
+			p.startResendLocked(nats.ErrDisconnected)
+		case now.Sub(o.sentAt) > timeout:
+			p.startResendLocked(jetstream.ErrAsyncPublishTimeout)
+		}
+		break
 	}
 	p.mu.Unlock()
-	<-p.window
-	if !ack.Duplicate {
-		p.w.obs.EventPublished()
+}
+
+// startResendLocked holds new events and starts the re-send goroutine
+// unless it runs. Caller holds mu.
+func (p *publisher) startResendLocked(cause error) {
+	p.holding = true
+	if p.resending || p.err != nil {
+		return
 	}
+	p.resending = true
+	warn := p.retryStart.IsZero()
+	if warn {
+		p.retryStart = time.Now()
+	}
+	go p.resend(cause, warn)
 }
 
 // resend waits for the connection and re-sends every unacknowledged event
-// in order. It returns an error once the retry budget is spent.
-func (p *publisher) resend(start *time.Time, cause error) error {
-	if start.IsZero() {
-		*start = time.Now()
-		if cause != nil {
-			p.w.log.Warn("event publish not acknowledged; re-sending when NATS is back", "run", p.run, "err", cause)
-		}
+// in order. It fails the publisher once the retry budget is spent.
+func (p *publisher) resend(cause error, warn bool) {
+	if warn {
+		p.w.log.Warn("event publish not acknowledged; re-sending when NATS is back", "run", p.run, "err", cause)
 	}
-	p.mu.Lock()
-	p.holding = true
-	p.mu.Unlock()
 	nc := p.w.c.Conn()
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if time.Since(*start) > p.budget {
-			if cause == nil {
-				cause = nats.ErrDisconnected
-			}
-			return fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause)
-		}
 		p.mu.Lock()
 		if p.err != nil {
+			p.resending = false
+			p.finishLocked()
 			p.mu.Unlock()
-			return nil
+			return
 		}
-		if nc.IsConnected() {
-			sent := true
-			for _, o := range p.queue {
-				f, err := p.w.js.PublishMsgAsync(&o.m)
-				if err != nil {
-					sent = false
-					o.f = nil
-					break
-				}
-				o.f = f
+		if !p.retryStart.IsZero() && time.Since(p.retryStart) > p.budget {
+			p.resending = false
+			first := p.failLocked(fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause))
+			p.mu.Unlock()
+			if first {
+				p.failed()
 			}
-			if sent {
-				p.holding = false
-				p.mu.Unlock()
-				return nil
-			}
+			return
+		}
+		if nc.IsConnected() && p.sendQueueLocked() {
+			p.holding, p.resending = false, false
+			p.finishLocked()
+			p.mu.Unlock()
+			return
 		}
 		p.mu.Unlock()
 		select {
 		case <-t.C:
+		case <-p.kick:
 		case <-p.w.hardCtx.Done():
-			return fmt.Errorf("publish to %s: worker stopping: %w", p.subject, cause)
+			p.fail(fmt.Errorf("publish to %s: worker stopping: %w", p.subject, cause))
 		}
 	}
+}
+
+// sendQueueLocked sends every unacknowledged event in seq order and
+// reports whether all went out. Caller holds mu.
+func (p *publisher) sendQueueLocked() bool {
+	now := time.Now()
+	for _, o := range p.queue {
+		if !o.acked && p.sendLocked(o, now) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// failLocked records the first failure and drops the queue; it reports
+// whether this was the first. Caller holds mu; the caller then runs
+// failed unless the failure is the lease's.
+func (p *publisher) failLocked(err error) bool {
+	first := p.err == nil
+	if first {
+		p.err = err
+	}
+	p.dropLocked()
+	p.finishLocked()
+	return first
+}
+
+// failed reports the publisher's failure (once, after failLocked).
+func (p *publisher) failed() {
+	p.mu.Lock()
+	err := p.err
+	p.mu.Unlock()
+	p.wake()
+	if errors.Is(err, errLeaseLost) {
+		return
+	}
+	p.w.obs.PublishFailed(err)
+	if p.onFail != nil {
+		p.onFail(err)
+	}
+}
+
+// finishLocked closes done once nothing is left to do. Caller holds mu.
+func (p *publisher) finishLocked() {
+	if p.finished || !p.closed || len(p.queue) > 0 || p.resending {
+		return
+	}
+	p.finished = true
+	close(p.done)
+	p.w.acks.remove(p.ackID)
 }
 
 // dropLocked releases every queued event after a failure.
@@ -294,18 +419,12 @@ func (p *publisher) dropLocked() {
 
 func (p *publisher) fail(err error) {
 	p.mu.Lock()
-	first := p.err == nil
-	if first {
-		p.err = err
-	}
-	p.releaseSyncLocked()
+	first := p.failLocked(err)
 	p.mu.Unlock()
-	p.wake()
-	if first && !errors.Is(err, errLeaseLost) {
-		p.w.obs.PublishFailed(err)
-		if p.onFail != nil {
-			p.onFail(err)
-		}
+	if first {
+		p.failed()
+	} else {
+		p.wake()
 	}
 }
 
@@ -344,8 +463,9 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		return 0, err
 	}
 	seq := p.seq + 1
+	now := time.Now()
 	data := p.appendEnvelope(make([]byte, 0, len(event)+len(p.envHead)+len(p.envMid)+64),
-		seq, time.Now().UnixMilli(), controlSeq, interrupted, event)
+		seq, now.UnixMilli(), controlSeq, interrupted, event)
 	if len(data) > p.limit {
 		p.mu.Unlock()
 		<-p.window
@@ -354,14 +474,14 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	o := &outgoing{seq: seq}
 	m := &o.m
 	m.Subject, m.Data = p.subject, data
+	m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
 	m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
 	if !p.holding && p.w.c.Conn().IsConnected() {
-		f, err := p.w.js.PublishMsgAsync(m)
+		err := p.sendLocked(o, now)
 		switch {
 		case err == nil:
-			o.f = f
 		case retryable(err):
-			p.holding = true // sent with the others when NATS is back
+			p.startResendLocked(err) // sent with the others when NATS is back
 		default:
 			p.mu.Unlock()
 			<-p.window
@@ -370,14 +490,13 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 			return 0, err
 		}
 	} else {
-		p.holding = true
+		p.startResendLocked(nats.ErrDisconnected)
 	}
 	p.seq = seq
 	p.sent++
 	p.sentBytes += int64(len(data))
 	p.queue = append(p.queue, o)
 	p.mu.Unlock()
-	p.wake()
 	return seq, nil
 }
 
@@ -465,6 +584,7 @@ func (p *publisher) releaseSyncLocked() {
 func (p *publisher) flush(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
+	p.finishLocked()
 	p.mu.Unlock()
 	p.wake()
 	select {
@@ -483,6 +603,7 @@ func (p *publisher) abandon() {
 	p.fence()
 	p.mu.Lock()
 	p.closed = true
+	p.finishLocked()
 	p.mu.Unlock()
 	p.wake()
 	<-p.done

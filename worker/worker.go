@@ -26,7 +26,8 @@ import (
 type Worker struct {
 	cfg   Config
 	c     *bus.Client
-	js    jetstream.JetStream // the worker's own context: async publish limits
+	js    jetstream.JetStream
+	acks  *eventAcks // the event publishers' acks (acks.go), from Run on
 	names bus.Names
 	log   *slog.Logger
 	obs   Observer
@@ -108,10 +109,7 @@ func New(cfg Config) (*Worker, error) {
 		}
 		id = host + "-" + bus.NewRunID()[:8]
 	}
-	window := cfg.PublishWindow
-	js, err := jetstream.New(cfg.Client.Conn(),
-		jetstream.WithPublishAsyncMaxPending(cfg.Concurrency*(window+4)+64),
-		jetstream.WithPublishAsyncTimeout(15*time.Second))
+	js, err := jetstream.New(cfg.Client.Conn())
 	if err != nil {
 		return nil, err
 	}
@@ -214,6 +212,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: consumer %s: %w", w.names.Consumer(q), err)
 		}
 	}
+	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	defer w.acks.close() // after the runs: Run returns once they are done
 	sub, err := w.c.Conn().Subscribe(w.names.Republished(), w.onControl)
 	if err != nil {
 		return fmt.Errorf("worker: control subscription: %w", err)

@@ -1,0 +1,248 @@
+package worker
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The JetStream acks of every event publisher of a worker come to one
+// subscription, and each is applied to its publisher right there: no
+// future, timer or goroutine per event, and none per run.
+//
+// Invariants:
+//   - An event is sent with reply subject <prefix><publisher id>.<seq>; an
+//     ack is applied under its publisher's lock to the queued event with
+//     that seq, and ignored when there is none (a late ack of an event
+//     already popped, or of a closed publisher).
+//   - The callback never blocks: it takes a publisher's lock (no I/O is
+//     done under it but a buffered publish) and gives back window slots
+//     the queue holds; a re-send or a failure's handling runs on its own
+//     goroutine.
+//   - An event sent before the connection's latest reconnect, or
+//     unacknowledged for PublishAckTimeout, is re-sent (with the others after
+//     it, in order, by the publisher); the sweep finds it within
+//     sweepEvery. The epoch an event records is never newer than the
+//     connection's at its send, so a lost ack is never missed; a re-send
+//     too many only costs a duplicate the stream drops.
+type eventAcks struct {
+	nc      *nats.Conn
+	prefix  string // <inbox>.
+	sub     *nats.Subscription
+	timeout time.Duration
+	epoch   atomic.Uint64 // the connection's reconnects, as of the last sweep
+
+	mu   sync.Mutex
+	next uint64
+	pubs map[uint64]*publisher
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+const sweepEvery = 100 * time.Millisecond
+
+func startEventAcks(nc *nats.Conn, timeout time.Duration) (*eventAcks, error) {
+	a := &eventAcks{
+		nc: nc, prefix: nc.NewInbox() + ".", timeout: timeout,
+		pubs: map[uint64]*publisher{},
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	a.epoch.Store(nc.Stats().Reconnects)
+	sub, err := nc.Subscribe(a.prefix+"*.*", a.route)
+	if err != nil {
+		return nil, fmt.Errorf("event ack subscription: %w", err)
+	}
+	sub.SetPendingLimits(-1, 64<<20)
+	a.sub = sub
+	go a.sweep()
+	return a, nil
+}
+
+// close stops the sweep and the subscription.
+func (a *eventAcks) close() {
+	close(a.stop)
+	<-a.done
+	_ = a.sub.Unsubscribe()
+}
+
+// add registers a publisher and returns the head of its reply subjects.
+func (a *eventAcks) add(p *publisher) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.next++
+	a.pubs[a.next] = p
+	p.ackID = a.next
+	return a.prefix + strconv.FormatUint(a.next, 10) + "."
+}
+
+func (a *eventAcks) remove(id uint64) {
+	a.mu.Lock()
+	delete(a.pubs, id)
+	a.mu.Unlock()
+}
+
+// route is the subscription's callback.
+func (a *eventAcks) route(m *nats.Msg) {
+	rest, ok := cutPrefix(m.Subject, a.prefix)
+	if !ok {
+		return
+	}
+	dot := -1
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '.' {
+			dot = i
+			break
+		}
+	}
+	if dot < 0 {
+		return
+	}
+	id, err1 := strconv.ParseUint(rest[:dot], 10, 64)
+	seq, err2 := strconv.ParseUint(rest[dot+1:], 10, 64)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	a.mu.Lock()
+	p := a.pubs[id]
+	a.mu.Unlock()
+	if p == nil {
+		return
+	}
+	stream, dup, err := parsePubAck(m)
+	p.ackArrived(seq, stream, dup, err)
+}
+
+func cutPrefix(s, prefix string) (string, bool) {
+	if len(s) < len(prefix) || s[:len(prefix)] != prefix {
+		return "", false
+	}
+	return s[len(prefix):], true
+}
+
+// sweep finds events whose acks were lost: to a reconnect, or to time.
+func (a *eventAcks) sweep() {
+	defer close(a.done)
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	var pubs []*publisher
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		epoch := a.nc.Stats().Reconnects
+		a.epoch.Store(epoch)
+		a.mu.Lock()
+		for _, p := range a.pubs {
+			pubs = append(pubs, p)
+		}
+		a.mu.Unlock()
+		now := time.Now()
+		for i, p := range pubs {
+			p.check(now, epoch, a.timeout)
+			pubs[i] = nil
+		}
+		pubs = pubs[:0]
+	}
+}
+
+// parsePubAck reads a JetStream publish ack: the stored message's stream
+// sequence and whether it was a duplicate, or the error the stream (or the
+// server: no responders) answered. The common form is read by hand; any
+// other goes through encoding/json.
+func parsePubAck(m *nats.Msg) (uint64, bool, error) {
+	data := m.Data
+	if len(data) == 0 {
+		if m.Header.Get("Status") == "503" {
+			return 0, false, nats.ErrNoResponders
+		}
+		return 0, false, jetstream.ErrInvalidJSAck
+	}
+	if seq, dup, ok := fastPubAck(data); ok {
+		return seq, dup, nil
+	}
+	var pa struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     uint16 `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Stream    string `json:"stream"`
+		Seq       uint64 `json:"seq"`
+		Duplicate bool   `json:"duplicate"`
+	}
+	if err := json.Unmarshal(data, &pa); err != nil {
+		return 0, false, jetstream.ErrInvalidJSAck
+	}
+	if pa.Error != nil {
+		return 0, false, &jetstream.APIError{Code: pa.Error.Code, ErrorCode: jetstream.ErrorCode(pa.Error.ErrCode), Description: pa.Error.Description}
+	}
+	if pa.Stream == "" || pa.Seq == 0 {
+		return 0, false, jetstream.ErrInvalidJSAck
+	}
+	return pa.Seq, pa.Duplicate, nil
+}
+
+// fastPubAck reads {"stream":"S","seq":N} with an optional
+// "domain":"D" before the seq and "duplicate": true after it, the forms
+// the server writes (stream.go, processJetStreamMsg); ok is false for
+// anything else.
+func fastPubAck(data []byte) (seq uint64, dup, ok bool) {
+	rest, found := bytes.CutPrefix(data, []byte(`{"stream":"`))
+	if !found {
+		return 0, false, false
+	}
+	i := bytes.IndexByte(rest, '"')
+	if i <= 0 || !plainJSON(rest[:i]) {
+		return 0, false, false
+	}
+	rest = rest[i+1:]
+	if r, found := bytes.CutPrefix(rest, []byte(`,"domain":"`)); found {
+		j := bytes.IndexByte(r, '"')
+		if j < 0 || !plainJSON(r[:j]) {
+			return 0, false, false
+		}
+		rest = r[j+1:]
+	}
+	rest, found = bytes.CutPrefix(rest, []byte(`,"seq":`))
+	if !found {
+		return 0, false, false
+	}
+	n := 0
+	for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+		n++
+	}
+	if n == 0 || n > 19 || (n > 1 && rest[0] == '0') {
+		return 0, false, false
+	}
+	seq, err := strconv.ParseUint(string(rest[:n]), 10, 64)
+	if err != nil || seq == 0 {
+		return 0, false, false
+	}
+	switch string(rest[n:]) {
+	case "}":
+		return seq, false, true
+	case `,"duplicate": true}`, `,"duplicate":true}`: // the server writes the first
+		return seq, true, true
+	}
+	return 0, false, false
+}
+
+// plainJSON tells a JSON string's content that needs no unescaping.
+func plainJSON(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c == '\\' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,237 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// The acks the server writes (nats-server stream.go: its pre-built
+// {"stream":..,"seq": prefix, the duplicate's `, "duplicate": true}`, and
+// JSPubAckResponse through encoding/json for errors and batches).
+func TestParsePubAck(t *testing.T) {
+	for _, tc := range []struct {
+		data    string
+		seq     uint64
+		dup     bool
+		errText string
+		fast    bool
+	}{
+		{data: `{"stream":"AGENTS_EVENTS","seq":12}`, seq: 12, fast: true},
+		{data: `{"stream":"AGENTS_EVENTS","seq":7,"duplicate": true}`, seq: 7, dup: true, fast: true},
+		{data: `{"stream":"AGENTS_EVENTS","seq":7,"duplicate":true}`, seq: 7, dup: true, fast: true},
+		{data: `{"stream":"S","domain":"hub","seq":3}`, seq: 3, fast: true},
+		{data: `{"stream":"S","seq":3,"batch":"b1","count":2}`, seq: 3},
+		{data: `{"stream":"S","seq":3,"val":"1"}`, seq: 3},
+		{data: `{"stream":"S\"x","seq":3}`, seq: 3},
+		{data: `{"error":{"code":503,"err_code":10077,"description":"stream is busy"},"stream":"S","seq":0}`, errText: "stream is busy"},
+		{data: `{"stream":"S","seq":0}`, errText: "invalid jetstream publish response"},
+		{data: `{"stream":"S","seq":01}`, errText: "invalid jetstream publish response"},
+		{data: `not json`, errText: "invalid jetstream publish response"},
+	} {
+		t.Run(tc.data, func(t *testing.T) {
+			_, _, fast := fastPubAck([]byte(tc.data))
+			if fast != tc.fast {
+				t.Errorf("fast path %v, want %v", fast, tc.fast)
+			}
+			seq, dup, err := parsePubAck(&nats.Msg{Data: []byte(tc.data)})
+			if tc.errText != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.errText) {
+					t.Fatalf("err %v, want %q", err, tc.errText)
+				}
+				return
+			}
+			if err != nil || seq != tc.seq || dup != tc.dup {
+				t.Fatalf("got %d %v %v, want %d %v", seq, dup, err, tc.seq, tc.dup)
+			}
+		})
+	}
+	var api *jetstream.APIError
+	_, _, err := parsePubAck(&nats.Msg{Data: []byte(`{"error":{"code":503,"description":"x"}}`)})
+	if !errors.As(err, &api) || api.Code != 503 || !retryable(err) {
+		t.Errorf("a 503 answer: %v, want a retryable APIError", err)
+	}
+	_, _, err = parsePubAck(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}})
+	if !errors.Is(err, nats.ErrNoResponders) || !retryable(err) {
+		t.Errorf("no responders: %v", err)
+	}
+}
+
+// Whatever the fast path accepts, encoding/json reads the same way.
+func FuzzFastPubAck(f *testing.F) {
+	f.Add([]byte(`{"stream":"AGENTS_EVENTS","seq":12}`))
+	f.Add([]byte(`{"stream":"S","domain":"d","seq":7,"duplicate": true}`))
+	f.Add([]byte(`{"stream":"S","seq":18446744073709551615}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		seq, dup, ok := fastPubAck(data)
+		if !ok {
+			return
+		}
+		var pa struct {
+			Error     json.RawMessage `json:"error"`
+			Stream    string          `json:"stream"`
+			Seq       uint64          `json:"seq"`
+			Duplicate bool            `json:"duplicate"`
+		}
+		if err := json.Unmarshal(data, &pa); err != nil {
+			t.Fatalf("fast path took %q, encoding/json: %v", data, err)
+		}
+		if pa.Error != nil || pa.Stream == "" || pa.Seq != seq || pa.Duplicate != dup {
+			t.Fatalf("fast path read %q as %d %v, encoding/json as %+v", data, seq, dup, pa)
+		}
+	})
+}
+
+// loseAcks makes the worker's acks go nowhere until the returned func
+// subscribes again.
+func loseAcks(t *testing.T, w *Worker) (restore func()) {
+	t.Helper()
+	if err := w.acks.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		sub, err := w.c.Conn().Subscribe(w.acks.prefix+"*.*", w.acks.route)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.acks.sub = sub
+		if err := w.c.Conn().Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// storedOn waits until n messages are stored on subject, and fails the
+// test if more are.
+func storedOn(t *testing.T, c *bus.Client, subject string, n uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			t.Fatalf("%d stored on %s, want %d: %v", 0, subject, n, err)
+		}
+		got := info.State.Subjects[subject]
+		if got > n {
+			t.Fatalf("%d stored on %s, want %d", got, subject, n)
+		}
+		if got == n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d stored on %s, want %d", got, subject, n)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Acks lost after the events were stored: past PublishAckTimeout the
+// publisher re-sends them, the stream drops the copies, and their
+// duplicate acks complete the flush. Without the re-send the flush never
+// ends.
+func TestLostAcksAreRecoveredByResend(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	restore := loseAcks(t, w)
+	run := bus.NewRunID()
+	failed := make(chan error, 1)
+	p := newPublisher(w, run, 1, func(err error) { failed <- err })
+	for i := range 5 {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	storedOn(t, c, w.names.Events(run), 5)
+	restore()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	storedOn(t, c, w.names.Events(run), 5)
+	envs, err := c.ReadEvents(ctx, run, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range envs {
+		if e.Seq != uint64(i+1) {
+			t.Fatalf("stored seqs out of order: %d at %d", e.Seq, i)
+		}
+	}
+}
+
+// An event no stream takes (no responders) is re-sent until the retry
+// budget (AckWait) is spent; then the publisher fails and says why.
+func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
+	w, _ := startInternal(t, Config{Concurrency: 1, AckWait: 2 * time.Second}, nil)
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+	p.subject = "nostream." + p.run
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := p.flush(ctx)
+	if err == nil || !strings.Contains(err.Error(), "not stored within 2s") {
+		t.Fatalf("flush: %v, want not stored within 2s", err)
+	}
+	select {
+	case got := <-failed:
+		if got != err {
+			t.Errorf("onFail got %v, flush %v", got, err)
+		}
+	case <-ctx.Done():
+		t.Fatal("onFail not called")
+	}
+}
+
+// Acks applied out of their stream order (an event lost and stored after
+// a later one) fail the attempt.
+func TestAcksOutOfStreamOrderFail(t *testing.T) {
+	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	restore := loseAcks(t, w)
+	defer restore()
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+	for range 2 {
+		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.ackArrived(2, 10, false, nil)
+	p.ackArrived(1, 11, false, nil)
+	select {
+	case err := <-failed:
+		if !errors.Is(err, errOutOfOrder) {
+			t.Fatalf("got %v, want errOutOfOrder", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no failure")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.flush(ctx); !errors.Is(err, errOutOfOrder) {
+		t.Fatalf("flush: %v", err)
+	}
+	if n := len(p.window); n != 0 {
+		t.Errorf("%d window slots still held", n)
+	}
+}
