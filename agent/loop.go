@@ -71,7 +71,7 @@ func (r *loopRun) emitMessage(m *Message) error {
 }
 
 func (r *loopRun) runPrompt(prompts []Message) error {
-	r.newMessages = append(make([]Message, 0, len(prompts)+8), prompts...)
+	r.newMessages = append(make([]Message, 0, len(prompts)+2), prompts...)
 	r.cur.Messages = append(r.cur.Messages, prompts...)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err

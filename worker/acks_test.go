@@ -177,19 +177,27 @@ func TestLostAcksAreRecoveredByResend(t *testing.T) {
 	}
 }
 
-// An event no stream takes (no responders) is re-sent until the retry
-// budget (AckWait) is spent; then the publisher fails and says why.
+// An event no stream takes (no responders) is re-sent, a pause between
+// sends, until the retry budget (AckWait) is spent; then the publisher
+// fails and says why.
 func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 	w, _ := startInternal(t, Config{Concurrency: 1, AckWait: 2 * time.Second}, nil)
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	p.subject = "nostream." + p.run
+	sends, err := w.c.Conn().SubscribeSync(p.subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err := p.flush(ctx)
+	err = p.flush(ctx)
 	if err == nil || !strings.Contains(err.Error(), "not stored within 2s") {
 		t.Fatalf("flush: %v, want not stored within 2s", err)
 	}
@@ -200,6 +208,14 @@ func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("onFail not called")
+	}
+	// One send, then one re-send per resendPause at most: no loop.
+	n, _, err := sends.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit := int(2*time.Second/resendPause) + 2; n < 2 || n > limit {
+		t.Errorf("the event was sent %d times in 2s, want 2 to %d", n, limit)
 	}
 }
 

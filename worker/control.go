@@ -19,8 +19,9 @@ import (
 
 // controlInbox bounds the live control messages waiting for a run's
 // control owner. Past it the stream is read instead: a flood of control
-// messages costs reads, not memory.
-const controlInbox = 64
+// messages costs reads, not memory (and every run, also one waiting in a
+// tool for hours, keeps its inbox).
+const controlInbox = 16
 
 // controls delivers a run's control messages to its Agent, each exactly
 // once and in stream order per kind.

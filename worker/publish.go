@@ -17,6 +17,11 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
+// resendPause is how long a re-send waits after the stream answered an
+// event with an error, or left it unanswered (nats.go waits as long
+// between its own retries).
+const resendPause = 250 * time.Millisecond
+
 // envelopeHeadroom is kept free under the max payload for headers and
 // protocol overhead.
 const envelopeHeadroom = 4 << 10
@@ -322,6 +327,12 @@ func (p *publisher) resend(cause error, warn bool) {
 		p.w.log.Warn("event publish not acknowledged; re-sending when NATS is back", "run", p.run, "err", cause)
 	}
 	nc := p.w.c.Conn()
+	// The stream answered no (503, no responders) or nothing: ask again
+	// only after a pause, or an outage would be a loop of re-sends.
+	notBefore := time.Now()
+	if !errors.Is(cause, nats.ErrDisconnected) {
+		notBefore = notBefore.Add(resendPause)
+	}
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -341,7 +352,7 @@ func (p *publisher) resend(cause error, warn bool) {
 			}
 			return
 		}
-		if nc.IsConnected() && p.sendQueueLocked() {
+		if !time.Now().Before(notBefore) && nc.IsConnected() && p.sendQueueLocked() {
 			p.holding, p.resending = false, false
 			p.finishLocked()
 			p.mu.Unlock()
