@@ -45,18 +45,31 @@ const controlInbox = 16
 // Sequences per kind make both paths idempotent. The idle check (nothing
 // stored is left and the agent has nothing queued) and the close of intake
 // are one step of the owner, so no control message slips between them.
+//
+// The owner runs only while it has work: a run waiting in a tool for
+// hours keeps no goroutine for it. Whoever gives it work (a live message,
+// a wake, an idle check, the quit) puts that into its channel first and
+// then kicks: active goes false -> true for one owner goroutine at a
+// time. An owner that finds nothing to do sets active false, then looks
+// again, and goes on only if it wins active back; so work put in before
+// its last look is seen by it, and work put in after finds active false.
+// The owner that stops for good (quit, or the idle check closed intake)
+// leaves active true, so none starts after it.
 type controls struct {
 	r     *run
+	ctx   context.Context // the owner's; set by start
 	inbox chan liveControl
 	// dropped counts live messages the full inbox turned away.
 	dropped atomic.Uint64
 	wake    chan struct{} // a gap or a heartbeat: read the stream
-	idle    chan chan int
+	idle    chan chan int // one idle check at a time (finishIfIdle)
 	quit    chan struct{}
-	done    chan struct{} // the owner has stopped
+	done    chan struct{} // the owner has stopped for good
 	// closed: intake stopped, live messages are dropped.
 	closed  atomic.Bool
-	running bool // the owner was started (the run's goroutine only)
+	started atomic.Bool // start has run: kicks may start an owner
+	active  atomic.Bool // an owner goroutine runs, or stopped for good
+	running bool        // the owner was started (the run's goroutine only)
 
 	// The owner's own state.
 	last      map[string]uint64 // highest sequence taken, per kind
@@ -85,7 +98,7 @@ type queuedControl struct {
 
 func newControls(r *run) *controls {
 	return &controls{r: r, inbox: make(chan liveControl, controlInbox), wake: make(chan struct{}, 1),
-		idle: make(chan chan int), quit: make(chan struct{}), done: make(chan struct{}),
+		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		last: map[string]uint64{}}
 }
 
@@ -97,6 +110,7 @@ func (c *controls) offer(kind string, m *nats.Msg) {
 	}
 	select {
 	case c.inbox <- liveControl{kind, m}:
+		c.kick()
 	default:
 		c.dropped.Add(1)
 		c.poke()
@@ -111,6 +125,25 @@ func (c *controls) poke() {
 	case c.wake <- struct{}{}:
 	default:
 	}
+	c.kick()
+}
+
+// kick starts an owner for work just put into its channels, unless one
+// runs (or before start: the first owner takes what came before it).
+func (c *controls) kick() {
+	if c.started.Load() && c.active.CompareAndSwap(false, true) {
+		go c.own(nil)
+	}
+}
+
+// pending tells whether an owner has work.
+func (c *controls) pending() bool {
+	select {
+	case <-c.quit:
+		return true
+	default:
+	}
+	return len(c.inbox) > 0 || len(c.wake) > 0 || len(c.idle) > 0
 }
 
 // skip marks control sequences as delivered by an earlier attempt. Call
@@ -128,18 +161,40 @@ func (c *controls) skip(seqs []uint64) {
 // pickup catch-up).
 func (c *controls) start(ctx context.Context) {
 	c.running = true
+	c.ctx = ctx
+	c.active.Store(true)
+	c.started.Store(true)
 	started := make(chan struct{})
-	go c.own(ctx, started)
+	go c.own(started)
 	select {
 	case <-started:
 	case <-c.done:
 	}
 }
 
-func (c *controls) own(ctx context.Context, started chan<- struct{}) {
-	defer close(c.done)
-	c.catchUp(ctx)
-	close(started)
+// own is an owner goroutine (see controls): the first, started by start,
+// first reads what is stored.
+func (c *controls) own(started chan<- struct{}) {
+	if started != nil {
+		c.catchUp(c.ctx)
+		close(started)
+	}
+	for {
+		if c.serve() {
+			close(c.done) // active stays true: no owner after this one
+			return
+		}
+		c.active.Store(false)
+		if !c.pending() || !c.active.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// serve does the owner's work until there is none left (false) or the
+// owner stops for good (true).
+func (c *controls) serve() bool {
+	ctx := c.ctx
 	for {
 		select {
 		case lc := <-c.inbox:
@@ -168,10 +223,12 @@ func (c *controls) own(ctx context.Context, started chan<- struct{}) {
 			}
 			c.closed.Store(true)
 			reply <- idleDone
-			return
+			return true
 		case <-c.quit:
 			c.closed.Store(true)
-			return
+			return true
+		default:
+			return false
 		}
 	}
 }
@@ -340,11 +397,18 @@ func (c *controls) finishIfIdle(ctx context.Context) bool {
 	for {
 		reply := make(chan int, 1)
 		select {
-		case c.idle <- reply:
+		case c.idle <- reply: // room: the last check was answered
 		case <-c.done:
 			return true
 		}
-		switch <-reply {
+		c.kick()
+		var answer int
+		select {
+		case answer = <-reply:
+		case <-c.done:
+			return true
+		}
+		switch answer {
 		case idleDone:
 			return true
 		case idleBusy:
@@ -375,6 +439,7 @@ func (c *controls) close() uint64 {
 	default:
 		close(c.quit)
 	}
+	c.kick()
 	<-c.done
 	return c.max
 }

@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -254,5 +256,58 @@ func TestControlReportedOnceQueued(t *testing.T) {
 	g.release <- struct{}{}
 	if _, err := c.LoadTranscript(ctx, res.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A run waiting in its tool keeps no control owner goroutine: a steer
+// starts one, which queues it and stops again, and the steer still runs.
+func TestWaitingRunKeepsNoControlOwner(t *testing.T) {
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, 10)}
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 2, AckWait: 2 * time.Minute,
+		HeartbeatInterval: time.Minute, Observer: o}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "p", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the tool")
+	waitControlOwners(t, "while the tool runs")
+	if _, err := c.Steer(ctx, run.ID, "meanwhile"); err != nil {
+		t.Fatal(err)
+	}
+	within(t, o.got, 10*time.Second, "the steer")
+	waitControlOwners(t, "after the steer was queued")
+	g.release <- struct{}{}
+	tr, err := c.LoadTranscript(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(userTexts(tr)); got != "[p meanwhile]" || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("user messages %s, %+v", got, tr.Finished)
+	}
+}
+
+// waitControlOwners waits until no goroutine is a control owner.
+func waitControlOwners(t *testing.T, when string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n == len(buf) {
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
+		owners := strings.Count(string(buf[:n]), ".(*controls).own(")
+		if owners == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d control owner goroutines, want none", when, owners)
+		}
+		time.Sleep(5 * time.Millisecond) // polls the state itself
 	}
 }

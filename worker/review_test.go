@@ -207,14 +207,16 @@ func TestCatchUpReadsOnlyWhatIsNew(t *testing.T) {
 	r := w.runs[id]
 	w.mu.Unlock()
 	// The wake channel holds one request: a send goes through once the
-	// owner has taken the one before, so after the third send the first
-	// read is complete.
+	// owner (kicked after each) has taken the one before, so after the
+	// third send the first read is complete.
 	for range 3 {
 		r.ctl.wake <- struct{}{}
+		r.ctl.kick()
 	}
 	before := reads.Load()
 	for range 3 {
 		r.ctl.wake <- struct{}{}
+		r.ctl.kick()
 	}
 	if got := reads.Load() - before; got > 6 {
 		t.Errorf("3 catch-ups with nothing new read the stream %d times (the run holds %d control messages)", got, n)
