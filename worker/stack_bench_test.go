@@ -24,10 +24,11 @@ import (
 // goroutine stacks: 1,000 runs of an OpenAI-compatible model (an httptest
 // SSE server) call a tool that blocks until the benchmark lets go; once
 // all wait, after two GCs, it reports the stack bytes and goroutines per
-// waiting run, and fails above 20 KB or one goroutine a run. Streaming the model's reply
-// grows a run's stack to 32 KB; the runtime halves a stack at a GC only
-// when under a quarter of it is in use, so the frames a run holds while
-// its tool runs (the agent loop's, the worker's) must stay under 8 KB.
+// waiting run, and fails above 20 KB or one goroutine a run. Streaming
+// the model's reply grows a run's stack to 32 KB; the runtime halves a
+// stack at a GC only when under a quarter of it is in use, so the frames
+// a run holds while its tool runs (the agent loop's, the worker's) must
+// stay under 8 KB.
 //
 //	go test ./worker -run '^$' -bench WaitingRunStack -benchtime 1x
 func BenchmarkWaitingRunStack(b *testing.B) {
