@@ -89,7 +89,7 @@ func (r *loopRun) runPrompt(prompts []Message) error {
 }
 
 func (r *loopRun) runContinue() error {
-	r.newMessages = make([]Message, 0, 8)
+	r.newMessages = make([]Message, 0, 2)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,29 +21,39 @@ import (
 //     ack is applied under its publisher's lock to the queued event with
 //     that seq, and ignored when there is none (a late ack of an event
 //     already popped, or of a closed publisher).
-//   - The callback never blocks: it takes a publisher's lock (no I/O is
-//     done under it but a buffered publish) and gives back window slots
-//     the queue holds; a re-send or a failure's handling runs on its own
-//     goroutine.
-//   - An event sent before the connection's latest reconnect, or
-//     unacknowledged for PublishAckTimeout, is re-sent (with the others after
-//     it, in order, by the publisher); the sweep finds it within
-//     sweepEvery. The epoch an event records is never newer than the
-//     connection's at its send, so a lost ack is never missed; a re-send
-//     too many only costs a duplicate the stream drops.
+//   - The callback never blocks: it takes a publisher's state lock (never
+//     held over I/O) and gives back window slots the queue holds; a
+//     re-send or a failure's handling runs on its own goroutine.
+//   - The epoch counts the connection's losses. nats.go puts a status
+//     change into our channel before the status changes, and every
+//     reader of the epoch first counts what the channel holds, under
+//     statusMu: so a publisher that sees the connection up again sees the
+//     epoch of the loss, an event sent before it never has the current
+//     epoch, and a new event is held behind it (publish.go). A status
+//     change the full channel dropped needs no count: nothing was sent
+//     while the channel was not empty.
+//   - An event sent in an older epoch, or unacknowledged for
+//     PublishAckTimeout, is re-sent (with the others after it, in order,
+//     by its publisher); the sweep finds it within sweepEvery, and a
+//     publisher with a new event at once. A re-send too many only costs
+//     a duplicate the stream drops.
 type eventAcks struct {
 	nc      *nats.Conn
 	prefix  string // <inbox>.
 	sub     *nats.Subscription
 	timeout time.Duration
-	epoch   atomic.Uint64 // the connection's reconnects, as of the last sweep
+	now     chan struct{} // sweep at once
+
+	statusMu sync.Mutex
+	status   chan nats.Status // the connection's losses, not counted yet
+	epoch    uint64           // the losses counted
 
 	mu   sync.Mutex
 	next uint64
 	pubs map[uint64]*publisher
 
 	stop chan struct{}
-	done chan struct{}
+	done chan struct{} // the sweep has stopped
 }
 
 const sweepEvery = 100 * time.Millisecond
@@ -52,25 +61,49 @@ const sweepEvery = 100 * time.Millisecond
 func startEventAcks(nc *nats.Conn, timeout time.Duration) (*eventAcks, error) {
 	a := &eventAcks{
 		nc: nc, prefix: nc.NewInbox() + ".", timeout: timeout,
-		pubs: map[uint64]*publisher{},
+		pubs: map[uint64]*publisher{}, now: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
-	a.epoch.Store(nc.Stats().Reconnects)
 	sub, err := nc.Subscribe(a.prefix+"*.*", a.route)
 	if err != nil {
 		return nil, fmt.Errorf("event ack subscription: %w", err)
 	}
 	sub.SetPendingLimits(-1, 64<<20)
 	a.sub = sub
+	a.status = nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED)
 	go a.sweep()
 	return a, nil
 }
 
-// close stops the sweep and the subscription.
+// close stops the sweep, the status listener and the subscription.
 func (a *eventAcks) close() {
 	close(a.stop)
 	<-a.done
+	a.nc.RemoveStatusListener(a.status)
 	_ = a.sub.Unsubscribe()
+}
+
+// current returns the epoch: the connection's losses so far, those just
+// put into the status channel counted first. A new loss has the sweep
+// look at once.
+func (a *eventAcks) current() uint64 {
+	a.statusMu.Lock()
+	defer a.statusMu.Unlock()
+	lost := false
+	for len(a.status) > 0 {
+		if _, ok := <-a.status; !ok {
+			break // closed by close
+		}
+		a.epoch++
+		lost = true
+	}
+	if lost {
+		select {
+		case a.now <- struct{}{}:
+		default:
+		}
+	}
+	return a.epoch
 }
 
 // add registers a publisher and returns the head of its reply subjects.
@@ -138,9 +171,9 @@ func (a *eventAcks) sweep() {
 		case <-a.stop:
 			return
 		case <-t.C:
+		case <-a.now:
 		}
-		epoch := a.nc.Stats().Reconnects
-		a.epoch.Store(epoch)
+		epoch := a.current()
 		a.mu.Lock()
 		for _, p := range a.pubs {
 			pubs = append(pubs, p)

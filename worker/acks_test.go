@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // The acks the server writes (nats-server stream.go: its pre-built
@@ -177,7 +179,7 @@ func TestLostAcksAreRecoveredByResend(t *testing.T) {
 	}
 }
 
-// An event no stream takes (no responders) is re-sent, a pause between
+// An event no stream takes (answered 503) is re-sent, a pause between
 // sends, until the retry budget (AckWait) is spent; then the publisher
 // fails and says why.
 func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
@@ -185,10 +187,16 @@ func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	p.subject = "nostream." + p.run
-	sends, err := w.c.Conn().SubscribeSync(p.subject)
+	// It answers each send as the server does when nothing takes it.
+	var sends atomic.Int64
+	sub, err := w.c.Conn().Subscribe(p.subject, func(m *nats.Msg) {
+		sends.Add(1)
+		_ = m.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = sub.Unsubscribe() }()
 	if err := w.c.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -210,11 +218,7 @@ func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 		t.Fatal("onFail not called")
 	}
 	// One send, then one re-send per resendPause at most: no loop.
-	n, _, err := sends.Pending()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if limit := int(2*time.Second/resendPause) + 2; n < 2 || n > limit {
+	if n, limit := int(sends.Load()), int(2*time.Second/resendPause)+2; n < 2 || n > limit {
 		t.Errorf("the event was sent %d times in 2s, want 2 to %d", n, limit)
 	}
 }
@@ -249,5 +253,222 @@ func TestAcksOutOfStreamOrderFail(t *testing.T) {
 	}
 	if n := len(p.window); n != 0 {
 		t.Errorf("%d window slots still held", n)
+	}
+}
+
+// startOwnServer runs a worker on its own embedded server, which the test
+// may shut down.
+func startOwnServer(t *testing.T, cfg Config) (*Worker, *natsembed.Server) {
+	t.Helper()
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	w, _ := startInternalOn(t, c, cfg, nil)
+	return w, srv
+}
+
+// sentSeqs subscribes to subject on a connection of its own and returns
+// the seqs of the envelopes published there, in wire order.
+func sentSeqs(t *testing.T, url, subject string) func(n int) []uint64 {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	sub, err := nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	return func(n int) []uint64 {
+		t.Helper()
+		for len(seqs) < n {
+			m, err := sub.NextMsg(10 * time.Second)
+			if err != nil {
+				t.Fatalf("after %v: %v", seqs, err)
+			}
+			var e struct{ Seq uint64 }
+			if err := json.Unmarshal(m.Data, &e); err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, e.Seq)
+		}
+		return seqs
+	}
+}
+
+// An event published right after a reconnect does not overtake an
+// earlier one whose ack the lost connection took with it: it waits, and
+// both go out again in order.
+func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
+	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	p.subject = "plain." + p.run // a subscriber, no stream: no ack ever
+	got := sentSeqs(t, srv.URL(), p.subject)
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	got(1)
+	nc := w.c.Conn()
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !nc.IsConnected(); {
+		if time.Now().After(deadline) {
+			t.Fatal("not reconnected")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if seqs := got(3); fmt.Sprint(seqs) != "[1 1 2]" {
+		t.Fatalf("on the wire: %v, want [1 1 2] (event 1 again before event 2)", seqs)
+	}
+	p.abandon()
+}
+
+// While a re-send waits for NATS, an ack that comes meanwhile starts the
+// retry budget again but does not turn it off.
+func TestResendBudgetHoldsAfterAnAckMeanwhile(t *testing.T) {
+	w, srv := startOwnServer(t, Config{Concurrency: 1, AckWait: 2 * time.Second})
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+	p.subject = "plain." + p.run
+	got := sentSeqs(t, srv.URL(), p.subject)
+	for range 2 {
+		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got(2)
+	srv.Shutdown()
+	waitResending(t, p)
+	p.ackArrived(1, 10, false, nil)
+	select {
+	case err := <-failed:
+		if !strings.Contains(err.Error(), "not stored within 2s") {
+			t.Fatalf("failed with %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the publisher waits for NATS past its budget")
+	}
+	p.abandon()
+}
+
+// A re-send waiting for NATS ends when the acks of everything it held
+// came meanwhile: the publisher flushes without error.
+func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
+	w, srv := startOwnServer(t, Config{Concurrency: 1, AckWait: 2 * time.Second})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	p.subject = "plain." + p.run
+	got := sentSeqs(t, srv.URL(), p.subject)
+	for range 2 {
+		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got(2)
+	srv.Shutdown()
+	waitResending(t, p)
+	p.ackArrived(1, 10, false, nil)
+	p.ackArrived(2, 11, false, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+}
+
+func waitResending(t *testing.T, p *publisher) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		p.mu.Lock()
+		r := p.resending
+		p.mu.Unlock()
+		if r {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no re-send started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// In a cluster the stream answers a copy of an event it is still storing
+// with 409 "duplicate message id is in process": the original's ack comes
+// to the same reply subject, so the answer neither fails the attempt nor
+// pops the event.
+func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
+	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	restore := loseAcks(t, w)
+	defer restore()
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	_, _, inProcess := parsePubAck(&nats.Msg{Data: []byte(`{"error":{"code":409,"err_code":10158,"description":"duplicate message id is in process"},"stream":"AGENTS_EVENTS","seq":0}`)})
+	p.ackArrived(1, 0, false, inProcess)
+	p.mu.Lock()
+	n, err := len(p.queue), p.err
+	p.mu.Unlock()
+	if n != 1 || err != nil {
+		t.Fatalf("after the 409: %d queued, err %v", n, err)
+	}
+	p.ackArrived(1, 5, false, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("failed: %v", err)
+	default:
+	}
+}
+
+// The ack callback never waits for a publish in progress (one blocked on
+// a full socket, or on a reconnect's handshake): it takes only the
+// publisher's state lock.
+func TestAckDoesNotWaitForAPublish(t *testing.T) {
+	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	restore := loseAcks(t, w)
+	defer restore()
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.sendMu.Lock() // a publish in progress
+	applied := make(chan struct{})
+	go func() {
+		p.ackArrived(1, 5, false, nil)
+		close(applied)
+	}()
+	select {
+	case <-applied:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the ack waited for the publish")
+	}
+	p.sendMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.flush(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -36,7 +36,13 @@ func connectTestServer(t testing.TB) *bus.Client {
 // hooks are set before it starts.
 func startInternal(t testing.TB, cfg Config, hooks func(w *Worker)) (*Worker, *bus.Client) {
 	t.Helper()
-	c := connectTestServer(t)
+	return startInternalOn(t, connectTestServer(t), cfg, hooks)
+}
+
+// startInternalOn is startInternal on a given connection. Once the worker
+// has stopped, every publisher must have been flushed or abandoned.
+func startInternalOn(t testing.TB, c *bus.Client, cfg Config, hooks func(w *Worker)) (*Worker, *bus.Client) {
+	t.Helper()
 	cfg.Client = c
 	if cfg.PollWait == 0 {
 		cfg.PollWait = 200 * time.Millisecond
@@ -55,6 +61,14 @@ func startInternal(t testing.TB, cfg Config, hooks func(w *Worker)) (*Worker, *b
 		wcancel()
 		if err := <-done; err != nil {
 			t.Error(err)
+		}
+		if w.acks == nil {
+			return
+		}
+		w.acks.mu.Lock()
+		defer w.acks.mu.Unlock()
+		if n := len(w.acks.pubs); n > 0 {
+			t.Errorf("%d event publishers were neither flushed nor abandoned", n)
 		}
 	})
 	select {

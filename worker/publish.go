@@ -17,6 +17,11 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
+// jsDuplicateInProcess is the stream's answer to a copy of an event
+// whose original it is still storing (a cluster): the original's ack
+// comes to the same reply subject.
+const jsDuplicateInProcess = 10158
+
 // resendPause is how long a re-send waits after the stream answered an
 // event with an error, or left it unanswered (nats.go waits as long
 // between its own retries).
@@ -59,14 +64,21 @@ func (e *EventTooLargeError) Error() string {
 //   - Acks must come with increasing stream sequences in seq order; if not
 //     (a lost event stored after a later one), the attempt fails and is
 //     handed back.
-//   - While holding, nothing new is sent: an event is sent only while the
-//     connection is up and no re-send runs, so it never overtakes an
-//     earlier event. When an ack fails for a reason a reconnect cures
-//     (disconnect, timeout, no responders, 503), one re-send goroutine
-//     waits for the connection and re-sends every unacknowledged event in
-//     seq order with its Nats-Msg-Id, so those already stored are dropped
-//     as duplicates. The retry budget is AckWait from the first failure
-//     without an ack since: past it the request is redelivered anyway.
+//   - Events go on the wire in seq order: sendMu is held from taking a
+//     seq to the end of its publish, and by a re-send over all of its
+//     publishes. mu guards the state and is never held over a publish,
+//     so the ack callback never waits on the connection.
+//   - A new event is sent at once only if it cannot overtake an earlier
+//     one: nothing is held, the connection is up, no disconnect is
+//     pending in eventAcks, and the oldest unacknowledged event was sent
+//     on this connection (its epoch). Otherwise it is held: one re-send
+//     goroutine waits for the connection and re-sends every
+//     unacknowledged event in seq order with its Nats-Msg-Id, so those
+//     already stored are dropped as duplicates. So does an ack that fails
+//     for a reason a reconnect cures (timeout, no responders, 503), after
+//     a pause. The retry budget is AckWait from the first failure, counted
+//     again from each ack that comes meanwhile: past it the request is
+//     redelivered anyway.
 //   - done is closed once the publisher is closed, its queue is empty and
 //     no re-send runs; then it leaves eventAcks.
 type publisher struct {
@@ -86,12 +98,15 @@ type publisher struct {
 	done   chan struct{}
 	first  chan struct{} // closed when seq 1 is acked
 
+	sendMu sync.Mutex // see the invariants; taken before mu
+
 	mu          sync.Mutex
 	queue       []*outgoing     // see the invariants
 	drained     []chan struct{} // sync waiters: closed when queue empties or a publish fails
 	seq         uint64
 	holding     bool // do not send: disconnected, or re-sending
 	resending   bool // the re-send goroutine runs
+	again       bool // a failure came while it ran: it goes on
 	retryStart  time.Time
 	closed      bool
 	finished    bool // done is closed
@@ -106,8 +121,8 @@ type publisher struct {
 type outgoing struct {
 	seq    uint64
 	m      nats.Msg
-	sent   bool // published since the last failure seen
-	epoch  uint64
+	sent   bool   // handed to the connection (or about to be)
+	epoch  uint64 // eventAcks' epoch when it was
 	sentAt time.Time
 	acked  bool
 	stream uint64 // where the ack says it is stored
@@ -183,16 +198,24 @@ func retryable(err error) bool {
 	return errors.As(err, &api) && api.Code == 503
 }
 
-// sendLocked publishes o. Caller holds mu.
-func (p *publisher) sendLocked(o *outgoing, now time.Time) error {
-	o.epoch = p.w.acks.epoch.Load()
-	o.sentAt = now
-	if err := p.w.c.Conn().PublishMsg(&o.m); err != nil {
-		o.sent = false
-		return err
+// stampLocked marks o sent now, before its publish (its ack may come
+// before the publish returns). Caller holds mu.
+func (p *publisher) stampLocked(o *outgoing, now time.Time) {
+	o.sent, o.epoch, o.sentAt = true, p.w.acks.current(), now
+}
+
+// mayOvertakeLocked tells whether a new event may be sent at once: see
+// the invariants. Caller holds mu.
+func (p *publisher) mayOvertakeLocked() bool {
+	if p.holding || !p.w.c.Conn().IsConnected() {
+		return false
 	}
-	o.sent = true
-	return nil
+	for _, o := range p.queue {
+		if !o.acked {
+			return o.sent && o.epoch == p.w.acks.current()
+		}
+	}
+	return true
 }
 
 // ackArrived applies the ack of the event seq (eventAcks' callback: it
@@ -214,6 +237,11 @@ func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 		return
 	}
 	if ackErr != nil {
+		var api *jetstream.APIError
+		if errors.As(ackErr, &api) && api.ErrorCode == jsDuplicateInProcess {
+			p.mu.Unlock() // a copy of an event the stream is storing: its ack comes
+			return
+		}
 		if retryable(ackErr) {
 			p.startResendLocked(ackErr)
 			p.mu.Unlock()
@@ -260,7 +288,11 @@ func (p *publisher) popLocked() (popped, stored int, bad error) {
 		if !o.dup {
 			stored++
 		}
-		p.retryStart = time.Time{}
+		if p.resending {
+			p.retryStart = time.Now() // progress: the budget starts again
+		} else {
+			p.retryStart = time.Time{}
+		}
 		if o.seq == 1 {
 			p.firstStream = o.stream
 			close(p.first)
@@ -309,7 +341,11 @@ func (p *publisher) check(now time.Time, epoch uint64, timeout time.Duration) {
 // unless it runs. Caller holds mu.
 func (p *publisher) startResendLocked(cause error) {
 	p.holding = true
-	if p.resending || p.err != nil {
+	if p.err != nil {
+		return
+	}
+	if p.resending {
+		p.again = true
 		return
 	}
 	p.resending = true
@@ -329,36 +365,66 @@ func (p *publisher) resend(cause error, warn bool) {
 	nc := p.w.c.Conn()
 	// The stream answered no (503, no responders) or nothing: ask again
 	// only after a pause, or an outage would be a loop of re-sends.
-	notBefore := time.Now()
-	if !errors.Is(cause, nats.ErrDisconnected) {
-		notBefore = notBefore.Add(resendPause)
+	pause := func(cause error) time.Time {
+		if errors.Is(cause, nats.ErrDisconnected) {
+			return time.Now()
+		}
+		return time.Now().Add(resendPause)
 	}
+	notBefore := pause(cause)
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
+	var batch []*outgoing
 	for {
+		p.sendMu.Lock()
 		p.mu.Lock()
-		if p.err != nil {
-			p.resending = false
-			p.finishLocked()
+		done, first := p.resendStateLocked(cause)
+		if done {
 			p.mu.Unlock()
-			return
-		}
-		if !p.retryStart.IsZero() && time.Since(p.retryStart) > p.budget {
-			p.resending = false
-			first := p.failLocked(fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause))
-			p.mu.Unlock()
+			p.sendMu.Unlock()
 			if first {
 				p.failed()
 			}
 			return
 		}
-		if !time.Now().Before(notBefore) && nc.IsConnected() && p.sendQueueLocked() {
-			p.holding, p.resending = false, false
-			p.finishLocked()
-			p.mu.Unlock()
-			return
+		batch = batch[:0]
+		if !time.Now().Before(notBefore) && nc.IsConnected() {
+			p.again = false
+			now := time.Now()
+			for _, o := range p.queue {
+				if !o.acked {
+					p.stampLocked(o, now)
+					batch = append(batch, o)
+				}
+			}
 		}
 		p.mu.Unlock()
+		sent := len(batch) > 0
+		for i, o := range batch {
+			if nc.PublishMsg(&o.m) != nil {
+				p.mu.Lock()
+				for _, o := range batch[i:] {
+					o.sent = false
+				}
+				p.mu.Unlock()
+				sent = false
+				break
+			}
+		}
+		clear(batch)
+		if sent {
+			p.mu.Lock()
+			if !p.again {
+				p.holding, p.resending = false, false
+				p.finishLocked()
+				p.mu.Unlock()
+				p.sendMu.Unlock()
+				return
+			}
+			notBefore = pause(jetstream.ErrAsyncPublishTimeout) // an ack failed meanwhile
+			p.mu.Unlock()
+		}
+		p.sendMu.Unlock()
 		select {
 		case <-t.C:
 		case <-p.kick:
@@ -368,16 +434,34 @@ func (p *publisher) resend(cause error, warn bool) {
 	}
 }
 
-// sendQueueLocked sends every unacknowledged event in seq order and
-// reports whether all went out. Caller holds mu.
-func (p *publisher) sendQueueLocked() bool {
-	now := time.Now()
+// resendStateLocked ends the re-send when it is over: failed, nothing left
+// unacknowledged, or past the budget (then first tells whether this
+// failure is the publisher's first). Caller holds mu.
+func (p *publisher) resendStateLocked(cause error) (done, first bool) {
+	switch {
+	case p.err != nil:
+	case !p.unackedLocked():
+		p.holding = false
+	case !p.retryStart.IsZero() && time.Since(p.retryStart) > p.budget:
+		p.resending = false
+		first = p.failLocked(fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause))
+		return true, first
+	default:
+		return false, false
+	}
+	p.resending, p.again = false, false
+	p.finishLocked()
+	return true, false
+}
+
+// unackedLocked tells whether an event waits for its ack. Caller holds mu.
+func (p *publisher) unackedLocked() bool {
 	for _, o := range p.queue {
-		if !o.acked && p.sendLocked(o, now) != nil {
-			return false
+		if !o.acked {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // failLocked records the first failure and drops the queue; it reports
@@ -463,10 +547,12 @@ func (p *publisher) event(typ string, event []byte, controlSeq uint64) (uint64, 
 
 func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, interrupted bool) (uint64, error) {
 	p.acquire()
+	p.sendMu.Lock()
 	p.mu.Lock()
 	if p.err != nil || p.closed {
 		err := p.err
 		p.mu.Unlock()
+		p.sendMu.Unlock()
 		<-p.window
 		if err == nil {
 			err = errPublisherClosed
@@ -479,6 +565,7 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		seq, now.UnixMilli(), controlSeq, interrupted, event)
 	if len(data) > p.limit {
 		p.mu.Unlock()
+		p.sendMu.Unlock()
 		<-p.window
 		return 0, &EventTooLargeError{Type: typ, Size: len(data), Limit: p.limit}
 	}
@@ -487,27 +574,39 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	m.Subject, m.Data = p.subject, data
 	m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
 	m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
-	if !p.holding && p.w.c.Conn().IsConnected() {
-		err := p.sendLocked(o, now)
-		switch {
-		case err == nil:
-		case retryable(err):
-			p.startResendLocked(err) // sent with the others when NATS is back
-		default:
-			p.mu.Unlock()
-			<-p.window
-			err = fmt.Errorf("publish to %s: %w", p.subject, err)
-			p.fail(err)
-			return 0, err
-		}
+	send := p.mayOvertakeLocked()
+	if send {
+		p.stampLocked(o, now)
 	} else {
-		p.startResendLocked(nats.ErrDisconnected)
+		p.startResendLocked(nats.ErrDisconnected) // sent with the others when NATS is back
 	}
 	p.seq = seq
 	p.sent++
 	p.sentBytes += int64(len(data))
 	p.queue = append(p.queue, o)
 	p.mu.Unlock()
+	var failed error
+	first := false
+	if send {
+		if err := p.w.c.Conn().PublishMsg(m); err != nil {
+			p.mu.Lock()
+			o.sent = false
+			if retryable(err) {
+				p.startResendLocked(err)
+			} else {
+				failed = fmt.Errorf("publish to %s: %w", p.subject, err)
+				first = p.failLocked(failed)
+			}
+			p.mu.Unlock()
+		}
+	}
+	p.sendMu.Unlock()
+	if failed != nil {
+		if first {
+			p.failed()
+		}
+		return 0, failed
+	}
 	return seq, nil
 }
 
