@@ -29,7 +29,8 @@ import (
 //     reader of the epoch first counts what the channel holds, under
 //     statusMu: so a publisher that sees the connection up again sees the
 //     epoch of the loss, an event sent before it never has the current
-//     epoch, and a new event is held behind it (publish.go). A status
+//     epoch, and a new event is held behind it (publish.go; a loss during
+//     the publish itself is caught by the acks' order). A status
 //     change the full channel dropped needs no count: nothing was sent
 //     while the channel was not empty.
 //   - An event sent in an older epoch, or unacknowledged for

@@ -391,6 +391,48 @@ func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
 	if err := p.flush(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
+	// Nothing waits: a later failure gets a whole budget of its own.
+	p.mu.Lock()
+	rs := p.retryStart
+	p.mu.Unlock()
+	if !rs.IsZero() {
+		t.Errorf("the retry budget still runs from %s", rs)
+	}
+}
+
+// A fenced attempt sends nothing more, also from a re-send in progress.
+func TestFenceStopsAResendInProgress(t *testing.T) {
+	var p *publisher
+	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
+	p = newPublisher(w, bus.NewRunID(), 1, nil)
+	p.subject = "plain." + p.run
+	got := sentSeqs(t, srv.URL(), p.subject)
+	for range 3 {
+		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got(3)
+	fenced := make(chan struct{})
+	w.beforeEventResend = func(seq uint64) {
+		if seq == 2 {
+			p.fence() // the lease is lost while the re-send publishes
+			close(fenced)
+		}
+	}
+	p.mu.Lock()
+	p.startResendLocked(nats.ErrDisconnected)
+	p.mu.Unlock()
+	within(t, fenced, 10*time.Second, "the re-send")
+	p.abandon()
+	// A marker after the re-send has ended: on one connection, the order
+	// of the wire.
+	if err := w.c.Conn().Publish(p.subject, []byte(`{"seq":99}`)); err != nil {
+		t.Fatal(err)
+	}
+	if seqs := got(5); fmt.Sprint(seqs) != "[1 2 3 1 99]" {
+		t.Fatalf("on the wire: %v, want [1 2 3 1 99] (nothing after the fence)", seqs)
+	}
 }
 
 func waitResending(t *testing.T, p *publisher) {

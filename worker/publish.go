@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -76,9 +77,13 @@ func (e *EventTooLargeError) Error() string {
 //     unacknowledged event in seq order with its Nats-Msg-Id, so those
 //     already stored are dropped as duplicates. So does an ack that fails
 //     for a reason a reconnect cures (timeout, no responders, 503), after
-//     a pause. The retry budget is AckWait from the first failure, counted
-//     again from each ack that comes meanwhile: past it the request is
-//     redelivered anyway.
+//     a pause. (A loss between the check and the publish can still let an
+//     event overtake; its ack then comes out of order, below.) The retry
+//     budget is AckWait from the first failure, counted again from each
+//     ack that comes meanwhile, and cleared once nothing waits: past it
+//     the request is redelivered anyway.
+//   - Once failed or fenced (stopped), nothing more goes on the wire,
+//     also from a publish in progress outside mu.
 //   - done is closed once the publisher is closed, its queue is empty and
 //     no re-send runs; then it leaves eventAcks.
 type publisher struct {
@@ -99,6 +104,9 @@ type publisher struct {
 	first  chan struct{} // closed when seq 1 is acked
 
 	sendMu sync.Mutex // see the invariants; taken before mu
+	// stopped is set with err: a publish in progress outside mu sends
+	// nothing more (a fenced attempt must not).
+	stopped atomic.Bool
 
 	mu          sync.Mutex
 	queue       []*outgoing     // see the invariants
@@ -288,15 +296,17 @@ func (p *publisher) popLocked() (popped, stored int, bad error) {
 		if !o.dup {
 			stored++
 		}
-		if p.resending {
-			p.retryStart = time.Now() // progress: the budget starts again
-		} else {
-			p.retryStart = time.Time{}
-		}
 		if o.seq == 1 {
 			p.firstStream = o.stream
 			close(p.first)
 		}
+	}
+	switch {
+	case popped == 0:
+	case p.resending && len(p.queue) > 0:
+		p.retryStart = time.Now() // progress: the budget starts again
+	default:
+		p.retryStart = time.Time{}
 	}
 	if popped > 0 && len(p.queue) == 0 {
 		p.releaseSyncLocked()
@@ -327,7 +337,7 @@ func (p *publisher) check(now time.Time, epoch uint64, timeout time.Duration) {
 			continue
 		}
 		switch {
-		case !o.sent, o.epoch != epoch:
+		case !o.sent, o.epoch < epoch: // a stamp after the sweep's read is newer
 			p.startResendLocked(nats.ErrDisconnected)
 		case now.Sub(o.sentAt) > timeout:
 			p.startResendLocked(jetstream.ErrAsyncPublishTimeout)
@@ -401,6 +411,12 @@ func (p *publisher) resend(cause error, warn bool) {
 		p.mu.Unlock()
 		sent := len(batch) > 0
 		for i, o := range batch {
+			if h := p.w.beforeEventResend; h != nil {
+				h(o.seq)
+			}
+			if p.stopped.Load() {
+				break // fenced or failed: the loop's top ends it
+			}
 			if nc.PublishMsg(&o.m) != nil {
 				p.mu.Lock()
 				for _, o := range batch[i:] {
@@ -441,7 +457,7 @@ func (p *publisher) resendStateLocked(cause error) (done, first bool) {
 	switch {
 	case p.err != nil:
 	case !p.unackedLocked():
-		p.holding = false
+		p.holding, p.retryStart = false, time.Time{}
 	case !p.retryStart.IsZero() && time.Since(p.retryStart) > p.budget:
 		p.resending = false
 		first = p.failLocked(fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause))
@@ -472,6 +488,7 @@ func (p *publisher) failLocked(err error) bool {
 	if first {
 		p.err = err
 	}
+	p.stopped.Store(true)
 	p.dropLocked()
 	p.finishLocked()
 	return first
@@ -588,7 +605,9 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	var failed error
 	first := false
 	if send {
-		if err := p.w.c.Conn().PublishMsg(m); err != nil {
+		if p.stopped.Load() {
+			// failed or fenced since the checks: send nothing
+		} else if err := p.w.c.Conn().PublishMsg(m); err != nil {
 			p.mu.Lock()
 			o.sent = false
 			if retryable(err) {

@@ -59,6 +59,9 @@ type Worker struct {
 	// beforeCatchUpRead, when set (tests), is called before each read of
 	// the control stream by a run's control owner.
 	beforeCatchUpRead func(runID string)
+	// beforeEventResend, when set (tests), is called before each event a
+	// publisher re-sends.
+	beforeEventResend func(seq uint64)
 
 	mu   sync.Mutex
 	runs map[string]*run
