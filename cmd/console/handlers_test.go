@@ -251,7 +251,19 @@ func TestControlNeedsAllowControlAndCSRF(t *testing.T) {
 	if code, _ := rw.post(t, "/api/runs/"+id+"/bogus", good, `{}`); code != http.StatusNotFound {
 		t.Errorf("unknown action: %d", code)
 	}
-	// The real steer reaches the run's transcript.
+	// The real steer reaches the run's transcript, sent while the first
+	// reply streams (sent before the pickup, it would come before it).
+	s := rw.openEvents(t, id, "")
+	for {
+		ev, err := s.next()
+		if err != nil {
+			t.Fatalf("events: %v", err)
+		}
+		if ev.Event == "envelope" && strings.Contains(ev.Data, `"type":"message_update"`) {
+			break
+		}
+	}
+	s.close()
 	code, body := rw.post(t, "/api/runs/"+id+"/steer", good, `{"text":"steered from the console"}`)
 	if code != http.StatusAccepted {
 		t.Fatalf("steer: %d %s", code, body)
