@@ -260,18 +260,7 @@ func TestAcksOutOfStreamOrderFail(t *testing.T) {
 // may shut down.
 func startOwnServer(t *testing.T, cfg Config) (*Worker, *natsembed.Server) {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c, srv := startTestServer(t)
 	w, _ := startInternalOn(t, c, cfg, nil)
 	return w, srv
 }
@@ -344,19 +333,8 @@ func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
 // While a re-send waits for NATS, an ack that comes meanwhile starts the
 // retry budget again but does not turn it off.
 func TestResendBudgetHoldsAfterAnAckMeanwhile(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, AckWait: 2 * time.Second})
 	failed := make(chan error, 1)
-	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
-	p.subject = "plain." + p.run
-	got := sentSeqs(t, srv.URL(), p.subject)
-	for range 2 {
-		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got(2)
-	srv.Shutdown()
-	waitResending(t, p)
+	p := resendingWithoutNATS(t, func(err error) { failed <- err })
 	p.ackArrived(1, 10, false, nil)
 	select {
 	case err := <-failed:
@@ -372,18 +350,7 @@ func TestResendBudgetHoldsAfterAnAckMeanwhile(t *testing.T) {
 // A re-send waiting for NATS ends when the acks of everything it held
 // came meanwhile: the publisher flushes without error.
 func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, AckWait: 2 * time.Second})
-	p := newPublisher(w, bus.NewRunID(), 1, nil)
-	p.subject = "plain." + p.run
-	got := sentSeqs(t, srv.URL(), p.subject)
-	for range 2 {
-		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got(2)
-	srv.Shutdown()
-	waitResending(t, p)
+	p := resendingWithoutNATS(t, nil)
 	p.ackArrived(1, 10, false, nil)
 	p.ackArrived(2, 11, false, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -433,6 +400,26 @@ func TestFenceStopsAResendInProgress(t *testing.T) {
 	if seqs := got(5); fmt.Sprint(seqs) != "[1 2 3 1 99]" {
 		t.Fatalf("on the wire: %v, want [1 2 3 1 99] (nothing after the fence)", seqs)
 	}
+}
+
+// resendingWithoutNATS returns a publisher (AckWait 2s) whose two events
+// went out unacknowledged and whose re-send waits for a server that is
+// gone.
+func resendingWithoutNATS(t *testing.T, onFail func(error)) *publisher {
+	t.Helper()
+	w, srv := startOwnServer(t, Config{Concurrency: 1, AckWait: 2 * time.Second})
+	p := newPublisher(w, bus.NewRunID(), 1, onFail)
+	p.subject = "plain." + p.run
+	got := sentSeqs(t, srv.URL(), p.subject)
+	for range 2 {
+		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got(2)
+	srv.Shutdown()
+	waitResending(t, p)
+	return p
 }
 
 func waitResending(t *testing.T, p *publisher) {

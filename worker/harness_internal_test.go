@@ -17,6 +17,14 @@ import (
 // end with the test.
 func connectTestServer(t testing.TB) *bus.Client {
 	t.Helper()
+	c, _ := startTestServer(t)
+	return c
+}
+
+// startTestServer starts an embedded server for the test, which it may
+// shut down, and connects to it.
+func startTestServer(t testing.TB) (*bus.Client, *natsembed.Server) {
+	t.Helper()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +37,7 @@ func connectTestServer(t testing.TB) *bus.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c
+	return c, srv
 }
 
 // startInternal runs a worker on an embedded server until the test ends;
