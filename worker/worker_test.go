@@ -521,12 +521,23 @@ func TestConcurrencyBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := cons.Info(fleettest.Context(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.NumAckPending != 2 || info.NumPending != 3 {
-		t.Fatalf("ack pending %d, pending %d; want 2 and 3", info.NumAckPending, info.NumPending)
+	// The server counts pending messages as its stream signals the
+	// consumer, after the publish acks: under load the count comes late.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		info, err := cons.Info(fleettest.Context(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending > 2 {
+			t.Fatalf("ack pending %d, concurrency is 2", info.NumAckPending)
+		}
+		if info.NumAckPending == 2 && info.NumPending == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ack pending %d, pending %d; want 2 and 3", info.NumAckPending, info.NumPending)
+		}
+		time.Sleep(10 * time.Millisecond) // polls the server's count itself
 	}
 	// Let them all through, one at a time.
 	for range 5 {
