@@ -206,24 +206,31 @@ func retryable(err error) bool {
 	return errors.As(err, &api) && api.Code == 503
 }
 
-// stampLocked marks o sent now, before its publish (its ack may come
-// before the publish returns). Caller holds mu.
-func (p *publisher) stampLocked(o *outgoing, now time.Time) {
-	o.sent, o.epoch, o.sentAt = true, p.w.acks.current(), now
+// stampLocked marks o sent now in epoch (read after the connection was
+// seen up), before its publish: its ack may come before the publish
+// returns. Caller holds mu.
+func stampLocked(o *outgoing, now time.Time, epoch uint64) {
+	o.sent, o.epoch, o.sentAt = true, epoch, now
 }
 
-// mayOvertakeLocked tells whether a new event may be sent at once: see
-// the invariants. Caller holds mu.
-func (p *publisher) mayOvertakeLocked() bool {
+// mayOvertakeLocked tells whether a new event may be sent at once (see
+// the invariants), and the epoch to stamp it with. Caller holds mu.
+func (p *publisher) mayOvertakeLocked() (uint64, bool) {
 	if p.holding || !p.w.c.Conn().IsConnected() {
-		return false
+		return 0, false
 	}
+	epoch := p.w.acks.current()
 	for _, o := range p.queue {
 		if !o.acked {
-			return o.sent && o.epoch == p.w.acks.current()
+			return epoch, o.sent && o.epoch == epoch
 		}
 	}
-	return true
+	return epoch, true
+}
+
+// budgetSpent is the failure of events not stored within the budget.
+func (p *publisher) budgetSpent(cause error) error {
+	return fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause)
 }
 
 // ackArrived applies the ack of the event seq (eventAcks' callback: it
@@ -325,7 +332,7 @@ func (p *publisher) check(now time.Time, epoch uint64, timeout time.Duration) {
 		return
 	}
 	if !p.retryStart.IsZero() && now.Sub(p.retryStart) > p.budget {
-		first := p.failLocked(fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, jetstream.ErrAsyncPublishTimeout))
+		first := p.failLocked(p.budgetSpent(jetstream.ErrAsyncPublishTimeout))
 		p.mu.Unlock()
 		if first {
 			go p.failed()
@@ -400,10 +407,10 @@ func (p *publisher) resend(cause error, warn bool) {
 		batch = batch[:0]
 		if !time.Now().Before(notBefore) && nc.IsConnected() {
 			p.again = false
-			now := time.Now()
+			now, epoch := time.Now(), p.w.acks.current()
 			for _, o := range p.queue {
 				if !o.acked {
-					p.stampLocked(o, now)
+					stampLocked(o, now, epoch)
 					batch = append(batch, o)
 				}
 			}
@@ -460,7 +467,7 @@ func (p *publisher) resendStateLocked(cause error) (done, first bool) {
 		p.holding, p.retryStart = false, time.Time{}
 	case !p.retryStart.IsZero() && time.Since(p.retryStart) > p.budget:
 		p.resending = false
-		first = p.failLocked(fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause))
+		first = p.failLocked(p.budgetSpent(cause))
 		return true, first
 	default:
 		return false, false
@@ -591,9 +598,9 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	m.Subject, m.Data = p.subject, data
 	m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
 	m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
-	send := p.mayOvertakeLocked()
+	epoch, send := p.mayOvertakeLocked()
 	if send {
-		p.stampLocked(o, now)
+		stampLocked(o, now, epoch)
 	} else {
 		p.startResendLocked(nats.ErrDisconnected) // sent with the others when NATS is back
 	}
