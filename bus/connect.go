@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -179,6 +180,10 @@ type Client struct {
 	own        bool
 	staleAfter time.Duration
 
+	followStall time.Duration
+	wrapFollow  func(jetstream.MessagesContext) jetstream.MessagesContext // tests: stall a follower
+	stallLooks  atomic.Int64                                              // tests: times a stall watch asked the stream
+
 	mu      sync.Mutex
 	kv      jetstream.KeyValue
 	streams map[string]jetstream.Stream
@@ -242,7 +247,7 @@ func NewClient(nc *nats.Conn, prefix string, jsOpts ...jetstream.JetStreamOpt) (
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, names: names, streams: map[string]jetstream.Stream{}, staleAfter: DefaultStaleAfter}, nil
+	return &Client{nc: nc, js: js, names: names, streams: map[string]jetstream.Stream{}, staleAfter: DefaultStaleAfter, followStall: DefaultFollowStall}, nil
 }
 
 // SetStaleAfter sets how old a running record's heartbeat may be before
@@ -251,6 +256,18 @@ func NewClient(nc *nats.Conn, prefix string, jsOpts ...jetstream.JetStreamOpt) (
 func (c *Client) SetStaleAfter(d time.Duration) {
 	if d > 0 {
 		c.staleAfter = d
+	}
+}
+
+// DefaultFollowStall is how long a follower waits in vain before it checks
+// the stream for events its consumer did not deliver.
+const DefaultFollowStall = 5 * time.Second
+
+// SetFollowStall sets the follow-stall interval (see Follow). Call it
+// before use.
+func (c *Client) SetFollowStall(d time.Duration) {
+	if d > 0 {
+		c.followStall = d
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"iter"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/nats-io/nats.go/jetstream"
@@ -154,70 +156,189 @@ func IsFatalFollowError(err error) bool {
 // errors with a nil envelope (a *GapError, an envelope that does not
 // decode) and following goes on; a fatal error (ctx done, the stream gone)
 // is yielded last. Stop early by breaking out of the loop.
+//
+// A follower that waits in vain for the follow-stall interval asks the
+// stream for the run's last stored event; if it is newer than the last one
+// delivered, the consumer is replaced by one starting right after that.
+// nats.go's ordered consumer has been seen to stay silent for good after a
+// NATS restart while the run's events were stored.
 func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, error] {
 	return func(yield func(*Envelope, error) bool) {
 		if err := CheckID(runID); err != nil {
 			yield(nil, err)
 			return
 		}
-		cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{c.names.Events(runID)},
-			DeliverPolicy:  jetstream.DeliverAllPolicy,
-		})
-		if err != nil {
-			yield(nil, fmt.Errorf("follow %s: %w", runID, err))
-			return
-		}
-		it, err := cons.Messages()
-		if err != nil {
-			yield(nil, fmt.Errorf("follow %s: %w", runID, err))
-			return
-		}
-		defer it.Stop()
-		attempt := 0
-		var next uint64
+		f := &follower{runID: runID, yield: yield}
 		for {
-			msg, err := it.Next(jetstream.NextContext(ctx))
+			it, err := c.followFrom(ctx, runID, f.seen+1)
 			if err != nil {
-				if ctx.Err() != nil {
-					err = ctx.Err()
-				}
 				yield(nil, fmt.Errorf("follow %s: %w", runID, err))
 				return
 			}
-			env, err := DecodeEnvelope(msg.Data())
-			if err != nil {
-				if !yield(nil, &DecodeError{Run: runID, Err: err}) {
-					return
-				}
-				continue
-			}
-			if md, err := msg.Metadata(); err == nil {
-				env.StreamSeq = md.Sequence.Stream
-			}
-			if env.Attempt < attempt {
-				continue // a stale attempt's late event
-			}
-			if env.Attempt > attempt {
-				attempt, next = env.Attempt, 1
-			}
-			if env.Seq != next && next != 0 {
-				if env.Seq < next {
-					continue // a duplicate
-				}
-				if !yield(nil, &GapError{Run: runID, Attempt: attempt, Want: next, Got: env.Seq}) {
-					return
-				}
-			}
-			next = env.Seq + 1
-			if !yield(env, nil) {
-				return
-			}
-			if env.Type == EventRunFinished {
+			if !f.drain(ctx, it, c.watchStall(ctx, it, runID, f.seen)) {
 				return
 			}
 		}
 	}
+}
+
+// followFrom opens an ordered consumer on a run's events from stream
+// sequence from on.
+func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jetstream.MessagesContext, error) {
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.names.Events(runID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	}
+	if from > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, err
+	}
+	if c.wrapFollow != nil {
+		it = c.wrapFollow(it)
+	}
+	return it, nil
+}
+
+// follower is one Follow's position, kept across consumers.
+type follower struct {
+	runID   string
+	yield   func(*Envelope, error) bool
+	attempt int
+	next    uint64 // the envelope seq expected next in attempt
+	seen    uint64 // stream sequence of the last message taken
+}
+
+// drain yields its messages until the run finishes, the caller stops or
+// an error ends it; it reports whether to go on with a new consumer
+// (the watch found this one stalled).
+func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *stallWatch) bool {
+	defer w.close()
+	defer it.Stop()
+	for {
+		w.waiting.Store(true)
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		w.waiting.Store(false)
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			} else if w.stalled.Load() {
+				return true
+			}
+			f.yield(nil, fmt.Errorf("follow %s: %w", f.runID, err))
+			return false
+		}
+		if md, err := msg.Metadata(); err == nil {
+			f.seen = md.Sequence.Stream
+			w.seen.Store(f.seen)
+		}
+		env, err := DecodeEnvelope(msg.Data())
+		if err != nil {
+			if !f.yield(nil, &DecodeError{Run: f.runID, Err: err}) {
+				return false
+			}
+			continue
+		}
+		env.StreamSeq = f.seen
+		if env.Attempt < f.attempt {
+			continue // a stale attempt's late event
+		}
+		if env.Attempt > f.attempt {
+			f.attempt, f.next = env.Attempt, 1
+		}
+		if env.Seq != f.next && f.next != 0 {
+			if env.Seq < f.next {
+				continue // a duplicate
+			}
+			if !f.yield(nil, &GapError{Run: f.runID, Attempt: f.attempt, Want: f.next, Got: env.Seq}) {
+				return false
+			}
+		}
+		f.next = env.Seq + 1
+		if !f.yield(env, nil) || env.Type == EventRunFinished {
+			return false
+		}
+	}
+}
+
+// stallWatch checks, every follow-stall interval, whether a follower that
+// has been waiting all that time missed stored events, and stops its
+// consumer if so. It runs beside the follower: a stuck consumer can hold
+// Next (and its reset) for good.
+type stallWatch struct {
+	seen    atomic.Uint64
+	waiting atomic.Bool
+	stalled atomic.Bool
+	cancel  context.CancelFunc
+	exited  chan struct{}
+}
+
+func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, runID string, seen uint64) *stallWatch {
+	ctx, cancel := context.WithCancel(ctx)
+	w := &stallWatch{cancel: cancel, exited: make(chan struct{})}
+	w.seen.Store(seen)
+	go func() {
+		defer close(w.exited)
+		t := time.NewTicker(c.followStall)
+		defer t.Stop()
+		// Stalled only after whole intervals spent in Next with nothing
+		// delivered (a slow loop body is not a stall); a follower of an
+		// idle run asks less and less often.
+		last, idle, due := seen, 0, 2
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			cur := w.seen.Load()
+			if !w.waiting.Load() || cur != last {
+				last, idle, due = cur, 0, 2
+				continue
+			}
+			if idle++; idle < due {
+				continue
+			}
+			idle, due = 0, min(2*due, 16)
+			c.stallLooks.Add(1)
+			stored, err := c.lastEventSeq(ctx, runID)
+			if err != nil || stored <= cur {
+				continue // NATS away (ask again later), or nothing missed
+			}
+			w.stalled.Store(true)
+			it.Stop()
+			return
+		}
+	}()
+	return w
+}
+
+func (w *stallWatch) close() {
+	w.cancel()
+	<-w.exited
+}
+
+// lastEventSeq is the stream sequence of a run's last stored event (0:
+// none).
+func (c *Client) lastEventSeq(ctx context.Context, runID string) (uint64, error) {
+	s, err := c.Stream(ctx, c.names.EventsStream())
+	if err != nil {
+		return 0, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, c.names.Events(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return m.Sequence, nil
 }
 
 // LoadTranscript replays a run's events into a Transcript, up to its

@@ -119,7 +119,14 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: time.Minute})
+	logs := &lockedLog{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +172,13 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 	}
 	tr, err := c.LoadTranscript(ctx, id)
 	if err != nil {
-		t.Fatal(err)
+		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer dcancel()
+		evs, rerr := c.ReadEvents(dctx, id, 0)
+		for _, e := range evs {
+			t.Logf("stored: seq %d %s", e.Seq, e.Type)
+		}
+		t.Fatal(err, rerr)
 	}
 	if got := fmt.Sprint(userTexts(tr)); got != "[one late]" || tr.Finished.LastControlSeq == 0 {
 		t.Fatalf("the steer stored before the idle check was lost: users %s, lastControlSeq %d", got, tr.Finished.LastControlSeq)
