@@ -130,6 +130,23 @@ func (c *Client) ensureLimitsBucket(ctx context.Context, cfg StreamsConfig) erro
 	return nil
 }
 
+// EnsureMemoryBuckets creates again the buckets kept in memory
+// (agents_workers, agents_limits): a NATS restart loses them, and their
+// writers call this when a write finds them gone (IsBucketGone).
+func (c *Client) EnsureMemoryBuckets(ctx context.Context, cfg StreamsConfig) error {
+	if err := c.ensureWorkersBucket(ctx, cfg); err != nil {
+		return err
+	}
+	return c.ensureLimitsBucket(ctx, cfg)
+}
+
+// IsBucketGone reports whether a KV write failed because the bucket's
+// stream is not there (a memory bucket after a NATS restart).
+func IsBucketGone(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
 // Limits returns the bucket of shared model rate limits.
 func (c *Client) Limits(ctx context.Context) (jetstream.KeyValue, error) {
 	kv, err := c.js.KeyValue(ctx, c.names.LimitsBucket())

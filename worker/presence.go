@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // presenceCheck is how often the worker looks for a change worth writing
@@ -36,13 +37,11 @@ func (w *Worker) startPresence() (stop func()) {
 			w.observeToolSources()
 			b, err := json.Marshal(w.presence(started))
 			if kv != nil && err == nil && (!bytes.Equal(b, last) || time.Since(lastPut) >= bus.PresenceInterval) {
-				pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-				if _, err := kv.Put(pctx, w.id, b); err != nil && ctx.Err() == nil {
+				if err := w.putPresence(ctx, kv, b); err != nil && ctx.Err() == nil {
 					w.log.Warn("writing worker presence failed", "err", err)
 				} else {
 					last, lastPut = b, time.Now()
 				}
-				pcancel()
 			}
 			select {
 			case <-ctx.Done():
@@ -60,6 +59,24 @@ func (w *Worker) startPresence() (stop func()) {
 		cancel()
 		wg.Wait()
 	}
+}
+
+// putPresence writes the entry. A NATS restart loses the memory buckets
+// (presence and the shared rate limits): a worker that ensures streams
+// creates both again and writes once more.
+func (w *Worker) putPresence(ctx context.Context, kv jetstream.KeyValue, b []byte) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := kv.Put(pctx, w.id, b)
+	if err == nil || !bus.IsBucketGone(err) || w.cfg.SkipEnsureStreams {
+		return err
+	}
+	if err := w.c.EnsureMemoryBuckets(pctx, w.streamsConfig()); err != nil {
+		return err
+	}
+	w.log.Info("memory buckets created again (NATS lost them)")
+	_, err = kv.Put(pctx, w.id, b)
+	return err
 }
 
 // presence is the worker's entry now.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,8 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/llm/openai"
+	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -422,6 +425,50 @@ func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 	tr := transcriptOf(t, envs)
 	if fin.Status != bus.StatusSucceeded || tr.FinalText() != text {
 		t.Fatalf("after the restart: %+v %q", fin, tr.FinalText())
+	}
+}
+
+// A NATS restart loses the memory buckets (presence, shared rate limits):
+// the worker creates them again and its presence comes back.
+func TestPresenceComesBackAfterNATSRestart(t *testing.T) {
+	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.CloseIdleConnections)
+	f := fleettest.Start(t, fleettest.Options{})
+	w := f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
+		RateLimits: &worker.RateLimits{Models: map[string]worker.ModelLimit{"openai/m": {Group: "main", Limits: ratelimit.Limits{Concurrency: 1}}}}})
+	listed := func() bool {
+		ws, err := f.Client.ListWorkers(fleettest.Context(t))
+		return err == nil && len(ws) == 1 && ws[0].Worker == w.ID()
+	}
+	waitState(t, "the worker's presence", listed)
+	f.Restart()
+	if _, err := f.Client.Workers(fleettest.Context(t)); err == nil {
+		t.Fatal("the presence bucket outlived the restart: this test tests nothing")
+	}
+	waitState(t, "the worker's presence after the restart", listed)
+	// The shared rate limits work again.
+	for range 2 {
+		if fin := f.WaitFinished(f.Submit("", &bus.RunRequest{Prompt: "hi"})); fin.Status != bus.StatusSucceeded {
+			t.Fatalf("run after the restart: %s/%s: %s", fin.Status, fin.Reason, fin.Error)
+		}
+	}
+}
+
+// waitState polls ok until it holds (at most a minute).
+func waitState(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -184,6 +184,14 @@ func (w *Worker) maxPayload() int64 {
 	return 1 << 20
 }
 
+// streamsConfig is what the worker ensures: its streams config with its
+// queues and delivery settings.
+func (w *Worker) streamsConfig() bus.StreamsConfig {
+	sc := w.cfg.Streams
+	sc.Queues, sc.AckWait, sc.MaxDeliver, sc.MaxAckPending = w.cfg.Queues, w.cfg.AckWait, w.cfg.MaxDeliver, w.cfg.MaxAckPending
+	return sc
+}
+
 // Run ensures the streams (unless SkipEnsureStreams), then pulls requests
 // until ctx is cancelled. Then it stops pulling, lets running runs finish
 // within DrainTimeout, stops the rest and hands them back (Nak, so another
@@ -196,9 +204,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if !w.cfg.SkipEnsureStreams {
-		sc := w.cfg.Streams
-		sc.Queues, sc.AckWait, sc.MaxDeliver, sc.MaxAckPending = w.cfg.Queues, w.cfg.AckWait, w.cfg.MaxDeliver, w.cfg.MaxAckPending
-		if err := w.c.EnsureStreams(setup, sc); err != nil {
+		if err := w.c.EnsureStreams(setup, w.streamsConfig()); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
 	}
