@@ -183,6 +183,8 @@ type Client struct {
 	followStall time.Duration
 	wrapFollow  func(jetstream.MessagesContext) jetstream.MessagesContext // tests: stall a follower
 	stallLooks  atomic.Int64                                              // tests: times a stall watch asked the stream
+	stallTicks  atomic.Int64                                              // tests: stall watch ticks
+	lookLast    func(ctx context.Context, runID string) (uint64, error)   // tests: answer for lastEventSeq
 
 	mu      sync.Mutex
 	kv      jetstream.KeyValue

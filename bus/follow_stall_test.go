@@ -3,12 +3,15 @@ package bus
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/agentfleet/agentfleet/natsembed"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -105,6 +108,8 @@ func TestFollowKeepsAHealthyConsumer(t *testing.T) {
 	pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
 	pub(2, AgentEvent{Type: "agent_start"})
 	var got []uint64
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for e, err := range c.Follow(ctx, "r") {
 		if err != nil {
 			t.Fatal(err)
@@ -117,10 +122,10 @@ func TestFollowKeepsAHealthyConsumer(t *testing.T) {
 		case 2:
 			// An idle run: the watch looks (and finds nothing missed)
 			// while the follower waits, before the next event is stored.
-			go func() {
+			wg.Go(func() {
 				waitLooks(t, c, 3)
 				pub(3, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
-			}()
+			})
 		}
 	}
 	if len(got) != 3 {
@@ -141,5 +146,151 @@ func waitLooks(t *testing.T, c *Client, n int64) {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// While the stream cannot be asked (NATS away), the watch asks again as
+// often as before: it backs off only after answers that found nothing
+// missed, so a consumer that stalled in an outage is replaced soon after.
+func TestFollowStallChecksKeepTheirPaceWhileNATSIsAway(t *testing.T) {
+	ctx, c, pub := stallClient(t)
+	var wraps atomic.Int32
+	c.wrapFollow = func(it jetstream.MessagesContext) jetstream.MessagesContext {
+		if wraps.Add(1) > 1 {
+			return it
+		}
+		return &stuckIter{MessagesContext: it, stopped: make(chan struct{})}
+	}
+	var mu sync.Mutex
+	var ticks []int64
+	c.lookLast = func(ctx context.Context, runID string) (uint64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		ticks = append(ticks, c.stallTicks.Load())
+		if len(ticks) <= 5 {
+			return 0, nats.ErrTimeout
+		}
+		return c.lastEventSeq(ctx, runID)
+	}
+	pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
+	pub(2, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
+	n := 0
+	for _, err := range c.Follow(ctx, "r") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n != 2 || len(ticks) != 6 {
+		t.Fatalf("%d events after %d looks, want 2 after 6", n, len(ticks))
+	}
+	for i := 1; i < len(ticks); i++ {
+		if d := ticks[i] - ticks[i-1]; d != 2 {
+			t.Fatalf("looks at ticks %v: every 2 ticks wanted", ticks)
+		}
+	}
+}
+
+// A follower whose consumer is making itself again (its stream gone, so
+// for ever) ends when its ctx does: nats.go's Next does not look at ctx
+// then.
+func TestFollowEndsOnCancelWhileItsConsumerResets(t *testing.T) {
+	ctx, c, pub := stallClient(t)
+	c.SetFollowStall(time.Hour) // the watch stays out of it
+	creates := make(chan struct{}, 100)
+	sub, err := c.nc.Subscribe("$JS.API.CONSUMER.CREATE."+c.names.EventsStream()+".>", func(*nats.Msg) { creates <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
+	fctx, fcancel := context.WithCancel(ctx)
+	defer fcancel()
+	got := make(chan error, 10)
+	go func() {
+		defer close(got)
+		for _, err := range c.Follow(fctx, "r") {
+			got <- err
+		}
+	}()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	<-creates // the follow's own
+	if err := c.js.DeleteStream(ctx, c.names.EventsStream()); err != nil {
+		t.Fatal(err)
+	}
+	<-creates // the consumer resetting: its first attempt
+	<-creates // and its second (it retries for ever)
+	fcancel()
+	select {
+	case err := <-got:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("follow ended with %v, want context.Canceled", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the follow went on 20 s after its ctx ended")
+	}
+}
+
+// A consumer create request that is lost (sent as the server went down)
+// is sent again: the follow does not wait for its ctx to end.
+func TestFollowRetriesALostConsumerCreate(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// A JetStream API under another prefix that, once armed, drops the
+	// first consumer create and passes everything else on, replies included.
+	var armed atomic.Bool
+	var createsSeen atomic.Int32
+	proxy, err := nc.Subscribe("$JSX.API.>", func(m *nats.Msg) {
+		api := strings.TrimPrefix(m.Subject, "$JSX.API.")
+		if armed.Load() && strings.HasPrefix(api, "CONSUMER.CREATE.") && createsSeen.Add(1) == 1 {
+			return
+		}
+		_ = nc.PublishMsg(&nats.Msg{Subject: "$JS.API." + api, Reply: m.Reply, Header: m.Header, Data: m.Data})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Unsubscribe()
+	c, err := NewClient(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.js, err = jetstream.NewWithAPIPrefix(nc, "$JSX.API"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	c.SetFollowStall(50 * time.Millisecond) // one create attempt: 2 s
+	for seq, ev := range []any{RunStarted{Type: EventRunStarted, Attempt: 1}, RunFinished{Type: EventRunFinished, Status: StatusSucceeded}} {
+		b, _ := json.Marshal(ev)
+		if _, err := c.js.Publish(ctx, c.names.Events("r"), (&Envelope{Run: "r", Seq: uint64(seq + 1), Attempt: 1, Worker: "w", TS: 1, Event: b}).AppendJSON(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	armed.Store(true)
+	n := 0
+	for _, err := range c.Follow(ctx, "r") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n != 2 || createsSeen.Load() != 2 {
+		t.Fatalf("%d events after %d consumer creates, want 2 after 2", n, createsSeen.Load())
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -183,7 +184,9 @@ func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, 
 }
 
 // followFrom opens an ordered consumer on a run's events from stream
-// sequence from on.
+// sequence from on. The consumer's creation is retried while NATS is away
+// or not answering: a request sent as the server goes down is lost, and
+// would otherwise hold the follow until ctx ends.
 func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jetstream.MessagesContext, error) {
 	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.names.Events(runID)},
@@ -192,9 +195,28 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jet
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
-	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
-	if err != nil {
-		return nil, err
+	var cons jetstream.Consumer
+	pause := 100 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
+		var err error
+		cons, err = c.js.OrderedConsumer(actx, c.names.EventsStream(), cfg)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !transientAPIError(err) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
 	}
 	it, err := cons.Messages()
 	if err != nil {
@@ -204,6 +226,18 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jet
 		it = c.wrapFollow(it)
 	}
 	return it, nil
+}
+
+// followOpenTimeout bounds one attempt at creating a follow consumer.
+func (c *Client) followOpenTimeout() time.Duration { return max(2*c.followStall, 2*time.Second) }
+
+// transientAPIError tells a JetStream API failure worth retrying: no
+// answer (NATS away, the request lost) or JetStream not ready yet.
+func transientAPIError(err error) bool {
+	var api *jetstream.APIError
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		(errors.As(err, &api) && api.Code == 503)
 }
 
 // follower is one Follow's position, kept across consumers.
@@ -221,6 +255,9 @@ type follower struct {
 func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *stallWatch) bool {
 	defer w.close()
 	defer it.Stop()
+	// The ordered consumer's Next ignores ctx while it makes its consumer
+	// again (NATS away, the stream gone): stopping it ends the wait.
+	defer context.AfterFunc(ctx, it.Stop)()
 	for {
 		w.waiting.Store(true)
 		msg, err := it.Next(jetstream.NextContext(ctx))
@@ -234,18 +271,23 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 			f.yield(nil, fmt.Errorf("follow %s: %w", f.runID, err))
 			return false
 		}
+		var streamSeq uint64
 		if md, err := msg.Metadata(); err == nil {
-			f.seen = md.Sequence.Stream
-			w.seen.Store(f.seen)
+			streamSeq = md.Sequence.Stream
+			f.seen = streamSeq
+			w.seen.Store(streamSeq)
 		}
 		env, err := DecodeEnvelope(msg.Data())
 		if err != nil {
 			if !f.yield(nil, &DecodeError{Run: f.runID, Err: err}) {
 				return false
 			}
+			if w.stalled.Load() {
+				return true
+			}
 			continue
 		}
-		env.StreamSeq = f.seen
+		env.StreamSeq = streamSeq
 		if env.Attempt < f.attempt {
 			continue // a stale attempt's late event
 		}
@@ -263,6 +305,12 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 		f.next = env.Seq + 1
 		if !f.yield(env, nil) || env.Type == EventRunFinished {
 			return false
+		}
+		if w.stalled.Load() {
+			// Stopped, but a reset already under way in nats.go went on
+			// with a new subscription that Stop no longer reaches: leave
+			// it, and go on with a consumer of our own.
+			return true
 		}
 	}
 }
@@ -297,6 +345,7 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 				return
 			case <-t.C:
 			}
+			c.stallTicks.Add(1)
 			cur := w.seen.Load()
 			if !w.waiting.Load() || cur != last {
 				last, idle, due = cur, 0, 2
@@ -305,11 +354,21 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 			if idle++; idle < due {
 				continue
 			}
-			idle, due = 0, min(2*due, 16)
+			idle = 0
 			c.stallLooks.Add(1)
-			stored, err := c.lastEventSeq(ctx, runID)
-			if err != nil || stored <= cur {
-				continue // NATS away (ask again later), or nothing missed
+			lctx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
+			look := c.lastEventSeq
+			if c.lookLast != nil {
+				look = c.lookLast
+			}
+			stored, err := look(lctx, runID)
+			cancel()
+			if err != nil {
+				continue // NATS away: ask again, as often, once it is back
+			}
+			if stored <= cur || w.seen.Load() != cur || !w.waiting.Load() {
+				due = min(2*due, 16) // nothing missed, or it moved meanwhile
+				continue
 			}
 			w.stalled.Store(true)
 			it.Stop()

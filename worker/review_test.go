@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,8 +171,20 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 		Faux: fauxTexts("first", "second")}); err != nil {
 		t.Fatal(err)
 	}
+	// Where everything waits, should the follow not end in time.
+	stacks := make(chan []byte, 1)
+	dump := time.AfterFunc(50*time.Second, func() {
+		b := make([]byte, 1<<20)
+		stacks <- b[:runtime.Stack(b, true)]
+	})
+	defer dump.Stop()
 	tr, err := c.LoadTranscript(ctx, id)
 	if err != nil {
+		select {
+		case b := <-stacks:
+			t.Logf("goroutines 10 s before the deadline:\n%s", b)
+		default:
+		}
 		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer dcancel()
 		evs, rerr := c.ReadEvents(dctx, id, 0)
