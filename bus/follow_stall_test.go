@@ -65,18 +65,25 @@ func stallClient(t *testing.T) (context.Context, *Client, func(seq uint64, ev an
 	return ctx, c, pub
 }
 
-// A consumer that goes silent while the run's events are stored is
-// replaced by one starting after the last delivered event: every event
-// arrives once, in order.
-func TestFollowReplacesAStalledConsumer(t *testing.T) {
-	ctx, c, pub := stallClient(t)
-	var wraps atomic.Int32
+// stallFirstConsumer makes the first follow consumer go silent; later ones
+// deliver. It counts the consumers opened.
+func stallFirstConsumer(c *Client) *atomic.Int32 {
+	wraps := new(atomic.Int32)
 	c.wrapFollow = func(it jetstream.MessagesContext) jetstream.MessagesContext {
 		if wraps.Add(1) > 1 {
 			return it
 		}
 		return &stuckIter{MessagesContext: it, stopped: make(chan struct{})}
 	}
+	return wraps
+}
+
+// A consumer that goes silent while the run's events are stored is
+// replaced by one starting after the last delivered event: every event
+// arrives once, in order.
+func TestFollowReplacesAStalledConsumer(t *testing.T) {
+	ctx, c, pub := stallClient(t)
+	wraps := stallFirstConsumer(c)
 	pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
 	pub(2, AgentEvent{Type: "agent_start"})
 	pub(3, AgentEvent{Type: "agent_end"})
@@ -154,13 +161,7 @@ func waitLooks(t *testing.T, c *Client, n int64) {
 // missed, so a consumer that stalled in an outage is replaced soon after.
 func TestFollowStallChecksKeepTheirPaceWhileNATSIsAway(t *testing.T) {
 	ctx, c, pub := stallClient(t)
-	var wraps atomic.Int32
-	c.wrapFollow = func(it jetstream.MessagesContext) jetstream.MessagesContext {
-		if wraps.Add(1) > 1 {
-			return it
-		}
-		return &stuckIter{MessagesContext: it, stopped: make(chan struct{})}
-	}
+	stallFirstConsumer(c)
 	var mu sync.Mutex
 	var ticks []int64
 	c.lookLast = func(ctx context.Context, runID string) (uint64, error) {
