@@ -130,14 +130,31 @@ func (c *Client) ensureLimitsBucket(ctx context.Context, cfg StreamsConfig) erro
 	return nil
 }
 
-// EnsureMemoryBuckets creates again the buckets kept in memory
-// (agents_workers, agents_limits): a NATS restart loses them, and their
-// writers call this when a write finds them gone (IsBucketGone).
-func (c *Client) EnsureMemoryBuckets(ctx context.Context, cfg StreamsConfig) error {
-	if err := c.ensureWorkersBucket(ctx, cfg); err != nil {
-		return err
+// EnsureMemoryBuckets creates again those of the buckets kept in memory
+// (agents_workers, agents_limits) that are gone: a NATS restart loses
+// them, and their writers call this when a write finds them gone
+// (IsBucketGone). It returns the buckets it created: watchers of one
+// have to watch again (ratelimit.Limiter.Rewatch).
+func (c *Client) EnsureMemoryBuckets(ctx context.Context, cfg StreamsConfig) (created []string, err error) {
+	for _, b := range []struct {
+		name   string
+		ensure func(context.Context, StreamsConfig) error
+	}{{c.names.WorkersBucket(), c.ensureWorkersBucket}, {c.names.LimitsBucket(), c.ensureLimitsBucket}} {
+		// A write also finds no stream while NATS is still starting: only a
+		// stream the server says is missing is created again.
+		_, err := c.js.Stream(ctx, "KV_"+b.name)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return created, fmt.Errorf("kv bucket %s: %w", b.name, err)
+		}
+		if err := b.ensure(ctx, cfg); err != nil {
+			return created, err
+		}
+		created = append(created, b.name)
 	}
-	return c.ensureLimitsBucket(ctx, cfg)
+	return created, nil
 }
 
 // IsBucketGone reports whether a KV write failed because the bucket's

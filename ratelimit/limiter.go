@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -84,6 +85,8 @@ type Limiter struct {
 	kv  jetstream.KeyValue
 	cfg Config
 	win window
+
+	rewatch chan struct{} // Rewatch's signal to Run
 
 	mu      sync.Mutex
 	changed map[string]chan struct{} // closed when the key changes
@@ -161,7 +164,7 @@ func New(kv jetstream.KeyValue, cfg Config) (*Limiter, error) {
 			return nil, fmt.Errorf("ratelimit: group %q: %w", g, err)
 		}
 	}
-	return &Limiter{kv: kv, cfg: cfg, win: newWindow(cfg.Window),
+	return &Limiter{kv: kv, cfg: cfg, win: newWindow(cfg.Window), rewatch: make(chan struct{}, 1),
 		changed: map[string]chan struct{}{}, cached: map[string]*state{}, active: map[string]int{}, stats: map[string]*Stats{}}, nil
 }
 
@@ -173,22 +176,45 @@ func (l *Limiter) Limits(group string) (Limits, bool) {
 
 // Run watches the bucket and refreshes this worker's liveness until ctx
 // ends. Acquire works without it, but then only sees changes when a timer
-// fires.
+// fires. A watch that ends (its bucket went away with a NATS restart) is
+// opened again, with backoff, and so is one Rewatch asks for.
 func (l *Limiter) Run(ctx context.Context) error {
-	w, err := l.kv.WatchAll(ctx)
+	w, stop, err := l.watch(ctx)
 	if err != nil {
 		return fmt.Errorf("ratelimit: watch: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
+	defer func() { stop() }()
 	tick := time.NewTicker(l.cfg.Liveness / 4)
 	defer tick.Stop()
+	retry := backoff.NewExponentialBackOff()
+	retry.InitialInterval, retry.MaxInterval = 100*time.Millisecond, 2*time.Second
+	var again <-chan time.Time // set while there is no watch
+	reopen := func() {
+		stop()
+		if w, stop, err = l.watch(ctx); err == nil {
+			retry.Reset()
+			again = nil
+			return
+		}
+		w, stop = nil, func() {}
+		again = time.After(retry.NextBackOff())
+	}
 	for {
+		var updates <-chan jetstream.KeyValueEntry
+		if w != nil {
+			updates = w.Updates()
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-w.Updates():
+		case <-l.rewatch:
+			reopen()
+		case <-again:
+			reopen()
+		case e, ok := <-updates:
 			if !ok {
-				return nil
+				reopen()
+				continue
 			}
 			if e != nil {
 				var s state
@@ -200,6 +226,38 @@ func (l *Limiter) Run(ctx context.Context) error {
 		case <-tick.C:
 			l.refresh(ctx)
 		}
+	}
+}
+
+// watchOpenTimeout bounds opening a watch: with NATS away the request
+// would wait for it, and Run would stop refreshing liveness meanwhile.
+const watchOpenTimeout = 5 * time.Second
+
+// watch opens a watch of the whole bucket; stop ends it.
+func (l *Limiter) watch(ctx context.Context) (jetstream.KeyWatcher, func(), error) {
+	// The watch lives as long as the context it was opened with, so the
+	// open is bounded by a timer cancelling that context, not a deadline.
+	wctx, cancel := context.WithCancel(ctx)
+	t := time.AfterFunc(watchOpenTimeout, cancel)
+	w, err := l.kv.WatchAll(wctx)
+	if !t.Stop() && err == nil {
+		_ = w.Stop()
+		err = fmt.Errorf("no answer in %s", watchOpenTimeout)
+	}
+	if err != nil {
+		cancel()
+		return nil, func() {}, err
+	}
+	return w, func() { _ = w.Stop(); cancel() }, nil
+}
+
+// Rewatch makes Run open its watch again. A worker calls it after it
+// created the bucket again: a watch that outlived the old bucket waits
+// for sequences the new one has not reached, so it would see nothing.
+func (l *Limiter) Rewatch() {
+	select {
+	case l.rewatch <- struct{}{}:
+	default: // one is pending already
 	}
 }
 

@@ -341,3 +341,59 @@ func TestUnsettledHoldFreesAfterMaxHold(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A watch that outlived its bucket (NATS restarted, a worker created the
+// bucket again) waits for sequences the new bucket has not reached:
+// after Rewatch, a change in the new bucket wakes a waiter at once, not
+// when its timer fires (a minute here, past the test's bound).
+func TestRewatchSeesTheRecreatedBucket(t *testing.T) {
+	f := newFleet(t)
+	cfg := ratelimit.Config{Groups: map[string]ratelimit.Limits{"c": {Concurrency: 1}}, Window: 2 * time.Minute,
+		Liveness: 2 * time.Minute, Jitter: time.Millisecond}
+	holder, waiter := f.limiter("holder", cfg), f.limiter("waiter", cfg)
+	ctx := fleettest.Context(t)
+	if _, err := holder.Acquire(ctx, "c", 1); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	granted := make(chan error, 1)
+	go func() {
+		g, err := waiter.Acquire(wctx, "c", 1)
+		if err == nil {
+			err = g.Settle(ctx, 1)
+		}
+		granted <- err
+	}()
+	key := ratelimit.Key("c")
+	queued := func() bool {
+		e, err := holder.kv.Get(ctx, key)
+		var s struct{ Queue []json.RawMessage }
+		return err == nil && json.Unmarshal(e.Value(), &s) == nil && len(s.Queue) == 1
+	}
+	for !queued() {
+		if wctx.Err() != nil {
+			t.Fatal("the waiter never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	c := fleettest.Connect(t, f.url)
+	bucket := c.Names().LimitsBucket()
+	if err := c.JetStream().DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	created, err := c.EnsureMemoryBuckets(ctx, bus.StreamsConfig{})
+	if err != nil || !slices.Equal(created, []string{bucket}) {
+		t.Fatalf("created %v, %v; want only %s", created, err, bucket)
+	}
+	waiter.Rewatch()
+	// The holder's hold went with the old bucket: an empty state is the
+	// change the waiter must see.
+	if _, err := holder.kv.Put(ctx, key, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-granted; err != nil {
+		t.Fatalf("the waiter did not see the new bucket: %v", err)
+	}
+}

@@ -71,10 +71,16 @@ func (w *Worker) putPresence(ctx context.Context, kv jetstream.KeyValue, b []byt
 	if err == nil || !bus.IsBucketGone(err) || w.cfg.SkipEnsureStreams {
 		return err
 	}
-	if err := w.c.EnsureMemoryBuckets(pctx, w.streamsConfig()); err != nil {
+	created, err := w.c.EnsureMemoryBuckets(pctx, w.streamsConfig())
+	if err != nil {
 		return err
 	}
-	w.log.Info("memory buckets created again (NATS lost them)")
+	if len(created) > 0 {
+		w.log.Info("memory buckets created again (NATS lost them)", "buckets", created)
+	}
+	if slices.Contains(created, w.c.Names().LimitsBucket()) && w.limiter != nil {
+		w.limiter.Rewatch()
+	}
 	_, err = kv.Put(pctx, w.id, b)
 	return err
 }
