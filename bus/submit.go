@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -208,7 +207,7 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jet
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if !transientAPIError(err) {
+		if !Transient(err) && !errors.Is(err, context.DeadlineExceeded) { // each attempt has its own deadline
 			return nil, err
 		}
 		select {
@@ -230,15 +229,6 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jet
 
 // followOpenTimeout bounds one attempt at creating a follow consumer.
 func (c *Client) followOpenTimeout() time.Duration { return max(2*c.followStall, 2*time.Second) }
-
-// transientAPIError tells a JetStream API failure worth retrying: no
-// answer (NATS away, the request lost) or JetStream not ready yet.
-func transientAPIError(err error) bool {
-	var api *jetstream.APIError
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
-		(errors.As(err, &api) && api.Code == 503)
-}
 
 // follower is one Follow's position, kept across consumers.
 type follower struct {

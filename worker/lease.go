@@ -203,7 +203,7 @@ func (l *lease) write(ctx context.Context, rec *bus.RunRecord, final bool) error
 // transientKV tells KV write errors that a retry may cure (NATS away, a
 // timeout, no stream leader yet) from permanent ones (a record too large).
 func transientKV(err error) bool {
-	return retryable(err) || errors.Is(err, context.DeadlineExceeded)
+	return bus.Transient(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // lose marks the lease lost and stops the run, once.

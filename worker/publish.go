@@ -193,19 +193,6 @@ func (p *publisher) wake() {
 	}
 }
 
-// retryable tells publish errors that a reconnect or a new stream leader
-// cures.
-func retryable(err error) bool {
-	if errors.Is(err, nats.ErrDisconnected) || errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) ||
-		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
-		return true
-	}
-	var api *jetstream.APIError
-	return errors.As(err, &api) && api.Code == 503
-}
-
 // stampLocked marks o sent now in epoch (read after the connection was
 // seen up), before its publish: its ack may come before the publish
 // returns. Caller holds mu.
@@ -257,7 +244,7 @@ func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 			p.mu.Unlock() // a copy of an event the stream is storing: its ack comes
 			return
 		}
-		if retryable(ackErr) {
+		if bus.Transient(ackErr) {
 			p.startResendLocked(ackErr)
 			p.mu.Unlock()
 			return
@@ -617,7 +604,7 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		} else if err := p.w.c.Conn().PublishMsg(m); err != nil {
 			p.mu.Lock()
 			o.sent = false
-			if retryable(err) {
+			if bus.Transient(err) {
 				p.startResendLocked(err)
 			} else {
 				failed = fmt.Errorf("publish to %s: %w", p.subject, err)
