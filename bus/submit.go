@@ -249,6 +249,12 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 	// again (NATS away, the stream gone): stopping it ends the wait.
 	defer context.AfterFunc(ctx, it.Stop)()
 	for {
+		if w.stalled.Load() {
+			// Stopped, but a reset already under way in nats.go may go on
+			// with a new subscription that Stop no longer reaches: leave
+			// it, and go on with a consumer of our own.
+			return true
+		}
 		w.waiting.Store(true)
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		w.waiting.Store(false)
@@ -272,9 +278,6 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 			if !f.yield(nil, &DecodeError{Run: f.runID, Err: err}) {
 				return false
 			}
-			if w.stalled.Load() {
-				return true
-			}
 			continue
 		}
 		env.StreamSeq = streamSeq
@@ -295,12 +298,6 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 		f.next = env.Seq + 1
 		if !f.yield(env, nil) || env.Type == EventRunFinished {
 			return false
-		}
-		if w.stalled.Load() {
-			// Stopped, but a reset already under way in nats.go went on
-			// with a new subscription that Stop no longer reaches: leave
-			// it, and go on with a consumer of our own.
-			return true
 		}
 	}
 }
