@@ -263,53 +263,127 @@ func jsonErrorText(err error) string {
 
 // checkJSONShape refuses what encoding/json accepts silently: duplicate
 // keys (which one wins is up to the reader) and deep nesting (costly to
-// walk and to print).
+// walk and to print). It scans the bytes itself, as encoding/json's
+// Token cost more than the decode after it; malformed JSON is left to
+// that decode, which says what is wrong.
 func checkJSONShape(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	type frame struct {
-		object bool
-		keys   map[string]bool
-		key    bool // the next token of an object is a key
-	}
-	var stack []frame
+	var frames [16]shapeFrame
+	var seen [64][]byte
+	stack, keys := frames[:0], seen[:0] // keys: the open objects', in order
 	var dups []string
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			break // syntax errors are reported by the real decode
-		}
-		if n := len(stack); n > 0 && stack[n-1].object {
-			top := &stack[n-1]
-			if top.key {
-				if k, ok := tok.(string); ok {
-					if top.keys[k] {
-						dups = append(dups, fmt.Sprintf("key %q appears twice in one object", truncate(k, 64)))
-					}
-					top.keys[k] = true
-					top.key = false
-					continue
-				}
-			} else {
-				top.key = true
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '"':
+			end := stringEnd(data, i)
+			if end < 0 {
+				return dupsError(dups)
 			}
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, frame{object: true, keys: map[string]bool{}, key: true})
-		case json.Delim('['):
-			stack = append(stack, frame{})
-		case json.Delim('}'), json.Delim(']'):
+			if n := len(stack); n > 0 && stack[n-1].wantKey {
+				top := &stack[n-1]
+				top.wantKey = false
+				k, ok := jsonKey(data[i : end+1])
+				if !ok {
+					return dupsError(dups)
+				}
+				var dup bool
+				if dup, keys = top.seen(keys, k); dup {
+					dups = append(dups, fmt.Sprintf("key %q appears twice in one object", truncate(string(k), 64)))
+				}
+			}
+			i = end
+		case ',':
+			if n := len(stack); n > 0 && stack[n-1].object {
+				stack[n-1].wantKey = true
+			}
+		case '{':
+			stack = append(stack, shapeFrame{object: true, wantKey: true, start: len(keys)})
+		case '[':
+			stack = append(stack, shapeFrame{start: len(keys)})
+		case '}', ']':
+			if len(stack) == 0 {
+				return dupsError(dups)
+			}
+			keys = keys[:stack[len(stack)-1].start]
 			stack = stack[:len(stack)-1]
 		}
 		if len(stack) > MaxJSONDepth {
 			return BadRequest("the request's JSON is nested deeper than %d levels", MaxJSONDepth)
 		}
 	}
-	if len(dups) > 0 {
-		return &RequestError{Problems: dups}
+	return dupsError(dups)
+}
+
+func dupsError(dups []string) error {
+	if len(dups) == 0 {
+		return nil
 	}
-	return nil
+	return &RequestError{Problems: dups}
+}
+
+// shapeFrame is one open object or array of checkJSONShape.
+type shapeFrame struct {
+	object  bool
+	wantKey bool // the next string of an object is a key
+	start   int  // where its keys begin in the scan's keys
+	many    map[string]struct{}
+}
+
+// seenKeysScan is how many keys an object keeps in the scan's slice,
+// compared with each new key, before it moves them to a map.
+const seenKeysScan = 16
+
+// seen records k in the object (keys are the scan's, with the object's
+// last) and reports whether the object had it already.
+func (f *shapeFrame) seen(keys [][]byte, k []byte) (bool, [][]byte) {
+	if f.many != nil {
+		if _, ok := f.many[string(k)]; ok {
+			return true, keys
+		}
+		f.many[string(k)] = struct{}{}
+		return false, keys
+	}
+	for _, have := range keys[f.start:] {
+		if bytes.Equal(have, k) {
+			return true, keys
+		}
+	}
+	keys = append(keys, k)
+	if len(keys)-f.start > seenKeysScan {
+		f.many = make(map[string]struct{}, 2*seenKeysScan)
+		for _, have := range keys[f.start:] {
+			f.many[string(have)] = struct{}{}
+		}
+		keys = keys[:f.start]
+	}
+	return false, keys
+}
+
+// stringEnd is the index of the quote closing the string opening at i,
+// or -1.
+func stringEnd(data []byte, i int) int {
+	for j := i + 1; j < len(data); j++ {
+		switch data[j] {
+		case '\\':
+			j++
+		case '"':
+			return j
+		}
+	}
+	return -1
+}
+
+// jsonKey is a quoted key as the decoder reads it: escapes undone, and
+// invalid UTF-8 replaced.
+func jsonKey(quoted []byte) ([]byte, bool) {
+	raw := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return raw, true
+	}
+	var k string
+	if err := json.Unmarshal(quoted, &k); err != nil {
+		return nil, false
+	}
+	return []byte(k), true
 }
 
 // checkText refuses control characters in a short field that is shown on
