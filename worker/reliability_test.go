@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -458,6 +462,73 @@ func TestPresenceComesBackAfterNATSRestart(t *testing.T) {
 			t.Fatalf("run after the restart: %s/%s: %s", fin.Status, fin.Reason, fin.Error)
 		}
 	}
+}
+
+// After a NATS restart the shared limits' watch follows the bucket the
+// worker created again: a call waiting for a slot starts when the slot is
+// settled, not when its timer fires (a minute here: the test allows 30 s).
+func TestLimitsWatchFollowsNATSRestart(t *testing.T) {
+	entered, release := make(chan struct{}, 4), make(chan struct{})
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if calls.Add(1) == 1 {
+			entered <- struct{}{}
+			<-release
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, `data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`+"\n\n")
+		fmt.Fprint(w, `data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`+"\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.CloseIdleConnections)
+	f := fleettest.Start(t, fleettest.Options{})
+	w := f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
+		RateLimits: &worker.RateLimits{Window: 2 * time.Minute, Liveness: 2 * time.Minute,
+			Models: map[string]worker.ModelLimit{"openai/m": {Group: "main", Limits: ratelimit.Limits{Concurrency: 1}}}}})
+	listed := func() bool {
+		ws, err := f.Client.ListWorkers(fleettest.Context(t))
+		return err == nil && len(ws) == 1 && ws[0].Worker == w.ID()
+	}
+	waitState(t, "the worker's presence", listed)
+	f.Restart()
+	waitState(t, "the worker's presence after the restart", listed)
+
+	first := f.Submit("", &bus.RunRequest{Prompt: "first"})
+	<-entered
+	second := f.Submit("", &bus.RunRequest{Prompt: "second"})
+	kv, err := f.Client.Limits(fleettest.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, "the second call queued for the slot", func() bool {
+		e, err := kv.Get(fleettest.Context(t), ratelimit.Key("main"))
+		var s struct{ Queue []json.RawMessage }
+		return err == nil && json.Unmarshal(e.Value(), &s) == nil && len(s.Queue) == 1
+	})
+	close(release)
+	if fin := f.WaitFinished(first); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("first run: %s/%s: %s", fin.Status, fin.Reason, fin.Error)
+	}
+	// The slot is free now; the waiting call's timer is a minute away.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for env, err := range f.Client.Follow(ctx, second) {
+		if err != nil {
+			t.Fatalf("the waiting call did not see the slot settle (the limits watch is blind after the restart): %v", err)
+		}
+		if fin := fleettest.Decode(t, env).RunFinished; fin != nil {
+			if fin.Status != bus.StatusSucceeded {
+				t.Fatalf("second run: %s/%s: %s", fin.Status, fin.Reason, fin.Error)
+			}
+			return
+		}
+	}
+	t.Fatal("the second run's events ended without run_finished")
 }
 
 // waitState polls ok until it holds (at most a minute).
