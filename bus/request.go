@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -236,7 +238,8 @@ func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
 	if err := dec.Decode(&req); err != nil {
 		return nil, BadRequest("malformed JSON: %s", jsonErrorText(err))
 	}
-	if dec.More() {
+	// More is false before a stray '}' or ']' too: only the end will do.
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, BadRequest("malformed JSON: extra data after the request object")
 	}
 	if err := req.Validate(subjectRun); err != nil {
@@ -262,10 +265,12 @@ func jsonErrorText(err error) string {
 }
 
 // checkJSONShape refuses what encoding/json accepts silently: duplicate
-// keys (which one wins is up to the reader) and deep nesting (costly to
-// walk and to print). It scans the bytes itself, as encoding/json's
-// Token cost more than the decode after it; malformed JSON is left to
-// that decode, which says what is wrong.
+// keys (which one wins is up to the reader), in a struct's object also
+// keys that differ only in case (encoding/json matches field names
+// regardless of case, so "prompt" and "PROMPT" set one field), and deep
+// nesting (costly to walk and to print). It scans the bytes itself, as
+// encoding/json's Token cost more than the decode after it; malformed
+// JSON is left to that decode, which says what is wrong.
 func checkJSONShape(data []byte) error {
 	var frames [16]shapeFrame
 	var seen [64][]byte
@@ -285,9 +290,10 @@ func checkJSONShape(data []byte) error {
 				if !ok {
 					return dupsError(dups)
 				}
-				var dup bool
-				if dup, keys = top.seen(keys, k); dup {
-					dups = append(dups, fmt.Sprintf("key %q appears twice in one object", truncate(string(k), 64)))
+				top.lastKey = k
+				var have []byte
+				if have, keys = top.seen(keys, k); have != nil {
+					dups = append(dups, dupProblem(have, k, len(dups)))
 				}
 			}
 			i = end
@@ -295,10 +301,13 @@ func checkJSONShape(data []byte) error {
 			if n := len(stack); n > 0 && stack[n-1].object {
 				stack[n-1].wantKey = true
 			}
-		case '{':
-			stack = append(stack, shapeFrame{object: true, wantKey: true, start: len(keys)})
-		case '[':
-			stack = append(stack, shapeFrame{start: len(keys)})
+		case '{', '[':
+			f := shapeFrame{object: data[i] == '{', wantKey: data[i] == '{', start: len(keys)}
+			if n := len(stack); n > 0 {
+				parent := &stack[n-1]
+				f.exact = parent.exact || (parent.object && mapField(parent.lastKey))
+			}
+			stack = append(stack, f)
 		case '}', ']':
 			if len(stack) == 0 {
 				return dupsError(dups)
@@ -313,6 +322,26 @@ func checkJSONShape(data []byte) error {
 	return dupsError(dups)
 }
 
+// dupProblem is the text of the n-th duplicate; past the listed ones
+// only the count is shown, so none is written out.
+func dupProblem(have, k []byte, n int) string {
+	switch {
+	case n >= maxProblems:
+		return ""
+	case bytes.Equal(have, k):
+		return fmt.Sprintf("key %q appears twice in one object", truncate(string(k), 64))
+	}
+	return fmt.Sprintf("keys %q and %q name one field (field names match regardless of case)", truncate(string(have), 64), truncate(string(k), 64))
+}
+
+// mapField tells the request fields whose values are maps or raw JSON,
+// not structs: their keys, and all keys below them, are compared as
+// they are. The request's structs have no other maps.
+func mapField(key []byte) bool {
+	return bytes.EqualFold(key, []byte("metadata")) || bytes.EqualFold(key, []byte("arguments")) ||
+		bytes.EqualFold(key, []byte("details"))
+}
+
 func dupsError(dups []string) error {
 	if len(dups) == 0 {
 		return nil
@@ -323,9 +352,11 @@ func dupsError(dups []string) error {
 // shapeFrame is one open object or array of checkJSONShape.
 type shapeFrame struct {
 	object  bool
-	wantKey bool // the next string of an object is a key
-	start   int  // where its keys begin in the scan's keys
-	many    map[string]struct{}
+	wantKey bool   // the next string of an object is a key
+	exact   bool   // a map's object (or inside one): keys compared as they are
+	lastKey []byte // the key whose value comes next
+	start   int    // where its keys begin in the scan's keys
+	many    map[string][]byte
 }
 
 // seenKeysScan is how many keys an object keeps in the scan's slice,
@@ -333,29 +364,77 @@ type shapeFrame struct {
 const seenKeysScan = 16
 
 // seen records k in the object (keys are the scan's, with the object's
-// last) and reports whether the object had it already.
-func (f *shapeFrame) seen(keys [][]byte, k []byte) (bool, [][]byte) {
+// last) and returns the key it had already that names the same field,
+// if any.
+func (f *shapeFrame) seen(keys [][]byte, k []byte) ([]byte, [][]byte) {
 	if f.many != nil {
-		if _, ok := f.many[string(k)]; ok {
-			return true, keys
+		name := f.name(k)
+		if have, ok := f.many[name]; ok {
+			return have, keys
 		}
-		f.many[string(k)] = struct{}{}
-		return false, keys
+		f.many[name] = k
+		return nil, keys
 	}
 	for _, have := range keys[f.start:] {
-		if bytes.Equal(have, k) {
-			return true, keys
+		if bytes.Equal(have, k) || (!f.exact && sameField(have, k)) {
+			return have, keys
 		}
 	}
 	keys = append(keys, k)
 	if len(keys)-f.start > seenKeysScan {
-		f.many = make(map[string]struct{}, 2*seenKeysScan)
+		f.many = make(map[string][]byte, 2*seenKeysScan)
 		for _, have := range keys[f.start:] {
-			f.many[string(have)] = struct{}{}
+			f.many[f.name(have)] = have
 		}
 		keys = keys[:f.start]
 	}
-	return false, keys
+	return nil, keys
+}
+
+// name is the map key of k in the object.
+func (f *shapeFrame) name(k []byte) string {
+	if f.exact {
+		return string(k)
+	}
+	return string(foldName(k))
+}
+
+// foldName folds a field name as encoding/json does to match it
+// regardless of case: two names fold alike when it matches them.
+func foldName(in []byte) []byte {
+	out := make([]byte, 0, len(in))
+	for i := 0; i < len(in); {
+		if c := in[i]; c < utf8.RuneSelf {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			out = append(out, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(in[i:])
+		out = utf8.AppendRune(out, unicode.ToUpper(unicode.ToLower(r)))
+		i += n
+	}
+	return out
+}
+
+// sameField tells whether encoding/json would match a and b to one
+// field, without allocating for ASCII names.
+func sameField(a, b []byte) bool {
+	if isASCII(a) && isASCII(b) {
+		return len(a) == len(b) && bytes.EqualFold(a, b)
+	}
+	return bytes.Equal(foldName(a), foldName(b))
+}
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // stringEnd is the index of the quote closing the string opening at i,

@@ -3,20 +3,22 @@ package bus
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
+	"errors"
 	"strings"
 	"testing"
 )
 
-// shapeByTokens is checkJSONShape as it was, on encoding/json's tokens:
-// the reference the byte scanner must agree with on valid JSON.
+// shapeByTokens is checkJSONShape on encoding/json's tokens, as it was
+// before the byte scanner, with the same rules (case folded outside maps):
+// the reference the scanner must agree with on valid JSON.
 func shapeByTokens(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	type frame struct {
-		object bool
-		keys   map[string]bool
-		key    bool
+		object, exact bool
+		keys          map[string]string // field name -> the key first seen
+		key           bool
+		lastKey       string
 	}
 	var stack []frame
 	var dups []string
@@ -29,11 +31,16 @@ func shapeByTokens(data []byte) error {
 			top := &stack[n-1]
 			if top.key {
 				if k, ok := tok.(string); ok {
-					if top.keys[k] {
-						dups = append(dups, fmt.Sprintf("key %q appears twice in one object", truncate(k, 64)))
+					name := k
+					if !top.exact {
+						name = string(foldName([]byte(k)))
 					}
-					top.keys[k] = true
-					top.key = false
+					if have, ok := top.keys[name]; ok {
+						dups = append(dups, dupProblem([]byte(have), []byte(k), len(dups)))
+					} else {
+						top.keys[name] = k
+					}
+					top.key, top.lastKey = false, k
 					continue
 				}
 			} else {
@@ -41,10 +48,13 @@ func shapeByTokens(data []byte) error {
 			}
 		}
 		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, frame{object: true, keys: map[string]bool{}, key: true})
-		case json.Delim('['):
-			stack = append(stack, frame{})
+		case json.Delim('{'), json.Delim('['):
+			f := frame{object: tok == json.Delim('{'), key: tok == json.Delim('{'), keys: map[string]string{}}
+			if n := len(stack); n > 0 {
+				p := stack[n-1]
+				f.exact = p.exact || (p.object && mapField([]byte(p.lastKey)))
+			}
+			stack = append(stack, f)
 		case json.Delim('}'), json.Delim(']'):
 			stack = stack[:len(stack)-1]
 		}
@@ -87,6 +97,65 @@ func TestShapeScannerAgreesWithTokens(t *testing.T) {
 	// The test compares something: the seeds hold duplicates and depth.
 	if checkJSONShape([]byte(shapeSeeds[1])) == nil || checkJSONShape([]byte(shapeSeeds[6])) == nil {
 		t.Fatal("the seeds' duplicates or depth went unseen")
+	}
+}
+
+// encoding/json sets one field from keys that differ only in case, so
+// such keys are duplicates in a struct's object; in a map's (metadata,
+// a tool call's arguments) they are distinct keys.
+func TestShapeFoldsFieldNames(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want []string // problems; none when empty
+	}{
+		{`{"prompt":"benign","PROMPT":"evil"}`, []string{`keys "prompt" and "PROMPT" name one field`}},
+		{"{\"tools\":[],\"tool\u017f\":[]}", []string{`name one field`}}, // ſ folds to s
+		{`{"prompt":"x","limits":{"maxTurns":1,"MaxTurns":2}}`, []string{`keys "maxTurns" and "MaxTurns"`}},
+		{`{"prompt":"x","metadata":{"id":"1","ID":"2"}}`, nil},
+		{`{"prompt":"x","Metadata":{"id":"1","ID":"2"}}`, nil},
+		{`{"prompt":"x","metadata":{"id":"1","id":"2"}}`, []string{`key "id" appears twice`}},
+	} {
+		err := checkJSONShape([]byte(tc.body))
+		if len(tc.want) == 0 {
+			if err != nil {
+				t.Errorf("%s: %v", tc.body, err)
+			}
+			continue
+		}
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want %q", tc.body, err, w)
+			}
+		}
+	}
+	// What the check stops: encoding/json would take the second prompt.
+	var req RunRequest
+	if err := json.Unmarshal([]byte(`{"prompt":"benign","PROMPT":"evil"}`), &req); err != nil || req.Prompt != "evil" {
+		t.Fatalf("encoding/json no longer folds field names (%q, %v): the check may be relaxed", req.Prompt, err)
+	}
+	if _, err := DecodeRunRequest([]byte(`{"prompt":"benign","PROMPT":"evil"}`), "r1"); !IsBadRequest(err) {
+		t.Fatalf("DecodeRunRequest took keys that differ only in case: %v", err)
+	}
+}
+
+// A flood of duplicates costs a count, not a text each.
+func TestShapeDuplicateFloodIsCounted(t *testing.T) {
+	body := `{"metadata":{` + strings.Repeat(`"a":"1",`, 50000) + `"b":"2"}}`
+	err := checkJSONShape([]byte(body))
+	var re *RequestError
+	if !errors.As(err, &re) || len(re.Problems) != 49999 || !strings.Contains(err.Error(), "and 49979 more") {
+		t.Fatalf("%.200v", err)
+	}
+}
+
+func TestStrayClosingAfterTheRequest(t *testing.T) {
+	for _, body := range []string{`{"prompt":"x"}}`, `{"prompt":"x"}]`, `{"prompt":"x"} {}`} {
+		if _, err := DecodeRunRequest([]byte(body), "r1"); err == nil || !strings.Contains(err.Error(), "extra data") {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+	if _, err := DecodeRunRequest([]byte("{\"prompt\":\"x\"}\n\t "), "r1"); err != nil {
+		t.Errorf("trailing white space: %v", err)
 	}
 }
 

@@ -176,29 +176,39 @@ func (l *Limiter) Limits(group string) (Limits, bool) {
 
 // Run watches the bucket and refreshes this worker's liveness until ctx
 // ends. Acquire works without it, but then only sees changes when a timer
-// fires. A watch that ends (its bucket went away with a NATS restart) is
-// opened again, with backoff, and so is one Rewatch asks for.
+// fires. The watch is opened again, with backoff, when it cannot be
+// opened or ends, when Rewatch asks, and when the bucket is another one
+// than the watch's: a NATS restart loses a memory bucket, any worker may
+// create it again, and a watch that outlived the old one goes on from the
+// old stream sequence, blind to the new bucket's first entries.
 func (l *Limiter) Run(ctx context.Context) error {
-	w, stop, err := l.watch(ctx)
-	if err != nil {
-		return fmt.Errorf("ratelimit: watch: %w", err)
-	}
+	var w jetstream.KeyWatcher
+	stop := func() {}
 	defer func() { stop() }()
+	var created time.Time // the watched bucket's stream's creation
 	tick := time.NewTicker(l.cfg.Liveness / 4)
 	defer tick.Stop()
+	check := time.NewTicker(bucketCheck)
+	defer check.Stop()
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval, retry.MaxInterval = 100*time.Millisecond, 2*time.Second
 	var again <-chan time.Time // set while there is no watch
 	reopen := func() {
 		stop()
-		if w, stop, err = l.watch(ctx); err == nil {
-			retry.Reset()
-			again = nil
+		w, stop, created = nil, func() {}, time.Time{}
+		var err error
+		if created, err = l.bucketCreated(ctx); err == nil {
+			w, stop, err = l.watch(ctx)
+		}
+		if err != nil {
+			again = time.After(retry.NextBackOff())
 			return
 		}
-		w, stop = nil, func() {}
-		again = time.After(retry.NextBackOff())
+		retry.Reset()
+		again = nil
+		l.notifyAll() // what changed while there was no watch
 	}
+	reopen()
 	for {
 		var updates <-chan jetstream.KeyValueEntry
 		if w != nil {
@@ -223,15 +233,40 @@ func (l *Limiter) Run(ctx context.Context) error {
 				}
 				l.notify(e.Key())
 			}
+		case <-check.C:
+			if w != nil {
+				if now, err := l.bucketCreated(ctx); err == nil && !now.Equal(created) {
+					reopen()
+				}
+			}
 		case <-tick.C:
 			l.refresh(ctx)
 		}
 	}
 }
 
+// bucketCheck is how often Run asks whether the bucket is still the one
+// it watches: one stream info request a worker.
+const bucketCheck = 5 * time.Second
+
 // watchOpenTimeout bounds opening a watch: with NATS away the request
 // would wait for it, and Run would stop refreshing liveness meanwhile.
 const watchOpenTimeout = 5 * time.Second
+
+// bucketCreated is when the bucket's stream was created: another time
+// means another bucket.
+func (l *Limiter) bucketCreated(ctx context.Context) (time.Time, error) {
+	sctx, cancel := context.WithTimeout(ctx, watchOpenTimeout)
+	defer cancel()
+	st, err := l.kv.Status(sctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+		return bs.StreamInfo().Created, nil
+	}
+	return time.Time{}, nil
+}
 
 // watch opens a watch of the whole bucket; stop ends it.
 func (l *Limiter) watch(ctx context.Context) (jetstream.KeyWatcher, func(), error) {
@@ -248,7 +283,17 @@ func (l *Limiter) watch(ctx context.Context) (jetstream.KeyWatcher, func(), erro
 		cancel()
 		return nil, func() {}, err
 	}
-	return w, func() { _ = w.Stop(); cancel() }, nil
+	return w, func() {
+		_ = w.Stop()
+		cancel()
+		// nats.go delivers into Updates under the watcher's lock and
+		// closes it under the same lock: an undrained full channel
+		// would hold its delivery goroutine for good.
+		go func() {
+			for range w.Updates() {
+			}
+		}()
+	}, nil
 }
 
 // Rewatch makes Run open its watch again. A worker calls it after it
@@ -265,6 +310,16 @@ func (l *Limiter) notify(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ch, ok := l.changed[key]; ok {
+		close(ch)
+		delete(l.changed, key)
+	}
+}
+
+// notifyAll wakes every waiter: they read their keys again.
+func (l *Limiter) notifyAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for key, ch := range l.changed {
 		close(ch)
 		delete(l.changed, key)
 	}

@@ -464,23 +464,30 @@ func TestPresenceComesBackAfterNATSRestart(t *testing.T) {
 	}
 }
 
-// After a NATS restart the shared limits' watch follows the bucket the
-// worker created again: a call waiting for a slot starts when the slot is
-// settled, not when its timer fires (a minute here: the test allows 30 s).
+// After a NATS restart the shared limits' watch follows the bucket that
+// was created again, whoever created it (here another client, first): a
+// call waiting for a slot starts when the slot is settled, not when its
+// timer fires (a minute here: the test allows 30 s). The runs before the
+// restart put the old bucket's sequence ahead of the new one's.
 func TestLimitsWatchFollowsNATSRestart(t *testing.T) {
-	entered, release := make(chan struct{}, 4), make(chan struct{})
-	var calls atomic.Int32
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var gate atomic.Bool // the next call waits for release
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		if calls.Add(1) == 1 {
+		if gate.CompareAndSwap(true, false) {
 			entered <- struct{}{}
-			<-release
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, `data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`+"\n\n")
 		fmt.Fprint(w, `data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`+"\n\ndata: [DONE]\n\n")
 	}))
 	t.Cleanup(srv.Close)
+	t.Cleanup(srv.CloseClientConnections) // before Close: a gated call must not hold it
 	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}}})
 	if err != nil {
 		t.Fatal(err)
@@ -495,11 +502,26 @@ func TestLimitsWatchFollowsNATSRestart(t *testing.T) {
 		return err == nil && len(ws) == 1 && ws[0].Worker == w.ID()
 	}
 	waitState(t, "the worker's presence", listed)
+	for range 3 {
+		if fin := f.WaitFinished(f.Submit("", &bus.RunRequest{Prompt: "before"})); fin.Status != bus.StatusSucceeded {
+			t.Fatalf("run before the restart: %s/%s: %s", fin.Status, fin.Reason, fin.Error)
+		}
+	}
 	f.Restart()
+	// Another worker creates the buckets first: this one's writes find
+	// them, so nothing tells it that its watch is on a bucket gone.
+	if _, err := f.Client.EnsureMemoryBuckets(fleettest.Context(t), bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
 	waitState(t, "the worker's presence after the restart", listed)
 
+	gate.Store(true)
 	first := f.Submit("", &bus.RunRequest{Prompt: "first"})
-	<-entered
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first run's model call never came")
+	}
 	second := f.Submit("", &bus.RunRequest{Prompt: "second"})
 	kv, err := f.Client.Limits(fleettest.Context(t))
 	if err != nil {
