@@ -7,7 +7,6 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
-	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -20,11 +19,7 @@ func TestWaitingModelRecord(t *testing.T) {
 	t.Cleanup(srv.Close)
 	f := newFleet(t)
 	lim := ratelimit.Limits{Concurrency: 1}
-	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(prov.CloseIdleConnections)
+	prov := modelAt(t, srv.URL)
 	f.StartWorker(worker.Config{DefaultModel: "openai/m", HeartbeatInterval: 100 * time.Millisecond,
 		Providers:  map[string]worker.Provider{"openai": prov},
 		RateLimits: &worker.RateLimits{Models: map[string]worker.ModelLimit{"openai/m": {Group: "main", Limits: lim}}}})

@@ -79,6 +79,17 @@ func (p *limitedProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
+// modelAt is the provider of model "m" (50 output tokens) served at url.
+func modelAt(t *testing.T, url string) *openai.Provider {
+	t.Helper()
+	prov, err := openai.New(openai.Config{BaseURL: url + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.CloseIdleConnections)
+	return prov
+}
+
 func (p *limitedProvider) stats() (rejected, calls, maxIn int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -21,7 +21,6 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
-	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -438,11 +437,7 @@ func TestPresenceComesBackAfterNATSRestart(t *testing.T) {
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(prov.CloseIdleConnections)
+	prov := modelAt(t, srv.URL)
 	f := fleettest.Start(t, fleettest.Options{})
 	w := f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
 		RateLimits: &worker.RateLimits{Models: map[string]worker.ModelLimit{"openai/m": {Group: "main", Limits: ratelimit.Limits{Concurrency: 1}}}}})
@@ -488,11 +483,7 @@ func TestLimitsWatchFollowsNATSRestart(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(srv.CloseClientConnections) // before Close: a gated call must not hold it
-	prov, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Models: []openai.ModelInfo{{ID: "m", MaxTokens: 50}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(prov.CloseIdleConnections)
+	prov := modelAt(t, srv.URL)
 	f := fleettest.Start(t, fleettest.Options{})
 	w := f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
 		RateLimits: &worker.RateLimits{Window: 2 * time.Minute, Liveness: 2 * time.Minute,
