@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -194,28 +195,22 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jet
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
-	var cons jetstream.Consumer
-	pause := 100 * time.Millisecond
-	for {
+	pause := backoff.NewExponentialBackOff()
+	pause.InitialInterval, pause.MaxInterval = 100*time.Millisecond, 2*time.Second
+	cons, err := backoff.Retry(ctx, func() (jetstream.Consumer, error) {
 		actx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
-		var err error
-		cons, err = c.js.OrderedConsumer(actx, c.names.EventsStream(), cfg)
-		cancel()
-		if err == nil {
-			break
+		defer cancel()
+		cons, err := c.js.OrderedConsumer(actx, c.names.EventsStream(), cfg)
+		if err != nil && !Transient(err) && !errors.Is(err, context.DeadlineExceeded) { // each attempt has its own deadline
+			return nil, backoff.Permanent(err)
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if !Transient(err) && !errors.Is(err, context.DeadlineExceeded) { // each attempt has its own deadline
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(pause):
-		}
-		pause = min(2*pause, 2*time.Second)
+		return cons, err
+	}, backoff.WithBackOff(pause), backoff.WithMaxElapsedTime(0))
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		return nil, err
 	}
 	it, err := cons.Messages()
 	if err != nil {
