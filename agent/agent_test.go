@@ -493,6 +493,52 @@ func TestHooksAndContextPipeline(t *testing.T) {
 	}
 }
 
+// A run's new messages are the tail of its context until a hook replaces
+// or cuts the context; agent_end and the hooks still get all of them.
+func TestNewMessagesSurviveACompactedContext(t *testing.T) {
+	model := faux.New(faux.Options{}, call("c1", "t", map[string]any{}), call("c2", "t", map[string]any{}), text("done", agent.StopReasonStop))
+	tool := &agent.Tool{Name: "t", Parameters: json.RawMessage(`{"type":"object"}`),
+		Execute: func(context.Context, string, map[string]any, agent.UpdateFunc) (agent.ToolResult, error) {
+			return agent.TextResult("ok"), nil
+		}}
+	var hookNew []string
+	a := agent.New(agent.Options{
+		Model: testModel, StreamFn: model.Stream, Tools: []*agent.Tool{tool},
+		Messages: []agent.Message{agent.UserText("old")},
+		PrepareNextTurn: func(_ context.Context, tc *agent.TurnContext) (*agent.NextTurn, error) {
+			hookNew = append(hookNew, roles(tc.NewMessages))
+			tc.NewMessages = append(tc.NewMessages, agent.UserText("stray")) // must not leak into the run
+			c := *tc.Context
+			c.Messages = append([]agent.Message(nil), c.Messages[len(c.Messages)-1:]...) // compaction
+			return &agent.NextTurn{Context: &c}, nil
+		},
+		ShouldStopAfterTurn: func(_ context.Context, tc *agent.TurnContext) (bool, error) {
+			tc.Context.Messages = tc.Context.Messages[:len(tc.Context.Messages):len(tc.Context.Messages)]
+			return false, nil
+		},
+	})
+	var end string
+	a.Subscribe(func(_ context.Context, ev agent.Event) error {
+		if ev.Type == agent.EventAgentEnd {
+			end = roles(ev.Messages)
+		}
+		return nil
+	})
+	if err := a.Prompt(context.Background(), "go"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"user,assistant,toolResult", "user,assistant,toolResult,assistant,toolResult", "user,assistant,toolResult,assistant,toolResult,assistant"}
+	if !reflect.DeepEqual(hookNew, want) {
+		t.Fatalf("hooks saw new messages %q, want %q", hookNew, want)
+	}
+	if end != want[2] {
+		t.Fatalf("agent_end messages %s, want %s", end, want[2])
+	}
+	if got := roles(a.Messages()); got != "user,"+want[2] {
+		t.Fatalf("state %s", got)
+	}
+}
+
 func TestDefaultConverterDropsCustomMessages(t *testing.T) {
 	in := []agent.Message{{Role: "notification"}, agent.UserText("hi"), {Role: agent.RoleSystem}}
 	out, err := agent.DefaultConvertToLLM(context.Background(), in)

@@ -21,7 +21,13 @@ type loopRun struct {
 	toolExecution ExecutionMode
 	sessionID     string
 
-	newMessages             []Message
+	// This run's new messages are the tail of cur.Messages from newFrom,
+	// not a second copy: a run waiting in a tool holds its transcript
+	// once. Once a turn's hooks replaced or cut the context, they are kept
+	// apart in own instead (detached).
+	newFrom                 int
+	own                     []Message
+	detached                bool
 	skipInitialSteeringPoll bool
 	streamEvent             StreamEvent
 }
@@ -43,7 +49,37 @@ func (r *loopRun) emitTurnEnd(msg *Message, results []Message) error {
 
 //go:noinline
 func (r *loopRun) emitAgentEnd() error {
-	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages()})
+}
+
+// newMessages returns the messages this run added, in order. Its capacity
+// is its length, so a listener's append cannot write into the context.
+func (r *loopRun) newMessages() []Message {
+	if r.detached {
+		return r.own
+	}
+	n := len(r.cur.Messages)
+	return r.cur.Messages[r.newFrom:n:n]
+}
+
+// addMessages adds messages to the context and to the run's new messages.
+func (r *loopRun) addMessages(ms ...Message) {
+	r.cur.Messages = append(r.cur.Messages, ms...)
+	if r.detached {
+		r.own = append(r.own, ms...)
+	}
+}
+
+// keepNew detaches the run's new messages from the context when a hook
+// replaced or cut it; before is the context's messages before the hook.
+func (r *loopRun) keepNew(before []Message) {
+	now := r.cur.Messages
+	same := len(now) == len(before) && (len(now) == 0 || &now[0] == &before[0])
+	if r.detached || same {
+		return
+	}
+	r.own = append([]Message(nil), before[r.newFrom:]...)
+	r.detached = true
 }
 
 // addPending emits and records the steering or follow-up messages that
@@ -56,8 +92,7 @@ func (r *loopRun) addPending(pending []Message) error {
 		if err := r.emitMessage(&m); err != nil {
 			return err
 		}
-		r.cur.Messages = append(r.cur.Messages, m)
-		r.newMessages = append(r.newMessages, m)
+		r.addMessages(m)
 	}
 	return nil
 }
@@ -71,8 +106,8 @@ func (r *loopRun) emitMessage(m *Message) error {
 }
 
 func (r *loopRun) runPrompt(prompts []Message) error {
-	r.newMessages = append(make([]Message, 0, len(prompts)+2), prompts...)
-	r.cur.Messages = append(r.cur.Messages, prompts...)
+	r.newFrom = len(r.cur.Messages)
+	r.addMessages(prompts...)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
 	}
@@ -89,7 +124,7 @@ func (r *loopRun) runPrompt(prompts []Message) error {
 }
 
 func (r *loopRun) runContinue() error {
-	r.newMessages = make([]Message, 0, 2)
+	r.newFrom = len(r.cur.Messages)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
 	}
@@ -131,7 +166,9 @@ func (r *loopRun) loop() error {
 			if err != nil {
 				return err
 			}
-			r.newMessages = append(r.newMessages, *msg)
+			if r.detached { // attached, streamAssistant added it
+				r.own = append(r.own, *msg)
+			}
 			if msg.StopReason == StopReasonError || msg.StopReason == StopReasonAborted {
 				if err := r.emitTurnEnd(msg, nil); err != nil {
 					return err
@@ -152,8 +189,7 @@ func (r *loopRun) loop() error {
 					return err
 				}
 				hasMoreToolCalls = !terminate
-				r.cur.Messages = append(r.cur.Messages, results...)
-				r.newMessages = append(r.newMessages, results...)
+				r.addMessages(results...)
 			}
 			if err := r.emitTurnEnd(msg, results); err != nil {
 				return err
@@ -181,7 +217,8 @@ func (r *loopRun) afterTurn(msg *Message, results []Message) (bool, error) {
 	if opts.PrepareNextTurn == nil && opts.ShouldStopAfterTurn == nil {
 		return false, nil
 	}
-	tc := &TurnContext{Message: msg, ToolResults: results, Context: &r.cur, NewMessages: r.newMessages}
+	defer r.keepNew(r.cur.Messages)
+	tc := &TurnContext{Message: msg, ToolResults: results, Context: &r.cur, NewMessages: r.newMessages()}
 	if opts.PrepareNextTurn != nil {
 		next, err := opts.PrepareNextTurn(r.ctx, tc)
 		if err != nil {

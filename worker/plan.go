@@ -20,7 +20,7 @@ import (
 // error is one *bus.RequestError listing every problem, the decoder's and
 // the worker's; any other error is NATS trouble (loading continueFrom).
 func (r *run) prepare(ctx context.Context) error {
-	data := r.msg.Data()
+	data := r.request.Data()
 	req, err := bus.DecodeRunRequest(data, r.id)
 	var bad *bus.RequestError
 	if err != nil {

@@ -41,7 +41,8 @@ import (
 // run is one attempt at one run request.
 type run struct {
 	w           *Worker
-	msg         jetstream.Msg // nil for a give-up
+	msg         requestAcks   // nil for a give-up
+	request     jetstream.Msg // until pickup: then msg has only the reply subject (requestack.go)
 	id, queue   string
 	attempt     int
 	reqSeq      uint64
@@ -141,7 +142,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if requeue != nil {
 		r.lease.requeuedFrom, r.requeue = requeue.From, requeue
 	}
-	r.msg = m
+	r.msg, r.request = m, m
 	r.slot = slot
 	r.execute()
 }
@@ -230,6 +231,8 @@ func (r *run) execute() {
 	if !r.pickup() {
 		return
 	}
+	// The run keeps its request's acknowledgements, not its bytes.
+	r.msg, r.request = slimAcks(r.w.c.Conn(), r.request), nil
 	// The timeout counts from the run's first start: a crash does not
 	// extend a run's budget.
 	// Time spent waiting (for an approval) is left out (waiting.go).

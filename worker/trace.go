@@ -92,8 +92,8 @@ type runTrace struct {
 // traceBegin starts the attempt's spans, children of the request's trace
 // context (its headers).
 func (r *run) traceBegin() {
-	if r.msg != nil {
-		r.traceBeginFrom(r.msg.Headers())
+	if r.request != nil {
+		r.traceBeginFrom(r.request.Headers())
 	} else {
 		r.traceBeginFrom(nil)
 	}

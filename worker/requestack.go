@@ -1,0 +1,99 @@
+package worker
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// requestAcks are the acknowledgements a run sends for its request.
+type requestAcks interface {
+	Ack() error
+	DoubleAck(context.Context) error
+	Nak() error
+	NakWithDelay(time.Duration) error
+	InProgress() error
+	TermWithReason(string) error
+}
+
+// requestAck acknowledges a run request whose bytes are no longer needed.
+// A jetstream.Msg keeps the request's payload and headers (about 1.4 KB)
+// for as long as the run lives, hours for a run waiting in a tool; the
+// acknowledgement protocol needs only the reply subject. It answers as
+// jetstream.Msg does (nats.go v1.55, message.go): the same bodies on the
+// same connection, and once acked, naked or terminated, every other
+// acknowledgement returns jetstream.ErrMsgAlreadyAckd.
+type requestAck struct {
+	nc      *nats.Conn
+	reply   string
+	timeout time.Duration // a double ack's, when its context has no deadline
+
+	mu   sync.Mutex
+	ackd bool
+}
+
+// slimAcks returns m's acknowledgements without its bytes, or m itself if
+// it cannot be acknowledged that way (no reply subject).
+func slimAcks(nc *nats.Conn, m jetstream.Msg) requestAcks {
+	if nc == nil || m.Reply() == "" {
+		return m
+	}
+	return &requestAck{nc: nc, reply: m.Reply(), timeout: 5 * time.Second}
+}
+
+func (a *requestAck) Ack() error { return a.send(context.Background(), "+ACK", false) }
+
+func (a *requestAck) DoubleAck(ctx context.Context) error { return a.send(ctx, "+ACK", true) }
+
+func (a *requestAck) Nak() error { return a.send(context.Background(), "-NAK", false) }
+
+func (a *requestAck) NakWithDelay(d time.Duration) error {
+	if d <= 0 {
+		return a.Nak()
+	}
+	return a.send(context.Background(), `-NAK {"delay": `+strconv.FormatInt(d.Nanoseconds(), 10)+`}`, false)
+}
+
+func (a *requestAck) InProgress() error { return a.send(context.Background(), "+WPI", false) }
+
+func (a *requestAck) TermWithReason(reason string) error {
+	if reason == "" {
+		return a.send(context.Background(), "+TERM", false)
+	}
+	return a.send(context.Background(), "+TERM "+reason, false)
+}
+
+// send is nats.go's ackReply: the state is checked under mu, the
+// acknowledgement sent outside it.
+func (a *requestAck) send(ctx context.Context, body string, sync bool) error {
+	a.mu.Lock()
+	ackd := a.ackd
+	a.mu.Unlock()
+	if ackd {
+		return jetstream.ErrMsgAlreadyAckd
+	}
+	var err error
+	if sync {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, a.timeout)
+			defer cancel()
+		}
+		_, err = a.nc.RequestWithContext(ctx, a.reply, []byte(body))
+	} else {
+		err = a.nc.Publish(a.reply, []byte(body))
+	}
+	if err != nil {
+		return err
+	}
+	if body != "+WPI" {
+		a.mu.Lock()
+		a.ackd = true
+		a.mu.Unlock()
+	}
+	return nil
+}
