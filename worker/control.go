@@ -21,7 +21,7 @@ import (
 // control owner. Past it the stream is read instead: a flood of control
 // messages costs reads, not memory (and every run, also one waiting in a
 // tool for hours, keeps its inbox).
-const controlInbox = 16
+const controlInbox = 8
 
 // controls delivers a run's control messages to its Agent, each exactly
 // once and in stream order per kind.
@@ -72,10 +72,10 @@ type controls struct {
 	running bool        // the owner was started (the run's goroutine only)
 
 	// The owner's own state.
-	last      map[string]uint64 // highest sequence taken, per kind
-	scanned   uint64            // every message of the run up to here was read
-	max       uint64            // highest sequence taken; read after done
-	delivered map[uint64]bool   // put into the transcript by an earlier attempt
+	last      kindSeqs        // highest sequence taken, per kind
+	scanned   uint64          // every message of the run up to here was read
+	max       uint64          // highest sequence taken; read after done
+	delivered map[uint64]bool // put into the transcript by an earlier attempt
 
 	// queued are control messages handed to the agent, not yet in the
 	// transcript; the agent's listener stamps their sequence on their
@@ -84,6 +84,28 @@ type controls struct {
 	queued      []queuedControl
 	queuedBytes int
 }
+
+// kindSeqs is a sequence per control kind. The four kinds have their
+// place (a map cost each of ten thousand waiting runs ~300 bytes); any
+// other kind, which take ignores, shares the last.
+type kindSeqs [5]uint64
+
+func kindIndex(kind string) int {
+	switch kind {
+	case bus.KindSteer:
+		return 0
+	case bus.KindFollowUp:
+		return 1
+	case bus.KindAbort:
+		return 2
+	case bus.KindApprove:
+		return 3
+	}
+	return 4
+}
+
+func (k *kindSeqs) get(kind string) uint64      { return k[kindIndex(kind)] }
+func (k *kindSeqs) set(kind string, seq uint64) { k[kindIndex(kind)] = seq }
 
 type liveControl struct {
 	kind string
@@ -98,8 +120,7 @@ type queuedControl struct {
 
 func newControls(r *run) *controls {
 	return &controls{r: r, inbox: make(chan liveControl, controlInbox), wake: make(chan struct{}, 1),
-		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{}),
-		last: map[string]uint64{}}
+		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
 // offer is the NATS callback's part: it never blocks.
@@ -238,11 +259,11 @@ func (c *controls) serve() bool {
 func (c *controls) live(ctx context.Context, lc liveControl) {
 	h := lc.m.Header
 	seq, err := strconv.ParseUint(h.Get("Nats-Sequence"), 10, 64)
-	if err != nil || seq <= c.last[lc.kind] {
+	if err != nil || seq <= c.last.get(lc.kind) {
 		return // unusable, or taken already through a read
 	}
 	prev, _ := strconv.ParseUint(h.Get("Nats-Last-Sequence"), 10, 64)
-	if prev != c.last[lc.kind] {
+	if prev != c.last.get(lc.kind) {
 		c.catchUp(ctx)
 		return
 	}
@@ -260,9 +281,9 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 // messages, not the run's whole history. A read that failed is returned
 // (a missing message is not an error).
 func (c *controls) catchUp(ctx context.Context) error {
-	from := c.last[bus.KindSteer]
+	from := c.last.get(bus.KindSteer)
 	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort, bus.KindApprove} {
-		from = min(from, c.last[k])
+		from = min(from, c.last.get(k))
 	}
 	from = max(from, c.scanned) + 1
 	// Every message of the run below from was seen: later ones get
@@ -285,7 +306,7 @@ func (c *controls) catchUp(ctx context.Context) error {
 			return err
 		}
 		kind := workerproto.ControlKind(m.Subject)
-		if m.Sequence > c.last[kind] {
+		if m.Sequence > c.last.get(kind) {
 			c.take(kind, m.Sequence, m.Data, m.Time, m.Header)
 		}
 		from = m.Sequence + 1
@@ -294,7 +315,7 @@ func (c *controls) catchUp(ctx context.Context) error {
 
 // take delivers one control message.
 func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, h nats.Header) {
-	c.last[kind] = seq
+	c.last.set(kind, seq)
 	c.max = max(c.max, seq)
 	r := c.r
 	if c.delivered[seq] {

@@ -231,6 +231,10 @@ Ollama at http://localhost:11434/v1, ...) and OPENAI_API_KEY (or
 Several workers: start NATS yourself (or one worker with the embedded server)
 and point every worker at it with --nats or NATS_URL.
 
+Thousands of runs in flight: set GOMEMLIMIT (the Go collector's soft limit,
+e.g. 900MiB under a 1GiB container) so the heap is collected before it
+doubles; a waiting run holds about 16 KB of stack and 18 KB of heap.
+
 Flags (environment variable in brackets):
 `
 
