@@ -21,13 +21,7 @@ type loopRun struct {
 	toolExecution ExecutionMode
 	sessionID     string
 
-	// This run's new messages are the tail of cur.Messages from newFrom,
-	// not a second copy: a run waiting in a tool holds its transcript
-	// once. Once a turn's hooks replaced or cut the context, they are kept
-	// apart in own instead (detached).
-	newFrom                 int
-	own                     []Message
-	detached                bool
+	newMessages             []Message
 	skipInitialSteeringPoll bool
 	streamEvent             StreamEvent
 }
@@ -49,37 +43,7 @@ func (r *loopRun) emitTurnEnd(msg *Message, results []Message) error {
 
 //go:noinline
 func (r *loopRun) emitAgentEnd() error {
-	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages()})
-}
-
-// newMessages returns the messages this run added, in order. Its capacity
-// is its length, so a listener's append cannot write into the context.
-func (r *loopRun) newMessages() []Message {
-	if r.detached {
-		return r.own
-	}
-	n := len(r.cur.Messages)
-	return r.cur.Messages[r.newFrom:n:n]
-}
-
-// addMessages adds messages to the context and to the run's new messages.
-func (r *loopRun) addMessages(ms ...Message) {
-	r.cur.Messages = append(r.cur.Messages, ms...)
-	if r.detached {
-		r.own = append(r.own, ms...)
-	}
-}
-
-// keepNew detaches the run's new messages from the context when a hook
-// replaced or cut it; before is the context's messages before the hook.
-func (r *loopRun) keepNew(before []Message) {
-	now := r.cur.Messages
-	same := len(now) == len(before) && (len(now) == 0 || &now[0] == &before[0])
-	if r.detached || same {
-		return
-	}
-	r.own = append([]Message(nil), before[r.newFrom:]...)
-	r.detached = true
+	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
 }
 
 // addPending emits and records the steering or follow-up messages that
@@ -92,7 +56,8 @@ func (r *loopRun) addPending(pending []Message) error {
 		if err := r.emitMessage(&m); err != nil {
 			return err
 		}
-		r.addMessages(m)
+		r.cur.Messages = append(r.cur.Messages, m)
+		r.newMessages = append(r.newMessages, m)
 	}
 	return nil
 }
@@ -106,8 +71,8 @@ func (r *loopRun) emitMessage(m *Message) error {
 }
 
 func (r *loopRun) runPrompt(prompts []Message) error {
-	r.newFrom = len(r.cur.Messages)
-	r.addMessages(prompts...)
+	r.newMessages = append(make([]Message, 0, len(prompts)+2), prompts...)
+	r.cur.Messages = append(r.cur.Messages, prompts...)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
 	}
@@ -124,7 +89,7 @@ func (r *loopRun) runPrompt(prompts []Message) error {
 }
 
 func (r *loopRun) runContinue() error {
-	r.newFrom = len(r.cur.Messages)
+	r.newMessages = make([]Message, 0, 2)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
 	}
@@ -166,9 +131,7 @@ func (r *loopRun) loop() error {
 			if err != nil {
 				return err
 			}
-			if r.detached { // attached, streamAssistant added it
-				r.own = append(r.own, *msg)
-			}
+			r.newMessages = append(r.newMessages, *msg)
 			if msg.StopReason == StopReasonError || msg.StopReason == StopReasonAborted {
 				if err := r.emitTurnEnd(msg, nil); err != nil {
 					return err
@@ -189,7 +152,8 @@ func (r *loopRun) loop() error {
 					return err
 				}
 				hasMoreToolCalls = !terminate
-				r.addMessages(results...)
+				r.cur.Messages = append(r.cur.Messages, results...)
+				r.newMessages = append(r.newMessages, results...)
 			}
 			if err := r.emitTurnEnd(msg, results); err != nil {
 				return err
@@ -217,8 +181,7 @@ func (r *loopRun) afterTurn(msg *Message, results []Message) (bool, error) {
 	if opts.PrepareNextTurn == nil && opts.ShouldStopAfterTurn == nil {
 		return false, nil
 	}
-	defer r.keepNew(r.cur.Messages)
-	tc := &TurnContext{Message: msg, ToolResults: results, Context: &r.cur, NewMessages: r.newMessages()}
+	tc := &TurnContext{Message: msg, ToolResults: results, Context: &r.cur, NewMessages: r.newMessages}
 	if opts.PrepareNextTurn != nil {
 		next, err := opts.PrepareNextTurn(r.ctx, tc)
 		if err != nil {
