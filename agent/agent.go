@@ -541,6 +541,9 @@ func (a *Agent) reduceLocked(ev *Event) {
 	case EventMessageEnd:
 		a.streaming = nil
 		a.messages = append(a.messages, *ev.Message)
+		// The stream's buffers are not kept while the run waits (in a tool,
+		// for hours perhaps).
+		a.builder = MessageBuilder{}
 	case EventToolExecutionStart:
 		a.pending = append(append([]string(nil), a.pending...), ev.ToolCallID)
 	case EventToolExecutionEnd:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -25,12 +26,29 @@ type listener struct {
 	// transcriptBytes is the size of the messages this attempt put into
 	// the transcript (their message_end events).
 	transcriptBytes int
-	// scratch holds the encoded event until the publisher copied it.
-	scratch []byte
 }
 
-// scratchMax bounds the scratch buffer a live run keeps between events.
+// scratchMax bounds the buffers scratchPool keeps.
 const scratchMax = 4 << 10
+
+// scratchPool lends the buffers events are encoded into. The publisher
+// copies an event into its envelope, so a buffer goes back at once and no
+// run keeps one while it waits (ten thousand waiting runs held 5 MB).
+type scratchPool struct{ p sync.Pool }
+
+func (s *scratchPool) get() *[]byte {
+	if b, ok := s.p.Get().(*[]byte); ok {
+		return b
+	}
+	return new([]byte)
+}
+
+func (s *scratchPool) put(b *[]byte) {
+	if cap(*b) <= scratchMax {
+		*b = (*b)[:0]
+		s.p.Put(b)
+	}
+}
 
 var errOverBudget = errors.New("the run is over one of its bounds")
 
@@ -67,16 +85,12 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	case agent.EventAgentEnd:
 		refs.MessageSeqs = lastN(l.msgSeqs, len(ev.Messages))
 	}
-	// The publisher copies the event into its envelope: the scratch buffer
-	// is reused for the next event (kept only while small).
-	data, err := workerproto.AppendAgentEvent(l.scratch[:0], &ev, refs)
+	buf := r.w.scratch.get()
+	defer r.w.scratch.put(buf)
+	data, err := workerproto.AppendAgentEvent((*buf)[:0], &ev, refs)
+	*buf = data
 	if err != nil {
 		return err
-	}
-	if cap(data) <= scratchMax {
-		l.scratch = data
-	} else {
-		l.scratch = nil
 	}
 	if err := l.checkBounds(ev.Type, len(data)); err != nil {
 		return err

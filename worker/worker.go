@@ -24,14 +24,16 @@ import (
 // Worker takes run requests from its queues and runs them. Create it with
 // New and start it with Run.
 type Worker struct {
-	cfg   Config
-	c     *bus.Client
-	js    jetstream.JetStream
-	acks  *eventAcks // the event publishers' acks (acks.go), from Run on
-	names bus.Names
-	log   *slog.Logger
-	obs   Observer
-	id    string
+	scratch scratchPool   // listener.go
+	upkeep  chan struct{} // per-run upkeep requests in flight (lease.go)
+	cfg     Config
+	c       *bus.Client
+	js      jetstream.JetStream
+	acks    *eventAcks // the event publishers' acks (acks.go), from Run on
+	names   bus.Names
+	log     *slog.Logger
+	obs     Observer
+	id      string
 
 	tools        map[string]*agent.Tool
 	toolNames    []string
@@ -122,6 +124,7 @@ func New(cfg Config) (*Worker, error) {
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
 		defaultModel: def,
 		slots:        make(chan struct{}, cfg.Concurrency),
+		upkeep:       make(chan struct{}, maxUpkeepInFlight),
 		runs:         map[string]*run{},
 		ready:        make(chan struct{}),
 		queueSlots:   map[string]chan struct{}{},
