@@ -476,6 +476,9 @@ func (a *Agent) startLocked(parent context.Context) *loopRun {
 		reasoning:     reasoning,
 		toolExecution: a.toolExecution,
 		sessionID:     a.sessionID,
+		// Hooks that get the context before a turn ends (loop.go).
+		attached: a.opts.TransformContext == nil && a.opts.ConvertToLLM == nil &&
+			a.opts.BeforeToolCall == nil && a.opts.AfterToolCall == nil,
 	}
 }
 

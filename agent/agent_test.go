@@ -539,6 +539,77 @@ func TestNewMessagesSurviveACompactedContext(t *testing.T) {
 	}
 }
 
+// Hooks may rewrite the context in place (Go's filter idiom, a tool
+// result cleared to save tokens, a compaction from a tool hook): the run's
+// new messages, in agent_end, are still what it added.
+func TestNewMessagesSurviveHooksThatRewriteTheContext(t *testing.T) {
+	noCustom := func(ms []agent.Message) []agent.Message {
+		out := ms[:0]
+		for _, m := range ms {
+			if !m.IsCustom() {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	for name, hooks := range map[string]agent.Options{
+		"filter in PrepareNextTurn": {PrepareNextTurn: func(_ context.Context, tc *agent.TurnContext) (*agent.NextTurn, error) {
+			tc.Context.Messages = noCustom(tc.Context.Messages)
+			return nil, nil
+		}},
+		"results cleared in ShouldStopAfterTurn": {ShouldStopAfterTurn: func(_ context.Context, tc *agent.TurnContext) (bool, error) {
+			for i := range tc.Context.Messages {
+				if tc.Context.Messages[i].Role == agent.RoleToolResult {
+					tc.Context.Messages[i].Content = []agent.Content{agent.Text("[cleared]")}
+				}
+			}
+			return false, nil
+		}},
+		"compaction in BeforeToolCall": {BeforeToolCall: func(_ context.Context, bc *agent.BeforeToolCallContext) (*agent.BeforeToolCallResult, error) {
+			bc.Context.Messages = bc.Context.Messages[len(bc.Context.Messages)-1:]
+			return nil, nil
+		}},
+		"results cleared in TransformContext": {TransformContext: func(_ context.Context, ms []agent.Message) ([]agent.Message, error) {
+			for i := range ms {
+				if ms[i].Role == agent.RoleToolResult {
+					ms[i].Content = []agent.Content{agent.Text("[cleared]")}
+				}
+			}
+			return noCustom(ms), nil
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			model := faux.New(faux.Options{}, call("c1", "t", map[string]any{}), text("done", agent.StopReasonStop))
+			hooks.Model, hooks.StreamFn = testModel, model.Stream
+			hooks.Tools = []*agent.Tool{{Name: "t", Parameters: json.RawMessage(`{"type":"object"}`),
+				Execute: func(context.Context, string, map[string]any, agent.UpdateFunc) (agent.ToolResult, error) {
+					return agent.TextResult("ok"), nil
+				}}}
+			hooks.Messages = []agent.Message{agent.UserText("old1"), {Role: "notification", Raw: json.RawMessage(`{"role":"notification"}`)},
+				agent.UserText("old2"), agent.UserText("old3")}
+			a := agent.New(hooks)
+			var end []agent.Message
+			a.Subscribe(func(_ context.Context, ev agent.Event) error {
+				if ev.Type == agent.EventAgentEnd {
+					end = ev.Messages
+				}
+				return nil
+			})
+			if err := a.Prompt(context.Background(), "go"); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, m := range end {
+				got = append(got, m.Role+":"+m.TextOf())
+			}
+			want := []string{"user:go", "assistant:", "toolResult:ok", "assistant:done"}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("agent_end messages %q, want %q", got, want)
+			}
+		})
+	}
+}
+
 func TestDefaultConverterDropsCustomMessages(t *testing.T) {
 	in := []agent.Message{{Role: "notification"}, agent.UserText("hi"), {Role: agent.RoleSystem}}
 	out, err := agent.DefaultConvertToLLM(context.Background(), in)

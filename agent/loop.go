@@ -21,7 +21,15 @@ type loopRun struct {
 	toolExecution ExecutionMode
 	sessionID     string
 
-	newMessages             []Message
+	// The run's new messages. While attached they are the tail of
+	// cur.Messages from newFrom, not a second copy: a run waiting in its
+	// first tool call, for hours perhaps, holds its transcript once. A run
+	// is attached only while no function of the caller has been given the
+	// context (a hook may rewrite it in place): from the first that is,
+	// the messages are kept apart in own (see detach).
+	newFrom                 int
+	own                     []Message
+	attached                bool
 	skipInitialSteeringPoll bool
 	streamEvent             StreamEvent
 }
@@ -43,7 +51,43 @@ func (r *loopRun) emitTurnEnd(msg *Message, results []Message) error {
 
 //go:noinline
 func (r *loopRun) emitAgentEnd() error {
-	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages})
+	return r.emit(&Event{Type: EventAgentEnd, Messages: r.newMessages()})
+}
+
+// newMessages returns the messages this run added, in order.
+func (r *loopRun) newMessages() []Message {
+	if !r.attached {
+		return r.own
+	}
+	n := len(r.cur.Messages)
+	return r.cur.Messages[r.newFrom:n:n]
+}
+
+// startNew starts the run's new messages with first, which the caller
+// adds to the context.
+func (r *loopRun) startNew(first []Message) {
+	if r.attached {
+		r.newFrom = len(r.cur.Messages)
+		return
+	}
+	r.own = append(make([]Message, 0, len(first)+2), first...)
+}
+
+// addMessages adds messages to the context and to the run's new ones.
+func (r *loopRun) addMessages(ms ...Message) {
+	r.cur.Messages = append(r.cur.Messages, ms...)
+	if !r.attached {
+		r.own = append(r.own, ms...)
+	}
+}
+
+// detach copies the run's new messages out of the context: before a
+// hook that gets the context, which it may change in place.
+func (r *loopRun) detach() {
+	if r.attached {
+		r.own = append(make([]Message, 0, len(r.cur.Messages)-r.newFrom+2), r.cur.Messages[r.newFrom:]...)
+		r.attached = false
+	}
 }
 
 // addPending emits and records the steering or follow-up messages that
@@ -56,8 +100,7 @@ func (r *loopRun) addPending(pending []Message) error {
 		if err := r.emitMessage(&m); err != nil {
 			return err
 		}
-		r.cur.Messages = append(r.cur.Messages, m)
-		r.newMessages = append(r.newMessages, m)
+		r.addMessages(m)
 	}
 	return nil
 }
@@ -71,7 +114,7 @@ func (r *loopRun) emitMessage(m *Message) error {
 }
 
 func (r *loopRun) runPrompt(prompts []Message) error {
-	r.newMessages = append(make([]Message, 0, len(prompts)+2), prompts...)
+	r.startNew(prompts)
 	r.cur.Messages = append(r.cur.Messages, prompts...)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
@@ -89,7 +132,7 @@ func (r *loopRun) runPrompt(prompts []Message) error {
 }
 
 func (r *loopRun) runContinue() error {
-	r.newMessages = make([]Message, 0, 2)
+	r.startNew(nil)
 	if err := r.emit(&Event{Type: EventAgentStart}); err != nil {
 		return err
 	}
@@ -131,7 +174,9 @@ func (r *loopRun) loop() error {
 			if err != nil {
 				return err
 			}
-			r.newMessages = append(r.newMessages, *msg)
+			if !r.attached { // else streamAssistant added it to the context
+				r.own = append(r.own, *msg)
+			}
 			if msg.StopReason == StopReasonError || msg.StopReason == StopReasonAborted {
 				if err := r.emitTurnEnd(msg, nil); err != nil {
 					return err
@@ -152,8 +197,7 @@ func (r *loopRun) loop() error {
 					return err
 				}
 				hasMoreToolCalls = !terminate
-				r.cur.Messages = append(r.cur.Messages, results...)
-				r.newMessages = append(r.newMessages, results...)
+				r.addMessages(results...)
 			}
 			if err := r.emitTurnEnd(msg, results); err != nil {
 				return err
@@ -181,7 +225,8 @@ func (r *loopRun) afterTurn(msg *Message, results []Message) (bool, error) {
 	if opts.PrepareNextTurn == nil && opts.ShouldStopAfterTurn == nil {
 		return false, nil
 	}
-	tc := &TurnContext{Message: msg, ToolResults: results, Context: &r.cur, NewMessages: r.newMessages}
+	r.detach()
+	tc := &TurnContext{Message: msg, ToolResults: results, Context: &r.cur, NewMessages: r.own}
 	if opts.PrepareNextTurn != nil {
 		next, err := opts.PrepareNextTurn(r.ctx, tc)
 		if err != nil {

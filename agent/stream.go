@@ -126,7 +126,8 @@ type StreamEvent struct {
 // and runtime errors, and ctx being cancelled, end the stream with an `error`
 // event whose message has StopReason error or aborted and an ErrorMessage.
 // Events are yielded on the caller's goroutine, so a stream function must not
-// touch a Message it yielded after yield returns.
+// touch a Message it yielded after yield returns. llm's messages are the
+// run's own: a stream function reads them and never changes them.
 type StreamFn func(ctx context.Context, model Model, llm Context, opts StreamOptions) iter.Seq[StreamEvent]
 
 // MessageBuilder rebuilds a partial assistant message from stream events. The
