@@ -569,6 +569,18 @@ func TestNewMessagesSurviveHooksThatRewriteTheContext(t *testing.T) {
 			bc.Context.Messages = bc.Context.Messages[len(bc.Context.Messages)-1:]
 			return nil, nil
 		}},
+		"results cleared in ConvertToLLM": {ConvertToLLM: func(_ context.Context, ms []agent.Message) ([]agent.Message, error) {
+			for i := range ms {
+				if ms[i].Role == agent.RoleToolResult {
+					ms[i].Content = []agent.Content{agent.Text("[cleared]")}
+				}
+			}
+			return noCustom(ms), nil
+		}},
+		"compaction in AfterToolCall": {AfterToolCall: func(_ context.Context, ac *agent.AfterToolCallContext) (*agent.AfterToolCallResult, error) {
+			ac.Context.Messages = ac.Context.Messages[len(ac.Context.Messages)-1:]
+			return nil, nil
+		}},
 		"results cleared in TransformContext": {TransformContext: func(_ context.Context, ms []agent.Message) ([]agent.Message, error) {
 			for i := range ms {
 				if ms[i].Role == agent.RoleToolResult {

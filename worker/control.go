@@ -295,14 +295,9 @@ func (c *controls) catchUp(ctx context.Context) error {
 		if h := w.beforeCatchUpRead; h != nil {
 			h(c.r.id)
 		}
-		release, ok := w.upkeepSlot(ctx)
-		if !ok {
-			return ctx.Err()
-		}
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m, err := w.controlStream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
 		cancel()
-		release()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}

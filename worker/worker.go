@@ -24,8 +24,7 @@ import (
 // Worker takes run requests from its queues and runs them. Create it with
 // New and start it with Run.
 type Worker struct {
-	scratch scratchPool   // listener.go
-	upkeep  chan struct{} // per-run upkeep requests in flight (lease.go)
+	scratch scratchPool // listener.go
 	cfg     Config
 	c       *bus.Client
 	js      jetstream.JetStream
@@ -124,7 +123,6 @@ func New(cfg Config) (*Worker, error) {
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
 		defaultModel: def,
 		slots:        make(chan struct{}, cfg.Concurrency),
-		upkeep:       make(chan struct{}, maxUpkeepInFlight),
 		runs:         map[string]*run{},
 		ready:        make(chan struct{}),
 		queueSlots:   map[string]chan struct{}{},

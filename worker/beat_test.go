@@ -1,0 +1,26 @@
+package worker
+
+import (
+	"testing"
+	"time"
+)
+
+// A run's first beat comes in the interval's second half, at a point of
+// its own: never later than a whole interval (the request's AckWait counts
+// on it), and not in step with runs started at the same moment.
+func TestFirstBeatsAreSpreadOverTheSecondHalf(t *testing.T) {
+	const interval = 15 * time.Second
+	seen := map[time.Duration]bool{}
+	lo, hi := interval, time.Duration(0)
+	for range 1000 {
+		d := firstBeat(interval)
+		if d < interval/2 || d > interval {
+			t.Fatalf("first beat after %v, outside [%v, %v]", d, interval/2, interval)
+		}
+		seen[d] = true
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if len(seen) < 900 || hi-lo < interval/3 {
+		t.Fatalf("1,000 first beats took %d values within %v: not spread", len(seen), hi-lo)
+	}
+}
