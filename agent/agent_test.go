@@ -552,17 +552,21 @@ func TestNewMessagesSurviveHooksThatRewriteTheContext(t *testing.T) {
 		}
 		return out
 	}
+	clearResults := func(ms []agent.Message) []agent.Message {
+		for i := range ms {
+			if ms[i].Role == agent.RoleToolResult {
+				ms[i].Content = []agent.Content{agent.Text("[cleared]")}
+			}
+		}
+		return ms
+	}
 	for name, hooks := range map[string]agent.Options{
 		"filter in PrepareNextTurn": {PrepareNextTurn: func(_ context.Context, tc *agent.TurnContext) (*agent.NextTurn, error) {
 			tc.Context.Messages = noCustom(tc.Context.Messages)
 			return nil, nil
 		}},
 		"results cleared in ShouldStopAfterTurn": {ShouldStopAfterTurn: func(_ context.Context, tc *agent.TurnContext) (bool, error) {
-			for i := range tc.Context.Messages {
-				if tc.Context.Messages[i].Role == agent.RoleToolResult {
-					tc.Context.Messages[i].Content = []agent.Content{agent.Text("[cleared]")}
-				}
-			}
+			clearResults(tc.Context.Messages)
 			return false, nil
 		}},
 		"compaction in BeforeToolCall": {BeforeToolCall: func(_ context.Context, bc *agent.BeforeToolCallContext) (*agent.BeforeToolCallResult, error) {
@@ -570,24 +574,14 @@ func TestNewMessagesSurviveHooksThatRewriteTheContext(t *testing.T) {
 			return nil, nil
 		}},
 		"results cleared in ConvertToLLM": {ConvertToLLM: func(_ context.Context, ms []agent.Message) ([]agent.Message, error) {
-			for i := range ms {
-				if ms[i].Role == agent.RoleToolResult {
-					ms[i].Content = []agent.Content{agent.Text("[cleared]")}
-				}
-			}
-			return noCustom(ms), nil
+			return noCustom(clearResults(ms)), nil
 		}},
 		"compaction in AfterToolCall": {AfterToolCall: func(_ context.Context, ac *agent.AfterToolCallContext) (*agent.AfterToolCallResult, error) {
 			ac.Context.Messages = ac.Context.Messages[len(ac.Context.Messages)-1:]
 			return nil, nil
 		}},
 		"results cleared in TransformContext": {TransformContext: func(_ context.Context, ms []agent.Message) ([]agent.Message, error) {
-			for i := range ms {
-				if ms[i].Role == agent.RoleToolResult {
-					ms[i].Content = []agent.Content{agent.Text("[cleared]")}
-				}
-			}
-			return noCustom(ms), nil
+			return noCustom(clearResults(ms)), nil
 		}},
 	} {
 		t.Run(name, func(t *testing.T) {
