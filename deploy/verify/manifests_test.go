@@ -472,12 +472,39 @@ func TestWorkerFlagsExist(t *testing.T) {
 	}
 	for _, e := range c.Env {
 		known := strings.Contains(help, "["+e.Name+"]") || e.Name == "NATS_PASSWORD" || e.Name == "OPENAI_API_KEY"
+		if e.Name == "GOMEMLIMIT" { // read by the Go runtime; the help says when to set it
+			known = strings.Contains(help, "GOMEMLIMIT")
+			checkMemLimit(t, e.Value, c)
+		}
 		if !known {
 			t.Errorf("env %s is not read by the worker", e.Name)
 		}
 	}
 	if !strings.Contains(help, "NATS_PASSWORD") || !strings.Contains(help, "OPENAI_API_KEY") {
 		t.Errorf("worker --help no longer names NATS_PASSWORD / OPENAI_API_KEY")
+	}
+}
+
+// checkMemLimit holds the Go runtime's soft limit under the container's
+// memory limit: above it the kernel kills the worker before the collector
+// works harder.
+func checkMemLimit(t *testing.T, v string, c *corev1.Container) {
+	t.Helper()
+	units := map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+	var soft int64
+	for suffix, unit := range units {
+		if n, err := strconv.ParseInt(strings.TrimSuffix(v, suffix), 10, 64); strings.HasSuffix(v, suffix) && err == nil {
+			soft = n * unit
+		}
+	}
+	hard := c.Resources.Limits.Memory()
+	switch {
+	case soft <= 0:
+		t.Errorf("GOMEMLIMIT %q: want a number of KiB, MiB or GiB", v)
+	case hard.IsZero():
+		t.Errorf("GOMEMLIMIT is set but the container has no memory limit")
+	case soft >= hard.Value():
+		t.Errorf("GOMEMLIMIT %s is not under the container's memory limit %s", v, hard)
 	}
 }
 
