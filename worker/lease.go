@@ -286,9 +286,19 @@ func (h *heartbeat) beat() {
 	h.poked = false
 	h.mu.Unlock()
 
-	h.send(renewing)
-	if renewing && !poked {
-		r.ctl.refresh()
+	if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		r.log.Warn("heartbeat failed", "err", err)
+	}
+	if renewing {
+		ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
+		err := r.lease.renew(ctx, r.record(bus.StateRunning))
+		cancel()
+		if err != nil && !errors.Is(err, errLeaseLost) {
+			r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
+		}
+		if !poked {
+			r.ctl.refresh()
+		}
 	}
 
 	h.mu.Lock()
@@ -311,22 +321,6 @@ func (h *heartbeat) beat() {
 // flight and 60 MB more heap for a moment; spread, they stay flat.
 func firstBeat(interval time.Duration) time.Duration {
 	return interval - rand.N(interval/2+1)
-}
-
-// send tells the server the request is in progress and renews the lease.
-func (h *heartbeat) send(renewing bool) {
-	r := h.r
-	if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-		r.log.Warn("heartbeat failed", "err", err)
-	}
-	if renewing {
-		ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
-		err := r.lease.renew(ctx, r.record(bus.StateRunning))
-		cancel()
-		if err != nil && !errors.Is(err, errLeaseLost) {
-			r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
-		}
-	}
 }
 
 // stopRenewing returns once no renewal is in flight or will start.

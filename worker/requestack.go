@@ -28,13 +28,16 @@ type requestAcks interface {
 // same connection, and once acked, naked or terminated, every other
 // acknowledgement returns jetstream.ErrMsgAlreadyAckd.
 type requestAck struct {
-	nc      *nats.Conn
-	reply   string
-	timeout time.Duration // a double ack's, when its context has no deadline
+	nc    *nats.Conn
+	reply string
 
 	mu   sync.Mutex
 	ackd bool
 }
+
+// doubleAckTimeout bounds a double ack whose context has no deadline
+// (jetstream's DefaultTimeout).
+const doubleAckTimeout = 5 * time.Second
 
 // slimAcks returns m's acknowledgements without its bytes, or m itself if
 // it cannot be acknowledged that way (no reply subject).
@@ -42,7 +45,7 @@ func slimAcks(nc *nats.Conn, m jetstream.Msg) requestAcks {
 	if nc == nil || m.Reply() == "" {
 		return m
 	}
-	return &requestAck{nc: nc, reply: m.Reply(), timeout: 5 * time.Second}
+	return &requestAck{nc: nc, reply: m.Reply()}
 }
 
 func (a *requestAck) Ack() error { return a.send(context.Background(), "+ACK", false) }
@@ -80,7 +83,7 @@ func (a *requestAck) send(ctx context.Context, body string, sync bool) error {
 	if sync {
 		if _, ok := ctx.Deadline(); !ok {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, a.timeout)
+			ctx, cancel = context.WithTimeout(ctx, doubleAckTimeout)
 			defer cancel()
 		}
 		_, err = a.nc.RequestWithContext(ctx, a.reply, []byte(body))

@@ -24,15 +24,16 @@ import (
 // Worker takes run requests from its queues and runs them. Create it with
 // New and start it with Run.
 type Worker struct {
-	scratch scratchPool // listener.go
-	cfg     Config
-	c       *bus.Client
-	js      jetstream.JetStream
-	acks    *eventAcks // the event publishers' acks (acks.go), from Run on
-	names   bus.Names
-	log     *slog.Logger
-	obs     Observer
-	id      string
+	cfg   Config
+	c     *bus.Client
+	js    jetstream.JetStream
+	acks  *eventAcks // the event publishers' acks (acks.go), from Run on
+	names bus.Names
+	log   *slog.Logger
+	obs   Observer
+	id    string
+
+	scratch scratchPool // the listeners' event buffers (listener.go)
 
 	tools        map[string]*agent.Tool
 	toolNames    []string
