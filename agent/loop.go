@@ -22,8 +22,9 @@ type loopRun struct {
 	sessionID     string
 
 	// The run's new messages. While attached they are the tail of
-	// cur.Messages from newFrom, not a second copy: a run waiting in its
-	// first tool call, for hours perhaps, holds its transcript once. A run
+	// cur.Messages from newFrom, not one more copy of them (the Agent's
+	// state holds another): that saves a run waiting in a tool before its
+	// first turn hook, for hours perhaps, ~1 KB. A run
 	// is attached only while no function of the caller has been given the
 	// context (a hook may rewrite it in place): from the first that is,
 	// the messages are kept apart in own (see detach).

@@ -28,6 +28,11 @@ func TestSlimAcksActAsTheMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	spyConn, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer spyConn.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -75,11 +80,26 @@ func TestSlimAcksActAsTheMessage(t *testing.T) {
 				t.Fatalf("slimAcks kept the message: %T", acks)
 			}
 		}
+		// A spy on the message's ack subject sees each acknowledgement's
+		// body, and whether it was a request (a double ack waits for the
+		// server's answer) or a plain publish.
+		spy, err := spyConn.SubscribeSync(m.Reply())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer spy.Unsubscribe()
+		if err := spyConn.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		var out []string
 		for _, o := range ops {
 			switch err := o(acks); {
 			case err == nil:
-				out = append(out, "ok")
+				sent, err := spy.NextMsg(5 * time.Second)
+				if err != nil {
+					t.Fatalf("an acknowledgement that returned nil was not sent: %v", err)
+				}
+				out = append(out, fmt.Sprintf("ok %q request=%v", sent.Data, sent.Reply != ""))
 			case errors.Is(err, jetstream.ErrMsgAlreadyAckd):
 				out = append(out, "already")
 			default:

@@ -233,7 +233,7 @@ and point every worker at it with --nats or NATS_URL.
 
 Thousands of runs in flight: set GOMEMLIMIT (the Go collector's soft limit,
 e.g. 900MiB under a 1GiB container) so the heap is collected before it
-doubles; a waiting run holds about 16 KB of stack and 18 KB of heap.
+doubles; a waiting run holds about 16 KB of stack and 17 KB of heap.
 
 Flags (environment variable in brackets):
 `
