@@ -159,10 +159,11 @@ func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time
 	if !since.IsZero() {
 		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
 	}
-	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
+	cons, release, err := c.OrderedEvents(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
 	}
+	defer release()
 	info, err := cons.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", runID, err)

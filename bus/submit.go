@@ -171,12 +171,14 @@ func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, 
 		}
 		f := &follower{runID: runID, yield: yield}
 		for {
-			it, err := c.followFrom(ctx, runID, f.seen+1)
+			it, release, err := c.followFrom(ctx, runID, f.seen+1)
 			if err != nil {
 				yield(nil, fmt.Errorf("follow %s: %w", runID, err))
 				return
 			}
-			if !f.drain(ctx, it, c.watchStall(ctx, it, runID, f.seen)) {
+			again := f.drain(ctx, it, c.watchStall(ctx, it, runID, f.seen))
+			release()
+			if !again {
 				return
 			}
 		}
@@ -187,7 +189,7 @@ func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, 
 // sequence from on. The consumer's creation is retried while NATS is away
 // or not answering: a request sent as the server goes down is lost, and
 // would otherwise hold the follow until ctx ends.
-func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jetstream.MessagesContext, error) {
+func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (it jetstream.MessagesContext, release func(), err error) {
 	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.names.Events(runID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
@@ -200,26 +202,30 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (jet
 	cons, err := backoff.Retry(ctx, func() (jetstream.Consumer, error) {
 		actx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
 		defer cancel()
-		cons, err := c.js.OrderedConsumer(actx, c.names.EventsStream(), cfg)
+		cons, rel, err := c.OrderedEvents(actx, cfg)
 		if err != nil && !Transient(err) && !errors.Is(err, context.DeadlineExceeded) { // each attempt has its own deadline
 			return nil, backoff.Permanent(err)
 		}
+		release = rel
 		return cons, err
 	}, backoff.WithBackOff(pause), backoff.WithMaxElapsedTime(0))
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		if err == nil {
+			release()
+		}
+		return nil, nil, ctx.Err()
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return nil, err
+	if it, err = cons.Messages(); err != nil {
+		release()
+		return nil, nil, err
 	}
 	if c.wrapFollow != nil {
 		it = c.wrapFollow(it)
 	}
-	return it, nil
+	return it, release, nil
 }
 
 // followOpenTimeout bounds one attempt at creating a follow consumer.
@@ -422,13 +428,14 @@ func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([
 	if before <= 1 {
 		return nil, nil
 	}
-	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
+	cons, release, err := c.OrderedEvents(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.names.Events(runID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
 	}
+	defer release()
 	return readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata) (keep, more bool) {
 		seq := md.Sequence.Stream
 		return seq < before, seq+1 < before

@@ -387,10 +387,24 @@ func (c *natsCluster) waitJetStream(timeout time.Duration) {
 		}
 		select {
 		case <-ctx.Done():
-			c.t.Fatalf("JetStream not available within %s: %v", timeout, err)
+			c.t.Fatalf("JetStream not available within %s: %v%s", timeout, err, c.nodeTails(20))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// nodeTails is each node's state and last n log lines, for a failure's
+// message: whether a cluster formed is only in the servers' logs.
+func (c *natsCluster) nodeTails(n int) string {
+	var b strings.Builder
+	for _, nd := range c.nodes {
+		state := "running"
+		if nd.p.exited() {
+			state = "exited"
+		}
+		fmt.Fprintf(&b, "\n  %s (%s, log %s):\n%s", nd.name, state, nd.p.logPath, nd.p.tail(n))
+	}
+	return b.String()
 }
 
 // client connects to the servers (with the cluster's user and password).
@@ -493,14 +507,16 @@ func seed(t testing.TB) *rand.Rand {
 // in stream order.
 func rawEvents(ctx context.Context, c *bus.Client, id string) ([]*bus.Envelope, error) {
 	n := c.Names()
-	cons, err := c.JetStream().OrderedConsumer(ctx, n.EventsStream(), jetstream.OrderedConsumerConfig{
+	cons, release, err := c.OrderedEvents(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{n.Events(id)}, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	var out []*bus.Envelope
 	for {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		// NoWait: a Fetch waits for its whole batch or its expiry.
+		batch, err := cons.FetchNoWait(256)
 		if err != nil {
 			return out, err
 		}

@@ -498,14 +498,27 @@ func clip(s string, n int) string {
 // every problem found.
 func (d *driver) report(scenario string, want string, extra string) []*runCheck {
 	d.t.Helper()
-	var checks []*runCheck
 	var problems []string
 	kinds := map[string]int{}
 	attempts := map[int]int{}
 	var resumed, restored, stale, messages, prompts, steers, followUps int
-	for _, id := range d.order {
-		rc := d.checkRun(d.plans[id], want)
-		checks = append(checks, rc)
+	// Checked eight at a time: thousands of runs one by one take minutes.
+	checks := make([]*runCheck, len(d.order))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range next {
+				checks[i] = d.checkRun(d.plans[d.order[i]], want)
+			}
+		})
+	}
+	for i := range d.order {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for _, rc := range checks {
 		attempts[rc.finalAttempt]++
 		if rc.resumed {
 			resumed++

@@ -217,7 +217,7 @@ func (r *run) refuse(o leaseOutcome, rec *bus.RunRecord) {
 func (r *run) alreadyFinished(rec *bus.RunRecord) {
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	envs, err := r.w.c.ReadEvents(ctx, r.id, 0)
+	envs, err := r.w.readEvents(ctx, r.id, 0)
 	if err != nil {
 		r.log.Warn("cannot read the run's events; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)

@@ -301,7 +301,7 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		_ = r.pub.flush(ctx)
 		return fmt.Errorf("give-up: run_started not stored: %w", err)
 	}
-	envs, err := r.w.c.ReadEvents(ctx, r.id, seq)
+	envs, err := r.w.readEvents(ctx, r.id, seq)
 	if err != nil {
 		_ = r.pub.flush(ctx)
 		return fmt.Errorf("give-up: reading the run's events: %w", err)

@@ -216,7 +216,7 @@ func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	t, err := r.w.c.LoadTranscript(lctx, id)
+	t, err := r.w.loadTranscript(lctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("continueFrom: loading the events of run %s: %w", id, err)
 	}

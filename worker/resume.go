@@ -32,7 +32,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("run_started not stored: %w", err)
 	}
-	envs, err := r.w.c.ReadEvents(rctx, r.id, startSeq)
+	envs, err := r.w.readEvents(rctx, r.id, startSeq)
 	if err != nil {
 		return false, err
 	}

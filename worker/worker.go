@@ -41,6 +41,8 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
+	// eventReads bounds this worker's reads of stored events (eventread.go).
+	eventReads chan struct{}
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -124,6 +126,7 @@ func New(cfg Config) (*Worker, error) {
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
 		defaultModel: def,
 		slots:        make(chan struct{}, cfg.Concurrency),
+		eventReads:   make(chan struct{}, maxEventReads),
 		runs:         map[string]*run{},
 		ready:        make(chan struct{}),
 		queueSlots:   map[string]chan struct{}{},

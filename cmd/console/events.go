@@ -50,11 +50,12 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("event: end\ndata: {}\n\n"))
 		return
 	}
-	cons, err := s.client.JetStream().OrderedConsumer(ctx, names.EventsStream(), cfg)
+	cons, release, err := s.client.OrderedEvents(ctx, cfg)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "events of %s: %v", id, err)
 		return
 	}
+	defer release()
 	it, err := cons.Messages()
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "events of %s: %v", id, err)

@@ -1,0 +1,73 @@
+package bus_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
+)
+
+// Reading a run's events (ReadEvents, Follow, LoadTranscript) leaves no
+// consumer on the events stream: nats-server allows 1,000 per stream by
+// default, and a worker resuming thousands of runs reads each one's events.
+// More reads than that limit, one after another, all succeed.
+func TestEventReadersLeaveNoConsumers(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	for seq, ev := range []any{
+		bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1},
+		bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
+	} {
+		b, _ := json.Marshal(ev)
+		env := &bus.Envelope{Run: "r", Seq: uint64(seq + 1), Attempt: 1, Worker: "w", TS: 1, Event: b}
+		if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), env.AppendJSON(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consumers := func() int {
+		s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Consumers
+	}
+	envs, err := c.ReadEvents(ctx, "r", 0)
+	if err != nil || len(envs) != 2 {
+		t.Fatalf("ReadEvents: %d envelopes, %v", len(envs), err)
+	}
+	if n := consumers(); n != 0 {
+		t.Fatalf("after ReadEvents: %d consumers on the events stream, want 0", n)
+	}
+	tr, err := c.LoadTranscript(ctx, "r")
+	if err != nil || !tr.Done() {
+		t.Fatalf("LoadTranscript: done %v, %v", tr.Done(), err)
+	}
+	if n := consumers(); n != 0 {
+		t.Fatalf("after LoadTranscript (a Follow): %d consumers on the events stream, want 0", n)
+	}
+	for i := range 1100 {
+		if _, err := c.ReadEvents(ctx, "r", 0); err != nil {
+			t.Fatalf("read %d: %v", i+1, err)
+		}
+	}
+}
