@@ -176,9 +176,7 @@ func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, 
 				yield(nil, fmt.Errorf("follow %s: %w", runID, err))
 				return
 			}
-			again := f.drain(ctx, it, c.watchStall(ctx, it, runID, f.seen))
-			release()
-			if !again {
+			if !c.drainAndRelease(ctx, f, it, release) {
 				return
 			}
 		}
@@ -226,6 +224,13 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (it 
 		it = c.wrapFollow(it)
 	}
 	return it, release, nil
+}
+
+// drainAndRelease drains a consumer, then deletes it (also when the
+// caller's loop body panics).
+func (c *Client) drainAndRelease(ctx context.Context, f *follower, it jetstream.MessagesContext, release func()) bool {
+	defer release()
+	return f.drain(ctx, it, c.watchStall(ctx, it, f.runID, f.seen))
 }
 
 // followOpenTimeout bounds one attempt at creating a follow consumer.

@@ -5,6 +5,7 @@ package faultsuite
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -504,42 +505,50 @@ func seed(t testing.TB) *rand.Rand {
 // raw events
 
 // rawEvents reads every envelope stored for a run, stale attempts included,
-// in stream order.
+// in stream order: up to the run's last stored message as the stream's
+// leader answers now (the consumer may sit on a replica that lags behind).
 func rawEvents(ctx context.Context, c *bus.Client, id string) ([]*bus.Envelope, error) {
 	n := c.Names()
+	s, err := c.JetStream().Stream(ctx, n.EventsStream())
+	if err != nil {
+		return nil, err
+	}
+	last, err := s.GetLastMsgForSubject(ctx, n.Events(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
 	cons, release, err := c.OrderedEvents(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{n.Events(id)}, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, err
+	}
+	defer it.Stop()
 	var out []*bus.Envelope
 	for {
-		// NoWait: a Fetch waits for its whole batch or its expiry.
-		batch, err := cons.FetchNoWait(256)
+		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			return out, err
 		}
-		got := 0
-		last := false
-		for m := range batch.Messages() {
-			got++
-			env, err := bus.DecodeEnvelope(m.Data())
-			if err != nil {
-				return out, fmt.Errorf("envelope %d of %s: %w", len(out)+1, id, err)
-			}
-			md, err := m.Metadata()
-			if err == nil {
-				env.StreamSeq = md.Sequence.Stream
-				last = md.NumPending == 0
-			}
-			out = append(out, env)
+		env, err := bus.DecodeEnvelope(m.Data())
+		if err != nil {
+			return out, fmt.Errorf("envelope %d of %s: %w", len(out)+1, id, err)
 		}
-		if last || (got == 0 && batch.Error() == nil) {
+		md, err := m.Metadata()
+		if err != nil {
+			return out, err
+		}
+		env.StreamSeq = md.Sequence.Stream
+		out = append(out, env)
+		if env.StreamSeq >= last.Sequence {
 			return out, nil
-		}
-		if ctx.Err() != nil {
-			return out, ctx.Err()
 		}
 	}
 }

@@ -27,12 +27,13 @@ var errAlreadyFinished = errors.New("the run already has its run_finished")
 // counts from the first attempt's start (r.runStart).
 func (r *run) resume(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	startSeq, err := r.pub.startedAt(rctx)
+	cancel()
 	if err != nil {
 		return false, fmt.Errorf("run_started not stored: %w", err)
 	}
-	envs, err := r.w.readEvents(rctx, r.id, startSeq)
+	// Not within rctx: the read may wait behind others (eventread.go).
+	envs, err := r.w.readEvents(ctx, r.id, startSeq)
 	if err != nil {
 		return false, err
 	}

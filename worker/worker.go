@@ -41,8 +41,10 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
-	// eventReads bounds this worker's reads of stored events (eventread.go).
-	eventReads chan struct{}
+	// eventReads bounds this worker's reads of stored events, each within
+	// eventReadTimeout once it has its slot (eventread.go).
+	eventReads       chan struct{}
+	eventReadTimeout time.Duration
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -124,12 +126,13 @@ func New(cfg Config) (*Worker, error) {
 		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(),
 		log: cfg.Logger.With("worker", id), obs: cfg.Observer, id: id,
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
-		defaultModel: def,
-		slots:        make(chan struct{}, cfg.Concurrency),
-		eventReads:   make(chan struct{}, maxEventReads),
-		runs:         map[string]*run{},
-		ready:        make(chan struct{}),
-		queueSlots:   map[string]chan struct{}{},
+		defaultModel:     def,
+		slots:            make(chan struct{}, cfg.Concurrency),
+		eventReads:       make(chan struct{}, maxEventReads),
+		eventReadTimeout: eventReadTimeout,
+		runs:             map[string]*run{},
+		ready:            make(chan struct{}),
+		queueSlots:       map[string]chan struct{}{},
 	}
 	for q, n := range cfg.QueueConcurrency {
 		if err := bus.CheckQueue(q); err != nil {
