@@ -150,10 +150,7 @@ const (
 )
 
 // Envelope is one NATS message on <prefix>.run.<run>.events. Seq starts at 1
-// for each attempt and has no gaps. Lifecycle events (run_started,
-// run_resumed, run_finished) carry Nats-Msg-Id "<run>:<attempt>:<seq>"; an
-// agent event re-sent after a lost ack may be stored twice (since 1.4), and
-// readers take the first of a seq.
+// for each attempt and has no gaps; Nats-Msg-Id is "<run>:<attempt>:<seq>".
 type Envelope struct {
 	Run     string `json:"run"`
 	Seq     uint64 `json:"seq"`
@@ -258,7 +255,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.4"
+const ProtocolVersion = "1.3"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {

@@ -12,10 +12,9 @@ import (
 	"github.com/agentfleet/agentfleet/worker"
 )
 
-// The run's lifecycle events carry the message id "<run>:<attempt>:<seq>"
-// that the stream's duplicate window drops a second copy by; the agent's
-// events carry none (protocol 1.4: readers drop a re-sent copy by seq).
-func TestLifecycleEventsCarryTheirMessageID(t *testing.T) {
+// Every stored event carries the message id "<run>:<attempt>:<seq>" that
+// the stream's duplicate window drops a re-send by.
+func TestStoredEventsCarryTheirMessageID(t *testing.T) {
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	id := f.Submit("", &bus.RunRequest{Prompt: "hi", Model: fleettest.FauxModel(),
@@ -35,12 +34,7 @@ func TestLifecycleEventsCarryTheirMessageID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := ""
-		switch e.Type {
-		case bus.EventRunStarted, bus.EventRunFinished:
-			want = workerproto.MsgID(id, e.Attempt, e.Seq)
-		}
-		if got := m.Header.Get(jetstream.MsgIDHeader); got != want {
+		if got, want := m.Header.Get(jetstream.MsgIDHeader), workerproto.MsgID(id, e.Attempt, e.Seq); got != want {
 			t.Fatalf("event %d (%s): Nats-Msg-Id %q, want %q", e.Seq, e.Type, got, want)
 		}
 		env, err := bus.DecodeEnvelope(m.Data)

@@ -74,11 +74,10 @@ func (e *EventTooLargeError) Error() string {
 //     pending in eventAcks, and the oldest unacknowledged event was sent
 //     on this connection (its epoch). Otherwise it is held: one re-send
 //     goroutine waits for the connection and re-sends every
-//     unacknowledged event in seq order: a lifecycle event already stored
-//     is dropped by its Nats-Msg-Id, an agent event is stored again after
-//     it and readers take the first of its seq (carriesMsgID). So does an
-//     ack that fails for a reason a reconnect cures (timeout, no
-//     responders, 503), after a pause. (A loss between the check and the publish can still let an
+//     unacknowledged event in seq order with its Nats-Msg-Id, so those
+//     already stored are dropped as duplicates. So does an ack that fails
+//     for a reason a reconnect cures (timeout, no responders, 503), after
+//     a pause. (A loss between the check and the publish can still let an
 //     event overtake; its ack then comes out of order, below.) The retry
 //     budget is AckWait from the first failure, counted again from each
 //     ack that comes meanwhile, and cleared once nothing waits: past it
@@ -552,21 +551,6 @@ func (p *publisher) acquire() {
 	p.w.obs.PublishWait(time.Since(start))
 }
 
-// carriesMsgID tells the events published with a Nats-Msg-Id (protocol
-// 1.4): the run's lifecycle events, which another party may publish for the
-// same attempt and seq (a give-up retried, a redelivery finishing a crashed
-// run's run_finished) and which must be stored once. The agent's events
-// have one publisher, their attempt's: a re-send after a lost ack may store
-// one twice, with the same seq and body, and readers drop the second by its
-// seq. The stream's dedupe of every event cost it a fifth of its ingest.
-func carriesMsgID(typ string) bool {
-	switch typ {
-	case bus.EventRunStarted, bus.EventRunResumed, bus.EventRunFinished:
-		return true
-	}
-	return false
-}
-
 // event publishes one encoded event and returns its seq.
 func (p *publisher) event(typ string, event []byte, controlSeq uint64) (uint64, error) {
 	return p.eventFlags(typ, event, controlSeq, false)
@@ -600,9 +584,7 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	m := &o.m
 	m.Subject, m.Data = p.subject, data
 	m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
-	if carriesMsgID(typ) {
-		m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
-	}
+	m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
 	epoch, send := p.mayOvertakeLocked()
 	if send {
 		stampLocked(o, now, epoch)
@@ -648,17 +630,11 @@ func (p *publisher) spent() (int, int64) {
 	return p.sent, p.sentBytes
 }
 
-// charge counts earlier attempts' events against the run's event budget;
-// a re-sent copy (an attempt's seq stored again) is not counted twice.
+// charge counts earlier attempts' events against the run's event budget.
 func (p *publisher) charge(envs []*bus.Envelope) {
-	last := map[int]uint64{}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range envs {
-		if e.Seq <= last[e.Attempt] {
-			continue
-		}
-		last[e.Attempt] = e.Seq
 		p.sent++
 		p.sentBytes += int64(len(e.Event)) + 160 // envelope fields, roughly
 	}
