@@ -1,13 +1,11 @@
 package bus_test
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
-	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/natsembed"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // Reading a run's events (ReadEvents, Follow, LoadTranscript) leaves no
@@ -15,21 +13,8 @@ import (
 // default, and a worker resuming thousands of runs reads each one's events.
 // More reads than that limit, one after another, all succeed.
 func TestEventReadersLeaveNoConsumers(t *testing.T) {
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
 	for seq, ev := range []any{
 		bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1},
 		bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
