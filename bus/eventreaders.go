@@ -37,7 +37,8 @@ func (c *Client) OrderedEvents(ctx context.Context, cfg jetstream.OrderedConsume
 }
 
 // dropConsumer deletes an ordered consumer's current server consumer (an
-// earlier one was deleted by nats.go when it made this one).
+// earlier one was deleted by nats.go when it made this one). Best effort:
+// a deletion that fails (NATS away) leaves it to eventReaderIdle.
 func (c *Client) dropConsumer(cons jetstream.Consumer) {
 	info := cons.CachedInfo()
 	if info == nil {
