@@ -2,7 +2,11 @@ package worker
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -23,6 +27,9 @@ const eventReadTimeout = 30 * time.Second
 
 // readEvents is bus.Client.ReadEvents within this worker's bound: it waits
 // for a slot as long as ctx lets it, then reads for up to eventReadTimeout.
+// Within that time a read refused for a reason that passes (NATS away, the
+// stream's consumers all taken by other readers) is tried again: failing it
+// would hand its run back and use up one of its deliveries.
 func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error) {
 	select {
 	case w.eventReads <- struct{}{}:
@@ -32,5 +39,17 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 	defer func() { <-w.eventReads }()
 	rctx, cancel := context.WithTimeout(ctx, w.eventReadTimeout)
 	defer cancel()
-	return w.c.ReadEvents(rctx, id, before)
+	pause := 50 * time.Millisecond
+	for {
+		envs, err := w.c.ReadEvents(rctx, id, before)
+		if err == nil || rctx.Err() != nil || !(bus.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
+			return envs, err
+		}
+		select {
+		case <-time.After(pause + rand.N(pause)):
+		case <-rctx.Done():
+			return nil, err
+		}
+		pause = min(2*pause, time.Second)
+	}
 }

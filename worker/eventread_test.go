@@ -3,8 +3,14 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -47,5 +53,76 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 	}
 	for range maxEventReads - 1 {
 		<-w.eventReads
+	}
+}
+
+// A read refused because the events stream has as many consumers as the
+// server allows waits for one to go, within its time limit, instead of
+// failing its run (a resume that failed so was handed back, and a burst
+// of reads used up the run's deliveries in seconds).
+func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
+	w, c := startInternal(t, Config{}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	env := &bus.Envelope{Run: "r", Seq: 1, Attempt: 1, Worker: "w", TS: 1, Event: b}
+	if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), env.AppendJSON(nil)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Stream(ctx, c.Names().EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill the stream's consumers up to the server's default limit, 16
+	// creations at a time.
+	var (
+		mu    sync.Mutex
+		names []string
+		full  atomic.Bool
+		wg    sync.WaitGroup
+	)
+	next := atomic.Int64{}
+	for range 16 {
+		wg.Go(func() {
+			for !full.Load() {
+				name := fmt.Sprintf("filler%d", next.Add(1))
+				_, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, FilterSubject: c.Names().Events("filler"), MemoryStorage: true})
+				switch {
+				case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
+					full.Store(true)
+				case err != nil:
+					t.Error(err)
+					full.Store(true)
+				default:
+					mu.Lock()
+					names = append(names, name)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() || len(names) == 0 {
+		t.Fatal("the stream's consumers could not be filled")
+	}
+	done := make(chan error, 1)
+	go func() {
+		envs, err := w.readEvents(ctx, "r", 0)
+		if err == nil && len(envs) != 1 {
+			err = fmt.Errorf("%d envelopes, want the run_started", len(envs))
+		}
+		done <- err
+	}()
+	// The read must still be waiting while no consumer can be made.
+	select {
+	case err := <-done:
+		t.Fatalf("the read ended while the stream had no room for its consumer: %v", err)
+	case <-time.After(time.Second):
+	}
+	if err := s.DeleteConsumer(ctx, names[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("after a consumer was deleted: %v", err)
 	}
 }

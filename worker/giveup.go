@@ -37,7 +37,8 @@ import (
 //  3. a copy goes to agents.dead.<queue>.<run> (stream AGENTS_DEAD,
 //     Nats-Msg-Id <run>:<requestSeq>, headers with the reason);
 //  4. the lease is taken as attempt deliveries+1 (plus a requeued copy's
-//     attempt base; never below the record's attempt + 1), fencing a
+//     attempt base; the same attempt when an earlier try of this step
+//     took it, otherwise never below the record's attempt + 1), fencing a
 //     stalled last worker; run_started, run_resumed (the transcript so far
 //     stays readable), the final record failed/gave_up, run_finished;
 //  5. the request is deleted from AGENTS_RUNS and the advisory acked.
@@ -230,8 +231,12 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		log.Warn("give-up: request removed; its run id is held by another running request", "recordRequestSeq", rec.RequestSeq)
 		return removeRequest()
 	}
+	// A delivery's attempt is at most base+Deliveries, so a record naming
+	// base+Deliveries+1 was written by a give-up of this request that
+	// failed later on (a read, a publish): this one goes on with that
+	// attempt, its events so far dropped as copies by their message ids.
 	attempt := base + adv.Deliveries + 1
-	if rec != nil && attempt <= rec.Attempt {
+	if rec != nil && attempt < rec.Attempt {
 		attempt = rec.Attempt + 1
 	}
 	log = log.With("attempt", attempt)
