@@ -71,7 +71,12 @@ func PendingCalls(envs []*Envelope) []PendingCall {
 			}
 		}
 	}
+	last := map[int]uint64{} // an attempt's last seq taken: a stored copy is skipped
 	for _, env := range envs {
+		if env.Seq != 0 && env.Seq <= last[env.Attempt] {
+			continue
+		}
+		last[env.Attempt] = env.Seq
 		switch env.Type {
 		case EventRunFinished:
 			return nil

@@ -9,10 +9,10 @@ import (
 // TestPendingCalls folds approval events into the pending calls: a
 // resolution or a result settles the oldest unsettled call of its id, a
 // resumed attempt keeps the first attempt's request, run_finished clears
-// everything.
+// everything, a stored copy of an event (same attempt and seq) is skipped.
 func TestPendingCalls(t *testing.T) {
 	env := func(attempt int, ts int64, event string) *Envelope {
-		e, err := DecodeEnvelope(fmt.Appendf(nil, `{"run":"r1","seq":1,"attempt":%d,"worker":"w","ts":%d,"event":%s}`, attempt, ts, event))
+		e, err := DecodeEnvelope(fmt.Appendf(nil, `{"run":"r1","seq":%d,"attempt":%d,"worker":"w","ts":%d,"event":%s}`, ts, attempt, ts, event))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,6 +47,7 @@ func TestPendingCalls(t *testing.T) {
 		{"none", nil, ""},
 		{"one", []*Envelope{a}, "c1/deploy@09"},
 		{"two in order", []*Envelope{a, b}, "c1/deploy@09 c2/pay@08"},
+		{"a stored copy counts once", []*Envelope{a, b, a}, "c1/deploy@09 c2/pay@08"},
 		{"rejected edit keeps it", []*Envelope{a, rejected}, "c1/deploy@09"},
 		{"resolved", []*Envelope{a, b, resolved("c2")}, "c1/deploy@09"},
 		{"a result settles it", []*Envelope{a, b, end("c1")}, "c2/pay@08"},

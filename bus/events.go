@@ -150,7 +150,10 @@ const (
 )
 
 // Envelope is one NATS message on <prefix>.run.<run>.events. Seq starts at 1
-// for each attempt and has no gaps; Nats-Msg-Id is "<run>:<attempt>:<seq>".
+// for each attempt and has no gaps. Lifecycle events (run_started,
+// run_resumed, run_finished) and an attempt's first event carry Nats-Msg-Id
+// "<run>:<attempt>:<seq>"; since 1.4 an agent event whose original landed
+// late may be stored twice, and readers take the first of a seq.
 type Envelope struct {
 	Run     string `json:"run"`
 	Seq     uint64 `json:"seq"`
@@ -255,7 +258,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.3"
+const ProtocolVersion = "1.4"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {

@@ -232,8 +232,8 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		MaxAge:      cfg.EventsMaxAge,
 		MaxBytes:    cfg.EventsMaxBytes,
 		// A worker re-sends unacknowledged events after a reconnect for
-		// up to AckWait; the window must cover that so re-sent events are
-		// dropped, not stored twice.
+		// up to AckWait; the window must cover that so a re-sent lifecycle
+		// or first event (the ones with a Nats-Msg-Id) is dropped.
 		Duplicates: min(max(2*time.Minute, 2*cfg.AckWait), cfg.EventsMaxAge),
 		Storage:    cfg.Storage,
 		Replicas:   cfg.Replicas,

@@ -263,6 +263,7 @@ type runCheck struct {
 	resumed      bool
 	restored     int
 	stale        int
+	resent       int // agent events stored twice (re-sent after a lost ack)
 	messages     int
 	prompts      int
 	steers       int
@@ -292,6 +293,9 @@ func (d *driver) checkRun(p *runPlan, want string) *runCheck {
 	}
 	// Raw analysis: attempts, gaps, stale events, run_finished count.
 	seqs := map[int][]uint64{}
+	// Protocol 1.4: an agent event re-sent after a lost ack may be stored
+	// twice; the copy must be the same envelope (readers drop it by seq).
+	first := map[[2]uint64]*bus.Envelope{}
 	newest := 0
 	for _, env := range raw {
 		if env.Type == bus.EventRunStarted {
@@ -300,6 +304,17 @@ func (d *driver) checkRun(p *runPlan, want string) *runCheck {
 		if env.Attempt < newest {
 			rc.stale++
 		}
+		key := [2]uint64{uint64(env.Attempt), env.Seq}
+		if orig, ok := first[key]; ok {
+			if env.Type == bus.EventRunStarted || env.Type == bus.EventRunResumed || env.Type == bus.EventRunFinished {
+				rc.problem("events", "attempt %d: %s (seq %d) stored twice: lifecycle events carry a Nats-Msg-Id", env.Attempt, env.Type, env.Seq)
+			} else if orig.TS != env.TS || orig.Type != env.Type || string(orig.Event) != string(env.Event) || orig.Worker != env.Worker {
+				rc.problem("events", "attempt %d: seq %d stored twice with different contents (%s, %s)", env.Attempt, env.Seq, orig.Type, env.Type)
+			}
+			rc.resent++
+			continue
+		}
+		first[key] = env
 		seqs[env.Attempt] = append(seqs[env.Attempt], env.Seq)
 		if env.Type == bus.EventRunFinished {
 			rc.finishes++
@@ -501,7 +516,7 @@ func (d *driver) report(scenario string, want string, extra string) []*runCheck 
 	var problems []string
 	kinds := map[string]int{}
 	attempts := map[int]int{}
-	var resumed, restored, stale, messages, prompts, steers, followUps int
+	var resumed, restored, stale, resent, messages, prompts, steers, followUps int
 	// Checked eight at a time: thousands of runs one by one take minutes.
 	checks := make([]*runCheck, len(d.order))
 	var wg sync.WaitGroup
@@ -525,6 +540,7 @@ func (d *driver) report(scenario string, want string, extra string) []*runCheck 
 		}
 		restored += rc.restored
 		stale += rc.stale
+		resent += rc.resent
 		messages += rc.messages
 		prompts += rc.prompts
 		steers += rc.steers
@@ -539,8 +555,8 @@ func (d *driver) report(scenario string, want string, extra string) []*runCheck 
 		hist = append(hist, fmt.Sprintf("attempt %d: %d", a, attempts[a]))
 	}
 	d.t.Logf("%s: CHECKED %d runs (want %s) %s; final attempts {%s}; %d resumed (%d messages restored); "+
-		"%d stale-attempt events ignored; %d transcript messages compared: %d prompts, %d steers, %d follow-ups each exactly once and in order",
-		scenario, len(checks), want, extra, strings.Join(hist, ", "), resumed, restored, stale, messages, prompts, steers, followUps)
+		"%d stale-attempt events ignored; %d re-sent agent events stored twice (identical); %d transcript messages compared: %d prompts, %d steers, %d follow-ups each exactly once and in order",
+		scenario, len(checks), want, extra, strings.Join(hist, ", "), resumed, restored, stale, resent, messages, prompts, steers, followUps)
 	if len(problems) > 0 {
 		var kk []string
 		for k, n := range kinds {

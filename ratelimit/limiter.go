@@ -24,6 +24,8 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // Limits are one group's limits per window; 0 means no limit.
@@ -367,6 +369,20 @@ func (l *Limiter) now() int64 { return time.Now().UnixMilli() }
 // this worker's liveness extended on every write.
 func (l *Limiter) update(ctx context.Context, group string, change func(s *state, now int64) (bool, error)) (*state, error) {
 	key := Key(group)
+	// A failure that passes (the bucket being made again, NATS away) is
+	// waited out within ctx: the caller's call would fail for nothing.
+	pause := 20 * time.Millisecond
+	passing := func(err error) bool {
+		if !bus.Transient(err) {
+			return false
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+		}
+		pause = min(2*pause, time.Second)
+		return true
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -376,6 +392,8 @@ func (l *Limiter) update(ctx context.Context, group string, change func(s *state
 		e, err := l.kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil && passing(err):
+			continue
 		case err != nil:
 			return nil, fmt.Errorf("ratelimit: read %s: %w", key, err)
 		default:
@@ -406,7 +424,7 @@ func (l *Limiter) update(ctx context.Context, group string, change func(s *state
 			l.remember(key, &s)
 			return &s, nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !passing(err) {
 			return nil, fmt.Errorf("ratelimit: write %s: %w", key, err)
 		}
 	}

@@ -397,3 +397,40 @@ func TestRewatchSeesTheRecreatedBucket(t *testing.T) {
 		t.Fatalf("the waiter did not see the new bucket: %v", err)
 	}
 }
+
+// A call that asks while the limits bucket is gone (being made again by
+// an ensure) waits for it, within its context, instead of failing.
+func TestAcquireWaitsOutAMissingBucket(t *testing.T) {
+	f := newFleet(t)
+	cfg := ratelimit.Config{Groups: map[string]ratelimit.Limits{"c": {Concurrency: 1}}, Window: 2 * time.Minute,
+		Liveness: 2 * time.Minute, Jitter: time.Millisecond}
+	l := f.limiter("w", cfg)
+	ctx := fleettest.Context(t)
+	c := fleettest.Connect(t, f.url)
+	bucket := c.Names().LimitsBucket()
+	if err := c.JetStream().DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	granted := make(chan error, 1)
+	go func() {
+		g, err := l.Acquire(wctx, "c", 1)
+		if err == nil {
+			err = g.Settle(ctx, 1)
+		}
+		granted <- err
+	}()
+	// Its first read has failed (no bucket) and it has not given up.
+	select {
+	case err := <-granted:
+		t.Fatalf("the call ended while the bucket was gone: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := c.EnsureMemoryBuckets(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-granted; err != nil {
+		t.Fatalf("after the bucket came back: %v", err)
+	}
+}

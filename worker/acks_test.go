@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -266,47 +268,71 @@ func startOwnServer(t *testing.T, cfg Config) (*Worker, *natsembed.Server) {
 }
 
 // sentSeqs subscribes to subject on a connection of its own and returns
-// the seqs of the envelopes published there, in wire order.
-func sentSeqs(t *testing.T, url, subject string) func(n int) []uint64 {
+// the seqs of the envelopes published there, in wire order. It answers a
+// re-send (a request, not answered to the worker's acks subjects: one at a
+// time, each waiting for its answer) as a stream would that stored it.
+func sentSeqs(t *testing.T, w *Worker, url, subject string) func(n int) []uint64 {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	sub, err := nc.SubscribeSync(subject)
+	var mu sync.Mutex
+	var seqs []uint64
+	more := make(chan struct{}, 1)
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		var e struct{ Seq uint64 }
+		if err := json.Unmarshal(m.Data, &e); err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		seqs = append(seqs, e.Seq)
+		n := len(seqs)
+		mu.Unlock()
+		if m.Reply != "" && !strings.HasPrefix(m.Reply, w.acks.prefix) {
+			_ = m.Respond(fmt.Appendf(nil, `{"stream":"PLAIN","seq":%d}`, 100+n))
+		}
+		select {
+		case more <- struct{}{}:
+		default:
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	var seqs []uint64
+	_ = sub
 	return func(n int) []uint64 {
 		t.Helper()
-		for len(seqs) < n {
-			m, err := sub.NextMsg(10 * time.Second)
-			if err != nil {
-				t.Fatalf("after %v: %v", seqs, err)
+		deadline := time.After(10 * time.Second)
+		for {
+			mu.Lock()
+			got := slices.Clone(seqs)
+			mu.Unlock()
+			if len(got) >= n {
+				return got
 			}
-			var e struct{ Seq uint64 }
-			if err := json.Unmarshal(m.Data, &e); err != nil {
-				t.Fatal(err)
+			select {
+			case <-more:
+			case <-deadline:
+				t.Fatalf("after %v: nothing more within 10s", got)
 			}
-			seqs = append(seqs, e.Seq)
 		}
-		return seqs
 	}
 }
 
 // An event published right after a reconnect does not overtake an
 // earlier one whose ack the lost connection took with it: it waits, and
-// both go out again in order.
+// goes out once the earlier one's re-send is stored.
 func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
 	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run // a subscriber, no stream: no ack ever
-	got := sentSeqs(t, srv.URL(), p.subject)
+	got := sentSeqs(t, w, srv.URL(), p.subject)
 	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +399,7 @@ func TestFenceStopsAResendInProgress(t *testing.T) {
 	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
 	p = newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run
-	got := sentSeqs(t, srv.URL(), p.subject)
+	got := sentSeqs(t, w, srv.URL(), p.subject)
 	for range 3 {
 		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
 			t.Fatal(err)
@@ -410,7 +436,7 @@ func resendingWithoutNATS(t *testing.T, onFail func(error)) *publisher {
 	w, srv := startOwnServer(t, Config{Concurrency: 1, AckWait: 2 * time.Second})
 	p := newPublisher(w, bus.NewRunID(), 1, onFail)
 	p.subject = "plain." + p.run
-	got := sentSeqs(t, srv.URL(), p.subject)
+	got := sentSeqs(t, w, srv.URL(), p.subject)
 	for range 2 {
 		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
 			t.Fatal(err)

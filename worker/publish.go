@@ -36,6 +36,7 @@ var (
 	errPublisherClosed = errors.New("publisher closed")
 	errLeaseLost       = errors.New("the run's lease was lost: another attempt owns it")
 	errOutOfOrder      = errors.New("events were stored out of order after a reconnect")
+	errSuperseded      = errors.New("a newer attempt published on the run")
 )
 
 // EventTooLargeError is a single event that would not fit in one NATS
@@ -66,22 +67,35 @@ func (e *EventTooLargeError) Error() string {
 //     (a lost event stored after a later one), the attempt fails and is
 //     handed back.
 //   - Events go on the wire in seq order: sendMu is held from taking a
-//     seq to the end of its publish, and by a re-send over all of its
-//     publishes. mu guards the state and is never held over a publish,
-//     so the ack callback never waits on the connection.
+//     seq to the end of its publish; while a re-send runs every new event
+//     is held and the re-send sends it in its turn. mu guards the state
+//     and is never held over a publish, so the ack callback never waits
+//     on the connection.
+//   - Only a publisher's first event and the lifecycle events carry a
+//     Nats-Msg-Id (carriesMsgID): the stream's dedupe of every event cost
+//     it a fifth of its ingest.
 //   - A new event is sent at once only if it cannot overtake an earlier
 //     one: nothing is held, the connection is up, no disconnect is
 //     pending in eventAcks, and the oldest unacknowledged event was sent
 //     on this connection (its epoch). Otherwise it is held: one re-send
-//     goroutine waits for the connection and re-sends every
-//     unacknowledged event in seq order with its Nats-Msg-Id, so those
-//     already stored are dropped as duplicates. So does an ack that fails
-//     for a reason a reconnect cures (timeout, no responders, 503), after
-//     a pause. (A loss between the check and the publish can still let an
-//     event overtake; its ack then comes out of order, below.) The retry
-//     budget is AckWait from the first failure, counted again from each
-//     ack that comes meanwhile, and cleared once nothing waits: past it
-//     the request is redelivered anyway.
+//     goroutine waits for the connection and re-sends the unacknowledged
+//     events one at a time in seq order, each stored only right after
+//     the subject's last message as the goroutine knows it
+//     (Nats-Expected-Last-Subject-Sequence; an event with a message id is
+//     dropped by the stream if stored already). Refused because more is
+//     stored than it knew (acks lost or late), it reads what the run's
+//     subject holds since (reconcile): this attempt's events found there
+//     in seq order count as acked, copies and older attempts' events are
+//     skipped, and an event found after a later one (lost, the later one
+//     stored) fails the attempt. So a re-send never stores an event twice
+//     unless its original lands after the read (a copy after it, same
+//     seq and body: readers take the first of a seq). So does an ack that
+//     fails for a reason a reconnect cures (timeout, no responders, 503),
+//     after a pause. (A loss between the check and the publish can still
+//     let an event overtake; its ack then comes out of order, below.) The
+//     retry budget is AckWait from the first failure, counted again from
+//     each ack that comes meanwhile, and cleared once nothing waits: past
+//     it the request is redelivered anyway.
 //   - Once failed or fenced (stopped), nothing more goes on the wire,
 //     also from a publish in progress outside mu.
 //   - done is closed once the publisher is closed, its queue is empty and
@@ -108,13 +122,15 @@ type publisher struct {
 	// nothing more (a fenced attempt must not).
 	stopped atomic.Bool
 
-	mu          sync.Mutex
-	queue       []*outgoing     // see the invariants
-	drained     []chan struct{} // sync waiters: closed when queue empties or a publish fails
-	seq         uint64
-	holding     bool // do not send: disconnected, or re-sending
-	resending   bool // the re-send goroutine runs
-	again       bool // a failure came while it ran: it goes on
+	mu        sync.Mutex
+	queue     []*outgoing     // see the invariants
+	drained   []chan struct{} // sync waiters: closed when queue empties or a publish fails
+	seq       uint64
+	holding   bool // do not send: disconnected, or re-sending
+	resending bool // the re-send goroutine runs
+	// stopResend cancels the re-send's requests in flight once the
+	// publisher fails (a fenced attempt does not wait out an ack).
+	stopResend  context.CancelFunc
 	retryStart  time.Time
 	closed      bool
 	finished    bool // done is closed
@@ -135,6 +151,7 @@ type outgoing struct {
 	acked  bool
 	stream uint64 // where the ack says it is stored
 	dup    bool
+	msgID  bool // carries a Nats-Msg-Id
 }
 
 func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publisher {
@@ -257,6 +274,14 @@ func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 		return
 	}
 	o.acked, o.stream, o.dup = true, stream, dup
+	p.popAndUnlock(true)
+}
+
+// popAndUnlock pops what is acked at the queue's head, fails the
+// publisher if it was stored out of order, unlocks mu and gives the
+// popped events' window slots back. Caller holds mu; async runs the
+// failure report in a goroutine (the ack callback must not block).
+func (p *publisher) popAndUnlock(async bool) {
 	popped, stored, bad := p.popLocked()
 	var first bool
 	if bad != nil {
@@ -269,8 +294,12 @@ func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 	for range stored {
 		p.w.obs.EventPublished()
 	}
-	if first {
+	switch {
+	case !first:
+	case async:
 		go p.failed()
+	default:
+		p.failed()
 	}
 }
 
@@ -345,11 +374,7 @@ func (p *publisher) check(now time.Time, epoch uint64, timeout time.Duration) {
 // unless it runs. Caller holds mu.
 func (p *publisher) startResendLocked(cause error) {
 	p.holding = true
-	if p.err != nil {
-		return
-	}
-	if p.resending {
-		p.again = true
+	if p.err != nil || p.resending {
 		return
 	}
 	p.resending = true
@@ -357,12 +382,16 @@ func (p *publisher) startResendLocked(cause error) {
 	if warn {
 		p.retryStart = time.Now()
 	}
-	go p.resend(cause, warn)
+	ctx, cancel := context.WithCancel(p.w.hardCtx)
+	p.stopResend = cancel
+	go p.resend(ctx, cause, warn)
 }
 
-// resend waits for the connection and re-sends every unacknowledged event
-// in order. It fails the publisher once the retry budget is spent.
-func (p *publisher) resend(cause error, warn bool) {
+// resend waits for the connection and re-sends the unacknowledged events
+// one at a time, in seq order (see the invariants), new ones held
+// meanwhile included. It ends once nothing waits for an ack, and fails the
+// publisher once the retry budget is spent.
+func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 	if warn {
 		p.w.log.Warn("event publish not acknowledged; re-sending when NATS is back", "run", p.run, "err", cause)
 	}
@@ -376,65 +405,43 @@ func (p *publisher) resend(cause error, warn bool) {
 		return time.Now().Add(resendPause)
 	}
 	notBefore := pause(cause)
+	// known is the subject's last stream sequence as this re-send learned
+	// it (0: not yet; then an event's predecessor's).
+	var known uint64
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
-	var batch []*outgoing
 	for {
-		p.sendMu.Lock()
 		p.mu.Lock()
 		done, first := p.resendStateLocked(cause)
 		if done {
 			p.mu.Unlock()
-			p.sendMu.Unlock()
 			if first {
 				p.failed()
 			}
 			return
 		}
-		batch = batch[:0]
+		var o *outgoing
+		var expect uint64
 		if !time.Now().Before(notBefore) && nc.IsConnected() {
-			p.again = false
-			now, epoch := time.Now(), p.w.acks.current()
-			for _, o := range p.queue {
-				if !o.acked {
-					stampLocked(o, now, epoch)
-					batch = append(batch, o)
-				}
-			}
+			o, expect = p.firstUnackedLocked()
+			expect = max(expect, known)
+			stampLocked(o, time.Now(), p.w.acks.current())
 		}
 		p.mu.Unlock()
-		sent := len(batch) > 0
-		for i, o := range batch {
+		if o != nil {
 			if h := p.w.beforeEventResend; h != nil {
 				h(o.seq)
 			}
 			if p.stopped.Load() {
-				break // fenced or failed: the loop's top ends it
+				continue // fenced or failed: the loop's top ends it
 			}
-			if nc.PublishMsg(&o.m) != nil {
-				p.mu.Lock()
-				for _, o := range batch[i:] {
-					o.sent = false
-				}
-				p.mu.Unlock()
-				sent = false
-				break
+			var err error
+			known, err = p.resendOne(ctx, nc, o, expect)
+			if err == nil {
+				continue
 			}
+			cause, notBefore = err, pause(err)
 		}
-		clear(batch)
-		if sent {
-			p.mu.Lock()
-			if !p.again {
-				p.holding, p.resending = false, false
-				p.finishLocked()
-				p.mu.Unlock()
-				p.sendMu.Unlock()
-				return
-			}
-			notBefore = pause(jetstream.ErrAsyncPublishTimeout) // an ack failed meanwhile
-			p.mu.Unlock()
-		}
-		p.sendMu.Unlock()
 		select {
 		case <-t.C:
 		case <-p.kick:
@@ -442,6 +449,151 @@ func (p *publisher) resend(cause error, warn bool) {
 			p.fail(fmt.Errorf("publish to %s: worker stopping: %w", p.subject, cause))
 		}
 	}
+}
+
+// firstUnackedLocked returns the first unacknowledged event and the
+// stream sequence of the event before it (0 for an attempt's first).
+// Caller holds mu; the queue has an unacknowledged event.
+func (p *publisher) firstUnackedLocked() (*outgoing, uint64) {
+	prev := p.lastStream
+	for _, o := range p.queue {
+		if !o.acked {
+			return o, prev
+		}
+		prev = o.stream
+	}
+	panic("worker: re-send without an unacknowledged event")
+}
+
+// resendOne sends o again and waits for the stream's answer: o is stored
+// only if the subject's last message is expect (or, carrying a message id,
+// if it is not stored yet). It returns the subject's last sequence as now
+// known, and an error when the re-send must pause (the publisher has
+// failed already if the error is permanent).
+func (p *publisher) resendOne(ctx context.Context, nc *nats.Conn, o *outgoing, expect uint64) (uint64, error) {
+	m := &nats.Msg{Subject: o.m.Subject, Data: o.m.Data, Header: o.m.Header}
+	if !o.msgID {
+		m.Header = nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(expect, 10)}}
+	}
+	rctx, cancel := context.WithTimeout(ctx, p.w.cfg.PublishAckTimeout)
+	reply, err := nc.RequestMsgWithContext(rctx, m)
+	cancel()
+	var stream uint64
+	var dup bool
+	if err == nil {
+		stream, dup, err = parsePubAck(reply)
+	}
+	var api *jetstream.APIError
+	switch {
+	case err == nil:
+		p.mu.Lock()
+		if !o.acked { // a late ack of the original may have come first
+			o.acked, o.stream, o.dup = true, stream, dup
+		}
+		p.popAndUnlock(false)
+		return stream, nil
+	case errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
+		return p.reconcile(ctx, expect)
+	case bus.Transient(err) || errors.As(err, &api) && api.ErrorCode == jsDuplicateInProcess:
+		return expect, err
+	}
+	p.fail(fmt.Errorf("publish to %s: %w", p.subject, err))
+	return expect, err
+}
+
+// storedEvent is one message reconcile found on the run's subject.
+type storedEvent struct {
+	attempt int
+	seq     uint64
+	stream  uint64
+}
+
+// reconcile reads what the run's subject holds after stream sequence
+// after and applies it (see the invariants). It returns the subject's
+// last sequence, and an error when the re-send must pause or has failed.
+func (p *publisher) reconcile(ctx context.Context, after uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.w.cfg.PublishAckTimeout)
+	defer cancel()
+	// Each unacknowledged event stored at most twice, and what an older
+	// attempt may still have published: more is not this attempt's doing.
+	limit := 4*cap(p.window) + 64
+	var found []storedEvent
+	last := after
+	for len(found) <= limit {
+		m, err := p.w.eventsStream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(p.subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return after, fmt.Errorf("reading the stored events: %w", err)
+		}
+		last = m.Sequence
+		if env, err := bus.DecodeEnvelope(m.Data); err == nil {
+			found = append(found, storedEvent{attempt: env.Attempt, seq: env.Seq, stream: m.Sequence})
+		}
+	}
+	if len(found) > limit {
+		p.fail(fmt.Errorf("publish to %s: more than %d messages stored after %d", p.subject, limit, after))
+		return last, errPublisherClosed
+	}
+	if len(found) == 0 {
+		// Refused, yet nothing after after: the subject lost messages
+		// (limits): ask for its last.
+		m, err := p.w.eventsStream.GetLastMsgForSubject(ctx, p.subject)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			last = 0
+		case err != nil:
+			return after, fmt.Errorf("reading the stored events: %w", err)
+		default:
+			last = m.Sequence
+		}
+	}
+	p.mu.Lock()
+	if p.err != nil {
+		p.mu.Unlock()
+		return last, errPublisherClosed
+	}
+	if bad := p.applyStoredLocked(found); bad != nil {
+		first := p.failLocked(bad)
+		p.mu.Unlock()
+		if first {
+			p.failed()
+		}
+		return last, bad
+	}
+	p.popAndUnlock(false)
+	return last, nil
+}
+
+// applyStoredLocked takes this attempt's events found stored, in stream
+// order, as acked. Caller holds mu.
+func (p *publisher) applyStoredLocked(found []storedEvent) error {
+	if len(p.queue) == 0 {
+		return nil
+	}
+	head := p.queue[0].seq
+	for _, f := range found {
+		switch {
+		case f.attempt > p.attempt:
+			return fmt.Errorf("%w (attempt %d, seq %d, at %d)", errSuperseded, f.attempt, f.seq, f.stream)
+		case f.attempt < p.attempt || f.seq < head || f.seq-head >= uint64(len(p.queue)):
+			continue
+		}
+		i := f.seq - head
+		o := p.queue[i]
+		if o.acked {
+			continue // the first of its seq stands; this is a copy
+		}
+		for _, e := range p.queue[:i] {
+			if !e.acked {
+				return fmt.Errorf("%w (event %d stored at %d, event %d missing)", errOutOfOrder, f.seq, f.stream, e.seq)
+			}
+		}
+		o.acked, o.stream = true, f.stream
+	}
+	return nil
 }
 
 // resendStateLocked ends the re-send when it is over: failed, nothing left
@@ -453,15 +605,24 @@ func (p *publisher) resendStateLocked(cause error) (done, first bool) {
 	case !p.unackedLocked():
 		p.holding, p.retryStart = false, time.Time{}
 	case !p.retryStart.IsZero() && time.Since(p.retryStart) > p.budget:
-		p.resending = false
+		p.endResendLocked()
 		first = p.failLocked(p.budgetSpent(cause))
 		return true, first
 	default:
 		return false, false
 	}
-	p.resending, p.again = false, false
-	p.finishLocked()
+	p.endResendLocked()
 	return true, false
+}
+
+// endResendLocked marks the re-send goroutine gone. Caller holds mu.
+func (p *publisher) endResendLocked() {
+	p.resending = false
+	if p.stopResend != nil {
+		p.stopResend()
+		p.stopResend = nil
+	}
+	p.finishLocked()
 }
 
 // unackedLocked tells whether an event waits for its ack. Caller holds mu.
@@ -483,6 +644,9 @@ func (p *publisher) failLocked(err error) bool {
 		p.err = err
 	}
 	p.stopped.Store(true)
+	if p.stopResend != nil {
+		p.stopResend() // its request in flight ends now
+	}
 	p.dropLocked()
 	p.finishLocked()
 	return first
@@ -551,6 +715,21 @@ func (p *publisher) acquire() {
 	p.w.obs.PublishWait(time.Since(start))
 }
 
+// carriesMsgID tells the events published with a Nats-Msg-Id (protocol
+// 1.4): a publisher's first (a re-send of it knows no predecessor to be
+// stored after) and the run's lifecycle events, which another party may
+// publish for the same attempt and seq (a give-up retried, a redelivery
+// finishing a crashed run's run_finished) and which must be stored once.
+// The agent's events have one publisher, their attempt's, whose re-send
+// stores each only after its predecessor (see the invariants).
+func carriesMsgID(typ string, first bool) bool {
+	switch typ {
+	case bus.EventRunStarted, bus.EventRunResumed, bus.EventRunFinished:
+		return true
+	}
+	return first
+}
+
 // event publishes one encoded event and returns its seq.
 func (p *publisher) event(typ string, event []byte, controlSeq uint64) (uint64, error) {
 	return p.eventFlags(typ, event, controlSeq, false)
@@ -584,7 +763,9 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	m := &o.m
 	m.Subject, m.Data = p.subject, data
 	m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
-	m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
+	if o.msgID = carriesMsgID(typ, p.lastStream == 0 && len(p.queue) == 0); o.msgID {
+		m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
+	}
 	epoch, send := p.mayOvertakeLocked()
 	if send {
 		stampLocked(o, now, epoch)
@@ -630,11 +811,17 @@ func (p *publisher) spent() (int, int64) {
 	return p.sent, p.sentBytes
 }
 
-// charge counts earlier attempts' events against the run's event budget.
+// charge counts earlier attempts' events against the run's event budget;
+// a copy (an attempt's seq stored again) is not counted twice.
 func (p *publisher) charge(envs []*bus.Envelope) {
+	last := map[int]uint64{}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range envs {
+		if e.Seq <= last[e.Attempt] {
+			continue
+		}
+		last[e.Attempt] = e.Seq
 		p.sent++
 		p.sentBytes += int64(len(e.Event)) + 160 // envelope fields, roughly
 	}

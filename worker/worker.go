@@ -51,6 +51,7 @@ type Worker struct {
 
 	controlStream jetstream.Stream
 	runsStream    jetstream.Stream
+	eventsStream  jetstream.Stream // a re-send reads what is stored (publish.go)
 	kv            jetstream.KeyValue
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
@@ -242,6 +243,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
+	}
+	if w.eventsStream, err = w.c.JetStream().Stream(setup, w.names.EventsStream()); err != nil {
+		return fmt.Errorf("worker: events stream: %w", err)
 	}
 	stopRateLimits, err := w.startRateLimits(setup) // worker/ratelimit.go
 	if err != nil {

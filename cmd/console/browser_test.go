@@ -341,6 +341,9 @@ func TestBrowser(t *testing.T) {
 		if strings.Contains(text, "STALE") {
 			t.Errorf("an old attempt's late event was shown:\n%s", text)
 		}
+		if strings.Contains(text, "the full answerthe full answer") {
+			t.Errorf("a stored copy was applied again:\n%s", text)
+		}
 		if got := eval[[]string](b, page, `[...document.querySelectorAll("#transcript .msg")].map((m) => m.dataset.role + (m.classList.contains("interrupted") ? "!" : ""))`); strings.Join(got, ",") != "user,assistant!,assistant" {
 			t.Errorf("messages %v", got)
 		}
@@ -406,7 +409,8 @@ func shot(t *testing.T, b *browser, ctx context.Context, name string) {
 
 // publishResumedRun stores the events of a run whose first attempt stopped
 // mid-answer and whose second resumed it, with a late event of the first
-// attempt stored after the second one's run_started.
+// attempt stored after the second one's run_started, and copies of two
+// events of the second (a re-send's, protocol 1.4).
 func publishResumedRun(t *testing.T, f *testFleet, id string) {
 	t.Helper()
 	user := `{"role":"user","content":[{"type":"text","text":"resume me"}],"timestamp":1}`
@@ -433,7 +437,9 @@ func publishResumedRun(t *testing.T, f *testFleet, id string) {
 		{2, 3, `{"type":"message_start","message":` + assistant("") + `}`},
 		{2, 4, `{"type":"message_update","assistantMessageEvent":{"type":"text_start","contentIndex":0}}`},
 		{2, 5, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"the full answer"}}`},
+		{2, 5, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"the full answer"}}`}, // a stored copy
 		{2, 6, `{"type":"message_end","message":` + assistant("the full answer") + `}`},
+		{2, 6, `{"type":"message_end","message":` + assistant("the full answer") + `}`}, // a stored copy
 		{2, 7, `{"type":"turn_end","messageSeq":6}`},
 		{2, 8, `{"type":"run_finished","status":"succeeded","usage":{"input":1,"output":2,"cacheRead":0,"cacheWrite":0,"totalTokens":3,"cost":{"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"total":0}},"cost":0,"turns":1,"durationMs":5}`},
 	}

@@ -7,8 +7,9 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 )
 
-// MsgID is the Nats-Msg-Id of an envelope: "<run>:<attempt>:<seq>", so a
-// re-sent event is dropped by the stream's duplicate window.
+// MsgID is the Nats-Msg-Id of a lifecycle envelope (run_started,
+// run_resumed, run_finished) or an attempt's first: "<run>:<attempt>:<seq>",
+// so a second copy is dropped by the stream's duplicate window.
 func MsgID(run string, attempt int, seq uint64) string {
 	return MsgIDPrefix(run, attempt) + strconv.FormatUint(seq, 10)
 }

@@ -180,13 +180,15 @@ function runsPage(main) {
 
 // Transcript replays a run's envelopes into the page, under the readers'
 // rules: events of an older attempt that come after a newer attempt's
-// run_started are ignored; run_resumed keeps only the first
+// run_started are ignored; of an attempt's seq only the first counts (a
+// re-sent event may be stored twice); run_resumed keeps only the first
 // messagesRestored messages of the earlier attempts.
 class Transcript {
   constructor(root, onStatus) {
     this.root = root;
     this.onStatus = onStatus;
     this.attempt = 0;
+    this.lastSeq = 0; // of this.attempt
     this.messages = []; // finished message elements, in transcript order
     this.current = null; // the message being streamed
     this.blocks = [];
@@ -197,6 +199,7 @@ class Transcript {
 
   apply(env) {
     if (env.attempt < this.attempt) return; // a stale attempt's late event
+    if (env.attempt === this.attempt && env.seq && env.seq <= this.lastSeq) return; // a stored copy
     const ev = env.event || {};
     if (env.attempt > this.attempt) {
       if (this.attempt > 0 && this.current) {
@@ -206,6 +209,7 @@ class Transcript {
       }
       this.attempt = env.attempt;
     }
+    if (env.seq) this.lastSeq = env.seq;
     switch (ev.type) {
       case "run_started": return this.runStarted(env, ev);
       case "run_resumed": return this.runResumed(ev);

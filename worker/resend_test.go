@@ -1,0 +1,279 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Protocol 1.4: the agent's events carry no message id, so a re-send must
+// not store what is stored already, and must not take a copy for a
+// reorder. These tests lose chosen acks on a real stream.
+
+// dropAcks routes the worker's acks through drop: an ack of an event whose
+// seq it returns true for is lost.
+func dropAcks(t *testing.T, w *Worker, drop func(seq uint64) bool) {
+	t.Helper()
+	if err := w.acks.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := w.c.Conn().Subscribe(w.acks.prefix+"*.*", func(m *nats.Msg) {
+		var seq uint64
+		if i := strings.LastIndexByte(m.Subject, '.'); i >= 0 {
+			_, _ = fmt.Sscan(m.Subject[i+1:], &seq)
+		}
+		if !drop(seq) {
+			w.acks.route(m)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.acks.sub = sub
+	if err := w.c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publishN publishes run_started and n-1 agent events.
+func publishN(t *testing.T, p *publisher, n int) {
+	t.Helper()
+	if _, err := p.event(bus.EventRunStarted, []byte(`{"type":"run_started","attempt":1}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= n; i++ {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// storedSeqs returns the seqs stored on the run's subject, in stream order.
+func storedSeqs(t *testing.T, c *bus.Client, run string) []uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	envs, err := c.ReadEvents(ctx, run, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, e := range envs {
+		seqs = append(seqs, e.Seq)
+	}
+	return seqs
+}
+
+func flushWithin(t *testing.T, p *publisher) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return p.flush(ctx)
+}
+
+// One ack lost (event 2's) while the later ones came: event 2 is stored,
+// so its re-send stores nothing and the attempt goes on. (Re-sent blindly
+// without a message id it was stored again after 4, and that copy's ack
+// failed the attempt as stored out of order.)
+func TestOneLostAckIsNeitherACopyNorAReorder(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
+	run := bus.NewRunID()
+	p := newPublisher(w, run, 1, nil)
+	publishN(t, p, 4)
+	if err := flushWithin(t, p); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 2 3 4]" {
+		t.Fatalf("stored %s, want [1 2 3 4]", got)
+	}
+}
+
+// Every ack lost: the re-send learns what is stored and stores nothing
+// twice, the first event (with its message id) included.
+func TestEveryAckLostStoresNothingTwice(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	dropAcks(t, w, func(uint64) bool { return true })
+	run := bus.NewRunID()
+	p := newPublisher(w, run, 1, nil)
+	publishN(t, p, 5)
+	if err := flushWithin(t, p); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 2 3 4 5]" {
+		t.Fatalf("stored %s, want [1 2 3 4 5]", got)
+	}
+}
+
+// The original of a re-sent event that lands after the re-send read the
+// subject (late, in a server's queue) is a copy: it is skipped, the next
+// re-sent event is stored after it, and readers take each seq once.
+func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	run := bus.NewRunID()
+	p := newPublisher(w, run, 1, nil)
+	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
+	publishN(t, p, 2)
+	storedOn(t, c, w.names.Events(run), 2)
+	// When event 2's re-send comes, a copy of it lands first, and event 3
+	// comes: it is held behind the re-send.
+	var copied atomic.Bool
+	w.beforeEventResend = func(seq uint64) {
+		if seq != 2 || copied.Swap(true) {
+			return
+		}
+		p.mu.Lock()
+		data := p.queue[0].m.Data
+		p.mu.Unlock()
+		if _, err := c.JetStream().Publish(context.Background(), p.subject, data); err != nil {
+			t.Error(err)
+		}
+		if _, err := p.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+			t.Error(err)
+		}
+	}
+	// The ack timeout starts the re-send; sync, unlike flush, lets event 3
+	// come meanwhile.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sent := func() uint64 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.seq
+	}
+	for !copied.Load() || sent() < 3 {
+		if err := p.sync(ctx); err != nil {
+			t.Fatalf("sync: %v", err)
+		}
+	}
+	if err := flushWithin(t, p); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 2 2 3]" {
+		t.Fatalf("stored %s, want [1 2 2 3] (event 3 after the copy)", got)
+	}
+	envs, err := c.ReadEvents(ctx, run, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &bus.Transcript{}
+	var taken []uint64
+	for _, e := range envs {
+		before := tr.LastSeq
+		if err := tr.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+		if tr.LastSeq != before {
+			taken = append(taken, e.Seq)
+		}
+	}
+	if fmt.Sprint(taken) != "[1 2 3]" {
+		t.Fatalf("a reader took %v, want [1 2 3]", taken)
+	}
+}
+
+// An event lost while a later one was stored is a real reorder: the
+// attempt fails (the next resumes from what is stored).
+func TestLostEventBeforeAStoredOneFails(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
+	run := bus.NewRunID()
+	failed := make(chan error, 1)
+	p := newPublisher(w, run, 1, func(err error) { failed <- err })
+	var deleted bool
+	w.beforeEventResend = func(seq uint64) {
+		if seq != 2 || deleted {
+			return
+		}
+		deleted = true
+		// Event 2 never made it; 3 did.
+		s, err := c.Stream(context.Background(), w.names.EventsStream())
+		if err == nil {
+			err = s.DeleteMsg(context.Background(), 2)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	publishN(t, p, 3)
+	err := flushWithin(t, p)
+	if !errors.Is(err, errOutOfOrder) {
+		t.Fatalf("flush: %v, want errOutOfOrder", err)
+	}
+	if got := <-failed; !errors.Is(got, errOutOfOrder) {
+		t.Fatalf("onFail: %v", got)
+	}
+}
+
+// A newer attempt's event on the subject fails a re-sending attempt (it
+// was fenced): its re-send stores nothing after the newer one's.
+func TestResendFindsANewerAttempt(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
+	run := bus.NewRunID()
+	failed := make(chan error, 1)
+	p := newPublisher(w, run, 1, func(err error) { failed <- err })
+	publishN(t, p, 2)
+	storedOn(t, c, w.names.Events(run), 2)
+	newer := (&bus.Envelope{Run: run, Seq: 1, Attempt: 2, Worker: "other", TS: 1, Event: []byte(`{"type":"run_started","attempt":2}`)}).AppendJSON(nil)
+	if _, err := c.JetStream().Publish(context.Background(), p.subject, newer); err != nil {
+		t.Fatal(err)
+	}
+	// The ack timeout starts the re-send of event 2.
+	if err := flushWithin(t, p); !errors.Is(err, errSuperseded) {
+		t.Fatalf("flush: %v, want errSuperseded", err)
+	}
+	<-failed
+	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 2 1]" {
+		t.Fatalf("stored %s, want [1 2 1] (nothing after the newer attempt's run_started)", got)
+	}
+}
+
+// A re-send waiting for its answer ends when the attempt is fenced: the
+// lost lease does not wait out the ack timeout (a minute here).
+func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
+	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	p.subject = "plain." + p.run // a subscriber that never answers
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := nc.SubscribeSync(p.subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.startResendLocked(nats.ErrDisconnected)
+	p.mu.Unlock()
+	for {
+		m, err := sub.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no re-send: %v", err)
+		}
+		if !strings.HasPrefix(m.Reply, w.acks.prefix) {
+			break // the re-send's request
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		p.abandon()
+		close(done)
+	}()
+	within(t, done, 10*time.Second, "abandon with a re-send waiting for its ack")
+}
