@@ -36,8 +36,9 @@ import (
 //   - An event sent in an older epoch, or unacknowledged for
 //     PublishAckTimeout, is re-sent (with the others after it, in order,
 //     by its publisher); the sweep finds it within sweepEvery, and a
-//     publisher with a new event at once. A re-send too many only costs
-//     a duplicate the stream drops.
+//     publisher with a new event at once. A re-send too many costs a
+//     request the stream refuses (publish.go: the expected last subject
+//     sequence), or a message id it drops.
 type eventAcks struct {
 	nc      *nats.Conn
 	prefix  string // <inbox>.

@@ -37,6 +37,7 @@ var (
 	errLeaseLost       = errors.New("the run's lease was lost: another attempt owns it")
 	errOutOfOrder      = errors.New("events were stored out of order after a reconnect")
 	errSuperseded      = errors.New("a newer attempt published on the run")
+	errNoProgress      = errors.New("re-send refused, and nothing new stored")
 )
 
 // EventTooLargeError is a single event that would not fit in one NATS
@@ -406,8 +407,11 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 	}
 	notBefore := pause(cause)
 	// known is the subject's last stream sequence as this re-send learned
-	// it (0: not yet; then an event's predecessor's).
+	// it (0: not yet; then an event's predecessor's). Read from the stream
+	// (read), it is taken as it is: messages may have been removed since
+	// (limits), so it can be below the predecessor's.
 	var known uint64
+	var read bool
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -422,9 +426,18 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		}
 		var o *outgoing
 		var expect uint64
+		// An answer is waited for at most until the budget is spent.
+		wait := p.w.cfg.PublishAckTimeout
+		if !p.retryStart.IsZero() {
+			wait = min(wait, max(p.budget-time.Since(p.retryStart), 10*time.Millisecond))
+		}
 		if !time.Now().Before(notBefore) && nc.IsConnected() {
 			o, expect = p.firstUnackedLocked()
-			expect = max(expect, known)
+			if read {
+				expect = known
+			} else {
+				expect = max(expect, known)
+			}
 			stampLocked(o, time.Now(), p.w.acks.current())
 		}
 		p.mu.Unlock()
@@ -436,7 +449,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 				continue // fenced or failed: the loop's top ends it
 			}
 			var err error
-			known, err = p.resendOne(ctx, nc, o, expect)
+			known, read, err = p.resendOne(ctx, nc, o, expect, wait)
 			if err == nil {
 				continue
 			}
@@ -468,16 +481,23 @@ func (p *publisher) firstUnackedLocked() (*outgoing, uint64) {
 // resendOne sends o again and waits for the stream's answer: o is stored
 // only if the subject's last message is expect (or, carrying a message id,
 // if it is not stored yet). It returns the subject's last sequence as now
-// known, and an error when the re-send must pause (the publisher has
-// failed already if the error is permanent).
-func (p *publisher) resendOne(ctx context.Context, nc *nats.Conn, o *outgoing, expect uint64) (uint64, error) {
+// known, whether it was read from the stream, and an error when the
+// re-send must pause (the publisher has failed already if the error is
+// permanent).
+func (p *publisher) resendOne(ctx context.Context, nc *nats.Conn, o *outgoing, expect uint64, wait time.Duration) (uint64, bool, error) {
 	m := &nats.Msg{Subject: o.m.Subject, Data: o.m.Data, Header: o.m.Header}
 	if !o.msgID {
 		m.Header = nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(expect, 10)}}
 	}
-	rctx, cancel := context.WithTimeout(ctx, p.w.cfg.PublishAckTimeout)
+	rctx, cancel := context.WithTimeout(ctx, wait)
 	reply, err := nc.RequestMsgWithContext(rctx, m)
 	cancel()
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		// No answer in time (a leader election, a slow or restarted
+		// server): try again within the budget; reconcile finds it if it
+		// was stored after all.
+		err = jetstream.ErrAsyncPublishTimeout
+	}
 	var stream uint64
 	var dup bool
 	if err == nil {
@@ -491,15 +511,16 @@ func (p *publisher) resendOne(ctx context.Context, nc *nats.Conn, o *outgoing, e
 			o.acked, o.stream, o.dup = true, stream, dup
 		}
 		p.popAndUnlock(false)
-		return stream, nil
+		return stream, false, nil
 	case errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
-		return p.reconcile(ctx, expect)
+		last, err := p.reconcile(ctx, expect)
+		return last, err == nil || errors.Is(err, errNoProgress), err
 	case bus.Transient(err) || errors.As(err, &api) && api.ErrorCode == jsDuplicateInProcess:
-		return expect, err
+		return expect, false, err
 	}
 	p.fail(fmt.Errorf("publish to %s: %w", p.subject, err))
-	return expect, err
+	return expect, false, err
 }
 
 // storedEvent is one message reconcile found on the run's subject.
@@ -564,6 +585,11 @@ func (p *publisher) reconcile(ctx context.Context, after uint64) (uint64, error)
 		return last, bad
 	}
 	p.popAndUnlock(false)
+	if len(found) == 0 {
+		// Nothing new stored: in a cluster, a message of the subject
+		// still being replicated refuses the expectation (10164); pause.
+		return last, errNoProgress
+	}
 	return last, nil
 }
 
@@ -583,9 +609,11 @@ func (p *publisher) applyStoredLocked(found []storedEvent) error {
 		}
 		i := f.seq - head
 		o := p.queue[i]
-		if o.acked {
+		if o.acked && o.stream != f.stream {
 			continue // the first of its seq stands; this is a copy
 		}
+		// Stored (acked already or not), every event before it must be:
+		// one that is not was lost, and a re-send would store it after.
 		for _, e := range p.queue[:i] {
 			if !e.acked {
 				return fmt.Errorf("%w (event %d stored at %d, event %d missing)", errOutOfOrder, f.seq, f.stream, e.seq)
@@ -609,6 +637,11 @@ func (p *publisher) resendStateLocked(cause error) (done, first bool) {
 		first = p.failLocked(p.budgetSpent(cause))
 		return true, first
 	default:
+		if p.retryStart.IsZero() {
+			// The queue emptied under the re-send (its budget cleared) and
+			// a new event came: it has a budget of its own.
+			p.retryStart = time.Now()
+		}
 		return false, false
 	}
 	p.endResendLocked()

@@ -113,9 +113,11 @@ func TestEveryAckLostStoresNothingTwice(t *testing.T) {
 	}
 }
 
-// The original of a re-sent event that lands after the re-send read the
-// subject (late, in a server's queue) is a copy: it is skipped, the next
-// re-sent event is stored after it, and readers take each seq once.
+// A copy of an event on the subject (an original that landed late, after
+// an earlier re-send had stored the event) is skipped when the re-send
+// reads the subject, the next re-sent event is stored after it (the last
+// sequence read), and readers take each seq once. (Here the copy lands
+// before the read; one landing after it is what readers' seq rule is for.)
 func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	run := bus.NewRunID()
@@ -276,4 +278,163 @@ func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
 		close(done)
 	}()
 	within(t, done, 10*time.Second, "abandon with a re-send waiting for its ack")
+}
+
+// A re-send whose answer never comes (a leader election, a server that
+// died mid-request) is tried again within the retry budget (AckWait), not
+// failed at once.
+func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
+	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond, AckWait: 20 * time.Second})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	p.subject = "plain." + p.run
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var n atomic.Int32
+	if _, err := nc.Subscribe(p.subject, func(m *nats.Msg) {
+		if m.Reply == "" || strings.HasPrefix(m.Reply, w.acks.prefix) {
+			return
+		}
+		if n.Add(1) == 1 {
+			return // the first re-send's answer is lost
+		}
+		_ = m.Respond([]byte(`{"stream":"PLAIN","seq":7}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := flushWithin(t, p); err != nil {
+		t.Fatalf("flush after one unanswered re-send (of %d): %v", n.Load(), err)
+	}
+}
+
+// Event 2 lost, event 3 stored and acknowledged: the re-send finds 3
+// stored without 2 and fails the attempt before it stores 2 after 3.
+func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
+	run := bus.NewRunID()
+	p := newPublisher(w, run, 1, nil)
+	var deleted atomic.Bool
+	w.beforeEventResend = func(seq uint64) {
+		if seq != 2 || deleted.Swap(true) {
+			return
+		}
+		s, err := c.Stream(context.Background(), w.names.EventsStream())
+		if err == nil {
+			err = s.DeleteMsg(context.Background(), 2)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	publishN(t, p, 3)
+	if err := flushWithin(t, p); !errors.Is(err, errOutOfOrder) {
+		t.Fatalf("flush: %v, want errOutOfOrder", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 3]" {
+		t.Fatalf("stored %s, want [1 3] (event 2 not stored after 3)", got)
+	}
+}
+
+// The subject lost its last acknowledged message (limits, an operator's
+// delete): the re-send takes the last it read, and neither spins nor
+// fails.
+func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond, AckWait: 5 * time.Second}, nil)
+	run := bus.NewRunID()
+	p := newPublisher(w, run, 1, nil)
+	publishN(t, p, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Stream(ctx, w.names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	dropAcks(t, w, func(seq uint64) bool { return seq == 4 })
+	var tries atomic.Int64
+	w.beforeEventResend = func(uint64) {
+		if tries.Add(1) == 1 {
+			if err := s.DeleteMsg(context.Background(), 4); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if _, err := p.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := flushWithin(t, p); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if n := tries.Load(); n > 5 {
+		t.Errorf("%d re-sends of one event: the re-send spun", n)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 2 4]" {
+		t.Fatalf("stored %s, want [1 2 4]", got)
+	}
+}
+
+type publishedHook struct {
+	NopObserver
+	on func()
+}
+
+func (h *publishedHook) EventPublished() { h.on() }
+
+// The queue empties under a re-send (which clears its budget) and a new
+// event comes before the re-send looks again, then NATS goes away: the
+// new event's re-send still fails once its budget (AckWait) is spent.
+func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
+	c, srv := startTestServer(t)
+	var pub atomic.Pointer[publisher]
+	var once atomic.Bool
+	hook := &publishedHook{on: func() {
+		p := pub.Load()
+		if p == nil || once.Swap(true) {
+			return
+		}
+		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+			t.Error(err)
+		}
+		srv.Shutdown()
+	}}
+	w, _ := startInternalOn(t, c, Config{Concurrency: 1, AckWait: 2 * time.Second, PublishAckTimeout: time.Minute},
+		func(w *Worker) { w.obs = hook })
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+	p.subject = "plain." + p.run
+	got := sentSeqs(t, w, srv.URL(), p.subject)
+	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	got(1)
+	pub.Store(p)
+	p.mu.Lock()
+	p.startResendLocked(nats.ErrDisconnected)
+	p.mu.Unlock()
+	select {
+	case err := <-failed:
+		if !strings.Contains(err.Error(), "not stored within 2s") {
+			t.Fatalf("failed with %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		p.mu.Lock()
+		t.Errorf("not failed 15s after NATS went away with a 2s budget: hook ran %v, queue %d, resending %v, retryStart zero %v",
+			once.Load(), len(p.queue), p.resending, p.retryStart.IsZero())
+		p.mu.Unlock()
+	}
+	p.abandon()
 }
