@@ -426,12 +426,13 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		}
 		var o *outgoing
 		var expect uint64
-		// An answer is waited for at most until the budget is spent.
-		wait := p.w.cfg.PublishAckTimeout
-		if !p.retryStart.IsZero() {
-			wait = min(wait, max(p.budget-time.Since(p.retryStart), 10*time.Millisecond))
-		}
+		var wait time.Duration
 		if !time.Now().Before(notBefore) && nc.IsConnected() {
+			// An answer is waited for at most until the budget is spent.
+			wait = p.w.cfg.PublishAckTimeout
+			if !p.retryStart.IsZero() {
+				wait = min(wait, max(p.budget-time.Since(p.retryStart), 10*time.Millisecond))
+			}
 			o, expect = p.firstUnackedLocked()
 			if read {
 				expect = known
