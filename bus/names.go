@@ -138,6 +138,11 @@ func (n Names) SubmitAll() string { return n.prefix + ".submit.*.*" }
 // Events is the subject of a run's events: <prefix>.run.<run>.events.
 func (n Names) Events(run string) string { return n.prefix + ".run." + run + ".events" }
 
+// EventBatches is where workers send the commits of their event batches
+// (fast batch publishing into AGENTS_EVENTS): <prefix>.eventbatch. A commit
+// is never stored, and no reader of a run's events sees it.
+func (n Names) EventBatches() string { return n.prefix + ".eventbatch" }
+
 // Control is a control subject: <prefix>.run.<run>.<kind>.
 func (n Names) Control(run, kind string) string { return n.prefix + ".run." + run + "." + kind }
 

@@ -143,6 +143,7 @@ func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
 	out.AllowDirect = have.AllowDirect || want.AllowDirect
 	out.AllowRollup = have.AllowRollup || want.AllowRollup
 	out.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
+	out.AllowBatchPublish = have.AllowBatchPublish || want.AllowBatchPublish
 	out.DenyDelete = have.DenyDelete || want.DenyDelete
 	out.DenyPurge = have.DenyPurge || want.DenyPurge
 	for k, v := range want.Metadata {
@@ -227,7 +228,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	}, {
 		Name:        n.EventsStream(),
 		Description: "agentfleet run events",
-		Subjects:    []string{n.Events("*")},
+		Subjects:    []string{n.Events("*"), n.EventBatches()},
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      cfg.EventsMaxAge,
 		MaxBytes:    cfg.EventsMaxBytes,
@@ -237,6 +238,8 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Duplicates: min(max(2*time.Minute, 2*cfg.AckWait), cfg.EventsMaxAge),
 		Storage:    cfg.Storage,
 		Replicas:   cfg.Replicas,
+		// Workers publish events in fast batches (worker/batch.go).
+		AllowBatchPublish: true,
 	}, {
 		Name:        n.ControlStream(),
 		Description: "agentfleet steering, follow-ups, aborts and approvals",

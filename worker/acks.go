@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -49,6 +50,10 @@ type eventAcks struct {
 	statusMu sync.Mutex
 	status   chan nats.Status // the connection's losses, not counted yet
 	epoch    uint64           // the losses counted
+
+	// highest is the highest stream sequence of an event ack seen: the
+	// floor of every event sent after (batch.go).
+	highest atomic.Uint64
 
 	mu   sync.Mutex
 	next uint64
@@ -152,7 +157,20 @@ func (a *eventAcks) route(m *nats.Msg) {
 		return
 	}
 	stream, dup, err := parsePubAck(m)
+	if err == nil {
+		a.sawStream(stream)
+	}
 	p.ackArrived(seq, stream, dup, err)
+}
+
+// sawStream records the stream sequence of an ack.
+func (a *eventAcks) sawStream(seq uint64) {
+	for {
+		h := a.highest.Load()
+		if seq <= h || a.highest.CompareAndSwap(h, seq) {
+			return
+		}
+	}
 }
 
 func cutPrefix(s, prefix string) (string, bool) {

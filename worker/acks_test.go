@@ -152,7 +152,7 @@ func storedOn(t *testing.T, c *bus.Client, subject string, n uint64) {
 // duplicate acks complete the flush. Without the re-send the flush never
 // ends.
 func TestLostAcksAreRecoveredByResend(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	restore := loseAcks(t, w)
 	run := bus.NewRunID()
 	failed := make(chan error, 1)
@@ -185,7 +185,7 @@ func TestLostAcksAreRecoveredByResend(t *testing.T) {
 // sends, until the retry budget (AckWait) is spent; then the publisher
 // fails and says why.
 func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1, AckWait: 2 * time.Second}, nil)
+	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, AckWait: 2 * time.Second}, nil)
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	p.subject = "nostream." + p.run
@@ -228,7 +228,7 @@ func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 // Acks applied out of their stream order (an event lost and stored after
 // a later one) fail the attempt.
 func TestAcksOutOfStreamOrderFail(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
 	failed := make(chan error, 1)
@@ -329,7 +329,7 @@ func sentSeqs(t *testing.T, w *Worker, url, subject string) func(n int) []uint64
 // earlier one whose ack the lost connection took with it: it waits, and
 // goes out once the earlier one's re-send is stored.
 func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
+	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run // a subscriber, no stream: no ack ever
 	got := sentSeqs(t, w, srv.URL(), p.subject)
@@ -396,7 +396,7 @@ func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
 // A fenced attempt sends nothing more, also from a re-send in progress.
 func TestFenceStopsAResendInProgress(t *testing.T) {
 	var p *publisher
-	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
+	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p = newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run
 	got := sentSeqs(t, w, srv.URL(), p.subject)
@@ -433,7 +433,7 @@ func TestFenceStopsAResendInProgress(t *testing.T) {
 // gone.
 func resendingWithoutNATS(t *testing.T, onFail func(error)) *publisher {
 	t.Helper()
-	w, srv := startOwnServer(t, Config{Concurrency: 1, AckWait: 2 * time.Second})
+	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, AckWait: 2 * time.Second})
 	p := newPublisher(w, bus.NewRunID(), 1, onFail)
 	p.subject = "plain." + p.run
 	got := sentSeqs(t, w, srv.URL(), p.subject)
@@ -469,7 +469,7 @@ func waitResending(t *testing.T, p *publisher) {
 // to the same reply subject, so the answer neither fails the attempt nor
 // pops the event.
 func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
 	failed := make(chan error, 1)
@@ -502,7 +502,7 @@ func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
 // a full socket, or on a reconnect's handshake): it takes only the
 // publisher's state lock.
 func TestAckDoesNotWaitForAPublish(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
 	p := newPublisher(w, bus.NewRunID(), 1, nil)

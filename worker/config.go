@@ -68,6 +68,10 @@ type Config struct {
 	// may be outstanding (record writes are not in it); a full window
 	// blocks the agent's listener (back-pressure). Default 256.
 	PublishWindow int
+	// NoEventBatches publishes every event on its own, each answered by
+	// its own ack, instead of in JetStream fast batches (batch.go). Events
+	// go plainly anyway where the events stream does not allow batches.
+	NoEventBatches bool
 	// PublishAckTimeout is how long an event's JetStream ack may take
 	// before the event and those after it are re-sent; default 15s.
 	PublishAckTimeout time.Duration

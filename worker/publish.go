@@ -153,6 +153,9 @@ type outgoing struct {
 	stream uint64 // where the ack says it is stored
 	dup    bool
 	msgID  bool // carries a Nats-Msg-Id
+	// batched: sent in an event batch (batch.go), whose answers ack it;
+	// approx: its stream is a floor of where it is stored, not the place.
+	batched, approx bool
 }
 
 func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publisher {
@@ -278,6 +281,47 @@ func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 	p.popAndUnlock(true)
 }
 
+// batchAnswer applies the event batch's answer for the event seq: stored
+// at stream (a floor if approx), or, with cause, not stored. It is the
+// batch answers' callback: it must not block.
+func (p *publisher) batchAnswer(seq, stream uint64, approx bool, cause error) {
+	p.mu.Lock()
+	if p.err != nil || len(p.queue) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	head := p.queue[0].seq
+	if seq < head || seq-head >= uint64(len(p.queue)) {
+		p.mu.Unlock()
+		return
+	}
+	i := seq - head
+	o := p.queue[i]
+	if o.acked {
+		p.mu.Unlock()
+		return
+	}
+	if cause == nil {
+		o.acked, o.stream, o.approx = true, stream, approx
+		p.popAndUnlock(true)
+		return
+	}
+	// Not stored: re-sent, unless a later event is stored already (in a
+	// later batch, or plainly): stored now, it would come after it.
+	for _, later := range p.queue[i+1:] {
+		if later.acked {
+			first := p.failLocked(fmt.Errorf("%w (event %d not stored: %w; event %d stored)", errOutOfOrder, seq, cause, later.seq))
+			p.mu.Unlock()
+			if first {
+				go p.failed()
+			}
+			return
+		}
+	}
+	p.startResendLocked(cause)
+	p.mu.Unlock()
+}
+
 // popAndUnlock pops what is acked at the queue's head, fails the
 // publisher if it was stored out of order, unlocks mu and gives the
 // popped events' window slots back. Caller holds mu; async runs the
@@ -310,10 +354,15 @@ func (p *publisher) popAndUnlock(async bool) {
 func (p *publisher) popLocked() (popped, stored int, bad error) {
 	for len(p.queue) > 0 && p.queue[0].acked {
 		o := p.queue[0]
-		if o.stream <= p.lastStream {
+		switch {
+		case o.approx:
+			// A floor says nothing of the order (the batch kept it).
+			p.lastStream = max(p.lastStream, o.stream)
+		case o.stream <= p.lastStream:
 			return popped, stored, fmt.Errorf("%w (event %d stored at %d, before %d)", errOutOfOrder, o.seq, o.stream, p.lastStream)
+		default:
+			p.lastStream = o.stream
 		}
-		p.lastStream = o.stream
 		p.queue[0] = nil
 		p.queue = p.queue[1:]
 		popped++
@@ -400,7 +449,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 	// The stream answered no (503, no responders) or nothing: ask again
 	// only after a pause, or an outage would be a loop of re-sends.
 	pause := func(cause error) time.Time {
-		if errors.Is(cause, nats.ErrDisconnected) {
+		if errors.Is(cause, nats.ErrDisconnected) || errors.Is(cause, errBatchEnded) {
 			return time.Now()
 		}
 		return time.Now().Add(resendPause)
@@ -610,7 +659,7 @@ func (p *publisher) applyStoredLocked(found []storedEvent) error {
 		}
 		i := f.seq - head
 		o := p.queue[i]
-		if o.acked && o.stream != f.stream {
+		if o.acked && !o.approx && o.stream != f.stream {
 			continue // the first of its seq stands; this is a copy
 		}
 		// Stored (acked already or not), every event before it must be:
@@ -620,7 +669,7 @@ func (p *publisher) applyStoredLocked(found []storedEvent) error {
 				return fmt.Errorf("%w (event %d stored at %d, event %d missing)", errOutOfOrder, f.seq, f.stream, e.seq)
 			}
 		}
-		o.acked, o.stream = true, f.stream
+		o.acked, o.stream, o.approx = true, f.stream, false
 	}
 	return nil
 }
@@ -796,12 +845,12 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	o := &outgoing{seq: seq}
 	m := &o.m
 	m.Subject, m.Data = p.subject, data
-	m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
 	if o.msgID = carriesMsgID(typ, p.lastStream == 0 && len(p.queue) == 0); o.msgID {
 		m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
 	}
 	epoch, send := p.mayOvertakeLocked()
 	if send {
+		o.batched = !o.msgID && p.w.batch != nil && !p.w.batch.off.Load()
 		stampLocked(o, now, epoch)
 	} else {
 		p.startResendLocked(nats.ErrDisconnected) // sent with the others when NATS is back
@@ -816,7 +865,7 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	if send {
 		if p.stopped.Load() {
 			// failed or fenced since the checks: send nothing
-		} else if err := p.w.c.Conn().PublishMsg(m); err != nil {
+		} else if err := p.send(seq, o); err != nil {
 			p.mu.Lock()
 			o.sent = false
 			if bus.Transient(err) {
@@ -836,6 +885,42 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		return 0, failed
 	}
 	return seq, nil
+}
+
+// send puts o on the wire: in the event batch if it may go in one, else
+// plainly. Caller holds sendMu.
+func (p *publisher) send(seq uint64, o *outgoing) error {
+	if o.batched {
+		if ok, err := p.w.batch.publish(p, seq, &o.m); ok {
+			return err
+		}
+		p.mu.Lock()
+		o.batched = false // batches are off since
+		p.mu.Unlock()
+	}
+	o.m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
+	return p.w.c.Conn().PublishMsg(&o.m)
+}
+
+// commitBatch has the event batch answer now if an event of p waits in
+// it (sync, flush).
+func (p *publisher) commitBatch() {
+	b := p.w.batch
+	if b == nil {
+		return
+	}
+	p.mu.Lock()
+	waits := false
+	for _, o := range p.queue {
+		if o.batched && !o.acked {
+			waits = true
+			break
+		}
+	}
+	p.mu.Unlock()
+	if waits {
+		b.commitNow()
+	}
 }
 
 // spent returns the events and bytes published so far.
@@ -907,6 +992,7 @@ func (p *publisher) sync(ctx context.Context) error {
 		if n == 0 {
 			return nil
 		}
+		p.commitBatch()
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -931,6 +1017,7 @@ func (p *publisher) flush(ctx context.Context) error {
 	p.finishLocked()
 	p.mu.Unlock()
 	p.wake()
+	p.commitBatch()
 	select {
 	case <-p.done:
 	case <-ctx.Done():

@@ -32,24 +32,31 @@ func TestEnvelopePartsMatchAppendJSON(t *testing.T) {
 // the agent event, wrap it in its envelope, publish it asynchronously with
 // its message id and take its ack (an embedded server in the process).
 func BenchmarkPublishDelta(b *testing.B) {
-	w, _ := startInternal(b, Config{Concurrency: 1}, nil)
-	ev := agent.Event{Type: agent.EventMessageUpdate, StreamEvent: &agent.StreamEvent{Type: agent.StreamTextDelta, Delta: "lorem ipsum dolo"}}
-	p := newPublisher(w, bus.NewRunID(), 1, nil)
-	var scratch []byte
-	b.ReportAllocs()
-	for b.Loop() {
-		data, err := workerproto.AppendAgentEvent(scratch[:0], &ev, workerproto.Refs{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		scratch = data
-		if _, err := p.event(string(ev.Type), data, 0); err != nil {
-			b.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := p.flush(ctx); err != nil {
-		b.Fatal(err)
+	for _, tc := range []struct {
+		name  string
+		plain bool
+	}{{"batches", false}, {"plain", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			w, _ := startInternal(b, Config{Concurrency: 1, NoEventBatches: tc.plain}, nil)
+			ev := agent.Event{Type: agent.EventMessageUpdate, StreamEvent: &agent.StreamEvent{Type: agent.StreamTextDelta, Delta: "lorem ipsum dolo"}}
+			p := newPublisher(w, bus.NewRunID(), 1, nil)
+			var scratch []byte
+			b.ReportAllocs()
+			for b.Loop() {
+				data, err := workerproto.AppendAgentEvent(scratch[:0], &ev, workerproto.Refs{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				scratch = data
+				if _, err := p.event(string(ev.Type), data, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := p.flush(ctx); err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }

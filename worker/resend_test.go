@@ -94,7 +94,7 @@ func TestLostAcksStoreNothingTwice(t *testing.T) {
 		{"every ack lost", 5, func(uint64) bool { return true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+			w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 			dropAcks(t, w, tc.lost)
 			run := bus.NewRunID()
 			p := newPublisher(w, run, 1, nil)
@@ -119,7 +119,7 @@ func TestLostAcksStoreNothingTwice(t *testing.T) {
 // sequence read), and readers take each seq once. (Here the copy lands
 // before the read; one landing after it is what readers' seq rule is for.)
 func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
@@ -185,7 +185,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 // An event lost while a later one was stored is a real reorder: the
 // attempt fails (the next resumes from what is stored).
 func TestLostEventBeforeAStoredOneFails(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
 	run := bus.NewRunID()
 	failed := make(chan error, 1)
@@ -218,7 +218,7 @@ func TestLostEventBeforeAStoredOneFails(t *testing.T) {
 // A newer attempt's event on the subject fails a re-sending attempt (it
 // was fenced): its re-send stores nothing after the newer one's.
 func TestResendFindsANewerAttempt(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
 	run := bus.NewRunID()
 	failed := make(chan error, 1)
@@ -242,7 +242,7 @@ func TestResendFindsANewerAttempt(t *testing.T) {
 // A re-send waiting for its answer ends when the attempt is fenced: the
 // lost lease does not wait out the ack timeout (a minute here).
 func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute})
+	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run // a subscriber that never answers
 	nc, err := nats.Connect(srv.URL())
@@ -284,7 +284,7 @@ func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
 // died mid-request) is tried again within the retry budget (AckWait), not
 // failed at once.
 func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond, AckWait: 20 * time.Second})
+	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 20 * time.Second})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run
 	nc, err := nats.Connect(srv.URL())
@@ -318,7 +318,7 @@ func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
 // Event 2 lost, event 3 stored and acknowledged: the re-send finds 3
 // stored without 2 and fails the attempt before it stores 2 after 3.
 func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
@@ -348,7 +348,7 @@ func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
 // delete): the re-send takes the last it read, and neither spins nor
 // fails.
 func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond, AckWait: 5 * time.Second}, nil)
+	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 5 * time.Second}, nil)
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
 	publishN(t, p, 3)

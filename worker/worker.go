@@ -27,7 +27,8 @@ type Worker struct {
 	cfg   Config
 	c     *bus.Client
 	js    jetstream.JetStream
-	acks  *eventAcks // the event publishers' acks (acks.go), from Run on
+	acks  *eventAcks  // the event publishers' acks (acks.go), from Run on
+	batch *eventBatch // event batches (batch.go), from Run on; nil: none
 	names bus.Names
 	log   *slog.Logger
 	obs   Observer
@@ -246,6 +247,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	if w.eventsStream, err = w.c.JetStream().Stream(setup, w.names.EventsStream()); err != nil {
 		return fmt.Errorf("worker: events stream: %w", err)
+	}
+	if !w.cfg.NoEventBatches && w.eventsStream.CachedInfo().Config.AllowBatchPublish {
+		if w.batch, err = startEventBatch(w.c.Conn(), w.acks, w.names.EventBatches()); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		defer w.batch.close() // after the runs, like acks
 	}
 	stopRateLimits, err := w.startRateLimits(setup) // worker/ratelimit.go
 	if err != nil {

@@ -64,6 +64,7 @@ type options struct {
 	ackWait       time.Duration
 	maxDeliver    int
 	maxAckPending int
+	eventBatches  bool
 	maxWaiting    int
 	approveTools  string
 	replicas      int
@@ -262,6 +263,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(&o.queues, "queue", "queue to take runs from; repeatable or comma-separated (default \"default\") [AGENTS_QUEUES]")
 	fs.IntVar(&o.concurrency, "concurrency", environ.int("AGENTS_CONCURRENCY", 8), "runs in flight at most; the worker pulls one request per free slot [AGENTS_CONCURRENCY]")
 	fs.DurationVar(&o.ackWait, "ack-wait", environ.duration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
+	fs.BoolVar(&o.eventBatches, "event-batches", true, "publish events in JetStream fast batches, a few acks a batch instead of one an event (needs nats-server 2.14+; false: one ack an event)")
 	fs.IntVar(&o.maxAckPending, "max-ack-pending", environ.int("AGENTS_MAX_ACK_PENDING", 10_000), "unacknowledged requests per queue consumer across the fleet (running, waiting, handed back); keep it above the fleet's slots plus waiting runs [AGENTS_MAX_ACK_PENDING]")
 	fs.IntVar(&o.maxWaiting, "max-waiting", environ.int("AGENTS_MAX_WAITING", 1_000), "runs waiting for an approval without holding a slot, at most; past it a waiting run keeps its slot; -1: waiting runs keep their slots [AGENTS_MAX_WAITING]")
 	fs.StringVar(&o.approveTools, "approve-tools", env("AGENTS_APPROVE_TOOLS", ""), "tools whose every call waits for a person's answer (comma-separated names or patterns, \"*\" for all); requests may gate more, never fewer [AGENTS_APPROVE_TOOLS]")
@@ -546,6 +548,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.AckWait = o.ackWait
 	cfg.MaxDeliver = o.maxDeliver
 	cfg.MaxAckPending = o.maxAckPending
+	cfg.NoEventBatches = !o.eventBatches
 	cfg.MaxWaiting = o.maxWaiting
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = -1 // 0 from the flag: none off their slot

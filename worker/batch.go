@@ -1,0 +1,352 @@
+package worker
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+)
+
+// Events travel to the stream in JetStream fast batches (nats-server
+// 2.14+, a stream with AllowBatchPublish): the server answers a batch with
+// a flow ack every few messages and one ack at its commit, where a plain
+// publish is answered once per message; those answers were a quarter of
+// the server's ingest cost. A batch holds the events of any of the
+// worker's runs; only events without headers go in one (a refused message
+// ends its batch for every run, so nothing that may be refused by design,
+// a message id or an expectation, goes in).
+//
+// Invariants:
+//   - sendMu is held from taking a batch seq to the end of its publish, and
+//     over a commit: a batch's messages go on the wire in seq order, its
+//     commit after them. mu guards the state and is never held over a
+//     publish, so the answers' callback never waits on the connection.
+//   - Batches are gap-fail: the server stores a batch's messages in seq
+//     order and ends the batch at the first it refuses or misses, then
+//     answers with a commit ack counting what it stored. So a flow ack for
+//     seq N says 1..N are stored; a commit ack for count C says 1..C are
+//     stored and C+1.. are not; an error answer for seq K says K.. are
+//     not (the batch ends at K; its commit ack settles what is before K).
+//   - Stored events are applied to their publishers in batch seq order.
+//     The answers give no stream sequence but the commit's (the last
+//     stored one's): every other event gets the batch's floor, the highest
+//     stream sequence the worker had seen acked before the batch's first
+//     message went out. Every message sent after that ack is stored above
+//     it, so a floor is a lower bound (publish.go: approx).
+//   - An event not stored is re-sent by its publisher as after a lost ack;
+//     if a later event of its run is stored already (in a later batch),
+//     the attempt fails as stored out of order and is handed back.
+//   - A batch is committed flushEvery after its first message, at maxBatch
+//     messages, or when a publisher waits for its acks (sync); the next
+//     event opens a new one. A batch opened before the connection's latest
+//     loss (eventAcks' epoch) takes no more messages: what it did not store
+//     is re-sent by the publishers (acks.go's sweep).
+type eventBatch struct {
+	nc            *nats.Conn
+	acks          *eventAcks
+	prefix        string // <inbox>.
+	commitSubject string // where commits go
+	sub           *nats.Subscription
+	every         time.Duration
+
+	off atomic.Bool // the stream refused batches: publish plainly
+
+	sendMu sync.Mutex // see the invariants; taken before mu
+	mu     sync.Mutex
+	cur    *openBatch
+	open   map[string]*openBatch // sent, not settled
+	closed bool
+
+	scratch []batchEntry // the callback's
+}
+
+type openBatch struct {
+	id      string
+	reply   string // <prefix><id>.<flow>.fail.
+	epoch   uint64
+	floor   uint64
+	entries []batchEntry
+	settled uint64 // entries 1..settled are settled (stored or not)
+	cut     uint64 // entries after cut were not stored (settled)
+	timer   *time.Timer
+	// committedAt is when its commit went out (zero: not yet).
+	committedAt time.Time
+}
+
+type batchEntry struct {
+	p   *publisher
+	seq uint64
+}
+
+const (
+	batchFlushEvery = 2 * time.Millisecond
+	maxBatch        = 4096
+	// batchFlow is the most messages between two flow acks we allow the
+	// server (it may choose fewer).
+	batchFlow = 256
+)
+
+// errBatchEnded is why an event sent in a batch was not stored: the batch
+// ended before it (another message refused, or the connection lost).
+var errBatchEnded = errors.New("event batch ended before the event")
+
+func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch, error) {
+	b := &eventBatch{nc: nc, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
+		open: map[string]*openBatch{}}
+	sub, err := nc.Subscribe(b.prefix+">", b.route)
+	if err != nil {
+		return nil, fmt.Errorf("event batch subscription: %w", err)
+	}
+	sub.SetPendingLimits(-1, 64<<20)
+	b.sub = sub
+	return b, nil
+}
+
+func (b *eventBatch) close() {
+	b.mu.Lock()
+	b.closed = true
+	for _, ob := range b.open {
+		if ob.timer != nil {
+			ob.timer.Stop()
+		}
+	}
+	b.mu.Unlock()
+	_ = b.sub.Unsubscribe()
+}
+
+// publish sends m, an event of p with seq, in the open batch. It returns
+// false when batches are off (the caller publishes plainly). The caller
+// holds p.sendMu.
+func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error) {
+	if b.off.Load() {
+		return false, nil
+	}
+	b.sendMu.Lock()
+	defer b.sendMu.Unlock()
+	epoch := b.acks.current()
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return false, nil
+	}
+	ob := b.cur
+	if ob == nil || ob.epoch != epoch {
+		b.pruneLocked(epoch)
+		ob = &openBatch{id: nuid.Next(), epoch: epoch, floor: b.acks.highest.Load(), cut: math.MaxUint64}
+		ob.reply = b.prefix + ob.id + "." + strconv.Itoa(batchFlow) + ".fail."
+		b.cur = ob
+		b.open[ob.id] = ob
+	}
+	ob.entries = append(ob.entries, batchEntry{p: p, seq: seq})
+	n := len(ob.entries)
+	op := "1"
+	if n == 1 {
+		op = "0"
+		ob.timer = time.AfterFunc(b.every, func() { b.commit(ob) })
+	}
+	full := n >= maxBatch
+	b.mu.Unlock()
+	m.Reply = ob.reply + strconv.Itoa(n) + "." + op + ".$FI"
+	if err := b.nc.PublishMsg(m); err != nil {
+		b.mu.Lock()
+		ob.entries = ob.entries[:n-1] // not sent: its seq is the next one's
+		b.mu.Unlock()
+		return true, err
+	}
+	if full {
+		b.commitLocked(ob)
+	}
+	return true, nil
+}
+
+// pruneLocked forgets the batches no answer will settle: sent before a
+// loss of the connection, or committed longer than the ack timeout ago.
+// Their publishers re-send what is unacknowledged (acks.go's sweep).
+// Caller holds mu.
+func (b *eventBatch) pruneLocked(epoch uint64) {
+	for id, ob := range b.open {
+		if ob.epoch < epoch || !ob.committedAt.IsZero() && time.Since(ob.committedAt) > b.acks.timeout {
+			ob.timer.Stop()
+			delete(b.open, id)
+		}
+	}
+}
+
+// commit ends ob unless its commit went out already.
+func (b *eventBatch) commit(ob *openBatch) {
+	b.sendMu.Lock()
+	defer b.sendMu.Unlock()
+	b.commitLocked(ob)
+}
+
+// commitNow ends the open batch: a publisher waits for its acks.
+func (b *eventBatch) commitNow() {
+	b.mu.Lock()
+	ob := b.cur
+	b.mu.Unlock()
+	if ob != nil {
+		b.commit(ob)
+	}
+}
+
+// commitLocked sends ob's commit unless it went out already. Caller holds
+// sendMu.
+func (b *eventBatch) commitLocked(ob *openBatch) {
+	b.mu.Lock()
+	if !ob.committedAt.IsZero() || b.closed || len(ob.entries) == 0 || b.open[ob.id] != ob {
+		b.mu.Unlock()
+		return
+	}
+	if b.cur == ob {
+		b.cur = nil
+	}
+	ob.committedAt = time.Now()
+	ob.timer.Stop()
+	n := len(ob.entries)
+	b.mu.Unlock()
+	// An end-of-batch commit, on a subject of the stream that is no run's:
+	// it is not stored, and a run's followers do not see it.
+	_ = b.nc.PublishMsg(&nats.Msg{Subject: b.commitSubject, Reply: ob.reply + strconv.Itoa(n+1) + ".3.$FI"})
+}
+
+// route is the answers' callback: flow acks, commit acks, errors.
+func (b *eventBatch) route(m *nats.Msg) {
+	rest, ok := cutPrefix(m.Subject, b.prefix)
+	if !ok {
+		return
+	}
+	dot := strings.IndexByte(rest, '.')
+	if dot <= 0 {
+		return
+	}
+	id := rest[:dot]
+	b.mu.Lock()
+	ob := b.open[id]
+	b.mu.Unlock()
+	if ob == nil {
+		return // settled, or sent before a loss of the connection
+	}
+	data := m.Data
+	switch {
+	case len(data) == 0:
+		// No responders, or another status: the stream took nothing from
+		// this message on.
+		b.notStored(ob, replySeq(rest), nats.ErrNoResponders, true)
+	case bytes.HasPrefix(data, []byte(`{"type":"ack"`)):
+		var fa struct {
+			Seq uint64 `json:"seq"`
+		}
+		if json.Unmarshal(data, &fa) == nil {
+			b.stored(ob, fa.Seq, 0)
+		}
+	case bytes.HasPrefix(data, []byte(`{"type":`)):
+		// a gap or an error: the commit ack follows with what is stored
+	default:
+		var pa struct {
+			Error *struct {
+				Code        int    `json:"code"`
+				ErrCode     uint16 `json:"err_code"`
+				Description string `json:"description"`
+			} `json:"error"`
+			Seq   uint64 `json:"seq"`
+			Count uint64 `json:"count"`
+		}
+		if err := json.Unmarshal(data, &pa); err != nil {
+			return
+		}
+		if pa.Error != nil {
+			api := &jetstream.APIError{Code: pa.Error.Code, ErrorCode: jetstream.ErrorCode(pa.Error.ErrCode), Description: pa.Error.Description}
+			if api.ErrorCode == jsBatchPublishDisabled {
+				b.off.Store(true)
+			}
+			b.notStored(ob, replySeq(rest), api, true)
+			return
+		}
+		b.acks.sawStream(pa.Seq)
+		b.stored(ob, pa.Count, pa.Seq)
+		b.notStored(ob, pa.Count+1, errBatchEnded, false)
+		b.mu.Lock()
+		delete(b.open, ob.id) // the commit ack is the batch's last answer
+		b.mu.Unlock()
+	}
+}
+
+// jsBatchPublishDisabled is the stream's answer to a batch when it does
+// not allow batches.
+const jsBatchPublishDisabled = 10205
+
+// replySeq reads the batch seq from <id>.<flow>.<gap>.<seq>.<op>.$FI (0
+// if it is not there: then the whole batch is meant).
+func replySeq(rest string) uint64 {
+	t := strings.Split(rest, ".")
+	if len(t) != 6 {
+		return 0
+	}
+	seq, _ := strconv.ParseUint(t[3], 10, 64)
+	return seq
+}
+
+// stored applies "1..upTo are stored" to ob; last, if not zero, is the
+// stream sequence of upTo. Only the callback calls it.
+func (b *eventBatch) stored(ob *openBatch, upTo, last uint64) {
+	b.mu.Lock()
+	upTo = min(upTo, uint64(len(ob.entries)), ob.cut)
+	if upTo <= ob.settled {
+		b.mu.Unlock()
+		return
+	}
+	b.scratch = append(b.scratch[:0], ob.entries[ob.settled:upTo]...)
+	ob.settled = upTo
+	floor := ob.floor
+	b.mu.Unlock()
+	for i, e := range b.scratch {
+		if last != 0 && i == len(b.scratch)-1 {
+			e.p.batchAnswer(e.seq, last, false, nil)
+		} else {
+			e.p.batchAnswer(e.seq, floor, true, nil)
+		}
+	}
+	clear(b.scratch)
+}
+
+// notStored applies "from.. are not stored" to ob (from zero: all), for
+// cause; ended says the stream ended the batch there, so new events go to
+// another and this one is committed (its commit ack settles what is before
+// from). Only the callback calls it.
+func (b *eventBatch) notStored(ob *openBatch, from uint64, cause error, ended bool) {
+	from = max(from, 1)
+	b.mu.Lock()
+	end := min(uint64(len(ob.entries)), ob.cut)
+	start := max(ob.settled, from-1)
+	b.scratch = b.scratch[:0]
+	if start < end {
+		b.scratch = append(b.scratch, ob.entries[start:end]...)
+	}
+	ob.cut = min(ob.cut, from-1)
+	if ended && b.cur == ob {
+		b.cur = nil
+	}
+	if ob.settled >= ob.cut {
+		ob.timer.Stop()
+		delete(b.open, ob.id) // nothing left to settle
+		ended = false
+	}
+	b.mu.Unlock()
+	for _, e := range b.scratch {
+		e.p.batchAnswer(e.seq, 0, false, cause)
+	}
+	clear(b.scratch)
+	if ended {
+		go b.commit(ob)
+	}
+}

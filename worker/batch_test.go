@@ -1,0 +1,288 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Events in fast batches (batch.go), on a real stream: what the batch
+// answers is applied to every run in it, and what it did not store is
+// re-sent, once, in order.
+
+// holdBatches keeps the worker's batches open until a publisher syncs or
+// flushes: the test decides what goes in one batch.
+func holdBatches(t *testing.T, w *Worker) {
+	t.Helper()
+	if w.batch == nil {
+		t.Fatal("the worker publishes no batches")
+	}
+	w.batch.mu.Lock()
+	w.batch.every = time.Hour
+	w.batch.mu.Unlock()
+}
+
+// replies records the reply subject of each message published on subject.
+func replies(t *testing.T, c *bus.Client, subject string) func() []string {
+	t.Helper()
+	var mu = make(chan struct{}, 1)
+	var got []string
+	sub, err := c.Conn().Subscribe(subject, func(m *nats.Msg) {
+		mu <- struct{}{}
+		got = append(got, m.Reply)
+		<-mu
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		mu <- struct{}{}
+		defer func() { <-mu }()
+		return slices.Clone(got)
+	}
+}
+
+func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	holdBatches(t, w)
+	var answers atomic.Int64
+	sub, err := c.Conn().Subscribe(w.batch.prefix+">", func(*nats.Msg) { answers.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	runs := []string{bus.NewRunID(), bus.NewRunID()}
+	var sent []func() []string
+	var pubs []*publisher
+	for _, run := range runs {
+		sent = append(sent, replies(t, c, w.names.Events(run)))
+		p := newPublisher(w, run, 1, nil)
+		pubs = append(pubs, p)
+		publishN(t, p, 1)
+	}
+	for i := 2; i <= 50; i++ {
+		for _, p := range pubs {
+			if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, p := range pubs {
+		if err := flushWithin(t, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := fmt.Sprint(seqsTo(50))
+	for i, run := range runs {
+		if got := fmt.Sprint(storedSeqs(t, c, run)); got != want {
+			t.Fatalf("run %d stored %s, want %s", i, got, want)
+		}
+		r := sent[i]()
+		if len(r) != 50 {
+			t.Fatalf("run %d: %d messages seen, want 50", i, len(r))
+		}
+		if strings.HasSuffix(r[0], ".$FI") {
+			t.Errorf("run %d: run_started went in a batch (%s): it carries a message id", i, r[0])
+		}
+		for j, reply := range r[1:] {
+			if !strings.HasSuffix(reply, ".$FI") || !strings.HasPrefix(reply, w.batch.prefix) {
+				t.Fatalf("run %d: event %d sent with reply %q, not in a batch", i, j+2, reply)
+			}
+		}
+	}
+	// 98 events in one batch: its first flow ack and its commit ack (and a
+	// flow ack at 256 messages, not reached), where plain publishing has 98.
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := answers.Load(); n > 3 {
+		t.Errorf("%d batch answers for 98 events in one batch, want at most 3", n)
+	}
+}
+
+func seqsTo(n uint64) []uint64 {
+	s := make([]uint64, n)
+	for i := range s {
+		s[i] = uint64(i) + 1
+	}
+	return s
+}
+
+// A message the stream refuses ends the batch for every run in it: the
+// runs behind it re-send their events, each stored once and in order,
+// and the run whose event is refused fails.
+func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before int // events of the other run in the batch before the refused one
+	}{
+		{"first in its batch", 0},
+		{"in the middle", 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, c := startInternal(t, Config{Concurrency: 1}, nil)
+			holdBatches(t, w)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			// An operator's message size limit below the worker's.
+			s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := s.CachedInfo().Config
+			cfg.MaxMsgSize = 2000
+			if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			failed := make(chan error, 1)
+			big := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+			other := newPublisher(w, bus.NewRunID(), 1, nil)
+			publishN(t, big, 1)
+			publishN(t, other, 1)
+			if err := big.sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := other.sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+			n := 2
+			for ; n < 2+tc.before; n++ {
+				if _, err := other.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, n), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+				t.Fatal(err)
+			}
+			for ; n <= 12; n++ {
+				if _, err := other.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, n), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := flushWithin(t, other); err != nil {
+				t.Fatalf("the other run: %v", err)
+			}
+			if got, want := fmt.Sprint(storedSeqs(t, c, other.run)), fmt.Sprint(seqsTo(12)); got != want {
+				t.Fatalf("the other run stored %s, want %s", got, want)
+			}
+			err = flushWithin(t, big)
+			if err == nil || !strings.Contains(err.Error(), "maximum") {
+				t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
+			}
+			select {
+			case <-failed:
+			case <-ctx.Done():
+				t.Fatal("the run with the refused event did not fail")
+			}
+			if got := fmt.Sprint(storedSeqs(t, c, big.run)); got != "[1]" {
+				t.Fatalf("the refused run stored %s, want [1]", got)
+			}
+		})
+	}
+}
+
+// Batch answers lost: the publishers' ack timeout re-sends what is
+// unacknowledged, expecting the subject's last message where it is only
+// known as a floor; the stream refuses, the re-send reads what is stored,
+// and nothing is stored twice.
+func TestLostBatchAnswersStoreNothingTwice(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		n    uint64
+		drop func(data []byte) bool
+	}{
+		{"every answer", 20, func([]byte) bool { return true }},
+		// 300 events: a flow ack at 256 messages comes.
+		{"the commit ack", 300, func(d []byte) bool { return !strings.HasPrefix(string(d), `{"type":`) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+			holdBatches(t, w)
+			if err := w.batch.sub.Unsubscribe(); err != nil {
+				t.Fatal(err)
+			}
+			sub, err := w.c.Conn().Subscribe(w.batch.prefix+">", func(m *nats.Msg) {
+				if !tc.drop(m.Data) {
+					w.batch.route(m)
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.batch.sub = sub
+			p := newPublisher(w, bus.NewRunID(), 1, nil)
+			publishN(t, p, int(tc.n))
+			if err := flushWithin(t, p); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(tc.n)); got != want {
+				t.Fatalf("stored %s, want %s", got, want)
+			}
+		})
+	}
+}
+
+// A stream that does not allow batches (an operator removed the flag, or
+// an older server) gets every event plainly.
+func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
+	c := connectTestServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowBatchPublish = false
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := startInternalOn(t, c, Config{Concurrency: 1}, nil)
+	// The worker widens the stream again (flags are only added) and so
+	// batches; an operator's removal after the start is answered by the
+	// stream, and the batch turns off.
+	if w.batch == nil {
+		t.Fatal("the worker did not turn batches on again")
+	}
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, p, 10)
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(10)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
+	}
+	if !w.batch.off.Load() {
+		t.Fatal("batches still on after the stream refused one")
+	}
+	// After the refusal, events go plainly.
+	p2 := newPublisher(w, bus.NewRunID(), 1, nil)
+	sent2 := replies(t, c, p2.subject)
+	publishN(t, p2, 5)
+	if err := flushWithin(t, p2); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range sent2() {
+		if strings.HasSuffix(r, ".$FI") {
+			t.Fatalf("event sent in a batch (%s) after the stream refused batches", r)
+		}
+	}
+}
