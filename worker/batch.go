@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,9 +49,22 @@ import (
 //     the attempt fails as stored out of order and is handed back.
 //   - A batch is committed flushEvery after its first message, at maxBatch
 //     messages, or when a publisher waits for its acks (sync); the next
-//     event opens a new one. A batch opened before the connection's latest
-//     loss (eventAcks' epoch) takes no more messages: what it did not store
-//     is re-sent by the publishers (acks.go's sweep).
+//     event opens a new one, while the commit's answer may still be on its
+//     way (the stream then has two open, and starts the new one with a flow
+//     ack every message, doubling). A batch the stream ended (a gap or an
+//     error answer), or one opened before the connection's latest loss
+//     (eventAcks' epoch), takes no more messages: what it did not store is
+//     re-sent by the publishers (acks.go's sweep for a lost connection).
+//   - A batch committed and not answered within answerWait (its commit
+//     lost, as in a leader change) is forgotten and its unsettled events
+//     are re-sent: each is stored only right after its predecessor, so one
+//     stored already is found, not stored again (publish.go).
+//   - An event goes in a batch only if no event of its run sent singly
+//     waits for its ack (publish.go): a single event lost to a reconnect
+//     is re-sent with its message id and no expectation, and would be
+//     stored after a later batched one unnoticed.
+//   - Refused for too many open batches (the stream's or the server's
+//     limit), events go singly for batchPause.
 type eventBatch struct {
 	nc            *nats.Conn
 	acks          *eventAcks
@@ -59,7 +73,10 @@ type eventBatch struct {
 	sub           *nats.Subscription
 	every         time.Duration
 
-	off atomic.Bool // the stream refused batches: publish plainly
+	off        atomic.Bool  // the stream refused batches: publish plainly
+	pauseUntil atomic.Int64 // unix ns: publish plainly until then
+	answerWait time.Duration
+	stop, done chan struct{} // the sweep's
 
 	sendMu sync.Mutex // see the invariants; taken before mu
 	mu     sync.Mutex
@@ -100,19 +117,26 @@ const (
 // ended before it (another message refused, or the connection lost).
 var errBatchEnded = errors.New("event batch ended before the event")
 
+// errBatchUnanswered: the event's batch was committed, and not answered.
+var errBatchUnanswered = errors.New("event batch not answered")
+
 func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch, error) {
 	b := &eventBatch{nc: nc, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
-		open: map[string]*openBatch{}}
+		open: map[string]*openBatch{}, answerWait: acks.timeout / 5,
+		stop: make(chan struct{}), done: make(chan struct{})}
 	sub, err := nc.Subscribe(b.prefix+">", b.route)
 	if err != nil {
 		return nil, fmt.Errorf("event batch subscription: %w", err)
 	}
 	sub.SetPendingLimits(-1, 64<<20)
 	b.sub = sub
+	go b.sweep()
 	return b, nil
 }
 
 func (b *eventBatch) close() {
+	close(b.stop)
+	<-b.done
 	b.mu.Lock()
 	b.closed = true
 	for _, ob := range b.open {
@@ -124,11 +148,20 @@ func (b *eventBatch) close() {
 	_ = b.sub.Unsubscribe()
 }
 
+// on tells whether events may go in batches now.
+func (b *eventBatch) on() bool {
+	if b.off.Load() {
+		return false
+	}
+	until := b.pauseUntil.Load()
+	return until == 0 || time.Now().UnixNano() >= until
+}
+
 // publish sends m, an event of p with seq, in the open batch. It returns
 // false when batches are off (the caller publishes plainly). The caller
 // holds p.sendMu.
 func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error) {
-	if b.off.Load() {
+	if !b.on() {
 		return false, nil
 	}
 	b.sendMu.Lock()
@@ -169,16 +202,75 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 	return true, nil
 }
 
-// pruneLocked forgets the batches no answer will settle: sent before a
-// loss of the connection, or committed longer than the ack timeout ago.
-// Their publishers re-send what is unacknowledged (acks.go's sweep).
-// Caller holds mu.
+// pruneLocked forgets the batches sent before a loss of the connection:
+// no answer will settle them, their publishers re-send what is
+// unacknowledged (acks.go's sweep). Caller holds mu.
 func (b *eventBatch) pruneLocked(epoch uint64) {
-	for id, ob := range b.open {
-		if ob.epoch < epoch || !ob.committedAt.IsZero() && time.Since(ob.committedAt) > b.acks.timeout {
-			ob.timer.Stop()
-			delete(b.open, id)
+	for _, ob := range b.open {
+		if ob.epoch < epoch {
+			b.forgetLocked(ob)
 		}
+	}
+}
+
+// forgetLocked drops ob: no answer of it is applied any more, and no event
+// goes in it. Caller holds mu.
+func (b *eventBatch) forgetLocked(ob *openBatch) {
+	ob.timer.Stop()
+	delete(b.open, ob.id)
+	if b.cur == ob {
+		b.cur = nil
+	}
+}
+
+// sweep hands the events of a batch committed but not answered within
+// answerWait (a commit lost in a leader change, or not sent) back to their
+// publishers, which re-send them: each is stored only right after its
+// predecessor, so one the stream holds already is found there, not stored
+// again (publish.go).
+func (b *eventBatch) sweep() {
+	defer close(b.done)
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	var late []*openBatch
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		for _, ob := range b.open {
+			if !ob.committedAt.IsZero() && time.Since(ob.committedAt) > b.answerWait {
+				late = append(late, ob)
+			}
+		}
+		b.mu.Unlock()
+		for i, ob := range late {
+			b.unanswered(ob)
+			late[i] = nil
+		}
+		late = late[:0]
+	}
+}
+
+// unanswered forgets ob and hands its unsettled events back.
+func (b *eventBatch) unanswered(ob *openBatch) {
+	b.mu.Lock()
+	if b.open[ob.id] != ob {
+		b.mu.Unlock()
+		return
+	}
+	b.forgetLocked(ob)
+	end := min(uint64(len(ob.entries)), ob.cut)
+	var back []batchEntry
+	if ob.settled < end {
+		back = slices.Clone(ob.entries[ob.settled:end])
+	}
+	ob.settled = end
+	b.mu.Unlock()
+	for _, e := range back {
+		e.p.batchUnanswered(e.seq)
 	}
 }
 
@@ -250,7 +342,13 @@ func (b *eventBatch) route(m *nats.Msg) {
 			b.stored(ob, fa.Seq, 0)
 		}
 	case bytes.HasPrefix(data, []byte(`{"type":`)):
-		// a gap or an error: the commit ack follows with what is stored
+		// A gap or an error: the stream ended the batch (gap fail), its
+		// commit ack follows with what it stored. New events go to another.
+		b.mu.Lock()
+		if b.cur == ob {
+			b.cur = nil
+		}
+		b.mu.Unlock()
 	default:
 		var pa struct {
 			Error *struct {
@@ -266,8 +364,13 @@ func (b *eventBatch) route(m *nats.Msg) {
 		}
 		if pa.Error != nil {
 			api := &jetstream.APIError{Code: pa.Error.Code, ErrorCode: jetstream.ErrorCode(pa.Error.ErrCode), Description: pa.Error.Description}
-			if api.ErrorCode == jsBatchPublishDisabled {
+			switch api.ErrorCode {
+			case jsBatchPublishDisabled:
 				b.off.Store(true)
+			case jsBatchTooManyInflight:
+				// The stream's (or server's) open batches are at their
+				// limit: publish singly for a while.
+				b.pauseUntil.Store(time.Now().Add(batchPause).UnixNano())
 			}
 			b.notStored(ob, replySeq(rest), api, true)
 			return
@@ -276,14 +379,21 @@ func (b *eventBatch) route(m *nats.Msg) {
 		b.stored(ob, pa.Count, pa.Seq)
 		b.notStored(ob, pa.Count+1, errBatchEnded, false)
 		b.mu.Lock()
-		delete(b.open, ob.id) // the commit ack is the batch's last answer
+		b.forgetLocked(ob) // the commit ack is the batch's last answer
 		b.mu.Unlock()
 	}
 }
 
-// jsBatchPublishDisabled is the stream's answer to a batch when it does
-// not allow batches.
-const jsBatchPublishDisabled = 10205
+// The stream's answers to a batch it does not take: it does not allow
+// batches; too many batches are open on it or on the server.
+const (
+	jsBatchPublishDisabled = 10205
+	jsBatchTooManyInflight = 10211
+)
+
+// batchPause is how long events go singly after a batch was refused for
+// too many open batches.
+const batchPause = time.Second
 
 // replySeq reads the batch seq from <id>.<flow>.<gap>.<seq>.<op>.$FI (0
 // if it is not there: then the whole batch is meant).
@@ -337,8 +447,7 @@ func (b *eventBatch) notStored(ob *openBatch, from uint64, cause error, ended bo
 		b.cur = nil
 	}
 	if ob.settled >= ob.cut {
-		ob.timer.Stop()
-		delete(b.open, ob.id) // nothing left to settle
+		b.forgetLocked(ob) // nothing left to settle
 		ended = false
 	}
 	b.mu.Unlock()

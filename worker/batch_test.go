@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -70,7 +71,7 @@ func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
 		sent = append(sent, replies(t, c, w.names.Events(run)))
 		p := newPublisher(w, run, 1, nil)
 		pubs = append(pubs, p)
-		publishN(t, p, 1)
+		started(t, p)
 	}
 	for i := 2; i <= 50; i++ {
 		for _, p := range pubs {
@@ -109,6 +110,18 @@ func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
 	}
 	if n := answers.Load(); n > 3 {
 		t.Errorf("%d batch answers for 98 events in one batch, want at most 3", n)
+	}
+}
+
+// started publishes run_started and waits for its ack: until then the
+// run's events go singly (see TestNoBatchBehindAnUnacknowledgedSingleEvent).
+func started(t *testing.T, p *publisher) {
+	t.Helper()
+	publishN(t, p, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.sync(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -263,7 +276,12 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
-	publishN(t, p, 10)
+	started(t, p)
+	for i := 2; i <= 10; i++ {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := flushWithin(t, p); err != nil {
 		t.Fatal(err)
 	}
@@ -284,5 +302,170 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 		if strings.HasSuffix(r, ".$FI") {
 			t.Fatalf("event sent in a batch (%s) after the stream refused batches", r)
 		}
+	}
+}
+
+// batchID is the batch id in a batch message's reply subject.
+func batchID(t *testing.T, w *Worker, reply string) string {
+	t.Helper()
+	rest, ok := strings.CutPrefix(reply, w.batch.prefix)
+	if !ok || !strings.HasSuffix(reply, ".$FI") {
+		t.Fatalf("reply %q: not in a batch", reply)
+	}
+	id, _, _ := strings.Cut(rest, ".")
+	return id
+}
+
+// A batch the stream ended itself (a message refused in it) takes no more
+// events: the next go to a new batch (in the one ended, the stream would
+// drop them and they would wait out the ack timeout).
+func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute}, nil)
+	holdBatches(t, w)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Discard = jetstream.DiscardNew
+	cfg.DiscardNewPerSubject = true
+	cfg.MaxMsgsPerSubject = 2
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	full := newPublisher(w, bus.NewRunID(), 1, nil)
+	other := newPublisher(w, bus.NewRunID(), 1, nil)
+	sent := replies(t, c, other.subject)
+	publishN(t, full, 1)
+	publishN(t, other, 1)
+	for _, p := range []*publisher{full, other} {
+		if err := p.sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := func(p *publisher, i int) {
+		t.Helper()
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev(other, 2)
+	ev(full, 2)
+	ev(full, 3) // refused: its subject holds 2; the stream ends the batch
+	w.batch.mu.Lock()
+	ended := w.batch.cur
+	w.batch.mu.Unlock()
+	// The stream's answers settle the batch (other's event 2 stored).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+		w.batch.mu.Lock()
+		settled := w.batch.open[ended.id] == nil
+		w.batch.mu.Unlock()
+		if settled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch the stream ended was not settled")
+		}
+	}
+	cfg.MaxMsgsPerSubject = 1000
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ev(other, 3)
+	if err := other.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, other.run)); got != "[1 2 3]" {
+		t.Fatalf("other stored %s, want [1 2 3]", got)
+	}
+	r := sent()
+	if len(r) != 3 || batchID(t, w, r[1]) == batchID(t, w, r[2]) {
+		t.Fatalf("other's events 2 and 3 went in one batch, the ended one: %q", r)
+	}
+	full.abandon()
+	if err := flushWithin(t, other); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// While an event sent singly (with a message id) waits for its ack, the
+// run's next events go singly too: were it lost to a reconnect, its
+// re-send, stored without an expectation, would land after them.
+func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	holdBatches(t, w)
+	held := make(chan *nats.Msg, 1)
+	if err := w.acks.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := w.c.Conn().Subscribe(w.acks.prefix+"*.*", func(m *nats.Msg) {
+		if strings.HasSuffix(m.Subject, ".1") && len(held) == 0 {
+			held <- m // run_started's ack: given back by the test
+			return
+		}
+		w.acks.route(m)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.acks.sub = sub
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	sent := replies(t, c, p.subject)
+	publishN(t, p, 4)
+	w.acks.route(<-held)
+	for i := 5; i <= 6; i++ {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(6)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
+	}
+	r := sent()
+	if len(r) != 6 {
+		t.Fatalf("%d messages seen, want 6", len(r))
+	}
+	for i, reply := range r {
+		if inBatch := strings.HasSuffix(reply, ".$FI"); inBatch != (i >= 4) {
+			t.Errorf("event %d: in a batch %v, want %v (reply %q)", i+1, inBatch, i >= 4, reply)
+		}
+	}
+}
+
+// Batches only where the stream takes their commits: a stream set up by an
+// operator (SkipEnsureStreams) that allows batches without the commit
+// subject gets every event singly.
+func TestNoBatchesWithoutTheCommitSubject(t *testing.T) {
+	c := connectTestServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = []string{c.Names().Events("*")}
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := startInternalOn(t, c, Config{Concurrency: 1, SkipEnsureStreams: true}, nil)
+	if w.batch != nil {
+		t.Fatal("the worker batches on a stream without the commit subject")
+	}
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, p, 5)
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(5)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
 	}
 }

@@ -137,6 +137,7 @@ type publisher struct {
 	finished    bool // done is closed
 	err         error
 	lastStream  uint64 // stream sequence of the last popped event
+	singleSeq   uint64 // the last event sent singly (not in a batch)
 	sent        int    // events published, for the run's event budget
 	sentBytes   int64
 	firstStream uint64
@@ -279,6 +280,21 @@ func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 	}
 	o.acked, o.stream, o.dup = true, stream, dup
 	p.popAndUnlock(true)
+}
+
+// batchUnanswered re-sends the event seq, whose batch was committed but
+// not answered: it may or may not be stored, the re-send finds out.
+func (p *publisher) batchUnanswered(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil || len(p.queue) == 0 {
+		return
+	}
+	head := p.queue[0].seq
+	if seq < head || seq-head >= uint64(len(p.queue)) || p.queue[seq-head].acked {
+		return
+	}
+	p.startResendLocked(errBatchUnanswered)
 }
 
 // batchAnswer applies the event batch's answer for the event seq: stored
@@ -449,7 +465,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 	// The stream answered no (503, no responders) or nothing: ask again
 	// only after a pause, or an outage would be a loop of re-sends.
 	pause := func(cause error) time.Time {
-		if errors.Is(cause, nats.ErrDisconnected) || errors.Is(cause, errBatchEnded) {
+		if errors.Is(cause, nats.ErrDisconnected) || errors.Is(cause, errBatchEnded) || errors.Is(cause, errBatchUnanswered) {
 			return time.Now()
 		}
 		return time.Now().Add(resendPause)
@@ -850,7 +866,13 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	}
 	epoch, send := p.mayOvertakeLocked()
 	if send {
-		o.batched = !o.msgID && p.w.batch != nil && !p.w.batch.off.Load()
+		// Not behind an unacknowledged event sent singly: were that one
+		// lost to a reconnect, its re-send (with a message id, so without
+		// an expectation) would be stored after this one unnoticed.
+		o.batched = !o.msgID && p.w.batch != nil && p.w.batch.on() && !p.singleUnackedLocked()
+		if !o.batched {
+			p.singleSeq = seq
+		}
 		stampLocked(o, now, epoch)
 	} else {
 		p.startResendLocked(nats.ErrDisconnected) // sent with the others when NATS is back
@@ -885,6 +907,16 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		return 0, failed
 	}
 	return seq, nil
+}
+
+// singleUnackedLocked tells whether the last event sent singly waits for
+// its ack. Caller holds mu.
+func (p *publisher) singleUnackedLocked() bool {
+	if p.singleSeq == 0 || len(p.queue) == 0 {
+		return false
+	}
+	head := p.queue[0].seq
+	return p.singleSeq >= head && !p.queue[p.singleSeq-head].acked
 }
 
 // send puts o on the wire: in the event batch if it may go in one, else

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -248,7 +249,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.eventsStream, err = w.c.JetStream().Stream(setup, w.names.EventsStream()); err != nil {
 		return fmt.Errorf("worker: events stream: %w", err)
 	}
-	if !w.cfg.NoEventBatches && w.eventsStream.CachedInfo().Config.AllowBatchPublish {
+	if ec := w.eventsStream.CachedInfo().Config; !w.cfg.NoEventBatches && ec.AllowBatchPublish &&
+		slices.Contains(ec.Subjects, w.names.EventBatches()) {
 		if w.batch, err = startEventBatch(w.c.Conn(), w.acks, w.names.EventBatches()); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
