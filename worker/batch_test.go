@@ -125,6 +125,33 @@ func started(t *testing.T, p *publisher) {
 	}
 }
 
+// ensureStreams creates the streams as a worker does.
+func ensureStreams(t *testing.T, c *bus.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// updateEventsStream changes the events stream's configuration, as an
+// operator may.
+func updateEventsStream(t *testing.T, c *bus.Client, change func(*jetstream.StreamConfig)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	change(&cfg)
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func seqsTo(n uint64) []uint64 {
 	s := make([]uint64, n)
 	for i := range s {
@@ -150,15 +177,7 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			// An operator's message size limit below the worker's.
-			s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := s.CachedInfo().Config
-			cfg.MaxMsgSize = 2000
-			if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
+			updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 2000 })
 			failed := make(chan error, 1)
 			big := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 			other := newPublisher(w, bus.NewRunID(), 1, nil)
@@ -190,7 +209,7 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 			if got, want := fmt.Sprint(storedSeqs(t, c, other.run)), fmt.Sprint(seqsTo(12)); got != want {
 				t.Fatalf("the other run stored %s, want %s", got, want)
 			}
-			err = flushWithin(t, big)
+			err := flushWithin(t, big)
 			if err == nil || !strings.Contains(err.Error(), "maximum") {
 				t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
 			}
@@ -251,20 +270,9 @@ func TestLostBatchAnswersStoreNothingTwice(t *testing.T) {
 // an older server) gets every event plainly.
 func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 	c := connectTestServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.AllowBatchPublish = false
-	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	ensureStreams(t, c)
+	noBatches := func(cfg *jetstream.StreamConfig) { cfg.AllowBatchPublish = false }
+	updateEventsStream(t, c, noBatches)
 	w, _ := startInternalOn(t, c, Config{Concurrency: 1}, nil)
 	// The worker widens the stream again (flags are only added) and so
 	// batches; an operator's removal after the start is answered by the
@@ -272,9 +280,7 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 	if w.batch == nil {
 		t.Fatal("the worker did not turn batches on again")
 	}
-	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	updateEventsStream(t, c, noBatches)
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	started(t, p)
 	for i := 2; i <= 10; i++ {
@@ -324,17 +330,11 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Discard = jetstream.DiscardNew
-	cfg.DiscardNewPerSubject = true
-	cfg.MaxMsgsPerSubject = 2
-	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) {
+		cfg.Discard = jetstream.DiscardNew
+		cfg.DiscardNewPerSubject = true
+		cfg.MaxMsgsPerSubject = 2
+	})
 	full := newPublisher(w, bus.NewRunID(), 1, nil)
 	other := newPublisher(w, bus.NewRunID(), 1, nil)
 	sent := replies(t, c, other.subject)
@@ -369,10 +369,7 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 			t.Fatal("the batch the stream ended was not settled")
 		}
 	}
-	cfg.MaxMsgsPerSubject = 1000
-	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgsPerSubject = 1000 })
 	ev(other, 3)
 	if err := other.sync(ctx); err != nil {
 		t.Fatal(err)
@@ -442,20 +439,8 @@ func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
 // subject gets every event singly.
 func TestNoBatchesWithoutTheCommitSubject(t *testing.T) {
 	c := connectTestServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Subjects = []string{c.Names().Events("*")}
-	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	ensureStreams(t, c)
+	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.Subjects = []string{c.Names().Events("*")} })
 	w, _ := startInternalOn(t, c, Config{Concurrency: 1, SkipEnsureStreams: true}, nil)
 	if w.batch != nil {
 		t.Fatal("the worker batches on a stream without the commit subject")

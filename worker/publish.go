@@ -242,21 +242,26 @@ func (p *publisher) budgetSpent(cause error) error {
 	return fmt.Errorf("publish to %s: not stored within %s: %w", p.subject, p.budget, cause)
 }
 
+// queuedLocked returns the queued event seq unacknowledged, or nil (the
+// publisher failed, or a late answer: acked or popped already). Caller
+// holds mu.
+func (p *publisher) queuedLocked(seq uint64) *outgoing {
+	if p.err != nil || len(p.queue) == 0 {
+		return nil
+	}
+	head := p.queue[0].seq
+	if seq < head || seq-head >= uint64(len(p.queue)) || p.queue[seq-head].acked {
+		return nil
+	}
+	return p.queue[seq-head]
+}
+
 // ackArrived applies the ack of the event seq (eventAcks' callback: it
 // must not block).
 func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 	p.mu.Lock()
-	if p.err != nil || len(p.queue) == 0 {
-		p.mu.Unlock()
-		return
-	}
-	head := p.queue[0].seq
-	if seq < head || seq-head >= uint64(len(p.queue)) {
-		p.mu.Unlock() // a late ack of an event already popped
-		return
-	}
-	o := p.queue[seq-head]
-	if o.acked {
+	o := p.queuedLocked(seq)
+	if o == nil {
 		p.mu.Unlock()
 		return
 	}
@@ -287,14 +292,9 @@ func (p *publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 func (p *publisher) batchUnanswered(seq uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.err != nil || len(p.queue) == 0 {
-		return
+	if p.queuedLocked(seq) != nil {
+		p.startResendLocked(errBatchUnanswered)
 	}
-	head := p.queue[0].seq
-	if seq < head || seq-head >= uint64(len(p.queue)) || p.queue[seq-head].acked {
-		return
-	}
-	p.startResendLocked(errBatchUnanswered)
 }
 
 // batchAnswer applies the event batch's answer for the event seq: stored
@@ -302,21 +302,12 @@ func (p *publisher) batchUnanswered(seq uint64) {
 // batch answers' callback: it must not block.
 func (p *publisher) batchAnswer(seq, stream uint64, approx bool, cause error) {
 	p.mu.Lock()
-	if p.err != nil || len(p.queue) == 0 {
+	o := p.queuedLocked(seq)
+	if o == nil {
 		p.mu.Unlock()
 		return
 	}
-	head := p.queue[0].seq
-	if seq < head || seq-head >= uint64(len(p.queue)) {
-		p.mu.Unlock()
-		return
-	}
-	i := seq - head
-	o := p.queue[i]
-	if o.acked {
-		p.mu.Unlock()
-		return
-	}
+	i := seq - p.queue[0].seq
 	if cause == nil {
 		o.acked, o.stream, o.approx = true, stream, approx
 		p.popAndUnlock(true)
