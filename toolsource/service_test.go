@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -24,6 +25,7 @@ const addSchema = `{"type":"object","properties":{"a":{"type":"number"},"b":{"ty
 // calcInstance is one instance of tool service "calc".
 type calcInstance struct {
 	name    string
+	nc      *nats.Conn
 	svc     micro.Service
 	mu      sync.Mutex
 	calls   int
@@ -41,7 +43,7 @@ func (c *calcInstance) count() int {
 func startCalc(t *testing.T, f *fleettest.Fleet, name string, block func()) *calcInstance {
 	t.Helper()
 	nc := fleettest.Connect(t, f.URL()).Conn()
-	c := &calcInstance{name: name}
+	c := &calcInstance{name: name, nc: nc}
 	svc, err := micro.AddService(nc, micro.Config{Name: "calc", Version: "1.0.0"})
 	if err != nil {
 		t.Fatal(err)
@@ -176,6 +178,11 @@ func TestServiceInstanceStopsMidRun(t *testing.T) {
 	id := f.Submit("", req)
 	<-started
 	if err := a.svc.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Stop only queues A's unsubscribes on its connection: until the
+	// server has them, it may still route a request to A.
+	if err := a.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
