@@ -73,9 +73,9 @@ type eventBatch struct {
 	sub           *nats.Subscription
 	every         time.Duration
 
-	off        atomic.Bool  // the stream refused batches: publish plainly
-	pauseUntil atomic.Int64 // unix ns: publish plainly until then
-	answerWait time.Duration
+	off        atomic.Bool   // the stream refused batches: publish plainly
+	pauseUntil atomic.Int64  // unix ns: publish plainly until then
+	answerWait time.Duration // guarded by mu (a test sets it)
 	stop, done chan struct{} // the sweep's
 
 	sendMu sync.Mutex // see the invariants; taken before mu

@@ -454,3 +454,30 @@ func TestNoBatchesWithoutTheCommitSubject(t *testing.T) {
 		t.Fatalf("stored %s, want %s", got, want)
 	}
 }
+
+// A batch committed and never answered (its commit lost, as in a leader
+// change) is re-sent after the batch's answer wait, not after the
+// publishers' ack timeout (an hour here): nothing is stored twice.
+func TestUnansweredBatchIsReSent(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	holdBatches(t, w)
+	w.batch.mu.Lock()
+	w.batch.answerWait = 50 * time.Millisecond
+	w.batch.mu.Unlock()
+	if err := w.batch.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	started(t, p)
+	for i := 2; i <= 10; i++ {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(10)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
+	}
+}
