@@ -152,6 +152,24 @@ func updateEventsStream(t *testing.T, c *bus.Client, change func(*jetstream.Stre
 	}
 }
 
+// storeTen publishes run_started, waits for its ack, publishes events 2
+// to 10 and checks that the run's subject holds 1 to 10, once each.
+func storeTen(t *testing.T, c *bus.Client, p *publisher) {
+	t.Helper()
+	started(t, p)
+	for i := 2; i <= 10; i++ {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(10)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
+	}
+}
+
 func seqsTo(n uint64) []uint64 {
 	s := make([]uint64, n)
 	for i := range s {
@@ -282,18 +300,7 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 	}
 	updateEventsStream(t, c, noBatches)
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
-	started(t, p)
-	for i := 2; i <= 10; i++ {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := flushWithin(t, p); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(10)); got != want {
-		t.Fatalf("stored %s, want %s", got, want)
-	}
+	storeTen(t, c, p)
 	if !w.batch.off.Load() {
 		t.Fatal("batches still on after the stream refused one")
 	}
@@ -468,16 +475,5 @@ func TestUnansweredBatchIsReSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
-	started(t, p)
-	for i := 2; i <= 10; i++ {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := flushWithin(t, p); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(10)); got != want {
-		t.Fatalf("stored %s, want %s", got, want)
-	}
+	storeTen(t, c, p)
 }
