@@ -419,6 +419,13 @@ func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
 	sent := replies(t, c, p.subject)
 	publishN(t, p, 4)
 	w.acks.route(<-held)
+	// Events 2 to 4 went singly too: once they are acked, nothing single
+	// waits, and the next events go in a batch.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for i := 5; i <= 6; i++ {
 		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
 			t.Fatal(err)
