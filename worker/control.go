@@ -37,7 +37,8 @@ const controlInbox = 8
 //     drops the message and wakes the owner to read the stream.
 //   - the stream, the source of truth: the owner reads what it has not
 //     taken yet at pickup (before any live message, so a resumed attempt
-//     first knows what earlier attempts delivered), on a gap (a dropped
+//     first knows what earlier attempts delivered; a first attempt the
+//     worker's coverage vouches for skips it, coverage.go), on a gap (a dropped
 //     message, or a live message whose previous sequence it has not
 //     taken), at every heartbeat (the republish is plain NATS: a
 //     reconnect can drop one), and at the idle check.
@@ -179,12 +180,17 @@ func (c *controls) skip(seqs []uint64) {
 }
 
 // start runs the owner and returns once it has read what is stored (the
-// pickup catch-up).
-func (c *controls) start(ctx context.Context) {
+// pickup catch-up), unless read is false (nothing can be stored that the
+// live path did not bring: coverage.go).
+func (c *controls) start(ctx context.Context, read bool) {
 	c.running = true
 	c.ctx = ctx
 	c.active.Store(true)
 	c.started.Store(true)
+	if !read {
+		go c.own(nil)
+		return
+	}
 	started := make(chan struct{})
 	go c.own(started)
 	select {

@@ -397,7 +397,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 			r.publishFailed(fmt.Errorf("resume: %w", err))
 		}
 	}
-	r.ctl.start(r.w.hardCtx)
+	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
 	if r.tally.stopping() {
 		return nil, false
 	}

@@ -72,9 +72,12 @@ type Worker struct {
 	// publisher re-sends.
 	beforeEventResend func(seq uint64)
 
-	mu   sync.Mutex
-	runs map[string]*run
-	wg   sync.WaitGroup
+	mu    sync.Mutex
+	runs  map[string]*run
+	cover controlCoverage // which first attempts skip the pickup read (coverage.go)
+	// ctlSub is the live control subscription, from Run on.
+	ctlSub *nats.Subscription
+	wg     sync.WaitGroup
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
@@ -134,6 +137,7 @@ func New(cfg Config) (*Worker, error) {
 		eventReads:       make(chan struct{}, maxEventReads),
 		eventReadTimeout: eventReadTimeout,
 		runs:             map[string]*run{},
+		cover:            newControlCoverage(),
 		ready:            make(chan struct{}),
 		queueSlots:       map[string]chan struct{}{},
 	}
@@ -242,6 +246,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	sub.SetPendingLimits(-1, 64<<20)
 	defer func() { _ = sub.Unsubscribe() }()
+	w.ctlSub = sub
 
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
@@ -256,6 +261,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		defer w.batch.close() // after the runs, like acks
 	}
+	// The subscription is known to the server (a flush) before the
+	// coverage's first renew reads the streams.
+	if err := w.c.Conn().FlushWithContext(setup); err != nil {
+		return fmt.Errorf("worker: control subscription: %w", err)
+	}
+	defer w.startCoverage(setup)()                  // worker/coverage.go
 	stopRateLimits, err := w.startRateLimits(setup) // worker/ratelimit.go
 	if err != nil {
 		return fmt.Errorf("worker: shared rate limits: %w", err)
@@ -452,11 +463,13 @@ func (w *Worker) longPollWait() time.Duration {
 // to its run's control owner without blocking.
 func (w *Worker) onControl(m *nats.Msg) {
 	runID, kind, err := w.names.ParseRepublished(m.Subject)
-	if err != nil {
-		return
-	}
+	seq := controlSeq(m)
 	w.mu.Lock()
-	r := w.runs[runID]
+	var r *run
+	if err == nil {
+		r = w.runs[runID]
+	}
+	w.cover.saw(seq, runID, r != nil || err != nil)
 	w.mu.Unlock()
 	if r == nil {
 		return // not ours, or finished

@@ -1,0 +1,205 @@
+package worker
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// A run's first attempt reads the control stream at pickup only when a
+// control message may be stored for it that the worker's live
+// subscription did not hand to it. That read was the costliest step of a
+// short run (a JetStream API request, most often answered "not found");
+// the worker's own view of the control stream answers the question for
+// most runs instead.
+//
+// Invariants, kept under Worker.mu (onControl, register and the pickup
+// check all take it, so a control message either finds the run
+// registered or is noted before the run looks):
+//
+//  1. Within an epoch, the sequences onControl saw are contiguous from
+//     first to last: every republished message in between reached it.
+//     A gap, a reconnect or a dropped message (the subscription's counts
+//     differ from the epoch's) ends the epoch.
+//  2. unclaimed holds the run of every message of the epoch that found no
+//     run of this worker registered.
+//  3. valid: a renew read the control stream's last sequence ctlBase and
+//     then the runs stream's last sequence runsBase within this epoch, and
+//     first <= ctlBase+1 (or nothing was seen): every control message
+//     stored after ctlBase was seen in the epoch.
+//
+// A control message counts only when stored after its run's request
+// (controls.take). A request above runsBase was stored after the runs
+// stream's read, so such a message was stored after ctlBase, and (1, 2)
+// it was handed to the run or noted in unclaimed. So a first attempt
+// whose request is above runsBase and whose run is not in unclaimed has
+// nothing stored to read at pickup. A message lost between servers
+// (nothing later arrives to show the gap) is read at the run's next
+// heartbeat, as for a running run.
+type controlCoverage struct {
+	epoch      uint64
+	first      uint64 // first sequence seen in the epoch; 0: none yet
+	last       uint64
+	valid      bool
+	runsBase   uint64
+	reconnects uint64 // the connection's reconnects when the epoch's renew began
+	dropped    int    // the subscription's dropped messages then
+	unclaimed  map[string]struct{}
+	renew      chan struct{} // 1-buffered: a renew is due
+}
+
+// maxUnclaimed bounds the runs noted (a fleet's other runs, a flood of
+// control messages to made-up runs): past it the epoch ends.
+const maxUnclaimed = 4096
+
+func newControlCoverage() controlCoverage {
+	return controlCoverage{unclaimed: map[string]struct{}{}, renew: make(chan struct{}, 1)}
+}
+
+// saw notes a republished control message; claimed tells whether a run of
+// this worker took it. Worker.mu is held.
+func (cv *controlCoverage) saw(seq uint64, run string, claimed bool) {
+	if seq == 0 || seq <= cv.last {
+		return
+	}
+	if cv.last != 0 && seq != cv.last+1 {
+		cv.lose()
+	}
+	if cv.first == 0 {
+		cv.first = seq
+	}
+	cv.last = seq
+	if !claimed {
+		cv.unclaimed[run] = struct{}{}
+		if len(cv.unclaimed) > maxUnclaimed {
+			cv.lose()
+		}
+	}
+}
+
+// lose ends the epoch and asks for a renew. Worker.mu is held.
+func (cv *controlCoverage) lose() {
+	cv.epoch++
+	cv.first, cv.last, cv.valid = 0, 0, false
+	clear(cv.unclaimed)
+	select {
+	case cv.renew <- struct{}{}:
+	default:
+	}
+}
+
+// covers tells whether a first attempt of run, whose request has stream
+// sequence reqSeq, may skip the pickup read (see invariant 3). It forgets
+// the run: the read it gets instead takes what was noted. Worker.mu is
+// held.
+func (cv *controlCoverage) covers(run string, reqSeq, reconnects uint64, dropped int) bool {
+	if cv.valid && (reconnects != cv.reconnects || dropped != cv.dropped) {
+		cv.lose()
+	}
+	_, noted := cv.unclaimed[run]
+	delete(cv.unclaimed, run)
+	return cv.valid && reqSeq > cv.runsBase && !noted
+}
+
+// renewed ends a renew that began in epoch with these counts and bases.
+// Worker.mu is held.
+func (cv *controlCoverage) renewed(epoch, reconnects uint64, dropped int, ctlBase, runsBase uint64) {
+	if epoch != cv.epoch {
+		return // lost meanwhile: the renew due does it again
+	}
+	if cv.first > ctlBase+1 {
+		cv.lose() // messages after ctlBase were not seen
+		return
+	}
+	cv.valid, cv.reconnects, cv.dropped, cv.runsBase = true, reconnects, dropped, runsBase
+}
+
+// subscriptionCounts are what may have lost republished messages.
+func (w *Worker) subscriptionCounts() (uint64, int) {
+	dropped, _ := w.ctlSub.Dropped()
+	return w.c.Conn().Stats().Reconnects, dropped
+}
+
+// startCoverage makes the coverage valid, so runs submitted from now on
+// are covered, and renews it whenever an epoch ends, until stop. Only a
+// control stream that republishes every message it stores (as
+// EnsureStreams makes it) can be covered. The live subscription must be
+// known to the server (flushed) first.
+func (w *Worker) startCoverage(ctx context.Context) (stop func()) {
+	rp := w.controlStream.CachedInfo().Config.RePublish
+	if rp == nil || rp.Source != w.names.Prefix()+".run.>" || rp.HeadersOnly {
+		w.log.Info("the control stream does not republish every message: each run reads it at pickup")
+		return func() {}
+	}
+	if err := w.renewCoverage(ctx); err != nil {
+		w.mu.Lock()
+		w.cover.lose() // the keeper tries again
+		w.mu.Unlock()
+	}
+	ctx, cancel := context.WithCancel(w.hardCtx)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.keepCoverage(ctx) })
+	return func() { cancel(); wg.Wait() }
+}
+
+func (w *Worker) keepCoverage(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.cover.renew:
+		}
+		for w.renewCoverage(ctx) != nil {
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}
+}
+
+func (w *Worker) renewCoverage(ctx context.Context) error {
+	w.mu.Lock()
+	epoch := w.cover.epoch
+	w.mu.Unlock()
+	reconnects, dropped := w.subscriptionCounts()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ci, err := w.controlStream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	ri, err := w.runsStream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.cover.renewed(epoch, reconnects, dropped, ci.State.LastSeq, ri.State.LastSeq)
+	w.mu.Unlock()
+	return nil
+}
+
+// pickupRead tells whether a run's control owner reads the stream at
+// pickup. Call it once the run is registered.
+func (w *Worker) pickupRead(r *run) bool {
+	if r.attempt != 1 || r.reqSeq == 0 || w.ctlSub == nil {
+		return true
+	}
+	reconnects, dropped := w.subscriptionCounts()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.cover.covers(r.id, r.reqSeq, reconnects, dropped)
+}
+
+// controlSeq is a republished message's stream sequence; 0 if it has
+// none.
+func controlSeq(m *nats.Msg) uint64 {
+	seq, _ := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+	return seq
+}

@@ -1,0 +1,220 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// readsOf counts each run's reads of the control stream.
+type readsOf struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *readsOf) hook(run string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	r.n[run]++
+}
+
+func (r *readsOf) of(run string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[run]
+}
+
+// A run submitted to a running worker, with no control message, starts
+// without reading the control stream; a steer then still comes live.
+func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
+	var reads readsOf
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, 10)}
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute, Observer: o},
+		func(w *Worker) { w.beforeCatchUpRead = reads.hook })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "a", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("a", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the run's tool")
+	if n := reads.of(run.ID); n != 0 {
+		t.Fatalf("%d reads of the control stream before the run's tool", n)
+	}
+	if _, err := c.Steer(ctx, run.ID, "steered"); err != nil {
+		t.Fatal(err)
+	}
+	within(t, o.got, 10*time.Second, "the steer, live")
+	g.release <- struct{}{}
+	tr, err := c.LoadTranscript(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(userTexts(tr)); got != "[a steered]" || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("user messages %s, %+v", got, tr.Finished)
+	}
+}
+
+// Control messages stored while their run waits in the queue of a running
+// worker reach it at pickup (the coverage noted them), before its first
+// model call: the steer is in the first turn, the abort stops it before any.
+func TestControlsWhileQueuedAreTakenAtPickup(t *testing.T) {
+	var reads readsOf
+	g := newTestGate()
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1, HeartbeatInterval: time.Minute},
+		func(w *Worker) { w.beforeCatchUpRead = reads.hook })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	model := &bus.ModelRef{Provider: "faux", ID: "s"}
+	holder, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "h", Tools: []string{"gate"}, Model: model, Faux: gateScript("h", "h done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the slot holder's tool")
+	steered, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "first", Model: model, Faux: fauxTexts("one", "two")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aborted, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "never", Model: model, Faux: fauxTexts("nope")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Steer(ctx, steered.ID, "also this"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Abort(ctx, aborted.ID, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	g.release <- struct{}{}
+
+	tr, err := c.LoadTranscript(ctx, steered.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(userTexts(tr)); got != "[first also this]" || len(tr.Messages) != 3 {
+		t.Fatalf("steered: user messages %s, %d messages", got, len(tr.Messages))
+	}
+	tr, err = c.LoadTranscript(ctx, aborted.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Finished.Status != bus.StatusAborted || len(tr.Messages) != 0 {
+		t.Fatalf("aborted: %+v, %d messages", tr.Finished, len(tr.Messages))
+	}
+	if _, err := c.LoadTranscript(ctx, holder.ID); err != nil {
+		t.Fatal(err)
+	}
+	if reads.of(holder.ID) == 0 || reads.of(steered.ID) == 0 {
+		t.Fatalf("reads: holder %d, steered %d", reads.of(holder.ID), reads.of(steered.ID))
+	}
+}
+
+// The coverage's rules, one at a time.
+func TestControlCoverage(t *testing.T) {
+	t.Run("covers a later request not noted", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.renewed(cv.epoch, 2, 1, 5, 100)
+		if !cv.covers("x", 101, 2, 1) {
+			t.Fatal("not covered")
+		}
+		if cv.covers("x", 100, 2, 1) {
+			t.Fatal("a request at the runs base is covered")
+		}
+	})
+	t.Run("a noted run reads once", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.renewed(cv.epoch, 2, 1, 5, 100)
+		cv.saw(6, "x", false)
+		cv.saw(7, "y", true)
+		if cv.covers("x", 101, 2, 1) {
+			t.Fatal("a noted run is covered")
+		}
+		if !cv.covers("x", 102, 2, 1) || !cv.covers("y", 101, 2, 1) {
+			t.Fatal("not covered")
+		}
+	})
+	t.Run("a gap ends the epoch", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.renewed(cv.epoch, 0, 0, 5, 100)
+		cv.saw(6, "x", true)
+		cv.saw(8, "y", true)
+		if cv.covers("z", 101, 0, 0) {
+			t.Fatal("covered after a gap")
+		}
+		select {
+		case <-cv.renew:
+		default:
+			t.Fatal("no renew due")
+		}
+		// A renew counts what came since the gap: 7, lost, is at or
+		// below a base of 7 (its run's request at or below the runs
+		// base), not below one of 6.
+		epoch := cv.epoch
+		cv.renewed(epoch, 0, 0, 6, 120)
+		if cv.valid {
+			t.Fatal("valid though 7 came after the base and was not seen")
+		}
+		cv.saw(9, "y", true)
+		cv.renewed(cv.epoch, 0, 0, 9, 120)
+		if !cv.valid || !cv.covers("z", 121, 0, 0) {
+			t.Fatal("not valid after a renew above the gap")
+		}
+	})
+	t.Run("a renew sees every message after its base", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.saw(9, "x", false)
+		cv.renewed(cv.epoch, 0, 0, 7, 100) // 8 not seen
+		if cv.valid {
+			t.Fatal("valid with sequence 8 unseen")
+		}
+		cv = newControlCoverage()
+		cv.saw(8, "x", false)
+		cv.saw(9, "y", false)
+		cv.renewed(cv.epoch, 0, 0, 7, 100)
+		if !cv.valid || cv.covers("x", 101, 0, 0) || cv.covers("y", 101, 0, 0) || !cv.covers("z", 101, 0, 0) {
+			t.Fatal("messages after the base are not noted")
+		}
+	})
+	t.Run("a renew from a lost epoch is void", func(t *testing.T) {
+		cv := newControlCoverage()
+		epoch := cv.epoch
+		cv.saw(3, "x", true)
+		cv.saw(5, "x", true)
+		cv.renewed(epoch, 0, 0, 10, 100)
+		if cv.valid {
+			t.Fatal("a renew begun before a gap made the coverage valid")
+		}
+	})
+	t.Run("a reconnect or a drop ends it", func(t *testing.T) {
+		for _, c := range []struct {
+			reconnects uint64
+			dropped    int
+		}{{3, 1}, {2, 2}} {
+			cv := newControlCoverage()
+			cv.renewed(cv.epoch, 2, 1, 5, 100)
+			if cv.covers("x", 101, c.reconnects, c.dropped) || cv.valid {
+				t.Fatalf("covered after %+v", c)
+			}
+		}
+	})
+	t.Run("too many runs noted end it", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.renewed(cv.epoch, 0, 0, 0, 100)
+		for i := range maxUnclaimed + 1 {
+			cv.saw(uint64(i+1), fmt.Sprint("r", i), false)
+		}
+		if cv.valid || len(cv.unclaimed) != 0 {
+			t.Fatalf("valid %v with %d noted", cv.valid, len(cv.unclaimed))
+		}
+	})
+}
