@@ -38,6 +38,13 @@ type settlement struct {
 func (r *run) ackRequest() settlement {
 	return settlement{
 		done: func(ctx context.Context) error {
+			// run_finished is stored: the run is over for everyone, and
+			// the next request need not wait out this ack's round trip
+			// (a lost ack redelivers a finished run, which pickup acks).
+			r.slot.release()
+			if h := r.w.beforeRequestAck; h != nil {
+				h(r.id)
+			}
 			if err := r.msg.DoubleAck(ctx); err != nil {
 				r.log.Warn("ack failed", "err", err)
 			}

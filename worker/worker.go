@@ -71,6 +71,9 @@ type Worker struct {
 	// beforeEventResend, when set (tests), is called before each event a
 	// publisher re-sends.
 	beforeEventResend func(seq uint64)
+	// beforeRequestAck, when set (tests), is called before a finished
+	// run acknowledges its request.
+	beforeRequestAck func(runID string)
 
 	mu    sync.Mutex
 	runs  map[string]*run
@@ -291,7 +294,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var pullers sync.WaitGroup
 	for i, q := range w.cfg.Queues {
-		pullers.Go(func() { w.pull(ctx, q, consumers[i]) })
+		for range w.pullLoops(q) {
+			pullers.Go(func() { w.pull(ctx, q, consumers[i]) })
+		}
 	}
 	<-ctx.Done()
 	pullers.Wait()
@@ -317,6 +322,21 @@ func (w *Worker) running() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.runs)
+}
+
+// pullLoops is how many pull loops take a queue's requests. One loop
+// waits a round trip per fetch, and when runs are short their slots free
+// one at a time: a fetch each, one after the other, was a busy worker's
+// limit (1,400 short runs/s with 64 slots; three loops: 1,800). Each
+// loop's long pull holds a slot while the queue is empty, so a loop is
+// added per 8 slots the queue may use (its cap, or its share of the
+// worker's), up to three.
+func (w *Worker) pullLoops(queue string) int {
+	limit := w.cfg.Concurrency / len(w.cfg.Queues)
+	if qs := w.queueSlots[queue]; qs != nil {
+		limit = min(limit, cap(qs))
+	}
+	return max(1, min(3, limit/8))
 }
 
 // pull takes requests from one queue, one per free slot: it takes every

@@ -505,18 +505,27 @@ func TestTwoWorkersOneQueue(t *testing.T) {
 	t.Logf("runs per worker: %v", workers)
 }
 
+// No request is fetched without a slot for it: with one pull loop (2
+// slots) and with three competing for the slots (24).
 func TestConcurrencyBound(t *testing.T) {
+	for _, c := range []struct{ slots, runs int }{{2, 5}, {24, 40}} {
+		t.Run(fmt.Sprint(c.slots, "slots"), func(t *testing.T) { testConcurrencyBound(t, c.slots, c.runs) })
+	}
+}
+
+func testConcurrencyBound(t *testing.T, slots, runs int) {
 	f := newFleet(t)
 	g := newGate()
 	o := newObs()
-	f.StartWorker(worker.Config{Concurrency: 2, Queues: []string{"default"}, Tools: []*agent.Tool{g.tool()}, Observer: o})
+	f.StartWorker(worker.Config{Concurrency: slots, Queues: []string{"default"}, Tools: []*agent.Tool{g.tool()}, Observer: o})
 	var ids []string
-	for i := range 5 {
+	for i := range runs {
 		ids = append(ids, f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
 			Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": fmt.Sprint(i)}), fleettest.Text("ok")}}}))
 	}
-	g.waitStarted(t)
-	g.waitStarted(t)
+	for range slots {
+		g.waitStarted(t)
+	}
 	cons, err := f.Client.JetStream().Consumer(fleettest.Context(t), f.Client.Names().RunsStream(), "workers-default")
 	if err != nil {
 		t.Fatal(err)
@@ -528,19 +537,19 @@ func TestConcurrencyBound(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.NumAckPending > 2 {
-			t.Fatalf("ack pending %d, concurrency is 2", info.NumAckPending)
+		if info.NumAckPending > slots {
+			t.Fatalf("ack pending %d, concurrency is %d", info.NumAckPending, slots)
 		}
-		if info.NumAckPending == 2 && info.NumPending == 3 {
+		if info.NumAckPending == slots && info.NumPending == uint64(runs-slots) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ack pending %d, pending %d; want 2 and 3", info.NumAckPending, info.NumPending)
+			t.Fatalf("ack pending %d, pending %d; want %d and %d", info.NumAckPending, info.NumPending, slots, runs-slots)
 		}
 		time.Sleep(10 * time.Millisecond) // polls the server's count itself
 	}
-	// Let them all through, one at a time.
-	for range 5 {
+	// Let them all through.
+	for range runs {
 		g.release <- struct{}{}
 	}
 	for _, id := range ids {
@@ -550,8 +559,8 @@ func TestConcurrencyBound(t *testing.T) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.maxBusy > 2 {
-		t.Fatalf("%d slots busy, concurrency is 2", o.maxBusy)
+	if o.maxBusy > slots {
+		t.Fatalf("%d slots busy, concurrency is %d", o.maxBusy, slots)
 	}
 }
 
