@@ -154,7 +154,7 @@ func (c *controls) poke() {
 // runs (or before start: the first owner takes what came before it).
 func (c *controls) kick() {
 	if c.started.Load() && c.active.CompareAndSwap(false, true) {
-		go c.own(nil)
+		go c.own(nil, false)
 	}
 }
 
@@ -187,12 +187,8 @@ func (c *controls) start(ctx context.Context, read bool) {
 	c.ctx = ctx
 	c.active.Store(true)
 	c.started.Store(true)
-	if !read {
-		go c.own(nil)
-		return
-	}
 	started := make(chan struct{})
-	go c.own(started)
+	go c.own(started, read)
 	select {
 	case <-started:
 	case <-c.done:
@@ -200,10 +196,27 @@ func (c *controls) start(ctx context.Context, read bool) {
 }
 
 // own is an owner goroutine (see controls): the first, started by start,
-// first reads what is stored.
-func (c *controls) own(started chan<- struct{}) {
+// first reads what is stored (read, or the inbox overflowed before start)
+// and applies what came live since the run registered, so both reach the
+// agent before its first model call.
+func (c *controls) own(started chan<- struct{}, read bool) {
 	if started != nil {
-		c.catchUp(c.ctx)
+		select {
+		case <-c.wake:
+			read = true
+		default:
+		}
+		if read {
+			c.catchUp(c.ctx)
+		}
+		for drained := false; !drained; {
+			select {
+			case lc := <-c.inbox:
+				c.live(c.ctx, lc)
+			default:
+				drained = true
+			}
+		}
 		close(started)
 	}
 	for {

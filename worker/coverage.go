@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A run's first attempt reads the control stream at pickup only when a
@@ -22,14 +23,17 @@ import (
 //
 //  1. Within an epoch, the sequences onControl saw are contiguous from
 //     first to last: every republished message in between reached it.
-//     A gap, a reconnect or a dropped message (the subscription's counts
-//     differ from the epoch's) ends the epoch.
+//     A gap, a sequence going back (the stream was recreated), a
+//     reconnect or a dropped message (the subscription's counts differ
+//     from the epoch's) ends the epoch; so does, once valid with nothing
+//     seen, a first message past ctlBase+1.
 //  2. unclaimed holds the run of every message of the epoch that found no
 //     run of this worker registered.
-//  3. valid: a renew read the control stream's last sequence ctlBase and
-//     then the runs stream's last sequence runsBase within this epoch, and
-//     first <= ctlBase+1 (or nothing was seen): every control message
-//     stored after ctlBase was seen in the epoch.
+//  3. valid: a renew read the control stream's last sequence ctlBase (its
+//     configuration republishing every message) and then the runs
+//     stream's last sequence runsBase within this epoch, and first <=
+//     ctlBase+1 (or nothing was seen): every control message stored after
+//     ctlBase was seen in the epoch.
 //
 // A control message counts only when stored after its run's request
 // (controls.take). A request above runsBase was stored after the runs
@@ -44,6 +48,7 @@ type controlCoverage struct {
 	first      uint64 // first sequence seen in the epoch; 0: none yet
 	last       uint64
 	valid      bool
+	ctlBase    uint64
 	runsBase   uint64
 	reconnects uint64 // the connection's reconnects when the epoch's renew began
 	dropped    int    // the subscription's dropped messages then
@@ -62,11 +67,14 @@ func newControlCoverage() controlCoverage {
 // saw notes a republished control message; claimed tells whether a run of
 // this worker took it. Worker.mu is held.
 func (cv *controlCoverage) saw(seq uint64, run string, claimed bool) {
-	if seq == 0 || seq <= cv.last {
-		return
+	if seq == 0 || seq == cv.last {
+		return // no sequence, or the same message again
 	}
-	if cv.last != 0 && seq != cv.last+1 {
-		cv.lose()
+	switch {
+	case cv.last != 0 && seq != cv.last+1:
+		cv.lose() // a gap, or the stream started again
+	case cv.last == 0 && cv.valid && seq > cv.ctlBase+1:
+		cv.lose() // what came after ctlBase before seq was lost
 	}
 	if cv.first == 0 {
 		cv.first = seq
@@ -114,7 +122,7 @@ func (cv *controlCoverage) renewed(epoch, reconnects uint64, dropped int, ctlBas
 		cv.lose() // messages after ctlBase were not seen
 		return
 	}
-	cv.valid, cv.reconnects, cv.dropped, cv.runsBase = true, reconnects, dropped, runsBase
+	cv.valid, cv.reconnects, cv.dropped, cv.ctlBase, cv.runsBase = true, reconnects, dropped, ctlBase, runsBase
 }
 
 // subscriptionCounts are what may have lost republished messages.
@@ -129,9 +137,8 @@ func (w *Worker) subscriptionCounts() (uint64, int) {
 // EnsureStreams makes it) can be covered. The live subscription must be
 // known to the server (flushed) first.
 func (w *Worker) startCoverage(ctx context.Context) (stop func()) {
-	rp := w.controlStream.CachedInfo().Config.RePublish
-	if rp == nil || rp.Source != w.names.Prefix()+".run.>" || rp.HeadersOnly {
-		w.log.Info("the control stream does not republish every message: each run reads it at pickup")
+	if !w.republishesAll(w.controlStream.CachedInfo().Config) {
+		w.log.Info("the control stream does not republish every message to the workers: each run reads it at pickup")
 		return func() {}
 	}
 	if err := w.renewCoverage(ctx); err != nil {
@@ -175,6 +182,12 @@ func (w *Worker) renewCoverage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if !w.republishesAll(ci.Config) {
+		// Changed by hand since the start: no coverage until it is back
+		// (the next renew, after a loss, looks again).
+		w.log.Warn("the control stream no longer republishes every message to the workers: each run reads it at pickup")
+		return nil
+	}
 	ri, err := w.runsStream.Info(ctx)
 	if err != nil {
 		return err
@@ -183,6 +196,14 @@ func (w *Worker) renewCoverage(ctx context.Context) error {
 	w.cover.renewed(epoch, reconnects, dropped, ci.State.LastSeq, ri.State.LastSeq)
 	w.mu.Unlock()
 	return nil
+}
+
+// republishesAll tells whether the control stream republishes every
+// message it stores, whole, to the subjects the worker subscribes to.
+func (w *Worker) republishesAll(cfg jetstream.StreamConfig) bool {
+	rp := cfg.RePublish
+	return rp != nil && !rp.HeadersOnly && rp.Source == w.names.Prefix()+".run.>" &&
+		rp.Destination == w.names.Prefix()+".ctl.>"
 }
 
 // pickupRead tells whether a run's control owner reads the stream at

@@ -69,10 +69,8 @@ func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
 // worker reach it at pickup (the coverage noted them), before its first
 // model call: the steer is in the first turn, the abort stops it before any.
 func TestControlsWhileQueuedAreTakenAtPickup(t *testing.T) {
-	var reads readsOf
 	g := newTestGate()
-	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1, HeartbeatInterval: time.Minute},
-		func(w *Worker) { w.beforeCatchUpRead = reads.hook })
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1, HeartbeatInterval: time.Minute}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	model := &bus.ModelRef{Provider: "faux", ID: "s"}
@@ -113,9 +111,6 @@ func TestControlsWhileQueuedAreTakenAtPickup(t *testing.T) {
 	}
 	if _, err := c.LoadTranscript(ctx, holder.ID); err != nil {
 		t.Fatal(err)
-	}
-	if reads.of(holder.ID) == 0 || reads.of(steered.ID) == 0 {
-		t.Fatalf("reads: holder %d, steered %d", reads.of(holder.ID), reads.of(steered.ID))
 	}
 }
 
@@ -185,6 +180,34 @@ func TestControlCoverage(t *testing.T) {
 			t.Fatal("messages after the base are not noted")
 		}
 	})
+	t.Run("a gap right after an empty renew ends it", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.renewed(cv.epoch, 0, 0, 5, 100)
+		cv.saw(8, "y", false) // 6 and 7 lost
+		if cv.covers("x", 101, 0, 0) {
+			t.Fatal("covered though 6 and 7 were not seen")
+		}
+		cv = newControlCoverage()
+		cv.renewed(cv.epoch, 0, 0, 5, 100)
+		cv.saw(5, "y", true) // in flight at the renew
+		cv.saw(6, "z", true)
+		if !cv.covers("x", 101, 0, 0) {
+			t.Fatal("not covered after 5 and 6")
+		}
+	})
+	t.Run("a sequence going back ends it", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.renewed(cv.epoch, 0, 0, 5, 100)
+		cv.saw(6, "a", true)
+		cv.saw(6, "a", true) // the same again: nothing
+		if !cv.valid {
+			t.Fatal("a repeated message ended it")
+		}
+		cv.saw(1, "x", false) // the stream was recreated
+		if cv.covers("x", 101, 0, 0) || cv.valid {
+			t.Fatal("covered after the sequences started again")
+		}
+	})
 	t.Run("a renew from a lost epoch is void", func(t *testing.T) {
 		cv := newControlCoverage()
 		epoch := cv.epoch
@@ -217,4 +240,43 @@ func TestControlCoverage(t *testing.T) {
 			t.Fatalf("valid %v with %d noted", cv.valid, len(cv.unclaimed))
 		}
 	})
+}
+
+// A control message that comes live between the run's registration and
+// its control owner's start reaches the agent before its first model
+// call, also when the pickup read is skipped: an abort there means no call.
+func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
+	var reads readsOf
+	var c *bus.Client
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const id = "aborted-at-registration"
+	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute}, func(w *Worker) {
+		w.beforeCatchUpRead = reads.hook
+		w.afterRegister = func(r *run) {
+			if r.id != id {
+				return
+			}
+			if _, err := c.Abort(ctx, id, "at once"); err != nil {
+				t.Error(err)
+				return
+			}
+			for len(r.ctl.inbox) == 0 && ctx.Err() == nil {
+				time.Sleep(time.Millisecond) // polls the inbox itself
+			}
+		}
+	})
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "p", Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: fauxTexts("never")}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.LoadTranscript(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Finished.Status != bus.StatusAborted || len(tr.Messages) != 0 {
+		t.Fatalf("%+v, %d messages", tr.Finished, len(tr.Messages))
+	}
+	if n := reads.of(id); n != 0 {
+		t.Fatalf("%d reads: the pickup read was not skipped, the test proves nothing", n)
+	}
 }

@@ -357,6 +357,9 @@ func (r *run) acquire() bool {
 	}
 	r.pub = newPublisher(w, r.id, r.attempt, r.publishFailed)
 	w.register(r)
+	if h := w.afterRegister; h != nil {
+		h(r)
+	}
 	r.hb = r.startHeartbeat()
 	if r.notice != "" {
 		r.log.Warn(r.notice)

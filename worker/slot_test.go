@@ -3,8 +3,11 @@ package worker
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -46,5 +49,47 @@ func TestSlotFreedBeforeTheRequestAck(t *testing.T) {
 	rec, err := c.Status(ctx, first.ID)
 	if err != nil || rec.State != bus.StatusSucceeded {
 		t.Fatalf("first run: %+v %v", rec, err)
+	}
+}
+
+// A pull the server refuses at once (the consumer's MaxWaiting long pulls
+// are parked already) is not asked again at once: three idle pull loops
+// on a consumer that parks two make a few requests a second, not
+// thousands.
+func TestRefusedPullBacksOff(t *testing.T) {
+	c := connectTestServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	names := c.Names()
+	cons, err := c.JetStream().Consumer(ctx, names.RunsStream(), names.Consumer("default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cons.CachedInfo().Config
+	cfg.MaxWaiting = 2 // fixed at creation: make it again
+	if err := c.JetStream().DeleteConsumer(ctx, names.RunsStream(), cfg.Durable); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.JetStream().CreateConsumer(ctx, names.RunsStream(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	var pulls atomic.Int64
+	sub, err := c.Conn().Subscribe("$JS.API.CONSUMER.MSG.NEXT."+names.RunsStream()+"."+cfg.Durable, func(*nats.Msg) { pulls.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	w, _ := startInternalOn(t, c, Config{Concurrency: 24, SkipEnsureStreams: true, PollWait: 5 * time.Second}, nil)
+	if n := w.pullLoops("default"); n != 3 {
+		t.Fatalf("%d pull loops, want 3", n)
+	}
+	<-w.Ready()
+	start := pulls.Load()
+	time.Sleep(2 * time.Second) // the span the requests are counted over
+	if n := pulls.Load() - start; n > 20 {
+		t.Fatalf("%d pull requests in 2 s from idle loops", n)
 	}
 }

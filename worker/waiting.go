@@ -58,8 +58,9 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //	if errors.Is(err, errWaitHandedBack) { r.handBackWhileWaiting(); return err }
 
 // slotHold is the concurrency slot (shared, plus its queue's own) a run
-// was started with. The pull loop's goroutine releases it when the run
-// returns, unless the run gave it up and did not take it back.
+// was started with. The run releases it once its run_finished is stored
+// (finish.go), else the pull loop's goroutine when the run returns, unless
+// the run gave it up and did not take it back.
 type slotHold struct {
 	w     *Worker
 	queue string

@@ -71,6 +71,9 @@ type Worker struct {
 	// beforeEventResend, when set (tests), is called before each event a
 	// publisher re-sends.
 	beforeEventResend func(seq uint64)
+	// afterRegister, when set (tests), is called once a run takes control
+	// messages, before its control owner starts.
+	afterRegister func(r *run)
 	// beforeRequestAck, when set (tests), is called before a finished
 	// run acknowledges its request.
 	beforeRequestAck func(runID string)
@@ -461,7 +464,19 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 		}()
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
-		log.Debug("fetch ended", "err", err)
+		if got > 0 {
+			log.Debug("fetch ended", "err", err)
+			return got
+		}
+		// Refused at once (the consumer's MaxWaiting pulls are parked
+		// already, say): asking again at once would spin.
+		log.Warn("fetch refused", "err", err)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
 	}
 	return got
 }
