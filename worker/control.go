@@ -218,6 +218,9 @@ func (c *controls) own(started chan<- struct{}, read bool) {
 			}
 		}
 		close(started)
+		if h := c.r.w.afterOwnerStarted; h != nil {
+			h(c.r)
+		}
 	}
 	for {
 		if c.serve() {
@@ -277,17 +280,17 @@ func (c *controls) serve() bool {
 // something of its kind came before it that was not taken yet.
 func (c *controls) live(ctx context.Context, lc liveControl) {
 	h := lc.m.Header
-	seq, err := strconv.ParseUint(h.Get("Nats-Sequence"), 10, 64)
+	seq, err := strconv.ParseUint(serverHeader(h, "Nats-Sequence"), 10, 64)
 	if err != nil || seq <= c.last.get(lc.kind) {
 		return // unusable, or taken already through a read
 	}
-	prev, _ := strconv.ParseUint(h.Get("Nats-Last-Sequence"), 10, 64)
+	prev, _ := strconv.ParseUint(serverHeader(h, "Nats-Last-Sequence"), 10, 64)
 	if prev != c.last.get(lc.kind) {
 		c.catchUp(ctx)
 		return
 	}
 	stored := time.Now()
-	if ts := h.Get("Nats-Time-Stamp"); ts != "" {
+	if ts := serverHeader(h, "Nats-Time-Stamp"); ts != "" {
 		if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
 			stored = t
 		}

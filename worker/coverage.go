@@ -42,7 +42,10 @@ import (
 // whose request is above runsBase and whose run is not in unclaimed has
 // nothing stored to read at pickup. A message lost between servers
 // (nothing later arrives to show the gap) is read at the run's next
-// heartbeat, as for a running run.
+// heartbeat, as for a running run; and an audit every coverageAudit ends
+// the epoch when what the stream held at the audit before has not come
+// (or the stream stopped republishing everything), so such a loss, or a
+// dead subscription, leaves first attempts unread for one interval at most.
 type controlCoverage struct {
 	epoch      uint64
 	first      uint64 // first sequence seen in the epoch; 0: none yet
@@ -54,6 +57,9 @@ type controlCoverage struct {
 	dropped    int    // the subscription's dropped messages then
 	unclaimed  map[string]struct{}
 	renew      chan struct{} // 1-buffered: a renew is due
+	// off: the last look at the control stream found it not republishing
+	// every message; an audit that finds it back renews.
+	off bool
 }
 
 // maxUnclaimed bounds the runs noted (a fleet's other runs, a flood of
@@ -125,6 +131,34 @@ func (cv *controlCoverage) renewed(epoch, reconnects uint64, dropped int, ctlBas
 	cv.valid, cv.reconnects, cv.dropped, cv.ctlBase, cv.runsBase = true, reconnects, dropped, ctlBase, runsBase
 }
 
+// disable ends the epoch without a renew: the stream does not republish
+// every message. Worker.mu is held.
+func (cv *controlCoverage) disable() {
+	cv.lose()
+	select {
+	case <-cv.renew:
+	default:
+	}
+	cv.off = true
+}
+
+// audited applies an audit's look at the control stream: whether it
+// republishes every message, and the last sequence the audit before read
+// (prev). What was stored then has had an audit interval to come: if it
+// has not, it was lost with nothing after it to show the gap (or the
+// subscription is dead). Worker.mu is held.
+func (cv *controlCoverage) audited(republishes bool, prev uint64) {
+	switch {
+	case !republishes:
+		cv.disable()
+	case cv.off:
+		cv.off = false
+		cv.lose() // back: renew
+	case cv.valid && max(cv.last, cv.ctlBase) < prev:
+		cv.lose()
+	}
+}
+
 // subscriptionCounts are what may have lost republished messages.
 func (w *Worker) subscriptionCounts() (uint64, int) {
 	dropped, _ := w.ctlSub.Dropped()
@@ -153,10 +187,16 @@ func (w *Worker) startCoverage(ctx context.Context) (stop func()) {
 }
 
 func (w *Worker) keepCoverage(ctx context.Context) {
+	audit := time.NewTicker(w.coverageAudit)
+	defer audit.Stop()
+	var prev uint64 // the control stream's last sequence at the last audit
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-audit.C:
+			prev = w.auditCoverage(ctx, prev)
+			continue
 		case <-w.cover.renew:
 		}
 		for w.renewCoverage(ctx) != nil {
@@ -183,9 +223,12 @@ func (w *Worker) renewCoverage(ctx context.Context) error {
 		return err
 	}
 	if !w.republishesAll(ci.Config) {
-		// Changed by hand since the start: no coverage until it is back
-		// (the next renew, after a loss, looks again).
+		// Changed by hand since the start: no coverage until an audit
+		// finds it back.
 		w.log.Warn("the control stream no longer republishes every message to the workers: each run reads it at pickup")
+		w.mu.Lock()
+		w.cover.disable()
+		w.mu.Unlock()
 		return nil
 	}
 	ri, err := w.runsStream.Info(ctx)
@@ -196,6 +239,25 @@ func (w *Worker) renewCoverage(ctx context.Context) error {
 	w.cover.renewed(epoch, reconnects, dropped, ci.State.LastSeq, ri.State.LastSeq)
 	w.mu.Unlock()
 	return nil
+}
+
+// auditCoverage looks at the control stream once (see audited) and
+// returns its last sequence; on a failed read, prev.
+func (w *Worker) auditCoverage(ctx context.Context, prev uint64) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ci, err := w.controlStream.Info(ctx)
+	if err != nil {
+		return prev
+	}
+	ok := w.republishesAll(ci.Config)
+	w.mu.Lock()
+	if !ok && !w.cover.off {
+		w.log.Warn("the control stream no longer republishes every message to the workers: each run reads it at pickup")
+	}
+	w.cover.audited(ok, prev)
+	w.mu.Unlock()
+	return ci.State.LastSeq
 }
 
 // republishesAll tells whether the control stream republishes every
@@ -209,8 +271,8 @@ func (w *Worker) republishesAll(cfg jetstream.StreamConfig) bool {
 // pickupRead tells whether a run's control owner reads the stream at
 // pickup. Call it once the run is registered.
 func (w *Worker) pickupRead(r *run) bool {
-	if r.attempt != 1 || r.reqSeq == 0 || w.ctlSub == nil {
-		return true
+	if r.attempt != 1 || r.reqSeq == 0 || w.ctlSub == nil || !w.c.Conn().IsConnected() {
+		return true // a reconnect under way counts once it is done
 	}
 	reconnects, dropped := w.subscriptionCounts()
 	w.mu.Lock()
@@ -221,6 +283,16 @@ func (w *Worker) pickupRead(r *run) bool {
 // controlSeq is a republished message's stream sequence; 0 if it has
 // none.
 func controlSeq(m *nats.Msg) uint64 {
-	seq, _ := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+	seq, _ := strconv.ParseUint(serverHeader(m.Header, "Nats-Sequence"), 10, 64)
 	return seq
+}
+
+// serverHeader is the value the server set: it appends its republish
+// headers after the publisher's, who may have sent the same names.
+func serverHeader(h nats.Header, key string) string {
+	v := h.Values(key)
+	if len(v) == 0 {
+		return ""
+	}
+	return v[len(v)-1]
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -251,8 +253,22 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const id = "aborted-at-registration"
+	appliedAtStart, looked := make(chan bool, 1), make(chan struct{})
 	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute}, func(w *Worker) {
 		w.beforeCatchUpRead = reads.hook
+		// The owner waits until the run has looked: only what it applied
+		// before letting the run go on counts.
+		w.afterOwnerStarted = func(r *run) {
+			if r.id == id {
+				<-looked
+			}
+		}
+		w.afterControlStart = func(r *run) {
+			if r.id == id {
+				appliedAtStart <- r.tally.stopping()
+				close(looked)
+			}
+		}
 		w.afterRegister = func(r *run) {
 			if r.id != id {
 				return
@@ -278,5 +294,125 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	}
 	if n := reads.of(id); n != 0 {
 		t.Fatalf("%d reads: the pickup read was not skipped, the test proves nothing", n)
+	}
+	if !<-appliedAtStart {
+		t.Fatal("the abort was not applied when the control owner's start returned")
+	}
+}
+
+// The audit's rules.
+func TestControlCoverageAudit(t *testing.T) {
+	cv := newControlCoverage()
+	cv.renewed(cv.epoch, 0, 0, 5, 100)
+	cv.saw(6, "a", true)
+	cv.audited(true, 6)
+	if !cv.valid {
+		t.Fatal("ended though everything the last audit saw came")
+	}
+	cv.audited(true, 7) // 7 was stored an audit ago and never came
+	if cv.valid || len(cv.renew) != 1 {
+		t.Fatalf("valid %v, renew due %d: a message lost with nothing after it went unnoticed", cv.valid, len(cv.renew))
+	}
+	cv.renewed(cv.epoch, 0, 0, 9, 120)
+	cv.audited(true, 7) // the renew's base is past the audit's
+	if !cv.valid {
+		t.Fatal("ended by an audit older than the renew")
+	}
+	cv.audited(false, 9)
+	if cv.valid || len(cv.renew) != 0 || !cv.off {
+		t.Fatalf("valid %v, renew due %d, off %v after republishing stopped", cv.valid, len(cv.renew), cv.off)
+	}
+	cv.audited(true, 9)
+	if cv.off || len(cv.renew) != 1 {
+		t.Fatalf("off %v, renew due %d after republishing came back", cv.off, len(cv.renew))
+	}
+}
+
+// Republishing turned off while the worker runs: within an audit, first
+// attempts read at pickup again, so an abort stored while a run is queued
+// still stops it before any model call.
+func TestRepublishTurnedOffIsNoticed(t *testing.T) {
+	g := newTestGate()
+	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1, HeartbeatInterval: time.Minute},
+		func(w *Worker) { w.coverageAudit = 50 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	model := &bus.ModelRef{Provider: "faux", ID: "s"}
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "h", Tools: []string{"gate"}, Model: model, Faux: gateScript("h", "h done")}); err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the slot holder's tool")
+	st, err := c.JetStream().Stream(ctx, c.Names().ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.RePublish = nil
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for off := false; !off; {
+		w.mu.Lock()
+		off = w.cover.off
+		w.mu.Unlock()
+		if ctx.Err() != nil {
+			t.Fatal("the coverage did not notice")
+		}
+		time.Sleep(5 * time.Millisecond) // polls the coverage itself
+	}
+	aborted, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "never", Model: model, Faux: fauxTexts("nope")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Abort(ctx, aborted.ID, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	g.release <- struct{}{}
+	tr, err := c.LoadTranscript(ctx, aborted.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Finished.Status != bus.StatusAborted || len(tr.Messages) != 0 {
+		t.Fatalf("aborted: %+v, %d messages", tr.Finished, len(tr.Messages))
+	}
+}
+
+// A publisher's own Nats-Sequence header (the server appends its own
+// after it) neither breaks the coverage nor reaches a run as the
+// message's sequence.
+func TestSpoofedSequenceHeaderIsIgnored(t *testing.T) {
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, 10)}
+	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute, Observer: o}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "a", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("a", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the run's tool")
+	m := nats.NewMsg(c.Names().Control(run.ID, bus.KindSteer))
+	m.Data = []byte(`{"text":"spoofed"}`)
+	m.Header.Set("Nats-Sequence", "777")
+	m.Header.Set("Nats-Last-Sequence", "0")
+	ack, err := c.JetStream().PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, o.got, 10*time.Second, "the steer, live")
+	w.mu.Lock()
+	valid, last := w.cover.valid, w.cover.last
+	w.mu.Unlock()
+	if !valid || last != ack.Sequence {
+		t.Fatalf("coverage valid %v, last %d; the stored sequence is %d", valid, last, ack.Sequence)
+	}
+	g.release <- struct{}{}
+	tr, err := c.LoadTranscript(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Finished.LastControlSeq != ack.Sequence {
+		t.Fatalf("lastControlSeq %d, want %d", tr.Finished.LastControlSeq, ack.Sequence)
 	}
 }

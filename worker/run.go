@@ -401,6 +401,9 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
+	if h := r.w.afterControlStart; h != nil {
+		h(r)
+	}
 	if r.tally.stopping() {
 		return nil, false
 	}

@@ -74,6 +74,12 @@ type Worker struct {
 	// afterRegister, when set (tests), is called once a run takes control
 	// messages, before its control owner starts.
 	afterRegister func(r *run)
+	// afterOwnerStarted, when set (tests), is called by a run's first
+	// control owner once it let the run go on.
+	afterOwnerStarted func(r *run)
+	// afterControlStart, when set (tests), is called once a run's control
+	// owner has started, before the agent's first call.
+	afterControlStart func(r *run)
 	// beforeRequestAck, when set (tests), is called before a finished
 	// run acknowledges its request.
 	beforeRequestAck func(runID string)
@@ -81,6 +87,9 @@ type Worker struct {
 	mu    sync.Mutex
 	runs  map[string]*run
 	cover controlCoverage // which first attempts skip the pickup read (coverage.go)
+	// coverageAudit is how often the coverage is checked against the
+	// control stream (coverage.go).
+	coverageAudit time.Duration
 	// ctlSub is the live control subscription, from Run on.
 	ctlSub *nats.Subscription
 	wg     sync.WaitGroup
@@ -144,6 +153,7 @@ func New(cfg Config) (*Worker, error) {
 		eventReadTimeout: eventReadTimeout,
 		runs:             map[string]*run{},
 		cover:            newControlCoverage(),
+		coverageAudit:    5 * time.Second,
 		ready:            make(chan struct{}),
 		queueSlots:       map[string]chan struct{}{},
 	}
@@ -464,7 +474,9 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 		}()
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
-		if got > 0 {
+		// Only a long pull refused at once waits (holding its one slot); a
+		// leader change ends every parked pull: they pull again at once.
+		if got > 0 || noWait || errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
 			log.Debug("fetch ended", "err", err)
 			return got
 		}
@@ -500,16 +512,17 @@ func (w *Worker) onControl(m *nats.Msg) {
 	runID, kind, err := w.names.ParseRepublished(m.Subject)
 	seq := controlSeq(m)
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	var r *run
 	if err == nil {
 		r = w.runs[runID]
 	}
 	w.cover.saw(seq, runID, r != nil || err != nil)
-	w.mu.Unlock()
-	if r == nil {
-		return // not ours, or finished
+	if r != nil {
+		// Under the lock (offer never blocks): a run whose pickup finds
+		// nothing noted has every message claimed for it in its inbox.
+		r.ctl.offer(kind, m)
 	}
-	r.ctl.offer(kind, m)
 }
 
 func (w *Worker) register(r *run) {
