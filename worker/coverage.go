@@ -200,12 +200,8 @@ func (w *Worker) keepCoverage(ctx context.Context) {
 		case <-w.cover.renew:
 		}
 		for w.renewCoverage(ctx) != nil {
-			t := time.NewTimer(time.Second)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !pause(ctx, time.Second) {
 				return
-			case <-t.C:
 			}
 		}
 	}

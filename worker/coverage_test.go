@@ -360,7 +360,15 @@ func TestRepublishTurnedOffIsNoticed(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond) // polls the coverage itself
 	}
-	aborted, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "never", Model: model, Faux: fauxTexts("nope")})
+	abortQueued(t, ctx, c, g)
+}
+
+// abortQueued submits a run behind the one the gate holds, aborts it while
+// it is queued, opens the gate and checks that the run ended without a
+// model call.
+func abortQueued(t *testing.T, ctx context.Context, c *bus.Client, g *testGate) {
+	t.Helper()
+	aborted, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "never", Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: fauxTexts("nope")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -448,12 +448,7 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 	}
 	if err != nil {
 		log.Warn("fetch failed", "err", err)
-		t := time.NewTimer(time.Second)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-		}
+		pause(ctx, time.Second)
 		return 0
 	}
 	got := 0
@@ -483,14 +478,21 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 		// Refused at once (the consumer's MaxWaiting pulls are parked
 		// already, say): asking again at once would spin.
 		log.Warn("fetch refused", "err", err)
-		t := time.NewTimer(time.Second)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-		}
+		pause(ctx, time.Second)
 	}
 	return got
+}
+
+// pause waits d, or until ctx ends; it reports whether d passed.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // offSlotPollWait bounds the long pull while runs wait without a slot: the
