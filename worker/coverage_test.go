@@ -85,31 +85,16 @@ func TestControlsWhileQueuedAreTakenAtPickup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	aborted, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "never", Model: model, Faux: fauxTexts("nope")})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := c.Steer(ctx, steered.ID, "also this"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Abort(ctx, aborted.ID, "changed my mind"); err != nil {
-		t.Fatal(err)
-	}
-	g.release <- struct{}{}
-
+	abortQueued(t, ctx, c, g)
 	tr, err := c.LoadTranscript(ctx, steered.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := fmt.Sprint(userTexts(tr)); got != "[first also this]" || len(tr.Messages) != 3 {
 		t.Fatalf("steered: user messages %s, %d messages", got, len(tr.Messages))
-	}
-	tr, err = c.LoadTranscript(ctx, aborted.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tr.Finished.Status != bus.StatusAborted || len(tr.Messages) != 0 {
-		t.Fatalf("aborted: %+v, %d messages", tr.Finished, len(tr.Messages))
 	}
 	if _, err := c.LoadTranscript(ctx, holder.ID); err != nil {
 		t.Fatal(err)
