@@ -38,10 +38,6 @@ type settlement struct {
 func (r *run) ackRequest() settlement {
 	return settlement{
 		done: func(ctx context.Context) error {
-			// run_finished is stored: the run is over for everyone, and
-			// the next request need not wait out this ack's round trip
-			// (a lost ack redelivers a finished run, which pickup acks).
-			r.slot.release()
 			if h := r.w.beforeRequestAck; h != nil {
 				h(r.id)
 			}
@@ -111,23 +107,29 @@ func (r *run) finish(e ending) error {
 			return r.notStored(ctx, e.settle, "final record not stored", err)
 		}
 	}
-	if err := r.publishFinished(ctx, e.fin, e.settle); err != nil {
-		return err
-	}
-	r.left = true
-	r.traceFinished(e.fin)
-	r.w.obs.RunFinished(r.info(), e.fin)
-	return nil
+	return r.publishFinished(ctx, e.fin, e.settle, func() {
+		r.left = true
+		r.traceFinished(e.fin)
+		r.w.obs.RunFinished(r.info(), e.fin)
+		// The run is over for everyone: the next request need not wait
+		// out the settlement's round trip (a lost ack redelivers a
+		// finished run, which pickup acks). Reported finished first, so
+		// runs in flight never pass the slots.
+		r.slot.release()
+	})
 }
 
 // publishFinished publishes run_finished, waits until every event is
-// stored and settles the request.
-func (r *run) publishFinished(ctx context.Context, fin bus.RunFinished, s settlement) error {
+// stored, calls stored (if any) and settles the request.
+func (r *run) publishFinished(ctx context.Context, fin bus.RunFinished, s settlement, stored func()) error {
 	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	if err := r.pub.flush(ctx); err != nil {
 		return r.notStored(ctx, s, "run_finished not stored", err)
 	}
 	r.endHeartbeat()
+	if stored != nil {
+		stored()
+	}
 	return s.done(ctx)
 }
 
@@ -250,7 +252,7 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
 			fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()
 		}
-		if r.publishFinished(ctx, fin, r.ackRequest()) == nil {
+		if r.publishFinished(ctx, fin, r.ackRequest(), nil) == nil {
 			r.log.Warn("finished run had no run_finished; published it from the record", "state", rec.State)
 		}
 		return
