@@ -59,6 +59,16 @@ import (
 //     lost, as in a leader change) is forgotten and its unsettled events
 //     are re-sent: each is stored only right after its predecessor, so one
 //     stored already is found, not stored again (publish.go).
+//   - From the moment the worker knows a batch ended (an error or gap
+//     answer, a commit ack storing less than sent, or no answer) until
+//     the answers of its unsettled events reach their publishers, those
+//     publishers are held (held, under mu): their new events, batched or
+//     not, are not sent but left to the publisher's re-send, which sends
+//     them in seq order after the lost ones. Without it a run's next
+//     event could open a new batch and be stored before its predecessor
+//     learned it was not (the attempt then fails as stored out of order).
+//     An event sent before the worker knew is not covered: the stream
+//     may take it in a later batch, and the attempt fails as above.
 //   - An event goes in a batch only if no event of its run sent singly
 //     waits for its ack (publish.go): a single event lost to a reconnect
 //     is re-sent with its message id and no expectation, and would be
@@ -82,6 +92,7 @@ type eventBatch struct {
 	mu     sync.Mutex
 	cur    *openBatch
 	open   map[string]*openBatch // sent, not settled
+	held   map[*publisher]int    // publishers held: how many ended batches hold them
 	closed bool
 
 	scratch []batchEntry // the callback's
@@ -96,8 +107,12 @@ type openBatch struct {
 	settled uint64 // entries 1..settled are settled (stored or not)
 	cut     uint64 // entries after cut were not stored (settled)
 	timer   *time.Timer
-	// committedAt is when its commit went out (zero: not yet).
+	// committedAt is when its commit went out, or the stream committed
+	// it itself (zero: not yet).
 	committedAt time.Time
+	// holds are the publishers it holds since it is known ended.
+	holds []*publisher
+	ended bool
 }
 
 type batchEntry struct {
@@ -122,7 +137,7 @@ var errBatchUnanswered = errors.New("event batch not answered")
 
 func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch, error) {
 	b := &eventBatch{nc: nc, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
-		open: map[string]*openBatch{}, answerWait: acks.timeout / 5,
+		open: map[string]*openBatch{}, held: map[*publisher]int{}, answerWait: acks.timeout / 5,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	sub, err := nc.Subscribe(b.prefix+">", b.route)
 	if err != nil {
@@ -144,6 +159,7 @@ func (b *eventBatch) close() {
 			ob.timer.Stop()
 		}
 	}
+	clear(b.held)
 	b.mu.Unlock()
 	_ = b.sub.Unsubscribe()
 }
@@ -157,9 +173,13 @@ func (b *eventBatch) on() bool {
 	return until == 0 || time.Now().UnixNano() >= until
 }
 
+// errHeld: the event was not sent, an ended batch holds its publisher
+// (see the invariants); the publisher's re-send sends it.
+var errHeld = errors.New("event held behind an ended event batch")
+
 // publish sends m, an event of p with seq, in the open batch. It returns
-// false when batches are off (the caller publishes plainly). The caller
-// holds p.sendMu.
+// false when batches are off (the caller publishes plainly), errHeld when
+// p is held. The caller holds p.sendMu.
 func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error) {
 	if !b.on() {
 		return false, nil
@@ -168,6 +188,10 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 	defer b.sendMu.Unlock()
 	epoch := b.acks.current()
 	b.mu.Lock()
+	if b.held[p] > 0 {
+		b.mu.Unlock()
+		return true, errHeld
+	}
 	if b.closed {
 		b.mu.Unlock()
 		return false, nil
@@ -209,8 +233,57 @@ func (b *eventBatch) pruneLocked(epoch uint64) {
 	for _, ob := range b.open {
 		if ob.epoch < epoch {
 			b.forgetLocked(ob)
+			b.releaseLocked(ob)
 		}
 	}
+}
+
+// holds tells whether p is held (see the invariants): a plain send
+// checks it too.
+func (b *eventBatch) holds(p *publisher) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held[p] > 0
+}
+
+// endLocked marks ob known ended: it takes no more events, and the
+// publishers of its unsettled events are held until releaseLocked, which
+// the caller calls once their answers are dispatched. Caller holds mu.
+func (b *eventBatch) endLocked(ob *openBatch) {
+	if b.cur == ob {
+		b.cur = nil
+	}
+	if ob.ended {
+		return
+	}
+	ob.ended = true
+	end := min(uint64(len(ob.entries)), ob.cut)
+	for _, e := range ob.entries[min(ob.settled, end):end] {
+		if !slices.Contains(ob.holds, e.p) { // a batch has few runs
+			ob.holds = append(ob.holds, e.p)
+			b.held[e.p]++
+		}
+	}
+}
+
+// releaseLocked ends ob's holds. Caller holds mu.
+func (b *eventBatch) releaseLocked(ob *openBatch) {
+	for _, p := range ob.holds {
+		if b.held[p]--; b.held[p] <= 0 {
+			delete(b.held, p)
+		}
+	}
+	ob.holds = nil
+}
+
+// releaseIfSettled ends ob's holds once nothing of it waits for an
+// answer (called after answers were dispatched).
+func (b *eventBatch) releaseIfSettled(ob *openBatch) {
+	b.mu.Lock()
+	if ob.holds != nil && (b.open[ob.id] != ob || ob.settled >= min(uint64(len(ob.entries)), ob.cut)) {
+		b.releaseLocked(ob)
+	}
+	b.mu.Unlock()
 }
 
 // forgetLocked drops ob: no answer of it is applied any more, and no event
@@ -261,6 +334,7 @@ func (b *eventBatch) unanswered(ob *openBatch) {
 		b.mu.Unlock()
 		return
 	}
+	b.endLocked(ob)
 	b.forgetLocked(ob)
 	end := min(uint64(len(ob.entries)), ob.cut)
 	var back []batchEntry
@@ -272,6 +346,7 @@ func (b *eventBatch) unanswered(ob *openBatch) {
 	for _, e := range back {
 		e.p.batchUnanswered(e.seq)
 	}
+	b.releaseIfSettled(ob)
 }
 
 // commit ends ob unless its commit went out already.
@@ -342,11 +417,15 @@ func (b *eventBatch) route(m *nats.Msg) {
 			b.stored(ob, fa.Seq, 0)
 		}
 	case bytes.HasPrefix(data, []byte(`{"type":`)):
-		// A gap or an error: the stream ended the batch (gap fail), its
-		// commit ack follows with what it stored. New events go to another.
+		// A gap or an error: the stream ended the batch (gap fail) and
+		// committed it; its commit ack follows with what it stored, or the
+		// sweep hands the events back if it is lost. New events go to
+		// another.
 		b.mu.Lock()
-		if b.cur == ob {
-			b.cur = nil
+		b.endLocked(ob)
+		if ob.committedAt.IsZero() {
+			ob.committedAt = time.Now()
+			ob.timer.Stop()
 		}
 		b.mu.Unlock()
 	default:
@@ -376,10 +455,16 @@ func (b *eventBatch) route(m *nats.Msg) {
 			return
 		}
 		b.acks.sawStream(pa.Seq)
+		b.mu.Lock()
+		if pa.Count < uint64(len(ob.entries)) {
+			b.endLocked(ob) // hold the runs of what is not stored
+		}
+		b.mu.Unlock()
 		b.stored(ob, pa.Count, pa.Seq)
 		b.notStored(ob, pa.Count+1, errBatchEnded, false)
 		b.mu.Lock()
 		b.forgetLocked(ob) // the commit ack is the batch's last answer
+		b.releaseLocked(ob)
 		b.mu.Unlock()
 	}
 }
@@ -442,10 +527,10 @@ func (b *eventBatch) notStored(ob *openBatch, from uint64, cause error, ended bo
 	if start < end {
 		b.scratch = append(b.scratch, ob.entries[start:end]...)
 	}
-	ob.cut = min(ob.cut, from-1)
-	if ended && b.cur == ob {
-		b.cur = nil
+	if ended {
+		b.endLocked(ob) // before the cut: it holds the runs of what is cut
 	}
+	ob.cut = min(ob.cut, from-1)
 	if ob.settled >= ob.cut {
 		b.forgetLocked(ob) // nothing left to settle
 		ended = false
@@ -455,6 +540,7 @@ func (b *eventBatch) notStored(ob *openBatch, from uint64, cause error, ended bo
 		e.p.batchAnswer(e.seq, 0, false, cause)
 	}
 	clear(b.scratch)
+	b.releaseIfSettled(ob)
 	if ended {
 		go b.commit(ob)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -240,6 +241,110 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 				t.Fatalf("the refused run stored %s, want [1]", got)
 			}
 		})
+	}
+}
+
+// Between the stream's answer that a batch ended and the answers of the
+// events it did not store, a run's next event must not open a new batch
+// and be stored before its lost predecessor (the attempt then failed as
+// stored out of order; TestRefusedEventInABatchIsReSentForTheOthers hit
+// it about one run in thirty). The commit ack is kept back to hold the
+// window open.
+func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	holdBatches(t, w)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 2000 })
+	if err := w.batch.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	// The stream's answers are kept back, all but the gap answer for the
+	// run's 3: the worker learns that the batch ended and not yet what it
+	// stored (as when the error answer is lost and the commit ack late).
+	const release = "Test-Release"
+	ended, late := make(chan struct{}), make(chan struct{}, 4)
+	kept := make(chan *nats.Msg, 4)
+	var endedOnce sync.Once
+	sub, err := w.c.Conn().Subscribe(w.batch.prefix+">", func(m *nats.Msg) {
+		switch {
+		case m.Header.Get(release) != "":
+			w.batch.route(m)
+			late <- struct{}{}
+		case strings.HasPrefix(string(m.Data), `{"type":"gap"`):
+			w.batch.route(m)
+			endedOnce.Do(func() { close(ended) })
+		case strings.HasPrefix(string(m.Data), `{"type":"ack"`):
+			w.batch.route(m)
+		default:
+			kept <- m
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.batch.sub = sub
+	big := newPublisher(w, bus.NewRunID(), 1, func(error) {})
+	run := newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, big, 1)
+	publishN(t, run, 1)
+	for _, p := range []*publisher{big, run} {
+		if err := p.sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One batch: the run's 2, the refused event, the run's 3. The stream
+	// stores 2, refuses the next and ends the batch, so 3 is not stored.
+	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("no gap answer for the batch")
+	}
+	var answers []*nats.Msg // the error answer for the refused event, the commit ack
+	for len(answers) < 2 {
+		select {
+		case m := <-kept:
+			answers = append(answers, m)
+		case <-ctx.Done():
+			t.Fatal("no error answer and commit ack for the batch")
+		}
+	}
+	if _, err := run.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	run.commitBatch()
+	if err := flushWithin(t, run); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	// The kept answers come late: nothing changes for the run.
+	for _, m := range answers {
+		m.Header = nats.Header{release: []string{"1"}}
+		if err := w.c.Conn().PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-late:
+		case <-ctx.Done():
+			t.Fatal("a kept answer did not come back")
+		}
+	}
+	if err := run.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run.run)); got != "[1 2 3 4]" {
+		t.Fatalf("stored %s, want [1 2 3 4]", got)
+	}
+	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
+		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
 	}
 }
 

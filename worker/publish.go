@@ -456,7 +456,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 	// The stream answered no (503, no responders) or nothing: ask again
 	// only after a pause, or an outage would be a loop of re-sends.
 	pause := func(cause error) time.Time {
-		if errors.Is(cause, nats.ErrDisconnected) || errors.Is(cause, errBatchEnded) || errors.Is(cause, errBatchUnanswered) {
+		if errors.Is(cause, nats.ErrDisconnected) || errors.Is(cause, errBatchEnded) || errors.Is(cause, errHeld) || errors.Is(cause, errBatchUnanswered) {
 			return time.Now()
 		}
 		return time.Now().Add(resendPause)
@@ -881,7 +881,7 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 		} else if err := p.send(seq, o); err != nil {
 			p.mu.Lock()
 			o.sent = false
-			if bus.Transient(err) {
+			if errors.Is(err, errHeld) || bus.Transient(err) {
 				p.startResendLocked(err)
 			} else {
 				failed = fmt.Errorf("publish to %s: %w", p.subject, err)
@@ -913,13 +913,17 @@ func (p *publisher) singleUnackedLocked() bool {
 // send puts o on the wire: in the event batch if it may go in one, else
 // plainly. Caller holds sendMu.
 func (p *publisher) send(seq uint64, o *outgoing) error {
+	b := p.w.batch
 	if o.batched {
-		if ok, err := p.w.batch.publish(p, seq, &o.m); ok {
+		if ok, err := b.publish(p, seq, &o.m); ok {
 			return err
 		}
 		p.mu.Lock()
 		o.batched = false // batches are off since
 		p.mu.Unlock()
+	}
+	if b != nil && b.holds(p) {
+		return errHeld
 	}
 	o.m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
 	return p.w.c.Conn().PublishMsg(&o.m)
