@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -508,42 +509,60 @@ func TestTwoWorkersOneQueue(t *testing.T) {
 // No request is fetched without a slot for it: with one pull loop (2
 // slots) and with three competing for the slots (24).
 func TestConcurrencyBound(t *testing.T) {
-	for _, c := range []struct{ slots, runs int }{{2, 5}, {24, 40}} {
-		t.Run(fmt.Sprint(c.slots, "slots"), func(t *testing.T) { testConcurrencyBound(t, c.slots, c.runs) })
+	for _, c := range []struct {
+		slots, runs int
+		queues      []string
+	}{
+		{2, 5, []string{"default"}},
+		{24, 40, []string{"default"}},          // three pull loops
+		{48, 70, []string{"default", "batch"}}, // three loops per queue, one set of slots
+	} {
+		t.Run(fmt.Sprint(c.slots, "slots", len(c.queues), "queues"), func(t *testing.T) {
+			testConcurrencyBound(t, c.slots, c.runs, c.queues)
+		})
 	}
 }
 
-func testConcurrencyBound(t *testing.T, slots, runs int) {
+func testConcurrencyBound(t *testing.T, slots, runs int, queues []string) {
 	f := newFleet(t)
 	g := newGate()
-	f.StartWorker(worker.Config{Concurrency: slots, Queues: []string{"default"}, Tools: []*agent.Tool{g.tool()}})
+	f.StartWorker(worker.Config{Concurrency: slots, Queues: queues, Tools: []*agent.Tool{g.tool()}})
 	var ids []string
 	for i := range runs {
-		ids = append(ids, f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		ids = append(ids, f.Submit(queues[i%len(queues)], &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
 			Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": fmt.Sprint(i)}), fleettest.Text("ok")}}}))
 	}
 	for range slots {
 		g.waitStarted(t)
 	}
-	cons, err := f.Client.JetStream().Consumer(fleettest.Context(t), f.Client.Names().RunsStream(), "workers-default")
-	if err != nil {
-		t.Fatal(err)
+	var cons []jetstream.Consumer
+	for _, q := range queues {
+		c, err := f.Client.JetStream().Consumer(fleettest.Context(t), f.Client.Names().RunsStream(), "workers-"+q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons = append(cons, c)
 	}
 	// The server counts pending messages as its stream signals the
 	// consumer, after the publish acks: under load the count comes late.
 	for deadline := time.Now().Add(20 * time.Second); ; {
-		info, err := cons.Info(fleettest.Context(t))
-		if err != nil {
-			t.Fatal(err)
+		ackPending, pending := 0, uint64(0)
+		for _, c := range cons {
+			info, err := c.Info(fleettest.Context(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ackPending += info.NumAckPending
+			pending += info.NumPending
 		}
-		if info.NumAckPending > slots {
-			t.Fatalf("ack pending %d, concurrency is %d", info.NumAckPending, slots)
+		if ackPending > slots {
+			t.Fatalf("ack pending %d, concurrency is %d", ackPending, slots)
 		}
-		if info.NumAckPending == slots && info.NumPending == uint64(runs-slots) {
+		if ackPending == slots && pending == uint64(runs-slots) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ack pending %d, pending %d; want %d and %d", info.NumAckPending, info.NumPending, slots, runs-slots)
+			t.Fatalf("ack pending %d, pending %d; want %d and %d", ackPending, pending, slots, runs-slots)
 		}
 		time.Sleep(10 * time.Millisecond) // polls the server's count itself
 	}

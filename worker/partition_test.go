@@ -1,0 +1,164 @@
+package worker
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// partition is a TCP proxy to a NATS server that a test cuts and heals:
+// the worker behind it loses its connection while the server, and other
+// clients, go on.
+type partition struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func startPartition(t *testing.T, target string) *partition {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &partition{ln: ln, target: target}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.Cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *partition) URL() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *partition) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			_ = c.Close()
+			_ = s.Close()
+			continue
+		}
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+		}
+		p.wg.Go(func() { pipe(s, c) })
+		p.wg.Go(func() { pipe(c, s) })
+	}
+}
+
+// Cut closes every connection through the proxy and refuses new ones.
+func (p *partition) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+// Heal lets connections through again.
+func (p *partition) Heal() {
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+}
+
+// waitStatus waits until nc reaches status (a reconnect's end, or its
+// start).
+func waitStatus(t *testing.T, nc *nats.Conn, status nats.Status) {
+	t.Helper()
+	ch := nc.StatusChanged(status)
+	defer nc.RemoveStatusListener(ch)
+	if nc.Status() == status {
+		return
+	}
+	select {
+	case <-ch:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("connection %v, want %v", nc.Status(), status)
+	}
+}
+
+// A control message stored while the worker's connection was cut reached
+// no subscription of the worker, and nothing after it shows the gap: the
+// reconnect alone must end the coverage, so the queued run it names reads
+// the control stream at pickup (the audit, which would notice too, is
+// kept out of the way).
+func TestControlDuringAPartitionIsReadAtPickup(t *testing.T) {
+	c, srv := startTestServer(t)
+	part := startPartition(t, srv.NATS().Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: part.URL(),
+		NATSOptions: []nats.Option{nats.ReconnectWait(20 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wc.Close)
+	g := newTestGate()
+	w, _ := startInternalOn(t, wc, Config{Concurrency: 1, Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute},
+		func(w *Worker) { w.coverageAudit = time.Hour })
+	w.mu.Lock()
+	valid := w.cover.valid
+	w.mu.Unlock()
+	if !valid {
+		t.Fatal("no control coverage after the start")
+	}
+	holder, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "hold", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("hold", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the holding run's tool")
+	queued, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "never", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
+		Faux: fauxTexts("nope")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	part.Cut()
+	waitStatus(t, wc.Conn(), nats.RECONNECTING)
+	if _, err := c.Abort(ctx, queued.ID, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	part.Heal()
+	waitStatus(t, wc.Conn(), nats.CONNECTED)
+	g.release <- struct{}{}
+	for _, id := range []string{holder.ID, queued.ID} {
+		tr, err := c.LoadTranscript(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id == queued.ID && (tr.Finished.Status != bus.StatusAborted || len(tr.Messages) != 0) {
+			t.Fatalf("the run aborted during the partition: %+v, %d messages", tr.Finished, len(tr.Messages))
+		}
+	}
+}
