@@ -407,7 +407,7 @@ func TestFenceStopsAResendInProgress(t *testing.T) {
 	}
 	got(3)
 	fenced := make(chan struct{})
-	w.beforeEventResend = func(seq uint64) {
+	w.hooks.beforeEventResend = func(seq uint64) {
 		if seq == 2 {
 			p.fence() // the lease is lost while the re-send publishes
 			close(fenced)

@@ -218,7 +218,7 @@ func (c *controls) own(started chan<- struct{}, read bool) {
 			}
 		}
 		close(started)
-		if h := c.r.w.afterOwnerStarted; h != nil {
+		if h := c.r.w.hooks.afterOwnerStarted; h != nil {
 			h(c.r)
 		}
 	}
@@ -314,7 +314,7 @@ func (c *controls) catchUp(ctx context.Context) error {
 	w := c.r.w
 	subj := w.names.ControlAll(c.r.id)
 	for {
-		if h := w.beforeCatchUpRead; h != nil {
+		if h := w.hooks.beforeCatchUpRead; h != nil {
 			h(c.r.id)
 		}
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -81,7 +81,7 @@ func TestStalledCatchUpDoesNotStallOtherRuns(t *testing.T) {
 	// its steer from the live path or not at all.
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 4, AckWait: 2 * time.Minute,
 		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
-		w.beforeCatchUpRead = func(id string) {
+		w.hooks.beforeCatchUpRead = func(id string) {
 			if id == stalled {
 				once.Do(func() { close(reached) })
 				<-unblock
@@ -149,7 +149,7 @@ func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
 	o := ctlObs{got: make(chan string, n)}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: 30 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond, Observer: o}, func(w *Worker) {
-		w.beforeCatchUpRead = func(run string) {
+		w.hooks.beforeCatchUpRead = func(run string) {
 			block.Lock()
 			b := blocking
 			blocking = false

@@ -212,21 +212,20 @@ func (w *Worker) renewCoverage(ctx context.Context) error {
 	epoch := w.cover.epoch
 	w.mu.Unlock()
 	reconnects, dropped := w.subscriptionCounts()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	ci, err := w.controlStream.Info(ctx)
+	ci, ok, err := w.lookAtControlStream(ctx)
 	if err != nil {
 		return err
 	}
-	if !w.republishesAll(ci.Config) {
+	if !ok {
 		// Changed by hand since the start: no coverage until an audit
 		// finds it back.
-		w.log.Warn("the control stream no longer republishes every message to the workers: each run reads it at pickup")
 		w.mu.Lock()
 		w.cover.disable()
 		w.mu.Unlock()
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	ri, err := w.runsStream.Info(ctx)
 	if err != nil {
 		return err
@@ -240,20 +239,36 @@ func (w *Worker) renewCoverage(ctx context.Context) error {
 // auditCoverage looks at the control stream once (see audited) and
 // returns its last sequence; on a failed read, prev.
 func (w *Worker) auditCoverage(ctx context.Context, prev uint64) uint64 {
+	ci, ok, err := w.lookAtControlStream(ctx)
+	if err != nil {
+		return prev
+	}
+	w.mu.Lock()
+	w.cover.audited(ok, prev)
+	w.mu.Unlock()
+	return ci.State.LastSeq
+}
+
+// lookAtControlStream reads the control stream's state and tells whether
+// it republishes every message; it warns when it stopped. Only the
+// coverage keeper (and the start, before it) calls it.
+func (w *Worker) lookAtControlStream(ctx context.Context) (*jetstream.StreamInfo, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ci, err := w.controlStream.Info(ctx)
 	if err != nil {
-		return prev
+		return nil, false, err
 	}
 	ok := w.republishesAll(ci.Config)
-	w.mu.Lock()
-	if !ok && !w.cover.off {
-		w.log.Warn("the control stream no longer republishes every message to the workers: each run reads it at pickup")
+	if !ok {
+		w.mu.Lock()
+		off := w.cover.off
+		w.mu.Unlock()
+		if !off {
+			w.log.Warn("the control stream no longer republishes every message to the workers: each run reads it at pickup")
+		}
 	}
-	w.cover.audited(ok, prev)
-	w.mu.Unlock()
-	return ci.State.LastSeq
+	return ci, ok, nil
 }
 
 // republishesAll tells whether the control stream republishes every

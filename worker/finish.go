@@ -38,7 +38,7 @@ type settlement struct {
 func (r *run) ackRequest() settlement {
 	return settlement{
 		done: func(ctx context.Context) error {
-			if h := r.w.beforeRequestAck; h != nil {
+			if h := r.w.hooks.beforeRequestAck; h != nil {
 				h(r.id)
 			}
 			if err := r.msg.DoubleAck(ctx); err != nil {
@@ -107,30 +107,29 @@ func (r *run) finish(e ending) error {
 			return r.notStored(ctx, e.settle, "final record not stored", err)
 		}
 	}
-	return r.publishFinished(ctx, e.fin, e.settle, func() {
-		r.left = true
-		r.traceFinished(e.fin)
-		r.w.obs.RunFinished(r.info(), e.fin)
-		// The run is over for everyone: the next request need not wait
-		// out the settlement's round trip (a lost ack redelivers a
-		// finished run, which pickup acks). Reported finished first, so
-		// runs in flight never pass the slots.
-		r.slot.release()
-	})
+	if err := r.storeFinished(ctx, e.fin, e.settle); err != nil {
+		return err
+	}
+	r.left = true
+	r.traceFinished(e.fin)
+	r.w.obs.RunFinished(r.info(), e.fin)
+	// The run is over for everyone: the next request need not wait out
+	// the settlement's round trip (a lost ack redelivers a finished run,
+	// which pickup acks). Reported finished first, so runs in flight
+	// never pass the slots.
+	r.slot.release()
+	return e.settle.done(ctx)
 }
 
-// publishFinished publishes run_finished, waits until every event is
-// stored, calls stored (if any) and settles the request.
-func (r *run) publishFinished(ctx context.Context, fin bus.RunFinished, s settlement, stored func()) error {
+// storeFinished publishes run_finished and waits until every event is
+// stored; if they are not, it hands the request back through s.
+func (r *run) storeFinished(ctx context.Context, fin bus.RunFinished, s settlement) error {
 	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	if err := r.pub.flush(ctx); err != nil {
 		return r.notStored(ctx, s, "run_finished not stored", err)
 	}
 	r.endHeartbeat()
-	if stored != nil {
-		stored()
-	}
-	return s.done(ctx)
+	return nil
 }
 
 // notStored hands the request back after a failed finish, unless the
@@ -252,8 +251,10 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
 			fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()
 		}
-		if r.publishFinished(ctx, fin, r.ackRequest(), nil) == nil {
+		settle := r.ackRequest()
+		if r.storeFinished(ctx, fin, settle) == nil {
 			r.log.Warn("finished run had no run_finished; published it from the record", "state", rec.State)
+			_ = settle.done(ctx)
 		}
 		return
 	}

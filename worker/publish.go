@@ -499,7 +499,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		}
 		p.mu.Unlock()
 		if o != nil {
-			if h := p.w.beforeEventResend; h != nil {
+			if h := p.w.hooks.beforeEventResend; h != nil {
 				h(o.seq)
 			}
 			if p.stopped.Load() {

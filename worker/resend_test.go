@@ -128,7 +128,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 	// When event 2's re-send comes, a copy of it lands first, and event 3
 	// comes: it is held behind the re-send.
 	var copied atomic.Bool
-	w.beforeEventResend = func(seq uint64) {
+	w.hooks.beforeEventResend = func(seq uint64) {
 		if seq != 2 || copied.Swap(true) {
 			return
 		}
@@ -191,7 +191,7 @@ func TestLostEventBeforeAStoredOneFails(t *testing.T) {
 	failed := make(chan error, 1)
 	p := newPublisher(w, run, 1, func(err error) { failed <- err })
 	var deleted bool
-	w.beforeEventResend = func(seq uint64) {
+	w.hooks.beforeEventResend = func(seq uint64) {
 		if seq != 2 || deleted {
 			return
 		}
@@ -323,7 +323,7 @@ func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
 	var deleted atomic.Bool
-	w.beforeEventResend = func(seq uint64) {
+	w.hooks.beforeEventResend = func(seq uint64) {
 		if seq != 2 || deleted.Swap(true) {
 			return
 		}
@@ -366,7 +366,7 @@ func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
 	}
 	dropAcks(t, w, func(seq uint64) bool { return seq == 4 })
 	var tries atomic.Int64
-	w.beforeEventResend = func(uint64) {
+	w.hooks.beforeEventResend = func(uint64) {
 		if tries.Add(1) == 1 {
 			if err := s.DeleteMsg(context.Background(), 4); err != nil {
 				t.Error(err)

@@ -357,7 +357,7 @@ func (r *run) acquire() bool {
 	}
 	r.pub = newPublisher(w, r.id, r.attempt, r.publishFailed)
 	w.register(r)
-	if h := w.afterRegister; h != nil {
+	if h := w.hooks.afterRegister; h != nil {
 		h(r)
 	}
 	r.hb = r.startHeartbeat()
@@ -401,7 +401,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
-	if h := r.w.afterControlStart; h != nil {
+	if h := r.w.hooks.afterControlStart; h != nil {
 		h(r)
 	}
 	if r.tally.stopping() {
@@ -441,7 +441,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 // idleAndDone is called when the agent went idle: it reports whether the
 // run may finish (no late control message is queued).
 func (r *run) idleAndDone(ctx context.Context) bool {
-	if h := r.w.beforeIdleCheck; h != nil {
+	if h := r.w.hooks.beforeIdleCheck; h != nil {
 		h(r.id)
 	}
 	return r.ctl.finishIfIdle(ctx)

@@ -62,27 +62,7 @@ type Worker struct {
 
 	ready chan struct{}
 
-	// beforeIdleCheck, when set (tests), is called each time a run's agent
-	// went idle, before the worker looks for late control messages.
-	beforeIdleCheck func(runID string)
-	// beforeCatchUpRead, when set (tests), is called before each read of
-	// the control stream by a run's control owner.
-	beforeCatchUpRead func(runID string)
-	// beforeEventResend, when set (tests), is called before each event a
-	// publisher re-sends.
-	beforeEventResend func(seq uint64)
-	// afterRegister, when set (tests), is called once a run takes control
-	// messages, before its control owner starts.
-	afterRegister func(r *run)
-	// afterOwnerStarted, when set (tests), is called by a run's first
-	// control owner once it let the run go on.
-	afterOwnerStarted func(r *run)
-	// afterControlStart, when set (tests), is called once a run's control
-	// owner has started, before the agent's first call.
-	afterControlStart func(r *run)
-	// beforeRequestAck, when set (tests), is called before a finished
-	// run acknowledges its request.
-	beforeRequestAck func(runID string)
+	hooks testHooks // nil funcs outside tests
 
 	mu    sync.Mutex
 	runs  map[string]*run
@@ -549,4 +529,24 @@ func (w *Worker) providerNames() string {
 	}
 	sort.Strings(names)
 	return strings.Join(names, ", ")
+}
+
+// testHooks let tests stop a run at the steps whose races they pin. Each
+// is called when set:
+type testHooks struct {
+	// each time a run's agent went idle, before the worker looks for late
+	// control messages;
+	beforeIdleCheck func(runID string)
+	// before each read of the control stream by a run's control owner;
+	beforeCatchUpRead func(runID string)
+	// before each event a publisher re-sends;
+	beforeEventResend func(seq uint64)
+	// once a run takes control messages, before its control owner starts;
+	afterRegister func(r *run)
+	// by a run's first control owner once it let the run go on;
+	afterOwnerStarted func(r *run)
+	// once a run's control owner has started, before the agent's first call;
+	afterControlStart func(r *run)
+	// before a finished run acknowledges its request.
+	beforeRequestAck func(runID string)
 }
