@@ -253,8 +253,8 @@ func (b *eventBatch) endLocked(ob *openBatch) {
 	if b.cur == ob {
 		b.cur = nil
 	}
-	if ob.ended {
-		return
+	if ob.ended || b.open[ob.id] != ob {
+		return // held already, or forgotten: no answer would release it
 	}
 	ob.ended = true
 	end := min(uint64(len(ob.entries)), ob.cut)
@@ -421,13 +421,7 @@ func (b *eventBatch) route(m *nats.Msg) {
 		// committed it; its commit ack follows with what it stored, or the
 		// sweep hands the events back if it is lost. New events go to
 		// another.
-		b.mu.Lock()
-		b.endLocked(ob)
-		if ob.committedAt.IsZero() {
-			ob.committedAt = time.Now()
-			ob.timer.Stop()
-		}
-		b.mu.Unlock()
+		b.streamEnded(ob)
 	default:
 		var pa struct {
 			Error *struct {
@@ -466,6 +460,22 @@ func (b *eventBatch) route(m *nats.Msg) {
 		b.forgetLocked(ob) // the commit ack is the batch's last answer
 		b.releaseLocked(ob)
 		b.mu.Unlock()
+	}
+}
+
+// streamEnded applies a gap or error answer: the stream ended ob and
+// committed it itself (unless ob was forgotten meanwhile, as after a
+// reconnect).
+func (b *eventBatch) streamEnded(ob *openBatch) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open[ob.id] != ob {
+		return
+	}
+	b.endLocked(ob)
+	if ob.committedAt.IsZero() {
+		ob.committedAt = time.Now()
+		ob.timer.Stop()
 	}
 }
 

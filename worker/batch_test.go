@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -240,6 +242,7 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 			if got := fmt.Sprint(storedSeqs(t, c, big.run)); got != "[1]" {
 				t.Fatalf("the refused run stored %s, want [1]", got)
 			}
+			waitNoHolds(t, w)
 		})
 	}
 }
@@ -346,6 +349,7 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
 		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
 	}
+	waitNoHolds(t, w)
 }
 
 // Batch answers lost: the publishers' ack timeout re-sends what is
@@ -420,6 +424,55 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 		if strings.HasSuffix(r, ".$FI") {
 			t.Fatalf("event sent in a batch (%s) after the stream refused batches", r)
 		}
+	}
+}
+
+// waitNoHolds waits until no ended batch holds a publisher: every hold
+// is released once its batch's answers are dispatched.
+func waitNoHolds(t *testing.T, w *Worker) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		w.batch.mu.Lock()
+		n := len(w.batch.held)
+		w.batch.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d publishers still held by ended batches", n)
+		}
+		time.Sleep(5 * time.Millisecond) // polls the state itself
+	}
+}
+
+// A gap or error answer for a batch forgotten meanwhile (the connection
+// was lost and a new event pruned it) holds nobody: no later answer would
+// release the hold, and the run's events would go singly for good.
+func TestEndedAnswerForAForgottenBatchHoldsNobody(t *testing.T) {
+	b := &eventBatch{open: map[string]*openBatch{}, held: map[*publisher]int{}}
+	p := new(publisher)
+	batch := func() *openBatch {
+		ob := &openBatch{id: nuid.Next(), cut: math.MaxUint64, timer: time.NewTimer(time.Hour),
+			entries: []batchEntry{{p: p, seq: 1}}}
+		b.open[ob.id] = ob
+		return ob
+	}
+	open := batch()
+	b.streamEnded(open)
+	if b.held[p] != 1 || open.committedAt.IsZero() {
+		t.Fatalf("held %d, committed at %v: an open batch the stream ended", b.held[p], open.committedAt)
+	}
+	b.unanswered(open)
+	if len(b.held) != 0 {
+		t.Fatalf("held %v after the batch's events were handed back", b.held)
+	}
+	pruned := batch()
+	b.mu.Lock()
+	b.pruneLocked(1)
+	b.mu.Unlock()
+	b.streamEnded(pruned)
+	if len(b.held) != 0 {
+		t.Fatalf("held %v by a forgotten batch", b.held)
 	}
 }
 

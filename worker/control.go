@@ -124,11 +124,12 @@ func newControls(r *run) *controls {
 		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
-// offer is the NATS callback's part: it never blocks.
-func (c *controls) offer(kind string, m *nats.Msg) {
+// offer is the NATS callback's part: it never blocks (it runs under
+// Worker.mu). It returns false when the run is finishing and the message
+// is ignored.
+func (c *controls) offer(kind string, m *nats.Msg) bool {
 	if c.closed.Load() {
-		c.r.log.Debug("control message for a finishing run ignored", "kind", kind)
-		return
+		return false
 	}
 	select {
 	case c.inbox <- liveControl{kind, m}:
@@ -137,6 +138,7 @@ func (c *controls) offer(kind string, m *nats.Msg) {
 		c.dropped.Add(1)
 		c.poke()
 	}
+	return true
 }
 
 // refresh asks the owner to read the stream (a heartbeat); it never blocks.

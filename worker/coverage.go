@@ -45,7 +45,8 @@ import (
 // heartbeat, as for a running run; and an audit every coverageAudit ends
 // the epoch when what the stream held at the audit before has not come
 // (or the stream stopped republishing everything), so such a loss, or a
-// dead subscription, leaves first attempts unread for one interval at most.
+// dead subscription, leaves first attempts unread for two intervals at
+// most (the audit after the loss reads it, the next one misses it).
 type controlCoverage struct {
 	epoch      uint64
 	first      uint64 // first sequence seen in the epoch; 0: none yet
@@ -73,8 +74,15 @@ func newControlCoverage() controlCoverage {
 // saw notes a republished control message; claimed tells whether a run of
 // this worker took it. Worker.mu is held.
 func (cv *controlCoverage) saw(seq uint64, run string, claimed bool) {
-	if seq == 0 || seq == cv.last {
-		return // no sequence, or the same message again
+	if seq == 0 {
+		return
+	}
+	if seq == cv.last {
+		// The same sequence again: a copy, or the real message after one
+		// that claimed its number (a spoofed header, a recreated stream).
+		// Its run is noted all the same.
+		cv.note(run, claimed)
+		return
 	}
 	switch {
 	case cv.last != 0 && seq != cv.last+1:
@@ -86,11 +94,17 @@ func (cv *controlCoverage) saw(seq uint64, run string, claimed bool) {
 		cv.first = seq
 	}
 	cv.last = seq
-	if !claimed {
-		cv.unclaimed[run] = struct{}{}
-		if len(cv.unclaimed) > maxUnclaimed {
-			cv.lose()
-		}
+	cv.note(run, claimed)
+}
+
+// note records the run of a message no run took (invariant 2).
+func (cv *controlCoverage) note(run string, claimed bool) {
+	if claimed {
+		return
+	}
+	cv.unclaimed[run] = struct{}{}
+	if len(cv.unclaimed) > maxUnclaimed {
+		cv.lose()
 	}
 }
 

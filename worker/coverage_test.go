@@ -125,6 +125,15 @@ func TestControlCoverage(t *testing.T) {
 			t.Fatal("not covered")
 		}
 	})
+	t.Run("a sequence seen again still notes its run", func(t *testing.T) {
+		cv := newControlCoverage()
+		cv.renewed(cv.epoch, 0, 0, 5, 100)
+		cv.saw(6, "y", true) // a copy that claimed the number first
+		cv.saw(6, "x", false)
+		if cv.covers("x", 101, 0, 0) {
+			t.Fatal("the run of the message seen second is covered")
+		}
+	})
 	t.Run("a gap ends the epoch", func(t *testing.T) {
 		cv := newControlCoverage()
 		cv.renewed(cv.epoch, 0, 0, 5, 100)

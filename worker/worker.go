@@ -494,16 +494,17 @@ func (w *Worker) onControl(m *nats.Msg) {
 	runID, kind, err := w.names.ParseRepublished(m.Subject)
 	seq := controlSeq(m)
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	var r *run
 	if err == nil {
 		r = w.runs[runID]
 	}
 	w.cover.saw(seq, runID, r != nil || err != nil)
-	if r != nil {
-		// Under the lock (offer never blocks): a run whose pickup finds
-		// nothing noted has every message claimed for it in its inbox.
-		r.ctl.offer(kind, m)
+	// Under the lock (offer never blocks): a run whose pickup finds
+	// nothing noted has every message claimed for it in its inbox.
+	ignored := r != nil && !r.ctl.offer(kind, m)
+	w.mu.Unlock()
+	if ignored {
+		r.log.Debug("control message for a finishing run ignored", "kind", kind)
 	}
 }
 
