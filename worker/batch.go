@@ -93,6 +93,7 @@ type eventBatch struct {
 	cur    *openBatch
 	open   map[string]*openBatch // sent, not settled
 	held   map[*publisher]int    // publishers held: how many ended batches hold them
+	nheld  atomic.Int64          // len(held), read without mu by plain sends
 	closed bool
 
 	scratch []batchEntry // the callback's
@@ -160,6 +161,7 @@ func (b *eventBatch) close() {
 		}
 	}
 	clear(b.held)
+	b.nheld.Store(0)
 	b.mu.Unlock()
 	_ = b.sub.Unsubscribe()
 }
@@ -241,6 +243,9 @@ func (b *eventBatch) pruneLocked(epoch uint64) {
 // holds tells whether p is held (see the invariants): a plain send
 // checks it too.
 func (b *eventBatch) holds(p *publisher) bool {
+	if b.nheld.Load() == 0 {
+		return false // the usual case, without the lock
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.held[p] > 0
@@ -258,12 +263,15 @@ func (b *eventBatch) endLocked(ob *openBatch) {
 	}
 	ob.ended = true
 	end := min(uint64(len(ob.entries)), ob.cut)
+	seen := map[*publisher]bool{}
 	for _, e := range ob.entries[min(ob.settled, end):end] {
-		if !slices.Contains(ob.holds, e.p) { // a batch has few runs
+		if !seen[e.p] {
+			seen[e.p] = true
 			ob.holds = append(ob.holds, e.p)
 			b.held[e.p]++
 		}
 	}
+	b.nheld.Store(int64(len(b.held)))
 }
 
 // releaseLocked ends ob's holds. Caller holds mu.
@@ -273,6 +281,7 @@ func (b *eventBatch) releaseLocked(ob *openBatch) {
 			delete(b.held, p)
 		}
 	}
+	b.nheld.Store(int64(len(b.held)))
 	ob.holds = nil
 }
 
