@@ -67,8 +67,11 @@ import (
 //     them in seq order after the lost ones. Without it a run's next
 //     event could open a new batch and be stored before its predecessor
 //     learned it was not (the attempt then fails as stored out of order).
-//     An event sent before the worker knew is not covered: the stream
-//     may take it in a later batch, and the attempt fails as above.
+//     The answers set the publisher's holding before the hold ends, and
+//     publish checks both under mu, so an event that passed the
+//     publisher's own check before the answers came is held too. An event
+//     sent before the worker knew is not covered: the stream may take it
+//     in a later batch, and the attempt fails as above.
 //   - An event goes in a batch only if no event of its run sent singly
 //     waits for its ack (publish.go): a single event lost to a reconnect
 //     is re-sent with its message id and no expectation, and would be
@@ -190,7 +193,9 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 	defer b.sendMu.Unlock()
 	epoch := b.acks.current()
 	b.mu.Lock()
-	if b.held[p] > 0 {
+	if b.held[p] > 0 || p.holding.Load() {
+		// Held by an ended batch, or already told an event of its was not
+		// stored (after the publisher's own check): its re-send sends it.
 		b.mu.Unlock()
 		return true, errHeld
 	}
@@ -243,6 +248,9 @@ func (b *eventBatch) pruneLocked(epoch uint64) {
 // holds tells whether p is held (see the invariants): a plain send
 // checks it too.
 func (b *eventBatch) holds(p *publisher) bool {
+	if p.holding.Load() {
+		return true
+	}
 	if b.nheld.Load() == 0 {
 		return false // the usual case, without the lock
 	}

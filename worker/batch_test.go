@@ -433,8 +433,11 @@ func waitNoHolds(t *testing.T, w *Worker) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		w.batch.mu.Lock()
-		n := len(w.batch.held)
+		n, counted := len(w.batch.held), w.batch.nheld.Load()
 		w.batch.mu.Unlock()
+		if counted != int64(n) {
+			t.Fatalf("%d publishers held, %d counted", n, counted)
+		}
 		if n == 0 {
 			return
 		}
@@ -443,6 +446,108 @@ func waitNoHolds(t *testing.T, w *Worker) {
 		}
 		time.Sleep(5 * time.Millisecond) // polls the state itself
 	}
+}
+
+// An event that passed its publisher's checks before the stream's answer
+// came, and reaches the batch after the answers were dispatched and the
+// ended batch's hold was released, is held all the same: the publisher
+// already knows its predecessor was not stored. (It opened a new batch and
+// was stored first; a review's scratch test, and one
+// TestRefusedEventInABatchIsReSentForTheOthers run in 25.)
+func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	holdBatches(t, w)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 2000 })
+	// The stream's answers are kept until the run's 3 is past its checks.
+	if err := w.batch.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	const release = "Test-Release"
+	var keeping atomic.Bool
+	keeping.Store(true)
+	kept, routed := make(chan *nats.Msg, 8), make(chan struct{}, 8)
+	sub, err := w.c.Conn().Subscribe(w.batch.prefix+">", func(m *nats.Msg) {
+		switch {
+		case m.Header.Get(release) != "":
+			w.batch.route(m)
+			routed <- struct{}{}
+		case keeping.Load():
+			kept <- m
+		default:
+			w.batch.route(m)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.batch.sub = sub
+	big := newPublisher(w, bus.NewRunID(), 1, func(error) {})
+	run := newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, big, 1)
+	publishN(t, run, 1)
+	for _, p := range []*publisher{big, run} {
+		if err := p.sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past, goOn := make(chan struct{}), make(chan struct{})
+	w.hooks.beforeBatchSend = func(p *publisher, seq uint64) {
+		if p == run && seq == 3 {
+			close(past)
+			<-goOn
+		}
+	}
+	resending, resend := make(chan uint64, 8), make(chan struct{})
+	w.hooks.beforeEventResend = func(seq uint64) {
+		resending <- seq
+		<-resend
+	}
+	// One batch: the refused event first, then the run's 2.
+	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	sent3 := make(chan error, 1)
+	go func() {
+		_, err := run.event("x", []byte(`{"type":"x","i":3}`), 0)
+		sent3 <- err
+	}()
+	within(t, past, 20*time.Second, "the run's 3 past its checks")
+	// Now the answers: the first (the refusal) ends the batch, 2 is not
+	// stored, its re-send starts (and waits). Later ones are for a batch
+	// forgotten by then.
+	first := within(t, kept, 20*time.Second, "the refusal")
+	keeping.Store(false)
+	for _, m := range []*nats.Msg{first} {
+		m.Header = nats.Header{release: []string{"1"}}
+		if err := w.c.Conn().PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		within(t, routed, 20*time.Second, "the kept refusal")
+	}
+	if seq := within(t, resending, 20*time.Second, "the re-send"); seq != 2 {
+		t.Fatalf("re-sending %d first, want 2", seq)
+	}
+	close(goOn)
+	if err := within(t, sent3, 20*time.Second, "the run's 3"); err != nil {
+		t.Fatal(err)
+	}
+	run.commitBatch() // were 3 in a new batch, it would be stored now
+	close(resend)
+	if err := flushWithin(t, run); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run.run)); got != "[1 2 3]" {
+		t.Fatalf("stored %s, want [1 2 3]", got)
+	}
+	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
+		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
+	}
+	waitNoHolds(t, w)
 }
 
 // A gap or error answer for a batch forgotten meanwhile (the connection

@@ -123,11 +123,13 @@ type publisher struct {
 	// nothing more (a fenced attempt must not).
 	stopped atomic.Bool
 
-	mu        sync.Mutex
-	queue     []*outgoing     // see the invariants
-	drained   []chan struct{} // sync waiters: closed when queue empties or a publish fails
-	seq       uint64
-	holding   bool // do not send: disconnected, or re-sending
+	mu      sync.Mutex
+	queue   []*outgoing     // see the invariants
+	drained []chan struct{} // sync waiters: closed when queue empties or a publish fails
+	seq     uint64
+	// holding: do not send (disconnected, or re-sending). Written under
+	// mu; the event batch reads it under its own lock (batch.go).
+	holding   atomic.Bool
 	resending bool // the re-send goroutine runs
 	// stopResend cancels the re-send's requests in flight once the
 	// publisher fails (a fenced attempt does not wait out an ack).
@@ -225,7 +227,7 @@ func stampLocked(o *outgoing, now time.Time, epoch uint64) {
 // mayOvertakeLocked tells whether a new event may be sent at once (see
 // the invariants), and the epoch to stamp it with. Caller holds mu.
 func (p *publisher) mayOvertakeLocked() (uint64, bool) {
-	if p.holding || !p.w.c.Conn().IsConnected() {
+	if p.holding.Load() || !p.w.c.Conn().IsConnected() {
 		return 0, false
 	}
 	epoch := p.w.acks.current()
@@ -430,7 +432,7 @@ func (p *publisher) check(now time.Time, epoch uint64, timeout time.Duration) {
 // startResendLocked holds new events and starts the re-send goroutine
 // unless it runs. Caller holds mu.
 func (p *publisher) startResendLocked(cause error) {
-	p.holding = true
+	p.holding.Store(true)
 	if p.err != nil || p.resending {
 		return
 	}
@@ -688,7 +690,8 @@ func (p *publisher) resendStateLocked(cause error) (done, first bool) {
 	switch {
 	case p.err != nil:
 	case !p.unackedLocked():
-		p.holding, p.retryStart = false, time.Time{}
+		p.holding.Store(false)
+		p.retryStart = time.Time{}
 	case !p.retryStart.IsZero() && time.Since(p.retryStart) > p.budget:
 		p.endResendLocked()
 		first = p.failLocked(p.budgetSpent(cause))
@@ -915,6 +918,9 @@ func (p *publisher) singleUnackedLocked() bool {
 func (p *publisher) send(seq uint64, o *outgoing) error {
 	b := p.w.batch
 	if o.batched {
+		if h := p.w.hooks.beforeBatchSend; h != nil {
+			h(p, seq)
+		}
 		if ok, err := b.publish(p, seq, &o.m); ok {
 			return err
 		}

@@ -69,7 +69,7 @@ func TestWorkerProcessCollectorPercent(t *testing.T) {
 				t.Fatal(err)
 			}
 			exited := make(chan struct{})
-			go func() { _, _ = cmd.Process.Wait(); close(exited) }()
+			go func() { _ = cmd.Wait(); close(exited) }()
 			defer func() {
 				_ = cmd.Process.Signal(syscall.SIGTERM)
 				select {
@@ -98,8 +98,9 @@ func scrape(t *testing.T, addr string, exited <-chan struct{}, log *syncBuf) str
 	deadline := time.After(30 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	client := &http.Client{Timeout: 5 * time.Second}
 	for {
-		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+		if resp, err := client.Get("http://" + addr + "/metrics"); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == 200 {

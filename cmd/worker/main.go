@@ -251,10 +251,10 @@ Several workers: start NATS yourself (or one worker with the embedded server)
 and point every worker at it with --nats or NATS_URL.
 
 Thousands of runs in flight: set GOMEMLIMIT (the Go collector's soft limit,
-e.g. 900MiB under a 1GiB container) so the heap is collected before it
-doubles; a waiting run holds about 16 KB of stack and 17 KB of heap. With
-GOMEMLIMIT set and GOGC not, the worker collects at GOGC=400: the limit
-bounds the heap, and the collector costs less CPU.
+e.g. 900MiB under a 1GiB container): the limit bounds the heap; a waiting
+run holds about 16 KB of stack and 17 KB of heap. With GOMEMLIMIT set and
+GOGC not, the worker collects at GOGC=400 below the limit (less collector
+CPU; the heap may grow to five times the live heap, never past the limit).
 
 Flags (environment variable in brackets):
 `
