@@ -67,9 +67,10 @@ import (
 //     them in seq order after the lost ones. Without it a run's next
 //     event could open a new batch and be stored before its predecessor
 //     learned it was not (the attempt then fails as stored out of order).
-//     The answers set the publisher's holding before the hold ends, and
-//     publish checks both under mu, so an event that passed the
-//     publisher's own check before the answers came is held too. An event
+//     The answers set the publisher's holding before the hold ends (it
+//     stays set until nothing is unacknowledged), and publish checks it
+//     after the hold, so an event that passed the publisher's own check
+//     before the answers came is held too. An event
 //     sent before the worker knew is not covered: the stream may take it
 //     in a later batch, and the attempt fails as above.
 //   - An event goes in a batch only if no event of its run sent singly
@@ -248,15 +249,16 @@ func (b *eventBatch) pruneLocked(epoch uint64) {
 // holds tells whether p is held (see the invariants): a plain send
 // checks it too.
 func (b *eventBatch) holds(p *publisher) bool {
-	if p.holding.Load() {
-		return true
+	if b.nheld.Load() != 0 { // the usual case skips the lock
+		b.mu.Lock()
+		held := b.held[p] > 0
+		b.mu.Unlock()
+		if held {
+			return true
+		}
 	}
-	if b.nheld.Load() == 0 {
-		return false // the usual case, without the lock
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.held[p] > 0
+	// Last: set before a hold ends, and kept until nothing is unacknowledged.
+	return p.holding.Load()
 }
 
 // endLocked marks ob known ended: it takes no more events, and the

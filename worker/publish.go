@@ -69,7 +69,9 @@ func (e *EventTooLargeError) Error() string {
 //     handed back.
 //   - Events go on the wire in seq order: sendMu is held from taking a
 //     seq to the end of its publish; while a re-send runs every new event
-//     is held and the re-send sends it in its turn. mu guards the state
+//     is held and the re-send sends it in its turn. The re-send picks an
+//     event under sendMu too, so an event is never picked while its first
+//     send is under way. mu guards the state
 //     and is never held over a publish, so the ack callback never waits
 //     on the connection.
 //   - Only a publisher's first event and the lifecycle events carry a
@@ -128,7 +130,9 @@ type publisher struct {
 	drained []chan struct{} // sync waiters: closed when queue empties or a publish fails
 	seq     uint64
 	// holding: do not send (disconnected, or re-sending). Written under
-	// mu; the event batch reads it under its own lock (batch.go).
+	// mu, set before a batch's hold on the publisher ends and cleared only
+	// once nothing is unacknowledged; the event batch reads it without mu
+	// (batch.go).
 	holding   atomic.Bool
 	resending bool // the re-send goroutine runs
 	// stopResend cancels the re-send's requests in flight once the
@@ -473,10 +477,14 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
+		// sendMu: no event's first send is under way while one is picked
+		// (it may be the one picked, and would then go out twice).
+		p.sendMu.Lock()
 		p.mu.Lock()
 		done, first := p.resendStateLocked(cause)
 		if done {
 			p.mu.Unlock()
+			p.sendMu.Unlock()
 			if first {
 				p.failed()
 			}
@@ -500,6 +508,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 			stampLocked(o, time.Now(), p.w.acks.current())
 		}
 		p.mu.Unlock()
+		p.sendMu.Unlock()
 		if o != nil {
 			if h := p.w.hooks.beforeEventResend; h != nil {
 				h(o.seq)
