@@ -247,6 +247,73 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 	}
 }
 
+// answerTap stands in for the event batch's answer subscription: the
+// answers keep says so are held back in kept, the others routed as they
+// come; release routes held ones later, from the subscription's
+// goroutine (the batch's answers are handled one at a time).
+type answerTap struct {
+	t      *testing.T
+	w      *Worker
+	kept   chan *nats.Msg
+	routed chan struct{}
+}
+
+const tapRelease = "Test-Release"
+
+func tapAnswers(t *testing.T, w *Worker, keep func(*nats.Msg) bool) *answerTap {
+	t.Helper()
+	if err := w.batch.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	a := &answerTap{t: t, w: w, kept: make(chan *nats.Msg, 8), routed: make(chan struct{}, 8)}
+	sub, err := w.c.Conn().Subscribe(w.batch.prefix+">", func(m *nats.Msg) {
+		switch {
+		case m.Header.Get(tapRelease) != "":
+			w.batch.route(m)
+			a.routed <- struct{}{}
+		case keep(m):
+			a.kept <- m
+		default:
+			w.batch.route(m)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.batch.sub = sub
+	return a
+}
+
+// release routes the held answers ms, in order, and waits until each is.
+func (a *answerTap) release(ms ...*nats.Msg) {
+	a.t.Helper()
+	for _, m := range ms {
+		m.Header = nats.Header{tapRelease: []string{"1"}}
+		if err := a.w.c.Conn().PublishMsg(m); err != nil {
+			a.t.Fatal(err)
+		}
+		within(a.t, a.routed, 20*time.Second, "a held answer routed")
+	}
+}
+
+// refusalPair makes the stream refuse events over 2,000 bytes and returns
+// two publishers whose first events are stored: big, which a test has
+// send a refused event, and run, whose events share its batch.
+func refusalPair(t *testing.T, ctx context.Context, w *Worker) (big, run *publisher) {
+	t.Helper()
+	updateEventsStream(t, w.c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 2000 })
+	big = newPublisher(w, bus.NewRunID(), 1, func(error) {})
+	run = newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, big, 1)
+	publishN(t, run, 1)
+	for _, p := range []*publisher{big, run} {
+		if err := p.sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return big, run
+}
+
 // Between the stream's answer that a batch ended and the answers of the
 // events it did not store, a run's next event must not open a new batch
 // and be stored before its lost predecessor (the attempt then failed as
@@ -258,44 +325,22 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 2000 })
-	if err := w.batch.sub.Unsubscribe(); err != nil {
-		t.Fatal(err)
-	}
 	// The stream's answers are kept back, all but the gap answer for the
 	// run's 3: the worker learns that the batch ended and not yet what it
 	// stored (as when the error answer is lost and the commit ack late).
-	const release = "Test-Release"
-	ended, late := make(chan struct{}), make(chan struct{}, 4)
-	kept := make(chan *nats.Msg, 4)
+	ended := make(chan struct{})
 	var endedOnce sync.Once
-	sub, err := w.c.Conn().Subscribe(w.batch.prefix+">", func(m *nats.Msg) {
-		switch {
-		case m.Header.Get(release) != "":
-			w.batch.route(m)
-			late <- struct{}{}
-		case strings.HasPrefix(string(m.Data), `{"type":"gap"`):
-			w.batch.route(m)
+	tap := tapAnswers(t, w, func(m *nats.Msg) bool {
+		switch d := string(m.Data); {
+		case strings.HasPrefix(d, `{"type":"gap"`):
 			endedOnce.Do(func() { close(ended) })
-		case strings.HasPrefix(string(m.Data), `{"type":"ack"`):
-			w.batch.route(m)
-		default:
-			kept <- m
+			return false
+		case strings.HasPrefix(d, `{"type":"ack"`):
+			return false
 		}
+		return true
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.batch.sub = sub
-	big := newPublisher(w, bus.NewRunID(), 1, func(error) {})
-	run := newPublisher(w, bus.NewRunID(), 1, nil)
-	publishN(t, big, 1)
-	publishN(t, run, 1)
-	for _, p := range []*publisher{big, run} {
-		if err := p.sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	big, run := refusalPair(t, ctx, w)
 	// One batch: the run's 2, the refused event, the run's 3. The stream
 	// stores 2, refuses the next and ends the batch, so 3 is not stored.
 	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
@@ -312,15 +357,9 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no gap answer for the batch")
 	}
-	var answers []*nats.Msg // the error answer for the refused event, the commit ack
-	for len(answers) < 2 {
-		select {
-		case m := <-kept:
-			answers = append(answers, m)
-		case <-ctx.Done():
-			t.Fatal("no error answer and commit ack for the batch")
-		}
-	}
+	// The error answer for the refused event, the commit ack.
+	answers := []*nats.Msg{within(t, tap.kept, 20*time.Second, "the error answer"),
+		within(t, tap.kept, 20*time.Second, "the commit ack")}
 	if _, err := run.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -329,17 +368,7 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 		t.Fatalf("flush: %v", err)
 	}
 	// The kept answers come late: nothing changes for the run.
-	for _, m := range answers {
-		m.Header = nats.Header{release: []string{"1"}}
-		if err := w.c.Conn().PublishMsg(m); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-late:
-		case <-ctx.Done():
-			t.Fatal("a kept answer did not come back")
-		}
-	}
+	tap.release(answers...)
 	if err := run.sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -459,39 +488,11 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 2000 })
 	// The stream's answers are kept until the run's 3 is past its checks.
-	if err := w.batch.sub.Unsubscribe(); err != nil {
-		t.Fatal(err)
-	}
-	const release = "Test-Release"
 	var keeping atomic.Bool
 	keeping.Store(true)
-	kept, routed := make(chan *nats.Msg, 8), make(chan struct{}, 8)
-	sub, err := w.c.Conn().Subscribe(w.batch.prefix+">", func(m *nats.Msg) {
-		switch {
-		case m.Header.Get(release) != "":
-			w.batch.route(m)
-			routed <- struct{}{}
-		case keeping.Load():
-			kept <- m
-		default:
-			w.batch.route(m)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.batch.sub = sub
-	big := newPublisher(w, bus.NewRunID(), 1, func(error) {})
-	run := newPublisher(w, bus.NewRunID(), 1, nil)
-	publishN(t, big, 1)
-	publishN(t, run, 1)
-	for _, p := range []*publisher{big, run} {
-		if err := p.sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
+	big, run := refusalPair(t, ctx, w)
 	past, goOn := make(chan struct{}), make(chan struct{})
 	var goOnce sync.Once
 	letGo := func() { goOnce.Do(func() { close(goOn) }) }
@@ -518,15 +519,9 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	// Now the answers: the first (the refusal) ends the batch, 2 is not
 	// stored, its re-send starts (and waits for 3's send to end). Later
 	// ones are for a batch forgotten by then.
-	first := within(t, kept, 20*time.Second, "the refusal")
+	first := within(t, tap.kept, 20*time.Second, "the refusal")
 	keeping.Store(false)
-	for _, m := range []*nats.Msg{first} {
-		m.Header = nats.Header{release: []string{"1"}}
-		if err := w.c.Conn().PublishMsg(m); err != nil {
-			t.Fatal(err)
-		}
-		within(t, routed, 20*time.Second, "the kept refusal")
-	}
+	tap.release(first)
 	run.mu.Lock()
 	resending := run.resending
 	run.mu.Unlock()
