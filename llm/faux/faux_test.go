@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 	"unicode/utf8"
 
 	"go.uber.org/goleak"
@@ -177,5 +179,38 @@ func TestChunksNeverSplitACharacter(t *testing.T) {
 	}
 	if deltas[0] != "1×2=" || deltas[1] != "2 ×😀" || deltas[2] != "😀 é" {
 		t.Fatalf("chunks of 4 UTF-16 units: %q", deltas)
+	}
+}
+
+// The reference's producer pushes a chunk without waiting for its consumer
+// and sleeps from there: handling a chunk overlaps the pause before the
+// next one (an interval of max(pause, handling)), it does not add to it.
+// Virtual time (synctest) makes the timings exact.
+func TestPaceCountsFromThePush(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		handling time.Duration
+		want     time.Duration
+	}{
+		// 5 deltas 100 ms apart; the last one's handling ends the stream.
+		{"handling shorter than the pause", 30 * time.Millisecond, 500*time.Millisecond + 30*time.Millisecond},
+		{"handling longer than the pause", 150 * time.Millisecond, 100*time.Millisecond + 5*150*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10}, faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("abcd", 5))}})
+				start := time.Now()
+				deltas := 0
+				for ev := range m.Stream(context.Background(), model, agent.Context{}, agent.StreamOptions{}) {
+					if ev.Type == agent.StreamTextDelta {
+						deltas++
+						time.Sleep(tc.handling)
+					}
+				}
+				if got := time.Since(start); deltas != 5 || got != tc.want {
+					t.Fatalf("%d deltas in %v, want 5 in %v", deltas, got, tc.want)
+				}
+			})
+		})
 	}
 }
