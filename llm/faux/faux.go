@@ -107,7 +107,7 @@ func (m *Model) Stream(ctx context.Context, model agent.Model, llm agent.Context
 		}
 		s.msg.Usage.Input = estimateTokens(contextChars(llm))
 		hdr := s.msg
-		if !s.emit(agent.StreamEvent{Type: agent.StreamStart, Message: &hdr}) {
+		if !s.handOver(agent.StreamEvent{Type: agent.StreamStart, Message: &hdr}) {
 			return
 		}
 		// No abort check between blocks: the reference pushes a block's end
@@ -134,7 +134,7 @@ func (m *Model) Stream(ctx context.Context, model agent.Model, llm agent.Context
 			}
 			s.msg.StopReason = reason
 			final := s.msg
-			s.emit(agent.StreamEvent{Type: agent.StreamDone, Reason: reason, Message: &final})
+			s.yield(agent.StreamEvent{Type: agent.StreamDone, Reason: reason, Message: &final})
 		}
 	}
 }
@@ -146,15 +146,17 @@ type streamer struct {
 	tps   float64
 	msg   agent.Message
 	timer *time.Timer
-	// pushed is when the last event was handed over. The reference's
-	// producer pushes without waiting for its consumer and sleeps from
-	// there, so handling an event overlaps the pause instead of adding to
-	// it.
+	// pushed is when the stream's start or its last delta was handed
+	// over. The reference's producer pushes without waiting for its
+	// consumer, and pushes a block's end and the next block's start with
+	// the delta before them; it sleeps from there, so handling those
+	// events overlaps the pause instead of adding to it.
 	pushed time.Time
 }
 
-// emit hands one event to the consumer.
-func (s *streamer) emit(ev agent.StreamEvent) bool {
+// handOver yields the stream's start or a delta: the next pause counts
+// from it.
+func (s *streamer) handOver(ev agent.StreamEvent) bool {
 	if s.tps > 0 {
 		s.pushed = time.Now()
 	}
@@ -186,7 +188,7 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 		s.msg.Content = append(s.msg.Content, b)
 		return 0, true
 	}
-	if !s.emit(agent.StreamEvent{Type: start, ContentIndex: i, ID: b.ID, Name: b.Name}) {
+	if !s.yield(agent.StreamEvent{Type: start, ContentIndex: i, ID: b.ID, Name: b.Name}) {
 		return 0, false
 	}
 	// At least one delta: an empty block streams one empty chunk.
@@ -211,7 +213,7 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 				ev.Arguments = b.Arguments
 			}
 		}
-		if !s.emit(ev) {
+		if !s.handOver(ev) {
 			return 0, false
 		}
 		if pos >= len(full) {
@@ -228,16 +230,19 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 		ev.Content = ""
 		ev.ToolCall = &final
 	}
-	return len(b.Name) + len(full), s.emit(ev)
+	return len(b.Name) + len(full), s.yield(ev)
 }
 
-// pace waits before a chunk of n characters, counting from the last
-// event handed over; false when aborted.
+// pace waits before a chunk of n characters, counting from pushed; false
+// when aborted.
 func (s *streamer) pace(n int) bool {
 	if s.tps > 0 {
 		d := time.Duration(math.MaxInt64) // a pace too slow to express: wait for the abort
 		if secs := float64(estimateTokens(n)) / s.tps; secs < float64(math.MaxInt64)/float64(time.Second) {
-			d = time.Duration(secs*float64(time.Second)) - time.Since(s.pushed)
+			d = time.Duration(secs * float64(time.Second))
+			if !s.pushed.IsZero() {
+				d -= time.Since(s.pushed)
+			}
 		}
 		if d <= 0 {
 			return s.ctx.Err() == nil
@@ -265,7 +270,7 @@ func (s *streamer) fail(reason agent.StopReason, text string) {
 	s.msg.StopReason = reason
 	s.msg.ErrorMessage = text
 	final := s.msg
-	s.emit(agent.StreamEvent{Type: agent.StreamError, Reason: reason, Message: &final})
+	s.yield(agent.StreamEvent{Type: agent.StreamError, Reason: reason, Message: &final})
 }
 
 // estimateTokens is ceil(chars/4), without overflow.

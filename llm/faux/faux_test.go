@@ -3,6 +3,7 @@ package faux_test
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -213,4 +214,27 @@ func TestPaceCountsFromThePush(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The reference pushes a block's end and the next block's start with the
+// delta before them, and the stream's start with the first block's start:
+// the pause counts from there, and handling all of them overlaps it.
+func TestPaceCountsFromTheDeltaAcrossBlocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10}, faux.Response{Content: []agent.Content{agent.Text("abcd"), agent.Text("efgh")}})
+		start := time.Now()
+		var at []time.Duration
+		for ev := range m.Stream(context.Background(), model, agent.Context{}, agent.StreamOptions{}) {
+			if ev.Type == agent.StreamTextDelta {
+				at = append(at, time.Since(start))
+			}
+			time.Sleep(30 * time.Millisecond) // every event takes this long to handle
+		}
+		// start, text_start, delta (100), text_end, text_start, delta (200),
+		// text_end, done: 290 ms.
+		want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
+		if got := time.Since(start); !slices.Equal(at, want) || got != 290*time.Millisecond {
+			t.Fatalf("deltas at %v, done at %v; want %v, 290ms", at, got, want)
+		}
+	})
 }
