@@ -89,4 +89,9 @@ func TestBoundsKeepValidRequests(t *testing.T) {
 			t.Errorf("%s: %v", body, err)
 		}
 	}
+	// fixedPace (since 1.5) is a known field of the faux script.
+	req, err := DecodeRunRequest([]byte(`{"prompt":"x","model":"faux/x","faux":{"tokensPerSecond":40,"fixedPace":true,"responses":[]}}`), "r1")
+	if err != nil || !req.Faux.FixedPace {
+		t.Errorf("fixedPace: %+v, %v", req, err)
+	}
 }

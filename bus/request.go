@@ -120,6 +120,11 @@ type FauxScript struct {
 	Responses       []agent.ScriptedResponse `json:"responses"`
 	TokenSize       int                      `json:"tokenSize,omitempty"`
 	TokensPerSecond float64                  `json:"tokensPerSecond,omitempty"`
+	// FixedPace (since 1.5) puts the chunks at fixed times from the
+	// reply's start, as a provider streaming at its own pace: lateness is
+	// made up, not carried (load tests: the offered rate stays the asked
+	// one on a busy machine).
+	FixedPace bool `json:"fixedPace,omitempty"`
 }
 
 // RunRequest is the body of a run request (see docs/protocol.md).

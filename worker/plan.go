@@ -159,7 +159,7 @@ func (r *run) ceilings(req *bus.RunRequest, add func(string, ...any)) {
 func (r *run) fauxScript(ref bus.ModelRef) {
 	f := r.req.Faux
 	resps := f.Responses
-	opts := faux.Options{TokenSize: f.TokenSize, TokensPerSecond: f.TokensPerSecond}
+	opts := faux.Options{TokenSize: f.TokenSize, TokensPerSecond: f.TokensPerSecond, FixedPace: f.FixedPace}
 	script := faux.New(opts, resps...).Stream
 	r.fauxSkip = func(n int) { script = faux.New(opts, resps[min(n, len(resps)):]...).Stream }
 	r.stream = func(ctx context.Context, m agent.Model, llm agent.Context, o agent.StreamOptions) iter.Seq[agent.StreamEvent] {

@@ -169,6 +169,9 @@ func benchRequest(bf *benchFlags) ([]byte, error) {
 		if bf.streaming {
 			// A delta is 4 tokens: 4 tokens/s per delta/s.
 			s.TokenSize, s.TokensPerSecond = 4, 4*bf.deltasPerSecond
+			// Open loop: a run late on a busy machine does not lower the
+			// rate offered (the delays show the lateness instead).
+			s.FixedPace = true
 		}
 		req.Faux = s
 	}

@@ -30,6 +30,13 @@ type Options struct {
 	TokenSize int
 	// TokensPerSecond paces the chunks; zero streams without delay.
 	TokensPerSecond float64
+	// FixedPace puts the chunks at fixed times from the stream's start, as
+	// a provider that streams at its own pace whatever its reader does: a
+	// late chunk does not push the later ones back. Without it the pacing
+	// is pi's, each pause counting from the previous hand-over, so
+	// lateness adds up (the offered rate then depends on how busy the
+	// reader's machine is, which a load test must not).
+	FixedPace bool
 	// Fallback answers when the queue is empty; nil answers with pi's
 	// "No more faux responses queued" error.
 	Fallback func(llm agent.Context) Response
@@ -93,7 +100,7 @@ func (m *Model) Stream(ctx context.Context, model agent.Model, llm agent.Context
 		if !ok && m.opts.Fallback != nil {
 			resp, ok = m.opts.Fallback(llm), true
 		}
-		s := streamer{ctx: ctx, yield: yield, chunk: chunkChars(m.opts.TokenSize), tps: m.opts.TokensPerSecond}
+		s := streamer{ctx: ctx, yield: yield, chunk: chunkChars(m.opts.TokenSize), tps: m.opts.TokensPerSecond, fixed: m.opts.FixedPace}
 		s.msg = agent.Message{Role: agent.RoleAssistant, API: model.API, Provider: model.Provider,
 			Model: model.ID, StopReason: agent.StopReasonStop, Timestamp: time.Now().UnixMilli()}
 		// The reference reports an empty queue before it looks at the abort.
@@ -152,6 +159,8 @@ type streamer struct {
 	// the delta before them; it sleeps from there, so handling those
 	// events overlaps the pause instead of adding to it.
 	pushed time.Time
+	fixed  bool      // FixedPace
+	due    time.Time // FixedPace: when the last chunk was due
 }
 
 // handOver yields the stream's start or a delta: the next pause counts
@@ -159,6 +168,9 @@ type streamer struct {
 func (s *streamer) handOver(ev agent.StreamEvent) bool {
 	if s.tps > 0 {
 		s.pushed = time.Now()
+		if s.fixed && s.due.IsZero() {
+			s.due = s.pushed // the stream's start
+		}
 	}
 	return s.yield(ev)
 }
@@ -233,14 +245,18 @@ func (s *streamer) block(i int, b agent.Content) (int, bool) {
 	return len(b.Name) + len(full), s.yield(ev)
 }
 
-// pace waits before a chunk of n characters, counting from pushed; false
-// when aborted.
+// pace waits before a chunk of n characters, counting from pushed (or,
+// with FixedPace, from when the last chunk was due); false when aborted.
 func (s *streamer) pace(n int) bool {
 	if s.tps > 0 {
 		d := time.Duration(math.MaxInt64) // a pace too slow to express: wait for the abort
 		if secs := float64(estimateTokens(n)) / s.tps; secs < float64(math.MaxInt64)/float64(time.Second) {
 			d = time.Duration(secs * float64(time.Second))
-			if !s.pushed.IsZero() {
+			switch {
+			case s.fixed && !s.due.IsZero():
+				s.due = s.due.Add(d)
+				d = time.Until(s.due)
+			case !s.pushed.IsZero():
 				d -= time.Since(s.pushed)
 			}
 		}

@@ -2,6 +2,7 @@ package faux_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -237,4 +238,36 @@ func TestPaceCountsFromTheDeltaAcrossBlocks(t *testing.T) {
 			t.Fatalf("deltas at %v, done at %v; want %v, 290ms", at, got, want)
 		}
 	})
+}
+
+// FixedPace puts chunk k at k pauses after the stream's start: one late
+// chunk is followed by the next at once until the stream is back on time,
+// where pi's pacing carries the lateness to every later chunk.
+func TestFixedPaceMakesUpLateness(t *testing.T) {
+	for _, tc := range []struct {
+		fixed bool
+		want  []time.Duration // when each of 5 deltas came, in ms
+	}{
+		{true, []time.Duration{100, 350, 350, 400, 500}},
+		{false, []time.Duration{100, 350, 450, 550, 650}},
+	} {
+		t.Run(fmt.Sprintf("fixed=%v", tc.fixed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10, FixedPace: tc.fixed}, faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("abcd", 5))}})
+				start := time.Now()
+				var at []time.Duration
+				for ev := range m.Stream(context.Background(), model, agent.Context{}, agent.StreamOptions{}) {
+					if ev.Type == agent.StreamTextDelta {
+						at = append(at, time.Since(start)/time.Millisecond)
+						if len(at) == 1 {
+							time.Sleep(250 * time.Millisecond) // one slow hand-over
+						}
+					}
+				}
+				if !slices.Equal(at, tc.want) {
+					t.Fatalf("deltas at %v ms, want %v", at, tc.want)
+				}
+			})
+		})
+	}
 }
