@@ -169,8 +169,8 @@ func benchRequest(bf *benchFlags) ([]byte, error) {
 		if bf.streaming {
 			// A delta is 4 tokens: 4 tokens/s per delta/s.
 			s.TokenSize, s.TokensPerSecond = 4, 4*bf.deltasPerSecond
-			// Open loop: a run late on a busy machine does not lower the
-			// rate offered (the delays show the lateness instead).
+			// Open loop: a run late on a busy machine makes the lateness
+			// up, so the rate offered stays the one asked for.
 			s.FixedPace = true
 		}
 		req.Faux = s
