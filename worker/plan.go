@@ -159,13 +159,18 @@ func (r *run) ceilings(req *bus.RunRequest, add func(string, ...any)) {
 func (r *run) fauxScript(ref bus.ModelRef) {
 	f := r.req.Faux
 	resps := f.Responses
-	opts := faux.Options{TokenSize: f.TokenSize, TokensPerSecond: f.TokensPerSecond, FixedPace: f.FixedPace}
+	opts := fauxOptions(f)
 	script := faux.New(opts, resps...).Stream
 	r.fauxSkip = func(n int) { script = faux.New(opts, resps[min(n, len(resps)):]...).Stream }
 	r.stream = func(ctx context.Context, m agent.Model, llm agent.Context, o agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return script(ctx, m, llm, o)
 	}
 	r.model = agent.Model{ID: ref.ID, Name: ref.ID, API: "faux", Provider: "faux"}
+}
+
+// fauxOptions is the faux model's chunking and pace as the script asks.
+func fauxOptions(f *bus.FauxScript) faux.Options {
+	return faux.Options{TokenSize: f.TokenSize, TokensPerSecond: f.TokensPerSecond, FixedPace: f.FixedPace}
 }
 
 func (r *run) newAgent() *agent.Agent {

@@ -27,6 +27,7 @@ type benchFlags struct {
 	// text deltas for duration.
 	streaming       bool
 	deltasPerSecond float64
+	fixedPace       bool
 	duration        time.Duration
 }
 
@@ -50,6 +51,7 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs.BoolVar(&bf.streaming, "streaming", false, "streaming mode: --concurrency runs at once, each streaming --deltas-per-second text deltas for --duration (a paced faux script; the worker must allow faux); reports events/s and the delay from each event's creation (its ts) to its arrival, once every run has started")
 	fs.Float64Var(&bf.deltasPerSecond, "deltas-per-second", 10, "streaming mode: text deltas per second of each run")
 	fs.DurationVar(&bf.duration, "duration", 30*time.Second, "streaming mode: how long each run streams")
+	fs.BoolVar(&bf.fixedPace, "fixed-pace", true, "streaming mode: deltas at fixed times, a late run making its lateness up (the faux script's fixedPace, protocol 1.5: needs 1.5 workers; false for older ones, whose pacing carries lateness)")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -171,7 +173,7 @@ func benchRequest(bf *benchFlags) ([]byte, error) {
 			s.TokenSize, s.TokensPerSecond = 4, 4*bf.deltasPerSecond
 			// Open loop: a run late on a busy machine makes the lateness
 			// up, so the rate offered stays the one asked for.
-			s.FixedPace = true
+			s.FixedPace = bf.fixedPace
 		}
 		req.Faux = s
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -62,5 +63,26 @@ func TestEnvelopeHead(t *testing.T) {
 	}
 	if _, _, _, ok := envelopeHead([]byte(`garbage`)); ok {
 		t.Fatal("garbage decoded")
+	}
+}
+
+// Streaming runs ask for a fixed pace unless told not to; without it the
+// request carries no fixedPace at all, so a 1.4 worker takes it.
+func TestStreamingBenchAsksForAFixedPace(t *testing.T) {
+	for _, fixed := range []bool{true, false} {
+		body, err := benchRequest(&benchFlags{model: "faux/bench", prompt: "x", streaming: true, deltasPerSecond: 10, deltas: 20, fixedPace: fixed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := bus.DecodeRunRequest(body, "r1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if req.Faux == nil || req.Faux.FixedPace != fixed || req.Faux.TokensPerSecond != 40 {
+			t.Errorf("fixed %v: %s", fixed, body)
+		}
+		if !fixed && bytes.Contains(body, []byte("fixedPace")) {
+			t.Errorf("--fixed-pace=false still sends the field: %s", body)
+		}
 	}
 }

@@ -219,25 +219,30 @@ func TestPaceCountsFromThePush(t *testing.T) {
 
 // The reference pushes a block's end and the next block's start with the
 // delta before them, and the stream's start with the first block's start:
-// the pause counts from there, and handling all of them overlaps it.
+// the pause counts from there, and handling all of them overlaps it. A
+// fixed pace counts from the stream's start too, across blocks.
 func TestPaceCountsFromTheDeltaAcrossBlocks(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10}, faux.Response{Content: []agent.Content{agent.Text("abcd"), agent.Text("efgh")}})
-		start := time.Now()
-		var at []time.Duration
-		for ev := range m.Stream(context.Background(), model, agent.Context{}, agent.StreamOptions{}) {
-			if ev.Type == agent.StreamTextDelta {
-				at = append(at, time.Since(start))
-			}
-			time.Sleep(30 * time.Millisecond) // every event takes this long to handle
-		}
-		// start, text_start, delta (100), text_end, text_start, delta (200),
-		// text_end, done: 290 ms.
-		want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
-		if got := time.Since(start); !slices.Equal(at, want) || got != 290*time.Millisecond {
-			t.Fatalf("deltas at %v, done at %v; want %v, 290ms", at, got, want)
-		}
-	})
+	for _, fixed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fixed=%v", fixed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10, FixedPace: fixed}, faux.Response{Content: []agent.Content{agent.Text("abcd"), agent.Text("efgh")}})
+				start := time.Now()
+				var at []time.Duration
+				for ev := range m.Stream(context.Background(), model, agent.Context{}, agent.StreamOptions{}) {
+					if ev.Type == agent.StreamTextDelta {
+						at = append(at, time.Since(start))
+					}
+					time.Sleep(30 * time.Millisecond) // every event takes this long to handle
+				}
+				// start, text_start, delta (100), text_end, text_start, delta
+				// (200), text_end, done: 290 ms.
+				want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
+				if got := time.Since(start); !slices.Equal(at, want) || got != 290*time.Millisecond {
+					t.Fatalf("deltas at %v, done at %v; want %v, 290ms", at, got, want)
+				}
+			})
+		})
+	}
 }
 
 // FixedPace puts chunk k at k pauses after the stream's start: one late
@@ -246,19 +251,19 @@ func TestPaceCountsFromTheDeltaAcrossBlocks(t *testing.T) {
 func TestFixedPaceMakesUpLateness(t *testing.T) {
 	for _, tc := range []struct {
 		fixed bool
-		want  []time.Duration // when each of 5 deltas came, in ms
+		want  []int64 // when each of 5 deltas came, in ms
 	}{
-		{true, []time.Duration{100, 350, 350, 400, 500}},
-		{false, []time.Duration{100, 350, 450, 550, 650}},
+		{true, []int64{100, 350, 350, 400, 500}},
+		{false, []int64{100, 350, 450, 550, 650}},
 	} {
 		t.Run(fmt.Sprintf("fixed=%v", tc.fixed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10, FixedPace: tc.fixed}, faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("abcd", 5))}})
 				start := time.Now()
-				var at []time.Duration
+				var at []int64
 				for ev := range m.Stream(context.Background(), model, agent.Context{}, agent.StreamOptions{}) {
 					if ev.Type == agent.StreamTextDelta {
-						at = append(at, time.Since(start)/time.Millisecond)
+						at = append(at, time.Since(start).Milliseconds())
 						if len(at) == 1 {
 							time.Sleep(250 * time.Millisecond) // one slow hand-over
 						}
@@ -270,4 +275,27 @@ func TestFixedPaceMakesUpLateness(t *testing.T) {
 			})
 		})
 	}
+}
+
+// An abort while the stream is behind its fixed pace ends it at the next
+// chunk, which is overdue and so not waited for.
+func TestFixedPaceAbortWhileBehind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10, FixedPace: true}, faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("abcd", 5))}})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		deltas := 0
+		var last agent.StreamEvent
+		for ev := range m.Stream(ctx, model, agent.Context{}, agent.StreamOptions{}) {
+			if ev.Type == agent.StreamTextDelta {
+				deltas++
+				time.Sleep(350 * time.Millisecond) // three chunks behind
+				cancel()
+			}
+			last = ev
+		}
+		if deltas != 1 || last.Type != agent.StreamError || last.Reason != agent.StopReasonAborted {
+			t.Fatalf("%d deltas, last %s %s", deltas, last.Type, last.Reason)
+		}
+	})
 }
