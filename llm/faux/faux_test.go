@@ -77,19 +77,7 @@ func TestQueueAbortAndFallback(t *testing.T) {
 // text streamed so far, and no more deltas.
 func TestPacedAbort(t *testing.T) {
 	m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 1000}, faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("abcd", 50))}})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	deltas := 0
-	var last agent.StreamEvent
-	for ev := range m.Stream(ctx, model, agent.Context{}, agent.StreamOptions{}) {
-		if ev.Type == agent.StreamTextDelta {
-			deltas++
-			if deltas == 3 {
-				cancel()
-			}
-		}
-		last = ev
-	}
+	deltas, last := streamUntilAbort(m, func(n int) bool { return n == 3 })
 	if deltas != 3 || last.Type != agent.StreamError || last.Reason != agent.StopReasonAborted || last.Message.TextOf() != "abcdabcdabcd" {
 		t.Fatalf("deltas %d, last %s %q", deltas, last.Type, last.Message.TextOf())
 	}
@@ -282,20 +270,31 @@ func TestFixedPaceMakesUpLateness(t *testing.T) {
 func TestFixedPaceAbortWhileBehind(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m := faux.New(faux.Options{TokenSize: 1, TokensPerSecond: 10, FixedPace: true}, faux.Response{Content: []agent.Content{agent.Text(strings.Repeat("abcd", 5))}})
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		deltas := 0
-		var last agent.StreamEvent
-		for ev := range m.Stream(ctx, model, agent.Context{}, agent.StreamOptions{}) {
-			if ev.Type == agent.StreamTextDelta {
-				deltas++
-				time.Sleep(350 * time.Millisecond) // three chunks behind
-				cancel()
-			}
-			last = ev
-		}
+		deltas, last := streamUntilAbort(m, func(int) bool {
+			time.Sleep(350 * time.Millisecond) // three chunks behind
+			return true
+		})
 		if deltas != 1 || last.Type != agent.StreamError || last.Reason != agent.StopReasonAborted {
 			t.Fatalf("%d deltas, last %s %s", deltas, last.Type, last.Reason)
 		}
 	})
+}
+
+// streamUntilAbort streams one reply, cancelling it once abortAt says so
+// after the n-th delta; it returns the deltas seen and the last event.
+func streamUntilAbort(m *faux.Model, abortAt func(n int) bool) (int, agent.StreamEvent) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	deltas := 0
+	var last agent.StreamEvent
+	for ev := range m.Stream(ctx, model, agent.Context{}, agent.StreamOptions{}) {
+		if ev.Type == agent.StreamTextDelta {
+			deltas++
+			if abortAt(deltas) {
+				cancel()
+			}
+		}
+		last = ev
+	}
+	return deltas, last
 }
