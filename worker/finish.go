@@ -248,6 +248,11 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 		}
 		fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
 			Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns}
+		// The record does not keep it: the transcript's control messages
+		// were taken into account (0 said none were).
+		for _, s := range t.ControlSeqs() {
+			fin.LastControlSeq = max(fin.LastControlSeq, s)
+		}
 		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
 			fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()
 		}
