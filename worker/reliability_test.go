@@ -370,13 +370,19 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Events(id), (&bus.Envelope{Run: id, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
 		t.Fatal(err)
 	}
+	// A steer the crashed attempt took (control seq 7): the record does
+	// not keep it, run_finished must still say it was taken.
+	steer, _ := json.Marshal(map[string]any{"type": "message_end", "message": agent.Message{Role: agent.RoleUser, Content: []agent.Content{agent.Text("steer")}, Timestamp: 1}})
+	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Events(id), (&bus.Envelope{Run: id, Seq: 2, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), ControlSeq: 7, Event: steer}).AppendJSON(nil)); err != nil {
+		t.Fatal(err)
+	}
 	o := newObs()
 	f.StartWorker(worker.Config{Observer: o})
 	envs := f.Follow(id)
-	if len(envs) != 2 || envs[1].Type != bus.EventRunFinished || envs[1].Attempt != 1 || envs[1].Seq != 2 {
+	if len(envs) != 3 || envs[2].Type != bus.EventRunFinished || envs[2].Attempt != 1 || envs[2].Seq != 3 {
 		t.Fatalf("events: %s", fleettest.Dump(envs))
 	}
-	if fin := fleettest.Decode(t, envs[1]).RunFinished; fin.Status != bus.StatusSucceeded || fin.Turns != 1 {
+	if fin := fleettest.Decode(t, envs[2]).RunFinished; fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.LastControlSeq != 7 {
 		t.Fatalf("run_finished from the record: %+v", fin)
 	}
 	runs, err := f.Client.Stream(fleettest.Context(t), f.Client.Names().RunsStream())
