@@ -214,6 +214,10 @@ func (r *run) refuse(o leaseOutcome, rec *bus.RunRecord) {
 		// A newer delivery owns the run; this one is stale. Neither ack nor
 		// nak: either would act on the newer delivery.
 		r.log.Warn("stale delivery of a run a newer attempt owns; ignored", "recordAttempt", rec.Attempt)
+	case leaseUnread:
+		// worker/lease.go: the redelivery reads the record at pickup.
+		r.log.Info("first delivery found a run record it did not read; handing the request back", "recordAttempt", rec.Attempt)
+		_ = r.msg.Nak()
 	}
 }
 

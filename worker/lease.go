@@ -32,6 +32,19 @@ import (
 // marker naming the request the copy replaces (giveup.go). A request
 // whose own seq the marker names has been replaced and takes nothing.
 //
+// A first delivery of a plain request (attempt 1, no requeue headers)
+// does not read the record at pickup: almost always there is none, and
+// the read is a round trip on every run's critical path. It takes the
+// lease with Create. If a record exists, Create fails and take reads it:
+// one the attempt may not take (finished, another request's, a newer
+// attempt's) is refused exactly as a read at pickup would have refused
+// it; one it may take (a consumer recreated, so delivery counts began
+// again) is handed back (leaseUnread), and the redelivery, attempt 2,
+// reads it at pickup as every later attempt does, so nothing the pickup
+// takes from a record (the first start, the time waited, a wait in
+// progress) is lost. A consumer with MaxDeliver 1 always reads: a hand
+// back would give the request up.
+//
 // One goroutine writes at a time, so no lock is held over a KV call: the
 // run's goroutine takes the lease, then the heartbeat renews it, then the
 // heartbeat stops renewing (it goes on sending InProgress) and the run's
@@ -46,6 +59,7 @@ const (
 	leaseFinished              // the run has finished (the record is final)
 	leaseNewer                 // a newer attempt owns the run
 	leaseReused                // the record belongs to another request with this id
+	leaseUnread                // a record the pickup did not read: hand the request back
 )
 
 // lease is one attempt's hold on its run record.
@@ -58,6 +72,9 @@ type lease struct {
 	// waiting run, giveup.go): its record is this run's.
 	requeuedFrom uint64
 	onLost       func() // called once, when another attempt takes the lease
+	// unread: the pickup did not read the record (see the top); cleared
+	// by the first take.
+	unread bool
 
 	rev  uint64 // the revision this attempt wrote last; see the ordering above
 	done bool   // the final record is written
@@ -102,6 +119,8 @@ func (l *lease) take(ctx context.Context, prev, rec *bus.RunRecord) (leaseOutcom
 			return o, prev, nil
 		}
 	}
+	unread := l.unread && prev == nil
+	l.unread = false
 	for range 8 {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		var rev uint64
@@ -129,6 +148,9 @@ func (l *lease) take(ctx context.Context, prev, rec *bus.RunRecord) (leaseOutcom
 		}
 		if o := l.classify(cur); o != leaseTaken {
 			return o, cur, nil
+		}
+		if unread {
+			return leaseUnread, cur, nil
 		}
 		prev = cur
 	}

@@ -296,7 +296,13 @@ func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
 // bad request finished, or handed back on NATS trouble).
 func (r *run) pickup() bool {
 	w := r.w
-	rec, err := w.getRecord(w.hardCtx, r.id)
+	var rec *bus.RunRecord
+	var err error
+	if r.attempt == 1 && r.lease.requeuedFrom == 0 && w.cfg.MaxDeliver > 1 {
+		r.lease.unread = true // worker/lease.go: taken with Create
+	} else {
+		rec, err = w.getRecord(w.hardCtx, r.id)
+	}
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		r.log.Warn("cannot read the run record; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
@@ -579,6 +585,9 @@ func (r *run) record(state string) *bus.RunRecord {
 }
 
 func (w *Worker) getRecord(ctx context.Context, id string) (*bus.RunRecord, error) {
+	if h := w.hooks.beforeRecordRead; h != nil {
+		h(id)
+	}
 	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	e, err := w.kv.Get(gctx, id)

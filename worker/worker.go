@@ -550,6 +550,8 @@ type testHooks struct {
 	afterOwnerStarted func(r *run)
 	// once a run's control owner has started, before the agent's first call;
 	afterControlStart func(r *run)
-	// before a finished run acknowledges its request.
+	// before a finished run acknowledges its request;
 	beforeRequestAck func(runID string)
+	// before each read of a run's record.
+	beforeRecordRead func(runID string)
 }

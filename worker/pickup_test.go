@@ -1,0 +1,81 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// recordReads counts the worker's reads of each run's record.
+type recordReads struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func countRecordReads(w *Worker) *recordReads {
+	rr := &recordReads{n: map[string]int{}}
+	w.hooks.beforeRecordRead = func(id string) {
+		rr.mu.Lock()
+		defer rr.mu.Unlock()
+		rr.n[id]++
+	}
+	return rr
+}
+
+func (rr *recordReads) of(id string) int {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	return rr.n[id]
+}
+
+// A first delivery of a plain request takes its lease with Create and
+// reads no record: the read is a round trip on every run's path
+// (worker/lease.go).
+func TestFirstDeliveryReadsNoRecord(t *testing.T) {
+	var rr *recordReads
+	_, c := startInternal(t, Config{}, func(w *Worker) { rr = countRecordReads(w) })
+	id := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
+	if rec.State != bus.StatusSucceeded || rec.Attempt != 1 {
+		t.Fatalf("record: %+v", rec)
+	}
+	if n := rr.of(id); n != 0 {
+		t.Fatalf("the worker read the record %d times", n)
+	}
+}
+
+// A first delivery that finds a record it may take (here one an earlier
+// consumer's attempt 1 left, delivery counts having begun again) does not
+// take it unread: it hands the request back, and the redelivery reads it,
+// so the run keeps its first start (its timeout counts from it).
+func TestFirstDeliveryFindingARecordHandsItBack(t *testing.T) {
+	var rr *recordReads
+	_, c := startInternal(t, Config{}, func(w *Worker) { rr = countRecordReads(w) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "left-by-attempt-1"
+	began := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, Worker: "gone",
+		StartedAt: began, HeartbeatAt: began})
+	if _, err := kv.Put(ctx, id, b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")}); err != nil {
+		t.Fatal(err)
+	}
+	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
+	if rec.State != bus.StatusSucceeded || rec.Attempt != 2 || !rec.StartedAt.Equal(began) {
+		t.Fatalf("record: %+v (want attempt 2, started %v)", rec, began)
+	}
+	if n := rr.of(id); n < 2 {
+		t.Fatalf("%d record reads: want the first take's and the redelivery's pickup", n)
+	}
+}
