@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -45,21 +46,65 @@ func (c *Client) SteerMessage(ctx context.Context, runID string, m agent.Message
 // abort) after checking the run has not finished. An approve carries an
 // ApprovalAnswer, not a Control: see publishControl. A span in ctx travels
 // with it (traceparent and tracestate headers).
-func (c *Client) SendControl(ctx context.Context, runID, kind string, body Control) (uint64, error) {
+func (c *Client) SendControl(ctx context.Context, runID, kind string, body Control, opts ...ControlOption) (uint64, error) {
 	switch kind {
 	case KindSteer, KindFollowUp, KindAbort:
 	default:
 		return 0, fmt.Errorf("unknown control kind %q", kind)
 	}
-	return c.publishControl(ctx, runID, kind, body)
+	return c.publishControl(ctx, runID, kind, body, opts...)
+}
+
+// A ControlOption changes how SendControl publishes.
+type ControlOption func(*controlOptions)
+
+type controlOptions struct {
+	id    string
+	hasID bool
+}
+
+// MaxControlIDBytes bounds WithControlID's id.
+const MaxControlIDBytes = 128
+
+// WithControlID makes retrying a control message safe. A publish whose
+// ack is lost (a NATS restart) may have stored the message, and a retry
+// would store, and deliver, a second copy. Messages to one run of one kind
+// with the same id are stored once within the control stream's duplicate
+// window (2 minutes): a retry returns the first copy's sequence. The id
+// (1-128 bytes of letters, digits, '.', '_', ':' and '-') goes out as the
+// Nats-Msg-Id "<run>:<kind>:<id>" (docs/protocol.md §6).
+func WithControlID(id string) ControlOption {
+	return func(o *controlOptions) { o.id, o.hasID = id, true }
+}
+
+// CheckControlID refuses a control id that is empty, long, or could break out of
+// its header.
+func CheckControlID(id string) error {
+	ok := id != "" && len(id) <= MaxControlIDBytes
+	for _, r := range id {
+		ok = ok && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == ':' || r == '-')
+	}
+	if !ok {
+		return fmt.Errorf("invalid control id %q: it must match [A-Za-z0-9._:-]{1,%d}", truncate(id, 80), MaxControlIDBytes)
+	}
+	return nil
 }
 
 // publishControl publishes any control body (a Control, an
 // ApprovalAnswer) on the run's subject of kind, through JetStream, after
 // checking the run has not finished; it returns the stream sequence.
-func (c *Client) publishControl(ctx context.Context, runID, kind string, body any) (uint64, error) {
+func (c *Client) publishControl(ctx context.Context, runID, kind string, body any, opts ...ControlOption) (uint64, error) {
 	if err := CheckID(runID); err != nil {
 		return 0, err
+	}
+	var o controlOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.hasID {
+		if err := CheckControlID(o.id); err != nil {
+			return 0, err
+		}
 	}
 	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
 		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
@@ -68,7 +113,14 @@ func (c *Client) publishControl(ctx context.Context, runID, kind string, body an
 	if err != nil {
 		return 0, err
 	}
-	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.Control(runID, kind), data), jetstream.WithExpectStream(c.names.ControlStream()))
+	m := tracedMsg(ctx, c.names.Control(runID, kind), data)
+	if o.hasID {
+		if m.Header == nil {
+			m.Header = nats.Header{}
+		}
+		m.Header.Set(jetstream.MsgIDHeader, runID+":"+kind+":"+o.id)
+	}
+	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(c.names.ControlStream()))
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", kind, runID, err)
 	}
@@ -114,6 +166,10 @@ type RunRecord struct {
 	// Requeue marks a run whose request the give-up requeued (since 1.3);
 	// see Requeue.
 	Requeue *Requeue `json:"requeue,omitempty"`
+	// LastControlSeq is run_finished's lastControlSeq, kept in the final
+	// record (since 1.6) so a run_finished published from the record (its
+	// own was lost) says the same.
+	LastControlSeq uint64 `json:"lastControlSeq,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
 }

@@ -249,6 +249,10 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		MaxAge:     cfg.ControlMaxAge,
 		MaxBytes:   cfg.ControlMaxBytes,
 		MaxMsgSize: MaxControlBytes + 16<<10,
+		// A retried control message with the Nats-Msg-Id of its first
+		// publish is stored once (WithControlID); the server's default,
+		// written down.
+		Duplicates: min(2*time.Minute, cfg.ControlMaxAge),
 		// A flood of control messages to one run is refused at publish.
 		MaxMsgsPerSubject:    MaxControlsPerSubject,
 		Discard:              jetstream.DiscardNew,

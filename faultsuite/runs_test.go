@@ -3,19 +3,17 @@
 package faultsuite
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -169,10 +167,10 @@ func (d *driver) submit(plans ...*runPlan) {
 }
 
 // sendControls sends a plan's steers and follow-ups, interleaved, each kind
-// in order. A failed publish (NATS restarting) is retried for 30s; before
-// each retry the stream is read for the message, which a kill -9 may have
-// stored with its ack lost (a control message carries no message id, so a
-// blind retry would store a second copy, delivered as a second message).
+// in order. A failed publish (NATS restarting) is retried for 30s with the
+// same message id (bus.WithControlID): a kill -9 may have stored it with
+// its ack lost, and a blind retry would store a second copy, delivered as
+// a second message.
 func (d *driver) sendControls(p *runPlan) {
 	n := max(len(p.steers), len(p.followUps))
 	for i := range n {
@@ -187,14 +185,7 @@ func (d *driver) sendControls(p *runPlan) {
 			deadline := time.Now().Add(30 * time.Second)
 			for {
 				ctx, cancel := d.f.ctx(5 * time.Second)
-				if sc.err != nil {
-					if seq, err := d.storedControl(ctx, p.id, kc.kind, sc.text); err == nil && seq > 0 {
-						cancel()
-						sc.seq, sc.err = seq, nil
-						break
-					}
-				}
-				sc.seq, sc.err = d.f.c.SendControl(ctx, p.id, kc.kind, bus.Control{Text: sc.text})
+				sc.seq, sc.err = d.f.c.SendControl(ctx, p.id, kc.kind, bus.Control{Text: sc.text}, bus.WithControlID(strconv.Itoa(i)))
 				cancel()
 				if sc.err == nil || errors.Is(sc.err, bus.ErrRunFinished) || time.Now().After(deadline) {
 					break
@@ -205,30 +196,6 @@ func (d *driver) sendControls(p *runPlan) {
 			p.sent = append(p.sent, sc)
 			p.mu.Unlock()
 		}
-	}
-}
-
-// storedControl returns the sequence of the run's stored control message of
-// kind with text, 0 if none is stored.
-func (d *driver) storedControl(ctx context.Context, run, kind, text string) (uint64, error) {
-	names := d.f.c.Names()
-	stream, err := d.f.c.JetStream().Stream(ctx, names.ControlStream())
-	if err != nil {
-		return 0, err
-	}
-	for from := uint64(1); ; {
-		m, err := stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(names.Control(run, kind)))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return 0, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-		var c bus.Control
-		if json.Unmarshal(m.Data, &c) == nil && c.Text == text {
-			return m.Sequence, nil
-		}
-		from = m.Sequence + 1
 	}
 }
 

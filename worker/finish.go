@@ -251,11 +251,13 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 			_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
 		}
 		fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
-			Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns}
-		// The record does not keep it: the transcript's control messages
-		// were taken into account (0 said none were).
-		for _, s := range t.ControlSeqs() {
-			fin.LastControlSeq = max(fin.LastControlSeq, s)
+			Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq}
+		if fin.LastControlSeq == 0 {
+			// A record of a worker before 1.6: the transcript's control
+			// messages were taken (a lower bound; 0 would say none were).
+			for _, s := range t.ControlSeqs() {
+				fin.LastControlSeq = max(fin.LastControlSeq, s)
+			}
 		}
 		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
 			fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()

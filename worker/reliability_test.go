@@ -348,8 +348,20 @@ func TestReusedRunID(t *testing.T) {
 
 // A redelivered request whose run already finished is acked without
 // running; if its run_finished is missing (a crash between the final
-// record and run_finished), it is published from the record.
+// record and run_finished), it is published from the record, with the
+// record's lastControlSeq (here 9: an abort the lost attempt took, which
+// the transcript does not show), or for a record of a worker before 1.6
+// (none kept) the transcript's highest controlSeq.
 func TestRedeliveryOfFinishedRun(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		kept, want uint64
+	}{{"record of 1.6", 9, 9}, {"record before 1.6", 0, 7}} {
+		t.Run(c.name, func(t *testing.T) { redeliverFinishedRun(t, c.kept, c.want) })
+	}
+}
+
+func redeliverFinishedRun(t *testing.T, kept, want uint64) {
 	f := newFleet(t)
 	res, err := f.Client.Submit(fleettest.Context(t), "", &bus.RunRequest{Prompt: "hi", Model: fleettest.FauxModel(), Faux: fleettest.Texts("hello")})
 	if err != nil {
@@ -362,7 +374,7 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 	}
 	now := time.Now()
 	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StatusSucceeded, Attempt: 1, Worker: "gone",
-		RequestSeq: res.Seq, StartedAt: now, FinishedAt: now, HeartbeatAt: now, Turns: 1})
+		RequestSeq: res.Seq, StartedAt: now, FinishedAt: now, HeartbeatAt: now, Turns: 1, LastControlSeq: kept})
 	if _, err := kv.Put(fleettest.Context(t), id, b); err != nil {
 		t.Fatal(err)
 	}
@@ -370,8 +382,7 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Events(id), (&bus.Envelope{Run: id, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
 		t.Fatal(err)
 	}
-	// A steer the crashed attempt took (control seq 7): the record does
-	// not keep it, run_finished must still say it was taken.
+	// A steer the crashed attempt took (control seq 7).
 	steer, _ := json.Marshal(map[string]any{"type": "message_end", "message": agent.Message{Role: agent.RoleUser, Content: []agent.Content{agent.Text("steer")}, Timestamp: 1}})
 	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Events(id), (&bus.Envelope{Run: id, Seq: 2, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), ControlSeq: 7, Event: steer}).AppendJSON(nil)); err != nil {
 		t.Fatal(err)
@@ -382,8 +393,8 @@ func TestRedeliveryOfFinishedRun(t *testing.T) {
 	if len(envs) != 3 || envs[2].Type != bus.EventRunFinished || envs[2].Attempt != 1 || envs[2].Seq != 3 {
 		t.Fatalf("events: %s", fleettest.Dump(envs))
 	}
-	if fin := fleettest.Decode(t, envs[2]).RunFinished; fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.LastControlSeq != 7 {
-		t.Fatalf("run_finished from the record: %+v", fin)
+	if fin := fleettest.Decode(t, envs[2]).RunFinished; fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.LastControlSeq != want {
+		t.Fatalf("run_finished from the record: %+v, want lastControlSeq %d", fin, want)
 	}
 	runs, err := f.Client.Stream(fleettest.Context(t), f.Client.Names().RunsStream())
 	if err != nil {

@@ -285,6 +285,7 @@ func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
 	fin.LastControlSeq = lastControl
 	final := r.record(fin.Status)
 	final.Reason, final.Error, final.FinishedAt = fin.Reason, fin.Error, time.Now()
+	final.LastControlSeq = lastControl
 	if r.finish(ending{record: final, fin: fin, settle: r.ackRequest()}) == nil {
 		r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
 			"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)

@@ -285,6 +285,10 @@ func TestSteerDuringToolsAndFollowUp(t *testing.T) {
 	if fin.Status != bus.StatusSucceeded || fin.LastControlSeq != fuSeq {
 		t.Fatalf("run_finished = %+v", fin)
 	}
+	// The final record keeps it, for a run_finished published from it.
+	if rec, err := f.Client.Status(fleettest.Context(t), id); err != nil || rec.LastControlSeq != fuSeq {
+		t.Fatalf("final record: %+v (%v), want lastControlSeq %d", rec, err, fuSeq)
+	}
 	tr := transcriptOf(t, envs)
 	want := "user:start | assistant:call:gate | toolResult | user:change course | assistant:steered answer | user:and then? | assistant:follow-up answer"
 	if got := roles(tr.Messages); got != want {

@@ -151,7 +151,16 @@ func (c *console) csrfToken(t *testing.T) string {
 // post sends a control request; token "" sends none.
 func (c *console) post(t *testing.T, path, token, body string) (int, string) {
 	t.Helper()
+	return c.postWith(t, path, token, body, nil)
+}
+
+// postWith is post with more headers.
+func (c *console) postWith(t *testing.T, path, token, body string, h http.Header) (int, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, c.URL+path, strings.NewReader(body))
+	for k, v := range h {
+		req.Header[k] = v
+	}
 	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		req.Header.Set("X-CSRF-Token", token)

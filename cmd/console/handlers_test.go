@@ -274,8 +274,18 @@ func TestControlNeedsAllowControlAndCSRF(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &ack); err != nil || ack.ControlSeq == 0 {
 		t.Fatalf("steer answer %s", body)
 	}
-	if code, body := rw.post(t, "/api/runs/"+id+"/followup", good, `{"text":"followed up from the console"}`); code != http.StatusAccepted {
-		t.Fatalf("followup: %d %s", code, body)
+	// Sent twice with one Idempotency-Key (a retry): stored once, the same
+	// answer; the transcript below has it once.
+	key := http.Header{"Idempotency-Key": {"f-1"}}
+	code, first := rw.postWith(t, "/api/runs/"+id+"/followup", good, `{"text":"followed up from the console"}`, key)
+	if code != http.StatusAccepted {
+		t.Fatalf("followup: %d %s", code, first)
+	}
+	if code, again := rw.postWith(t, "/api/runs/"+id+"/followup", good, `{"text":"followed up from the console"}`, key); code != http.StatusAccepted || again != first {
+		t.Fatalf("followup retried with its key: %d %s, first %s", code, again, first)
+	}
+	if code, body := rw.postWith(t, "/api/runs/"+id+"/followup", good, `{"text":"x"}`, http.Header{"Idempotency-Key": {"no spaces"}}); code != http.StatusBadRequest || !strings.Contains(body, "Idempotency-Key") {
+		t.Fatalf("a bad key: %d %s", code, body)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

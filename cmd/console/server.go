@@ -344,6 +344,16 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, bus.MaxControlBytes, &b) {
 		return
 	}
+	// A client retrying after an error sends the same key: the message
+	// is stored once (docs/console.md).
+	var opts []bus.ControlOption
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
+		if err := bus.CheckControlID(k); err != nil {
+			writeError(w, http.StatusBadRequest, "Idempotency-Key: %v", err)
+			return
+		}
+		opts = append(opts, bus.WithControlID(k))
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	ctx, endSpan := s.traceAction(ctx, r, action, id)
@@ -356,13 +366,10 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, "%s needs a non-empty \"text\"", action)
 			return
 		}
-		if action == "steer" {
-			seq, err = s.client.Steer(ctx, id, b.Text)
-		} else {
-			seq, err = s.client.FollowUp(ctx, id, b.Text)
-		}
+		kind := map[string]string{"steer": bus.KindSteer, "followup": bus.KindFollowUp}[action]
+		seq, err = s.client.SendControl(ctx, id, kind, bus.Control{Text: b.Text}, opts...)
 	case "abort":
-		seq, err = s.client.Abort(ctx, id, b.Reason)
+		seq, err = s.client.SendControl(ctx, id, bus.KindAbort, bus.Control{Reason: b.Reason}, opts...)
 	case "approve":
 		writeError(w, http.StatusNotImplemented, "approvals are not available on this fleet yet")
 		return

@@ -369,6 +369,7 @@ func control(ctx context.Context, e *env, args []string, kind string) int {
 	fs := newFlagSet(e, name, "submit "+name+` RUN "text" (or - for stdin)`)
 	var cf conn
 	cf.register(fs.FlagSet, e)
+	key := fs.String("key", "", "idempotency key: the same command run again with the same key within 2 minutes (a retry after an error) does not send the text a second time")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -394,12 +395,11 @@ func control(ctx context.Context, e *env, args []string, kind string) int {
 		return fail(e, err)
 	}
 	defer release()
-	var seq uint64
-	if kind == bus.KindSteer {
-		seq, err = c.Steer(ctx, id, text)
-	} else {
-		seq, err = c.FollowUp(ctx, id, text)
+	var opts []bus.ControlOption
+	if *key != "" {
+		opts = append(opts, bus.WithControlID(*key))
 	}
+	seq, err := c.SendControl(ctx, id, kind, bus.Control{Text: text}, opts...)
 	if err != nil {
 		return fail(e, finishedError(err, kind))
 	}

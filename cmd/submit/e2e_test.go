@@ -192,15 +192,23 @@ func TestSteerFromAnotherCommand(t *testing.T) {
 	id := "t-steer-" + bus.NewRunID()[:8]
 	p := start(t, nil, "--id", id, "--request", request(t, sleepRun(2, "steered answer", "unused")), "start")
 	p.stdout.waitFor(t, "⚙ sleep", 30*time.Second)
-	out, errOut, code := submit(t, "steer", id, "use", "metric", "units")
+	out, errOut, code := submit(t, "steer", "--key", "k1", id, "use", "metric", "units")
 	if code != 0 || !strings.Contains(out, "steering sent to run "+id) {
 		t.Fatalf("steer: exit %d\n%s\n%s", code, out, errOut)
+	}
+	// Run again with its key (a retry after an error): not sent twice.
+	again, errOut, code := submit(t, "steer", "--key", "k1", id, "use", "metric", "units")
+	if code != 0 || again != out {
+		t.Fatalf("steer again with its key: exit %d\n%s\n%s\nfirst: %s", code, again, errOut, out)
 	}
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("exit %d\n%s", code, p.stdout)
 	}
 	o := p.stdout.String()
 	expect(t, o, "» you: use metric units", "steered answer", "✓ succeeded")
+	if n := strings.Count(o, "» you: use metric units"); n != 1 {
+		t.Errorf("the steer shown %d times:\n%s", n, o)
+	}
 	if strings.Index(o, "» you: use metric units") > strings.Index(o, "steered answer") {
 		t.Errorf("steering shown after the answer:\n%s", o)
 	}
