@@ -70,7 +70,10 @@ const MaxControlIDBytes = 128
 // ack is lost (a NATS restart) may have stored the message, and a retry
 // would store, and deliver, a second copy. Messages to one run of one kind
 // with the same id are stored once within the control stream's duplicate
-// window (2 minutes): a retry returns the first copy's sequence. The id
+// window (2 minutes by default): a retry returns the first copy's
+// sequence, even once the run has finished (a new message to a finished
+// run gets ErrRunFinished). The id names the message: a retry must carry
+// the same body (another body with a used id is not stored). The id
 // (1-128 bytes of letters, digits, '.', '_', ':' and '-') goes out as the
 // Nats-Msg-Id "<run>:<kind>:<id>" (docs/protocol.md §6).
 func WithControlID(id string) ControlOption {
@@ -106,8 +109,14 @@ func (c *Client) publishControl(ctx context.Context, runID, kind string, body an
 			return 0, err
 		}
 	}
+	var finished error
 	if rec, err := c.record(ctx, runID); err == nil && rec.Finished() {
-		return 0, fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
+		finished = fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, rec.State)
+		if !o.hasID {
+			return 0, finished
+		}
+		// A retry whose first copy was stored before the run finished
+		// gets that copy's sequence: publish it, the stream tells.
 	}
 	data, err := agent.MarshalJSON(body)
 	if err != nil {
@@ -123,6 +132,9 @@ func (c *Client) publishControl(ctx context.Context, runID, kind string, body an
 	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(c.names.ControlStream()))
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", kind, runID, err)
+	}
+	if finished != nil && !ack.Duplicate {
+		return 0, finished // stored now, it reached a finished run: ignored
 	}
 	return ack.Sequence, nil
 }

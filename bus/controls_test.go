@@ -1,6 +1,7 @@
 package bus_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -60,6 +61,23 @@ func TestControlRetryWithIDIsStoredOnce(t *testing.T) {
 	if n := info.State.Subjects[c.Names().Control(run, bus.KindSteer)]; n != 4 {
 		t.Fatalf("%d steers stored for the run, want 4 (k1 once, k2, two without an id)", n)
 	}
+	// The run finishes: a retry of a stored message still gets its first
+	// copy's sequence; a new message is refused.
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, run, []byte(`{"id":"retried","queue":"default","state":"succeeded","attempt":1,"turns":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if again := send(run, bus.KindSteer, bus.WithControlID("k1")); again != first {
+		t.Fatalf("retry after the run finished stored as %d, the first copy is %d", again, first)
+	}
+	for _, opts := range [][]bus.ControlOption{{bus.WithControlID("k3")}, nil} {
+		if _, err := c.SendControl(ctx, run, bus.KindSteer, bus.Control{Text: "late"}, opts...); !errors.Is(err, bus.ErrRunFinished) {
+			t.Fatalf("a new message to a finished run: %v", err)
+		}
+	}
 	// An id that could leave its header, or is empty or long, is refused
 	// before anything is sent.
 	for _, id := range []string{"", "k\r\nNats-Expected-Stream: X", "k 1", strings.Repeat("k", bus.MaxControlIDBytes+1)} {
@@ -67,7 +85,8 @@ func TestControlRetryWithIDIsStoredOnce(t *testing.T) {
 			t.Errorf("id %q: %v", id, err)
 		}
 	}
-	if info, err = stream.Info(ctx, jetstream.WithSubjectFilter(c.Names().Control(run, bus.KindSteer))); err != nil || info.State.Subjects[c.Names().Control(run, bus.KindSteer)] != 4 {
+	// 4, and k3's copy, stored to learn it was new (a finished run ignores it).
+	if info, err = stream.Info(ctx, jetstream.WithSubjectFilter(c.Names().Control(run, bus.KindSteer))); err != nil || info.State.Subjects[c.Names().Control(run, bus.KindSteer)] != 5 {
 		t.Fatalf("refused ids stored something: %+v %v", info.State.Subjects, err)
 	}
 }

@@ -221,56 +221,68 @@ func (r *run) refuse(o leaseOutcome, rec *bus.RunRecord) {
 	}
 }
 
-// alreadyFinished acks a redelivered request whose run has finished. If a
-// crash came between the final record and run_finished, run_finished is
-// published first (from the record, continuing the last attempt's seq: the
-// same Nats-Msg-Id as the one its worker would have used, so it is stored
-// once).
+// alreadyFinished acks a redelivered request whose run has finished,
+// after publishing its run_finished if a crash lost it (finishFromRecord).
 func (r *run) alreadyFinished(rec *bus.RunRecord) {
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	envs, err := r.w.readEvents(ctx, r.id, 0)
-	if err != nil {
+	switch missing, err := r.finishFromRecord(ctx, rec, r.ackRequest()); {
+	case err != nil && !missing:
 		r.log.Warn("cannot read the run's events; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
-		return
+	case missing:
+		// Published and acked, or handed back (storeFinished).
+	default:
+		r.log.Info("request already finished; acknowledging", "state", rec.State)
+		_ = r.msg.Ack()
+	}
+}
+
+// finishFromRecord publishes run_finished from a finished record when the
+// run's events lack it (a crash came between the final record and
+// run_finished): continuing the last attempt's seq, with the same
+// Nats-Msg-Id as the one its worker would have used, so it is stored
+// once. It reports whether the events lacked it; s is then settled (done
+// once stored, retry if not).
+func (r *run) finishFromRecord(ctx context.Context, rec *bus.RunRecord, s settlement) (bool, error) {
+	envs, err := r.w.readEvents(ctx, r.id, 0)
+	if err != nil {
+		return false, fmt.Errorf("reading the run's events: %w", err)
 	}
 	t := &bus.Transcript{}
 	for _, e := range envs {
 		_ = t.Apply(e)
 	}
-	if !t.Done() {
-		att := max(t.Attempt, 1)
-		r.pub = newPublisher(r.w, r.id, att, nil)
-		r.pub.seq = t.LastSeq
-		if t.Attempt == 0 {
-			// No event at all (the record is written first): run_started
-			// still comes first.
-			started := r.runStarted()
-			started.Attempt = att
-			_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
-		}
-		fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
-			Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq}
-		if fin.LastControlSeq == 0 {
-			// A record of a worker before 1.6: the transcript's control
-			// messages were taken (a lower bound; 0 would say none were).
-			for _, s := range t.ControlSeqs() {
-				fin.LastControlSeq = max(fin.LastControlSeq, s)
-			}
-		}
-		if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
-			fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()
-		}
-		settle := r.ackRequest()
-		if r.storeFinished(ctx, fin, settle) == nil {
-			r.log.Warn("finished run had no run_finished; published it from the record", "state", rec.State)
-			_ = settle.done(ctx)
-		}
-		return
+	if t.Done() {
+		return false, nil
 	}
-	r.log.Info("request already finished; acknowledging", "state", rec.State)
-	_ = r.msg.Ack()
+	att := max(t.Attempt, 1)
+	r.pub = newPublisher(r.w, r.id, att, nil)
+	r.pub.seq = t.LastSeq
+	if t.Attempt == 0 {
+		// No event at all (the record is written first): run_started
+		// still comes first.
+		started := r.runStarted()
+		started.Attempt = att
+		_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
+	}
+	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
+		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq}
+	if fin.LastControlSeq == 0 {
+		// A record of a worker before 1.6: the transcript's control
+		// messages were taken (a lower bound; 0 would say none were).
+		for _, s := range t.ControlSeqs() {
+			fin.LastControlSeq = max(fin.LastControlSeq, s)
+		}
+	}
+	if !rec.FinishedAt.IsZero() && !rec.StartedAt.IsZero() {
+		fin.DurationMs = rec.FinishedAt.Sub(rec.StartedAt).Milliseconds()
+	}
+	if err := r.storeFinished(ctx, fin, s); err != nil {
+		return true, err
+	}
+	r.log.Warn("finished run had no run_finished; published it from the record", "state", rec.State)
+	return true, s.done(ctx)
 }
 
 // reusedID rejects a new request whose id belongs to a finished run. It

@@ -200,6 +200,14 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		}
 	}
 	if rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == adv.StreamSeq || copyOf != 0) {
+		// The last delivery (or this give-up, retried) may have crashed
+		// between the final record and run_finished: no delivery is left
+		// to publish it, so the give-up does.
+		r := w.newRun(id, queue, max(rec.Attempt, 1), adv.StreamSeq, req.Time)
+		missing, err := r.finishFromRecord(ctx, rec, settlement{done: func(context.Context) error { return removeRequest() }})
+		if err != nil || missing {
+			return err
+		}
 		log.Info("give-up: run had finished (its ack was lost); request removed", "state", rec.State)
 		return removeRequest()
 	}

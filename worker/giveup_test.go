@@ -2,10 +2,15 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -66,5 +71,89 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 	}
 	if tr.Finished == nil || tr.Finished.Reason != bus.ReasonGaveUp || tr.Attempt != 2 {
 		t.Fatalf("transcript: finished %+v attempt %d", tr.Finished, tr.Attempt)
+	}
+}
+
+// A run whose last delivery stored its final record but crashed before
+// run_finished has no delivery left to publish it: the give-up does, from
+// the record, and removes the request. Followers used to wait for ever.
+func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
+	c := connectTestServer(t)
+	picked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg := Config{AckWait: 500 * time.Millisecond, HeartbeatInterval: time.Hour, MaxDeliver: 1, DrainTimeout: 50 * time.Millisecond}
+	startInternalOn(t, c, cfg, func(w *Worker) {
+		// The delivery stalls at its pickup read (the give-up's read,
+		// later, goes through) until the test ends.
+		w.hooks.beforeRecordRead = func(string) {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(picked)
+				<-release
+			}
+		}
+	})
+	t.Cleanup(func() { close(release) }) // before the worker stops
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-picked
+	// What the crashed attempt left: run_started, a steer it took (control
+	// seq 5), and its final record.
+	now := time.Now()
+	rec := bus.RunRecord{ID: res.ID, Queue: "default", State: bus.StatusSucceeded, Attempt: 1, Worker: "gone",
+		RequestSeq: res.Seq, StartedAt: now, FinishedAt: now, HeartbeatAt: now, Turns: 1, LastControlSeq: 5}
+	b, _ := json.Marshal(rec)
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, res.ID, b); err != nil {
+		t.Fatal(err)
+	}
+	started, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "gone", Attempt: 1, Tools: []string{}})
+	if _, err := c.JetStream().Publish(ctx, c.Names().Events(res.ID), (&bus.Envelope{Run: res.ID, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
+		t.Fatal(err)
+	}
+	// The stalled delivery times out; its MAX_DELIVERIES advisory reaches
+	// the give-up.
+	var fin *bus.RunFinished
+	for e, err := range c.Follow(ctx, res.ID) {
+		if err != nil {
+			t.Fatalf("follow: %v", err)
+		}
+		if e.Type == bus.EventRunFinished {
+			fin = &bus.RunFinished{}
+			if err := json.Unmarshal(e.Event, fin); err != nil {
+				t.Fatal(err)
+			}
+			if e.Seq != 2 || e.Attempt != 1 {
+				t.Fatalf("run_finished at seq %d attempt %d, want 2 and 1", e.Seq, e.Attempt)
+			}
+			break
+		}
+	}
+	if fin == nil || fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.LastControlSeq != 5 {
+		t.Fatalf("run_finished from the record: %+v", fin)
+	}
+	runs, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Removed right after run_finished was stored; the stream has no
+	// event for a removal, so poll it.
+	for {
+		_, err := runs.GetMsg(ctx, res.Seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("request not removed: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -37,13 +37,15 @@ import (
 // the read is a round trip on every run's critical path. It takes the
 // lease with Create. If a record exists, Create fails and take reads it:
 // one the attempt may not take (finished, another request's, a newer
-// attempt's) is refused exactly as a read at pickup would have refused
-// it; one it may take (a consumer recreated, so delivery counts began
-// again) is handed back (leaseUnread), and the redelivery, attempt 2,
-// reads it at pickup as every later attempt does, so nothing the pickup
-// takes from a record (the first start, the time waited, a wait in
-// progress) is lost. A consumer with MaxDeliver 1 always reads: a hand
-// back would give the request up.
+// attempt's) is refused with the outcome a read at pickup would have
+// given, only later: after the request was planned and its tenant
+// checked, so such a refusal may carry the request's model and tools. One
+// it may take (a consumer recreated, so delivery counts began again) is
+// handed back (leaseUnread), and the redelivery, attempt 2, reads it at
+// pickup as every later attempt does, so nothing the pickup takes from a
+// record (the first start, the time waited, a wait in progress) is lost.
+// The hand-back costs a delivery (the give-up counts it as a crash), so
+// a queue whose consumer allows fewer than 3 deliveries always reads.
 //
 // One goroutine writes at a time, so no lock is held over a KV call: the
 // run's goroutine takes the lease, then the heartbeat renews it, then the

@@ -79,3 +79,17 @@ func TestFirstDeliveryFindingARecordHandsItBack(t *testing.T) {
 		t.Fatalf("%d record reads: want the first take's and the redelivery's pickup", n)
 	}
 }
+
+// A queue whose consumer allows only 2 deliveries reads the record at
+// every pickup: a hand-back would cost the run half its attempts.
+func TestFirstDeliveryReadsWhenDeliveriesAreFew(t *testing.T) {
+	var rr *recordReads
+	_, c := startInternal(t, Config{MaxDeliver: 2}, func(w *Worker) { rr = countRecordReads(w) })
+	id := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	if rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished); rec.State != bus.StatusSucceeded {
+		t.Fatalf("record: %+v", rec)
+	}
+	if n := rr.of(id); n != 1 {
+		t.Fatalf("the worker read the record %d times, want 1 (at pickup)", n)
+	}
+}

@@ -52,9 +52,13 @@ type Worker struct {
 	queueSlots map[string]chan struct{}
 
 	controlStream jetstream.Stream
-	runsStream    jetstream.Stream
-	eventsStream  jetstream.Stream // a re-send reads what is stored (publish.go)
-	kv            jetstream.KeyValue
+	// skipPickupRead holds the queues whose consumer allows a first
+	// delivery's hand-back (worker/lease.go): MaxDeliver unlimited or at
+	// least 3. Written in Run before the pull loops start.
+	skipPickupRead map[string]bool
+	runsStream     jetstream.Stream
+	eventsStream   jetstream.Stream // a re-send reads what is stored (publish.go)
+	kv             jetstream.KeyValue
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
 	hardCtx    context.Context
@@ -231,6 +235,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		if consumers[i], err = w.js.Consumer(setup, w.names.RunsStream(), w.names.Consumer(q)); err != nil {
 			return fmt.Errorf("worker: consumer %s: %w", w.names.Consumer(q), err)
 		}
+	}
+	w.skipPickupRead = map[string]bool{}
+	for i, q := range w.cfg.Queues {
+		// The consumer's, not this worker's setting: an operator or
+		// another worker may have set it.
+		md := consumers[i].CachedInfo().Config.MaxDeliver
+		w.skipPickupRead[q] = md <= 0 || md >= 3
 	}
 	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout); err != nil {
 		return fmt.Errorf("worker: %w", err)
