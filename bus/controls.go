@@ -63,6 +63,11 @@ type controlOptions struct {
 	hasID bool
 }
 
+// HeaderAfterFinish marks a control message with an id that the Go
+// client sent after its run had finished, so that a retry of it is
+// refused too (ErrRunFinished) instead of answered with its sequence.
+const HeaderAfterFinish = "Agentfleet-After-Finish"
+
 // MaxControlIDBytes bounds WithControlID's id.
 const MaxControlIDBytes = 128
 
@@ -128,13 +133,32 @@ func (c *Client) publishControl(ctx context.Context, runID, kind string, body an
 			m.Header = nats.Header{}
 		}
 		m.Header.Set(jetstream.MsgIDHeader, runID+":"+kind+":"+o.id)
+		if finished != nil {
+			m.Header.Set(HeaderAfterFinish, "1")
+		}
 	}
 	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(c.names.ControlStream()))
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", kind, runID, err)
 	}
-	if finished != nil && !ack.Duplicate {
+	if finished == nil {
+		return ack.Sequence, nil
+	}
+	if !ack.Duplicate {
 		return 0, finished // stored now, it reached a finished run: ignored
+	}
+	// The first copy: taken if stored before the finish, ignored if it
+	// was itself sent after it (it carries the mark).
+	stream, err := c.js.Stream(ctx, c.names.ControlStream())
+	var first *jetstream.RawStreamMsg
+	if err == nil {
+		first, err = stream.GetMsg(ctx, ack.Sequence)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: reading the first copy: %w", kind, runID, err)
+	}
+	if first.Header.Get(HeaderAfterFinish) != "" {
+		return 0, finished
 	}
 	return ack.Sequence, nil
 }

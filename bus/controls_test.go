@@ -73,7 +73,9 @@ func TestControlRetryWithIDIsStoredOnce(t *testing.T) {
 	if again := send(run, bus.KindSteer, bus.WithControlID("k1")); again != first {
 		t.Fatalf("retry after the run finished stored as %d, the first copy is %d", again, first)
 	}
-	for _, opts := range [][]bus.ControlOption{{bus.WithControlID("k3")}, nil} {
+	// A new message, and a retry of it (its first copy was sent after the
+	// finish, so the run ignored it too), are refused.
+	for _, opts := range [][]bus.ControlOption{{bus.WithControlID("k3")}, {bus.WithControlID("k3")}, nil} {
 		if _, err := c.SendControl(ctx, run, bus.KindSteer, bus.Control{Text: "late"}, opts...); !errors.Is(err, bus.ErrRunFinished) {
 			t.Fatalf("a new message to a finished run: %v", err)
 		}

@@ -141,8 +141,10 @@ func (r *run) notStored(ctx context.Context, s settlement, what string, err erro
 		r.abandon("run stopped at its end: lease lost to a newer attempt")
 		return errLeaseLost
 	}
-	r.log.Error(what+"; handing the request back", "err", err)
-	if s.retry != nil {
+	if s.retry == nil {
+		r.log.Error(what+"; to be tried again", "err", err) // a give-up: its advisory
+	} else {
+		r.log.Error(what+"; handing the request back", "err", err)
 		s.retry()
 	}
 	return fmt.Errorf("%s: %w", what, err)

@@ -31,7 +31,8 @@ import (
 //  1. the request is read from AGENTS_RUNS by its stream sequence (gone:
 //     done already);
 //  2. the request is just removed, with no dead letter, when its record
-//     has finished (only the ack was lost), names it in a requeue marker
+//     has finished (only the ack was lost; a run_finished the events lack
+//     is published from the record first), names it in a requeue marker
 //     (requeued already) or belongs to another running request; a request
 //     whose waiting run drains handed back is requeued instead (requeue);
 //  3. a copy goes to agents.dead.<queue>.<run> (stream AGENTS_DEAD,

@@ -79,22 +79,30 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 // the record, and removes the request. Followers used to wait for ever.
 func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 	c := connectTestServer(t)
-	picked, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
+	picked, release, left := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	reads := 0
 	cfg := Config{AckWait: 500 * time.Millisecond, HeartbeatInterval: time.Hour, MaxDeliver: 1, DrainTimeout: 50 * time.Millisecond}
 	startInternalOn(t, c, cfg, func(w *Worker) {
-		// The delivery stalls at its pickup read (the give-up's read,
-		// later, goes through) until the test ends.
+		// The delivery stalls at its pickup read until the test ends; the
+		// give-up's read waits until the crashed attempt's leftovers are
+		// stored.
 		w.hooks.beforeRecordRead = func(string) {
-			first := false
-			once.Do(func() { first = true })
-			if first {
+			mu.Lock()
+			reads++
+			n := reads
+			mu.Unlock()
+			switch n {
+			case 1:
 				close(picked)
 				<-release
+			case 2:
+				<-left
 			}
 		}
 	})
-	t.Cleanup(func() { close(release) }) // before the worker stops
+	stored := sync.OnceFunc(func() { close(left) })
+	t.Cleanup(func() { close(release); stored() }) // before the worker stops
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
@@ -119,6 +127,7 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 	if _, err := c.JetStream().Publish(ctx, c.Names().Events(res.ID), (&bus.Envelope{Run: res.ID, Seq: 1, Attempt: 1, Worker: "gone", TS: now.UnixMilli(), Event: started}).AppendJSON(nil)); err != nil {
 		t.Fatal(err)
 	}
+	stored()
 	// The stalled delivery times out; its MAX_DELIVERIES advisory reaches
 	// the give-up.
 	var fin *bus.RunFinished

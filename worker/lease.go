@@ -45,7 +45,9 @@ import (
 // pickup as every later attempt does, so nothing the pickup takes from a
 // record (the first start, the time waited, a wait in progress) is lost.
 // The hand-back costs a delivery (the give-up counts it as a crash), so
-// a queue whose consumer allows fewer than 3 deliveries always reads.
+// a queue whose consumer allows fewer than 3 deliveries always reads. The
+// worker learns that at its start: a consumer recreated later with fewer
+// deliveries, while the worker runs, is not seen until it restarts.
 //
 // One goroutine writes at a time, so no lock is held over a KV call: the
 // run's goroutine takes the lease, then the heartbeat renews it, then the

@@ -102,3 +102,53 @@ func TestApprovalNATSCLI(t *testing.T) {
 		expectIn(blocks[1][3], sh(blocks[1][3], run), `{"type":"tool_approval_resolved","toolCallId":"c1","decision":"`+want.decision+`"`)
 	}
 }
+
+// TestControlIDNATSCLI runs docs/protocol.md's nats CLI example of a
+// control message retried with its Nats-Msg-Id: the second publish must
+// name the first one's sequence and be a duplicate.
+func TestControlIDNATSCLI(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("nats"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no nats on the PATH: .ci/run installs it")
+		}
+		t.Skip("no nats on the PATH (go install github.com/nats-io/natscli/nats@v0.5.0)")
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, b := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(doc), -1) {
+		if !strings.Contains(b[1], "Nats-Msg-Id:r1:steer:k1") {
+			continue
+		}
+		for _, l := range strings.Split(b[1], "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				lines = append(lines, l)
+			}
+		}
+	}
+	if len(lines) != 2 || lines[0] != lines[1] {
+		t.Fatalf("the example changed: teach this test about it\n%q", lines)
+	}
+	run := "natscli-" + bus.NewRunID()[:12]
+	line := regexp.MustCompile(`\br1\b`).ReplaceAllString(lines[0], run)
+	var outs []string
+	for range 2 {
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "NATS_URL=" + fleet.url}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+		outs = append(outs, string(out))
+	}
+	seq := regexp.MustCompile(`Stored in Stream: AGENTS_CONTROL Sequence: (\d+)`).FindStringSubmatch(outs[0])
+	if seq == nil || strings.Contains(outs[0], "Duplicate") {
+		t.Fatalf("first publish:\n%s", outs[0])
+	}
+	if !strings.Contains(outs[1], "Sequence: "+seq[1]+" Duplicate: true") {
+		t.Fatalf("the retry is not the first copy (sequence %s):\n%s", seq[1], outs[1])
+	}
+}
