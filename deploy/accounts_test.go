@@ -216,7 +216,8 @@ func TestAccountsConfig(t *testing.T) {
 	if _, err := sub.Submit(ctx, "", req); err != nil {
 		t.Fatalf("submitter: submit: %v", err)
 	}
-	if _, err := sub.Steer(ctx, run1, "use integers"); err != nil {
+	steerSeq, err := sub.SendControl(ctx, run1, bus.KindSteer, bus.Control{Text: "use integers"}, bus.WithControlID("s1"))
+	if err != nil {
 		t.Fatalf("submitter: steer: %v", err)
 	}
 	if _, err := sub.FollowUp(ctx, run1, "thanks"); err != nil {
@@ -240,6 +241,11 @@ func TestAccountsConfig(t *testing.T) {
 	}
 	if rec, err := sub.Status(ctx, run1); err != nil || rec.State != bus.StatusSucceeded {
 		t.Errorf("submitter: status: %v %+v", err, rec)
+	}
+	// The steer retried with its id after the run finished: its first
+	// copy is read (the role allows it) and named.
+	if seq, err := sub.SendControl(ctx, run1, bus.KindSteer, bus.Control{Text: "use integers"}, bus.WithControlID("s1")); err != nil || seq != steerSeq {
+		t.Errorf("submitter: steer retried after the finish: %d %v, want %d", seq, err, steerSeq)
 	}
 	if recs, err := sub.List(ctx, bus.ListOptions{}); err != nil || len(recs) == 0 {
 		t.Errorf("submitter: list: %v (%d records)", err, len(recs))

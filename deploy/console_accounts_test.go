@@ -156,7 +156,16 @@ func (p *consoleProcess) getJSON(t *testing.T, path string, v any) {
 
 func (p *consoleProcess) post(t *testing.T, path, csrf, body string) (int, string) {
 	t.Helper()
+	return p.postWith(t, path, csrf, body, nil)
+}
+
+// postWith is post with more headers.
+func (p *consoleProcess) postWith(t *testing.T, path, csrf, body string, h http.Header) (int, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, p.base+path, strings.NewReader(body))
+	for k, v := range h {
+		req.Header[k] = v
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-CSRF-Token", csrf)
 	resp, err := http.DefaultClient.Do(req)
@@ -358,13 +367,20 @@ func TestAccountsConsole(t *testing.T) {
 		t.Fatalf("console: submit: %d %s", code, b)
 	}
 	p.waitRun(t, running, func(r bus.RunRecord) bool { return r.State == bus.StateRunning })
-	if code, b := p.post(t, "/api/runs/"+running+"/steer", session.CSRF, `{"text":"turn left"}`); code != http.StatusAccepted {
-		t.Fatalf("console: steer: %d %s", code, b)
+	keyed := http.Header{"Idempotency-Key": {"left-1"}}
+	code, steered := p.postWith(t, "/api/runs/"+running+"/steer", session.CSRF, `{"text":"turn left"}`, keyed)
+	if code != http.StatusAccepted {
+		t.Fatalf("console: steer: %d %s", code, steered)
 	}
 	if code, b := p.post(t, "/api/runs/"+running+"/followup", session.CSRF, `{"text":"and then?"}`); code != http.StatusAccepted {
 		t.Fatalf("console: follow-up: %d %s", code, b)
 	}
 	p.waitRun(t, running, func(r bus.RunRecord) bool { return r.State == bus.StatusSucceeded })
+	// The steer retried with its key after the run finished: the same
+	// answer (the role may read the first copy).
+	if code, again := p.postWith(t, "/api/runs/"+running+"/steer", session.CSRF, `{"text":"turn left"}`, keyed); code != http.StatusAccepted || again != steered {
+		t.Errorf("console: steer retried after the finish: %d %s, first %s", code, again, steered)
+	}
 	tr, err := sub.LoadTranscript(ctx, running)
 	if err != nil {
 		t.Fatal(err)
