@@ -35,14 +35,19 @@ func holdBatches(t *testing.T, w *Worker) {
 }
 
 // replies records the reply subject of each message published on subject.
-func replies(t *testing.T, c *bus.Client, subject string) func() []string {
+func replies(t *testing.T, c *bus.Client, subject string) func(n int) []string {
 	t.Helper()
-	var mu = make(chan struct{}, 1)
+	var mu sync.Mutex
 	var got []string
+	more := make(chan struct{}, 1)
 	sub, err := c.Conn().Subscribe(subject, func(m *nats.Msg) {
-		mu <- struct{}{}
+		mu.Lock()
 		got = append(got, m.Reply)
-		<-mu
+		mu.Unlock()
+		select {
+		case more <- struct{}{}:
+		default:
+		}
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -51,10 +56,23 @@ func replies(t *testing.T, c *bus.Client, subject string) func() []string {
 	if err := c.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	return func() []string {
-		mu <- struct{}{}
-		defer func() { <-mu }()
-		return slices.Clone(got)
+	// Stored is not seen: the subscription's copies may still be on
+	// their way, so wait for n of them (10s at most).
+	return func(n int) []string {
+		deadline := time.After(10 * time.Second)
+		for {
+			mu.Lock()
+			have := slices.Clone(got)
+			mu.Unlock()
+			if len(have) >= n {
+				return have
+			}
+			select {
+			case <-more:
+			case <-deadline:
+				return have
+			}
+		}
 	}
 }
 
@@ -68,7 +86,7 @@ func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	runs := []string{bus.NewRunID(), bus.NewRunID()}
-	var sent []func() []string
+	var sent []func(n int) []string
 	var pubs []*publisher
 	for _, run := range runs {
 		sent = append(sent, replies(t, c, w.names.Events(run)))
@@ -93,7 +111,7 @@ func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
 		if got := fmt.Sprint(storedSeqs(t, c, run)); got != want {
 			t.Fatalf("run %d stored %s, want %s", i, got, want)
 		}
-		r := sent[i]()
+		r := sent[i](50)
 		if len(r) != 50 {
 			t.Fatalf("run %d: %d messages seen, want 50", i, len(r))
 		}
@@ -449,7 +467,7 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 	if err := flushWithin(t, p2); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range sent2() {
+	for _, r := range sent2(5) {
 		if strings.HasSuffix(r, ".$FI") {
 			t.Fatalf("event sent in a batch (%s) after the stream refused batches", r)
 		}
@@ -641,7 +659,7 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 	if got := fmt.Sprint(storedSeqs(t, c, other.run)); got != "[1 2 3]" {
 		t.Fatalf("other stored %s, want [1 2 3]", got)
 	}
-	r := sent()
+	r := sent(3)
 	if len(r) != 3 || batchID(t, w, r[1]) == batchID(t, w, r[2]) {
 		t.Fatalf("other's events 2 and 3 went in one batch, the ended one: %q", r)
 	}
@@ -694,7 +712,7 @@ func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
 	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(6)); got != want {
 		t.Fatalf("stored %s, want %s", got, want)
 	}
-	r := sent()
+	r := sent(6)
 	if len(r) != 6 {
 		t.Fatalf("%d messages seen, want 6", len(r))
 	}
