@@ -77,6 +77,12 @@ type console struct {
 
 func newConsole(t testing.TB, f *testFleet, cfg serverConfig) *console {
 	t.Helper()
+	return newConsoleWith(t, f, cfg, nil)
+}
+
+// newConsoleWith serves the console's handler through wrap (nil: as it is).
+func newConsoleWith(t testing.TB, f *testFleet, cfg serverConfig, wrap func(http.Handler) http.Handler) *console {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.srv.URL(), Name: "test-console"})
@@ -91,7 +97,11 @@ func newConsole(t testing.TB, f *testFleet, cfg serverConfig) *console {
 	wctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { s.records.run(wctx) })
-	hs := httptest.NewUnstartedServer(s)
+	var h http.Handler = s
+	if wrap != nil {
+		h = wrap(s)
+	}
+	hs := httptest.NewUnstartedServer(h)
 	sctx, stopStreams := context.WithCancel(context.Background())
 	hs.Config.BaseContext = func(net.Listener) context.Context { return sctx }
 	hs.Start()

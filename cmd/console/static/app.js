@@ -40,16 +40,32 @@ async function getJSON(path, signal) {
   return body;
 }
 
-// post sends a control request with the page's CSRF token.
-async function post(path, body) {
-  const r = await fetch(path, {
-    method: "POST",
-    headers: { "Content-Type": "application/json", "X-CSRF-Token": session.csrf },
-    body: JSON.stringify(body || {}),
-  });
-  const out = await r.json().catch(() => ({}));
-  if (!r.ok) throw new Error(out.error || r.status + " " + r.statusText);
-  return out;
+// newKey makes an Idempotency-Key: getRandomValues, unlike randomUUID,
+// works on a page served over plain http.
+function newKey() {
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// post sends a request with the page's CSRF token. A control request
+// carries a key: one that got no answer (the connection dropped) may have
+// been stored, so it is sent again with the same key, which the stream
+// stores once (docs/console.md), a few times before the error is shown.
+async function post(path, body, key) {
+  const headers = { "Content-Type": "application/json", "X-CSRF-Token": session.csrf };
+  if (key) headers["Idempotency-Key"] = key;
+  for (let attempt = 1; ; attempt++) {
+    let r;
+    try {
+      r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}) });
+    } catch (err) {
+      if (!key || attempt >= 3) throw err;
+      await new Promise((done) => setTimeout(done, 250 * attempt));
+      continue;
+    }
+    const out = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error(out.error || r.status + " " + r.statusText);
+    return out;
+  }
 }
 
 // runPath is the page of a run; ids are [A-Za-z0-9_-], encoded anyway.
@@ -431,12 +447,17 @@ async function runPage(main, id) {
     const form = (action, placeholder, button) => {
       const input = el("input", { name: "text", placeholder, id: action + "-text", autocomplete: "off" });
       const f = el("form", { class: "control", id: action + "-form" }, input, el("button", { type: "submit" }, button));
+      // The same text sent again after an error keeps its key: if the
+      // first send was stored after all, the run takes it once.
+      let unsent = { text: null, key: "" };
       f.addEventListener("submit", async (e) => {
         e.preventDefault();
         const text = input.value;
         if (!text.trim()) return;
+        if (unsent.text !== text) unsent = { text, key: newKey() };
         try {
-          await post("/api/runs/" + encodeURIComponent(id) + "/" + action, { text });
+          await post("/api/runs/" + encodeURIComponent(id) + "/" + action, { text }, unsent.key);
+          unsent = { text: null, key: "" };
           input.value = "";
           toast(button + ": sent");
         } catch (err) { toast(button + ": " + err.message, true); }
@@ -446,7 +467,7 @@ async function runPage(main, id) {
     const abort = el("button", { id: "abort", class: "danger" }, "Abort");
     abort.addEventListener("click", async () => {
       try {
-        await post("/api/runs/" + encodeURIComponent(id) + "/abort", { reason: "aborted from the console by " + session.user });
+        await post("/api/runs/" + encodeURIComponent(id) + "/abort", { reason: "aborted from the console by " + session.user }, newKey());
         toast("abort: sent");
       } catch (err) { toast("abort: " + err.message, true); }
     });
