@@ -1,56 +1,79 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
 
-// dropFirstAnswer serves the first POST to path and then closes the
-// connection without its answer: the message is stored, the page sees a
-// network error. It notes every such request's Idempotency-Key.
-type dropFirstAnswer struct {
-	next http.Handler
-	path string
-	mu   sync.Mutex
-	keys []string
+// pageRetryGap tells the page's own retry (250 ms after a failed fetch)
+// from Chromium's: Chromium silently sends a POST again at once when a
+// reused keep-alive connection closes before any answer.
+const pageRetryGap = 200 * time.Millisecond
+
+// dropUntilPageRetry serves POSTs to path through the real handler and
+// closes the connection without their answer (stored, but the page sees
+// a network error), until one comes pageRetryGap after the one before:
+// the page's retry, which is answered. It notes every such request's
+// Idempotency-Key.
+type dropUntilPageRetry struct {
+	next     http.Handler
+	path     string
+	mu       sync.Mutex
+	keys     []string
+	last     time.Time
+	answered bool
+	problem  error
 }
 
-func (d *dropFirstAnswer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (d *dropUntilPageRetry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || r.URL.Path != d.path {
 		d.next.ServeHTTP(w, r)
 		return
 	}
 	d.mu.Lock()
 	d.keys = append(d.keys, r.Header.Get("Idempotency-Key"))
-	first := len(d.keys) == 1
+	now := time.Now()
+	answer := d.answered || (!d.last.IsZero() && now.Sub(d.last) >= pageRetryGap)
+	d.answered, d.last = answer, now
 	d.mu.Unlock()
-	if !first {
+	if answer {
 		d.next.ServeHTTP(w, r)
 		return
 	}
 	rec := httptest.NewRecorder()
 	d.next.ServeHTTP(rec, r)
-	if rec.Code != http.StatusOK && rec.Code != http.StatusAccepted {
-		panic("the first steer was not stored: " + rec.Body.String())
+	if rec.Code != http.StatusAccepted {
+		d.fail(fmt.Errorf("a dropped steer was not stored: %d %s", rec.Code, rec.Body))
 	}
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		panic(err)
+		d.fail(err)
+		return
 	}
 	conn.Close()
 }
 
-func (d *dropFirstAnswer) seen() []string {
+func (d *dropUntilPageRetry) fail(err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]string(nil), d.keys...)
+	if d.problem == nil {
+		d.problem = err
+	}
+}
+
+func (d *dropUntilPageRetry) result() ([]string, bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.keys...), d.answered, d.problem
 }
 
 // A steer whose answer the connection lost was stored: the page sends it
@@ -60,7 +83,7 @@ func TestBrowserSteerRetriedAfterALostAnswer(t *testing.T) {
 	chromiumPath(t)
 	f := newTestFleet(t)
 	const id = "browser-retry"
-	drop := &dropFirstAnswer{path: "/api/runs/" + id + "/steer"}
+	drop := &dropUntilPageRetry{path: "/api/runs/" + id + "/steer"}
 	c := newConsoleWith(t, f, serverConfig{AllowControl: true}, func(h http.Handler) http.Handler {
 		drop.next = h
 		return drop
@@ -75,11 +98,22 @@ func TestBrowserSteerRetriedAfterALostAnswer(t *testing.T) {
 		wait(`(document.querySelector("#transcript .msg-assistant .text") || {textContent: ""}).textContent.length > 20`),
 		chromedp.SetValue(chromedp.ID("steer-text"), "Please be brief."),
 		chromedp.Click(`#steer-form button`),
-		wait(`document.getElementById("toast").textContent === "Steer: sent"`),
-		wait(`document.getElementById("status").dataset.state === "succeeded"`))
-	keys := drop.seen()
-	if len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] || bus.CheckControlID(keys[0]) != nil {
-		t.Fatalf("steer requests' Idempotency-Keys %q: want two sends under one valid key", keys)
+		wait(`document.getElementById("toast").textContent !== ""`))
+	if got := eval[string](b, page, `document.getElementById("toast").textContent`); got != "Steer: sent" {
+		t.Fatalf("the page says %q", got)
+	}
+	b.do(page, "the run ends", wait(`document.getElementById("status").dataset.state === "succeeded"`))
+	keys, answered, problem := drop.result()
+	if problem != nil {
+		t.Fatal(problem)
+	}
+	if !answered {
+		t.Fatalf("the page did not retry: %d sends, all within %s of the one before", len(keys), pageRetryGap)
+	}
+	for _, k := range keys {
+		if k != keys[0] || bus.CheckControlID(k) != nil {
+			t.Fatalf("steer requests' Idempotency-Keys %q: want one valid key", keys)
+		}
 	}
 	users := eval[int](b, page, `[...document.querySelectorAll("#transcript .msg-user")].filter(m => m.textContent.includes("Please be brief.")).length`)
 	if users != 1 {

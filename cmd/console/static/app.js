@@ -454,11 +454,13 @@ async function runPage(main, id) {
         e.preventDefault();
         const text = input.value;
         if (!text.trim()) return;
-        if (unsent.text !== text) unsent = { text, key: newKey() };
         try {
-          await post("/api/runs/" + encodeURIComponent(id) + "/" + action, { text }, unsent.key);
-          unsent = { text: null, key: "" };
-          input.value = "";
+          if (unsent.text !== text) unsent = { text, key: newKey() };
+          const key = unsent.key;
+          await post("/api/runs/" + encodeURIComponent(id) + "/" + action, { text }, key);
+          // Another text may have been sent (or typed) meanwhile.
+          if (unsent.key === key) unsent = { text: null, key: "" };
+          if (input.value === text) input.value = "";
           toast(button + ": sent");
         } catch (err) { toast(button + ": " + err.message, true); }
       });
