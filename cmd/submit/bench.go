@@ -45,7 +45,7 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&bf.model, "model", "faux/bench", "model, provider/id; faux is scripted, a real model answers --prompt")
 	fs.StringVar(&bf.queue, "queue", env2(e.getenv, "AGENTS_QUEUE", bus.DefaultQueue), "queue to submit to [AGENTS_QUEUE]")
 	fs.StringVar(&bf.prompt, "prompt", "Say hello in twenty words.", "prompt of each run")
-	fs.BoolVar(&bf.json, "json", false, "print one JSON object: runs, failed, seconds, runsPerSec, eventsPerSec, startLatencyMs, firstDeltaLatencyMs")
+	fs.BoolVar(&bf.json, "json", false, "print one JSON object: runs, failed, seconds, runsPerSec, eventsPerSec, startLatencyMs, firstDeltaLatencyMs, cpuCores (this process's own CPU, in cores)")
 	fs.DurationVar(&bf.timeout, "timeout", 10*time.Minute, "give up on runs not finished after this long")
 	fs.StringVar(&bf.cpuProfile, "cpuprofile", "", "write a CPU profile of submit to this `file`")
 	fs.BoolVar(&bf.streaming, "streaming", false, "streaming mode: --concurrency runs at once, each streaming --deltas-per-second text deltas for --duration (a paced faux script; the worker must allow faux); reports events/s and the delay from each event's creation (its ts) to its arrival, once every run has started")
@@ -344,6 +344,7 @@ func runBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, body [
 
 	prefix := "bench-" + bus.NewRunID()[:8] + "-"
 	start := time.Now()
+	meter := startCPUMeter()
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range bf.runs {
@@ -445,6 +446,7 @@ wait:
 			EventsPerSec:        round3(float64(b.events) / secs),
 			StartLatencyMs:      summarize(b.starts),
 			FirstDeltaLatencyMs: summarize(b.deltas),
+			CPUCores:            meter.cores(),
 		},
 		Finished: b.finished, Events: b.events, Dropped: dropped,
 		Offered: bf.rate, Concurrency: bf.concurrency, Reasons: b.reasons, Interrupted: interrupted,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -374,6 +375,9 @@ func TestBenchSmall(t *testing.T) {
 	if res["runs"] != 20.0 || res["failed"] != 0.0 {
 		t.Errorf("runs/failed: %s", out)
 	}
+	if c, ok := res["cpuCores"].(float64); !ok || c <= 0 || c > float64(runtime.NumCPU()) {
+		t.Errorf("cpuCores = %v: the bench's own CPU, in cores", res["cpuCores"])
+	}
 	for _, k := range []string{"startLatencyMs", "firstDeltaLatencyMs"} {
 		p, _ := res[k].(map[string]any)
 		for _, q := range []string{"p50", "p90", "p99", "max"} {
@@ -387,8 +391,30 @@ func TestBenchSmall(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench table: exit %d", code)
 	}
-	expect(t, table, "runs/s", "events/s", "submit->run_started", "submit->first delta", "p99", "200 runs/s offered")
+	expect(t, table, "runs/s", "events/s", "bench CPU", "submit->run_started", "submit->first delta", "p99", "200 runs/s offered")
 	t.Logf("bench table:\n%s", table)
+}
+
+func TestStreamingBenchSmall(t *testing.T) {
+	t.Parallel()
+	out, errOut, code := submit(t, "bench", "--streaming", "--concurrency", "5", "--deltas-per-second", "20", "--duration", "1s", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	var res struct {
+		Runs, Failed, Gaps, Duplicates, Dropped, Events int
+		EventsPerSec, CPUCores                          float64
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	// 20 deltas a run plus the run's other events, none lost.
+	if res.Runs != 5 || res.Failed+res.Gaps+res.Duplicates+res.Dropped != 0 || res.Events < 5*20 || res.EventsPerSec <= 0 {
+		t.Errorf("result %s", out)
+	}
+	if res.CPUCores <= 0 || res.CPUCores > float64(runtime.NumCPU()) {
+		t.Errorf("cpuCores = %v: the bench's own CPU, in cores", res.CPUCores)
+	}
 }
 
 // TestCtrlCWithAbortOnInterrupt: the first Ctrl-C aborts the run.

@@ -45,6 +45,8 @@ type benchResult struct {
 	EventsPerSec        float64     `json:"eventsPerSec"`
 	StartLatencyMs      percentiles `json:"startLatencyMs"`
 	FirstDeltaLatencyMs percentiles `json:"firstDeltaLatencyMs"`
+	// CPUCores is the bench process's own CPU over the bench, in cores.
+	CPUCores float64 `json:"cpuCores"`
 }
 
 // benchReport is a result with the context the table prints.
@@ -85,6 +87,7 @@ func writeBenchTable(w io.Writer, r *benchReport) {
 		perRun = float64(r.Events) / float64(r.Finished)
 	}
 	fmt.Fprintf(w, "events/s        %.0f (%d events, %.1f per run)\n", r.EventsPerSec, r.Events, perRun)
+	fmt.Fprintf(w, "bench CPU       %.2f of a core (this process)\n", r.CPUCores)
 	if r.Dropped > 0 {
 		fmt.Fprintf(w, "dropped         %d events (the bench could not keep up)\n", r.Dropped)
 	}
@@ -134,4 +137,28 @@ func progressBar(done, total, failed int, elapsed time.Duration, width int) stri
 		bar += ">" + strings.Repeat(" ", barW-filled-1)
 	}
 	return "[" + bar + "]" + tail
+}
+
+// cpuMeter measures the bench's own CPU: a load generator that fills a
+// core measures itself, not the fleet.
+type cpuMeter struct {
+	wall time.Time
+	cpu  time.Duration
+	ok   bool
+}
+
+func startCPUMeter() cpuMeter {
+	cpu, ok := processCPU()
+	return cpuMeter{wall: time.Now(), cpu: cpu, ok: ok}
+}
+
+// cores is the CPU used since the start over the time passed, in cores
+// (0 where the system does not say).
+func (m cpuMeter) cores() float64 {
+	cpu, ok := processCPU()
+	wall := time.Since(m.wall)
+	if !m.ok || !ok || wall <= 0 {
+		return 0
+	}
+	return math.Round(float64(cpu-m.cpu)/float64(wall)*100) / 100
 }

@@ -193,6 +193,8 @@ type streamResult struct {
 		Max  float64 `json:"max"`
 	} `json:"delayMs"`
 	Events int `json:"events"`
+	// CPUCores is the bench process's own CPU over the bench, in cores.
+	CPUCores float64 `json:"cpuCores"`
 }
 
 func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, body []byte) int {
@@ -212,6 +214,7 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 	defer cancel()
 	prefix := "stream-" + bus.NewRunID()[:8] + "-"
 	start := time.Now()
+	meter := startCPUMeter()
 	var wg sync.WaitGroup
 	var submitErr error
 	var errOnce sync.Once
@@ -245,7 +248,8 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	res := streamResult{Runs: bf.runs, DeltasPerSecond: bf.deltasPerSecond, Failed: b.failed + (bf.runs - b.finished),
-		Reasons: b.reasons, Gaps: b.gaps, Duplicates: b.dups, Dropped: dropped, Undecodable: b.undecodable, Events: b.events}
+		Reasons: b.reasons, Gaps: b.gaps, Duplicates: b.dups, Dropped: dropped, Undecodable: b.undecodable, Events: b.events,
+		CPUCores: meter.cores()}
 	if !b.allStarted.IsZero() {
 		res.RampSeconds = round3(b.allStarted.Sub(start).Seconds())
 		end := b.firstFinished
@@ -281,6 +285,7 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 		fmt.Fprintf(e.stdout, "sustained   %.0f events/s over %.1f s (every run started, none finished)\n", res.EventsPerSec, res.WindowSeconds)
 		fmt.Fprintf(e.stdout, "delay ms    p50 %.0f  p90 %.0f  p99 %.0f  p99.9 %.0f  max %.0f (event ts to receipt)\n",
 			res.DelayMs.P50, res.DelayMs.P90, res.DelayMs.P99, res.DelayMs.P999, res.DelayMs.Max)
+		fmt.Fprintf(e.stdout, "bench CPU   %.2f of a core (this process)\n", res.CPUCores)
 	}
 	switch {
 	case interrupted:

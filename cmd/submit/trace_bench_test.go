@@ -52,7 +52,7 @@ func BenchmarkFleetTracing(b *testing.B) {
 					env, args = otel, []string{"--otel"}
 				}
 				dir := b.TempDir()
-				cpu0, self0 := cpuTime(), selfCPUTime()
+				cpu0, self0 := cpuTime(), selfCPU()
 				stop, url, err := startWorkerProcess(filepath.Join(dir, "worker.log"), env,
 					"--nats-listen", "127.0.0.1:0", "--data-dir", dir, "--concurrency", "64")
 				if err != nil {
@@ -66,7 +66,7 @@ func BenchmarkFleetTracing(b *testing.B) {
 					b.Error(err)
 				}
 				perRun := float64((cpuTime() - cpu0).Microseconds()) / float64(runs)
-				selfPerRun := float64((selfCPUTime() - self0).Microseconds()) / float64(runs)
+				selfPerRun := float64((selfCPU() - self0).Microseconds()) / float64(runs)
 				submitPerRun := float64((p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()).Microseconds()) / float64(runs)
 				var res benchResult
 				if err := json.Unmarshal([]byte(p.stdout.String()), &res); err != nil || code != 0 || res.Failed > 0 {
@@ -103,15 +103,14 @@ func cpuTime() time.Duration {
 	return total
 }
 
-// selfCPUTime is the CPU time of this process alone (the receiver).
-func selfCPUTime() time.Duration {
-	var self syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
-	return time.Duration(self.Utime.Nano() + self.Stime.Nano())
-}
-
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// selfCPU is the CPU time of this process alone (the receiver).
+func selfCPU() time.Duration {
+	d, _ := processCPU()
+	return d
 }

@@ -347,3 +347,20 @@ func TestStatusAndListAreInertToEscapes(t *testing.T) {
 		t.Fatalf("banner not inert: %q", s)
 	}
 }
+
+func TestCPUMeterCountsThisProcess(t *testing.T) {
+	m := startCPUMeter()
+	if !m.ok {
+		t.Skip("no CPU time on this system")
+	}
+	// Spin until the process has used 20 ms more CPU (other tests' CPU
+	// counts too: the meter is the process's).
+	for {
+		if cpu, _ := processCPU(); cpu-m.cpu >= 20*time.Millisecond {
+			break
+		}
+	}
+	if c := m.cores(); c <= 0 {
+		t.Errorf("cores = %v after 20 ms of CPU", c)
+	}
+}
