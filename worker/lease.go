@@ -46,8 +46,8 @@ import (
 // record (the first start, the time waited, a wait in progress) is lost.
 // The hand-back costs a delivery (the give-up counts it as a crash), so
 // a queue whose consumer allows fewer than 3 deliveries always reads. The
-// worker learns that at its start: a consumer recreated later with fewer
-// deliveries, while the worker runs, is not seen until it restarts.
+// worker reads the consumer's setting at its start and every 10 s after
+// (worker/pickupread.go).
 //
 // One goroutine writes at a time, so no lock is held over a KV call: the
 // run's goroutine takes the lease, then the heartbeat renews it, then the

@@ -93,3 +93,62 @@ func TestFirstDeliveryReadsWhenDeliveriesAreFew(t *testing.T) {
 		t.Fatalf("the worker read the record %d times, want 1 (at pickup)", n)
 	}
 }
+
+// The rule follows the consumer while the worker runs: once an operator
+// lowers MaxDeliver to 1, a first delivery reads the record at pickup.
+// Here a record an earlier consumer's attempt 1 left is there: read, it is
+// taken and the run succeeds; taken unread, the request would be handed
+// back with no delivery left and the run given up. The worker used to
+// learn the rule only at its start.
+func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
+	var rr *recordReads
+	w, c := startInternal(t, Config{}, func(w *Worker) {
+		rr = countRecordReads(w)
+		w.consumerCheck = 20 * time.Millisecond
+	})
+	<-w.ready
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cons, err := c.JetStream().Consumer(ctx, c.Names().RunsStream(), c.Names().Consumer("default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cons.CachedInfo().Config
+	if !w.skipPickupRead.skip("default") {
+		t.Fatalf("MaxDeliver %d at the start: first deliveries should skip the read", cfg.MaxDeliver)
+	}
+	cfg.MaxDeliver = 1
+	if _, err := c.JetStream().UpdateConsumer(ctx, c.Names().RunsStream(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for w.skipPickupRead.skip("default") {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatal("the worker did not see MaxDeliver lowered to 1")
+		}
+	}
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "left-by-an-earlier-consumer"
+	began := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, Worker: "gone",
+		StartedAt: began, HeartbeatAt: began})
+	if _, err := kv.Put(ctx, id, b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")}); err != nil {
+		t.Fatal(err)
+	}
+	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
+	if rec.State != bus.StatusSucceeded || rec.Attempt != 1 || !rec.StartedAt.Equal(began) {
+		t.Fatalf("record %s/%s attempt %d started %v: want succeeded at attempt 1, started %v", rec.State, rec.Reason, rec.Attempt, rec.StartedAt, began)
+	}
+	if n := rr.of(id); n != 1 {
+		t.Fatalf("%d record reads: want 1, at pickup", n)
+	}
+}

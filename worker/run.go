@@ -299,7 +299,7 @@ func (r *run) pickup() bool {
 	w := r.w
 	var rec *bus.RunRecord
 	var err error
-	if r.attempt == 1 && r.lease.requeuedFrom == 0 && w.skipPickupRead[r.queue] {
+	if r.attempt == 1 && r.lease.requeuedFrom == 0 && w.skipPickupRead.skip(r.queue) {
 		r.lease.unread = true // worker/lease.go: taken with Create
 	} else {
 		rec, err = w.getRecord(w.hardCtx, r.id)

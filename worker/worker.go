@@ -52,10 +52,11 @@ type Worker struct {
 	queueSlots map[string]chan struct{}
 
 	controlStream jetstream.Stream
-	// skipPickupRead holds the queues whose consumer allows a first
-	// delivery's hand-back (worker/lease.go): MaxDeliver unlimited or at
-	// least 3. Written in Run before the pull loops start.
-	skipPickupRead map[string]bool
+	// skipPickupRead tells which queues' first deliveries skip the
+	// record read (worker/pickupread.go); consumerCheck is how often it
+	// is read again from the consumers.
+	skipPickupRead pickupReads
+	consumerCheck  time.Duration
 	runsStream     jetstream.Stream
 	eventsStream   jetstream.Stream // a re-send reads what is stored (publish.go)
 	kv             jetstream.KeyValue
@@ -138,6 +139,7 @@ func New(cfg Config) (*Worker, error) {
 		runs:             map[string]*run{},
 		cover:            newControlCoverage(),
 		coverageAudit:    5 * time.Second,
+		consumerCheck:    10 * time.Second,
 		ready:            make(chan struct{}),
 		queueSlots:       map[string]chan struct{}{},
 	}
@@ -236,13 +238,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: consumer %s: %w", w.names.Consumer(q), err)
 		}
 	}
-	w.skipPickupRead = map[string]bool{}
-	for i, q := range w.cfg.Queues {
-		// The consumer's, not this worker's setting: an operator or
-		// another worker may have set it.
-		md := consumers[i].CachedInfo().Config.MaxDeliver
-		w.skipPickupRead[q] = md <= 0 || md >= 3
-	}
+	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
 	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}

@@ -1,0 +1,82 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A first delivery may skip the record read at pickup only when its
+// queue's consumer allows the hand-back that follows if a record was
+// there after all (worker/lease.go): MaxDeliver unlimited or at least 3.
+// The consumer's setting, not this worker's: an operator or another
+// worker may set it, and may change it while this worker runs (MaxDeliver
+// is editable), so it is read at the start and again every
+// consumerCheck. Until a lowered setting is read, a first delivery that
+// finds a record spends one more delivery than the consumer allows for.
+
+// pickupReads holds, per queue, whether its first deliveries skip the
+// record read. The map is written once, before the pull loops start.
+type pickupReads map[string]*atomic.Bool
+
+// skip reports whether a first delivery of queue may skip the read.
+func (p pickupReads) skip(queue string) bool {
+	s := p[queue]
+	return s != nil && s.Load()
+}
+
+// allowsHandBack tells whether a consumer with this MaxDeliver lets a
+// first delivery be handed back without giving the run up.
+func allowsHandBack(maxDeliver int) bool { return maxDeliver <= 0 || maxDeliver >= 3 }
+
+// learnPickupReads reads the rule from the consumers' cached info (read
+// when they were looked up) and keeps it current until the returned stop
+// is called.
+func (w *Worker) learnPickupReads(queues []string, consumers []jetstream.Consumer) (stop func()) {
+	w.skipPickupRead = pickupReads{}
+	for i, q := range queues {
+		s := &atomic.Bool{}
+		s.Store(allowsHandBack(consumers[i].CachedInfo().Config.MaxDeliver))
+		w.skipPickupRead[q] = s
+	}
+	ctx, cancel := context.WithCancel(w.hardCtx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(w.consumerCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for i, q := range queues {
+				w.recheckPickupRead(ctx, q, consumers[i])
+			}
+		}
+	})
+	return func() { cancel(); wg.Wait() }
+}
+
+func (w *Worker) recheckPickupRead(ctx context.Context, queue string, cons jetstream.Consumer) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := cons.Info(ctx)
+	s := w.skipPickupRead[queue]
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		s.Store(false) // recreated with a setting not yet known: read
+	case err != nil:
+		// Unknown for now (NATS trouble): the last setting read stands.
+	default:
+		skip := allowsHandBack(info.Config.MaxDeliver)
+		if s.Swap(skip) != skip {
+			w.log.Info("queue consumer's MaxDeliver changed", "queue", queue,
+				"maxDeliver", info.Config.MaxDeliver, "firstDeliveriesReadRecord", !skip)
+		}
+	}
+}
