@@ -106,6 +106,9 @@ func (r *run) finish(e ending) error {
 		if err != nil {
 			return r.notStored(ctx, e.settle, "final record not stored", err)
 		}
+		if h := r.w.hooks.afterFinalRecord; h != nil {
+			h(r.id)
+		}
 	}
 	if err := r.storeFinished(ctx, e.fin, e.settle); err != nil {
 		return err

@@ -166,3 +166,116 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A give-up whose run_finished is not stored (here the events stream
+// refuses every message once the final record is written) is tried again
+// from the advisory: the retry finds the final record, publishes the
+// run_finished the events lack, once, and removes the request.
+func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
+	c := connectTestServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	setMaxMsgSize := func(n int32) {
+		events, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		cfg := events.CachedInfo().Config
+		cfg.MaxMsgSize = n
+		if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+			t.Error(err)
+		}
+	}
+	hang := echoTool(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	// Heartbeats never come in time: the one delivery times out.
+	cfg := Config{Tools: []*agent.Tool{hang}, AckWait: 500 * time.Millisecond, HeartbeatInterval: time.Hour,
+		MaxDeliver: 1, DrainTimeout: 50 * time.Millisecond}
+	logs := &lockedLog{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	refused := make(chan struct{})
+	startInternalOn(t, c, cfg, func(w *Worker) {
+		// Only the give-up writes a final record in this test.
+		w.hooks.afterFinalRecord = func(string) {
+			select {
+			case <-refused:
+			default:
+				setMaxMsgSize(16)
+				close(refused)
+			}
+		}
+	})
+	run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: &bus.ModelRef{Provider: "faux", ID: "s"},
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			{Content: []agent.Content{agent.ToolCall("c1", "echo", map[string]any{"text": "x"})}},
+			{Content: []agent.Content{agent.Text("never")}},
+		}}})
+	select {
+	case <-refused:
+	case <-ctx.Done():
+		t.Fatalf("no give-up wrote its final record; log:\n%s", logs.String())
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(logs.String(), "run_finished not stored; to be tried again") {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("the give-up's run_finished did not fail; log:\n%s", logs.String())
+		}
+	}
+	setMaxMsgSize(-1)
+	var fin *bus.RunFinished
+	for e, err := range c.Follow(ctx, run) {
+		if err != nil {
+			t.Fatalf("follow: %v", err)
+		}
+		if e.Type == bus.EventRunFinished {
+			fin = &bus.RunFinished{}
+			if err := json.Unmarshal(e.Event, fin); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if fin == nil || fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonGaveUp {
+		t.Fatalf("run_finished: %+v, want failed/gave_up", fin)
+	}
+	rec := waitRecord(t, c, run, "given up", (*bus.RunRecord).Finished)
+	if rec.Reason != bus.ReasonGaveUp {
+		t.Fatalf("record %s/%s", rec.State, rec.Reason)
+	}
+	// The request is removed once run_finished is stored; the stream has
+	// no event for a removal, so poll it.
+	runs, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := runs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for info.State.Msgs != 0 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("request not removed: %d messages in %s", info.State.Msgs, c.Names().RunsStream())
+		}
+		if info, err = runs.Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	envs, err := c.ReadEvents(ctx, run, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished := 0
+	for _, e := range envs {
+		if e.Type == bus.EventRunFinished {
+			finished++
+		}
+	}
+	if finished != 1 {
+		t.Fatalf("%d run_finished stored, want 1", finished)
+	}
+}

@@ -559,6 +559,8 @@ type testHooks struct {
 	afterControlStart func(r *run)
 	// before a finished run acknowledges its request;
 	beforeRequestAck func(runID string)
-	// before each read of a run's record.
+	// before each read of a run's record;
 	beforeRecordRead func(runID string)
+	// once a finish wrote the final record, before run_finished.
+	afterFinalRecord func(runID string)
 }
