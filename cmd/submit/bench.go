@@ -45,7 +45,7 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&bf.model, "model", "faux/bench", "model, provider/id; faux is scripted, a real model answers --prompt")
 	fs.StringVar(&bf.queue, "queue", env2(e.getenv, "AGENTS_QUEUE", bus.DefaultQueue), "queue to submit to [AGENTS_QUEUE]")
 	fs.StringVar(&bf.prompt, "prompt", "Say hello in twenty words.", "prompt of each run")
-	fs.BoolVar(&bf.json, "json", false, "print one JSON object: runs, failed, seconds, runsPerSec, eventsPerSec, startLatencyMs, firstDeltaLatencyMs, cpuCores (this process's own CPU, in cores)")
+	fs.BoolVar(&bf.json, "json", false, "print one JSON object: runs, failed, seconds, runsPerSec, eventsPerSec, startLatencyMs, firstDeltaLatencyMs, cpuCores and cpuSeconds (this process's own CPU; with --streaming over the sustained window)")
 	fs.DurationVar(&bf.timeout, "timeout", 10*time.Minute, "give up on runs not finished after this long")
 	fs.StringVar(&bf.cpuProfile, "cpuprofile", "", "write a CPU profile of submit to this `file`")
 	fs.BoolVar(&bf.streaming, "streaming", false, "streaming mode: --concurrency runs at once, each streaming --deltas-per-second text deltas for --duration (a paced faux script; the worker must allow faux); reports events/s and the delay from each event's creation (its ts) to its arrival, once every run has started")
@@ -210,6 +210,8 @@ type bench struct {
 	failed   int
 	reasons  map[string]int
 	lastDone time.Time
+	total    int     // runs the bench submits
+	cpuAtEnd cpuMark // taken with the last run's run_finished
 }
 
 func (b *bench) onEvent(m *nats.Msg) {
@@ -246,6 +248,9 @@ func (b *bench) onEvent(m *nats.Msg) {
 		r.done = true
 		b.finished++
 		b.lastDone = now
+		if b.finished == b.total {
+			b.cpuAtEnd = markCPU(now)
+		}
 		if status, reason := finishedStatus(m.Data); status != bus.StatusSucceeded {
 			b.failed++
 			b.reasons[status+"/"+reason]++
@@ -319,6 +324,7 @@ func runBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, body [
 		doneCh:  make(chan struct{}, bf.runs),
 		runs:    make(map[string]*benchRun, bf.runs),
 		reasons: map[string]int{},
+		total:   bf.runs,
 	}
 	if bf.concurrency > 0 {
 		b.slots = make(chan struct{}, bf.concurrency)
@@ -344,7 +350,7 @@ func runBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, body [
 
 	prefix := "bench-" + bus.NewRunID()[:8] + "-"
 	start := time.Now()
-	meter := startCPUMeter()
+	cpuAtStart := markCPU(start)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range bf.runs {
@@ -432,9 +438,10 @@ wait:
 	dropped, _ := sub.Dropped()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	end := b.lastDone
+	end, cpuAtEnd := b.lastDone, b.cpuAtEnd
 	if end.IsZero() || b.finished < bf.runs {
 		end = time.Now()
+		cpuAtEnd = markCPU(end)
 	}
 	secs := end.Sub(start).Seconds()
 	rep := &benchReport{
@@ -446,7 +453,7 @@ wait:
 			EventsPerSec:        round3(float64(b.events) / secs),
 			StartLatencyMs:      summarize(b.starts),
 			FirstDeltaLatencyMs: summarize(b.deltas),
-			CPUCores:            meter.cores(),
+			benchCPU:            cpuBetween(cpuAtStart, cpuAtEnd),
 		},
 		Finished: b.finished, Events: b.events, Dropped: dropped,
 		Offered: bf.rate, Concurrency: bf.concurrency, Reasons: b.reasons, Interrupted: interrupted,

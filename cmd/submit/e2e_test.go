@@ -375,9 +375,10 @@ func TestBenchSmall(t *testing.T) {
 	if res["runs"] != 20.0 || res["failed"] != 0.0 {
 		t.Errorf("runs/failed: %s", out)
 	}
-	if c, ok := res["cpuCores"].(float64); !ok || c <= 0 || c > float64(runtime.NumCPU()) {
-		t.Errorf("cpuCores = %v: the bench's own CPU, in cores", res["cpuCores"])
-	}
+	cores, _ := res["cpuCores"].(float64)
+	cpuSecs, _ := res["cpuSeconds"].(float64)
+	secs, _ := res["seconds"].(float64)
+	checkBenchCPU(t, cores, cpuSecs, secs)
 	for _, k := range []string{"startLatencyMs", "firstDeltaLatencyMs"} {
 		p, _ := res[k].(map[string]any)
 		for _, q := range []string{"p50", "p90", "p99", "max"} {
@@ -402,8 +403,9 @@ func TestStreamingBenchSmall(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
 	var res struct {
-		Runs, Failed, Gaps, Duplicates, Dropped, Events int
-		EventsPerSec, CPUCores                          float64
+		Runs, Failed, Gaps, Duplicates, Dropped, Events                int
+		EventsPerSec, WindowSeconds, RampSeconds, CPUCores, CPUSeconds float64
+		DelayMs                                                        struct{ P50, P99, Max float64 }
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -412,8 +414,23 @@ func TestStreamingBenchSmall(t *testing.T) {
 	if res.Runs != 5 || res.Failed+res.Gaps+res.Duplicates+res.Dropped != 0 || res.Events < 5*20 || res.EventsPerSec <= 0 {
 		t.Errorf("result %s", out)
 	}
-	if res.CPUCores <= 0 || res.CPUCores > float64(runtime.NumCPU()) {
-		t.Errorf("cpuCores = %v: the bench's own CPU, in cores", res.CPUCores)
+	if res.WindowSeconds <= 0 || res.RampSeconds <= 0 || res.DelayMs.P50 > res.DelayMs.P99 || res.DelayMs.P99 > res.DelayMs.Max {
+		t.Errorf("window, ramp or delays: %s", out)
+	}
+	// The CPU is the window's, as events/s are.
+	checkBenchCPU(t, res.CPUCores, res.CPUSeconds, res.WindowSeconds)
+}
+
+// checkBenchCPU checks a bench's own CPU: some was used, no more than the
+// machine has, and cores are the CPU seconds over the measured window
+// (to the fields' rounding).
+func checkBenchCPU(t *testing.T, cores, cpuSecs, window float64) {
+	t.Helper()
+	if cpuSecs <= 0 || cores > float64(runtime.NumCPU()) {
+		t.Errorf("cpuCores %v, cpuSeconds %v: the bench's own CPU", cores, cpuSecs)
+	}
+	if d := cores*window - cpuSecs; d > 0.001*window+0.001 || d < -(0.001*window+0.001) {
+		t.Errorf("cpuCores %v over %v s is not cpuSeconds %v: not the same window", cores, window, cpuSecs)
 	}
 }
 

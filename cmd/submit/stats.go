@@ -45,8 +45,8 @@ type benchResult struct {
 	EventsPerSec        float64     `json:"eventsPerSec"`
 	StartLatencyMs      percentiles `json:"startLatencyMs"`
 	FirstDeltaLatencyMs percentiles `json:"firstDeltaLatencyMs"`
-	// CPUCores is the bench process's own CPU over the bench, in cores.
-	CPUCores float64 `json:"cpuCores"`
+	// The bench process's own CPU, from its first submit to its report.
+	benchCPU
 }
 
 // benchReport is a result with the context the table prints.
@@ -87,7 +87,7 @@ func writeBenchTable(w io.Writer, r *benchReport) {
 		perRun = float64(r.Events) / float64(r.Finished)
 	}
 	fmt.Fprintf(w, "events/s        %.0f (%d events, %.1f per run)\n", r.EventsPerSec, r.Events, perRun)
-	fmt.Fprintf(w, "bench CPU       %.2f of a core (this process)\n", r.CPUCores)
+	fmt.Fprintf(w, "bench CPU       %s\n", cpuLine(r.benchCPU))
 	if r.Dropped > 0 {
 		fmt.Fprintf(w, "dropped         %d events (the bench could not keep up)\n", r.Dropped)
 	}
@@ -139,26 +139,45 @@ func progressBar(done, total, failed int, elapsed time.Duration, width int) stri
 	return "[" + bar + "]" + tail
 }
 
-// cpuMeter measures the bench's own CPU: a load generator that fills a
-// core measures itself, not the fleet.
-type cpuMeter struct {
+// cpuMark is this process's CPU time at one moment: a load generator
+// that fills a core measures itself, not the fleet, so the bench reports
+// its own use beside its figures.
+type cpuMark struct {
 	wall time.Time
 	cpu  time.Duration
-	ok   bool
+	ok   bool // false where the system does not say
 }
 
-func startCPUMeter() cpuMeter {
+func markCPU(now time.Time) cpuMark {
 	cpu, ok := processCPU()
-	return cpuMeter{wall: time.Now(), cpu: cpu, ok: ok}
+	return cpuMark{wall: now, cpu: cpu, ok: ok}
 }
 
-// cores is the CPU used since the start over the time passed, in cores
-// (0 where the system does not say).
-func (m cpuMeter) cores() float64 {
-	cpu, ok := processCPU()
-	wall := time.Since(m.wall)
-	if !m.ok || !ok || wall <= 0 {
-		return 0
+// benchCPU is the CPU a bench used over its measured window; both
+// fields are absent where the system does not say.
+type benchCPU struct {
+	// CPUCores is CPUSeconds over the window's wall time.
+	CPUCores   *float64 `json:"cpuCores,omitempty"`
+	CPUSeconds *float64 `json:"cpuSeconds,omitempty"`
+}
+
+// cpuBetween is the CPU used from a to b; empty when it was not measured
+// or no time passed.
+func cpuBetween(a, b cpuMark) benchCPU {
+	wall := b.wall.Sub(a.wall)
+	if !a.ok || !b.ok || wall <= 0 {
+		return benchCPU{}
 	}
-	return math.Round(float64(cpu-m.cpu)/float64(wall)*100) / 100
+	used := b.cpu - a.cpu
+	cores := math.Round(float64(used)/float64(wall)*1000) / 1000
+	secs := math.Round(used.Seconds()*10000) / 10000
+	return benchCPU{CPUCores: &cores, CPUSeconds: &secs}
+}
+
+// cpuLine is the table's line for c.
+func cpuLine(c benchCPU) string {
+	if c.CPUCores == nil || c.CPUSeconds == nil {
+		return "not measured on this system"
+	}
+	return fmt.Sprintf("%.3f of a core, %.3f s (this process)", *c.CPUCores, *c.CPUSeconds)
 }

@@ -37,16 +37,19 @@ type streamFollower struct {
 	startedRuns   int
 	allStarted    time.Time
 	firstFinished time.Time
-	finished      int
-	failed        int
-	reasons       map[string]int
-	gaps, dups    int
-	undecodable   int
-	events        int      // all received
-	window        int      // received between allStarted and firstFinished
-	delays        []uint32 // ms histogram of the window's events
-	late          int      // delays past the histogram
-	done          chan struct{}
+	// The CPU at the window's ends: the bench's own use is reported over
+	// the window its events/s cover, not its ramp and drain.
+	cpuAtAllStarted, cpuAtFirstFinished cpuMark
+	finished                            int
+	failed                              int
+	reasons                             map[string]int
+	gaps, dups                          int
+	undecodable                         int
+	events                              int      // all received
+	window                              int      // received between allStarted and firstFinished
+	delays                              []uint32 // ms histogram of the window's events
+	late                                int      // delays past the histogram
+	done                                chan struct{}
 }
 
 const delayBuckets = 60_000 // ms
@@ -104,6 +107,7 @@ func (b *streamFollower) onEvent(m *nats.Msg) {
 			b.startedRuns++
 			if b.startedRuns == b.n {
 				b.allStarted = now
+				b.cpuAtAllStarted = markCPU(now)
 			}
 		}
 	case bus.EventRunFinished:
@@ -114,6 +118,7 @@ func (b *streamFollower) onEvent(m *nats.Msg) {
 		b.finished++
 		if b.firstFinished.IsZero() {
 			b.firstFinished = now
+			b.cpuAtFirstFinished = markCPU(now)
 		}
 		if status, reason := finishedStatus(m.Data); status != bus.StatusSucceeded {
 			b.failed++
@@ -193,8 +198,9 @@ type streamResult struct {
 		Max  float64 `json:"max"`
 	} `json:"delayMs"`
 	Events int `json:"events"`
-	// CPUCores is the bench process's own CPU over the bench, in cores.
-	CPUCores float64 `json:"cpuCores"`
+	// The bench process's own CPU over the window (over the whole bench
+	// when it had none).
+	benchCPU
 }
 
 func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, body []byte) int {
@@ -214,7 +220,7 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 	defer cancel()
 	prefix := "stream-" + bus.NewRunID()[:8] + "-"
 	start := time.Now()
-	meter := startCPUMeter()
+	cpuAtStart := markCPU(start)
 	var wg sync.WaitGroup
 	var submitErr error
 	var errOnce sync.Once
@@ -248,14 +254,19 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	res := streamResult{Runs: bf.runs, DeltasPerSecond: bf.deltasPerSecond, Failed: b.failed + (bf.runs - b.finished),
-		Reasons: b.reasons, Gaps: b.gaps, Duplicates: b.dups, Dropped: dropped, Undecodable: b.undecodable, Events: b.events,
-		CPUCores: meter.cores()}
-	if !b.allStarted.IsZero() {
+		Reasons: b.reasons, Gaps: b.gaps, Duplicates: b.dups, Dropped: dropped, Undecodable: b.undecodable, Events: b.events}
+	cpuOver := "over the window"
+	if b.allStarted.IsZero() {
+		res.benchCPU = cpuBetween(cpuAtStart, markCPU(time.Now()))
+		cpuOver = "over the bench (no window)"
+	} else {
 		res.RampSeconds = round3(b.allStarted.Sub(start).Seconds())
-		end := b.firstFinished
+		end, cpuAtEnd := b.firstFinished, b.cpuAtFirstFinished
 		if end.IsZero() {
 			end = time.Now()
+			cpuAtEnd = markCPU(end)
 		}
+		res.benchCPU = cpuBetween(b.cpuAtAllStarted, cpuAtEnd)
 		if w := end.Sub(b.allStarted).Seconds(); w > 0 {
 			res.WindowSeconds = round3(w)
 			res.EventsPerSec = round3(float64(b.window) / w)
@@ -285,7 +296,7 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 		fmt.Fprintf(e.stdout, "sustained   %.0f events/s over %.1f s (every run started, none finished)\n", res.EventsPerSec, res.WindowSeconds)
 		fmt.Fprintf(e.stdout, "delay ms    p50 %.0f  p90 %.0f  p99 %.0f  p99.9 %.0f  max %.0f (event ts to receipt)\n",
 			res.DelayMs.P50, res.DelayMs.P90, res.DelayMs.P99, res.DelayMs.P999, res.DelayMs.Max)
-		fmt.Fprintf(e.stdout, "bench CPU   %.2f of a core (this process)\n", res.CPUCores)
+		fmt.Fprintf(e.stdout, "bench CPU   %s %s\n", cpuLine(res.benchCPU), cpuOver)
 	}
 	switch {
 	case interrupted:

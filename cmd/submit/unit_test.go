@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -348,19 +349,51 @@ func TestStatusAndListAreInertToEscapes(t *testing.T) {
 	}
 }
 
-func TestCPUMeterCountsThisProcess(t *testing.T) {
-	m := startCPUMeter()
-	if !m.ok {
-		t.Skip("no CPU time on this system")
+func TestCPUBetween(t *testing.T) {
+	t0 := time.Now()
+	c := cpuBetween(cpuMark{wall: t0, cpu: time.Second, ok: true}, cpuMark{wall: t0.Add(2 * time.Second), cpu: 1500 * time.Millisecond, ok: true})
+	if c.CPUCores == nil || *c.CPUCores != 0.25 || *c.CPUSeconds != 0.5 {
+		t.Fatalf("500 ms of CPU in 2 s: %s", cpuLine(c))
 	}
-	// Spin until the process has used 20 ms more CPU (other tests' CPU
-	// counts too: the meter is the process's).
-	for {
-		if cpu, _ := processCPU(); cpu-m.cpu >= 20*time.Millisecond {
-			break
+	if got := cpuLine(c); got != "0.250 of a core, 0.500 s (this process)" {
+		t.Errorf("line %q", got)
+	}
+	for _, m := range []cpuMark{{wall: t0.Add(time.Second)}, {wall: t0, ok: true}} {
+		c := cpuBetween(cpuMark{wall: t0, ok: true}, m)
+		if c.CPUCores != nil || c.CPUSeconds != nil {
+			t.Errorf("%+v: want nothing (not measured, or no time passed)", m)
+		}
+		if got := cpuLine(c); got != "not measured on this system" {
+			t.Errorf("line %q", got)
+		}
+		if b, _ := json.Marshal(benchResult{benchCPU: c}); strings.Contains(string(b), "cpu") {
+			t.Errorf("unmeasured CPU in the JSON: %s", b)
 		}
 	}
-	if c := m.cores(); c <= 0 {
-		t.Errorf("cores = %v after 20 ms of CPU", c)
+}
+
+// The reader counts this process's CPU, not the time passed: 200 ms
+// asleep use little, 200 ms spinning use some. No other test of the
+// package runs beside it (the parallel ones wait for the sequential
+// ones), and the bounds hold on a loaded machine.
+func TestProcessCPUCountsThisProcess(t *testing.T) {
+	if _, ok := processCPU(); !ok {
+		t.Skip("no CPU time on this system")
+	}
+	a := markCPU(time.Now())
+	time.Sleep(200 * time.Millisecond)
+	b := markCPU(time.Now())
+	for time.Since(b.wall) < 200*time.Millisecond {
+	}
+	c := markCPU(time.Now())
+	asleep, spinning := cpuBetween(a, b), cpuBetween(b, c)
+	if *asleep.CPUCores > 0.5 {
+		t.Errorf("asleep: %s, want little", cpuLine(asleep))
+	}
+	if *spinning.CPUSeconds <= 0 || *spinning.CPUCores > float64(runtime.NumCPU()) {
+		t.Errorf("spinning: %s", cpuLine(spinning))
+	}
+	if *spinning.CPUSeconds <= *asleep.CPUSeconds {
+		t.Errorf("spinning used %s, asleep %s", cpuLine(spinning), cpuLine(asleep))
 	}
 }
