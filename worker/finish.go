@@ -106,9 +106,6 @@ func (r *run) finish(e ending) error {
 		if err != nil {
 			return r.notStored(ctx, e.settle, "final record not stored", err)
 		}
-		if h := r.w.hooks.afterFinalRecord; h != nil {
-			h(r.id)
-		}
 	}
 	if err := r.storeFinished(ctx, e.fin, e.settle); err != nil {
 		return err
@@ -127,6 +124,9 @@ func (r *run) finish(e ending) error {
 // storeFinished publishes run_finished and waits until every event is
 // stored; if they are not, it hands the request back through s.
 func (r *run) storeFinished(ctx context.Context, fin bus.RunFinished, s settlement) error {
+	if h := r.w.hooks.beforeRunFinished; h != nil {
+		h(r.id)
+	}
 	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
 	if err := r.pub.flush(ctx); err != nil {
 		return r.notStored(ctx, s, "run_finished not stored", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -175,7 +176,11 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	c := connectTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// Its own deadline: the hook runs on the worker's goroutine, which
+	// may outlive the test's ctx.
 	setMaxMsgSize := func(n int32) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		events, err := c.JetStream().Stream(ctx, c.Names().EventsStream())
 		if err != nil {
 			t.Error(err)
@@ -195,8 +200,9 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	refused := make(chan struct{})
 	startInternalOn(t, c, cfg, func(w *Worker) {
-		// Only the give-up writes a final record in this test.
-		w.hooks.afterFinalRecord = func(string) {
+		// Only the give-up gets to run_finished in this test (attempt 1
+		// hangs until its lease is lost).
+		w.hooks.beforeRunFinished = func(string) {
 			select {
 			case <-refused:
 			default:
@@ -213,7 +219,10 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	select {
 	case <-refused:
 	case <-ctx.Done():
-		t.Fatalf("no give-up wrote its final record; log:\n%s", logs.String())
+		t.Fatalf("no give-up got to its run_finished; log:\n%s", logs.String())
+	}
+	if t.Failed() {
+		t.FailNow() // the stream was not changed
 	}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -269,13 +278,17 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	finished := 0
+	// The give-up's attempt: run_started, run_resumed, run_finished, each
+	// once, one seq after the other.
+	var types []string
+	var seqs []uint64
 	for _, e := range envs {
-		if e.Type == bus.EventRunFinished {
-			finished++
+		if e.Attempt == 2 {
+			types, seqs = append(types, e.Type), append(seqs, e.Seq)
 		}
 	}
-	if finished != 1 {
-		t.Fatalf("%d run_finished stored, want 1", finished)
+	want := []string{bus.EventRunStarted, bus.EventRunResumed, bus.EventRunFinished}
+	if !slices.Equal(types, want) || seqs[1] != seqs[0]+1 || seqs[2] != seqs[1]+1 {
+		t.Fatalf("the give-up's events %v at seqs %v, want %v one after the other", types, seqs, want)
 	}
 }

@@ -561,6 +561,7 @@ type testHooks struct {
 	beforeRequestAck func(runID string)
 	// before each read of a run's record;
 	beforeRecordRead func(runID string)
-	// once a finish wrote the final record, before run_finished.
-	afterFinalRecord func(runID string)
+	// before a finish (or a run_finished published from a finished
+	// record) publishes run_finished.
+	beforeRunFinished func(runID string)
 }

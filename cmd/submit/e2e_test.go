@@ -398,7 +398,7 @@ func TestBenchSmall(t *testing.T) {
 
 func TestStreamingBenchSmall(t *testing.T) {
 	t.Parallel()
-	out, errOut, code := submit(t, "bench", "--streaming", "--concurrency", "5", "--deltas-per-second", "20", "--duration", "1s", "--json")
+	out, errOut, code := submit(t, "bench", "--streaming", "--concurrency", "5", "--deltas-per-second", "20", "--duration", "2s", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
@@ -410,8 +410,8 @@ func TestStreamingBenchSmall(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	// 20 deltas a run plus the run's other events, none lost.
-	if res.Runs != 5 || res.Failed+res.Gaps+res.Duplicates+res.Dropped != 0 || res.Events < 5*20 || res.EventsPerSec <= 0 {
+	// 40 deltas a run plus the run's other events, none lost.
+	if res.Runs != 5 || res.Failed+res.Gaps+res.Duplicates+res.Dropped != 0 || res.Events < 5*40 || res.EventsPerSec <= 0 {
 		t.Errorf("result %s", out)
 	}
 	if res.WindowSeconds <= 0 || res.RampSeconds <= 0 || res.DelayMs.P50 > res.DelayMs.P99 || res.DelayMs.P99 > res.DelayMs.Max {
@@ -426,6 +426,9 @@ func TestStreamingBenchSmall(t *testing.T) {
 // (to the fields' rounding).
 func checkBenchCPU(t *testing.T, cores, cpuSecs, window float64) {
 	t.Helper()
+	if _, ok := processCPU(); !ok {
+		return // not measured here
+	}
 	if cpuSecs <= 0 || cores > float64(runtime.NumCPU()) {
 		t.Errorf("cpuCores %v, cpuSeconds %v: the bench's own CPU", cores, cpuSecs)
 	}

@@ -45,7 +45,8 @@ type benchResult struct {
 	EventsPerSec        float64     `json:"eventsPerSec"`
 	StartLatencyMs      percentiles `json:"startLatencyMs"`
 	FirstDeltaLatencyMs percentiles `json:"firstDeltaLatencyMs"`
-	// The bench process's own CPU, from its first submit to its report.
+	// The bench process's own CPU over seconds: from the first submit to
+	// the last run_finished (or the report, when not all finished).
 	benchCPU
 }
 
@@ -179,5 +180,5 @@ func cpuLine(c benchCPU) string {
 	if c.CPUCores == nil || c.CPUSeconds == nil {
 		return "not measured on this system"
 	}
-	return fmt.Sprintf("%.3f of a core, %.3f s (this process)", *c.CPUCores, *c.CPUSeconds)
+	return fmt.Sprintf("%.3f of a core, %.4f s (this process)", *c.CPUCores, *c.CPUSeconds)
 }

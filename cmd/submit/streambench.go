@@ -130,6 +130,23 @@ func (b *streamFollower) onEvent(m *nats.Msg) {
 	}
 }
 
+// windowCPU is the bench's own CPU over the window its events/s cover,
+// and what it was measured over: the whole bench (start to now) when
+// there was no window (not every run started, or one finished before the
+// last started). Caller holds b.mu.
+func (b *streamFollower) windowCPU(start, now cpuMark) (benchCPU, string) {
+	if !b.allStarted.IsZero() {
+		end := now
+		if !b.firstFinished.IsZero() {
+			end = b.cpuAtFirstFinished
+		}
+		if end.wall.After(b.allStarted) {
+			return cpuBetween(b.cpuAtAllStarted, end), "over the window"
+		}
+	}
+	return cpuBetween(start, now), "over the bench (no window)"
+}
+
 // envelopeHead reads seq, attempt and ts from the start of an envelope as
 // bus.Envelope.AppendJSON writes it, falling back to a full decode.
 func envelopeHead(data []byte) (seq uint64, attempt int, ts int64, ok bool) {
@@ -255,18 +272,15 @@ func streamBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, bod
 	defer b.mu.Unlock()
 	res := streamResult{Runs: bf.runs, DeltasPerSecond: bf.deltasPerSecond, Failed: b.failed + (bf.runs - b.finished),
 		Reasons: b.reasons, Gaps: b.gaps, Duplicates: b.dups, Dropped: dropped, Undecodable: b.undecodable, Events: b.events}
-	cpuOver := "over the window"
-	if b.allStarted.IsZero() {
-		res.benchCPU = cpuBetween(cpuAtStart, markCPU(time.Now()))
-		cpuOver = "over the bench (no window)"
-	} else {
+	now := markCPU(time.Now())
+	var cpuOver string
+	res.benchCPU, cpuOver = b.windowCPU(cpuAtStart, now)
+	if !b.allStarted.IsZero() {
 		res.RampSeconds = round3(b.allStarted.Sub(start).Seconds())
-		end, cpuAtEnd := b.firstFinished, b.cpuAtFirstFinished
+		end := b.firstFinished
 		if end.IsZero() {
-			end = time.Now()
-			cpuAtEnd = markCPU(end)
+			end = now.wall
 		}
-		res.benchCPU = cpuBetween(b.cpuAtAllStarted, cpuAtEnd)
 		if w := end.Sub(b.allStarted).Seconds(); w > 0 {
 			res.WindowSeconds = round3(w)
 			res.EventsPerSec = round3(float64(b.window) / w)

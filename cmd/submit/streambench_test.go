@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -83,6 +84,47 @@ func TestStreamingBenchAsksForAFixedPace(t *testing.T) {
 		}
 		if !fixed && bytes.Contains(body, []byte("fixedPace")) {
 			t.Errorf("--fixed-pace=false still sends the field: %s", body)
+		}
+	}
+}
+
+// The bench's CPU is the window's; without one (here a run finished
+// before the last one started), the whole bench's, and it says so.
+func TestStreamFollowerCPUWindow(t *testing.T) {
+	started := `{"type":"run_started"}`
+	finished := `{"type":"run_finished","status":"succeeded"}`
+	t0 := time.Now().Add(-time.Hour)
+	start := cpuMark{wall: t0, cpu: 0, ok: true}
+	for _, c := range []struct {
+		name   string
+		events []*nats.Msg
+		over   string
+	}{
+		{"window", []*nats.Msg{envelopeMsg(t, "a", 1, 1, 1, started), envelopeMsg(t, "b", 1, 1, 1, started),
+			envelopeMsg(t, "a", 1, 2, 1, finished)}, "over the window"},
+		{"finished before the last started", []*nats.Msg{envelopeMsg(t, "a", 1, 1, 1, started), envelopeMsg(t, "a", 1, 2, 1, finished),
+			envelopeMsg(t, "b", 1, 1, 1, started)}, "over the bench (no window)"},
+		{"not all started", []*nats.Msg{envelopeMsg(t, "a", 1, 1, 1, started)}, "over the bench (no window)"},
+	} {
+		f := &streamFollower{prefix: "agents.run.", n: 2, runs: map[string]*streamRun{"a": {}, "b": {}},
+			reasons: map[string]int{}, delays: make([]uint32, delayBuckets), done: make(chan struct{})}
+		for _, m := range c.events {
+			f.onEvent(m)
+		}
+		now := markCPU(time.Now())
+		if !now.ok {
+			t.Skip("no CPU time on this system")
+		}
+		got, over := f.windowCPU(start, now)
+		if over != c.over || got.CPUCores == nil {
+			t.Errorf("%s: %s %s, want it %s", c.name, cpuLine(got), over, c.over)
+			continue
+		}
+		// The whole bench began at CPU 0: its seconds are all this
+		// process has used, the window's a few microseconds' worth.
+		whole := *got.CPUSeconds == *cpuBetween(start, now).CPUSeconds
+		if whole != (c.over != "over the window") {
+			t.Errorf("%s: %s, measured over the wrong span", c.name, cpuLine(got))
 		}
 	}
 }

@@ -355,7 +355,7 @@ func TestCPUBetween(t *testing.T) {
 	if c.CPUCores == nil || *c.CPUCores != 0.25 || *c.CPUSeconds != 0.5 {
 		t.Fatalf("500 ms of CPU in 2 s: %s", cpuLine(c))
 	}
-	if got := cpuLine(c); got != "0.250 of a core, 0.500 s (this process)" {
+	if got := cpuLine(c); got != "0.250 of a core, 0.5000 s (this process)" {
 		t.Errorf("line %q", got)
 	}
 	for _, m := range []cpuMark{{wall: t0.Add(time.Second)}, {wall: t0, ok: true}} {
