@@ -131,23 +131,11 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 	stored()
 	// The stalled delivery times out; its MAX_DELIVERIES advisory reaches
 	// the give-up.
-	var fin *bus.RunFinished
-	for e, err := range c.Follow(ctx, res.ID) {
-		if err != nil {
-			t.Fatalf("follow: %v", err)
-		}
-		if e.Type == bus.EventRunFinished {
-			fin = &bus.RunFinished{}
-			if err := json.Unmarshal(e.Event, fin); err != nil {
-				t.Fatal(err)
-			}
-			if e.Seq != 2 || e.Attempt != 1 {
-				t.Fatalf("run_finished at seq %d attempt %d, want 2 and 1", e.Seq, e.Attempt)
-			}
-			break
-		}
+	e, fin := followToFinished(ctx, t, c, res.ID)
+	if e.Seq != 2 || e.Attempt != 1 {
+		t.Fatalf("run_finished at seq %d attempt %d, want 2 and 1", e.Seq, e.Attempt)
 	}
-	if fin == nil || fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.LastControlSeq != 5 {
+	if fin.Status != bus.StatusSucceeded || fin.Turns != 1 || fin.LastControlSeq != 5 {
 		t.Fatalf("run_finished from the record: %+v", fin)
 	}
 	runs, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
@@ -234,20 +222,8 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 		}
 	}
 	setMaxMsgSize(-1)
-	var fin *bus.RunFinished
-	for e, err := range c.Follow(ctx, run) {
-		if err != nil {
-			t.Fatalf("follow: %v", err)
-		}
-		if e.Type == bus.EventRunFinished {
-			fin = &bus.RunFinished{}
-			if err := json.Unmarshal(e.Event, fin); err != nil {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	if fin == nil || fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonGaveUp {
+	_, fin := followToFinished(ctx, t, c, run)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonGaveUp {
 		t.Fatalf("run_finished: %+v, want failed/gave_up", fin)
 	}
 	rec := waitRecord(t, c, run, "given up", (*bus.RunRecord).Finished)
@@ -291,4 +267,23 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	if !slices.Equal(types, want) || seqs[1] != seqs[0]+1 || seqs[2] != seqs[1]+1 {
 		t.Fatalf("the give-up's events %v at seqs %v, want %v one after the other", types, seqs, want)
 	}
+}
+
+// followToFinished follows run until its run_finished.
+func followToFinished(ctx context.Context, t *testing.T, c *bus.Client, run string) (*bus.Envelope, *bus.RunFinished) {
+	t.Helper()
+	for e, err := range c.Follow(ctx, run) {
+		if err != nil {
+			t.Fatalf("follow: %v", err)
+		}
+		if e.Type == bus.EventRunFinished {
+			fin := &bus.RunFinished{}
+			if err := json.Unmarshal(e.Event, fin); err != nil {
+				t.Fatal(err)
+			}
+			return e, fin
+		}
+	}
+	t.Fatalf("follow %s ended without run_finished", run)
+	return nil, nil
 }

@@ -57,20 +57,8 @@ func TestFirstDeliveryFindingARecordHandsItBack(t *testing.T) {
 	_, c := startInternal(t, Config{}, func(w *Worker) { rr = countRecordReads(w) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	kv, err := c.Records(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	id := "left-by-attempt-1"
-	began := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
-	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, Worker: "gone",
-		StartedAt: began, HeartbeatAt: began})
-	if _, err := kv.Put(ctx, id, b); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")}); err != nil {
-		t.Fatal(err)
-	}
+	began := submitOverALeftRecord(ctx, t, c, id)
 	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
 	if rec.State != bus.StatusSucceeded || rec.Attempt != 2 || !rec.StartedAt.Equal(began) {
 		t.Fatalf("record: %+v (want attempt 2, started %v)", rec, began)
@@ -130,11 +118,26 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 			t.Fatal("the worker did not see MaxDeliver lowered to 1")
 		}
 	}
+	id := "left-by-an-earlier-consumer"
+	began := submitOverALeftRecord(ctx, t, c, id)
+	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
+	if rec.State != bus.StatusSucceeded || rec.Attempt != 1 || !rec.StartedAt.Equal(began) {
+		t.Fatalf("record %s/%s attempt %d started %v: want succeeded at attempt 1, started %v", rec.State, rec.Reason, rec.Attempt, rec.StartedAt, began)
+	}
+	if n := rr.of(id); n != 1 {
+		t.Fatalf("%d record reads: want 1, at pickup", n)
+	}
+}
+
+// submitOverALeftRecord stores the running record an earlier consumer's
+// attempt 1 left for run id (started a minute ago, when it returns), then
+// submits a request with that id.
+func submitOverALeftRecord(ctx context.Context, t *testing.T, c *bus.Client, id string) time.Time {
+	t.Helper()
 	kv, err := c.Records(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := "left-by-an-earlier-consumer"
 	began := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
 	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, Worker: "gone",
 		StartedAt: began, HeartbeatAt: began})
@@ -144,11 +147,5 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")}); err != nil {
 		t.Fatal(err)
 	}
-	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
-	if rec.State != bus.StatusSucceeded || rec.Attempt != 1 || !rec.StartedAt.Equal(began) {
-		t.Fatalf("record %s/%s attempt %d started %v: want succeeded at attempt 1, started %v", rec.State, rec.Reason, rec.Attempt, rec.StartedAt, began)
-	}
-	if n := rr.of(id); n != 1 {
-		t.Fatalf("%d record reads: want 1, at pickup", n)
-	}
+	return began
 }
