@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -34,6 +35,10 @@ import (
 //     the publish itself is caught by the acks' order). A status
 //     change the full channel dropped needs no count: nothing was sent
 //     while the channel was not empty.
+//   - Each epoch has a context that ends when the next loss is counted:
+//     a re-send's request is bound to the epoch it went out in, so one
+//     the lost connection swallowed is sent again on the new one instead
+//     of waiting out its timeout (it could spend the whole budget).
 //   - An event sent in an older epoch, or unacknowledged for
 //     PublishAckTimeout, is re-sent (with the others after it, in order,
 //     by its publisher); the sweep finds it within sweepEvery, and a
@@ -47,9 +52,11 @@ type eventAcks struct {
 	timeout time.Duration
 	now     chan struct{} // sweep at once
 
-	statusMu sync.Mutex
-	status   chan nats.Status // the connection's losses, not counted yet
-	epoch    uint64           // the losses counted
+	statusMu    sync.Mutex
+	status      chan nats.Status // the connection's losses, not counted yet
+	epoch       uint64           // the losses counted
+	epochCtx    context.Context  // ends when the next loss is counted
+	endEpochCtx context.CancelFunc
 
 	// highest is the highest stream sequence of an event ack seen: the
 	// floor of every event sent after (batch.go).
@@ -78,6 +85,7 @@ func startEventAcks(nc *nats.Conn, timeout time.Duration) (*eventAcks, error) {
 	sub.SetPendingLimits(-1, 64<<20)
 	a.sub = sub
 	a.status = nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED)
+	a.epochCtx, a.endEpochCtx = context.WithCancel(context.Background())
 	go a.sweep()
 	return a, nil
 }
@@ -88,12 +96,22 @@ func (a *eventAcks) close() {
 	<-a.done
 	a.nc.RemoveStatusListener(a.status)
 	_ = a.sub.Unsubscribe()
+	a.statusMu.Lock()
+	a.endEpochCtx()
+	a.statusMu.Unlock()
 }
 
 // current returns the epoch: the connection's losses so far, those just
 // put into the status channel counted first. A new loss has the sweep
 // look at once.
 func (a *eventAcks) current() uint64 {
+	epoch, _ := a.currentWithContext()
+	return epoch
+}
+
+// currentWithContext is current with the epoch's context (see the
+// invariants).
+func (a *eventAcks) currentWithContext() (uint64, context.Context) {
 	a.statusMu.Lock()
 	defer a.statusMu.Unlock()
 	lost := false
@@ -105,12 +123,14 @@ func (a *eventAcks) current() uint64 {
 		lost = true
 	}
 	if lost {
+		a.endEpochCtx()
+		a.epochCtx, a.endEpochCtx = context.WithCancel(context.Background())
 		select {
 		case a.now <- struct{}{}:
 		default:
 		}
 	}
-	return a.epoch
+	return a.epoch, a.epochCtx
 }
 
 // add registers a publisher and returns the head of its reply subjects.

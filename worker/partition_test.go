@@ -2,9 +2,11 @@ package worker
 
 import (
 	"context"
-	"io"
+	"iter"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +26,11 @@ type partition struct {
 	cut    bool
 	conns  []net.Conn
 	wg     sync.WaitGroup
+	// stalled: what goes through is dropped, the connections stay up;
+	// swallowed is closed once something was.
+	stalled   atomic.Bool
+	swallowed chan struct{}
+	swallow   sync.Once
 }
 
 func startPartition(t *testing.T, target string) *partition {
@@ -32,7 +39,7 @@ func startPartition(t *testing.T, target string) *partition {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &partition{ln: ln, target: target}
+	p := &partition{ln: ln, target: target, swallowed: make(chan struct{})}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {
 		_ = ln.Close()
@@ -65,7 +72,20 @@ func (p *partition) accept() {
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if n > 0 && p.stalled.Load() {
+					p.swallow.Do(func() { close(p.swallowed) })
+				} else if n > 0 {
+					if _, werr := dst.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
 			_ = dst.Close()
 			_ = src.Close()
 		}
@@ -91,6 +111,14 @@ func (p *partition) Heal() {
 	p.cut = false
 	p.mu.Unlock()
 }
+
+// Stall drops what goes through either way from now on, leaving the
+// connections up: a request sent then gets no answer, and its sender
+// does not know the connection is gone until Cut.
+func (p *partition) Stall() { p.stalled.Store(true) }
+
+// Unstall forwards again.
+func (p *partition) Unstall() { p.stalled.Store(false) }
 
 // waitStatus waits until nc reaches status (a reconnect's end, or its
 // start).
@@ -159,6 +187,70 @@ func TestControlDuringAPartitionIsReadAtPickup(t *testing.T) {
 		}
 		if id == queued.ID && (tr.Finished.Status != bus.StatusAborted || len(tr.Messages) != 0) {
 			t.Fatalf("the run aborted during the partition: %+v, %d messages", tr.Finished, len(tr.Messages))
+		}
+	}
+}
+
+// A re-send whose request the lost connection swallowed is sent again on
+// the new connection: it used to wait for its answer up to the whole
+// retry budget (AckWait here, under PublishAckTimeout), so the run was
+// handed back and resumed as attempt 2 (seen once in 20 NATS restarts).
+// Here the proxy drops the first re-send after a reconnect, then the
+// connection is lost again; the run must finish in its first attempt.
+func TestAReSendSwallowedByALostConnectionIsSentAgain(t *testing.T) {
+	c, srv := startTestServer(t)
+	part := startPartition(t, srv.NATS().Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: part.URL(),
+		NATSOptions: []nats.Option{nats.ReconnectWait(20 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wc.Close)
+	resending := make(chan struct{})
+	var once sync.Once
+	startInternalOn(t, wc, Config{AckWait: 10 * time.Second}, func(w *Worker) {
+		w.hooks.beforeEventResend = func(uint64) {
+			// The first re-send goes out on a connection that answers nothing.
+			once.Do(func() { part.Stall(); close(resending) })
+		}
+	})
+	text := strings.Repeat("word ", 60)
+	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel,
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{Content: []agent.Content{agent.Text(text)}}}, TokenSize: 1, TokensPerSecond: 40}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow := c.Follow(ctx, res.ID)
+	next, stop := iter.Pull2(follow)
+	defer stop()
+	for range 5 { // the run streams
+		if _, err, ok := next(); !ok || err != nil {
+			t.Fatalf("follow: %v", err)
+		}
+	}
+	part.Cut()
+	waitStatus(t, wc.Conn(), nats.RECONNECTING)
+	part.Heal()
+	within(t, resending, 20*time.Second, "a re-send after the reconnect")
+	within(t, part.swallowed, 20*time.Second, "the re-send swallowed")
+	part.Cut()
+	part.Unstall()
+	part.Heal()
+	for {
+		e, err, ok := next()
+		if !ok {
+			t.Fatal("follow ended before run_finished")
+		}
+		if err != nil {
+			t.Fatalf("follow: %v", err)
+		}
+		if e.Attempt != 1 {
+			t.Fatalf("event %d in attempt %d: the run was handed back", e.Seq, e.Attempt)
+		}
+		if e.Type == bus.EventRunFinished {
+			break
 		}
 	}
 }

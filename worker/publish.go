@@ -493,6 +493,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		var o *outgoing
 		var expect uint64
 		var wait time.Duration
+		var sentIn context.Context // the epoch's: it ends with the connection
 		if !time.Now().Before(notBefore) && nc.IsConnected() {
 			// An answer is waited for at most until the budget is spent.
 			wait = p.w.cfg.PublishAckTimeout
@@ -505,7 +506,9 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 			} else {
 				expect = max(expect, known)
 			}
-			stampLocked(o, time.Now(), p.w.acks.current())
+			var epoch uint64
+			epoch, sentIn = p.w.acks.currentWithContext()
+			stampLocked(o, time.Now(), epoch)
 		}
 		p.mu.Unlock()
 		p.sendMu.Unlock()
@@ -517,7 +520,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 				continue // fenced or failed: the loop's top ends it
 			}
 			var err error
-			known, read, err = p.resendOne(ctx, nc, o, expect, wait)
+			known, read, err = p.resendOne(ctx, sentIn, nc, o, expect, wait)
 			if err == nil {
 				continue
 			}
@@ -552,15 +555,20 @@ func (p *publisher) firstUnackedLocked() (*outgoing, uint64) {
 // known, whether it was read from the stream, and an error when the
 // re-send must pause (the publisher has failed already if the error is
 // permanent).
-func (p *publisher) resendOne(ctx context.Context, nc *nats.Conn, o *outgoing, expect uint64, wait time.Duration) (uint64, bool, error) {
+func (p *publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *outgoing, expect uint64, wait time.Duration) (uint64, bool, error) {
 	m := &nats.Msg{Subject: o.m.Subject, Data: o.m.Data, Header: o.m.Header}
 	if !o.msgID {
 		m.Header = nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(expect, 10)}}
 	}
 	rctx, cancel := context.WithTimeout(ctx, wait)
+	// The connection it went out on lost: no answer comes on it.
+	stop := context.AfterFunc(sentIn, cancel)
 	reply, err := nc.RequestMsgWithContext(rctx, m)
+	stop()
 	cancel()
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+	if err != nil && sentIn.Err() != nil && ctx.Err() == nil {
+		err = nats.ErrDisconnected // sent again on the new connection
+	} else if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		// No answer in time (a leader election, a slow or restarted
 		// server): try again within the budget; reconcile finds it if it
 		// was stored after all.
