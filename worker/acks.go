@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -35,10 +36,12 @@ import (
 //     the publish itself is caught by the acks' order). A status
 //     change the full channel dropped needs no count: nothing was sent
 //     while the channel was not empty.
-//   - Each epoch has a context that ends when the next loss is counted:
-//     a re-send's request is bound to the epoch it went out in, so one
+//   - Each epoch has a context that ends (errConnectionLost) when the
+//     next loss is counted: a re-send's request and its reads of the
+//     stream (reconcile) are bound to the epoch they went out in, so one
 //     the lost connection swallowed is sent again on the new one instead
 //     of waiting out its timeout (it could spend the whole budget).
+//     Closing ends it with another cause, which no re-send retries on.
 //   - An event sent in an older epoch, or unacknowledged for
 //     PublishAckTimeout, is re-sent (with the others after it, in order,
 //     by its publisher); the sweep finds it within sweepEvery, and a
@@ -55,8 +58,8 @@ type eventAcks struct {
 	statusMu    sync.Mutex
 	status      chan nats.Status // the connection's losses, not counted yet
 	epoch       uint64           // the losses counted
-	epochCtx    context.Context  // ends when the next loss is counted
-	endEpochCtx context.CancelFunc
+	epochCtx    context.Context  // ends (errConnectionLost) when the next loss is counted
+	endEpochCtx context.CancelCauseFunc
 
 	// highest is the highest stream sequence of an event ack seen: the
 	// floor of every event sent after (batch.go).
@@ -85,7 +88,7 @@ func startEventAcks(nc *nats.Conn, timeout time.Duration) (*eventAcks, error) {
 	sub.SetPendingLimits(-1, 64<<20)
 	a.sub = sub
 	a.status = nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED)
-	a.epochCtx, a.endEpochCtx = context.WithCancel(context.Background())
+	a.epochCtx, a.endEpochCtx = context.WithCancelCause(context.Background())
 	go a.sweep()
 	return a, nil
 }
@@ -97,8 +100,19 @@ func (a *eventAcks) close() {
 	a.nc.RemoveStatusListener(a.status)
 	_ = a.sub.Unsubscribe()
 	a.statusMu.Lock()
-	a.endEpochCtx()
+	a.endEpochCtx(errAcksClosed) // not a loss: nothing re-sends for it
 	a.statusMu.Unlock()
+}
+
+// errConnectionLost ends an epoch's context: the connection was lost.
+var errConnectionLost = errors.New("NATS connection lost")
+
+var errAcksClosed = errors.New("event acks closed")
+
+// lostSince reports whether the connection was lost since the epoch
+// whose context is sentIn.
+func lostSince(sentIn context.Context) bool {
+	return errors.Is(context.Cause(sentIn), errConnectionLost)
 }
 
 // current returns the epoch: the connection's losses so far, those just
@@ -123,8 +137,8 @@ func (a *eventAcks) currentWithContext() (uint64, context.Context) {
 		lost = true
 	}
 	if lost {
-		a.endEpochCtx()
-		a.epochCtx, a.endEpochCtx = context.WithCancel(context.Background())
+		a.endEpochCtx(errConnectionLost)
+		a.epochCtx, a.endEpochCtx = context.WithCancelCause(context.Background())
 		select {
 		case a.now <- struct{}{}:
 		default:

@@ -527,3 +527,19 @@ func TestAckDoesNotWaitForAPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Closing the acks ends the epoch's context as no loss: a re-send bound
+// to it is not told its connection was lost (it would send again and
+// again until its budget ran out).
+func TestClosedAcksAreNoLostConnection(t *testing.T) {
+	c := connectTestServer(t)
+	a, err := startEventAcks(c.Conn(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sentIn := a.currentWithContext()
+	a.close()
+	if sentIn.Err() == nil || lostSince(sentIn) {
+		t.Fatalf("after close: ended %v, lost %v; want ended, not lost", sentIn.Err(), lostSince(sentIn))
+	}
+}

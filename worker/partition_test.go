@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"iter"
 	"net"
 	"strings"
@@ -253,4 +254,38 @@ func TestAReSendSwallowedByALostConnectionIsSentAgain(t *testing.T) {
 			break
 		}
 	}
+}
+
+// A re-send's read of what the stream holds (reconcile) goes on the
+// connection of the re-send's epoch: lost, the read ends at once and the
+// re-send goes on; it used to wait out its whole time (PublishAckTimeout,
+// longer than a short AckWait's budget).
+func TestReconcileEndsWithItsConnection(t *testing.T) {
+	_, srv := startTestServer(t)
+	part := startPartition(t, srv.NATS().Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: part.URL(),
+		NATSOptions: []nats.Option{nats.ReconnectWait(20 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wc.Close)
+	w, _ := startInternalOn(t, wc, Config{}, nil)
+	<-w.ready
+	p := newPublisher(w, "r1", 1, nil)
+	defer p.abandon()
+	_, sentIn := w.acks.currentWithContext()
+	part.Stall()
+	go func() {
+		<-part.swallowed // the read went nowhere
+		part.Cut()
+	}()
+	_, err = p.reconcile(ctx, sentIn, 0, time.Minute)
+	if !errors.Is(err, nats.ErrDisconnected) {
+		t.Fatalf("reconcile: %v, want it ended by the lost connection", err)
+	}
+	part.Unstall()
+	part.Heal()
+	waitStatus(t, wc.Conn(), nats.CONNECTED)
 }

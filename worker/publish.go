@@ -566,7 +566,7 @@ func (p *publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *out
 	reply, err := nc.RequestMsgWithContext(rctx, m)
 	stop()
 	cancel()
-	if err != nil && sentIn.Err() != nil && ctx.Err() == nil {
+	if errors.Is(err, context.Canceled) && lostSince(sentIn) && ctx.Err() == nil {
 		err = nats.ErrDisconnected // sent again on the new connection
 	} else if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		// No answer in time (a leader election, a slow or restarted
@@ -590,7 +590,7 @@ func (p *publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *out
 		return stream, false, nil
 	case errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
-		last, err := p.reconcile(ctx, expect)
+		last, err := p.reconcile(ctx, sentIn, expect, wait)
 		return last, err == nil || errors.Is(err, errNoProgress), err
 	case bus.Transient(err) || errors.As(err, &api) && api.ErrorCode == jsDuplicateInProcess:
 		return expect, false, err
@@ -607,11 +607,21 @@ type storedEvent struct {
 }
 
 // reconcile reads what the run's subject holds after stream sequence
-// after and applies it (see the invariants). It returns the subject's
-// last sequence, and an error when the re-send must pause or has failed.
-func (p *publisher) reconcile(ctx context.Context, after uint64) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.w.cfg.PublishAckTimeout)
+// after and applies it (see the invariants), within wait and while the
+// connection of sentIn's epoch lasts. It returns the subject's last
+// sequence, and an error when the re-send must pause or has failed.
+func (p *publisher) reconcile(ctx, sentIn context.Context, after uint64, wait time.Duration) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	defer context.AfterFunc(sentIn, cancel)()
+	last, err := p.reconcileWithin(ctx, after)
+	if errors.Is(err, context.Canceled) && lostSince(sentIn) {
+		err = fmt.Errorf("reading the stored events: %w", nats.ErrDisconnected)
+	}
+	return last, err
+}
+
+func (p *publisher) reconcileWithin(ctx context.Context, after uint64) (uint64, error) {
 	// Each unacknowledged event stored at most twice, and what an older
 	// attempt may still have published: more is not this attempt's doing.
 	limit := 4*cap(p.window) + 64
