@@ -113,6 +113,18 @@ func (p *partition) Heal() {
 	p.mu.Unlock()
 }
 
+// connect connects a client through the proxy, reconnecting quickly.
+func (p *partition) connect(ctx context.Context, t *testing.T) *bus.Client {
+	t.Helper()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: p.URL(),
+		NATSOptions: []nats.Option{nats.ReconnectWait(20 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
 // Stall drops what goes through either way from now on, leaving the
 // connections up: a request sent then gets no answer, and its sender
 // does not know the connection is gone until Cut.
@@ -147,12 +159,7 @@ func TestControlDuringAPartitionIsReadAtPickup(t *testing.T) {
 	part := startPartition(t, srv.NATS().Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: part.URL(),
-		NATSOptions: []nats.Option{nats.ReconnectWait(20 * time.Millisecond)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(wc.Close)
+	wc := part.connect(ctx, t)
 	g := newTestGate()
 	w, _ := startInternalOn(t, wc, Config{Concurrency: 1, Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute},
 		func(w *Worker) { w.coverageAudit = time.Hour })
@@ -203,12 +210,7 @@ func TestAReSendSwallowedByALostConnectionIsSentAgain(t *testing.T) {
 	part := startPartition(t, srv.NATS().Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: part.URL(),
-		NATSOptions: []nats.Option{nats.ReconnectWait(20 * time.Millisecond)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(wc.Close)
+	wc := part.connect(ctx, t)
 	resending := make(chan struct{})
 	var once sync.Once
 	startInternalOn(t, wc, Config{AckWait: 10 * time.Second}, func(w *Worker) {
@@ -265,12 +267,7 @@ func TestReconcileEndsWithItsConnection(t *testing.T) {
 	part := startPartition(t, srv.NATS().Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	wc, err := bus.Connect(ctx, bus.ConnectOptions{URL: part.URL(),
-		NATSOptions: []nats.Option{nats.ReconnectWait(20 * time.Millisecond)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(wc.Close)
+	wc := part.connect(ctx, t)
 	w, _ := startInternalOn(t, wc, Config{}, nil)
 	<-w.ready
 	p := newPublisher(w, "r1", 1, nil)
@@ -281,7 +278,7 @@ func TestReconcileEndsWithItsConnection(t *testing.T) {
 		<-part.swallowed // the read went nowhere
 		part.Cut()
 	}()
-	_, err = p.reconcile(ctx, sentIn, 0, time.Minute)
+	_, err := p.reconcile(ctx, sentIn, 0, time.Minute)
 	if !errors.Is(err, nats.ErrDisconnected) {
 		t.Fatalf("reconcile: %v, want it ended by the lost connection", err)
 	}
