@@ -53,6 +53,9 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The final record is written before run_finished: read the events
+	// once run_finished is stored, not when the record says finished.
+	followToFinished(ctx, t, c, run)
 	envs, err := c.ReadEvents(ctx, run, 0)
 	if err != nil {
 		t.Fatal(err)
