@@ -107,6 +107,8 @@ func (a *eventAcks) close() {
 // errConnectionLost ends an epoch's context: the connection was lost.
 var errConnectionLost = errors.New("NATS connection lost")
 
+// errAcksClosed ends the last epoch's context when the acks close: the
+// worker is stopping, so a re-send bound to it gives up instead of retrying.
 var errAcksClosed = errors.New("event acks closed")
 
 // lostSince reports whether the connection was lost since the epoch

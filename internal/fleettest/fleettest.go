@@ -8,7 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -116,15 +118,61 @@ func (f *Fleet) Restart() {
 	f.Server = StartServer(f.T, port, f.StoreDir)
 }
 
-// FreePort returns a TCP port that was free a moment ago on 127.0.0.1.
+// FreePort returns a TCP port that was free a moment ago on 127.0.0.1,
+// picked below the kernel's ephemeral range: a port from that range can be
+// taken by any outgoing connection (a cluster's routes, a client) between
+// the pick and the bind, which once left a faultsuite node unable to bind
+// its route port. Ports below the range are only ever bound on purpose.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freePort(ephemeralLow(), rand.IntN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
+}
+
+// Ports below lowestPort are left to system services.
+const lowestPort = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or 0
+// where it cannot be read (then the kernel picks, as on other systems).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	var low, high int
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
+		return 0
+	}
+	return low
+}
+
+// freePort tries ports in [lowestPort, below) from a random start (so that
+// packages testing in parallel rarely try the same one) and returns the
+// first it can listen on; below <= lowestPort lets the kernel pick.
+func freePort(below int, intN func(int) int) (int, error) {
+	if below <= lowestPort {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port, nil
+	}
+	span := below - lowestPort
+	start := intN(span)
+	for i := range min(span, 1000) {
+		port := lowestPort + (start+i)%span
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free port in [%d, %d)", lowestPort, below)
 }
 
 // Worker is a worker running in process until Stop, Kill or the end of

@@ -2,6 +2,8 @@ package fleettest
 
 import (
 	"encoding/json"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 
@@ -69,5 +71,47 @@ func TestRestartKeepsTheStore(t *testing.T) {
 	f.StartWorker(worker.Config{})
 	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("%+v", fin)
+	}
+}
+
+func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
+	low := ephemeralLow()
+	if low <= lowestPort {
+		t.Skip("no ephemeral range to stay below on this system")
+	}
+	for range 20 {
+		port := FreePort(t)
+		if port < lowestPort || port >= low {
+			t.Fatalf("port %d, want in [%d, %d)", port, lowestPort, low)
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", port, err)
+		}
+		ln.Close()
+	}
+}
+
+func TestFreePortSkipsATakenPort(t *testing.T) {
+	// Hold a port in the range, then start the search on it: the next
+	// free one is returned, wrapping at the range's end.
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	taken := held.Addr().(*net.TCPAddr).Port
+	if taken <= lowestPort {
+		t.Skip("the kernel gave a port below the range's start")
+	}
+	port, err := freePort(taken+1, func(span int) int { return span - 1 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if port == taken {
+		t.Fatalf("freePort returned the held port %d", port)
+	}
+	if port < lowestPort || port > taken {
+		t.Fatalf("port %d, want in [%d, %d)", port, lowestPort, taken)
 	}
 }
