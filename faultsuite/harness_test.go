@@ -316,8 +316,9 @@ func startNATS(t testing.TB, dir string, n int, extraConf string, auth ...string
 	if len(auth) == 2 {
 		c.user, c.password = auth[0], auth[1]
 	}
+	ports := fleettest.FreePorts(t, 3*n)
 	for i := range n {
-		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), port: fleettest.FreePort(t), cport: fleettest.FreePort(t), httpPort: fleettest.FreePort(t)}
+		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), port: ports[3*i], cport: ports[3*i+1], httpPort: ports[3*i+2]}
 		nd.dir = filepath.Join(dir, nd.name)
 		if err := os.MkdirAll(nd.dir, 0o755); err != nil {
 			t.Fatal(err)

@@ -74,8 +74,9 @@ func TestNoSecretsInLogsEventsRecords(t *testing.T) {
 	}
 	common := []string{"--queue", "default", "--ack-wait", "4s", "--drain-timeout", "2s", "--log-level", "debug",
 		"--openai-base-url", model.URL + "/v1", "--default-model", "openai/fake-model"}
-	metricsA := fmt.Sprintf("127.0.0.1:%d", fleettest.FreePort(t))
-	metricsB := fmt.Sprintf("127.0.0.1:%d", fleettest.FreePort(t))
+	ports := fleettest.FreePorts(t, 2)
+	metricsA := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	metricsB := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	// Worker A: secrets from the environment.
 	a := startProc(t, dir, "worker-secret-a", bins.worker, append([]string{"--nats", nc.URL(), "--worker-id", "sa",
 		"--log-format", "text", "--metrics-addr", metricsA}, common...),

@@ -125,11 +125,24 @@ func (f *Fleet) Restart() {
 // its route port. Ports below the range are only ever bound on purpose.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	port, err := freePort(ephemeralLow(), rand.IntN)
-	if err != nil {
-		t.Fatal(err)
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts returns n distinct free ports, as FreePort: each is held
+// until all are picked, so none is returned twice.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	below := ephemeralLow()
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := listenFree(below, rand.IntN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	return port
+	return ports
 }
 
 // Ports below lowestPort are left to system services.
@@ -149,30 +162,22 @@ func ephemeralLow() int {
 	return low
 }
 
-// freePort tries ports in [lowestPort, below) from a random start (so that
-// packages testing in parallel rarely try the same one) and returns the
-// first it can listen on; below <= lowestPort lets the kernel pick.
-func freePort(below int, intN func(int) int) (int, error) {
+// listenFree listens on the first free port of [lowestPort, below) from a
+// random start (so that packages testing in parallel rarely try the same
+// one); below <= lowestPort lets the kernel pick.
+func listenFree(below int, intN func(int) int) (net.Listener, error) {
 	if below <= lowestPort {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		defer ln.Close()
-		return ln.Addr().(*net.TCPAddr).Port, nil
+		return net.Listen("tcp", "127.0.0.1:0")
 	}
 	span := below - lowestPort
 	start := intN(span)
 	for i := range min(span, 1000) {
-		port := lowestPort + (start+i)%span
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lowestPort+(start+i)%span))
+		if err == nil {
+			return ln, nil
 		}
-		ln.Close()
-		return port, nil
 	}
-	return 0, fmt.Errorf("no free port in [%d, %d)", lowestPort, below)
+	return nil, fmt.Errorf("no free port in [%d, %d)", lowestPort, below)
 }
 
 // Worker is a worker running in process until Stop, Kill or the end of

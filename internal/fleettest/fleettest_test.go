@@ -74,16 +74,20 @@ func TestRestartKeepsTheStore(t *testing.T) {
 	}
 }
 
-func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
+func TestFreePortsAreDistinctAndBelowTheEphemeralRange(t *testing.T) {
 	low := ephemeralLow()
 	if low <= lowestPort {
 		t.Skip("no ephemeral range to stay below on this system")
 	}
-	for range 20 {
-		port := FreePort(t)
+	seen := map[int]bool{}
+	for _, port := range FreePorts(t, 200) {
 		if port < lowestPort || port >= low {
 			t.Fatalf("port %d, want in [%d, %d)", port, lowestPort, low)
 		}
+		if seen[port] {
+			t.Fatalf("port %d returned twice", port)
+		}
+		seen[port] = true
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			t.Fatalf("port %d is not free: %v", port, err)
@@ -93,8 +97,8 @@ func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
 }
 
 func TestFreePortSkipsATakenPort(t *testing.T) {
-	// Hold a port in the range, then start the search on it: the next
-	// free one is returned, wrapping at the range's end.
+	// Hold a port, then start the search on it, at the range's end: the
+	// search wraps to the range's start.
 	held, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -104,14 +108,12 @@ func TestFreePortSkipsATakenPort(t *testing.T) {
 	if taken <= lowestPort {
 		t.Skip("the kernel gave a port below the range's start")
 	}
-	port, err := freePort(taken+1, func(span int) int { return span - 1 })
+	ln, err := listenFree(taken+1, func(span int) int { return span - 1 })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if port == taken {
-		t.Fatalf("freePort returned the held port %d", port)
-	}
-	if port < lowestPort || port > taken {
-		t.Fatalf("port %d, want in [%d, %d)", port, lowestPort, taken)
+	defer ln.Close()
+	if port := ln.Addr().(*net.TCPAddr).Port; port == taken || port < lowestPort || port > taken {
+		t.Fatalf("port %d, want one in [%d, %d) other than the held %d", port, lowestPort, taken+1, taken)
 	}
 }
