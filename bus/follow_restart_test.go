@@ -3,11 +3,11 @@ package bus_test
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 	"github.com/agentfleet/agentfleet/natsembed"
 )
 
@@ -15,11 +15,11 @@ import (
 // the server came back reach it.
 func TestFollowSurvivesNATSRestart(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: dir})
+	port := freeport.Pick(t) // restarted on: see freeport
+	srv, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := srv.NATS().Addr().(*net.TCPAddr).Port
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})

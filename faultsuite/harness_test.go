@@ -23,7 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 )
 
 // bins are the binaries the suite runs, built once by TestMain.
@@ -316,7 +316,7 @@ func startNATS(t testing.TB, dir string, n int, extraConf string, auth ...string
 	if len(auth) == 2 {
 		c.user, c.password = auth[0], auth[1]
 	}
-	ports := fleettest.FreePorts(t, 3*n)
+	ports := freeport.PickN(t, 3*n)
 	for i := range n {
 		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), port: ports[3*i], cport: ports[3*i+1], httpPort: ports[3*i+2]}
 		nd.dir = filepath.Join(dir, nd.name)
@@ -466,7 +466,7 @@ func (f *fleet) startWorker(id string) *proc {
 		"--ack-wait", f.ackWait.String(), "--drain-timeout", f.drain.String(),
 		"--max-deliver", strconv.Itoa(f.maxDeliver), "--worker-id", id,
 		"--log-format", "json", "--log-level", "info",
-		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", fleettest.FreePort(f.t)),
+		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", freeport.Pick(f.t)),
 		"--data-dir", filepath.Join(f.dir, "data-"+id)}
 	args = append(args, f.extraArgs...)
 	p := startProc(f.t, f.dir, "worker-"+id, bins.worker, args, cleanEnv())

@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 )
 
 // TestNoSecretsInLogsEventsRecords runs two worker processes that hold a
@@ -74,7 +74,7 @@ func TestNoSecretsInLogsEventsRecords(t *testing.T) {
 	}
 	common := []string{"--queue", "default", "--ack-wait", "4s", "--drain-timeout", "2s", "--log-level", "debug",
 		"--openai-base-url", model.URL + "/v1", "--default-model", "openai/fake-model"}
-	ports := fleettest.FreePorts(t, 2)
+	ports := freeport.PickN(t, 2)
 	metricsA := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	metricsB := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	// Worker A: secrets from the environment.

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 	"github.com/agentfleet/agentfleet/natsembed"
 )
 
@@ -100,11 +100,11 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 // delivered once the stream can be read again.
 func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: dir})
+	port := freeport.Pick(t) // restarted on: see freeport
+	srv, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := srv.NATS().Addr().(*net.TCPAddr).Port
 	restarted := make(chan *natsembed.Server, 1)
 	t.Cleanup(func() {
 		select {

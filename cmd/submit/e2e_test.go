@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 )
 
 // Faux scripts (run requests) the tests submit.
@@ -303,7 +304,7 @@ func TestUsageErrors(t *testing.T) {
 
 func TestUnreachableNATS(t *testing.T) {
 	t.Parallel()
-	url := fmt.Sprintf("nats://127.0.0.1:%d", fleettest.FreePort(t)) // a port nobody listens on
+	url := fmt.Sprintf("nats://127.0.0.1:%d", freeport.Pick(t)) // a port nobody listens on
 	for _, args := range [][]string{{"--nats", url, "hello"}, {"status", "--nats", url, "r1"}, {"--nats", url, "list"}, {"bench", "--nats", url}} {
 		_, errOut, code := submit(t, args...)
 		if code != 4 {

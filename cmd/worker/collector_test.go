@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 )
 
 func TestGCPercent(t *testing.T) {
@@ -44,7 +45,7 @@ func TestWorkerProcessCollectorPercent(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	srv := fleettest.StartServer(t, fleettest.FreePort(t), t.TempDir())
+	srv := fleettest.StartServer(t, freeport.Pick(t), t.TempDir())
 	gogc := regexp.MustCompile(`(?m)^go_gc_gogc_percent (\d+)$`)
 	for _, c := range []struct {
 		env  []string
@@ -55,7 +56,7 @@ func TestWorkerProcessCollectorPercent(t *testing.T) {
 		{[]string{"GOMEMLIMIT=512MiB", "GOGC=150"}, "150"},
 	} {
 		t.Run(strings.Join(c.env, ","), func(t *testing.T) {
-			addr := fmt.Sprintf("127.0.0.1:%d", fleettest.FreePort(t))
+			addr := fmt.Sprintf("127.0.0.1:%d", freeport.Pick(t))
 			cmd := exec.Command(bin, "--nats", srv.URL(), "--metrics-addr", addr)
 			for _, kv := range os.Environ() {
 				if k, _, _ := strings.Cut(kv, "="); k != "GOGC" && k != "GOMEMLIMIT" && !strings.HasPrefix(k, "OPENAI_") {

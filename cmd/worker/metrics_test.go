@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 )
 
 // get fetches a path of the worker's metrics server.
@@ -46,7 +47,7 @@ func waitStatus(t *testing.T, addr, path string, code int) {
 func TestMetricsAndReadiness(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
-	port := fleettest.FreePort(t)
+	port := freeport.Pick(t)
 	store := t.TempDir()
 	srv := fleettest.StartServer(t, port, store)
 

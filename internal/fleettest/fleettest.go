@@ -8,9 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/freeport"
 	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -49,6 +48,9 @@ func Start(t testing.TB, o Options) *Fleet {
 	t.Helper()
 	if o.StoreDir == "" {
 		o.StoreDir = t.TempDir()
+	}
+	if o.Port == 0 {
+		o.Port = freeport.Pick(t) // Restart binds it again
 	}
 	srv := StartServer(t, o.Port, o.StoreDir)
 	f := &Fleet{T: t, Server: srv, StoreDir: o.StoreDir, streams: o.Streams}
@@ -116,68 +118,6 @@ func (f *Fleet) Restart() {
 	port := f.Port()
 	f.Server.Shutdown()
 	f.Server = StartServer(f.T, port, f.StoreDir)
-}
-
-// FreePort returns a TCP port that was free a moment ago on 127.0.0.1,
-// picked below the kernel's ephemeral range: a port from that range can be
-// taken by any outgoing connection (a cluster's routes, a client) between
-// the pick and the bind, which once left a faultsuite node unable to bind
-// its route port. Ports below the range are only ever bound on purpose.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	return FreePorts(t, 1)[0]
-}
-
-// FreePorts returns n distinct free ports, as FreePort: each is held
-// until all are picked, so none is returned twice.
-func FreePorts(t testing.TB, n int) []int {
-	t.Helper()
-	below := ephemeralLow()
-	ports := make([]int, 0, n)
-	for range n {
-		ln, err := listenFree(below, rand.IntN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
-}
-
-// Ports below lowestPort are left to system services.
-const lowestPort = 10000
-
-// ephemeralLow is the first port of the kernel's ephemeral range, or 0
-// where it cannot be read (then the kernel picks, as on other systems).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	var low, high int
-	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
-		return 0
-	}
-	return low
-}
-
-// listenFree listens on the first free port of [lowestPort, below) from a
-// random start (so that packages testing in parallel rarely try the same
-// one); below <= lowestPort lets the kernel pick.
-func listenFree(below int, intN func(int) int) (net.Listener, error) {
-	if below <= lowestPort {
-		return net.Listen("tcp", "127.0.0.1:0")
-	}
-	span := below - lowestPort
-	start := intN(span)
-	for i := range min(span, 1000) {
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lowestPort+(start+i)%span))
-		if err == nil {
-			return ln, nil
-		}
-	}
-	return nil, fmt.Errorf("no free port in [%d, %d)", lowestPort, below)
 }
 
 // Worker is a worker running in process until Stop, Kill or the end of

@@ -1,0 +1,48 @@
+package freeport
+
+import (
+	"fmt"
+	"net"
+	"testing"
+)
+
+func TestPicksAreDistinctAndBelowTheEphemeralRange(t *testing.T) {
+	low := EphemeralLow()
+	seen := map[int]bool{}
+	for _, port := range PickN(t, 200) {
+		if port < lowestPort || port >= low {
+			t.Fatalf("port %d, want in [%d, %d)", port, lowestPort, low)
+		}
+		if seen[port] {
+			t.Fatalf("port %d returned twice", port)
+		}
+		seen[port] = true
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", port, err)
+		}
+		ln.Close()
+	}
+}
+
+func TestPickSkipsATakenPort(t *testing.T) {
+	// Hold a port, then start the search on it, at the range's end: the
+	// search wraps to the range's start.
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	taken := held.Addr().(*net.TCPAddr).Port
+	if taken <= lowestPort {
+		t.Skip("the kernel gave a port below the range's start")
+	}
+	ln, err := listenFree(taken+1, func(span int) int { return span - 1 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if port := ln.Addr().(*net.TCPAddr).Port; port == taken || port < lowestPort || port > taken {
+		t.Fatalf("port %d, want one in [%d, %d) other than the held %d", port, lowestPort, taken+1, taken)
+	}
+}
