@@ -7,6 +7,7 @@ package fleettest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -24,7 +25,8 @@ import (
 // Options shape a fleet. The zero value is a fresh server on a free port
 // with the streams of queue "default".
 type Options struct {
-	// Port of the server; 0 picks a free one.
+	// Port of the server; 0 picks a free one below the ephemeral range,
+	// so that Restart can bind it again.
 	Port int
 	// StoreDir is the JetStream directory; "" is a fresh temporary one.
 	StoreDir string
@@ -49,10 +51,12 @@ func Start(t testing.TB, o Options) *Fleet {
 	if o.StoreDir == "" {
 		o.StoreDir = t.TempDir()
 	}
+	var srv *natsembed.Server
 	if o.Port == 0 {
-		o.Port = freeport.Pick(t) // Restart binds it again
+		srv = startServerPicked(t, freeport.Pick, o.StoreDir)
+	} else {
+		srv = StartServer(t, o.Port, o.StoreDir)
 	}
-	srv := StartServer(t, o.Port, o.StoreDir)
 	f := &Fleet{T: t, Server: srv, StoreDir: o.StoreDir, streams: o.Streams}
 	f.Client = Connect(t, srv.URL())
 	if !o.NoStreams {
@@ -73,6 +77,23 @@ func StartServer(t testing.TB, port int, storeDir string) *natsembed.Server {
 	}
 	t.Cleanup(srv.Shutdown)
 	return srv
+}
+
+// startServerPicked is StartServer on a port from pick (freeport.Pick:
+// below the ephemeral range, so that Restart can bind it again); a port
+// another test bound since its pick is picked again.
+func startServerPicked(t testing.TB, pick func(testing.TB) int, storeDir string) *natsembed.Server {
+	t.Helper()
+	for tries := 1; ; tries++ {
+		srv, err := NewServer(pick(t), storeDir)
+		if err == nil {
+			t.Cleanup(srv.Shutdown)
+			return srv
+		}
+		if !errors.Is(err, natsembed.ErrPortBusy) || tries == 3 {
+			t.Fatal(err)
+		}
+	}
 }
 
 // NewServer starts an embedded server sized for tests (port 0: a free

@@ -41,8 +41,9 @@ func PickN(t testing.TB, n int) []int {
 }
 
 const (
-	// Ports below lowestPort are left to system services.
-	lowestPort = 10000
+	// Lowest is the lowest port picked: those below are left to system
+	// services.
+	Lowest = 10000
 	// defaultLow is below every common ephemeral range (Linux's default
 	// 32768, BSD's, macOS's and Windows' 49152), for a system whose range
 	// cannot be read.
@@ -63,21 +64,21 @@ func EphemeralLow() int {
 	return low
 }
 
-// listenFree listens on the first free port of [lowestPort, below) from a
+// listenFree listens on the first free port of [Lowest, below) from a
 // random start (so that packages testing in parallel rarely try the same
-// one); below <= lowestPort (a range set unusually low) lets the kernel
+// one); below <= Lowest (a range set unusually low) lets the kernel
 // pick.
 func listenFree(below int, intN func(int) int) (net.Listener, error) {
-	if below <= lowestPort {
+	if below <= Lowest {
 		return net.Listen("tcp", "127.0.0.1:0")
 	}
-	span := below - lowestPort
+	span := below - Lowest
 	start := intN(span)
 	for i := range min(span, 1000) {
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lowestPort+(start+i)%span))
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", Lowest+(start+i)%span))
 		if err == nil {
 			return ln, nil
 		}
 	}
-	return nil, fmt.Errorf("no free port in [%d, %d)", lowestPort, below)
+	return nil, fmt.Errorf("no free port in [%d, %d)", Lowest, below)
 }
