@@ -81,6 +81,11 @@ func TestWorkerProcessCollectorPercent(t *testing.T) {
 				}
 			}()
 			body := scrape(t, addr, exited, &out)
+			// /metrics is served before the worker ensures its streams:
+			// stopping it then leaves stream creations queued at the server,
+			// and the server's shutdown at the test's end can race one and
+			// leave its file store running (a goleak failure under load).
+			waitLog(t, &out, `"worker started"`, exited)
 			m := gogc.FindStringSubmatch(body)
 			if m == nil {
 				t.Fatalf("no go_gc_gogc_percent in /metrics; worker log:\n%s", out.String())
@@ -114,6 +119,24 @@ func scrape(t *testing.T, addr string, exited <-chan struct{}, log *syncBuf) str
 			t.Fatalf("the worker exited:\n%s", log.String())
 		case <-deadline:
 			t.Fatalf("no /metrics within 30 s:\n%s", log.String())
+		}
+	}
+}
+
+// waitLog waits until the process's log holds want; it fails if the
+// process exits first.
+func waitLog(t *testing.T, log *syncBuf, want string, exited <-chan struct{}) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(log.String(), want) {
+		select {
+		case <-tick.C:
+		case <-exited:
+			t.Fatalf("the worker exited before logging %s:\n%s", want, log.String())
+		case <-deadline:
+			t.Fatalf("no %s in the log within 30 s:\n%s", want, log.String())
 		}
 	}
 }
