@@ -141,10 +141,30 @@ func (s *Server) URL() string { return s.s.ClientURL() }
 // provider for bus.ConnectOptions.InProcess).
 func (s *Server) NATS() *server.Server { return s.s }
 
-// Shutdown stops the server and waits until it is down.
+// Shutdown stops the server and waits until it is down. It first lets
+// the JetStream API requests already received finish (up to settleAPIMax):
+// nats-server 2.15 tears JetStream down before it stops serving its API
+// queue, and a stream created in between is never stopped (its file
+// store's goroutines outlive the server).
 func (s *Server) Shutdown() {
+	s.settleAPI(settleAPIMax)
 	s.s.Shutdown()
 	s.s.WaitForShutdown()
+}
+
+const settleAPIMax = 10 * time.Second
+
+// settleAPI waits until the server serves no JetStream API request, or
+// max passed (clients still sending keep it busy).
+func (s *Server) settleAPI(max time.Duration) {
+	deadline := time.Now().Add(max)
+	for {
+		info, err := s.s.Jsz(&server.JSzOptions{})
+		if err != nil || info.API.Inflight == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // polls the queue's count
+	}
 }
 
 type slogAdapter struct{ l *slog.Logger }

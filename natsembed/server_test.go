@@ -2,11 +2,13 @@ package natsembed_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/natsembed"
@@ -57,5 +59,36 @@ func TestSyncReachesTheServer(t *testing.T) {
 		if _, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), Sync: bad}); err == nil || !strings.Contains(err.Error(), "always") {
 			t.Errorf("sync %q: %v", bad, err)
 		}
+	}
+}
+
+func TestStreamCreatesQueuedAtShutdownLeaveNoStore(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Run("server", func(t *testing.T) {
+		srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+		nc, err := nats.Connect(srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Queue stream creations without waiting for their answers, then
+		// leave: the server's shutdown (the cleanup) comes while they are
+		// still queued: Shutdown lets them finish first.
+		for i := range 100 {
+			cfg := fmt.Sprintf(`{"name":"s%d","subjects":["s%d.>"],"storage":"file"}`, i, i)
+			if err := nc.PublishRequest(fmt.Sprintf("$JS.API.STREAM.CREATE.s%d", i), nats.NewInbox(), []byte(cfg)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		nc.Close()
+	})
+	if err := goleak.Find(before); err != nil {
+		t.Fatal(err)
 	}
 }

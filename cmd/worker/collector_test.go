@@ -59,7 +59,7 @@ func TestWorkerProcessCollectorPercent(t *testing.T) {
 			addr := fmt.Sprintf("127.0.0.1:%d", freeport.Pick(t))
 			cmd := exec.Command(bin, "--nats", srv.URL(), "--metrics-addr", addr)
 			for _, kv := range os.Environ() {
-				if k, _, _ := strings.Cut(kv, "="); k != "GOGC" && k != "GOMEMLIMIT" && !strings.HasPrefix(k, "OPENAI_") {
+				if k, _, _ := strings.Cut(kv, "="); k != "GOGC" && k != "GOMEMLIMIT" && k != "AGENTS_LOG_LEVEL" && !strings.HasPrefix(k, "OPENAI_") {
 					cmd.Env = append(cmd.Env, kv)
 				}
 			}
