@@ -142,7 +142,7 @@ func (s *Server) URL() string { return s.s.ClientURL() }
 func (s *Server) NATS() *server.Server { return s.s }
 
 // Shutdown stops the server and waits until it is down. It first lets
-// the JetStream API requests already received finish (up to settleAPIMax):
+// the JetStream API requests already queued finish (up to settleAPIMax):
 // nats-server 2.15 tears JetStream down before it stops serving its API
 // queue, and a stream created in between is never stopped (its file
 // store's goroutines outlive the server).
@@ -154,18 +154,30 @@ func (s *Server) Shutdown() {
 
 const settleAPIMax = 10 * time.Second
 
-// settleAPI waits until the server serves no JetStream API request, or
-// max passed (clients still sending keep it busy).
+// settleAPI waits until the server has served no JetStream API request
+// for settleQuiet, or max passed (clients still sending keep it busy). The
+// quiet spell covers a request read from a socket right after a zero.
 func (s *Server) settleAPI(max time.Duration) {
 	deadline := time.Now().Add(max)
+	var quietSince time.Time
 	for {
 		info, err := s.s.Jsz(&server.JSzOptions{})
-		if err != nil || info.API.Inflight == 0 || time.Now().After(deadline) {
+		if err != nil || info.Disabled || time.Now().After(deadline) {
+			return
+		}
+		switch {
+		case info.API.Inflight != 0:
+			quietSince = time.Time{}
+		case quietSince.IsZero():
+			quietSince = time.Now()
+		case time.Since(quietSince) >= settleQuiet:
 			return
 		}
 		time.Sleep(5 * time.Millisecond) // polls the queue's count
 	}
 }
+
+const settleQuiet = 20 * time.Millisecond
 
 type slogAdapter struct{ l *slog.Logger }
 

@@ -92,3 +92,28 @@ func TestStreamCreatesQueuedAtShutdownLeaveNoStore(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A create still in the client's buffer at Close (no flush) may reach the
+// server's queue only after Shutdown began to wait.
+func TestAStreamCreateSentAtCloseLeavesNoStore(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	for i := range 50 {
+		srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := fmt.Sprintf(`{"name":"s%d","subjects":["s%d.>"],"storage":"file"}`, i, i)
+		if err := nc.PublishRequest(fmt.Sprintf("$JS.API.STREAM.CREATE.s%d", i), nats.NewInbox(), []byte(cfg)); err != nil {
+			t.Fatal(err)
+		}
+		nc.Close()
+		srv.Shutdown()
+	}
+	if err := goleak.Find(before); err != nil {
+		t.Fatal(err)
+	}
+}
