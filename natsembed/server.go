@@ -129,9 +129,24 @@ func Start(o Options) (*Server, error) {
 	if !s.ReadyForConnections(10 * time.Second) {
 		s.Shutdown()
 		s.WaitForShutdown()
-		return nil, fmt.Errorf("embedded NATS on %s:%d did not become ready", o.Host, o.Port)
+		return nil, notReady(o.Host, o.Port)
 	}
 	return &Server{s: s}, nil
+}
+
+// notReady explains a server that never listened: another process may
+// have bound the port after the check above (ErrPortBusy, so that a
+// caller picking ports can try another).
+func notReady(host string, port int) error {
+	if port > 0 {
+		addr := net.JoinHostPort(host, strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("embedded NATS cannot listen on %s: %w (%v)", addr, ErrPortBusy, err)
+		}
+		_ = ln.Close()
+	}
+	return fmt.Errorf("embedded NATS on %s:%d did not become ready", host, port)
 }
 
 // URL is the client URL of the server.
@@ -142,42 +157,78 @@ func (s *Server) URL() string { return s.s.ClientURL() }
 func (s *Server) NATS() *server.Server { return s.s }
 
 // Shutdown stops the server and waits until it is down. It first lets
-// the JetStream API requests already queued finish (up to settleAPIMax):
+// the JetStream API requests already received finish (up to settleAPIMax):
 // nats-server 2.15 tears JetStream down before it stops serving its API
 // queue, and a stream created in between is never stopped (its file
-// store's goroutines outlive the server).
+// store's goroutines outlive the server). Requests that clients still
+// connected send after that wait are not covered: close them first.
 func (s *Server) Shutdown() {
-	s.settleAPI(settleAPIMax)
+	settleAPI(s.apiLoad, settleAPIMax, s.s.Warnf)
 	s.s.Shutdown()
 	s.s.WaitForShutdown()
 }
 
 const settleAPIMax = 10 * time.Second
 
-// settleAPI waits until the server has served no JetStream API request
-// for settleQuiet, or max passed (clients still sending keep it busy). The
-// quiet spell covers a request read from a socket right after a zero.
-func (s *Server) settleAPI(max time.Duration) {
+// apiLoad is what settleAPI reads of the server.
+type apiLoad struct {
+	clients  int
+	inflight uint64 // API requests received and not yet served
+	done     bool   // no JetStream: nothing to wait for
+}
+
+// apiLoad reads the clients before the count: a closing client's read
+// goroutine counts each request it read before the client is removed.
+func (s *Server) apiLoad() apiLoad {
+	clients := s.s.NumClients()
+	info, err := s.s.Jsz(&server.JSzOptions{})
+	if err != nil || info.Disabled {
+		return apiLoad{done: true}
+	}
+	return apiLoad{clients: clients, inflight: info.API.Inflight}
+}
+
+// settleAPI waits until no JetStream API request is being served and none
+// can still arrive, or max passed (then it warns).
+//
+// With no client connected, nothing more can arrive. With clients
+// connected, a request can arrive at any time; the wait ends after a quiet
+// spell (settleQuiet and settlePolls polls in a row finding none), which
+// covers one read from a socket right after a zero.
+func settleAPI(load func() apiLoad, max time.Duration, warnf func(string, ...any)) {
 	deadline := time.Now().Add(max)
 	var quietSince time.Time
+	quietPolls := 0
 	for {
-		info, err := s.s.Jsz(&server.JSzOptions{})
-		if err != nil || info.Disabled || time.Now().After(deadline) {
-			return
-		}
+		l := load()
 		switch {
-		case info.API.Inflight != 0:
-			quietSince = time.Time{}
+		case l.done:
+			return
+		case l.inflight != 0:
+			quietSince, quietPolls = time.Time{}, 0
+		case l.clients == 0:
+			return
 		case quietSince.IsZero():
-			quietSince = time.Now()
-		case time.Since(quietSince) >= settleQuiet:
+			quietSince, quietPolls = time.Now(), 1
+		default:
+			// Both: wall time alone passes while this goroutine is not
+			// scheduled, and polls alone can be too quick.
+			if quietPolls++; quietPolls >= settlePolls && time.Since(quietSince) >= settleQuiet {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			warnf("Shutting down while clients still send JetStream API requests (waited %v): a stream they create now may outlive the server", max)
 			return
 		}
 		time.Sleep(5 * time.Millisecond) // polls the queue's count
 	}
 }
 
-const settleQuiet = 20 * time.Millisecond
+const (
+	settleQuiet = 20 * time.Millisecond
+	settlePolls = 4
+)
 
 type slogAdapter struct{ l *slog.Logger }
 

@@ -93,8 +93,8 @@ func TestStreamCreatesQueuedAtShutdownLeaveNoStore(t *testing.T) {
 	}
 }
 
-// A create still in the client's buffer at Close (no flush) may reach the
-// server's queue only after Shutdown began to wait.
+// A create sent right before Close (no wait for its answer) may be read
+// from the socket by the server only after Shutdown began to wait.
 func TestAStreamCreateSentAtCloseLeavesNoStore(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	for i := range 50 {

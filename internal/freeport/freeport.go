@@ -27,10 +27,14 @@ func Pick(t testing.TB) int {
 // yet bound, at about 1 in 20,000 a pick.)
 func PickN(t testing.TB, n int) []int {
 	t.Helper()
-	below := EphemeralLow()
+	return pickN(t, n, EphemeralLow(), rand.IntN)
+}
+
+func pickN(t testing.TB, n, below int, intN func(int) int) []int {
+	t.Helper()
 	ports := make([]int, 0, n)
 	for range n {
-		ln, err := listenFree(below, rand.IntN)
+		ln, err := listenFree(below, intN)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,9 +48,10 @@ const (
 	// Lowest is the lowest port picked: those below are left to system
 	// services.
 	Lowest = 10000
-	// defaultLow is below every common ephemeral range (Linux's default
-	// 32768, BSD's, macOS's and Windows' 49152), for a system whose range
-	// cannot be read.
+	// defaultLow is used where the range cannot be read (only Linux's
+	// is): it is Linux's default start, below macOS's and Windows' 49152,
+	// but inside FreeBSD's default range (10000-65535), where a pick can
+	// still be taken by an outgoing connection.
 	defaultLow = 32768
 )
 

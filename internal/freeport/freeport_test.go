@@ -28,6 +28,22 @@ func TestPicksAreDistinctAndBelowTheEphemeralRange(t *testing.T) {
 	}
 }
 
+// Every search starts at the same port: only holding each pick until all
+// are picked keeps them distinct.
+func TestPicksFromOneStartAreDistinct(t *testing.T) {
+	low := EphemeralLow()
+	if low <= Lowest {
+		t.Skip("the ephemeral range starts too low to stay below it")
+	}
+	seen := map[int]bool{}
+	for _, port := range pickN(t, 20, low, func(int) int { return 0 }) {
+		if seen[port] {
+			t.Fatalf("port %d returned twice", port)
+		}
+		seen[port] = true
+	}
+}
+
 func TestPickSkipsATakenPort(t *testing.T) {
 	// Hold a port, then start the search on it, at the range's end: the
 	// search wraps to the range's start.
