@@ -125,18 +125,41 @@ func Start(o Options) (*Server, error) {
 	if o.Logger != nil {
 		s.SetLoggerV2(slogAdapter{o.Logger.With("component", "nats-server")}, false, false, false)
 	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		s.WaitForShutdown()
-		return nil, notReady(o.Host, o.Port)
+	if err := listen(s, o.Host, o.Port, startWait); err != nil {
+		return nil, err
 	}
 	return &Server{s: s}, nil
 }
 
+const startWait = 10 * time.Second
+
+// listen starts s and waits until it listens for clients. Server.Start
+// returns once its client listener is bound or failed (JetStream already
+// enabled), so a port taken after the check above is known at once, not
+// after wait.
+func listen(s *server.Server, host string, port int, wait time.Duration) error {
+	started := make(chan struct{})
+	go func() {
+		s.Start()
+		close(started)
+	}()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-started:
+		if s.Addr() != nil {
+			return nil
+		}
+	case <-timer.C:
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+	return notReady(host, port)
+}
+
 // notReady explains a server that never listened: another process may
-// have bound the port after the check above (ErrPortBusy, so that a
-// caller picking ports can try another).
+// have bound the port after Start's check (ErrPortBusy, so that a caller
+// picking ports can try another).
 func notReady(host string, port int) error {
 	if port > 0 {
 		addr := net.JoinHostPort(host, strconv.Itoa(port))
@@ -160,8 +183,10 @@ func (s *Server) NATS() *server.Server { return s.s }
 // the JetStream API requests already received finish (up to settleAPIMax):
 // nats-server 2.15 tears JetStream down before it stops serving its API
 // queue, and a stream created in between is never stopped (its file
-// store's goroutines outlive the server). Requests that clients still
-// connected send after that wait are not covered: close them first.
+// store's goroutines outlive the server). The wait is best effort: a
+// request read by a connection's goroutine that is not scheduled for
+// longer than the quiet spell is counted too late, and connections may
+// still be accepted and send during it; close clients first.
 func (s *Server) Shutdown() {
 	settleAPI(s.apiLoad, settleAPIMax, s.s.Warnf)
 	s.s.Shutdown()
@@ -172,29 +197,25 @@ const settleAPIMax = 10 * time.Second
 
 // apiLoad is what settleAPI reads of the server.
 type apiLoad struct {
-	clients  int
 	inflight uint64 // API requests received and not yet served
 	done     bool   // no JetStream: nothing to wait for
 }
 
-// apiLoad reads the clients before the count: a closing client's read
-// goroutine counts each request it read before the client is removed.
 func (s *Server) apiLoad() apiLoad {
-	clients := s.s.NumClients()
 	info, err := s.s.Jsz(&server.JSzOptions{})
 	if err != nil || info.Disabled {
 		return apiLoad{done: true}
 	}
-	return apiLoad{clients: clients, inflight: info.API.Inflight}
+	return apiLoad{inflight: info.API.Inflight}
 }
 
-// settleAPI waits until no JetStream API request is being served and none
-// can still arrive, or max passed (then it warns).
-//
-// With no client connected, nothing more can arrive. With clients
-// connected, a request can arrive at any time; the wait ends after a quiet
-// spell (settleQuiet and settlePolls polls in a row finding none), which
-// covers one read from a socket right after a zero.
+// settleAPI waits until no JetStream API request has been in flight for a
+// quiet spell (settleQuiet and settlePolls polls in a row finding none),
+// or max passed (then it warns). The spell covers a request read from a
+// socket right after a zero: the count only shows it once the reading
+// goroutine handed it to the API queue. No count of clients can stand in
+// for it: nats-server removes a client whose write failed while its read
+// goroutine may still be parsing what it read.
 func settleAPI(load func() apiLoad, max time.Duration, warnf func(string, ...any)) {
 	deadline := time.Now().Add(max)
 	var quietSince time.Time
@@ -206,8 +227,6 @@ func settleAPI(load func() apiLoad, max time.Duration, warnf func(string, ...any
 			return
 		case l.inflight != 0:
 			quietSince, quietPolls = time.Time{}, 0
-		case l.clients == 0:
-			return
 		case quietSince.IsZero():
 			quietSince, quietPolls = time.Now(), 1
 		default:
@@ -218,7 +237,7 @@ func settleAPI(load func() apiLoad, max time.Duration, warnf func(string, ...any
 			}
 		}
 		if time.Now().After(deadline) {
-			warnf("Shutting down while clients still send JetStream API requests (waited %v): a stream they create now may outlive the server", max)
+			warnf("Shutting down while JetStream API requests keep coming (waited %v): a stream created now may outlive the server", max)
 			return
 		}
 		time.Sleep(5 * time.Millisecond) // polls the queue's count
