@@ -4,11 +4,13 @@
 package natsembed
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -122,54 +124,67 @@ func Start(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
-	if o.Logger != nil {
-		s.SetLoggerV2(slogAdapter{o.Logger.With("component", "nats-server")}, false, false, false)
-	}
-	if err := listen(s, o.Host, o.Port, startWait); err != nil {
+	if err := listen(s, o, startSlow); err != nil {
 		return nil, err
 	}
 	return &Server{s: s}, nil
 }
 
-const startWait = 10 * time.Second
+const startSlow = 10 * time.Second
 
-// listen starts s and waits until it listens for clients. Server.Start
-// returns once its client listener is bound or failed (JetStream already
-// enabled), so a port taken after the check above is known at once, not
-// after wait.
-func listen(s *server.Server, host string, port int, wait time.Duration) error {
+// listen starts s and waits until its Start returns: with the client
+// listener bound, or after a failure (JetStream could not start in the
+// store, or the bind failed), so a port taken after the check above is
+// known at once. It never shuts a server down while Start runs: streams
+// that JetStream recovers after a Shutdown are never stopped (their file
+// stores' goroutines outlive the server), and recovering a large store
+// has no deadline. After slow it says why it still waits.
+func listen(s *server.Server, o Options, slow time.Duration) error {
+	log := &serverLog{}
+	if o.Logger != nil {
+		log.l = o.Logger.With("component", "nats-server")
+	}
+	s.SetLoggerV2(log, false, false, false)
 	started := make(chan struct{})
 	go func() {
 		s.Start()
 		close(started)
 	}()
-	timer := time.NewTimer(wait)
+	timer := time.NewTimer(slow)
 	defer timer.Stop()
 	select {
 	case <-started:
-		if s.Addr() != nil {
-			return nil
-		}
 	case <-timer.C:
+		s.Warnf("Still starting after %v: recovering JetStream's store in %s", slow, o.StoreDir)
+		<-started
+	}
+	if s.Addr() != nil {
+		return nil
 	}
 	s.Shutdown()
 	s.WaitForShutdown()
-	return notReady(host, port)
+	if err := portBusy(o.Host, o.Port); err != nil {
+		return err
+	}
+	if why := log.fatal(); why != "" {
+		return fmt.Errorf("embedded NATS did not start: %s", why)
+	}
+	return fmt.Errorf("embedded NATS did not start on %s:%d", o.Host, o.Port)
 }
 
-// notReady explains a server that never listened: another process may
-// have bound the port after Start's check (ErrPortBusy, so that a caller
-// picking ports can try another).
-func notReady(host string, port int) error {
-	if port > 0 {
-		addr := net.JoinHostPort(host, strconv.Itoa(port))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("embedded NATS cannot listen on %s: %w (%v)", addr, ErrPortBusy, err)
-		}
-		_ = ln.Close()
+// portBusy tells whether another process bound the port since Start's
+// check (ErrPortBusy, so that a caller picking ports can try another).
+func portBusy(host string, port int) error {
+	if port <= 0 {
+		return nil
 	}
-	return fmt.Errorf("embedded NATS on %s:%d did not become ready", host, port)
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("embedded NATS cannot listen on %s: %w (%v)", addr, ErrPortBusy, err)
+	}
+	_ = ln.Close()
+	return nil
 }
 
 // URL is the client URL of the server.
@@ -249,11 +264,38 @@ const (
 	settlePolls = 4
 )
 
-type slogAdapter struct{ l *slog.Logger }
+// serverLog passes the server's log to l (nil: nowhere) and keeps its
+// first fatal line: why a start failed.
+type serverLog struct {
+	l  *slog.Logger
+	mu sync.Mutex
+	f  string
+}
 
-func (a slogAdapter) Noticef(f string, v ...any) { a.l.Info(fmt.Sprintf(f, v...)) }
-func (a slogAdapter) Warnf(f string, v ...any)   { a.l.Warn(fmt.Sprintf(f, v...)) }
-func (a slogAdapter) Fatalf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...)) }
-func (a slogAdapter) Errorf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...)) }
-func (a slogAdapter) Debugf(string, ...any)      {}
-func (a slogAdapter) Tracef(string, ...any)      {}
+func (g *serverLog) fatal() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.f
+}
+
+func (g *serverLog) Fatalf(f string, v ...any) {
+	msg := fmt.Sprintf(f, v...)
+	g.mu.Lock()
+	if g.f == "" {
+		g.f = msg
+	}
+	g.mu.Unlock()
+	g.log(slog.LevelError, msg)
+}
+
+func (g *serverLog) log(level slog.Level, msg string) {
+	if g.l != nil {
+		g.l.Log(context.Background(), level, msg)
+	}
+}
+
+func (g *serverLog) Noticef(f string, v ...any) { g.log(slog.LevelInfo, fmt.Sprintf(f, v...)) }
+func (g *serverLog) Warnf(f string, v ...any)   { g.log(slog.LevelWarn, fmt.Sprintf(f, v...)) }
+func (g *serverLog) Errorf(f string, v ...any)  { g.log(slog.LevelError, fmt.Sprintf(f, v...)) }
+func (g *serverLog) Debugf(string, ...any)      {}
+func (g *serverLog) Tracef(string, ...any)      {}
