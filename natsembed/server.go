@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -71,7 +73,12 @@ var ErrPortBusy = errors.New("port is already in use")
 
 // Start starts an embedded nats-server with JetStream and waits until
 // it accepts connections.
-func Start(o Options) (*Server, error) {
+func Start(o Options) (*Server, error) { return StartContext(context.Background(), o) }
+
+// StartContext is Start that gives up when ctx ends (a stop signal while
+// a large store recovers): the server then shuts down in the background
+// once its start returns.
+func StartContext(ctx context.Context, o Options) (*Server, error) {
 	if o.StoreDir == "" {
 		return nil, errors.New("embedded NATS: a JetStream store directory is required")
 	}
@@ -99,11 +106,12 @@ func Start(o Options) (*Server, error) {
 	}
 	if o.Port > 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return nil, fmt.Errorf("embedded NATS cannot listen on %s: %w (%v; is another worker or nats-server running? connect to it with --nats nats://%s)", addr, ErrPortBusy, err, addr)
+		if err := portFree(addr); err != nil {
+			if errors.Is(err, ErrPortBusy) {
+				return nil, fmt.Errorf("%w; is another worker or nats-server running? connect to it with --nats nats://%s", err, addr)
+			}
+			return nil, err
 		}
-		_ = ln.Close()
 	}
 	opts := &server.Options{
 		ServerName:             o.Name,
@@ -124,7 +132,7 @@ func Start(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
-	if err := listen(s, o, startSlow); err != nil {
+	if err := listen(ctx, s, o, startSlow); err != nil {
 		return nil, err
 	}
 	return &Server{s: s}, nil
@@ -138,8 +146,9 @@ const startSlow = 10 * time.Second
 // known at once. It never shuts a server down while Start runs: streams
 // that JetStream recovers after a Shutdown are never stopped (their file
 // stores' goroutines outlive the server), and recovering a large store
-// has no deadline. After slow it says why it still waits.
-func listen(s *server.Server, o Options, slow time.Duration) error {
+// has no deadline. After slow it says why it still waits; when ctx ends
+// it returns, and the server shuts down once Start returns.
+func listen(ctx context.Context, s *server.Server, o Options, slow time.Duration) error {
 	log := &serverLog{}
 	if o.Logger != nil {
 		log.l = o.Logger.With("component", "nats-server")
@@ -152,39 +161,49 @@ func listen(s *server.Server, o Options, slow time.Duration) error {
 	}()
 	timer := time.NewTimer(slow)
 	defer timer.Stop()
-	select {
-	case <-started:
-	case <-timer.C:
-		s.Warnf("Still starting after %v: recovering JetStream's store in %s", slow, o.StoreDir)
-		<-started
+	for waiting := true; waiting; {
+		select {
+		case <-started:
+			waiting = false
+		case <-timer.C:
+			s.Warnf("Still starting after %v: recovering JetStream's store in %s", slow, o.StoreDir)
+		case <-ctx.Done():
+			go func() {
+				<-started
+				s.Shutdown()
+				s.WaitForShutdown()
+			}()
+			return fmt.Errorf("embedded NATS: start abandoned: %w", ctx.Err())
+		}
 	}
 	if s.Addr() != nil {
 		return nil
 	}
 	s.Shutdown()
 	s.WaitForShutdown()
-	if err := portBusy(o.Host, o.Port); err != nil {
-		return err
+	why := log.fatal()
+	if o.Port > 0 && (why == "" || strings.HasPrefix(why, "Error listening on port")) {
+		if err := portFree(net.JoinHostPort(o.Host, strconv.Itoa(o.Port))); errors.Is(err, ErrPortBusy) {
+			return err // taken since the check above
+		}
 	}
-	if why := log.fatal(); why != "" {
+	if why != "" {
 		return fmt.Errorf("embedded NATS did not start: %s", why)
 	}
 	return fmt.Errorf("embedded NATS did not start on %s:%d", o.Host, o.Port)
 }
 
-// portBusy tells whether another process bound the port since Start's
-// check (ErrPortBusy, so that a caller picking ports can try another).
-func portBusy(host string, port int) error {
-	if port <= 0 {
-		return nil
-	}
-	addr := net.JoinHostPort(host, strconv.Itoa(port))
+// portFree tells whether addr can be listened on; taken by another
+// process, the error is ErrPortBusy.
+func portFree(addr string) error {
 	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("embedded NATS cannot listen on %s: %w (%v)", addr, ErrPortBusy, err)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("embedded NATS cannot listen on %s: %w", addr, ErrPortBusy)
 	}
-	_ = ln.Close()
-	return nil
+	if err != nil {
+		return fmt.Errorf("embedded NATS cannot listen on %s: %w", addr, err)
+	}
+	return ln.Close()
 }
 
 // URL is the client URL of the server.
@@ -294,8 +313,15 @@ func (g *serverLog) log(level slog.Level, msg string) {
 	}
 }
 
-func (g *serverLog) Noticef(f string, v ...any) { g.log(slog.LevelInfo, fmt.Sprintf(f, v...)) }
-func (g *serverLog) Warnf(f string, v ...any)   { g.log(slog.LevelWarn, fmt.Sprintf(f, v...)) }
-func (g *serverLog) Errorf(f string, v ...any)  { g.log(slog.LevelError, fmt.Sprintf(f, v...)) }
+// logf formats only what is logged.
+func (g *serverLog) logf(level slog.Level, f string, v []any) {
+	if g.l != nil && g.l.Enabled(context.Background(), level) {
+		g.l.Log(context.Background(), level, fmt.Sprintf(f, v...))
+	}
+}
+
+func (g *serverLog) Noticef(f string, v ...any) { g.logf(slog.LevelInfo, f, v) }
+func (g *serverLog) Warnf(f string, v ...any)   { g.logf(slog.LevelWarn, f, v) }
+func (g *serverLog) Errorf(f string, v ...any)  { g.logf(slog.LevelError, f, v) }
 func (g *serverLog) Debugf(string, ...any)      {}
 func (g *serverLog) Tracef(string, ...any)      {}

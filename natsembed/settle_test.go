@@ -1,12 +1,15 @@
 package natsembed
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,53 +97,106 @@ func TestAPortTakenAfterTheCheckIsPortBusy(t *testing.T) {
 	}
 	defer held.Close()
 	o := Options{Host: "127.0.0.1", Port: port, StoreDir: t.TempDir()}
-	if err := listen(newServer(t, o), o, time.Hour); !errors.Is(err, ErrPortBusy) {
+	if err := listen(t.Context(), newServer(t, o), o, time.Hour); !errors.Is(err, ErrPortBusy) {
 		t.Fatalf("got %v, want ErrPortBusy", err)
 	}
 	held.Close()
-	if err := portBusy("127.0.0.1", port); err != nil {
+	if err := portFree(fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 		t.Fatalf("a free port reads as busy: %v", err)
 	}
 }
 
 // A server still recovering its streams when the start is slow is waited
-// for, not shut down: streams recovered after a Shutdown would never stop
-// (their file stores' goroutines found by goleak).
+// for, not shut down (a Shutdown then would leave streams recovered after
+// it running, and fail the start), and the wait is logged.
 func TestASlowStartIsWaitedFor(t *testing.T) {
-	dir := t.TempDir()
-	first, err := Start(Options{Port: -1, StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(first.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 300 {
-		if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: fmt.Sprintf("S%d", i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	nc.Close()
-	first.Shutdown()
-
+	dir := storeWithStreams(t, 100)
 	before := goleak.IgnoreCurrent()
-	o := Options{Host: "127.0.0.1", Port: -1, StoreDir: dir}
+	var logs syncBuffer
+	o := Options{Host: "127.0.0.1", Port: -1, StoreDir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	s := newServer(t, o)
-	if err := listen(s, o, time.Nanosecond); err != nil {
+	if err := listen(t.Context(), s, o, time.Nanosecond); err != nil {
 		t.Fatal(err)
 	}
-	if info, err := s.Jsz(&server.JSzOptions{}); err != nil || info.Streams != 300 {
+	if info, err := s.Jsz(&server.JSzOptions{}); err != nil || info.Streams != 100 {
 		t.Fatalf("%v streams recovered (%v)", info.Streams, err)
 	}
 	(&Server{s: s}).Shutdown()
 	if err := goleak.Find(before); err != nil {
 		t.Fatal(err)
 	}
+	if !strings.Contains(logs.String(), "Still starting after") {
+		t.Fatalf("the wait is not logged:\n%s", logs.String())
+	}
+}
+
+// A start abandoned (a stop signal while the store recovers) returns at
+// once; the server shuts down once its start returns, leaving nothing.
+func TestAnAbandonedStartShutsDownAfterwards(t *testing.T) {
+	dir := storeWithStreams(t, 100)
+	before := goleak.IgnoreCurrent()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	o := Options{Host: "127.0.0.1", Port: -1, StoreDir: dir}
+	s := newServer(t, o)
+	if err := listen(ctx, s, o, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+	s.WaitForShutdown()
+	if err := goleak.Find(before); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storeWithStreams leaves a JetStream store with n file streams.
+func storeWithStreams(t *testing.T, n int) string {
+	t.Helper()
+	dir := t.TempDir()
+	first, err := Start(Options{Port: -1, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Shutdown()
+	nc, err := nats.Connect(first.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: fmt.Sprintf("S%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// An address the machine does not have is not a busy port.
+func TestAnAddressNotHereIsNotPortBusy(t *testing.T) {
+	_, err := Start(Options{Host: "192.0.2.1", Port: freeport.Pick(t), StoreDir: t.TempDir()})
+	if err == nil || errors.Is(err, ErrPortBusy) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // A store JetStream cannot use is named as the cause.

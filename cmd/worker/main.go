@@ -501,7 +501,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 
 	var srv *natsembed.Server
 	if o.conn.URL == "" {
-		srv, err = startEmbedded(o, log)
+		srv, err = startEmbedded(ctx, o, log)
 		if err != nil {
 			log.Error(err.Error())
 			return 1
@@ -638,7 +638,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	return 0
 }
 
-func startEmbedded(o *options, log *slog.Logger) (*natsembed.Server, error) {
+func startEmbedded(ctx context.Context, o *options, log *slog.Logger) (*natsembed.Server, error) {
 	host, portS, err := net.SplitHostPort(o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--nats-listen %q: %w", o.listen, err)
@@ -654,7 +654,7 @@ func startEmbedded(o *options, log *slog.Logger) (*natsembed.Server, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	return natsembed.Start(natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log, Sync: o.natsSync})
+	return natsembed.StartContext(ctx, natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log, Sync: o.natsSync})
 }
 
 // readiness is /readyz: NATS connected and the runs stream reachable.
