@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/internal/freeport"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 // The wait's policy, over a scripted server: Shutdown's tests cover the
@@ -112,7 +112,7 @@ func TestAPortTakenAfterTheCheckIsPortBusy(t *testing.T) {
 func TestASlowStartIsWaitedFor(t *testing.T) {
 	dir := storeWithStreams(t, 100)
 	before := goleak.IgnoreCurrent()
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	o := Options{Host: "127.0.0.1", Port: -1, StoreDir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	s := newServer(t, o)
 	if err := listen(t.Context(), s, o, time.Nanosecond); err != nil {
@@ -180,23 +180,6 @@ func TestAnAddressNotHereIsNotPortBusy(t *testing.T) {
 	if err == nil || errors.Is(err, ErrPortBusy) {
 		t.Fatalf("got %v", err)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // A store JetStream cannot use is named as the cause.

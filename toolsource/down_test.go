@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 	"github.com/agentfleet/agentfleet/metrics"
 	"github.com/agentfleet/agentfleet/toolsource"
 	"github.com/agentfleet/agentfleet/worker"
@@ -33,7 +34,7 @@ func TestMCPServerDownRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	srcs := toolsource.NewMCPServers(cfg, toolsource.MCPOptions{Logger: newLogger(&logs), MinBackoff: time.Hour})
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, metrics.Config{})
