@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -83,23 +82,12 @@ func (s serverLogger) Tracef(format string, v ...any)  { s.logf("[TRC]", format,
 
 // logBuf keeps a client's log: the server's permission violations arrive
 // asynchronously and bus logs them ("nats async error").
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logBuf struct{ logbuf.Buffer }
 
 // violation waits (bounded) for a permissions violation on subject.
 func (l *logBuf) violation(subject string) bool {
 	for range 20 {
-		l.mu.Lock()
-		s := l.b.String()
-		l.mu.Unlock()
+		s := l.String()
 		for _, line := range strings.Split(s, "\n") {
 			if strings.Contains(line, "Permissions Violation") && strings.Contains(line, subject) {
 				return true

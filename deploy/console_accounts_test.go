@@ -25,18 +25,10 @@ import (
 	"github.com/agentfleet/agentfleet/worker"
 )
 
-func (l *logBuf) string() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // serverViolations lists the server's log lines of permission violations
 // by a user of account AGENTS.
 func (l *logBuf) serverViolations(user string) []string {
-	l.mu.Lock()
-	s := l.b.String()
-	l.mu.Unlock()
+	s := l.String()
 	var out []string
 	for _, line := range strings.Split(s, "\n") {
 		if strings.Contains(line, "Violation") && strings.Contains(line, `"AGENTS/user:`+user+`"`) {
@@ -49,7 +41,7 @@ func (l *logBuf) serverViolations(user string) []string {
 // violationLines is every violation the server logged, for failure messages.
 func violationLines(l *logBuf) string {
 	var out []string
-	for _, line := range strings.Split(l.string(), "\n") {
+	for _, line := range strings.Split(l.String(), "\n") {
 		if strings.Contains(line, "Violation") {
 			out = append(out, line)
 		}
@@ -123,18 +115,14 @@ func startConsole(t *testing.T, url, user, password string) *consoleProcess {
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		p.stderr.mu.Lock()
-		m := consoleAddr.FindStringSubmatch(p.stderr.b.String())
-		p.stderr.mu.Unlock()
+		m := consoleAddr.FindStringSubmatch(p.stderr.String())
 		if m != nil {
 			p.base = m[1]
 			return p
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	p.stderr.mu.Lock()
-	defer p.stderr.mu.Unlock()
-	t.Fatalf("the console never started:\n%s", p.stderr.b.String())
+	t.Fatalf("the console never started:\n%s", p.stderr.String())
 	return nil
 }
 
@@ -414,7 +402,7 @@ func TestAccountsConsole(t *testing.T) {
 	if v := serverLog.serverViolations("console"); len(v) > 0 {
 		t.Errorf("the console's work caused permissions violations:\n%s", strings.Join(v, "\n"))
 	}
-	if logs := p.stderr.string(); strings.Contains(logs, "Violation") {
+	if logs := p.stderr.String(); strings.Contains(logs, "Violation") {
 		t.Errorf("the console logged a permissions violation:\n%s", logs)
 	}
 

@@ -252,7 +252,7 @@ func (s *Server) apiLoad() apiLoad {
 // goroutine may still be parsing what it read.
 func settleAPI(load func() apiLoad, max time.Duration, warnf func(string, ...any)) {
 	deadline := time.Now().Add(max)
-	var quietSince time.Time
+	var quietSince time.Time // of the first of quietPolls
 	quietPolls := 0
 	for {
 		l := load()
@@ -260,8 +260,8 @@ func settleAPI(load func() apiLoad, max time.Duration, warnf func(string, ...any
 		case l.done:
 			return
 		case l.inflight != 0:
-			quietSince, quietPolls = time.Time{}, 0
-		case quietSince.IsZero():
+			quietPolls = 0
+		case quietPolls == 0:
 			quietSince, quietPolls = time.Now(), 1
 		default:
 			// Both: wall time alone passes while this goroutine is not
@@ -304,12 +304,8 @@ func (g *serverLog) Fatalf(f string, v ...any) {
 		g.f = msg
 	}
 	g.mu.Unlock()
-	g.log(slog.LevelError, msg)
-}
-
-func (g *serverLog) log(level slog.Level, msg string) {
 	if g.l != nil {
-		g.l.Log(context.Background(), level, msg)
+		g.l.Error(msg)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 // A give-up that fails after it took the run (here its read of the run's
@@ -27,7 +28,7 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 	// Heartbeats never come in time: the one delivery times out.
 	cfg := Config{Tools: []*agent.Tool{hang}, AckWait: 500 * time.Millisecond, HeartbeatInterval: time.Hour,
 		MaxDeliver: 1, DrainTimeout: 50 * time.Millisecond}
-	logs := &lockedLog{}
+	logs := &logbuf.Buffer{}
 	failing := cfg
 	failing.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	startInternalOn(t, c, failing, func(w *Worker) { w.eventReadTimeout = time.Nanosecond })
@@ -187,7 +188,7 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	// Heartbeats never come in time: the one delivery times out.
 	cfg := Config{Tools: []*agent.Tool{hang}, AckWait: 500 * time.Millisecond, HeartbeatInterval: time.Hour,
 		MaxDeliver: 1, DrainTimeout: 50 * time.Millisecond}
-	logs := &lockedLog{}
+	logs := &logbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	refused := make(chan struct{})
 	startInternalOn(t, c, cfg, func(w *Worker) {

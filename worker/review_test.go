@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,25 +15,9 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/freeport"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 	"github.com/agentfleet/agentfleet/natsembed"
 )
-
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A newer attempt takes the record just as the agent goes idle: the old
 // attempt learns it at its finish (through the renewal the finish waits
@@ -42,7 +25,7 @@ func (l *lockedLog) String() string {
 // ack nor nak: the server does not tell deliveries apart, so its nak
 // would reschedule the newer attempt's delivery.
 func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
-	logs := &lockedLog{}
+	logs := &logbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var taken sync.Map
 	_, c := startInternal(t, Config{Logger: log, AckWait: 30 * time.Second, HeartbeatInterval: time.Millisecond,
@@ -120,7 +103,7 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	logs := &lockedLog{}
+	logs := &logbuf.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Log(logs.String())
@@ -297,7 +280,7 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	logs := &lockedLog{}
+	logs := &logbuf.Buffer{}
 	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {

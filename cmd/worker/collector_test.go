@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/freeport"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 func TestGCPercent(t *testing.T) {
@@ -64,7 +65,7 @@ func TestWorkerProcessCollectorPercent(t *testing.T) {
 				}
 			}
 			cmd.Env = append(cmd.Env, c.env...)
-			var out syncBuf
+			var out logbuf.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -99,7 +100,7 @@ func TestWorkerProcessCollectorPercent(t *testing.T) {
 
 // scrape waits until the process serves /metrics (it connects to NATS
 // first) and returns the page; it fails if the process exits first.
-func scrape(t *testing.T, addr string, exited <-chan struct{}, log *syncBuf) string {
+func scrape(t *testing.T, addr string, exited <-chan struct{}, log *logbuf.Buffer) string {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -125,7 +126,7 @@ func scrape(t *testing.T, addr string, exited <-chan struct{}, log *syncBuf) str
 
 // waitLog waits until the process's log holds want; it fails if the
 // process exits first.
-func waitLog(t *testing.T, log *syncBuf, want string, exited <-chan struct{}) {
+func waitLog(t *testing.T, log *logbuf.Buffer, want string, exited <-chan struct{}) {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	tick := time.NewTicker(20 * time.Millisecond)

@@ -1,40 +1,22 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestHelp(t *testing.T) {
-	var out syncBuf
+	var out logbuf.Buffer
 	if code := run(context.Background(), []string{"--help"}, &out, nil); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
@@ -62,7 +44,7 @@ func TestEnvironmentThatDoesNotParseIsRefused(t *testing.T) {
 	t.Setenv("AGENTS_NATS_LISTEN", "127.0.0.1:0")
 	t.Setenv("AGENTS_DATA_DIR", t.TempDir())
 	t.Setenv("AGENTS_METRICS_ADDR", "")
-	var out syncBuf
+	var out logbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan started, 1)
@@ -96,7 +78,7 @@ func TestEmbeddedWorkerRunsADemoRun(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
 	t.Setenv("NATS_URL", "")
-	var out syncBuf
+	var out logbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan started, 1)
@@ -155,7 +137,7 @@ func TestBusyPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	var out syncBuf
+	var out logbuf.Buffer
 	code := run(context.Background(), []string{"--nats-listen", ln.Addr().String(), "--data-dir", t.TempDir(), "--metrics-addr", ""}, &out, nil)
 	if code != 1 || !strings.Contains(out.String(), "already in use") {
 		t.Fatalf("exit %d:\n%s", code, out.String())
@@ -165,7 +147,7 @@ func TestBusyPort(t *testing.T) {
 // Sizes and the embedded server's sync setting parse, and bad values stop
 // the worker naming the flag or variable.
 func TestSizeAndSyncFlags(t *testing.T) {
-	var out syncBuf
+	var out logbuf.Buffer
 	o, err := parse([]string{"--events-max-bytes", "10GiB", "--requests-max-bytes", "1048576", "--nats-sync", "always"}, &out)
 	if err != nil || o.eventsMaxBytes != 10<<30 || o.requestsMaxBytes != 1<<20 || o.controlMaxBytes != 0 || o.natsSync != "always" {
 		t.Fatalf("parse: %+v %v", o, err)
@@ -189,7 +171,7 @@ func TestSizeAndSyncFlags(t *testing.T) {
 			if c.env[0] != "" {
 				t.Setenv(c.env[0], c.env[1])
 			}
-			var msgs syncBuf
+			var msgs logbuf.Buffer
 			if _, err := parse(c.args, &msgs); err == nil || !strings.Contains(err.Error()+msgs.String(), c.want) {
 				t.Fatalf("got %v / %s, want %q", err, msgs.String(), c.want)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/freeport"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 // get fetches a path of the worker's metrics server.
@@ -51,7 +52,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 	store := t.TempDir()
 	srv := fleettest.StartServer(t, port, store)
 
-	var out syncBuf
+	var out logbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan started, 1)
@@ -127,7 +128,7 @@ func TestBusyMetricsPort(t *testing.T) {
 	}
 	defer ln.Close()
 
-	var out syncBuf
+	var out logbuf.Buffer
 	if code := run(context.Background(), []string{"--nats", srv.URL(), "--metrics-addr", ln.Addr().String()}, &out, nil); code != 1 ||
 		!strings.Contains(out.String(), "cannot serve metrics") {
 		t.Fatalf("explicit busy port: exit %d\n%s", code, out.String())
@@ -141,7 +142,7 @@ func TestBusyMetricsPort(t *testing.T) {
 	defer cancel()
 	ready := make(chan started, 1)
 	done := make(chan int, 1)
-	var out2 syncBuf
+	var out2 logbuf.Buffer
 	go func() { done <- run(ctx, []string{"--nats", srv.URL()}, &out2, ready) }()
 	select {
 	case st := <-ready:

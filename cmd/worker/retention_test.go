@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 // The retention flags reach the streams and the bucket the worker creates.
@@ -17,7 +18,7 @@ func TestRetentionFlags(t *testing.T) {
 	defer cancel()
 	ready := make(chan started, 1)
 	done := make(chan int, 1)
-	var out syncBuf
+	var out logbuf.Buffer
 	go func() {
 		done <- run(ctx, []string{"--nats", srv.URL(), "--metrics-addr", "", "--events-max-age", "1h",
 			"--control-max-age", "2h", "--records-ttl", "3h"}, &out, ready)

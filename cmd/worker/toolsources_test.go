@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 // A tools config naming an unset variable stops the worker before it
@@ -25,7 +27,7 @@ func TestToolsConfigRefused(t *testing.T) {
 			if err := os.WriteFile(path, []byte(c.config), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			var out syncBuf
+			var out logbuf.Buffer
 			if code := run(context.Background(), []string{"--tools-config", path, "--nats-listen", "127.0.0.1:0"}, &out, nil); code != 2 {
 				t.Fatalf("exit %d:\n%s", code, out.String())
 			}
@@ -34,7 +36,7 @@ func TestToolsConfigRefused(t *testing.T) {
 			}
 		})
 	}
-	var out syncBuf
+	var out logbuf.Buffer
 	if code := run(context.Background(), []string{"--tool-services", "bad__name", "--nats-listen", "127.0.0.1:0"}, &out, nil); code != 2 || !strings.Contains(out.String(), "--tool-services") {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
