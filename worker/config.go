@@ -64,6 +64,12 @@ type Config struct {
 	// PollWait is how long one idle pull waits; default 2s. It bounds how
 	// long stopping takes to stop pulling.
 	PollWait time.Duration
+	// FetchBytes bounds the requests that the worker's fetches of several
+	// may bring at once, across its pull loops; default 16 MiB. Each loop
+	// still takes one request of the largest size. The server disconnects
+	// a client that it holds more than its max_pending for (64 MiB by
+	// default): thousands of free slots times large requests are more.
+	FetchBytes int
 	// PublishWindow is the number of a run's events whose JetStream acks
 	// may be outstanding (record writes are not in it); a full window
 	// blocks the agent's listener (back-pressure). Default 256.
@@ -269,6 +275,9 @@ func (c *Config) defaults() {
 	}
 	if c.PollWait <= 0 {
 		c.PollWait = 2 * time.Second
+	}
+	if c.FetchBytes <= 0 {
+		c.FetchBytes = 16 << 20
 	}
 	if c.PublishWindow <= 0 {
 		c.PublishWindow = 256

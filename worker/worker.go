@@ -292,10 +292,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.obs.Slots(0, w.cfg.Concurrency)
 	close(w.ready)
 
+	loops := 0
+	for _, q := range w.cfg.Queues {
+		loops += w.pullLoops(q)
+	}
+	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, loops)
 	var pullers sync.WaitGroup
 	for i, q := range w.cfg.Queues {
 		for range w.pullLoops(q) {
-			pullers.Go(func() { w.pull(ctx, q, consumers[i]) })
+			pullers.Go(func() { w.pull(ctx, q, consumers[i], fetchBytes) })
 		}
 	}
 	<-ctx.Done()
@@ -339,12 +344,29 @@ func (w *Worker) pullLoops(queue string) int {
 	return max(1, min(3, limit/8))
 }
 
+// largestRequestMsg is the most one request message may take of a
+// fetch's bytes: the requests stream's largest message (MaxRequestBytes
+// and 64 KiB) with its subject, reply and headers.
+const largestRequestMsg = bus.MaxRequestBytes + 128<<10
+
+// fetchBytesPerLoop shares the fetches' byte bound between the pull
+// loops; each loop may still take one request of the largest size.
+func fetchBytesPerLoop(total, loops int) int {
+	return max(total/max(loops, 1), largestRequestMsg)
+}
+
+// shortFetchWait is how long a fetch of several waits for more once
+// the queue has nothing more: long enough for the server to deliver what
+// is there, short, as the slots it holds are shared with other queues.
+const shortFetchWait = 5 * time.Millisecond
+
 // pull takes requests from one queue, one per free slot: it takes every
-// free slot, asks for at most that many messages without waiting, gives
-// back the slots it got nothing for, and when nothing is pending parks one
-// long pull holding one slot. No message is ever fetched without a slot
-// for it, so none waits in a buffer while its AckWait runs.
-func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer) {
+// free slot, asks for at most that many messages and fetchBytes bytes
+// without waiting longer than shortFetchWait, gives back the slots it got
+// nothing for, and when nothing is pending parks one long pull holding one
+// slot. No message is ever fetched without a slot for it, so none waits in
+// a buffer while its AckWait runs.
+func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer, fetchBytes int) {
 	log := w.log.With("queue", queue)
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
@@ -397,14 +419,14 @@ func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer
 		}
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
 		if n > 1 {
-			got := w.fetch(ctx, log, queue, cons, n, true)
+			got := w.fetch(ctx, log, queue, cons, n, fetchBytes)
 			if got > 0 {
 				w.releaseSlots(queue, n-got)
 				continue
 			}
 			w.releaseSlots(queue, n-1) // keep one for the long pull
 		}
-		if w.fetch(ctx, log, queue, cons, 1, false) == 0 {
+		if w.fetch(ctx, log, queue, cons, 1, 0) == 0 {
 			w.releaseSlots(queue, 1)
 		}
 	}
@@ -424,12 +446,20 @@ func (w *Worker) releaseSlots(queue string, n int) {
 }
 
 // fetch asks for up to n messages and starts a run for each; it returns how
-// many it got. Each started run owns one slot.
-func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons jetstream.Consumer, n int, noWait bool) int {
+// many it got. Each started run owns one slot. With maxBytes it is a
+// short fetch of several within maxBytes, else a long pull.
+//
+// A short fetch is not FetchNoWait, which cannot bound its bytes: the
+// server would queue every free slot's request for the worker at once,
+// and disconnect it as a slow consumer past max_pending. A request that
+// does not fit is left for the next fetch (the long pull of one has no
+// byte bound, so one larger than maxBytes is taken too).
+func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons jetstream.Consumer, n, maxBytes int) int {
+	noWait := maxBytes > 0
 	var batch jetstream.MessageBatch
 	var err error
 	if noWait {
-		batch, err = cons.FetchNoWait(n)
+		batch, err = cons.Fetch(n, jetstream.FetchMaxBytes(maxBytes), jetstream.FetchMaxWait(shortFetchWait))
 	} else {
 		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(w.longPollWait()))
 	}
