@@ -355,9 +355,11 @@ func fetchBytesPerLoop(total, loops int) int {
 	return max(total/max(loops, 1), largestRequestMsg)
 }
 
-// shortFetchWait is how long a fetch of several waits for more once
-// the queue has nothing more: long enough for the server to deliver what
-// is there, short, as the slots it holds are shared with other queues.
+// shortFetchWait is how long the server keeps a fetch of several open
+// for more once the queue has nothing more: short, as the slots it holds
+// are shared with other queues. (nats.go's fetch itself gives up on its
+// inbox a second after its last message: what the server sends later
+// waits for AckWait's redelivery.)
 const shortFetchWait = 5 * time.Millisecond
 
 // pull takes requests from one queue, one per free slot: it takes every

@@ -82,7 +82,7 @@ type options struct {
 	ackWait       time.Duration
 	maxDeliver    int
 	maxAckPending int
-	fetchBytes    int
+	fetchBytes    byteSize
 	eventBatches  bool
 	maxWaiting    int
 	approveTools  string
@@ -286,7 +286,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.ackWait, "ack-wait", environ.duration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
 	fs.BoolVar(&o.eventBatches, "event-batches", true, "publish events in JetStream fast batches, a few acks a batch instead of one an event (needs nats-server 2.14+; false: one ack an event)")
 	fs.IntVar(&o.maxAckPending, "max-ack-pending", environ.int("AGENTS_MAX_ACK_PENDING", 10_000), "unacknowledged requests per queue consumer across the fleet (running, waiting, handed back); keep it above the fleet's slots plus waiting runs [AGENTS_MAX_ACK_PENDING]")
-	fs.IntVar(&o.fetchBytes, "fetch-bytes", environ.int("AGENTS_FETCH_BYTES", 16<<20), "bytes of requests the worker's fetches may bring at once, across its pull loops (each still takes one request of the largest size); keep it well under the server's max_pending (64 MiB by default), past which the server disconnects the worker as a slow consumer [AGENTS_FETCH_BYTES]")
+	o.fetchBytes = environ.bytesDefault("AGENTS_FETCH_BYTES", 16<<20)
+	fs.Var(&o.fetchBytes, "fetch-bytes", "bytes of requests the worker's fetches may bring at once (e.g. 16MiB), shared by its pull loops; each loop still takes one request of the largest size. Keep it well under the server's max_pending (64 MiB by default), past which the server disconnects the worker as a slow consumer [AGENTS_FETCH_BYTES]")
 	fs.IntVar(&o.maxWaiting, "max-waiting", environ.int("AGENTS_MAX_WAITING", 1_000), "runs waiting for an approval without holding a slot, at most; past it a waiting run keeps its slot; -1: waiting runs keep their slots [AGENTS_MAX_WAITING]")
 	fs.StringVar(&o.approveTools, "approve-tools", env("AGENTS_APPROVE_TOOLS", ""), "tools whose every call waits for a person's answer (comma-separated names or patterns, \"*\" for all); requests may gate more, never fewer [AGENTS_APPROVE_TOOLS]")
 	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
@@ -400,6 +401,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if err := o.budgets.load(); err != nil {
 		return nil, err
+	}
+	if o.fetchBytes < 1 {
+		return nil, errors.New("--fetch-bytes must be at least 1 (each pull loop still takes one request of the largest size)")
 	}
 	if o.maxWaiting < -1 {
 		return nil, errors.New("--max-waiting must be -1 (never) or more")
@@ -570,7 +574,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.AckWait = o.ackWait
 	cfg.MaxDeliver = o.maxDeliver
 	cfg.MaxAckPending = o.maxAckPending
-	cfg.FetchBytes = o.fetchBytes
+	cfg.FetchBytes = int(o.fetchBytes)
 	cfg.NoEventBatches = !o.eventBatches
 	cfg.MaxWaiting = o.maxWaiting
 	if cfg.MaxWaiting == 0 {

@@ -149,12 +149,13 @@ func TestBusyPort(t *testing.T) {
 func TestSizeAndSyncFlags(t *testing.T) {
 	var out logbuf.Buffer
 	o, err := parse([]string{"--events-max-bytes", "10GiB", "--requests-max-bytes", "1048576", "--nats-sync", "always"}, &out)
-	if err != nil || o.eventsMaxBytes != 10<<30 || o.requestsMaxBytes != 1<<20 || o.controlMaxBytes != 0 || o.natsSync != "always" {
+	if err != nil || o.eventsMaxBytes != 10<<30 || o.requestsMaxBytes != 1<<20 || o.controlMaxBytes != 0 || o.natsSync != "always" || o.fetchBytes != 16<<20 {
 		t.Fatalf("parse: %+v %v", o, err)
 	}
 	t.Setenv("AGENTS_CONTROL_MAX_BYTES", "512MiB")
 	t.Setenv("AGENTS_NATS_SYNC", "10s")
-	if o, err = parse(nil, &out); err != nil || o.controlMaxBytes != 512<<20 || o.natsSync != "10s" {
+	t.Setenv("AGENTS_FETCH_BYTES", "4MiB")
+	if o, err = parse(nil, &out); err != nil || o.controlMaxBytes != 512<<20 || o.natsSync != "10s" || o.fetchBytes != 4<<20 {
 		t.Fatalf("parse from env: %+v %v", o, err)
 	}
 	for _, c := range []struct {
@@ -166,6 +167,8 @@ func TestSizeAndSyncFlags(t *testing.T) {
 		{nil, [2]string{"AGENTS_CONTROL_MAX_BYTES", "-5"}, `AGENTS_CONTROL_MAX_BYTES: "-5" is not a size`},
 		{[]string{"--nats-sync", "sometimes"}, [2]string{}, `--nats-sync: sync "sometimes" must be "always"`},
 		{nil, [2]string{"AGENTS_NATS_SYNC", "30"}, `--nats-sync: sync "30"`},
+		{[]string{"--fetch-bytes", "0"}, [2]string{}, `--fetch-bytes must be at least 1`},
+		{nil, [2]string{"AGENTS_FETCH_BYTES", "much"}, `AGENTS_FETCH_BYTES: "much" is not a size`},
 	} {
 		t.Run(strings.Join(c.args, " ")+c.env[0], func(t *testing.T) {
 			if c.env[0] != "" {
