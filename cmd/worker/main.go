@@ -574,7 +574,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.AckWait = o.ackWait
 	cfg.MaxDeliver = o.maxDeliver
 	cfg.MaxAckPending = o.maxAckPending
-	cfg.FetchBytes = int(o.fetchBytes)
+	cfg.FetchBytes = int(min(int64(o.fetchBytes), 1<<40))
 	cfg.NoEventBatches = !o.eventBatches
 	cfg.MaxWaiting = o.maxWaiting
 	if cfg.MaxWaiting == 0 {
