@@ -277,7 +277,7 @@ func (c *Config) defaults() {
 		c.PollWait = 2 * time.Second
 	}
 	if c.FetchBytes <= 0 {
-		c.FetchBytes = 16 << 20
+		c.FetchBytes = DefaultFetchBytes
 	}
 	if c.PublishWindow <= 0 {
 		c.PublishWindow = 256
@@ -319,3 +319,6 @@ func (c *Config) defaults() {
 		c.Observer = NopObserver{}
 	}
 }
+
+// DefaultFetchBytes is Config.FetchBytes' default.
+const DefaultFetchBytes = 16 << 20

@@ -292,14 +292,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.obs.Slots(0, w.cfg.Concurrency)
 	close(w.ready)
 
-	loops := 0
-	for _, q := range w.cfg.Queues {
-		loops += w.pullLoops(q)
+	loops := make([]int, len(w.cfg.Queues))
+	total := 0
+	for i, q := range w.cfg.Queues {
+		loops[i] = w.pullLoops(q)
+		total += loops[i]
 	}
-	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, loops)
+	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, total)
 	var pullers sync.WaitGroup
 	for i, q := range w.cfg.Queues {
-		for range w.pullLoops(q) {
+		for range loops[i] {
 			pullers.Go(func() { w.pull(ctx, q, consumers[i], fetchBytes) })
 		}
 	}
@@ -457,10 +459,10 @@ func (w *Worker) releaseSlots(queue string, n int) {
 // does not fit is left for the next fetch (the long pull of one has no
 // byte bound, so one larger than maxBytes is taken too).
 func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons jetstream.Consumer, n, maxBytes int) int {
-	noWait := maxBytes > 0
+	short := maxBytes > 0
 	var batch jetstream.MessageBatch
 	var err error
-	if noWait {
+	if short {
 		batch, err = cons.Fetch(n, jetstream.FetchMaxBytes(maxBytes), jetstream.FetchMaxWait(shortFetchWait))
 	} else {
 		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(w.longPollWait()))
@@ -490,7 +492,7 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
 		// Only a long pull refused at once waits (holding its one slot); a
 		// leader change ends every parked pull: they pull again at once.
-		if got > 0 || noWait || errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
+		if got > 0 || short || errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
 			log.Debug("fetch ended", "err", err)
 			return got
 		}

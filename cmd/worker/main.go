@@ -286,7 +286,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.ackWait, "ack-wait", environ.duration("AGENTS_ACK_WAIT", 60*time.Second), "consumer AckWait: a request whose worker sends no heartbeat for this long is redelivered; heartbeats go every ack-wait/4 [AGENTS_ACK_WAIT]")
 	fs.BoolVar(&o.eventBatches, "event-batches", true, "publish events in JetStream fast batches, a few acks a batch instead of one an event (needs nats-server 2.14+; false: one ack an event)")
 	fs.IntVar(&o.maxAckPending, "max-ack-pending", environ.int("AGENTS_MAX_ACK_PENDING", 10_000), "unacknowledged requests per queue consumer across the fleet (running, waiting, handed back); keep it above the fleet's slots plus waiting runs [AGENTS_MAX_ACK_PENDING]")
-	o.fetchBytes = environ.bytesDefault("AGENTS_FETCH_BYTES", 16<<20)
+	o.fetchBytes = environ.bytesDefault("AGENTS_FETCH_BYTES", worker.DefaultFetchBytes)
 	fs.Var(&o.fetchBytes, "fetch-bytes", "bytes of requests the worker's fetches may bring at once (e.g. 16MiB), shared by its pull loops; each loop still takes one request of the largest size. Keep it well under the server's max_pending (64 MiB by default), past which the server disconnects the worker as a slow consumer [AGENTS_FETCH_BYTES]")
 	fs.IntVar(&o.maxWaiting, "max-waiting", environ.int("AGENTS_MAX_WAITING", 1_000), "runs waiting for an approval without holding a slot, at most; past it a waiting run keeps its slot; -1: waiting runs keep their slots [AGENTS_MAX_WAITING]")
 	fs.StringVar(&o.approveTools, "approve-tools", env("AGENTS_APPROVE_TOOLS", ""), "tools whose every call waits for a person's answer (comma-separated names or patterns, \"*\" for all); requests may gate more, never fewer [AGENTS_APPROVE_TOOLS]")
