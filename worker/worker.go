@@ -286,12 +286,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopPresence := w.startPresence() // worker/presence.go
 	defer stopPresence()
 
-	w.log.Info("worker started", "queues", w.cfg.Queues, "concurrency", w.cfg.Concurrency,
-		"ackWait", w.cfg.AckWait, "maxDeliver", w.cfg.MaxDeliver, "tools", w.toolNames,
-		"defaultModel", w.defaultModel.String())
-	w.obs.Slots(0, w.cfg.Concurrency)
-	close(w.ready)
-
 	loops := make([]int, len(w.cfg.Queues))
 	total := 0
 	for i, q := range w.cfg.Queues {
@@ -299,10 +293,34 @@ func (w *Worker) Run(ctx context.Context) error {
 		total += loops[i]
 	}
 	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, total)
+	prs := make([][]*pullRequests, len(w.cfg.Queues))
+	for i := range w.cfg.Queues {
+		for range loops[i] {
+			pr, err := newPullRequests(w.c.Conn(), consumers[i])
+			if err != nil {
+				for _, q := range prs {
+					for _, pr := range q {
+						pr.close()
+					}
+				}
+				return fmt.Errorf("worker: %w", err)
+			}
+			prs[i] = append(prs[i], pr)
+		}
+	}
+	w.log.Info("worker started", "queues", w.cfg.Queues, "concurrency", w.cfg.Concurrency,
+		"ackWait", w.cfg.AckWait, "maxDeliver", w.cfg.MaxDeliver, "tools", w.toolNames,
+		"defaultModel", w.defaultModel.String())
+	w.obs.Slots(0, w.cfg.Concurrency)
+	close(w.ready)
+
 	var pullers sync.WaitGroup
 	for i, q := range w.cfg.Queues {
-		for range loops[i] {
-			pullers.Go(func() { w.pull(ctx, q, consumers[i], fetchBytes) })
+		for _, pr := range prs[i] {
+			pullers.Go(func() {
+				defer pr.close()
+				w.pull(ctx, q, pr, fetchBytes)
+			})
 		}
 	}
 	<-ctx.Done()
@@ -357,20 +375,12 @@ func fetchBytesPerLoop(total, loops int) int {
 	return max(total/max(loops, 1), largestRequestMsg)
 }
 
-// shortFetchWait is how long the server keeps a fetch of several open
-// for more once the queue has nothing more: short, as the slots it holds
-// are shared with other queues. (nats.go's fetch itself gives up on its
-// inbox a second after its last message: what the server sends later
-// waits for AckWait's redelivery.)
-const shortFetchWait = 5 * time.Millisecond
-
 // pull takes requests from one queue, one per free slot: it takes every
 // free slot, asks for at most that many messages and fetchBytes bytes
-// without waiting longer than shortFetchWait, gives back the slots it got
-// nothing for, and when nothing is pending parks one long pull holding one
-// slot. No message is ever fetched without a slot for it, so none waits in
+// without waiting, gives back the slots it got nothing for, and when
+// nothing is pending parks one long pull holding one slot. No message is ever fetched without a slot for it, so none waits in
 // a buffer while its AckWait runs.
-func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer, fetchBytes int) {
+func (w *Worker) pull(ctx context.Context, queue string, pr *pullRequests, fetchBytes int) {
 	log := w.log.With("queue", queue)
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
@@ -423,14 +433,14 @@ func (w *Worker) pull(ctx context.Context, queue string, cons jetstream.Consumer
 		}
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
 		if n > 1 {
-			got := w.fetch(ctx, log, queue, cons, n, fetchBytes)
+			got := w.fetch(ctx, log, queue, pr, n, fetchBytes)
 			if got > 0 {
 				w.releaseSlots(queue, n-got)
 				continue
 			}
 			w.releaseSlots(queue, n-1) // keep one for the long pull
 		}
-		if w.fetch(ctx, log, queue, cons, 1, 0) == 0 {
+		if w.fetch(ctx, log, queue, pr, 1, 0) == 0 {
 			w.releaseSlots(queue, 1)
 		}
 	}
@@ -451,35 +461,21 @@ func (w *Worker) releaseSlots(queue string, n int) {
 
 // fetch asks for up to n messages and starts a run for each; it returns how
 // many it got. Each started run owns one slot. With maxBytes it is a
-// short fetch of several within maxBytes, else a long pull.
+// short fetch of several within maxBytes (no wait), else a long pull.
 //
-// A short fetch is not FetchNoWait, which cannot bound its bytes: the
-// server would queue every free slot's request for the worker at once,
-// and disconnect it as a slow consumer past max_pending. A request that
-// does not fit is left for the next fetch (the long pull of one has no
-// byte bound, so one larger than maxBytes is taken too).
-func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons jetstream.Consumer, n, maxBytes int) int {
+// A short fetch is bounded in bytes: asked for every free slot's request
+// at once, the server would queue them all for the worker and disconnect
+// it as a slow consumer past max_pending. A request that does not fit is
+// left for the next fetch (the long pull of one has no byte bound, so
+// one larger than maxBytes is taken too).
+func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *pullRequests, n, maxBytes int) int {
 	short := maxBytes > 0
-	var batch jetstream.MessageBatch
-	var err error
-	if short {
-		batch, err = cons.Fetch(n, jetstream.FetchMaxBytes(maxBytes), jetstream.FetchMaxWait(shortFetchWait))
-	} else {
-		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(w.longPollWait()))
-	}
-	if err != nil {
-		log.Warn("fetch failed", "err", err)
-		pause(ctx, time.Second)
-		return 0
-	}
-	got := 0
-	for m := range batch.Messages() {
-		got++
+	got, err := pr.fetch(n, maxBytes, w.longPollWait(), func(m jetstream.Msg) {
 		if ctx.Err() != nil {
 			// Stopping: hand it back at once.
 			_ = m.Nak()
 			w.releaseSlots(queue, 1)
-			continue
+			return
 		}
 		w.wg.Add(1)
 		hold := w.newSlotHold(queue)
@@ -488,18 +484,24 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, cons
 			defer hold.release()
 			w.handle(m, hold)
 		}()
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+	})
+	var refused *errPullRefused
+	switch {
+	case err == nil:
+	case errors.As(err, &refused) && (got > 0 || short || refused.leadershipChanged()):
 		// Only a long pull refused at once waits (holding its one slot); a
 		// leader change ends every parked pull: they pull again at once.
-		if got > 0 || short || errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
-			log.Debug("fetch ended", "err", err)
-			return got
-		}
+		log.Debug("fetch ended", "err", err)
+	case refused != nil:
 		// Refused at once (the consumer's MaxWaiting pulls are parked
 		// already, say): asking again at once would spin.
 		log.Warn("fetch refused", "err", err)
 		pause(ctx, time.Second)
+	default:
+		log.Warn("fetch failed", "err", err)
+		if got == 0 {
+			pause(ctx, time.Second)
+		}
 	}
 	return got
 }

@@ -1,0 +1,215 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// pullRequests are one pull loop's pull requests, sent by the loop itself
+// rather than by nats.go's Consumer.Fetch. Fetch reads each request's
+// messages on an inbox it gives up a second after the last one: what the
+// server sent a reader slower than that waited for AckWait's redelivery,
+// one delivery used up. And Fetch cannot bound the bytes of a no-wait
+// fetch.
+//
+// Invariants:
+//  1. A loop reads one request at a time. It asks for no more messages
+//     than the slots it holds, and a short request for at most maxBytes.
+//  2. Every request replies to the loop's inbox subscription, which lives
+//     until the loop ends or gives up on a request: nothing the server
+//     sends is left unread because a reader moved on.
+//  3. A request ends at its batch-th message or at a status (404, 408,
+//     409): the server sends it no message after either, only, after the
+//     last message of a byte-bounded batch, a "409 Batch Completed". A
+//     status names its request (its subject is the request's reply
+//     subject, inbox.<k>); a message does not (it keeps its stream
+//     subject), so the inbox must hold no message of an earlier request.
+//  4. So the loop gives up on a request only when nothing came for it for
+//     requestGrace past its expiry (a lost connection, say), and then
+//     moves to a new inbox. What still reaches the old one has no slot: it
+//     is handed back at once, not left for AckWait.
+type pullRequests struct {
+	nc      *nats.Conn
+	subject string // the consumer's next-message API subject
+	inbox   string // request k replies to inbox.k
+	sub     *nats.Subscription
+	seq     uint64
+	grace   time.Duration
+	late    sync.WaitGroup // hand-backs of abandoned inboxes
+	onLate  func()         // a late message was handed back (tests)
+}
+
+// requestGrace is how long past its expiry a request may go silent before
+// the loop gives up on it: long, as a busy worker reads late, and a
+// connection lost mid-request is rare.
+const requestGrace = 10 * time.Second
+
+func newPullRequests(nc *nats.Conn, cons jetstream.Consumer) (*pullRequests, error) {
+	info := cons.CachedInfo()
+	p := &pullRequests{nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
+		inbox: nc.NewInbox(), grace: requestGrace}
+	sub, err := p.subscribe(p.inbox)
+	if err != nil {
+		return nil, err
+	}
+	p.sub = sub
+	return p, nil
+}
+
+func (p *pullRequests) subscribe(inbox string) (*nats.Subscription, error) {
+	sub, err := p.nc.SubscribeSync(inbox + ".*")
+	if err != nil {
+		return nil, fmt.Errorf("pull inbox: %w", err)
+	}
+	// The server bounds what a request brings (batch, max_bytes); a limit
+	// here would only drop messages that then wait for AckWait.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("pull inbox: %w", err)
+	}
+	return sub, nil
+}
+
+// close ends the loop's inbox once its last request has ended, and waits
+// for the hand-back of abandoned inboxes.
+func (p *pullRequests) close() {
+	_ = p.sub.Unsubscribe()
+	p.late.Wait()
+}
+
+// errPullRefused is a request's end other than its batch, no messages or
+// its expiry: the server's status code and description.
+type errPullRefused struct{ code, description string }
+
+func (e *errPullRefused) Error() string {
+	return "pull request: " + e.code + " " + e.description
+}
+
+// leadershipChanged reports whether the consumer's leader changed: every
+// open request ends, and pulling again at once is right.
+func (e *errPullRefused) leadershipChanged() bool {
+	return e.code == "409" && e.description == "Leadership Change"
+}
+
+var errRequestLost = errors.New("pull request: no answer")
+
+// fetch asks for up to n messages and calls each for every one, in order;
+// it returns how many came. With maxBytes > 0 it is a short request (no
+// wait, at most maxBytes), else a long one that waits up to wait. A
+// request that ends with no message or at its expiry returns no error.
+func (p *pullRequests) fetch(n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
+	p.seq++
+	token := strconv.FormatUint(p.seq, 10)
+	var body []byte
+	expiresAt := time.Now()
+	if maxBytes > 0 {
+		body = fmt.Appendf(nil, `{"batch":%d,"max_bytes":%d,"no_wait":true}`, n, maxBytes)
+	} else {
+		body = fmt.Appendf(nil, `{"batch":%d,"expires":%d}`, n, wait.Nanoseconds())
+		expiresAt = expiresAt.Add(wait)
+	}
+	if err := p.nc.PublishRequest(p.subject, p.inbox+"."+token, body); err != nil {
+		return 0, err
+	}
+	got := 0
+	for got < n {
+		m, err := p.sub.NextMsg(time.Until(expiresAt) + p.grace)
+		if errors.Is(err, nats.ErrTimeout) {
+			if err := p.abandon(); err != nil {
+				return got, err
+			}
+			return got, errRequestLost
+		}
+		if err != nil {
+			return got, err
+		}
+		if m.Reply == "" { // a status: a message has its ack subject
+			if m.Subject != p.inbox+"."+token {
+				continue // an earlier request's "409 Batch Completed"
+			}
+			code := m.Header.Get("Status")
+			switch code {
+			case "", "100": // a heartbeat
+				continue
+			case "404", "408":
+				return got, nil
+			}
+			desc := m.Header.Get("Description")
+			if code == "409" && (desc == "Message Size Exceeds MaxBytes" || desc == "Batch Completed") {
+				return got, nil
+			}
+			return got, &errPullRefused{code: code, description: desc}
+		}
+		got++
+		each(newPulledMsg(p.nc, m))
+	}
+	return got, nil
+}
+
+// abandon moves the loop to a new inbox, and hands back what still
+// reaches the old one within requestGrace: it has no slot.
+func (p *pullRequests) abandon() error {
+	old := p.sub
+	inbox := p.nc.NewInbox()
+	sub, err := p.subscribe(inbox)
+	if err != nil {
+		return err
+	}
+	p.inbox, p.sub = inbox, sub
+	p.late.Add(1)
+	go func() {
+		defer p.late.Done()
+		defer func() { _ = old.Unsubscribe() }()
+		for {
+			m, err := old.NextMsg(p.grace)
+			if err != nil {
+				return
+			}
+			if m.Reply != "" {
+				_ = p.nc.Publish(m.Reply, []byte("-NAK"))
+				if p.onLate != nil {
+					p.onLate()
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// pulledMsg is a request message read from a pull loop's inbox, as
+// jetstream.Msg: its metadata is in its reply subject, its
+// acknowledgements are requestAck's.
+type pulledMsg struct {
+	m *nats.Msg
+	requestAck
+}
+
+func newPulledMsg(nc *nats.Conn, m *nats.Msg) *pulledMsg {
+	return &pulledMsg{m: m, requestAck: requestAck{nc: nc, reply: m.Reply}}
+}
+
+func (p *pulledMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	md, err := p.m.Metadata()
+	if err != nil {
+		return nil, err
+	}
+	return &jetstream.MsgMetadata{
+		Sequence:     jetstream.SequencePair{Consumer: md.Sequence.Consumer, Stream: md.Sequence.Stream},
+		NumDelivered: md.NumDelivered, NumPending: md.NumPending, Timestamp: md.Timestamp,
+		Stream: md.Stream, Consumer: md.Consumer, Domain: md.Domain,
+	}, nil
+}
+
+func (p *pulledMsg) Data() []byte         { return p.m.Data }
+func (p *pulledMsg) Headers() nats.Header { return p.m.Header }
+func (p *pulledMsg) Subject() string      { return p.m.Subject }
+func (p *pulledMsg) Reply() string        { return p.m.Reply }
+func (p *pulledMsg) Term() error          { return p.TermWithReason("") }
+
+var _ jetstream.Msg = (*pulledMsg)(nil)
