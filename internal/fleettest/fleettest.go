@@ -235,7 +235,11 @@ func (f *Fleet) Follow(id string) []*bus.Envelope {
 	var out []*bus.Envelope
 	for env, err := range f.Client.Follow(Context(f.T), id) {
 		if err != nil {
-			f.T.Fatalf("follow %s: %v (after %d envelopes)", id, err, len(out))
+			// What came, and where the run's record stands, say why.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			rec, rerr := f.Client.Status(ctx, id)
+			cancel()
+			f.T.Fatalf("follow %s: %v (after %d envelopes)\nrecord: %+v %v\n%s", id, err, len(out), rec, rerr, Dump(out))
 		}
 		out = append(out, env)
 	}
