@@ -58,7 +58,13 @@ import (
 //   - A batch committed and not answered within answerWait (its commit
 //     lost, as in a leader change) is forgotten and its unsettled events
 //     are re-sent: each is stored only right after its predecessor, so one
-//     stored already is found, not stored again (publish.go).
+//     stored already is found, not stored again (publish.go). Lost, not
+//     late: the stream answers one connection's commits in the order it
+//     got them, so a batch is taken for lost only once a batch committed
+//     after it was answered, or after stuckWait with no such answer. An
+//     overloaded server answers every batch late; re-sending them at
+//     answerWait, each event checked against the store, was more load
+//     than the batches themselves and the fleet did not recover.
 //   - From the moment the worker knows a batch ended (an error or gap
 //     answer, a commit ack storing less than sent, or no answer) until
 //     the answers of its unsettled events reach their publishers, those
@@ -90,6 +96,10 @@ type eventBatch struct {
 	off        atomic.Bool   // the stream refused batches: publish plainly
 	pauseUntil atomic.Int64  // unix ns: publish plainly until then
 	answerWait time.Duration // guarded by mu (a test sets it)
+	stuckWait  time.Duration // guarded by mu (a test sets it)
+	// answered is the commit time of the latest-committed batch whose
+	// commit ack came (guarded by mu).
+	answered   time.Time
 	stop, done chan struct{} // the sweep's
 
 	sendMu sync.Mutex // see the invariants; taken before mu
@@ -142,7 +152,7 @@ var errBatchUnanswered = errors.New("event batch not answered")
 
 func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch, error) {
 	b := &eventBatch{nc: nc, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
-		open: map[string]*openBatch{}, held: map[*publisher]int{}, answerWait: acks.timeout / 5,
+		open: map[string]*openBatch{}, held: map[*publisher]int{}, answerWait: acks.timeout / 5, stuckWait: acks.timeout * 2 / 3,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	sub, err := nc.Subscribe(b.prefix+">", b.route)
 	if err != nil {
@@ -315,11 +325,10 @@ func (b *eventBatch) forgetLocked(ob *openBatch) {
 	}
 }
 
-// sweep hands the events of a batch committed but not answered within
-// answerWait (a commit lost in a leader change, or not sent) back to their
-// publishers, which re-send them: each is stored only right after its
-// predecessor, so one the stream holds already is found there, not stored
-// again (publish.go).
+// sweep hands the events of a batch whose commit was lost (in a leader
+// change, say: see the invariants) back to their publishers, which re-send
+// them: each is stored only right after its predecessor, so one the
+// stream holds already is found there, not stored again (publish.go).
 func (b *eventBatch) sweep() {
 	defer close(b.done)
 	t := time.NewTicker(sweepEvery)
@@ -333,7 +342,10 @@ func (b *eventBatch) sweep() {
 		}
 		b.mu.Lock()
 		for _, ob := range b.open {
-			if !ob.committedAt.IsZero() && time.Since(ob.committedAt) > b.answerWait {
+			if ob.committedAt.IsZero() {
+				continue
+			}
+			if wait := time.Since(ob.committedAt); wait > b.stuckWait || wait > b.answerWait && b.answered.After(ob.committedAt) {
 				late = append(late, ob)
 			}
 		}
@@ -471,6 +483,9 @@ func (b *eventBatch) route(m *nats.Msg) {
 		b.mu.Lock()
 		if pa.Count < uint64(len(ob.entries)) {
 			b.endLocked(ob) // hold the runs of what is not stored
+		}
+		if ob.committedAt.After(b.answered) {
+			b.answered = ob.committedAt
 		}
 		b.mu.Unlock()
 		b.stored(ob, pa.Count, pa.Seq)

@@ -751,11 +751,112 @@ func TestUnansweredBatchIsReSent(t *testing.T) {
 	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	w.batch.mu.Lock()
-	w.batch.answerWait = 50 * time.Millisecond
+	w.batch.answerWait, w.batch.stuckWait = 50*time.Millisecond, 50*time.Millisecond
 	w.batch.mu.Unlock()
 	if err := w.batch.sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	storeTen(t, c, p)
+}
+
+// relayAnswers puts pass between the stream's batch answers and the
+// worker: it gets each answer with its batch id and returns how long to
+// hold it, or a negative duration to drop it. Held answers keep their
+// order.
+func relayAnswers(t *testing.T, w *Worker, pass func(id string) time.Duration) {
+	t.Helper()
+	if err := w.batch.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	type held struct {
+		m     *nats.Msg
+		until time.Time
+	}
+	q := make(chan held, 1<<16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for h := range q {
+			if d := time.Until(h.until); d > 0 {
+				t := time.NewTimer(d) // the answer's latency, not a wait
+				<-t.C
+			}
+			w.batch.route(h.m)
+		}
+	}()
+	sub, err := w.batch.nc.Subscribe(w.batch.prefix+">", func(m *nats.Msg) {
+		id, _, _ := strings.Cut(strings.TrimPrefix(m.Subject, w.batch.prefix), ".")
+		if d := pass(id); d >= 0 {
+			q <- held{m, time.Now().Add(d)}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sub.Unsubscribe()
+		close(q)
+		<-done
+	})
+}
+
+// An overloaded stream answers every batch late, none lost: the batches
+// are waited for, not taken for lost at answerWait and re-sent event by
+// event (each checked against the store), which was more load than the
+// batches and kept an overloaded fleet from recovering.
+func TestLateBatchAnswersAreWaitedFor(t *testing.T) {
+	var resent atomic.Int32
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, func(w *Worker) {
+		w.hooks.beforeEventResend = func(uint64) { resent.Add(1) }
+	})
+	w.batch.mu.Lock()
+	w.batch.answerWait = 50 * time.Millisecond
+	w.batch.mu.Unlock()
+	relayAnswers(t, w, func(string) time.Duration { return 500 * time.Millisecond })
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	storeTen(t, c, p)
+	if n := resent.Load(); n != 0 {
+		t.Fatalf("%d events re-sent", n)
+	}
+}
+
+// A commit lost while the stream answers later batches (a leader change,
+// say) is found by the later answer: its events are re-sent after
+// answerWait, not after stuckWait (an hour here), and stored once.
+func TestLostCommitIsFoundByALaterAnswer(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	holdBatches(t, w)
+	w.batch.mu.Lock()
+	w.batch.answerWait = 50 * time.Millisecond
+	w.batch.mu.Unlock()
+	var mu sync.Mutex
+	lost := ""
+	relayAnswers(t, w, func(id string) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		if lost == "" {
+			lost = id // the first batch's answers
+		}
+		if id == lost {
+			return -1
+		}
+		return 0
+	})
+	p1 := newPublisher(w, bus.NewRunID(), 1, nil)
+	started(t, p1) // its first event goes singly, with its message id
+	if _, err := p1.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	w.batch.commitNow() // the second run's batch is committed after it
+	first := make(chan error, 1)
+	go func() { first <- flushWithin(t, p1) }()
+	p2 := newPublisher(w, bus.NewRunID(), 1, nil)
+	storeTen(t, c, p2)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, p1.run)); got != "[1 2]" {
+		t.Fatalf("first run stored %s", got)
+	}
 }
