@@ -21,19 +21,26 @@ import (
 // Invariants:
 //  1. A loop reads one request at a time. It asks for no more messages
 //     than the slots it holds, and a short request for at most maxBytes.
-//  2. Every request replies to the loop's inbox subscription, which lives
-//     until the loop ends or gives up on a request: nothing the server
-//     sends is left unread because a reader moved on.
-//  3. A request ends at its batch-th message or at a status (404, 408,
-//     409): the server sends it no message after either, only, after the
-//     last message of a byte-bounded batch, a "409 Batch Completed". A
-//     status names its request (its subject is the request's reply
-//     subject, inbox.<k>); a message does not (it keeps its stream
-//     subject), so the inbox must hold no message of an earlier request.
-//  4. So the loop gives up on a request only when nothing came for it for
-//     requestGrace past its expiry (a lost connection, say), and then
-//     moves to a new inbox. What still reaches the old one has no slot: it
-//     is handed back at once, not left for AckWait.
+//  2. Every request has an expiry, past which the server sends it nothing
+//     (without one, a no_wait request at the consumer's MaxAckPending is
+//     neither served nor ended).
+//  3. Every request replies to the loop's inbox subscription, which lives
+//     until the loop ends or moves on: nothing the server sends is left
+//     unread because a reader gave up early.
+//  4. A request ends at its batch-th message, at maxBytes (a batch that
+//     fills it exactly gets no status after), or at a status (404, 408,
+//     409). The server sends it no message after these, only, after the
+//     last message of a byte-bounded batch with bytes to spare, a "409
+//     Batch Completed". A status names its request (its subject is the
+//     request's reply subject, inbox.<k>); a message does not (it keeps
+//     its stream subject), so the inbox must hold no message of an earlier
+//     request when the next one is read.
+//  5. So the loop moves to a new inbox when a request ends otherwise: a
+//     refusal that may leave messages on their way (a leader change: the
+//     old leader's may follow the new one's 409), or nothing for
+//     requestGrace past the expiry (a lost connection). What still reaches
+//     the old inbox has no slot: it is handed back at once, not left for
+//     AckWait; the request it came for has expired, so it goes to another.
 type pullRequests struct {
 	nc      *nats.Conn
 	subject string // the consumer's next-message API subject
@@ -46,9 +53,10 @@ type pullRequests struct {
 }
 
 // requestGrace is how long past its expiry a request may go silent before
-// the loop gives up on it: long, as a busy worker reads late, and a
-// connection lost mid-request is rare.
-const requestGrace = 10 * time.Second
+// the loop moves on: the server sends nothing after the expiry, so only a
+// reader this far behind loses messages, which are then handed back.
+// (nats.go's fetch waited a second.)
+const requestGrace = 2 * time.Second
 
 func newPullRequests(nc *nats.Conn, cons jetstream.Consumer) (*pullRequests, error) {
 	info := cons.CachedInfo()
@@ -99,32 +107,29 @@ func (e *errPullRefused) leadershipChanged() bool {
 
 var errRequestLost = errors.New("pull request: no answer")
 
-// fetch asks for up to n messages and calls each for every one, in order;
-// it returns how many came. With maxBytes > 0 it is a short request (no
-// wait, at most maxBytes), else a long one that waits up to wait. A
-// request that ends with no message or at its expiry returns no error.
+// fetch asks for up to n messages, for at most wait, and calls each for
+// every one, in order; it returns how many came. With maxBytes > 0 it is
+// a short request: no_wait (it ends once the consumer has nothing more),
+// within maxBytes. A request that ends with no message or at its expiry
+// returns no error.
 func (p *pullRequests) fetch(n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
 	p.seq++
 	token := strconv.FormatUint(p.seq, 10)
 	var body []byte
-	expiresAt := time.Now()
 	if maxBytes > 0 {
-		body = fmt.Appendf(nil, `{"batch":%d,"max_bytes":%d,"no_wait":true}`, n, maxBytes)
+		body = fmt.Appendf(nil, `{"batch":%d,"max_bytes":%d,"no_wait":true,"expires":%d}`, n, maxBytes, wait.Nanoseconds())
 	} else {
 		body = fmt.Appendf(nil, `{"batch":%d,"expires":%d}`, n, wait.Nanoseconds())
-		expiresAt = expiresAt.Add(wait)
 	}
+	expiresAt := time.Now().Add(wait)
 	if err := p.nc.PublishRequest(p.subject, p.inbox+"."+token, body); err != nil {
 		return 0, err
 	}
-	got := 0
+	got, left := 0, maxBytes
 	for got < n {
 		m, err := p.sub.NextMsg(time.Until(expiresAt) + p.grace)
 		if errors.Is(err, nats.ErrTimeout) {
-			if err := p.abandon(); err != nil {
-				return got, err
-			}
-			return got, errRequestLost
+			return got, p.moveOn(errRequestLost)
 		}
 		if err != nil {
 			return got, err
@@ -135,7 +140,7 @@ func (p *pullRequests) fetch(n, maxBytes int, wait time.Duration, each func(jets
 			}
 			code := m.Header.Get("Status")
 			switch code {
-			case "", "100": // a heartbeat
+			case "100": // a heartbeat
 				continue
 			case "404", "408":
 				return got, nil
@@ -144,16 +149,29 @@ func (p *pullRequests) fetch(n, maxBytes int, wait time.Duration, each func(jets
 			if code == "409" && (desc == "Message Size Exceeds MaxBytes" || desc == "Batch Completed") {
 				return got, nil
 			}
-			return got, &errPullRefused{code: code, description: desc}
+			return got, p.moveOn(&errPullRefused{code: code, description: desc})
 		}
 		got++
+		left -= m.Size() // as the server counts it: subject, reply, headers, data
 		each(newPulledMsg(p.nc, m))
+		if maxBytes > 0 && left <= 0 {
+			break
+		}
 	}
 	return got, nil
 }
 
-// abandon moves the loop to a new inbox, and hands back what still
-// reaches the old one within requestGrace: it has no slot.
+// moveOn moves the loop to a new inbox after a request that ended with
+// cause, and returns cause.
+func (p *pullRequests) moveOn(cause error) error {
+	if err := p.abandon(); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
+// abandon moves the loop to a new inbox, and hands back what reaches the
+// old one within requestGrace: it has no slot.
 func (p *pullRequests) abandon() error {
 	old := p.sub
 	inbox := p.nc.NewInbox()
@@ -163,11 +181,12 @@ func (p *pullRequests) abandon() error {
 	}
 	p.inbox, p.sub = inbox, sub
 	p.late.Add(1)
+	deadline := time.Now().Add(p.grace)
 	go func() {
 		defer p.late.Done()
 		defer func() { _ = old.Unsubscribe() }()
 		for {
-			m, err := old.NextMsg(p.grace)
+			m, err := old.NextMsg(time.Until(deadline))
 			if err != nil {
 				return
 			}

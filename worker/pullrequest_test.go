@@ -131,7 +131,7 @@ func (f *pullFixture) publish(t *testing.T, n int) {
 	}
 }
 
-// waitPending waits until the server has delivered every message to the
+// waitDelivered waits until the server has delivered every message to the
 // reader (none left to deliver, n unacknowledged).
 func (f *pullFixture) waitDelivered(t *testing.T, n int) {
 	t.Helper()
@@ -163,6 +163,7 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.close()
+	p.grace = 5 * time.Second // the stall is to outlast nats.go's second, not this
 	var late atomic.Int32
 	p.onLate = func() { late.Add(1) }
 
@@ -174,7 +175,7 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		_, r.err = p.fetch(8, 1<<20, 0, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		_, r.err = p.fetch(8, 1<<20, shortFetchWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
 		done <- r
 	}()
 	f.waitDelivered(t, 5)
@@ -234,5 +235,101 @@ func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 	md, err := again[0].Metadata()
 	if err != nil || md.NumDelivered != 2 {
 		t.Fatalf("redelivered %+v %v", md, err)
+	}
+}
+
+func (f *pullFixture) consumer(t *testing.T, cfg jetstream.ConsumerConfig) jetstream.Consumer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg.AckPolicy, cfg.AckWait = jetstream.AckExplicitPolicy, 30*time.Second
+	if _, err := f.js.CreateOrUpdateConsumer(ctx, "REQ", cfg); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := jetstream.New(f.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cons.Consumer(ctx, "REQ", cfg.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newPullRequestsT(t *testing.T, cons jetstream.Consumer, nc *nats.Conn) *pullRequests {
+	t.Helper()
+	p, err := newPullRequests(nc, cons)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.close)
+	return p
+}
+
+// A short request whose messages fill max_bytes exactly ends at the last
+// one (the server sends no status after it): the loop neither waits out
+// the expiry and grace nor moves on as if the request were lost.
+func TestAFetchThatFillsMaxBytesEndsThere(t *testing.T) {
+	f := newPullFixture(t)
+	f.publish(t, 3)
+	// The first message's size as the server counts it, from a twin
+	// consumer: the same subject and data, a reply of the same length.
+	twin := newPullRequestsT(t, f.consumer(t, jetstream.ConsumerConfig{Durable: "d"}), f.nc)
+	size := 0
+	if _, err := twin.fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { size = m.(*pulledMsg).m.Size() }); err != nil || size == 0 {
+		t.Fatalf("twin: size %d, %v", size, err)
+	}
+	p := newPullRequestsT(t, f.cons, f.nc)
+	p.grace = 5 * time.Second
+	got, err := p.fetch(3, size, 5*time.Second, func(jetstream.Msg) {})
+	if got != 1 || err != nil {
+		t.Fatalf("got %d, err %v; want the one message that fills max_bytes", got, err)
+	}
+}
+
+// At the consumer's MaxAckPending the server neither serves nor ends a
+// no_wait request without an expiry: a short request has one, so it ends
+// with nothing, and the message it could not take is still on its first
+// delivery once there is room.
+func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
+	f := newPullFixture(t)
+	cons := f.consumer(t, jetstream.ConsumerConfig{Durable: "c", MaxAckPending: 1})
+	f.publish(t, 2)
+	p := newPullRequestsT(t, cons, f.nc)
+	p.grace = 5 * time.Second
+	var held jetstream.Msg
+	if got, err := p.fetch(1, 0, time.Second, func(m jetstream.Msg) { held = m }); got != 1 || err != nil {
+		t.Fatalf("first: got %d, %v", got, err)
+	}
+	got, err := p.fetch(4, 1<<20, shortFetchWait, func(jetstream.Msg) { t.Error("a message past MaxAckPending") })
+	if got != 0 || err != nil {
+		t.Fatalf("at MaxAckPending: got %d, err %v; want the request ended empty", got, err)
+	}
+	if err := held.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	var next jetstream.Msg
+	if got, err := p.fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { next = m }); got != 1 || err != nil {
+		t.Fatalf("after the ack: got %d, %v", got, err)
+	}
+	if md, err := next.Metadata(); err != nil || md.NumDelivered != 1 || md.Sequence.Stream != 2 {
+		t.Fatalf("second message %+v %v", md, err)
+	}
+}
+
+// A byte-bounded batch of one with bytes to spare is followed by a "409
+// Batch Completed" on its own reply subject: the next request does not
+// take it for its own end.
+func TestAnEarlierRequestsStatusIsNotTheNextOnesEnd(t *testing.T) {
+	f := newPullFixture(t)
+	f.publish(t, 2)
+	p := newPullRequestsT(t, f.cons, f.nc)
+	for i := range 2 {
+		var data string
+		got, err := p.fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { data = string(m.Data()) })
+		if got != 1 || err != nil || data != fmt.Sprint("request ", i) {
+			t.Fatalf("request %d: got %d %q, %v", i, got, data, err)
+		}
 	}
 }

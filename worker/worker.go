@@ -375,6 +375,11 @@ func fetchBytesPerLoop(total, loops int) int {
 	return max(total/max(loops, 1), largestRequestMsg)
 }
 
+// shortFetchWait bounds a fetch of several: it ends once the consumer has
+// nothing more, or at this expiry (at MaxAckPending the server neither
+// serves nor ends a no_wait request without one).
+const shortFetchWait = 5 * time.Millisecond
+
 // pull takes requests from one queue, one per free slot: it takes every
 // free slot, asks for at most that many messages and fetchBytes bytes
 // without waiting, gives back the slots it got nothing for, and when
@@ -470,7 +475,11 @@ func (w *Worker) releaseSlots(queue string, n int) {
 // one larger than maxBytes is taken too).
 func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *pullRequests, n, maxBytes int) int {
 	short := maxBytes > 0
-	got, err := pr.fetch(n, maxBytes, w.longPollWait(), func(m jetstream.Msg) {
+	wait := w.longPollWait()
+	if short {
+		wait = shortFetchWait
+	}
+	got, err := pr.fetch(n, maxBytes, wait, func(m jetstream.Msg) {
 		if ctx.Err() != nil {
 			// Stopping: hand it back at once.
 			_ = m.Nak()
