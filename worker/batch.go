@@ -259,16 +259,18 @@ func (b *eventBatch) pruneLocked(epoch uint64) {
 // holds tells whether p is held (see the invariants): a plain send
 // checks it too.
 func (b *eventBatch) holds(p *publisher) bool {
-	if b.nheld.Load() != 0 { // the usual case skips the lock
-		b.mu.Lock()
-		held := b.held[p] > 0
-		b.mu.Unlock()
-		if held {
-			return true
-		}
-	}
 	// Last: set before a hold ends, and kept until nothing is unacknowledged.
-	return p.holding.Load()
+	return b.endedHolds(p) || p.holding.Load()
+}
+
+// endedHolds tells whether an ended batch holds p.
+func (b *eventBatch) endedHolds(p *publisher) bool {
+	if b.nheld.Load() == 0 { // the usual case skips the lock
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held[p] > 0
 }
 
 // endLocked marks ob known ended: it takes no more events, and the

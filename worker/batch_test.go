@@ -515,8 +515,11 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	var goOnce sync.Once
 	letGo := func() { goOnce.Do(func() { close(goOn) }) }
 	t.Cleanup(letGo)
+	var once atomic.Bool
 	w.hooks.beforeBatchSend = func(p *publisher, seq uint64) {
-		if p == run && seq == 3 {
+		// Its first send only: held then, it goes out again once 2 is
+		// stored (releaseHeld).
+		if p == run && seq == 3 && !once.Swap(true) {
 			close(past)
 			<-goOn
 		}
@@ -858,5 +861,74 @@ func TestLostCommitIsFoundByALaterAnswer(t *testing.T) {
 	}
 	if got := fmt.Sprint(storedSeqs(t, c, p1.run)); got != "[1 2]" {
 		t.Fatalf("first run stored %s", got)
+	}
+}
+
+// Once the events a re-send sent are stored, the events held meanwhile go
+// out as new ones do (in a batch), not one at a time with a round trip
+// each: that could not keep up with a streaming run on a loaded server,
+// and every run of a worker fell into it at once when the stream dropped
+// a batch (429 "too many requests").
+func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
+	var resent atomic.Int32
+	inResend := make(chan struct{})
+	goOn := make(chan struct{})
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, func(w *Worker) {
+		w.hooks.beforeEventResend = func(uint64) {
+			if resent.Add(1) == 1 {
+				close(inResend)
+				<-goOn
+			}
+		}
+	})
+	holdBatches(t, w)
+	w.batch.mu.Lock()
+	w.batch.answerWait, w.batch.stuckWait = 50*time.Millisecond, 50*time.Millisecond
+	w.batch.mu.Unlock()
+	var mu sync.Mutex
+	lost := ""
+	relayAnswers(t, w, func(id string) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		if lost == "" {
+			lost = id
+		}
+		if id == lost {
+			return -1
+		}
+		return 0
+	})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	sent := replies(t, c, w.names.Events(p.run))
+	started(t, p)
+	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	w.batch.commitNow() // its answers are lost: event 2 is re-sent
+	select {
+	case <-inResend:
+	case <-time.After(20 * time.Second):
+		t.Fatal("event 2 was not re-sent")
+	}
+	for i := 3; i <= 10; i++ { // held while the re-send runs
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(goOn)
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(10)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
+	}
+	if n := resent.Load(); n != 1 {
+		t.Fatalf("%d events re-sent one at a time, want 1 (event 2)", n)
+	}
+	r := sent(11) // event 1, 2, its re-send, 3..10
+	for i, reply := range r[3:] {
+		if !strings.HasSuffix(reply, ".$FI") {
+			t.Errorf("held event %d sent singly (reply %q)", i+3, reply)
+		}
 	}
 }

@@ -214,10 +214,11 @@ func TestAReSendSwallowedByALostConnectionIsSentAgain(t *testing.T) {
 	resending := make(chan struct{})
 	var once sync.Once
 	startInternalOn(t, wc, Config{AckWait: 10 * time.Second}, func(w *Worker) {
-		w.hooks.beforeEventResend = func(uint64) {
-			// The first re-send goes out on a connection that answers nothing.
-			once.Do(func() { part.Stall(); close(resending) })
-		}
+		// The first re-send goes out on a connection that answers nothing:
+		// an event re-sent, or the events held during the loss sent
+		// (releaseHeld).
+		stall := func(uint64) { once.Do(func() { part.Stall(); close(resending) }) }
+		w.hooks.beforeEventResend, w.hooks.beforeHeldSend = stall, stall
 	})
 	text := strings.Repeat("word ", 60)
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel,

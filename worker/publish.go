@@ -82,7 +82,9 @@ func (e *EventTooLargeError) Error() string {
 //     pending in eventAcks, and the oldest unacknowledged event was sent
 //     on this connection (its epoch). Otherwise it is held: one re-send
 //     goroutine waits for the connection and re-sends the unacknowledged
-//     events one at a time in seq order, each stored only right after
+//     events one at a time in seq order until every event it sent is
+//     stored (the held ones then go out as new events do, releaseHeld),
+//     each stored only right after
 //     the subject's last message as the goroutine knows it
 //     (Nats-Expected-Last-Subject-Sequence; an event with a message id is
 //     dropped by the stream if stored already). Refused because more is
@@ -131,8 +133,9 @@ type publisher struct {
 	seq     uint64
 	// holding: do not send (disconnected, or re-sending). Written under
 	// mu, set before a batch's hold on the publisher ends and cleared only
-	// once nothing is unacknowledged; the event batch reads it without mu
-	// (batch.go).
+	// once nothing sent is unacknowledged (what was held then goes out in
+	// seq order under sendMu, before any new event); the event batch reads
+	// it without mu (batch.go).
 	holding   atomic.Bool
 	resending bool // the re-send goroutine runs
 	// stopResend cancels the re-send's requests in flight once the
@@ -480,6 +483,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		// sendMu: no event's first send is under way while one is picked
 		// (it may be the one picked, and would then go out twice).
 		p.sendMu.Lock()
+		batchHeld := p.w.batch != nil && p.w.batch.endedHolds(p) // before mu: the batch takes it after its own
 		p.mu.Lock()
 		done, first := p.resendStateLocked(cause)
 		if done {
@@ -488,6 +492,10 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 			if first {
 				p.failed()
 			}
+			return
+		}
+		if held := p.heldOnlyLocked(); held != nil && !batchHeld && !time.Now().Before(notBefore) && nc.IsConnected() {
+			p.releaseHeld(held) // unlocks mu and sendMu
 			return
 		}
 		var o *outgoing
@@ -532,6 +540,77 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		case <-p.w.hardCtx.Done():
 			p.fail(fmt.Errorf("publish to %s: worker stopping: %w", p.subject, cause))
 		}
+	}
+}
+
+// heldOnlyLocked returns the unacknowledged events if none of them was
+// sent (all were held), else nil. Caller holds mu.
+func (p *publisher) heldOnlyLocked() []*outgoing {
+	for i, o := range p.queue {
+		if o.acked {
+			continue
+		}
+		for _, later := range p.queue[i:] {
+			if later.sent || later.acked {
+				return nil
+			}
+		}
+		return p.queue[i:]
+	}
+	return nil
+}
+
+// releaseHeld ends the re-send once every event it sent is stored: the
+// held ones go out as new events do, in seq order (in batches), and new
+// ones follow them. Sent one at a time with a round trip each, they did
+// not keep up with a streaming run on a loaded server: the run never left
+// the re-send, and every run of a worker could fall into it at once (a
+// batch the stream dropped holds events of many). Caller holds sendMu
+// and mu; both are unlocked on return.
+func (p *publisher) releaseHeld(held []*outgoing) {
+	p.holding.Store(false)
+	p.retryStart = time.Time{}
+	p.endResendLocked()
+	epoch, now := p.w.acks.current(), time.Now()
+	for _, o := range held {
+		o.batched = !o.msgID && p.w.batch != nil && p.w.batch.on() && !p.singleUnackedLocked()
+		if !o.batched {
+			p.singleSeq = o.seq
+		}
+		stampLocked(o, now, epoch)
+	}
+	waiting := len(p.drained) > 0 || p.closed // a sync or flush: its commit went before these
+	p.mu.Unlock()
+	defer p.sendMu.Unlock()
+	if h := p.w.hooks.beforeHeldSend; h != nil {
+		h(held[0].seq)
+	}
+	for i, o := range held {
+		if p.stopped.Load() {
+			return // failed or fenced since: send nothing
+		}
+		err := p.send(o.seq, o)
+		if err == nil {
+			if waiting && i == len(held)-1 {
+				p.commitBatch()
+			}
+			continue
+		}
+		p.mu.Lock()
+		for _, unsent := range held[i:] {
+			unsent.sent = false
+		}
+		first := false
+		if errors.Is(err, errHeld) || bus.Transient(err) {
+			p.startResendLocked(err)
+		} else {
+			first = p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, err))
+		}
+		p.mu.Unlock()
+		if first {
+			p.failed()
+		}
+		return
 	}
 }
 

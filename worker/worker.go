@@ -594,6 +594,8 @@ type testHooks struct {
 	beforeCatchUpRead func(runID string)
 	// before each event a publisher re-sends;
 	beforeEventResend func(seq uint64)
+	// before a re-send ends by sending the events it held from seq on;
+	beforeHeldSend func(seq uint64)
 	// before an event goes to the event batch, after its publisher's checks;
 	beforeBatchSend func(p *publisher, seq uint64)
 	// once a run takes control messages, before its control owner starts;
