@@ -8,7 +8,8 @@ import (
 )
 
 // Transient tells a NATS or JetStream failure that a reconnect, a new
-// stream leader or JetStream finishing its start cures, from one a retry
+// stream leader, JetStream finishing its start or a less loaded server
+// cures, from one a retry
 // repeats (a message too large, a wrong sequence). A caller's own
 // deadline is not in it: whether to retry past one is the caller's call.
 func Transient(err error) bool {
@@ -19,6 +20,9 @@ func Transient(err error) bool {
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
 		return true
 	}
+	// 503: unavailable for now. 429: the stream's ingest queue is full
+	// (an overloaded server drops what it cannot queue); a retry after a
+	// pause is stored.
 	var api *jetstream.APIError
-	return errors.As(err, &api) && api.Code == 503
+	return errors.As(err, &api) && (api.Code == 503 || api.Code == 429)
 }

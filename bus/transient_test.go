@@ -20,6 +20,7 @@ func TestTransient(t *testing.T) {
 		{jetstream.ErrNoStreamResponse, true},
 		{jetstream.ErrJetStreamNotEnabled, true},
 		{&jetstream.APIError{Code: 503, Description: "JetStream system temporarily unavailable"}, true},
+		{fmt.Errorf("publish: %w", &jetstream.APIError{Code: 429, ErrorCode: 10167, Description: "too many requests"}), true},
 		{&jetstream.APIError{Code: 400, ErrorCode: 10054}, false},
 		{jetstream.ErrStreamNotFound, false},
 		{context.DeadlineExceeded, false},

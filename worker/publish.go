@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -462,13 +463,15 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		p.w.log.Warn("event publish not acknowledged; re-sending when NATS is back", "run", p.run, "err", cause)
 	}
 	nc := p.w.c.Conn()
-	// The stream answered no (503, no responders) or nothing: ask again
-	// only after a pause, or an outage would be a loop of re-sends.
+	// The stream answered no (503, 429, no responders) or nothing: ask
+	// again only after a pause, or an outage would be a loop of re-sends;
+	// spread over up to four pauses, as the runs of an overloaded worker
+	// get their 429s at once.
 	pause := func(cause error) time.Time {
 		if errors.Is(cause, nats.ErrDisconnected) || errors.Is(cause, errBatchEnded) || errors.Is(cause, errHeld) || errors.Is(cause, errBatchUnanswered) {
 			return time.Now()
 		}
-		return time.Now().Add(resendPause)
+		return time.Now().Add(resendPause + rand.N(3*resendPause))
 	}
 	notBefore := pause(cause)
 	// known is the subject's last stream sequence as this re-send learned

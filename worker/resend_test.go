@@ -438,3 +438,30 @@ func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
 	}
 	p.abandon()
 }
+
+// An overloaded server drops what its stream's ingest queue cannot take
+// and answers 429 "too many requests": the event is re-sent after a pause,
+// not the run handed back (every run of a loaded worker was, at once, and
+// their resumes kept the server overloaded).
+func TestTooManyRequestsIsReSent(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	if err := w.acks.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	var answered atomic.Int32
+	sub, err := w.c.Conn().Subscribe(w.acks.prefix+"*.*", func(m *nats.Msg) {
+		if answered.Add(1) == 1 { // the stored first event's ack, as the overloaded server's answer
+			m = &nats.Msg{Subject: m.Subject, Data: []byte(`{"error":{"code":429,"err_code":10167,"description":"too many requests"},"stream":"x"}`)}
+		}
+		w.acks.route(m)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.acks.sub = sub
+	if err := w.c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	storeTen(t, c, p)
+}
