@@ -804,6 +804,24 @@ func relayAnswers(t *testing.T, w *Worker, pass func(id string) time.Duration) {
 	})
 }
 
+// loseFirstBatch is a relayAnswers pass that loses every answer of the
+// first batch answered, and passes the others at once.
+func loseFirstBatch() func(id string) time.Duration {
+	var mu sync.Mutex
+	lost := ""
+	return func(id string) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		if lost == "" {
+			lost = id
+		}
+		if id == lost {
+			return -1
+		}
+		return 0
+	}
+}
+
 // An overloaded stream answers every batch late, none lost: the batches
 // are waited for, not taken for lost at answerWait and re-sent event by
 // event (each checked against the store), which was more load than the
@@ -833,19 +851,7 @@ func TestLostCommitIsFoundByALaterAnswer(t *testing.T) {
 	w.batch.mu.Lock()
 	w.batch.answerWait = 50 * time.Millisecond
 	w.batch.mu.Unlock()
-	var mu sync.Mutex
-	lost := ""
-	relayAnswers(t, w, func(id string) time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		if lost == "" {
-			lost = id // the first batch's answers
-		}
-		if id == lost {
-			return -1
-		}
-		return 0
-	})
+	relayAnswers(t, w, loseFirstBatch())
 	p1 := newPublisher(w, bus.NewRunID(), 1, nil)
 	started(t, p1) // its first event goes singly, with its message id
 	if _, err := p1.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
@@ -885,19 +891,7 @@ func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
 	w.batch.mu.Lock()
 	w.batch.answerWait, w.batch.stuckWait = 50*time.Millisecond, 50*time.Millisecond
 	w.batch.mu.Unlock()
-	var mu sync.Mutex
-	lost := ""
-	relayAnswers(t, w, func(id string) time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		if lost == "" {
-			lost = id
-		}
-		if id == lost {
-			return -1
-		}
-		return 0
-	})
+	relayAnswers(t, w, loseFirstBatch())
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	sent := replies(t, c, w.names.Events(p.run))
 	started(t, p)

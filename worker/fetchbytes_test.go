@@ -50,16 +50,7 @@ func (c slowConn) Read(b []byte) (int, error) {
 // message, and a review saw up to 19% of the runs here take a second
 // delivery under two busy loops): every run here is picked up once.
 func TestLargeRequestsAreFetchedWithinTheByteBound(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), MaxPending: 16 << 20, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
+	srv := startJetStream(t, 16<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sub, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.ClientURL()})
@@ -156,4 +147,21 @@ func TestLargeRequestsAreFetchedWithinTheByteBound(t *testing.T) {
 	if several == 0 {
 		t.Fatalf("no fetch of several among %d pull requests", len(pulls))
 	}
+}
+
+// startJetStream starts an embedded nats-server with JetStream for the
+// test; maxPending 0 keeps the server's default.
+func startJetStream(t *testing.T, maxPending int64) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: t.TempDir(), MaxPending: maxPending, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	return srv
 }

@@ -22,15 +22,27 @@ import (
 // seq it returns true for is lost.
 func dropAcks(t *testing.T, w *Worker, drop func(seq uint64) bool) {
 	t.Helper()
-	if err := w.acks.sub.Unsubscribe(); err != nil {
-		t.Fatal(err)
-	}
-	sub, err := w.c.Conn().Subscribe(w.acks.prefix+"*.*", func(m *nats.Msg) {
+	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
 		var seq uint64
 		if i := strings.LastIndexByte(m.Subject, '.'); i >= 0 {
 			_, _ = fmt.Sscan(m.Subject[i+1:], &seq)
 		}
-		if !drop(seq) {
+		if drop(seq) {
+			return nil
+		}
+		return m
+	})
+}
+
+// routeAcks routes the worker's acks through pass: what it returns (nil:
+// nothing) reaches the worker.
+func routeAcks(t *testing.T, w *Worker, pass func(*nats.Msg) *nats.Msg) {
+	t.Helper()
+	if err := w.acks.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := w.c.Conn().Subscribe(w.acks.prefix+"*.*", func(m *nats.Msg) {
+		if m := pass(m); m != nil {
 			w.acks.route(m)
 		}
 	})
@@ -445,23 +457,13 @@ func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
 // their resumes kept the server overloaded).
 func TestTooManyRequestsIsReSent(t *testing.T) {
 	w, c := startInternal(t, Config{Concurrency: 1}, nil)
-	if err := w.acks.sub.Unsubscribe(); err != nil {
-		t.Fatal(err)
-	}
 	var answered atomic.Int32
-	sub, err := w.c.Conn().Subscribe(w.acks.prefix+"*.*", func(m *nats.Msg) {
+	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
 		if answered.Add(1) == 1 { // the stored first event's ack, as the overloaded server's answer
-			m = &nats.Msg{Subject: m.Subject, Data: []byte(`{"error":{"code":429,"err_code":10167,"description":"too many requests"},"stream":"x"}`)}
+			return &nats.Msg{Subject: m.Subject, Data: []byte(`{"error":{"code":429,"err_code":10167,"description":"too many requests"},"stream":"x"}`)}
 		}
-		w.acks.route(m)
+		return m
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.acks.sub = sub
-	if err := w.c.Conn().Flush(); err != nil {
-		t.Fatal(err)
-	}
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	storeTen(t, c, p)
 }
