@@ -59,9 +59,12 @@ import (
 //     lost, as in a leader change) is forgotten and its unsettled events
 //     are re-sent: each is stored only right after its predecessor, so one
 //     stored already is found, not stored again (publish.go). Lost, not
-//     late: the stream answers one connection's commits in the order it
-//     got them, so a batch is taken for lost only once a batch committed
-//     after it was answered, or after stuckWait with no such answer. An
+//     late: the stream (its leader) answers one connection's commits in
+//     the order it got them, so a batch is taken for lost only once a
+//     batch committed after it was answered, or after stuckWait with no
+//     such answer. (A leader change, or a batch the stream ended and
+//     committed itself, can put two answers out of order: a batch then
+//     taken for lost is found stored by its re-send.) An
 //     overloaded server answers every batch late; re-sending them at
 //     answerWait, each event checked against the store, was more load
 //     than the batches themselves and the fleet did not recover.
@@ -74,7 +77,7 @@ import (
 //     event could open a new batch and be stored before its predecessor
 //     learned it was not (the attempt then fails as stored out of order).
 //     The answers set the publisher's holding before the hold ends (it
-//     stays set until nothing is unacknowledged), and publish checks it
+//     stays set until nothing sent is unacknowledged), and publish checks it
 //     after the hold, so an event that passed the publisher's own check
 //     before the answers came is held too. An event
 //     sent before the worker knew is not covered: the stream may take it

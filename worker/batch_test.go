@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -924,5 +925,60 @@ func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
 		if !strings.HasSuffix(reply, ".$FI") {
 			t.Errorf("held event %d sent singly (reply %q)", i+3, reply)
 		}
+	}
+}
+
+// The publisher fails (its lease lost) while a re-send's held events go
+// out, and an answer holds it again mid-way: the release stops there and
+// leaves the dropped queue alone (it walked the queue's cleared array and
+// took the worker down; a review's test).
+func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
+	var resent atomic.Int32
+	inResend := make(chan struct{})
+	goOn := make(chan struct{})
+	var releasing, injected atomic.Bool
+	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, func(w *Worker) {
+		w.hooks.beforeEventResend = func(uint64) {
+			if resent.Add(1) == 1 {
+				close(inResend)
+				<-goOn
+			}
+		}
+		w.hooks.beforeHeldSend = func(uint64) { releasing.Store(true) }
+		w.hooks.beforeBatchSend = func(p *publisher, seq uint64) {
+			if releasing.Load() && seq == 5 && injected.CompareAndSwap(false, true) {
+				// The stream answers 4 as not stored, and the lease is lost.
+				p.batchAnswer(4, 0, false, errBatchEnded)
+				p.fence()
+			}
+		}
+	})
+	holdBatches(t, w)
+	w.batch.mu.Lock()
+	w.batch.answerWait, w.batch.stuckWait = 50*time.Millisecond, 50*time.Millisecond
+	w.batch.mu.Unlock()
+	relayAnswers(t, w, loseFirstBatch())
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	started(t, p)
+	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	w.batch.commitNow() // its answers are lost: event 2 is re-sent
+	select {
+	case <-inResend:
+	case <-time.After(20 * time.Second):
+		t.Fatal("event 2 was not re-sent")
+	}
+	for i := 3; i <= 10; i++ {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(goOn)
+	if err := flushWithin(t, p); !errors.Is(err, errLeaseLost) {
+		t.Fatalf("flush: %v, want the publisher fenced", err)
+	}
+	if !injected.Load() {
+		t.Fatal("the release did not reach event 5")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -571,6 +572,7 @@ func (p *publisher) heldOnlyLocked() []*outgoing {
 // batch the stream dropped holds events of many). Caller holds sendMu
 // and mu; both are unlocked on return.
 func (p *publisher) releaseHeld(held []*outgoing) {
+	held = slices.Clone(held) // the queue's array: acks pop it, a failure clears it
 	p.holding.Store(false)
 	p.retryStart = time.Time{}
 	p.endResendLocked()
@@ -584,37 +586,50 @@ func (p *publisher) releaseHeld(held []*outgoing) {
 	}
 	waiting := len(p.drained) > 0 || p.closed // a sync or flush: its commit went before these
 	p.mu.Unlock()
-	defer p.sendMu.Unlock()
 	if h := p.w.hooks.beforeHeldSend; h != nil {
 		h(held[0].seq)
 	}
+	first := p.sendReleased(held, waiting)
+	p.sendMu.Unlock()
+	if first {
+		p.failed()
+	}
+}
+
+// sendReleased sends the released events in order. It stops where one
+// is not sent, or where an answer holds the publisher again (an event
+// just sent was not stored: it would be overtaken; the re-send that answer
+// started sends the rest). It reports whether the publisher failed here
+// first. Caller holds sendMu.
+func (p *publisher) sendReleased(held []*outgoing, waiting bool) (first bool) {
 	for i, o := range held {
 		if p.stopped.Load() {
-			return // failed or fenced since: send nothing
+			return false // failed or fenced since: send nothing
 		}
-		err := p.send(o.seq, o)
-		if err == nil {
+		var err error
+		if p.holding.Load() {
+			err = errHeld
+		} else if err = p.send(o.seq, o); err == nil {
 			if waiting && i == len(held)-1 {
 				p.commitBatch()
 			}
 			continue
 		}
 		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.err != nil {
+			return false // failed meanwhile: the queue is dropped
+		}
 		for _, unsent := range held[i:] {
 			unsent.sent = false
 		}
-		first := false
 		if errors.Is(err, errHeld) || bus.Transient(err) {
 			p.startResendLocked(err)
-		} else {
-			first = p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, err))
+			return false
 		}
-		p.mu.Unlock()
-		if first {
-			p.failed()
-		}
-		return
+		return p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, err))
 	}
+	return false
 }
 
 // firstUnackedLocked returns the first unacknowledged event and the
