@@ -896,20 +896,7 @@ func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	sent := replies(t, c, w.names.Events(p.run))
 	started(t, p)
-	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
-		t.Fatal(err)
-	}
-	w.batch.commitNow() // its answers are lost: event 2 is re-sent
-	select {
-	case <-inResend:
-	case <-time.After(20 * time.Second):
-		t.Fatal("event 2 was not re-sent")
-	}
-	for i := 3; i <= 10; i++ { // held while the re-send runs
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	holdDuringResend(t, w, p, inResend)
 	close(goOn)
 	if err := flushWithin(t, p); err != nil {
 		t.Fatal(err)
@@ -960,6 +947,21 @@ func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
 	relayAnswers(t, w, loseFirstBatch())
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	started(t, p)
+	holdDuringResend(t, w, p, inResend)
+	close(goOn)
+	if err := flushWithin(t, p); !errors.Is(err, errLeaseLost) {
+		t.Fatalf("flush: %v, want the publisher fenced", err)
+	}
+	if !injected.Load() {
+		t.Fatal("the release did not reach event 5")
+	}
+}
+
+// holdDuringResend publishes event 2 in a batch whose answers are lost
+// (loseFirstBatch), waits for its re-send to start (inResend), and
+// publishes 3..10, held while the re-send runs.
+func holdDuringResend(t *testing.T, w *Worker, p *publisher, inResend <-chan struct{}) {
+	t.Helper()
 	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -973,12 +975,5 @@ func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
 		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
 			t.Fatal(err)
 		}
-	}
-	close(goOn)
-	if err := flushWithin(t, p); !errors.Is(err, errLeaseLost) {
-		t.Fatalf("flush: %v, want the publisher fenced", err)
-	}
-	if !injected.Load() {
-		t.Fatal("the release did not reach event 5")
 	}
 }
