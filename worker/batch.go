@@ -82,6 +82,15 @@ import (
 //     before the answers came is held too. An event
 //     sent before the worker knew is not covered: the stream may take it
 //     in a later batch, and the attempt fails as above.
+//   - A run's events go in one batch at a time: an event does not open or
+//     join a batch while an earlier event of its run waits for an answer
+//     in another (it waits for that answer, or for the batch to end or be
+//     forgotten). Gap-fail orders a batch's messages, not two batches: an
+//     overloaded server drops messages (429, its ingest queue full), and
+//     a later batch's could be stored after an earlier one's were dropped,
+//     the run's events then stored out of order. Batches are committed
+//     2 ms apart, so a run waits only when the server answers slower
+//     than the run emits: then it waits, where it failed before.
 //   - An event goes in a batch only if no event of its run sent singly
 //     waits for its ack (publish.go): a single event lost to a reconnect
 //     is re-sent with its message id and no expectation, and would be
@@ -114,6 +123,8 @@ type eventBatch struct {
 	closed bool
 
 	scratch []batchEntry // the callback's
+
+	beforeWait func(p *publisher, seq uint64) // a test's: an event waits for p's earlier batch
 }
 
 type openBatch struct {
@@ -128,6 +139,9 @@ type openBatch struct {
 	// committedAt is when its commit went out, or the stream committed
 	// it itself (zero: not yet).
 	committedAt time.Time
+	// changed, made by a waiting publisher, is closed when the batch's
+	// answers settle more of it, or it ends or is forgotten.
+	changed chan struct{}
 	// holds are the publishers it holds since it is known ended.
 	holds []*publisher
 	ended bool
@@ -196,12 +210,34 @@ func (b *eventBatch) on() bool {
 // (see the invariants); the publisher's re-send sends it.
 var errHeld = errors.New("event held behind an ended event batch")
 
-// publish sends m, an event of p with seq, in the open batch. It returns
-// false when batches are off (the caller publishes plainly), errHeld when
-// p is held. The caller holds p.sendMu.
+// publish sends m, an event of p with seq, in the open batch, once no
+// earlier event of p waits for an answer in another batch (see the
+// invariants). It returns false when batches are off (the caller
+// publishes plainly), errHeld when p is held. The caller holds p.sendMu.
 func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error) {
+	for {
+		ok, wait, err := b.tryPublish(p, seq, m)
+		if wait == nil {
+			return ok, err
+		}
+		if h := b.beforeWait; h != nil {
+			h(p, seq)
+		}
+		select {
+		case <-wait:
+		case <-b.stop:
+			return true, errHeld
+		}
+		if p.stopped.Load() {
+			return true, errHeld // failed or fenced meanwhile: send nothing
+		}
+	}
+}
+
+// tryPublish is publish, or the channel to wait on before trying again.
+func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg) (bool, <-chan struct{}, error) {
 	if !b.on() {
-		return false, nil
+		return false, nil, nil
 	}
 	b.sendMu.Lock()
 	defer b.sendMu.Unlock()
@@ -211,15 +247,27 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 		// Held by an ended batch, or already told an event of its was not
 		// stored (after the publisher's own check): its re-send sends it.
 		b.mu.Unlock()
-		return true, errHeld
+		return true, nil, errHeld
 	}
 	if b.closed {
 		b.mu.Unlock()
-		return false, nil
+		return false, nil, nil
 	}
 	ob := b.cur
 	if ob == nil || ob.epoch != epoch {
 		b.pruneLocked(epoch)
+		ob = nil
+	}
+	if prev := p.batch; prev != nil && prev != ob && b.open[prev.id] == prev && !prev.ended &&
+		prev.settled < p.batchAt && p.batchAt <= prev.cut {
+		if prev.changed == nil {
+			prev.changed = make(chan struct{})
+		}
+		wait := prev.changed
+		b.mu.Unlock()
+		return true, wait, nil
+	}
+	if ob == nil {
 		ob = &openBatch{id: nuid.Next(), epoch: epoch, floor: b.acks.highest.Load(), cut: math.MaxUint64}
 		ob.reply = b.prefix + ob.id + "." + strconv.Itoa(batchFlow) + ".fail."
 		b.cur = ob
@@ -227,6 +275,7 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 	}
 	ob.entries = append(ob.entries, batchEntry{p: p, seq: seq})
 	n := len(ob.entries)
+	p.batch, p.batchAt = ob, uint64(n)
 	op := "1"
 	if n == 1 {
 		op = "0"
@@ -239,12 +288,20 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 		b.mu.Lock()
 		ob.entries = ob.entries[:n-1] // not sent: its seq is the next one's
 		b.mu.Unlock()
-		return true, err
+		return true, nil, err
 	}
 	if full {
 		b.commitLocked(ob)
 	}
-	return true, nil
+	return true, nil, nil
+}
+
+// changedLocked wakes the publishers waiting on ob. Caller holds mu.
+func (ob *openBatch) changedLocked() {
+	if ob.changed != nil {
+		close(ob.changed)
+		ob.changed = nil
+	}
 }
 
 // pruneLocked forgets the batches sent before a loss of the connection:
@@ -287,6 +344,7 @@ func (b *eventBatch) endLocked(ob *openBatch) {
 		return // held already, or forgotten: no answer would release it
 	}
 	ob.ended = true
+	ob.changedLocked()
 	end := min(uint64(len(ob.entries)), ob.cut)
 	seen := map[*publisher]bool{}
 	for _, e := range ob.entries[min(ob.settled, end):end] {
@@ -328,6 +386,7 @@ func (b *eventBatch) forgetLocked(ob *openBatch) {
 	if b.cur == ob {
 		b.cur = nil
 	}
+	ob.changedLocked()
 }
 
 // sweep hands the events of a batch whose commit was lost (in a leader
@@ -378,6 +437,7 @@ func (b *eventBatch) unanswered(ob *openBatch) {
 		back = slices.Clone(ob.entries[ob.settled:end])
 	}
 	ob.settled = end
+	ob.changedLocked()
 	b.mu.Unlock()
 	for _, e := range back {
 		e.p.batchUnanswered(e.seq)
@@ -551,6 +611,7 @@ func (b *eventBatch) stored(ob *openBatch, upTo, last uint64) {
 	}
 	b.scratch = append(b.scratch[:0], ob.entries[ob.settled:upTo]...)
 	ob.settled = upTo
+	ob.changedLocked()
 	floor := ob.floor
 	b.mu.Unlock()
 	for i, e := range b.scratch {
@@ -580,6 +641,7 @@ func (b *eventBatch) notStored(ob *openBatch, from uint64, cause error, ended bo
 		b.endLocked(ob) // before the cut: it holds the runs of what is cut
 	}
 	ob.cut = min(ob.cut, from-1)
+	ob.changedLocked()
 	if ob.settled >= ob.cut {
 		b.forgetLocked(ob) // nothing left to settle
 		ended = false

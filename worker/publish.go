@@ -153,6 +153,10 @@ type publisher struct {
 	sentBytes   int64
 	firstStream uint64
 	onFail      func(error)
+	// batch and batchAt are where the publisher's last batched event went
+	// (entry batchAt, from 1), guarded by the event batch's mu (batch.go).
+	batch   *openBatch
+	batchAt uint64
 }
 
 type outgoing struct {
@@ -696,6 +700,13 @@ func (p *publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *out
 	return expect, false, err
 }
 
+// maxStoredReads is how many re-sends of one worker read what the stream
+// holds at a time. An overload's 429s make every run re-send at once, and
+// thousands of reads queued on the server's API, served one after another
+// and each long after its asker gave up, would keep it overloaded: a run
+// waits for a slot instead, within its wait.
+const maxStoredReads = 16
+
 // storedEvent is one message reconcile found on the run's subject.
 type storedEvent struct {
 	attempt int
@@ -711,7 +722,15 @@ func (p *publisher) reconcile(ctx, sentIn context.Context, after uint64, wait ti
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	defer context.AfterFunc(sentIn, cancel)()
-	last, err := p.reconcileWithin(ctx, after)
+	var last uint64
+	var err error
+	select {
+	case p.w.storedReads <- struct{}{}:
+		last, err = p.reconcileWithin(ctx, after)
+		<-p.w.storedReads
+	case <-ctx.Done():
+		last, err = after, fmt.Errorf("waiting to read the stored events: %w", context.Cause(ctx))
+	}
 	if errors.Is(err, context.Canceled) && lostSince(sentIn) {
 		err = fmt.Errorf("reading the stored events: %w", nats.ErrDisconnected)
 	}
@@ -722,20 +741,9 @@ func (p *publisher) reconcileWithin(ctx context.Context, after uint64) (uint64, 
 	// Each unacknowledged event stored at most twice, and what an older
 	// attempt may still have published: more is not this attempt's doing.
 	limit := 4*cap(p.window) + 64
-	var found []storedEvent
-	last := after
-	for len(found) <= limit {
-		m, err := p.w.eventsStream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(p.subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return after, fmt.Errorf("reading the stored events: %w", err)
-		}
-		last = m.Sequence
-		if env, err := bus.DecodeEnvelope(m.Data); err == nil {
-			found = append(found, storedEvent{attempt: env.Attempt, seq: env.Seq, stream: m.Sequence})
-		}
+	found, last, err := p.readStored(ctx, after, limit)
+	if err != nil {
+		return after, fmt.Errorf("reading the stored events: %w", err)
 	}
 	if len(found) > limit {
 		p.fail(fmt.Errorf("publish to %s: more than %d messages stored after %d", p.subject, limit, after))
@@ -774,6 +782,42 @@ func (p *publisher) reconcileWithin(ctx context.Context, after uint64) (uint64, 
 		return last, errNoProgress
 	}
 	return last, nil
+}
+
+// readStored reads what the run's subject holds after stream sequence
+// after, up to limit+1 messages, and returns those that decode and the last
+// one's sequence (after if none): in one direct get if the stream allows
+// it, else one read per message.
+func (p *publisher) readStored(ctx context.Context, after uint64, limit int) ([]storedEvent, uint64, error) {
+	var found []storedEvent
+	last := after
+	if p.w.eventsStream.CachedInfo().Config.AllowDirect {
+		msgs, err := p.w.c.EventsAfter(ctx, p.run, after, limit+1)
+		if err != nil {
+			return nil, after, err
+		}
+		for _, m := range msgs {
+			last = m.Stream
+			if m.Envelope != nil {
+				found = append(found, storedEvent{attempt: m.Envelope.Attempt, seq: m.Envelope.Seq, stream: m.Stream})
+			}
+		}
+		return found, last, nil
+	}
+	for len(found) <= limit {
+		m, err := p.w.eventsStream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(p.subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, after, err
+		}
+		last = m.Sequence
+		if env, err := bus.DecodeEnvelope(m.Data); err == nil {
+			found = append(found, storedEvent{attempt: env.Attempt, seq: env.Seq, stream: m.Sequence})
+		}
+	}
+	return found, last, nil
 }
 
 // applyStoredLocked takes this attempt's events found stored, in stream

@@ -47,6 +47,9 @@ type Worker struct {
 	// eventReadTimeout once it has its slot (eventread.go).
 	eventReads       chan struct{}
 	eventReadTimeout time.Duration
+	// storedReads bounds this worker's re-sends reading what the stream
+	// holds (publish.go reconcile).
+	storedReads chan struct{}
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -136,6 +139,7 @@ func New(cfg Config) (*Worker, error) {
 		slots:            make(chan struct{}, cfg.Concurrency),
 		eventReads:       make(chan struct{}, maxEventReads),
 		eventReadTimeout: eventReadTimeout,
+		storedReads:      make(chan struct{}, maxStoredReads),
 		runs:             map[string]*run{},
 		cover:            newControlCoverage(),
 		coverageAudit:    5 * time.Second,
