@@ -56,3 +56,44 @@ func TestEventReadersLeaveNoConsumers(t *testing.T) {
 		}
 	}
 }
+
+// EventsAfter reads a run's messages after a stream sequence in one direct
+// get: the run's only (not another run's stored between), up to max, in
+// stream order, a message that is not an envelope with a nil Envelope,
+// and nothing (no error) past the last.
+func TestEventsAfterReadsOneRunsMessages(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	var seqs []uint64 // stream sequences of run a's messages
+	for i := range 6 {
+		run := "a"
+		if i%2 == 1 {
+			run = "b"
+		}
+		data := (&bus.Envelope{Run: run, Seq: uint64(i/2 + 1), Attempt: 1, Worker: "w", TS: 1, Event: json.RawMessage(`{"type":"x"}`)}).AppendJSON(nil)
+		if i == 4 {
+			data = []byte("not an envelope")
+		}
+		ack, err := c.JetStream().Publish(ctx, c.Names().Events(run), data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run == "a" {
+			seqs = append(seqs, ack.Sequence)
+		}
+	}
+	got, err := c.EventsAfter(ctx, "a", seqs[0], 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Stream != seqs[1] || got[0].Envelope == nil || got[0].Envelope.Seq != 2 ||
+		got[1].Stream != seqs[2] || got[1].Envelope != nil {
+		t.Fatalf("after %d: %+v, want %d (seq 2) and %d (no envelope)", seqs[0], got, seqs[1], seqs[2])
+	}
+	if got, err := c.EventsAfter(ctx, "a", 0, 1); err != nil || len(got) != 1 || got[0].Stream != seqs[0] {
+		t.Fatalf("the first one: %+v, %v", got, err)
+	}
+	if got, err := c.EventsAfter(ctx, "a", seqs[2], 10); err != nil || len(got) != 0 {
+		t.Fatalf("past the last: %+v, %v", got, err)
+	}
+}

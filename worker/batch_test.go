@@ -400,6 +400,81 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 	waitNoHolds(t, w)
 }
 
+// A run's next event does not go in a new batch while its earlier one
+// waits for an answer in another: the stream may not store the earlier
+// one (an overloaded server drops messages, 429) and store the later
+// batch, the run's events then out of order. Here the first batch ends at
+// a refused event (the run's 3 after it is not stored) and its answers
+// are kept back; without the wait the run's 4 was stored in the next
+// batch and the attempt failed as stored out of order.
+func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	holdBatches(t, w)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var keeping atomic.Bool
+	keeping.Store(true)
+	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
+	big, run := refusalPair(t, ctx, w)
+	waiting := make(chan uint64, 1)
+	w.batch.beforeWait = func(p *publisher, seq uint64) {
+		if p == run {
+			select {
+			case waiting <- seq:
+			default:
+			}
+		}
+	}
+	// One batch: the run's 2, the refused event, the run's 3.
+	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	w.batch.commitNow()
+	// Its answers: the error for the refused event and the commit ack at
+	// least (a flow ack may come before).
+	answers := []*nats.Msg{within(t, tap.kept, 20*time.Second, "an answer"), within(t, tap.kept, 20*time.Second, "an answer")}
+	sent := make(chan error, 1)
+	go func() {
+		_, err := run.event("x", []byte(`{"type":"x","i":4}`), 0)
+		sent <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-sent: // sent while the run's 3 had no answer
+		sent <- err
+		w.batch.commitNow()
+		if err := run.sync(ctx); err != nil {
+			t.Logf("sync: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the run's 4 neither sent nor waiting")
+	}
+	keeping.Store(false)
+	for len(tap.kept) > 0 {
+		answers = append(answers, <-tap.kept)
+	}
+	tap.release(answers...)
+	if err := within(t, sent, 20*time.Second, "the run's 4 sent"); err != nil {
+		t.Fatal(err)
+	}
+	if err := flushWithin(t, run); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, c, run.run)); got != "[1 2 3 4]" {
+		t.Fatalf("stored %s, want [1 2 3 4]", got)
+	}
+	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
+		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
+	}
+	waitNoHolds(t, w)
+}
+
 // Batch answers lost: the publishers' ack timeout re-sends what is
 // unacknowledged, expecting the subject's last message where it is only
 // known as a floor; the stream refuses, the re-send reads what is stored,

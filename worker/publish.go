@@ -724,6 +724,9 @@ func (p *publisher) reconcile(ctx, sentIn context.Context, after uint64, wait ti
 	defer context.AfterFunc(sentIn, cancel)()
 	var last uint64
 	var err error
+	if h := p.w.hooks.beforeStoredRead; h != nil {
+		h(p)
+	}
 	select {
 	case p.w.storedReads <- struct{}{}:
 		last, err = p.reconcileWithin(ctx, after)
@@ -786,8 +789,10 @@ func (p *publisher) reconcileWithin(ctx context.Context, after uint64) (uint64, 
 
 // readStored reads what the run's subject holds after stream sequence
 // after, up to limit+1 messages, and returns those that decode and the last
-// one's sequence (after if none): in one direct get if the stream allows
-// it, else one read per message.
+// one's sequence (after if none): in one direct get if the stream allowed
+// it when the worker started (EnsureStreams allows it; turned off later,
+// the direct gets go unanswered and the runs re-sending are handed back),
+// else one read per message.
 func (p *publisher) readStored(ctx context.Context, after uint64, limit int) ([]storedEvent, uint64, error) {
 	var found []storedEvent
 	last := after
@@ -804,6 +809,13 @@ func (p *publisher) readStored(ctx context.Context, after uint64, limit int) ([]
 		}
 		return found, last, nil
 	}
+	return p.readStoredEach(ctx, after, limit)
+}
+
+// readStoredEach is readStored with a read per message.
+func (p *publisher) readStoredEach(ctx context.Context, after uint64, limit int) ([]storedEvent, uint64, error) {
+	var found []storedEvent
+	last := after
 	for len(found) <= limit {
 		m, err := p.w.eventsStream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(p.subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

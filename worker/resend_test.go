@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -104,9 +105,18 @@ func TestLostAcksStoreNothingTwice(t *testing.T) {
 	}{
 		{"one ack lost", 4, func(seq uint64) bool { return seq == 2 }},
 		{"every ack lost", 5, func(uint64) bool { return true }},
+		{"every ack lost, no direct gets", 5, func(uint64) bool { return true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
+			c := connectTestServer(t)
+			ensureStreams(t, c)
+			cfg := Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}
+			if strings.HasSuffix(tc.name, "no direct gets") {
+				// An operator's stream: the re-send reads message by message.
+				updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.AllowDirect = false })
+				cfg.SkipEnsureStreams = true
+			}
+			w, _ := startInternalOn(t, c, cfg, nil)
 			dropAcks(t, w, tc.lost)
 			run := bus.NewRunID()
 			p := newPublisher(w, run, 1, nil)
@@ -466,4 +476,47 @@ func TestTooManyRequestsIsReSent(t *testing.T) {
 	})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	storeTen(t, c, p)
+}
+
+// A worker's re-sends read what the stream holds a few at a time
+// (maxStoredReads): with every slot taken, a re-send refused for what is
+// stored reads nothing and waits, then goes on once a slot is free.
+func TestStoredReadsWaitForASlot(t *testing.T) {
+	waits := make(chan uint64, 16)
+	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, func(w *Worker) {
+		w.hooks.beforeStoredRead = func(p *publisher) {
+			p.mu.Lock()
+			o, _ := p.firstUnackedLocked()
+			p.mu.Unlock()
+			waits <- o.seq
+		}
+	})
+	for range cap(w.storedReads) {
+		w.storedReads <- struct{}{}
+	}
+	dropAcks(t, w, func(uint64) bool { return true })
+	run := bus.NewRunID()
+	p := newPublisher(w, run, 1, nil)
+	publishN(t, p, 3)
+	flushed := make(chan error, 1)
+	go func() { flushed <- flushWithin(t, p) }()
+	// The same event twice: the first read waited out its wait unread.
+	first := within(t, waits, 20*time.Second, "a re-send reading the stored events")
+	if again := within(t, waits, 20*time.Second, "a second read"); again != first {
+		t.Fatalf("event %d read for, then event %d: a read was made with every slot taken", first, again)
+	}
+	for range cap(w.storedReads) {
+		<-w.storedReads
+	}
+	go func() {
+		for range waits { // later reads, now with slots
+		}
+	}()
+	if err := <-flushed; err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	close(waits)
+	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 2 3]" {
+		t.Fatalf("stored %s, want [1 2 3]", got)
+	}
 }

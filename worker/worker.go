@@ -598,6 +598,8 @@ type testHooks struct {
 	beforeCatchUpRead func(runID string)
 	// before each event a publisher re-sends;
 	beforeEventResend func(seq uint64)
+	// before a re-send takes a slot to read what its run's subject holds;
+	beforeStoredRead func(p *publisher)
 	// before a re-send ends by sending the events it held from seq on;
 	beforeHeldSend func(seq uint64)
 	// before an event goes to the event batch, after its publisher's checks;
