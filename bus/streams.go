@@ -240,9 +240,6 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Replicas:   cfg.Replicas,
 		// Workers publish events in fast batches (worker/batch.go).
 		AllowBatchPublish: true,
-		// A worker re-sending events reads what a run's subject holds in
-		// one batched direct get (Client.EventsAfter).
-		AllowDirect: true,
 	}, {
 		Name:        n.ControlStream(),
 		Description: "agentfleet steering, follow-ups, aborts and approvals",

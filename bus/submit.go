@@ -447,38 +447,6 @@ func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([
 	})
 }
 
-// StoredEvent is a message found on a run's event subject: its stream
-// sequence and its envelope (nil if it does not decode).
-type StoredEvent struct {
-	Stream   uint64
-	Envelope *Envelope
-}
-
-// EventsAfter returns up to max messages of a run's event subject stored
-// after stream sequence after, in stream order, read in one batched direct
-// get: a worker re-sending events reads them so, where a read per message
-// through the JetStream API would queue thousands of requests on an
-// overloaded server. It needs the events stream's allow_direct.
-func (c *Client) EventsAfter(ctx context.Context, runID string, after uint64, max int) ([]StoredEvent, error) {
-	msgs, err := c.directGetter(c.names.EventsStream()).request(ctx, map[string]any{
-		"seq": after + 1, "next_by_subj": c.names.Events(runID), "batch": max,
-	})
-	if errors.Is(err, errNoResults) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("events of %s: %w", runID, err)
-	}
-	out := make([]StoredEvent, len(msgs))
-	for i, m := range msgs {
-		out[i].Stream = m.seq
-		if env, err := DecodeEnvelope(m.data); err == nil {
-			out[i].Envelope = env
-		}
-	}
-	return out, nil
-}
-
 // readEvents reads a run's envelopes from an ordered consumer on its events
 // while next says to keep them and go on; envelopes that do not decode are
 // skipped.

@@ -71,15 +71,17 @@ type eventAcks struct {
 
 	stop chan struct{}
 	done chan struct{} // the sweep has stopped
+
+	beforeSweep func() // a test's: before each pass of the sweep
 }
 
 const sweepEvery = 100 * time.Millisecond
 
-func startEventAcks(nc *nats.Conn, timeout time.Duration) (*eventAcks, error) {
+func startEventAcks(nc *nats.Conn, timeout time.Duration, beforeSweep func()) (*eventAcks, error) {
 	a := &eventAcks{
 		nc: nc, prefix: nc.NewInbox() + ".", timeout: timeout,
 		pubs: map[uint64]*publisher{}, now: make(chan struct{}, 1),
-		stop: make(chan struct{}), done: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}), beforeSweep: beforeSweep,
 	}
 	sub, err := nc.Subscribe(a.prefix+"*.*", a.route)
 	if err != nil {
@@ -228,6 +230,9 @@ func (a *eventAcks) sweep() {
 			return
 		case <-t.C:
 		case <-a.now:
+		}
+		if a.beforeSweep != nil {
+			a.beforeSweep()
 		}
 		epoch := a.current()
 		a.mu.Lock()

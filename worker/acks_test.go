@@ -262,8 +262,13 @@ func TestAcksOutOfStreamOrderFail(t *testing.T) {
 // may shut down.
 func startOwnServer(t *testing.T, cfg Config) (*Worker, *natsembed.Server) {
 	t.Helper()
+	return startOwnServerHooked(t, cfg, nil)
+}
+
+func startOwnServerHooked(t *testing.T, cfg Config, hooks func(w *Worker)) (*Worker, *natsembed.Server) {
+	t.Helper()
 	c, srv := startTestServer(t)
-	w, _ := startInternalOn(t, c, cfg, nil)
+	w, _ := startInternalOn(t, c, cfg, hooks)
 	return w, srv
 }
 
@@ -533,7 +538,7 @@ func TestAckDoesNotWaitForAPublish(t *testing.T) {
 // again until its budget ran out).
 func TestClosedAcksAreNoLostConnection(t *testing.T) {
 	c := connectTestServer(t)
-	a, err := startEventAcks(c.Conn(), time.Second)
+	a, err := startEventAcks(c.Conn(), time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

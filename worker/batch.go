@@ -215,6 +215,7 @@ var errHeld = errors.New("event held behind an ended event batch")
 // invariants). It returns false when batches are off (the caller
 // publishes plainly), errHeld when p is held. The caller holds p.sendMu.
 func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error) {
+	epoch := b.acks.current()
 	for {
 		ok, wait, err := b.tryPublish(p, seq, m)
 		if wait == nil {
@@ -230,6 +231,12 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 		}
 		if p.stopped.Load() {
 			return true, errHeld // failed or fenced meanwhile: send nothing
+		}
+		if b.acks.current() != epoch {
+			// The connection was lost meanwhile, and the earlier event's
+			// batch with it, maybe unstored: the re-send sends this one
+			// after it, whether or not the acks' sweep saw the run yet.
+			return true, errHeld
 		}
 	}
 }
@@ -275,6 +282,7 @@ func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg) (bool, <-
 	}
 	ob.entries = append(ob.entries, batchEntry{p: p, seq: seq})
 	n := len(ob.entries)
+	prevBatch, prevAt := p.batch, p.batchAt
 	p.batch, p.batchAt = ob, uint64(n)
 	op := "1"
 	if n == 1 {
@@ -287,6 +295,7 @@ func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg) (bool, <-
 	if err := b.nc.PublishMsg(m); err != nil {
 		b.mu.Lock()
 		ob.entries = ob.entries[:n-1] // not sent: its seq is the next one's
+		p.batch, p.batchAt = prevBatch, prevAt
 		b.mu.Unlock()
 		return true, nil, err
 	}

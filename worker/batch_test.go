@@ -475,6 +475,93 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 	waitNoHolds(t, w)
 }
 
+// An event waiting for its run's earlier batch through a loss of the
+// connection does not go out after it in a new batch: that batch may have
+// been lost with the connection, its event not stored, and the acks'
+// sweep, which has the run re-send, may look at the run only later (here
+// it is kept from looking until the event went its way). Without the
+// check the run's 3 was stored in the new batch before its 2.
+func TestAWaitingEventIsHeldAfterAReconnect(t *testing.T) {
+	var blocking atomic.Bool
+	release := make(chan struct{})
+	w, _ := startOwnServerHooked(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute}, func(w *Worker) {
+		w.hooks.beforeAcksSweep = func() {
+			if blocking.Load() {
+				<-release
+			}
+		}
+	})
+	holdBatches(t, w)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var keeping atomic.Bool
+	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
+	big, run := refusalPair(t, ctx, w)
+	other := newPublisher(w, bus.NewRunID(), 1, nil)
+	started(t, other)
+	waiting := make(chan struct{}, 1)
+	w.batch.beforeWait = func(p *publisher, seq uint64) {
+		if p == run {
+			select {
+			case waiting <- struct{}{}:
+			default:
+			}
+		}
+	}
+	keeping.Store(true)
+	// The refused event, then the run's 2, which the stream does not
+	// store (gap fail); the answers are kept back.
+	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	w.batch.commitNow()
+	within(t, tap.kept, 20*time.Second, "an answer")
+	within(t, tap.kept, 20*time.Second, "an answer")
+	sent := make(chan error, 1)
+	go func() {
+		_, err := run.event("x", []byte(`{"type":"x","i":3}`), 0)
+		sent <- err
+	}()
+	within(t, waiting, 20*time.Second, "the run's 3 waiting")
+	blocking.Store(true)
+	nc := w.c.Conn()
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	for !nc.IsConnected() {
+		if ctx.Err() != nil {
+			t.Fatal("not reconnected")
+		}
+		time.Sleep(time.Millisecond) // polls the state waited for
+	}
+	keeping.Store(false)
+	// Another run's event opens a batch on the new connection: the old
+	// one is forgotten, and the run's 3 stops waiting.
+	if _, err := other.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, sent, 20*time.Second, "the run's 3 gone its way"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	w.batch.commitNow()
+	if err := flushWithin(t, run); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, w.c, run.run)); got != "[1 2 3]" {
+		t.Fatalf("stored %s, want [1 2 3]", got)
+	}
+	if err := flushWithin(t, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
+		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
+	}
+}
+
 // Batch answers lost: the publishers' ack timeout re-sends what is
 // unacknowledged, expecting the subject's last message where it is only
 // known as a floor; the stream refuses, the re-send reads what is stored,

@@ -788,32 +788,11 @@ func (p *publisher) reconcileWithin(ctx context.Context, after uint64) (uint64, 
 }
 
 // readStored reads what the run's subject holds after stream sequence
-// after, up to limit+1 messages, and returns those that decode and the last
-// one's sequence (after if none): in one direct get if the stream allowed
-// it when the worker started (EnsureStreams allows it; turned off later,
-// the direct gets go unanswered and the runs re-sending are handed back),
-// else one read per message.
+// after, up to limit+1 messages, one read per message (through the
+// JetStream API, which only the stream's leader answers: a direct get may
+// be served by a follower behind it), and returns those that decode and
+// the last one's sequence (after if none).
 func (p *publisher) readStored(ctx context.Context, after uint64, limit int) ([]storedEvent, uint64, error) {
-	var found []storedEvent
-	last := after
-	if p.w.eventsStream.CachedInfo().Config.AllowDirect {
-		msgs, err := p.w.c.EventsAfter(ctx, p.run, after, limit+1)
-		if err != nil {
-			return nil, after, err
-		}
-		for _, m := range msgs {
-			last = m.Stream
-			if m.Envelope != nil {
-				found = append(found, storedEvent{attempt: m.Envelope.Attempt, seq: m.Envelope.Seq, stream: m.Stream})
-			}
-		}
-		return found, last, nil
-	}
-	return p.readStoredEach(ctx, after, limit)
-}
-
-// readStoredEach is readStored with a read per message.
-func (p *publisher) readStoredEach(ctx context.Context, after uint64, limit int) ([]storedEvent, uint64, error) {
 	var found []storedEvent
 	last := after
 	for len(found) <= limit {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -105,18 +104,9 @@ func TestLostAcksStoreNothingTwice(t *testing.T) {
 	}{
 		{"one ack lost", 4, func(seq uint64) bool { return seq == 2 }},
 		{"every ack lost", 5, func(uint64) bool { return true }},
-		{"every ack lost, no direct gets", 5, func(uint64) bool { return true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := connectTestServer(t)
-			ensureStreams(t, c)
-			cfg := Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}
-			if strings.HasSuffix(tc.name, "no direct gets") {
-				// An operator's stream: the re-send reads message by message.
-				updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.AllowDirect = false })
-				cfg.SkipEnsureStreams = true
-			}
-			w, _ := startInternalOn(t, c, cfg, nil)
+			w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 			dropAcks(t, w, tc.lost)
 			run := bus.NewRunID()
 			p := newPublisher(w, run, 1, nil)

@@ -243,7 +243,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
-	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout); err != nil {
+	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.beforeAcksSweep); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	defer w.acks.close() // after the runs: Run returns once they are done
@@ -598,6 +598,8 @@ type testHooks struct {
 	beforeCatchUpRead func(runID string)
 	// before each event a publisher re-sends;
 	beforeEventResend func(seq uint64)
+	// before each pass of the event acks' sweep (acks.go);
+	beforeAcksSweep func()
 	// before a re-send takes a slot to read what its run's subject holds;
 	beforeStoredRead func(p *publisher)
 	// before a re-send ends by sending the events it held from seq on;
