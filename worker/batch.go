@@ -88,9 +88,14 @@ import (
 //     forgotten). Gap-fail orders a batch's messages, not two batches: an
 //     overloaded server drops messages (429, its ingest queue full), and
 //     a later batch's could be stored after an earlier one's were dropped,
-//     the run's events then stored out of order. Batches are committed
-//     2 ms apart, so a run waits only when the server answers slower
-//     than the run emits: then it waits, where it failed before.
+//     the run's events then stored out of order. A run waits whenever its
+//     events come closer together than a batch's answer takes (commit
+//     every 2 ms, answer a round trip later): a few ms on a healthy
+//     server, and as long as the server is behind when it is overloaded,
+//     where the run failed before. Its publisher checks before the wait
+//     (the acks' epoch, publish.go), so an event stamped before a loss of
+//     the connection is held, not sent, and the sweep forgets batches
+//     sent before a loss, so no waiter waits for their answer.
 //   - An event goes in a batch only if no event of its run sent singly
 //     waits for its ack (publish.go): a single event lost to a reconnect
 //     is re-sent with its message id and no expectation, and would be
@@ -210,14 +215,14 @@ func (b *eventBatch) on() bool {
 // (see the invariants); the publisher's re-send sends it.
 var errHeld = errors.New("event held behind an ended event batch")
 
-// publish sends m, an event of p with seq, in the open batch, once no
-// earlier event of p waits for an answer in another batch (see the
-// invariants). It returns false when batches are off (the caller
-// publishes plainly), errHeld when p is held. The caller holds p.sendMu.
-func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error) {
-	epoch := b.acks.current()
+// publish sends m, an event of p with seq stamped with the acks' epoch
+// stamp, in the open batch, once no earlier event of p waits for an answer
+// in another batch (see the invariants). It returns false when batches are
+// off (the caller publishes plainly), errHeld when p is held or the
+// connection was lost since the stamp. The caller holds p.sendMu.
+func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg, stamp uint64) (bool, error) {
 	for {
-		ok, wait, err := b.tryPublish(p, seq, m)
+		ok, wait, err := b.tryPublish(p, seq, m, stamp)
 		if wait == nil {
 			return ok, err
 		}
@@ -232,17 +237,11 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg) (bool, error
 		if p.stopped.Load() {
 			return true, errHeld // failed or fenced meanwhile: send nothing
 		}
-		if b.acks.current() != epoch {
-			// The connection was lost meanwhile, and the earlier event's
-			// batch with it, maybe unstored: the re-send sends this one
-			// after it, whether or not the acks' sweep saw the run yet.
-			return true, errHeld
-		}
 	}
 }
 
 // tryPublish is publish, or the channel to wait on before trying again.
-func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg) (bool, <-chan struct{}, error) {
+func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg, stamp uint64) (bool, <-chan struct{}, error) {
 	if !b.on() {
 		return false, nil, nil
 	}
@@ -250,9 +249,12 @@ func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg) (bool, <-
 	defer b.sendMu.Unlock()
 	epoch := b.acks.current()
 	b.mu.Lock()
-	if b.held[p] > 0 || p.holding.Load() {
+	if b.held[p] > 0 || p.holding.Load() || stamp != epoch {
 		// Held by an ended batch, or already told an event of its was not
-		// stored (after the publisher's own check): its re-send sends it.
+		// stored (after the publisher's own check), or the connection was
+		// lost since the publisher's check (an earlier event of p may
+		// have been lost with it, the acks' sweep may not have seen p
+		// yet): its re-send sends it, after the earlier ones.
 		b.mu.Unlock()
 		return true, nil, errHeld
 	}
@@ -265,7 +267,7 @@ func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg) (bool, <-
 		b.pruneLocked(epoch)
 		ob = nil
 	}
-	if prev := p.batch; prev != nil && prev != ob && b.open[prev.id] == prev && !prev.ended &&
+	if prev := b.open[p.batch]; prev != nil && prev != ob && !prev.ended &&
 		prev.settled < p.batchAt && p.batchAt <= prev.cut {
 		if prev.changed == nil {
 			prev.changed = make(chan struct{})
@@ -283,7 +285,7 @@ func (b *eventBatch) tryPublish(p *publisher, seq uint64, m *nats.Msg) (bool, <-
 	ob.entries = append(ob.entries, batchEntry{p: p, seq: seq})
 	n := len(ob.entries)
 	prevBatch, prevAt := p.batch, p.batchAt
-	p.batch, p.batchAt = ob, uint64(n)
+	p.batch, p.batchAt = ob.id, uint64(n)
 	op := "1"
 	if n == 1 {
 		op = "0"
@@ -413,7 +415,12 @@ func (b *eventBatch) sweep() {
 			return
 		case <-t.C:
 		}
+		// Forget what was sent before a loss of the connection even when
+		// no event comes to do it: a run waiting for its earlier batch
+		// (see the invariants) waits for this.
+		epoch := b.acks.current()
 		b.mu.Lock()
+		b.pruneLocked(epoch)
 		for _, ob := range b.open {
 			if ob.committedAt.IsZero() {
 				continue

@@ -480,8 +480,16 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 // been lost with the connection, its event not stored, and the acks'
 // sweep, which has the run re-send, may look at the run only later (here
 // it is kept from looking until the event went its way). Without the
-// check the run's 3 was stored in the new batch before its 2.
+// check the run's 3 was stored in the new batch before its 2. The old batch
+// is forgotten when another run's event opens a new one, or by the batch's
+// sweep when none comes (it waited for stuckWait, an hour here).
 func TestAWaitingEventIsHeldAfterAReconnect(t *testing.T) {
+	for _, another := range []bool{true, false} {
+		t.Run(fmt.Sprintf("another run sends: %v", another), func(t *testing.T) { waitThroughAReconnect(t, another) })
+	}
+}
+
+func waitThroughAReconnect(t *testing.T, another bool) {
 	var blocking atomic.Bool
 	release := make(chan struct{})
 	w, _ := startOwnServerHooked(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute}, func(w *Worker) {
@@ -491,7 +499,12 @@ func TestAWaitingEventIsHeldAfterAReconnect(t *testing.T) {
 			}
 		}
 	})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock) // before the worker's: its acks wait for the sweep
 	holdBatches(t, w)
+	w.batch.mu.Lock()
+	w.batch.stuckWait = time.Hour
+	w.batch.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var keeping atomic.Bool
@@ -538,15 +551,17 @@ func TestAWaitingEventIsHeldAfterAReconnect(t *testing.T) {
 		time.Sleep(time.Millisecond) // polls the state waited for
 	}
 	keeping.Store(false)
-	// Another run's event opens a batch on the new connection: the old
-	// one is forgotten, and the run's 3 stops waiting.
-	if _, err := other.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
-		t.Fatal(err)
+	if another {
+		// Another run's event opens a batch on the new connection: the old
+		// one is forgotten, and the run's 3 stops waiting.
+		if _, err := other.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := within(t, sent, 20*time.Second, "the run's 3 gone its way"); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	unblock()
 	w.batch.commitNow()
 	if err := flushWithin(t, run); err != nil {
 		t.Fatalf("flush: %v", err)

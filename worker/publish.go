@@ -155,7 +155,7 @@ type publisher struct {
 	onFail      func(error)
 	// batch and batchAt are where the publisher's last batched event went
 	// (entry batchAt, from 1), guarded by the event batch's mu (batch.go).
-	batch   *openBatch
+	batch   string // the batch's id
 	batchAt uint64
 }
 
@@ -1080,7 +1080,7 @@ func (p *publisher) send(seq uint64, o *outgoing) error {
 		if h := p.w.hooks.beforeBatchSend; h != nil {
 			h(p, seq)
 		}
-		if ok, err := b.publish(p, seq, &o.m); ok {
+		if ok, err := b.publish(p, seq, &o.m, o.epoch); ok {
 			return err
 		}
 		p.mu.Lock()
