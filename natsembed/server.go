@@ -43,6 +43,11 @@ type Options struct {
 	// interval such as "2m" (the nats-server default: a power cut can lose
 	// the last interval's acknowledged writes). Empty means "2m".
 	Sync string
+	// StreamMaxBufferedMsgs bounds each stream's queue of messages
+	// received and not yet stored (nats-server's max_buffered_msgs;
+	// default 0: the server's, 100,000 in v2.15); past it the server
+	// drops messages and answers 429, as an overloaded server does.
+	StreamMaxBufferedMsgs int
 }
 
 // DefaultSync is the sync setting of an embedded server that names none.
@@ -127,6 +132,7 @@ func StartContext(ctx context.Context, o Options) (*Server, error) {
 		DisableJetStreamBanner: true,
 		SyncInterval:           syncEvery,
 		SyncAlways:             syncAlways,
+		StreamMaxBufferedMsgs:  o.StreamMaxBufferedMsgs,
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // Events in fast batches (batch.go), on a real stream: what the batch
@@ -574,6 +576,60 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	}
 	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
 		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
+	}
+}
+
+// A server that drops messages (its streams' ingest queues full, 429, as
+// when it is overloaded) ends batches in the middle while later ones come:
+// every run should still store its events once each, in order.
+//
+// Known defect, so skipped unless AGENTFLEET_KNOWN_DEFECTS is set: 3-6 of
+// the 100 runs fail as stored out of order ("event 17 stored at 193,
+// before 810": the event was stored early, its batch's answers taken for
+// not stored, and it was stored again in a later batch whose floor is
+// 810), with or without one batch at a time (5-15 without). Not yet
+// understood: how the stream answers a batch whose message its ingest
+// queue dropped.
+func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
+	if os.Getenv("AGENTFLEET_KNOWN_DEFECTS") == "" {
+		t.Skip("known defect (see the comment); set AGENTFLEET_KNOWN_DEFECTS=1 to run it")
+	}
+	c, _ := startTestServerWith(t, natsembed.Options{StreamMaxBufferedMsgs: 64})
+	w, _ := startInternalOn(t, c, Config{Concurrency: 1, PublishAckTimeout: 5 * time.Second}, nil)
+	const runs, events = 100, 40
+	pubs := make([]*publisher, runs)
+	var wg sync.WaitGroup
+	errs := make(chan error, runs)
+	for i := range pubs {
+		pubs[i] = newPublisher(w, bus.NewRunID(), 1, nil)
+		wg.Go(func() {
+			p := pubs[i]
+			for j := 1; j <= events; j++ {
+				if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, j), 0); err != nil {
+					errs <- fmt.Errorf("run %d event %d: %w", i, j, err)
+					p.abandon()
+					return
+				}
+			}
+			if err := flushWithin(t, p); err != nil {
+				errs <- fmt.Errorf("run %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	var failed []string
+	for err := range errs {
+		failed = append(failed, err.Error())
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d runs failed, first: %s", len(failed), runs, failed[0])
+	}
+	want := fmt.Sprint(seqsTo(events))
+	for i, p := range pubs {
+		if got := fmt.Sprint(storedSeqs(t, c, p.run)); got != want {
+			t.Fatalf("run %d stored %s", i, got)
+		}
 	}
 }
 

@@ -25,7 +25,15 @@ func connectTestServer(t testing.TB) *bus.Client {
 // shut down, and connects to it.
 func startTestServer(t testing.TB) (*bus.Client, *natsembed.Server) {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	return startTestServerWith(t, natsembed.Options{})
+}
+
+// startTestServerWith is startTestServer with o's settings (port, store
+// and bounds are the test's).
+func startTestServerWith(t testing.TB, o natsembed.Options) (*bus.Client, *natsembed.Server) {
+	t.Helper()
+	o.Port, o.StoreDir, o.MaxMemory, o.MaxStore = -1, t.TempDir(), 64<<20, 1<<30
+	srv, err := natsembed.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
