@@ -335,6 +335,22 @@ func refusalPair(t *testing.T, ctx context.Context, w *Worker) (big, run *publis
 	return big, run
 }
 
+// refusalPairEnds flushes refusalPair's runs: run's subject holds want,
+// big's flush fails with the size refusal, and no publisher is held.
+func refusalPairEnds(t *testing.T, w *Worker, run, big *publisher, want string) {
+	t.Helper()
+	if err := flushWithin(t, run); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := fmt.Sprint(storedSeqs(t, w.c, run.run)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
+	}
+	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
+		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
+	}
+	waitNoHolds(t, w)
+}
+
 // Between the stream's answer that a batch ended and the answers of the
 // events it did not store, a run's next event must not open a new batch
 // and be stored before its lost predecessor (the attempt then failed as
@@ -410,7 +426,7 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 // are kept back; without the wait the run's 4 was stored in the next
 // batch and the attempt failed as stored out of order.
 func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -465,16 +481,7 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 	if err := within(t, sent, 20*time.Second, "the run's 4 sent"); err != nil {
 		t.Fatal(err)
 	}
-	if err := flushWithin(t, run); err != nil {
-		t.Fatalf("flush: %v", err)
-	}
-	if got := fmt.Sprint(storedSeqs(t, c, run.run)); got != "[1 2 3 4]" {
-		t.Fatalf("stored %s, want [1 2 3 4]", got)
-	}
-	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
-		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
-	}
-	waitNoHolds(t, w)
+	refusalPairEnds(t, w, run, big, "[1 2 3 4]")
 }
 
 // An event waiting for its run's earlier batch through a loss of the
@@ -565,18 +572,10 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	}
 	unblock()
 	w.batch.commitNow()
-	if err := flushWithin(t, run); err != nil {
-		t.Fatalf("flush: %v", err)
-	}
-	if got := fmt.Sprint(storedSeqs(t, w.c, run.run)); got != "[1 2 3]" {
-		t.Fatalf("stored %s, want [1 2 3]", got)
-	}
 	if err := flushWithin(t, other); err != nil {
 		t.Fatal(err)
 	}
-	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
-		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
-	}
+	refusalPairEnds(t, w, run, big, "[1 2 3]")
 }
 
 // A server that drops messages (its streams' ingest queues full, 429, as
@@ -736,7 +735,7 @@ func waitNoHolds(t *testing.T, w *Worker) {
 // was stored first; a review's scratch test, and one
 // TestRefusedEventInABatchIsReSentForTheOthers run in 25.)
 func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -787,16 +786,7 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	if err := within(t, sent3, 20*time.Second, "the run's 3"); err != nil {
 		t.Fatal(err)
 	}
-	if err := flushWithin(t, run); err != nil {
-		t.Fatalf("flush: %v", err)
-	}
-	if got := fmt.Sprint(storedSeqs(t, c, run.run)); got != "[1 2 3]" {
-		t.Fatalf("stored %s, want [1 2 3]", got)
-	}
-	if err := flushWithin(t, big); err == nil || !strings.Contains(err.Error(), "maximum") {
-		t.Fatalf("the run with the refused event: flush %v, want the size refusal", err)
-	}
-	waitNoHolds(t, w)
+	refusalPairEnds(t, w, run, big, "[1 2 3]")
 }
 
 // A gap or error answer for a batch forgotten meanwhile (the connection
