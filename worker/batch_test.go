@@ -335,6 +335,18 @@ func refusalPair(t *testing.T, ctx context.Context, w *Worker) (big, run *publis
 	return big, run
 }
 
+// keptRefusalPair is refusalPair on a worker whose batches are held open
+// and whose batch answers are kept back while keeping is set (set here).
+func keptRefusalPair(t *testing.T, ctx context.Context, w *Worker) (tap *answerTap, keeping *atomic.Bool, big, run *publisher) {
+	t.Helper()
+	holdBatches(t, w)
+	keeping = new(atomic.Bool)
+	keeping.Store(true)
+	tap = tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
+	big, run = refusalPair(t, ctx, w)
+	return tap, keeping, big, run
+}
+
 // refusalPairEnds flushes refusalPair's runs: run's subject holds want,
 // big's flush fails with the size refusal, and no publisher is held.
 func refusalPairEnds(t *testing.T, w *Worker, run, big *publisher, want string) {
@@ -427,13 +439,9 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 // batch and the attempt failed as stored out of order.
 func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
-	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var keeping atomic.Bool
-	keeping.Store(true)
-	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
-	big, run := refusalPair(t, ctx, w)
+	tap, keeping, big, run := keptRefusalPair(t, ctx, w)
 	waiting := make(chan uint64, 1)
 	w.batch.beforeWait = func(p *publisher, seq uint64) {
 		if p == run {
@@ -736,14 +744,10 @@ func waitNoHolds(t *testing.T, w *Worker) {
 // TestRefusedEventInABatchIsReSentForTheOthers run in 25.)
 func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
-	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// The stream's answers are kept until the run's 3 is past its checks.
-	var keeping atomic.Bool
-	keeping.Store(true)
-	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
-	big, run := refusalPair(t, ctx, w)
+	tap, keeping, big, run := keptRefusalPair(t, ctx, w)
 	past, goOn := make(chan struct{}), make(chan struct{})
 	var goOnce sync.Once
 	letGo := func() { goOnce.Do(func() { close(goOn) }) }
