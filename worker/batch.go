@@ -96,10 +96,11 @@ import (
 //     (the acks' epoch, publish.go), so an event stamped before a loss of
 //     the connection is held, not sent, and the sweep forgets batches
 //     sent before a loss, so no waiter waits for their answer.
-//   - An event goes in a batch only if no event of its run sent singly
-//     waits for its ack (publish.go): a single event lost to a reconnect
-//     is re-sent with its message id and no expectation, and would be
-//     stored after a later batched one unnoticed.
+//   - An event goes in a batch only once no event of its run sent singly
+//     waits for its ack (it waits for it, publish.go's turnLocked): a
+//     single event lost to a reconnect is re-sent with its message id and
+//     no expectation, and would be stored after a later batched one
+//     unnoticed; one the stream dropped (429) would be stored after it.
 //   - Refused for too many open batches (the stream's or the server's
 //     limit), events go singly for batchPause.
 type eventBatch struct {

@@ -79,6 +79,12 @@ func (e *EventTooLargeError) Error() string {
 //   - Only a publisher's first event and the lifecycle events carry a
 //     Nats-Msg-Id (carriesMsgID): the stream's dedupe of every event cost
 //     it a fifth of its ingest.
+//   - While the stream takes batches, an event sent singly (no
+//     expectation) goes out alone: once every earlier event of its run is
+//     answered, and the run's next event only after its answer
+//     (turnLocked). Batches keep order within a batch; nothing kept it
+//     between two single sends in flight, and an overloaded stream drops
+//     one and stores the next.
 //   - A new event is sent at once only if it cannot overtake an earlier
 //     one: nothing is held, the connection is up, no disconnect is
 //     pending in eventAcks, and the oldest unacknowledged event was sent
@@ -157,6 +163,9 @@ type publisher struct {
 	// (entry batchAt, from 1), guarded by the event batch's mu (batch.go).
 	batch   string // the batch's id
 	batchAt uint64
+	// turn, made by an event waiting for its turn (turnLocked), is closed
+	// when an ack pops, a re-send starts or the publisher fails.
+	turn chan struct{}
 }
 
 type outgoing struct {
@@ -396,6 +405,9 @@ func (p *publisher) popLocked() (popped, stored int, bad error) {
 			close(p.first)
 		}
 	}
+	if popped > 0 {
+		p.turnChangedLocked()
+	}
 	switch {
 	case popped == 0:
 	case p.resending && len(p.queue) > 0:
@@ -445,6 +457,7 @@ func (p *publisher) check(now time.Time, epoch uint64, timeout time.Duration) {
 // startResendLocked holds new events and starts the re-send goroutine
 // unless it runs. Caller holds mu.
 func (p *publisher) startResendLocked(cause error) {
+	p.turnChangedLocked() // a waiting event is held now
 	p.holding.Store(true)
 	if p.err != nil || p.resending {
 		return
@@ -582,10 +595,7 @@ func (p *publisher) releaseHeld(held []*outgoing) {
 	p.endResendLocked()
 	epoch, now := p.w.acks.current(), time.Now()
 	for _, o := range held {
-		o.batched = !o.msgID && p.w.batch != nil && p.w.batch.on() && !p.singleUnackedLocked()
-		if !o.batched {
-			p.singleSeq = o.seq
-		}
+		o.batched = !o.msgID && p.w.batch != nil && p.w.batch.on()
 		stampLocked(o, now, epoch)
 	}
 	waiting := len(p.drained) > 0 || p.closed // a sync or flush: its commit went before these
@@ -611,7 +621,7 @@ func (p *publisher) sendReleased(held []*outgoing, waiting bool) (first bool) {
 			return false // failed or fenced since: send nothing
 		}
 		var err error
-		if p.holding.Load() {
+		if !p.releasedTurn(o) {
 			err = errHeld
 		} else if err = p.send(o.seq, o); err == nil {
 			if waiting && i == len(held)-1 {
@@ -634,6 +644,29 @@ func (p *publisher) sendReleased(held []*outgoing, waiting bool) (first bool) {
 		return p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, err))
 	}
 	return false
+}
+
+// releasedTurn waits for the released event o's turn (turnLocked), and
+// tells whether it may go: not if the publisher is held again, or failed.
+// Caller holds sendMu.
+func (p *publisher) releasedTurn(o *outgoing) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if p.holding.Load() || p.err != nil {
+			return false
+		}
+		wait := p.turnLocked(!o.batched, o.seq)
+		if wait == nil {
+			if !o.batched {
+				p.singleSeq = o.seq
+			}
+			return true
+		}
+		p.mu.Unlock()
+		p.awaitTurn(wait)
+		p.mu.Lock()
+	}
 }
 
 // firstUnackedLocked returns the first unacknowledged event and the
@@ -896,6 +929,7 @@ func (p *publisher) failLocked(err error) bool {
 		p.err = err
 	}
 	p.stopped.Store(true)
+	p.turnChangedLocked()
 	if p.stopResend != nil {
 		p.stopResend() // its request in flight ends now
 	}
@@ -991,15 +1025,24 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	p.acquire()
 	p.sendMu.Lock()
 	p.mu.Lock()
-	if p.err != nil || p.closed {
-		err := p.err
-		p.mu.Unlock()
-		p.sendMu.Unlock()
-		<-p.window
-		if err == nil {
-			err = errPublisherClosed
+	for {
+		if p.err != nil || p.closed {
+			err := p.err
+			p.mu.Unlock()
+			p.sendMu.Unlock()
+			<-p.window
+			if err == nil {
+				err = errPublisherClosed
+			}
+			return 0, err
 		}
-		return 0, err
+		wait := p.newEventTurnLocked(typ)
+		if wait == nil {
+			break
+		}
+		p.mu.Unlock()
+		p.awaitTurn(wait)
+		p.mu.Lock()
 	}
 	seq := p.seq + 1
 	now := time.Now()
@@ -1062,6 +1105,79 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	return seq, nil
 }
 
+// newEventTurnLocked returns, when a new event of type typ may not go out
+// yet (see turnLocked), a channel closed once that may have changed; nil
+// when it may go now, or will be held anyway. Caller holds mu.
+func (p *publisher) newEventTurnLocked(typ string) <-chan struct{} {
+	if _, send := p.mayOvertakeLocked(); !send {
+		return nil // held: the re-send sends it in its turn
+	}
+	b := p.w.batch
+	plain := carriesMsgID(typ, p.lastStream == 0 && len(p.queue) == 0) || b == nil || !b.on()
+	return p.turnLocked(plain, p.seq+1)
+}
+
+// turnLocked returns, when the event seq (plain: sent singly) may not go
+// out yet, a channel closed once that may have changed, else nil. While
+// the stream takes batches, an event sent singly has its run to itself:
+// it goes out once every earlier event of the run is answered, and no
+// later one goes out before its answer. A single send carries no
+// expectation; two in flight at once, or one beside a batch, were stored
+// out of order when the stream dropped the earlier (429, overloaded) and
+// took the later, and the attempt failed (it is handed back). A run
+// waits a round trip after its run_started, and each event of a run
+// waits one while batches are paused. With batches off (the stream does
+// not allow them) single sends stay pipelined, as before batches: a lost
+// one fails the attempt. Caller holds mu.
+func (p *publisher) turnLocked(plain bool, seq uint64) <-chan struct{} {
+	if b := p.w.batch; b == nil || b.off.Load() {
+		return nil
+	}
+	if plain && !p.unackedBeforeLocked(seq) || !plain && !p.singleUnackedLocked() {
+		return nil
+	}
+	if p.turn == nil {
+		p.turn = make(chan struct{})
+	}
+	return p.turn
+}
+
+// turnChangedLocked wakes the events waiting for their turn. Caller
+// holds mu.
+func (p *publisher) turnChangedLocked() {
+	if p.turn != nil {
+		close(p.turn)
+		p.turn = nil
+	}
+}
+
+// awaitTurn waits on wait (from turnLocked), having the event batch
+// answer now, as a sync does; a hard stop fails the publisher. Caller
+// holds sendMu, not mu: what closes wait (acks, a re-send starting, a
+// failure) does not take sendMu.
+func (p *publisher) awaitTurn(wait <-chan struct{}) {
+	p.commitBatch()
+	select {
+	case <-wait:
+	case <-p.w.hardCtx.Done():
+		p.fail(fmt.Errorf("publish to %s: worker stopping", p.subject))
+	}
+}
+
+// unackedBeforeLocked tells whether an event before seq waits for its
+// answer. Caller holds mu.
+func (p *publisher) unackedBeforeLocked(seq uint64) bool {
+	for _, o := range p.queue {
+		if o.seq >= seq {
+			return false
+		}
+		if !o.acked {
+			return true
+		}
+	}
+	return false
+}
+
 // singleUnackedLocked tells whether the last event sent singly waits for
 // its ack. Caller holds mu.
 func (p *publisher) singleUnackedLocked() bool {
@@ -1089,6 +1205,9 @@ func (p *publisher) send(seq uint64, o *outgoing) error {
 	}
 	if b != nil && b.holds(p) {
 		return errHeld
+	}
+	if h := p.w.hooks.beforeSingleSend; h != nil {
+		h(p, seq)
 	}
 	o.m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
 	return p.w.c.Conn().PublishMsg(&o.m)

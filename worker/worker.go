@@ -606,6 +606,8 @@ type testHooks struct {
 	beforeHeldSend func(seq uint64)
 	// before an event goes to the event batch, after its publisher's checks;
 	beforeBatchSend func(p *publisher, seq uint64)
+	// before an event goes out singly (not in a batch, not re-sent);
+	beforeSingleSend func(p *publisher, seq uint64)
 	// once a run takes control messages, before its control owner starts;
 	afterRegister func(r *run)
 	// by a run's first control owner once it let the run go on;
