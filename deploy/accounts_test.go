@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +37,12 @@ func accountsServer(t *testing.T) (url string, passwords map[string]string) {
 // (permission violations are logged there with the user).
 func accountsServerLog(t *testing.T) (url string, passwords map[string]string, serverLog *logBuf) {
 	t.Helper()
+	return accountsServerFrom(t, "nats/accounts.conf")
+}
+
+// accountsServerFrom is accountsServerLog with the config file conf.
+func accountsServerFrom(t *testing.T, conf string) (url string, passwords map[string]string, serverLog *logBuf) {
+	t.Helper()
 	passwords = map[string]string{}
 	for user, env := range map[string]string{"worker": "AGENTS_WORKER_PASSWORD", "submitter": "AGENTS_SUBMITTER_PASSWORD",
 		"observer": "AGENTS_OBSERVER_PASSWORD", "toolservice": "AGENTS_TOOLSERVICE_PASSWORD", "console": "AGENTS_CONSOLE_PASSWORD",
@@ -44,9 +52,9 @@ func accountsServerLog(t *testing.T) (url string, passwords map[string]string, s
 		passwords[user] = hex.EncodeToString(b[:])
 		t.Setenv(env, passwords[user])
 	}
-	opts, err := server.ProcessConfigFile("nats/accounts.conf")
+	opts, err := server.ProcessConfigFile(conf)
 	if err != nil {
-		t.Fatalf("nats/accounts.conf: %v", err)
+		t.Fatalf("%s: %v", conf, err)
 	}
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
 	opts.StoreDir = t.TempDir()
@@ -169,6 +177,45 @@ func denied(t *testing.T, c *bus.Client, what, subject string, err error) {
 // follows, steers, sends follow-ups and aborts but cannot publish events,
 // records or acks, take requests or see another account; an observer
 // follows and reads records but cannot submit, steer or abort.
+// A worker whose user may not publish the commits of its event batches
+// (an accounts file from before 2026-12-03): no batch would be answered,
+// and each of a run's batches waited out its answer before its re-send.
+// The worker finds out at its start, says so, and sends events singly.
+func TestWorkerWithoutTheBatchCommitPermission(t *testing.T) {
+	conf, err := os.ReadFile("nats/accounts.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const allow = "\n      \"agents.eventbatch\"\n"
+	if strings.Count(string(conf), allow) != 1 {
+		t.Fatalf("nats/accounts.conf: the worker's %q not found once", strings.TrimSpace(allow))
+	}
+	old := filepath.Join(t.TempDir(), "accounts.conf")
+	if err := os.WriteFile(old, []byte(strings.Replace(string(conf), allow, "\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url, pw, _ := accountsServerFrom(t, old)
+	wc := connectAs(t, url, "worker", pw["worker"])
+	sub := connectAs(t, url, "submitter", pw["submitter"])
+	var wlog logbuf.Buffer
+	fleettest.RunWorker(t, worker.Config{Client: wc, DrainTimeout: 2 * time.Second, WorkerID: "old-acl-worker",
+		Logger: slog.New(slog.NewTextHandler(&wlog, nil))})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req := fauxRun("a story", fleettest.Text(strings.Repeat("once upon a time ", 50)))
+	req.ID = "old-acl-run"
+	if _, err := sub.Submit(ctx, "", req); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := sub.LoadTranscript(ctx, req.ID)
+	if err != nil || !tr.Done() || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("run: %v (done %v)", err, tr != nil && tr.Done())
+	}
+	if !strings.Contains(wlog.String(), "event batches off") {
+		t.Errorf("the worker did not say its batches are off; its log:\n%s", wlog.String())
+	}
+}
+
 func TestAccountsConfig(t *testing.T) {
 	url, pw := accountsServer(t)
 	wc := connectAs(t, url, "worker", pw["worker"])

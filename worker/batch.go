@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -185,6 +186,34 @@ func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch
 	b.sub = sub
 	go b.sweep()
 	return b, nil
+}
+
+// probeWait bounds the wait for the answer to the worker's probe commit.
+const probeWait = 5 * time.Second
+
+// probe commits a batch the stream does not know, at seq 2 so that it
+// cannot open one (nothing is stored), and waits for the stream's answer,
+// an error. With none, commits do not reach the stream (the user may not
+// publish to the commit subject, as with an accounts file from before
+// 2026-12-03), every batch would wait out its answer and re-send, and the
+// runs would crawl: batches are turned off, and the error says why.
+func (b *eventBatch) probe(ctx context.Context) error {
+	reply := b.prefix + "probe" + nuid.Next() + ".1.fail.2.3.$FI"
+	sub, err := b.nc.SubscribeSync(reply)
+	if err != nil {
+		return fmt.Errorf("batch probe: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	ctx, cancel := context.WithTimeout(ctx, probeWait)
+	defer cancel()
+	if err = b.nc.PublishMsg(&nats.Msg{Subject: b.commitSubject, Reply: reply}); err == nil {
+		_, err = sub.NextMsgWithContext(ctx)
+	}
+	if err != nil {
+		b.off.Store(true)
+		return fmt.Errorf("no answer to a batch commit on %s (may this user publish to it?): %w", b.commitSubject, err)
+	}
+	return nil
 }
 
 func (b *eventBatch) close() {

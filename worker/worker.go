@@ -267,6 +267,9 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: %w", err)
 		}
 		defer w.batch.close() // after the runs, like acks
+		if err := w.batch.probe(setup); err != nil {
+			w.log.Error("event batches off: each event goes singly", "err", err)
+		}
 	}
 	// The subscription is known to the server (a flush) before the
 	// coverage's first renew reads the streams.
