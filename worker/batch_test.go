@@ -926,13 +926,15 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 	ev(other, 2)
 	ev(full, 2)
 	ev(full, 3) // refused: its subject holds 2; the stream ends the batch
+	// The batch of full's 3 (the stream may have ended it already, so
+	// it is no longer the open one).
 	w.batch.mu.Lock()
-	ended := w.batch.cur
+	ended := full.batch
 	w.batch.mu.Unlock()
 	// The stream's answers settle the batch (other's event 2 stored).
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
 		w.batch.mu.Lock()
-		settled := w.batch.open[ended.id] == nil
+		settled := w.batch.open[ended] == nil
 		w.batch.mu.Unlock()
 		if settled {
 			break
