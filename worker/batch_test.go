@@ -699,6 +699,108 @@ func TestSingleSendsGoOneAtATime(t *testing.T) {
 	})
 }
 
+// Batches pause, or are turned off, after the publisher chose to batch a
+// run's event 3 (another run's batch refused), or are off before it, while
+// its event 2 waits in an open batch: event 3 goes singly, and only once
+// event 2 is answered (it went out beside it, and the run's next event
+// went in a batch while it waited: a review's find).
+func TestASingleFallbackWaitsItsTurn(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		early bool // before event 3 is published, not after its check
+		off   bool // off, not paused
+	}{{"paused after the check", false, false}, {"off after the check", false, true}, {"off before", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var early sync.Map
+			stop := func(b *eventBatch) {
+				if tc.off {
+					b.off.Store(true)
+				} else {
+					b.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
+				}
+			}
+			w, c := startInternal(t, Config{Concurrency: 1}, func(w *Worker) {
+				w.hooks.beforeBatchSend = func(p *publisher, seq uint64) {
+					if seq == 3 && !tc.early {
+						stop(w.batch)
+					}
+				}
+				w.hooks.beforeSingleSend = func(p *publisher, seq uint64) {
+					p.mu.Lock()
+					defer p.mu.Unlock()
+					if p.unackedBeforeLocked(seq) {
+						early.Store(seq, true)
+					}
+				}
+			})
+			holdBatches(t, w) // event 2 waits in the open batch
+			p := newPublisher(w, bus.NewRunID(), 1, nil)
+			publishN(t, p, 2)
+			if tc.early {
+				stop(w.batch)
+			}
+			if _, err := p.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+				t.Fatal(err)
+			}
+			w.batch.pauseUntil.Store(0)
+			w.batch.off.Store(false)
+			if _, err := p.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := flushWithin(t, p); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(4)); got != want {
+				t.Fatalf("stored %s, want %s", got, want)
+			}
+			early.Range(func(seq, _ any) bool {
+				t.Errorf("event %d sent singly while an earlier one waited for its answer", seq)
+				return true
+			})
+		})
+	}
+}
+
+// An event waiting for its turn ends when its publisher does (its lease
+// lost): it does not wait for an answer that no longer matters.
+func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
+	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	holdBatches(t, w)
+	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
+		if strings.HasSuffix(m.Subject, ".1") {
+			return nil // run_started's ack never comes
+		}
+		return m
+	})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, p, 1)
+	published := make(chan error, 1)
+	go func() {
+		_, err := p.event("x", []byte(`{"type":"x","i":2}`), 0)
+		published <- err
+	}()
+	for deadline := time.Now().Add(20 * time.Second); ; runtime.Gosched() {
+		p.mu.Lock()
+		waiting := p.turn != nil
+		p.mu.Unlock()
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("event 2 did not wait for run_started's ack")
+		}
+	}
+	p.abandon()
+	select {
+	case err := <-published:
+		if !errors.Is(err, errLeaseLost) {
+			t.Fatalf("event 2: %v, want the lost lease", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("event 2 still waits after its publisher was abandoned")
+	}
+}
+
 // Batch answers lost: the publishers' ack timeout re-sends what is
 // unacknowledged, expecting the subject's last message where it is only
 // known as a floor; the stream refuses, the re-send reads what is stored,

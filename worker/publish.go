@@ -621,7 +621,7 @@ func (p *publisher) sendReleased(held []*outgoing, waiting bool) (first bool) {
 			return false // failed or fenced since: send nothing
 		}
 		var err error
-		if !p.releasedTurn(o) {
+		if !p.takeTurn(o) {
 			err = errHeld
 		} else if err = p.send(o.seq, o); err == nil {
 			if waiting && i == len(held)-1 {
@@ -646,10 +646,11 @@ func (p *publisher) sendReleased(held []*outgoing, waiting bool) (first bool) {
 	return false
 }
 
-// releasedTurn waits for the released event o's turn (turnLocked), and
-// tells whether it may go: not if the publisher is held again, or failed.
-// Caller holds sendMu.
-func (p *publisher) releasedTurn(o *outgoing) bool {
+// takeTurn waits for o's turn (turnLocked), o stamped sent already (a
+// released event, or one whose batch was refused), and tells whether it
+// may go: not if the publisher is held again, or failed. Caller holds
+// sendMu.
+func (p *publisher) takeTurn(o *outgoing) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
@@ -661,6 +662,7 @@ func (p *publisher) releasedTurn(o *outgoing) bool {
 			if !o.batched {
 				p.singleSeq = o.seq
 			}
+			o.sentAt = time.Now() // its ack is timed from here
 			return true
 		}
 		p.mu.Unlock()
@@ -1130,10 +1132,21 @@ func (p *publisher) newEventTurnLocked(typ string) <-chan struct{} {
 // not allow them) single sends stay pipelined, as before batches: a lost
 // one fails the attempt. Caller holds mu.
 func (p *publisher) turnLocked(plain bool, seq uint64) <-chan struct{} {
-	if b := p.w.batch; b == nil || b.off.Load() {
+	b := p.w.batch
+	switch {
+	case b == nil:
 		return nil
-	}
-	if plain && !p.unackedBeforeLocked(seq) || !plain && !p.singleUnackedLocked() {
+	case b.off.Load():
+		// Pipelined, but not beside a batched event still unanswered
+		// (batches were just turned off, and it may be refused).
+		if !plain || !p.batchedUnackedBeforeLocked(seq) {
+			return nil
+		}
+	case plain:
+		if !p.unackedBeforeLocked(seq) {
+			return nil
+		}
+	case !p.singleUnackedLocked():
 		return nil
 	}
 	if p.turn == nil {
@@ -1160,8 +1173,27 @@ func (p *publisher) awaitTurn(wait <-chan struct{}) {
 	select {
 	case <-wait:
 	case <-p.w.hardCtx.Done():
-		p.fail(fmt.Errorf("publish to %s: worker stopping", p.subject))
+		p.mu.Lock()
+		first := p.failLocked(fmt.Errorf("publish to %s: worker stopping", p.subject))
+		p.mu.Unlock()
+		if first {
+			go p.failed() // not under sendMu: onFail may publish
+		}
 	}
+}
+
+// batchedUnackedBeforeLocked tells whether an event before seq sent in a
+// batch waits for its answer. Caller holds mu.
+func (p *publisher) batchedUnackedBeforeLocked(seq uint64) bool {
+	for _, o := range p.queue {
+		if o.seq >= seq {
+			return false
+		}
+		if o.batched && !o.acked {
+			return true
+		}
+	}
+	return false
 }
 
 // unackedBeforeLocked tells whether an event before seq waits for its
@@ -1202,6 +1234,11 @@ func (p *publisher) send(seq uint64, o *outgoing) error {
 		p.mu.Lock()
 		o.batched = false // batches are off since
 		p.mu.Unlock()
+		// Single now: it waits its turn as one (the pause or the turning
+		// off came after the publisher's check).
+		if !p.takeTurn(o) {
+			return errHeld
+		}
 	}
 	if b != nil && b.holds(p) {
 		return errHeld
