@@ -648,13 +648,57 @@ func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
 	}
 }
 
+// earlySingles records, as a beforeSingleSend hook, the events sent
+// singly while an earlier event of their run waited for its answer.
+type earlySingles struct{ seqs sync.Map }
+
+func (e *earlySingles) hook(p *publisher, seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.unackedBeforeLocked(seq) {
+		e.seqs.Store(seq, true)
+	}
+}
+
+// flushed flushes p and checks that its run stored 1..n in order and
+// that no event went singly before its turn.
+func (e *earlySingles) flushed(t *testing.T, c *bus.Client, p *publisher, n uint64) {
+	t.Helper()
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(n)); got != want {
+		t.Fatalf("stored %s, want %s", got, want)
+	}
+	e.seqs.Range(func(seq, _ any) bool {
+		t.Errorf("event %d sent singly while an earlier one waited for its answer", seq)
+		return true
+	})
+}
+
+// waitingForTurn waits until an event of p waits for its turn.
+func waitingForTurn(t *testing.T, p *publisher, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; runtime.Gosched() {
+		p.mu.Lock()
+		waiting := p.turn != nil
+		p.mu.Unlock()
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(what + " did not wait for its turn")
+		}
+	}
+}
+
 // While batches are paused, every event goes singly, and one at a time:
 // a new event waits for the previous one's answer, and so do the events a
 // re-send held when it lets them go (they went one behind the other, and
 // a dropped one was stored after the next).
 func TestSingleSendsGoOneAtATime(t *testing.T) {
 	var resent atomic.Int32
-	var early sync.Map // seq -> sent while an earlier event waited
+	var early earlySingles
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
 	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, func(w *Worker) {
@@ -664,39 +708,15 @@ func TestSingleSendsGoOneAtATime(t *testing.T) {
 				<-goOn
 			}
 		}
-		w.hooks.beforeSingleSend = func(p *publisher, seq uint64) {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if p.unackedBeforeLocked(seq) {
-				early.Store(seq, true)
-			}
-		}
+		w.hooks.beforeSingleSend = early.hook
 	})
 	w.batch.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 }) // its re-send's answer comes
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	publishN(t, p, 2)
-	select {
-	case <-inResend:
-	case <-time.After(20 * time.Second):
-		t.Fatal("event 2 was not re-sent")
-	}
-	for i := 3; i <= 10; i++ {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	heldWhileResending(t, p, inResend)
 	close(goOn)
-	if err := flushWithin(t, p); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(10)); got != want {
-		t.Fatalf("stored %s, want %s", got, want)
-	}
-	early.Range(func(seq, _ any) bool {
-		t.Errorf("event %d sent singly while an earlier one waited for its answer", seq)
-		return true
-	})
+	early.flushed(t, c, p, 10)
 }
 
 // Batches pause, or are turned off, after the publisher chose to batch a
@@ -711,7 +731,7 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 		off   bool // off, not paused
 	}{{"paused after the check", false, false}, {"off after the check", false, true}, {"off before", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var early sync.Map
+			var early earlySingles
 			stop := func(b *eventBatch) {
 				if tc.off {
 					b.off.Store(true)
@@ -725,13 +745,7 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 						stop(w.batch)
 					}
 				}
-				w.hooks.beforeSingleSend = func(p *publisher, seq uint64) {
-					p.mu.Lock()
-					defer p.mu.Unlock()
-					if p.unackedBeforeLocked(seq) {
-						early.Store(seq, true)
-					}
-				}
+				w.hooks.beforeSingleSend = early.hook
 			})
 			holdBatches(t, w) // event 2 waits in the open batch
 			p := newPublisher(w, bus.NewRunID(), 1, nil)
@@ -747,16 +761,7 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 			if _, err := p.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
 				t.Fatal(err)
 			}
-			if err := flushWithin(t, p); err != nil {
-				t.Fatal(err)
-			}
-			if got, want := fmt.Sprint(storedSeqs(t, c, p.run)), fmt.Sprint(seqsTo(4)); got != want {
-				t.Fatalf("stored %s, want %s", got, want)
-			}
-			early.Range(func(seq, _ any) bool {
-				t.Errorf("event %d sent singly while an earlier one waited for its answer", seq)
-				return true
-			})
+			early.flushed(t, c, p, 4)
 		})
 	}
 }
@@ -779,17 +784,7 @@ func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
 		_, err := p.event("x", []byte(`{"type":"x","i":2}`), 0)
 		published <- err
 	}()
-	for deadline := time.Now().Add(20 * time.Second); ; runtime.Gosched() {
-		p.mu.Lock()
-		waiting := p.turn != nil
-		p.mu.Unlock()
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("event 2 did not wait for run_started's ack")
-		}
-	}
+	waitingForTurn(t, p, "event 2")
 	p.abandon()
 	select {
 	case err := <-published:
@@ -1092,19 +1087,7 @@ func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
 		published <- nil
 	}()
 	// Event 2 waits for its turn before run_started's ack is given back.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		p.mu.Lock()
-		waiting := p.turn != nil
-		p.mu.Unlock()
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("event 2 did not wait for run_started's ack")
-		}
-		runtime.Gosched()
-	}
+	waitingForTurn(t, p, "event 2")
 	w.acks.route(<-held)
 	if err := <-published; err != nil {
 		t.Fatal(err)
@@ -1361,6 +1344,13 @@ func holdDuringResend(t *testing.T, w *Worker, p *publisher, inResend <-chan str
 		t.Fatal(err)
 	}
 	w.batch.commitNow() // its answers are lost: event 2 is re-sent
+	heldWhileResending(t, p, inResend)
+}
+
+// heldWhileResending waits for event 2's re-send to start (inResend) and
+// publishes 3..10, held while the re-send runs.
+func heldWhileResending(t *testing.T, p *publisher, inResend <-chan struct{}) {
+	t.Helper()
 	select {
 	case <-inResend:
 	case <-time.After(20 * time.Second):
