@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strconv"
@@ -120,6 +121,10 @@ type eventBatch struct {
 	// commit ack came (guarded by mu).
 	answered   time.Time
 	stop, done chan struct{} // the sweep's
+	// stopCtx ends with close, and the background probes (reprobing).
+	stopCtx   context.Context
+	stopProbe context.CancelFunc
+	reprobing sync.WaitGroup
 
 	sendMu sync.Mutex // see the invariants; taken before mu
 	mu     sync.Mutex
@@ -178,8 +183,10 @@ func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch
 	b := &eventBatch{nc: nc, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
 		open: map[string]*openBatch{}, held: map[*publisher]int{}, answerWait: acks.timeout / 5, stuckWait: acks.timeout * 2 / 3,
 		stop: make(chan struct{}), done: make(chan struct{})}
+	b.stopCtx, b.stopProbe = context.WithCancel(context.Background())
 	sub, err := nc.Subscribe(b.prefix+">", b.route)
 	if err != nil {
+		b.stopProbe()
 		return nil, fmt.Errorf("event batch subscription: %w", err)
 	}
 	sub.SetPendingLimits(-1, 64<<20)
@@ -188,15 +195,19 @@ func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch
 	return b, nil
 }
 
-// probeWait bounds the wait for the answer to the worker's probe commit.
-const probeWait = 5 * time.Second
+// probeWait bounds the wait for the answer to a probe commit, and
+// reprobeEvery spaces the probes while batches are off for want of one.
+const (
+	probeWait    = 5 * time.Second
+	reprobeEvery = 30 * time.Second
+)
 
 // probe commits a batch the stream does not know, at seq 2 so that it
 // cannot open one (nothing is stored), and waits for the stream's answer,
 // an error. With none, commits do not reach the stream (the user may not
 // publish to the commit subject, as with an accounts file from before
 // 2026-12-03), every batch would wait out its answer and re-send, and the
-// runs would crawl: batches are turned off, and the error says why.
+// runs would crawl (see probeOrOff).
 func (b *eventBatch) probe(ctx context.Context) error {
 	reply := b.prefix + "probe" + nuid.Next() + ".1.fail.2.3.$FI"
 	sub, err := b.nc.SubscribeSync(reply)
@@ -210,14 +221,46 @@ func (b *eventBatch) probe(ctx context.Context) error {
 		_, err = sub.NextMsgWithContext(ctx)
 	}
 	if err != nil {
-		b.off.Store(true)
 		return fmt.Errorf("no answer to a batch commit on %s (may this user publish to it?): %w", b.commitSubject, err)
 	}
 	return nil
 }
 
+// probeOrOff probes (within ctx) and, with no answer, turns batches off
+// and probes again every `every` in the background, turning them on at
+// the first answer: a server slow at the worker's start costs a while of
+// single sends, not the process's life.
+func (b *eventBatch) probeOrOff(ctx context.Context, log *slog.Logger, every time.Duration) {
+	err := b.probe(ctx)
+	if err == nil {
+		return
+	}
+	b.off.Store(true)
+	log.Error("event batches off until a probe is answered: each event goes singly", "err", err, "probe_every", every)
+	b.reprobing.Add(1)
+	go func() {
+		defer b.reprobing.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-b.stopCtx.Done():
+				return
+			case <-t.C:
+			}
+			if b.probe(b.stopCtx) == nil {
+				b.off.Store(false)
+				log.Info("event batches on: a probe commit was answered")
+				return
+			}
+		}
+	}()
+}
+
 func (b *eventBatch) close() {
 	close(b.stop)
+	b.stopProbe()
+	b.reprobing.Wait()
 	<-b.done
 	b.mu.Lock()
 	b.closed = true

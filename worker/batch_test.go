@@ -599,7 +599,10 @@ func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
 	for _, paused := range []bool{false, true} {
 		t.Run(fmt.Sprintf("paused=%v", paused), func(t *testing.T) {
 			c, _ := startTestServerWith(t, natsembed.Options{StreamMaxBufferedMsgs: 64})
-			w, _ := startInternalOn(t, c, Config{Concurrency: 1, PublishAckTimeout: 5 * time.Second}, nil)
+			var resent atomic.Int64
+			w, _ := startInternalOn(t, c, Config{Concurrency: 1, PublishAckTimeout: 5 * time.Second}, func(w *Worker) {
+				w.hooks.beforeEventResend = func(uint64) { resent.Add(1) }
+			})
 			if paused {
 				w.batch.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
 			}
@@ -637,6 +640,13 @@ func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
 			w.batch.mu.Unlock()
 			if answered == paused {
 				t.Fatalf("batches paused %v, a batch answered %v", paused, answered)
+			}
+			// The premise: the server dropped messages (thousands of
+			// re-sends with batches; a few dozen paused, where events go
+			// one at a time and the queue fills less).
+			t.Logf("%d events re-sent", resent.Load())
+			if !paused && resent.Load() == 0 {
+				t.Fatal("nothing was re-sent: the server dropped nothing, and the test tested nothing")
 			}
 			want := fmt.Sprint(seqsTo(events))
 			for i, p := range pubs {
@@ -766,6 +776,49 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 	}
 }
 
+// Batches pause and resume every few microseconds while a run publishes
+// large events (so that a pause can begin between the publisher's turn
+// check and its choice of batch or single): no event goes singly beside
+// an unanswered batched event of its run (a second review's find: one
+// did, when the pause began between the two).
+func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
+	var early earlySingles
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute}, func(w *Worker) {
+		w.hooks.beforeSingleSend = early.hook
+	})
+	holdBatches(t, w)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				w.batch.pauseUntil.Store(0)
+				return
+			default:
+			}
+			if i%2 == 0 {
+				w.batch.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
+			} else {
+				w.batch.pauseUntil.Store(0)
+			}
+			time.Sleep(20 * time.Microsecond) // the flapping's pace, not a wait
+		}
+	})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, p, 1)
+	pad := strings.Repeat("a", 100<<10)
+	const n = 300
+	for i := 2; i <= n; i++ {
+		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d,"pad":"%s"}`, i, pad), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	early.flushed(t, c, p, n)
+}
+
 // An event waiting for its turn ends when its publisher does (its lease
 // lost): it does not wait for an answer that no longer matters.
 func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
@@ -793,6 +846,34 @@ func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("event 2 still waits after its publisher was abandoned")
+	}
+}
+
+// A probe commit not answered at the worker's start (here: its wait cut
+// short) turns batches off, and a later probe that is answered turns them
+// on again: a server slow at the start costs a while of single sends, not
+// the worker's life.
+func TestBatchesComeBackOnceAProbeIsAnswered(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w.batch.probeOrOff(ctx, w.log, 10*time.Millisecond)
+	if w.batch.on() {
+		t.Fatal("batches on after a probe without an answer")
+	}
+	for deadline := time.Now().Add(20 * time.Second); !w.batch.on(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("batches still off after probes that are answered")
+		}
+	}
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	sent := replies(t, c, p.subject)
+	publishN(t, p, 3)
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+	if r := sent(3); !strings.HasSuffix(r[2], ".$FI") {
+		t.Fatalf("event 3 not in a batch (reply %q)", r[2])
 	}
 }
 

@@ -646,16 +646,16 @@ func (p *publisher) sendReleased(held []*outgoing, waiting bool) (first bool) {
 	return false
 }
 
-// takeTurn waits for o's turn (turnLocked), o stamped sent already (a
-// released event, or one whose batch was refused), and tells whether it
-// may go: not if the publisher is held again, or failed. Caller holds
-// sendMu.
+// takeTurn waits for o's turn (turnLocked), o stamped sent already, and
+// tells whether it may go: not if the publisher is held again, failed,
+// or the connection was lost since o's stamp (its re-send sends it).
+// Caller holds sendMu.
 func (p *publisher) takeTurn(o *outgoing) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
-		if p.holding.Load() || p.err != nil {
-			return false
+		if p.holding.Load() || p.err != nil || o.epoch != p.w.acks.current() {
+			return false // held, failed, or the connection lost since its stamp
 		}
 		wait := p.turnLocked(!o.batched, o.seq)
 		if wait == nil {
@@ -1234,13 +1234,10 @@ func (p *publisher) send(seq uint64, o *outgoing) error {
 		p.mu.Lock()
 		o.batched = false // batches are off since
 		p.mu.Unlock()
-		// Single now: it waits its turn as one (the pause or the turning
-		// off came after the publisher's check).
-		if !p.takeTurn(o) {
-			return errHeld
-		}
 	}
-	if b != nil && b.holds(p) {
+	// Every single send takes its turn here too: batches may have paused
+	// or turned off since its publisher's check, which took it for batched.
+	if b != nil && (b.holds(p) || !p.takeTurn(o)) {
 		return errHeld
 	}
 	if h := p.w.hooks.beforeSingleSend; h != nil {

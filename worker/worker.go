@@ -267,9 +267,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: %w", err)
 		}
 		defer w.batch.close() // after the runs, like acks
-		if err := w.batch.probe(setup); err != nil {
-			w.log.Error("event batches off: each event goes singly", "err", err)
-		}
+		w.batch.probeOrOff(setup, w.log, reprobeEvery)
 	}
 	// The subscription is known to the server (a flush) before the
 	// coverage's first renew reads the streams.
