@@ -119,11 +119,12 @@ type eventBatch struct {
 	stuckWait  time.Duration // guarded by mu (a test sets it)
 	// answered is the commit time of the latest-committed batch whose
 	// commit ack came (guarded by mu).
-	answered   time.Time
-	stop, done chan struct{} // the sweep's
-	// stopCtx ends with close, and the background probes (reprobing).
+	answered time.Time
+	// stopCtx ends with close: the sweep (done when it returned), the
+	// waits for an earlier batch, the background probes (reprobing).
 	stopCtx   context.Context
-	stopProbe context.CancelFunc
+	stop      context.CancelFunc
+	done      chan struct{}
 	reprobing sync.WaitGroup
 
 	sendMu sync.Mutex // see the invariants; taken before mu
@@ -182,11 +183,11 @@ var errBatchUnanswered = errors.New("event batch not answered")
 func startEventBatch(nc *nats.Conn, acks *eventAcks, commit string) (*eventBatch, error) {
 	b := &eventBatch{nc: nc, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
 		open: map[string]*openBatch{}, held: map[*publisher]int{}, answerWait: acks.timeout / 5, stuckWait: acks.timeout * 2 / 3,
-		stop: make(chan struct{}), done: make(chan struct{})}
-	b.stopCtx, b.stopProbe = context.WithCancel(context.Background())
+		done: make(chan struct{})}
+	b.stopCtx, b.stop = context.WithCancel(context.Background())
 	sub, err := nc.Subscribe(b.prefix+">", b.route)
 	if err != nil {
-		b.stopProbe()
+		b.stop()
 		return nil, fmt.Errorf("event batch subscription: %w", err)
 	}
 	sub.SetPendingLimits(-1, 64<<20)
@@ -258,8 +259,7 @@ func (b *eventBatch) probeOrOff(ctx context.Context, log *slog.Logger, every tim
 }
 
 func (b *eventBatch) close() {
-	close(b.stop)
-	b.stopProbe()
+	b.stop()
 	b.reprobing.Wait()
 	<-b.done
 	b.mu.Lock()
@@ -304,7 +304,7 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg, stamp uint64
 		}
 		select {
 		case <-wait:
-		case <-b.stop:
+		case <-b.stopCtx.Done():
 			return true, errHeld
 		}
 		if p.stopped.Load() {
@@ -484,7 +484,7 @@ func (b *eventBatch) sweep() {
 	var late []*openBatch
 	for {
 		select {
-		case <-b.stop:
+		case <-b.stopCtx.Done():
 			return
 		case <-t.C:
 		}

@@ -665,7 +665,7 @@ type earlySingles struct{ seqs sync.Map }
 func (e *earlySingles) hook(p *publisher, seq uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.unackedBeforeLocked(seq) {
+	if p.unackedBeforeLocked(seq, false) {
 		e.seqs.Store(seq, true)
 	}
 }

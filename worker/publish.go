@@ -1027,6 +1027,8 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	p.acquire()
 	p.sendMu.Lock()
 	p.mu.Lock()
+	var epoch uint64
+	var send bool
 	for {
 		if p.err != nil || p.closed {
 			err := p.err
@@ -1038,7 +1040,14 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 			}
 			return 0, err
 		}
-		wait := p.newEventTurnLocked(typ)
+		// Sent at once unless held (the re-send then sends it in its
+		// turn), and only in its turn (turnLocked).
+		if epoch, send = p.mayOvertakeLocked(); !send {
+			break
+		}
+		b := p.w.batch
+		plain := carriesMsgID(typ, p.lastStream == 0 && len(p.queue) == 0) || b == nil || !b.on()
+		wait := p.turnLocked(plain, p.seq+1)
 		if wait == nil {
 			break
 		}
@@ -1062,7 +1071,6 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	if o.msgID = carriesMsgID(typ, p.lastStream == 0 && len(p.queue) == 0); o.msgID {
 		m.Header = nats.Header{jetstream.MsgIDHeader: []string{p.msgIDHead + strconv.FormatUint(seq, 10)}}
 	}
-	epoch, send := p.mayOvertakeLocked()
 	if send {
 		// Not behind an unacknowledged event sent singly: were that one
 		// lost to a reconnect, its re-send (with a message id, so without
@@ -1107,18 +1115,6 @@ func (p *publisher) eventFlags(typ string, event []byte, controlSeq uint64, inte
 	return seq, nil
 }
 
-// newEventTurnLocked returns, when a new event of type typ may not go out
-// yet (see turnLocked), a channel closed once that may have changed; nil
-// when it may go now, or will be held anyway. Caller holds mu.
-func (p *publisher) newEventTurnLocked(typ string) <-chan struct{} {
-	if _, send := p.mayOvertakeLocked(); !send {
-		return nil // held: the re-send sends it in its turn
-	}
-	b := p.w.batch
-	plain := carriesMsgID(typ, p.lastStream == 0 && len(p.queue) == 0) || b == nil || !b.on()
-	return p.turnLocked(plain, p.seq+1)
-}
-
 // turnLocked returns, when the event seq (plain: sent singly) may not go
 // out yet, a channel closed once that may have changed, else nil. While
 // the stream takes batches, an event sent singly has its run to itself:
@@ -1139,11 +1135,11 @@ func (p *publisher) turnLocked(plain bool, seq uint64) <-chan struct{} {
 	case b.off.Load():
 		// Pipelined, but not beside a batched event still unanswered
 		// (batches were just turned off, and it may be refused).
-		if !plain || !p.batchedUnackedBeforeLocked(seq) {
+		if !plain || !p.unackedBeforeLocked(seq, true) {
 			return nil
 		}
 	case plain:
-		if !p.unackedBeforeLocked(seq) {
+		if !p.unackedBeforeLocked(seq, false) {
 			return nil
 		}
 	case !p.singleUnackedLocked():
@@ -1182,28 +1178,14 @@ func (p *publisher) awaitTurn(wait <-chan struct{}) {
 	}
 }
 
-// batchedUnackedBeforeLocked tells whether an event before seq sent in a
-// batch waits for its answer. Caller holds mu.
-func (p *publisher) batchedUnackedBeforeLocked(seq uint64) bool {
+// unackedBeforeLocked tells whether an event before seq (sent in a
+// batch, if batched) waits for its answer. Caller holds mu.
+func (p *publisher) unackedBeforeLocked(seq uint64, batched bool) bool {
 	for _, o := range p.queue {
 		if o.seq >= seq {
 			return false
 		}
-		if o.batched && !o.acked {
-			return true
-		}
-	}
-	return false
-}
-
-// unackedBeforeLocked tells whether an event before seq waits for its
-// answer. Caller holds mu.
-func (p *publisher) unackedBeforeLocked(seq uint64) bool {
-	for _, o := range p.queue {
-		if o.seq >= seq {
-			return false
-		}
-		if !o.acked {
+		if !o.acked && (o.batched || !batched) {
 			return true
 		}
 	}
