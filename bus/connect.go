@@ -180,11 +180,12 @@ type Client struct {
 	own        bool
 	staleAfter time.Duration
 
-	followStall time.Duration
-	wrapFollow  func(jetstream.MessagesContext) jetstream.MessagesContext // tests: stall a follower
-	stallLooks  atomic.Int64                                              // tests: times a stall watch asked the stream
-	stallTicks  atomic.Int64                                              // tests: stall watch ticks
-	lookLast    func(ctx context.Context, runID string) (uint64, error)   // tests: answer for lastEventSeq
+	followStall    time.Duration
+	wrapFollow     func(jetstream.MessagesContext) jetstream.MessagesContext // tests: stall a follower
+	stallLooks     atomic.Int64                                              // tests: times a stall watch asked the stream
+	stallTicks     atomic.Int64                                              // tests: stall watch ticks
+	lookLast       func(ctx context.Context, runID string) (uint64, error)   // tests: answer for lastEventSeq
+	afterListRange func(from uint64)                                         // tests: a listing read a window
 
 	mu      sync.Mutex
 	kv      jetstream.KeyValue

@@ -103,6 +103,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		return nil, err
 	}
 	lo, hi := info.State.FirstSeq, info.State.LastSeq
+	top := hi // the last record written when the scan began
 	if !want() { // queued runs filled the page: the records come next
 		if info.State.Msgs > 0 {
 			page.Next = hi + 1
@@ -156,6 +157,9 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		if err != nil {
 			return nil, err
 		}
+		if h := c.afterListRange; h != nil {
+			h(from)
+		}
 		for i := len(msgs) - 1; i >= 0 && want(); i-- {
 			m := msgs[i]
 			page.Next = m.seq
@@ -163,16 +167,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 				continue // a delete or purge marker
 			}
 			page.Scanned++
-			if !mayMatch(m.data, needles) {
-				continue
-			}
-			var r RunRecord
-			if json.Unmarshal(m.data, &r) != nil {
-				continue
-			}
-			r.Revision = m.seq
-			c.markStale(&r, now)
-			if matches(&r, o) {
+			if r, ok := c.listed(m, o, needles, now); ok {
 				page.Records = append(page.Records, r)
 			}
 		}
@@ -186,7 +181,101 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 	if hi < lo || hi == 0 {
 		page.Next = 0
 	}
+	if first {
+		if err := c.catchUp(ctx, g, s, page, o, top, now); err != nil {
+			return nil, err
+		}
+	}
 	return page, nil
+}
+
+// listed decodes a stored record and reports whether the listing keeps it.
+func (c *Client) listed(m storedMsg, o ListOptions, needles [][]byte, now time.Time) (RunRecord, bool) {
+	var r RunRecord
+	if !mayMatch(m.data, needles) || json.Unmarshal(m.data, &r) != nil {
+		return r, false
+	}
+	r.Revision = m.seq
+	c.markStale(&r, now)
+	return r, matches(&r, o)
+}
+
+// catchUpRounds bounds the rereads of a first page: each reads what was
+// written during the one before, so they shrink fast unless the bucket is
+// written faster than it is read.
+const catchUpRounds = 4
+
+// catchUp completes a first page with the records written while it was
+// read. A rewrite moves a record above the sequence the scan started from
+// and deletes the copy below, so a scan that reaches the copy's place
+// after the rewrite sees neither: a running run (it heartbeats) would
+// drop out of a listing now and then. The records written since are the
+// newest, so they go after the queued runs and before the rest; an older
+// copy of one the page holds is dropped; a page over its limit loses its
+// oldest, and Next then points at them.
+func (c *Client) catchUp(ctx context.Context, g *directGetter, s jetstream.Stream, page *RunPage, o ListOptions, top uint64, now time.Time) error {
+	var msgs []storedMsg // written since the scan began, in order
+	for range catchUpRounds {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		last := info.State.LastSeq
+		if last <= top {
+			break
+		}
+		round, err := g.rangeOf(ctx, top+1, last)
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, round...)
+		top = last
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
+	needles := listNeedles(o)
+	moved := map[string]bool{}
+	var newer []RunRecord
+	for i := len(msgs) - 1; i >= 0; i-- { // a key's last write first
+		m := msgs[i]
+		id, ok := strings.CutPrefix(m.subject, keyPrefix)
+		if !ok || moved[id] {
+			continue
+		}
+		moved[id] = true
+		if len(m.data) == 0 {
+			continue // deleted since
+		}
+		page.Scanned++
+		if r, ok := c.listed(m, o, needles, now); ok {
+			newer = append(newer, r)
+		}
+	}
+	out := make([]RunRecord, 0, len(newer)+len(page.Records))
+	rest := page.Records
+	for len(rest) > 0 && rest[0].Revision == 0 { // queued runs stay first
+		if !moved[rest[0].ID] {
+			out = append(out, rest[0])
+		}
+		rest = rest[1:]
+	}
+	out = append(out, newer...)
+	for _, r := range rest {
+		if !moved[r.ID] {
+			out = append(out, r)
+		}
+	}
+	if o.Limit > 0 && len(out) > o.Limit {
+		out = out[:o.Limit]
+		page.Next = out[len(out)-1].Revision // the next page starts below it
+		if page.Next == 0 {
+			page.Next = top + 1 // queued runs filled it: every record is next
+		}
+	}
+	page.Records = out
+	return nil
 }
 
 // listNeedles are strings a matching record's JSON must contain: a
