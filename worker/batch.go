@@ -205,10 +205,13 @@ const (
 
 // probe commits a batch the stream does not know, at seq 2 so that it
 // cannot open one (nothing is stored), and waits for the stream's answer,
-// an error. With none, commits do not reach the stream (the user may not
-// publish to the commit subject, as with an accounts file from before
-// 2026-12-03), every batch would wait out its answer and re-send, and the
-// runs would crawl (see probeOrOff).
+// an error: "batch publish ID unknown". With none, commits do not reach the
+// stream (the user may not publish to the commit subject, as with an
+// accounts file from before 2026-12-03), every batch would wait out its
+// answer and re-send, and the runs would crawl (see probeOrOff). A stream
+// that answers that batches are disabled (its config changed since the
+// worker read it) returns errBatchesDisabled; no responders (JetStream
+// away) is no answer.
 func (b *eventBatch) probe(ctx context.Context) error {
 	reply := b.prefix + "probe" + nuid.Next() + ".1.fail.2.3.$FI"
 	sub, err := b.nc.SubscribeSync(reply)
@@ -218,14 +221,28 @@ func (b *eventBatch) probe(ctx context.Context) error {
 	defer func() { _ = sub.Unsubscribe() }()
 	ctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
+	var m *nats.Msg
 	if err = b.nc.PublishMsg(&nats.Msg{Subject: b.commitSubject, Reply: reply}); err == nil {
-		_, err = sub.NextMsgWithContext(ctx)
+		m, err = sub.NextMsgWithContext(ctx)
+	}
+	if err == nil && m.Header.Get("Status") == "503" {
+		err = nats.ErrNoResponders
 	}
 	if err != nil {
 		return fmt.Errorf("no answer to a batch commit on %s (may this user publish to it?): %w", b.commitSubject, err)
 	}
+	var pa struct {
+		Error *struct {
+			ErrCode uint16 `json:"err_code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(m.Data, &pa) == nil && pa.Error != nil && pa.Error.ErrCode == jsBatchPublishDisabled {
+		return errBatchesDisabled
+	}
 	return nil
 }
+
+var errBatchesDisabled = errors.New("the events stream does not allow batch publishing (allow_batched is off)")
 
 // probeOrOff probes (within ctx) and, with no answer, turns batches off
 // and probes again every `every` in the background, turning them on at
@@ -237,6 +254,10 @@ func (b *eventBatch) probeOrOff(ctx context.Context, log *slog.Logger, every tim
 		return
 	}
 	b.off.Store(true)
+	if errors.Is(err, errBatchesDisabled) {
+		log.Warn("event batches off: each event goes singly", "err", err)
+		return
+	}
 	log.Error("event batches off until a probe is answered: each event goes singly", "err", err, "probe_every", every)
 	b.reprobing.Add(1)
 	go func() {

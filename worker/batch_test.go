@@ -1443,3 +1443,40 @@ func heldWhileResending(t *testing.T, p *publisher, inResend <-chan struct{}) {
 		}
 	}
 }
+
+// A probe answered "batch publish is disabled" (the stream's config
+// changed since the worker read it) turns batches off for good, and a
+// probe answered "no responders" (JetStream away) is no answer.
+func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	ctx := context.Background()
+	s, err := c.JetStream().Stream(ctx, w.names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowBatchPublish = false
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.batch.probe(ctx); !errors.Is(err, errBatchesDisabled) {
+		t.Fatalf("probe of a stream without batches: %v", err)
+	}
+	w.batch.probeOrOff(ctx, w.log, time.Millisecond)
+	if w.batch.on() {
+		t.Fatal("batches on after a probe answered that they are disabled")
+	}
+
+	// What the server answers a request nobody serves.
+	sub, err := c.Conn().Subscribe("no.stream.here", func(m *nats.Msg) {
+		_ = m.RespondMsg(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	w.batch.commitSubject = "no.stream.here"
+	if err := w.batch.probe(ctx); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("probe without responders: %v", err)
+	}
+}
