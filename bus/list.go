@@ -103,7 +103,8 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		return nil, err
 	}
 	lo, hi := info.State.FirstSeq, info.State.LastSeq
-	top := hi    // the last record written when the scan began
+	// top: the last record written when the scan began.
+	top := hi
 	if !want() { // queued runs filled the page: the records come next
 		if info.State.Msgs > 0 {
 			page.Next = hi + 1
