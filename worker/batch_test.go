@@ -1480,3 +1480,44 @@ func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
 		t.Fatalf("probe without responders: %v", err)
 	}
 }
+
+type publishFailures struct {
+	NopObserver
+	n atomic.Int64
+}
+
+func (o *publishFailures) PublishFailed(error) { o.n.Add(1) }
+
+// A hard stop while an event waits its turn fails its publisher with
+// errWorkerStopping, which the run takes as a hard stop (handed back at
+// once, "worker stopping"), not as events the stream would not store, and
+// which is not counted as a failed publish.
+func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
+	o := &publishFailures{}
+	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour, Observer: o}, nil)
+	holdBatches(t, w)
+	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
+		if strings.HasSuffix(m.Subject, ".1") {
+			return nil // run_started's ack never comes
+		}
+		return m
+	})
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+	publishN(t, p, 1)
+	go func() { _, _ = p.event("x", []byte(`{"type":"x","i":2}`), 0) }()
+	waitingForTurn(t, p, "event 2")
+	w.hardCancel()
+	select {
+	case err := <-failed:
+		if !errors.Is(err, errWorkerStopping) {
+			t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting event's publisher did not fail at the hard stop")
+	}
+	if n := o.n.Load(); n != 0 {
+		t.Errorf("%d failed publishes counted at a hard stop", n)
+	}
+	p.abandon()
+}

@@ -40,6 +40,9 @@ var (
 	errOutOfOrder      = errors.New("events were stored out of order after a reconnect")
 	errSuperseded      = errors.New("a newer attempt published on the run")
 	errNoProgress      = errors.New("re-send refused, and nothing new stored")
+	// errWorkerStopping: the hard stop cut a wait short (a re-send's, a
+	// turn's); the run is handed back as any run at a hard stop is.
+	errWorkerStopping = errors.New("worker stopping")
 )
 
 // EventTooLargeError is a single event that would not fit in one NATS
@@ -559,7 +562,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 		case <-t.C:
 		case <-p.kick:
 		case <-p.w.hardCtx.Done():
-			p.fail(fmt.Errorf("publish to %s: worker stopping: %w", p.subject, cause))
+			p.fail(fmt.Errorf("publish to %s: %w: %w", p.subject, errWorkerStopping, cause))
 		}
 	}
 }
@@ -949,7 +952,9 @@ func (p *publisher) failed() {
 	if errors.Is(err, errLeaseLost) {
 		return
 	}
-	p.w.obs.PublishFailed(err)
+	if !errors.Is(err, errWorkerStopping) { // not the stream's doing
+		p.w.obs.PublishFailed(err)
+	}
 	if p.onFail != nil {
 		p.onFail(err)
 	}
@@ -1170,7 +1175,7 @@ func (p *publisher) awaitTurn(wait <-chan struct{}) {
 	case <-wait:
 	case <-p.w.hardCtx.Done():
 		p.mu.Lock()
-		first := p.failLocked(fmt.Errorf("publish to %s: worker stopping", p.subject))
+		first := p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, errWorkerStopping))
 		p.mu.Unlock()
 		if first {
 			go p.failed() // not under sendMu: onFail may publish

@@ -475,7 +475,7 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		r.endHeartbeat()
 		r.pub.abandon()
 		r.log.Warn("run stopped: lease lost to a newer attempt")
-	case pubErr != nil:
+	case pubErr != nil && !errors.Is(pubErr, errWorkerStopping):
 		r.handBack(time.Second, "events could not be stored; handing the run back", pubErr)
 	case r.w.hardCtx.Err() != nil && !r.tally.aborted() && !timedOut:
 		// The next attempt resumes from the events.
