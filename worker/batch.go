@@ -86,8 +86,9 @@ import (
 //     in a later batch, and the attempt fails as above.
 //   - A run's events go in one batch at a time: an event does not open or
 //     join a batch while an earlier event of its run waits for an answer
-//     in another (it waits for that answer, or for the batch to end or be
-//     forgotten). Gap-fail orders a batch's messages, not two batches: an
+//     in another (it waits for that answer, for the batch to end or be
+//     forgotten, or for its publisher to fail or be fenced, when it sends
+//     nothing). Gap-fail orders a batch's messages, not two batches: an
 //     overloaded server drops messages (429, its ingest queue full), and
 //     a later batch's could be stored after an earlier one's were dropped,
 //     the run's events then stored out of order. A run waits whenever its
@@ -325,6 +326,7 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg, stamp uint64
 		}
 		select {
 		case <-wait:
+		case <-p.stopCh:
 		case <-b.stopCtx.Done():
 			return true, errHeld
 		}

@@ -1521,3 +1521,52 @@ func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
 	}
 	p.abandon()
 }
+
+// A run fenced (or failed) while its event waits for the answer to its
+// earlier batch stops waiting at once: before, it waited for that answer
+// (or the batch's stuck wait), holding its send lock.
+func TestAFencedRunStopsWaitingForItsEarlierBatch(t *testing.T) {
+	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	holdBatches(t, w)
+	w.batch.mu.Lock()
+	w.batch.stuckWait = time.Hour
+	w.batch.mu.Unlock()
+	var keeping atomic.Bool
+	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	started(t, p)
+	waiting := make(chan struct{}, 1)
+	w.batch.beforeWait = func(q *publisher, seq uint64) {
+		if q == p {
+			select {
+			case waiting <- struct{}{}:
+			default:
+			}
+		}
+	}
+	keeping.Store(true)
+	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	w.batch.commitNow()
+	answer := within(t, tap.kept, 20*time.Second, "the batch's answer")
+	sent := make(chan error, 1)
+	go func() {
+		_, err := p.event("x", []byte(`{"type":"x","i":3}`), 0)
+		sent <- err
+	}()
+	within(t, waiting, 20*time.Second, "the run's 3 waiting")
+	p.abandon()
+	within(t, sent, 10*time.Second, "the run's 3 ending its wait")
+	keeping.Store(false)
+	tap.release(answer)
+	for deadline := time.Now().Add(20 * time.Second); ; runtime.Gosched() {
+		got := fmt.Sprint(storedSeqs(t, c, p.run))
+		if got == "[1 2]" {
+			break
+		}
+		if got != "[1]" || time.Now().After(deadline) {
+			t.Fatalf("stored %s, want [1 2]: a fenced attempt sends nothing more", got)
+		}
+	}
+}

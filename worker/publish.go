@@ -135,8 +135,10 @@ type publisher struct {
 
 	sendMu sync.Mutex // see the invariants; taken before mu
 	// stopped is set with err: a publish in progress outside mu sends
-	// nothing more (a fenced attempt must not).
+	// nothing more (a fenced attempt must not). stopCh is closed then:
+	// it ends a wait for an earlier batch's answer.
 	stopped atomic.Bool
+	stopCh  chan struct{}
 
 	mu      sync.Mutex
 	queue   []*outgoing     // see the invariants
@@ -198,6 +200,7 @@ func newPublisher(w *Worker, run string, attempt int, onFail func(error)) *publi
 		kick:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		first:     make(chan struct{}),
+		stopCh:    make(chan struct{}),
 		onFail:    onFail,
 	}
 	p.envHead, p.envMid = envelopeParts(run, attempt, w.id)
@@ -933,7 +936,9 @@ func (p *publisher) failLocked(err error) bool {
 	if first {
 		p.err = err
 	}
-	p.stopped.Store(true)
+	if !p.stopped.Swap(true) {
+		close(p.stopCh)
+	}
 	p.turnChangedLocked()
 	if p.stopResend != nil {
 		p.stopResend() // its request in flight ends now
