@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -187,16 +186,21 @@ func TestClusterNodeLoss(t *testing.T) {
 	plans := makePlans(r, "r3", 40, func(i int) bool { return i%2 == 0 }, 200)
 	d.submit(plans...)
 	time.Sleep(3 * time.Second)
-	ctx, cancel := f.ctx(10 * time.Second)
-	s, err := f.c.JetStream().Stream(ctx, f.c.Names().EventsStream())
-	var leader string
-	if err == nil {
-		var info *jetstream.StreamInfo
-		if info, err = s.Info(ctx); err == nil && info.Cluster != nil {
-			leader = info.Cluster.Leader
+	// First a graceful leader change of the events stream while the runs
+	// publish (their open event batches are the old leader's), then the
+	// new leader killed.
+	old := eventsLeader(t, f)
+	stepDown(t, f, f.c.Names().EventsStream())
+	leader := old
+	for deadline := time.Now().Add(30 * time.Second); leader == old || leader == ""; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still led by %q 30 s after a step-down", f.c.Names().EventsStream(), leader)
 		}
+		leader = eventsLeader(t, f)
 	}
-	cancel()
+	t.Logf("cluster: %s stepped down from %q to %q at %.1fs", f.c.Names().EventsStream(), old, leader, time.Since(start).Seconds())
+	time.Sleep(3 * time.Second)
+	leader = eventsLeader(t, f)
 	victim := 0
 	for i, nd := range nc.nodes {
 		if nd.name == leader {
@@ -209,6 +213,35 @@ func TestClusterNodeLoss(t *testing.T) {
 	d.report("scenario 4 (3-node cluster, node killed)", bus.StatusSucceeded, fmt.Sprintf("with node %s killed; %d runs handed back by log",
 		nc.nodes[victim].name, countLines(procs, "handed back")))
 	t.Logf("scenario 4 took %s", time.Since(start).Round(time.Second))
+}
+
+// eventsLeader returns the node leading the events stream ("" if none
+// is known now).
+func eventsLeader(t *testing.T, f *fleet) string {
+	ctx, cancel := f.ctx(10 * time.Second)
+	defer cancel()
+	s, err := f.c.JetStream().Stream(ctx, f.c.Names().EventsStream())
+	if err != nil {
+		return ""
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		return ""
+	}
+	return info.Cluster.Leader
+}
+
+// stepDown asks a stream's leader to step down (nats stream cluster
+// step-down).
+func stepDown(t *testing.T, f *fleet, stream string) {
+	t.Helper()
+	m, err := f.c.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("step-down of %s: %v", stream, err)
+	}
+	if strings.Contains(string(m.Data), `"error"`) {
+		t.Fatalf("step-down of %s: %s", stream, m.Data)
+	}
 }
 
 // replicaCounts returns the streams, consumer and bucket that are not R3.
