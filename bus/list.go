@@ -225,12 +225,15 @@ func (c *Client) catchUp(ctx context.Context, g *directGetter, s jetstream.Strea
 		if last <= top {
 			break
 		}
-		round, err := g.rangeOf(ctx, top+1, last)
-		if err != nil {
-			return err
+		for top < last { // in windows, as the scan reads
+			to := min(last, top+maxWindow)
+			round, err := g.rangeOf(ctx, top+1, to)
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, round...)
+			top = to
 		}
-		msgs = append(msgs, round...)
-		top = last
 	}
 	if len(msgs) == 0 {
 		return nil
@@ -269,11 +272,13 @@ func (c *Client) catchUp(ctx context.Context, g *directGetter, s jetstream.Strea
 		}
 	}
 	if o.Limit > 0 && len(out) > o.Limit {
+		// The next page starts below the last record kept (a record, as
+		// queued runs that fill a page end it before the scan).
 		out = out[:o.Limit]
-		page.Next = out[len(out)-1].Revision // the next page starts below it
-		if page.Next == 0 {
-			page.Next = top + 1 // queued runs filled it: every record is next
-		}
+		page.Next = out[len(out)-1].Revision
+	}
+	if o.Limit > 0 && len(out) == o.Limit {
+		page.Truncated = false // full, whatever the scan's bound
 	}
 	page.Records = out
 	return nil

@@ -147,3 +147,22 @@ func recsOf(recs []RunRecord) []string {
 	}
 	return out
 }
+
+// TestAPageFilledByItsCatchUpIsNotTruncated: the scan's bound stopped it
+// before a match, and the catch-up found one: the page is full, not cut
+// short.
+func TestAPageFilledByItsCatchUpIsNotTruncated(t *testing.T) {
+	ctx, c, put := rewriteClient(t, 300)
+	put("r0000", StateRunning, true)
+	for i := range 200 {
+		put(fmt.Sprintf("r%04d", 1+i), StatusFailed, false)
+	}
+	onFirstWindow(c, func() { put("r0000", StateRunning, true) })
+	p, err := c.ListPage(ctx, ListOptions{State: StateWaiting, Limit: 1, MaxScan: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Records) != 1 || p.Records[0].ID != "r0000" || p.Truncated {
+		t.Fatalf("page %v truncated %v, want r0000 and not truncated", recsOf(p.Records), p.Truncated)
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -200,7 +199,9 @@ func TestClusterNodeLoss(t *testing.T) {
 	}
 	t.Logf("cluster: %s stepped down from %q to %q at %.1fs", f.c.Names().EventsStream(), old, leader, time.Since(start).Seconds())
 	time.Sleep(3 * time.Second)
-	leader = eventsLeader(t, f)
+	if leader = eventsLeader(t, f); leader == "" {
+		t.Fatalf("%s has no leader 3 s after its step-down", f.c.Names().EventsStream())
+	}
 	victim := 0
 	for i, nd := range nc.nodes {
 		if nd.name == leader {

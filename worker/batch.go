@@ -271,9 +271,13 @@ func (b *eventBatch) probeOrOff(ctx context.Context, log *slog.Logger, every tim
 				return
 			case <-t.C:
 			}
-			if b.probe(b.stopCtx) == nil {
+			switch err := b.probe(b.stopCtx); {
+			case err == nil:
 				b.off.Store(false)
 				log.Info("event batches on: a probe commit was answered")
+				return
+			case errors.Is(err, errBatchesDisabled):
+				log.Warn("event batches stay off: each event goes singly", "err", err)
 				return
 			}
 		}
@@ -327,6 +331,8 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg, stamp uint64
 		select {
 		case <-wait:
 		case <-p.stopCh:
+		case <-p.w.hardCtx.Done():
+			p.stopAtHardStop()
 		case <-b.stopCtx.Done():
 			return true, errHeld
 		}

@@ -1466,6 +1466,20 @@ func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
 	if w.batch.on() {
 		t.Fatal("batches on after a probe answered that they are disabled")
 	}
+	// Unanswered first (its wait cut short), then re-probes: the first
+	// answered "disabled" ends them.
+	cut, cancel := context.WithCancel(ctx)
+	cancel()
+	w.batch.probeOrOff(cut, w.log, time.Millisecond)
+	reprobesEnded := make(chan struct{})
+	go func() {
+		w.batch.reprobing.Wait()
+		close(reprobesEnded)
+	}()
+	within(t, reprobesEnded, 20*time.Second, "the re-probes ending at a stream without batches")
+	if w.batch.on() {
+		t.Fatal("batches on after a re-probe answered that they are disabled")
+	}
 
 	// What the server answers a request nobody serves.
 	sub, err := c.Conn().Subscribe("no.stream.here", func(m *nats.Msg) {
@@ -1523,9 +1537,15 @@ func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
 }
 
 // A run fenced (or failed) while its event waits for the answer to its
-// earlier batch stops waiting at once: before, it waited for that answer
-// (or the batch's stuck wait), holding its send lock.
+// earlier batch stops waiting at once, and so does one at a hard stop
+// (failing as the hard stop's): before, it waited for that answer (or the
+// batch's stuck wait), holding its send lock.
 func TestAFencedRunStopsWaitingForItsEarlierBatch(t *testing.T) {
+	t.Run("fenced", func(t *testing.T) { stopWaitingForABatch(t, false) })
+	t.Run("hard stop", func(t *testing.T) { stopWaitingForABatch(t, true) })
+}
+
+func stopWaitingForABatch(t *testing.T, hardStop bool) {
 	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	w.batch.mu.Lock()
@@ -1533,7 +1553,8 @@ func TestAFencedRunStopsWaitingForItsEarlierBatch(t *testing.T) {
 	w.batch.mu.Unlock()
 	var keeping atomic.Bool
 	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
-	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	started(t, p)
 	waiting := make(chan struct{}, 1)
 	w.batch.beforeWait = func(q *publisher, seq uint64) {
@@ -1556,8 +1577,18 @@ func TestAFencedRunStopsWaitingForItsEarlierBatch(t *testing.T) {
 		sent <- err
 	}()
 	within(t, waiting, 20*time.Second, "the run's 3 waiting")
-	p.abandon()
+	if hardStop {
+		w.hardCancel()
+	} else {
+		p.abandon()
+	}
 	within(t, sent, 10*time.Second, "the run's 3 ending its wait")
+	if hardStop {
+		if err := within(t, failed, 10*time.Second, "the publisher's failure"); !errors.Is(err, errWorkerStopping) {
+			t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
+		}
+		p.abandon()
+	}
 	keeping.Store(false)
 	tap.release(answer)
 	for deadline := time.Now().Add(20 * time.Second); ; runtime.Gosched() {
@@ -1569,4 +1600,35 @@ func TestAFencedRunStopsWaitingForItsEarlierBatch(t *testing.T) {
 			t.Fatalf("stored %s, want [1 2]: a fenced attempt sends nothing more", got)
 		}
 	}
+}
+
+// The same for a hard stop while a re-send's request waits for its
+// answer (it ends the request: context canceled).
+func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
+	o := &publishFailures{}
+	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond, Observer: o}, nil)
+	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
+		if strings.HasSuffix(m.Subject, ".1") {
+			return nil // run_started's ack never comes: it is re-sent
+		}
+		return m
+	})
+	resending := make(chan struct{})
+	var once sync.Once
+	w.hooks.beforeEventResend = func(uint64) {
+		once.Do(func() { close(resending) })
+		<-w.hardCtx.Done()
+	}
+	failed := make(chan error, 1)
+	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
+	publishN(t, p, 1)
+	within(t, resending, 20*time.Second, "the re-send")
+	w.hardCancel()
+	if err := within(t, failed, 20*time.Second, "the publisher's failure"); !errors.Is(err, errWorkerStopping) {
+		t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
+	}
+	if n := o.n.Load(); n != 0 {
+		t.Errorf("%d failed publishes counted at a hard stop", n)
+	}
+	p.abandon()
 }

@@ -559,6 +559,10 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 			if err == nil {
 				continue
 			}
+			if p.w.hardCtx.Err() != nil && errors.Is(err, context.Canceled) {
+				p.fail(fmt.Errorf("publish to %s: %w: %w", p.subject, errWorkerStopping, err))
+				continue // the loop's top ends it
+			}
 			cause, notBefore = err, pause(err)
 		}
 		select {
@@ -736,6 +740,8 @@ func (p *publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *out
 		return last, err == nil || errors.Is(err, errNoProgress), err
 	case bus.Transient(err) || errors.As(err, &api) && api.ErrorCode == jsDuplicateInProcess:
 		return expect, false, err
+	case errors.Is(err, context.Canceled) && p.w.hardCtx.Err() != nil:
+		return expect, false, err // the hard stop: resend fails it as one
 	}
 	p.fail(fmt.Errorf("publish to %s: %w", p.subject, err))
 	return expect, false, err
@@ -1179,12 +1185,25 @@ func (p *publisher) awaitTurn(wait <-chan struct{}) {
 	select {
 	case <-wait:
 	case <-p.w.hardCtx.Done():
-		p.mu.Lock()
-		first := p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, errWorkerStopping))
-		p.mu.Unlock()
-		if first {
-			go p.failed() // not under sendMu: onFail may publish
-		}
+		p.stopAtHardStop()
+	}
+}
+
+// failure returns the publisher's failure, nil if none.
+func (p *publisher) failure() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// stopAtHardStop fails the publisher of an event whose wait the hard stop
+// cut short. The caller holds sendMu (not mu).
+func (p *publisher) stopAtHardStop() {
+	p.mu.Lock()
+	first := p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, errWorkerStopping))
+	p.mu.Unlock()
+	if first {
+		go p.failed() // not under sendMu: onFail may publish
 	}
 }
 

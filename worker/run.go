@@ -468,14 +468,21 @@ func (r *run) ackResumedFinished() {
 // mustNotFinish hands back an attempt that stopped without the right to
 // finish, and reports whether it did.
 func (r *run) mustNotFinish(timedOut bool) bool {
-	switch pubErr := r.tally.publishErr(); {
+	pubErr := r.tally.publishErr()
+	if pubErr == nil && r.pub != nil {
+		pubErr = r.pub.failure() // its onFail, which tells the tally, may not have run yet
+	}
+	switch {
 	case r.waitHandedBack.Load() && !r.lease.lost.Load() && !r.tally.aborted() && !timedOut:
 		r.handBackWaiting()
 	case r.lease.lost.Load():
 		r.endHeartbeat()
 		r.pub.abandon()
 		r.log.Warn("run stopped: lease lost to a newer attempt")
-	case pubErr != nil && !errors.Is(pubErr, errWorkerStopping):
+	case errors.Is(pubErr, errWorkerStopping):
+		// Even an aborted or timed-out run: its end cannot be published.
+		r.handBack(0, "worker stopping: run stopped and handed back", nil)
+	case pubErr != nil:
 		r.handBack(time.Second, "events could not be stored; handing the run back", pubErr)
 	case r.w.hardCtx.Err() != nil && !r.tally.aborted() && !timedOut:
 		// The next attempt resumes from the events.
