@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/logbuf"
+	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // A run whose event waits its turn (its run_started unanswered) when the
@@ -83,5 +85,72 @@ func hardStopDuringATurn(t *testing.T, abort bool) {
 	}
 	if n := o.n.Load(); n != 0 {
 		t.Errorf("%d failed publishes counted at a hard stop", n)
+	}
+}
+
+// A drain that times out while a later attempt reads its run's events to
+// resume: the read ends (context canceled) and the attempt is handed back
+// as a run at a hard stop is, not as events that could not be stored.
+func TestAHardStopDuringAResumeHandsTheRunBackAsOne(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	// A record its first attempt may take but did not read (a consumer
+	// recreated): attempt 1 hands the request back, attempt 2 resumes.
+	const id = "resume-at-stop"
+	sub, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "one", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
+		Faux: fauxTexts("first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, RequestSeq: sub.Seq,
+		Worker: "gone", HeartbeatAt: time.Now()})
+	if _, err := kv.Put(ctx, id, data); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logbuf.Buffer{}
+	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, DrainTimeout: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resuming := make(chan struct{})
+	w.hooks.beforeResume = func(string) {
+		close(resuming)
+		<-w.hardCtx.Done() // the drain times out while the read is under way
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	select {
+	case <-resuming:
+	case <-ctx.Done():
+		wcancel()
+		<-done
+		t.Fatalf("no resume within a minute:\n%s", logs.String())
+	}
+	wcancel() // drain: it times out after 50 ms
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "worker stopping: run stopped and handed back") || strings.Contains(out, "could not be stored") {
+		t.Fatalf("the resuming attempt was not handed back as one at a hard stop:\n%s", out)
 	}
 }

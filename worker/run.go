@@ -398,12 +398,18 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		// Resume even when the run was aborted or its deadline passed
 		// meanwhile: the outcome then says so, instead of the attempt
 		// being handed back (and redelivered until it gives up).
+		if h := r.w.hooks.beforeResume; h != nil {
+			h(r.id)
+		}
 		restored, err = r.resume(r.w.hardCtx) // not the run's deadline; a drain timeout stops it
 		r.traceResumed(restored, err)         // trace.go
-		if errors.Is(err, errAlreadyFinished) {
+		switch {
+		case errors.Is(err, errAlreadyFinished):
 			return nil, true
-		}
-		if err != nil && !r.lease.lost.Load() {
+		case err == nil || r.lease.lost.Load():
+		case r.w.hardCtx.Err() != nil && errors.Is(err, context.Canceled):
+			r.publishFailed(fmt.Errorf("resume: %w: %w", errWorkerStopping, err))
+		default:
 			r.publishFailed(fmt.Errorf("resume: %w", err))
 		}
 	}

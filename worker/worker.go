@@ -619,6 +619,8 @@ type testHooks struct {
 	beforeRequestAck func(runID string)
 	// before each read of a run's record;
 	beforeRecordRead func(runID string)
+	// before a later attempt reads its run's events to resume;
+	beforeResume func(runID string)
 	// before a finish (or a run_finished published from a finished
 	// record) publishes run_finished.
 	beforeRunFinished func(runID string)
