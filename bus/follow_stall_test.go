@@ -38,7 +38,9 @@ func (s *stuckIter) Stop() {
 	s.MessagesContext.Stop()
 }
 
-func stallClient(t *testing.T) (context.Context, *Client, func(seq uint64, ev any)) {
+// ownServerClient is a client on its own embedded server with the
+// streams, and a context that ends with the test (a minute at most).
+func ownServerClient(t *testing.T) (context.Context, *Client) {
 	t.Helper()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
@@ -55,6 +57,12 @@ func stallClient(t *testing.T) (context.Context, *Client, func(seq uint64, ev an
 	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, c
+}
+
+func stallClient(t *testing.T) (context.Context, *Client, func(seq uint64, ev any)) {
+	t.Helper()
+	ctx, c := ownServerClient(t)
 	c.SetFollowStall(50 * time.Millisecond)
 	pub := func(seq uint64, ev any) {
 		b, _ := json.Marshal(ev)

@@ -7,29 +7,13 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // rewriteClient is a client on its own server with n finished records
 // r0000..r<n-1> (r0000 the oldest) and a put that writes a record.
 func rewriteClient(t *testing.T, n int) (context.Context, *Client, func(id, state string, waiting bool) uint64) {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if err := c.EnsureStreams(ctx, StreamsConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, c := ownServerClient(t)
 	kv, err := c.Records(ctx)
 	if err != nil {
 		t.Fatal(err)

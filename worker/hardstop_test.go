@@ -13,7 +13,6 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/logbuf"
-	"github.com/agentfleet/agentfleet/natsembed"
 )
 
 // A run whose event waits its turn (its run_started unanswered) when the
@@ -92,18 +91,9 @@ func hardStopDuringATurn(t *testing.T, abort bool) {
 // resume: the read ends (context canceled) and the attempt is handed back
 // as a run at a hard stop is, not as events that could not be stored.
 func TestAHardStopDuringAResumeHandsTheRunBackAsOne(t *testing.T) {
-	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	c, _ := startTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
 		t.Fatal(err)
 	}
