@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -42,13 +43,16 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 	pause := 50 * time.Millisecond
 	for {
 		envs, err := w.c.ReadEvents(rctx, id, before)
+		if err != nil && rctx.Err() != nil && !errors.Is(err, context.Cause(rctx)) {
+			err = fmt.Errorf("%w: %w", context.Cause(rctx), err) // the stop, or the bound
+		}
 		if err == nil || rctx.Err() != nil || !(bus.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
 			return envs, err
 		}
 		select {
 		case <-time.After(pause + rand.N(pause)):
 		case <-rctx.Done():
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", context.Cause(rctx), err) // the stop, or the bound
 		}
 		pause = min(2*pause, time.Second)
 	}

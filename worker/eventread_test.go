@@ -69,12 +69,37 @@ func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
 	if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), env.AppendJSON(nil)); err != nil {
 		t.Fatal(err)
 	}
+	s, names := fillEventConsumers(t, ctx, c)
+	done := make(chan error, 1)
+	go func() {
+		envs, err := w.readEvents(ctx, "r", 0)
+		if err == nil && len(envs) != 1 {
+			err = fmt.Errorf("%d envelopes, want the run_started", len(envs))
+		}
+		done <- err
+	}()
+	// The read must still be waiting while no consumer can be made.
+	select {
+	case err := <-done:
+		t.Fatalf("the read ended while the stream had no room for its consumer: %v", err)
+	case <-time.After(time.Second):
+	}
+	if err := s.DeleteConsumer(ctx, names[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("after a consumer was deleted: %v", err)
+	}
+}
+
+// fillEventConsumers makes consumers on the events stream up to the
+// server's default limit, 16 creations at a time, and returns their names.
+func fillEventConsumers(t *testing.T, ctx context.Context, c *bus.Client) (jetstream.Stream, []string) {
+	t.Helper()
 	s, err := c.Stream(ctx, c.Names().EventsStream())
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Fill the stream's consumers up to the server's default limit, 16
-	// creations at a time.
 	var (
 		mu    sync.Mutex
 		names []string
@@ -105,24 +130,35 @@ func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
 	if t.Failed() || len(names) == 0 {
 		t.Fatal("the stream's consumers could not be filled")
 	}
+	return s, names
+}
+
+// A read waiting for a free consumer when its context ends (the worker's
+// hard stop) says so: its error is the context's, wrapping the refusal,
+// so its run is handed back as one at a hard stop.
+func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
+	w, c := startInternal(t, Config{}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	env := &bus.Envelope{Run: "r", Seq: 1, Attempt: 1, Worker: "w", TS: 1, Event: b}
+	if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), env.AppendJSON(nil)); err != nil {
+		t.Fatal(err)
+	}
+	fillEventConsumers(t, ctx, c)
+	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		envs, err := w.readEvents(ctx, "r", 0)
-		if err == nil && len(envs) != 1 {
-			err = fmt.Errorf("%d envelopes, want the run_started", len(envs))
-		}
+		_, err := w.readEvents(rctx, "r", 0)
 		done <- err
 	}()
-	// The read must still be waiting while no consumer can be made.
 	select {
 	case err := <-done:
 		t.Fatalf("the read ended while the stream had no room for its consumer: %v", err)
-	case <-time.After(time.Second):
+	case <-time.After(time.Second): // it waits between tries
 	}
-	if err := s.DeleteConsumer(ctx, names[0]); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("after a consumer was deleted: %v", err)
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
+		t.Fatalf("the read ended by its context: %v, want context canceled and the refusal", err)
 	}
 }

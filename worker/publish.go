@@ -559,7 +559,7 @@ func (p *publisher) resend(ctx context.Context, cause error, warn bool) {
 			if err == nil {
 				continue
 			}
-			if p.w.hardCtx.Err() != nil && errors.Is(err, context.Canceled) {
+			if ctx.Err() != nil && p.w.hardCtx.Err() != nil { // whatever the request made of it
 				p.fail(fmt.Errorf("publish to %s: %w: %w", p.subject, errWorkerStopping, err))
 				continue // the loop's top ends it
 			}
@@ -740,7 +740,7 @@ func (p *publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *out
 		return last, err == nil || errors.Is(err, errNoProgress), err
 	case bus.Transient(err) || errors.As(err, &api) && api.ErrorCode == jsDuplicateInProcess:
 		return expect, false, err
-	case errors.Is(err, context.Canceled) && p.w.hardCtx.Err() != nil:
+	case ctx.Err() != nil && p.w.hardCtx.Err() != nil:
 		return expect, false, err // the hard stop: resend fails it as one
 	}
 	p.fail(fmt.Errorf("publish to %s: %w", p.subject, err))

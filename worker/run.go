@@ -475,8 +475,12 @@ func (r *run) ackResumedFinished() {
 // finish, and reports whether it did.
 func (r *run) mustNotFinish(timedOut bool) bool {
 	pubErr := r.tally.publishErr()
-	if pubErr == nil && r.pub != nil {
-		pubErr = r.pub.failure() // its onFail, which tells the tally, may not have run yet
+	if pubErr == nil {
+		// Its onFail, which tells the tally, may not have run yet; a fence
+		// is not a failure to store (a hand-back while waiting fences).
+		if err := r.pub.failure(); !errors.Is(err, errLeaseLost) {
+			pubErr = err
+		}
 	}
 	switch {
 	case r.waitHandedBack.Load() && !r.lease.lost.Load() && !r.tally.aborted() && !timedOut:
