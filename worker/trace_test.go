@@ -246,6 +246,7 @@ func TestTraceResumedRun(t *testing.T) {
 	}
 	steer.End()
 	first.waitControl(t, bus.KindSteer)
+	waitStored(t, f, id, 1, string(agent.EventToolExecutionStart), 1)
 	kill()
 	waitFor(t, g.cancelled, "gate x cancelled")
 	one := s.waitFor(1, "invoke_agent of attempt 1", named("invoke_agent"))[0]
