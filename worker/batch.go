@@ -331,8 +331,8 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg, stamp uint64
 		select {
 		case <-wait:
 		case <-p.stopCh:
-		case <-p.w.hardCtx.Done():
-			p.stopAtHardStop()
+		// Not the hard stop: the answer is a few ms off, and the
+		// hand-back's flush (bounded by AckWait) stores what waits.
 		case <-b.stopCtx.Done():
 			return true, errHeld
 		}

@@ -41,8 +41,8 @@ var (
 	errSuperseded      = errors.New("a newer attempt published on the run")
 	errNoProgress      = errors.New("re-send refused, and nothing new stored")
 	// errWorkerStopping: the hard stop cut a wait or a read short (a
-	// re-send's, a turn's, one for an earlier batch, a resume's); the run
-	// is handed back as any run at a hard stop is.
+	// re-send's, a turn's, a resume's); the run is handed back as any run
+	// at a hard stop is.
 	errWorkerStopping = errors.New("worker stopping")
 )
 
