@@ -22,11 +22,7 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 	w, c := startInternal(t, Config{}, func(w *Worker) { w.eventReadTimeout = 300 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
-	env := &bus.Envelope{Run: "r", Seq: 1, Attempt: 1, Worker: "w", TS: 1, Event: b}
-	if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), env.AppendJSON(nil)); err != nil {
-		t.Fatal(err)
-	}
+	storeRunStarted(t, ctx, c, "r")
 	for range maxEventReads {
 		w.eventReads <- struct{}{}
 	}
@@ -64,11 +60,7 @@ func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
 	w, c := startInternal(t, Config{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
-	env := &bus.Envelope{Run: "r", Seq: 1, Attempt: 1, Worker: "w", TS: 1, Event: b}
-	if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), env.AppendJSON(nil)); err != nil {
-		t.Fatal(err)
-	}
+	storeRunStarted(t, ctx, c, "r")
 	s, names := fillEventConsumers(t, ctx, c)
 	done := make(chan error, 1)
 	go func() {
@@ -140,11 +132,7 @@ func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
 	w, c := startInternal(t, Config{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
-	env := &bus.Envelope{Run: "r", Seq: 1, Attempt: 1, Worker: "w", TS: 1, Event: b}
-	if _, err := c.JetStream().Publish(ctx, c.Names().Events("r"), env.AppendJSON(nil)); err != nil {
-		t.Fatal(err)
-	}
+	storeRunStarted(t, ctx, c, "r")
 	fillEventConsumers(t, ctx, c)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -160,5 +148,16 @@ func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
 	stop()
 	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
 		t.Fatalf("the read ended by its context: %v, want context canceled and the refusal", err)
+	}
+}
+
+// storeRunStarted stores a run_started of attempt 1 for run: a read has
+// something to read.
+func storeRunStarted(t *testing.T, ctx context.Context, c *bus.Client, run string) {
+	t.Helper()
+	b, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	env := &bus.Envelope{Run: run, Seq: 1, Attempt: 1, Worker: "w", TS: 1, Event: b}
+	if _, err := c.JetStream().Publish(ctx, c.Names().Events(run), env.AppendJSON(nil)); err != nil {
+		t.Fatal(err)
 	}
 }
