@@ -328,11 +328,11 @@ func (b *eventBatch) publish(p *publisher, seq uint64, m *nats.Msg, stamp uint64
 		if h := b.beforeWait; h != nil {
 			h(p, seq)
 		}
+		// Not ended by the hard stop: the answer is a few ms off, and the
+		// hand-back's flush (bounded by AckWait) stores what waits.
 		select {
 		case <-wait:
 		case <-p.stopCh:
-		// Not the hard stop: the answer is a few ms off, and the
-		// hand-back's flush (bounded by AckWait) stores what waits.
 		case <-b.stopCtx.Done():
 			return true, errHeld
 		}

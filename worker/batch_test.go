@@ -442,15 +442,7 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	tap, keeping, big, run := keptRefusalPair(t, ctx, w)
-	waiting := make(chan uint64, 1)
-	w.batch.beforeWait = func(p *publisher, seq uint64) {
-		if p == run {
-			select {
-			case waiting <- seq:
-			default:
-			}
-		}
-	}
+	waiting := batchWaits(w, run)
 	// One batch: the run's 2, the refused event, the run's 3.
 	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
 		t.Fatal(err)
@@ -529,15 +521,7 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	big, run := refusalPair(t, ctx, w)
 	other := newPublisher(w, bus.NewRunID(), 1, nil)
 	started(t, other)
-	waiting := make(chan struct{}, 1)
-	w.batch.beforeWait = func(p *publisher, seq uint64) {
-		if p == run {
-			select {
-			case waiting <- struct{}{}:
-			default:
-			}
-		}
-	}
+	waiting := batchWaits(w, run)
 	keeping.Store(true)
 	// The refused event, then the run's 2, which the stream does not
 	// store (gap fail); the answers are kept back.
@@ -700,6 +684,21 @@ func waitingForTurn(t *testing.T, p *publisher, what string) {
 			t.Fatal(what + " did not wait for its turn")
 		}
 	}
+}
+
+// batchWaits signals each time p's event starts waiting for its run's
+// earlier batch (a signal pending is not doubled).
+func batchWaits(w *Worker, p *publisher) <-chan struct{} {
+	waiting := make(chan struct{}, 1)
+	w.batch.beforeWait = func(q *publisher, _ uint64) {
+		if q == p {
+			select {
+			case waiting <- struct{}{}:
+			default:
+			}
+		}
+	}
+	return waiting
 }
 
 // While batches are paused, every event goes singly, and one at a time:
@@ -1522,13 +1521,8 @@ func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
 	go func() { _, _ = p.event("x", []byte(`{"type":"x","i":2}`), 0) }()
 	waitingForTurn(t, p, "event 2")
 	w.hardCancel()
-	select {
-	case err := <-failed:
-		if !errors.Is(err, errWorkerStopping) {
-			t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the waiting event's publisher did not fail at the hard stop")
+	if err := within(t, failed, 20*time.Second, "the publisher's failure at the hard stop"); !errors.Is(err, errWorkerStopping) {
+		t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
 	}
 	if n := o.n.Load(); n != 0 {
 		t.Errorf("%d failed publishes counted at a hard stop", n)
@@ -1558,15 +1552,7 @@ func stopWaitingForABatch(t *testing.T, hardStop bool) {
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	started(t, p)
-	waiting := make(chan struct{}, 1)
-	w.batch.beforeWait = func(q *publisher, seq uint64) {
-		if q == p {
-			select {
-			case waiting <- struct{}{}:
-			default:
-			}
-		}
-	}
+	waiting := batchWaits(w, p)
 	keeping.Store(true)
 	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
 		t.Fatal(err)

@@ -40,19 +40,26 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 	defer func() { <-w.eventReads }()
 	rctx, cancel := context.WithTimeout(ctx, w.eventReadTimeout)
 	defer cancel()
+	// ended says why the read ended with err: the stop, or the bound.
+	ended := func(err error) error {
+		if errors.Is(err, context.Cause(rctx)) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", context.Cause(rctx), err)
+	}
 	pause := 50 * time.Millisecond
 	for {
 		envs, err := w.c.ReadEvents(rctx, id, before)
-		if err != nil && rctx.Err() != nil && !errors.Is(err, context.Cause(rctx)) {
-			err = fmt.Errorf("%w: %w", context.Cause(rctx), err) // the stop, or the bound
+		if err != nil && rctx.Err() != nil {
+			return envs, ended(err)
 		}
-		if err == nil || rctx.Err() != nil || !(bus.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
+		if err == nil || !(bus.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
 			return envs, err
 		}
 		select {
 		case <-time.After(pause + rand.N(pause)):
 		case <-rctx.Done():
-			return nil, fmt.Errorf("%w: %w", context.Cause(rctx), err) // the stop, or the bound
+			return nil, ended(err)
 		}
 		pause = min(2*pause, time.Second)
 	}

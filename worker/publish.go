@@ -1186,7 +1186,12 @@ func (p *publisher) awaitTurn(wait <-chan struct{}) {
 	select {
 	case <-wait:
 	case <-p.w.hardCtx.Done():
-		p.stopAtHardStop()
+		p.mu.Lock()
+		first := p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, errWorkerStopping))
+		p.mu.Unlock()
+		if first {
+			go p.failed() // not under sendMu: onFail may publish
+		}
 	}
 }
 
@@ -1195,17 +1200,6 @@ func (p *publisher) failure() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
-}
-
-// stopAtHardStop fails the publisher of an event whose wait the hard stop
-// cut short. The caller holds sendMu (not mu).
-func (p *publisher) stopAtHardStop() {
-	p.mu.Lock()
-	first := p.failLocked(fmt.Errorf("publish to %s: %w", p.subject, errWorkerStopping))
-	p.mu.Unlock()
-	if first {
-		go p.failed() // not under sendMu: onFail may publish
-	}
 }
 
 // unackedBeforeLocked tells whether an event before seq (sent in a
