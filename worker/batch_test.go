@@ -1520,6 +1520,13 @@ func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
 	publishN(t, p, 1)
 	go func() { _, _ = p.event("x", []byte(`{"type":"x","i":2}`), 0) }()
 	waitingForTurn(t, p, "event 2")
+	failsAsTheHardStop(t, w, o, p, failed)
+}
+
+// failsAsTheHardStop stops w hard and checks that p fails as the hard
+// stop's, uncounted as a failed publish.
+func failsAsTheHardStop(t *testing.T, w *Worker, o *publishFailures, p *publisher, failed <-chan error) {
+	t.Helper()
 	w.hardCancel()
 	if err := within(t, failed, 20*time.Second, "the publisher's failure at the hard stop"); !errors.Is(err, errWorkerStopping) {
 		t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
@@ -1624,12 +1631,5 @@ func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	publishN(t, p, 1)
 	within(t, resending, 20*time.Second, "the re-send")
-	w.hardCancel()
-	if err := within(t, failed, 20*time.Second, "the publisher's failure"); !errors.Is(err, errWorkerStopping) {
-		t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
-	}
-	if n := o.n.Load(); n != 0 {
-		t.Errorf("%d failed publishes counted at a hard stop", n)
-	}
-	p.abandon()
+	failsAsTheHardStop(t, w, o, p, failed)
 }
