@@ -150,3 +150,34 @@ func TestAPageFilledByItsCatchUpIsNotTruncated(t *testing.T) {
 		t.Fatalf("page %v truncated %v, want r0000 and not truncated", recsOf(p.Records), p.Truncated)
 	}
 }
+
+// TestListCatchesUpOverMoreThanOneWindow: more than a window of writes
+// lands during the scan; the catch-up reads them all, in windows, none
+// skipped or listed twice at a window's edge.
+func TestListCatchesUpOverMoreThanOneWindow(t *testing.T) {
+	const n, during = 300, maxWindow + 10
+	ctx, c, put := rewriteClient(t, n)
+	onFirstWindow(c, func() {
+		for i := range during {
+			put(fmt.Sprintf("f%05d", i), StatusSucceeded, false)
+		}
+	})
+	recs, err := c.List(ctx, ListOptions{Limit: n + during})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := during - 1; i >= 0; i-- {
+		want = append(want, fmt.Sprintf("f%05d", i))
+	}
+	for i := n - 1; i >= 0; i-- {
+		want = append(want, fmt.Sprintf("r%04d", i))
+	}
+	if got := recsOf(recs); !slices.Equal(got, want) {
+		i := 0
+		for i < min(len(got), len(want)) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("listed %d records, want %d; they differ from index %d: %v", len(got), len(want), i, got[i:min(len(got), i+4)])
+	}
+}
