@@ -74,7 +74,7 @@ func ExampleClient_Follow() {
 		}
 	}
 	// Output:
-	// started, protocol 1.6
+	// started, protocol 1.7
 	// user: Say hello.
 	// assistant: Hello!
 	// finished: succeeded
