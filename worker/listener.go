@@ -52,7 +52,7 @@ func (s *scratchPool) put(b *[]byte) {
 
 var errOverBudget = errors.New("the run is over one of its bounds")
 
-func (l *listener) onEvent(ctx context.Context, ev agent.Event) error {
+func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	r := l.r
 	switch ev.Type {
 	case agent.EventToolExecutionStart:
@@ -105,8 +105,6 @@ func (l *listener) onEvent(ctx context.Context, ev agent.Event) error {
 		return err
 	}
 	switch ev.Type {
-	case agent.EventToolExecutionStart:
-		return l.storedBeforeTheCall(ctx)
 	case agent.EventMessageEnd:
 		l.msgSeqs = append(l.msgSeqs, seq)
 		switch ev.Message.Role {
@@ -121,23 +119,6 @@ func (l *listener) onEvent(ctx context.Context, ev agent.Event) error {
 		r.w.obs.Turn(r.info())
 	}
 	return nil
-}
-
-// storedBeforeTheCall waits until the call's tool_execution_start, and
-// so the assistant message that made the call, is stored: the call runs
-// once the listener returns. A worker killed while the call runs then
-// leaves its start behind, and the next attempt gives the call the "may
-// or may not have run" result instead of running it again (or asking the
-// model again, when the message was lost as well). A run that ends here
-// (aborted, timed out) has no next attempt: its agent goes on to its own
-// abort, as before (pi's "Operation aborted" results).
-func (l *listener) storedBeforeTheCall(ctx context.Context) error {
-	r := l.r
-	err := r.pub.sync(ctx)
-	if err != nil && ctx.Err() != nil && (r.tally.aborted() || r.clock.timedOut()) {
-		return nil
-	}
-	return err
 }
 
 // checkBounds enforces the run's event budget and transcript bound before

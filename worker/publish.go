@@ -141,10 +141,10 @@ type publisher struct {
 	stopped atomic.Bool
 	stopCh  chan struct{}
 
-	mu      sync.Mutex
-	queue   []*outgoing     // see the invariants
-	drained []chan struct{} // sync waiters: closed when queue empties or a publish fails
-	seq     uint64
+	mu    sync.Mutex
+	queue []*outgoing  // see the invariants
+	syncs []syncWaiter // see sync
+	seq   uint64
 	// holding: do not send (disconnected, or re-sending). Written under
 	// mu, set before a batch's hold on the publisher ends and cleared only
 	// once nothing sent is unacknowledged (what was held then goes out in
@@ -422,8 +422,10 @@ func (p *publisher) popLocked() (popped, stored int, bad error) {
 	default:
 		p.retryStart = time.Time{}
 	}
+	if popped > 0 {
+		p.releaseSyncLocked(false)
+	}
 	if popped > 0 && len(p.queue) == 0 {
-		p.releaseSyncLocked()
 		p.finishLocked()
 	}
 	return popped, stored, nil
@@ -609,7 +611,7 @@ func (p *publisher) releaseHeld(held []*outgoing) {
 		o.batched = !o.msgID && p.w.batch != nil && p.w.batch.on()
 		stampLocked(o, now, epoch)
 	}
-	waiting := len(p.drained) > 0 || p.closed // a sync or flush: its commit went before these
+	waiting := len(p.syncs) > 0 || p.closed // a sync or flush: its commit went before these
 	p.mu.Unlock()
 	if h := p.w.hooks.beforeHeldSend; h != nil {
 		h(held[0].seq)
@@ -989,7 +991,7 @@ func (p *publisher) dropLocked() {
 	}
 	clear(p.queue)
 	p.queue = p.queue[:0]
-	p.releaseSyncLocked()
+	p.releaseSyncLocked(true)
 }
 
 func (p *publisher) fail(err error) {
@@ -1326,21 +1328,32 @@ func (p *publisher) startedAt(ctx context.Context) (uint64, error) {
 	}
 }
 
-// sync waits until every event published so far is stored.
+// syncWaiter is a sync waiting for the events up to upTo.
+type syncWaiter struct {
+	upTo uint64
+	ch   chan struct{}
+}
+
+// sync waits until every event published before it is stored (not the
+// ones published meanwhile: a parallel call's updates would keep a
+// queue from emptying).
 func (p *publisher) sync(ctx context.Context) error {
+	p.mu.Lock()
+	upTo := p.seq
+	p.mu.Unlock()
 	for {
 		p.mu.Lock()
-		n, err := len(p.queue), p.err
+		err := p.err
 		var ch chan struct{}
-		if err == nil && n > 0 {
+		if err == nil && !p.storedUpToLocked(upTo) {
 			ch = make(chan struct{})
-			p.drained = append(p.drained, ch)
+			p.syncs = append(p.syncs, syncWaiter{upTo, ch})
 		}
 		p.mu.Unlock()
 		if err != nil {
 			return err
 		}
-		if n == 0 {
+		if ch == nil {
 			return nil
 		}
 		p.commitBatch()
@@ -1352,12 +1365,25 @@ func (p *publisher) sync(ctx context.Context) error {
 	}
 }
 
-// releaseSyncLocked wakes the sync waiters. Caller holds mu.
-func (p *publisher) releaseSyncLocked() {
-	for _, ch := range p.drained {
-		close(ch)
+// storedUpToLocked tells whether the events up to seq are stored: acks
+// pop the queue's head in order. Caller holds mu.
+func (p *publisher) storedUpToLocked(seq uint64) bool {
+	return len(p.queue) == 0 || p.queue[0].seq > seq
+}
+
+// releaseSyncLocked wakes the sync waiters whose events are stored, or
+// all of them (a failure). Caller holds mu.
+func (p *publisher) releaseSyncLocked(all bool) {
+	kept := p.syncs[:0]
+	for _, sw := range p.syncs {
+		if all || p.storedUpToLocked(sw.upTo) {
+			close(sw.ch)
+		} else {
+			kept = append(kept, sw)
+		}
 	}
-	p.drained = nil
+	clear(p.syncs[len(kept):])
+	p.syncs = kept
 }
 
 // flush waits until every publish is acked (or ctx is done) and closes

@@ -93,11 +93,17 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			if inner == nil {
 				return agent.ToolResult{}, fmt.Errorf("tool %s has no implementation", name)
 			}
-			tctx, cancel := context.WithTimeout(ctx, timeout)
+			r, _ := ctx.Value(runKey{}).(*run)
+			if r != nil {
+				if err := r.storedBeforeTheCall(ctx); err != nil {
+					return agent.ToolResult{}, err
+				}
+			}
+			tctx, cancel := context.WithTimeout(ctx, timeout) // after the wait: the tool's own time
 			defer cancel()
 			start := time.Now()
 			var endSpan func(agent.ToolResult, error)
-			if r, ok := ctx.Value(runKey{}).(*run); ok && r.w.tracer != nil {
+			if r != nil && r.w.tracer != nil {
 				tctx, endSpan = r.traceTool(tctx, name, id, args)
 				// The agent recovers a tool's panic: end the span on that path too.
 				defer endToolSpanOnPanic(endSpan)
@@ -106,6 +112,24 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			return w.toolCallDone(ctx, tctx, name, start, res, err, endSpan)
 		},
 	}
+}
+
+// storedBeforeTheCall waits until the run's events so far are stored:
+// the call's tool_execution_start, the assistant message that made it,
+// and for a gated call its tool_approval_resolved. A worker killed while
+// the call runs then leaves them behind, and the next attempt gives the
+// call the "may or may not have run" result instead of running it again
+// (or asking the model again, when the message was lost too). A call
+// whose run stops meanwhile does not run, as a tool cancelled with its
+// run would not.
+func (r *run) storedBeforeTheCall(ctx context.Context) error {
+	if err := r.pub.sync(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
+	return nil
 }
 
 // toolCallDone reports a tool call and bounds its result. Its own frame:

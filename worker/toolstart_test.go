@@ -2,63 +2,65 @@ package worker
 
 import (
 	"context"
+	"maps"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
 
-// TestAToolRunsOnlyOnceItsStartIsStored: when a call runs, its
-// tool_execution_start (and the assistant message that made it) is
-// stored, so a worker killed while it runs leaves the start behind and
-// the next attempt does not run the call again. Before, the start was
-// still on its way (a batch commits every 2 ms): under load, a kill lost
-// it, and the next attempt asked the model again.
-func TestAToolRunsOnlyOnceItsStartIsStored(t *testing.T) {
-	var cur atomic.Pointer[run]
-	var c *bus.Client
-	checked := make(chan string, 2)
-	probe := agent.NewTool("probe", "checks that its start is stored", func(ctx context.Context, a struct {
-		Call string `json:"call"`
+// A call runs only once its run's events so far are stored: its
+// tool_execution_start, the assistant message that made it, and for a
+// gated call its tool_approval_resolved. A worker killed while the call
+// runs then leaves them behind, and the next attempt does not run the
+// call again. Before, they were still on their way (a batch commits every
+// 2 ms): under load a kill lost them, and the next attempt asked the
+// model again, or took an approved call for one still waiting.
+
+// probeTool is a "deploy" tool that records, for each target, how many
+// of its run's events were not stored when the call ran.
+type probeTool struct {
+	mu       sync.Mutex
+	unstored map[string]int
+	// after runs once the call has looked, before it returns.
+	after func(target string)
+}
+
+func (pt *probeTool) tool() *agent.Tool {
+	pt.unstored = map[string]int{}
+	return agent.NewTool("deploy", "deploys", func(ctx context.Context, a struct {
+		Target string `json:"target"`
 	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
-		defer func() { checked <- a.Call }()
-		r := cur.Load()
-		if n := unacknowledged(r.pub); n != 0 {
-			t.Errorf("call %s runs with %d events of its run not stored", a.Call, n)
+		n := -1 // not in a run
+		if r, ok := ctx.Value(runKey{}).(*run); ok {
+			n = unacknowledged(r.pub)
 		}
-		envs, err := c.ReadEvents(ctx, r.id, 0)
-		if err != nil {
-			t.Errorf("events of %s: %v", r.id, err)
+		pt.mu.Lock()
+		pt.unstored[a.Target] = n
+		pt.mu.Unlock()
+		if pt.after != nil {
+			pt.after(a.Target)
 		}
-		for _, e := range envs {
-			if e.Type == string(agent.EventToolExecutionStart) && strings.Contains(string(e.Event), `"toolCallId":"`+a.Call+`"`) {
-				return agent.TextResult("ok"), nil
-			}
-		}
-		t.Errorf("call %s runs before its tool_execution_start is stored", a.Call)
-		return agent.TextResult("ok"), nil
+		return agent.TextResult("deployed " + a.Target), nil
 	})
-	_, c = startInternal(t, Config{Tools: []*agent.Tool{probe}, HeartbeatInterval: time.Second}, func(w *Worker) {
-		w.hooks.afterControlStart = func(r *run) { cur.Store(r) }
-	})
-	id := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"probe"}, Model: &bus.ModelRef{Provider: "faux", ID: "s"},
-		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
-			{Content: []agent.Content{ // a parallel batch: both starts go out before either call runs
-				agent.ToolCall("c1", "probe", map[string]any{"call": "c1"}),
-				agent.ToolCall("c2", "probe", map[string]any{"call": "c2"}),
-			}, StopReason: agent.StopReasonToolUse},
-			{Content: []agent.Content{agent.Text("done")}},
-		}}})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, fin := followToFinished(ctx, t, c, id); fin.Status != bus.StatusSucceeded {
-		t.Fatalf("run %s: %s %s", fin.Status, fin.Reason, fin.Error)
+}
+
+// want fails unless every target ran with all its run's events stored.
+func (pt *probeTool) want(t *testing.T, targets ...string) {
+	t.Helper()
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	want := map[string]int{}
+	for _, target := range targets {
+		want[target] = 0
 	}
-	if len(checked) != 2 {
-		t.Fatalf("%d calls ran, want 2", len(checked))
+	if !maps.Equal(pt.unstored, want) {
+		t.Fatalf("events not stored when each call ran: %v, want %v", pt.unstored, want)
 	}
 }
 
@@ -73,4 +75,163 @@ func unacknowledged(p *publisher) int {
 		}
 	}
 	return n
+}
+
+// TestAToolRunsOnlyOnceItsStartIsStored: a parallel batch, both starts
+// out before either call runs. Each call looks, then waits until the
+// other has looked: neither's end is published while the other looks.
+func TestAToolRunsOnlyOnceItsStartIsStored(t *testing.T) {
+	pt := &probeTool{}
+	var mu sync.Mutex
+	looked, both := 0, make(chan struct{})
+	pt.after = func(string) {
+		mu.Lock()
+		if looked++; looked == 2 {
+			close(both)
+		}
+		mu.Unlock()
+		select {
+		case <-both:
+		case <-time.After(20 * time.Second):
+			t.Error("the two calls did not run together")
+		}
+	}
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, HeartbeatInterval: time.Second}, nil)
+	run := submitRun(t, c, &bus.RunRequest{Prompt: "deploy", Tools: []string{"deploy"}, Model: fauxModel, Faux: deployScript("a", "b")})
+	wantSucceeded(t, followRun(t, c, run))
+	pt.want(t, "a", "b")
+}
+
+// TestAnApprovedCallRunsOnlyOnceItsApprovalIsStored: the approval's
+// tool_approval_resolved is stored before the call runs, on the attempt
+// that asked and on one that took the waiting call over; and a call of
+// the batch that never started (sequential, after the waiting one) runs
+// only once its start, published by the resumed attempt, is stored.
+func TestAnApprovedCallRunsOnlyOnceItsApprovalIsStored(t *testing.T) {
+	t.Run("asked", func(t *testing.T) {
+		pt := &probeTool{}
+		_, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, HeartbeatInterval: time.Second}, nil)
+		run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+		re := followRun(t, c, run)
+		re.waitFor(t, bus.EventToolApprovalRequested, 1)
+		sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+		wantSucceeded(t, re)
+		pt.want(t, "prod")
+	})
+	t.Run("resumed", func(t *testing.T) {
+		c := connectTestServer(t)
+		pt := &probeTool{}
+		cfg := Config{Tools: []*agent.Tool{pt.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+		_, stopA := startOn(t, c, cfg)
+		req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two")
+		req.ToolExecution = agent.ExecutionSequential
+		run := submitRun(t, c, req)
+		re := followRun(t, c, run)
+		re.waitFor(t, bus.EventToolApprovalRequested, 1)
+		waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+		stopA()
+		startOn(t, c, cfg)
+		waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+		sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+		re.waitFor(t, bus.EventToolApprovalRequested, 2)
+		waitRecord(t, c, run, "waiting for c2", func(r *bus.RunRecord) bool { return waitingFor(r, "c2") })
+		sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
+		wantSucceeded(t, re)
+		pt.want(t, "one", "two")
+	})
+}
+
+// TestADeferredCallRunsOnlyOnceItsStartIsStored: an ungated call that
+// never started (sequential, after a waiting one) runs on the resumed
+// attempt once the waiting call resolves; that attempt publishes its
+// start itself, and the call runs only once it is stored.
+func TestADeferredCallRunsOnlyOnceItsStartIsStored(t *testing.T) {
+	c := connectTestServer(t)
+	pt := &probeTool{}
+	echo := echoTool(func(context.Context) error { return nil })
+	cfg := Config{Tools: []*agent.Tool{pt.tool(), echo}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"echo", "deploy"}, Model: fauxModel,
+		ToolExecution: agent.ExecutionSequential, Approval: &bus.Approval{Tools: []string{"echo"}},
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			{Content: []agent.Content{
+				agent.ToolCall("c1", "echo", map[string]any{"text": "first"}),
+				agent.ToolCall("c2", "deploy", map[string]any{"target": "later"}),
+			}, StopReason: agent.StopReasonToolUse},
+			{Content: []agent.Content{agent.Text("done")}},
+		}}})
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	stopA()
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	wantSucceeded(t, re)
+	pt.want(t, "later")
+}
+
+// TestSyncWaitsForTheEventsBeforeIt: a sync returns once the events
+// published before it are stored, while one published after it still
+// waits for its ack (a parallel call's updates would otherwise keep a
+// call waiting as long as they come).
+func TestSyncWaitsForTheEventsBeforeIt(t *testing.T) {
+	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute}, nil)
+	var mu sync.Mutex
+	var held []*nats.Msg
+	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
+		mu.Lock()
+		defer mu.Unlock()
+		held = append(held, m)
+		return nil
+	})
+	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	publishN(t, p, 3)
+	synced := make(chan error, 1)
+	go func() { synced <- p.sync(context.Background()) }()
+	until(t, "the sync waiting", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.syncs) == 1
+	})
+	if _, err := p.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	var four *nats.Msg
+	until(t, "four acks", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(held) < 4 {
+			return false
+		}
+		for _, m := range held {
+			if strings.HasSuffix(m.Subject, ".4") {
+				four = m
+			} else {
+				w.acks.route(m)
+			}
+		}
+		held = nil
+		return true
+	})
+	if err := within(t, synced, 20*time.Second, "the sync, events 1-3 stored"); err != nil {
+		t.Fatal(err)
+	}
+	if n := unacknowledged(p); n != 1 {
+		t.Fatalf("%d events unacknowledged, want event 4 alone", n)
+	}
+	w.acks.route(four)
+	if err := flushWithin(t, p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// until polls ok until it holds, for at most 20 s.
+func until(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 20 s for %s", what)
+		}
+	}
 }
