@@ -570,12 +570,16 @@ func (b *eventBatch) commit(ob *openBatch) {
 	b.commitLocked(ob)
 }
 
-// commitNow ends the open batch: a publisher waits for its acks.
-func (b *eventBatch) commitNow() {
+// commitFor ends the open batch if it holds p's latest batched event: p
+// waits for its acks (sync, flush, a turn). A batch committed already is
+// answered without it; ending the open one would only cut other runs'
+// batches short.
+func (b *eventBatch) commitFor(p *publisher) {
 	b.mu.Lock()
 	ob := b.cur
+	mine := ob != nil && p.batch == ob.id
 	b.mu.Unlock()
-	if ob != nil {
+	if mine {
 		b.commit(ob)
 	}
 }

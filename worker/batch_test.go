@@ -37,6 +37,16 @@ func holdBatches(t *testing.T, w *Worker) {
 	w.batch.mu.Unlock()
 }
 
+// commitNow ends the open batch, whoever's events it holds.
+func (b *eventBatch) commitNow() {
+	b.mu.Lock()
+	ob := b.cur
+	b.mu.Unlock()
+	if ob != nil {
+		b.commit(ob)
+	}
+}
+
 // replies records the reply subject of each message published on subject.
 func replies(t *testing.T, c *bus.Client, subject string) func(n int) []string {
 	t.Helper()
@@ -1632,4 +1642,53 @@ func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 	publishN(t, p, 1)
 	within(t, resending, 20*time.Second, "the re-send")
 	failsAsTheHardStop(t, w, o, p, failed)
+}
+
+// A run waiting for its acks commits the open batch only when its latest
+// event is in it: one whose events went in a batch committed already
+// would only cut the other runs' batch short (a tool call waits for its
+// run's events, docs/protocol.md §4).
+func TestAWaitCommitsTheOpenBatchOnlyForItsOwnEvents(t *testing.T) {
+	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	holdBatches(t, w)
+	p1, p2 := newPublisher(w, bus.NewRunID(), 1, nil), newPublisher(w, bus.NewRunID(), 1, nil)
+	started(t, p1)
+	started(t, p2)
+	keeping := new(atomic.Bool)
+	keeping.Store(true)
+	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
+	if _, err := p1.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	w.batch.commitNow() // p1's 2 waits in a committed batch
+	if _, err := p2.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	open := func() bool {
+		w.batch.mu.Lock()
+		defer w.batch.mu.Unlock()
+		return w.batch.cur != nil && w.batch.cur.committedAt.IsZero()
+	}
+	p1.commitBatch()
+	if !open() {
+		t.Fatal("p1's wait committed the batch holding p2's event alone")
+	}
+	p2.commitBatch()
+	if open() {
+		t.Fatal("p2's wait left its batch open")
+	}
+	keeping.Store(false)
+	flushed := make(chan error, 1)
+	go func() { flushed <- errors.Join(flushWithin(t, p1), flushWithin(t, p2)) }()
+	for { // an answer kept as keeping ended comes later
+		select {
+		case m := <-tap.kept:
+			tap.release(m)
+		case err := <-flushed:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
 }

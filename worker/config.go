@@ -81,7 +81,8 @@ type Config struct {
 	// PublishAckTimeout is how long an event's JetStream ack may take
 	// before the event and those after it are re-sent; default 15s.
 	PublishAckTimeout time.Duration
-	// ToolTimeout bounds one tool call; default 2 minutes.
+	// ToolTimeout bounds one tool call's own run, from when its run's
+	// events before it are stored (tools.go); default 2 minutes.
 	ToolTimeout time.Duration
 	// MaxToolResultBytes caps a tool result's text; default 64 KiB.
 	MaxToolResultBytes int

@@ -1272,7 +1272,7 @@ func (p *publisher) commitBatch() {
 	}
 	p.mu.Unlock()
 	if waits {
-		b.commitNow()
+		b.commitFor(p)
 	}
 }
 
@@ -1360,6 +1360,9 @@ func (p *publisher) sync(ctx context.Context) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			p.mu.Lock()
+			p.syncs = slices.DeleteFunc(p.syncs, func(sw syncWaiter) bool { return sw.ch == ch })
+			p.mu.Unlock()
 			return fmt.Errorf("waiting for event acks: %w", ctx.Err())
 		}
 	}

@@ -136,7 +136,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.waitControl(t, bus.KindSteer)
-	kill() // gate y runs: its start is stored (listener.go), the kill cannot lose it
+	kill() // gate y runs: its start is stored before it ran (tools.go), the kill cannot lose it
 	waitFor(t, g.cancelled, "gate y cancelled")
 
 	o := newObs()

@@ -96,7 +96,7 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			r, _ := ctx.Value(runKey{}).(*run)
 			if r != nil {
 				if err := r.storedBeforeTheCall(ctx); err != nil {
-					return agent.ToolResult{}, err
+					return agent.ToolResult{}, fmt.Errorf("tool %s not run: %w", name, err)
 				}
 			}
 			tctx, cancel := context.WithTimeout(ctx, timeout) // after the wait: the tool's own time
@@ -120,14 +120,17 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 // the call runs then leaves them behind, and the next attempt gives the
 // call the "may or may not have run" result instead of running it again
 // (or asking the model again, when the message was lost too). A call
-// whose run stops meanwhile does not run, as a tool cancelled with its
-// run would not.
+// whose run stopped, or was handed back while it waited for an approval,
+// does not run. Not reported as a call (observer, span): nothing ran.
 func (r *run) storedBeforeTheCall(ctx context.Context) error {
-	if err := r.pub.sync(ctx); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	err := r.pub.sync(ctx)
+	switch {
+	case ctx.Err() != nil: // also when the events were stored as it ended
+		return fmt.Errorf("its run stopped: %w", ctx.Err())
+	case err != nil:
 		return err
+	case r.waitHandedBack.Load():
+		return errors.New("its run was handed back")
 	}
 	return nil
 }

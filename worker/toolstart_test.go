@@ -3,8 +3,10 @@ package worker
 import (
 	"context"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -233,5 +235,69 @@ func until(t *testing.T, what string, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("waited 20 s for %s", what)
 		}
+	}
+}
+
+// TestACallWhoseRunStopsWhileItWaitsDoesNotRun: the run is aborted while
+// its call waits for the run's events to be stored (their acks held):
+// the call does not run, and its wait leaves nothing behind.
+func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
+	pt := &probeTool{}
+	var cur atomic.Pointer[run]
+	w, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, NoEventBatches: true, PublishAckTimeout: time.Minute,
+		HeartbeatInterval: time.Second}, func(w *Worker) {
+		w.hooks.afterControlStart = func(r *run) { cur.Store(r) }
+	})
+	var mu sync.Mutex
+	holding, held := true, []*nats.Msg(nil)
+	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
+		mu.Lock()
+		defer mu.Unlock()
+		if holding {
+			held = append(held, m)
+			return nil
+		}
+		return m
+	})
+	id := submitRun(t, c, gatedRequest(nil, "prod"))
+	var call chan struct{} // the call's wait
+	until(t, "the call waiting", func() bool {
+		r := cur.Load()
+		if r == nil {
+			return false
+		}
+		r.pub.mu.Lock()
+		defer r.pub.mu.Unlock()
+		if len(r.pub.syncs) == 1 {
+			call = r.pub.syncs[0].ch
+		}
+		return call != nil
+	})
+	r := cur.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := c.Abort(ctx, id, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	until(t, "the call's wait given up", func() bool { // the run's finish waits next
+		r.pub.mu.Lock()
+		defer r.pub.mu.Unlock()
+		return !slices.ContainsFunc(r.pub.syncs, func(sw syncWaiter) bool { return sw.ch == call })
+	})
+	mu.Lock()
+	holding = false
+	for _, m := range held {
+		w.acks.route(m)
+	}
+	mu.Unlock()
+	if _, fin := followToFinished(ctx, t, c, id); fin.Status != bus.StatusAborted {
+		t.Fatalf("run %s/%s, want aborted", fin.Status, fin.Reason)
+	}
+	pt.want(t) // none ran
+	// Events stored as the run stopped: the call does not run either.
+	stopped, stop := context.WithCancel(context.WithValue(context.Background(), runKey{}, r))
+	stop()
+	if err := r.storedBeforeTheCall(stopped); err == nil {
+		t.Fatal("a call of a stopped run would run")
 	}
 }

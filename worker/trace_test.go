@@ -246,7 +246,7 @@ func TestTraceResumedRun(t *testing.T) {
 	}
 	steer.End()
 	first.waitControl(t, bus.KindSteer)
-	kill() // the gate runs: its start is stored (listener.go), the kill cannot lose it
+	kill() // the gate runs: its start is stored before it ran (tools.go), the kill cannot lose it
 	waitFor(t, g.cancelled, "gate x cancelled")
 	one := s.waitFor(1, "invoke_agent of attempt 1", named("invoke_agent"))[0]
 	wantAttrs(t, one, map[string]any{"agentfleet.run.status": "handed_back", "agentfleet.attempt": int64(1)})
