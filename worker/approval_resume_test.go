@@ -12,10 +12,11 @@ import (
 
 // A sequential batch (c1, c2 both gated) handed back while c1 waits: on
 // the next attempt c2, which never started, still asks once c1 resolves,
-// and runs; it gets no synthetic "worker stopped" result.
+// and runs; it gets no synthetic "worker stopped" result. Each call runs
+// once its tool_approval_resolved is stored (toolstart_test.go).
 func TestApprovalResumeSequentialRunsTheLaterCalls(t *testing.T) {
 	c := connectTestServer(t)
-	d := &deployTool{}
+	d := &probeTool{}
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
 	_, stopA := startOn(t, c, cfg)
 	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two")
@@ -23,11 +24,7 @@ func TestApprovalResumeSequentialRunsTheLaterCalls(t *testing.T) {
 	run := submitRun(t, c, req)
 	re := followRun(t, c, run)
 	re.waitFor(t, bus.EventToolApprovalRequested, 1)
-	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
-	stopA()
-	startOn(t, c, cfg)
-	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
-	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	approveOnTheNextWorker(t, c, cfg, run, stopA)
 	if a := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval; a.ToolCallID != "c2" {
 		t.Fatalf("second request %+v, want c2; events %s", a, re.types())
 	}
@@ -37,12 +34,24 @@ func TestApprovalResumeSequentialRunsTheLaterCalls(t *testing.T) {
 	if d.targets() != "one,two" {
 		t.Fatalf("deploy ran %q, want one,two; events %s", d.targets(), re.types())
 	}
+	d.want(t, "one", "two")
 	res := toolResults(t, c, run)
 	for id, want := range map[string]string{"c1": "deployed one", "c2": "deployed two"} {
 		if m := res[id]; m.IsError || m.TextOf() != want {
 			t.Fatalf("%s result %+v, want %q", id, m, want)
 		}
 	}
+}
+
+// approveOnTheNextWorker hands the run, waiting for c1, to a new worker
+// (stop ends the first) and approves c1 there.
+func approveOnTheNextWorker(t *testing.T, c *bus.Client, cfg Config, run string, stop func()) {
+	t.Helper()
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	stop()
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
 }
 
 // echoRequest is a parallel batch: c1 deploy (gated), e1 echo (not).
@@ -129,11 +138,7 @@ func TestApprovalHandBackLetsRunningSiblingsFinish(t *testing.T) {
 	run := submitRun(t, c, echoRequest(echo))
 	re := followRun(t, c, run)
 	<-started
-	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
-	stopA()
-	startOn(t, c, cfg)
-	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
-	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	approveOnTheNextWorker(t, c, cfg, run, stopA)
 	wantSucceeded(t, re)
 	if m := toolResults(t, c, run)["e1"]; m.IsError || m.TextOf() != "echo hi" {
 		t.Fatalf("e1 result %+v, want its real one; events %s", m, re.types())

@@ -28,6 +28,7 @@ import (
 // of its run's events were not stored when the call ran.
 type probeTool struct {
 	mu       sync.Mutex
+	ran      []string // targets, in the order their calls ran
 	unstored map[string]int
 	// after runs once the call has looked, before it returns.
 	after func(target string)
@@ -43,6 +44,7 @@ func (pt *probeTool) tool() *agent.Tool {
 			n = unacknowledged(r.pub)
 		}
 		pt.mu.Lock()
+		pt.ran = append(pt.ran, a.Target)
 		pt.unstored[a.Target] = n
 		pt.mu.Unlock()
 		if pt.after != nil {
@@ -64,6 +66,12 @@ func (pt *probeTool) want(t *testing.T, targets ...string) {
 	if !maps.Equal(pt.unstored, want) {
 		t.Fatalf("events not stored when each call ran: %v, want %v", pt.unstored, want)
 	}
+}
+
+func (pt *probeTool) targets() string {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return strings.Join(pt.ran, ",")
 }
 
 // unacknowledged counts p's events not yet stored.
@@ -105,42 +113,17 @@ func TestAToolRunsOnlyOnceItsStartIsStored(t *testing.T) {
 }
 
 // TestAnApprovedCallRunsOnlyOnceItsApprovalIsStored: the approval's
-// tool_approval_resolved is stored before the call runs, on the attempt
-// that asked and on one that took the waiting call over; and a call of
-// the batch that never started (sequential, after the waiting one) runs
-// only once its start, published by the resumed attempt, is stored.
+// tool_approval_resolved is stored before the call runs (on an attempt
+// that took the waiting call over: TestApprovalResumeSequentialRunsTheLaterCalls).
 func TestAnApprovedCallRunsOnlyOnceItsApprovalIsStored(t *testing.T) {
-	t.Run("asked", func(t *testing.T) {
-		pt := &probeTool{}
-		_, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, HeartbeatInterval: time.Second}, nil)
-		run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
-		re := followRun(t, c, run)
-		re.waitFor(t, bus.EventToolApprovalRequested, 1)
-		sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
-		wantSucceeded(t, re)
-		pt.want(t, "prod")
-	})
-	t.Run("resumed", func(t *testing.T) {
-		c := connectTestServer(t)
-		pt := &probeTool{}
-		cfg := Config{Tools: []*agent.Tool{pt.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
-		_, stopA := startOn(t, c, cfg)
-		req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two")
-		req.ToolExecution = agent.ExecutionSequential
-		run := submitRun(t, c, req)
-		re := followRun(t, c, run)
-		re.waitFor(t, bus.EventToolApprovalRequested, 1)
-		waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
-		stopA()
-		startOn(t, c, cfg)
-		waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
-		sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
-		re.waitFor(t, bus.EventToolApprovalRequested, 2)
-		waitRecord(t, c, run, "waiting for c2", func(r *bus.RunRecord) bool { return waitingFor(r, "c2") })
-		sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve"})
-		wantSucceeded(t, re)
-		pt.want(t, "one", "two")
-	})
+	pt := &probeTool{}
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, HeartbeatInterval: time.Second}, nil)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	wantSucceeded(t, re)
+	pt.want(t, "prod")
 }
 
 // TestADeferredCallRunsOnlyOnceItsStartIsStored: an ungated call that
@@ -164,11 +147,7 @@ func TestADeferredCallRunsOnlyOnceItsStartIsStored(t *testing.T) {
 		}}})
 	re := followRun(t, c, run)
 	re.waitFor(t, bus.EventToolApprovalRequested, 1)
-	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
-	stopA()
-	startOn(t, c, cfg)
-	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1") })
-	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	approveOnTheNextWorker(t, c, cfg, run, stopA)
 	wantSucceeded(t, re)
 	pt.want(t, "later")
 }
