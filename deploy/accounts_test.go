@@ -2,10 +2,7 @@ package deploy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -21,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/logbuf"
+	"github.com/agentfleet/agentfleet/internal/rolefleet"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -43,68 +40,12 @@ func accountsServerLog(t *testing.T) (url string, passwords map[string]string, s
 // accountsServerFrom is accountsServerLog with the config file conf.
 func accountsServerFrom(t *testing.T, conf string) (url string, passwords map[string]string, serverLog *logBuf) {
 	t.Helper()
-	passwords = map[string]string{}
-	for user, env := range map[string]string{"worker": "AGENTS_WORKER_PASSWORD", "submitter": "AGENTS_SUBMITTER_PASSWORD",
-		"observer": "AGENTS_OBSERVER_PASSWORD", "toolservice": "AGENTS_TOOLSERVICE_PASSWORD", "console": "AGENTS_CONSOLE_PASSWORD",
-		"other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD", "approver": "AGENTS_APPROVER_PASSWORD"} {
-		var b [12]byte
-		_, _ = rand.Read(b[:])
-		passwords[user] = hex.EncodeToString(b[:])
-		t.Setenv(env, passwords[user])
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatalf("%s: %v", conf, err)
-	}
-	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
-	opts.StoreDir = t.TempDir()
-	opts.JetStreamMaxMemory, opts.JetStreamMaxStore = 64<<20, 1<<30
-	opts.NoLog, opts.NoSigs = true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverLog = &logBuf{}
-	s.SetLoggerV2(serverLogger{serverLog}, false, false, false)
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		t.Fatal("nats-server with accounts.conf did not start")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s.ClientURL(), passwords, serverLog
+	s := rolefleet.Start(t, conf)
+	return s.URL, s.Passwords, s.Log
 }
 
-// serverLogger writes the server's log lines to a logBuf.
-type serverLogger struct{ l *logBuf }
-
-func (s serverLogger) logf(level, format string, v ...any) {
-	fmt.Fprintf(s.l, level+" "+format+"\n", v...)
-}
-func (s serverLogger) Noticef(format string, v ...any) { s.logf("[INF]", format, v...) }
-func (s serverLogger) Warnf(format string, v ...any)   { s.logf("[WRN]", format, v...) }
-func (s serverLogger) Fatalf(format string, v ...any)  { s.logf("[FTL]", format, v...) }
-func (s serverLogger) Errorf(format string, v ...any)  { s.logf("[ERR]", format, v...) }
-func (s serverLogger) Debugf(format string, v ...any)  { s.logf("[DBG]", format, v...) }
-func (s serverLogger) Tracef(format string, v ...any)  { s.logf("[TRC]", format, v...) }
-
-// logBuf keeps a client's log: the server's permission violations arrive
-// asynchronously and bus logs them ("nats async error").
-type logBuf struct{ logbuf.Buffer }
-
-// violation waits (bounded) for a permissions violation on subject.
-func (l *logBuf) violation(subject string) bool {
-	for range 20 {
-		s := l.String()
-		for _, line := range strings.Split(s, "\n") {
-			if strings.Contains(line, "Permissions Violation") && strings.Contains(line, subject) {
-				return true
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return false
-}
+// logBuf keeps a client's or the server's log.
+type logBuf = rolefleet.Log
 
 var logs = map[*bus.Client]*logBuf{}
 
@@ -165,7 +106,7 @@ func denied(t *testing.T, c *bus.Client, what, subject string, err error) {
 		t.Errorf("%s: allowed, want a permissions violation", what)
 		return
 	}
-	if subject != "" && !logs[c].violation(subject) {
+	if subject != "" && !logs[c].Violation("", subject) {
 		t.Errorf("%s: failed (%v) but the server reported no permissions violation for %s", what, err, subject)
 		return
 	}
@@ -335,7 +276,7 @@ func TestAccountsConfig(t *testing.T) {
 		// Reading workers' control feed: the subscription is refused.
 		if _, err := sub.Conn().SubscribeSync(names.Republished()); err == nil {
 			_ = sub.Conn().Flush()
-			if !logs[sub].violation(names.Republished()) {
+			if !logs[sub].Violation("", names.Republished()) {
 				t.Errorf("submitter subscribed to %s without a permissions violation", names.Republished())
 			}
 		}

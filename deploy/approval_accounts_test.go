@@ -75,7 +75,7 @@ func TestAccountsApprover(t *testing.T) {
 			t.Errorf("the approved call's result: %+v", m)
 		}
 	}
-	if logs[appr].violation("") {
+	if logs[appr].Violation("", "") {
 		t.Error("the approver's listing and answer met a permissions violation")
 	}
 

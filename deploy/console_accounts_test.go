@@ -25,19 +25,6 @@ import (
 	"github.com/agentfleet/agentfleet/worker"
 )
 
-// serverViolations lists the server's log lines of permission violations
-// by a user of account AGENTS.
-func (l *logBuf) serverViolations(user string) []string {
-	s := l.String()
-	var out []string
-	for _, line := range strings.Split(s, "\n") {
-		if strings.Contains(line, "Violation") && strings.Contains(line, `"AGENTS/user:`+user+`"`) {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
 // violationLines is every violation the server logged, for failure messages.
 func violationLines(l *logBuf) string {
 	var out []string
@@ -47,20 +34,6 @@ func violationLines(l *logBuf) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-// serverViolation waits (bounded) for the server to log a permissions
-// violation on subject by user.
-func (l *logBuf) serverViolation(user, subject string) bool {
-	for range 20 {
-		for _, line := range l.serverViolations(user) {
-			if strings.Contains(line, subject) {
-				return true
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return false
 }
 
 // lastStreamSeq is the stream sequence of the last message on subject.
@@ -399,7 +372,7 @@ func TestAccountsConsole(t *testing.T) {
 	}
 
 	// All of that within the role: no violation by the console.
-	if v := serverLog.serverViolations("console"); len(v) > 0 {
+	if v := serverLog.Lines("Violation", `"AGENTS/user:console"`); len(v) > 0 {
 		t.Errorf("the console's work caused permissions violations:\n%s", strings.Join(v, "\n"))
 	}
 	if logs := p.stderr.String(); strings.Contains(logs, "Violation") {
@@ -410,7 +383,7 @@ func TestAccountsConsole(t *testing.T) {
 	refused := func(what, subject string, err error) {
 		t.Helper()
 		denied(t, cons, what, subject, err)
-		if !serverLog.serverViolation("console", subject) {
+		if !serverLog.Violation("console", subject) {
 			t.Errorf("%s: the server logged no permissions violation of user console on %s; its violations:\n%s", what, subject, violationLines(serverLog))
 		}
 	}
@@ -489,7 +462,7 @@ func TestAccountsConsole(t *testing.T) {
 		refused("console reads another account's stream", "$JS.API.STREAM.INFO.OTHER_SECRETS", err)
 		if _, err := cons.Conn().SubscribeSync("secrets.>"); err == nil {
 			_ = cons.Conn().Flush()
-			if !serverLog.serverViolation("console", "secrets.>") {
+			if !serverLog.Violation("console", "secrets.>") {
 				t.Errorf("console subscribed to secrets.> without a permissions violation")
 			}
 		}
