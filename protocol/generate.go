@@ -386,13 +386,13 @@ func (g *gen) events() *jsonschema.Schema {
 	g.setProp(se, "StreamEvent", "toolCall", ref("ToolCallContent"))
 	steps := g.split(defs, "StreamEvent", []variant{
 		{"TextStart", string(agent.StreamTextStart), "", []string{"contentIndex!", "signature"}},
-		{"TextDelta", string(agent.StreamTextDelta), "Append delta to the block's text.", []string{"contentIndex!", "delta!"}},
+		{"TextDelta", string(agent.StreamTextDelta), "Append delta to the block's text (absent when empty).", []string{"contentIndex!", "delta"}},
 		{"TextEnd", string(agent.StreamTextEnd), "content is the block's full text (absent when empty).", []string{"contentIndex!", "content", "signature"}},
 		{"ThinkingStart", string(agent.StreamThinkingStart), "", []string{"contentIndex!", "signature"}},
-		{"ThinkingDelta", string(agent.StreamThinkingDelta), "", []string{"contentIndex!", "delta!"}},
+		{"ThinkingDelta", string(agent.StreamThinkingDelta), "", []string{"contentIndex!", "delta"}},
 		{"ThinkingEnd", string(agent.StreamThinkingEnd), "", []string{"contentIndex!", "content", "signature"}},
 		{"ToolCallStart", string(agent.StreamToolCallStart), "", []string{"contentIndex!", "id!", "name!"}},
-		{"ToolCallDelta", string(agent.StreamToolCallDelta), "delta is a fragment of the arguments' JSON.", []string{"contentIndex!", "delta!"}},
+		{"ToolCallDelta", string(agent.StreamToolCallDelta), "delta is a fragment of the arguments' JSON.", []string{"contentIndex!", "delta"}},
 		{"ToolCallEnd", string(agent.StreamToolCallEnd), "", []string{"contentIndex!", "toolCall!"}},
 	}, "reason", "arguments") // only on done/error and deltas the worker does not send
 	defs["AssistantMessageEvent"] = oneOfRefs(steps...)
@@ -597,8 +597,8 @@ func (g *gen) control() *jsonschema.Schema {
 	steer := &jsonschema.Schema{Type: "object", Properties: jsonschema.NewProperties(), AdditionalProperties: jsonschema.FalseSchema,
 		Description: `The body on agents.run.{run}.steer and .followup: {"text":"..."} or {"message":<pi user message>}, exactly one (at most 256 KiB).`,
 		OneOf: []*jsonschema.Schema{
-			{Required: []string{"text"}, Not: &jsonschema.Schema{Required: []string{"message"}}},
-			{Required: []string{"message"}, Not: &jsonschema.Schema{Required: []string{"text"}}},
+			{Required: []string{"text"}},
+			{Required: []string{"message"}},
 		}}
 	text := g.prop(c, "Control", "text")
 	text.MinLength = ptr[uint64](1)

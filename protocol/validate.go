@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"embed"
 	"fmt"
+	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -67,6 +68,11 @@ func (d Doc) where() (file, def string, ok bool) {
 // safe for concurrent use.
 type Validator struct {
 	schemas map[Doc]*jsonschema.Schema
+	// events are the definitions of the event types, by type: an
+	// envelope whose event does not fit is checked against its type's
+	// alone, for an error that says what is wrong with it rather than
+	// with every other type.
+	events map[string]*jsonschema.Schema
 }
 
 // An Option changes how NewValidator compiles the schemas.
@@ -93,6 +99,7 @@ func NewValidator(opts ...Option) (*Validator, error) {
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.AssertFormat()
 	ids := map[string]string{}
+	var eventDefs map[string]string // type -> def
 	for _, file := range Files() {
 		b, err := Schema(file)
 		if err != nil {
@@ -110,6 +117,11 @@ func NewValidator(opts ...Option) (*Validator, error) {
 		if id == "" {
 			return nil, fmt.Errorf("%s: no $id", file)
 		}
+		if file == EventFile {
+			if eventDefs, err = unionDefs(m, "Event"); err != nil {
+				return nil, fmt.Errorf("%s: %w", file, err)
+			}
+		}
 		if o.strict {
 			closeObjects(doc)
 		}
@@ -118,7 +130,14 @@ func NewValidator(opts ...Option) (*Validator, error) {
 		}
 		ids[file] = id
 	}
-	v := &Validator{schemas: map[Doc]*jsonschema.Schema{}}
+	v := &Validator{schemas: map[Doc]*jsonschema.Schema{}, events: map[string]*jsonschema.Schema{}}
+	for typ, def := range eventDefs {
+		s, err := c.Compile(ids[EventFile] + "#/$defs/" + def)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", def, err)
+		}
+		v.events[typ] = s
+	}
 	for _, d := range Docs() {
 		file, def, _ := d.where()
 		loc := ids[file]
@@ -146,9 +165,58 @@ func (v *Validator) Validate(d Doc, data []byte) error {
 		return fmt.Errorf("%s: not JSON: %w", d, err)
 	}
 	if err := s.Validate(inst); err != nil {
+		if d == Envelope {
+			if err := v.eventError(inst); err != nil {
+				return err
+			}
+		}
 		return fmt.Errorf("%s: %w", d, err)
 	}
 	return nil
+}
+
+// eventError checks an envelope's event against the definition of its
+// type alone: nil when it fits (what is wrong is elsewhere).
+func (v *Validator) eventError(inst any) error {
+	env, _ := inst.(map[string]any)
+	ev, _ := env["event"].(map[string]any)
+	typ, ok := ev["type"].(string)
+	if !ok {
+		return nil
+	}
+	s, known := v.events[typ]
+	if !known {
+		return fmt.Errorf("%s: event type %q is not one of protocol %s's (readers skip event types they do not know)", Envelope, typ, bus.ProtocolVersion)
+	}
+	if err := s.Validate(ev); err != nil {
+		return fmt.Errorf("%s: event %s: %w", Envelope, typ, err)
+	}
+	return nil
+}
+
+// unionDefs maps the type constants of a union's variants (a oneOf of
+// $refs to object definitions with a "type" const) to the definitions.
+func unionDefs(schema map[string]any, union string) (map[string]string, error) {
+	defs, _ := schema["$defs"].(map[string]any)
+	u, _ := defs[union].(map[string]any)
+	refs, _ := u["oneOf"].([]any)
+	if len(refs) == 0 {
+		return nil, fmt.Errorf("%s is not a oneOf", union)
+	}
+	out := map[string]string{}
+	for _, r := range refs {
+		ref, _ := r.(map[string]any)["$ref"].(string)
+		name := strings.TrimPrefix(ref, "#/$defs/")
+		d, _ := defs[name].(map[string]any)
+		props, _ := d["properties"].(map[string]any)
+		typ, _ := props["type"].(map[string]any)
+		c, ok := typ["const"].(string)
+		if !ok {
+			return nil, fmt.Errorf("%s: variant %q has no type const", union, ref)
+		}
+		out[c] = name
+	}
+	return out, nil
 }
 
 // closeObjects adds "additionalProperties": false to every object schema
