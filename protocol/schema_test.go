@@ -265,3 +265,70 @@ func keys(t *testing.T, b []byte) []string {
 	slices.Sort(out)
 	return out
 }
+
+// docs/protocol.md describes the version the schemas describe, links
+// them, and names every value the schemas allow for an enum or a type
+// constant (event types, statuses, reasons, decisions, states, roles,
+// block types, stop reasons, ...), in backquotes or as a JSON string: a
+// value added to the wire types and regenerated, but not documented,
+// fails here.
+func TestDocNamesTheSchemasValues(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "docs", "protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	if want := "this page describes **" + bus.ProtocolVersion + "**"; !strings.Contains(doc, want) {
+		t.Errorf("docs/protocol.md does not say %q (the schemas' x-protocol-version)", want)
+	}
+	if !strings.Contains(doc, "(../protocol/README.md)") {
+		t.Error("docs/protocol.md does not link protocol/README.md")
+	}
+	for _, name := range protocol.Files() {
+		values := map[string]bool{}
+		collectValues(readSchema(t, name), values)
+		for _, v := range slices.Sorted(mapKeysBool(values)) {
+			if !strings.Contains(doc, "`"+v+"`") && !strings.Contains(doc, `"`+v+`"`) {
+				t.Errorf("%s allows %q, which docs/protocol.md does not name", name, v)
+			}
+		}
+	}
+}
+
+// collectValues gathers the string values of every enum and const of a
+// schema document.
+func collectValues(v any, into map[string]bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			switch k {
+			case "const":
+				if s, ok := x.(string); ok && s != "" {
+					into[s] = true
+				}
+			case "enum":
+				for _, e := range x.([]any) {
+					if s, ok := e.(string); ok && s != "" {
+						into[s] = true
+					}
+				}
+			default:
+				collectValues(x, into)
+			}
+		}
+	case []any:
+		for _, x := range v {
+			collectValues(x, into)
+		}
+	}
+}
+
+func mapKeysBool(m map[string]bool) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
