@@ -656,7 +656,7 @@ func (g *gen) record() *jsonschema.Schema {
 	p("waitedMs").Description = "Time spent waiting for approvals over all attempts (since 1.3)."
 	p("lastControlSeq").Minimum = minimum(1)
 	g.setProp(r, "RunRecord", "waiting", &jsonschema.Schema{
-		AnyOf:       []*jsonschema.Schema{ref("Waiting"), {Type: "string", Const: bus.WaitingModel, Description: `As 1.2 workers wrote {"for":"model"}.`}},
+		AnyOf:       []*jsonschema.Schema{ref("Waiting"), {Type: "string", Const: bus.WaitingModel, Description: `1.2 workers' form of {"for":"model"}.`}},
 		Description: "What a running run waits for.",
 	})
 	r.If, r.Then = reasonRequired("state")
