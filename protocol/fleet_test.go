@@ -66,7 +66,9 @@ func TestFleetRunsValidate(t *testing.T) {
 	f.StartWorker(worker.Config{
 		WorkerID: "worker-1", Queues: []string{"default"}, Version: "test", Tools: h.tools(), Observer: h,
 		Providers: map[string]worker.Provider{"priced": priced},
-		RateLimits: &worker.RateLimits{Window: time.Second, Liveness: 5 * time.Second, Models: map[string]worker.ModelLimit{
+		// One call per 2 s window: the model-wait run's second call comes
+		// well within the window of its first, however loaded the machine.
+		RateLimits: &worker.RateLimits{Window: 2 * time.Second, Liveness: 5 * time.Second, Models: map[string]worker.ModelLimit{
 			"priced/m": {Group: "priced", Limits: ratelimit.Limits{RPM: 1}, MaxTokens: 50}}},
 	})
 	var runs []*fleetRun
@@ -164,7 +166,7 @@ func TestFleetRunsValidate(t *testing.T) {
 		Faux: script(call("c1", "calculator", map[string]any{"expression": "2+2"}), text("never"))})
 	finish(r, bus.StatusFailed, bus.ReasonMaxTurns)
 
-	// A priced model: two calls at one a second (the second waits for
+	// A priced model: two calls at one a window (the second waits for
 	// the shared limit), then a cost bound that refuses the first call.
 	priced.M.Push(call("c1", "calculator", map[string]any{"expression": "2+2"}), text("4"))
 	r = submit("model-wait", "", &bus.RunRequest{Model: &bus.ModelRef{Provider: "priced", ID: "m"}, Prompt: "add", Tools: []string{"calculator"}})
@@ -345,7 +347,14 @@ func newHarness() *harness {
 	return &harness{started: make(chan string, 16), release: make(chan struct{}, 16), controls: make(chan string, 64)}
 }
 
-func (h *harness) ControlReceived(kind string) { h.controls <- kind }
+// ControlReceived never blocks the worker (the buffer outlasts the test's
+// control messages).
+func (h *harness) ControlReceived(kind string) {
+	select {
+	case h.controls <- kind:
+	default:
+	}
+}
 
 type gateArgs struct {
 	Name string `json:"name"`
