@@ -19,6 +19,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/freeport"
 	"github.com/agentfleet/agentfleet/natsembed"
+	"github.com/agentfleet/agentfleet/protocol"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -43,6 +44,8 @@ type Fleet struct {
 	// StoreDir is the server's JetStream directory (to restart it).
 	StoreDir string
 	streams  bus.StreamsConfig
+	// schema validates what Follow returns against protocol/, strictly.
+	schema *protocol.Validator
 }
 
 // Start starts a server, connects a client and ensures the streams.
@@ -57,7 +60,11 @@ func Start(t testing.TB, o Options) *Fleet {
 	} else {
 		srv = StartServer(t, o.Port, o.StoreDir)
 	}
-	f := &Fleet{T: t, Server: srv, StoreDir: o.StoreDir, streams: o.Streams}
+	schema, err := protocol.NewValidator(protocol.Strict())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &Fleet{T: t, Server: srv, StoreDir: o.StoreDir, streams: o.Streams, schema: schema}
 	f.Client = Connect(t, srv.URL())
 	if !o.NoStreams {
 		if err := f.Client.EnsureStreams(Context(t), o.Streams); err != nil {
@@ -229,7 +236,9 @@ func (f *Fleet) Submit(queue string, req *bus.RunRequest) string {
 	return res.ID
 }
 
-// Follow collects a run's envelopes up to its run_finished.
+// Follow collects a run's envelopes up to its run_finished. Each must
+// fit the protocol's schema (protocol/event.schema.json), strictly: no
+// field it does not name.
 func (f *Fleet) Follow(id string) []*bus.Envelope {
 	f.T.Helper()
 	var out []*bus.Envelope
@@ -242,6 +251,12 @@ func (f *Fleet) Follow(id string) []*bus.Envelope {
 			f.T.Fatalf("follow %s: %v (after %d envelopes)\nrecord: %+v %v\n%s", id, err, len(out), rec, rerr, Dump(out))
 		}
 		out = append(out, env)
+	}
+	for i, env := range out {
+		if err := f.schema.Validate(protocol.Envelope, env.AppendJSON(nil)); err != nil {
+			f.T.Fatalf("follow %s: envelope %d does not fit protocol/event.schema.json (a wire change goes with `go generate ./protocol`, see protocol/README.md): %v\n%s",
+				id, i+1, err, Dump(out[i:i+1]))
+		}
 	}
 	return out
 }

@@ -2,7 +2,9 @@ package fleettest
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -107,4 +109,57 @@ func TestAPickedPortTakenBeforeTheBindIsPickedAgain(t *testing.T) {
 	if port := srv.NATS().Addr().(*net.TCPAddr).Port; len(picks) != 2 || port != picks[1] {
 		t.Fatalf("picks %v, server on %d", picks, port)
 	}
+}
+
+// Follow fails a test whose run stored an event the protocol's schema
+// does not allow, and takes the same run with the event fixed.
+func TestFollowChecksTheSchema(t *testing.T) {
+	f := Start(t, Options{})
+	started, _ := json.Marshal(bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "w", Attempt: 1, Tools: []string{}})
+	finished := func(status string) []byte {
+		b, _ := json.Marshal(bus.RunFinished{Type: bus.EventRunFinished, Status: status, Reason: bus.ReasonInternal, DurationMs: 1})
+		return b
+	}
+	for run, status := range map[string]string{"bad": "done", "good": bus.StatusFailed} {
+		for seq, ev := range [][]byte{started, finished(status)} {
+			env := &bus.Envelope{Run: run, Seq: uint64(seq + 1), Attempt: 1, Worker: "w", TS: 1, Event: ev}
+			if _, err := f.Client.JetStream().Publish(Context(t), f.Client.Names().Events(run), env.AppendJSON(nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if envs := f.Follow("good"); len(envs) != 2 {
+		t.Fatalf("%d envelopes", len(envs))
+	}
+	rec := &fatalRecorder{TB: t}
+	f.T = rec
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.Follow("bad")
+	}()
+	<-done
+	f.T = t
+	if !strings.Contains(rec.msg, "envelope 2 does not fit protocol/event.schema.json") || !strings.Contains(rec.msg, "at '/status'") {
+		t.Fatalf("Follow of a run_finished with status \"done\": %q", rec.msg)
+	}
+}
+
+// fatalRecorder keeps a test's fatal message and ends its goroutine, as
+// testing.T does, without failing the test.
+type fatalRecorder struct {
+	testing.TB
+	msg string // written before the goroutine ends; read after
+}
+
+func (r *fatalRecorder) Helper() {}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+func (r *fatalRecorder) Fatal(args ...any) {
+	r.msg = fmt.Sprint(args...)
+	runtime.Goexit()
 }
