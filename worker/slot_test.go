@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,5 +92,78 @@ func TestRefusedPullBacksOff(t *testing.T) {
 	time.Sleep(2 * time.Second) // the span the requests are counted over
 	if n := pulls.Load() - start; n > 20 {
 		t.Fatalf("%d pull requests in 2 s from idle loops", n)
+	}
+}
+
+// A run's slot is given back twice, by construction: once its
+// run_finished is stored (finish.go) and again when the pull loop's
+// goroutine sees the run return. It goes back once: another run's slot is
+// not freed by the second. The same holds for a slot taken again after a
+// wait without it (waiting.go).
+func TestASlotGivenBackTwiceIsGivenBackOnce(t *testing.T) {
+	w, err := New(Config{Client: connectTestServer(t), Concurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two runs in flight, each with the slot the pull loop took for it.
+	w.slots <- struct{}{}
+	first := w.newSlotHold("default")
+	w.slots <- struct{}{}
+	second := w.newSlotHold("default")
+	first.release()
+	first.release()
+	if n := len(w.slots); n != 1 {
+		t.Fatalf("%d slots taken after a run gave its slot back twice, want 1 (the other run's)", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !first.take(ctx) {
+		t.Fatal("a free slot was not taken again")
+	}
+	first.release()
+	first.release()
+	if n := len(w.slots); n != 1 {
+		t.Fatalf("%d slots taken after a slot taken again was given back twice, want 1", n)
+	}
+	second.release()
+	if n := len(w.slots); n != 0 {
+		t.Fatalf("%d slots taken once every run gave its slot back, want 0", n)
+	}
+}
+
+// A slot given back that nobody took (a slot given back twice) panics at
+// once, for the shared slots and a queue's own: it does not wait for
+// someone to take a slot to give back, which hung the worker until go
+// test's timeout.
+func TestASlotGivenBackThatWasNotTakenPanicsAtOnce(t *testing.T) {
+	w, err := New(Config{Client: connectTestServer(t), Concurrency: 2, Queues: []string{"default", "small"},
+		QueueConcurrency: map[string]int{"small": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		queue, want string
+		taken       int // shared slots taken before the release
+	}{
+		{"default", "worker: a slot given back that was not taken", 0},
+		// The shared slot goes back, the queue's own was never taken.
+		{"small", "worker: a slot of queue small given back that was not taken", 1},
+	} {
+		for range c.taken {
+			w.slots <- struct{}{}
+		}
+		panicked := make(chan any, 1)
+		go func() {
+			defer func() { panicked <- recover() }()
+			w.releaseSlots(c.queue, 1)
+		}()
+		select {
+		case p := <-panicked:
+			if msg, _ := p.(string); !strings.Contains(msg, c.want) {
+				t.Errorf("queue %s: releasing a slot not taken: panic %v, want one saying %q", c.queue, p, c.want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("queue %s: releasing a slot not taken still blocks after 5s instead of failing at once", c.queue)
+		}
 	}
 }

@@ -72,7 +72,9 @@ func (w *Worker) newSlotHold(queue string) *slotHold {
 	return &slotHold{w: w, queue: queue, held: true}
 }
 
-// release gives the slot back if it is held.
+// release gives the slot back if it is held: a run's slot is given back
+// twice (once its run_finished is stored, again when its goroutine
+// returns), and back once.
 func (h *slotHold) release() {
 	if h == nil {
 		return

@@ -456,16 +456,34 @@ func (w *Worker) pull(ctx context.Context, queue string, pr *pullRequests, fetch
 	}
 }
 
+// releaseSlots gives back n slots taken for queue: the shared ones, and
+// the queue's own if it has a cap.
 func (w *Worker) releaseSlots(queue string, n int) {
 	qs := w.queueSlots[queue]
 	for range n {
-		<-w.slots
+		giveBack(w.slots, "a slot")
 		if qs != nil {
-			<-qs
+			giveBack(qs, "a slot of queue "+queue)
 		}
 	}
 	if n > 0 {
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
+	}
+}
+
+// giveBack gives back one slot of slots. A slot is taken by a send and
+// given back by a receive, and a receive only follows its send, so a
+// channel with nothing to receive means a slot given back that was not
+// taken: one given back twice. That panics at once; a blocking receive
+// would wait for the next slot someone takes and give that back instead,
+// and the worker would hang once none was left (found only by go test's
+// timeout). A run's own slot cannot be given back twice: slotHold.release
+// gives it back only while it is held.
+func giveBack(slots chan struct{}, what string) {
+	select {
+	case <-slots:
+	default:
+		panic("worker: " + what + " given back that was not taken (given back twice)")
 	}
 }
 
