@@ -39,6 +39,7 @@ type streamLimiter struct {
 	changed  chan struct{} // closed and replaced on every change
 	refused  int           // since the last log line
 	loggedAt time.Time
+	refusals int // since the start
 }
 
 func newStreamLimiter(total, perClient int, log *slog.Logger) *streamLimiter {
@@ -57,6 +58,8 @@ func (l *streamLimiter) acquire(client string) (release func(), refusal string) 
 	}
 	if refusal != "" {
 		l.refused++
+		l.refusals++
+		l.notify()
 		now := time.Now()
 		logNow := now.Sub(l.loggedAt) >= streamLogEvery
 		n, open := l.refused, l.open
@@ -93,11 +96,12 @@ func (l *streamLimiter) notify() {
 	l.changed = make(chan struct{})
 }
 
-// state returns the open streams and a channel closed at the next change.
-func (l *streamLimiter) state() (open int, changed <-chan struct{}) {
+// state returns the open streams, the refusals since the start and a
+// channel closed at the next change of either.
+func (l *streamLimiter) state() (open, refusals int, changed <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.open, l.changed
+	return l.open, l.refusals, l.changed
 }
 
 // streamClient is who a stream counts against: the user when users are

@@ -327,16 +327,22 @@ func (c *console) openStream(t *testing.T, run, user, from string) *http.Respons
 // waitStreams waits until the console holds n event streams.
 func (c *console) waitStreams(t *testing.T, n int) {
 	t.Helper()
+	c.waitLimiter(t, fmt.Sprintf("%d event streams open", n), func(open, _ int) bool { return open == n })
+}
+
+// waitLimiter waits until the stream caps' state satisfies ok.
+func (c *console) waitLimiter(t *testing.T, what string, ok func(open, refusals int) bool) {
+	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
-		open, changed := c.s.streams.state()
-		if open == n {
+		open, refusals, changed := c.s.streams.state()
+		if ok(open, refusals) {
 			return
 		}
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("the console holds %d event streams, want %d", open, n)
+			t.Fatalf("waiting for %s: %d open, %d refused", what, open, refusals)
 		}
 	}
 }
@@ -359,6 +365,10 @@ func eventConsumers(t *testing.T, f *testFleet) int {
 
 func refused503(t *testing.T, what string, resp *http.Response, want string) {
 	t.Helper()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("%s: %d, want 503", what, resp.StatusCode)
+		return // an open stream: its body never ends
+	}
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
 		!strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") || !strings.Contains(string(b), want) {
@@ -549,4 +559,28 @@ func TestTrustFlags(t *testing.T) {
 	if _, err := parseFlags(nil, getenv, &stderr); err == nil || !strings.Contains(err.Error(), "AGENTS_CONSOLE_MAX_STREAMS") {
 		t.Errorf("a bad AGENTS_CONSOLE_MAX_STREAMS: %v", err)
 	}
+}
+
+// TestBrowserFollowsAfterARefusedStream: a run page whose event stream is
+// refused (the console holds its --max-streams) tries again, and shows
+// the run once a place is free.
+func TestBrowserFollowsAfterARefusedStream(t *testing.T) {
+	chromiumPath(t)
+	f := newTestFleet(t)
+	c := newConsole(t, f, serverConfig{MaxStreams: 1})
+	id := f.submit(slowText("refused-page", "shown after the refusal"))
+	c.waitRun(t, id, func(r bus.RunRecord) bool { return r.Finished() })
+	hold := c.openStream(t, "refused-quiet", "", "")
+	b := newBrowser(t, c.URL)
+	page := b.tab()
+	b.open(page, "/runs/"+id)
+	c.waitLimiter(t, "the page's stream refused", func(_, refusals int) bool { return refusals > 0 })
+	if eval[bool](b, page, `document.getElementById("transcript").dataset.ended === "true"`) {
+		t.Fatal("the page got the run's events while its stream was refused")
+	}
+	hold.Body.Close()
+	b.do(page, "the page follows once a place is free",
+		wait(`document.getElementById("transcript").dataset.ended === "true"`),
+		wait(`document.getElementById("transcript").textContent.includes("shown after the refusal")`))
+	b.checkConsole()
 }
