@@ -47,6 +47,9 @@ type ToolApproval struct {
 	By         string `json:"by,omitempty"`
 	Reason     string `json:"reason,omitempty"`
 	ControlSeq uint64 `json:"controlSeq,omitempty"`
+	// Arguments (resolved, since 1.8) are the approver's edit, as
+	// validated: what the call runs with instead of Args.
+	Arguments map[string]any `json:"arguments,omitempty"`
 }
 
 // WaitRateLimit is the reason of a model_wait for shared rate limits.

@@ -87,7 +87,11 @@ func TestApprovalNATSCLI(t *testing.T) {
 	expectIn(blocks[0][1], sh(blocks[0][1], run), `{"type":"tool_approval_requested","toolCallId":"c1","toolName":"calculator","args":{"expression":"6*7"},"expiresAt":`)
 	expectIn(blocks[0][2], sh(blocks[0][2], run), `{"id":"`+run+`","waiting":{"for":"approval"`)
 
-	for i, want := range []struct{ result, decision string }{{"42", "approve"}, {"5", "approve"}, {"not in production", "deny"}} {
+	for i, want := range []struct{ result, decision, resolved string }{
+		{"42", "approve", `"by":"alice","controlSeq":`},
+		{"5", "approve", `,"arguments":{"expression":"2+3"}}`}, // the edit, since 1.8
+		{"not in production", "deny", `"by":"bob","reason":"not in production","controlSeq":`},
+	} {
 		if i > 0 {
 			run = newRun()
 		}
@@ -99,7 +103,7 @@ func TestApprovalNATSCLI(t *testing.T) {
 		if !strings.Contains(text, want.result) || isErr != (want.decision == "deny") {
 			t.Errorf("%s: c1's result %q (error %v), want %q", blocks[1][i], text, isErr, want.result)
 		}
-		expectIn(blocks[1][3], sh(blocks[1][3], run), `{"type":"tool_approval_resolved","toolCallId":"c1","decision":"`+want.decision+`"`)
+		expectIn(blocks[1][3], sh(blocks[1][3], run), `{"type":"tool_approval_resolved","toolCallId":"c1","decision":"`+want.decision+`"`, want.resolved)
 	}
 }
 
