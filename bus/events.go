@@ -24,7 +24,20 @@ const (
 	EventToolApprovalRequested = "tool_approval_requested"
 	EventToolApprovalResolved  = "tool_approval_resolved"
 	EventToolApprovalRejected  = "tool_approval_rejected"
+	// EventControlRejected (since 1.8): a steer or follow-up message the
+	// run did not take (an invalid body), so that its sender learns why.
+	EventControlRejected = "control_rejected"
 )
+
+// ControlRejected is the body of control_rejected.
+type ControlRejected struct {
+	Type string `json:"type"`
+	// Kind is the control message's kind: steer or followup.
+	Kind   string `json:"kind"`
+	Reason string `json:"reason"`
+	// ControlSeq is the message's AGENTS_CONTROL sequence.
+	ControlSeq uint64 `json:"controlSeq"`
+}
 
 // Decisions of a tool_approval_resolved.
 const (
@@ -318,6 +331,7 @@ type Event struct {
 	RunResumed  *RunResumed
 	ModelWait   *ModelWait
 	Approval    *ToolApproval // the three tool_approval_* events
+	Control     *ControlRejected
 }
 
 // Decode decodes the envelope's event. An event type this version does not
@@ -352,6 +366,9 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventToolApprovalRequested, EventToolApprovalResolved, EventToolApprovalRejected:
 		ev.Approval = &ToolApproval{}
 		target = ev.Approval
+	case EventControlRejected:
+		ev.Control = &ControlRejected{}
+		target = ev.Control
 	default:
 		ev.Agent = &AgentEvent{Type: typ}
 		if !knownAgentEvent(typ) {

@@ -370,6 +370,9 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {
 			r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
+			// Its sender reads the run's events, not the worker's log.
+			_, _ = r.pub.fleetEvent(bus.EventControlRejected, bus.ControlRejected{Type: bus.EventControlRejected,
+				Kind: kind, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
 			return
 		}
 		// Known before the agent can emit it: the listener stamps it.
