@@ -87,8 +87,8 @@ type controls struct {
 }
 
 // kindSeqs is a sequence per control kind. The four kinds have their
-// place (a map cost each of ten thousand waiting runs ~300 bytes); any
-// other kind, which take ignores, shares the last.
+// place (a map was part of a waiting run's heap: docs/benchmarks/2026-12.md,
+// 2026-12-02 afternoon); any other kind, which take ignores, shares the last.
 type kindSeqs [5]uint64
 
 func kindIndex(kind string) int {
