@@ -33,7 +33,8 @@ const scratchMax = 4 << 10
 
 // scratchPool lends the buffers events are encoded into. The publisher
 // copies an event into its envelope, so a buffer goes back at once and no
-// run keeps one while it waits (ten thousand waiting runs held 5 MB).
+// run keeps one while it waits (one kept per run was part of a waiting
+// run's heap: docs/benchmarks/2026-12.md, 2026-12-02 afternoon).
 type scratchPool struct{ p sync.Pool }
 
 func (s *scratchPool) get() *[]byte {

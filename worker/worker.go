@@ -357,7 +357,7 @@ func (w *Worker) running() int {
 // pullLoops is how many pull loops take a queue's requests. One loop
 // waits a round trip per fetch, and when runs are short their slots free
 // one at a time: a fetch each, one after the other, was a busy worker's
-// limit (1,400 short runs/s with 64 slots; three loops: 1,800). Each
+// limit (docs/benchmarks/2026-12.md, 2026-12-03 afternoon). Each
 // loop's long pull holds a slot while the queue is empty, so a loop is
 // added per 8 slots the queue may use (its cap, or its share of the
 // worker's), up to three.

@@ -48,7 +48,8 @@ type Recovery struct {
 	// resolve, and get no synthetic result.
 	Deferred []agent.Content
 	// AnsweredSeqs are the control sequences of the approvals earlier
-	// attempts used (resolved or rejected): not applied again.
+	// attempts used (resolved or rejected) and of the steer and follow-up
+	// messages they rejected (control_rejected): not applied again.
 	AnsweredSeqs []uint64
 	// Finished is set when the run already has its run_finished.
 	Finished *bus.RunFinished
@@ -192,11 +193,12 @@ type approvalTracker struct {
 }
 
 // apply takes one envelope; it returns the control sequence of an answer
-// the event used (0: none).
+// the event used, or of a control message it rejected (0: none).
 func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 	switch e.Type {
 	case string(agent.EventMessageEnd), string(agent.EventToolExecutionStart), string(agent.EventToolExecutionEnd),
-		bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
+		bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected,
+		bus.EventControlRejected:
 	default:
 		return 0
 	}
@@ -205,6 +207,8 @@ func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 		return 0
 	}
 	switch {
+	case ev.Control != nil:
+		return ev.Control.ControlSeq
 	case ev.Agent != nil && ev.Type == string(agent.EventMessageEnd):
 		if m := ev.Agent.Message; m != nil && m.Role == agent.RoleAssistant {
 			clear(g.requested)
