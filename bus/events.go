@@ -258,7 +258,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.7"
+const ProtocolVersion = "1.8"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
@@ -304,6 +304,12 @@ type RunResumed struct {
 	Type             string `json:"type"`
 	Attempt          int    `json:"attempt"`
 	MessagesRestored int    `json:"messagesRestored"`
+	// CutOffUsage (since 1.8) sums the usage of the model calls that
+	// earlier attempts were charged for and that the restored transcript
+	// does not have: assistant messages cut off when their worker stopped,
+	// dropped by this resume or by an earlier one (it includes theirs).
+	// The run's usage and cost count it.
+	CutOffUsage *agent.Usage `json:"cutOffUsage,omitempty"`
 }
 
 // Event is a decoded event: exactly one of the pointers is set.
