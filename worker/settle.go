@@ -17,8 +17,8 @@ import (
 //     run's timeout, a drain's hard stop or a lost lease; or a provider that
 //     sends none): its input estimate (CallInputTokens, the same the rate
 //     limiter reserves and the tenant's hold counts) plus the output it
-//     streamed (bytes / 4), at the model's prices. A call cut off after
-//     some usage arrived is charged at least that estimate.
+//     streamed (OutputBytesPerToken), at the model's prices. A call cut
+//     off after some usage arrived is charged at least that estimate.
 //   - The call was never sent (its run stopped before it), or it ended in
 //     an error before any output without usage (the endpoint refused it, or
 //     could not be reached): nothing.
@@ -145,7 +145,14 @@ func (o *outputSeen) final(m *agent.Message) {
 
 func (o outputSeen) any() bool { return o.text+o.thinking > 0 }
 
-func tokensOf(bytes int) int { return (bytes + 3) / 4 }
+// OutputBytesPerToken is how a call's streamed output (text, thinking,
+// tool calls' names and arguments) is counted when no usage says: its
+// bytes / 3, rounded up. Prose runs about 4 bytes a token, but answers hold
+// code, numbers, markup and other languages, whose tokens are shorter, and
+// a charge without the provider's word errs high.
+const OutputBytesPerToken = 3
+
+func outputTokens(bytes int) int { return (bytes + OutputBytesPerToken - 1) / OutputBytesPerToken }
 
 // settle works out a call's charge. final is its final message (nil: the
 // call ended without one), seen what it streamed, unsent that it was
@@ -164,8 +171,8 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 	if unsent || refused {
 		return s
 	}
-	outEst := min(tokensOf(seen.text+seen.thinking), b.output)
-	est := agent.Usage{Input: b.inputEstimate, Output: outEst, Reasoning: min(tokensOf(seen.thinking), outEst)}
+	outEst := min(outputTokens(seen.text+seen.thinking), b.output)
+	est := agent.Usage{Input: b.inputEstimate, Output: outEst, Reasoning: min(outputTokens(seen.thinking), outEst)}
 	cutOff := final == nil || final.StopReason == agent.StopReasonAborted || final.StopReason == agent.StopReasonError
 	switch {
 	case !reported:

@@ -27,7 +27,7 @@ func TestSettleCharges(t *testing.T) {
 		u.TotalTokens = u.Input + u.Output + u.CacheRead + u.CacheWrite
 		return &agent.Message{Role: agent.RoleAssistant, StopReason: reason, Usage: u}
 	}
-	seen := outputSeen{text: 400, thinking: 40} // 110 tokens
+	seen := outputSeen{text: 400, thinking: 40} // 147 tokens
 
 	for _, c := range []struct {
 		name            string
@@ -45,18 +45,18 @@ func TestSettleCharges(t *testing.T) {
 		{name: "forged cache", final: done(agent.StopReasonStop, agent.Usage{Input: 10, CacheRead: 1 << 53}), seen: seen,
 			source: usageClamped, in: 10, cr: 4*est + 1024 - 10, excessIn: 1<<53 + 10 - (4*est + 1024)},
 		{name: "no usage", final: done(agent.StopReasonStop, agent.Usage{}), seen: seen,
-			source: usageEstimated, in: est, out: 110},
+			source: usageEstimated, in: est, out: 147},
 		{name: "aborted", final: done(agent.StopReasonAborted, agent.Usage{}), seen: seen, abort: true,
-			source: usageEstimated, in: est, out: 110},
+			source: usageEstimated, in: est, out: 147},
 		{name: "aborted before any output", final: done(agent.StopReasonAborted, agent.Usage{}), abort: true,
 			source: usageEstimated, in: est},
-		{name: "consumer stopped", seen: seen, abort: true, source: usageEstimated, in: est, out: 110},
+		{name: "consumer stopped", seen: seen, abort: true, source: usageEstimated, in: est, out: 147},
 		{name: "aborted after the prompt's usage", final: done(agent.StopReasonAborted, agent.Usage{Input: est / 2}), seen: seen, abort: true,
-			source: usageReported, in: est, out: 110},
+			source: usageReported, in: est, out: 147},
 		{name: "aborted after more input than the estimate", final: done(agent.StopReasonAborted, agent.Usage{Input: est + 7}), seen: seen, abort: true,
-			source: usageReported, in: est + 7, out: 110},
+			source: usageReported, in: est + 7, out: 147},
 		{name: "error midway", final: done(agent.StopReasonError, agent.Usage{}), seen: seen,
-			source: usageEstimated, in: est, out: 110},
+			source: usageEstimated, in: est, out: 147},
 		{name: "error before any output", final: done(agent.StopReasonError, agent.Usage{}), source: usageNone},
 		{name: "never sent", final: done(agent.StopReasonAborted, agent.Usage{}), unsent: true, abort: true, source: usageNone},
 		{name: "output past the bound", final: done(agent.StopReasonAborted, agent.Usage{}), seen: outputSeen{text: 4000}, abort: true,
