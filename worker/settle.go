@@ -95,6 +95,10 @@ func (s callCharge) tokens() int {
 type usageBounds struct {
 	inputEstimate int
 	input, output int
+	// reserve is the call's output reserve, as its worst case counts it
+	// (the request's maxTokens, else the model table's, else
+	// DefaultOutputReserve): an estimate counts no more output.
+	reserve int
 }
 
 func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) usageBounds {
@@ -103,16 +107,18 @@ func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) us
 	if w := model.ContextWindow; w > 0 {
 		in = min(in, w)
 	}
-	out := DefaultOutputReserve
+	reserve := DefaultOutputReserve
 	switch {
 	case opts.MaxTokens > 0:
-		out = opts.MaxTokens
+		reserve = opts.MaxTokens
 	case model.MaxTokens > 0:
-		out = model.MaxTokens
-	case model.ContextWindow > 0:
-		out = model.ContextWindow
+		reserve = model.MaxTokens
 	}
-	return usageBounds{inputEstimate: min(est, in), input: in, output: out + out/OutputClampMargin + 64}
+	out := reserve
+	if opts.MaxTokens <= 0 && model.MaxTokens <= 0 && model.ContextWindow > 0 {
+		out = model.ContextWindow // no maxTokens was sent: the window bounds the answer
+	}
+	return usageBounds{inputEstimate: min(est, in), input: in, output: out + out/OutputClampMargin + 64, reserve: reserve}
 }
 
 // outputSeen counts the bytes a call streamed.
@@ -171,7 +177,7 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 	if unsent || refused {
 		return s
 	}
-	outEst := min(outputTokens(seen.text+seen.thinking), b.output)
+	outEst := min(outputTokens(seen.text+seen.thinking), b.reserve)
 	est := agent.Usage{Input: b.inputEstimate, Output: outEst, Reasoning: min(outputTokens(seen.thinking), outEst)}
 	cutOff := final == nil || final.StopReason == agent.StopReasonAborted || final.StopReason == agent.StopReasonError
 	switch {

@@ -13,11 +13,11 @@ import (
 func TestSettleCharges(t *testing.T) {
 	model := agent.Model{ID: "m", Cost: agent.ModelCost{Input: 1000, Output: 2000, CacheRead: 100, CacheWrite: 1250}}
 	llm := agent.Context{SystemPrompt: "be brief", Messages: []agent.Message{agent.UserText(strings.Repeat("word ", 400))}}
-	opts := agent.StreamOptions{MaxTokens: 100}
+	opts := agent.StreamOptions{MaxTokens: 200}
 	b := boundsOf(model, llm, opts)
 	est := CallInputTokens(llm)
-	if b.inputEstimate != est || b.input != 4*est+1024 || b.output != 100+10+64 {
-		t.Fatalf("bounds %+v, want input estimate %d, input %d, output 174", b, est, 4*est+1024)
+	if b.inputEstimate != est || b.input != 4*est+1024 || b.output != 200+20+64 || b.reserve != 200 {
+		t.Fatalf("bounds %+v, want input estimate %d, input %d, output 284, reserve 200", b, est, 4*est+1024)
 	}
 	cost := func(in, out, cr, cw int) float64 {
 		return (float64(in)*1000 + float64(out)*2000 + float64(cr)*100 + float64(cw)*1250) / 1e6
@@ -41,7 +41,7 @@ func TestSettleCharges(t *testing.T) {
 		{name: "reported", final: done(agent.StopReasonStop, agent.Usage{Input: 300, Output: 50, CacheRead: 200}), seen: seen,
 			source: usageReported, in: 300, out: 50, cr: 200},
 		{name: "forged", final: done(agent.StopReasonStop, agent.Usage{Input: 1 << 53, Output: 1 << 53}), seen: seen,
-			source: usageClamped, in: 4*est + 1024, out: 174, excessIn: 1<<53 - (4*est + 1024), exOut: 1<<53 - 174},
+			source: usageClamped, in: 4*est + 1024, out: 284, excessIn: 1<<53 - (4*est + 1024), exOut: 1<<53 - 284},
 		{name: "forged cache", final: done(agent.StopReasonStop, agent.Usage{Input: 10, CacheRead: 1 << 53}), seen: seen,
 			source: usageClamped, in: 10, cr: 4*est + 1024 - 10, excessIn: 1<<53 + 10 - (4*est + 1024)},
 		{name: "no usage", final: done(agent.StopReasonStop, agent.Usage{}), seen: seen,
@@ -59,8 +59,8 @@ func TestSettleCharges(t *testing.T) {
 			source: usageEstimated, in: est, out: 147},
 		{name: "error before any output", final: done(agent.StopReasonError, agent.Usage{}), source: usageNone},
 		{name: "never sent", final: done(agent.StopReasonAborted, agent.Usage{}), unsent: true, abort: true, source: usageNone},
-		{name: "output past the bound", final: done(agent.StopReasonAborted, agent.Usage{}), seen: outputSeen{text: 4000}, abort: true,
-			source: usageEstimated, in: est, out: 174},
+		{name: "output past the reserve", final: done(agent.StopReasonAborted, agent.Usage{}), seen: outputSeen{text: 4000}, abort: true,
+			source: usageEstimated, in: est, out: 200},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := settle(model, b, c.final, c.seen, c.unsent, c.abort)
@@ -76,6 +76,11 @@ func TestSettleCharges(t *testing.T) {
 			}
 			if u.TotalTokens != c.in+c.out+c.cr {
 				t.Fatalf("total tokens %d, want %d", u.TotalTokens, c.in+c.out+c.cr)
+			}
+			// A charge without the provider's word never passes the
+			// call's worst case (what the tenant's hold reserved).
+			if worst := (float64(est)*1250 + 200*2000) / 1e6; c.source == usageEstimated && u.Cost.Total > worst {
+				t.Fatalf("estimate $%v over the worst case $%v", u.Cost.Total, worst)
 			}
 			if u.Reasoning > u.Output {
 				t.Fatalf("reasoning %d over output %d", u.Reasoning, u.Output)
@@ -93,8 +98,8 @@ func TestSettleBoundsWithAContextWindow(t *testing.T) {
 	llm := agent.Context{Messages: []agent.Message{agent.UserText(strings.Repeat("x", 40000))}}
 	est := CallInputTokens(llm)
 	b := boundsOf(agent.Model{ContextWindow: 16000}, llm, agent.StreamOptions{})
-	if b.input != 16000 || b.inputEstimate != est || b.output != 16000+1600+64 {
-		t.Fatalf("bounds %+v, want input 16000 (the window), output 17664", b)
+	if b.input != 16000 || b.inputEstimate != est || b.output != 16000+1600+64 || b.reserve != DefaultOutputReserve {
+		t.Fatalf("bounds %+v, want input 16000 (the window), output 17664, reserve %d", b, DefaultOutputReserve)
 	}
 	b = boundsOf(agent.Model{ContextWindow: 8000}, llm, agent.StreamOptions{})
 	if b.inputEstimate != 8000 {
