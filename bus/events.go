@@ -320,6 +320,12 @@ type RunResumed struct {
 	Type             string `json:"type"`
 	Attempt          int    `json:"attempt"`
 	MessagesRestored int    `json:"messagesRestored"`
+	// CutOffUsage (since 1.8) sums the usage of the model calls that
+	// earlier attempts were charged for and that the restored transcript
+	// does not have: assistant messages cut off when their worker stopped,
+	// dropped by this resume or by an earlier one (it includes theirs).
+	// The run's usage and cost count it.
+	CutOffUsage *agent.Usage `json:"cutOffUsage,omitempty"`
 }
 
 // Event is a decoded event: exactly one of the pointers is set.

@@ -24,6 +24,13 @@ type Recovery struct {
 	// messages that ended aborted, and any message marked interrupted (cut
 	// off, or a tool result cancelled, because its worker stopped).
 	Dropped int
+	// DroppedMessages are those messages, in transcript order.
+	DroppedMessages []agent.Message
+	// CutOffUsage is the usage of the model calls that attempts before the
+	// view's were charged and the view does not have (the cutOffUsage of
+	// the run_resumed it rests on). The dropped messages' own usage is not
+	// in it: the new attempt adds the part that is its run's.
+	CutOffUsage agent.Usage
 	// Partial is set when an assistant message was being streamed and never
 	// ended (it is not in the view, so nothing to drop).
 	Partial bool
@@ -124,6 +131,8 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		n--
 	}
 	rec.Dropped = len(msgs) - n
+	rec.DroppedMessages = append([]agent.Message(nil), msgs[n:]...)
+	rec.CutOffUsage = t.CutOffUsage()
 	rec.Messages = append([]agent.Message(nil), msgs[:n]...)
 	for i := range n {
 		if s := t.ControlSeq(i); s > 0 {
