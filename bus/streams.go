@@ -309,9 +309,12 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	runsReplicas := replicas[n.RunsStream()]
 	for _, q := range cfg.Queues {
 		if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(), jetstream.ConsumerConfig{
-			Durable:       n.Consumer(q),
-			Description:   "agentfleet workers of queue " + q,
-			FilterSubject: n.SubmitFilter(q),
+			Durable:     n.Consumer(q),
+			Description: "agentfleet workers of queue " + q,
+			// Every message stored for the queue is delivered, and run or
+			// removed with a logged reason: one with literal wildcard
+			// tokens too (QueueFilter), which the worker terminates.
+			FilterSubject: n.QueueFilter(q),
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 			AckWait:       cfg.AckWait,
