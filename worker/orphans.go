@@ -39,6 +39,7 @@ func (w *Worker) sweepOrphans(ctx context.Context, queue string, floor uint64, f
 				"queue", queue, "removed", removed, "firstSubject", first)
 		}
 	}()
+	*from = max(*from, 1)
 	for *from <= floor {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m, err := w.runsStream.GetMsg(rctx, *from, jetstream.WithGetMsgSubject(filter))
@@ -59,18 +60,33 @@ func (w *Worker) sweepOrphans(ctx context.Context, queue string, floor uint64, f
 			*from = m.Sequence + 1
 			continue
 		}
-		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = w.runsStream.DeleteMsg(dctx, m.Sequence)
-		cancel()
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		switch gone, err := w.deleteRequest(ctx, m.Sequence); {
+		case err != nil:
 			w.log.Warn("sweep of passed-over requests: delete failed", "queue", queue, "requestSeq", m.Sequence, "err", err)
 			return
+		case !gone: // another worker's sweep was first
+		default:
+			if removed++; removed == 1 {
+				first = clipString(m.Subject, 200)
+			}
 		}
 		*from = m.Sequence + 1
-		if removed++; removed == 1 {
-			first = clipString(m.Subject, 200)
-		}
 	}
+}
+
+// deleteRequest deletes a message of the runs stream; gone is false when
+// it was not there (the server answers a failure, not "not found", so the
+// message is looked up again).
+func (w *Worker) deleteRequest(ctx context.Context, seq uint64) (gone bool, err error) {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err = w.runsStream.DeleteMsg(dctx, seq); err == nil {
+		return true, nil
+	}
+	if _, gerr := w.runsStream.GetMsg(dctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	return false, err
 }
 
 // warnWildcardQueues logs, once at start, the runs stream's subjects that
