@@ -89,11 +89,30 @@ func (w *Worker) deleteRequest(ctx context.Context, seq uint64) (gone bool, err 
 	return false, err
 }
 
-// warnWildcardQueues logs, once at start, the runs stream's subjects that
-// take every queue (an older version's <prefix>.submit.*.*, or an
-// operator's): what they store for a queue no worker declared, or with a
-// literal wildcard token for the queue, matches no queue's consumer and is
-// never run nor swept.
+// warnStreamSettings logs, once at start, the settings of the streams
+// and queue consumers (an operator's, under SkipEnsureStreams, or a 1.7
+// worker's started since this one's EnsureStreams) that keep a message
+// from its run: a per-subject cap that refuses (docs/protocol.md §6), a
+// queue filter that passes requests over, a runs stream for every queue.
+func (w *Worker) warnStreamSettings(consumers []jetstream.Consumer) {
+	if w.controlStream.CachedInfo().Config.DiscardNewPerSubject {
+		w.log.Warn("AGENTS_CONTROL refuses a run's control messages of a kind once it holds 1024 (discard new per subject): junk published for a run id keeps its owner's abort out; turn it off (nats stream edit AGENTS_CONTROL --no-discard-per-subject -f)",
+			"stream", w.names.ControlStream())
+	}
+	for i, q := range w.cfg.Queues {
+		if f := consumers[i].CachedInfo().Config.FilterSubject; f != w.names.QueueFilter(q) {
+			w.log.Warn("a queue consumer's filter passes some requests over (those with a literal wildcard token, removed later by the sweep); set it to "+w.names.QueueFilter(q),
+				"consumer", w.names.Consumer(q), "filter", f)
+		}
+	}
+	w.warnWildcardQueues(w.runsStream.CachedInfo().Config.Subjects)
+}
+
+// warnWildcardQueues logs the runs stream's subjects that take every
+// queue (an older version's <prefix>.submit.*.*, or an operator's): what
+// they store for a queue no worker declared, or with a literal wildcard
+// token for the queue, matches no queue's consumer and is never run nor
+// swept.
 func (w *Worker) warnWildcardQueues(subjects []string) {
 	// A subject of the stream that stores a request whose queue token is a
 	// literal '*' takes every queue.

@@ -215,3 +215,38 @@ func TestWildcardRunsStreamIsWarnedAbout(t *testing.T) {
 		t.Fatalf("no warning for a stream with %s:\n%s", n.SubmitAll(), logs.String())
 	}
 }
+
+// A worker that does not ensure the streams (SkipEnsureStreams) says at
+// start which settings keep messages from their runs: a control stream
+// that refuses past its per-subject cap, a queue filter that passes
+// requests over.
+func TestOldStreamSettingsAreWarnedAbout(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	n := c.Names()
+	s, err := c.JetStream().Stream(ctx, n.ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.DiscardNewPerSubject = true
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := c.JetStream().Consumer(ctx, n.RunsStream(), n.Consumer(bus.DefaultQueue))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := cons.CachedInfo().Config
+	cc.FilterSubject = n.SubmitFilter(bus.DefaultQueue)
+	if _, err := c.JetStream().UpdateConsumer(ctx, n.RunsStream(), cc); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logbuf.Buffer{}
+	f.StartWorker(worker.Config{SkipEnsureStreams: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	for _, want := range []string{"AGENTS_CONTROL refuses a run's control messages", "a queue consumer's filter passes some requests over"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no warning %q:\n%s", want, logs.String())
+		}
+	}
+}

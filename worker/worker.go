@@ -245,8 +245,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
-	w.warnWildcardQueues(w.runsStream.CachedInfo().Config.Subjects) // worker/orphans.go
-	defer w.learnPickupReads(w.cfg.Queues, consumers)()             // worker/pickupread.go
+	w.warnStreamSettings(consumers)                     // worker/orphans.go
+	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
 	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.beforeAcksSweep); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
