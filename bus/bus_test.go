@@ -23,6 +23,7 @@ func TestNames(t *testing.T) {
 		n.Consumer("default"):    "workers-default",
 		n.Submit("default", "r"): "agents.submit.default.r",
 		n.SubmitFilter("q"):      "agents.submit.q.*",
+		n.QueueFilter("q"):       "agents.submit.q.>",
 		n.Events("r"):            "agents.run.r.events",
 		n.Control("r", "steer"):  "agents.run.r.steer",
 		n.Republished():          "agents.ctl.*.*",
@@ -47,7 +48,8 @@ func TestNames(t *testing.T) {
 		t.Fatalf("ParseSubmit: %s %s %v", q, r, err)
 	}
 	for _, bad := range []string{"agents.submit.default", "agents.submit.default.a.b", "other.submit.q.r",
-		"agents.submit.default." + strings.Repeat("x", 65), "agents.submit.q!.r"} {
+		"agents.submit.default." + strings.Repeat("x", 65), "agents.submit.q!.r",
+		"agents.submit.default.>", "agents.submit.default.*", "agents.submit.*.r", "agents.submit.>.r"} {
 		if _, _, err := n.ParseSubmit(bad); err == nil {
 			t.Errorf("ParseSubmit(%q) accepted", bad)
 		}

@@ -242,6 +242,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: consumer %s: %w", w.names.Consumer(q), err)
 		}
 	}
+	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
+		return fmt.Errorf("worker: runs stream: %w", err)
+	}
+	w.warnStreamSettings(consumers)                     // worker/orphans.go
 	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
 	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.beforeAcksSweep); err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -255,9 +259,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer func() { _ = sub.Unsubscribe() }()
 	w.ctlSub = sub
 
-	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
-		return fmt.Errorf("worker: runs stream: %w", err)
-	}
 	if w.eventsStream, err = w.c.JetStream().Stream(setup, w.names.EventsStream()); err != nil {
 		return fmt.Errorf("worker: events stream: %w", err)
 	}
