@@ -142,7 +142,7 @@ func (t *watchTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	}
 	// The process exists once Connect has started it; read it only then
 	// (the SDK writes the Cmd while it starts).
-	if ct, ok := t.Transport.(*mcp.CommandTransport); ok {
+	if ct, ok := t.Transport.(*toolsource.CommandTransport); ok {
 		t.w.mu.Lock()
 		t.w.proc = ct.Command.Process
 		t.w.mu.Unlock()
