@@ -128,4 +128,3 @@ func TestAccountsToolSources(t *testing.T) {
 		t.Errorf("presence after the forgeries: %+v", ws)
 	}
 }
-

@@ -337,7 +337,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	// Tool sources: MCP servers and NATS tool services.
 	fs.StringVar(&o.toolsConfig, "tools-config", env("AGENTS_TOOLS_CONFIG", ""), "MCP servers whose tools runs may use: a JSON file {\"mcpServers\": {\"<server>\": {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}; values may use ${VAR}; tools are named <server>__<tool> [AGENTS_TOOLS_CONFIG]")
 	fs.StringVar(&o.toolServices, "tool-services", env("AGENTS_TOOL_SERVICES", ""), "NATS tool services (micro) whose tools runs may use: comma-separated names, or * for every service found; tools are named <service>__<endpoint> [AGENTS_TOOL_SERVICES]")
-	o.toolsAuth.register(fs) // toolsources.go
+	o.toolsAuth.register(fs)        // toolsources.go
 	o.budgets.register(fs)          // budgets.go
 	otelFlag(fs, &o.otel, &environ) // trace.go
 	showVersion := fs.Bool("version", false, "print the version and exit")
