@@ -21,9 +21,15 @@ import (
 
 func TestMain(m *testing.M) {
 	// The test binary doubles as a no-op MCP stdio server (benchmarks).
-	if os.Getenv("TOOLSOURCE_TEST_STDIO_SERVER") == "1" {
+	switch os.Getenv("TOOLSOURCE_TEST_STDIO_SERVER") {
+	case "1":
 		serveNoopStdio()
 		return
+	case "sized":
+		if err := sizedServer().Run(context.Background(), &mcp.StdioTransport{MaxLineLength: -1}); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	goleak.VerifyTestMain(m)
 }

@@ -61,6 +61,7 @@ type MCPServer struct {
 	cause   string             // why it is down
 	tools   []*agent.Tool
 	refused []refusal
+	over    bool              // it lists more than MaxSourceTools tools
 	logged  map[string]string // what the last listing logged (toolBounds)
 }
 
@@ -247,14 +248,16 @@ func (s *MCPServer) stdioEnv() []string {
 // keeps them.
 func (s *MCPServer) listTools(ctx context.Context, sess *mcp.ClientSession) error {
 	var listed []*mcp.Tool
+	cut := false
 	for t, err := range sess.Tools(ctx, nil) {
 		if err != nil {
 			return err
 		}
-		listed = append(listed, t)
-		if len(listed) > 4*MaxSourceTools {
-			break // past the bound either way; do not page on forever
+		if len(listed) == 4*MaxSourceTools {
+			cut = true // past the bound either way; do not page on forever
+			break
 		}
+		listed = append(listed, t)
 	}
 	slices.SortFunc(listed, func(a, b *mcp.Tool) int { return cmpString(a.Name, b.Name) })
 	s.mu.Lock()
@@ -282,7 +285,7 @@ func (s *MCPServer) listTools(ctx context.Context, sess *mcp.ClientSession) erro
 	}
 	b.done("mcp:" + s.name)
 	s.mu.Lock()
-	s.tools, s.refused, s.logged = tools, b.refused, b.now
+	s.tools, s.refused, s.logged, s.over = tools, b.refused, b.now, cut || b.over > 0
 	s.mu.Unlock()
 	return nil
 }
@@ -414,6 +417,10 @@ func (s *MCPServer) Missing(name string) *agent.Tool {
 	_, remote, _ := SplitName(name)
 	s.mu.Lock()
 	why, refused := reason(s.refused, name)
+	if !refused && s.over {
+		// Not among the tools listed: one past the bound.
+		why, refused = fmt.Sprintf("its source has more than %d tools", MaxSourceTools), true
+	}
 	s.mu.Unlock()
 	if refused {
 		return failingTool(name, "", func() error { return fmt.Errorf("tool %s is refused: %s", clip(name, 80), why) })
