@@ -1,8 +1,11 @@
 package toolsource_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -289,5 +293,28 @@ func TestServiceResultsAreChecked(t *testing.T) {
 		agent.Text("[unsupported image content: its data is not base64]"), agent.Image("UE5HIQ==", "image/png")}
 	if m.IsError || !reflect.DeepEqual(m.Content, want) {
 		t.Errorf("result %+v\nwant %+v", m.Content, want)
+	}
+}
+
+// An MCP result's images get the same check: an image whose mimeType is
+// not image/<type> becomes a marker (it would go into data: URLs).
+func TestMCPResultsAreChecked(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "odd", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "images", Description: "Images.", InputSchema: objectSchema},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{
+				&mcp.ImageContent{Data: []byte("PNG!"), MIMEType: "text/html\r\nX-Injected: 1"},
+				&mcp.ImageContent{Data: []byte("PNG!"), MIMEType: "image/png"},
+			}}, nil
+		})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(hs.Close)
+	s := toolsource.NewMCPServer("odd", toolsource.ServerConfig{URL: hs.URL}, toolsource.MCPOptions{})
+	runSource(t, s)
+	waitUp(t, s)
+	res, err := call(t, find(t, s, "odd", "odd__images"), nil)
+	want := []agent.Content{agent.Text(`[unsupported image content: mimeType "text/html\r\nX-Injected: 1"]`), agent.Image("UE5HIQ==", "image/png")}
+	if err != nil || !reflect.DeepEqual(res.Content, want) {
+		t.Errorf("result %+v %v\nwant %+v", res.Content, err, want)
 	}
 }
