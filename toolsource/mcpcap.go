@@ -404,11 +404,8 @@ func (r *sseCapReader) next() {
 			r.event = append(r.event, line...)
 		}
 		if err != nil {
-			if m == nil {
-				r.out = r.event
-			}
-			r.err = err
-			return
+			r.err = err // after what this event gives
+			break
 		}
 		if len(bytes.TrimRight(line, "\r\n")) == 0 { // the event's end
 			break
