@@ -56,6 +56,7 @@ type Metrics struct {
 	slotsTotal       prometheus.Gauge
 	queueDepth       *prometheus.GaugeVec
 	toolSourceUp     *prometheus.GaugeVec // toolsources.go
+	toolConflict     *prometheus.GaugeVec // toolsources.go
 
 	approvalsRequested prometheus.Counter
 	approvalsResolved  *prometheus.CounterVec
@@ -117,6 +118,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	}, m.pastDeadline))
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending).", "queue")
 	m.toolSourceUp = gaugeVec(reg, m, "tool_source_up", "Tool sources (mcp:<server>, service:<name>): 1 while up.", "source")
+	m.toolConflict = gaugeVec(reg, m, "tool_source_conflict", "Tool services refused because their instances announce different tools: 1 while they differ.", "source")
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	sort.Strings(m.names)

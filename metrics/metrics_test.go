@@ -85,6 +85,7 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.ControlReceived("steer")
 	m.SetQueueDepth("default", 1)
 	m.ToolSourceUp("mcp:x", true)
+	m.ToolSourceConflict("service:x", true)
 	m.ApprovalResolved("approve", time.Second)
 	if families, err = reg.Gather(); err != nil {
 		t.Fatal(err)
