@@ -167,7 +167,7 @@ func IsFatalFollowError(err error) bool {
 // A run that does not exist would be waited for forever: while nothing has
 // been delivered, Follow checks at its start and at each of those looks
 // that the run has a stored event, a record or a request, and ends with
-// ErrRunNotFound when it has none.
+// ErrRunNotFound when two looks a stall interval apart found none.
 func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, error] {
 	return func(yield func(*Envelope, error) bool) {
 		if err := CheckID(runID); err != nil {
@@ -339,13 +339,22 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 	w.seen.Store(seen)
 	go func() {
 		defer close(w.exited)
-		// Beside the consumer, not before it: a run that exists costs its
-		// follower no wait.
-		if seen == 0 && w.noSuchRun(ctx, c, it, runID) {
-			return
-		}
 		t := time.NewTicker(c.followStall)
 		defer t.Stop()
+		// Beside the consumer, not before it: a run that exists costs its
+		// follower no wait. A run missing at the start is looked for once
+		// more a stall interval later, so that a follower started just
+		// before the run's submitter published is not told it has none.
+		if seen == 0 && w.absent(ctx, c, runID) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if w.noSuchRun(ctx, c, it, runID) {
+				return
+			}
+		}
 		// Stalled only after whole intervals spent in Next with nothing
 		// delivered (a slow loop body is not a stall); a follower of an
 		// idle run asks less and less often.
@@ -396,17 +405,24 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 // has no stored event, record or request; an error reading them is no
 // answer.
 func (w *stallWatch) noSuchRun(ctx context.Context, c *Client, it jetstream.MessagesContext, runID string) bool {
-	lctx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
-	defer cancel()
-	if _, err := c.Status(lctx, runID); !errors.Is(err, ErrRunNotFound) {
-		return false
-	}
-	if stored, err := c.lastEventSeq(lctx, runID); err != nil || stored > 0 || w.seen.Load() != 0 {
+	if !w.absent(ctx, c, runID) {
 		return false
 	}
 	w.gone.Store(true)
 	it.Stop()
 	return true
+}
+
+// absent reports whether nothing was delivered and the run has no stored
+// event, record or request.
+func (w *stallWatch) absent(ctx context.Context, c *Client, runID string) bool {
+	lctx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
+	defer cancel()
+	if _, err := c.Status(lctx, runID); !errors.Is(err, ErrRunNotFound) {
+		return false
+	}
+	stored, err := c.lastEventSeq(lctx, runID)
+	return err == nil && stored == 0 && w.seen.Load() == 0
 }
 
 func (w *stallWatch) close() {
