@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,31 +25,51 @@ import (
 )
 
 // sizedServer is an MCP server whose tool "big" answers with n bytes of
-// text and "slow" with "ok" after ms milliseconds.
+// text; "held" answers "ok" once "release" was called, and "state" says
+// whether a "held" call has reached the server ("held" or "idle").
 func sizedServer() *mcp.Server {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "sized", Version: "1"}, nil)
-	var args struct{ N, MS int }
-	srv.AddTool(&mcp.Tool{Name: "big", Description: "A reply of n bytes.", InputSchema: json.RawMessage(`{"type":"object","properties":{"n":{"type":"number"}}}`)},
+	obj := json.RawMessage(`{"type":"object","properties":{"n":{"type":"number"}}}`)
+	var held atomic.Bool
+	released := make(chan struct{})
+	var release sync.Once
+	text := func(s string) *mcp.CallToolResult {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
+	}
+	srv.AddTool(&mcp.Tool{Name: "big", Description: "A reply of n bytes.", InputSchema: obj},
 		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			a := args
+			var a struct{ N int }
 			_ = json.Unmarshal(req.Params.Arguments, &a)
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", a.N)}}}, nil
+			return text(strings.Repeat("x", a.N)), nil
 		})
-	srv.AddTool(&mcp.Tool{Name: "slow", Description: "ok, after ms.", InputSchema: json.RawMessage(`{"type":"object","properties":{"ms":{"type":"number"}}}`)},
-		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			a := args
-			_ = json.Unmarshal(req.Params.Arguments, &a)
+	srv.AddTool(&mcp.Tool{Name: "held", Description: "ok, once released.", InputSchema: obj},
+		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			held.Store(true)
 			select {
-			case <-time.After(time.Duration(a.MS) * time.Millisecond):
+			case <-released:
 			case <-ctx.Done():
 			}
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil
+			return text("ok"), nil
+		})
+	srv.AddTool(&mcp.Tool{Name: "release", Description: "Ends the held call.", InputSchema: obj},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			release.Do(func() { close(released) })
+			return text("released"), nil
+		})
+	srv.AddTool(&mcp.Tool{Name: "state", Description: "held or idle.", InputSchema: obj},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			if held.Load() {
+				return text("held"), nil
+			}
+			return text("idle"), nil
 		})
 	return srv
 }
 
-// overCap is a reply over the SDK's 16 MiB line cap, the worker's default.
-const overCap = 17 << 20
+// testCap is the size cap the test gives the worker: the default (the
+// SDK's 16 MiB line cap) takes the same path, but a 17 MiB reply made,
+// sent and refused under -race on a loaded machine takes tens of seconds.
+const testCap = 1 << 20
 
 // One reply over the size cap fails its own call only: a call running on
 // the same session at the time, and the calls after it, are answered, and
@@ -72,32 +93,40 @@ func TestMCPOversizedReplyFailsOnlyItsCall(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var logs logbuf.Buffer
 			s := toolsource.NewMCPServer("sized", c.cfg(t), toolsource.MCPOptions{Logger: newLogger(&logs),
-				MinBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+				MinBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxMessageBytes: testCap})
 			runSource(t, s)
 			waitUp(t, s)
-			slow, big := find(t, s, "sized", "sized__slow"), find(t, s, "sized", "sized__big")
+			tool := func(name string) *agent.Tool { return find(t, s, "sized", "sized__"+name) }
+			text := func(name string, args map[string]any) string {
+				res, err := call(t, tool(name), args)
+				if err != nil || len(res.Content) != 1 {
+					t.Fatalf("%s: %+v %v", name, res, err)
+				}
+				return res.Content[0].Text
+			}
 
 			var wg sync.WaitGroup
-			var slowRes agent.ToolResult
-			var slowErr error
-			wg.Go(func() { slowRes, slowErr = call(t, slow, map[string]any{"ms": 1500}) })
-			time.Sleep(200 * time.Millisecond) // the slow call is in flight
-			start := time.Now()
-			_, err := call(t, big, map[string]any{"n": overCap})
+			var heldRes agent.ToolResult
+			var heldErr error
+			wg.Go(func() { heldRes, heldErr = call(t, tool("held"), nil) })
+			// The held call is in flight once the server has it.
+			for deadline := time.Now().Add(10 * time.Second); text("state", nil) != "held"; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the held call never reached the server")
+				}
+			}
+			_, err := call(t, tool("big"), map[string]any{"n": testCap + 64<<10})
 			if err == nil || !strings.Contains(err.Error(), "sized__big failed: the server's reply of ") ||
-				!strings.Contains(err.Error(), fmt.Sprintf("was refused: the limit is %d", 16<<20)) {
+				!strings.Contains(err.Error(), fmt.Sprintf("was refused: the limit is %d", testCap)) {
 				t.Errorf("the oversized call: %v", err)
 			}
-			if d := time.Since(start); d > 5*time.Second {
-				t.Errorf("the oversized call failed after %s, not at once", d)
-			}
+			text("release", nil)
 			wg.Wait()
-			if slowErr != nil || len(slowRes.Content) != 1 || slowRes.Content[0].Text != "ok" {
-				t.Errorf("the call in flight on the same session: %+v %v", slowRes, slowErr)
+			if heldErr != nil || len(heldRes.Content) != 1 || heldRes.Content[0].Text != "ok" {
+				t.Errorf("the call in flight on the same session: %+v %v", heldRes, heldErr)
 			}
-			res, err := call(t, big, map[string]any{"n": 10})
-			if err != nil || res.Content[0].Text != strings.Repeat("x", 10) {
-				t.Errorf("a call after it: %+v %v", res, err)
+			if got := text("big", map[string]any{"n": 10}); got != strings.Repeat("x", 10) {
+				t.Errorf("a call after it: %q", got)
 			}
 			if n := strings.Count(logs.String(), "MCP server connected"); n != 1 || strings.Contains(logs.String(), "session ended") {
 				t.Errorf("%d sessions, want the first one only:\n%s", n, logs.String())
