@@ -412,7 +412,7 @@ export class Client {
    * @param {string} run @param {string | import("../types/protocol.js").ControlMessage} text
    * @param {import("./index.js").ControlOptions} [opts]
    */
-  steer(run, text, opts) {
+  async steer(run, text, opts) {
     return this.sendControl(run, "steer", steerBody(text, "steering"), opts);
   }
 
@@ -421,7 +421,7 @@ export class Client {
    * @param {string} run @param {string | import("../types/protocol.js").ControlMessage} text
    * @param {import("./index.js").ControlOptions} [opts]
    */
-  followUp(run, text, opts) {
+  async followUp(run, text, opts) {
     return this.sendControl(run, "followup", steerBody(text, "follow-up"), opts);
   }
 
@@ -429,7 +429,7 @@ export class Client {
    * Asks a run to stop (it finishes aborted / aborted_by_user).
    * @param {string} run @param {import("./index.js").ControlOptions & {reason?: string}} [opts]
    */
-  abort(run, opts = {}) {
+  async abort(run, opts = {}) {
     return this.sendControl(run, "abort", opts.reason ? { reason: opts.reason } : {}, opts);
   }
 
@@ -438,7 +438,7 @@ export class Client {
    * @param {string} run @param {string} toolCallId
    * @param {import("./index.js").ControlOptions & {by?: string, reason?: string, arguments?: Record<string, unknown>}} [opts]
    */
-  approve(run, toolCallId, opts = {}) {
+  async approve(run, toolCallId, opts = {}) {
     return this.sendControl(run, "approve", approvalAnswer(toolCallId, "approve", opts), opts);
   }
 
@@ -448,7 +448,7 @@ export class Client {
    * @param {string} run @param {string} toolCallId
    * @param {import("./index.js").ControlOptions & {by?: string, reason?: string}} [opts]
    */
-  deny(run, toolCallId, opts = {}) {
+  async deny(run, toolCallId, opts = {}) {
     return this.sendControl(run, "approve", approvalAnswer(toolCallId, "deny", opts), opts);
   }
 

@@ -8,6 +8,8 @@ import { EVENT_TYPES } from "./protocol.js";
 
 /** The envelope's text as received, kept on decoded envelopes under this symbol (formatEnvelope uses it). */
 export const RAW = Symbol.for("agentfleet.raw");
+/** Set on decoded envelopes whose event is the last member, after scalars only. */
+const EVENT_LAST = Symbol("eventLast");
 
 /** @type {Set<string>} */
 const known = new Set(EVENT_TYPES);
@@ -39,10 +41,18 @@ export function decodeEnvelope(text, run, streamSeq = 0) {
     const v = env[f];
     if (v !== undefined && (typeof v !== "number" || !Number.isInteger(v))) throw new DecodeError(run, `envelope: ${f} is not an integer`);
   }
+  let last = "";
+  let scalars = true;
+  for (const k in env) {
+    if (last === "event") scalars = false; // a member after the event
+    last = k;
+    if (k !== "event" && env[k] !== null && typeof env[k] === "object") scalars = false;
+  }
   env.seq ??= 0;
   env.attempt ??= 0;
   env.streamSeq = streamSeq;
   env[RAW] = text;
+  env[EVENT_LAST] = scalars && last === "event";
   return env;
 }
 
@@ -144,42 +154,22 @@ export function goString(s) {
   return out + s.slice(start) + '"';
 }
 
+const jsonTokens = /("[^"\\]*(?:\\.[^"\\]*)*")|[ \t\n\r]+/g;
+const htmlUnsafe = /[<>&\u2028\u2029]/g;
+/** @param {string} c */
+const htmlEscape = (c) => (c === "<" ? "\\u003c" : c === ">" ? "\\u003e" : c === "&" ? "\\u0026" : c === "\u2028" ? "\\u2028" : "\\u2029");
+
 /**
  * JSON text compacted as Go's json.Compact with HTML escaping does (what
  * its encoder does to a json.RawMessage): white space between tokens goes,
- * <, >, &, U+2028 and U+2029 are escaped, everything else is kept as is.
+ * <, >, &, U+2028 and U+2029 are escaped (in JSON text they occur only
+ * inside strings, unescaped), everything else is kept as is.
  * @param {string} s
  */
 export function goCompact(s) {
-  let out = "";
-  let start = 0;
-  let inString = false;
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
-    let esc;
-    if (inString) {
-      if (c === 0x5c) {
-        i++; // the escaped character stays as it is (an escaped \u2028 is ASCII)
-        continue;
-      }
-      if (c === 0x22) inString = false;
-    } else if (c === 0x22) {
-      inString = true;
-    } else if (c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0d) {
-      esc = "";
-    }
-    if (esc === undefined) {
-      if (c === 0x3c) esc = "\\u003c";
-      else if (c === 0x3e) esc = "\\u003e";
-      else if (c === 0x26) esc = "\\u0026";
-      else if (c === 0x2028) esc = "\\u2028";
-      else if (c === 0x2029) esc = "\\u2029";
-      else continue;
-    }
-    out += s.slice(start, i) + esc;
-    start = i + 1;
-  }
-  return start === 0 ? s : out + s.slice(start);
+  if (/[ \t\n\r]/.test(s)) s = s.replace(jsonTokens, "$1");
+  htmlUnsafe.lastIndex = 0;
+  return htmlUnsafe.test(s) ? s.replace(htmlUnsafe, htmlEscape) : s;
 }
 
 /** @param {string} s @param {number} i */
@@ -241,11 +231,18 @@ export function rawMember(s, key) {
  * the Go client decodes it and encodes it again, its fields in a fixed order
  * and its event as received, compacted and HTML-escaped. Byte for byte the
  * same for an envelope received from the stream (it keeps its text).
- * @param {{run?: string, seq?: number, attempt?: number, worker?: string, ts?: number, controlSeq?: number, interrupted?: boolean, event: unknown, [RAW]?: string}} env
+ * @param {{run?: string, seq?: number, attempt?: number, worker?: string, ts?: number, controlSeq?: number, interrupted?: boolean, event: unknown, [RAW]?: string, [EVENT_LAST]?: boolean}} env
  */
 export function formatEnvelope(env) {
   const raw = env[RAW];
-  const event = raw !== undefined ? rawMember(raw, "event") : undefined;
+  let event;
+  if (raw !== undefined) {
+    const i = env[EVENT_LAST] ? raw.indexOf(',"event":') : -1;
+    // The event is the last member and every member before it a scalar
+    // (the worker's envelopes): its text runs from there to the closing
+    // brace; a quote after a comma cannot be inside a string.
+    event = i > 0 ? raw.slice(i + 9, raw.lastIndexOf("}")) : rawMember(raw, "event");
+  }
   let out = `{"run":${goString(env.run ?? "")},"seq":${env.seq ?? 0},"attempt":${env.attempt ?? 0},"worker":${goString(env.worker ?? "")},"ts":${env.ts ?? 0}`;
   if (env.controlSeq) out += `,"controlSeq":${env.controlSeq}`;
   if (env.interrupted === true) out += `,"interrupted":true`;
