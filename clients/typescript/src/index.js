@@ -61,8 +61,14 @@ export async function connect(opts = {}) {
     name: opts.name ?? "agentfleet-ts",
     maxReconnectAttempts: -1,
     timeout: opts.timeout ?? 5000,
-    reconnectTimeWait: 100,
-    reconnectJitter: 100,
+  };
+  // Reconnect forever with a capped exponential backoff plus jitter (100 ms
+  // doubling to 5 s, as the Go client), so that clients do not stampede a
+  // restarting server.
+  const backoff = { attempts: 0 };
+  o.reconnectDelayHandler = () => {
+    const d = Math.min(100 * 2 ** backoff.attempts++, 5000);
+    return d + Math.random() * (d / 4);
   };
   const user = opts.user ?? env.NATS_USER;
   const pass = opts.pass ?? env.NATS_PASSWORD;
@@ -84,6 +90,9 @@ export async function connect(opts = {}) {
   } catch (err) {
     throw new NatsUnreachableError(redact(o.servers.join(",")), { cause: err });
   }
+  (async () => {
+    for await (const s of nc.status()) if (s.type === "reconnect") backoff.attempts = 0;
+  })().catch(() => {});
   return new Client(nc, { prefix: opts.prefix ?? env.AGENTS_PREFIX, staleAfterMs: opts.staleAfterMs, followStallMs: opts.followStallMs, own: true });
 }
 

@@ -47,6 +47,7 @@ export function decodeEnvelope(text, run, streamSeq = 0) {
     if (last === "event") scalars = false; // a member after the event
     last = k;
     if (k !== "event" && env[k] !== null && typeof env[k] === "object") scalars = false;
+    if (k.charCodeAt(0) <= 0x39) scalars = false; // a key like "0" is listed first, wherever it was
   }
   env.seq ??= 0;
   env.attempt ??= 0;
@@ -241,7 +242,7 @@ export function formatEnvelope(env) {
     // The event is the last member and every member before it a scalar
     // (the worker's envelopes): its text runs from there to the closing
     // brace; a quote after a comma cannot be inside a string.
-    event = i > 0 ? raw.slice(i + 9, raw.lastIndexOf("}")) : rawMember(raw, "event");
+    event = i > 0 && raw.indexOf(',"event":', i + 9) < 0 ? raw.slice(i + 9, raw.lastIndexOf("}")) : rawMember(raw, "event");
   }
   let out = `{"run":${goString(env.run ?? "")},"seq":${env.seq ?? 0},"attempt":${env.attempt ?? 0},"worker":${goString(env.worker ?? "")},"ts":${env.ts ?? 0}`;
   if (env.controlSeq) out += `,"controlSeq":${env.controlSeq}`;
