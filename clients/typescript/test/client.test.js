@@ -18,7 +18,7 @@ import {
   InvalidArgumentError,
   newRunId,
 } from "../src/index.js";
-import { startWorker, submit, waitFor, freePort, repoDir, sleeper, manyDeltas } from "./fleet.js";
+import { startWorker, submit, waitFor, freePort, repoDir, sleeper, manyDeltas, gated } from "./fleet.js";
 import { startFakeNats } from "./fakenats.js";
 
 /** @type {Awaited<ReturnType<typeof startWorker>>} */
@@ -196,13 +196,15 @@ test("errors: queue not declared, no such run, NATS unreachable, JetStream down"
 });
 
 test("steer and follow-up with keys: a retry is stored once and reaches the run once", async () => {
-  const { id } = await client.submit(sleeper(1));
-  const { it, seen } = await followUntil(id, (e) => e.event.type === "tool_execution_start");
+  // The run waits for its calculator call's answer while we steer.
+  const { id } = await client.submit(gated());
+  const { it, seen } = await followUntil(id, (e) => e.event.type === "tool_approval_requested");
   const s1 = await client.steer(id, "Count in French instead", { key: "french" });
   const s2 = await client.steer(id, "Count in French instead", { key: "french" });
   assert.equal(s2.seq, s1.seq);
   assert.equal(s2.duplicate, true);
   const f1 = await client.followUp(id, "And in German?", { key: "german" });
+  await client.approve(id, "c1");
   for (;;) {
     const r = await it.next();
     if (r.done) break;

@@ -10,7 +10,7 @@ import { execFileSync } from "node:child_process";
 import { connect, formatEnvelope, RAW } from "../src/index.js";
 import { ConsoleClient, ConsoleError, RunFinishedError, RunNotFoundError } from "../src/console.js";
 import { serve } from "../examples/serve.js";
-import { startWorker, startConsole, tempDir, sleeper, repoDir } from "./fleet.js";
+import { startWorker, startConsole, tempDir, sleeper, gated, repoDir } from "./fleet.js";
 import { readFileSync } from "node:fs";
 
 const token = "tok-" + "0123456789abcdef".repeat(2);
@@ -92,12 +92,15 @@ test("follow through the console: what a NATS follower reads, envelope for envel
 });
 
 test("control through the console: keys, abort, and its answers (409, 404, 401, 501)", async () => {
-  const { id } = await nats.submit(sleeper(1));
-  const { rest } = await consoleUntil(id, "tool_execution_start");
+  // The run waits for its calculator call's answer while we steer.
+  const { id } = await nats.submit(gated());
+  const { rest } = await consoleUntil(id, "tool_approval_requested");
   const s1 = await web.steer(id, "Count in French instead", { key: "french" });
   const s2 = await web.steer(id, "Count in French instead", { key: "french" });
   assert.equal(s2.seq, s1.seq);
   const f1 = await web.followUp(id, "And in German?");
+  await assert.rejects(web.approve(id, "c1"), (err) => err instanceof ConsoleError && err.status === 501);
+  await nats.approve(id, "c1");
   const envs = await rest;
   assert.deepEqual(
     envs.filter((e) => e.event.type === "message_end" && e.controlSeq).map((e) => e.controlSeq),
@@ -110,7 +113,6 @@ test("control through the console: keys, abort, and its answers (409, 404, 401, 
   await assert.rejects(web.status("no-such-run"), RunNotFoundError);
   await assert.rejects(all(web.follow("no-such-run")), RunNotFoundError);
   await assert.rejects(new ConsoleClient({ baseUrl: con.base }).status(id), (err) => err instanceof ConsoleError && err.status === 401);
-  await assert.rejects(web.approve(id, "c1"), (err) => err instanceof ConsoleError && err.status === 501);
 
   const { id: slow } = await nats.submit(sleeper(60));
   const { rest: r2 } = await consoleUntil(slow, "tool_execution_start");
@@ -133,9 +135,10 @@ test("the console restarts under a follower: it reconnects after the last stream
     (await all(nats.follow(id))).map((e) => e.streamSeq),
   );
   // The new console has a new CSRF key: the client fetches the token again.
-  const { id: next } = await nats.submit(sleeper(1));
-  const { rest: r2 } = await consoleUntil(next, "tool_execution_start");
+  const { id: next } = await nats.submit(gated());
+  const { rest: r2 } = await consoleUntil(next, "tool_approval_requested");
   const s = await web.steer(next, "after the restart");
+  await nats.approve(next, "c1");
   assert.ok((await r2).some((e) => e.controlSeq === s.seq));
 });
 
@@ -178,14 +181,16 @@ test("in the browser: the example page follows a run live through the console, a
     await page.goto(`${proxy.base}/api/session?token=${token}`);
     assert.match(await page.content(), /"allowControl":true/);
 
-    // A run that streams, waits in a tool, then takes the page's steer.
-    const { id } = await nats.submit({ ...sleeper(3), prompt: "<script>alert(1)</script> & <img src=x onerror=alert(2)>" });
+    // A run that waits for its tool call's answer: the page shows it, steers
+    // it, and shows the rest live once the call is approved.
+    const { id } = await nats.submit(gated("<script>alert(1)</script> & <img src=x onerror=alert(2)>"));
     await page.goto(`${proxy.base}/examples/follow.html?run=${id}`);
-    await page.waitForFunction(() => /running sleep/.test(document.getElementById("status")?.textContent ?? ""), null, { timeout: 30_000 });
+    await page.waitForFunction(() => /waiting for approval of calculator/.test(document.getElementById("status")?.textContent ?? ""), null, { timeout: 30_000 });
     assert.equal(await page.isVisible("#steer"), true);
     await page.fill("#text", "Steered from the browser");
     await page.click("#steer button");
-    await page.waitForFunction(() => /steering sent/.test(document.getElementById("status")?.textContent ?? "") || document.body.dataset.state === "finished", null, { timeout: 30_000 });
+    await page.waitForFunction(() => /steering sent/.test(document.getElementById("status")?.textContent ?? ""), null, { timeout: 30_000 });
+    await nats.approve(id, "c1");
     await page.waitForFunction(() => document.body.dataset.state === "finished", null, { timeout: 60_000 });
     const envs = await all(nats.follow(id));
     assert.equal(await page.textContent("#events"), String(envs.length));

@@ -224,3 +224,26 @@ export function sleeper(s) {
     },
   };
 }
+
+/**
+ * A faux request whose calculator call waits for a person's answer (it
+ * waits as long as need be: steer and follow up meanwhile, then answer),
+ * then answers one text per turn.
+ * @param {string} [prompt]
+ */
+export function gated(prompt = "What is 1234*5678?") {
+  return {
+    model: "faux/gated",
+    prompt,
+    tools: ["calculator"],
+    approval: { tools: ["calculator"] },
+    faux: {
+      responses: [
+        { content: [{ type: "toolCall", id: "c1", name: "calculator", arguments: { expression: "1234*5678" } }], stopReason: "toolUse" },
+        { content: [{ type: "text", text: "One, two, three." }] },
+        { content: [{ type: "text", text: "Un, deux, trois." }] },
+        { content: [{ type: "text", text: "Eins, zwei, drei." }] },
+      ],
+    },
+  };
+}
