@@ -21,11 +21,15 @@ const rounds = Number(opt("--rounds", "5"));
 const submitBin = opt("--submit", "");
 
 const client = await connect();
+const run = promisify(execFile);
 const { id } = await client.submit({ model: "faux/bench", prompt: "talk", faux: { tokenSize: 1, responses: [{ content: [{ type: "text", text: "abcd".repeat(deltas) }] }] } });
+// Live: this client and, at the same time, submit follow --json.
 let n = 0;
 let t = performance.now();
+const goLive = submitBin ? run(submitBin, ["follow", "--json", id], { maxBuffer: 1 << 30 }).then(() => performance.now() - t) : null;
 for await (const _ of client.follow(id)) n++;
 const live = performance.now() - t;
+const goLiveMs = goLive ? await goLive : 0;
 
 /** @param {string} name @param {() => Promise<number>} fn */
 async function measure(name, fn) {
@@ -41,7 +45,7 @@ async function measure(name, fn) {
   console.log(`${name.padEnd(44)} median ${med.toFixed(0).padStart(5)} ms  ${Math.round((n / med) * 1000).toLocaleString("en").padStart(8)} events/s  (best ${times[0].toFixed(0)} ms)`);
 }
 
-console.log(`run ${id}: ${n} events; followed live in ${live.toFixed(0)} ms (${Math.round((n / live) * 1000).toLocaleString("en")} events/s, bound by the worker)`);
+console.log(`run ${id}: ${n} events; followed live in ${live.toFixed(0)} ms (${Math.round((n / live) * 1000).toLocaleString("en")} events/s, bound by the worker)` + (goLive ? `; submit follow --json beside it: ${goLiveMs.toFixed(0)} ms` : ""));
 await measure("replay, decoded (follow)", async () => {
   let c = 0;
   for await (const _ of client.follow(id)) c++;
@@ -58,7 +62,6 @@ await measure("replay, printed as --json lines (to /dev/null)", async () => {
   return c;
 });
 if (submitBin) {
-  const run = promisify(execFile);
   await measure("submit follow --json (a process)", async () => {
     const { stdout } = await run(submitBin, ["follow", "--json", id], { maxBuffer: 1 << 30, env: { ...process.env, NO_COLOR: "1" } });
     return stdout.split("\n").length - 1;

@@ -27,3 +27,18 @@ test("the types compile (tsc): declarations, their use, and the implementation a
     ),
   );
 });
+
+test("the package as published: its exports resolve by name, and npm pack ships what they name", async () => {
+  const main = await import("@agentfleet/client");
+  const web = await import("@agentfleet/client/console");
+  assert.equal(typeof main.connect, "function");
+  assert.equal(typeof web.ConsoleClient, "function");
+  assert.equal(main.PROTOCOL_VERSION, web.PROTOCOL_VERSION);
+  const { stdout } = await promisify(execFile)("npm", ["pack", "--dry-run", "--json"], { cwd: pkgDir });
+  const files = new Set(JSON.parse(stdout)[0].files.map((/** @type {{path: string}} */ f) => f.path));
+  const pkg = JSON.parse(readFileSync(join(pkgDir, "package.json"), "utf8"));
+  for (const target of Object.values(pkg.exports).flatMap((e) => (typeof e === "string" ? [e] : Object.values(e)))) {
+    assert.ok(files.has(target.replace(/^\.\//, "")), `npm pack leaves out ${target}`);
+  }
+  for (const f of files) assert.ok(!/^(test|scripts)\//.test(f) && !f.includes("node_modules"), `npm pack ships ${f}`);
+});
