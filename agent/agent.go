@@ -467,8 +467,9 @@ func (a *Agent) startLocked(parent context.Context) *loopRun {
 		run: run,
 		cur: Context{
 			SystemPrompt: a.systemPrompt,
-			// Room for a turn's reply: a Message is ~350 bytes, and a run
-			// that waits in a tool keeps this slice for as long.
+			// Room for a turn's reply: a Message is a few hundred bytes
+			// (unsafe.Sizeof), and a run that waits in a tool keeps this
+			// slice for as long.
 			Messages: append(make([]Message, 0, len(a.messages)+2), a.messages...),
 			Tools:    append([]*Tool(nil), a.tools...),
 		},

@@ -24,7 +24,8 @@ type loopRun struct {
 	// The run's new messages. While attached they are the tail of
 	// cur.Messages from newFrom, not one more copy of them (the Agent's
 	// state holds another): that saves a run waiting in a tool before its
-	// first turn hook, for hours perhaps, ~1 KB. A run
+	// first turn hook, for hours perhaps, a copy of its messages (1.1 KB in
+	// docs/benchmarks/2026-12.md, 2026-12-02 afternoon). A run
 	// is attached only while no function of the caller has been given the
 	// context (a hook may rewrite it in place): from the first that is,
 	// the messages are kept apart in own (see detach).

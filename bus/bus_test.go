@@ -2,6 +2,7 @@ package bus
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -22,6 +23,7 @@ func TestNames(t *testing.T) {
 		n.Consumer("default"):    "workers-default",
 		n.Submit("default", "r"): "agents.submit.default.r",
 		n.SubmitFilter("q"):      "agents.submit.q.*",
+		n.QueueFilter("q"):       "agents.submit.q.>",
 		n.Events("r"):            "agents.run.r.events",
 		n.Control("r", "steer"):  "agents.run.r.steer",
 		n.Republished():          "agents.ctl.*.*",
@@ -46,7 +48,8 @@ func TestNames(t *testing.T) {
 		t.Fatalf("ParseSubmit: %s %s %v", q, r, err)
 	}
 	for _, bad := range []string{"agents.submit.default", "agents.submit.default.a.b", "other.submit.q.r",
-		"agents.submit.default." + strings.Repeat("x", 65), "agents.submit.q!.r"} {
+		"agents.submit.default." + strings.Repeat("x", 65), "agents.submit.q!.r",
+		"agents.submit.default.>", "agents.submit.default.*", "agents.submit.*.r", "agents.submit.>.r"} {
 		if _, _, err := n.ParseSubmit(bad); err == nil {
 			t.Errorf("ParseSubmit(%q) accepted", bad)
 		}
@@ -112,6 +115,53 @@ func TestDecodeRunRequest(t *testing.T) {
 	}
 	if _, err := DecodeRunRequest(make([]byte, MaxRequestBytes+1), "r"); err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Errorf("oversized: %v", err)
+	}
+}
+
+// An unknown field does not hide the request's other problems (docs/protocol.md
+// §3, Bad requests): each unknown field is named as such, wherever it is,
+// and the known fields are still validated.
+func TestDecodeRunRequestUnknownFieldsAndEveryProblem(t *testing.T) {
+	body := `{"prompt":"a","bogus":1,"temperature":3,"limits":{"maxTurn":2,"timeoutSeconds":-1},
+		"model":{"provider":"faux","id":"x","region":"eu"},"faux":{"responses":[{"content":[],"mood":"glum"}]},
+		"approval":{"tools":["calculator"],"onTimeout":"later","escalate":true},"metadata":{"k":"v"},
+		"messages":[{"role":"user","content":"hi","extra":1}]}`
+	_, err := DecodeRunRequest([]byte(body), "r")
+	var re *RequestError
+	if !errors.As(err, &re) {
+		t.Fatalf("got %v, want a bad request", err)
+	}
+	want := []string{
+		`unknown field "approval.escalate"`,
+		`unknown field "bogus"`,
+		`unknown field "faux.responses[0].mood"`,
+		`unknown field "limits.maxTurn"`,
+		`unknown field "model.region"`,
+		"limits.timeoutSeconds -1 is not in 1..",
+		"temperature 3 is not in 0..2",
+		`approval.onTimeout "later" is not deny or abort`,
+	}
+	if len(re.Problems) != len(want) {
+		t.Errorf("%d problems, want %d:\n%s", len(re.Problems), len(want), strings.Join(re.Problems, "\n"))
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("no %q in %v", w, err)
+		}
+	}
+	if strings.Contains(err.Error(), "malformed") {
+		t.Errorf("unknown fields called malformed JSON: %v", err)
+	}
+	// A field in another case is the field (encoding/json's matching), and
+	// a wrong type is still reported with the unknown fields.
+	_, err = DecodeRunRequest([]byte(`{"Prompt":"a","x":1,"temperature":3}`), "r")
+	if err == nil || !strings.Contains(err.Error(), `unknown field "x"`) || !strings.Contains(err.Error(), "temperature 3") ||
+		strings.Contains(err.Error(), "Prompt") {
+		t.Errorf("case-folded field: %v", err)
+	}
+	_, err = DecodeRunRequest([]byte(`{"prompt":1,"x":1}`), "r")
+	if err == nil || !strings.Contains(err.Error(), `unknown field "x"`) || !strings.Contains(err.Error(), `malformed JSON: field "prompt"`) {
+		t.Errorf("wrong type and unknown field: %v", err)
 	}
 }
 

@@ -261,6 +261,9 @@ func DecodeRecord(e jetstream.KeyValueEntry) (*RunRecord, error) {
 
 // Status returns a run's record. A run with no record but a pending request
 // is reported as queued; neither gives ErrRunNotFound.
+//
+// The record is read first, then the request, then the record again: a
+// run found by none of the three reads did not exist when Status began.
 func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 	if err := CheckID(runID); err != nil {
 		return nil, err
@@ -278,10 +281,18 @@ func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 		return nil, err
 	}
 	m, err := s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.names.Submit("*", runID)))
-	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// The run may have finished between the two reads: its record is
+		// written before its request is removed.
+		if r, err := c.record(ctx, runID); err == nil {
+			c.markStale(r, time.Now())
+			return r, nil
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
 		}
+		return nil, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	}
+	if err != nil {
 		return nil, err
 	}
 	q, _, _ := c.names.ParseSubmit(m.Subject)

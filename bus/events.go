@@ -24,7 +24,20 @@ const (
 	EventToolApprovalRequested = "tool_approval_requested"
 	EventToolApprovalResolved  = "tool_approval_resolved"
 	EventToolApprovalRejected  = "tool_approval_rejected"
+	// EventControlRejected (since 1.8): a steer or follow-up message the
+	// run did not take (an invalid body), so that its sender learns why.
+	EventControlRejected = "control_rejected"
 )
+
+// ControlRejected is the body of control_rejected.
+type ControlRejected struct {
+	Type string `json:"type"`
+	// Kind is the control message's kind: steer or followup.
+	Kind   string `json:"kind"`
+	Reason string `json:"reason"`
+	// ControlSeq is the message's AGENTS_CONTROL sequence.
+	ControlSeq uint64 `json:"controlSeq"`
+}
 
 // Decisions of a tool_approval_resolved.
 const (
@@ -47,6 +60,9 @@ type ToolApproval struct {
 	By         string `json:"by,omitempty"`
 	Reason     string `json:"reason,omitempty"`
 	ControlSeq uint64 `json:"controlSeq,omitempty"`
+	// Arguments (resolved, since 1.8) are the approver's edit, as
+	// validated: what the call runs with instead of Args.
+	Arguments map[string]any `json:"arguments,omitempty"`
 }
 
 // WaitRateLimit is the reason of a model_wait for shared rate limits.
@@ -258,7 +274,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.7"
+const ProtocolVersion = "1.8"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
@@ -304,6 +320,12 @@ type RunResumed struct {
 	Type             string `json:"type"`
 	Attempt          int    `json:"attempt"`
 	MessagesRestored int    `json:"messagesRestored"`
+	// CutOffUsage (since 1.8) sums the usage of the model calls that
+	// earlier attempts were charged for and that the restored transcript
+	// does not have: assistant messages cut off when their worker stopped,
+	// dropped by this resume or by an earlier one (it includes theirs).
+	// The run's usage and cost count it.
+	CutOffUsage *agent.Usage `json:"cutOffUsage,omitempty"`
 }
 
 // Event is a decoded event: exactly one of the pointers is set.
@@ -315,6 +337,7 @@ type Event struct {
 	RunResumed  *RunResumed
 	ModelWait   *ModelWait
 	Approval    *ToolApproval // the three tool_approval_* events
+	Control     *ControlRejected
 }
 
 // Decode decodes the envelope's event. An event type this version does not
@@ -349,6 +372,9 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventToolApprovalRequested, EventToolApprovalResolved, EventToolApprovalRejected:
 		ev.Approval = &ToolApproval{}
 		target = ev.Approval
+	case EventControlRejected:
+		ev.Control = &ControlRejected{}
+		target = ev.Control
 	default:
 		ev.Agent = &AgentEvent{Type: typ}
 		if !knownAgentEvent(typ) {

@@ -159,3 +159,55 @@ func TestEnsureStreamsByteLimits(t *testing.T) {
 		t.Errorf("events: max bytes %d, want raised to 192 MiB", got)
 	}
 }
+
+// A control stream made by a 1.7 worker (discard new per subject: 1,024
+// junk messages for a run id refused its owner's) keeps the newest once a
+// 1.8 worker ensures it: the owner's abort is stored after a full subject.
+func TestEnsureStreamsControlKeepsTheNewest(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
+	ctx, c := fleettest.Context(t), f.Client
+	n := c.Names()
+	subjects := make([]string, len(bus.ControlKinds))
+	for i, k := range bus.ControlKinds {
+		subjects[i] = n.Control("*", k)
+	}
+	if _, err := c.JetStream().CreateStream(ctx, jetstream.StreamConfig{
+		Name: n.ControlStream(), Subjects: subjects, MaxMsgsPerSubject: bus.MaxControlsPerSubject,
+		Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	junk := n.Control("future", bus.KindAbort)
+	for i := range bus.MaxControlsPerSubject {
+		if _, err := c.JetStream().Publish(ctx, junk, []byte(`{"reason":"junk"}`)); err != nil {
+			t.Fatalf("junk %d: %v", i, err)
+		}
+	}
+	if _, err := c.JetStream().Publish(ctx, junk, []byte(`{"reason":"owner"}`)); err == nil {
+		t.Fatal("the 1.7 stream took a message past its per-subject cap")
+	}
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := streamConfig(ctx, t, c, n.ControlStream())
+	if cfg.DiscardNewPerSubject || cfg.MaxMsgsPerSubject != bus.MaxControlsPerSubject || cfg.Discard != jetstream.DiscardNew {
+		t.Fatalf("control stream: discard new per subject %v, max per subject %d, discard %v",
+			cfg.DiscardNewPerSubject, cfg.MaxMsgsPerSubject, cfg.Discard)
+	}
+	ack, err := c.JetStream().Publish(ctx, junk, []byte(`{"reason":"owner"}`))
+	if err != nil {
+		t.Fatalf("the owner's abort after 1,024 junk aborts: %v", err)
+	}
+	s, err := c.JetStream().Stream(ctx, n.ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, junk)
+	if err != nil || last.Sequence != ack.Sequence {
+		t.Fatalf("last abort stored: %v (want sequence %d)", err, ack.Sequence)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(junk))
+	if err != nil || info.State.Subjects[junk] != bus.MaxControlsPerSubject {
+		t.Fatalf("subject holds %v (%v), want the newest %d", info.State.Subjects, err, bus.MaxControlsPerSubject)
+	}
+}

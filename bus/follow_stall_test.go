@@ -303,3 +303,60 @@ func TestFollowRetriesALostConsumerCreate(t *testing.T) {
 		t.Fatalf("%d events after %d consumer creates, want 2 after 2", n, createsSeen.Load())
 	}
 }
+
+// Following a run that does not exist ends with ErrRunNotFound instead of
+// waiting for ever, at once or, for a queued run whose request goes away
+// without events, at the watch's next look; a queued run is followed
+// until its events come.
+func TestFollowNoSuchRun(t *testing.T) {
+	ctx, c, pub := stallClient(t)
+	follow := func(run string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			var last error
+			for _, err := range c.Follow(ctx, run) {
+				last = err
+			}
+			done <- last
+		}()
+		return done
+	}
+	notFound := func(done <-chan error, run string) {
+		t.Helper()
+		if err := <-done; !errors.Is(err, ErrRunNotFound) || !strings.Contains(err.Error(), "follow "+run+": run not found") {
+			t.Fatalf("follow %s ended with %v, want ErrRunNotFound", run, err)
+		}
+	}
+	notFound(follow("nobody"), "nobody")
+
+	res, err := c.SubmitRaw(ctx, "", "q", []byte(`{"prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := follow("q")
+	waitLooks(t, c, 2) // it has looked, found the request, and follows on
+	select {
+	case err := <-gone:
+		t.Fatalf("following a queued run ended: %v", err)
+	default:
+	}
+	runs, err := c.Stream(ctx, c.names.RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runs.DeleteMsg(ctx, res.Seq); err != nil { // e.g. an operator's, or the week's max age
+		t.Fatal(err)
+	}
+	notFound(gone, "q")
+
+	if _, err := c.SubmitRaw(ctx, "", "r", []byte(`{"prompt":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	queued := follow("r")
+	waitLooks(t, c, 2)
+	pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
+	pub(2, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
+	if err := <-queued; err != nil {
+		t.Fatalf("following a queued run: %v", err)
+	}
+}

@@ -129,8 +129,19 @@ func (n Names) Consumer(queue string) string { return "workers-" + queue }
 // Submit is the subject of a run request: <prefix>.submit.<queue>.<run>.
 func (n Names) Submit(queue, run string) string { return n.prefix + ".submit." + queue + "." + run }
 
-// SubmitFilter is the consumer filter of a queue: <prefix>.submit.<queue>.*.
+// SubmitFilter matches a queue's requests: <prefix>.submit.<queue>.*, the
+// subject AGENTS_RUNS takes for a declared queue.
 func (n Names) SubmitFilter(queue string) string { return n.prefix + ".submit." + queue + ".*" }
+
+// QueueFilter is the filter of a queue's consumer (since 1.8):
+// <prefix>.submit.<queue>.>. It delivers every message the stream stores
+// for the queue. A client may publish a literal '*' or '>' token (only a
+// pedantic connection is refused), and the stream's subject
+// <prefix>.submit.<queue>.* takes it like any token; but a stored literal
+// '>' matches only a filter with '>' at or before its place (nats-server
+// isSubsetMatchTokenized), so the former filter SubmitFilter passed such a
+// request over, and a work queue keeps what no consumer acks.
+func (n Names) QueueFilter(queue string) string { return n.prefix + ".submit." + queue + ".>" }
 
 // SubmitAll matches every request subject: <prefix>.submit.*.*.
 func (n Names) SubmitAll() string { return n.prefix + ".submit.*.*" }

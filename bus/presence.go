@@ -20,6 +20,16 @@ const (
 	maxPresenceBytes = 1 << 20
 )
 
+// What one entry lists of a worker's tools, so that it always fits the
+// bucket's values (1 MiB) whatever its tool sources announce: at most
+// MaxPresenceTools tools and MaxPresenceToolBytes of them as JSON, each
+// description cut to MaxPresenceDescription bytes.
+const (
+	MaxPresenceTools       = 512
+	MaxPresenceToolBytes   = 256 << 10
+	MaxPresenceDescription = 512
+)
+
 // WorkersBucket is the KV bucket of worker presence (agents_workers).
 func (n Names) WorkersBucket() string { return n.lower + "_workers" }
 
@@ -37,6 +47,10 @@ type WorkerPresence struct {
 	Busy    int            `json:"busy"`
 	Waiting int            `json:"waiting"`
 	Tools   []PresenceTool `json:"tools"`
+	// ToolsTruncated says Tools is not all the worker serves as it is:
+	// descriptions were cut, or ToolsOmitted tools left out (since 1.8).
+	ToolsTruncated bool `json:"toolsTruncated,omitempty"`
+	ToolsOmitted   int  `json:"toolsOmitted,omitempty"`
 }
 
 // PresenceTool is a tool a worker serves. Source is "builtin",

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -90,4 +91,75 @@ func TestSubmitDetectsASquattedRunID(t *testing.T) {
 func jetstreamConfig(n bus.Names) jetstream.StreamConfig {
 	return jetstream.StreamConfig{Name: n.RunsStream(), Subjects: []string{n.SubmitAll()},
 		Retention: jetstream.WorkQueuePolicy, Discard: jetstream.DiscardNew, MaxMsgs: 1_000_000}
+}
+
+// A request published with a literal wildcard token (only a pedantic
+// connection is refused) is stored like any other; the queue's consumer
+// delivers it (the worker then terminates it), so nothing is kept that no
+// one will run. Under the former filter agents.submit.<queue>.* a stored
+// literal '>' was passed over and stayed for the stream's max age.
+func TestQueueConsumerDeliversLiteralWildcardSubjects(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	js, n := c.JetStream(), c.Names()
+	published := []string{n.Submit(bus.DefaultQueue, "r0")}
+	for range 3 {
+		published = append(published, n.Submit(bus.DefaultQueue, ">"), n.Submit(bus.DefaultQueue, "*"))
+	}
+	published = append(published, n.Submit(bus.DefaultQueue, "r1"))
+	for _, subj := range published {
+		if _, err := js.Publish(ctx, subj, []byte(`{"prompt":"x"}`)); err != nil {
+			t.Fatalf("%s: %v", subj, err)
+		}
+	}
+	cons, err := js.Consumer(ctx, n.RunsStream(), n.Consumer(bus.DefaultQueue))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for len(got) < len(published) {
+		b, err := cons.Fetch(len(published), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range b.Messages() {
+			n++
+			got = append(got, m.Subject())
+			if err := m.Term(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if !slices.Equal(got, published) {
+		t.Fatalf("the queue's consumer delivered %q\nof %q", got, published)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumPending != 0 {
+		t.Fatalf("the consumer has %d pending", info.NumPending)
+	}
+	s, err := js.Stream(ctx, n.RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A term is not acknowledged: the stream empties soon after.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		si, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if si.State.Msgs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream keeps %d requests after every one was terminated", si.State.Msgs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

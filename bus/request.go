@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -76,33 +79,48 @@ func (m ModelRef) IsZero() bool { return m.Provider == "" && m.ID == "" }
 
 // UnmarshalJSON accepts the object and the string form.
 func (m *ModelRef) UnmarshalJSON(b []byte) error {
+	r, err := decodeModelRef(b, true)
+	if err != nil || r == nil { // null: left as it is, as encoding/json does
+		return err
+	}
+	*m = *r
+	return nil
+}
+
+// decodeModelRef decodes a model in either form (nil for none);
+// strict refuses unknown fields in the object form.
+func decodeModelRef(b []byte, strict bool) (*ModelRef, error) {
 	b = bytes.TrimSpace(b)
-	if len(b) > 0 && b[0] == '"' {
+	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+		return nil, nil
+	}
+	if b[0] == '"' {
 		var s string
 		if err := json.Unmarshal(b, &s); err != nil {
-			return err
+			return nil, err
 		}
 		r, err := ParseModelRef(s)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		*m = r
-		return nil
+		return &r, nil
 	}
 	var o struct {
 		Provider string `json:"provider"`
 		ID       string `json:"id"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(&o); err != nil {
-		return fmt.Errorf("model: %w", err)
+		return nil, fmt.Errorf("model: %w", err)
 	}
 	if o.Provider == "" || o.ID == "" {
-		return errors.New(`model needs both "provider" and "id"`)
+		return nil, errors.New(`model needs both "provider" and "id"`)
 	}
-	*m = ModelRef(o)
-	return nil
+	r := ModelRef(o)
+	return &r, nil
 }
 
 // Limits bound a run. Zero fields take the defaults.
@@ -241,7 +259,13 @@ func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return nil, BadRequest("malformed JSON: %s", jsonErrorText(err))
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, BadRequest("malformed JSON: %s", jsonErrorText(err))
+		}
+		// An unknown field (or a wrong type): decoded again leniently,
+		// so that the error lists every problem, not the first one.
+		return nil, lenientProblems(data, subjectRun)
 	}
 	// More is false before a stray '}' or ']' too: only the end will do.
 	if _, err := dec.Token(); err != io.EOF {
@@ -252,6 +276,128 @@ func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
 	}
 	req.ID = subjectRun
 	return &req, nil
+}
+
+// lenientProblems lists the problems of a request the strict decode
+// refused for something other than its syntax: each unknown field as
+// such, then a wrong type, or else every problem Validate finds in what
+// the known fields hold (a wrong type leaves a field empty, which
+// Validate would misreport).
+func lenientProblems(data []byte, subjectRun string) error {
+	var req struct {
+		RunRequest
+		// model decoded apart: ModelRef refuses unknown fields itself,
+		// which here are listed with the others.
+		Model json.RawMessage `json:"model,omitempty"`
+	}
+	decErr := json.Unmarshal(data, &req)
+	var p []string
+	var raw any
+	if json.Unmarshal(data, &raw) == nil {
+		p = unknownFields(reflect.TypeFor[RunRequest](), raw, "", p)
+	}
+	var se *json.SyntaxError
+	switch {
+	case errors.As(decErr, &se): // not expected: the strict decode got past the syntax
+		return BadRequest("malformed JSON: %s", jsonErrorText(decErr))
+	case decErr != nil:
+		var te *json.UnmarshalTypeError
+		if errors.As(decErr, &te) { // named as in the request, not through the wrapper
+			te.Field = strings.TrimPrefix(te.Field, "RunRequest.")
+		}
+		p = append(p, "malformed JSON: "+jsonErrorText(decErr))
+	default:
+		if m, err := decodeModelRef(req.Model, false); err != nil {
+			p = append(p, err.Error())
+		} else if m != nil {
+			req.RunRequest.Model = m
+		}
+		if err := req.RunRequest.Validate(subjectRun); err != nil {
+			var re *RequestError
+			if !errors.As(err, &re) {
+				return err
+			}
+			p = append(p, re.Problems...)
+		}
+	}
+	if len(p) == 0 { // not expected: the strict decode found a problem
+		return BadRequest("malformed JSON: the request does not decode")
+	}
+	return &RequestError{Problems: p}
+}
+
+// unknownFields appends a problem for each key of v (decoded JSON) that
+// no field of t takes, matched as encoding/json matches them (exactly,
+// else regardless of case); path is v's place in the request. Types that
+// decode themselves take what they like, except ModelRef, whose object
+// form has two fields.
+func unknownFields(t reflect.Type, v any, path string, p []string) []string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t != modelRefType && reflect.PointerTo(t).Implements(unmarshalerType) {
+		return p
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		switch t.Kind() {
+		case reflect.Map:
+			for _, k := range slices.Sorted(maps.Keys(v)) {
+				p = unknownFields(t.Elem(), v[k], fmt.Sprintf("%s[%q]", path, k), p)
+			}
+		case reflect.Struct:
+			for _, k := range slices.Sorted(maps.Keys(v)) {
+				name := k
+				if path != "" {
+					name = path + "." + k
+				}
+				f, ok := jsonField(t, k)
+				if !ok {
+					p = append(p, fmt.Sprintf("unknown field %q", truncate(name, 128)))
+					continue
+				}
+				p = unknownFields(f.Type, v[k], name, p)
+			}
+		}
+	case []any:
+		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			for i, e := range v {
+				p = unknownFields(t.Elem(), e, fmt.Sprintf("%s[%d]", path, i), p)
+			}
+		}
+	}
+	return p
+}
+
+var (
+	modelRefType    = reflect.TypeFor[ModelRef]()
+	unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+)
+
+// jsonField is the field of struct t that encoding/json sets from key.
+func jsonField(t reflect.Type, key string) (reflect.StructField, bool) {
+	var folded reflect.StructField
+	found := false
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = f.Name
+		}
+		if name == key {
+			return f, true
+		}
+		if !found && sameField([]byte(name), []byte(key)) {
+			folded, found = f, true
+		}
+	}
+	return folded, found
 }
 
 func jsonErrorText(err error) string {

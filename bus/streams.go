@@ -83,21 +83,22 @@ func (s *StreamsConfig) defaults() {
 
 // ensureStream creates a stream, or widens an existing one's config with
 // want (see widenStream), so an older worker cannot undo a newer one's
-// additions nor an operator's settings.
-func (c *Client) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
+// additions nor an operator's settings. keepNewest: the stream's
+// per-subject cap keeps the newest messages (see widenStream).
+func (c *Client) ensureStream(ctx context.Context, want jetstream.StreamConfig, keepNewest bool) error {
 	s, err := c.js.Stream(ctx, want.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		_, err = c.js.CreateStream(ctx, want)
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return c.ensureStream(ctx, want) // another worker was first
+			return c.ensureStream(ctx, want, keepNewest) // another worker was first
 		}
 		return err
 	case err != nil:
 		return err
 	}
 	have := s.CachedInfo().Config
-	widened := widenStream(have, want)
+	widened := widenStream(have, want, keepNewest)
 	if reflect.DeepEqual(widened, have) {
 		return nil
 	}
@@ -109,8 +110,11 @@ func (c *Client) ensureStream(ctx context.Context, want jetstream.StreamConfig) 
 // union, limits the larger (unlimited is the largest, a limit want leaves
 // at zero keeps its value), flags on if on in either, replicas never
 // lowered. Everything want does not set (fields this version does not
-// know, an operator's max_bytes or sources) is kept.
-func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
+// know, an operator's max_bytes or sources) is kept. One flag is turned
+// off rather than on: with keepNewest, discard new per subject, which
+// refuses what the cap would otherwise make room for (a widening too:
+// the stream then stores every message it is sent).
+func widenStream(have, want jetstream.StreamConfig, keepNewest bool) jetstream.StreamConfig {
 	out := have
 	out.Subjects = append([]string(nil), have.Subjects...)
 	for _, sub := range want.Subjects {
@@ -139,7 +143,7 @@ func widenStream(have, want jetstream.StreamConfig) jetstream.StreamConfig {
 	}
 	// Needs a per-subject limit (an operator's unlimited one is kept).
 	out.DiscardNewPerSubject = (have.DiscardNewPerSubject || want.DiscardNewPerSubject) && out.MaxMsgsPerSubject > 0 &&
-		out.Discard == jetstream.DiscardNew
+		out.Discard == jetstream.DiscardNew && !keepNewest
 	out.AllowDirect = have.AllowDirect || want.AllowDirect
 	out.AllowRollup = have.AllowRollup || want.AllowRollup
 	out.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
@@ -172,12 +176,12 @@ func covers(have, want string) bool {
 	return len(h) == len(w)
 }
 
-// raiseLimit returns the larger of two JetStream limits where zero or less
-// is unlimited; want zero means "not set here" and keeps have.
 // MaxControlsPerSubject bounds the stored control messages of one kind for
-// one run (AGENTS_CONTROL max_msgs_per_subject, discard new per subject).
+// one run (AGENTS_CONTROL max_msgs_per_subject): the newest are kept.
 const MaxControlsPerSubject = 1024
 
+// raiseLimit returns the larger of two JetStream limits where zero or less
+// is unlimited; want zero means "not set here" and keeps have.
 func raiseLimit(have, want int64) int64 {
 	if want == 0 || have <= 0 {
 		return have
@@ -253,12 +257,22 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		// publish is stored once (WithControlID); the server's default,
 		// written down.
 		Duplicates: min(2*time.Minute, cfg.ControlMaxAge),
-		// A flood of control messages to one run is refused at publish.
-		MaxMsgsPerSubject:    MaxControlsPerSubject,
-		Discard:              jetstream.DiscardNew,
-		DiscardNewPerSubject: true,
-		Storage:              cfg.Storage,
-		Replicas:             cfg.Replicas,
+		// Invariant: nobody but a run's owner side can exhaust what the
+		// owner needs, whatever was published before the run existed or
+		// after (docs/protocol.md §6). Whoever may publish a kind may
+		// publish it for any run id, one not submitted yet too, so a cap
+		// that refused the next message (discard new per subject, before
+		// 1.8) let 1,024 junk aborts refuse the owner's abort for a week.
+		// The cap keeps the newest 1,024 per run and kind instead: every
+		// publish is stored, a flood only pushes older messages out, and
+		// what the owner sends after the request reaches the run (one
+		// stored abort stops it: the newest suffices). The worker still
+		// ignores what was stored before the request, and bounds what it
+		// queues (--max-queued-controls).
+		MaxMsgsPerSubject: MaxControlsPerSubject,
+		Discard:           jetstream.DiscardNew, // the byte limit refuses
+		Storage:           cfg.Storage,
+		Replicas:          cfg.Replicas,
 		// Each stored control message is republished with its stream
 		// sequence, so workers need no consumer per run.
 		RePublish: &jetstream.RePublish{Source: n.Prefix() + ".run.>", Destination: n.Prefix() + ".ctl.>"},
@@ -283,7 +297,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	}}
 	replicas := map[string]int{}
 	for _, sc := range streams {
-		if err := c.ensureStream(ctx, sc); err != nil {
+		if err := c.ensureStream(ctx, sc, sc.Name == n.ControlStream()); err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
 		s, err := c.js.Stream(ctx, sc.Name)
@@ -295,9 +309,12 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	runsReplicas := replicas[n.RunsStream()]
 	for _, q := range cfg.Queues {
 		if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(), jetstream.ConsumerConfig{
-			Durable:       n.Consumer(q),
-			Description:   "agentfleet workers of queue " + q,
-			FilterSubject: n.SubmitFilter(q),
+			Durable:     n.Consumer(q),
+			Description: "agentfleet workers of queue " + q,
+			// Every message stored for the queue is delivered, and run or
+			// removed with a logged reason: one with literal wildcard
+			// tokens too (QueueFilter), which the worker terminates.
+			FilterSubject: n.QueueFilter(q),
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 			AckWait:       cfg.AckWait,
@@ -338,7 +355,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 			MaxAge:            cfg.RecordsTTL,
 			MaxMsgSize:        64 << 10,
 			Replicas:          cfg.Replicas,
-		}); err != nil {
+		}, false); err != nil {
 			return fmt.Errorf("kv bucket %s: %w", n.RecordsBucket(), err)
 		}
 		return nil

@@ -163,6 +163,11 @@ func IsFatalFollowError(err error) bool {
 // delivered, the consumer is replaced by one starting right after that.
 // nats.go's ordered consumer has been seen to stay silent for good after a
 // NATS restart while the run's events were stored.
+//
+// A run that does not exist would be waited for forever: while nothing has
+// been delivered, Follow checks at its start and at each of those looks
+// that the run has a stored event, a record or a request, and ends with
+// ErrRunNotFound when two looks a stall interval apart found none.
 func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, error] {
 	return func(yield func(*Envelope, error) bool) {
 		if err := CheckID(runID); err != nil {
@@ -255,6 +260,10 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 	// again (NATS away, the stream gone): stopping it ends the wait.
 	defer context.AfterFunc(ctx, it.Stop)()
 	for {
+		if w.gone.Load() {
+			f.yield(nil, fmt.Errorf("follow %s: %w", f.runID, ErrRunNotFound))
+			return false
+		}
 		if w.stalled.Load() {
 			// Stopped, but a reset already under way in nats.go may go on
 			// with a new subscription that Stop no longer reaches: leave
@@ -267,6 +276,8 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 		if err != nil {
 			if ctx.Err() != nil {
 				err = ctx.Err()
+			} else if w.gone.Load() {
+				err = ErrRunNotFound
 			} else if w.stalled.Load() {
 				return true
 			}
@@ -316,8 +327,10 @@ type stallWatch struct {
 	seen    atomic.Uint64
 	waiting atomic.Bool
 	stalled atomic.Bool
-	cancel  context.CancelFunc
-	exited  chan struct{}
+	// gone: nothing delivered, and the run has no event, record or request.
+	gone   atomic.Bool
+	cancel context.CancelFunc
+	exited chan struct{}
 }
 
 func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, runID string, seen uint64) *stallWatch {
@@ -328,6 +341,20 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 		defer close(w.exited)
 		t := time.NewTicker(c.followStall)
 		defer t.Stop()
+		// Beside the consumer, not before it: a run that exists costs its
+		// follower no wait. A run missing at the start is looked for once
+		// more a stall interval later, so that a follower started just
+		// before the run's submitter published is not told it has none.
+		if seen == 0 && w.absent(ctx, c, runID) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if w.noSuchRun(ctx, c, it, runID) {
+				return
+			}
+		}
 		// Stalled only after whole intervals spent in Next with nothing
 		// delivered (a slow loop body is not a stall); a follower of an
 		// idle run asks less and less often.
@@ -359,6 +386,9 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 			if err != nil {
 				continue // NATS away: ask again, as often, once it is back
 			}
+			if stored == 0 && cur == 0 && w.noSuchRun(ctx, c, it, runID) {
+				return
+			}
 			if stored <= cur || w.seen.Load() != cur || !w.waiting.Load() {
 				due = min(2*due, 16) // nothing missed, or it moved meanwhile
 				continue
@@ -369,6 +399,30 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 		}
 	}()
 	return w
+}
+
+// noSuchRun stops the follower when nothing was delivered and the run
+// has no stored event, record or request; an error reading them is no
+// answer.
+func (w *stallWatch) noSuchRun(ctx context.Context, c *Client, it jetstream.MessagesContext, runID string) bool {
+	if !w.absent(ctx, c, runID) {
+		return false
+	}
+	w.gone.Store(true)
+	it.Stop()
+	return true
+}
+
+// absent reports whether nothing was delivered and the run has no stored
+// event, record or request.
+func (w *stallWatch) absent(ctx context.Context, c *Client, runID string) bool {
+	lctx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
+	defer cancel()
+	if _, err := c.Status(lctx, runID); !errors.Is(err, ErrRunNotFound) {
+		return false
+	}
+	stored, err := c.lastEventSeq(lctx, runID)
+	return err == nil && stored == 0 && w.seen.Load() == 0
 }
 
 func (w *stallWatch) close() {

@@ -27,6 +27,9 @@ type Transcript struct {
 	meta      []msgMeta // parallel to Messages
 	prev      []agent.Message
 	prevMeta  []msgMeta
+	// cutOff is the cutOffUsage of the run_resumed the view rests on;
+	// prevCutOff that of prev.
+	cutOff, prevCutOff agent.Usage
 }
 
 type msgMeta struct {
@@ -55,9 +58,9 @@ func (t *Transcript) Apply(env *Envelope) error {
 		// attempt > 1 that never published run_resumed died before it
 		// decided anything: what it would have restored stays the base.
 		if t.Attempt <= 1 || t.Resumed != nil {
-			t.prev, t.prevMeta = t.Messages, t.meta
+			t.prev, t.prevMeta, t.prevCutOff = t.Messages, t.meta, t.cutOff
 		}
-		t.Messages, t.meta = nil, nil
+		t.Messages, t.meta, t.cutOff = nil, nil, agent.Usage{}
 		t.Attempt = env.Attempt
 		t.streaming = false
 		t.Resumed = nil
@@ -71,6 +74,9 @@ func (t *Transcript) Apply(env *Envelope) error {
 		n := min(max(ev.RunResumed.MessagesRestored, 0), len(t.prev))
 		t.Messages = append(append([]agent.Message(nil), t.prev[:n]...), t.Messages...)
 		t.meta = append(append([]msgMeta(nil), t.prevMeta[:n]...), t.meta...)
+		if u := ev.RunResumed.CutOffUsage; u != nil {
+			t.cutOff = *u
+		}
 	case EventRunFinished:
 		t.Finished = ev.RunFinished
 		t.streaming = false
@@ -150,5 +156,11 @@ func (t *Transcript) FallBackToEarlierAttempts() {
 	if t.Attempt > 1 && t.Resumed == nil && len(t.Messages) == 0 {
 		t.Messages = append([]agent.Message(nil), t.prev...)
 		t.meta = append([]msgMeta(nil), t.prevMeta...)
+		t.cutOff = t.prevCutOff
 	}
 }
+
+// CutOffUsage is the usage of the model calls of earlier attempts that the
+// view does not have (run_resumed's cutOffUsage, since 1.8): what the run
+// was charged beyond its messages' usage.
+func (t *Transcript) CutOffUsage() agent.Usage { return t.cutOff }

@@ -119,9 +119,9 @@ func denied(t *testing.T, c *bus.Client, what, subject string, err error) {
 // records or acks, take requests or see another account; an observer
 // follows and reads records but cannot submit, steer or abort.
 // A worker whose user may not publish the commits of its event batches
-// (an accounts file from before 2026-12-03): no batch would be answered,
-// and each of a run's batches waited out its answer before its re-send.
-// The worker finds out at its start, says so, and sends events singly.
+// (a copy of accounts.conf older than event batches): no batch would be
+// answered, and each of a run's batches waited out its answer before its
+// re-send. The worker finds out at its start, says so, and sends events singly.
 func TestWorkerWithoutTheBatchCommitPermission(t *testing.T) {
 	conf, err := os.ReadFile("nats/accounts.conf")
 	if err != nil {

@@ -18,13 +18,14 @@ import (
 
 // TestAccountsToolSources proves the grants of tool services and worker
 // presence: a tool service under agents.tools.<service> is discovered and
-// called by a worker with the worker credentials, the worker's presence is
-// readable by an observer, and neither a submitter nor a tool service can
-// call tools or forge presence.
+// called by a worker through its tool caller (user toolcaller, worker
+// --tools-user), the worker's presence is readable by an observer, and
+// neither a submitter nor a tool service can call tools or forge presence;
+// the tool caller can do nothing but discovery and calls.
 func TestAccountsToolSources(t *testing.T) {
 	url, pw := accountsServer(t)
 	wc := connectAs(t, url, "worker", pw["worker"])
-	discovery := connectAs(t, url, "worker", pw["worker"])
+	discovery := connectAs(t, url, "toolcaller", pw["toolcaller"])
 	sub := connectAs(t, url, "submitter", pw["submitter"])
 	obs := connectAs(t, url, "observer", pw["observer"])
 	ts := connectAs(t, url, "toolservice", pw["toolservice"])
@@ -107,6 +108,21 @@ func TestAccountsToolSources(t *testing.T) {
 		_, err := ts.Conn().RequestWithContext(ctx, "$SRV.INFO", nil)
 		cancel()
 		denied(t, ts, "tool service runs discovery", "$SRV.INFO", err)
+	}
+	// The tool caller: records, the JetStream API, events, presence.
+	for _, subject := range []string{"$KV.agents_runs.forged", "$JS.API.STREAM.UPDATE.AGENTS_EVENTS", "$JS.API.STREAM.INFO.AGENTS_EVENTS",
+		"agents.run.forged.events", "$KV.agents_workers.forged", "agents.submit.default.forged"} {
+		ctx, cancel := deny()
+		_, err := discovery.Conn().RequestWithContext(ctx, subject, []byte(`{}`))
+		cancel()
+		denied(t, discovery, "tool caller publishes on "+subject, subject, err)
+	}
+	if _, err := discovery.Conn().SubscribeSync("agents.run.*.events"); err != nil {
+		t.Fatal(err)
+	}
+	_ = discovery.Conn().Flush()
+	if !logs[discovery].Violation("", "agents.run.*.events") {
+		t.Error("a tool caller subscribed to the runs' events without a permissions violation")
 	}
 	if ws, _ := obs.ListWorkers(ctx); len(ws) != 1 || strings.Contains(ws[0].Worker, "forged") {
 		t.Errorf("presence after the forgeries: %+v", ws)

@@ -42,6 +42,9 @@ type Metrics struct {
 	timeToFirstToken *prometheus.HistogramVec
 	tokens           *prometheus.CounterVec
 	cost             *prometheus.CounterVec
+	usageUnreported  *prometheus.CounterVec
+	usageClamped     *prometheus.CounterVec
+	usageExcess      *prometheus.CounterVec
 	toolCalls        *prometheus.CounterVec
 	toolDuration     *prometheus.HistogramVec
 	eventsPublished  prometheus.Counter
@@ -53,6 +56,7 @@ type Metrics struct {
 	slotsTotal       prometheus.Gauge
 	queueDepth       *prometheus.GaugeVec
 	toolSourceUp     *prometheus.GaugeVec // toolsources.go
+	toolConflict     *prometheus.GaugeVec // toolsources.go
 
 	approvalsRequested prometheus.Counter
 	approvalsResolved  *prometheus.CounterVec
@@ -91,6 +95,9 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.timeToFirstToken = histogramVec(reg, m, "model_time_to_first_token_seconds", "Time from the request to the first streamed content.", latency, "model")
 	m.tokens = counterVec(reg, m, "tokens_total", "Tokens by kind (input, output, cache_read, cache_write).", "model", "kind")
 	m.cost = counterVec(reg, m, "cost_dollars_total", "Model cost in US dollars, from the model table.", "model")
+	m.usageUnreported = counterVec(reg, m, "model_calls_unreported_total", "Model calls settled without reported usage, by what they were charged: estimate (cut off, or the provider sent none: the input estimate plus the output streamed) or none (never sent, or refused before any output).", "model", "charged")
+	m.usageClamped = counterVec(reg, m, "model_usage_clamped_total", "Model calls whose reported usage was more than the call could use, charged at the bound.", "model")
+	m.usageExcess = counterVec(reg, m, "model_usage_excess_tokens_total", "Tokens providers reported beyond what their calls could use (input, output), not charged.", "model", "kind")
 	m.toolCalls = counterVec(reg, m, "tool_calls_total", "Tool calls by outcome (ok, error).", "tool", "outcome")
 	m.toolDuration = histogramVec(reg, m, "tool_duration_seconds", "Tool execution duration.", latency, "tool")
 	m.eventsPublished = counter(reg, m, "events_published_total", "Run events stored in JetStream.")
@@ -111,6 +118,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	}, m.pastDeadline))
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending).", "queue")
 	m.toolSourceUp = gaugeVec(reg, m, "tool_source_up", "Tool sources (mcp:<server>, service:<name>): 1 while up.", "source")
+	m.toolConflict = gaugeVec(reg, m, "tool_source_conflict", "Tool services refused because their instances announce different tools: 1 while they differ.", "source")
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	sort.Strings(m.names)
@@ -215,6 +223,28 @@ func (m *Metrics) ModelRequest(model, outcome string, d, ttft time.Duration, u M
 	}
 	if u.Cost > 0 {
 		m.cost.WithLabelValues(mod).Add(u.Cost)
+	}
+}
+
+// ModelUsageSettled records how a model call's charge was worked out:
+// source "estimated" or "none" counts a call without reported usage;
+// "clamped" one whose reported usage passed its bounds, by the excess
+// tokens; "reported" nothing.
+func (m *Metrics) ModelUsageSettled(model, source string, excessInput, excessOutput int) {
+	mod := m.Model(model)
+	switch source {
+	case "estimated":
+		m.usageUnreported.WithLabelValues(mod, "estimate").Inc()
+	case "none":
+		m.usageUnreported.WithLabelValues(mod, "none").Inc()
+	case "clamped":
+		m.usageClamped.WithLabelValues(mod).Inc()
+		if excessInput > 0 {
+			m.usageExcess.WithLabelValues(mod, "input").Add(float64(excessInput))
+		}
+		if excessOutput > 0 {
+			m.usageExcess.WithLabelValues(mod, "output").Add(float64(excessOutput))
+		}
 	}
 }
 

@@ -78,11 +78,14 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.RunFinished("default", "faux", "succeeded", "", time.Second, true)
 	m.Turn("faux")
 	m.ModelRequest("faux", "stop", time.Second, time.Millisecond, ModelUsage{Input: 1, Cost: 1})
+	m.ModelUsageSettled("faux", "estimated", 0, 0)
+	m.ModelUsageSettled("faux", "clamped", 1, 1)
 	m.ToolCall("calculator", false, time.Millisecond)
 	m.PublishWaited(time.Millisecond)
 	m.ControlReceived("steer")
 	m.SetQueueDepth("default", 1)
 	m.ToolSourceUp("mcp:x", true)
+	m.ToolSourceConflict("service:x", true)
 	m.ApprovalResolved("approve", time.Second)
 	if families, err = reg.Gather(); err != nil {
 		t.Fatal(err)
@@ -158,5 +161,40 @@ func TestRunsPastDeadline(t *testing.T) {
 	m.RunDeadline("r1:1", time.Time{})
 	if got := value(); got != 0 {
 		t.Fatalf("past deadline after the run left = %v, want 0", got)
+	}
+}
+
+// A call without reported usage counts by what it was charged; a clamped
+// one counts once, with the tokens cut by kind; a reported one not at all.
+func TestModelUsageSettled(t *testing.T) {
+	reg, m := newTest(t)
+	m.ModelUsageSettled("gpt-4o-mini", "estimated", 0, 0)
+	m.ModelUsageSettled("gpt-4o-mini", "estimated", 0, 0)
+	m.ModelUsageSettled("gpt-4o-mini", "none", 0, 0)
+	m.ModelUsageSettled("gpt-4o-mini", "reported", 0, 0)
+	m.ModelUsageSettled("unknown-model", "clamped", 1<<53, 7)
+	for _, c := range []struct {
+		c    prometheus.Collector
+		want float64
+	}{
+		{m.usageUnreported.WithLabelValues("gpt-4o-mini", "estimate"), 2},
+		{m.usageUnreported.WithLabelValues("gpt-4o-mini", "none"), 1},
+		{m.usageClamped.WithLabelValues(Other), 1},
+		{m.usageExcess.WithLabelValues(Other, "input"), 1 << 53},
+		{m.usageExcess.WithLabelValues(Other, "output"), 7},
+	} {
+		if got := testutil.ToFloat64(c.c); got != c.want {
+			t.Errorf("got %v, want %v", got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.usageClamped); n != 1 {
+		t.Errorf("clamped series %d, want 1: a reported usage is not counted", n)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }

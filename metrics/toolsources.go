@@ -27,3 +27,14 @@ func (m *Metrics) ToolSourceUp(source string, up bool) {
 	}
 	m.toolSourceUp.WithLabelValues(source).Set(v)
 }
+
+// ToolSourceConflict sets agentfleet_tool_source_conflict{source}: 1 while
+// a tool service is refused because its instances announce different
+// tools (an impostor, or a rollout that changes them).
+func (m *Metrics) ToolSourceConflict(source string, conflict bool) {
+	v := 0.0
+	if conflict {
+		v = 1
+	}
+	m.toolConflict.WithLabelValues(source).Set(v)
+}

@@ -40,4 +40,8 @@ func TestToolLabelsBounded(t *testing.T) {
 	if testutil.ToFloat64(m.toolSourceUp.WithLabelValues("mcp:everything")) != 1 || testutil.ToFloat64(m.toolSourceUp.WithLabelValues("service:calc")) != 0 {
 		t.Error("tool_source_up")
 	}
+	m.ToolSourceConflict("service:calc", true)
+	if testutil.ToFloat64(m.toolConflict.WithLabelValues("service:calc")) != 1 {
+		t.Error("tool_source_conflict")
+	}
 }

@@ -45,7 +45,8 @@ type Options struct {
 	Sync string
 	// StreamMaxBufferedMsgs bounds each stream's queue of messages
 	// received and not yet stored (nats-server's max_buffered_msgs;
-	// default 0: the server's, 100,000 in v2.15); past it the server
+	// default 0: the server's, 100,000 in the version go.mod requires);
+	// past it the server
 	// drops messages and answers 429, as an overloaded server does.
 	StreamMaxBufferedMsgs int
 }
@@ -221,12 +222,13 @@ func (s *Server) NATS() *server.Server { return s.s }
 
 // Shutdown stops the server and waits until it is down. It first lets
 // the JetStream API requests already received finish (up to settleAPIMax):
-// nats-server 2.15 tears JetStream down before it stops serving its API
-// queue, and a stream created in between is never stopped (its file
-// store's goroutines outlive the server). The wait is best effort: a
-// request read by a connection's goroutine that is not scheduled for
-// longer than the quiet spell is counted too late, and connections may
-// still be accepted and send during it; close clients first.
+// nats-server (the version go.mod requires) tears JetStream down before it
+// stops serving its API queue, and a stream created in between is never
+// stopped (its file store's goroutines outlive the server). The wait is
+// best effort: a request read by a connection's goroutine that is not
+// scheduled for longer than the quiet spell is counted too late, and
+// connections may still be accepted and send during it; close clients
+// first.
 func (s *Server) Shutdown() {
 	settleAPI(s.apiLoad, settleAPIMax, s.s.Warnf)
 	s.s.Shutdown()

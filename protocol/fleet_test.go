@@ -145,6 +145,11 @@ func TestFleetRunsValidate(t *testing.T) {
 	}
 	h.waitControl(t, bus.KindSteer)
 	h.waitControl(t, bus.KindFollowUp)
+	// A malformed steer (a misspelt field) is refused on the run (1.8).
+	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Control(r.kind, bus.KindSteer), []byte(malformedSteer)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, f, r.kind, bus.EventControlRejected)
 	h.release <- struct{}{}
 	finish(r, bus.StatusSucceeded, "")
 
@@ -200,6 +205,9 @@ func TestFleetRunsValidate(t *testing.T) {
 		byKind[r.kind] = r
 	}
 	for _, c := range storedControls(t, f) {
+		if string(c.body.Body) == malformedSteer {
+			continue // invalid on purpose: testdata/invalid has such bodies
+		}
 		r := byKind[c.run]
 		if r == nil {
 			t.Fatalf("a control message for run %s, which the test did not submit", c.run)
@@ -517,6 +525,9 @@ type storedControl struct {
 	run  string
 	body controlBody
 }
+
+// malformedSteer is the steer the steer-followup run gets refused.
+const malformedSteer = `{"txt":"typo"}`
 
 // storedControls reads every control message of AGENTS_CONTROL.
 func storedControls(t *testing.T, f *fleettest.Fleet) []storedControl {

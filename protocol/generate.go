@@ -307,6 +307,7 @@ func (g *gen) events() *jsonschema.Schema {
 		RunResumed   bus.RunResumed
 		ModelWait    bus.ModelWait
 		ToolApproval bus.ToolApproval
+		Control      bus.ControlRejected
 		AgentEvent   bus.AgentEvent
 		Messages     wireMessages
 	}
@@ -375,10 +376,17 @@ func (g *gen) events() *jsonschema.Schema {
 		{"ToolApprovalRequestedEvent", bus.EventToolApprovalRequested, "A gated tool call waits for a person's answer (since 1.3, §13).",
 			[]string{"toolCallId!", "toolName!", "args", "expiresAt!"}},
 		{"ToolApprovalResolvedEvent", bus.EventToolApprovalResolved, "A gated call got its answer, or timed out (since 1.3).",
-			[]string{"toolCallId!", "decision!", "by", "reason", "controlSeq"}},
+			[]string{"toolCallId!", "decision!", "by", "reason", "controlSeq", "arguments"}},
 		{"ToolApprovalRejectedEvent", bus.EventToolApprovalRejected, "An answer that could not be applied (an invalid body or edit); the call goes on waiting (since 1.3).",
 			[]string{"toolCallId!", "reason!", "controlSeq!"}},
 	})
+
+	cr := g.def(defs, "ControlRejected")
+	cr.Description = "A steer or follow-up the run did not take (an invalid body), so that its sender learns why (since 1.8, §6)."
+	g.setProp(cr, "ControlRejected", "type", &jsonschema.Schema{Type: "string", Const: bus.EventControlRejected})
+	g.setProp(cr, "ControlRejected", "kind", enum("", bus.KindSteer, bus.KindFollowUp))
+	g.prop(cr, "ControlRejected", "controlSeq").Minimum = minimum(1)
+	rename(defs, "ControlRejected", "ControlRejectedEvent")
 
 	// message_update carries one step of the assistant stream.
 	se := g.def(defs, "StreamEvent")
@@ -417,7 +425,7 @@ func (g *gen) events() *jsonschema.Schema {
 		{"ToolExecutionEndEvent", string(agent.EventToolExecutionEnd), "", []string{"toolCallId!", "toolName!", "result!", "isError!"}},
 	})
 
-	all := append([]string{"RunStartedEvent", "RunResumedEvent", "RunFinishedEvent", "ModelWaitEvent"}, approvals...)
+	all := append([]string{"RunStartedEvent", "RunResumedEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
 	defs["Event"] = oneOfRefs(append(all, agentEvents...)...)
 	defs["Event"].Description = "The event, by its type."
 	env.Definitions = defs

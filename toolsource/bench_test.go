@@ -46,7 +46,7 @@ func BenchmarkServiceToolCall(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = svc.Stop() }()
-	if err := svc.AddEndpoint("noop", micro.HandlerFunc(func(r micro.Request) { _ = r.Respond([]byte("ok")) }),
+	if err := svc.AddGroup("agents.tools.noop").AddEndpoint("noop", micro.HandlerFunc(func(r micro.Request) { _ = r.Respond([]byte("ok")) }),
 		micro.WithEndpointMetadata(map[string]string{"description": "Does nothing.", "schema": `{"type":"object"}`})); err != nil {
 		b.Fatal(err)
 	}

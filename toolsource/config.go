@@ -66,6 +66,10 @@ const Separator = "__"
 
 // CheckNamespace says why a server or service name cannot prefix tool names.
 func CheckNamespace(name string) error {
+	if len(name) > 61 {
+		// A tool name is at most 64 bytes: no tool could have this prefix.
+		return fmt.Errorf("name %q cannot prefix tool names: it is longer than 61 bytes", clip(name, 64))
+	}
 	if !serverNameRE.MatchString(name) || strings.Contains(name, Separator) {
 		return fmt.Errorf("name %q cannot prefix tool names: use letters, digits and '-'", clip(name, 64))
 	}

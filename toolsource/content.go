@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // mcpResult maps an MCP tool result onto the agent's: text and images
@@ -53,10 +54,47 @@ func mcpResult(res *mcp.CallToolResult) (agent.ToolResult, error) {
 			}
 		}
 	}
+	out.Content = checkContent(out.Content)
 	if res.IsError {
 		return agent.ToolResult{}, errors.New(resultText(out.Content, "the tool reported an error"))
 	}
 	return out, nil
+}
+
+// checkContent keeps of a source's result what a tool result may hold:
+// text blocks (their text only) and images with an image/<type> mimeType
+// and base64 data, the checks a request's tool results get
+// (bus.RunRequest.Validate). Anything else, a thinking or toolCall block
+// included, becomes a marker text: a source cannot put words in the
+// model's mouth or a header-breaking mimeType into a model request.
+func checkContent(cs []agent.Content) []agent.Content {
+	if cs == nil {
+		return nil
+	}
+	out := make([]agent.Content, 0, len(cs))
+	for _, c := range cs {
+		switch c.Type {
+		case agent.ContentText:
+			out = append(out, agent.Text(c.Text))
+		case agent.ContentImage:
+			switch {
+			case !bus.ValidImageMIME(c.MimeType):
+				out = append(out, agent.Text(fmt.Sprintf("[unsupported image content: mimeType %q]", clip(c.MimeType, 40))))
+			case c.Data == "" || !isBase64(c.Data):
+				out = append(out, agent.Text("[unsupported image content: its data is not base64]"))
+			default:
+				out = append(out, agent.Image(c.Data, c.MimeType))
+			}
+		default:
+			out = append(out, agent.Text(fmt.Sprintf("[unsupported %s content]", clip(c.Type, 40))))
+		}
+	}
+	return out
+}
+
+func isBase64(s string) bool {
+	_, err := base64.StdEncoding.DecodeString(s)
+	return err == nil
 }
 
 func contentType(c mcp.Content) string {

@@ -21,9 +21,15 @@ import (
 
 func TestMain(m *testing.M) {
 	// The test binary doubles as a no-op MCP stdio server (benchmarks).
-	if os.Getenv("TOOLSOURCE_TEST_STDIO_SERVER") == "1" {
+	switch os.Getenv("TOOLSOURCE_TEST_STDIO_SERVER") {
+	case "1":
 		serveNoopStdio()
 		return
+	case "sized":
+		if err := sizedServer().Run(context.Background(), &mcp.StdioTransport{MaxLineLength: -1}); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -142,7 +148,7 @@ func (t *watchTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	}
 	// The process exists once Connect has started it; read it only then
 	// (the SDK writes the Cmd while it starts).
-	if ct, ok := t.Transport.(*mcp.CommandTransport); ok {
+	if ct, ok := t.Transport.(*toolsource.CommandTransport); ok {
 		t.w.mu.Lock()
 		t.w.proc = ct.Command.Process
 		t.w.mu.Unlock()

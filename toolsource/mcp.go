@@ -34,6 +34,10 @@ type MCPOptions struct {
 	// ConnectTimeout bounds starting a session and listing its tools;
 	// default 30s.
 	ConnectTimeout time.Duration
+	// MaxMessageBytes bounds one message from a server (default 16 MiB,
+	// the SDK's own cap). A larger reply fails its call only: the
+	// session and the other calls on it go on.
+	MaxMessageBytes int
 }
 
 // MCPServer is the source of one configured MCP server: one client
@@ -56,7 +60,9 @@ type MCPServer struct {
 	session *mcp.ClientSession // nil while down
 	cause   string             // why it is down
 	tools   []*agent.Tool
-	skipped []string
+	refused []refusal
+	over    bool              // it lists more than MaxSourceTools tools
+	logged  map[string]string // what the last listing logged (toolBounds)
 }
 
 // NewMCPServers returns one source per configured server, sorted by name.
@@ -85,6 +91,9 @@ func NewMCPServer(name string, cfg ServerConfig, o MCPOptions) *MCPServer {
 	}
 	if o.Version == "" {
 		o.Version = "dev"
+	}
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = mcp.DefaultMaxLineLength
 	}
 	return &MCPServer{
 		name: name, cfg: cfg, o: o,
@@ -161,15 +170,13 @@ func (s *MCPServer) serve(ctx context.Context, sess *mcp.ClientSession) string {
 			return "the session ended"
 		case <-s.refresh:
 			lctx, cancel := context.WithTimeout(ctx, s.o.ConnectTimeout)
-			tools, skipped, err := s.listTools(lctx, sess)
+			err := s.listTools(lctx, sess)
 			cancel()
 			if err != nil {
 				s.log.Warn("MCP server: listing tools after list_changed failed", "err", s.cfg.Redact(err.Error()))
 				continue
 			}
-			s.mu.Lock()
-			s.tools, s.skipped = tools, skipped
-			s.mu.Unlock()
+			tools := s.toolNames()
 			s.log.Info("MCP server tool list changed", "tools", len(tools))
 		}
 	}
@@ -181,10 +188,13 @@ func (s *MCPServer) connect(ctx context.Context) (*mcp.ClientSession, error) {
 		// Not CommandContext: the process lives as long as its session.
 		cmd := exec.Command(s.cfg.Command, s.cfg.Args...)
 		cmd.Env = s.stdioEnv()
-		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+		t = &CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second, MaxMessageBytes: s.o.MaxMessageBytes, Logger: s.log}
 	} else {
-		t = &mcp.StreamableClientTransport{Endpoint: s.cfg.URL,
-			HTTPClient: &http.Client{Transport: headerTransport{s.cfg.Headers, http.DefaultTransport}}}
+		rt := &capTransport{next: headerTransport{s.cfg.Headers, http.DefaultTransport}, max: s.o.MaxMessageBytes, log: s.log}
+		// Our cap comes first: the SDK's own (an event over it ends the
+		// stream, and after retries the session) never fires.
+		t = &mcp.StreamableClientTransport{Endpoint: s.cfg.URL, HTTPClient: &http.Client{Transport: rt},
+			MaxEventSize: s.o.MaxMessageBytes + sseSlack}
 	}
 	if s.o.WrapTransport != nil {
 		t = s.o.WrapTransport(s.name, t)
@@ -206,13 +216,12 @@ func (s *MCPServer) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	tools, skipped, err := s.listTools(cctx, sess)
-	if err != nil {
+	if err := s.listTools(cctx, sess); err != nil {
 		_ = sess.Close()
 		return nil, fmt.Errorf("listing its tools: %w", err)
 	}
 	s.mu.Lock()
-	s.session, s.cause, s.tools, s.skipped = sess, "", tools, skipped
+	s.session, s.cause = sess, ""
 	s.mu.Unlock()
 	return sess, nil
 }
@@ -235,30 +244,50 @@ func (s *MCPServer) stdioEnv() []string {
 	return env
 }
 
-func (s *MCPServer) listTools(ctx context.Context, sess *mcp.ClientSession) ([]*agent.Tool, []string, error) {
-	var tools []*agent.Tool
-	var skipped []string
+// listTools lists the session's tools, within the bounds (bounds.go), and
+// keeps them.
+func (s *MCPServer) listTools(ctx context.Context, sess *mcp.ClientSession) error {
+	var listed []*mcp.Tool
+	cut := false
 	for t, err := range sess.Tools(ctx, nil) {
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
+		if len(listed) == 4*MaxSourceTools {
+			cut = true // past the bound either way; do not page on forever
+			break
+		}
+		listed = append(listed, t)
+	}
+	slices.SortFunc(listed, func(a, b *mcp.Tool) int { return cmpString(a.Name, b.Name) })
+	s.mu.Lock()
+	logged := s.logged
+	s.mu.Unlock()
+	b := newToolBounds(s.log, "MCP tool", logged)
+	var tools []*agent.Tool
+	for _, t := range listed {
 		full := s.name + Separator + t.Name
 		if !ValidToolName(full) {
-			s.log.Warn("MCP tool skipped: its name is not ^[A-Za-z0-9_-]{1,64}$", "tool", clip(full, 80))
-			skipped = append(skipped, clip(full, 80))
+			b.refuse(full, "its name is not ^[A-Za-z0-9_-]{1,64}$")
 			continue
 		}
 		schema, err := json.Marshal(t.InputSchema)
 		if err != nil || t.InputSchema == nil {
 			schema = []byte(`{"type":"object"}`)
 		}
+		if !b.schema(full, len(schema)) || !b.admit(full) {
+			continue
+		}
 		tools = append(tools, &agent.Tool{
-			Name: full, Label: t.Title, Description: t.Description, Parameters: schema,
+			Name: full, Label: clip(t.Title, 256), Description: b.description(full, t.Description), Parameters: schema,
 			Execute: s.execute(t.Name, full),
 		})
 	}
-	slices.SortFunc(tools, func(a, b *agent.Tool) int { return cmpString(a.Name, b.Name) })
-	return tools, skipped, nil
+	b.done("mcp:" + s.name)
+	s.mu.Lock()
+	s.tools, s.refused, s.logged, s.over = tools, b.refused, b.now, cut || b.over > 0
+	s.mu.Unlock()
+	return nil
 }
 
 func (s *MCPServer) execute(remote, full string) agent.ExecuteFunc {
@@ -386,6 +415,16 @@ func (s *MCPServer) Resolve(_ context.Context, namespace string) ([]*agent.Tool,
 // not serve that tool.
 func (s *MCPServer) Missing(name string) *agent.Tool {
 	_, remote, _ := SplitName(name)
+	s.mu.Lock()
+	why, refused := reason(s.refused, name)
+	if !refused && s.over {
+		// Not among the tools listed: one past the bound.
+		why, refused = fmt.Sprintf("its source has more than %d tools", MaxSourceTools), true
+	}
+	s.mu.Unlock()
+	if refused {
+		return failingTool(name, "", func() error { return fmt.Errorf("tool %s is refused: %s", clip(name, 80), why) })
+	}
 	// While the server is up the call goes to it anyway: it is the judge
 	// of its tools (its list may have changed), and it says what is wrong.
 	return &agent.Tool{Name: name, Parameters: []byte(`{"type":"object"}`), Execute: s.execute(remote, name)}
@@ -403,7 +442,7 @@ func (s *MCPServer) Status() ([]SourceStatus, []ToolStatus) {
 			tools = append(tools, ToolStatus{Name: t.Name, Source: src, Description: t.Description, Available: true})
 		}
 	}
-	for _, n := range s.skipped {
+	for _, n := range refusedNames(s.refused) {
 		tools = append(tools, ToolStatus{Name: n, Source: src, Available: false})
 	}
 	return []SourceStatus{{Name: src, Up: up}}, tools

@@ -1,7 +1,9 @@
 package toolsource
 
 import (
+	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // Headers of a tool service call.
@@ -35,6 +38,10 @@ type ServiceOptions struct {
 	// Allowed lists the services whose tools runs may use; "*" allows
 	// every service found.
 	Allowed []string
+	// Prefix is the fleet's subject prefix (default "agents"): the tool
+	// <service>__<endpoint> is called on <Prefix>.tools.<service>.<endpoint>
+	// and nowhere else, whatever the service announces.
+	Prefix string
 	// Refresh is how often services are discovered again; default 30s.
 	Refresh time.Duration
 	// Quiet is how long discovery waits after the last answer; default
@@ -45,6 +52,15 @@ type ServiceOptions struct {
 // Services is the source of NATS tool services: micro services whose
 // endpoints carry "schema" and "description" metadata. It finds them by
 // scatter-gather on $SRV.INFO.
+//
+// What a service announces is never an address: a call goes to the
+// subject the worker builds from the service's and the endpoint's names
+// (an endpoint announcing another subject is refused), so a service
+// cannot make the worker publish where the service itself may not
+// (records, the JetStream API). And the instances of one name must
+// announce the same tools: while they differ (an impostor, or a rollout
+// that changes a tool) the service is refused, so the first answer does
+// not decide what runs see or where their calls go.
 type Services struct {
 	nc      *nats.Conn
 	o       ServiceOptions
@@ -61,9 +77,15 @@ type Services struct {
 
 type service struct {
 	tools     []*agent.Tool
-	skipped   []string // endpoints whose tool names are not valid
+	refused   []refusal // endpoints announced and not served
 	instances int
+	// variants counts the different announcements of the name: more
+	// than one refuses the service (no tools) while they differ.
+	variants int
+	logged   map[string]string // what its listing logged (toolBounds)
 }
+
+func (svc *service) conflicting() bool { return svc.variants > 1 }
 
 type kick struct {
 	at   time.Time
@@ -98,6 +120,12 @@ func NewServices(nc *nats.Conn, o ServiceOptions) (*Services, error) {
 	}
 	if o.MaxWait <= 0 {
 		o.MaxWait = 2 * time.Second
+	}
+	if o.Prefix == "" {
+		o.Prefix = bus.DefaultPrefix
+	}
+	if _, err := bus.NewNames(o.Prefix); err != nil {
+		return nil, fmt.Errorf("tool service: %w", err)
 	}
 	s := &Services{nc: nc, o: o, log: o.Logger, allowed: map[string]bool{},
 		ready: make(chan struct{}), kick: make(chan kick), services: map[string]*service{}}
@@ -145,17 +173,30 @@ func (s *Services) Run(ctx context.Context) {
 // discover asks every micro service for its info and keeps the allowed
 // tool services.
 func (s *Services) discover(ctx context.Context) {
-	found, err := s.gather(ctx)
+	s.mu.Lock()
+	prev := s.services
+	s.mu.Unlock()
+	found, err := s.gather(ctx, prev)
 	if err != nil {
 		s.log.Warn("tool service discovery failed", "err", err)
 		return
+	}
+	for name, svc := range found {
+		was := prev[name] != nil && prev[name].conflicting()
+		switch {
+		case svc.conflicting() && !was:
+			s.log.Warn("tool service refused: its instances announce different tools (an impostor, or a rollout that changes them); its calls fail until all announce the same",
+				"service", name, "instances", svc.instances, "variants", svc.variants)
+		case !svc.conflicting() && was:
+			s.log.Info("tool service accepted again: its instances announce the same tools", "service", name, "instances", svc.instances)
+		}
 	}
 	s.mu.Lock()
 	s.services, s.lastDone = found, time.Now()
 	s.mu.Unlock()
 }
 
-func (s *Services) gather(ctx context.Context) (map[string]*service, error) {
+func (s *Services) gather(ctx context.Context, prev map[string]*service) (map[string]*service, error) {
 	inbox := s.nc.NewInbox()
 	sub, err := s.nc.SubscribeSync(inbox)
 	if err != nil {
@@ -166,6 +207,7 @@ func (s *Services) gather(ctx context.Context) (map[string]*service, error) {
 		return nil, err
 	}
 	found := map[string]*service{}
+	prints := map[string][][sha256.Size]byte{} // per name, its announcements
 	end := time.Now().Add(s.o.MaxWait)
 	for {
 		wait := min(s.o.Quiet, time.Until(end))
@@ -183,22 +225,68 @@ func (s *Services) gather(ctx context.Context) (map[string]*service, error) {
 		if !s.all && !s.allowed[info.Name] {
 			continue
 		}
+		fp := announcement(info)
 		if svc := found[info.Name]; svc != nil {
 			svc.instances++
+			if !slices.Contains(prints[info.Name], fp) {
+				prints[info.Name] = append(prints[info.Name], fp)
+				svc.variants++
+			}
 			continue
 		}
 		if err := CheckNamespace(info.Name); err != nil {
 			s.log.Warn("tool service skipped", "service", clip(info.Name, 64), "err", err)
 			continue
 		}
-		tools, skipped := s.tools(info)
-		found[info.Name] = &service{tools: tools, skipped: skipped, instances: 1}
+		var logged map[string]string
+		if p := prev[info.Name]; p != nil {
+			logged = p.logged
+		}
+		svc := &service{instances: 1, variants: 1}
+		svc.tools, svc.refused, svc.logged = s.tools(info, logged)
+		found[info.Name] = svc
+		prints[info.Name] = [][sha256.Size]byte{fp}
+	}
+	for _, svc := range found {
+		if svc.conflicting() {
+			svc.tools, svc.refused = nil, nil
+		}
 	}
 	return found, nil
 }
 
-func (s *Services) tools(info micro.Info) (tools []*agent.Tool, skipped []string) {
+// announcement is what one instance says of its tools: endpoint names,
+// subjects, schemas and descriptions (not its id, version or other
+// endpoints), hashed.
+func announcement(info micro.Info) [sha256.Size]byte {
+	type tool struct{ Name, Subject, Schema, Description string }
+	var tools []tool
 	for _, ep := range info.Endpoints {
+		schema, hasSchema := ep.Metadata["schema"]
+		desc, hasDesc := ep.Metadata["description"]
+		if hasSchema && hasDesc {
+			tools = append(tools, tool{ep.Name, ep.Subject, schema, desc})
+		}
+	}
+	slices.SortFunc(tools, func(a, b tool) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Subject, b.Subject),
+			cmp.Compare(a.Schema, b.Schema), cmp.Compare(a.Description, b.Description))
+	})
+	b, _ := json.Marshal(tools)
+	return sha256.Sum256(b)
+}
+
+// subject is where the tool <service>__<endpoint> is called.
+func (s *Services) subject(service, endpoint string) string {
+	return s.o.Prefix + ".tools." + service + "." + endpoint
+}
+
+func (s *Services) tools(info micro.Info, logged map[string]string) ([]*agent.Tool, []refusal, map[string]string) {
+	b := newToolBounds(s.log, "tool service endpoint", logged)
+	eps := slices.Clone(info.Endpoints)
+	slices.SortFunc(eps, func(a, b micro.EndpointInfo) int { return cmp.Compare(a.Name, b.Name) })
+	var tools []*agent.Tool
+	for _, ep := range eps {
 		schema, hasSchema := ep.Metadata["schema"]
 		desc, hasDesc := ep.Metadata["description"]
 		if !hasSchema || !hasDesc {
@@ -206,20 +294,30 @@ func (s *Services) tools(info micro.Info) (tools []*agent.Tool, skipped []string
 		}
 		full := info.Name + Separator + ep.Name
 		if !ValidToolName(full) {
-			s.log.Warn("tool service endpoint skipped: its name is not ^[A-Za-z0-9_-]{1,64}$", "tool", clip(full, 80))
-			skipped = append(skipped, clip(full, 80))
+			b.refuse(full, "its name is not ^[A-Za-z0-9_-]{1,64}$")
+			continue
+		}
+		// The endpoint name is a subject token now ([A-Za-z0-9_-]).
+		if want := s.subject(info.Name, ep.Name); ep.Subject != want {
+			b.refuse(full, fmt.Sprintf("it announces subject %q; the worker calls it on %s only", clip(ep.Subject, 80), want))
+			continue
+		}
+		if !b.schema(full, len(schema)) {
 			continue
 		}
 		var obj map[string]any
 		if json.Unmarshal([]byte(schema), &obj) != nil {
-			s.log.Warn("tool service endpoint skipped: its schema is not a JSON object", "tool", full)
+			b.refuse(full, "its schema is not a JSON object")
 			continue
 		}
-		tools = append(tools, &agent.Tool{Name: full, Description: desc, Parameters: json.RawMessage(schema),
-			Execute: s.execute(info.Name, full, ep.Subject)})
+		if !b.admit(full) {
+			continue
+		}
+		tools = append(tools, &agent.Tool{Name: full, Description: b.description(full, desc), Parameters: json.RawMessage(schema),
+			Execute: s.execute(info.Name, full, s.subject(info.Name, ep.Name))})
 	}
-	slices.SortFunc(tools, func(a, b *agent.Tool) int { return cmpString(a.Name, b.Name) })
-	return tools, skipped
+	b.done("service:" + info.Name)
+	return tools, b.refused, b.now
 }
 
 // serviceReply is a reply in the agent's own result shape.
@@ -274,12 +372,12 @@ func serviceResult(data []byte) (agent.ToolResult, error) {
 	}
 	var r serviceReply
 	if json.Unmarshal(data, &probe) == nil && len(probe.Content) > 0 && probe.Content[0] == '[' && json.Unmarshal(data, &r) == nil {
-		out := agent.ToolResult{Content: r.Content}
+		out := agent.ToolResult{Content: checkContent(r.Content)}
 		if len(r.Details) > 0 && string(r.Details) != "null" {
 			out.Details = r.Details
 		}
 		if r.IsError {
-			return agent.ToolResult{}, errors.New(resultText(r.Content, "the tool reported an error"))
+			return agent.ToolResult{}, errors.New(resultText(out.Content, "the tool reported an error"))
 		}
 		return out, nil
 	}
@@ -322,8 +420,15 @@ func (s *Services) lookup(name string) *service {
 func (s *Services) Missing(name string) *agent.Tool {
 	ns, _, _ := SplitName(name)
 	return failingTool(name, "", func() error {
-		if s.lookup(ns) == nil {
+		svc := s.lookup(ns)
+		switch {
+		case svc == nil:
 			return fmt.Errorf("no instance of service %s is running", ns)
+		case svc.conflicting():
+			return fmt.Errorf("service %s is refused: its %d instances announce different tools (the worker's log says more)", ns, svc.instances)
+		}
+		if why, ok := reason(svc.refused, name); ok {
+			return fmt.Errorf("tool %s is refused: %s", clip(name, 80), why)
 		}
 		return fmt.Errorf("service %s has no tool %s", ns, clip(name, 80))
 	})
@@ -347,14 +452,15 @@ func (s *Services) Status() ([]SourceStatus, []ToolStatus) {
 	var tools []ToolStatus
 	for _, n := range names {
 		svc := s.services[n]
-		parts = append(parts, SourceStatus{Name: "service:" + n, Up: svc != nil})
+		parts = append(parts, SourceStatus{Name: "service:" + n, Up: svc != nil && !svc.conflicting(),
+			Conflict: svc != nil && svc.conflicting()})
 		if svc == nil {
 			continue
 		}
 		for _, t := range svc.tools {
 			tools = append(tools, ToolStatus{Name: t.Name, Source: "service:" + n, Description: t.Description, Available: true})
 		}
-		for _, name := range svc.skipped {
+		for _, name := range refusedNames(svc.refused) {
 			tools = append(tools, ToolStatus{Name: name, Source: "service:" + n})
 		}
 	}

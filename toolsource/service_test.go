@@ -53,8 +53,9 @@ func startCalc(t *testing.T, f *fleettest.Fleet, name string, block func()) *cal
 	meta := func(desc, schema string) micro.EndpointOpt {
 		return micro.WithEndpointMetadata(map[string]string{"description": desc, "schema": schema})
 	}
+	g := svc.AddGroup("agents.tools.calc")
 	add := func(ep string, h micro.HandlerFunc, opts ...micro.EndpointOpt) {
-		if err := svc.AddEndpoint(ep, h, opts...); err != nil {
+		if err := g.AddEndpoint(ep, h, opts...); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -35,6 +35,9 @@ type Source interface {
 type SourceStatus struct {
 	Name string
 	Up   bool
+	// Conflict: a tool service refused because its instances announce
+	// different tools.
+	Conflict bool
 }
 
 // ToolStatus is one tool as workers advertise it.

@@ -505,14 +505,14 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		return nil, fmt.Errorf("stopped while waiting for approval: %w", err)
 	case timedOut:
 		reason := fmt.Sprintf("not approved within %s", time.Duration(p.Timeout())*time.Second)
-		r.resolved(id, bus.DecisionTimeout, "", reason, 0, waited)
+		r.resolved(id, bus.DecisionTimeout, "", reason, 0, nil, waited)
 		if p.Aborts() {
 			r.log.Warn("gated tool call not answered in time; the run aborted", "toolCallId", id)
 		}
 		return nil, fmt.Errorf("tool call %s", reason)
 	}
 	a := got.a
-	r.resolved(id, a.Decision, a.By, a.Reason, got.seq, waited)
+	r.resolved(id, a.Decision, a.By, a.Reason, got.seq, edited, waited)
 	if a.Decision == bus.DecisionDeny {
 		text := "tool call denied"
 		if a.By != "" {
@@ -529,9 +529,11 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	return args, nil
 }
 
-func (r *run) resolved(id, decision, by, reason string, seq uint64, waited time.Duration) {
+// resolved publishes a call's outcome; edited is the approver's edit of
+// its arguments (nil: none), so readers see what the call runs with.
+func (r *run) resolved(id, decision, by, reason string, seq uint64, edited map[string]any, waited time.Duration) {
 	_, _ = r.pub.fleetEvent(bus.EventToolApprovalResolved, bus.ToolApproval{Type: bus.EventToolApprovalResolved,
-		ToolCallID: id, Decision: decision, By: by, Reason: reason, ControlSeq: seq})
+		ToolCallID: id, Decision: decision, By: by, Reason: reason, ControlSeq: seq, Arguments: edited})
 	r.w.obs.ApprovalResolved(r.info(), decision, waited)
 	r.log.Info("gated tool call resolved", "toolCallId", id, "decision", decision, "by", by, "controlSeq", seq, "waited", waited)
 }

@@ -292,8 +292,8 @@ func TestApprovalApproveRunsTheCall(t *testing.T) {
 	}
 	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
 	res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval
-	if res.Decision != bus.DecisionApprove || res.By != "alice" || res.ControlSeq != seq {
-		t.Fatalf("resolved %+v, want approve by alice at %d", res, seq)
+	if res.Decision != bus.DecisionApprove || res.By != "alice" || res.ControlSeq != seq || res.Arguments != nil {
+		t.Fatalf("resolved %+v, want approve by alice at %d, no edit", res, seq)
 	}
 	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("finished %+v", fin)
@@ -346,7 +346,9 @@ func TestApprovalEditedArgumentsInvalidThenValid(t *testing.T) {
 		t.Fatalf("%d resolved after an invalid edit; the call must stay pending", n)
 	}
 	good := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "arguments": map[string]any{"target": "staging"}})
-	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != good || res.Decision != bus.DecisionApprove {
+	// The resolution shows the edit the call runs with (since 1.8).
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != good || res.Decision != bus.DecisionApprove ||
+		fmt.Sprint(res.Arguments) != "map[target:staging]" {
 		t.Fatalf("resolved %+v", res)
 	}
 	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {

@@ -207,12 +207,12 @@ const (
 // probe commits a batch the stream does not know, at seq 2 so that it
 // cannot open one (nothing is stored), and waits for the stream's answer,
 // an error: "batch publish ID unknown". With none, commits do not reach the
-// stream (the user may not publish to the commit subject, as with an
-// accounts file from before 2026-12-03), every batch would wait out its
-// answer and re-send, and the runs would crawl (see probeOrOff). A stream
-// that answers that batches are disabled (its config changed since the
-// worker read it) returns errBatchesDisabled; no responders (JetStream
-// away) is no answer.
+// stream (the user may not publish to the commit subject, as with a copy
+// of deploy/nats/accounts.conf older than event batches), every batch
+// would wait out its answer and re-send, and the runs would crawl (see
+// probeOrOff). A stream that answers that batches are disabled (its
+// config changed since the worker read it) returns errBatchesDisabled; no
+// responders (JetStream away) is no answer.
 func (b *eventBatch) probe(ctx context.Context) error {
 	reply := b.prefix + "probe" + nuid.Next() + ".1.fail.2.3.$FI"
 	sub, err := b.nc.SubscribeSync(reply)

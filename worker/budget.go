@@ -32,11 +32,11 @@ func (r *run) checkCostBound(add func(string, ...any)) {
 // roles, messages and tools, and the request's other fields).
 const RequestOverheadTokens = 64
 
-// CallInputTokens is a call's input as budgets count it at most:
-// everything it sends (the system prompt, the messages as JSON, the tools
-// as JSON) in bytes / 4, rounded up, plus RequestOverheadTokens. The
-// shared rate limits count less (EstimateTokens): they correct a wrong
-// guess by settling, a budget cannot unspend.
+// CallInputTokens is a call's input estimate: everything it sends (the
+// system prompt, the messages as JSON, the tools as JSON) in bytes / 4,
+// rounded up, plus RequestOverheadTokens. The shared rate limits reserve
+// it (EstimateTokens), the budgets' worst case counts it, and a call that
+// ends without usage is charged it (settle.go).
 func CallInputTokens(llm agent.Context) int {
 	n := len(llm.SystemPrompt)
 	if b, err := json.Marshal(llm.Messages); err == nil {

@@ -100,3 +100,18 @@ func TestCalculatorToolPrintsDigits(t *testing.T) {
 	}
 	t.Fatal("no calculator tool")
 }
+
+// The built-in tools' argument schemas, as docs/protocol.md §3 gives them:
+// a description keeps its commas (a bare comma in the tag would end it).
+func TestBuiltinToolSchemas(t *testing.T) {
+	want := map[string]string{
+		"calculator":   `{"properties":{"expression":{"type":"string","description":"An arithmetic expression: numbers, + - * / % ^ and parentheses, e.g. (2+3)*4^2"}},"additionalProperties":false,"type":"object","required":["expression"]}`,
+		"current_time": `{"properties":{"timezone":{"type":"string","description":"IANA time zone such as Europe/Paris; default UTC"}},"additionalProperties":false,"type":"object"}`,
+		"sleep":        `{"properties":{"seconds":{"type":"number","maximum":60,"minimum":0,"description":"How long to wait, at most 60 seconds"}},"additionalProperties":false,"type":"object","required":["seconds"]}`,
+	}
+	for _, tool := range worker.BuiltinTools() {
+		if got := string(tool.Parameters); got != want[tool.Name] {
+			t.Errorf("%s's schema\n%s\nwant\n%s", tool.Name, got, want[tool.Name])
+		}
+	}
+}

@@ -183,8 +183,19 @@ type ModelRequest struct {
 	Model            string // provider/id
 	Duration         time.Duration
 	TimeToFirstEvent time.Duration // 0 when nothing streamed
-	Usage            agent.Usage
-	StopReason       agent.StopReason
+	// Usage is what the call is charged (worker/settle.go): the provider's
+	// usage clamped to what the call could use, or the estimate of a call
+	// that ended without usage.
+	Usage      agent.Usage
+	StopReason agent.StopReason
+	// UsageSource says how Usage was worked out: "reported" (the
+	// provider's), "clamped" (the provider's, cut to the call's bounds;
+	// ExcessInput and ExcessOutput are the tokens cut), "estimated" (no
+	// usage: the call was cut off, or the provider sent none) or "none"
+	// (never sent, or refused before any output: nothing charged); "" for
+	// a faux model or a call refused before the provider.
+	UsageSource               string
+	ExcessInput, ExcessOutput int
 }
 
 // ToolCall is one tool execution, as seen by an Observer.

@@ -87,8 +87,8 @@ type controls struct {
 }
 
 // kindSeqs is a sequence per control kind. The four kinds have their
-// place (a map cost each of ten thousand waiting runs ~300 bytes); any
-// other kind, which take ignores, shares the last.
+// place (a map was part of a waiting run's heap: docs/benchmarks/2026-12.md,
+// 2026-12-02 afternoon); any other kind, which take ignores, shares the last.
 type kindSeqs [5]uint64
 
 func kindIndex(kind string) int {
@@ -370,6 +370,9 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {
 			r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
+			// Its sender reads the run's events, not the worker's log.
+			_, _ = r.pub.fleetEvent(bus.EventControlRejected, bus.ControlRejected{Type: bus.EventControlRejected,
+				Kind: kind, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
 			return
 		}
 		// Known before the agent can emit it: the listener stamps it.

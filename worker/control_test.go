@@ -311,3 +311,58 @@ func waitControlOwners(t *testing.T, when string) {
 		time.Sleep(5 * time.Millisecond) // polls the state itself
 	}
 }
+
+// A steer or follow-up with an invalid body tells its sender why it was
+// not taken, on the run's events (control_rejected, since 1.8), and the
+// run goes on without it.
+func TestInvalidControlIsRejectedOnTheRun(t *testing.T) {
+	g := newTestGate()
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the tool")
+	n := c.Names()
+	sent := map[uint64]string{}
+	for kind, body := range map[string]string{bus.KindSteer: `{"txt":"typo"}`, bus.KindFollowUp: `{"message":{"role":"assistant","content":"x"}}`} {
+		ack, err := c.JetStream().Publish(ctx, n.Control(res.ID, kind), []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent[ack.Sequence] = kind
+	}
+	got := map[uint64]string{}
+	for env, err := range c.Follow(ctx, res.ID) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := env.Decode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Control != nil {
+			cr := ev.Control
+			if cr.Reason == "" || cr.Kind != sent[cr.ControlSeq] {
+				t.Errorf("control_rejected %+v, sent %v", cr, sent)
+			}
+			got[cr.ControlSeq] = cr.Kind
+			if len(got) == len(sent) {
+				g.release <- struct{}{}
+			}
+		}
+	}
+	if len(got) != len(sent) {
+		t.Fatalf("rejected %v, sent %v", got, sent)
+	}
+	tr, err := c.LoadTranscript(ctx, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Finished.Status != bus.StatusSucceeded || fmt.Sprint(userTexts(tr)) != "[go]" {
+		t.Fatalf("finished %+v, user messages %q", tr.Finished, userTexts(tr))
+	}
+}

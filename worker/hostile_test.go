@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
@@ -261,20 +263,62 @@ func TestHostileSteerFlood(t *testing.T) {
 	}
 }
 
-// AGENTS_CONTROL refuses a flood to one run at publish.
+// AGENTS_CONTROL bounds a flood to one run without refusing anyone: it
+// keeps the newest MaxControlsPerSubject messages per run and kind.
 func TestHostileControlStreamPerSubjectLimit(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx := fleettest.Context(t)
 	id := bus.NewRunID()
-	var err error
-	for i := 0; i <= bus.MaxControlsPerSubject && err == nil; i++ {
-		_, err = f.Client.Steer(ctx, id, "x")
+	for i := 0; i <= bus.MaxControlsPerSubject; i++ {
+		if _, err := f.Client.Steer(ctx, id, "x"); err != nil {
+			t.Fatalf("steer %d refused: %v", i+1, err)
+		}
 	}
-	if err == nil {
-		t.Fatalf("%d steers to one run were all stored", bus.MaxControlsPerSubject+1)
+	if n := controlsStored(t, f, f.Client.Names().Control(id, bus.KindSteer)); n != bus.MaxControlsPerSubject {
+		t.Fatalf("%d steers kept for one run, want the newest %d", n, bus.MaxControlsPerSubject)
 	}
-	if _, err := f.Client.Abort(ctx, id, "stop"); err != nil {
-		t.Fatalf("an abort after a steer flood: %v", err)
+}
+
+// controlsStored counts the messages AGENTS_CONTROL holds on subject.
+func controlsStored(t *testing.T, f *fleettest.Fleet, subject string) uint64 {
+	t.Helper()
+	s, err := f.Client.JetStream().Stream(fleettest.Context(t), f.Client.Names().ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(fleettest.Context(t), jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subject]
+}
+
+// Junk published for a run id before the run exists (a full subject of
+// aborts, of steers) keeps neither the owner's abort out nor makes it
+// abort: the run waits until its owner aborts it, then ends aborted.
+func TestHostileControlJunkBeforeTheRunLocksNoOneOut(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx := fleettest.Context(t)
+	id := bus.NewRunID()
+	js, n := f.Client.JetStream(), f.Client.Names()
+	for _, kind := range []string{bus.KindAbort, bus.KindSteer} {
+		for i := range bus.MaxControlsPerSubject {
+			if _, err := js.Publish(ctx, n.Control(id, kind), []byte(`{"reason":"junk","text":"junk"}`)); err != nil {
+				t.Fatalf("junk %s %d: %v", kind, i+1, err)
+			}
+		}
+	}
+	f.StartWorker(worker.Config{})
+	f.Submit("", &bus.RunRequest{ID: id, Prompt: "wait", Tools: []string{"sleep"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			fleettest.ToolCall("s1", "sleep", map[string]any{"seconds": 60}), fleettest.Text("done")}}})
+	waitEvent(t, f, id, string(agent.EventToolExecutionStart))
+	if _, err := f.Client.Abort(ctx, id, "owner"); err != nil {
+		t.Fatalf("the owner's abort after junk for the run id: %v", err)
+	}
+	fin := finishedOf(t, f.Follow(id))
+	if fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonAbortedByUser {
+		t.Fatalf("run ended %s/%s: %s", fin.Status, fin.Reason, fin.Error)
 	}
 }
 

@@ -344,7 +344,8 @@ func (h *heartbeat) beat() {
 // the interval's second half, never later than a whole interval. Runs
 // started together would beat together ever after: 10,000 runs started
 // in 4 s sent 10,000 renewals and reads every 15 s, with 7,900 beats in
-// flight and 60 MB more heap for a moment; spread, they stay flat.
+// flight and 60 MB more heap for a moment; spread, they stay flat
+// (docs/benchmarks/2026-12.md, 2026-12-02 afternoon).
 func firstBeat(interval time.Duration) time.Duration {
 	return interval - rand.N(interval/2+1)
 }

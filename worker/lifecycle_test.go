@@ -96,4 +96,19 @@ func TestBadRequestListsEveryProblem(t *testing.T) {
 	if fin == nil || fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "temperature 9") || !strings.Contains(fin.Error, `unknown tool "rm_rf"`) {
 		t.Fatalf("run_finished %+v", fin)
 	}
+	// An unknown field is one problem among the others (since 1.8), not
+	// "malformed JSON" hiding them.
+	res, err = f.Client.SubmitRaw(fleettest.Context(t), "", "bad-unknown", []byte(`{"prompt":"x","tools":["rm_rf"],"temperature":9,"limits":{"maxTurn":2}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fin = transcriptOf(t, f.Follow(res.ID)).Finished
+	if fin == nil || fin.Reason != bus.ReasonBadRequest || strings.Contains(fin.Error, "malformed") {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	for _, want := range []string{`unknown field "limits.maxTurn"`, "temperature 9", `unknown tool "rm_rf"`} {
+		if !strings.Contains(fin.Error, want) {
+			t.Errorf("no %q in %q", want, fin.Error)
+		}
+	}
 }

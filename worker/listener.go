@@ -33,7 +33,8 @@ const scratchMax = 4 << 10
 
 // scratchPool lends the buffers events are encoded into. The publisher
 // copies an event into its envelope, so a buffer goes back at once and no
-// run keeps one while it waits (ten thousand waiting runs held 5 MB).
+// run keeps one while it waits (one kept per run was part of a waiting
+// run's heap: docs/benchmarks/2026-12.md, 2026-12-02 afternoon).
 type scratchPool struct{ p sync.Pool }
 
 func (s *scratchPool) get() *[]byte {
@@ -178,12 +179,33 @@ func lastN(s []uint64, n int) []uint64 {
 	return append([]uint64(nil), s[len(s)-n:]...)
 }
 
-// observeStream reports each model call to the observer.
+// observeStream reports each model call to the observer and counts its
+// charge (settle.go) in the run's usage: the call's meter starts here, the
+// outermost wrapper, and is read once the call is over, final event or
+// not.
 func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			start := time.Now()
 			var first time.Duration
+			var final *agent.Message
+			ctx, _ := r.withCallMeter(ctx)
+			defer func() {
+				s := chargeOf(ctx, final)
+				if final == nil && s.source == "" {
+					return // nothing was asked of a model
+				}
+				// Only this run's model calls count toward its usage.
+				r.tally.modelCall(s.usage)
+				mr := ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start), TimeToFirstEvent: first,
+					Usage: s.usage, UsageSource: s.source, ExcessInput: s.excessInput, ExcessOutput: s.excessOutput}
+				if final != nil {
+					mr.StopReason = final.StopReason
+				} else {
+					mr.StopReason = agent.StopReasonAborted
+				}
+				r.w.obs.ModelRequest(r.info(), mr)
+			}()
 			for ev := range fn(ctx, model, llm, opts) {
 				if first == 0 {
 					first = time.Since(start)
@@ -196,10 +218,7 @@ func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 					ev.Message = &m
 				}
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
-					// Only this run's model calls count toward its usage.
-					r.tally.modelCall(ev.Message.Usage)
-					r.w.obs.ModelRequest(r.info(), ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start),
-						TimeToFirstEvent: first, Usage: ev.Message.Usage, StopReason: ev.Message.StopReason})
+					final = ev.Message
 				}
 				if !yield(ev) {
 					return

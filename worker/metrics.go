@@ -86,6 +86,7 @@ func (o *metricsObserver) ModelRequest(r RunInfo, mr ModelRequest) {
 	o.m.ModelRequest(modelLabel(mr.Model), string(mr.StopReason), mr.Duration, ttft, metrics.ModelUsage{
 		Input: u.Input, Output: u.Output, CacheRead: u.CacheRead, CacheWrite: u.CacheWrite, Cost: u.Cost.Total,
 	})
+	o.m.ModelUsageSettled(modelLabel(mr.Model), mr.UsageSource, mr.ExcessInput, mr.ExcessOutput)
 }
 
 func (o *metricsObserver) ToolCall(_ RunInfo, t ToolCall) {

@@ -35,17 +35,25 @@ func allowsHandBack(maxDeliver int) bool { return maxDeliver <= 0 || maxDeliver 
 
 // learnPickupReads reads the rule from the consumers' cached info (read
 // when they were looked up) and keeps it current until the returned stop
-// is called.
+// is called. With each read it sweeps the queue's passed-over requests
+// (orphans.go), the first time at once.
 func (w *Worker) learnPickupReads(queues []string, consumers []jetstream.Consumer) (stop func()) {
 	w.skipPickupRead = pickupReads{}
+	floors := make([]uint64, len(queues))
 	for i, q := range queues {
 		s := &atomic.Bool{}
-		s.Store(allowsHandBack(consumers[i].CachedInfo().Config.MaxDeliver))
+		ci := consumers[i].CachedInfo()
+		s.Store(allowsHandBack(ci.Config.MaxDeliver))
 		w.skipPickupRead[q] = s
+		floors[i] = ci.AckFloor.Stream
 	}
 	ctx, cancel := context.WithCancel(w.hardCtx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		swept := make([]uint64, len(queues)) // per queue: read up to here
+		for i, q := range queues {
+			w.sweepOrphans(ctx, q, floors[i], &swept[i])
+		}
 		t := time.NewTicker(w.consumerCheck)
 		defer t.Stop()
 		for {
@@ -55,14 +63,18 @@ func (w *Worker) learnPickupReads(queues []string, consumers []jetstream.Consume
 			case <-t.C:
 			}
 			for i, q := range queues {
-				w.recheckPickupRead(ctx, q, consumers[i])
+				if info := w.recheckPickupRead(ctx, q, consumers[i]); info != nil {
+					w.sweepOrphans(ctx, q, info.AckFloor.Stream, &swept[i])
+				}
 			}
 		}
 	})
 	return func() { cancel(); wg.Wait() }
 }
 
-func (w *Worker) recheckPickupRead(ctx context.Context, queue string, cons jetstream.Consumer) {
+// recheckPickupRead reads a queue's consumer again; it returns the info
+// read, or nil.
+func (w *Worker) recheckPickupRead(ctx context.Context, queue string, cons jetstream.Consumer) *jetstream.ConsumerInfo {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	info, err := cons.Info(ctx)
@@ -78,5 +90,7 @@ func (w *Worker) recheckPickupRead(ctx context.Context, queue string, cons jetst
 			w.log.Info("queue consumer's MaxDeliver changed", "queue", queue,
 				"maxDeliver", info.Config.MaxDeliver, "firstDeliveriesReadRecord", !skip)
 		}
+		return info
 	}
+	return nil
 }

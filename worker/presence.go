@@ -89,18 +89,19 @@ func (w *Worker) putPresence(ctx context.Context, kv jetstream.KeyValue, b []byt
 func (w *Worker) presence(started time.Time) bus.WorkerPresence {
 	p := bus.WorkerPresence{
 		Worker: w.id, Version: w.cfg.Version, Protocol: bus.ProtocolVersion, StartedAt: started,
-		Queues: w.cfg.Queues, Slots: w.cfg.Concurrency, Busy: w.running(), Waiting: w.OffSlot(), Tools: []bus.PresenceTool{},
+		Queues: w.cfg.Queues, Slots: w.cfg.Concurrency, Busy: w.running(), Waiting: w.OffSlot(),
 	}
+	var all []bus.PresenceTool
 	for _, name := range w.toolNames {
-		p.Tools = append(p.Tools, bus.PresenceTool{Name: name, Source: "builtin", Description: w.tools[name].Description, Available: true})
+		all = append(all, bus.PresenceTool{Name: name, Source: "builtin", Description: w.tools[name].Description, Available: true})
 	}
 	for _, s := range w.cfg.ToolSources {
 		_, tools := s.Status()
 		for _, t := range tools {
-			p.Tools = append(p.Tools, bus.PresenceTool{Name: t.Name, Source: t.Source, Description: t.Description, Available: t.Available})
+			all = append(all, bus.PresenceTool{Name: t.Name, Source: t.Source, Description: t.Description, Available: t.Available})
 		}
 	}
-	slices.SortStableFunc(p.Tools, func(a, b bus.PresenceTool) int {
+	slices.SortStableFunc(all, func(a, b bus.PresenceTool) int {
 		if a.Name < b.Name {
 			return -1
 		} else if a.Name > b.Name {
@@ -108,5 +109,30 @@ func (w *Worker) presence(started time.Time) bus.WorkerPresence {
 		}
 		return 0
 	})
+	p.Tools, p.ToolsTruncated, p.ToolsOmitted = boundPresenceTools(all)
 	return p
+}
+
+// boundPresenceTools keeps of the tools what fits an entry, whatever the
+// sources announce (one huge description or thousands of tools would
+// otherwise make every write fail, and the worker vanish from the fleet):
+// descriptions cut, then as many tools as bus.MaxPresenceTools and
+// bus.MaxPresenceToolBytes allow, in name order.
+func boundPresenceTools(all []bus.PresenceTool) (tools []bus.PresenceTool, truncated bool, omitted int) {
+	tools = make([]bus.PresenceTool, 0, min(len(all), bus.MaxPresenceTools))
+	size := 0
+	for i, t := range all {
+		if len(t.Description) > bus.MaxPresenceDescription {
+			t.Description, truncated = clipString(t.Description, bus.MaxPresenceDescription), true
+		}
+		// Names and sources are bounded by the sources; clipped here too.
+		t.Name, t.Source = clipString(t.Name, 128), clipString(t.Source, 128)
+		b, err := json.Marshal(t)
+		if err != nil || len(tools) == bus.MaxPresenceTools || size+len(b)+1 > bus.MaxPresenceToolBytes {
+			return tools, true, len(all) - i
+		}
+		size += len(b) + 1
+		tools = append(tools, t)
+	}
+	return tools, truncated, 0
 }

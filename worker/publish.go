@@ -82,7 +82,8 @@ func (e *EventTooLargeError) Error() string {
 //     on the connection.
 //   - Only a publisher's first event and the lifecycle events carry a
 //     Nats-Msg-Id (carriesMsgID): the stream's dedupe of every event cost
-//     it a fifth of its ingest.
+//     it about a fifth of its ingest (nats bench js pub async with and
+//     without --dedup, docs/benchmarks/).
 //   - While the stream takes batches, an event sent singly (no
 //     expectation) goes out alone: once every earlier event of its run is
 //     answered, and the run's next event only after its answer

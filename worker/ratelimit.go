@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -83,7 +82,10 @@ func (w *Worker) startRateLimits(ctx context.Context) (stop func(), err error) {
 
 // limitStream makes each call of fn take capacity from the model's group
 // first: it reserves the estimated input plus the output reserve, tells
-// the run's readers how long it waited, and settles to the real usage.
+// the run's readers how long it waited, and settles to the call's charge
+// (settle.go: the reported usage, clamped to what the call could use); a
+// call without reported usage counts as reserved, or as charged if that is
+// more.
 func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 	l := r.w.limiter
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
@@ -102,8 +104,14 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 				_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 					Reason: bus.WaitRateLimit, WaitedMs: g.Waited.Milliseconds(), Group: ml.Group})
 			}
-			used := reserve // a call cut off before its usage counts as reserved
+			var final *agent.Message
 			defer func() {
+				// A call cut off before its usage counts as reserved.
+				s := chargeOf(ctx, final)
+				used := s.tokens()
+				if s.unreported() || used == 0 {
+					used = max(reserve, used)
+				}
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
 				if err := g.Settle(sctx, used); err != nil {
@@ -112,9 +120,7 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 			}()
 			for ev := range fn(ctx, model, llm, opts) {
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
-					if u := ev.Message.Usage; u.Input+u.Output+u.CacheRead > 0 {
-						used = u.Input + u.Output + u.CacheRead
-					}
+					final = ev.Message
 				}
 				if !yield(ev) {
 					return
@@ -133,14 +139,12 @@ func limitError(ctx context.Context, err error) agent.StreamEvent {
 	return agent.StreamEvent{Type: agent.StreamError, Message: m}
 }
 
-// EstimateTokens is a call's reservation: the bytes of its messages as
-// JSON / 4, rounded up, plus the output reserve (the request's maxTokens,
-// else the model table's, else DefaultOutputReserve).
+// EstimateTokens is a call's reservation: its input estimate
+// (CallInputTokens: everything it sends, in bytes / 4 rounded up, plus
+// RequestOverheadTokens; the same estimate the tenant's hold counts and a
+// call cut off is charged) plus the output reserve (the request's
+// maxTokens, else the model table's, else DefaultOutputReserve).
 func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
-	n := len(llm.SystemPrompt)
-	if b, err := json.Marshal(llm.Messages); err == nil {
-		n += len(b)
-	}
 	out := DefaultOutputReserve
 	switch {
 	case requestMax > 0:
@@ -148,7 +152,7 @@ func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
 	case modelMax > 0:
 		out = modelMax
 	}
-	return (n+3)/4 + out
+	return CallInputTokens(llm) + out
 }
 
 // modelLimit returns the shared limits of a model, if it has any.

@@ -21,11 +21,13 @@ type requestAcks interface {
 }
 
 // requestAck acknowledges a run request whose bytes are no longer needed.
-// A jetstream.Msg keeps the request's payload and headers (about 1.4 KB)
+// A jetstream.Msg keeps the request's payload and headers (1.4 KB of a
+// waiting run's heap in docs/benchmarks/2026-12.md, 2026-12-02 afternoon)
 // for as long as the run lives, hours for a run waiting in a tool; the
 // acknowledgement protocol needs only the reply subject. It answers as
-// jetstream.Msg does (nats.go v1.55, message.go): the same bodies on the
-// same connection, and once acked, naked or terminated, every other
+// jetstream.Msg does (nats.go's jetstream/message.go; requestack_test.go
+// holds the two to the same answers): the same bodies on the same
+// connection, and once acked, naked or terminated, every other
 // acknowledgement returns jetstream.ErrMsgAlreadyAckd.
 type requestAck struct {
 	nc    *nats.Conn

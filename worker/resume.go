@@ -23,8 +23,10 @@ var errAlreadyFinished = errors.New("the run already has its run_finished")
 //
 // Accounting: turns and usage start from the restored assistant messages
 // (those after the prompt), so maxTurns and maxTotalTokens bound the whole
-// run; tokens of a message that was cut off are not counted. The timeout
-// counts from the first attempt's start (r.runStart).
+// run; the usage also counts the calls earlier attempts were charged for
+// whose messages were cut off (run_resumed's cutOffUsage: their charge,
+// settle.go), not their turns. The timeout counts from the first attempt's
+// start (r.runStart).
 func (r *run) resume(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	startSeq, err := r.pub.startedAt(rctx)
@@ -48,10 +50,17 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if len(msgs) < len(r.prompt) {
 		msgs = nil // the prompt itself was cut short: start over
 	}
-	if _, err := r.pub.fleetEvent(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed,
-		Attempt: r.attempt, MessagesRestored: len(msgs)}); err != nil {
+	cut := cutOffUsage(rc, len(r.prompt))
+	resumed := bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: len(msgs)}
+	if cut != (agent.Usage{}) {
+		resumed.CutOffUsage = &cut
+	}
+	if _, err := r.pub.fleetEvent(bus.EventRunResumed, resumed); err != nil {
 		return false, err
 	}
+	// Calls cut off by earlier attempts were charged: the run's usage and
+	// cost count them, whether or not the transcript is restored.
+	r.tally.carry(cut)
 	if len(msgs) == 0 {
 		r.log.Info("resume: nothing to restore; starting over", "eventsRead", len(envs))
 		return false, nil
@@ -83,4 +92,20 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 		"approvalsPending", len(rc.Pending), "deferredCalls", len(rc.Deferred),
 		"turns", turns)
 	return true, nil
+}
+
+// cutOffUsage is what earlier attempts were charged for model calls that
+// the restored transcript leaves out: the usage the view's run_resumed
+// carried, plus that of the assistant messages this resume drops that are
+// the run's (after its prompt: usage written into submitted messages is
+// not the run's).
+func cutOffUsage(rc *workerproto.Recovery, promptLen int) agent.Usage {
+	u := nonNegative(rc.CutOffUsage)
+	kept := len(rc.Messages)
+	for i, m := range rc.DroppedMessages {
+		if kept+i >= promptLen && m.Role == agent.RoleAssistant {
+			u.Add(nonNegative(m.Usage))
+		}
+	}
+	return u
 }

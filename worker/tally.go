@@ -45,6 +45,14 @@ func (t *tally) modelCall(u agent.Usage) {
 	t.mu.Unlock()
 }
 
+// carry counts the usage of model calls earlier attempts were charged for
+// and whose messages the run no longer has (cut off): no turns.
+func (t *tally) carry(u agent.Usage) {
+	t.mu.Lock()
+	t.usage.Add(nonNegative(u))
+	t.mu.Unlock()
+}
+
 // nonNegative clamps negative counts and costs (a hostile endpoint's, or a
 // forged transcript's) to zero, so usage only ever grows.
 func nonNegative(u agent.Usage) agent.Usage {

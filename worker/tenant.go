@@ -18,11 +18,13 @@ import (
 // reserves its worst case (the input estimate and the whole output
 // reserve at the model's prices) in the tenant's ledger entry for the
 // current period before it starts, by compare-and-set, and settles to its
-// real cost (the usage's cost, as the cost metrics count it) after. A call
-// that does not fit is refused as budget_exceeded, like limits.maxCostUsd's
-// check before a call. So concurrent runs of a tenant cannot together
-// reserve past its budget; only a call costing more than its worst case
-// can pass it, by the difference.
+// charge (settle.go: the reported usage clamped to what the call could
+// use, or for a call cut off or without usage its estimate; the cost
+// the metrics count) after. A call that does not fit is refused as
+// budget_exceeded, like limits.maxCostUsd's check before a call. So
+// concurrent runs of a tenant cannot together reserve past its budget;
+// only a call costing more than its worst case can pass it, by the
+// difference.
 
 // TenantBudgets configure per-tenant spending budgets. Every worker of a
 // fleet should be given the same ones.
@@ -204,8 +206,11 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 				return
 			}
 			r.tenant.charged.Store(true)
-			cost := 0.0 // a call that reported no usage cost nothing the run counts
+			var final *agent.Message
 			defer func() {
+				// The call's charge (settle.go): a call cut off, or
+				// without usage, is charged its estimate.
+				cost := chargeOf(ctx, final).usage.Cost.Total
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
 				stats.Spent(r.tenant.name, cost)
@@ -215,7 +220,7 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 			}()
 			for ev := range fn(ctx, model, llm, opts) {
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
-					cost = ev.Message.Usage.Cost.Total
+					final = ev.Message
 				}
 				if !yield(ev) {
 					return

@@ -15,7 +15,8 @@ import (
 const MaxSleep = 60 * time.Second
 
 type calcArgs struct {
-	Expression string `json:"expression" jsonschema:"description=An arithmetic expression: numbers, + - * / % ^ and parentheses, e.g. (2+3)*4^2"`
+	// Commas in a description are escaped: a bare one ends it.
+	Expression string `json:"expression" jsonschema:"description=An arithmetic expression: numbers\\, + - * / % ^ and parentheses\\, e.g. (2+3)*4^2"`
 }
 
 type timeArgs struct {
@@ -23,7 +24,7 @@ type timeArgs struct {
 }
 
 type sleepArgs struct {
-	Seconds float64 `json:"seconds" jsonschema:"description=How long to wait, at most 60 seconds,minimum=0,maximum=60"`
+	Seconds float64 `json:"seconds" jsonschema:"description=How long to wait\\, at most 60 seconds,minimum=0,maximum=60"`
 }
 
 // BuiltinTools returns the built-in tools: calculator, current_time, sleep.

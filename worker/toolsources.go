@@ -194,6 +194,7 @@ func (o *metricsObserver) ToolSources(parts []toolsource.SourceStatus, tools []s
 	o.m.AllowTools(tools)
 	for _, p := range parts {
 		o.m.ToolSourceUp(p.Name, p.Up)
+		o.m.ToolSourceConflict(p.Name, p.Conflict)
 	}
 }
 

@@ -56,6 +56,7 @@ const (
 	attrWorker      = attribute.Key("agentfleet.worker")
 	attrResumed     = attribute.Key("agentfleet.resumed")
 	attrCost        = attribute.Key("agentfleet.cost_usd")
+	attrUsageSource = attribute.Key("agentfleet.usage.source")
 	attrFirstChunk  = attribute.Key("agentfleet.time_to_first_chunk_ms")
 	attrStatus      = attribute.Key("agentfleet.run.status")
 	attrLinkKind    = attribute.Key("agentfleet.link")
@@ -400,6 +401,10 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 				}
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
 					r.traceResponse(span, ev.Message, first, capture)
+					if m := callMeterOf(ctx); m != nil && m.settled {
+						// How the usage on the span was worked out (settle.go).
+						span.SetAttributes(attrUsageSource.String(m.s.source))
+					}
 				}
 				if !yield(ev) {
 					return

@@ -175,11 +175,11 @@ func New(cfg Config) (*Worker, error) {
 	sort.Strings(w.toolNames)
 	for name, p := range cfg.Providers {
 		if p != nil {
-			w.providers[name] = p
+			w.providers[name] = meteredProvider{p} // worker/settle.go
 		}
 	}
 	if w.providers["faux"] == nil {
-		w.providers["faux"] = DemoProvider()
+		w.providers["faux"] = meteredProvider{DemoProvider()}
 	}
 	if w.providers[def.Provider] == nil {
 		return nil, fmt.Errorf("worker: default model %s: no provider %q is configured", def, def.Provider)
@@ -242,6 +242,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: consumer %s: %w", w.names.Consumer(q), err)
 		}
 	}
+	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
+		return fmt.Errorf("worker: runs stream: %w", err)
+	}
+	w.warnStreamSettings(consumers)                     // worker/orphans.go
 	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
 	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.beforeAcksSweep); err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -255,9 +259,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer func() { _ = sub.Unsubscribe() }()
 	w.ctlSub = sub
 
-	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
-		return fmt.Errorf("worker: runs stream: %w", err)
-	}
 	if w.eventsStream, err = w.c.JetStream().Stream(setup, w.names.EventsStream()); err != nil {
 		return fmt.Errorf("worker: events stream: %w", err)
 	}
@@ -357,7 +358,7 @@ func (w *Worker) running() int {
 // pullLoops is how many pull loops take a queue's requests. One loop
 // waits a round trip per fetch, and when runs are short their slots free
 // one at a time: a fetch each, one after the other, was a busy worker's
-// limit (1,400 short runs/s with 64 slots; three loops: 1,800). Each
+// limit (docs/benchmarks/2026-12.md, 2026-12-03 afternoon). Each
 // loop's long pull holds a slot while the queue is empty, so a loop is
 // added per 8 slots the queue may use (its cap, or its share of the
 // worker's), up to three.

@@ -137,13 +137,20 @@ func (a *auth) refuse(w http.ResponseWriter) {
 }
 
 // keepToken turns a ?token= login into a cookie and redirects to the same
-// page without the token in its URL. It reports whether it answered.
-func (a *auth) keepToken(w http.ResponseWriter, r *http.Request) bool {
+// page without the token in its URL. It reports whether it answered. A
+// wrong token gets a 401 and no cookie: the cookie is only ever a token
+// that was checked. secure marks the cookie for https only (hosts.go).
+func (a *auth) keepToken(w http.ResponseWriter, r *http.Request, secure bool) bool {
 	if a == nil || a.token == "" || r.Method != http.MethodGet || !r.URL.Query().Has("token") {
 		return false
 	}
-	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: r.URL.Query().Get("token"), Path: "/",
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	got := r.URL.Query().Get("token")
+	if subtle.ConstantTimeCompare([]byte(got), []byte(a.token)) != 1 {
+		a.refuse(w)
+		return true
+	}
+	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: got, Path: "/",
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secure})
 	q := r.URL.Query()
 	q.Del("token")
 	u := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}

@@ -18,7 +18,8 @@ import (
 // client that reconnects with Last-Event-ID (or ?after=) gets the envelopes
 // stored after that sequence: an ordered consumer on the run's subject
 // starts right after it, so nothing is missed or sent twice. After the
-// run's run_finished comes "event: end" and the stream closes.
+// run's run_finished comes "event: end" and the stream closes. Open
+// streams are bounded in all and per client: past a bound, a 503.
 func (s *server) events(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := bus.CheckID(id); err != nil {
@@ -50,6 +51,15 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("event: end\ndata: {}\n\n"))
 		return
 	}
+	// Each stream holds a consumer on the server: bounded (streams.go).
+	// The place is given back after the consumer is deleted (defers run
+	// last first).
+	free, refusal := s.streams.acquire(s.streamClient(r))
+	if refusal != "" {
+		refuseStream(w, refusal)
+		return
+	}
+	defer free()
 	cons, release, err := s.client.OrderedEvents(ctx, cfg)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "events of %s: %v", id, err)

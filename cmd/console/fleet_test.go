@@ -83,6 +83,12 @@ func newConsole(t testing.TB, f *testFleet, cfg serverConfig) *console {
 // newConsoleWith serves the console's handler through wrap (nil: as it is).
 func newConsoleWith(t testing.TB, f *testFleet, cfg serverConfig, wrap func(http.Handler) http.Handler) *console {
 	t.Helper()
+	return startConsole(t, f, cfg, wrap, false)
+}
+
+// startConsole is newConsoleWith, over TLS when tls is set.
+func startConsole(t testing.TB, f *testFleet, cfg serverConfig, wrap func(http.Handler) http.Handler, tls bool) *console {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.srv.URL(), Name: "test-console"})
@@ -104,7 +110,11 @@ func newConsoleWith(t testing.TB, f *testFleet, cfg serverConfig, wrap func(http
 	hs := httptest.NewUnstartedServer(h)
 	sctx, stopStreams := context.WithCancel(context.Background())
 	hs.Config.BaseContext = func(net.Listener) context.Context { return sctx }
-	hs.Start()
+	if tls {
+		hs.StartTLS()
+	} else {
+		hs.Start()
+	}
 	t.Cleanup(func() {
 		stopStreams()
 		hs.CloseClientConnections()

@@ -233,7 +233,9 @@ func startConsoleProcess(b *testing.B, natsURL string) (string, int) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		b.Fatalf("go build: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "--nats", natsURL, "--addr", "127.0.0.1:0", "--allow-control", "--log-format", "json", "--log-level", "warn")
+	// Every run's stream comes from this one address: no per-client cap.
+	cmd := exec.Command(bin, "--nats", natsURL, "--addr", "127.0.0.1:0", "--allow-control", "--log-format", "json", "--log-level", "warn",
+		"--max-streams", "1000", "--max-streams-per-client", "0")
 	cmd.Env = append(os.Environ(), "NATS_URL=")
 	cmd.Stderr = os.Stderr
 	// The listening address: --log-level warn hides "console started",

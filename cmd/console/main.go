@@ -39,7 +39,9 @@ Usage: console [flags]
 It listens on --addr (default 127.0.0.1:8080) and connects to NATS with the
 same flags and environment as the worker and submit. It is read-only unless
 started with --allow-control. Binding to an address other than loopback
-needs --basic-auth-file or --auth-token-file (or --insecure).
+needs --basic-auth-file or --auth-token-file (or --insecure). It answers
+only requests for localhost, a loopback address, --addr or a --public-host
+name, from its own pages (DNS rebinding and other sites are refused).
 
 Flags (environment in brackets):
 `
@@ -52,6 +54,9 @@ type options struct {
 	basicAuthFile string
 	authTokenFile string
 	insecure      bool
+	publicHosts   listFlag
+	maxStreams    int
+	maxPerClient  int
 	logFormat     string
 	logLevel      string
 	otel          bool
@@ -67,6 +72,34 @@ func envOr(getenv func(string) string, name, def string) string {
 func envBool(getenv func(string) string, name string) bool {
 	b, _ := strconv.ParseBool(getenv(name))
 	return b
+}
+
+// envInt is a whole number from the environment; a bad one is kept in
+// errs, reported after parsing.
+func envInt(getenv func(string) string, name string, def int, errs *[]error) int {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s=%q is not a whole number", name, clip(v)))
+		return def
+	}
+	return n
+}
+
+// listFlag is a flag that may be repeated, each value comma-separated.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
 }
 
 // parseFlags parses the command line. Secrets get no default from the
@@ -96,6 +129,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.basicAuthFile, "basic-auth-file", envOr(getenv, "AGENTS_CONSOLE_BASIC_AUTH_FILE", ""), "htpasswd file (bcrypt) of the console's users [AGENTS_CONSOLE_BASIC_AUTH_FILE]")
 	fs.StringVar(&o.authTokenFile, "auth-token-file", envOr(getenv, "AGENTS_CONSOLE_AUTH_TOKEN_FILE", ""), "file holding a bearer token the console requires [AGENTS_CONSOLE_AUTH_TOKEN_FILE]")
 	fs.BoolVar(&o.insecure, "insecure", false, "allow a non-loopback --addr without authentication")
+	fs.Var(&o.publicHosts, "public-host", "a name the console is also served as (host, host:port or https://host[:port]: https marks cookies Secure); requests for any other name than localhost, a loopback address or --addr are refused (DNS rebinding), as are pages of other origins; repeatable or comma-separated [AGENTS_CONSOLE_PUBLIC_HOST]")
+	var envErrs []error
+	fs.IntVar(&o.maxStreams, "max-streams", envInt(getenv, "AGENTS_CONSOLE_MAX_STREAMS", defaultMaxStreams, &envErrs), "open event streams at most (each is a consumer on the NATS server); past it a 503; 0: no bound [AGENTS_CONSOLE_MAX_STREAMS]")
+	fs.IntVar(&o.maxPerClient, "max-streams-per-client", envInt(getenv, "AGENTS_CONSOLE_MAX_STREAMS_PER_CLIENT", defaultMaxStreamsPerClient, &envErrs), "open event streams of one client at most (the basic-auth user, else the client's address); past it a 503; 0: no bound [AGENTS_CONSOLE_MAX_STREAMS_PER_CLIENT]")
 	fs.BoolVar(&o.otel, "otel", envBool(getenv, "AGENTS_OTEL"), "export OpenTelemetry spans of submits and controls over OTLP/HTTP as the OTEL_* variables say; the messages carry their context to the workers [AGENTS_OTEL]")
 	fs.StringVar(&o.logFormat, "log-format", envOr(getenv, "AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
 	fs.StringVar(&o.logLevel, "log-level", envOr(getenv, "AGENTS_LOG_LEVEL", "info"), "log level: debug, info, warn, error [AGENTS_LOG_LEVEL]")
@@ -104,6 +141,18 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := errors.Join(envErrs...); err != nil {
+		return nil, err
+	}
+	if len(o.publicHosts) == 0 {
+		_ = o.publicHosts.Set(getenv("AGENTS_CONSOLE_PUBLIC_HOST"))
+	}
+	if _, err := parsePublicHosts(o.publicHosts); err != nil {
+		return nil, err
+	}
+	if o.maxStreams < 0 || o.maxPerClient < 0 {
+		return nil, errors.New("--max-streams and --max-streams-per-client take 0 (no bound) or more")
 	}
 	if c.Password == "" {
 		c.Password = getenv("NATS_PASSWORD")
@@ -194,7 +243,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer cancel()
 		_ = tr.Shutdown(sctx)
 	}()
-	srv, err := newServer(serverConfig{Client: cl, Logger: log, AllowControl: o.allowControl, Auth: auth, TracerProvider: tr.Provider})
+	public, _ := parsePublicHosts(o.publicHosts) // checked by parseFlags
+	srv, err := newServer(serverConfig{Client: cl, Logger: log, AllowControl: o.allowControl, Auth: auth, TracerProvider: tr.Provider,
+		ListenAddr: o.addr, PublicHosts: public, MaxStreams: noBound(o.maxStreams), MaxStreamsPerClient: noBound(o.maxPerClient)})
 	if err != nil {
 		fmt.Fprintf(stderr, "console: %v\n", err)
 		return 1
@@ -226,7 +277,7 @@ func serve(ctx context.Context, srv *server, ln net.Listener, log *slog.Logger, 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("console started", "addr", "http://"+ln.Addr().String(), "allowControl", srv.allowControl,
-		"auth", srv.auth.kind(), "nats", bus.RedactURL(srv.client.Conn().ConnectedUrlRedacted()))
+		"auth", srv.auth.kind(), "publicHosts", srv.hosts.names(), "maxStreams", srv.streams.total, "maxStreamsPerClient", srv.streams.perClient, "nats", bus.RedactURL(srv.client.Conn().ConnectedUrlRedacted()))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -245,6 +296,14 @@ func serve(ctx context.Context, srv *server, ln net.Listener, log *slog.Logger, 
 		err = nil
 	}
 	return err
+}
+
+// noBound maps a flag's 0 (no bound) to serverConfig's -1.
+func noBound(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // strip trims a file's content for a secret.

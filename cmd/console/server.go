@@ -11,7 +11,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +36,15 @@ type serverConfig struct {
 	LongPoll time.Duration
 	// TracerProvider makes the spans of submits and controls (trace.go).
 	TracerProvider trace.TracerProvider
+	// ListenAddr is --addr: its host is one the console answers to
+	// (hosts.go). Loopback names and the connection's own address are
+	// answered whatever it is.
+	ListenAddr string
+	// PublicHosts are the --public-host names the console also answers to.
+	PublicHosts []publicHost
+	// MaxStreams and MaxStreamsPerClient bound the open event streams
+	// (streams.go); 0 takes the defaults, -1 is no bound.
+	MaxStreams, MaxStreamsPerClient int
 }
 
 // server is the console's HTTP handler.
@@ -45,6 +53,8 @@ type server struct {
 	log          *slog.Logger
 	allowControl bool
 	auth         *auth
+	hosts        hostPolicy
+	streams      *streamLimiter
 	csrf         csrf
 	records      *recordStore
 	heartbeat    time.Duration
@@ -65,6 +75,12 @@ func newServer(cfg serverConfig) (*server, error) {
 	if cfg.LongPoll <= 0 {
 		cfg.LongPoll = 25 * time.Second
 	}
+	if cfg.MaxStreams == 0 {
+		cfg.MaxStreams = defaultMaxStreams
+	}
+	if cfg.MaxStreamsPerClient == 0 {
+		cfg.MaxStreamsPerClient = defaultMaxStreamsPerClient
+	}
 	static, err := fs.Sub(staticFiles, "static")
 	if err != nil {
 		return nil, err
@@ -79,6 +95,8 @@ func newServer(cfg serverConfig) (*server, error) {
 		allowControl: cfg.AllowControl,
 		tracer:       consoleTracer(cfg.TracerProvider),
 		auth:         cfg.Auth,
+		hosts:        newHostPolicy(cfg.ListenAddr, cfg.PublicHosts),
+		streams:      newStreamLimiter(max(cfg.MaxStreams, 0), max(cfg.MaxStreamsPerClient, 0), cfg.Logger),
 		csrf:         newCSRF(),
 		records:      newRecordStore(cfg.Client, cfg.Logger),
 		heartbeat:    cfg.Heartbeat,
@@ -103,14 +121,23 @@ func newServer(cfg serverConfig) (*server, error) {
 	return s, nil
 }
 
-// ServeHTTP authenticates, sets the security headers and routes.
+// ServeHTTP sets the security headers, refuses other sites' names and
+// pages (hosts.go), authenticates and routes.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("X-Frame-Options", "DENY")
-	if s.auth.keepToken(w, r) {
+	if !s.hosts.hostAllowed(r) {
+		refuseHost(w, r)
+		return
+	}
+	if o := r.Header.Get("Origin"); o != "" && !s.hosts.originAllowed(o, r) {
+		refuseOrigin(w, o)
+		return
+	}
+	if s.auth.keepToken(w, r, s.hosts.secure(r)) {
 		return
 	}
 	user := s.auth.user(r)
@@ -250,19 +277,12 @@ func (s *server) getRun(w http.ResponseWriter, r *http.Request) {
 }
 
 // control wraps the POST handlers: they need --allow-control, a JSON body
-// and the page's CSRF token from the same origin.
+// and the page's CSRF token (ServeHTTP has refused other origins).
 func (s *server) control(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !s.allowControl {
 			writeError(w, http.StatusForbidden, "this console is read-only: start it with --allow-control to submit, steer, follow up and abort")
 			return
-		}
-		if o := r.Header.Get("Origin"); o != "" {
-			u, err := url.Parse(o)
-			if err != nil || u.Host != r.Host {
-				writeError(w, http.StatusForbidden, "cross-origin request refused")
-				return
-			}
 		}
 		if !s.csrf.valid(userOf(r), r.Header.Get("X-CSRF-Token")) {
 			writeError(w, http.StatusForbidden, "missing or wrong X-CSRF-Token: reload the page")

@@ -257,6 +257,7 @@ func (r *renderer) approvalEvent(env *bus.Envelope, typ string) {
 		Decision   string          `json:"decision"`
 		By         string          `json:"by"`
 		Reason     string          `json:"reason"`
+		Arguments  json.RawMessage `json:"arguments"`
 	}
 	if json.Unmarshal(env.Event, &ev) != nil {
 		return
@@ -286,7 +287,11 @@ func (r *renderer) approvalEvent(env *bus.Envelope, typ string) {
 		r.settle(ev.ToolCallID)
 		switch ev.Decision {
 		case bus.DecisionApprove:
-			r.println(r.st.green("✓ approved " + call + by))
+			edit := ""
+			if len(ev.Arguments) > 0 {
+				edit = " with " + cut(field(string(ev.Arguments)), r.room(30, 2))
+			}
+			r.println(r.st.green("✓ approved " + call + by + edit))
 		case bus.DecisionDeny:
 			r.println(r.st.red("✗ denied " + call + by + reason))
 		default:

@@ -26,7 +26,7 @@ func TestBudgetsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A priced model (a model without prices runs whatever the budget):
-	// its answers report no usage, so they cost nothing.
+	// its answers report no usage, so they cost their estimate.
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -65,6 +65,19 @@ func TestBudgetsEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ran float64 // what beta's run was charged: a call without usage costs its estimate
+	es, err := budget.List(fleettest.Context(t), kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if e.Tenant == "beta" {
+			ran = e.SpentUSD
+		}
+	}
+	if ran <= 0 {
+		t.Fatalf("beta's run charged $%v, want its estimate", ran)
+	}
 	l, _ := budget.NewLedger(kv, budget.LedgerConfig{Worker: "other"})
 	acct := budget.AccountAt("beta", budget.Tenant{USD: 5}, 24*time.Hour, time.Now())
 	res, _, err := l.Reserve(fleettest.Context(t), acct, 2)
@@ -95,12 +108,14 @@ func TestBudgetsEndToEnd(t *testing.T) {
 	if a := lines[0]; a.LimitUSD != 0 || a.RemainingUSD != 0 || a.Period != "24h" || !a.ResetsAt.Equal(end) {
 		t.Fatalf("acme %+v", a)
 	}
-	if b := lines[1]; b.LimitUSD != 5 || b.SpentUSD != 1.25 || b.RemainingUSD != 3.75 || b.ReservedUSD != 0 {
-		t.Fatalf("beta %+v", b)
+	spent := ran + 1.25
+	if b := lines[1]; b.LimitUSD != 5 || b.SpentUSD != spent || b.RemainingUSD != 5-spent || b.ReservedUSD != 0 {
+		t.Fatalf("beta %+v, want $%v spent", b, spent)
 	}
 	table, errOut, code := submit(t, nats("budgets")...)
 	if code != 0 {
 		t.Fatalf("budgets: exit %d\n%s", code, errOut)
 	}
-	expect(t, table, "TENANT", "SPENT", "LIMIT", "REMAINING", "RESETS", "acme", "beta", "$1.2500", "$5.0000", "$3.7500", end.Format(time.RFC3339))
+	expect(t, table, "TENANT", "SPENT", "LIMIT", "REMAINING", "RESETS", "acme", "beta", fmt.Sprintf("$%.4f", spent), "$5.0000",
+		fmt.Sprintf("$%.4f", 5-spent), end.Format(time.RFC3339))
 }

@@ -342,10 +342,10 @@ func cmdFollow(ctx context.Context, e *env, args []string) int {
 	}
 	defer c.Close()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	rec, err := c.Status(sctx, id)
+	rec, err := existingRun(sctx, c, id)
 	cancel()
 	if err != nil {
-		return fail(e, fleetError(c, err))
+		return fail(e, err)
 	}
 	return follow(ctx, e, c, followOptions{
 		run: id, queue: rec.Queue, json: asJSON, showPrompt: true,

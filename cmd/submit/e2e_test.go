@@ -318,7 +318,7 @@ func TestNoSuchRun(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"status", "nope-nope"}, {"follow", "nope-nope"}, {"steer", "nope-nope", "x"}, {"abort", "nope-nope"}, {"result", "nope-nope"}} {
 		_, errOut, code := submit(t, args...)
-		if code != 1 || !strings.Contains(errOut, "nope-nope") {
+		if code != 1 || !strings.Contains(errOut, "no such run: nope-nope") {
 			t.Errorf("%v: exit %d, want 1\n%s", args, code, errOut)
 		}
 	}

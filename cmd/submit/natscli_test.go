@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,7 +88,11 @@ func TestApprovalNATSCLI(t *testing.T) {
 	expectIn(blocks[0][1], sh(blocks[0][1], run), `{"type":"tool_approval_requested","toolCallId":"c1","toolName":"calculator","args":{"expression":"6*7"},"expiresAt":`)
 	expectIn(blocks[0][2], sh(blocks[0][2], run), `{"id":"`+run+`","waiting":{"for":"approval"`)
 
-	for i, want := range []struct{ result, decision string }{{"42", "approve"}, {"5", "approve"}, {"not in production", "deny"}} {
+	for i, want := range []struct{ result, decision, resolved string }{
+		{"42", "approve", `"by":"alice","controlSeq":`},
+		{"5", "approve", `,"arguments":{"expression":"2+3"}}`}, // the edit, since 1.8
+		{"not in production", "deny", `"by":"bob","reason":"not in production","controlSeq":`},
+	} {
 		if i > 0 {
 			run = newRun()
 		}
@@ -99,7 +104,7 @@ func TestApprovalNATSCLI(t *testing.T) {
 		if !strings.Contains(text, want.result) || isErr != (want.decision == "deny") {
 			t.Errorf("%s: c1's result %q (error %v), want %q", blocks[1][i], text, isErr, want.result)
 		}
-		expectIn(blocks[1][3], sh(blocks[1][3], run), `{"type":"tool_approval_resolved","toolCallId":"c1","decision":"`+want.decision+`"`)
+		expectIn(blocks[1][3], sh(blocks[1][3], run), `{"type":"tool_approval_resolved","toolCallId":"c1","decision":"`+want.decision+`"`, want.resolved)
 	}
 }
 
@@ -151,4 +156,160 @@ func TestControlIDNATSCLI(t *testing.T) {
 	if !strings.Contains(outs[1], "Sequence: "+seq[1]+" Duplicate: true") {
 		t.Fatalf("the retry is not the first copy (sequence %s):\n%s", seq[1], outs[1])
 	}
+}
+
+// TestProtocolDocNATSCLI runs docs/protocol.md's nats CLI examples of
+// what a client written from the doc alone needs (a reader's check): each
+// block as written, with its run ids made unique, against the test fleet,
+// and each gives what the doc says. It needs the nats CLI and jq.
+//
+// Not parallel: it declares a queue no worker serves (an update of the
+// runs stream that must not race the parallel tests' updates).
+func TestProtocolDocNATSCLI(t *testing.T) {
+	for _, bin := range []string{"nats", "jq"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("no %s on the PATH: .ci/run installs it", bin)
+			}
+			t.Skipf("no %s on the PATH (nats: go install github.com/nats-io/natscli/nats@v0.5.0)", bin)
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	// block returns the command lines of the one sh block holding marker,
+	// and the text of the next block after it.
+	block := func(marker string, n int) (lines []string, next string) {
+		t.Helper()
+		re := regexp.MustCompile("(?s)```sh\n(.*?)```")
+		var found [][]int
+		for _, m := range re.FindAllStringSubmatchIndex(doc, -1) {
+			if strings.Contains(doc[m[2]:m[3]], marker) {
+				found = append(found, m)
+			}
+		}
+		if len(found) != 1 {
+			t.Fatalf("docs/protocol.md has %d sh blocks with %q, want 1", len(found), marker)
+		}
+		for _, l := range strings.Split(doc[found[0][2]:found[0][3]], "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != n {
+			t.Fatalf("the block with %q has %d lines, want %d: teach this test about them\n%q", marker, len(lines), n, lines)
+		}
+		if m := regexp.MustCompile("(?s)```[a-z]*\n(.*?)```").FindStringSubmatch(doc[found[0][1]:]); m != nil {
+			next = strings.TrimSpace(m[1])
+		}
+		return lines, next
+	}
+	c := testClient(t)
+	home := t.TempDir()
+	sh := func(line string, ids map[string]string, wantOK bool, want ...string) string {
+		t.Helper()
+		for from, to := range ids {
+			line = regexp.MustCompile(`\b`+regexp.QuoteMeta(from)+`\b`).ReplaceAllString(line, to)
+		}
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "NATS_URL=" + fleet.url}
+		out, err := cmd.CombinedOutput()
+		if (err == nil) != wantOK {
+			t.Fatalf("%s: %v (want success %v)\n%s", line, err, wantOK, out)
+		}
+		for _, w := range want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("%s: no %q in\n%s", line, w, out)
+			}
+		}
+		return string(out)
+	}
+	unique := func(prefix string) string { return prefix + bus.NewRunID()[:10] }
+
+	// §2: an undeclared queue, told apart from JetStream being away.
+	lines, _ := block("agents.submit.nosuchqueue.r1", 3)
+	sh(lines[0], map[string]string{"r1": unique("doc-q-")}, false, "no responders")
+	sh(lines[1], nil, true, `"agents.submit.default.*"`)
+	sh(lines[2], nil, true, "io.nats.jetstream.api.v1.account_info_response")
+
+	// §3: a bad request lists an unknown field beside the other problems.
+	bad := unique("doc-bad-")
+	lines, want := block("agents.submit.default.r-bad", 2)
+	sh(lines[0], map[string]string{"r-bad": bad}, true)
+	waitEvent(t, c, bad, bus.EventRunFinished, "")
+	if got := strings.TrimSpace(sh(lines[1], map[string]string{"r-bad": bad}, true)); got != want {
+		t.Errorf("the bad request's error:\n%s\nthe doc says:\n%s", got, want)
+	}
+
+	// §3: the demo model calls the calculator for arithmetic.
+	demo := unique("doc-demo-")
+	lines, _ = block(`"model":"faux/demo"`, 2)
+	sh(lines[0], map[string]string{"f1": demo}, true)
+	waitEvent(t, c, demo, bus.EventRunFinished, "")
+	sh(lines[1], map[string]string{"f1": demo}, true,
+		`{"role":"assistant","content":[{"type":"text","text":"Let me compute that."},{"type":"toolCall","id":"demo-calc-1","name":"calculator","arguments":{"expression":"6*7"}}]}`,
+		`{"role":"assistant","content":[{"type":"text","text":"The calculator says: 42"}]}`)
+
+	// §4: a run that does not exist has no request, no record, no event;
+	// a finished one has its record and events.
+	lines, _ = block("--last-for 'agents.submit.*.r1'", 3)
+	nobody := map[string]string{"r1": unique("doc-nobody-")}
+	sh(lines[0], nobody, false, "no message found (10037)")
+	sh(lines[1], nobody, false, "nats: key not found")
+	sh(lines[2], nobody, false, "no message found (10037)")
+	sh(lines[1], map[string]string{"r1": bad}, true, "failed")
+	sh(lines[2], map[string]string{"r1": bad}, true, "run_finished")
+
+	// §6: a steer with an invalid body gets control_rejected on its run.
+	live := map[string]string{"r1": unique("doc-live-")}
+	if _, err := c.SubmitRaw(ctx(t), "", live["r1"], []byte(gatedRun(gateCalculator, calcCall, textReply("never")))); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, c, live["r1"], bus.EventToolApprovalRequested, "c1")
+	lines, _ = block(`{"txt":"Use metric units."}`, 2)
+	sh(lines[0], live, true)
+	waitEvent(t, c, live["r1"], bus.EventControlRejected, "")
+	rejected := regexp.MustCompile(`(?m)^\s*(\{"type":"control_rejected","kind":"steer","reason":"control message must.*"controlSeq":)\d+\}$`).FindStringSubmatch(doc)
+	if rejected == nil {
+		t.Fatal("docs/protocol.md shows no control_rejected of a steer")
+	}
+	sh(lines[1], live, true, rejected[1])
+
+	// §6: an abort while a gated call waits: the call's error result, then
+	// one more turn with an empty aborted message, counted in turns.
+	lines, _ = block(`jq -c '.event | {type, stopReason: .message.stopReason, turns}'`, 2)
+	sh(lines[0], live, true)
+	waitEvent(t, c, live["r1"], bus.EventRunFinished, "")
+	sh(lines[1], live, true, `{"type":"turn_start","stopReason":null,"turns":null}`+"\n"+
+		`{"type":"message_start","stopReason":"aborted","turns":null}`+"\n"+
+		`{"type":"message_end","stopReason":"aborted","turns":null}`,
+		`{"type":"run_finished","stopReason":null,"turns":2}`)
+	if text, isErr := toolResult(t, c, live["r1"], "c1"); !isErr || !strings.Contains(text, "stopped while waiting for approval") {
+		t.Errorf("the waiting call's result: %q (error %v)", text, isErr)
+	}
+
+	// §7: a queued run's request, fetched with the message get API (on a
+	// queue that is declared and that no worker serves).
+	s, err := c.JetStream().Stream(ctx(t), c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = append(cfg.Subjects, c.Names().SubmitFilter("docqueued"))
+	if _, err := c.JetStream().UpdateStream(ctx(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	queued := map[string]string{"r1": unique("doc-queued-")}
+	body := `{"prompt":"hi"}`
+	res, err := c.SubmitRaw(ctx(t), "docqueued", queued["r1"], []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.DeleteMsg(ctx(t), res.Seq) }()
+	lines, _ = block(`'{"seq":1,"next_by_subj":"agents.submit.*.r1"}' --raw | jq -r .message.data`, 2)
+	sh(lines[0], queued, true, fmt.Sprintf(`{"subject":"agents.submit.docqueued.%s","seq":%d,"time":"`, queued["r1"], res.Seq))
+	sh(lines[1], queued, true, body)
+	sh(lines[0], nobody, true, "null") // no request: no message
 }

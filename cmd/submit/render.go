@@ -149,6 +149,9 @@ func (r *renderer) Render(env *bus.Envelope) error {
 		r.println(closingLine(r.st, ev.RunFinished))
 	case bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
 		r.approvalEvent(env, ev.Type)
+	case bus.EventControlRejected:
+		cr := ev.Control
+		r.println(r.st.yellow(fmt.Sprintf("! %s (control sequence %d) not taken: %s", kindName(cr.Kind), cr.ControlSeq, cut(field(oneLine(cr.Reason)), 300))))
 	case bus.EventModelWait:
 		r.println(r.st.dim(fmt.Sprintf("⏳ the model call waited %s for the fleet's rate limits", time.Duration(ev.ModelWait.WaitedMs)*time.Millisecond)))
 	default:

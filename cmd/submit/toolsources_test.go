@@ -59,7 +59,7 @@ func TestToolSourcesEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = svc.Stop() }()
-	if err := svc.AddEndpoint("add", micro.HandlerFunc(func(r micro.Request) {
+	if err := svc.AddGroup("agents.tools.calc").AddEndpoint("add", micro.HandlerFunc(func(r micro.Request) {
 		var a struct{ A, B float64 }
 		_ = json.Unmarshal(r.Data(), &a)
 		_ = r.RespondJSON(map[string]any{"content": []map[string]any{{"type": "text", "text": "sum " + jsonNumber(a.A+a.B)}}})

@@ -119,6 +119,7 @@ type options struct {
 	workerID           string
 	// Tool sources (toolsources.go).
 	toolsConfig, toolServices string
+	toolsAuth                 toolsAuth
 	budgets                   budgetOptions // budgets.go
 }
 
@@ -336,6 +337,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	// Tool sources: MCP servers and NATS tool services.
 	fs.StringVar(&o.toolsConfig, "tools-config", env("AGENTS_TOOLS_CONFIG", ""), "MCP servers whose tools runs may use: a JSON file {\"mcpServers\": {\"<server>\": {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}; values may use ${VAR}; tools are named <server>__<tool> [AGENTS_TOOLS_CONFIG]")
 	fs.StringVar(&o.toolServices, "tool-services", env("AGENTS_TOOL_SERVICES", ""), "NATS tool services (micro) whose tools runs may use: comma-separated names, or * for every service found; tools are named <service>__<endpoint> [AGENTS_TOOL_SERVICES]")
+	o.toolsAuth.register(fs)        // toolsources.go
 	o.budgets.register(fs)          // budgets.go
 	otelFlag(fs, &o.otel, &environ) // trace.go
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -368,6 +370,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	// Secrets come from the environment after parsing, so --help never
 	// prints them as defaults.
 	o.conn.FromEnv()
+	o.toolsAuth.fromEnv()
 	if len(o.queues) == 0 {
 		_ = o.queues.Set(env("AGENTS_QUEUES", bus.DefaultQueue))
 	}
@@ -600,7 +603,25 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	}
 	cfg.Logger = log
 	cfg.Version = version
-	if cfg.ToolSources, err = tools.sources(c.Conn(), log); err != nil {
+	toolsConn := c.Conn()
+	if len(tools.services) > 0 {
+		switch {
+		case o.toolsAuth.set():
+			tc, err := connectTools(ctx, o)
+			if err != nil {
+				log.Error("cannot connect to NATS for tool calls (--tools-user, --tools-creds, --tools-nkey)", "err", err)
+				return 1
+			}
+			defer tc.Close()
+			toolsConn = tc.Conn()
+			log.Info("tool services are called on a connection of their own", "user", o.toolsAuth.user)
+		case srv == nil:
+			log.Warn("tool services are called with the worker's own NATS connection and permissions: " +
+				"give the calls an identity that may publish only agents.tools.> and $SRV.INFO " +
+				"(--tools-user and AGENTS_TOOLS_PASSWORD, --tools-creds or --tools-nkey; user toolcaller of deploy/nats/accounts.conf)")
+		}
+	}
+	if cfg.ToolSources, err = tools.sources(toolsConn, c.Names().Prefix(), log); err != nil {
 		log.Error("tools configuration", "err", err)
 		return 2
 	}

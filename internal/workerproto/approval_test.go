@@ -127,3 +127,16 @@ func TestDecodeApproval(t *testing.T) {
 		}
 	}
 }
+
+// A steer or follow-up an earlier attempt rejected (control_rejected) is
+// not taken, nor rejected, again.
+func TestRecoverRejectedControls(t *testing.T) {
+	b := &recEnv{t: t}
+	b.add(1, 1, bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	b.add(1, 2, msgEnd(agent.UserText("go")))
+	b.add(1, 3, bus.ControlRejected{Type: bus.EventControlRejected, Kind: bus.KindSteer, Reason: "bad", ControlSeq: 7})
+	b.add(1, 4, msgEnd(assistantCalls("c1")))
+	if got := Recover(b.out, 1000).AnsweredSeqs; len(got) != 1 || got[0] != 7 {
+		t.Fatalf("answered seqs %v, want [7]", got)
+	}
+}

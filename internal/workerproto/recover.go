@@ -24,6 +24,13 @@ type Recovery struct {
 	// messages that ended aborted, and any message marked interrupted (cut
 	// off, or a tool result cancelled, because its worker stopped).
 	Dropped int
+	// DroppedMessages are those messages, in transcript order.
+	DroppedMessages []agent.Message
+	// CutOffUsage is the usage of the model calls that attempts before the
+	// view's were charged and the view does not have (the cutOffUsage of
+	// the run_resumed it rests on). The dropped messages' own usage is not
+	// in it: the new attempt adds the part that is its run's.
+	CutOffUsage agent.Usage
 	// Partial is set when an assistant message was being streamed and never
 	// ended (it is not in the view, so nothing to drop).
 	Partial bool
@@ -48,7 +55,8 @@ type Recovery struct {
 	// resolve, and get no synthetic result.
 	Deferred []agent.Content
 	// AnsweredSeqs are the control sequences of the approvals earlier
-	// attempts used (resolved or rejected): not applied again.
+	// attempts used (resolved or rejected) and of the steer and follow-up
+	// messages they rejected (control_rejected): not applied again.
 	AnsweredSeqs []uint64
 	// Finished is set when the run already has its run_finished.
 	Finished *bus.RunFinished
@@ -123,6 +131,8 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		n--
 	}
 	rec.Dropped = len(msgs) - n
+	rec.DroppedMessages = append([]agent.Message(nil), msgs[n:]...)
+	rec.CutOffUsage = t.CutOffUsage()
 	rec.Messages = append([]agent.Message(nil), msgs[:n]...)
 	for i := range n {
 		if s := t.ControlSeq(i); s > 0 {
@@ -192,11 +202,12 @@ type approvalTracker struct {
 }
 
 // apply takes one envelope; it returns the control sequence of an answer
-// the event used (0: none).
+// the event used, or of a control message it rejected (0: none).
 func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 	switch e.Type {
 	case string(agent.EventMessageEnd), string(agent.EventToolExecutionStart), string(agent.EventToolExecutionEnd),
-		bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
+		bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected,
+		bus.EventControlRejected:
 	default:
 		return 0
 	}
@@ -205,6 +216,8 @@ func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 		return 0
 	}
 	switch {
+	case ev.Control != nil:
+		return ev.Control.ControlSeq
 	case ev.Agent != nil && ev.Type == string(agent.EventMessageEnd):
 		if m := ev.Agent.Message; m != nil && m.Role == agent.RoleAssistant {
 			clear(g.requested)

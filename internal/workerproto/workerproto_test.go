@@ -299,3 +299,41 @@ func TestMsgID(t *testing.T) {
 		t.Fatal(MsgID("r", 2, 7))
 	}
 }
+
+// The cut-off usage travels: a resume returns the messages it drops (their
+// usage is what the calls were charged) and the cutOffUsage of the
+// run_resumed its view rests on, also when the newest attempt died before
+// it published one.
+func TestRecoverCutOffUsage(t *testing.T) {
+	started := func(a int) bus.RunStarted { return bus.RunStarted{Type: bus.EventRunStarted, Attempt: a} }
+	cutOff := func(in, out int) agent.Message {
+		m := assistantText("partial", agent.StopReasonAborted)
+		m.Usage = agent.Usage{Input: in, Output: out, TotalTokens: in + out, Cost: agent.Cost{Total: float64(in+out) / 1000}}
+		return m
+	}
+	carried := &agent.Usage{Input: 100, Output: 10, TotalTokens: 110, Cost: agent.Cost{Total: 0.11}}
+	b := &recEnv{t: t}
+	b.add(1, 1, started(1))
+	b.add(1, 2, msgEnd(agent.UserText("q")))
+	b.add(1, 3, msgEnd(cutOff(100, 10)), interrupted())
+	b.add(2, 1, started(2))
+	b.add(2, 2, bus.RunResumed{Type: bus.EventRunResumed, Attempt: 2, MessagesRestored: 1, CutOffUsage: carried})
+	b.add(2, 3, msgEnd(cutOff(100, 20)), interrupted())
+
+	rc := Recover(b.out, 5)
+	if got := summary(rc.Messages); got != "user:q" {
+		t.Fatalf("restored %s", got)
+	}
+	if rc.CutOffUsage != *carried {
+		t.Fatalf("carried %+v, want attempt 2's run_resumed's %+v", rc.CutOffUsage, *carried)
+	}
+	if len(rc.DroppedMessages) != 1 || rc.DroppedMessages[0].Usage.Output != 20 {
+		t.Fatalf("dropped %+v, want attempt 2's cut-off message", rc.DroppedMessages)
+	}
+
+	b.add(3, 1, started(3)) // killed before its run_resumed
+	rc = Recover(b.out, 5)
+	if rc.CutOffUsage != *carried || len(rc.DroppedMessages) != 1 || rc.DroppedMessages[0].Usage.Output != 20 {
+		t.Fatalf("after a dead attempt: carried %+v, dropped %+v; want attempt 2's view", rc.CutOffUsage, rc.DroppedMessages)
+	}
+}

@@ -6,7 +6,8 @@
 //
 // # What comes from go-openai, and what does not
 //
-// github.com/sashabaranov/go-openai (v1.43.0) is used for what it does well:
+// github.com/sashabaranov/go-openai (the version go.mod requires) is used
+// for what it does well:
 //
 //   - Request types: messages, content parts, tool calls, tool declarations
 //     and the request itself are go-openai's ChatCompletionMessage, Tool,

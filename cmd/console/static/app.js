@@ -482,21 +482,29 @@ async function runPage(main, id) {
 
   const tr = new Transcript(transcript, update);
   let lastId = 0;
-  const es = new EventSource("/api/runs/" + encodeURIComponent(id) + "/events");
-  es.addEventListener("envelope", (e) => {
-    const seq = Number(e.lastEventId);
-    if (seq && seq <= lastId) return; // never twice
-    if (seq) lastId = seq;
-    let env;
-    try { env = JSON.parse(e.data); } catch { return; }
-    tr.apply(env);
-    transcript.dataset.lastEventId = String(lastId);
-  });
-  es.addEventListener("end", () => {
-    es.close();
-    transcript.dataset.ended = "true";
-    refresh();
-  });
+  const follow = () => {
+    const es = new EventSource("/api/runs/" + encodeURIComponent(id) + "/events" + (lastId ? "?after=" + lastId : ""));
+    es.addEventListener("envelope", (e) => {
+      const seq = Number(e.lastEventId);
+      if (seq && seq <= lastId) return; // never twice
+      if (seq) lastId = seq;
+      let env;
+      try { env = JSON.parse(e.data); } catch { return; }
+      tr.apply(env);
+      transcript.dataset.lastEventId = String(lastId);
+    });
+    es.addEventListener("end", () => {
+      es.close();
+      transcript.dataset.ended = "true";
+      refresh();
+    });
+    // The browser reopens a dropped stream itself, but not a refused one
+    // (the console's stream caps answer 503 with Retry-After: 5).
+    es.addEventListener("error", () => {
+      if (es.readyState === EventSource.CLOSED && transcript.dataset.ended !== "true") setTimeout(follow, 5000);
+    });
+  };
+  follow();
   // The record has what events do not say (stale, totals after a resume).
   const refresh = async () => {
     try { fromRecord(await getJSON("/api/runs/" + encodeURIComponent(id))); } catch (e) {

@@ -1,0 +1,459 @@
+package toolsource
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// An MCP server's message over the cap fails the call it answers, not
+// the session. The SDK reads stdio with a line cap and ends the session
+// (every call on it) at the first longer line; over HTTP it reads a JSON
+// body whole and gives up a stream at an oversized event. So the worker
+// reads the bytes first: a message over MaxMessageBytes is skipped
+// without being kept, and when it is a reply the SDK gets a JSON-RPC
+// error for its id instead.
+
+// sseSlack is how far above our cap the SDK's own event cap is set.
+const sseSlack = 1 << 20
+
+// maxSkipped bounds a message being skipped: a server that never ends a
+// line past it ends its session.
+const maxSkipped = 1 << 30
+
+// CommandTransport runs a stdio MCP server as mcp.CommandTransport does,
+// with each message from it bounded by MaxMessageBytes.
+type CommandTransport struct {
+	Command *exec.Cmd
+	// TerminateDuration is how long Close waits for the process after
+	// closing its stdin, before SIGTERM (then SIGKILL); default 5s.
+	TerminateDuration time.Duration
+	// MaxMessageBytes bounds one line the server writes; default the
+	// SDK's 16 MiB.
+	MaxMessageBytes int
+	Logger          *slog.Logger
+}
+
+// Connect starts the command and talks to it over its stdin and stdout.
+func (t *CommandTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	stdout, err := t.Command.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdin, err := t.Command.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := t.Command.Start(); err != nil {
+		return nil, err
+	}
+	max := t.MaxMessageBytes
+	if max <= 0 {
+		max = mcp.DefaultMaxLineLength
+	}
+	td := t.TerminateDuration
+	if td <= 0 {
+		td = 5 * time.Second
+	}
+	log := t.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &lineCapReader{src: bufio.NewReaderSize(stdout, 64<<10), max: max, log: log}
+	// The connection closes by closing stdin (processStdin.Close), not stdout.
+	return (&mcp.IOTransport{Reader: io.NopCloser(r), Writer: &processStdin{t.Command, stdin, td}, MaxLineLength: -1}).Connect(ctx)
+}
+
+// processStdin closes a stdio server as the MCP spec asks: stdin closed,
+// then SIGTERM, then SIGKILL, each after a wait (the SDK's pipeRWC).
+type processStdin struct {
+	cmd       *exec.Cmd
+	stdin     io.WriteCloser
+	terminate time.Duration
+}
+
+func (p *processStdin) Write(b []byte) (int, error) { return p.stdin.Write(b) }
+
+func (p *processStdin) Close() error {
+	if err := p.stdin.Close(); err != nil {
+		return fmt.Errorf("closing stdin: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	wait := func() (error, bool) {
+		t := time.NewTimer(p.terminate)
+		defer t.Stop()
+		select {
+		case err := <-exited:
+			return err, true
+		case <-t.C:
+			return nil, false
+		}
+	}
+	if err, ok := wait(); ok {
+		return err
+	}
+	if p.cmd.Process.Signal(syscall.SIGTERM) == nil {
+		if err, ok := wait(); ok {
+			return err
+		}
+	}
+	if err := p.cmd.Process.Kill(); err != nil {
+		return err
+	}
+	if err, ok := wait(); ok {
+		return err
+	}
+	return errors.New("unresponsive subprocess")
+}
+
+// lineCapReader passes a stdio server's lines through up to max bytes
+// each; a longer one is skipped and replaced by an error reply for its id.
+type lineCapReader struct {
+	src  *bufio.Reader
+	max  int
+	log  *slog.Logger
+	out  []byte // what the next Reads return
+	line []byte
+}
+
+func (r *lineCapReader) Read(p []byte) (int, error) {
+	for len(r.out) == 0 {
+		if err := r.next(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, r.out)
+	r.out = r.out[n:]
+	return n, nil
+}
+
+func (r *lineCapReader) next() error {
+	if cap(r.line) > 1<<20 {
+		r.line = nil // do not keep a large line's buffer
+	}
+	r.line = r.line[:0]
+	for {
+		frag, err := r.src.ReadSlice('\n')
+		if len(r.line)+len(frag) > r.max {
+			return r.skip(frag, err)
+		}
+		r.line = append(r.line, frag...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if len(r.line) > 0 {
+			r.out = r.line // a last line without newline too; EOF comes next
+			return nil
+		}
+		return err
+	}
+}
+
+// skip reads the rest of an oversized line without keeping it, then
+// queues the error reply for it (or nothing, for a request or
+// notification of the server's).
+func (r *lineCapReader) skip(frag []byte, err error) error {
+	m := newSkipped(r.line)
+	m.add(frag)
+	for errors.Is(err, bufio.ErrBufferFull) {
+		if m.size > maxSkipped {
+			return fmt.Errorf("an MCP server message of more than %d bytes", maxSkipped)
+		}
+		frag, err = r.src.ReadSlice('\n')
+		m.add(frag)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	reply, kind := m.reply(nil, r.max)
+	switch kind {
+	case skippedReply:
+		r.log.Warn("MCP server reply over the size limit refused: its call fails, the session goes on", "bytes", m.size, "limit", r.max)
+		r.out = append(reply, '\n')
+		return nil // an EOF comes again with the next read
+	case skippedRequest:
+		r.log.Warn("MCP server message over the size limit dropped", "bytes", m.size, "limit", r.max)
+		return err // nil: the next line
+	}
+	// No id to fail: the session ends, as the SDK would end it.
+	return fmt.Errorf("an MCP server message of %d bytes without a reply id, over the limit of %d", m.size, r.max)
+}
+
+// skipped is what is kept of an oversized message: its start, its end
+// and its size.
+type skipped struct {
+	head, tail []byte
+	size       int
+}
+
+const skippedKeep = 4 << 10
+
+func newSkipped(start []byte) *skipped {
+	m := &skipped{}
+	m.add(start)
+	return m
+}
+
+func (m *skipped) add(b []byte) {
+	m.size += len(b)
+	if n := skippedKeep - len(m.head); n > 0 {
+		m.head = append(m.head, b[:min(n, len(b))]...)
+	}
+	m.tail = append(m.tail, b[max(0, len(b)-skippedKeep):]...)
+	if len(m.tail) > skippedKeep {
+		m.tail = append(m.tail[:0], m.tail[len(m.tail)-skippedKeep:]...)
+	}
+}
+
+type skippedKind int
+
+const (
+	skippedUnknown skippedKind = iota
+	skippedReply
+	skippedRequest // a request or notification of the server's
+)
+
+// tailID finds the id at the end of a reply written id last (the
+// TypeScript SDK writes {"result":…,"jsonrpc":"2.0","id":N}).
+var tailID = regexp.MustCompile(`"id"\s*:\s*(-?[0-9]{1,20}|"(?:[^"\\]|\\.){0,256}")\s*\}\s*$`)
+
+// reply returns the error reply that replaces the message: for the id it
+// names, or for callID (the request an HTTP response answers) when set.
+func (m *skipped) reply(callID json.RawMessage, max int) ([]byte, skippedKind) {
+	kind, id := scanHead(m.head)
+	if kind == skippedRequest {
+		return nil, kind
+	}
+	if callID != nil {
+		id = callID
+	} else if id == nil {
+		if sm := tailID.FindSubmatch(bytes.TrimSpace(m.tail)); sm != nil && json.Valid(sm[1]) {
+			id = sm[1]
+		}
+	}
+	if id == nil {
+		return nil, skippedUnknown
+	}
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{
+		"code": -32603, "message": fmt.Sprintf("the server's reply of %d bytes or more was refused: the limit is %d", m.size, max)}})
+	return b, skippedReply
+}
+
+// scanHead reads the first keys of a JSON-RPC message: a reply has
+// "result" or "error", a request or notification "method" or "params";
+// the id, when it comes before them.
+func scanHead(head []byte) (skippedKind, json.RawMessage) {
+	dec := json.NewDecoder(bytes.NewReader(head))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return skippedUnknown, nil
+	}
+	var id json.RawMessage
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			break
+		}
+		switch t {
+		case "result", "error":
+			return skippedReply, id
+		case "method", "params":
+			return skippedRequest, nil
+		}
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			break
+		}
+		if t == "id" {
+			id = v
+		}
+	}
+	return skippedUnknown, id
+}
+
+// capTransport bounds what a Streamable HTTP server sends: a JSON reply
+// body or one SSE event over max is replaced by an error reply for the
+// request it answers; an oversized event on a stream of no call (the
+// standalone GET stream) is dropped.
+type capTransport struct {
+	next http.RoundTripper
+	max  int
+	log  *slog.Logger
+}
+
+func (c *capTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	var callID json.RawMessage
+	if req.Method == http.MethodPost && req.GetBody != nil {
+		if body, err := req.GetBody(); err == nil {
+			var msg struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+			}
+			if json.NewDecoder(io.LimitReader(body, 1<<20)).Decode(&msg) == nil && msg.Method != "" && len(msg.ID) > 0 && string(msg.ID) != "null" {
+				callID = msg.ID
+			}
+			_ = body.Close()
+		}
+	}
+	resp, err := c.next.RoundTrip(req)
+	if err != nil || resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return resp, err
+	}
+	switch mediaType(resp.Header.Get("Content-Type")) {
+	case "application/json":
+		if callID == nil {
+			return resp, nil
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.max)+1))
+		if len(body) > c.max {
+			_ = resp.Body.Close()
+			m := newSkipped(body)
+			body, _ = m.reply(callID, c.max)
+			err = nil
+			c.log.Warn("MCP server reply over the size limit refused: its call fails, the session goes on", "limit", c.max)
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+		} else {
+			resp.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(bytes.NewReader(body), errReader{err}), resp.Body}
+		}
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	case "text/event-stream":
+		resp.Body = &sseCapReader{src: bufio.NewReaderSize(resp.Body, 64<<10), body: resp.Body, max: c.max, callID: callID, log: c.log}
+	}
+	return resp, nil
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) {
+	if e.err == nil {
+		return 0, io.EOF
+	}
+	return 0, e.err
+}
+
+func mediaType(ct string) string {
+	for i := range len(ct) {
+		if ct[i] == ';' || ct[i] == ' ' {
+			return ct[:i]
+		}
+	}
+	return ct
+}
+
+// sseCapReader passes an SSE stream through event by event; an event
+// whose lines exceed max is skipped and, on a call's stream, replaced by
+// an error reply for the call.
+type sseCapReader struct {
+	src    *bufio.Reader
+	body   io.Closer
+	max    int
+	callID json.RawMessage
+	log    *slog.Logger
+	out    []byte
+	event  []byte
+	err    error
+}
+
+func (r *sseCapReader) Close() error { return r.body.Close() }
+
+func (r *sseCapReader) Read(p []byte) (int, error) {
+	for len(r.out) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		r.next()
+	}
+	n := copy(p, r.out)
+	r.out = r.out[n:]
+	return n, nil
+}
+
+// next reads one event (lines up to a blank one) into out, or sets err.
+func (r *sseCapReader) next() {
+	if cap(r.event) > 1<<20 {
+		r.event = nil
+	}
+	r.event = r.event[:0]
+	var m *skipped
+	for {
+		line, err := r.readLine(m != nil)
+		if m == nil && len(r.event)+len(line) > r.max {
+			m = newSkipped(nil)
+			m.add(eventData(r.event))
+			r.event = r.event[:0]
+		}
+		if m != nil {
+			m.add(eventData(line))
+		} else {
+			r.event = append(r.event, line...)
+		}
+		if err != nil {
+			r.err = err // after what this event gives
+			break
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 { // the event's end
+			break
+		}
+		if m != nil && m.size > maxSkipped {
+			r.err = fmt.Errorf("an MCP server event of more than %d bytes", maxSkipped)
+			return
+		}
+	}
+	if m == nil {
+		r.out = r.event
+		return
+	}
+	reply, kind := m.reply(r.callID, r.max)
+	if kind == skippedReply && r.callID != nil {
+		r.log.Warn("MCP server reply over the size limit refused: its call fails, the session goes on", "bytes", m.size, "limit", r.max)
+		r.out = []byte("event: message\ndata: " + string(reply) + "\n\n")
+		return
+	}
+	r.log.Warn("MCP server event over the size limit dropped", "bytes", m.size, "limit", r.max)
+}
+
+// readLine reads a line; while skipping, a long line comes in pieces
+// (the data: prefix only on the first, which is all eventData needs).
+func (r *sseCapReader) readLine(skipping bool) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := r.src.ReadSlice('\n')
+		line = append(line, frag...)
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return line, err
+		}
+		if skipping || len(line) > r.max {
+			return line, nil
+		}
+	}
+}
+
+// eventData keeps what follows "data:" on SSE lines (the JSON-RPC
+// message, for scanHead), or the bytes as they are for a piece of one.
+func eventData(b []byte) []byte {
+	var out []byte
+	for line := range bytes.Lines(b) {
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			out = append(out, bytes.TrimPrefix(bytes.TrimRight(d, "\r\n"), []byte(" "))...)
+		} else if !bytes.HasPrefix(line, []byte("event:")) && !bytes.HasPrefix(line, []byte("id:")) && !bytes.HasPrefix(line, []byte("retry:")) {
+			out = append(out, bytes.TrimRight(line, "\r\n")...)
+		}
+	}
+	return out
+}
