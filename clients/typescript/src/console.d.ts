@@ -20,11 +20,13 @@ export type ConsoleClientOptions = {
   fetch?: typeof fetch;
   /** default "same-origin" */
   credentials?: RequestCredentials;
+  /** How long a follow of a run the console does not know waits before it looks again (default 5000 ms; then a RunNotFoundError). */
+  followStallMs?: number;
 };
 
 export type ConsoleFollowOptions = Cursor & {
   includeUnknown?: boolean;
-  /** Check first that the run exists (GET /api/runs/{id}: a RunNotFoundError); default true from the start. */
+  /** End with a RunNotFoundError when the console does not know the run (GET /api/runs/{id}), now and one stall interval later; default true from the start. */
   mustExist?: boolean;
   signal?: AbortSignal;
   onWarning?: (err: Error) => void;

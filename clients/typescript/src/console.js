@@ -77,6 +77,8 @@ export class ConsoleClient {
     this.fetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
     this.credentials = opts.credentials ?? "same-origin";
     this.headers = opts.headers ?? {};
+    /** How long a follow of a run the console does not know waits before it looks again (then a RunNotFoundError). */
+    this.followStallMs = opts.followStallMs ?? 5000;
     /** @type {Promise<any> | null} */
     this._session = null;
   }
@@ -307,7 +309,19 @@ export class ConsoleFollowStream {
     const onAbort = () => this.abort.abort(outer?.reason);
     outer?.addEventListener("abort", onAbort);
     try {
-      if (opts.mustExist !== false && f.from === 1) await client.status(run);
+      // A run that does not exist would be waited for forever: the console
+      // must know it (its request or record), now or one stall interval
+      // later (one look would end a follower started just before the run's
+      // submitter published; docs/protocol.md §4, "A run that does not exist").
+      if (opts.mustExist !== false && f.from === 1 && f.attempt === 0) {
+        try {
+          await client.status(run);
+        } catch (err) {
+          if (!(err instanceof RunNotFoundError)) throw err;
+          await sleep(client.followStallMs, signal);
+          if (!signal.aborted) await client.status(run);
+        }
+      }
       let pause = 250;
       while (!f.finished && !signal.aborted) {
         const path = `/api/runs/${run}/events${f.from > 1 ? `?after=${f.from - 1}` : ""}`;

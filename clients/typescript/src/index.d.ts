@@ -100,7 +100,13 @@ export type RunRecord = Omit<WireRunRecord, "state"> & {
 export type FollowOptions = Cursor & {
   /** Yield envelopes of event types this version does not know (as `submit follow --json` prints them); default false: skipped, as docs/protocol.md asks of readers. */
   includeUnknown?: boolean;
-  /** Check first that the run exists (a RunNotFoundError); default true when following from the start. */
+  /**
+   * End with a RunNotFoundError when the run has no request, record or
+   * event at the start and again one stall interval (5 s) later, while
+   * nothing was delivered (docs/protocol.md §4, "A run that does not
+   * exist"); default true when following from the start. false: wait for
+   * the run however long.
+   */
   mustExist?: boolean;
   /** Stops the follow: the loop ends with the signal's reason thrown. */
   signal?: AbortSignal;
@@ -178,6 +184,8 @@ export declare class Client {
   follow(run: string, opts: FollowOptions & { includeUnknown: true }): AsyncIterable<Envelope<Event | UnknownEvent>> & Omit<FollowStream, typeof Symbol.asyncIterator>;
   /** The envelopes stored now (since a time), in stream order; does not wait. */
   storedEvents(run: string, since?: Date): Promise<Envelope<Event | UnknownEvent>[]>;
+  /** Whether the run has none of its request, its record and a stored event. */
+  absent(run: string): Promise<boolean>;
   /** The stream sequence of the run's last stored event (0: none). */
   lastEventSeq(run: string): Promise<number>;
   /** Replays the run into its transcript (waits for a running run). */

@@ -298,7 +298,9 @@ export class Client {
 
   /**
    * A run's record (docs/protocol.md §7), stale marked; a run with only a
-   * request is queued; neither is a RunNotFoundError.
+   * request is queued; neither is a RunNotFoundError. The record is read,
+   * then the request, then the record again: a run found by none of the
+   * three did not exist when status began.
    * @param {string} run
    */
   async status(run) {
@@ -315,7 +317,16 @@ export class Client {
     } catch (err) {
       throw this.fleetError(err, `status of ${run}`, this.names.runsStream);
     }
-    if (!m) throw new RunNotFoundError(run);
+    if (!m) {
+      // The run may have finished between the two reads: its record is
+      // written before its request is removed.
+      const again = await this.record(run);
+      if (again) {
+        this.markStale(again, Date.now());
+        return again;
+      }
+      throw new RunNotFoundError(run);
+    }
     const queue = this.names.parseSubmit(m.subject)?.queue ?? "";
     return queuedRecord(run, queue, m.time.toISOString(), m.seq);
   }
@@ -332,6 +343,22 @@ export class Client {
    */
   follow(run, opts = {}) {
     return new FollowStream(this, run, opts);
+  }
+
+  /**
+   * Whether a run has none of its request, its record and a stored event
+   * (docs/protocol.md §4, "A run that does not exist"); an error reading
+   * them is no answer (false).
+   * @param {string} run
+   */
+  async absent(run) {
+    try {
+      await this.status(run);
+      return false;
+    } catch (err) {
+      if (!(err instanceof RunNotFoundError)) return false;
+    }
+    return (await this.lastEventSeq(run).catch(() => -1)) === 0;
   }
 
   /**
@@ -955,7 +982,6 @@ export class FollowStream {
     signal?.addEventListener("abort", onAbort);
     client._follows.add(this);
     try {
-      if (opts.mustExist !== false && f.from === 1) await client.status(run); // RunNotFoundError
       while (!f.finished && !this.closed) {
         const cons = await this.open();
         if (!cons) break;
@@ -1020,6 +1046,26 @@ export class FollowStream {
     let idle = 0;
     let due = 2;
     let looking = false;
+    // A run that does not exist would be waited for forever: while nothing
+    // has been delivered, look for its request, record or an event beside
+    // the consumer (a run that exists costs no wait), and again one stall
+    // interval later (one look would end a follower started just before
+    // the run's submitter published); none both times: RunNotFoundError.
+    let gone = false;
+    const check = opts.mustExist !== false && f.from === 1 && f.attempt === 0;
+    const noSuchRun = async () => {
+      if (!check || seen !== 0 || !(await client.absent(run)) || seen !== 0) return false;
+      gone = true;
+      msgs.stop();
+      return true;
+    };
+    if (check) {
+      (async () => {
+        if (!(await client.absent(run))) return;
+        await new Promise((r) => setTimeout(r, client.followStallMs));
+        if (!this.closed) await noSuchRun();
+      })().catch(() => {});
+    }
     const timer = setInterval(async () => {
       if (!waiting || seen !== last) {
         last = seen;
@@ -1034,6 +1080,7 @@ export class FollowStream {
         const cur = seen;
         const stored = await client.lastEventSeq(run).catch(() => -1);
         if (stored < 0) return; // NATS away: ask again, as often
+        if (stored === 0 && cur === 0 && (await noSuchRun())) return;
         if (stored <= cur || seen !== cur || !waiting) {
           due = Math.min(2 * due, 16);
           return;
@@ -1054,6 +1101,7 @@ export class FollowStream {
         } finally {
           waiting = false;
         }
+        if (gone) throw new RunNotFoundError(run);
         if (r.done) return; // closed, stalled, or the connection closed
         const m = r.value;
         f.read(m.seq);
@@ -1071,6 +1119,7 @@ export class FollowStream {
         if (f.finished || this.closed) return;
       }
     } catch (err) {
+      if (gone) throw new RunNotFoundError(run);
       if (stalled || this.closed) return;
       throw client.fleetError(err, `follow ${run}`, client.names.eventsStream);
     } finally {

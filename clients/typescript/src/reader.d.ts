@@ -63,6 +63,8 @@ export declare class Transcript {
   lastSeq: number;
   /** The assistant message being streamed, or null. */
   partial: AssistantMessage | null;
+  /** The usage of earlier attempts' model calls the messages do not have (run_resumed's cutOffUsage, since 1.8). */
+  cutOffUsage: import("../types/protocol.js").Usage | null;
   apply(env: { attempt: number; seq: number; event: Event | UnknownEvent }): void;
   /** The text of the last assistant message. */
   finalText(): string;

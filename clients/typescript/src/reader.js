@@ -273,6 +273,15 @@ export class Transcript {
     this.partial = null;
     /** @type {any[]} */
     this.prev = [];
+    /**
+     * The usage of model calls of earlier attempts that the messages do not
+     * have (run_resumed's cutOffUsage, since 1.8): charged to the run beyond
+     * its messages' usage; null when none.
+     * @type {any}
+     */
+    this.cutOffUsage = null;
+    /** @type {any} */
+    this.prevCutOff = null;
   }
 
   /** @param {{attempt: number, seq: number, event: any}} env */
@@ -282,8 +291,12 @@ export class Transcript {
     if (env.attempt > this.attempt) {
       // A new attempt starts over unless run_resumed says otherwise; one
       // that never published run_resumed died before deciding anything.
-      if (this.attempt <= 1 || this.resumed) this.prev = this.messages;
+      if (this.attempt <= 1 || this.resumed) {
+        this.prev = this.messages;
+        this.prevCutOff = this.cutOffUsage;
+      }
       this.messages = [];
+      this.cutOffUsage = null;
       this.attempt = env.attempt;
       this.partial = null;
       this.resumed = null;
@@ -298,6 +311,7 @@ export class Transcript {
         this.resumed = ev;
         const n = Math.min(Math.max(ev.messagesRestored ?? 0, 0), this.prev.length);
         this.messages = [...this.prev.slice(0, n), ...this.messages];
+        if (ev.cutOffUsage) this.cutOffUsage = ev.cutOffUsage;
         break;
       }
       case "run_finished":

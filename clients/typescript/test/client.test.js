@@ -28,7 +28,7 @@ let client;
 
 before(async () => {
   hub = await startWorker(["--concurrency", "16", "--ack-wait", "10s"], { name: "hub" });
-  client = await connect({ servers: hub.url });
+  client = await connect({ servers: hub.url, followStallMs: 1000 });
 });
 
 after(async () => {
@@ -172,6 +172,13 @@ test("errors: queue not declared, no such run, NATS unreachable, JetStream down"
   for (const call of [() => client.status("no-such-run"), () => client.result("no-such-run"), () => followAll("no-such-run")]) {
     await assert.rejects(call(), (err) => err instanceof RunNotFoundError && err.code === "run_not_found" && /no such run: no-such-run/.test(err.message));
   }
+  // A follower started before the run is submitted is not told it has none.
+  const early = newRunId();
+  const followed = followAll(early);
+  await new Promise((r) => setTimeout(r, 200)); // likely after the follower's first look (either order must pass)
+  await client.submit({ prompt: "just in time" }, { id: early });
+  const envs = await followed;
+  assert.equal(envs.at(-1).event.type, "run_finished");
   const port = await freePort();
   await assert.rejects(connect({ servers: `nats://127.0.0.1:${port}`, timeout: 2000 }), (err) => {
     assert.ok(err instanceof NatsUnreachableError);
@@ -204,12 +211,18 @@ test("steer and follow-up with keys: a retry is stored once and reaches the run 
   assert.equal(s2.seq, s1.seq);
   assert.equal(s2.duplicate, true);
   const f1 = await client.followUp(id, "And in German?", { key: "german" });
+  const bad = await client.sendControl(id, "steer", { txt: "a typo" }); // not a steer body: the run says so (1.8)
   await client.approve(id, "c1");
   for (;;) {
     const r = await it.next();
     if (r.done) break;
     seen.push(r.value);
   }
+  const rejected = seen.find((e) => e.event.type === "control_rejected");
+  assert.ok(rejected && rejected.event.type === "control_rejected");
+  assert.equal(rejected.event.kind, "steer");
+  assert.equal(rejected.event.controlSeq, bad.seq);
+  assert.match(rejected.event.reason, /txt/);
   const users = seen.filter((e) => e.event.type === "message_end" && e.event.message.role === "user" && e.controlSeq);
   assert.deepEqual(
     users.map((e) => e.controlSeq),

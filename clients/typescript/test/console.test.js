@@ -30,7 +30,7 @@ before(async () => {
   writeFileSync(tokenFile, token + "\n");
   con = await startConsole(hub.url, ["--allow-control", "--auth-token-file", tokenFile]);
   nats = await connect({ servers: hub.url });
-  web = new ConsoleClient({ baseUrl: con.base, token });
+  web = new ConsoleClient({ baseUrl: con.base, token, followStallMs: 1000 });
 });
 
 after(async () => {

@@ -20,6 +20,9 @@ export async function nodeUse(): Promise<string> {
       case "run_finished":
         text += ` (${ev.status}${ev.reason ? ": " + ev.reason : ""}, ${ev.usage.totalTokens} tokens)`;
         break;
+      case "control_rejected":
+        text += ` (${ev.kind} ${ev.controlSeq} not taken: ${ev.reason})`;
+        break;
       case "tool_approval_requested":
         await client.approve(id, ev.toolCallId, { by: "alice", key: `${ev.toolCallId}-ok` });
         break;
