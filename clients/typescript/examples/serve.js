@@ -57,9 +57,12 @@ export function serve(o) {
     /** @type {Record<string, string | string[]>} */
     const headers = {};
     for (const [k, v] of Object.entries(req.headers)) if (v !== undefined && !hop.has(k)) headers[k] = v;
-    // The console checks that the Host is its own, and that a POST's
-    // Origin is its own: the browser sent this server's, which is the
-    // console's too from its point of view. Another origin stays refused.
+    // The console answers only its own names in Host, and only its own
+    // origin in Origin (docs/console.md, Safety): this server sends it its
+    // address as Host, and as Origin the console's own when the browser's is
+    // this server's (the page's origin, which the console does not know),
+    // "null" (refused) for any other. Behind a proxy that keeps the Host
+    // and Origin of a public name, start the console with --public-host.
     const self = `http://${req.headers.host}`;
     headers.host = target.host;
     if (headers.origin === self) headers.origin = target.origin;
