@@ -14,8 +14,11 @@ import (
 // fleet: "go run ./cmd/worker ..." starts the worker binary (its embedded
 // server on a random port instead of 4222, which later lines of the block
 // then use), the other lines run in bash with "go run ./cmd/submit" being
-// the built binary. Blocks whose first line says "# needs ..." (a model
-// endpoint, Docker) are skipped; the test command is what .ci/run runs.
+// the built binary, and "node clients/typescript/..." lines run the
+// TypeScript client's examples (the package's dependencies installed: the
+// block says "# uses AGENTFLEET_TS_CLIENT"). Blocks whose first line says
+// "# needs ..." (a model endpoint, Docker) are skipped; the test command is
+// what .ci/run runs.
 func TestREADMECommands(t *testing.T) {
 	t.Parallel()
 	root, err := filepath.Abs("../..")
@@ -130,7 +133,7 @@ func runREADMEBlock(t *testing.T, root, block string) {
 			}
 			continue
 		}
-		if !strings.Contains(line, "go run ./cmd/submit") {
+		if !strings.Contains(line, "go run ./cmd/submit") && !strings.Contains(line, "node clients/typescript/") {
 			t.Fatalf("README line %q is neither a worker nor a submit command: teach this test about it", line)
 		}
 		line = strings.ReplaceAll(line, "go run ./cmd/submit", `"$SUBMIT"`)

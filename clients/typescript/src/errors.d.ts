@@ -1,0 +1,70 @@
+/** The base of the client's errors: `code` is stable, the message says what to do. */
+export declare class AgentfleetError extends Error {
+  constructor(code: string, message: string, options?: ErrorOptions);
+  readonly code: string;
+}
+/** An argument the protocol refuses (a run id, a queue name, a control key, an empty text). */
+export declare class InvalidArgumentError extends AgentfleetError {
+  constructor(message: string);
+  readonly code: "invalid_argument";
+}
+/** Neither a record nor a request has this run id. */
+export declare class RunNotFoundError extends AgentfleetError {
+  constructor(run: string);
+  readonly code: "run_not_found";
+  readonly run: string;
+}
+/** The request names a queue no worker has declared (docs/protocol.md §2). */
+export declare class UnknownQueueError extends AgentfleetError {
+  constructor(queue: string, run: string, options?: ErrorOptions);
+  readonly code: "queue_not_declared";
+  readonly queue: string;
+}
+/** NATS answers but JetStream does not: no responders or a timeout from $JS.API. */
+export declare class JetStreamUnavailableError extends AgentfleetError {
+  constructor(what: string, options?: ErrorOptions);
+  readonly code: "jetstream_unavailable";
+}
+/** JetStream answers but a stream of the fleet does not exist: no worker has run against this server. */
+export declare class NoStreamsError extends AgentfleetError {
+  constructor(stream: string, options?: ErrorOptions);
+  readonly code: "no_streams";
+  readonly stream: string;
+}
+/** No NATS server could be reached. */
+export declare class NatsUnreachableError extends AgentfleetError {
+  constructor(servers: string, options?: ErrorOptions);
+  readonly code: "nats_unreachable";
+}
+/** The run has finished: the control message was not sent. */
+export declare class RunFinishedError extends AgentfleetError {
+  constructor(run: string, state: string, kind: string);
+  readonly code: "run_finished";
+  readonly run: string;
+  readonly state: string;
+}
+/** Another request already holds this run id. */
+export declare class RunIdTakenError extends AgentfleetError {
+  constructor(message: string);
+  readonly code: "run_id_taken";
+}
+/** Envelopes missing in an attempt's seq: reported (FollowOptions.onWarning), and following goes on. */
+export declare class GapError extends AgentfleetError {
+  constructor(run: string, attempt: number, want: number, got: number);
+  readonly code: "gap";
+  readonly run: string;
+  readonly attempt: number;
+  readonly want: number;
+  readonly got: number;
+}
+/** An envelope that does not decode: reported, skipped, and following goes on. */
+export declare class DecodeError extends AgentfleetError {
+  constructor(run: string, message: string);
+  readonly code: "decode";
+  readonly run: string;
+}
+/** A console answered with an error status (404: run_not_found, 409: run_finished, 401, 403, http_<status>). */
+export declare class ConsoleError extends AgentfleetError {
+  constructor(status: number, message: string);
+  readonly status: number;
+}

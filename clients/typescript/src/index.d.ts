@@ -1,0 +1,213 @@
+// Types of @agentfleet/client (src/index.js). The protocol's own types are
+// generated from the JSON Schema: ../types/protocol.d.ts.
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
+import type { ControlMessage, Event, Message, RunRecord as WireRunRecord, RunRequest, Usage } from "../types/protocol.js";
+import type { Cursor, Envelope, PendingCall, Transcript, UnknownEvent } from "./reader.js";
+import type { Names } from "./names.js";
+
+export * from "./errors.js";
+export * from "./names.js";
+export * from "./reader.js";
+export * from "./protocol.js";
+export type * from "../types/protocol.js";
+// The reader's Envelope (with streamSeq) is the one follow yields; the
+// wire type stays available as WireEnvelope.
+export type { Envelope } from "./reader.js";
+export type { Envelope as WireEnvelope } from "../types/protocol.js";
+
+export declare const DEFAULT_STALE_AFTER_MS: number;
+export declare const DEFAULT_FOLLOW_STALL_MS: number;
+
+export type ConnectOptions = {
+  /** NATS server URL(s), an array or comma-separated [NATS_URL] (default nats://127.0.0.1:4222). */
+  servers?: string | string[];
+  /** Subject prefix [AGENTS_PREFIX] (default agents). */
+  prefix?: string;
+  /** Connection name shown in server monitoring (default agentfleet-ts). */
+  name?: string;
+  /** [NATS_USER], [NATS_PASSWORD] */
+  user?: string;
+  pass?: string;
+  /** [NATS_TOKEN] */
+  token?: string;
+  /** A .creds file (JWT and seed) [NATS_CREDS]. */
+  credsFile?: string;
+  /** A file holding an NKey user seed [NATS_NKEY]. */
+  nkeyFile?: string;
+  /** An authenticator of @nats-io/transport-node, instead of the above. */
+  authenticator?: unknown;
+  /** [NATS_CA], [NATS_CERT], [NATS_KEY] */
+  tls?: { caFile?: string; certFile?: string; keyFile?: string };
+  /** Connect timeout in ms (default 5000). */
+  timeout?: number;
+  staleAfterMs?: number;
+  followStallMs?: number;
+  /** The environment to read (default process.env). */
+  env?: Record<string, string | undefined>;
+};
+
+/** Connects to NATS (reconnecting forever) and returns a client that owns the connection. A NatsUnreachableError when no server answers. */
+export declare function connect(opts?: ConnectOptions): Promise<Client>;
+
+/** Whether a NATS or JetStream failure is one a reconnect or JetStream's recovery cures. */
+export declare function isTransient(err: unknown): boolean;
+
+export type SubmitOptions = {
+  /** The queue (default "default"): a queue no worker declared is an UnknownQueueError. */
+  queue?: string;
+  /** The run id (default request.id, else a fresh one): the idempotency key of the submit. */
+  id?: string;
+  /** Extra NATS headers (e.g. traceparent). */
+  headers?: Record<string, string>;
+};
+
+export type SubmitResult = {
+  id: string;
+  queue: string;
+  /** The AGENTS_RUNS sequence of the request. */
+  seq: number;
+  /** A request with this id was already stored (and it is this one): nothing was stored now. */
+  duplicate: boolean;
+};
+
+export type ControlOptions = {
+  /**
+   * Idempotency key ([A-Za-z0-9._:-]{1,128}; submit's --key, the console's
+   * Idempotency-Key): the message goes out with Nats-Msg-Id
+   * "<run>:<kind>:<key>", so a retry with the same key and body within the
+   * control stream's duplicate window (2 minutes) is stored once and
+   * answers the first copy's sequence, even once the run has finished.
+   */
+  key?: string;
+  headers?: Record<string, string>;
+};
+
+export type ControlResult = {
+  /** The AGENTS_CONTROL sequence (the controlSeq of the user message it becomes). */
+  seq: number;
+  /** A retry: the first copy's sequence. */
+  duplicate: boolean;
+};
+
+/** A run record as status and list return it (queued: a request without a record). */
+export type RunRecord = Omit<WireRunRecord, "state"> & {
+  state: WireRunRecord["state"];
+  /** The KV revision (records stream sequence) it was read at; not enumerable. */
+  readonly revision?: number;
+};
+
+export type FollowOptions = Cursor & {
+  /** Yield envelopes of event types this version does not know (as `submit follow --json` prints them); default false: skipped, as docs/protocol.md asks of readers. */
+  includeUnknown?: boolean;
+  /**
+   * End with a RunNotFoundError when the run has no request, record or
+   * event at the start and again one stall interval (5 s) later, while
+   * nothing was delivered (docs/protocol.md §4, "A run that does not
+   * exist"); default true when following from the start. false: wait for
+   * the run however long.
+   */
+  mustExist?: boolean;
+  /** Stops the follow: the loop ends with the signal's reason thrown. */
+  signal?: AbortSignal;
+  /** Problems that do not stop the follow: a GapError, a DecodeError. */
+  onWarning?: (err: Error) => void;
+};
+
+/** One follow of a run: iterate it once with for await. */
+export declare class FollowStream implements AsyncIterable<Envelope<Event>> {
+  readonly run: string;
+  /** Problems that did not stop the follow (gaps, envelopes that did not decode). */
+  readonly warnings: Error[];
+  /** Where to resume: pass it to follow. */
+  cursor(): Required<Cursor>;
+  /** Ends the iteration. */
+  close(): void;
+  [Symbol.asyncIterator](): AsyncGenerator<Envelope<Event>, void, undefined>;
+}
+
+export type ListOptions = {
+  /** "" for all; queued, running, succeeded, failed, aborted, stale, waiting. */
+  state?: "" | "queued" | "running" | "succeeded" | "failed" | "aborted" | "stale" | "waiting";
+  queue?: string;
+  /** 0: no limit. */
+  limit?: number;
+  /** A page's next (a records-stream sequence), or a time: records last written before it. */
+  before?: number | Date;
+  /** Records last written at or after this time. */
+  since?: Date;
+  /** Records read at most (default 100,000); -1: no bound. */
+  maxScan?: number;
+};
+
+export type RunPage = {
+  records: RunRecord[];
+  /** Pass as before for the next page; 0 when nothing older is left. */
+  next: number;
+  scanned: number;
+  /** maxScan stopped the read before limit matches. */
+  truncated: boolean;
+};
+
+export type RunResult = {
+  run: string;
+  status: "succeeded" | "failed" | "aborted";
+  reason: string;
+  error: string;
+  /** The text of the last assistant message. */
+  text: string;
+  turns: number;
+  usage: Usage;
+  cost: number;
+  messages: Message[];
+};
+
+export declare class Client {
+  /** Wraps a connection; close() closes it only when own is true. */
+  constructor(nc: NatsConnection, opts?: { prefix?: string; staleAfterMs?: number; followStallMs?: number; own?: boolean });
+  readonly nc: NatsConnection;
+  readonly js: JetStreamClient;
+  readonly names: Names;
+  staleAfterMs: number;
+  followStallMs: number;
+  close(): Promise<void>;
+  jsm(): Promise<JetStreamManager>;
+
+  /** Stores a run request (§3); errors: UnknownQueueError, RunIdTakenError, JetStreamUnavailableError, NoStreamsError. */
+  submit(request: RunRequest, opts?: SubmitOptions): Promise<SubmitResult>;
+  /** A run's record, stale marked; queued for a request without one; RunNotFoundError for neither. */
+  status(run: string): Promise<RunRecord>;
+  /** A run's stored record, or null. */
+  record(run: string): Promise<RunRecord | null>;
+  /** The run's envelopes from the start (or a cursor), live, to its run_finished (§4). */
+  follow(run: string, opts?: FollowOptions & { includeUnknown?: false }): FollowStream;
+  follow(run: string, opts: FollowOptions & { includeUnknown: true }): AsyncIterable<Envelope<Event | UnknownEvent>> & Omit<FollowStream, typeof Symbol.asyncIterator>;
+  /** The envelopes stored now (since a time), in stream order; does not wait. */
+  storedEvents(run: string, since?: Date): Promise<Envelope<Event | UnknownEvent>[]>;
+  /** Whether the run has none of its request, its record and a stored event. */
+  absent(run: string): Promise<boolean>;
+  /** The stream sequence of the run's last stored event (0: none). */
+  lastEventSeq(run: string): Promise<number>;
+  /** Replays the run into its transcript (waits for a running run). */
+  transcript(run: string, opts?: { signal?: AbortSignal }): Promise<Transcript>;
+  /** The run's outcome and final answer (waits unless wait is false). */
+  result(run: string, opts?: { wait?: boolean; signal?: AbortSignal }): Promise<RunResult>;
+
+  /** Steering, taken after the current turn. RunFinishedError once the run finished. */
+  steer(run: string, text: string | ControlMessage, opts?: ControlOptions): Promise<ControlResult>;
+  /** A follow-up, taken when the run would stop. */
+  followUp(run: string, text: string | ControlMessage, opts?: ControlOptions): Promise<ControlResult>;
+  abort(run: string, opts?: ControlOptions & { reason?: string }): Promise<ControlResult>;
+  /** Approves a gated tool call (§13), with edited arguments if given. */
+  approve(run: string, toolCallId: string, opts?: ControlOptions & { by?: string; reason?: string; arguments?: Record<string, unknown> }): Promise<ControlResult>;
+  /** Denies a gated tool call; the model sees the reason. */
+  deny(run: string, toolCallId: string, opts?: ControlOptions & { by?: string; reason?: string }): Promise<ControlResult>;
+  sendControl(run: string, kind: "steer" | "followup" | "abort" | "approve", body: object, opts?: ControlOptions): Promise<ControlResult>;
+
+  /** A page of records, newest first (§7). */
+  list(opts?: ListOptions): Promise<RunPage>;
+  /** A run's pending gated calls. */
+  pendingOf(run: string): Promise<PendingCall[]>;
+  /** The fleet's pending approvals, oldest request first. */
+  approvals(opts?: { queue?: string; maxScan?: number }): Promise<PendingCall[]>;
+}

@@ -1,0 +1,1130 @@
+// @agentfleet/client: submit, follow, steer, abort and inspect agentfleet
+// runs from Node over the official NATS client (docs/protocol.md; the Go
+// client bus/ is the reference this follows). The browser entry point,
+// over a console's HTTP API, is ./console.js.
+import { readFileSync } from "node:fs";
+import { connect as natsConnect, createInbox, credsAuthenticator, headers as natsHeaders, nkeyAuthenticator } from "@nats-io/transport-node";
+import { DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+
+import {
+  AgentfleetError,
+  InvalidArgumentError,
+  JetStreamUnavailableError,
+  NatsUnreachableError,
+  NoStreamsError,
+  RunFinishedError,
+  RunIdTakenError,
+  RunNotFoundError,
+  UnknownQueueError,
+} from "./errors.js";
+import { checkControlKey, checkQueue, checkRunId, DEFAULT_QUEUE, Names, newRunId } from "./names.js";
+import { decodeEnvelope, Follower, isKnownEventType, pendingCalls, Transcript } from "./reader.js";
+
+export * from "./errors.js";
+export { checkControlKey, checkQueue, checkRunId, DEFAULT_PREFIX, DEFAULT_QUEUE, Names, newRunId } from "./names.js";
+export { applyStreamEvent, decodeEnvelope, Follower, formatEnvelope, goCompact, goString, isKnownEventType, pendingCalls, RAW, textOf, Transcript } from "./reader.js";
+export { EVENT_TYPES, PROTOCOL_VERSION, STREAM_EVENT_TYPES } from "./protocol.js";
+
+/** How old a running record's heartbeat may be before status and list mark it stale (docs/protocol.md §7). */
+export const DEFAULT_STALE_AFTER_MS = 3 * 60_000;
+/** How long a follower waits in vain before it checks the stream for events its consumer did not deliver (§4). */
+export const DEFAULT_FOLLOW_STALL_MS = 5_000;
+/** The inactive threshold of the follow consumers (§4: longer than the 30 s pull expiry). */
+const EVENT_READER_IDLE_MS = 45_000;
+const MAX_REQUEST_BYTES = 1 << 20;
+const MAX_CONTROL_BYTES = 256 << 10;
+const HEADER_AFTER_FINISH = "Agentfleet-After-Finish";
+const FIRST_WINDOW = 128;
+const MAX_WINDOW = 8192;
+const DEFAULT_LIST_SCAN = 100_000;
+const CATCH_UP_ROUNDS = 4;
+const REQUEST_SLACK_MS = 60_000;
+
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+const sleep = (/** @type {number} */ ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Connects to NATS and returns a client that owns the connection. Options
+ * not given come from the environment, as for the worker and submit
+ * (NATS_URL, NATS_USER, NATS_PASSWORD, NATS_TOKEN, NATS_CREDS, NATS_NKEY,
+ * NATS_CA, NATS_CERT, NATS_KEY, AGENTS_PREFIX).
+ * @param {import("./index.js").ConnectOptions} [opts]
+ */
+export async function connect(opts = {}) {
+  const env = opts.env ?? process.env;
+  const servers = opts.servers ?? env.NATS_URL ?? "nats://127.0.0.1:4222";
+  /** @type {any} */
+  const o = {
+    servers: Array.isArray(servers) ? servers : servers.split(",").map((s) => s.trim()),
+    name: opts.name ?? "agentfleet-ts",
+    maxReconnectAttempts: -1,
+    timeout: opts.timeout ?? 5000,
+  };
+  // Reconnect forever with a capped exponential backoff plus jitter (100 ms
+  // doubling to 5 s, as the Go client), so that clients do not stampede a
+  // restarting server.
+  const backoff = { attempts: 0 };
+  o.reconnectDelayHandler = () => {
+    const d = Math.min(100 * 2 ** backoff.attempts++, 5000);
+    return d + Math.random() * (d / 4);
+  };
+  const user = opts.user ?? env.NATS_USER;
+  const pass = opts.pass ?? env.NATS_PASSWORD;
+  const token = opts.token ?? env.NATS_TOKEN;
+  if (user) Object.assign(o, { user, pass });
+  if (token) o.token = token;
+  const creds = opts.credsFile ?? env.NATS_CREDS;
+  const nkey = opts.nkeyFile ?? env.NATS_NKEY;
+  if (opts.authenticator) o.authenticator = opts.authenticator;
+  else if (creds) o.authenticator = credsAuthenticator(readFileSync(creds));
+  else if (nkey) o.authenticator = nkeyAuthenticator(enc.encode(readFileSync(nkey, "utf8").trim()));
+  const ca = opts.tls?.caFile ?? env.NATS_CA;
+  const cert = opts.tls?.certFile ?? env.NATS_CERT;
+  const key = opts.tls?.keyFile ?? env.NATS_KEY;
+  if (ca || cert || key) o.tls = { ...(ca ? { caFile: ca } : {}), ...(cert ? { certFile: cert, keyFile: key } : {}) };
+  let nc;
+  try {
+    nc = await natsConnect(o);
+  } catch (err) {
+    throw new NatsUnreachableError(redact(o.servers.join(",")), { cause: err });
+  }
+  (async () => {
+    for await (const s of nc.status()) if (s.type === "reconnect") backoff.attempts = 0;
+  })().catch(() => {});
+  return new Client(nc, { prefix: opts.prefix ?? env.AGENTS_PREFIX, staleAfterMs: opts.staleAfterMs, followStallMs: opts.followStallMs, own: true });
+}
+
+/** Server URLs without passwords or tokens, for messages. @param {string} urls */
+function redact(urls) {
+  return urls.replace(/\/\/[^@/]*@/g, "//REDACTED@");
+}
+
+/** @param {any} err */
+function isNoResponders(err) {
+  for (let e = err; e; e = e.cause) {
+    if (e.name === "NoResponders" || (typeof e.isNoResponders === "function" && e.isNoResponders())) return true;
+  }
+  return false;
+}
+
+/** @param {any} err @param {number} code */
+function apiCode(err, code) {
+  for (let e = err; e; e = e.cause) if (e.code === code && typeof e.apiError === "function") return true;
+  return false;
+}
+
+/**
+ * Whether a NATS or JetStream failure is one that a reconnect, a new
+ * leader or JetStream finishing its start cures (the Go client's
+ * bus.Transient).
+ * @param {any} err
+ */
+export function isTransient(err) {
+  if (!err) return false;
+  if (isNoResponders(err)) return true;
+  for (let e = err; e; e = e.cause) {
+    if (e.name === "TimeoutError" || e.name === "JetStreamNotEnabled") return true;
+    if (typeof e.apiError === "function" && (e.status === 503 || e.status === 429 || e.code === 503)) return true;
+    if (e.name === "ConnectionError" && /disconnect|reconnect/i.test(e.message)) return true;
+  }
+  return false;
+}
+
+/** A run record as status and list return it: the stored record, plus stale and its KV revision. */
+export class Client {
+  /**
+   * Wraps a NATS connection (close() closes it only when connect made it).
+   * @param {import("@nats-io/transport-node").NatsConnection} nc
+   * @param {{prefix?: string, staleAfterMs?: number, followStallMs?: number, own?: boolean}} [opts]
+   */
+  constructor(nc, opts = {}) {
+    this.nc = nc;
+    this.names = new Names(opts.prefix);
+    this.js = jetstream(nc);
+    this.staleAfterMs = opts.staleAfterMs ?? DEFAULT_STALE_AFTER_MS;
+    this.followStallMs = opts.followStallMs ?? DEFAULT_FOLLOW_STALL_MS;
+    this.own = opts.own ?? false;
+    /** @type {Promise<import("@nats-io/jetstream").JetStreamManager> | null} */
+    this._jsm = null;
+    /** @type {Promise<import("@nats-io/kv").KV> | null} */
+    this._kv = null;
+    /** @type {Set<FollowStream>} */
+    this._follows = new Set();
+    this.connected = true;
+    (async () => {
+      for await (const s of nc.status()) {
+        if (s.type === "disconnect") this.connected = false;
+        else if (s.type === "reconnect") this.connected = true;
+      }
+    })().catch(() => {});
+  }
+
+  /** Closes the follows and, if the client made it, the connection. */
+  async close() {
+    for (const f of this._follows) f.close();
+    if (this.own) await this.nc.close();
+  }
+
+  /** @returns {Promise<import("@nats-io/jetstream").JetStreamManager>} */
+  jsm() {
+    this._jsm ??= jetstreamManager(this.nc, { checkAPI: false });
+    return this._jsm;
+  }
+
+  /** The records bucket. */
+  async records() {
+    this._kv ??= new Kvm(this.js).open(this.names.recordsBucket).catch((err) => {
+      this._kv = null;
+      throw err;
+    });
+    return this._kv;
+  }
+
+  /**
+   * Turns a NATS or JetStream failure into the client's errors: "JetStream
+   * down" (no responders, a timeout), "no streams" (a fleet stream that does
+   * not exist), "NATS unreachable" (the connection is down).
+   * @param {unknown} err @param {string} what @param {string} stream
+   */
+  fleetError(err, what, stream) {
+    if (err instanceof AgentfleetError) return err;
+    const e = /** @type {any} */ (err);
+    if (apiCode(e, 10059) || /stream not found/i.test(e?.message ?? "")) return new NoStreamsError(stream, { cause: err });
+    if (!this.connected || e?.name === "ClosedConnectionError") {
+      return new NatsUnreachableError(redact(this.nc.getServer?.() ?? "the server"), { cause: err });
+    }
+    if (isTransient(err) || apiCode(e, 10039)) return new JetStreamUnavailableError(what, { cause: err });
+    return /** @type {Error} */ (err);
+  }
+
+  // ---- submit ----------------------------------------------------------
+
+  /**
+   * Stores a run request on a queue (docs/protocol.md §3) and returns once
+   * JetStream has stored it. The run id is the request's idempotency key:
+   * submitting the same request with the same id again within the
+   * duplicate window (1 hour) stores nothing and answers duplicate: true.
+   * @param {import("../types/protocol.js").RunRequest} request
+   * @param {{queue?: string, id?: string, headers?: Record<string, string>}} [opts]
+   */
+  async submit(request, opts = {}) {
+    const queue = opts.queue || DEFAULT_QUEUE;
+    checkQueue(queue);
+    const id = opts.id ?? request.id ?? newRunId();
+    checkRunId(id);
+    if (request.id !== undefined && request.id !== id) throw new InvalidArgumentError(`request id "${request.id}" differs from the run id "${id}"`);
+    const { id: _, ...rest } = request;
+    const body = enc.encode(JSON.stringify({ id, ...rest }));
+    if (body.length > MAX_REQUEST_BYTES) throw new InvalidArgumentError(`the request is ${body.length} bytes, the limit is ${MAX_REQUEST_BYTES} (1 MiB)`);
+    const h = natsHeaders();
+    for (const [k, v] of Object.entries(opts.headers ?? {})) h.set(k, v);
+    let ack;
+    try {
+      ack = await this.js.publish(this.names.submit(queue, id), body, { msgID: id, expect: { streamName: this.names.runsStream }, headers: h });
+    } catch (err) {
+      if (isNoResponders(err)) {
+        // No stream takes the subject: an undeclared queue if the runs
+        // stream answers, else JetStream (or the streams) are away.
+        let exists = false;
+        try {
+          await (await this.jsm()).streams.info(this.names.runsStream);
+          exists = true;
+        } catch (ierr) {
+          throw this.fleetError(ierr, `submit ${id}`, this.names.runsStream);
+        }
+        if (exists) throw new UnknownQueueError(queue, id, { cause: err });
+      }
+      throw this.fleetError(err, `submit ${id}`, this.names.runsStream);
+    }
+    if (ack.duplicate) await this.sameRequest(ack.seq, queue, id, body);
+    return { id, queue, seq: ack.seq, duplicate: ack.duplicate };
+  }
+
+  /**
+   * Checks that the stored request a duplicate ack points at is this one
+   * (same queue, same body), so that a request squatting on the id is not
+   * taken for ours; once it was taken, only the record's queue can tell.
+   * @param {number} seq @param {string} queue @param {string} id @param {Uint8Array} body
+   */
+  async sameRequest(seq, queue, id, body) {
+    const jsm = await this.jsm();
+    let stored;
+    try {
+      stored = await jsm.streams.getMessage(this.names.runsStream, { seq });
+    } catch (err) {
+      throw this.fleetError(err, `submit ${id}: checking the duplicate`, this.names.runsStream);
+    }
+    let storedQueue;
+    if (stored) {
+      storedQueue = this.names.parseSubmit(stored.subject)?.queue;
+      if (storedQueue === queue && stored.subject === this.names.submit(queue, id) && !sameBytes(stored.data, body)) {
+        throw new RunIdTakenError(`submit ${id}: run id taken by another request (sequence ${seq} on queue "${queue}" holds another body); submit with a new id`);
+      }
+    } else {
+      const rec = await this.record(id).catch(() => null);
+      if (!rec) return;
+      storedQueue = rec.queue;
+    }
+    if (storedQueue !== queue) {
+      throw new RunIdTakenError(`submit ${id}: run id taken by another request (stored on queue "${storedQueue}", not "${queue}"); submit with a new id`);
+    }
+  }
+
+  // ---- records ------------------------------------------------------------
+
+  /** A run's stored record, or null. @param {string} run */
+  async record(run) {
+    let e;
+    try {
+      e = await (await this.records()).get(run);
+    } catch (err) {
+      throw this.fleetError(err, `record of ${run}`, this.names.recordsStream);
+    }
+    if (!e || e.operation !== "PUT") return null;
+    /** @type {any} */
+    const r = e.json();
+    Object.defineProperty(r, "revision", { value: e.revision, enumerable: false });
+    return r;
+  }
+
+  /** @param {any} r @param {number} now */
+  markStale(r, now) {
+    if (r.state !== "running") return;
+    const hb = Date.parse(r.heartbeatAt ?? r.startedAt ?? "");
+    if (!Number.isNaN(hb) && now - hb > this.staleAfterMs) r.stale = true;
+  }
+
+  /**
+   * A run's record (docs/protocol.md §7), stale marked; a run with only a
+   * request is queued; neither is a RunNotFoundError. The record is read,
+   * then the request, then the record again: a run found by none of the
+   * three did not exist when status began.
+   * @param {string} run
+   */
+  async status(run) {
+    checkRunId(run);
+    const r = await this.record(run);
+    if (r) {
+      this.markStale(r, Date.now());
+      return r;
+    }
+    let m;
+    try {
+      const q = /** @type {any} */ ({ seq: 1, next_by_subj: this.names.submit("*", run) }); // MSG.GET next by subject
+      m = await (await this.jsm()).streams.getMessage(this.names.runsStream, q);
+    } catch (err) {
+      throw this.fleetError(err, `status of ${run}`, this.names.runsStream);
+    }
+    if (!m) {
+      // The run may have finished between the two reads: its record is
+      // written before its request is removed.
+      const again = await this.record(run);
+      if (again) {
+        this.markStale(again, Date.now());
+        return again;
+      }
+      throw new RunNotFoundError(run);
+    }
+    const queue = this.names.parseSubmit(m.subject)?.queue ?? "";
+    return queuedRecord(run, queue, m.time.toISOString(), m.seq);
+  }
+
+  // ---- follow -------------------------------------------------------------
+
+  /**
+   * A run's envelopes from the first (or from the cursor's stream
+   * sequence), then live, ending after its run_finished (docs/protocol.md
+   * §4, "Following a run"). Iterate it with for await; its cursor() says
+   * where to resume.
+   * @param {string} run
+   * @param {import("./index.js").FollowOptions} [opts]
+   */
+  follow(run, opts = {}) {
+    return new FollowStream(this, run, opts);
+  }
+
+  /**
+   * Whether a run has none of its request, its record and a stored event
+   * (docs/protocol.md §4, "A run that does not exist"); an error reading
+   * them is no answer (false).
+   * @param {string} run
+   */
+  async absent(run) {
+    try {
+      await this.status(run);
+      return false;
+    } catch (err) {
+      if (!(err instanceof RunNotFoundError)) return false;
+    }
+    return (await this.lastEventSeq(run).catch(() => -1)) === 0;
+  }
+
+  /**
+   * The stream sequence of a run's last stored event (0: none).
+   * @param {string} run
+   */
+  async lastEventSeq(run) {
+    const m = await (await this.jsm()).streams.getMessage(this.names.eventsStream, { last_by_subj: this.names.events(run) });
+    return m ? m.seq : 0;
+  }
+
+  /**
+   * An ordered consumer on a run's events (inactive threshold 45 s).
+   * @param {string} run
+   * @param {Partial<import("@nats-io/jetstream").OrderedConsumerOptions>} cfg
+   */
+  async orderedEvents(run, cfg) {
+    try {
+      return await this.js.consumers.get(this.names.eventsStream, {
+        filter_subjects: [this.names.events(run)],
+        inactive_threshold: EVENT_READER_IDLE_MS,
+        ...cfg,
+      });
+    } catch (err) {
+      throw this.fleetError(err, `events of ${run}`, this.names.eventsStream);
+    }
+  }
+
+  /**
+   * A run's envelopes stored now (since a time, if given), decoded, in
+   * stream order; it does not wait for more.
+   * @param {string} run @param {Date} [since]
+   */
+  async storedEvents(run, since) {
+    checkRunId(run);
+    const cons = await this.orderedEvents(run, since ? { deliver_policy: DeliverPolicy.StartTime, opt_start_time: since.toISOString() } : { deliver_policy: DeliverPolicy.All });
+    /** @type {any[]} */
+    const out = [];
+    try {
+      const info = await cons.info(true);
+      if (info.num_pending === 0) return out;
+      const msgs = await cons.consume({ max_messages: 256 });
+      for await (const m of msgs) {
+        try {
+          out.push(decodeEnvelope(m.string(), run, m.seq));
+        } catch {
+          // an envelope that does not decode is skipped
+        }
+        if (m.info.pending === 0) break;
+      }
+    } finally {
+      cons.delete().catch(() => {});
+    }
+    return out;
+  }
+
+  /**
+   * Replays a run into its transcript; waits for a running run to end
+   * (stop it with signal).
+   * @param {string} run @param {{signal?: AbortSignal}} [opts]
+   */
+  async transcript(run, opts = {}) {
+    const t = new Transcript();
+    for await (const env of this.follow(run, { signal: opts.signal })) t.apply(env);
+    return t;
+  }
+
+  /**
+   * A run's outcome: its final answer, status and usage (what `submit
+   * result --json` prints), and its messages. Waits for a running run to
+   * finish unless wait is false.
+   * @param {string} run @param {{wait?: boolean, signal?: AbortSignal}} [opts]
+   */
+  async result(run, opts = {}) {
+    const rec = await this.status(run);
+    if (opts.wait === false && !isFinished(rec.state)) throw new AgentfleetError("run_not_finished", `run ${run} is ${rec.state}`);
+    const t = await this.transcript(run, { signal: opts.signal });
+    const f = t.finished;
+    if (!f) throw new AgentfleetError("no_run_finished", `run ${run} has no run_finished`);
+    return { run, status: f.status, reason: f.reason ?? "", error: f.error ?? "", text: t.finalText(), turns: f.turns, usage: f.usage, cost: f.cost, messages: t.messages };
+  }
+
+  // ---- control ------------------------------------------------------------
+
+  /**
+   * Steers a run (taken after its current turn): a text, or a pi user message.
+   * @param {string} run @param {string | import("../types/protocol.js").ControlMessage} text
+   * @param {import("./index.js").ControlOptions} [opts]
+   */
+  async steer(run, text, opts) {
+    return this.sendControl(run, "steer", steerBody(text, "steering"), opts);
+  }
+
+  /**
+   * Queues a follow-up (taken when the run would otherwise stop).
+   * @param {string} run @param {string | import("../types/protocol.js").ControlMessage} text
+   * @param {import("./index.js").ControlOptions} [opts]
+   */
+  async followUp(run, text, opts) {
+    return this.sendControl(run, "followup", steerBody(text, "follow-up"), opts);
+  }
+
+  /**
+   * Asks a run to stop (it finishes aborted / aborted_by_user).
+   * @param {string} run @param {import("./index.js").ControlOptions & {reason?: string}} [opts]
+   */
+  async abort(run, opts = {}) {
+    return this.sendControl(run, "abort", opts.reason ? { reason: opts.reason } : {}, opts);
+  }
+
+  /**
+   * Approves a gated tool call (§13), with edited arguments if given.
+   * @param {string} run @param {string} toolCallId
+   * @param {import("./index.js").ControlOptions & {by?: string, reason?: string, arguments?: Record<string, unknown>}} [opts]
+   */
+  async approve(run, toolCallId, opts = {}) {
+    return this.sendControl(run, "approve", approvalAnswer(toolCallId, "approve", opts), opts);
+  }
+
+  /**
+   * Denies a gated tool call: its result is an error carrying the reason,
+   * which the model sees.
+   * @param {string} run @param {string} toolCallId
+   * @param {import("./index.js").ControlOptions & {by?: string, reason?: string}} [opts]
+   */
+  async deny(run, toolCallId, opts = {}) {
+    return this.sendControl(run, "approve", approvalAnswer(toolCallId, "deny", opts), opts);
+  }
+
+  /**
+   * Publishes a control body on the run's subject of a kind through
+   * JetStream (docs/protocol.md §6) after checking the run has not
+   * finished. With a key, a retry within the control stream's duplicate
+   * window is stored once and answers the first copy's sequence.
+   * @param {string} run @param {"steer" | "followup" | "abort" | "approve"} kind @param {object} body
+   * @param {import("./index.js").ControlOptions} [opts]
+   * @returns {Promise<{seq: number, duplicate: boolean}>}
+   */
+  async sendControl(run, kind, body, opts = {}) {
+    checkRunId(run);
+    if (!["steer", "followup", "abort", "approve"].includes(kind)) throw new InvalidArgumentError(`unknown control kind "${kind}"`);
+    const key = opts.key;
+    if (key !== undefined) checkControlKey(key);
+    const data = enc.encode(JSON.stringify(body));
+    if (data.length > MAX_CONTROL_BYTES) throw new InvalidArgumentError(`the ${kind} body is ${data.length} bytes, the limit is ${MAX_CONTROL_BYTES} (256 KiB)`);
+    const rec = await this.record(run);
+    const finished = rec && isFinished(rec.state) ? new RunFinishedError(run, rec.state, kindName(kind)) : null;
+    if (finished && key === undefined) throw finished;
+    const h = natsHeaders();
+    for (const [k, v] of Object.entries(opts.headers ?? {})) h.set(k, v);
+    /** @type {any} */
+    const popts = { expect: { streamName: this.names.controlStream }, headers: h };
+    if (key !== undefined) {
+      popts.msgID = `${run}:${kind}:${key}`;
+      if (finished) h.set(HEADER_AFTER_FINISH, "1");
+    }
+    let ack;
+    try {
+      ack = await this.js.publish(this.names.control(run, kind), data, popts);
+    } catch (err) {
+      throw this.fleetError(err, `${kind} ${run}`, this.names.controlStream);
+    }
+    if (!finished) return { seq: ack.seq, duplicate: ack.duplicate };
+    if (!ack.duplicate) throw finished; // stored now, it reached a finished run: ignored
+    // The first copy: taken if stored before the finish, ignored if it was
+    // itself sent after it (it carries the mark).
+    let first;
+    try {
+      first = await (await this.jsm()).streams.getMessage(this.names.controlStream, { seq: ack.seq });
+    } catch (err) {
+      throw this.fleetError(err, `${kind} ${run}: reading the first copy`, this.names.controlStream);
+    }
+    if (!first || first.header?.get(HEADER_AFTER_FINISH)) throw finished;
+    return { seq: ack.seq, duplicate: true };
+  }
+
+  // ---- list ---------------------------------------------------------------
+
+  /**
+   * A page of run records, the newest first (docs/protocol.md §7, "Listing
+   * runs"): queued runs first on the first page, then records by when they
+   * were last written. It reads only what the page needs. Pass the page's
+   * next as before for the next page.
+   * @param {import("./index.js").ListOptions} [o]
+   * @returns {Promise<import("./index.js").RunPage>}
+   */
+  async list(o = {}) {
+    const limit = o.limit ?? 0;
+    const state = o.state ?? "";
+    const queue = o.queue ?? "";
+    if (queue) checkQueue(queue);
+    const beforeSeq = typeof o.before === "number" ? o.before : 0;
+    const beforeTime = o.before instanceof Date ? o.before : null;
+    const since = o.since ?? null;
+    /** @type {import("./index.js").RunPage} */
+    const page = { records: [], next: 0, scanned: 0, truncated: false };
+    const first = beforeSeq === 0 && !beforeTime;
+    const want = () => limit <= 0 || page.records.length < limit;
+    try {
+      if (first && (state === "" || state === "queued")) {
+        for (const r of await this.listQueued(queue)) if (want()) page.records.push(r);
+      }
+      if (state === "queued") return page;
+      const jsm = await this.jsm();
+      const stream = this.names.recordsStream;
+      const info = await jsm.streams.info(stream);
+      let lo = info.state.first_seq;
+      let hi = info.state.last_seq;
+      const top = hi;
+      if (!want()) {
+        if (info.state.messages > 0) page.next = hi + 1;
+        return page;
+      }
+      const keyPrefix = `$KV.${this.names.recordsBucket}.`;
+      if (beforeSeq > 0) hi = Math.min(hi, beforeSeq - 1);
+      const g = new DirectGetter(this, stream);
+      if (beforeTime) {
+        const seq = await g.seqAt(beforeTime, keyPrefix + ">");
+        if (seq > 0) hi = Math.min(hi, seq - 1);
+      }
+      if (since) {
+        const seq = await g.seqAt(since, keyPrefix + ">");
+        if (seq === 0) return page; // nothing written since
+        lo = Math.max(lo, seq);
+      }
+      const maxScan = o.maxScan ?? DEFAULT_LIST_SCAN;
+      const now = Date.now();
+      let window = FIRST_WINDOW;
+      if (limit > 0 && state === "" && queue === "") window = 2 * limit + 8;
+      while (hi >= lo && hi > 0 && want()) {
+        if (maxScan > 0 && page.scanned >= maxScan) {
+          page.truncated = true;
+          break;
+        }
+        const from = hi - lo + 1 > window ? hi - window + 1 : lo;
+        const msgs = await g.range(from, hi);
+        for (let i = msgs.length - 1; i >= 0 && want(); i--) {
+          const m = msgs[i];
+          page.next = m.seq;
+          if (!m.data || !m.subject.startsWith(keyPrefix)) continue; // a delete or purge marker
+          page.scanned++;
+          const r = this.listed(m, state, queue, now);
+          if (r) page.records.push(r);
+        }
+        if (!want()) break;
+        page.next = from;
+        hi = from - 1;
+        window = Math.min(window * 2, MAX_WINDOW);
+      }
+      if (hi < lo || hi === 0) page.next = 0;
+      if (first) await this.catchUp(g, page, state, queue, limit, top, now);
+    } catch (err) {
+      throw this.fleetError(err, "list", this.names.recordsStream);
+    }
+    return page;
+  }
+
+  /**
+   * Decodes a stored record and says whether the listing keeps it.
+   * @param {{seq: number, data: Uint8Array | null}} m @param {string} state @param {string} queue @param {number} now
+   */
+  listed(m, state, queue, now) {
+    let r;
+    try {
+      r = JSON.parse(dec.decode(/** @type {Uint8Array} */ (m.data)));
+    } catch {
+      return null;
+    }
+    if (!r || typeof r !== "object") return null;
+    Object.defineProperty(r, "revision", { value: m.seq, enumerable: false });
+    this.markStale(r, now);
+    const ok =
+      (state === "" || r.state === state || (state === "stale" && r.stale) || (state === "waiting" && r.state === "running" && r.waiting)) &&
+      (queue === "" || r.queue === queue);
+    return ok ? r : null;
+  }
+
+  /**
+   * Completes a first page with the records written while it was read
+   * (§7 step 4): they are the newest, so they go after the queued runs;
+   * an older copy of one the page holds is dropped.
+   * @param {DirectGetter} g @param {import("./index.js").RunPage} page @param {string} state @param {string} queue
+   * @param {number} limit @param {number} top @param {number} now
+   */
+  async catchUp(g, page, state, queue, limit, top, now) {
+    const jsm = await this.jsm();
+    /** @type {Array<{seq: number, subject: string, data: Uint8Array | null}>} */
+    const msgs = [];
+    for (let round = 0; round < CATCH_UP_ROUNDS; round++) {
+      const info = await jsm.streams.info(g.stream);
+      const last = info.state.last_seq;
+      if (last <= top) break;
+      while (top < last) {
+        const to = Math.min(last, top + MAX_WINDOW);
+        msgs.push(...(await g.range(top + 1, to)));
+        top = to;
+      }
+    }
+    if (msgs.length === 0) return;
+    const keyPrefix = `$KV.${this.names.recordsBucket}.`;
+    const moved = new Set();
+    const newer = [];
+    for (let i = msgs.length - 1; i >= 0; i--) {
+      const m = msgs[i];
+      if (!m.subject.startsWith(keyPrefix)) continue;
+      const id = m.subject.slice(keyPrefix.length);
+      if (moved.has(id)) continue;
+      moved.add(id);
+      if (!m.data) continue; // deleted since
+      page.scanned++;
+      const r = this.listed(m, state, queue, now);
+      if (r) newer.push(r);
+    }
+    /** @type {any[]} */
+    const out = [];
+    let rest = page.records;
+    while (rest.length > 0 && rest[0].state === "queued" && !rest[0].revision) {
+      if (!moved.has(rest[0].id)) out.push(rest[0]);
+      rest = rest.slice(1);
+    }
+    out.push(...newer);
+    for (const r of rest) if (!moved.has(r.id)) out.push(r);
+    if (limit > 0 && out.length > limit) {
+      out.length = limit;
+      page.next = out[out.length - 1].revision;
+    }
+    if (limit > 0 && out.length === limit) page.truncated = false;
+    page.records = out;
+  }
+
+  /**
+   * The requests that have no record yet, by id: the runs stream's pending
+   * subjects (the backlog and the running runs), without those with a
+   * record (multi-last direct gets, 1,024 keys a request).
+   * @param {string} queue
+   */
+  async listQueued(queue) {
+    const jsm = await this.jsm();
+    const filter = `${this.names.prefix}.submit.${queue || "*"}.*`;
+    const info = await jsm.streams.info(this.names.runsStream, { subjects_filter: filter });
+    /** @type {any[]} */
+    const pending = [];
+    for (const subj of Object.keys(info.state.subjects ?? {})) {
+      const p = this.names.parseSubmit(subj);
+      if (p) pending.push(queuedRecord(p.run, p.queue));
+    }
+    if (pending.length === 0) return [];
+    const g = new DirectGetter(this, this.names.recordsStream);
+    const have = new Set();
+    const prefix = `$KV.${this.names.recordsBucket}.`;
+    for (let i = 0; i < pending.length; i += 1024) {
+      const subjects = pending.slice(i, i + 1024).map((r) => prefix + r.id);
+      for (const m of await g.multiLast(subjects)) if (m.data) have.add(m.subject.slice(prefix.length));
+    }
+    return pending.filter((r) => !have.has(r.id)).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  }
+
+  // ---- approvals ------------------------------------------------------------
+
+  /**
+   * A run's gated calls that wait for an answer, from its events as stored now.
+   * @param {string} run
+   */
+  async pendingOf(run) {
+    return pendingCalls(await this.storedEvents(run));
+  }
+
+  /**
+   * The pending approvals across the fleet (docs/protocol.md §13): the
+   * running records that wait for approval, each run's pending calls read
+   * from its events since shortly before its oldest request (with the
+   * arguments the model chose), the oldest request first.
+   * @param {{queue?: string, maxScan?: number}} [o]
+   */
+  async approvals(o = {}) {
+    const page = await this.list({ state: "waiting", queue: o.queue, maxScan: o.maxScan });
+    /** @type {any[]} */
+    const out = [];
+    for (const r of page.records) {
+      if (typeof r.waiting !== "object" || r.waiting.for !== "approval") continue;
+      const listed = r.waiting.approvals ?? [];
+      let calls;
+      if (listed.length === 0) calls = await this.pendingOf(r.id);
+      else {
+        const oldest = Math.min(...listed.map((/** @type {any} */ a) => a.requestedAt));
+        const envs = await this.storedEvents(r.id, new Date(oldest - REQUEST_SLACK_MS));
+        const asked = new Set(envs.filter((e) => e.event.type === "tool_approval_requested").map((e) => e.event.toolCallId));
+        calls = listed.every((/** @type {any} */ a) => asked.has(a.toolCallId)) ? pendingCalls(envs) : await this.pendingOf(r.id);
+      }
+      for (const p of calls) {
+        p.queue = r.queue;
+        if (r.waiting.since) p.waitingSince = new Date(r.waiting.since);
+        out.push(p);
+      }
+    }
+    out.sort((a, b) => a.requestedAt - b.requestedAt || (a.run < b.run ? -1 : a.run > b.run ? 1 : 0));
+    return out;
+  }
+}
+
+/** @param {string} state */
+const isFinished = (state) => state === "succeeded" || state === "failed" || state === "aborted";
+
+/** @param {string} kind */
+const kindName = (kind) => ({ steer: "steering", followup: "follow-up", abort: "abort", approve: "approval answer" })[kind] ?? kind;
+
+/** @param {Uint8Array} a @param {Uint8Array} b */
+function sameBytes(a, b) {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/** @param {string} id @param {string} queue @param {string} [submittedAt] @param {number} [requestSeq] */
+function queuedRecord(id, queue, submittedAt, requestSeq) {
+  /** @type {any} */
+  const r = { id, queue, state: "queued", attempt: 0, turns: 0, usage: zeroUsage(), cost: 0 };
+  if (requestSeq) r.requestSeq = requestSeq;
+  if (submittedAt) r.submittedAt = submittedAt;
+  return r;
+}
+
+const zeroUsage = () => ({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } });
+
+/** @param {unknown} text @param {string} what */
+function steerBody(text, what) {
+  if (typeof text === "string") {
+    if (text.trim() === "") throw new InvalidArgumentError(`empty ${what} text`);
+    return { text };
+  }
+  if (text && typeof text === "object" && /** @type {any} */ (text).role === "user") return { message: text };
+  throw new InvalidArgumentError(`a ${what} is a text or a pi user message ({role: "user", content})`);
+}
+
+const printable = /^[^\x00-\x1f\x7f]*$/;
+
+/** @param {string} toolCallId @param {"approve" | "deny"} decision @param {{by?: string, reason?: string, arguments?: Record<string, unknown>}} o */
+function approvalAnswer(toolCallId, decision, o) {
+  const problems = [];
+  if (typeof toolCallId !== "string" || toolCallId === "" || enc.encode(toolCallId).length > 256 || !printable.test(toolCallId)) {
+    problems.push(`toolCallId "${String(toolCallId).slice(0, 64)}" must be 1..256 printable bytes`);
+  }
+  if (o.by !== undefined && (enc.encode(o.by).length > 128 || !printable.test(o.by))) problems.push("by must be at most 128 printable bytes");
+  if (o.reason !== undefined && enc.encode(o.reason).length > 4096) problems.push(`reason is ${enc.encode(o.reason).length} bytes, the limit is 4096`);
+  if (o.arguments !== undefined && decision === "deny") problems.push("arguments are only for approve");
+  if (problems.length) throw new InvalidArgumentError(`approval answer: ${problems.join("; ")}`);
+  /** @type {any} */
+  const a = { toolCallId, decision };
+  if (o.reason) a.reason = o.reason;
+  if (o.by) a.by = o.by;
+  if (o.arguments) a.arguments = o.arguments;
+  return a;
+}
+
+/**
+ * The direct get API of a stream (allow_direct, which KV buckets have),
+ * spoken as docs/protocol.md §7 says: one request per sequence, all sent
+ * before the first answer is read.
+ */
+class DirectGetter {
+  /** @param {Client} c @param {string} stream */
+  constructor(c, stream) {
+    this.nc = c.nc;
+    this.stream = stream;
+    const prefix = /** @type {any} */ (c.js).apiPrefix ?? "$JS.API";
+    this.subject = `${prefix}.DIRECT.GET.${stream}`;
+  }
+
+  /** @param {import("@nats-io/transport-node").Msg} m */
+  decode(m) {
+    const h = m.headers;
+    if (h && h.code !== 0 && h.code !== 200 && m.data.length === 0) {
+      if (h.code === 404) return null;
+      if (h.code === 503) throw new JetStreamUnavailableError(`direct get on ${this.stream}`);
+      throw new AgentfleetError("direct_get", `direct get on ${this.stream}: ${h.code} ${h.description}`);
+    }
+    const op = h?.get("KV-Operation");
+    return {
+      subject: h?.get("Nats-Subject") ?? "",
+      seq: Number(h?.get("Nats-Sequence") ?? 0),
+      time: h?.get("Nats-Time-Stamp") ?? "",
+      data: op === "DEL" || op === "PURGE" ? null : m.data,
+    };
+  }
+
+  /**
+   * The stored messages of sequences from..to, in order (a deleted sequence
+   * answers 404 and is left out).
+   * @param {number} from @param {number} to
+   */
+  async range(from, to) {
+    if (to < from) return [];
+    const inbox = createInbox();
+    const n = to - from + 1;
+    /** @type {Array<ReturnType<DirectGetter["decode"]>>} */
+    const out = [];
+    let got = 0;
+    /** @type {(v?: unknown) => void} */
+    let done = () => {};
+    /** @type {(e: unknown) => void} */
+    let fail = () => {};
+    const finished = new Promise((res, rej) => ((done = res), (fail = rej)));
+    const sub = this.nc.subscribe(inbox + ".*", {
+      callback: (err, m) => {
+        if (err) return fail(err);
+        try {
+          const d = this.decode(m);
+          if (d) out.push(d);
+        } catch (e) {
+          return fail(e);
+        }
+        if (++got === n) done();
+      },
+    });
+    const timer = setTimeout(() => fail(new AgentfleetError("timeout", `direct get on ${this.stream}: timeout`)), 10_000);
+    try {
+      for (let seq = from; seq <= to; seq++) this.nc.publish(this.subject, `{"seq":${seq}}`, { reply: `${inbox}.${seq}` });
+      await finished;
+    } finally {
+      clearTimeout(timer);
+      sub.unsubscribe();
+    }
+    const kept = /** @type {Array<NonNullable<ReturnType<DirectGetter["decode"]>>>} */ (out.filter(Boolean));
+    return kept.sort((a, b) => a.seq - b.seq);
+  }
+
+  /**
+   * One batched request's messages, up to the end-of-batch status.
+   * @param {object} req @param {boolean} multi
+   */
+  async request(req, multi) {
+    const inbox = createInbox();
+    /** @type {any[]} */
+    const out = [];
+    /** @type {(v?: unknown) => void} */
+    let done = () => {};
+    /** @type {(e: unknown) => void} */
+    let fail = () => {};
+    const finished = new Promise((res, rej) => ((done = res), (fail = rej)));
+    const sub = this.nc.subscribe(inbox, {
+      callback: (err, m) => {
+        if (err) return fail(err);
+        if (m.headers?.code === 204 && m.data.length === 0) return done();
+        try {
+          const d = this.decode(m);
+          if (!d) return done();
+          out.push(d);
+          if (!multi) done();
+        } catch (e) {
+          fail(e);
+        }
+      },
+    });
+    const timer = setTimeout(() => fail(new AgentfleetError("timeout", `direct get on ${this.stream}: timeout`)), 10_000);
+    try {
+      this.nc.publish(this.subject, JSON.stringify(req), { reply: inbox });
+      await finished;
+    } finally {
+      clearTimeout(timer);
+      sub.unsubscribe();
+    }
+    return out;
+  }
+
+  /** The last message of each subject that has one. @param {string[]} subjects */
+  multiLast(subjects) {
+    return this.request({ multi_last: subjects }, true);
+  }
+
+  /** The sequence of the first message stored at or after t (0: none). @param {Date} t @param {string} filter */
+  async seqAt(t, filter) {
+    const msgs = await this.request({ start_time: t.toISOString(), next_by_subj: filter }, false);
+    return msgs.length ? msgs[0].seq : 0;
+  }
+}
+
+/**
+ * One follow of a run: an async iterable of its envelopes (see
+ * Client.follow). Iterate it once.
+ */
+export class FollowStream {
+  /** @param {Client} client @param {string} run @param {import("./index.js").FollowOptions} opts */
+  constructor(client, run, opts) {
+    this.client = client;
+    this.run = run;
+    this.opts = opts;
+    this.follower = new Follower(run, opts);
+    this.closed = false;
+    /** @type {{stop(): void} | null} */
+    this.current = null;
+    /** @type {Error[]} problems that did not stop the follow: gaps, envelopes that did not decode */
+    this.warnings = [];
+  }
+
+  /** Where to resume: pass it to follow as options. */
+  cursor() {
+    return this.follower.cursor();
+  }
+
+  /** Ends the iteration (the loop's next step finds it done). */
+  close() {
+    this.closed = true;
+    this.current?.stop();
+  }
+
+  [Symbol.asyncIterator]() {
+    return this.iterate();
+  }
+
+  /** @param {Error} w */
+  warn(w) {
+    this.warnings.push(w);
+    this.opts.onWarning?.(w);
+  }
+
+  async *iterate() {
+    const { client, run, follower: f, opts } = this;
+    checkRunId(run);
+    const signal = opts.signal;
+    const onAbort = () => this.close();
+    signal?.addEventListener("abort", onAbort);
+    client._follows.add(this);
+    try {
+      while (!f.finished && !this.closed) {
+        const cons = await this.open();
+        if (!cons) break;
+        try {
+          yield* this.drain(cons);
+        } finally {
+          cons.delete().catch(() => {});
+        }
+        if (!f.finished && !this.closed && client.nc.isClosed()) {
+          throw new AgentfleetError("closed", `follow ${run}: the NATS connection was closed before the run finished`);
+        }
+      }
+      signal?.throwIfAborted();
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+      client._follows.delete(this);
+    }
+  }
+
+  /**
+   * An ordered consumer from the follower's next stream sequence; its
+   * creation is retried (100 ms doubling to 2 s) while NATS or JetStream
+   * are away, until the follow is closed.
+   */
+  async open() {
+    const { client, run, follower: f } = this;
+    let pause = 100;
+    for (;;) {
+      if (this.closed) return null;
+      try {
+        return await client.orderedEvents(run, f.from > 1 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: f.from } : { deliver_policy: DeliverPolicy.All });
+      } catch (err) {
+        const cause = /** @type {any} */ (err).cause ?? err;
+        if (!(err instanceof JetStreamUnavailableError || err instanceof NatsUnreachableError || isTransient(cause))) throw err;
+      }
+      await new Promise((res) => {
+        const t = setTimeout(res, pause);
+        this.current = { stop: () => (clearTimeout(t), res(undefined)) };
+      });
+      pause = Math.min(pause * 2, 2000);
+    }
+  }
+
+  /**
+   * Yields a consumer's envelopes until the run finishes, the follow is
+   * closed, or the stall watch finds the consumer silent while the stream
+   * has more (then the caller opens a new one).
+   * @param {import("@nats-io/jetstream").Consumer} cons
+   */
+  async *drain(cons) {
+    const { client, run, follower: f, opts } = this;
+    const msgs = await cons.consume({ max_messages: 1000 });
+    const it = msgs[Symbol.asyncIterator]();
+    let stalled = false;
+    let waiting = false;
+    let seen = f.from - 1;
+    // The stall watch: after two intervals spent waiting with nothing
+    // delivered, ask for the run's last stored event; if it is past the
+    // last one delivered, stop this consumer (the caller makes a new one).
+    // The check backs off to every 16 intervals while the run is idle.
+    let last = seen;
+    let idle = 0;
+    let due = 2;
+    let looking = false;
+    // A run that does not exist would be waited for forever: while nothing
+    // has been delivered, look for its request, record or an event beside
+    // the consumer (a run that exists costs no wait), and again one stall
+    // interval later (one look would end a follower started just before
+    // the run's submitter published); none both times: RunNotFoundError.
+    let gone = false;
+    const check = opts.mustExist !== false && f.from === 1 && f.attempt === 0;
+    const noSuchRun = async () => {
+      if (!check || seen !== 0 || !(await client.absent(run)) || seen !== 0) return false;
+      gone = true;
+      msgs.stop();
+      return true;
+    };
+    if (check) {
+      (async () => {
+        if (!(await client.absent(run))) return;
+        await new Promise((r) => setTimeout(r, client.followStallMs));
+        if (!this.closed) await noSuchRun();
+      })().catch(() => {});
+    }
+    const timer = setInterval(async () => {
+      if (!waiting || seen !== last) {
+        last = seen;
+        idle = 0;
+        due = 2;
+        return;
+      }
+      if (++idle < due || looking) return;
+      idle = 0;
+      looking = true;
+      try {
+        const cur = seen;
+        const stored = await client.lastEventSeq(run).catch(() => -1);
+        if (stored < 0) return; // NATS away: ask again, as often
+        if (stored === 0 && cur === 0 && (await noSuchRun())) return;
+        if (stored <= cur || seen !== cur || !waiting) {
+          due = Math.min(2 * due, 16);
+          return;
+        }
+        stalled = true;
+        msgs.stop();
+      } finally {
+        looking = false;
+      }
+    }, client.followStallMs);
+    this.current = { stop: () => msgs.stop() };
+    try {
+      for (;;) {
+        waiting = true;
+        let r;
+        try {
+          r = await it.next();
+        } finally {
+          waiting = false;
+        }
+        if (gone) throw new RunNotFoundError(run);
+        if (r.done) return; // closed, stalled, or the connection closed
+        const m = r.value;
+        f.read(m.seq);
+        seen = m.seq;
+        let env;
+        try {
+          env = decodeEnvelope(m.string(), run, m.seq);
+        } catch (err) {
+          this.warn(/** @type {Error} */ (err));
+          continue;
+        }
+        const { take, gap } = f.accept(env);
+        if (gap) this.warn(gap);
+        if (take && (opts.includeUnknown || isKnownEventType(env.event.type))) yield env;
+        if (f.finished || this.closed) return;
+      }
+    } catch (err) {
+      if (gone) throw new RunNotFoundError(run);
+      if (stalled || this.closed) return;
+      throw client.fleetError(err, `follow ${run}`, client.names.eventsStream);
+    } finally {
+      clearInterval(timer);
+      msgs.stop();
+    }
+  }
+}

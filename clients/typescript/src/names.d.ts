@@ -1,0 +1,25 @@
+export declare const DEFAULT_PREFIX: "agents";
+export declare const DEFAULT_QUEUE: "default";
+/** Throws an InvalidArgumentError unless id matches [A-Za-z0-9_-]{1,64}. */
+export declare function checkRunId(id: unknown): asserts id is string;
+/** Throws an InvalidArgumentError unless q matches [A-Za-z0-9_-]{1,64}. */
+export declare function checkQueue(q: unknown): asserts q is string;
+/** Throws an InvalidArgumentError unless k matches [A-Za-z0-9._:-]{1,128}. */
+export declare function checkControlKey(k: unknown): asserts k is string;
+/** A fresh run id: 26 lower-case base32 characters. */
+export declare function newRunId(): string;
+/** Every subject, stream and bucket name for a subject prefix (docs/protocol.md §1). */
+export declare class Names {
+  constructor(prefix?: string);
+  readonly prefix: string;
+  readonly runsStream: string;
+  readonly eventsStream: string;
+  readonly controlStream: string;
+  readonly recordsBucket: string;
+  readonly recordsStream: string;
+  submit(queue: string, run: string): string;
+  events(run: string): string;
+  control(run: string, kind: string): string;
+  record(run: string): string;
+  parseSubmit(subject: string): { queue: string; run: string } | null;
+}

@@ -1,0 +1,367 @@
+// The Node client against a real worker process (demo and faux models, its
+// embedded NATS server): every function, the errors, and the envelopes as
+// `submit follow --json` prints them.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+
+import {
+  connect,
+  formatEnvelope,
+  JetStreamUnavailableError,
+  NatsUnreachableError,
+  RunFinishedError,
+  RunIdTakenError,
+  RunNotFoundError,
+  UnknownQueueError,
+  InvalidArgumentError,
+  newRunId,
+} from "../src/index.js";
+import { startWorker, submit, waitFor, freePort, repoDir, sleeper, manyDeltas, gated } from "./fleet.js";
+import { startFakeNats } from "./fakenats.js";
+
+/** @type {Awaited<ReturnType<typeof startWorker>>} */
+let hub;
+/** @type {import("../src/index.js").Client} */
+let client;
+
+before(async () => {
+  hub = await startWorker(["--concurrency", "16", "--ack-wait", "10s"], { name: "hub" });
+  client = await connect({ servers: hub.url, followStallMs: 1000 });
+});
+
+after(async () => {
+  await client?.close();
+  await hub?.stop();
+});
+
+/** A request of cmd/submit/examples with a prompt. @param {string} name */
+const example = (name) => ({ prompt: "What is 1234*5678?", ...JSON.parse(readFileSync(join(repoDir, "cmd/submit/examples", name), "utf8")) });
+
+/** Follows a run to its end: its envelopes. @param {string} run @param {import("../src/index.js").FollowOptions} [opts] */
+async function followAll(run, opts) {
+  const out = [];
+  for await (const env of client.follow(run, opts)) out.push(env);
+  return out;
+}
+
+/** Follows a run until an event of a type: returns the follow, still open. @param {string} run @param {(e: any) => boolean} until */
+async function followUntil(run, until) {
+  const f = client.follow(run);
+  const it = f[Symbol.asyncIterator]();
+  const seen = [];
+  for (;;) {
+    const r = await it.next();
+    assert.ok(!r.done, `run ${run} ended before the awaited event`);
+    seen.push(r.value);
+    if (until(r.value)) return { f, it, seen };
+  }
+}
+
+test("submit, follow typed events live, status and result", async () => {
+  const { id, queue, seq, duplicate } = await client.submit({ prompt: "Hello, fleet" });
+  assert.equal(queue, "default");
+  assert.ok(seq > 0);
+  assert.equal(duplicate, false);
+  let text = "";
+  const types = [];
+  for await (const env of client.follow(id)) {
+    types.push(env.event.type);
+    assert.equal(env.run, id);
+    assert.ok(env.streamSeq > 0);
+    if (env.event.type === "message_update" && env.event.assistantMessageEvent.type === "text_delta") text += env.event.assistantMessageEvent.delta;
+  }
+  assert.equal(types[0], "run_started");
+  assert.equal(types.at(-1), "run_finished");
+  assert.ok(types.includes("message_end"));
+  const rec = await client.status(id);
+  assert.equal(rec.state, "succeeded");
+  assert.equal(rec.queue, "default");
+  assert.ok(rec.revision && rec.revision > 0);
+  const res = await client.result(id);
+  assert.equal(res.status, "succeeded");
+  assert.equal(res.text, text);
+  assert.match(res.text, /You said: Hello, fleet/);
+  assert.deepEqual(
+    res.messages.map((m) => m.role),
+    ["user", "assistant"],
+  );
+});
+
+test("the envelopes, byte for byte as submit follow --json prints them", async () => {
+  const runs = [];
+  // A scripted tool run with thinking; text that Go escapes (<, >, &,
+  // U+2028) and text it does not; a bad request; an approval approved with
+  // an edit; a steered, then aborted run.
+  runs.push((await client.submit({ ...example("calculator.json"), prompt: "What is <1234*5678> & \"why\"? \u2028 é ✓ \u{1F600}" })).id);
+  runs.push((await client.submit({ prompt: "demo <b>bold</b> & \\ \t tab" })).id);
+  runs.push((await client.submit({ prompt: "x", tools: ["no_such_tool"] })).id);
+  const appr = (await client.submit(example("approval.json"))).id;
+  runs.push(appr);
+  const slow = (await client.submit(sleeper(30))).id;
+  runs.push(slow);
+  {
+    const { it } = await followUntil(appr, (e) => e.event.type === "tool_approval_requested");
+    await client.approve(appr, "c1", { by: "alice <a@example.com>", arguments: { expression: "2+3" } });
+    while (!(await it.next()).done);
+  }
+  {
+    const { it } = await followUntil(slow, (e) => e.event.type === "tool_execution_start");
+    await client.steer(slow, "Steer <now> & then");
+    await client.abort(slow, { reason: "enough" });
+    while (!(await it.next()).done);
+  }
+  for (const id of runs) {
+    const go = await submit(hub.url, ["follow", "--json", id]);
+    const lines = [];
+    for await (const env of client.follow(id, { includeUnknown: true })) lines.push(formatEnvelope(env) + "\n");
+    assert.equal(lines.join(""), go.stdout, `run ${id}`);
+  }
+});
+
+test("replay from a stream sequence, and resume from a cursor", async () => {
+  const { id } = await client.submit({ ...example("calculator.json"), prompt: "replay" });
+  const all = await followAll(id);
+  assert.ok(all.length > 10);
+  const k = 7;
+  const tail = await followAll(id, { from: all[k].streamSeq });
+  assert.deepEqual(
+    tail.map((e) => formatEnvelope(e)),
+    all.slice(k).map((e) => formatEnvelope(e)),
+  );
+  // A follow stopped after a few envelopes goes on from its cursor.
+  const first = client.follow(id);
+  const got = [];
+  for await (const env of first) {
+    got.push(env);
+    if (got.length === 5) break;
+  }
+  const rest = await followAll(id, first.cursor());
+  assert.deepEqual(
+    [...got, ...rest].map((e) => e.streamSeq),
+    all.map((e) => e.streamSeq),
+  );
+  // From past the end: nothing more than run_finished's successors (none).
+  const none = await followAll(id, { from: all.at(-1).streamSeq + 1, attempt: all.at(-1).attempt, seq: all.at(-1).seq, mustExist: false, signal: AbortSignal.timeout(1500) }).catch((e) => e);
+  assert.ok(none instanceof Error && none.name === "TimeoutError", "a follow past the end waits for more");
+});
+
+test("submit is idempotent by run id; another request under a used id is refused", async () => {
+  const id = newRunId();
+  const req = { prompt: "once" };
+  const a = await client.submit(req, { id });
+  const b = await client.submit(req, { id });
+  assert.equal(a.duplicate, false);
+  assert.equal(b.duplicate, true);
+  assert.equal(b.seq, a.seq);
+  await assert.rejects(client.submit({ prompt: "another body" }, { id }), RunIdTakenError);
+  await followAll(id);
+  // Once taken (the request acked and gone), the record's queue tells.
+  await assert.rejects(client.submit(req, { id, queue: "other" }), (err) => err instanceof UnknownQueueError || err instanceof RunIdTakenError);
+  await assert.rejects(client.submit(req, { id: "bad id" }), InvalidArgumentError);
+});
+
+test("errors: queue not declared, no such run, NATS unreachable, JetStream down", async () => {
+  await assert.rejects(client.submit({ prompt: "x" }, { queue: "nobody-serves-this" }), (err) => {
+    assert.ok(err instanceof UnknownQueueError);
+    assert.equal(err.code, "queue_not_declared");
+    assert.match(err.message, /queue "nobody-serves-this" is not declared/);
+    return true;
+  });
+  for (const call of [() => client.status("no-such-run"), () => client.result("no-such-run"), () => followAll("no-such-run")]) {
+    await assert.rejects(call(), (err) => err instanceof RunNotFoundError && err.code === "run_not_found" && /no such run: no-such-run/.test(err.message));
+  }
+  // A follower started before the run is submitted is not told it has none.
+  const early = newRunId();
+  const followed = followAll(early);
+  await new Promise((r) => setTimeout(r, 200)); // likely after the follower's first look (either order must pass)
+  await client.submit({ prompt: "just in time" }, { id: early });
+  const envs = await followed;
+  assert.equal(envs.at(-1).event.type, "run_finished");
+  const port = await freePort();
+  await assert.rejects(connect({ servers: `nats://127.0.0.1:${port}`, timeout: 2000 }), (err) => {
+    assert.ok(err instanceof NatsUnreachableError);
+    assert.match(err.message, new RegExp(`cannot reach NATS at nats://127.0.0.1:${port}`));
+    return true;
+  });
+  const fake = await startFakeNats();
+  const c = await connect({ servers: fake.url });
+  try {
+    for (const call of [() => c.submit({ prompt: "x" }), () => c.status("r1"), () => c.list(), () => c.steer("r1", "x")]) {
+      await assert.rejects(call(), (err) => {
+        assert.ok(err instanceof JetStreamUnavailableError, `${err}`);
+        assert.equal(err.code, "jetstream_unavailable");
+        assert.match(err.message, /JetStream is not answering/);
+        return true;
+      });
+    }
+  } finally {
+    await c.close();
+    await fake.close();
+  }
+});
+
+test("steer and follow-up with keys: a retry is stored once and reaches the run once", async () => {
+  // The run waits for its calculator call's answer while we steer.
+  const { id } = await client.submit(gated());
+  const { it, seen } = await followUntil(id, (e) => e.event.type === "tool_approval_requested");
+  const s1 = await client.steer(id, "Count in French instead", { key: "french" });
+  const s2 = await client.steer(id, "Count in French instead", { key: "french" });
+  assert.equal(s2.seq, s1.seq);
+  assert.equal(s2.duplicate, true);
+  const f1 = await client.followUp(id, "And in German?", { key: "german" });
+  const bad = await client.sendControl(id, "steer", { txt: "a typo" }); // not a steer body: the run says so (1.8)
+  await client.approve(id, "c1");
+  for (;;) {
+    const r = await it.next();
+    if (r.done) break;
+    seen.push(r.value);
+  }
+  const rejected = seen.find((e) => e.event.type === "control_rejected");
+  assert.ok(rejected && rejected.event.type === "control_rejected");
+  assert.equal(rejected.event.kind, "steer");
+  assert.equal(rejected.event.controlSeq, bad.seq);
+  assert.match(rejected.event.reason, /txt/);
+  const users = seen.filter((e) => e.event.type === "message_end" && e.event.message.role === "user" && e.controlSeq);
+  assert.deepEqual(
+    users.map((e) => e.controlSeq),
+    [s1.seq, f1.seq],
+  );
+  const res = await client.result(id);
+  assert.equal(res.status, "succeeded");
+  assert.equal(res.text, "Un, deux, trois.", "the steer, then the follow-up took a turn each");
+  // After the finish: a retry whose first copy came in time answers its
+  // sequence; a new message is refused.
+  const again = await client.steer(id, "Count in French instead", { key: "french" });
+  assert.deepEqual(again, { seq: s1.seq, duplicate: true });
+  await assert.rejects(client.steer(id, "too late", { key: "late" }), RunFinishedError);
+  await assert.rejects(client.steer(id, "too late"), (err) => err instanceof RunFinishedError && /is succeeded/.test(err.message));
+  await assert.rejects(client.steer(id, "  "), InvalidArgumentError);
+  await assert.rejects(client.steer(id, "x", { key: "no spaces" }), InvalidArgumentError);
+});
+
+test("abort a running run", async () => {
+  const { id } = await client.submit(sleeper(60));
+  const { it } = await followUntil(id, (e) => e.event.type === "tool_execution_start");
+  const a = await client.abort(id, { reason: "changed my mind", key: "stop" });
+  assert.ok(a.seq > 0);
+  let last;
+  for (;;) {
+    const r = await it.next();
+    if (r.done) break;
+    last = r.value;
+  }
+  assert.equal(last.event.type, "run_finished");
+  assert.equal(last.event.status, "aborted");
+  assert.equal(last.event.reason, "aborted_by_user");
+  assert.equal((await client.status(id)).state, "aborted");
+});
+
+test("approvals: the fleet's pending calls, approve with an edit, deny with a reason", async () => {
+  const a = (await client.submit(example("approval.json"), { id: `appr-a-${newRunId()}` })).id;
+  const b = (await client.submit(example("approval.json"), { id: `appr-b-${newRunId()}` })).id;
+  const fa = await followUntil(a, (e) => e.event.type === "tool_approval_requested");
+  const fb = await followUntil(b, (e) => e.event.type === "tool_approval_requested");
+  // The records say they wait (written at once when the wait starts).
+  const pending = await waitFor(async () => {
+    const p = (await client.approvals()).filter((x) => x.run === a || x.run === b);
+    return p.length === 2 ? p : null;
+  }, "both runs in approvals()");
+  for (const p of pending) {
+    assert.equal(p.toolCallId, "c1");
+    assert.equal(p.toolName, "calculator");
+    assert.deepEqual(p.args, { expression: "1234*5678" });
+    assert.equal(p.queue, "default");
+    assert.ok(p.expiresAt && p.expiresAt > p.requestedAt);
+  }
+  assert.deepEqual(
+    (await client.pendingOf(a)).map((p) => p.toolCallId),
+    ["c1"],
+  );
+  await client.approve(a, "c1", { by: "alice", reason: "checked", arguments: { expression: "2+3" } });
+  await client.deny(b, "c1", { by: "bob", reason: "not in production" });
+  const ea = [];
+  for (let r; !(r = await fa.it.next()).done; ) ea.push(r.value.event);
+  const eb = [];
+  for (let r; !(r = await fb.it.next()).done; ) eb.push(r.value.event);
+  const resolved = ea.find((e) => e.type === "tool_approval_resolved");
+  assert.equal(resolved.decision, "approve");
+  assert.equal(resolved.by, "alice");
+  const endA = ea.find((e) => e.type === "tool_execution_end");
+  assert.equal(endA.isError, false);
+  assert.match(JSON.stringify(endA.result), /"5"|5/);
+  const endB = eb.find((e) => e.type === "tool_execution_end");
+  assert.equal(endB.isError, true);
+  assert.match(JSON.stringify(endB.result), /not in production/);
+  assert.deepEqual(await client.pendingOf(a), []);
+  await assert.rejects(client.deny(a, "c1", { arguments: {} }), InvalidArgumentError);
+});
+
+test("list: newest first, filters, pages, queued runs", async () => {
+  // A queue that is declared but has no worker now: its runs stay queued.
+  const parked = await startWorker(["--nats", hub.url, "--queue", "parked"], { name: "parked" });
+  await parked.stop();
+  const q = await client.submit({ prompt: "wait for me" }, { queue: "parked" });
+  assert.equal((await client.status(q.id)).state, "queued");
+  const ids = [];
+  for (let i = 0; i < 4; i++) {
+    const { id } = await client.submit({ prompt: `list ${i}` });
+    await followAll(id);
+    ids.push(id);
+  }
+  const bad = (await client.submit({ prompt: "x", tools: ["nope"] })).id;
+  await followAll(bad);
+  const page = await client.list({ limit: 3 });
+  assert.equal(page.records.length, 3);
+  assert.equal(page.records[0].id, q.id, "queued runs come first");
+  assert.equal(page.records[0].state, "queued");
+  assert.deepEqual(
+    page.records.slice(1).map((r) => r.id),
+    [bad, ids[3]],
+  );
+  const next = await client.list({ limit: 2, before: page.next });
+  assert.deepEqual(
+    next.records.map((r) => r.id),
+    [ids[2], ids[1]],
+  );
+  const failed = await client.list({ state: "failed" });
+  assert.ok(failed.records.some((r) => r.id === bad && r.reason === "bad_request"));
+  assert.ok(failed.records.every((r) => r.state === "failed"));
+  assert.deepEqual(
+    (await client.list({ state: "queued" })).records.map((r) => r.id),
+    [q.id],
+  );
+  const recent = await client.list({ since: new Date(Date.now() - 60_000), queue: "default" });
+  assert.ok(recent.records.some((r) => r.id === ids[0]));
+});
+
+test("throughput: following one run of 20,000 deltas, against submit follow --json", async (t) => {
+  const { id } = await client.submit(manyDeltas(20_000));
+  let n = 0;
+  const t0 = performance.now();
+  for await (const env of client.follow(id)) n++;
+  const live = performance.now() - t0;
+  // Replays of the stored run: this client, the same with the --json lines, and submit.
+  const t1 = performance.now();
+  let m = 0;
+  for await (const env of client.follow(id)) m++;
+  const replay = performance.now() - t1;
+  const t2 = performance.now();
+  let bytes = 0;
+  for await (const env of client.follow(id, { includeUnknown: true })) bytes += formatEnvelope(env).length + 1;
+  const replayJSON = performance.now() - t2;
+  const t3 = performance.now();
+  const go = await submit(hub.url, ["follow", "--json", id]);
+  const goMs = performance.now() - t3;
+  assert.equal(m, n);
+  assert.ok(n > 20_000);
+  assert.equal(go.stdout.split("\n").length - 1, n);
+  const rate = (/** @type {number} */ count, /** @type {number} */ ms) => `${Math.round((count / ms) * 1000).toLocaleString("en")} events/s`;
+  const report =
+    `follow of one run with ${n} events: live ${rate(n, live)} (${live.toFixed(0)} ms, bound by the worker); ` +
+    `replay ${rate(n, replay)} (${replay.toFixed(0)} ms); replay printed as --json ${rate(n, replayJSON)} (${replayJSON.toFixed(0)} ms, ${bytes} bytes); ` +
+    `submit follow --json (a process: start, connect, replay, print) ${rate(n, goMs)} (${goMs.toFixed(0)} ms)`;
+  t.diagnostic(report);
+  console.log(`# ${report}`);
+});
