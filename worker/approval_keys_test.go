@@ -55,15 +55,15 @@ func TestApprovalLateAnswerDoesNotApproveALaterCallWithTheSameID(t *testing.T) {
 		t.Fatalf("first resolved %+v", first)
 	}
 	late := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "late"})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 2).Approval; res.Decision != bus.DecisionTimeout || d.targets() != "" {
+		t.Fatalf("second resolved %+v, deploy ran %q: the late answer approved a call nobody saw; events %s", res, d.targets(), re.types())
+	}
 	second := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval
 	if second.ToolCallID != "c1-t2-1" || second.Args["target"] != "evil" {
 		t.Fatalf("second request %+v, want key c1-t2-1; events %s", second, re.types())
 	}
 	if rej := re.rejectedFor(t, late); rej.ToolCallID != "c1" || !strings.Contains(rej.Reason, "already resolved") {
 		t.Fatalf("rejection of the late answer %+v", rej)
-	}
-	if res := re.waitFor(t, bus.EventToolApprovalResolved, 2).Approval; res.ToolCallID != "c1-t2-1" || res.Decision != bus.DecisionTimeout {
-		t.Fatalf("second resolved %+v; events %s", res, re.types())
 	}
 	wantSucceeded(t, re)
 	if d.targets() != "" {
@@ -87,11 +87,11 @@ func TestApprovalDuplicateAnswerDoesNotApproveALaterCallWithTheSameID(t *testing
 	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ToolCallID != "c1" || res.ControlSeq != alice {
 		t.Fatalf("first resolved %+v, want alice's answer %d", res, alice)
 	}
-	if second := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval; second.ToolCallID != "c1-t2-1" {
-		t.Fatalf("second request %+v; events %s", second, re.types())
-	}
 	if rej := re.rejectedFor(t, bob); rej.ToolCallID != "c1" || !strings.Contains(rej.Reason, "already resolved") {
 		t.Fatalf("rejection of bob's answer %+v", rej)
+	}
+	if second := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval; second.ToolCallID != "c1-t2-1" {
+		t.Fatalf("second request %+v; events %s", second, re.types())
 	}
 	waitRecord(t, c, run, "waiting for c1-t2-1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1-t2-1") })
 	if n := re.count(bus.EventToolApprovalResolved); n != 1 || d.targets() != "one" {

@@ -199,16 +199,17 @@ func TestApprovalResumeKeepsDroppingResolvedKeys(t *testing.T) {
 	re := followRun(t, c, run)
 	re.waitFor(t, bus.EventToolApprovalRequested, 1)
 	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
-	if a := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval; a.ToolCallID != "c1-t2-1" {
-		t.Fatalf("second request %+v; events %s", a, re.types())
-	}
-	waitRecord(t, c, run, "waiting for c1-t2-1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1-t2-1") })
+	second := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval
+	waitRecord(t, c, run, "waiting for the second call", func(r *bus.RunRecord) bool { return waitingFor(r, second.ToolCallID) })
 	stopA()
 	waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 })
 	dup := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "bob"})
 	_, stopB := startOn(t, c, cfg)
 	if rej := re.rejectedFor(t, dup); rej.ToolCallID != "c1" || !strings.Contains(rej.Reason, "already resolved") {
 		t.Fatalf("rejection of the duplicate %+v", rej)
+	}
+	if second.ToolCallID != "c1-t2-1" {
+		t.Fatalf("second request %+v; events %s", second, re.types())
 	}
 	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1-t2-1") })
 	stopB()
