@@ -253,15 +253,14 @@ func TestApprovalAnswerStoredBeforeTheRequestIsNotApplied(t *testing.T) {
 		return e.Type == string(agent.EventToolExecutionStart) && e.Agent.ToolCallID == "s1"
 	})
 	early := answer(t, approver, req.ID, "c1", bus.DecisionApprove, "guess")
-	asked := ev.approval(t, bus.EventToolApprovalRequested, 1)
-	if asked.AnswersAfter < early {
-		t.Fatalf("request %+v: answersAfter below the early answer %d", asked, early)
-	}
 	if fin := ev.finished(t); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("finished %+v", fin)
 	}
 	if r := results(t, sub, req.ID)["c1"]; strings.Contains(r, "42") || !strings.Contains(r, "not approved") {
 		t.Fatalf("c1 got %q: the early answer was applied; events %s", r, ev.summary())
+	}
+	if asked := ev.approval(t, bus.EventToolApprovalRequested, 1); asked.AnswersAfter < early {
+		t.Fatalf("request %+v: answersAfter below the early answer %d", asked, early)
 	}
 	ev.rejected(t, early)
 }
