@@ -262,7 +262,7 @@ func TestApprovalEditedArguments(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("follow: exit %d\n%s", code, out)
 	}
-	expect(t, out, "! the edit of c1 was rejected: ", "; still waiting", "✓ approved c1", "↳ calculator → ok: 5")
+	expect(t, out, "! an answer for c1 was not applied: ", "; still waiting", "✓ approved c1", "↳ calculator → ok: 5")
 	if text, isErr := toolResult(t, c, run, "c1"); isErr || text != "5" {
 		t.Errorf("the edited call's result: %q (error %v)", text, isErr)
 	}
