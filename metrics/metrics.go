@@ -103,6 +103,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.approvalsResolved = counterVec(reg, m, "approvals_resolved_total", "Gated tool calls resolved, by decision (approve, deny, timeout).", "decision")
 	m.approvalWait = histogram(reg, m, "approval_wait_seconds", "How long a gated tool call waited for its answer.", prometheus.ExponentialBucketsRange(0.5, 604800, 16))
 	m.approvalsRefused = counterVec(reg, m, "approval_refused_total", "Gated tool calls refused without asking, by reason (max_waiting: too many runs wait).", "reason")
+	m.approvalsRefused.WithLabelValues("max_waiting") // exported at 0: a rate from the start
 	m.runsWaiting = gauge(reg, m, "runs_waiting", "Runs on this worker waiting (for an approval), with or without a slot.")
 	m.slotsBusy = gauge(reg, m, "worker_slots_busy", "Run slots in use on this worker.")
 	m.slotsTotal = gauge(reg, m, "worker_slots", "Run slots on this worker (its concurrency).")
