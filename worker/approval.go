@@ -554,15 +554,8 @@ func (r *run) logUnmatchedApprovals() {
 func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args map[string]any) (map[string]any, error) {
 	p := r.approval
 	prior, resumed := r.appr.takeResumed(id)
-	if !r.claimWaitPlace() { // waiting.go
-		if !resumed {
-			return nil, r.refuseApproval(id, t.Name)
-		}
-		// Asked already: its answer may be stored. It waits on its slot.
-		r.log.Warn("resumed gated tool call waits holding its slot: every waiting place is taken", "toolCallId", id)
-		r.wait.mu.Lock()
-		r.wait.claims++
-		r.wait.mu.Unlock()
+	if !r.claimWaitPlace(resumed) { // waiting.go
+		return nil, r.refuseApproval(id, t.Name)
 	}
 	defer r.unclaimWaitPlace()
 	c := &gatedCall{id: id, tool: t.Name, wake: make(chan struct{}, 1)}
@@ -620,7 +613,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			// Stopped before the wait ends: the run finishes without
 			// taking a slot again.
 			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
-				id, t.Name, time.Duration(p.Timeout())*time.Second))
+				id, t.Name, c.expiresAt.Sub(c.requestedAt).Round(time.Second)))
 			r.stop()
 		}
 	}

@@ -355,13 +355,15 @@ func (r *run) dropPlaceLocked() {
 // claimWaitPlace is a gated call's, before it asks: it makes sure the run
 // holds a MaxWaiting place (taking one if free) and keeps it until
 // unclaimWaitPlace, so the call's wait can leave the slot. It reports
-// false, holding nothing, when every place is taken. With a negative
-// MaxWaiting (waits keep their slots) it always succeeds.
-func (r *run) claimWaitPlace() bool {
+// false, holding nothing, when every place is taken, unless the call was
+// asked by an earlier attempt (resumed: its answer may be stored, so it
+// waits, on its slot until a place frees). With a negative MaxWaiting
+// (waits keep their slots) it always succeeds.
+func (r *run) claimWaitPlace(resumed bool) bool {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	if r.w.cfg.MaxWaiting >= 0 && !ws.place && !r.takePlaceLocked() {
+	if r.w.cfg.MaxWaiting >= 0 && !ws.place && !r.takePlaceLocked() && !resumed {
 		return false
 	}
 	ws.claims++
