@@ -83,7 +83,8 @@ func keyStream(fn agent.StreamFn) agent.StreamFn {
 
 // callKeys keys the calls of one assistant message.
 type callKeys struct {
-	taken map[string]bool // the context's call ids
+	msgs  []agent.Message // the context
+	taken map[string]bool // its call ids, read at the first call
 	turn  int
 	// The streamed calls: by content index, the provider's id, its key
 	// and its position.
@@ -96,20 +97,26 @@ type streamedCall struct {
 	pos     int
 }
 
-func newCallKeys(msgs []agent.Message) *callKeys {
-	k := &callKeys{taken: map[string]bool{}, turn: 1}
-	for i := range msgs {
-		if msgs[i].Role != agent.RoleAssistant {
+func newCallKeys(msgs []agent.Message) *callKeys { return &callKeys{msgs: msgs} }
+
+// read takes the context's call ids and turns, once: a message without
+// calls (most) costs nothing.
+func (k *callKeys) read() {
+	if k.taken != nil {
+		return
+	}
+	k.taken, k.turn = map[string]bool{}, 1
+	for i := range k.msgs {
+		if k.msgs[i].Role != agent.RoleAssistant {
 			continue
 		}
 		k.turn++
-		for _, c := range msgs[i].Content {
+		for _, c := range k.msgs[i].Content {
 			if c.Type == agent.ContentToolCall {
 				k.taken[c.ID] = true
 			}
 		}
 	}
-	return k
 }
 
 // streamed returns the key of a streamed call (toolcall_start, and again
@@ -139,11 +146,14 @@ func (k *callKeys) streamed(index int, id string) string {
 // a key differs from its id: the provider's message is not touched).
 func (k *callKeys) keyMessage(m *agent.Message) *agent.Message {
 	var content []agent.Content
-	mine := map[string]bool{}
+	var mine map[string]bool
 	pos := 0
 	for i, c := range m.Content {
 		if c.Type != agent.ContentToolCall {
 			continue
+		}
+		if mine == nil {
+			mine = map[string]bool{}
 		}
 		pos++
 		key := k.key(c.ID, pos, mine)
@@ -167,6 +177,7 @@ func (k *callKeys) keyMessage(m *agent.Message) *agent.Message {
 // key is invariant 2: the key of the call at pos (from 1) with the
 // provider's id, given the keys of its message's earlier calls.
 func (k *callKeys) key(id string, pos int, mine map[string]bool) string {
+	k.read()
 	free := func(s string) bool { return !k.taken[s] && !mine[s] }
 	if validKeptID(id) && free(id) {
 		return id
