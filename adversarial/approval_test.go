@@ -4,7 +4,11 @@ package adversarial
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +20,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/internal/rolefleet"
+	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -359,5 +364,90 @@ func waitRecord(t *testing.T, c *rolefleet.Client, run string, ok func(*bus.RunR
 		case <-wctx.Done():
 			t.Fatalf("record of %s: last %+v", run, last)
 		}
+	}
+}
+
+// An OpenAI-compatible endpoint that names every tool call call_0 (as some
+// servers do, and a hostile one may): both calls run, each approved under
+// its own key; the duplicate click approves nothing; and the next request
+// carries the keys as tool_call_id, so the conversation stays consistent.
+func TestApprovalHostileEndpointRepeatingIDs(t *testing.T) {
+	var mu sync.Mutex
+	var bodies [][]byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, raw)
+		n := len(bodies)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := func(s string) { fmt.Fprintf(w, "data: %s\n\n", s) }
+		switch n {
+		case 1, 2:
+			expr := map[int]string{1: "1+1", 2: "6*7"}[n]
+			chunk(`{"id":"r","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_0","type":"function","function":{"name":"calculator","arguments":"{\"expression\":\"` + expr + `\"}"}}]}}]}`)
+			chunk(`{"id":"r","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`)
+		default:
+			chunk(`{"id":"r","choices":[{"index":0,"delta":{"role":"assistant","content":"done"}}]}`)
+			chunk(`{"id":"r","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
+		}
+		chunk("[DONE]")
+	}))
+	t.Cleanup(srv.Close)
+	endpoint, err := openai.New(openai.Config{BaseURL: srv.URL, APIKey: "k", MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := startFleet(t, &worker.Config{Providers: map[string]worker.Provider{"openai": endpoint}})
+	sub, alice, bob := f.Connect(t, "submitter"), f.Connect(t, "approver"), f.Connect(t, "approver")
+	req := &bus.RunRequest{ID: "hostile-endpoint", Prompt: "compute", Model: &bus.ModelRef{Provider: "openai", ID: "m"},
+		Tools: []string{"calculator"}, Approval: &bus.Approval{Tools: []string{"calculator"}}}
+	submit(t, sub, req)
+	ev := follow(t, alice, req.ID)
+	if first := ev.approval(t, bus.EventToolApprovalRequested, 1); first.ToolCallID != "call_0" {
+		t.Fatalf("first request %+v", first)
+	}
+	answer(t, alice, req.ID, "call_0", bus.DecisionApprove, "alice")
+	dup := answer(t, bob, req.ID, "call_0", bus.DecisionApprove, "bob")
+	second := ev.approval(t, bus.EventToolApprovalRequested, 2)
+	if second.ToolCallID != "call_0-t2-1" || second.Args["expression"] != "6*7" {
+		t.Fatalf("second request %+v", second)
+	}
+	ev.rejected(t, dup)
+	answer(t, bob, req.ID, second.ToolCallID, bus.DecisionApprove, "bob")
+	if fin := ev.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, ev.summary())
+	}
+	if res := results(t, sub, req.ID); res["call_0"] != "2" || res["call_0-t2-1"] != "42" {
+		t.Fatalf("results %v", res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 3 {
+		t.Fatalf("%d model requests", len(bodies))
+	}
+	var last struct {
+		Messages []struct {
+			Role       string `json:"role"`
+			ToolCallID string `json:"tool_call_id"`
+			ToolCalls  []struct {
+				ID string `json:"id"`
+			} `json:"tool_calls"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(bodies[2], &last); err != nil {
+		t.Fatal(err)
+	}
+	var calls, results []string
+	for _, m := range last.Messages {
+		for _, c := range m.ToolCalls {
+			calls = append(calls, c.ID)
+		}
+		if m.Role == "tool" {
+			results = append(results, m.ToolCallID)
+		}
+	}
+	if got := strings.Join(calls, ",") + " / " + strings.Join(results, ","); got != "call_0,call_0-t2-1 / call_0,call_0-t2-1" {
+		t.Fatalf("the third request's tool calls / results: %s", got)
 	}
 }
