@@ -97,9 +97,9 @@ func (e *events) waitNth(t *testing.T, what string, n int, ok func(*bus.Event) b
 		select {
 		case <-e.wake:
 		case <-e.done:
-			t.Fatalf("the run's events ended without %s: %s", what, e.summary())
+			t.Fatalf("the run's events ended before %s: %s", what, e.summary())
 		case <-deadline:
-			t.Fatalf("no %s within 30s: %s", what, e.summary())
+			t.Fatalf("waited 30s for %s: %s", what, e.summary())
 		}
 	}
 }
