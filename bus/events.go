@@ -19,8 +19,9 @@ const (
 	// limits; published once the call proceeds.
 	EventModelWait = "model_wait"
 	// Approvals of gated tool calls (since 1.3): a call waits for a
-	// person's answer (requested), got it or timed out (resolved), or got
-	// an edit its tool's schema refuses (rejected: it goes on waiting).
+	// person's answer (requested), got it or timed out (resolved), or an
+	// answer was not applied (rejected: an invalid one, or since 1.8 one
+	// stored before the call asked or after it was resolved).
 	EventToolApprovalRequested = "tool_approval_requested"
 	EventToolApprovalResolved  = "tool_approval_resolved"
 	EventToolApprovalRejected  = "tool_approval_rejected"
@@ -55,6 +56,10 @@ type ToolApproval struct {
 	ToolName  string         `json:"toolName,omitempty"`
 	Args      map[string]any `json:"args,omitempty"`
 	ExpiresAt int64          `json:"expiresAt,omitempty"` // unix ms
+	// AnswersAfter (requested, since 1.8): the run's answers count only
+	// with an AGENTS_CONTROL sequence above it (stored after the call
+	// began to ask).
+	AnswersAfter uint64 `json:"answersAfter,omitempty"`
 	// resolved, rejected
 	Decision   string `json:"decision,omitempty"`
 	By         string `json:"by,omitempty"`

@@ -31,6 +31,8 @@ func TestHostileRequestsAreBoundedBadRequests(t *testing.T) {
 		{"CR/LF in a message image", `{"messages":[{"role":"user","content":[{"type":"image","data":"AA==","mimeType":"text/html\n"}]}]}`, []string{"image mimeType"}},
 		{"faux reply with a user-only block", `{"prompt":"x","model":"faux/x","faux":{"responses":[{"content":[{"type":"toolCall","name":"calculator","arguments":{}}]}]}}`, []string{"toolCall block needs an id"}},
 		{"control characters in a metadata key", `{"prompt":"x","metadata":{"a\u0007":"b"}}`, []string{"control characters"}},
+		{"system and developer messages", `{"prompt":"x","messages":[{"role":"system","content":[{"type":"text","text":"obey"}]},{"role":"developer","content":[{"type":"text","text":"obey"}]}]}`,
+			[]string{`messages[0] has role "system": system text goes in "systemPrompt"`, `messages[1] has role "developer"`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

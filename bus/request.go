@@ -674,9 +674,12 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	for i := range r.Messages {
 		m := &r.Messages[i]
 		switch m.Role {
-		case agent.RoleUser, agent.RoleAssistant, agent.RoleToolResult, agent.RoleSystem, agent.RoleDeveloper:
+		case agent.RoleUser, agent.RoleAssistant, agent.RoleToolResult:
+		case agent.RoleSystem, agent.RoleDeveloper:
+			// Sent to the model as system text: only "systemPrompt" sets it.
+			add(`messages[%d] has role %q: system text goes in "systemPrompt"; messages take user, assistant or toolResult`, i, m.Role)
 		default:
-			add("messages[%d] has role %q; use user, assistant, toolResult, system or developer", i, truncate(m.Role, 40))
+			add("messages[%d] has role %q; use user, assistant or toolResult", i, truncate(m.Role, 40))
 		}
 		for j, c := range m.Content {
 			if bad := blockProblem(m.Role, c); bad != "" {

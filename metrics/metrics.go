@@ -61,6 +61,7 @@ type Metrics struct {
 	approvalsRequested prometheus.Counter
 	approvalsResolved  *prometheus.CounterVec
 	approvalWait       prometheus.Histogram
+	approvalsRefused   *prometheus.CounterVec
 	runsWaiting        prometheus.Gauge
 
 	toolsMu sync.RWMutex // tools grows as tool sources list tools (toolsources.go)
@@ -108,6 +109,8 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.approvalsRequested = counter(reg, m, "approvals_requested_total", "Gated tool calls that asked for a person's answer.")
 	m.approvalsResolved = counterVec(reg, m, "approvals_resolved_total", "Gated tool calls resolved, by decision (approve, deny, timeout).", "decision")
 	m.approvalWait = histogram(reg, m, "approval_wait_seconds", "How long a gated tool call waited for its answer.", prometheus.ExponentialBucketsRange(0.5, 604800, 16))
+	m.approvalsRefused = counterVec(reg, m, "approval_refused_total", "Gated tool calls refused without asking, by reason (max_waiting: too many runs wait).", "reason")
+	m.approvalsRefused.WithLabelValues("max_waiting") // exported at 0: a rate from the start
 	m.runsWaiting = gauge(reg, m, "runs_waiting", "Runs on this worker waiting (for an approval), with or without a slot.")
 	m.slotsBusy = gauge(reg, m, "worker_slots_busy", "Run slots in use on this worker.")
 	m.slotsTotal = gauge(reg, m, "worker_slots", "Run slots on this worker (its concurrency).")
@@ -284,6 +287,11 @@ func (m *Metrics) ApprovalRequested() { m.approvalsRequested.Inc() }
 func (m *Metrics) ApprovalResolved(decision string, d time.Duration) {
 	m.approvalsResolved.WithLabelValues(oneOf(decision, "approve", "deny", "timeout")).Inc()
 	m.approvalWait.Observe(d.Seconds())
+}
+
+// ApprovalRefused counts a gated call refused without asking.
+func (m *Metrics) ApprovalRefused(reason string) {
+	m.approvalsRefused.WithLabelValues(oneOf(reason, "max_waiting")).Inc()
 }
 
 // SetRunsWaiting sets the runs waiting now.

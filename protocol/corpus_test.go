@@ -110,6 +110,7 @@ var invalidCases = map[string]string{
 	"envelope.unknown-stream-step.json":     "at '/assistantMessageEvent'",
 	"run-request.unknown-field.json":        "additional properties 'promt' not allowed",
 	"run-request.no-prompt.json":            "missing property 'prompt'",
+	"run-request.system-message.json":       "value must be 'user'",
 	"run-request.bad-thinking-level.json":   "at '/thinkingLevel': value must be one of",
 	"run-request.bad-id.json":               "at '/id': 'r.1' does not match pattern",
 	"run-request.bad-model.json":            "at '/model'",

@@ -374,7 +374,7 @@ func (g *gen) events() *jsonschema.Schema {
 	g.setProp(ta, "ToolApproval", "decision", enum("timeout: no answer by expiresAt.", bus.DecisionApprove, bus.DecisionDeny, bus.DecisionTimeout))
 	approvals := g.split(defs, "ToolApproval", []variant{
 		{"ToolApprovalRequestedEvent", bus.EventToolApprovalRequested, "A gated tool call waits for a person's answer (since 1.3, §13).",
-			[]string{"toolCallId!", "toolName!", "args", "expiresAt!"}},
+			[]string{"toolCallId!", "toolName!", "args", "expiresAt!", "answersAfter"}},
 		{"ToolApprovalResolvedEvent", bus.EventToolApprovalResolved, "A gated call got its answer, or timed out (since 1.3).",
 			[]string{"toolCallId!", "decision!", "by", "reason", "controlSeq", "arguments"}},
 		{"ToolApprovalRejectedEvent", bus.EventToolApprovalRejected, "An answer that could not be applied (an invalid body or edit); the call goes on waiting (since 1.3).",
@@ -450,6 +450,11 @@ func (g *gen) runRequest() *jsonschema.Schema {
 	}
 	defs := g.reflect(holder{}, false, mapped, "Input")
 	g.inputMessages(defs)
+	// A request's messages take no system text (since 1.8: systemPrompt
+	// sets it).
+	defs["InputMessage"] = oneOfRefs("InputUserMessage", "InputAssistantMessage", "InputToolResultMessage")
+	defs["InputMessage"].Description = "A pi message (docs/protocol.md §5), by role: user, assistant or toolResult."
+	delete(defs, "InputSystemMessage")
 	// The worker requires only what it checks; the Go client leaves out
 	// what is empty. Requirements are added back one by one below.
 	for _, name := range []string{"RunRequest", "Limits", "FauxScript", "ScriptedResponse", "Approval"} {

@@ -212,8 +212,6 @@ func TestFullRequestValidates(t *testing.T) {
 		ID: "r1", Model: &bus.ModelRef{Provider: "faux", ID: "scripted"}, SystemPrompt: "be terse", Prompt: "look",
 		Images: []agent.Content{agent.Image("iVBORw0KGgo=", "image/png")},
 		Messages: []agent.Message{
-			{Role: agent.RoleSystem, Content: []agent.Content{agent.Text("sys")}, Timestamp: 1},
-			{Role: agent.RoleDeveloper, Content: []agent.Content{agent.Text("dev")}, Timestamp: 1},
 			agent.UserText("hi"),
 			{Role: agent.RoleAssistant, Content: []agent.Content{{Type: agent.ContentThinking, Thinking: "t"}, agent.ToolCall("c1", "calculator", map[string]any{"expression": "1"})},
 				API: "faux", Provider: "faux", Model: "scripted", StopReason: agent.StopReasonToolUse, Timestamp: 2},

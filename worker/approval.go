@@ -21,15 +21,45 @@ import (
 // calls of a batch ask together while ungated ones run; in sequential mode
 // each asks when reached.
 //
-// Answers come from the control owner (control.go): each is matched to the
-// oldest unresolved gated call with its toolCallId; one that matches
-// nothing yet is kept until the run ends (then logged and ignored).
+// Answers come from the control owner (control.go) and name a call by its
+// key (callkey.go: unique within the run). Invariants:
+//
+//  1. An answer applies to a call only if it names the call's key, and
+//     AGENTS_CONTROL stored it after the call began to ask: its stream
+//     sequence is above the call's fence, answersAfter, the stream's last
+//     sequence read after the call was registered and before its
+//     tool_approval_requested was published. Whoever saw the request
+//     answered after it was published, so after the read: honest answers
+//     pass, also those of a subscriber that sees the event before its
+//     store acks it. An answer stored before the read (a late or duplicate
+//     one for an earlier call, or one sent before anyone could see the
+//     request) never applies; one stored in the round trip between the
+//     read and the request can, but its sender saw no request.
+//  2. A key takes at most one answer: once it is resolved (approved,
+//     denied, timed out, stopped), later answers for it are dropped. A
+//     resumed attempt rebuilds the resolved keys from the stored events
+//     (workerproto.Recover), and a resumed waiting call keeps its fence.
+//  3. An answer not applied for either reason is logged, and the run
+//     publishes tool_approval_rejected with the reason and its controlSeq
+//     (at most maxStaleRejections per attempt; then only logged), so its
+//     sender learns it; a later attempt does not read it again.
+//  4. Answers for keys that have not asked are kept, bounded, until a call
+//     takes them or a fence passes them (no later fence can be lower: any
+//     later call reads the stream after this one did), and logged at the
+//     run's end.
+//  5. A gated call asks only with a MaxWaiting place for its run
+//     (claimWaitPlace): without one it is refused at once, its result an
+//     error, and the model goes on; its run keeps its slot and uses no
+//     delivery. Its wait is bounded by MaxApprovalTimeout.
 
 // maxEarlyAnswers and maxEarlyAnswerBytes bound the answers kept for
 // calls that have not asked (an answer is up to a control message's size).
 const (
 	maxEarlyAnswers     = 1024
 	maxEarlyAnswerBytes = 1 << 20
+	// maxStaleRejections bounds the tool_approval_rejected events an
+	// attempt publishes for answers it drops (invariant 3).
+	maxStaleRejections = 64
 )
 
 type answer struct {
@@ -42,13 +72,21 @@ type answer struct {
 // approvals is a run's gated calls and unmatched answers.
 type approvals struct {
 	mu      sync.Mutex
-	pending []*gatedCall // in the order they asked
-	early   []answer     // in stream order
+	pending []*gatedCall // in the order they registered
+	early   []answer     // in the order they came
 	// earlyBytes is the size of the kept answers' messages.
 	earlyBytes int
+	// resolved are the keys that took their answer (or timed out, or
+	// stopped waiting), with the outcome; earlier attempts' too.
+	resolved map[string]string
+	// rejections counts the tool_approval_rejected events published for
+	// dropped answers (maxStaleRejections).
+	rejections int
 	// resumed are calls an earlier attempt asked for that got no answer:
-	// they wait again with their original times, without a new request.
-	resumed map[string]bus.PendingApproval
+	// they wait again with their original times and fence, without a new
+	// request. resumedKeys keeps their keys once taken.
+	resumed     map[string]workerproto.PendingCall
+	resumedKeys map[string]bool
 	// deferred are the calls of that batch that never started.
 	deferred []agent.Content
 }
@@ -57,8 +95,11 @@ type gatedCall struct {
 	id, tool    string
 	requestedAt time.Time
 	expiresAt   time.Time
-	answers     []answer
-	wake        chan struct{}
+	// after is the fence (invariant 1); asked is set once it is known.
+	after   uint64
+	asked   bool
+	answers []answer
+	wake    chan struct{}
 }
 
 // approvalPolicy is the run's gate: the request's, widened by the
@@ -85,6 +126,14 @@ func (r *run) gateTools() {
 	if p == nil {
 		return
 	}
+	if c := r.approvalCeiling(); c > 0 && p.Timeout() > c {
+		// Lowered, not refused: the request may name no timeout, and the
+		// worker's own --approve-tools have the defaults.
+		q := *p
+		q.TimeoutSeconds = c
+		p = &q
+		r.approvalClamped = true
+	}
 	r.approval = p
 	r.ungated = map[string]*agent.Tool{}
 	for i, t := range r.tools {
@@ -93,6 +142,15 @@ func (r *run) gateTools() {
 			r.tools[i] = r.gateTool(t)
 		}
 	}
+}
+
+// approvalCeiling is the worker's ceiling of a call's wait in seconds
+// (MaxApprovalTimeout); 0: none.
+func (r *run) approvalCeiling() int {
+	if c := r.w.cfg.MaxApprovalTimeout; c > 0 {
+		return max(int(c/time.Second), 1)
+	}
+	return 0
 }
 
 // takeOverPending keeps the calls an earlier attempt left waiting: they
@@ -105,20 +163,37 @@ func (r *run) takeOverPending(calls []workerproto.PendingCall, deferred []agent.
 	r.pendingCalls = calls
 	r.appr.mu.Lock()
 	r.appr.deferred = deferred
-	r.appr.resumed = map[string]bus.PendingApproval{}
+	r.appr.resumed = map[string]workerproto.PendingCall{}
+	r.appr.resumedKeys = map[string]bool{}
 	for _, c := range calls {
-		r.appr.resumed[c.Call.ID] = c.Approval
+		r.appr.resumed[c.Call.ID] = c
+		r.appr.resumedKeys[c.Call.ID] = true
 	}
 	// The record has the exact times (the event only its publish time).
 	if p := r.prev; p != nil && p.Waiting != nil {
 		for _, a := range p.Waiting.Approvals {
-			if have, ok := r.appr.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.ExpiresAt && a.RequestedAt > 0 {
-				have.RequestedAt = a.RequestedAt
+			if have, ok := r.appr.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.Approval.ExpiresAt && a.RequestedAt > 0 {
+				have.Approval.RequestedAt = a.RequestedAt
 				r.appr.resumed[a.ToolCallID] = have
 			}
 		}
 	}
 	r.appr.mu.Unlock()
+}
+
+// restoreResolved takes the keys earlier attempts resolved (invariant 2).
+func (ap *approvals) restoreResolved(keys map[string]string) {
+	if len(keys) == 0 {
+		return
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	if ap.resolved == nil {
+		ap.resolved = map[string]string{}
+	}
+	for k, d := range keys {
+		ap.resolved[k] = d
+	}
 }
 
 // runPendingCalls waits for the answers of the calls an earlier attempt
@@ -279,14 +354,15 @@ func (r *run) gateTool(t *agent.Tool) *agent.Tool {
 }
 
 // deliverApproval is the control owner's part: it hands an answer (its
-// message size bytes) to the oldest waiting call with its id, or keeps it.
+// message size bytes) to the waiting call with its key, drops it if the
+// key is resolved, or keeps it.
 func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time, size int) {
 	ap := &r.appr
 	ap.mu.Lock()
-	defer ap.mu.Unlock()
 	for _, c := range ap.pending {
 		if c.id == a.ToolCallID {
 			c.answers = append(c.answers, answer{a, seq, stored, size})
+			ap.mu.Unlock()
 			select {
 			case c.wake <- struct{}{}:
 			default:
@@ -294,6 +370,12 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time
 			return
 		}
 	}
+	if decision, ok := ap.resolved[a.ToolCallID]; ok {
+		ap.mu.Unlock()
+		r.dropAnswer(a.ToolCallID, seq, fmt.Sprintf("tool call %s was already resolved (%s); this answer was not applied", a.ToolCallID, decision))
+		return
+	}
+	defer ap.mu.Unlock()
 	if len(ap.early) >= maxEarlyAnswers || ap.earlyBytes+size > maxEarlyAnswerBytes {
 		r.log.Warn("approval for a call that has not asked ignored: too many kept", "toolCallId", a.ToolCallID, "controlSeq", seq,
 			"kept", len(ap.early), "keptBytes", ap.earlyBytes, "bytes", size)
@@ -301,6 +383,23 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time
 	}
 	ap.early = append(ap.early, answer{a, seq, stored, size})
 	ap.earlyBytes += size
+}
+
+// dropAnswer logs an answer that is not applied and tells its sender
+// (invariant 3). It holds no lock: publishing may wait for the window.
+func (r *run) dropAnswer(key string, seq uint64, reason string) {
+	r.log.Info("approval answer not applied", "toolCallId", key, "controlSeq", seq, "reason", reason)
+	ap := &r.appr
+	ap.mu.Lock()
+	tell := ap.rejections < maxStaleRejections
+	if tell {
+		ap.rejections++
+	}
+	ap.mu.Unlock()
+	if tell {
+		_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+			ToolCallID: key, Reason: clipString(reason, bus.MaxErrorBytes), ControlSeq: seq})
+	}
 }
 
 // rejectInvalidApproval tells the approver of a waiting call why an
@@ -329,7 +428,8 @@ func (ap *approvals) isWaiting(id string) bool {
 	return false
 }
 
-// add registers a waiting call and gives it the answers kept for it.
+// add registers a gated call (before it asks: answers for its key are
+// queued to it from now on) and gives it the answers kept for its key.
 func (ap *approvals) add(c *gatedCall) {
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
@@ -347,15 +447,57 @@ func (ap *approvals) add(c *gatedCall) {
 	ap.early = kept
 }
 
+// asked sets the call's fence once known. The kept answers it passes can
+// apply to no call: a call that asks later reads a fence at least as high
+// (invariant 4), except one a resumed attempt still has to register with
+// its own fence. They are returned, to be dropped.
+func (ap *approvals) asked(c *gatedCall, after uint64) []answer {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	c.after, c.asked = after, true
+	var stale []answer
+	kept := ap.early[:0]
+	for _, e := range ap.early {
+		if e.seq <= after && !ap.resumedKeys[e.a.ToolCallID] {
+			stale = append(stale, e)
+			ap.earlyBytes -= e.size
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	clear(ap.early[len(kept):])
+	ap.early = kept
+	return stale
+}
+
 func (ap *approvals) remove(c *gatedCall) {
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
+	ap.removeLocked(c)
+}
+
+func (ap *approvals) removeLocked(c *gatedCall) {
 	for i, p := range ap.pending {
 		if p == c {
 			ap.pending = append(ap.pending[:i:i], ap.pending[i+1:]...)
 			return
 		}
 	}
+}
+
+// settle removes a call that has its outcome and marks its key resolved;
+// it returns the answers that came meanwhile, to be dropped.
+func (ap *approvals) settle(c *gatedCall, outcome string) []answer {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	ap.removeLocked(c)
+	if ap.resolved == nil {
+		ap.resolved = map[string]string{}
+	}
+	ap.resolved[c.id] = outcome
+	left := c.answers
+	c.answers = nil
+	return left
 }
 
 // next takes the call's queued answers.
@@ -367,7 +509,7 @@ func (ap *approvals) next(c *gatedCall) []answer {
 	return out
 }
 
-func (ap *approvals) takeResumed(id string) (bus.PendingApproval, bool) {
+func (ap *approvals) takeResumed(id string) (workerproto.PendingCall, bool) {
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	p, ok := ap.resumed[id]
@@ -384,6 +526,9 @@ func (r *run) pendingApprovals() []bus.PendingApproval {
 	defer ap.mu.Unlock()
 	out := make([]bus.PendingApproval, 0, len(ap.pending))
 	for _, c := range ap.pending {
+		if !c.asked {
+			continue // its request is not published yet
+		}
 		out = append(out, bus.PendingApproval{ToolCallID: c.id, ToolName: c.tool,
 			RequestedAt: c.requestedAt.UnixMilli(), ExpiresAt: c.expiresAt.UnixMilli()})
 	}
@@ -405,29 +550,54 @@ func (r *run) logUnmatchedApprovals() {
 // awaitApproval asks for an answer to a gated call (unless an earlier
 // attempt asked already) and waits for it. It returns the arguments to
 // run the call with (the approver's edit, validated), or the error the
-// call's result carries (denied, timed out, stopped).
+// call's result carries (refused, denied, timed out, stopped).
 func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args map[string]any) (map[string]any, error) {
 	p := r.approval
+	prior, resumed := r.appr.takeResumed(id)
+	if !r.claimWaitPlace(resumed) { // waiting.go
+		return nil, r.refuseApproval(id, t.Name)
+	}
+	defer r.unclaimWaitPlace()
 	c := &gatedCall{id: id, tool: t.Name, wake: make(chan struct{}, 1)}
-	if prior, ok := r.appr.takeResumed(id); ok {
-		c.requestedAt, c.expiresAt = time.UnixMilli(prior.RequestedAt), time.UnixMilli(prior.ExpiresAt)
+	r.appr.add(c)
+	var stale []answer
+	if resumed {
+		c.requestedAt, c.expiresAt = time.UnixMilli(prior.Approval.RequestedAt), time.UnixMilli(prior.Approval.ExpiresAt)
+		if ceil := r.approvalCeiling(); ceil > 0 {
+			c.expiresAt = minTime(c.expiresAt, c.requestedAt.Add(time.Duration(ceil)*time.Second))
+		}
+		stale = r.appr.asked(c, prior.AnswersAfter)
 		r.log.Info("gated tool call still waits for its answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	} else {
-		c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
-		c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
-		if _, err := r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
-			ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli()}); err != nil {
+		after, err := r.approvalFence(ctx)
+		if err == nil {
+			c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
+			c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
+			_, err = r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
+				ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli(), AnswersAfter: after})
+		}
+		if err != nil {
+			r.appr.remove(c)
 			return nil, err
 		}
+		stale = r.appr.asked(c, after)
 		r.w.obs.ApprovalRequested(r.info())
-		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
+		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt, "answersAfter", after)
 	}
-	r.appr.add(c)
+	for _, a := range stale {
+		// Kept for a key that has not asked: it would be stored before
+		// that call's fence too.
+		r.dropAnswer(a.a.ToolCallID, a.seq, fmt.Sprintf("this answer (control sequence %d) names tool call %s, which had not asked for approval when it was stored (a later call's answersAfter is %d); it was not applied",
+			a.seq, a.a.ToolCallID, c.after))
+	}
 	r.hb.now() // the record lists the call
 	handedBack := false
+	outcome := "stopped"
 	defer func() {
 		if !handedBack { // a handed-back run's record still lists it
-			r.appr.remove(c)
+			for _, a := range r.appr.settle(c, outcome) {
+				r.dropAnswer(id, a.seq, fmt.Sprintf("tool call %s was already resolved (%s); this answer was not applied", id, outcome))
+			}
 			r.hb.now()
 		}
 	}()
@@ -443,7 +613,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			// Stopped before the wait ends: the run finishes without
 			// taking a slot again.
 			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
-				id, t.Name, time.Duration(p.Timeout())*time.Second))
+				id, t.Name, c.expiresAt.Sub(c.requestedAt).Round(time.Second)))
 			r.stop()
 		}
 	}
@@ -454,8 +624,14 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		expired := false
 		for {
 			for _, a := range r.appr.next(c) {
-				if got != nil {
-					r.log.Info("further answer to a resolved call ignored", "toolCallId", id, "controlSeq", a.seq)
+				switch {
+				case got != nil:
+					r.dropAnswer(id, a.seq, fmt.Sprintf("tool call %s was already resolved (%s); this answer was not applied", id, got.a.Decision))
+					continue
+				case a.seq <= c.after:
+					// Read late (a catch-up): stored before the call asked.
+					r.dropAnswer(id, a.seq, fmt.Sprintf("this answer (control sequence %d) was stored before tool call %s asked for approval (answersAfter %d); it was not applied",
+						a.seq, id, c.after))
 					continue
 				}
 				if a.stored.After(c.expiresAt) {
@@ -504,7 +680,11 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	case err != nil:
 		return nil, fmt.Errorf("stopped while waiting for approval: %w", err)
 	case timedOut:
-		reason := fmt.Sprintf("not approved within %s", time.Duration(p.Timeout())*time.Second)
+		outcome = bus.DecisionTimeout
+		reason := fmt.Sprintf("not approved within %s", c.expiresAt.Sub(c.requestedAt).Round(time.Second))
+		if r.approvalClamped {
+			reason += " (this worker's ceiling, --max-approval-timeout)"
+		}
 		r.resolved(id, bus.DecisionTimeout, "", reason, 0, nil, waited)
 		if p.Aborts() {
 			r.log.Warn("gated tool call not answered in time; the run aborted", "toolCallId", id)
@@ -512,6 +692,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		return nil, fmt.Errorf("tool call %s", reason)
 	}
 	a := got.a
+	outcome = a.Decision
 	r.resolved(id, a.Decision, a.By, a.Reason, got.seq, edited, waited)
 	if a.Decision == bus.DecisionDeny {
 		text := "tool call denied"
@@ -527,6 +708,34 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		return edited, nil
 	}
 	return args, nil
+}
+
+// approvalFence reads the fence of a call about to ask (invariant 1): the
+// control stream's last sequence now.
+func (r *run) approvalFence(ctx context.Context) (uint64, error) {
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	info, err := r.w.controlStream.Info(ictx)
+	if err != nil {
+		return 0, fmt.Errorf("cannot ask for approval: reading the control stream: %w", err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// refuseApproval is a gated call's refusal past MaxWaiting (invariant 5).
+func (r *run) refuseApproval(id, tool string) error {
+	r.w.obs.ApprovalRefused(r.info(), "max_waiting")
+	r.log.Warn("gated tool call refused: the worker's runs waiting off their slots are at --max-waiting", "toolCallId", id, "tool", tool,
+		"maxWaiting", r.w.cfg.MaxWaiting)
+	return fmt.Errorf("tool call %s was not run: the fleet has too many runs waiting for approval (this worker's limit is %d, --max-waiting); it cannot ask now",
+		id, max(r.w.cfg.MaxWaiting, 0))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // resolved publishes a call's outcome; edited is the approver's edit of

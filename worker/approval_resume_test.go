@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,5 +183,47 @@ func wantSucceeded(t *testing.T, re *runEvents) {
 	t.Helper()
 	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+}
+
+// A duplicate answer for a resolved call, sent while no worker holds the
+// run, is dropped by the attempt that resumes it (the resolved keys come
+// from the stored events) and not read again by the one after: it never
+// approves the later call with the same id, which waits under its own key.
+func TestApprovalResumeKeepsDroppingResolvedKeys(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, repeatedIDRequest(&bus.Approval{Tools: []string{"deploy"}}, []string{"one"}, []string{"two"}))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	second := re.waitFor(t, bus.EventToolApprovalRequested, 2).Approval
+	waitRecord(t, c, run, "waiting for the second call", func(r *bus.RunRecord) bool { return waitingFor(r, second.ToolCallID) })
+	stopA()
+	waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 })
+	dup := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "bob"})
+	_, stopB := startOn(t, c, cfg)
+	if rej := re.rejectedFor(t, dup); rej.ToolCallID != "c1" || !strings.Contains(rej.Reason, "already resolved") {
+		t.Fatalf("rejection of the duplicate %+v", rej)
+	}
+	if second.ToolCallID != "c1-t2-1" {
+		t.Fatalf("second request %+v; events %s", second, re.types())
+	}
+	waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool { return r.Attempt >= 2 && waitingFor(r, "c1-t2-1") })
+	stopB()
+	startOn(t, c, cfg)
+	waitRecord(t, c, run, "waiting on attempt 3", func(r *bus.RunRecord) bool { return r.Attempt >= 3 && waitingFor(r, "c1-t2-1") })
+	if n := re.count(bus.EventToolApprovalResolved); n != 1 || d.targets() != "one" {
+		t.Fatalf("%d resolved, deploy %q: the duplicate approved the later call; events %s", n, d.targets(), re.types())
+	}
+	deny := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1-t2-1", "decision": "deny"})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 2).Approval; res.ToolCallID != "c1-t2-1" || res.ControlSeq != deny {
+		t.Fatalf("second resolved %+v; events %s", res, re.types())
+	}
+	wantSucceeded(t, re)
+	if d.targets() != "one" || re.count(bus.EventToolApprovalRejected) != 1 {
+		t.Fatalf("deploy ran %q; events %s", d.targets(), re.types())
 	}
 }

@@ -437,34 +437,6 @@ func TestApprovalParallelCallsAnsweredInOppositeOrder(t *testing.T) {
 	}
 }
 
-// An answer stored before its call asks is kept and applied when it does.
-func TestApprovalAnswerBeforeRequest(t *testing.T) {
-	g := newTestGate()
-	o := ctlObs{got: make(chan string, 10)}
-	_, c, d := approvalWorker(t, Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
-	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
-	// First an ungated call that waits for the test, then the gated one.
-	req.Tools = []string{"gate", "deploy"}
-	req.Faux.Responses = append([]agent.ScriptedResponse{{
-		Content:    []agent.Content{agent.ToolCall("g1", "gate", map[string]any{"name": "x"})},
-		StopReason: agent.StopReasonToolUse}}, req.Faux.Responses...)
-	run := submitRun(t, c, req)
-	re := followRun(t, c, run)
-	within(t, g.started, 20*time.Second, "the ungated call")
-	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "early"})
-	if kind := within(t, o.got, 10*time.Second, "the answer taken"); kind != bus.KindApprove {
-		t.Fatalf("control %s", kind)
-	}
-	g.release <- struct{}{}
-	res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval
-	if res.ControlSeq != seq || res.By != "early" {
-		t.Fatalf("resolved %+v", res)
-	}
-	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
-		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
-	}
-}
-
 // A worker with one slot finishes another run while a run waits.
 func TestApprovalWaitingRunLeavesItsSlot(t *testing.T) {
 	w, c, _ := approvalWorker(t, Config{Concurrency: 1})

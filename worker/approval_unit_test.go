@@ -28,3 +28,35 @@ func TestApprovalEarlyAnswersCappedByBytes(t *testing.T) {
 		t.Fatalf("kept %d answers after one was taken and another came", n)
 	}
 }
+
+// Waiting places: a new gated call gets one while one is free (a run's
+// calls share one), is refused past them, and a call an earlier attempt
+// asked for still waits (on its slot). A place is given back once the
+// run's last claim ends.
+func TestApprovalWaitPlaces(t *testing.T) {
+	w := &Worker{cfg: Config{MaxWaiting: 1}}
+	a, b := &run{w: w}, &run{w: w}
+	if !a.claimWaitPlace(false) || !a.claimWaitPlace(false) {
+		t.Fatal("the first run's calls were refused")
+	}
+	if b.claimWaitPlace(false) {
+		t.Fatal("a second run took a place past MaxWaiting 1")
+	}
+	if !b.claimWaitPlace(true) || b.wait.place {
+		t.Fatalf("a resumed call: refused, or took a place (%v)", b.wait.place)
+	}
+	b.unclaimWaitPlace()
+	a.unclaimWaitPlace()
+	if w.places != 1 {
+		t.Fatalf("%d places held while a call still claims one", w.places)
+	}
+	a.unclaimWaitPlace()
+	if w.places != 0 || !b.claimWaitPlace(false) {
+		t.Fatalf("%d places held after the last claim, or the place was not free again", w.places)
+	}
+	b.unclaimWaitPlace()
+	keep := &run{w: &Worker{cfg: Config{MaxWaiting: -1}}}
+	if !keep.claimWaitPlace(false) || keep.wait.place {
+		t.Fatal("with MaxWaiting -1 a call was refused or took a place")
+	}
+}

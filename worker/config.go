@@ -49,10 +49,17 @@ type Config struct {
 	// (running, waiting and handed-back runs of the whole fleet); default
 	// 10,000. Keep it above the fleet's slots plus its waiting runs.
 	MaxAckPending int
-	// MaxWaiting bounds the runs that wait (for an approval) without a
-	// slot; past it a waiting run keeps its slot; default 1,000, negative:
-	// waiting runs always keep their slot.
+	// MaxWaiting bounds the runs that wait without a slot; default 1,000.
+	// Past it a gated tool call is refused (its result is an error saying
+	// so, and the model goes on: approval.go), and a run that waits for
+	// something else (a budget) keeps its slot. Negative: waiting runs
+	// keep their slots and gated calls are never refused.
 	MaxWaiting int
+	// MaxApprovalTimeout is the operator's ceiling of a gated call's wait:
+	// a longer approval.timeoutSeconds (or default) is lowered to it.
+	// Default MaxRunTimeout; zero with no MaxRunTimeout: the protocol's
+	// 7 days.
+	MaxApprovalTimeout time.Duration
 	// ApproveTools gates tools (names or path.Match patterns, "*" for
 	// all) on a person's answer in every run, whatever the request says
 	// (it may gate more, never fewer); the wait bound and onTimeout are
@@ -240,6 +247,9 @@ type Observer interface {
 	// ApprovalResolved: a gated call got its answer (approve, deny) or
 	// timed out, after waiting d.
 	ApprovalResolved(r RunInfo, decision string, d time.Duration)
+	// ApprovalRefused: a gated call was refused without asking, for a
+	// reason (max_waiting: the worker's MaxWaiting runs wait already).
+	ApprovalRefused(r RunInfo, reason string)
 }
 
 // NopObserver does nothing.
@@ -259,6 +269,7 @@ func (NopObserver) Slots(int, int)                                  {}
 func (NopObserver) RunsWaiting(RunInfo, int)                        {}
 func (NopObserver) ApprovalRequested(RunInfo)                       {}
 func (NopObserver) ApprovalResolved(RunInfo, string, time.Duration) {}
+func (NopObserver) ApprovalRefused(RunInfo, string)                 {}
 
 func (c *Config) defaults() {
 	if len(c.Queues) == 0 {
@@ -281,6 +292,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxWaiting == 0 {
 		c.MaxWaiting = 1_000
+	}
+	if c.MaxApprovalTimeout <= 0 {
+		c.MaxApprovalTimeout = c.MaxRunTimeout
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second

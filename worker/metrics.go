@@ -102,6 +102,7 @@ func (o *metricsObserver) ApprovalRequested(RunInfo)   { o.m.ApprovalRequested()
 func (o *metricsObserver) ApprovalResolved(_ RunInfo, decision string, d time.Duration) {
 	o.m.ApprovalResolved(decision, d)
 }
+func (o *metricsObserver) ApprovalRefused(_ RunInfo, reason string) { o.m.ApprovalRefused(reason) }
 
 // RunsWaiting also moves the run's deadline: none while it waits, a
 // later one after (waiting does not count against the timeout).

@@ -83,6 +83,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	r.ctl.skip(rc.ControlSeqs)
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
+	r.appr.restoreResolved(rc.Resolved)
 	turns := r.tally.restore(msgs[len(r.prompt):])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)

@@ -66,8 +66,10 @@ type run struct {
 	waitingModel atomic.Bool // a model call queues for the shared rate limits
 
 	approval *bus.Approval // the run's gate (approval.go); nil: none
-	appr     approvals
-	ungated  map[string]*agent.Tool // the gated tools, unwrapped
+	// approvalClamped: its timeout was lowered to MaxApprovalTimeout.
+	approvalClamped bool
+	appr            approvals
+	ungated         map[string]*agent.Tool // the gated tools, unwrapped
 
 	slot  *slotHold // nil for a give-up
 	clock *runClock // the timeout, waits left out (waiting.go)

@@ -33,8 +33,11 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //   - the record says what it waits for (waiting: {for, since, ...}),
 //     written by the heartbeat, which is woken at once when a wait starts
 //     or ends;
-//   - past Config.MaxWaiting runs off their slots, a run keeps its slot
-//     while it waits (still paused and shown as waiting).
+//   - a run off its slot holds one of the worker's Config.MaxWaiting
+//     places, from when it first needs one until none of its waits (and
+//     no gated call about to ask: claimWaitPlace) is left. Past them a
+//     gated call is refused before it asks (approval.go), and any other
+//     wait keeps the run's slot (still paused and shown as waiting).
 //
 // Waits of one run nest: parallel calls of a batch may wait together. The
 // run leaves its slot once a wait started and none of its tool calls runs
@@ -237,11 +240,15 @@ func (c *runClock) stop() { c.timer.Stop() }
 // waitState is a run's waits now (guarded by its own mutex; see
 // waitOffSlot).
 type waitState struct {
-	mu      sync.Mutex    // held across a wait's start and end, not the wait
-	n       int           // waits in progress
-	busy    int           // tool calls that run, not wait (toolBusy)
-	offSlot bool          // the run gave its slot up
-	idle    chan struct{} // closed when busy drops to 0 (awaitToolsIdle)
+	mu      sync.Mutex // held across a wait's start and end, not the wait
+	n       int        // waits in progress
+	busy    int        // tool calls that run, not wait (toolBusy)
+	offSlot bool       // the run gave its slot up
+	// place: the run holds one of the worker's MaxWaiting places; claims
+	// counts its gated calls that need it (claimWaitPlace).
+	place  bool
+	claims int
+	idle   chan struct{} // closed when busy drops to 0 (awaitToolsIdle)
 	// handBack is the hand-back of a run whose wait the drain ended.
 	handBack sync.Once
 	// now is what the record shows (nil: not waiting); read by the
@@ -302,23 +309,75 @@ func (r *run) enterWait(what string, since time.Time) {
 
 // leaveSlotLocked gives the run's slot up when it waits and none of its
 // tool calls runs (ungated calls of the batch keep it until they end),
-// within MaxWaiting. ws.mu is held.
+// with a MaxWaiting place. ws.mu is held.
 func (r *run) leaveSlotLocked() {
 	ws := &r.wait
 	if ws.n == 0 || ws.busy > 0 || ws.offSlot || r.slot == nil {
 		return
 	}
+	if !ws.place && !r.takePlaceLocked() {
+		return
+	}
 	w := r.w
 	w.waitMu.Lock()
-	leave := w.offSlot < w.cfg.MaxWaiting
-	if leave {
-		w.offSlot++
+	w.offSlot++
+	w.waitMu.Unlock()
+	ws.offSlot = true
+	r.slot.release()
+}
+
+// takePlaceLocked takes one of the worker's MaxWaiting places for the
+// run. ws.mu is held.
+func (r *run) takePlaceLocked() bool {
+	w := r.w
+	w.waitMu.Lock()
+	ok := w.places < w.cfg.MaxWaiting
+	if ok {
+		w.places++
 	}
 	w.waitMu.Unlock()
-	if leave {
-		ws.offSlot = true
-		r.slot.release()
+	r.wait.place = ok
+	return ok
+}
+
+// dropPlaceLocked gives the run's place back once nothing needs it: no
+// wait, no claim, not off its slot. ws.mu is held.
+func (r *run) dropPlaceLocked() {
+	ws := &r.wait
+	if !ws.place || ws.n > 0 || ws.claims > 0 || ws.offSlot {
+		return
 	}
+	ws.place = false
+	w := r.w
+	w.waitMu.Lock()
+	w.places--
+	w.waitMu.Unlock()
+}
+
+// claimWaitPlace is a gated call's, before it asks: it makes sure the run
+// holds a MaxWaiting place (taking one if free) and keeps it until
+// unclaimWaitPlace, so the call's wait can leave the slot. It reports
+// false, holding nothing, when every place is taken, unless the call was
+// asked by an earlier attempt (resumed: its answer may be stored, so it
+// waits, on its slot until a place frees). With a negative MaxWaiting
+// (waits keep their slots) it always succeeds.
+func (r *run) claimWaitPlace(resumed bool) bool {
+	ws := &r.wait
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if r.w.cfg.MaxWaiting >= 0 && !ws.place && !r.takePlaceLocked() && !resumed {
+		return false
+	}
+	ws.claims++
+	return true
+}
+
+func (r *run) unclaimWaitPlace() {
+	ws := &r.wait
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.claims--
+	r.dropPlaceLocked()
 }
 
 // toolBusy counts the run's tool calls that run (not wait): +1 at a
@@ -360,6 +419,7 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 		w.offSlot--
 		w.waitMu.Unlock()
 	}
+	r.dropPlaceLocked()
 	if ws.n > 0 {
 		return
 	}

@@ -88,10 +88,12 @@ type Worker struct {
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context
 	// Waiting runs (waiting.go): waitingRuns wait now, offSlot of them
-	// without a slot (at most MaxWaiting).
+	// without a slot; places (at most MaxWaiting) are held by the runs
+	// off their slots and those about to be.
 	waitMu      sync.Mutex
 	waitingRuns int
 	offSlot     int
+	places      int
 	tracer      trace.Tracer // nil when not tracing (trace.go)
 }
 

@@ -298,7 +298,16 @@ func (r *renderer) approvalEvent(env *bus.Envelope, typ string) {
 			r.println(r.st.red("✗ " + field(cut(ev.Decision, 20)) + " " + call + reason))
 		}
 	case bus.EventToolApprovalRejected:
-		r.println(r.st.yellow("! the edit of " + call + " was rejected" + reason + "; still waiting"))
+		// An invalid answer or edit for a waiting call, or (since 1.8) an
+		// answer too early or for a call already resolved.
+		line := "! an answer for " + call + " was not applied" + reason
+		for _, p := range r.approvals {
+			if p.id == ev.ToolCallID {
+				line += "; still waiting"
+				break
+			}
+		}
+		r.println(r.st.yellow(line))
 	}
 }
 

@@ -262,7 +262,7 @@ func TestApprovalEditedArguments(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("follow: exit %d\n%s", code, out)
 	}
-	expect(t, out, "! the edit of c1 was rejected: ", "; still waiting", "✓ approved c1", ` with {"expression":"2+3"}`, "↳ calculator → ok: 5")
+	expect(t, out, "! an answer for c1 was not applied: ", "; still waiting", "✓ approved c1", ` with {"expression":"2+3"}`, "↳ calculator → ok: 5")
 	if text, isErr := toolResult(t, c, run, "c1"); isErr || text != "5" {
 		t.Errorf("the edited call's result: %q (error %v)", text, isErr)
 	}
@@ -371,8 +371,9 @@ func TestApprovalParallelCallsOppositeOrder(t *testing.T) {
 	}
 }
 
-// TestApprovalAnswerBeforeRequest: an answer stored before its call is
-// asked is kept and applied when the call is reached.
+// TestApprovalAnswerBeforeRequest: an answer stored before its call asks
+// is not applied (protocol 1.8): the run rejects it, and the call takes
+// the answer sent after its request.
 func TestApprovalAnswerBeforeRequest(t *testing.T) {
 	t.Parallel()
 	c := testClient(t)
@@ -392,9 +393,17 @@ func TestApprovalAnswerBeforeRequest(t *testing.T) {
 			t.Fatalf("the call was asked before the answer was stored (a slow machine?):\n%s", fleettest.Dump(envs))
 		}
 	}
+	rej := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalRejected, "c1"))
+	if rej.ControlSeq != seq || !strings.Contains(rej.Reason, "stored before") {
+		t.Fatalf("rejected %+v, want the early answer %d", rej, seq)
+	}
+	after, err := c.Answer(ctx(t), run, bus.ApprovalAnswer{ToolCallID: "c1", Decision: bus.DecisionApprove, By: "after"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	res := decodeApproval(t, waitEvent(t, c, run, bus.EventToolApprovalResolved, "c1"))
-	if res.Decision != "approve" || res.By != "early" || res.ControlSeq != seq {
-		t.Errorf("resolved %+v, want the answer of control sequence %d", res, seq)
+	if res.Decision != "approve" || res.By != "after" || res.ControlSeq != after {
+		t.Errorf("resolved %+v, want the answer of control sequence %d", res, after)
 	}
 	if f := fleettest.Decode(t, waitEvent(t, c, run, bus.EventRunFinished, "")).RunFinished; f.Status != bus.StatusSucceeded {
 		t.Fatalf("run_finished %+v", f)

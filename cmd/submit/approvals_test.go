@@ -82,7 +82,7 @@ func TestRenderApprovalEvents(t *testing.T) {
 		"/approve c1 approves · /deny c1 REASON denies",
 		"· expires " + time.UnixMilli(4102444800000).Local().Format("2006-01-02 15:04") + " (in ",
 		"⏸ approval needed: pay fake line c2]0;owned[2J {}",
-		"! the edit of c1 was rejected: env: must be one of staging, prod]0;owned[2J; still waiting",
+		"! an answer for c1 was not applied: env: must be one of staging, prod]0;owned[2J; still waiting",
 		"✓ approved c1 by alice]0;owned[2J",
 		"✗ denied c2]0;owned[2J by bob: too …",
 	} {

@@ -103,7 +103,7 @@ type options struct {
 	maxRunEventBytes                     byteSize
 	maxQueuedControls                    int
 	maxQueuedControlBytes, maxTranscript byteSize
-	maxRunTimeout                        time.Duration
+	maxRunTimeout, maxApprovalTimeout    time.Duration
 	maxTurns                             int
 	queueConcurrency                     listFlag
 	allowFaux                            optionalBool
@@ -289,7 +289,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxAckPending, "max-ack-pending", environ.int("AGENTS_MAX_ACK_PENDING", 10_000), "unacknowledged requests per queue consumer across the fleet (running, waiting, handed back); keep it above the fleet's slots plus waiting runs [AGENTS_MAX_ACK_PENDING]")
 	o.fetchBytes = environ.bytesDefault("AGENTS_FETCH_BYTES", worker.DefaultFetchBytes)
 	fs.Var(&o.fetchBytes, "fetch-bytes", "bytes of requests the worker's fetches may bring at once (e.g. 16MiB), shared by its pull loops; each loop still takes one request of the largest size. Keep it well under the server's max_pending (64 MiB by default), past which the server disconnects the worker as a slow consumer [AGENTS_FETCH_BYTES]")
-	fs.IntVar(&o.maxWaiting, "max-waiting", environ.int("AGENTS_MAX_WAITING", 1_000), "runs waiting for an approval without holding a slot, at most; past it a waiting run keeps its slot; -1: waiting runs keep their slots [AGENTS_MAX_WAITING]")
+	fs.IntVar(&o.maxWaiting, "max-waiting", environ.int("AGENTS_MAX_WAITING", 1_000), "runs waiting for an approval without holding a slot, at most; past it a gated tool call is refused at once (its result says the fleet has too many runs waiting; the model goes on); -1 or 0: waiting runs keep their slots and no call is refused [AGENTS_MAX_WAITING]")
 	fs.StringVar(&o.approveTools, "approve-tools", env("AGENTS_APPROVE_TOOLS", ""), "tools whose every call waits for a person's answer (comma-separated names or patterns, \"*\" for all); requests may gate more, never fewer [AGENTS_APPROVE_TOOLS]")
 	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
 	fs.IntVar(&o.maxToolArgs, "max-tool-args-bytes", environ.int("AGENTS_MAX_TOOL_ARGS_BYTES", 64<<10), "largest tool-call arguments (JSON) a tool is run with; larger calls fail with an error result [AGENTS_MAX_TOOL_ARGS_BYTES]")
@@ -303,6 +303,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	o.maxTranscript = environ.bytesDefault("AGENTS_MAX_TRANSCRIPT_BYTES", 32<<20)
 	fs.Var(&o.maxTranscript, "max-transcript-bytes", "size of a run's transcript (its messages as JSON); past it the run fails (reason transcript_too_large) [AGENTS_MAX_TRANSCRIPT_BYTES]")
 	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
+	fs.DurationVar(&o.maxApprovalTimeout, "max-approval-timeout", environ.duration("AGENTS_MAX_APPROVAL_TIMEOUT", 0), "ceiling of a gated tool call's wait for its answer: a longer approval.timeoutSeconds (or the default, 1 day) is lowered to it, as the request's expiresAt shows; 0: --max-run-timeout if set, else the protocol's 7 days [AGENTS_MAX_APPROVAL_TIMEOUT]")
 	fs.IntVar(&o.maxTurns, "max-turns", environ.int("AGENTS_MAX_TURNS", 0), "ceiling of a run's maxTurns: a request asking more is a bad request, the default is lowered to it; 0: the protocol's 1000 [AGENTS_MAX_TURNS]")
 	fs.Var(&o.queueConcurrency, "queue-concurrency", "queue=N: runs of that queue in flight at most, so one queue cannot take every slot; repeatable or comma-separated [AGENTS_QUEUE_CONCURRENCY]")
 	if v := os.Getenv("AGENTS_ALLOW_FAUX"); v != "" {
@@ -387,8 +388,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if _, err := parseQueueConcurrency(o.queueConcurrency); err != nil {
 		return nil, err
 	}
-	if o.maxRunTimeout < 0 || o.maxTurns < 0 {
-		return nil, errors.New("--max-run-timeout and --max-turns must not be negative")
+	if o.maxRunTimeout < 0 || o.maxTurns < 0 || o.maxApprovalTimeout < 0 {
+		return nil, errors.New("--max-run-timeout, --max-approval-timeout and --max-turns must not be negative")
 	}
 	if o.concurrency < 1 {
 		return nil, errors.New("--concurrency must be at least 1")
@@ -429,6 +430,7 @@ func applyBounds(o *options, cfg *worker.Config) {
 	cfg.MaxQueuedControlBytes = int(min(int64(o.maxQueuedControlBytes), 1<<40))
 	cfg.MaxTranscriptBytes = int(min(int64(o.maxTranscript), 1<<40))
 	cfg.MaxRunTimeout = o.maxRunTimeout
+	cfg.MaxApprovalTimeout = o.maxApprovalTimeout
 	cfg.MaxTurns = o.maxTurns
 	cfg.QueueConcurrency, _ = parseQueueConcurrency(o.queueConcurrency)
 	// Faux lets a submitter script the "model": on by default only where

@@ -140,3 +140,43 @@ func TestRecoverRejectedControls(t *testing.T) {
 		t.Fatalf("answered seqs %v, want [7]", got)
 	}
 }
+
+// The resolved keys span turns and attempts (an answer for one of them
+// is dropped by the attempt that resumes); a pending call keeps its
+// request's fence and is not among them, even when its key was resolved
+// in an earlier turn (ids of a worker before 1.8 may repeat).
+func TestRecoverResolvedKeysAndFences(t *testing.T) {
+	b := &recEnv{t: t}
+	b.add(1, 1, bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	b.add(1, 2, msgEnd(agent.UserText("go")))
+	b.add(1, 3, msgEnd(assistantCalls("c1", "s1")))
+	b.add(1, 4, approvalEv(bus.EventToolApprovalRequested, "c1", func(a *bus.ToolApproval) { a.ExpiresAt = 10; a.AnswersAfter = 2 }))
+	b.add(1, 5, approvalEv(bus.EventToolApprovalResolved, "c1", func(a *bus.ToolApproval) { a.Decision = "timeout" }))
+	b.add(1, 6, bus.AgentEvent{Type: "tool_execution_end", ToolCallID: "c1"})
+	// s1 asked and was stopped while waiting: its end came without a
+	// resolution.
+	b.add(1, 7, approvalEv(bus.EventToolApprovalRequested, "s1", func(a *bus.ToolApproval) { a.ExpiresAt = 10; a.AnswersAfter = 2 }))
+	b.add(1, 8, bus.AgentEvent{Type: "tool_execution_end", ToolCallID: "s1"})
+	b.add(1, 9, msgEnd(toolResult("c1", "not approved", true)))
+	b.add(1, 10, msgEnd(toolResult("s1", "stopped", true)))
+	b.add(2, 1, bus.RunStarted{Type: bus.EventRunStarted, Attempt: 2})
+	b.add(2, 2, msgEnd(assistantCalls("c1-t2-1", "p1", "c1")))
+	b.add(2, 3, approvalEv(bus.EventToolApprovalRequested, "c1-t2-1", func(a *bus.ToolApproval) { a.ExpiresAt = 20; a.AnswersAfter = 7 }))
+	b.add(2, 4, approvalEv(bus.EventToolApprovalResolved, "c1-t2-1", func(a *bus.ToolApproval) { a.Decision = "deny"; a.ControlSeq = 9 }))
+	b.add(2, 5, approvalEv(bus.EventToolApprovalRequested, "p1", func(a *bus.ToolApproval) { a.ExpiresAt = 30; a.AnswersAfter = 11 }))
+	b.add(2, 6, approvalEv(bus.EventToolApprovalRequested, "c1", func(a *bus.ToolApproval) { a.ExpiresAt = 30 }))
+	rc := Recover(b.out, 1000)
+	want := map[string]string{"s1": "ended", "c1-t2-1": "deny"}
+	if len(rc.Resolved) != len(want) {
+		t.Fatalf("resolved %v, want %v", rc.Resolved, want)
+	}
+	for k, v := range want {
+		if rc.Resolved[k] != v {
+			t.Fatalf("resolved %v, want %v", rc.Resolved, want)
+		}
+	}
+	if len(rc.Pending) != 2 || rc.Pending[0].Call.ID != "p1" || rc.Pending[0].AnswersAfter != 11 ||
+		rc.Pending[1].Call.ID != "c1" || rc.Pending[1].AnswersAfter != 0 {
+		t.Fatalf("pending %+v", rc.Pending)
+	}
+}

@@ -58,6 +58,12 @@ type Recovery struct {
 	// attempts used (resolved or rejected) and of the steer and follow-up
 	// messages they rejected (control_rejected): not applied again.
 	AnsweredSeqs []uint64
+	// Resolved are the gated calls' keys earlier attempts settled, with
+	// the outcome (the decision of tool_approval_resolved; "ended" for a
+	// call that asked and got its tool_execution_end without one, e.g.
+	// stopped while waiting): answers for them are dropped. Keys in
+	// Pending or Deferred are not in it.
+	Resolved map[string]string
 	// Finished is set when the run already has its run_finished.
 	Finished *bus.RunFinished
 	// LastSeq is the seq of the newest attempt's last envelope.
@@ -68,6 +74,9 @@ type Recovery struct {
 type PendingCall struct {
 	Call     agent.Content // the tool call, from the assistant message
 	Approval bus.PendingApproval
+	// AnswersAfter is the request's fence (0 from a worker before 1.8:
+	// every answer counts).
+	AnswersAfter uint64
 }
 
 // Recover rebuilds what a new attempt restores from a run's envelopes, given
@@ -99,8 +108,8 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 	// its prompt. What follows a gap is restored by nobody: the run goes on
 	// from the prefix, as readers do from what run_resumed says.
 	t := &bus.Transcript{}
-	gates := approvalTracker{requested: map[string]bus.PendingApproval{}, done: map[string]bool{},
-		started: map[string]bool{}, ended: map[string]agent.Message{}}
+	gates := approvalTracker{requested: map[string]bus.PendingApproval{}, after: map[string]uint64{}, done: map[string]bool{},
+		started: map[string]bool{}, ended: map[string]agent.Message{}, resolved: map[string]string{}}
 	var answered []uint64
 	attempt, next := 0, uint64(1)
 	for _, e := range kept {
@@ -149,6 +158,14 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 	for _, c := range rec.Deferred {
 		skip[c.ID] = true
 	}
+	for k, outcome := range gates.resolved {
+		if !skip[k] {
+			if rec.Resolved == nil {
+				rec.Resolved = map[string]string{}
+			}
+			rec.Resolved[k] = outcome
+		}
+	}
 	for _, m := range missingToolResults(rec.Messages, now) {
 		if skip[m.ToolCallID] {
 			continue
@@ -194,11 +211,15 @@ func (g *approvalTracker) deferred(msgs []agent.Message, pending []PendingCall) 
 // may repeat across turns).
 type approvalTracker struct {
 	requested map[string]bus.PendingApproval
-	done      map[string]bool // resolved, or its tool_execution_end came
-	started   map[string]bool // its tool_execution_start came
+	after     map[string]uint64 // the requests' answersAfter
+	done      map[string]bool   // resolved, or its tool_execution_end came
+	started   map[string]bool   // its tool_execution_start came
 	// ended are the results of the calls' tool_execution_end, as
 	// toolResult messages.
 	ended map[string]agent.Message
+	// resolved are the keys settled in any turn (not cleared): see
+	// Recovery.Resolved.
+	resolved map[string]string
 }
 
 // apply takes one envelope; it returns the control sequence of an answer
@@ -221,6 +242,7 @@ func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 	case ev.Agent != nil && ev.Type == string(agent.EventMessageEnd):
 		if m := ev.Agent.Message; m != nil && m.Role == agent.RoleAssistant {
 			clear(g.requested)
+			clear(g.after)
 			clear(g.done)
 			clear(g.started)
 			clear(g.ended)
@@ -229,6 +251,9 @@ func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 		g.started[ev.Agent.ToolCallID] = true
 	case ev.Agent != nil && ev.Type == string(agent.EventToolExecutionEnd):
 		a := ev.Agent
+		if _, asked := g.requested[a.ToolCallID]; asked && !g.done[a.ToolCallID] {
+			g.resolved[a.ToolCallID] = "ended"
+		}
 		g.done[a.ToolCallID] = true
 		g.started[a.ToolCallID] = true
 		if a.Result != nil && !e.Interrupted {
@@ -244,9 +269,11 @@ func (g *approvalTracker) apply(e *bus.Envelope) uint64 {
 		if _, ok := g.requested[a.ToolCallID]; !ok {
 			g.requested[a.ToolCallID] = bus.PendingApproval{ToolCallID: a.ToolCallID, ToolName: a.ToolName,
 				RequestedAt: e.TS, ExpiresAt: a.ExpiresAt}
+			g.after[a.ToolCallID] = a.AnswersAfter
 		}
 	case ev.Approval != nil && ev.Type == bus.EventToolApprovalResolved:
 		g.done[ev.Approval.ToolCallID] = true
+		g.resolved[ev.Approval.ToolCallID] = ev.Approval.Decision
 		return ev.Approval.ControlSeq
 	case ev.Approval != nil:
 		return ev.Approval.ControlSeq
@@ -277,7 +304,7 @@ func (g *approvalTracker) pending(msgs []agent.Message) []PendingCall {
 			continue
 		}
 		have[c.ID] = true
-		out = append(out, PendingCall{Call: c, Approval: p})
+		out = append(out, PendingCall{Call: c, Approval: p, AnswersAfter: g.after[c.ID]})
 	}
 	return out
 }

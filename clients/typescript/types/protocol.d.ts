@@ -247,6 +247,7 @@ export type ToolApprovalRequestedEvent = {
   args?: { [key: string]: unknown };
   /** Unix milliseconds. */
   expiresAt: number;
+  answersAfter?: number;
 };
 
 /** A gated call got its answer, or timed out (since 1.3). */
@@ -446,16 +447,8 @@ export type InputImageContent = {
   mimeType: string;
 };
 
-/** A pi message (docs/protocol.md §5), by role. */
-export type InputMessage = InputUserMessage | InputAssistantMessage | InputToolResultMessage | InputSystemMessage;
-
-export type InputSystemMessage = {
-  role: "system" | "developer";
-  /** Blocks, or a plain string (one text block). */
-  content?: string | (Array<InputTextContent | InputImageContent>);
-  /** Unix milliseconds. */
-  timestamp?: number;
-};
+/** A pi message (docs/protocol.md §5), by role: user, assistant or toolResult. */
+export type InputMessage = InputUserMessage | InputAssistantMessage | InputToolResultMessage;
 
 export type InputTextContent = {
   type: "text";
