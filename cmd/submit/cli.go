@@ -192,10 +192,9 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 func newFlagSet(e *env, name, usage string) *cmdFlags {
 	fs := &cmdFlags{flag.NewFlagSet(name, flag.ContinueOnError), usage}
 	fs.SetOutput(e.stderr)
-	// On a bad flag the flag package prints the error, then this.
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "Usage: %s\nRun 'submit %s --help' for its flags, 'submit help' for the commands.\n", usage, name)
-	}
+	// The flag package calls Usage on --help too, where printHelp says it
+	// all: parseCommand prints the hint on a bad flag only.
+	fs.Usage = func() {}
 	return fs
 }
 
@@ -221,7 +220,8 @@ func parseCommand(e *env, fs *cmdFlags, args []string) (pos []string, code int, 
 		return nil, exitOK, false
 	}
 	if err != nil {
-		// The flag package has printed the error and the usage.
+		// The flag package has printed the error.
+		fmt.Fprintf(e.stderr, "Usage: %s\nRun 'submit %s --help' for its flags, 'submit help' for the commands.\n", fs.usage, fs.Name())
 		return nil, exitUsage, false
 	}
 	return pos, 0, true

@@ -397,3 +397,23 @@ func TestProcessCPUCountsThisProcess(t *testing.T) {
 		t.Errorf("spinning used %s, asleep %s", cpuLine(spinning), cpuLine(asleep))
 	}
 }
+
+// --help prints a command's usage once, on stdout, with no hint to run
+// --help; a bad flag still gets the hint on stderr.
+func TestCommandHelpPrintsUsageOnce(t *testing.T) {
+	for _, args := range [][]string{{"status", "--help"}, {"hello", "--help"}, {"run", "-h"}, {"bench", "--help"}} {
+		e, out, errOut := testEnv("")
+		if code := run(t.Context(), args, e); code != 0 {
+			t.Errorf("%v: exit %d", args, code)
+		}
+		if n := strings.Count(out.String(), "Usage: "); n != 1 || errOut.Len() != 0 {
+			t.Errorf("%v: %d usage lines on stdout; stderr:\n%s", args, n, errOut)
+		}
+	}
+	e, out, errOut := testEnv("")
+	if code := run(t.Context(), []string{"status", "--bogus"}, e); code != 2 || out.Len() != 0 ||
+		!strings.Contains(errOut.String(), "flag provided but not defined: -bogus") ||
+		!strings.Contains(errOut.String(), "Run 'submit status --help' for its flags") {
+		t.Errorf("bad flag: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
