@@ -417,3 +417,20 @@ func TestCommandHelpPrintsUsageOnce(t *testing.T) {
 		t.Errorf("bad flag: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 }
+
+// A bench running more at once than the fleet has slots says its latency
+// is mostly queueing; one that fits says nothing.
+func TestBenchSaysWhenLatencyIsQueueing(t *testing.T) {
+	e, out, errOut := testEnv("")
+	if code := run(t.Context(), []string{"bench", "--runs", "4", "--concurrency", "100000", "--deltas", "1"}, e); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	expect(t, out.String(), "note: --concurrency 100000 is more than the ", `slots of the `, `worker(s) on queue "default"`, "mostly that wait")
+	e, out, errOut = testEnv("")
+	if code := run(t.Context(), []string{"bench", "--runs", "2", "--concurrency", "1", "--deltas", "1", "--json"}, e); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	if strings.Contains(out.String()+errOut.String(), "note:") {
+		t.Errorf("a note for a bench that fits:\n%s\n%s", out, errOut)
+	}
+}
