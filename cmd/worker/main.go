@@ -621,6 +621,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 			defer close(polled)
 			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth)
 		}()
+		if srv != nil {
+			nextSteps(stderr, log, o, srv.URL()) // nextsteps.go
+		}
 		if ready != nil {
 			ready <- started{NATSURL: o.conn.URL, MetricsAddr: metricsAddr}
 		}
@@ -661,7 +664,7 @@ func startEmbedded(ctx context.Context, o *options, log *slog.Logger) (*natsembe
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	return natsembed.StartContext(ctx, natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log, Sync: o.natsSync})
+	return natsembed.StartContext(ctx, natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: serverLogger(log, o.logLevel), Sync: o.natsSync})
 }
 
 // readiness is /readyz: NATS connected and the runs stream reachable.
