@@ -104,7 +104,8 @@ Let me check.
 		t.Errorf("--hide-thinking:\n%s", hidden)
 	}
 	col := render(true, false)
-	if !strings.Contains(col, "\x1b[2mhmm ok\x1b[0m") || !strings.Contains(col, "\x1b[31m✗ failed") {
+	// Thinking is labelled and dim italic: the header and hints are dim.
+	if !strings.Contains(col, "\x1b[36m[thinking]\x1b[0m \x1b[2;3mhmm ok\x1b[0m") || !strings.Contains(col, "\x1b[31m✗ failed") {
 		t.Errorf("colour view:\n%q", col)
 	}
 	if strings.Count(col, "\x1b[31mred") != 0 {
