@@ -165,7 +165,12 @@ func TestInteractiveAbortAndColours(t *testing.T) {
 	if code := p.wait(t); code != 3 {
 		t.Fatalf("exit %d\n%s", code, p.out)
 	}
-	expect(t, p.screen(t).String(), "→ abort sent", "■ aborted: aborted from the terminal")
+	screen := p.screen(t).String()
+	expect(t, screen, "→ abort sent", "tool sleep stopped: the run was aborted", "■ aborted: aborted from the terminal")
+	// The turn the abort cut short shows nothing, not even its separator.
+	if strings.Contains(screen, "── turn 2 ──") {
+		t.Errorf("an empty turn's separator:\n%s", screen)
+	}
 	if !strings.Contains(p.out.String(), "\x1b[33m■ aborted") {
 		t.Errorf("no colours on a terminal:\n%q", p.out)
 	}
