@@ -398,7 +398,7 @@ func noWorkerNotice(ctx context.Context, c *bus.Client, run, queue string, waite
 	cons, err := c.JetStream().Consumer(ctx, n.RunsStream(), n.Consumer(queue))
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return head + fmt.Sprintf(": no worker has ever served this queue (no consumer %s).\n"+
-			"  Start one: go run ./cmd/worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", n.Consumer(queue), queue)
+			"  Start one: worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", n.Consumer(queue), queue)
 	}
 	if err != nil {
 		return head + fmt.Sprintf(" (cannot read the queue: %v); still waiting", err)
@@ -414,5 +414,5 @@ func noWorkerNotice(ctx context.Context, c *bus.Client, run, queue string, waite
 		return head + fmt.Sprintf(": the workers are busy (%d run(s) in progress, %d request(s) queued); still waiting", info.NumAckPending, info.NumPending)
 	}
 	return head + fmt.Sprintf(": no worker is connected to this queue (%d request(s) queued).\n"+
-		"  Start one: go run ./cmd/worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", info.NumPending, queue)
+		"  Start one: worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", info.NumPending, queue)
 }

@@ -278,7 +278,7 @@ func TestInProcess(t *testing.T) {
 		t.Errorf("bad state: exit %d %s", code, errOut)
 	}
 	e, _, errOut = testEnv("")
-	if code := run(ctx(t), []string{"--nats", "nats://127.0.0.1:1", "status", "r1"}, e); code != 4 || !strings.Contains(errOut.String(), "go run ./cmd/worker") {
+	if code := run(ctx(t), []string{"--nats", "nats://127.0.0.1:1", "status", "r1"}, e); code != 4 || !strings.Contains(errOut.String(), "\n  worker\n") {
 		t.Errorf("unreachable: exit %d %s", code, errOut)
 	}
 	// The interactive seam: lines on stdin steer when stdin and stdout
