@@ -49,7 +49,8 @@ type renderer struct {
 	// turn cut short by an abort shows none).
 	sep      string
 	status   string // the live status line drawn
-	input    string // the line being typed, drawn in the bottom row
+	typed    string // the line being typed
+	input    string // typed, fitted to the bottom row
 	users    int    // user messages seen (the first is the prompt)
 	turns    int
 	finished *bus.RunFinished
@@ -135,7 +136,7 @@ func (r *renderer) clearStatus() {
 
 // setInput draws the line being typed in the bottom row.
 func (r *renderer) setInput(text string) {
-	r.input = ""
+	r.typed, r.input = text, ""
 	if text != "" {
 		r.input = fitBottom(r.st.bold("» "), text, r.scr.width)
 	}
@@ -153,7 +154,7 @@ func (r *renderer) drawBottom() {
 // resize takes the terminal's new width for what follows.
 func (r *renderer) resize(width int) {
 	r.scr.resize(width)
-	r.drawBottom()
+	r.setInput(r.typed)
 }
 
 // end removes the bottom row and ends the output's line: submit is done

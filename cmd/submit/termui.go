@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/width"
 )
 
 // screen is where a followed run is printed. On a terminal it wraps the
@@ -186,9 +189,9 @@ func (s *screen) feed(text string) {
 			s.spaces += 8 - (s.col+s.spaces)%8
 			i++
 		default:
-			_, n := utf8.DecodeRuneInString(text[i:])
+			r, n := utf8.DecodeRuneInString(text[i:])
 			s.word.WriteString(text[i : i+n])
-			s.wordW++
+			s.wordW += runeWidth(r)
 			i += n
 			if s.wordW >= s.width {
 				s.flushWord() // longer than a line: no end to wait for
@@ -218,7 +221,7 @@ func (s *screen) flushWord() {
 	for s.col+s.wordW > s.width {
 		head, rest := splitVisible(w, s.width-s.col)
 		s.out(head + "\n")
-		s.wordW -= utf8.RuneCountInString(stripANSI(head))
+		s.wordW -= textWidth(head)
 		w = rest
 	}
 	s.out(w)
@@ -245,11 +248,32 @@ func (s *screen) out(text string) {
 			}
 			i = j
 		default:
-			_, n := utf8.DecodeRuneInString(text[i:])
-			s.col++
+			r, n := utf8.DecodeRuneInString(text[i:])
+			s.col += runeWidth(r)
 			i += n
 		}
 	}
+}
+
+// runeWidth is the columns a character takes: two for East Asian wide
+// ones (CJK, most emoji), none for combining marks.
+func runeWidth(r rune) int {
+	switch {
+	case unicode.Is(unicode.Mn, r):
+		return 0
+	case width.LookupRune(r).Kind() == width.EastAsianWide || width.LookupRune(r).Kind() == width.EastAsianFullwidth:
+		return 2
+	}
+	return 1
+}
+
+// textWidth is the columns text takes, escapes aside.
+func textWidth(text string) int {
+	n := 0
+	for _, r := range stripANSI(text) {
+		n += runeWidth(r)
+	}
+	return n
 }
 
 // escapeEnd returns the end of the escape sequence at text[i] (ESC [ ...
@@ -268,20 +292,23 @@ func escapeEnd(text string, i int) int {
 	return j
 }
 
-// splitVisible splits text after n visible characters (escapes go with
-// the head).
+// splitVisible splits text after at most n columns (escapes go with the
+// head), at least one character.
 func splitVisible(text string, n int) (head, rest string) {
+	first := true
 	for i := 0; i < len(text); {
 		if text[i] == 0x1b {
 			i = escapeEnd(text, i)
 			continue
 		}
-		if n == 0 {
+		r, size := utf8.DecodeRuneInString(text[i:])
+		if w := runeWidth(r); w > n && !first {
 			return text[:i], text[i:]
+		} else {
+			n -= w
 		}
-		_, size := utf8.DecodeRuneInString(text[i:])
+		first = false
 		i += size
-		n--
 	}
 	return text, ""
 }
@@ -301,9 +328,16 @@ func fitBottom(prefix, text string, width int) string {
 	if width <= 0 {
 		return prefix + text
 	}
-	room := width - 1 - utf8.RuneCountInString(stripANSI(prefix))
-	if rs := []rune(text); len(rs) > room && room > 1 {
-		text = "…" + string(rs[len(rs)-room+1:])
+	room := width - 1 - textWidth(prefix)
+	if textWidth(text) > room && room > 1 {
+		rs := []rune(text)
+		w := 1 // "…"
+		i := len(rs)
+		for i > 0 && w+runeWidth(rs[i-1]) <= room {
+			i--
+			w += runeWidth(rs[i])
+		}
+		text = "…" + string(rs[i:])
 	}
 	return prefix + text
 }

@@ -75,6 +75,13 @@ func TestScreenWrapsStreamedTextAtWords(t *testing.T) {
 	if got := strings.Join(v.lines(), "|"); got != "ab|xxxxxxxxxx|xxxxxxxxxx|xxxxx cd" {
 		t.Errorf("long word: %q", got)
 	}
+	// Wide characters take two columns, combining marks none.
+	if got := wrapText("漢字漢字 漢字漢字 漢字漢字 e\u0301e\u0301", 20); got != "漢字漢字 漢字漢字\n漢字漢字 e\u0301e\u0301" {
+		t.Errorf("wide: %q", got)
+	}
+	if got := fitBottom("» ", "漢字漢字漢字", 10); got != "» …字漢字" {
+		t.Errorf("fitBottom: %q", got)
+	}
 	// Colours do not count; a tab goes to the next stop.
 	if got := wrapText("\x1b[2maaaa bbbb\x1b[0m cccc\tdd", 10); got != "\x1b[2maaaa bbbb\x1b[0m\ncccc    dd" {
 		t.Errorf("wrapText: %q", got)
