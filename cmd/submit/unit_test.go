@@ -6,6 +6,7 @@ import (
 	"flag"
 	"io"
 	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"strings"
@@ -433,5 +434,30 @@ func TestBenchSaysWhenLatencyIsQueueing(t *testing.T) {
 	}
 	if strings.Contains(out.String()+errOut.String(), "note:") {
 		t.Errorf("a note for a bench that fits:\n%s\n%s", out, errOut)
+	}
+}
+
+// The example requests (README.md runs most of them) are valid requests.
+func TestExampleRequestsAreValid(t *testing.T) {
+	files, err := filepath.Glob("examples/*.json")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("examples: %v %v", files, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req bus.RunRequest
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		req.Prompt = "p"
+		if err := req.Validate(""); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }
