@@ -125,8 +125,13 @@ func TestManifestsUseRealWorkerFlags(t *testing.T) {
 			metricsPort = v[strings.LastIndex(v, ":")+1:]
 		}
 	}
-	if !strings.Contains(help, `":`+metricsPort+`"`) && !containsArg(args, "--metrics-addr=:"+metricsPort) {
+	// The default is loopback: a container scraped from outside must say
+	// every interface itself.
+	if !strings.Contains(help, `"127.0.0.1:`+metricsPort+`"`) && !containsArg(args, "--metrics-addr=:"+metricsPort) {
 		t.Errorf("metrics port %s is neither the default nor configured", metricsPort)
+	}
+	if !containsArg(args, "--metrics-addr=:"+metricsPort) {
+		t.Errorf("the manifests do not pass --metrics-addr=:%s: the worker's default listens on loopback only, out of Prometheus's reach", metricsPort)
 	}
 	for _, p := range ports {
 		if strconv.Itoa(p) != metricsPort {

@@ -148,7 +148,12 @@ func (w *Worker) toolCallDone(ctx, tctx context.Context, name string, start time
 		timedOut = true
 		err = fmt.Errorf("tool %s timed out after %s", name, w.cfg.ToolTimeout)
 	}
-	if r, ok := ctx.Value(runKey{}).(*run); ok {
+	r, _ := ctx.Value(runKey{}).(*run)
+	if err != nil && ctx.Err() != nil && r != nil && r.tally.aborted() {
+		// Not "context canceled": the model and the person see why.
+		err = fmt.Errorf("tool %s stopped: the run was aborted", name)
+	}
+	if r != nil {
 		w.obs.ToolCall(r.info(), ToolCall{Tool: name, Duration: time.Since(start), Err: err, TimedOut: timedOut})
 	}
 	if endSpan != nil {

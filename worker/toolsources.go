@@ -84,7 +84,8 @@ func (r *run) resolveTools(ctx context.Context) []string {
 				continue
 			}
 		}
-		problems = append(problems, fmt.Sprintf("unknown tool %q: %s", clipString(name, 64), w.similarTools(name)))
+		problems = append(problems, fmt.Sprintf("unknown tool %q: %s%s", clipString(name, 64), w.similarTools(name),
+			w.unknownToolPeers(ctx, r.queue, name))) // presence.go
 	}
 	slices.SortFunc(tools, func(a, b *agent.Tool) int { return strings.Compare(a.Name, b.Name) })
 	r.tools = tools

@@ -82,6 +82,8 @@ type Worker struct {
 	ctlSub *nats.Subscription
 	wg     sync.WaitGroup
 
+	peerCache peerCache // the other workers' presence, for bad requests (presence.go)
+
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
 

@@ -840,3 +840,29 @@ func TestToolSizeCaps(t *testing.T) {
 		t.Fatalf("tool ran with %q; the oversized call must not run", executed)
 	}
 }
+
+// A tool stopped by an abort says so, not "context canceled".
+func TestAbortedToolSaysTheRunWasAborted(t *testing.T) {
+	f := newFleet(t)
+	f.StartWorker(worker.Config{})
+	id := f.Submit("", &bus.RunRequest{Prompt: "nap", Model: fleettest.FauxModel(), Tools: []string{"sleep"},
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c1", "sleep", map[string]any{"seconds": 30}), fleettest.Text("never")}}})
+	var result string
+	for env, err := range f.Client.Follow(fleettest.Context(t), id) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := fleettest.Decode(t, env)
+		if ev.Agent != nil && ev.Agent.Type == "tool_execution_start" {
+			if _, err := f.Client.Abort(fleettest.Context(t), id, "enough"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ev.Agent != nil && ev.Agent.Type == "tool_execution_end" && ev.Agent.Result != nil {
+			result = ev.Agent.Result.Content[0].Text
+		}
+	}
+	if result != "tool sleep stopped: the run was aborted" {
+		t.Fatalf("the aborted tool's result is %q", result)
+	}
+}

@@ -523,5 +523,5 @@ func TestApprovalOnATerminal(t *testing.T) {
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("exit %d\n%s", code, p.out)
 	}
-	expect(t, clean(p.out.String()), "✓ approved c2 by carol", "↳ calculator → ok: 4", "Only c2 ran.", "✓ succeeded")
+	expect(t, p.screen(t).String(), "✓ approved c2 by carol", "↳ calculator → ok: 4", "Only c2 ran.", "✓ succeeded")
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,8 +115,13 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return fail(e, fleetError(c, err))
 	}
+	queueing := queueingNote(ctx, c, bf.queue, bf.concurrency)
 	if bf.streaming {
-		return streamBench(ctx, e, c, &bf, body)
+		code := streamBench(ctx, e, c, &bf, body)
+		if queueing != "" {
+			fmt.Fprintln(e.stderr, queueing)
+		}
+		return code
 	}
 	rep, err := runBench(ctx, e, c, &bf, body)
 	if err != nil {
@@ -125,8 +131,14 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		if err := json.NewEncoder(e.stdout).Encode(rep.benchResult); err != nil {
 			return fail(e, err)
 		}
+		if queueing != "" {
+			fmt.Fprintln(e.stderr, queueing)
+		}
 	} else {
 		writeBenchTable(e.stdout, rep)
+		if queueing != "" {
+			fmt.Fprintln(e.stdout, "\n"+queueing)
+		}
 	}
 	switch {
 	case rep.Interrupted:
@@ -466,4 +478,33 @@ wait:
 
 func round3(f float64) float64 {
 	return float64(int64(f*1000+0.5)) / 1000
+}
+
+// queueingNote says when more runs are in flight at once than the queue's
+// workers have slots (their presence): the surplus waits in the queue, so
+// the latency figures then measure mostly that wait. "" when they fit or
+// the presence cannot be read.
+func queueingNote(ctx context.Context, c *bus.Client, queue string, concurrency int) string {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	ws, err := c.ListWorkers(ctx)
+	if err != nil {
+		return ""
+	}
+	slots, workers := 0, 0
+	for _, w := range ws {
+		if slices.Contains(w.Queues, queue) {
+			slots += w.Slots
+			workers++
+		}
+	}
+	if slots == 0 || (concurrency > 0 && concurrency <= slots) {
+		return ""
+	}
+	conc := fmt.Sprintf("--concurrency %d", concurrency)
+	if concurrency == 0 {
+		conc = "unbounded concurrency"
+	}
+	return fmt.Sprintf("note: %s is more than the %d slots of the %d worker(s) on queue %q: the runs past them wait in the queue, so the latencies are mostly that wait (compare with --concurrency %d)",
+		conc, slots, workers, queue, slots)
 }

@@ -38,7 +38,8 @@ Usage:
   submit approve RUN CALL          approve a call [--args JSON edits it] [--by NAME]
   submit deny RUN CALL --reason R  deny a call (the model sees the reason)
 
-A local fleet (embedded NATS, one worker, the demo model): go run ./cmd/worker
+A local fleet (embedded NATS, one worker, the demo model): worker
+(go install ./cmd/... in the agentfleet repository installs both commands)
 
 The prompt: arguments (joined by spaces), --file F, or "-" / --file - for stdin.
 While following on a terminal, a typed line steers the run; /followup TEXT
@@ -192,10 +193,9 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 func newFlagSet(e *env, name, usage string) *cmdFlags {
 	fs := &cmdFlags{flag.NewFlagSet(name, flag.ContinueOnError), usage}
 	fs.SetOutput(e.stderr)
-	// On a bad flag the flag package prints the error, then this.
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "Usage: %s\nRun 'submit %s --help' for its flags, 'submit help' for the commands.\n", usage, name)
-	}
+	// The flag package calls Usage on --help too, where printHelp says it
+	// all: parseCommand prints the hint on a bad flag only.
+	fs.Usage = func() {}
 	return fs
 }
 
@@ -221,7 +221,8 @@ func parseCommand(e *env, fs *cmdFlags, args []string) (pos []string, code int, 
 		return nil, exitOK, false
 	}
 	if err != nil {
-		// The flag package has printed the error and the usage.
+		// The flag package has printed the error.
+		fmt.Fprintf(e.stderr, "Usage: %s\nRun 'submit %s --help' for its flags, 'submit help' for the commands.\n", fs.usage, fs.Name())
 		return nil, exitUsage, false
 	}
 	return pos, 0, true
@@ -295,11 +296,12 @@ func (c *connectError) Error() string {
 	if c.noStreams {
 		return fmt.Sprintf("NATS at %s has no agentfleet streams (%v).\n"+
 			"No worker has run against this server yet: start one, which creates them:\n"+
-			"  go run ./cmd/worker --nats %s", c.url, c.err, c.url)
+			"  worker --nats %s", c.url, c.err, c.url)
 	}
 	return fmt.Sprintf("cannot reach NATS at %s: %v\n"+
 		"Start a local fleet (embedded NATS, one worker, the demo model) with:\n"+
-		"  go run ./cmd/worker\n"+
+		"  worker\n"+
+		"(installed with submit: go install ./cmd/... in the agentfleet repository)\n"+
 		"or point --nats / NATS_URL at your NATS server.", c.url, c.err)
 }
 

@@ -243,7 +243,7 @@ func TestNoWorkerNoticeAndCtrlCDetaches(t *testing.T) {
 	id := "t-queued-" + bus.NewRunID()[:8]
 	p := start(t, nil, "--queue", "nobody", "--id", id, "--notice-after", "200ms", "hello?")
 	p.stderr.waitFor(t, `no worker has picked up run `+id, 30*time.Second)
-	expect(t, clean(p.stderr.String()), `(queue "nobody")`, "no worker has ever served this queue", "go run ./cmd/worker --queue nobody", "still waiting")
+	expect(t, clean(p.stderr.String()), `(queue "nobody")`, "no worker has ever served this queue", "Start one: worker --queue nobody", "still waiting")
 	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestUnreachableNATS(t *testing.T) {
 		if code != 4 {
 			t.Errorf("%v: exit %d, want 4\n%s", args, code, errOut)
 		}
-		expect(t, errOut, "cannot reach NATS at "+url, "go run ./cmd/worker")
+		expect(t, errOut, "cannot reach NATS at "+url, "\n  worker\n")
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,17 +68,40 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	r := newRenderer(e.stdout, style{on: e.color(o.noColor)})
 	r.hideThinking, r.showPrompt = o.hideThinking, o.showPrompt
 	r.live = e.stdoutTTY && !o.json
-	r.width = e.termWidth()
+	if r.live {
+		r.scr.width = e.termWidth()
+	}
 	r.interactive = o.interactive
+	defer r.end()
 	var enc *json.Encoder
 	if o.json {
 		enc = json.NewEncoder(e.stdout)
 	}
+	// say prints a line of submit's own to stderr; on a terminal it takes
+	// its place among the output.
+	say := func(s string) {
+		if r.live && e.stderrTTY {
+			r.lineTo(e.stderr, s)
+			return
+		}
+		r.closeBlock()
+		r.clearStatus()
+		fmt.Fprintln(e.stderr, s)
+	}
 
-	// Steering typed on the terminal.
+	// Steering typed on the terminal: keys, drawn in the bottom row by
+	// submit itself (cbreak mode, termui.go), or lines the terminal
+	// echoes where that mode is not to be had.
 	var lines <-chan string
+	var keys <-chan []byte
+	var typed lineInput
 	if o.interactive {
-		lines = readLines(e.stdin)
+		if restore, err := e.keyMode(); err == nil {
+			defer restore()
+			keys = readKeys(e.stdin)
+		} else {
+			lines = readLines(e.stdin)
+		}
 		r.note("type a line to steer · /followup TEXT queues a follow-up · /abort aborts · /approve [CALL], /deny [CALL] REASON answer an approval · Ctrl-C detaches")
 	}
 	results := make(chan ctlResult, 8)
@@ -129,6 +153,31 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 		}
 	}
 
+	// handleLine acts on a line typed: an answer to an approval, steering,
+	// a follow-up or an abort.
+	handleLine := func(line string) {
+		if a, ok, err := parseApprovalInput(line, r.approvals); ok {
+			if err != nil {
+				r.note(err.Error())
+			} else {
+				sendAnswer(*a)
+			}
+			return
+		}
+		kind, text, err := parseInput(line)
+		if err != nil {
+			r.note(err.Error())
+			return
+		}
+		if kind == "" {
+			return
+		}
+		if kind == bus.KindAbort {
+			text = "aborted from the terminal"
+		}
+		send(kind, text)
+	}
+
 	started := false
 	begin := time.Now()
 	var notice <-chan time.Time
@@ -159,7 +208,6 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 					case <-fctx.Done():
 					}
 				}
-				r.clearStatus()
 				if finished == nil {
 					return exitFailed
 				}
@@ -167,17 +215,13 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 			}
 			if it.err != nil {
 				if bus.IsFatalFollowError(it.err) {
-					r.closeBlock()
-					r.clearStatus()
 					if ctx.Err() != nil {
 						return exitDetached
 					}
-					fmt.Fprintf(e.stderr, "submit: %v\n", it.err)
+					say(fmt.Sprintf("submit: %v", it.err))
 					return exitFailed
 				}
-				r.closeBlock()
-				r.clearStatus()
-				fmt.Fprintf(e.stderr, "submit: warning: %v\n", it.err)
+				say(fmt.Sprintf("submit: warning: %v", it.err))
 				continue
 			}
 			if it.env.Type == bus.EventRunStarted {
@@ -193,14 +237,26 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 				continue
 			}
 			if err := r.Render(it.env); err != nil {
-				fmt.Fprintf(e.stderr, "submit: warning: %v\n", err)
+				say(fmt.Sprintf("submit: warning: %v", err))
 			}
 		case <-notice:
 			if !started {
-				msg := noWorkerNotice(fctx, c, o.run, o.queue, time.Since(begin))
-				r.closeBlock()
-				r.clearStatus()
-				fmt.Fprintln(e.stderr, r.st.yellow(msg))
+				say(r.st.yellow(noWorkerNotice(fctx, c, o.run, o.queue, time.Since(begin))))
+			}
+		case <-e.resize:
+			r.resize(e.termWidth())
+		case b, ok := <-keys:
+			if !ok {
+				keys = nil
+				continue
+			}
+			done, eof := typed.feed(b)
+			r.setInput(typed.text())
+			for _, line := range done {
+				handleLine(line)
+			}
+			if eof {
+				keys = nil
 			}
 		case <-tick:
 			if !started {
@@ -219,39 +275,17 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 				lines = nil
 				continue
 			}
-			if a, ok, err := parseApprovalInput(line, r.approvals); ok {
-				if err != nil {
-					r.note(err.Error())
-				} else {
-					sendAnswer(*a)
-				}
-				continue
-			}
-			kind, text, err := parseInput(line)
-			if err != nil {
-				r.note(err.Error())
-				continue
-			}
-			if kind == "" {
-				continue
-			}
-			if kind == bus.KindAbort {
-				text = "aborted from the terminal"
-			}
-			send(kind, text)
+			handleLine(line)
 		case res := <-results:
 			showResult(res)
 		case <-e.interrupts:
 			if o.abortOnInterrupt && !aborting {
 				aborting = true
-				r.closeBlock()
-				r.clearStatus()
-				fmt.Fprintf(e.stderr, "aborting run %s… (Ctrl-C again to detach)\n", o.run)
+				say(fmt.Sprintf("aborting run %s… (Ctrl-C again to detach)", o.run))
 				send(bus.KindAbort, "interrupted (Ctrl-C)")
 				continue
 			}
-			r.closeBlock()
-			r.clearStatus()
+			r.end()
 			fmt.Fprintf(e.stderr, "\ndetached from run %s; it goes on.\n  re-attach: submit follow %s\n  abort:     submit abort %s\n", o.run, o.run, o.run)
 			return exitDetached
 		}
@@ -289,6 +323,26 @@ func parseInput(line string) (kind, text string, err error) {
 		return "", "", fmt.Errorf("unknown command %q: type text to steer, /followup TEXT, /abort (//text steers with /text)", cut(line, 40))
 	}
 	return bus.KindSteer, line, nil
+}
+
+// readKeys reads what is typed, as it comes, in a goroutine; like
+// readLines it may stay blocked reading until the process exits.
+func readKeys(r io.Reader) <-chan []byte {
+	ch := make(chan []byte)
+	go func() {
+		defer close(ch)
+		buf := make([]byte, 1024)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				ch <- bytes.Clone(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
 }
 
 // readLines reads lines in a goroutine. It ends with the input; on a
@@ -344,7 +398,7 @@ func noWorkerNotice(ctx context.Context, c *bus.Client, run, queue string, waite
 	cons, err := c.JetStream().Consumer(ctx, n.RunsStream(), n.Consumer(queue))
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return head + fmt.Sprintf(": no worker has ever served this queue (no consumer %s).\n"+
-			"  Start one: go run ./cmd/worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", n.Consumer(queue), queue)
+			"  Start one: worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", n.Consumer(queue), queue)
 	}
 	if err != nil {
 		return head + fmt.Sprintf(" (cannot read the queue: %v); still waiting", err)
@@ -360,5 +414,5 @@ func noWorkerNotice(ctx context.Context, c *bus.Client, run, queue string, waite
 		return head + fmt.Sprintf(": the workers are busy (%d run(s) in progress, %d request(s) queued); still waiting", info.NumAckPending, info.NumPending)
 	}
 	return head + fmt.Sprintf(": no worker is connected to this queue (%d request(s) queued).\n"+
-		"  Start one: go run ./cmd/worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", info.NumPending, queue)
+		"  Start one: worker --queue %s; still waiting (Ctrl-C detaches, the run stays queued)", info.NumPending, queue)
 }

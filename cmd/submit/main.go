@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/signal"
@@ -28,6 +29,8 @@ func main() {
 	// SIGTERM (a CI job cancelled, a container stopped) is an interrupt
 	// too: the command exits as on Ctrl-C, flushing its trace.
 	signal.Notify(interrupts, os.Interrupt, syscall.SIGTERM)
+	resize := make(chan os.Signal, 1)
+	notifyResize(resize) // cbreak_unix.go
 	e := &env{
 		stdin:      os.Stdin,
 		stdout:     os.Stdout,
@@ -37,6 +40,8 @@ func main() {
 		stdoutTTY:  term.IsTerminal(int(os.Stdout.Fd())),
 		stderrTTY:  term.IsTerminal(int(os.Stderr.Fd())),
 		interrupts: interrupts,
+		resize:     resize,
+		cbreak:     func() (func() error, error) { return cbreak(int(os.Stdin.Fd())) },
 		width: func() int {
 			w, _, err := term.GetSize(int(os.Stdout.Fd()))
 			if err != nil {
@@ -60,8 +65,25 @@ type env struct {
 	stdinTTY, stdoutTTY, stderrTTY bool
 	// interrupts delivers Ctrl-C (SIGINT) and SIGTERM.
 	interrupts <-chan os.Signal
-	// width returns the terminal's width in columns, 0 if unknown.
-	width func() int
+	// width returns the terminal's width in columns, 0 if unknown;
+	// resize tells when it changes (SIGWINCH).
+	width  func() int
+	resize <-chan os.Signal
+	// cbreak turns the terminal's echo and line editing off (submit then
+	// draws what is typed, termui.go); nil, or an error, where it cannot.
+	cbreak func() (restore func() error, err error)
+}
+
+// keyMode puts the terminal in cbreak mode for the keys of a followed run.
+func (e *env) keyMode() (restore func(), err error) {
+	if e.cbreak == nil {
+		return nil, errors.New("no terminal modes here")
+	}
+	r, err := e.cbreak()
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = r() }, nil
 }
 
 func (e *env) termWidth() int {

@@ -33,6 +33,10 @@ var fleet struct {
 	submit string
 	worker string
 	url    string
+	// The nats CLI, built when not on the PATH (natscli_test.go).
+	natsOnce sync.Once
+	natsDir  string
+	natsErr  error
 }
 
 func TestMain(m *testing.M) {

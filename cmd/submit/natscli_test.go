@@ -19,13 +19,12 @@ import (
 // PATH, and skips without them.
 func TestApprovalNATSCLI(t *testing.T) {
 	t.Parallel()
-	for _, bin := range []string{"nats", "jq"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("no %s on the PATH: .ci/run installs it", bin)
-			}
-			t.Skipf("no %s on the PATH (nats: go install github.com/nats-io/natscli/nats@v0.5.0)", bin)
+	path := natsCLIPath(t)
+	if _, err := exec.LookPath("jq"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no jq on the PATH: .ci/run installs it")
 		}
+		t.Skip("no jq on the PATH (apt-get install jq)")
 	}
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
 	if err != nil {
@@ -57,7 +56,7 @@ func TestApprovalNATSCLI(t *testing.T) {
 		t.Helper()
 		line = regexp.MustCompile(`\br1\b`).ReplaceAllString(line, run)
 		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "NATS_URL=" + fleet.url}
+		cmd.Env = []string{"PATH=" + path, "HOME=" + home, "NATS_URL=" + fleet.url}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", line, err, out)
@@ -113,12 +112,7 @@ func TestApprovalNATSCLI(t *testing.T) {
 // name the first one's sequence and be a duplicate.
 func TestControlIDNATSCLI(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("nats"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("no nats on the PATH: .ci/run installs it")
-		}
-		t.Skip("no nats on the PATH (go install github.com/nats-io/natscli/nats@v0.5.0)")
-	}
+	path := natsCLIPath(t)
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +136,7 @@ func TestControlIDNATSCLI(t *testing.T) {
 	var outs []string
 	for range 2 {
 		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "NATS_URL=" + fleet.url}
+		cmd.Env = []string{"PATH=" + path, "HOME=" + t.TempDir(), "NATS_URL=" + fleet.url}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", line, err, out)
@@ -158,6 +152,52 @@ func TestControlIDNATSCLI(t *testing.T) {
 	}
 }
 
+// natsCLIVersion is the nats CLI the docs are tested with; .ci/run installs
+// the same.
+const natsCLIVersion = "v0.5.0"
+
+// natsCLIPath is a PATH with the nats CLI on it: the one on the PATH, else
+// natscli built once per test binary (go install into the test's
+// directory, from the module cache or the proxy). natscli is no tool
+// dependency in go.mod: it would add some fifty modules to the module
+// graph and switch the embedded nats-server's Antithesis SDK from its
+// no-op build to the active one.
+func natsCLIPath(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("PATH")
+	if _, err := exec.LookPath("nats"); err == nil {
+		return path
+	}
+	fleet.natsOnce.Do(func() {
+		dir := filepath.Join(fleet.dir, "natscli")
+		cmd := exec.Command("go", "install", "github.com/nats-io/natscli/nats@"+natsCLIVersion)
+		cmd.Env = append(os.Environ(), "GOBIN="+dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fleet.natsErr = fmt.Errorf("go install github.com/nats-io/natscli/nats@%s: %v\n%s", natsCLIVersion, err, out)
+			return
+		}
+		fleet.natsDir = dir
+	})
+	if fleet.natsErr != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(fleet.natsErr)
+		}
+		t.Skipf("no nats CLI: not on the PATH, and building it failed (offline without it in the module cache?): %v", fleet.natsErr)
+	}
+	return fleet.natsDir + string(os.PathListSeparator) + path
+}
+
+// The version tested is the one CI installs.
+func TestNATSCLIVersionIsCIs(t *testing.T) {
+	ci, err := os.ReadFile(filepath.Join("..", "..", ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ci), "github.com/nats-io/natscli/nats@"+natsCLIVersion) {
+		t.Errorf(".ci/run does not install natscli %s", natsCLIVersion)
+	}
+}
+
 // TestProtocolDocNATSCLI runs docs/protocol.md's nats CLI examples of
 // what a client written from the doc alone needs (a reader's check): each
 // block as written, with its run ids made unique, against the test fleet,
@@ -166,13 +206,12 @@ func TestControlIDNATSCLI(t *testing.T) {
 // Not parallel: it declares a queue no worker serves (an update of the
 // runs stream that must not race the parallel tests' updates).
 func TestProtocolDocNATSCLI(t *testing.T) {
-	for _, bin := range []string{"nats", "jq"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("no %s on the PATH: .ci/run installs it", bin)
-			}
-			t.Skipf("no %s on the PATH (nats: go install github.com/nats-io/natscli/nats@v0.5.0)", bin)
+	path := natsCLIPath(t)
+	if _, err := exec.LookPath("jq"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no jq on the PATH: .ci/run installs it")
 		}
+		t.Skip("no jq on the PATH (apt-get install jq)")
 	}
 	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
 	if err != nil {
@@ -214,7 +253,7 @@ func TestProtocolDocNATSCLI(t *testing.T) {
 			line = regexp.MustCompile(`\b`+regexp.QuoteMeta(from)+`\b`).ReplaceAllString(line, to)
 		}
 		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "NATS_URL=" + fleet.url}
+		cmd.Env = []string{"PATH=" + path, "HOME=" + home, "NATS_URL=" + fleet.url}
 		out, err := cmd.CombinedOutput()
 		if (err == nil) != wantOK {
 			t.Fatalf("%s: %v (want success %v)\n%s", line, err, wantOK, out)

@@ -20,13 +20,23 @@ type ptyProc struct {
 	out  *outBuf
 	done chan struct{}
 	code int
+	rows int
+	// sizes are the terminal's widths: from byte at of the output on.
+	sizes []ptySize
 }
+
+type ptySize struct{ at, cols int }
 
 func startPTY(t *testing.T, extraEnv []string, args ...string) *ptyProc {
 	t.Helper()
-	p := &ptyProc{cmd: exec.Command(fleet.submit, args...), out: newOutBuf(), done: make(chan struct{})}
+	return startPTYSize(t, 40, 120, extraEnv, args...)
+}
+
+func startPTYSize(t *testing.T, rows, cols int, extraEnv []string, args ...string) *ptyProc {
+	t.Helper()
+	p := &ptyProc{cmd: exec.Command(fleet.submit, args...), out: newOutBuf(), done: make(chan struct{}), rows: rows, sizes: []ptySize{{0, cols}}}
 	p.cmd.Env = submitEnv(extraEnv...)
-	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: 40, Cols: 120})
+	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: uint16(rows), Cols: uint16(cols)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +66,52 @@ func startPTY(t *testing.T, extraEnv []string, args ...string) *ptyProc {
 		tty.Close()
 	})
 	return p
+}
+
+// resize changes the terminal's width, as dragging its window does (the
+// kernel sends submit SIGWINCH).
+func (p *ptyProc) resize(t *testing.T, cols int) {
+	t.Helper()
+	p.sizes = append(p.sizes, ptySize{len(p.out.String()), cols})
+	if err := pty.Setsize(p.tty, &pty.Winsize{Rows: uint16(p.rows), Cols: uint16(cols)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// screen is what a person sees now: the output so far played on a VT100
+// of the terminal's size (vt_test.go).
+func (p *ptyProc) screen(t *testing.T) *vt {
+	t.Helper()
+	out := []byte(p.out.String())
+	v := newVT(p.rows, p.sizes[0].cols)
+	at := 0
+	for _, sz := range p.sizes[1:] {
+		_, _ = v.Write(out[at:min(sz.at, len(out))])
+		at = min(sz.at, len(out))
+		v.resize(sz.cols)
+	}
+	_, _ = v.Write(out[at:])
+	if v.err != nil {
+		t.Fatalf("the output has what a VT100 does not know: %v\n%q", v.err, out)
+	}
+	return v
+}
+
+// waitScreen waits until the screen satisfies ok.
+func (p *ptyProc) waitScreen(t *testing.T, what string, ok func(*vt) bool, timeout time.Duration) *vt {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		if v := p.screen(t); ok(v) {
+			return v
+		}
+		select {
+		case <-p.out.changed:
+		case <-deadline.C:
+			t.Fatalf("the screen never showed %s after %s:\n%s", what, timeout, p.screen(t))
+		}
+	}
 }
 
 func (p *ptyProc) typeLine(t *testing.T, s string) {
@@ -92,7 +148,7 @@ func TestInteractiveSteeringOnATerminal(t *testing.T) {
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("exit %d\n%s", code, p.out)
 	}
-	o := clean(p.out.String())
+	o := p.screen(t).String()
 	expect(t, o, "» you: use metric units", "steered answer", "» you: and in kelvin?", "follow-up answer", "✓ succeeded · 3 turns")
 	if !(strings.Index(o, "» you: use metric units") < strings.Index(o, "steered answer") &&
 		strings.Index(o, "steered answer") < strings.Index(o, "» you: and in kelvin?") &&
@@ -109,7 +165,12 @@ func TestInteractiveAbortAndColours(t *testing.T) {
 	if code := p.wait(t); code != 3 {
 		t.Fatalf("exit %d\n%s", code, p.out)
 	}
-	expect(t, clean(p.out.String()), "→ abort sent", "■ aborted: aborted from the terminal")
+	screen := p.screen(t).String()
+	expect(t, screen, "→ abort sent", "tool sleep stopped: the run was aborted", "■ aborted: aborted from the terminal")
+	// The turn the abort cut short shows nothing, not even its separator.
+	if strings.Contains(screen, "── turn 2 ──") {
+		t.Errorf("an empty turn's separator:\n%s", screen)
+	}
 	if !strings.Contains(p.out.String(), "\x1b[33m■ aborted") {
 		t.Errorf("no colours on a terminal:\n%q", p.out)
 	}
@@ -128,7 +189,7 @@ func TestCtrlCOnATerminalDetaches(t *testing.T) {
 	if code := p.wait(t); code != 130 {
 		t.Fatalf("exit %d\n%s", code, p.out)
 	}
-	expect(t, clean(p.out.String()), "detached from run "+id+"; it goes on.", "re-attach: submit follow "+id)
+	expect(t, p.screen(t).String(), "detached from run "+id+"; it goes on.", "re-attach: submit follow "+id)
 	st, _, _ := submit(t, "status", id)
 	if !strings.Contains(st, "running") {
 		t.Errorf("the run did not go on:\n%s", st)

@@ -10,15 +10,21 @@ import (
 	"testing"
 )
 
-// TestREADMECommands runs every shell block of README.md against the test
-// fleet: "go run ./cmd/worker ..." starts the worker binary (its embedded
-// server on a random port instead of 4222, which later lines of the block
-// then use), the other lines run in bash with "go run ./cmd/submit" being
-// the built binary, and "node clients/typescript/..." lines run the
+// TestREADMECommands runs every shell block of README.md as a newcomer
+// would, in order, with the commands installed: the test's binaries are
+// submit and worker in $(go env GOPATH)/bin, on the PATH, for `go install
+// ./cmd/...`. The Quickstart block's `worker` is the Quickstart worker,
+// started once (its embedded server on a random port stands for
+// 127.0.0.1:4222), and every later block runs next to it: a later `worker`
+// with --nats joins it; one without starts a server of its own on 4222,
+// which the Quickstart worker holds, so its block must say to stop the
+// Quickstart worker first (it then runs with a server of its own). That
+// rule is checked on every block, the skipped ones too. Blocks whose first
+// line says "# needs ..." (a model endpoint, Docker) are skipped; the test
+// commands are what .ci/run runs. A line `... || echo "exit code $? (N: ...)"`
+// must print exit code N. "node clients/typescript/..." lines run the
 // TypeScript client's examples (the package's dependencies installed: the
-// block says "# uses AGENTFLEET_TS_CLIENT"). Blocks whose first line says
-// "# needs ..." (a model endpoint, Docker) are skipped; the test command is
-// what .ci/run runs.
+// block says "# uses AGENTFLEET_TS_CLIENT").
 func TestREADMECommands(t *testing.T) {
 	t.Parallel()
 	root, err := filepath.Abs("../..")
@@ -37,10 +43,24 @@ func TestREADMECommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r := &readmeRun{root: root, gopath: installCommands(t)}
 	ran := 0
 	for i, b := range blocks {
 		block := b[1]
+		if err := checkWorkerLines(block, i == 0); err != nil {
+			t.Errorf("block %d: %v", i, err)
+		}
 		first := strings.SplitN(strings.TrimSpace(block), "\n", 2)[0]
+		if i == 0 {
+			// The Quickstart: install, then the worker the other blocks
+			// run next to.
+			if !strings.Contains(block, "go install ./cmd/...\n") || !regexp.MustCompile(`(?m)^worker$`).MatchString(block) {
+				t.Fatalf("README's first block is not the Quickstart (go install ./cmd/..., then worker):\n%s", block)
+			}
+			r.runBlock(t, block, true)
+			ran++
+			continue
+		}
 		if strings.HasPrefix(first, "# needs ") {
 			t.Logf("block %d skipped (%s)", i, first)
 			continue
@@ -51,7 +71,9 @@ func TestREADMECommands(t *testing.T) {
 				if os.Getenv("CI") == "true" {
 					t.Errorf("block %d needs %s, which CI must set", i, name)
 				}
-				t.Logf("block %d skipped: %s is not set", i, name)
+				t.Run(fmt.Sprintf("block%d", i), func(t *testing.T) {
+					t.Skipf("%s is not set (README.md, Tests, says how to get it)", name)
+				})
 				continue
 			}
 		}
@@ -66,20 +88,71 @@ func TestREADMECommands(t *testing.T) {
 			continue
 		}
 		t.Run(fmt.Sprintf("block%d", i), func(t *testing.T) {
-			runREADMEBlock(t, root, block)
+			r.runBlock(t, block, false)
 		})
 		ran++
 	}
-	if ran < 6 {
+	if ran < 7 {
 		t.Errorf("ran %d blocks", ran)
 	}
-	// Inline commands.
-	if !strings.Contains(string(readme), "`go run ./cmd/worker --help`") {
-		t.Error("README lost `go run ./cmd/worker --help`")
+	// Inline commands and what the Quickstart says.
+	for _, want := range []string{"`worker --help`", "`~/.agentfleet`"} {
+		if !strings.Contains(string(readme), want) {
+			t.Errorf("README lost %s", want)
+		}
 	}
-	if out, err := exec.Command(fleet.worker, "--help").CombinedOutput(); err != nil {
+	out, err := exec.Command(fleet.worker, "--help").CombinedOutput()
+	if err != nil {
 		t.Errorf("worker --help: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), filepath.Join(".agentfleet")+`")`) {
+		t.Errorf("the worker's data directory is no longer ~/.agentfleet, as README says:\n%s", out)
+	}
+}
+
+// installCommands is `go install ./cmd/...` for the test: a GOPATH whose
+// bin holds the test's submit and worker.
+func installCommands(t *testing.T) string {
+	gopath := t.TempDir()
+	bin := filepath.Join(gopath, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, path := range map[string]string{"submit": fleet.submit, "worker": fleet.worker} {
+		if err := os.Symlink(path, filepath.Join(bin, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return gopath
+}
+
+// readmeRun is the state the README's blocks share: the Quickstart
+// worker's NATS.
+type readmeRun struct {
+	root, gopath string
+	quickstart   string // the Quickstart worker's URL, for nats://127.0.0.1:4222
+}
+
+var (
+	envPrefix  = regexp.MustCompile(`^(?:[A-Z_]+=\S+ )*`)
+	stopsFirst = regexp.MustCompile(`(?m)^# stop .* first`)
+	exitCodeIs = regexp.MustCompile(`\|\| echo "exit code \$\? \((\d+):`)
+)
+
+// checkWorkerLines checks a block's `worker` lines: after the Quickstart,
+// one that starts an embedded server (no --nats) needs its block to say
+// what to stop first.
+func checkWorkerLines(block string, quickstart bool) error {
+	for _, line := range strings.Split(block, "\n") {
+		line = envPrefix.ReplaceAllString(strings.TrimSpace(line), "")
+		if line != "worker" && !strings.HasPrefix(line, "worker ") || quickstart || strings.Contains(line, "--nats ") {
+			continue
+		}
+		if !stopsFirst.MatchString(block) {
+			return fmt.Errorf("%q starts a NATS server on 127.0.0.1:4222, which the Quickstart worker holds: give it --nats nats://127.0.0.1:4222 (and a queue of its own if its tools differ) or say \"# stop the Quickstart worker first\"", line)
+		}
+	}
+	return nil
 }
 
 // testCommands returns the commands of a block made only of go vet / go
@@ -98,25 +171,29 @@ func testCommands(block string) []string {
 	return cmds
 }
 
-func runREADMEBlock(t *testing.T, root, block string) {
-	url := fleet.url
+// runBlock starts the block's workers (the Quickstart one for the
+// Quickstart block, kept for the blocks after it) and runs its other lines
+// in bash, next to them.
+func (r *readmeRun) runBlock(t *testing.T, block string, quickstart bool) {
+	url := r.quickstart
 	var script []string
 	for _, line := range strings.Split(block, "\n") {
 		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
+		if line == "" || strings.HasPrefix(line, "#") || quickstart && line == "go install ./cmd/..." {
 			continue
 		}
-		if args, ok := strings.CutPrefix(line, "go run ./cmd/worker"); ok {
-			fields := strings.Fields(strings.ReplaceAll(args, "nats://127.0.0.1:4222", url))
+		if args, ok := strings.CutPrefix(line+" ", "worker "); ok {
+			fields := strings.Fields(strings.ReplaceAll(args, "nats://127.0.0.1:4222", r.quickstart))
 			for i := range fields {
 				if strings.HasPrefix(fields[i], "examples/") {
-					fields[i] = filepath.Join(root, fields[i]) // the worker runs elsewhere
+					fields[i] = filepath.Join(r.root, fields[i]) // the worker runs elsewhere
 				}
 				if fields[i] == "--metrics-addr" && i+1 < len(fields) {
 					fields[i+1] = "127.0.0.1:0" // the README's ports may be taken here
 				}
 			}
 			if !strings.Contains(args, "--nats ") {
+				// Its own embedded server: 4222 stands for a free port.
 				fields = append(fields, "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir())
 			}
 			stop, embedded, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil, fields...)
@@ -133,21 +210,45 @@ func runREADMEBlock(t *testing.T, root, block string) {
 			}
 			continue
 		}
-		if !strings.Contains(line, "go run ./cmd/submit") && !strings.Contains(line, "node clients/typescript/") {
+		if !regexp.MustCompile(`(^|[($ ])submit( |$)|^export |^node clients/typescript/`).MatchString(line) {
 			t.Fatalf("README line %q is neither a worker nor a submit command: teach this test about it", line)
 		}
-		line = strings.ReplaceAll(line, "go run ./cmd/submit", `"$SUBMIT"`)
 		script = append(script, strings.ReplaceAll(line, "nats://127.0.0.1:4222", url))
+	}
+	if quickstart {
+		r.quickstart = url
 	}
 	if len(script) == 0 {
 		return
 	}
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", strings.Join(script, "\n"))
-	cmd.Dir = root
-	cmd.Env = append(submitEnv("SUBMIT="+fleet.submit), "NATS_URL="+url)
+	cmd.Dir = r.root
+	bin := filepath.Join(r.gopath, "bin")
+	cmd.Env = append(submitEnv(), "NATS_URL="+url, "GOPATH="+r.gopath, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s\n--- output:\n%s", err, strings.Join(script, "\n"), out)
 	}
+	for _, m := range exitCodeIs.FindAllStringSubmatch(strings.Join(script, "\n"), -1) {
+		if !strings.Contains(string(out), "exit code "+m[1]+" (") {
+			t.Errorf("no \"exit code %s\" in the output:\n%s", m[1], out)
+		}
+	}
 	t.Logf("%s\n--- output:\n%s", strings.Join(script, "\n"), out)
+}
+
+// The rule TestREADMECommands applies to worker lines, on the MCP block
+// as it was (issue 62: port 4222 taken by the Quickstart worker) and as
+// it may be.
+func TestREADMEWorkerLineRule(t *testing.T) {
+	for block, ok := range map[string]bool{
+		"# uses X\nworker --tools-config examples/mcp/everything.json\nsubmit tools\n":                                       false,
+		"# uses X\nworker --nats nats://127.0.0.1:4222 --queue mcp --tools-config examples/mcp/everything.json\n":            true,
+		"# needs Y\n# stop the Quickstart worker first (Ctrl-C)\nOPENAI_BASE_URL=http://x worker --default-model openai/m\n": true,
+		"# needs Y\nOPENAI_BASE_URL=http://x worker --default-model openai/m\n":                                              false,
+	} {
+		if err := checkWorkerLines(block, false); (err == nil) != ok {
+			t.Errorf("%q: %v", block, err)
+		}
+	}
 }

@@ -34,7 +34,7 @@ func (s style) cyan(t string) string   { return s.wrap("36", t) }
 // arguments and outcome, turn separators and a closing line. It keeps the
 // state it needs between envelopes; one renderer per run, one goroutine.
 type renderer struct {
-	w            io.Writer
+	scr          *screen // output; on a terminal it wraps and keeps a bottom row (termui.go)
 	st           style
 	hideThinking bool
 	// showPrompt renders the run's own prompt (follow shows it; the
@@ -42,13 +42,15 @@ type renderer struct {
 	showPrompt bool
 	// live: a live status line may be drawn (a terminal).
 	live bool
-	// width of the terminal, 0 if unknown: tool lines are cut to it.
-	width int
 
-	col      int    // characters on the current line
-	block    string // "text" or "thinking": the open streamed block
-	pending  string // toolCallId whose line waits for its outcome
-	status   bool   // a status line is drawn
+	block   string // "text" or "thinking": the open streamed block
+	pending string // toolCallId whose line waits for its outcome
+	// sep is a turn's separator, printed with the turn's first line (a
+	// turn cut short by an abort shows none).
+	sep      string
+	status   string // the live status line drawn
+	typed    string // the line being typed
+	input    string // typed, fitted to the bottom row
 	users    int    // user messages seen (the first is the prompt)
 	turns    int
 	finished *bus.RunFinished
@@ -63,40 +65,49 @@ type renderer struct {
 }
 
 func newRenderer(w io.Writer, st style) *renderer {
-	return &renderer{w: w, st: st}
+	return &renderer{scr: &screen{w: w}, st: st}
 }
 
-// write prints s, tracking the column; it removes a live status line first.
+// col is the column of the output's last line.
+func (r *renderer) col() int { return r.scr.col }
+
+// write prints text of the renderer's own: whole, its last word too.
 func (r *renderer) write(s string) {
-	if s == "" {
-		return
-	}
-	r.clearStatus()
-	_, _ = io.WriteString(r.w, s)
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		r.col = utf8.RuneCountInString(stripANSI(s[i+1:]))
-	} else {
-		r.col += utf8.RuneCountInString(stripANSI(s))
-	}
+	r.scr.write(s)
+	r.scr.settle()
 }
 
-// line ends the current line if something is on it.
+// stream prints a streamed delta: its last word may go on in the next.
+func (r *renderer) stream(s string) { r.scr.write(s) }
+
+// newline ends the current line if something is on it.
 func (r *renderer) newline() {
-	if r.col > 0 {
+	r.scr.flush()
+	if r.col() > 0 {
 		r.write("\n")
 	}
 }
 
-// println prints a whole line, ending a pending one first.
+// println prints a whole line of the run, ending a pending one first.
 func (r *renderer) println(s string) {
 	r.closeBlock()
+	r.flushSep()
 	r.newline()
 	r.write(s + "\n")
 }
 
+// flushSep prints the turn separator that waits for the turn's first line.
+func (r *renderer) flushSep() {
+	if sep := r.sep; sep != "" {
+		r.sep = ""
+		r.println(sep)
+	}
+}
+
 func (r *renderer) closeBlock() {
+	r.scr.flush()
 	if r.block == "thinking" && r.st.on {
-		_, _ = io.WriteString(r.w, "\x1b[0m")
+		r.write("\x1b[0m")
 	}
 	if r.block != "" {
 		r.block = ""
@@ -108,28 +119,61 @@ func (r *renderer) closeBlock() {
 	}
 }
 
-// setStatus draws a status line (only on a terminal, at the start of a line).
+// setStatus draws the live status line (only on a terminal) in the bottom
+// row, unless a line is being typed there.
 func (r *renderer) setStatus(s string) {
-	if !r.live || r.col > 0 || r.block != "" || r.pending != "" {
+	if !r.live {
 		return
 	}
-	if r.width > 0 {
-		s = cut(s, r.width-1)
-	}
-	_, _ = io.WriteString(r.w, "\r\x1b[K"+r.st.dim(s))
-	r.status = true
+	r.status = r.st.dim(fitBottom("", s, r.scr.width))
+	r.drawBottom()
 }
 
 func (r *renderer) clearStatus() {
-	if r.status {
-		_, _ = io.WriteString(r.w, "\r\x1b[K")
-		r.status = false
+	r.status = ""
+	r.drawBottom()
+}
+
+// setInput draws the line being typed in the bottom row.
+func (r *renderer) setInput(text string) {
+	r.typed, r.input = text, ""
+	if text != "" {
+		r.input = fitBottom(r.st.bold("» "), text, r.scr.width)
+	}
+	r.drawBottom()
+}
+
+func (r *renderer) drawBottom() {
+	if r.input != "" {
+		r.scr.setBottom(r.input)
+	} else {
+		r.scr.setBottom(r.status)
 	}
 }
 
-// note prints a line of the CLI's own (steering sent, ...), dimmed.
+// resize takes the terminal's new width for what follows.
+func (r *renderer) resize(width int) {
+	r.scr.resize(width)
+	r.setInput(r.typed)
+}
+
+// end removes the bottom row and ends the output's line: submit is done
+// with the terminal.
+func (r *renderer) end() {
+	r.closeBlock()
+	r.input, r.status = "", ""
+	r.drawBottom()
+}
+
+// note prints a line of the CLI's own (steering sent, ...), dimmed; a
+// block streaming goes on after it, no word split.
 func (r *renderer) note(s string) {
-	r.println(r.st.dim(s))
+	r.scr.insertLine(r.scr.w, r.st.dim(s))
+}
+
+// lineTo prints a line of the CLI's own to w (stderr), as note does.
+func (r *renderer) lineTo(w io.Writer, s string) {
+	r.scr.insertLine(w, s)
 }
 
 // Render prints one envelope.
@@ -145,7 +189,7 @@ func (r *renderer) Render(env *bus.Envelope) error {
 	case bus.EventRunResumed:
 		r.println(r.st.dim(fmt.Sprintf("↻ attempt %d resumes the run (%d messages restored)", ev.RunResumed.Attempt, ev.RunResumed.MessagesRestored)))
 	case bus.EventRunFinished:
-		r.finished, r.approvals = ev.RunFinished, nil
+		r.finished, r.approvals, r.sep = ev.RunFinished, nil, ""
 		r.println(closingLine(r.st, ev.RunFinished))
 	case bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected:
 		r.approvalEvent(env, ev.Type)
@@ -190,7 +234,7 @@ func (r *renderer) agentEvent(env *bus.Envelope, ev *bus.AgentEvent) {
 	case agent.EventTurnStart:
 		r.turns++
 		if r.turns > 1 {
-			r.println(r.st.dim(fmt.Sprintf("── turn %d ──", r.turns)))
+			r.sep = r.st.dim(fmt.Sprintf("── turn %d ──", r.turns))
 		}
 	case agent.EventMessageUpdate:
 		if ev.AssistantMessageEvent != nil {
@@ -200,6 +244,7 @@ func (r *renderer) agentEvent(env *bus.Envelope, ev *bus.AgentEvent) {
 		r.messageEnd(env, ev.Message)
 	case agent.EventToolExecutionStart:
 		r.closeBlock()
+		r.flushSep()
 		r.newline()
 		args, _ := json.Marshal(ev.Args)
 		r.write(r.st.cyan("⚙ "+sanitize(ev.ToolName)) + " " + cut(sanitize(string(args)), r.room(len(ev.ToolName)+3, 2)))
@@ -214,25 +259,27 @@ func (r *renderer) agentEvent(env *bus.Envelope, ev *bus.AgentEvent) {
 // room is how many characters fit after used ones, keeping some for what
 // follows; a default when the width is unknown.
 func (r *renderer) room(used, div int) int {
-	if r.width <= 0 {
+	if r.scr.width <= 0 {
 		return 200 / div
 	}
-	return max(20, (r.width-used)/div)
+	return max(20, (r.scr.width-used)/div)
 }
 
 func (r *renderer) streamEvent(se *agent.StreamEvent) {
 	switch se.Type {
 	case agent.StreamTextStart:
 		r.closeBlock()
+		r.flushSep()
 		r.newline()
 		r.block = "text"
 	case agent.StreamTextDelta:
 		if r.block != "text" {
 			r.closeBlock()
+			r.flushSep()
 			r.newline()
 			r.block = "text"
 		}
-		r.write(sanitize(se.Delta))
+		r.stream(sanitize(se.Delta))
 	case agent.StreamThinkingStart:
 		r.closeBlock()
 		if !r.hideThinking {
@@ -246,7 +293,7 @@ func (r *renderer) streamEvent(se *agent.StreamEvent) {
 			r.closeBlock()
 			r.openThinking()
 		}
-		r.write(sanitize(se.Delta))
+		r.stream(sanitize(se.Delta))
 	case agent.StreamTextEnd, agent.StreamThinkingEnd:
 		r.closeBlock()
 	}
@@ -291,11 +338,11 @@ func (r *renderer) toolEnd(ev *bus.AgentEvent) {
 		}
 		res = oneLine(b.String())
 	}
-	if r.pending == ev.ToolCallID && r.col > 0 {
+	if r.pending == ev.ToolCallID && r.col() > 0 {
 		r.pending = ""
 		s := " → " + outcome
 		if res != "" {
-			s += ": " + cut(sanitize(res), r.room(r.col+12, 1))
+			s += ": " + cut(sanitize(res), r.room(r.col()+12, 1))
 		}
 		r.write(s + "\n")
 	} else {
@@ -447,13 +494,15 @@ func stripANSI(s string) string {
 	return b.String()
 }
 
-// openThinking starts a thinking block: dimmed on a terminal, marked when plain.
+// openThinking starts a thinking block, labelled: dim italic on a
+// terminal (the header and hints are dim too), marked when plain.
 func (r *renderer) openThinking() {
+	r.flushSep()
 	r.newline()
 	r.block = "thinking"
 	if r.st.on {
-		_, _ = io.WriteString(r.w, "\x1b[2m")
+		r.stream(r.st.cyan("[thinking]") + " \x1b[2;3m")
 	} else {
-		r.write("[thinking] ")
+		r.stream("[thinking] ")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"io"
 	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"strings"
@@ -104,7 +105,8 @@ Let me check.
 		t.Errorf("--hide-thinking:\n%s", hidden)
 	}
 	col := render(true, false)
-	if !strings.Contains(col, "\x1b[2mhmm ok\x1b[0m") || !strings.Contains(col, "\x1b[31m✗ failed") {
+	// Thinking is labelled and dim italic: the header and hints are dim.
+	if !strings.Contains(col, "\x1b[36m[thinking]\x1b[0m \x1b[2;3mhmm ok\x1b[0m") || !strings.Contains(col, "\x1b[31m✗ failed") {
 		t.Errorf("colour view:\n%q", col)
 	}
 	if strings.Count(col, "\x1b[31mred") != 0 {
@@ -277,7 +279,7 @@ func TestInProcess(t *testing.T) {
 		t.Errorf("bad state: exit %d %s", code, errOut)
 	}
 	e, _, errOut = testEnv("")
-	if code := run(ctx(t), []string{"--nats", "nats://127.0.0.1:1", "status", "r1"}, e); code != 4 || !strings.Contains(errOut.String(), "go run ./cmd/worker") {
+	if code := run(ctx(t), []string{"--nats", "nats://127.0.0.1:1", "status", "r1"}, e); code != 4 || !strings.Contains(errOut.String(), "\n  worker\n") {
 		t.Errorf("unreachable: exit %d %s", code, errOut)
 	}
 	// The interactive seam: lines on stdin steer when stdin and stdout
@@ -395,5 +397,67 @@ func TestProcessCPUCountsThisProcess(t *testing.T) {
 	}
 	if *spinning.CPUSeconds <= *asleep.CPUSeconds {
 		t.Errorf("spinning used %s, asleep %s", cpuLine(spinning), cpuLine(asleep))
+	}
+}
+
+// --help prints a command's usage once, on stdout, with no hint to run
+// --help; a bad flag still gets the hint on stderr.
+func TestCommandHelpPrintsUsageOnce(t *testing.T) {
+	for _, args := range [][]string{{"status", "--help"}, {"hello", "--help"}, {"run", "-h"}, {"bench", "--help"}} {
+		e, out, errOut := testEnv("")
+		if code := run(t.Context(), args, e); code != 0 {
+			t.Errorf("%v: exit %d", args, code)
+		}
+		if n := strings.Count(out.String(), "Usage: "); n != 1 || errOut.Len() != 0 {
+			t.Errorf("%v: %d usage lines on stdout; stderr:\n%s", args, n, errOut)
+		}
+	}
+	e, out, errOut := testEnv("")
+	if code := run(t.Context(), []string{"status", "--bogus"}, e); code != 2 || out.Len() != 0 ||
+		!strings.Contains(errOut.String(), "flag provided but not defined: -bogus") ||
+		!strings.Contains(errOut.String(), "Run 'submit status --help' for its flags") {
+		t.Errorf("bad flag: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
+
+// A bench running more at once than the fleet has slots says its latency
+// is mostly queueing; one that fits says nothing.
+func TestBenchSaysWhenLatencyIsQueueing(t *testing.T) {
+	e, out, errOut := testEnv("")
+	if code := run(t.Context(), []string{"bench", "--runs", "4", "--concurrency", "100000", "--deltas", "1"}, e); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	expect(t, out.String(), "note: --concurrency 100000 is more than the ", `slots of the `, `worker(s) on queue "default"`, "mostly that wait")
+	e, out, errOut = testEnv("")
+	if code := run(t.Context(), []string{"bench", "--runs", "2", "--concurrency", "1", "--deltas", "1", "--json"}, e); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	if strings.Contains(out.String()+errOut.String(), "note:") {
+		t.Errorf("a note for a bench that fits:\n%s\n%s", out, errOut)
+	}
+}
+
+// The example requests (README.md runs most of them) are valid requests.
+func TestExampleRequestsAreValid(t *testing.T) {
+	files, err := filepath.Glob("examples/*.json")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("examples: %v %v", files, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req bus.RunRequest
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		req.Prompt = "p"
+		if err := req.Validate(""); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }

@@ -326,7 +326,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", environ.duration("AGENTS_DRAIN_TIMEOUT", 30*time.Second), "on SIGTERM/SIGINT, how long running runs may finish before they are stopped and handed to another worker [AGENTS_DRAIN_TIMEOUT]")
 	fs.DurationVar(&o.toolTimeout, "tool-timeout", environ.duration("AGENTS_TOOL_TIMEOUT", 2*time.Minute), "timeout of one tool call [AGENTS_TOOL_TIMEOUT]")
 	fs.StringVar(&o.dataDir, "data-dir", env("AGENTS_DATA_DIR", defData), "data directory of the embedded NATS server (JetStream under <dir>/nats) [AGENTS_DATA_DIR]")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", env("AGENTS_METRICS_ADDR", ":9464"), "address of /metrics, /healthz and /readyz; empty disables them [AGENTS_METRICS_ADDR]")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", env("AGENTS_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz and /readyz (loopback by default, like everything else; :9464 for every interface, as Prometheus in another container needs); empty disables them [AGENTS_METRICS_ADDR]")
 	fs.StringVar(&o.pprofAddr, "pprof", env("AGENTS_PPROF", ""), "loopback address (127.0.0.1:PORT) of net/http/pprof for profiling; empty disables it [AGENTS_PPROF]")
 	fs.StringVar(&o.logFormat, "log-format", env("AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
 	fs.StringVar(&o.logLevel, "log-level", env("AGENTS_LOG_LEVEL", "info"), "log level: debug, info, warn, error [AGENTS_LOG_LEVEL]")
@@ -644,6 +644,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 			defer close(polled)
 			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth)
 		}()
+		if srv != nil {
+			nextSteps(stderr, log, o, srv.URL()) // nextsteps.go
+		}
 		if ready != nil {
 			ready <- started{NATSURL: o.conn.URL, MetricsAddr: metricsAddr}
 		}
@@ -684,7 +687,7 @@ func startEmbedded(ctx context.Context, o *options, log *slog.Logger) (*natsembe
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	return natsembed.StartContext(ctx, natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: log, Sync: o.natsSync})
+	return natsembed.StartContext(ctx, natsembed.Options{Host: host, Port: port, StoreDir: dir, Logger: serverLogger(log, o.logLevel), Sync: o.natsSync})
 }
 
 // readiness is /readyz: NATS connected and the runs stream reachable.

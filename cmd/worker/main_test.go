@@ -123,10 +123,37 @@ func TestEmbeddedWorkerRunsADemoRun(t *testing.T) {
 		t.Fatal("worker did not stop")
 	}
 	log := out.String()
-	for _, want := range []string{"DEMO model", "embedded NATS server started", `"run":"` + res.ID + `"`, "worker exited"} {
+	for _, want := range []string{"DEMO model", "embedded NATS server started", `"run":"` + res.ID + `"`, "worker exited",
+		`ready: in another terminal, submit --nats ` + url + ` \"Hello, fleet\"`} {
 		if !strings.Contains(log, want) {
 			t.Errorf("log lacks %q:\n%s", want, log)
 		}
+	}
+	// The embedded server's banner stays out of the log: one line says
+	// where it listens.
+	for _, banner := range []string{"Starting nats-server", "JETSTREAM", "Server is ready", "Initiating Shutdown"} {
+		if strings.Contains(log, banner) {
+			t.Errorf("log has the server's banner line %q:\n%s", banner, log)
+		}
+	}
+}
+
+// The first start says what to run next and where the data lives.
+func TestNextSteps(t *testing.T) {
+	var out strings.Builder
+	o := &options{queues: []string{"default"}, dataDir: "/home/u/.agentfleet", logFormat: "text"}
+	nextSteps(&out, nil, o, "nats://127.0.0.1:4222")
+	for _, want := range []string{"In another terminal:\n\n    submit \"Hello, fleet\"\n", "kept in /home/u/.agentfleet across restarts",
+		"delete that directory", "go install ./cmd/..."} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	o.queues = []string{"mcp"}
+	nextSteps(&out, nil, o, "nats://127.0.0.1:5222")
+	if !strings.Contains(out.String(), `submit --nats nats://127.0.0.1:5222 --queue mcp "Hello, fleet"`) {
+		t.Errorf("another port and queue:\n%s", out.String())
 	}
 }
 

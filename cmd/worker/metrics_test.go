@@ -135,7 +135,7 @@ func TestBusyMetricsPort(t *testing.T) {
 	}
 
 	// Make sure the default port is busy (if something else holds it, so much the better).
-	if def, err := net.Listen("tcp", ":9464"); err == nil {
+	if def, err := net.Listen("tcp", "127.0.0.1:9464"); err == nil {
 		defer def.Close()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -160,5 +160,19 @@ func TestBusyMetricsPort(t *testing.T) {
 	}
 	if !strings.Contains(out2.String(), "serving metrics on a free port") {
 		t.Errorf("no warning about the busy default port:\n%s", out2.String())
+	}
+}
+
+// /metrics listens on loopback unless told otherwise, as everything else
+// the worker opens does; deployments pass --metrics-addr=:9464.
+func TestMetricsDefaultIsLoopback(t *testing.T) {
+	t.Setenv("AGENTS_METRICS_ADDR", "")
+	o, err := parse(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, err := net.SplitHostPort(o.metricsAddr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		t.Errorf("default --metrics-addr %q is not a loopback address", o.metricsAddr)
 	}
 }
