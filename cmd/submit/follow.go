@@ -172,6 +172,10 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 					if ctx.Err() != nil {
 						return exitDetached
 					}
+					if errors.Is(it.err, bus.ErrEventsGone) {
+						fmt.Fprintf(e.stderr, "submit: %v; its record remains: submit status %s\n", it.err, o.run)
+						return exitFailed
+					}
 					fmt.Fprintf(e.stderr, "submit: %v\n", it.err)
 					return exitFailed
 				}
