@@ -152,7 +152,7 @@ func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
 	case modelMax > 0:
 		out = modelMax
 	}
-	return CallInputTokens(llm) + out
+	return satAdd(CallInputTokens(llm), out)
 }
 
 // modelLimit returns the shared limits of a model, if it has any.

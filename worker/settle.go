@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"iter"
+	"math"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -84,7 +85,7 @@ func (s callCharge) unreported() bool {
 // tokens counts every token of the charge, as the shared rate limits do.
 func (s callCharge) tokens() int {
 	u := s.usage
-	return u.Input + u.Output + u.CacheRead + u.CacheWrite
+	return satAdd(u.Input, u.Output, u.CacheRead, u.CacheWrite)
 }
 
 // usageBounds are the most a call could use: input (cached tokens
@@ -103,7 +104,7 @@ type usageBounds struct {
 
 func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) usageBounds {
 	est := CallInputTokens(llm)
-	in := InputClampFactor*est + InputClampFloor
+	in := satAdd(satMul(InputClampFactor, est), InputClampFloor)
 	if w := model.ContextWindow; w > 0 {
 		in = min(in, w)
 	}
@@ -118,7 +119,29 @@ func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) us
 	if opts.MaxTokens <= 0 && model.MaxTokens <= 0 && model.ContextWindow > 0 {
 		out = model.ContextWindow // no maxTokens was sent: the window bounds the answer
 	}
-	return usageBounds{inputEstimate: min(est, in), input: in, output: out + out/OutputClampMargin + 64, reserve: reserve}
+	return usageBounds{inputEstimate: min(est, in), input: in, output: satAdd(out, out/OutputClampMargin, 64), reserve: reserve}
+}
+
+// satAdd sums token counts (negative ones count 0) without wrapping: a
+// sum past MaxInt is MaxInt. A count a request or a provider chose must
+// not turn a bound or a charge negative.
+func satAdd(counts ...int) int {
+	sum := 0
+	for _, n := range counts {
+		if n = max(n, 0); n > math.MaxInt-sum {
+			return math.MaxInt
+		}
+		sum += n
+	}
+	return sum
+}
+
+// satMul is k × n (k > 0, n ≥ 0), MaxInt past it.
+func satMul(k, n int) int {
+	if n > math.MaxInt/k {
+		return math.MaxInt
+	}
+	return k * n
 }
 
 // outputSeen counts the bytes a call streamed.

@@ -1,0 +1,52 @@
+package worker
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/agent"
+)
+
+// boundsLLM is a call's context: about 2 KB of prompt.
+var boundsLLM = agent.Context{Messages: []agent.Message{agent.UserText(strings.Repeat("word ", 400))}}
+
+// Bounds near MaxInt (a request's maxTokens before requests were bounded,
+// a model table's window or maxTokens) saturate: the output bound, the
+// reservation and the charge never wrap below zero.
+func TestSettleBoundsDoNotWrap(t *testing.T) {
+	model := agent.Model{ID: "m", Cost: agent.ModelCost{Input: 1000, Output: 1000}}
+	for _, c := range []struct {
+		name  string
+		model agent.Model
+		opts  agent.StreamOptions
+	}{
+		{"request maxTokens", model, agent.StreamOptions{MaxTokens: math.MaxInt}},
+		{"table maxTokens", agent.Model{ID: "m", MaxTokens: math.MaxInt, Cost: model.Cost}, agent.StreamOptions{}},
+		{"table window", agent.Model{ID: "m", ContextWindow: math.MaxInt, Cost: model.Cost}, agent.StreamOptions{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := boundsOf(c.model, boundsLLM, c.opts)
+			if b.input < 0 || b.output < b.reserve || b.reserve <= 0 || b.inputEstimate <= 0 {
+				t.Fatalf("bounds %+v wrapped", b)
+			}
+			for _, u := range []agent.Usage{{Input: 300, Output: 50}, {Input: math.MaxInt, Output: math.MaxInt, CacheRead: math.MaxInt}} {
+				s := settle(c.model, b, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop, Usage: u},
+					outputSeen{text: 150}, false, false)
+				if s.usage.Input < 0 || s.usage.Output < 0 || s.usage.TotalTokens < 0 || s.tokens() < 0 || !(s.usage.Cost.Total >= 0) {
+					t.Fatalf("reported %+v: charge %s %+v, tokens %d", u, s.source, s.usage, s.tokens())
+				}
+			}
+			s := settle(c.model, b, nil, outputSeen{text: 150}, false, true)
+			if s.usage.Input <= 0 || s.usage.Output <= 0 || s.tokens() <= 0 || !(s.usage.Cost.Total > 0) {
+				t.Fatalf("cut off: charge %s %+v", s.source, s.usage)
+			}
+		})
+	}
+	if n := EstimateTokens(boundsLLM, math.MaxInt, 0); n < CallInputTokens(boundsLLM) {
+		t.Fatalf("EstimateTokens with maxTokens MaxInt: %d, less than its input estimate", n)
+	}
+	if n := EstimateTokens(boundsLLM, 0, math.MaxInt); n < CallInputTokens(boundsLLM) {
+		t.Fatalf("EstimateTokens with the table's maxTokens MaxInt: %d", n)
+	}
+}
