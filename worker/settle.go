@@ -191,7 +191,7 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 	if final != nil {
 		u = nonNegative(final.Usage)
 	}
-	reported := u.Input+u.Output+u.CacheRead+u.CacheWrite > 0
+	reported := satAdd(u.Input, u.Output, u.CacheRead, u.CacheWrite) > 0
 	refused := final != nil && final.StopReason == agent.StopReasonError && !aborted && !seen.any()
 	s := callCharge{source: usageNone}
 	if reported {
@@ -210,7 +210,7 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 		// Usage that came before the cut (a provider reporting the prompt
 		// first) does not lower the estimate.
 		v := s.usage
-		if in := v.Input + v.CacheRead + v.CacheWrite; in < est.Input {
+		if in := satAdd(v.Input, v.CacheRead, v.CacheWrite); in < est.Input {
 			v.Input += est.Input - in
 		}
 		v.Output, v.Reasoning = max(v.Output, est.Output), max(v.Reasoning, est.Reasoning)
@@ -221,19 +221,19 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 	default:
 		return s
 	}
-	s.usage.TotalTokens = s.usage.Input + s.usage.Output + s.usage.CacheRead + s.usage.CacheWrite
+	s.usage.TotalTokens = s.tokens()
 	model.ComputeCost(&s.usage)
 	return s
 }
 
-// clampUsage cuts a reported usage to the bounds: input (cache reads
-// first, then cache writes, then the rest) to the input bound, output to
-// the output bound, reasoning to the output.
+// clampUsage cuts a reported usage (no count negative) to the bounds:
+// input (cache reads first, then cache writes, then the rest) to the input
+// bound, output to the output bound, reasoning to the output. Each count
+// is cut before any is added: a sum of counts near MaxInt would wrap.
 func clampUsage(model agent.Model, b usageBounds, u agent.Usage) callCharge {
 	s := callCharge{usage: u, source: usageReported, reported: u}
-	in := u.Input + u.CacheRead + u.CacheWrite
-	if in > b.input {
-		s.excessInput = in - b.input
+	if in := satAdd(u.Input, u.CacheRead, u.CacheWrite); in > b.input {
+		s.excessInput = in - b.input // at most MaxInt - the bound: a metric's count
 		u.Input = min(u.Input, b.input)
 		u.CacheWrite = min(u.CacheWrite, b.input-u.Input)
 		u.CacheRead = min(u.CacheRead, b.input-u.Input-u.CacheWrite)
@@ -246,7 +246,7 @@ func clampUsage(model agent.Model, b usageBounds, u agent.Usage) callCharge {
 	if s.excessInput == 0 && s.excessOutput == 0 {
 		return s
 	}
-	u.TotalTokens = u.Input + u.Output + u.CacheRead + u.CacheWrite
+	u.TotalTokens = satAdd(u.Input, u.Output, u.CacheRead, u.CacheWrite)
 	model.ComputeCost(&u)
 	s.usage, s.source = u, usageClamped
 	return s

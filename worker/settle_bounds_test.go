@@ -50,3 +50,27 @@ func TestSettleBoundsDoNotWrap(t *testing.T) {
 		t.Fatalf("EstimateTokens with the table's maxTokens MaxInt: %d", n)
 	}
 }
+
+// A reported usage whose fields sum past MaxInt (Input 2^62+2, CacheRead
+// 2^62, CacheWrite MaxInt wrap to 1) is clamped field by field: it used to
+// pass the input bound and be charged as reported.
+func TestSettleClampsUsageWhoseSumWraps(t *testing.T) {
+	model := agent.Model{ID: "m", Cost: agent.ModelCost{Input: 1000, Output: 1000, CacheRead: 1000, CacheWrite: 1000}}
+	b := boundsOf(model, boundsLLM, agent.StreamOptions{MaxTokens: 200})
+	for _, u := range []agent.Usage{
+		{Input: 1<<62 + 2, CacheRead: 1 << 62, CacheWrite: math.MaxInt, Output: 10},
+		{Input: math.MaxInt, Output: math.MaxInt, CacheRead: math.MaxInt, CacheWrite: math.MaxInt},
+		{Input: 10, Output: math.MaxInt - 5, CacheRead: 10},
+	} {
+		model.ComputeCost(&u)
+		s := settle(model, b, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop, Usage: u}, outputSeen{}, false, false)
+		v := s.usage
+		if s.source != usageClamped || satAdd(v.Input, v.CacheRead, v.CacheWrite) > b.input || v.Output > b.output ||
+			min(v.Input, v.CacheRead, v.CacheWrite, v.Output) < 0 {
+			t.Fatalf("reported %+v: charged %s %+v, want clamped within input %d, output %d", u, s.source, v, b.input, b.output)
+		}
+		if max := (float64(b.input) + float64(b.output)) * 1000 / 1e6; !(v.Cost.Total <= max+1e-9) {
+			t.Fatalf("reported %+v: charged $%v, more than the bounds' $%v", u, v.Cost.Total, max)
+		}
+	}
+}
