@@ -185,8 +185,19 @@ func outputTokens(bytes int) int { return (bytes + OutputBytesPerToken - 1) / Ou
 
 // settle works out a call's charge. final is its final message (nil: the
 // call ended without one), seen what it streamed, unsent that it was
-// never sent, aborted that its context ended.
+// never sent, aborted that its context ended. Whatever the source, the
+// charge's total and cost are worked out here, at the model table's
+// prices: a provider's word on them is not taken.
 func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputSeen, unsent, aborted bool) callCharge {
+	s := settleTokens(b, final, seen, unsent, aborted)
+	s.usage.Cost = agent.Cost{}
+	s.usage.TotalTokens = s.tokens()
+	model.ComputeCost(&s.usage)
+	return s
+}
+
+// settleTokens works out the tokens of a call's charge (settle).
+func settleTokens(b usageBounds, final *agent.Message, seen outputSeen, unsent, aborted bool) callCharge {
 	var u agent.Usage
 	if final != nil {
 		u = nonNegative(final.Usage)
@@ -195,7 +206,7 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 	refused := final != nil && final.StopReason == agent.StopReasonError && !aborted && !seen.any()
 	s := callCharge{source: usageNone}
 	if reported {
-		s = clampUsage(model, b, u)
+		s = clampUsage(b, u)
 	}
 	if unsent || refused {
 		return s
@@ -209,20 +220,12 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 	case cutOff:
 		// Usage that came before the cut (a provider reporting the prompt
 		// first) does not lower the estimate.
-		v := s.usage
+		v := &s.usage
 		if in := satAdd(v.Input, v.CacheRead, v.CacheWrite); in < est.Input {
 			v.Input += est.Input - in
 		}
 		v.Output, v.Reasoning = max(v.Output, est.Output), max(v.Reasoning, est.Reasoning)
-		if v == s.usage {
-			return s
-		}
-		s.usage = v
-	default:
-		return s
 	}
-	s.usage.TotalTokens = s.tokens()
-	model.ComputeCost(&s.usage)
 	return s
 }
 
@@ -230,7 +233,7 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 // input (cache reads first, then cache writes, then the rest) to the input
 // bound, output to the output bound, reasoning to the output. Each count
 // is cut before any is added: a sum of counts near MaxInt would wrap.
-func clampUsage(model agent.Model, b usageBounds, u agent.Usage) callCharge {
+func clampUsage(b usageBounds, u agent.Usage) callCharge {
 	s := callCharge{usage: u, source: usageReported, reported: u}
 	if in := satAdd(u.Input, u.CacheRead, u.CacheWrite); in > b.input {
 		s.excessInput = in - b.input // at most MaxInt - the bound: a metric's count
@@ -243,12 +246,10 @@ func clampUsage(model agent.Model, b usageBounds, u agent.Usage) callCharge {
 		u.Output = b.output
 	}
 	u.Reasoning = min(u.Reasoning, u.Output)
-	if s.excessInput == 0 && s.excessOutput == 0 {
-		return s
+	s.usage = u
+	if s.excessInput > 0 || s.excessOutput > 0 {
+		s.source = usageClamped
 	}
-	u.TotalTokens = satAdd(u.Input, u.Output, u.CacheRead, u.CacheWrite)
-	model.ComputeCost(&u)
-	s.usage, s.source = u, usageClamped
 	return s
 }
 

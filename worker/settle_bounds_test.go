@@ -74,3 +74,21 @@ func TestSettleClampsUsageWhoseSumWraps(t *testing.T) {
 		}
 	}
 }
+
+// A reported usage within the bounds is charged at the model table's
+// prices, its total counted again: the provider's cost (NaN, nothing,
+// +Inf, a trillion dollars) and total are not the charge.
+func TestSettleRecomputesAReportedUsagesCost(t *testing.T) {
+	model := agent.Model{ID: "m", Cost: agent.ModelCost{Input: 1000, Output: 1000, CacheRead: 100}}
+	b := boundsOf(model, boundsLLM, agent.StreamOptions{MaxTokens: 200})
+	want := (300*1000 + 50*1000 + 20*100) / 1e6
+	for _, c := range []float64{math.NaN(), 0, math.Inf(1), math.Inf(-1), 1e12} {
+		u := agent.Usage{Input: 300, Output: 50, CacheRead: 20, TotalTokens: 1 << 40,
+			Cost: agent.Cost{Input: c, Output: c, Total: c}}
+		s := settle(model, b, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop, Usage: u}, outputSeen{text: 150}, false, false)
+		if s.source != usageReported || !near(s.usage.Cost.Total, want) || !near(s.usage.Cost.Input, 0.3) || s.usage.TotalTokens != 370 {
+			t.Errorf("provider cost %v: charged %s $%v (input $%v), total tokens %d; want the table's $%v and 370 tokens",
+				c, s.source, s.usage.Cost.Total, s.usage.Cost.Input, s.usage.TotalTokens, want)
+		}
+	}
+}
