@@ -92,3 +92,25 @@ func TestSettleRecomputesAReportedUsagesCost(t *testing.T) {
 		}
 	}
 }
+
+// A call that completed after streaming an answer, whose provider reported
+// the prompt only (output 0), is charged the answer's estimate: it used to
+// be free.
+func TestSettleReportedPromptOnlyChargesTheOutputSeen(t *testing.T) {
+	model := agent.Model{ID: "m", Cost: agent.ModelCost{Input: 1000, Output: 1000}}
+	b := boundsOf(model, boundsLLM, agent.StreamOptions{MaxTokens: 200})
+	answer := strings.Repeat("y", 450) // 150 tokens at bytes / 3
+	for _, stop := range []agent.StopReason{agent.StopReasonStop, agent.StopReasonToolUse, agent.StopReasonLength} {
+		final := &agent.Message{Role: agent.RoleAssistant, StopReason: stop, Usage: agent.Usage{Input: 300},
+			Content: []agent.Content{agent.Text(answer)}}
+		s := settle(model, b, final, outputSeen{text: len(answer)}, false, false)
+		if s.usage.Input != 300 || s.usage.Output != 150 || !near(s.usage.Cost.Total, (300+150)*1000/1e6) {
+			t.Errorf("stop %s: charged %s %+v, want the reported 300 input and the 150 output tokens seen", stop, s.source, s.usage)
+		}
+	}
+	// Output reported: the provider's word.
+	final := &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop, Usage: agent.Usage{Input: 300, Output: 90}}
+	if s := settle(model, b, final, outputSeen{text: len(answer)}, false, false); s.usage.Output != 90 || s.source != usageReported {
+		t.Errorf("output 90 reported: charged %s %+v", s.source, s.usage)
+	}
+}

@@ -43,7 +43,7 @@ func TestSettleCharges(t *testing.T) {
 		{name: "forged", final: done(agent.StopReasonStop, agent.Usage{Input: 1 << 53, Output: 1 << 53}), seen: seen,
 			source: usageClamped, in: 4*est + 1024, out: 284, excessIn: 1<<53 - (4*est + 1024), exOut: 1<<53 - 284},
 		{name: "forged cache", final: done(agent.StopReasonStop, agent.Usage{Input: 10, CacheRead: 1 << 53}), seen: seen,
-			source: usageClamped, in: 10, cr: 4*est + 1024 - 10, excessIn: 1<<53 + 10 - (4*est + 1024)},
+			source: usageClamped, in: 10, out: 147, cr: 4*est + 1024 - 10, excessIn: 1<<53 + 10 - (4*est + 1024)}, // no output reported: the output seen
 		{name: "no usage", final: done(agent.StopReasonStop, agent.Usage{}), seen: seen,
 			source: usageEstimated, in: est, out: 147},
 		{name: "aborted", final: done(agent.StopReasonAborted, agent.Usage{}), seen: seen, abort: true,
