@@ -31,13 +31,14 @@ type RateLimits struct {
 type ModelLimit struct {
 	Group  string
 	Limits ratelimit.Limits
-	// MaxTokens is the model table's output bound: the output reserve of
-	// a call whose request sets none.
+	// MaxTokens is the model table's output bound: the output reserve
+	// (OutputReserve) of a call that asks for none. A run's calls always
+	// ask for theirs, from the model table the provider gives.
 	MaxTokens int
 }
 
-// DefaultOutputReserve is the output reserve of a call when neither the
-// request nor the model table bounds the output.
+// DefaultOutputReserve is the output reserve of a call, and what it asks
+// for, when neither the request nor the model table bounds the output.
 const DefaultOutputReserve = 4096
 
 // startRateLimits creates the worker's limiter and runs its watch until
@@ -142,17 +143,11 @@ func limitError(ctx context.Context, err error) agent.StreamEvent {
 // EstimateTokens is a call's reservation: its input estimate
 // (CallInputTokens: everything it sends, in bytes / 4 rounded up, plus
 // RequestOverheadTokens; the same estimate the tenant's hold counts and a
-// call cut off is charged) plus the output reserve (the request's
-// maxTokens, else the model table's, else DefaultOutputReserve).
+// call cut off is charged) plus the output reserve (OutputReserve: the
+// request's maxTokens, else the model table's, at most
+// MaxTableOutputReserve, else DefaultOutputReserve).
 func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
-	out := DefaultOutputReserve
-	switch {
-	case requestMax > 0:
-		out = requestMax
-	case modelMax > 0:
-		out = modelMax
-	}
-	return satAdd(CallInputTokens(llm), out)
+	return satAdd(CallInputTokens(llm), OutputReserve(requestMax, modelMax))
 }
 
 // modelLimit returns the shared limits of a model, if it has any.

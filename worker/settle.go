@@ -90,15 +90,15 @@ func (s callCharge) tokens() int {
 
 // usageBounds are the most a call could use: input (cached tokens
 // included) within the model's context window and within InputClampFactor
-// times the estimate plus InputClampFloor; output within its bound (the
-// request's maxTokens, else the model table's, else, nothing being sent to
-// bound it, the context window, else DefaultOutputReserve) plus the margin.
+// times the estimate plus InputClampFloor; output within the call's
+// output reserve (OutputReserve: what it asked for as max_tokens) plus
+// the margin.
 type usageBounds struct {
 	inputEstimate int
 	input, output int
-	// reserve is the call's output reserve, as its worst case counts it
-	// (the request's maxTokens, else the model table's, else
-	// DefaultOutputReserve): an estimate counts no more output.
+	// reserve is the call's output reserve (OutputReserve), as its worst
+	// case counts it and the call asked for it: an estimate counts no
+	// more output.
 	reserve int
 }
 
@@ -108,18 +108,8 @@ func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) us
 	if w := model.ContextWindow; w > 0 {
 		in = min(in, w)
 	}
-	reserve := DefaultOutputReserve
-	switch {
-	case opts.MaxTokens > 0:
-		reserve = opts.MaxTokens
-	case model.MaxTokens > 0:
-		reserve = model.MaxTokens
-	}
-	out := reserve
-	if opts.MaxTokens <= 0 && model.MaxTokens <= 0 && model.ContextWindow > 0 {
-		out = model.ContextWindow // no maxTokens was sent: the window bounds the answer
-	}
-	return usageBounds{inputEstimate: min(est, in), input: in, output: satAdd(out, out/OutputClampMargin, 64), reserve: reserve}
+	reserve := OutputReserve(opts.MaxTokens, model.MaxTokens)
+	return usageBounds{inputEstimate: min(est, in), input: in, output: satAdd(reserve, reserve/OutputClampMargin, 64), reserve: reserve}
 }
 
 // satAdd sums token counts (negative ones count 0) without wrapping: a
@@ -311,6 +301,11 @@ func (p meteredProvider) Stream(ctx context.Context, model agent.Model, llm agen
 	m := callMeterOf(ctx)
 	if m == nil || m.settled || model.API == "faux" {
 		return p.Provider.Stream(ctx, model, llm, opts)
+	}
+	if opts.MaxTokens <= 0 {
+		// The call asks for its output reserve, which its bounds count
+		// (the run's agent passes it already).
+		opts.MaxTokens = OutputReserve(0, model.MaxTokens)
 	}
 	return func(yield func(agent.StreamEvent) bool) {
 		unsent := ctx.Err() != nil // a stopped run's call is not sent

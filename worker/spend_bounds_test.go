@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -40,5 +41,46 @@ func TestSpendMaxTokensBeyondTheLimitIsABadRequest(t *testing.T) {
 	}
 	if n := e.count(); n != 0 {
 		t.Fatalf("the endpoint got %d calls, want none", n)
+	}
+}
+
+// Every call asks for its output reserve (max_tokens): the request's
+// maxTokens, else the model table's (at most 32,000), else 4,096; so the
+// reserve the budgets and the rate limits count, the clamp of a reported
+// output and the cap of an estimated one all describe what was sent. A
+// call without maxTokens used to ask for nothing (the model could answer
+// up to its window, while an estimate counted at most 4,096 tokens), and
+// one whose table says 128,000 asked for 32,000 while its reported
+// output was clamped at 128,000 + 10%.
+func TestSpendTheCallAsksForItsOutputReserve(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		info      openai.ModelInfo
+		request   int // the request's maxTokens
+		maxTokens int // what the call asks for
+	}{
+		{"the table's maxTokens", openai.ModelInfo{ID: "m", MaxTokens: spendMaxTokens, ContextWindow: 128_000}, 0, spendMaxTokens},
+		{"the request's maxTokens", openai.ModelInfo{ID: "m", MaxTokens: spendMaxTokens}, 300, 300},
+		{"a table's maxTokens past 32,000", openai.ModelInfo{ID: "m", MaxTokens: 128_000, ContextWindow: 200_000}, 0, worker.MaxTableOutputReserve},
+		{"no maxTokens anywhere", openai.ModelInfo{ID: "m", ContextWindow: 128_000}, 0, worker.DefaultOutputReserve},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := &spendEndpoint{reply: func(int) spendReply { return spendReply{usage: "forged"} }}
+			f := newSpendFleet(t, e)
+			f.startWorkerWith(c.info, 0, nil)
+			req := spendRun("t")
+			req.MaxTokens = c.request
+			envs := f.Follow(f.Submit("", req))
+			if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded {
+				t.Fatalf("finished %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+			}
+			if got := e.call(0).maxTokens; got != c.maxTokens {
+				t.Fatalf("the call asked for max_tokens %d, want %d", got, c.maxTokens)
+			}
+			// A forged output is clamped to what was asked for, plus the margin.
+			if u, want := assistantUsage(t, envs), c.maxTokens+c.maxTokens/worker.OutputClampMargin+64; u.Output != want {
+				t.Fatalf("a forged output charged %d tokens, want the clamp of what was asked for: %d", u.Output, want)
+			}
+		})
 	}
 }
