@@ -14,15 +14,21 @@ import (
 //
 //   - The provider reported usage: that usage, clamped to what the call
 //     could have used (usageBounds). The excess is logged once and counted.
+//     A call that streamed output its provider reported none of is
+//     charged the output's estimate.
 //   - The call was sent and ended without usage (cut off by an abort, the
 //     run's timeout, a drain's hard stop or a lost lease; or a provider that
 //     sends none): its input estimate (CallInputTokens, the same the rate
 //     limiter reserves and the tenant's hold counts) plus the output it
-//     streamed (OutputBytesPerToken), at the model's prices. A call cut
-//     off after some usage arrived is charged at least that estimate.
+//     streamed (OutputBytesPerToken), or, for a reasoning model that
+//     streamed no reasoning, its whole output reserve. A call cut off
+//     after some usage arrived is charged at least that estimate.
 //   - The call was never sent (its run stopped before it), or it ended in
 //     an error before any output without usage (the endpoint refused it, or
 //     could not be reached): nothing.
+//
+// Every charge is priced here, at the model table's prices: a provider's
+// word on the cost is not taken.
 //
 // The charge replaces the usage of the call's final assistant message, so
 // the run's events and transcript, which resumes restore, carry the figure
@@ -100,6 +106,9 @@ type usageBounds struct {
 	// case counts it and the call asked for it: an estimate counts no
 	// more output.
 	reserve int
+	// reasoning: the model table marks the model as a reasoning model,
+	// which may reason without streaming it.
+	reasoning bool
 }
 
 func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) usageBounds {
@@ -109,7 +118,8 @@ func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) us
 		in = min(in, w)
 	}
 	reserve := OutputReserve(opts.MaxTokens, model.MaxTokens)
-	return usageBounds{inputEstimate: min(est, in), input: in, output: satAdd(reserve, reserve/OutputClampMargin, 64), reserve: reserve}
+	return usageBounds{inputEstimate: min(est, in), input: in, output: satAdd(reserve, reserve/OutputClampMargin, 64), reserve: reserve,
+		reasoning: model.Reasoning}
 }
 
 // satAdd sums token counts (negative ones count 0) without wrapping: a
@@ -203,6 +213,12 @@ func settleTokens(b usageBounds, final *agent.Message, seen outputSeen, unsent, 
 	}
 	outEst := min(outputTokens(seen.text+seen.thinking), b.reserve)
 	est := agent.Usage{Input: b.inputEstimate, Output: outEst, Reasoning: min(outputTokens(seen.thinking), outEst)}
+	if b.reasoning && seen.thinking == 0 {
+		// A reasoning model that streamed no reasoning may have reasoned
+		// unseen (providers that hide it; a call cut off while it
+		// reasoned): the whole reserve, which the worst case counts.
+		est.Output, est.Reasoning = b.reserve, b.reserve-outEst
+	}
 	cutOff := final == nil || final.StopReason == agent.StopReasonAborted || final.StopReason == agent.StopReasonError
 	switch {
 	case !reported:

@@ -114,3 +114,42 @@ func TestSettleReportedPromptOnlyChargesTheOutputSeen(t *testing.T) {
 		t.Errorf("output 90 reported: charged %s %+v", s.source, s.usage)
 	}
 }
+
+// A reasoning model's call cut off, or answered without usage, before it
+// streamed any reasoning may have reasoned unseen (a provider that hides
+// it): its output is charged at the whole reserve, which the worst case
+// counts. It used to be charged the visible output only (nothing, when it
+// was cut off while reasoning).
+func TestSettleReasoningUnseenIsChargedTheReserve(t *testing.T) {
+	reasoning := agent.Model{ID: "o", Reasoning: true, Cost: agent.ModelCost{Input: 1000, Output: 4000}}
+	plain := reasoning
+	plain.Reasoning = false
+	b := boundsOf(reasoning, boundsLLM, agent.StreamOptions{MaxTokens: 200})
+	cut := &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonAborted}
+	for _, c := range []struct {
+		name           string
+		model          agent.Model
+		final          *agent.Message
+		seen           outputSeen
+		out, reasoning int
+	}{
+		{"cut off before any output", reasoning, cut, outputSeen{}, 200, 200},
+		{"consumer gone before any output", reasoning, nil, outputSeen{}, 200, 200},
+		{"cut off after some text", reasoning, cut, outputSeen{text: 150}, 200, 150},
+		{"no usage", reasoning, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop}, outputSeen{text: 150}, 200, 150},
+		{"cut off after the prompt's usage", reasoning, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonAborted,
+			Usage: agent.Usage{Input: 10}}, outputSeen{}, 200, 200},
+		{"reasoning streamed", reasoning, cut, outputSeen{text: 150, thinking: 300}, 150, 100},
+		{"not a reasoning model", plain, cut, outputSeen{text: 150}, 50, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := settle(c.model, boundsOf(c.model, boundsLLM, agent.StreamOptions{MaxTokens: 200}), c.final, c.seen, false, true)
+			if s.usage.Output != c.out || s.usage.Reasoning != c.reasoning || s.usage.Input < b.inputEstimate {
+				t.Fatalf("charged %s %+v, want output %d (reasoning %d)", s.source, s.usage, c.out, c.reasoning)
+			}
+			if worst := (float64(b.inputEstimate)*1000 + 200*4000) / 1e6; s.usage.Cost.Total > worst+1e-9 {
+				t.Fatalf("charged $%v, more than the worst case $%v", s.usage.Cost.Total, worst)
+			}
+		})
+	}
+}
