@@ -84,9 +84,10 @@ func (w *Worker) startRateLimits(ctx context.Context) (stop func(), err error) {
 // limitStream makes each call of fn take capacity from the model's group
 // first: it reserves the estimated input plus the output reserve, tells
 // the run's readers how long it waited, and settles to the call's charge
-// (settle.go: the reported usage, clamped to what the call could use); a
+// (settle.go: the reported usage, within what the call could use); a
 // call without reported usage counts as reserved, or as charged if that is
-// more.
+// more; a call whose usage was clamped counts as charged or as reserved,
+// whichever is less.
 func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 	l := r.w.limiter
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
@@ -107,11 +108,18 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 			}
 			var final *agent.Message
 			defer func() {
-				// A call cut off before its usage counts as reserved.
+				// A call cut off before its usage counts as reserved; a
+				// usage cut to the call's bounds (clamped: a count the
+				// call could not have used) counts at most as reserved,
+				// so that it holds no more of the window than the call
+				// could have.
 				s := chargeOf(ctx, final)
 				used := s.tokens()
-				if s.unreported() || used == 0 {
+				switch {
+				case s.unreported() || used == 0:
 					used = max(reserve, used)
+				case s.source == usageClamped:
+					used = min(reserve, used)
 				}
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/llm/openai"
@@ -82,5 +83,38 @@ func TestSpendTheCallAsksForItsOutputReserve(t *testing.T) {
 				t.Fatalf("a forged output charged %d tokens, want the clamp of what was asked for: %d", u.Output, want)
 			}
 		})
+	}
+}
+
+// A forged usage, clamped, counts in the shared rate limits as the call's
+// reservation at most: with a TPM of three reservations, the clamp (about
+// four times the input estimate, plus the output bound) used to hold the
+// whole window, and the group's next call waited for it to pass.
+func TestSpendForgedUsageDoesNotStallASmallGroup(t *testing.T) {
+	e := &spendEndpoint{reply: func(n int) spendReply {
+		if n == 0 {
+			return spendReply{usage: "forged"}
+		}
+		return spendReply{usage: "real"}
+	}}
+	f := newSpendFleet(t, e)
+	reserve := worker.EstimateTokens(agent.Context{Messages: []agent.Message{agent.UserText(spendPrompt)}}, 0, spendMaxTokens)
+	f.startWorker(0, &worker.RateLimits{Window: 10 * time.Second, Models: map[string]worker.ModelLimit{
+		"openai/m": {Group: "g", Limits: ratelimit.Limits{RPM: 100, TPM: 3 * reserve}, MaxTokens: spendMaxTokens}}})
+	envs := f.Follow(f.Submit("", spendRun("forged")))
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+	}
+	if u := assistantUsage(t, envs); u.Input+u.Output <= 3*reserve {
+		t.Fatalf("the clamped charge is %d tokens, not more than the TPM (%d): the test shows nothing", u.Input+u.Output, 3*reserve)
+	}
+	envs = f.Follow(f.Submit("", spendRun("forged")))
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("the next run finished %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
+	}
+	for _, env := range envs {
+		if ev := fleettest.Decode(t, env); ev.ModelWait != nil {
+			t.Fatalf("the next run waited %d ms (%s) for its call: the forged usage holds the group's window", ev.ModelWait.WaitedMs, ev.ModelWait.Reason)
+		}
 	}
 }
