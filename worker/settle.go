@@ -2,8 +2,11 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"math"
+	"runtime/debug"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -302,7 +305,11 @@ func chargeOf(ctx context.Context, final *agent.Message) callCharge {
 
 // meteredProvider settles each call of its provider in the call's meter,
 // and puts the charge into the final message's usage. Faux models (no
-// prices, their usage an estimate already) are not metered.
+// prices, their usage an estimate already) are not metered. A provider
+// that breaks the stream's contract, returning without a final event or
+// panicking, has its call ended here with an error event whose message
+// (what streamed) carries the charge: the agent would otherwise build that
+// message itself, without it.
 type meteredProvider struct{ Provider }
 
 // Notice passes on the notice of a provider that has one.
@@ -327,28 +334,93 @@ func (p meteredProvider) Stream(ctx context.Context, model agent.Model, llm agen
 		unsent := ctx.Err() != nil // a stopped run's call is not sent
 		b := boundsOf(model, llm, opts)
 		var seen outputSeen
+		var partial agent.MessageBuilder // what streamed, as the agent builds it
+		partial.Reset(agent.Message{Role: agent.RoleAssistant, API: model.API, Provider: model.Provider, Model: model.ID})
+		started := false
 		defer func() {
 			if !m.settled { // no final event: the consumer stopped
 				m.settle(settle(model, b, nil, seen, unsent, true))
 			}
 		}()
-		for ev := range p.Provider.Stream(ctx, model, llm, opts) {
-			if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil && !m.settled {
-				seen.final(ev.Message)
-				s := settle(model, b, ev.Message, seen, unsent, ctx.Err() != nil)
-				m.settle(s)
-				if s.usage != ev.Message.Usage {
-					msg := *ev.Message
-					msg.Usage = s.usage
-					ev.Message = &msg
-				}
-			} else {
-				seen.add(ev)
+		// unfinished ends the call with what streamed, as an error.
+		unfinished := func(reason agent.StopReason, text string) *agent.Message {
+			msg := partial.Message().Clone()
+			msg.StopReason, msg.ErrorMessage = reason, text
+			if msg.Timestamp == 0 {
+				msg.Timestamp = time.Now().UnixMilli()
 			}
-			if !yield(ev) {
-				return
-			}
+			return &msg
 		}
+		inYield, stopped := false, false
+		var panicked any
+		var stack []byte
+		func() {
+			defer func() {
+				if inYield {
+					return // a panic of the consumer's is not the provider's
+				}
+				if panicked = recover(); panicked != nil {
+					stack = debug.Stack()
+				}
+			}()
+			for ev := range p.Provider.Stream(ctx, model, llm, opts) {
+				switch {
+				case (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && !m.settled:
+					if ev.Message == nil {
+						ev.Message = unfinished(agent.StopReasonError, "stream ended without a message")
+					}
+					seen.final(ev.Message)
+					s := settle(model, b, ev.Message, seen, unsent, ctx.Err() != nil)
+					m.settle(s)
+					if s.usage != ev.Message.Usage {
+						msg := *ev.Message
+						msg.Usage = s.usage
+						ev.Message = &msg
+					}
+				case ev.Type == agent.StreamStart:
+					if !started && ev.Message != nil {
+						partial.Reset(*ev.Message)
+					}
+					started = true
+				default:
+					seen.add(ev)
+					if started {
+						partial.Apply(&ev)
+					}
+				}
+				inYield = true
+				ok := yield(ev)
+				inYield = false
+				if !ok {
+					stopped = true
+					return
+				}
+			}
+		}()
+		switch {
+		case panicked != nil && (stopped || m.settled):
+			panic(panicked) // after the call ended: as it came
+		case stopped || m.settled:
+			return
+		}
+		// The provider returned, or panicked, without a final event while
+		// the consumer still reads: the call ends here.
+		reason, text := agent.StopReasonError, "Stream ended without a final event"
+		switch {
+		case panicked != nil:
+			text = fmt.Sprintf("panic: %v", panicked)
+			if m.r != nil {
+				m.r.log.Error("model provider panicked; its call ends in an error", "model", m.r.modelRef.String(),
+					"panic", panicked, "stack", string(stack))
+			}
+		case ctx.Err() != nil:
+			reason, text = agent.StopReasonAborted, "Request was aborted"
+		}
+		msg := unfinished(reason, text)
+		s := settle(model, b, msg, seen, unsent, ctx.Err() != nil)
+		m.settle(s)
+		msg.Usage = s.usage
+		yield(agent.StreamEvent{Type: agent.StreamError, Reason: reason, Message: msg})
 	}
 }
 

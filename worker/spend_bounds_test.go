@@ -1,7 +1,10 @@
 package worker_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"iter"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +119,62 @@ func TestSpendForgedUsageDoesNotStallASmallGroup(t *testing.T) {
 		if ev := fleettest.Decode(t, env); ev.ModelWait != nil {
 			t.Fatalf("the next run waited %d ms (%s) for its call: the forged usage holds the group's window", ev.ModelWait.WaitedMs, ev.ModelWait.Reason)
 		}
+	}
+}
+
+// brokenProvider streams the start of an answer and then returns without
+// a final event, or panics: a broken contract.
+type brokenProvider struct{ panics bool }
+
+func (brokenProvider) Model(id string) agent.Model {
+	return agent.Model{ID: id, API: "broken", Provider: "broken", Cost: agent.ModelCost{Input: spendInputPrice, Output: spendOutputPrice}}
+}
+
+func (p brokenProvider) Stream(_ context.Context, model agent.Model, _ agent.Context, _ agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	return func(yield func(agent.StreamEvent) bool) {
+		_ = yield(agent.StreamEvent{Type: agent.StreamStart, Message: &agent.Message{Role: agent.RoleAssistant,
+			API: model.API, Provider: model.Provider, Model: model.ID}}) &&
+			yield(agent.StreamEvent{Type: agent.StreamTextStart}) &&
+			yield(agent.StreamEvent{Type: agent.StreamTextDelta, Delta: "half an answer"})
+		if p.panics {
+			panic("provider exploded")
+		}
+	}
+}
+
+// A call whose provider returns without a final event, or panics, ends
+// with an error event carrying its charge: its message's usage is what
+// the run was charged (the estimate). The agent used to build the message
+// itself, with no usage, while the run's tally counted the estimate.
+func TestSpendBrokenStreamsMessageCarriesTheCharge(t *testing.T) {
+	for _, panics := range []bool{false, true} {
+		t.Run(fmt.Sprintf("panics=%v", panics), func(t *testing.T) {
+			f := newFleet(t)
+			f.StartWorker(worker.Config{DefaultModel: "broken/m", Providers: map[string]worker.Provider{"broken": brokenProvider{panics}}})
+			envs := f.Follow(f.Submit("", &bus.RunRequest{Prompt: spendPrompt}))
+			fin := finishedOf(t, envs)
+			if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError {
+				t.Fatalf("finished %s/%s (%s), want failed/model_error", fin.Status, fin.Reason, fin.Error)
+			}
+			var msg *agent.Message
+			for _, env := range envs {
+				if ev := fleettest.Decode(t, env); ev.Agent != nil && ev.Type == string(agent.EventMessageEnd) && ev.Agent.Message.Role == agent.RoleAssistant {
+					msg = ev.Agent.Message
+				}
+			}
+			if msg == nil {
+				t.Fatalf("no assistant message:\n%s", fleettest.Dump(envs))
+			}
+			if msg.Usage != fin.Usage || !(fin.Cost > 0) {
+				t.Fatalf("the message's usage %+v, the run's %+v ($%v): want the same charge", msg.Usage, fin.Usage, fin.Cost)
+			}
+			in := worker.CallInputTokens(agent.Context{Messages: []agent.Message{agent.UserText(spendPrompt)}})
+			if msg.Usage.Input != in || msg.Usage.Output != 5 || msg.TextOf() != "half an answer" || msg.StopReason != agent.StopReasonError {
+				t.Fatalf("message %+v, want the text streamed, stop reason error and the estimate (%d in, 5 out)", msg, in)
+			}
+			if panics != strings.Contains(msg.ErrorMessage, "provider exploded") {
+				t.Fatalf("error %q", msg.ErrorMessage)
+			}
+		})
 	}
 }
