@@ -178,3 +178,43 @@ func TestSpendBrokenStreamsMessageCarriesTheCharge(t *testing.T) {
 		})
 	}
 }
+
+// hugeDeltaProvider streams one text delta too large for a NATS message:
+// the run's listener fails on it, mid-call.
+type hugeDeltaProvider struct{ brokenProvider }
+
+func (hugeDeltaProvider) Stream(_ context.Context, model agent.Model, _ agent.Context, _ agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	return func(yield func(agent.StreamEvent) bool) {
+		_ = yield(agent.StreamEvent{Type: agent.StreamStart, Message: &agent.Message{Role: agent.RoleAssistant,
+			API: model.API, Provider: model.Provider, Model: model.ID}}) &&
+			yield(agent.StreamEvent{Type: agent.StreamTextStart}) &&
+			yield(agent.StreamEvent{Type: agent.StreamTextDelta, Delta: strings.Repeat("x", 2<<20)}) &&
+			yield(agent.StreamEvent{Type: agent.StreamDone, Message: &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop,
+				API: model.API, Provider: model.Provider, Model: model.ID}})
+	}
+}
+
+// A run stopped mid-call because it could not publish the call's events
+// (an event too large for NATS) was charged the call's estimate; the
+// error message the agent then ends the run with carries it.
+func TestSpendCallStoppedByItsEventsMessageCarriesTheCharge(t *testing.T) {
+	f := newFleet(t)
+	f.StartWorker(worker.Config{DefaultModel: "broken/m", Providers: map[string]worker.Provider{"broken": hugeDeltaProvider{}}})
+	envs := f.Follow(f.Submit("", &bus.RunRequest{Prompt: spendPrompt}))
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonEventTooLarge {
+		t.Fatalf("finished %s/%s (%s), want failed/event_too_large", fin.Status, fin.Reason, fin.Error)
+	}
+	var msg *agent.Message
+	for _, env := range envs {
+		if ev := fleettest.Decode(t, env); ev.Agent != nil && ev.Type == string(agent.EventMessageEnd) && ev.Agent.Message.Role == agent.RoleAssistant {
+			msg = ev.Agent.Message
+		}
+	}
+	if msg == nil {
+		t.Fatalf("no assistant message:\n%s", fleettest.Dump(envs))
+	}
+	if msg.Usage != fin.Usage || !(fin.Cost > 0) {
+		t.Fatalf("the message's usage %+v, the run's %+v ($%v): want the same charge", msg.Usage, fin.Usage, fin.Cost)
+	}
+}
