@@ -234,7 +234,7 @@ func settleTokens(b usageBounds, final *agent.Message, seen outputSeen, unsent, 
 			v.Input += est.Input - in
 		}
 		v.Output, v.Reasoning = max(v.Output, est.Output), max(v.Reasoning, est.Reasoning)
-	case s.usage.Output == 0:
+	case s.usage.Output == 0 && seen.any():
 		// A provider that reported the prompt only: the output it
 		// streamed is not free.
 		s.usage.Output, s.usage.Reasoning = est.Output, est.Reasoning

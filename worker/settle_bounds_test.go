@@ -113,6 +113,13 @@ func TestSettleReportedPromptOnlyChargesTheOutputSeen(t *testing.T) {
 	if s := settle(model, b, final, outputSeen{text: len(answer)}, false, false); s.usage.Output != 90 || s.source != usageReported {
 		t.Errorf("output 90 reported: charged %s %+v", s.source, s.usage)
 	}
+	// No output reported, none streamed (an empty answer), even of a
+	// reasoning model: as reported.
+	model.Reasoning = true
+	final = &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop, Usage: agent.Usage{Input: 300}}
+	if s := settle(model, boundsOf(model, boundsLLM, agent.StreamOptions{MaxTokens: 200}), final, outputSeen{}, false, false); s.usage.Output != 0 || s.usage.Input != 300 {
+		t.Errorf("an empty answer: charged %s %+v", s.source, s.usage)
+	}
 }
 
 // A reasoning model's call cut off, or answered without usage, before it
