@@ -40,6 +40,7 @@ const (
 	MaxFauxResponses     = 1000
 	MaxTurnsLimit        = 1000
 	MaxTimeoutSeconds    = 7 * 24 * 3600
+	MaxTokensLimit       = 1 << 24   // maxTokens: more than a model answers in one call; sums of it cannot wrap
 	MaxControlBytes      = 256 << 10 // a control message body
 	MaxJSONDepth         = 128       // nesting of the request's JSON
 	MaxModelIDBytes      = 256
@@ -815,8 +816,8 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	if t := r.Temperature; t != nil && (*t < 0 || *t > 2) {
 		add("temperature %g is not in 0..2", *t)
 	}
-	if r.MaxTokens < 0 {
-		add("maxTokens must not be negative")
+	if r.MaxTokens < 0 || r.MaxTokens > MaxTokensLimit {
+		add("maxTokens %d is not in 0..%d", r.MaxTokens, MaxTokensLimit)
 	}
 	if r.ContinueFrom != "" {
 		if !ValidID(r.ContinueFrom) {

@@ -183,7 +183,7 @@ func (r *run) newAgent() *agent.Agent {
 		ToolExecution:       req.ToolExecution,
 		SessionID:           r.id,
 		Temperature:         req.Temperature,
-		MaxTokens:           req.MaxTokens,
+		MaxTokens:           r.outputReserve(req.MaxTokens), // every call asks for its reserve (budget.go)
 	})
 	l := &listener{r: r}
 	a.Subscribe(l.onEvent)
