@@ -37,6 +37,9 @@ type PendingCall struct {
 	// Args are the arguments the model chose, from the call's
 	// tool_approval_requested event.
 	Args json.RawMessage `json:"args,omitempty"`
+	// Parameters is the tool's JSON Schema from the same event (since
+	// 1.8; absent from older workers' events and for large schemas).
+	Parameters json.RawMessage `json:"parameters,omitempty"`
 	// RequestedAt is when the request was published; WaitingSince when
 	// the run started waiting (its record's waiting.since, else
 	// RequestedAt).
@@ -53,6 +56,7 @@ type approvalEvent struct {
 	ToolName   string          `json:"toolName"`
 	Args       json.RawMessage `json:"args"`
 	ExpiresAt  int64           `json:"expiresAt"`
+	Parameters json.RawMessage `json:"parameters"`
 }
 
 // PendingCalls folds a run's envelopes (in stream order) into its pending
@@ -93,7 +97,7 @@ func PendingCalls(envs []*Envelope) []PendingCall {
 			continue
 		}
 		p := PendingCall{Run: env.Run, ToolCallID: ev.ToolCallID, ToolName: ev.ToolName,
-			Args: ev.Args, RequestedAt: time.UnixMilli(env.TS)}
+			Args: ev.Args, Parameters: ev.Parameters, RequestedAt: time.UnixMilli(env.TS)}
 		if ev.ExpiresAt > 0 {
 			p.ExpiresAt = time.UnixMilli(ev.ExpiresAt)
 		}

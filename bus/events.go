@@ -42,6 +42,9 @@ type ToolApproval struct {
 	ToolName  string         `json:"toolName,omitempty"`
 	Args      map[string]any `json:"args,omitempty"`
 	ExpiresAt int64          `json:"expiresAt,omitempty"` // unix ms
+	// Parameters (requested, since 1.8) is the tool's JSON Schema, the one
+	// an edit is checked against; left out past MaxApprovalSchemaBytes.
+	Parameters json.RawMessage `json:"parameters,omitempty"`
 	// resolved, rejected
 	Decision   string `json:"decision,omitempty"`
 	By         string `json:"by,omitempty"`
@@ -258,7 +261,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.7"
+const ProtocolVersion = "1.8"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {

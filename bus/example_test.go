@@ -74,7 +74,7 @@ func ExampleClient_Follow() {
 		}
 	}
 	// Output:
-	// started, protocol 1.7
+	// started, protocol 1.8
 	// user: Say hello.
 	// assistant: Hello!
 	// finished: succeeded

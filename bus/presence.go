@@ -37,6 +37,10 @@ type WorkerPresence struct {
 	Busy    int            `json:"busy"`
 	Waiting int            `json:"waiting"`
 	Tools   []PresenceTool `json:"tools"`
+	// Models are the models ("provider/id") of the worker's model tables,
+	// DefaultModel the one of requests that name none (since 1.8).
+	Models       []string `json:"models,omitempty"`
+	DefaultModel string   `json:"defaultModel,omitempty"`
 }
 
 // PresenceTool is a tool a worker serves. Source is "builtin",
