@@ -113,6 +113,18 @@ class Element extends Node {
     this.childNodes = [];
     this.append(...nodes);
   }
+  before(...nodes) {
+    const parent = this.parentNode;
+    if (!parent) return;
+    const adopted = parent.#adopt(nodes);
+    parent.childNodes.splice(parent.childNodes.indexOf(this), 0, ...adopted);
+  }
+  after(...nodes) {
+    const parent = this.parentNode;
+    if (!parent) return;
+    const adopted = parent.#adopt(nodes);
+    parent.childNodes.splice(parent.childNodes.indexOf(this) + 1, 0, ...adopted);
+  }
   replaceWith(...nodes) {
     const parent = this.parentNode;
     if (!parent) return;
@@ -275,10 +287,17 @@ class EventSource {
 
 // --------------------------------------------------------------- the pages
 
-const appJS = await (async () => {
-  const r = await fetch(abs("/static/app.js"));
-  if (!r.ok) throw new Error("GET /static/app.js: " + r.status);
-  return r.text();
+// The page's scripts, in the order index.html loads them.
+const scripts = await (async () => {
+  const page = await (await fetch(abs("/"))).text();
+  const out = [];
+  for (const m of page.matchAll(/<script src="([^"]+)"/g)) {
+    const r = await fetch(abs(m[1]));
+    if (!r.ok) throw new Error("GET " + m[1] + ": " + r.status);
+    out.push({ name: m[1], code: await r.text() });
+  }
+  if (out.length === 0) throw new Error("index.html loads no script");
+  return out;
 })();
 
 // open runs the page script on a fresh document at path, as the browser
@@ -286,15 +305,22 @@ const appJS = await (async () => {
 function open(path) {
   const u = abs(path);
   const document = new Document();
+  // The window: no layout, so the page is always scrolled to its end.
+  const win = {
+    scrollY: 0, innerHeight: 900,
+    scrollTo() {}, addEventListener() {}, removeEventListener() {},
+  };
+  Object.defineProperty(document.documentElement, "scrollHeight", { get: () => 900 });
   const ctx = vm.createContext({
     document, Node, EventSource, URLSearchParams, URL, AbortController, TextDecoder, console,
     location: { pathname: u.pathname, search: u.search, assign() {} },
-    history: { replaceState() {} },
+    history: { replaceState() {}, pushState() {}, state: null },
+    window: win,
     fetch: (p, opts) => fetch(abs(p), opts),
     crypto: globalThis.crypto,
     setTimeout, clearTimeout, setInterval, clearInterval,
   });
-  vm.runInContext(appJS, ctx, { filename: "app.js" });
+  for (const s of scripts) vm.runInContext(s.code, ctx, { filename: s.name });
   return document;
 }
 
