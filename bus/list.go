@@ -196,8 +196,8 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		hi = from - 1
 		window = min(window*2, maxWindow)
 	}
-	if hi < lo || hi == 0 {
-		page.Next = 0
+	if hi < lo || hi == 0 || page.Next <= lo {
+		page.Next = 0 // nothing older left (a full page may end at the first record)
 	}
 	if first {
 		if err := c.catchUp(ctx, g, s, page, o, top, now); err != nil {

@@ -209,6 +209,12 @@ func TestListFieldFilters(t *testing.T) {
 			t.Errorf("%s: stored %d scanned %d truncated %v", tc.name, p.Stored, p.Scanned, p.Truncated)
 		}
 	}
+	// A full page that ends at the first record is the last one.
+	p1, _ := count(bus.ListOptions{Limit: n / 2})
+	p2, _ := count(bus.ListOptions{Limit: n / 2, BeforeSeq: p1.Next})
+	if p1.Next == 0 || len(p2.Records) != n/2 || p2.Next != 0 || p2.Records[n/2-1].ID != "f000" {
+		t.Errorf("two full pages: next %d, then %d records and next %d", p1.Next, len(p2.Records), p2.Next)
+	}
 	// A bounded scan stops (after the window it is in) and says how far
 	// it read.
 	p, got := count(bus.ListOptions{Tenant: "globex", MaxScan: 100, Limit: 50})

@@ -23,7 +23,7 @@ const (
 	// listScan bounds the records one page reads: a filter that matches
 	// few records stops there, says "scanned N of M", and goes on from
 	// its cursor when asked.
-	listScan = 20_000
+	listScan = 10_000
 )
 
 // runsPage is the body of GET /api/runs.
@@ -104,6 +104,7 @@ func badQuery(format string, args ...any) error {
 func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	o, err := listOptions(q)
+	o.MaxScan = s.listScan
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return

@@ -50,6 +50,8 @@ type serverConfig struct {
 	ApproverName string
 	// SampleEvery is the fleet history's slot (samples.go); default 10s.
 	SampleEvery time.Duration
+	// ListScan bounds the records one runs page reads; default listScan.
+	ListScan int
 }
 
 // server is the console's HTTP handler.
@@ -62,6 +64,7 @@ type server struct {
 	streams      *streamLimiter
 	csrf         csrf
 	records      *recordWatch
+	listScan     int
 	samples      *sampler
 	approverName string
 	heartbeat    time.Duration
@@ -91,6 +94,9 @@ func newServer(cfg serverConfig) (*server, error) {
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = defaultSampleEvery
 	}
+	if cfg.ListScan <= 0 {
+		cfg.ListScan = listScan
+	}
 	static, err := fs.Sub(staticFiles, "static")
 	if err != nil {
 		return nil, err
@@ -110,6 +116,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		csrf:         newCSRF(),
 		records:      newRecordWatch(cfg.Client, cfg.Logger),
 		approverName: cfg.ApproverName,
+		listScan:     cfg.ListScan,
 		heartbeat:    cfg.Heartbeat,
 		longPoll:     cfg.LongPoll,
 		static:       static,

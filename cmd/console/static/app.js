@@ -194,10 +194,19 @@ function runsPage(main) {
   const localValue = (iso) => {
     if (!iso) return "";
     const d = new Date(iso);
-    return Number.isNaN(d.getTime()) ? "" : d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + "T" + pad(d.getHours()) + ":" + pad(d.getMinutes());
+    return Number.isNaN(d.getTime()) ? "" : d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + "T" + pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
   };
-  const since = el("input", { id: "f-since", type: "datetime-local", value: localValue(params.get("since")), "aria-label": "written since" });
-  const until = el("input", { id: "f-until", type: "datetime-local", value: localValue(params.get("until")), "aria-label": "written before" });
+  // The time range as the URL says it (the inputs show it in local time,
+  // to the second); an input the user changes replaces it.
+  const times = { since: params.get("since") || "", until: params.get("until") || "" };
+  const since = el("input", { id: "f-since", type: "datetime-local", step: 1, value: localValue(times.since), "aria-label": "written since" });
+  const until = el("input", { id: "f-until", type: "datetime-local", step: 1, value: localValue(times.until), "aria-label": "written before" });
+  for (const [k, i] of [["since", since], ["until", until]]) {
+    i.addEventListener("change", () => {
+      const d = i.value ? new Date(i.value) : null;
+      times[k] = d && !Number.isNaN(d.getTime()) ? d.toISOString() : "";
+    });
+  }
   const q = input("f-q", "q", "search id or title", 20);
   const size = el("select", { id: "f-limit", "aria-label": "runs per page" }, ...[25, 50, 100, 200, 500].map((n) => el("option", { value: String(n), text: n + " per page" })));
   size.value = params.get("limit") || "50";
@@ -232,10 +241,7 @@ function runsPage(main) {
     if (state.value) p.set("state", state.value);
     for (const [k, i] of [["queue", queue], ["model", model], ["tenant", tenant], ["q", q]]) if (i.value.trim()) p.set(k, i.value.trim());
     for (const kv of meta.value.split(",")) if (kv.trim()) p.append("meta", kv.trim());
-    for (const [k, i] of [["since", since], ["until", until]]) {
-      const d = i.value ? new Date(i.value) : null;
-      if (d && !Number.isNaN(d.getTime())) p.set(k, d.toISOString());
-    }
+    for (const k of ["since", "until"]) if (times[k]) p.set(k, times[k]);
     if (size.value !== "50") p.set("limit", size.value);
     return p;
   };
@@ -913,27 +919,30 @@ async function runPage(main, id) {
 
   // Following: while the run is live and the reader is at the bottom, new
   // text scrolls into view; scrolling up stops it, the button resumes.
-  const following = { on: false, decided: false, programmatic: false };
-  const atBottom = () => window.scrollY + window.innerHeight >= document.documentElement.scrollHeight - 40;
+  const following = { on: false, decided: false, lastY: 0 };
+  const gap = () => document.documentElement.scrollHeight - (window.scrollY + window.innerHeight);
+  // The reader moved up since the page last scrolled: stop following.
+  const movedUp = () => window.scrollY < following.lastY - 5;
   let pending = false;
   const stick = () => {
     if (pending) return;
     pending = true;
     setTimeout(() => {
       pending = false;
-      if (following.on && !atBottom()) {
-        following.programmatic = true;
-        window.scrollTo(0, document.documentElement.scrollHeight);
-      }
-      follow.hidden = following.on || !!status.finished || atBottom();
+      if (following.on && movedUp()) following.on = false;
+      if (following.on && gap() > 2) window.scrollTo(0, document.documentElement.scrollHeight);
+      following.lastY = window.scrollY;
+      follow.hidden = following.on || !!status.finished || gap() <= 40;
     }, 30);
   };
   window.addEventListener("scroll", () => {
-    if (following.programmatic) { following.programmatic = false; return; }
-    following.on = atBottom() && !status.finished;
-    follow.hidden = following.on || !!status.finished;
+    // Up stops following; back at the end resumes it.
+    if (movedUp()) following.on = false;
+    else if (gap() <= 40 && !status.finished && following.decided) following.on = true;
+    following.lastY = window.scrollY;
+    follow.hidden = following.on || !!status.finished || gap() <= 40;
   });
-  follow.addEventListener("click", () => { following.on = true; following.decided = true; stick(); });
+  follow.addEventListener("click", () => { following.on = true; following.decided = true; following.lastY = window.scrollY; stick(); });
 
   const tr = new Transcript(transcript, id, update, stick);
   let lastId = 0;
@@ -1036,7 +1045,7 @@ function fleetPage(main) {
   const errors = el("div", { class: "error-text" });
   const note = el("div", { class: "muted small", id: "history-note" });
   main.append(el("div", { class: "toolbar" }, el("h1", {}, "Fleet")), tiles, errors,
-    el("h2", {}, "Queues ", el("span", { class: "muted small" }, "· the last hour, sampled every 10 s")),
+    el("h2", {}, "Queues ", el("span", { class: "muted small", id: "history-span" }, "· the last hour")),
     el("table", { class: "runs", id: "queues-table" }, el("thead", {}, el("tr", {}, ...["Queue", "Depth", "In flight", "Idle pulls", "Redelivered", "Finished, last hour", "Throughput (runs/min)", "Depth"].map((h) => el("th", {}, h)))), queues),
     note,
     el("h2", {}, "Workers"),
@@ -1045,11 +1054,15 @@ function fleetPage(main) {
   const tile = (label, value, cls, id) => el("div", { class: "tile " + (cls || ""), id }, el("div", { class: "value" }, String(value)), el("div", { class: "label" }, label));
   let hist = { samples: [], every: 10000 };
   let fleet = null;
+  // The charts span the last hour, or the history's own span while it
+  // is younger (a new fleet).
   const series = (queue, pick) => {
     const now = Date.now();
+    const first = hist.samples.length ? hist.samples[0].t : now;
+    const span = Math.max(Math.min(3600000, now - first), 60000);
     return hist.samples.map((s) => {
       const q = (s.queues || []).find((x) => x.queue === queue);
-      return { x: Math.max(0, 1 - (now - s.t) / 3600000), y: q ? pick(q, s) : 0 };
+      return { x: Math.max(0, 1 - (now - s.t) / span), y: q ? pick(q, s) : 0 };
     });
   };
   const draw = () => {
@@ -1089,7 +1102,9 @@ function fleetPage(main) {
         el("td", { class: "chart", "data-points": String(tput.length) }, sparkline(tput, "tput", q.queue + ": runs finished per minute, last hour"), el("span", { class: "peak small muted" }, "peak " + Math.round(peak(tput)))),
         el("td", { class: "chart" }, sparkline(depth, "depth", q.queue + ": depth, last hour"), el("span", { class: "peak small muted" }, "peak " + nf.format(peak(depth)))));
     }));
-    note.textContent = hist.problem ? hist.problem : hist.samples.length ? "history since " + fmtDateTime(hist.samples[0].t) + " (" + hist.samples.length + " samples)" : "no samples yet: the first comes within 10 s";
+    const every = fmtDuration(hist.every || 10000);
+    document.getElementById("history-span").textContent = "· the last hour, sampled every " + every;
+    note.textContent = hist.problem ? hist.problem : hist.samples.length ? "charts since " + fmtDateTime(hist.samples[0].t) + " (" + hist.samples.length + " samples, kept an hour)" : "no samples yet: the first comes within " + every;
     if (f.workers.length === 0) {
       workers.replaceChildren(el("tr", {}, el("td", { colSpan: 8, class: "muted empty" }, "No worker presence: the workers of this fleet do not publish it (bucket agents_workers).")));
     } else {
