@@ -357,7 +357,7 @@ func TestBrowserRunTimeline(t *testing.T) {
 		"no script":                `document.querySelectorAll("script").length === 2`,
 		"no div of the text":       `document.querySelectorAll("#transcript [onmouseover], #transcript .md div").length === 0`,
 		"no javascript: or data:":  `[...document.querySelectorAll("a")].every((a) => a.protocol === "http:" || a.protocol === "https:")`,
-		"bad links are text":       `document.querySelectorAll(".md-badlink").length === 4 && document.querySelector(".md-badlink").textContent === "click"`,
+		"bad links are text":       `document.querySelectorAll(".md-badlink").length === 5 && document.querySelector(".md-badlink").textContent === "click"`,
 		"safe autolink":            `document.querySelector('.md a[href="https://ok.example/path"]') !== null`,
 		"image not loaded, linked": `document.querySelector('.md a.md-image[href="https://example.com/a.png"]').textContent === "image: pic2"`,
 		"html shown as text":       `document.querySelector(".md").textContent.includes('<img src=x onerror="window.__xss=7">') && document.querySelector(".md").textContent.includes('<div onmouseover="window.__xss=9"><script>window.__xss=10</script></div>')`,

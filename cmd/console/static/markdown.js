@@ -287,7 +287,7 @@ function mdInline(s, parent, doc, depth) {
         let node;
         if (img) {
           // Never loaded: the alt text, linked to the image when safe.
-          node = href ? mdEl(doc, "a", "md-image") : mdEl(doc, "span", "md-image");
+          node = href ? mdEl(doc, "a", "md-image") : mdEl(doc, "span", "md-image md-badlink");
           node.append(doc.createTextNode("image: " + (link.label || link.url)));
         } else if (href) {
           node = mdEl(doc, "a");

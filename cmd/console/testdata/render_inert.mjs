@@ -2,7 +2,11 @@
 // minimal DOM, and reports what the run page and the runs page made of a
 // run (render_test.go checks the report).
 //
-//   node render_inert.mjs <console URL> <run id>
+//   node render_inert.mjs <console URL> <run id> [<markdown run id> <waiting run id>]
+//
+// With the two more ids it also reports the run page of a run whose
+// answer is hostile markdown, and the run page and the Approvals page of a
+// run whose tool call waits for approval with hostile arguments.
 //
 // The DOM is a stub: elements, text nodes, attributes, the selectors the
 // page and the checks use. Its HTML sinks (innerHTML, outerHTML,
@@ -13,7 +17,7 @@
 // the console.
 import vm from "node:vm";
 
-const [base, runID] = process.argv.slice(2);
+const [base, runID, mdRunID, waitingRunID] = process.argv.slice(2);
 if (!base || !runID) {
   console.error("usage: node render_inert.mjs <console URL> <run id>");
   process.exit(2);
@@ -366,4 +370,36 @@ const report = {
     created: tags(runsDoc),
   },
 };
+if (mdRunID) {
+  const doc = open("/runs/" + encodeURIComponent(mdRunID));
+  await until("the markdown run's transcript to end", () => doc.getElementById("transcript")?.dataset.ended === "true");
+  for (const s of sources) s.close();
+  const md = doc.querySelectorAll("#transcript .msg-assistant .md");
+  report.markdown = {
+    text: md.map((e) => e.textContent),
+    hrefs: doc.querySelectorAll("#transcript a").map((a) => String(a.href || "")),
+    elements: Object.fromEntries(["h1", "strong", "a", "img", "script", "div", "b"].map((t) => [t, doc.querySelectorAll("#transcript .md " + t).length])),
+    badLinks: text(doc, ".md-badlink"),
+    headings: text(doc, ".md h1, .md h2"),
+    strong: text(doc, ".md strong"),
+    created: tags(doc),
+  };
+}
+if (waitingRunID) {
+  const doc = open("/runs/" + encodeURIComponent(waitingRunID));
+  await until("the waiting call's banner", () => doc.querySelector(".approval") !== null);
+  for (const s of sources) s.close();
+  const queue = open("/approvals");
+  await until("the approvals page's row", () => queue.querySelector("#approvals-body tr[data-run]") !== null);
+  report.approval = {
+    runArgs: text(doc, ".toolcall .args"),
+    banner: text(doc, ".approval .approval-head"),
+    editBox: doc.querySelectorAll(".approval .edit-args").map((e) => String(e.value)),
+    buttons: text(doc, ".approval button"),
+    created: tags(doc),
+    queueArgs: text(queue, "#approvals-body pre.args"),
+    queueEditBox: queue.querySelectorAll("#approvals-body .edit-args").map((e) => String(e.value)),
+    queueCreated: tags(queue),
+  };
+}
 process.stdout.write(JSON.stringify(report), () => process.exit(0));
