@@ -465,7 +465,7 @@ func TestBrowserFleetAndNewRun(t *testing.T) {
 			}
 			return ctx.Err()
 		}),
-		wait(`document.body.dataset.ready === "true" && document.getElementById("status").dataset.state === "succeeded"`))
+		wait(`document.body.dataset.ready === "true" && document.getElementById("transcript").dataset.ended === "true"`))
 	id := strings.TrimPrefix(eval[string](b, page, `location.pathname`), "/runs/")
 	var rec bus.RunRecord
 	c.getJSON(t, "/api/runs/"+id, &rec)
