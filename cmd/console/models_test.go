@@ -72,7 +72,10 @@ func newTestFleetWith(t testing.TB, mk func(url string) worker.Config) *testFlee
 	t.Helper()
 	fl := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default", "other"}, AckWait: 5 * time.Second}})
 	cfg := mk(fl.URL())
-	cfg.Concurrency, cfg.DrainTimeout = 64, 2*time.Second
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 64
+	}
+	cfg.DrainTimeout = 2 * time.Second
 	if cfg.WorkerID == "" {
 		cfg.WorkerID = "test-worker-1"
 	}

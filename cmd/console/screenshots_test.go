@@ -56,7 +56,7 @@ func TestScreenshots(t *testing.T) {
 		return agent.TextResult(fmt.Sprintf("deployed %s %s to %s", a.Service, a.Version, a.Environment)), nil
 	})
 	f := newTestFleetWith(t, func(url string) worker.Config {
-		return worker.Config{WorkerID: "worker-eu-1", Version: "v0.9.0",
+		return worker.Config{WorkerID: "worker-eu-1", Version: "v0.9.0", Concurrency: 6,
 			Providers: map[string]worker.Provider{"faux": model}, DefaultModel: "faux/analyst",
 			Tools: []*agent.Tool{deploy}, ToolSources: []toolsource.Source{textService(t, url)}}
 	})
@@ -133,6 +133,7 @@ func TestScreenshots(t *testing.T) {
 
 	b := newBrowserSized(t, c.URL, 1400, 900)
 	page := b.tab()
+	b.do(page, "viewport", chromedp.EmulateViewport(1400, 900))
 	b.open(page, "/")
 	b.do(page, "runs", wait(`document.querySelectorAll("#runs-body tr[data-run]").length >= 20`))
 	snap(t, b, page, "console-runs.png")

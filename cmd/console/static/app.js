@@ -1102,7 +1102,7 @@ function fleetPage(main) {
         el("td", { class: "chart", "data-points": String(tput.length) }, sparkline(tput, "tput", q.queue + ": runs finished per minute, last hour"), el("span", { class: "peak small muted" }, "peak " + Math.round(peak(tput)))),
         el("td", { class: "chart" }, sparkline(depth, "depth", q.queue + ": depth, last hour"), el("span", { class: "peak small muted" }, "peak " + nf.format(peak(depth)))));
     }));
-    const every = fmtDuration(hist.every || 10000);
+    const every = (hist.every || 10000) % 1000 === 0 ? (hist.every || 10000) / 1000 + " s" : fmtDuration(hist.every);
     document.getElementById("history-span").textContent = "· the last hour, sampled every " + every;
     note.textContent = hist.problem ? hist.problem : hist.samples.length ? "charts since " + fmtDateTime(hist.samples[0].t) + " (" + hist.samples.length + " samples, kept an hour)" : "no samples yet: the first comes within " + every;
     if (f.workers.length === 0) {
