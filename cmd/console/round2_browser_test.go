@@ -184,6 +184,7 @@ func TestBrowserRunsPaging(t *testing.T) {
 	page := b.tab()
 	b.open(page, "/?limit=500")
 	const rows = `[...document.querySelectorAll("#runs-body tr[data-run]")].map((r) => r.dataset.run)`
+	b.do(page, "the count", wait(`document.getElementById("runs-count").textContent === "500 shown · 10,000 records in all"`))
 	var all []string
 	var firsts []string
 	for p := 1; ; p++ {

@@ -96,17 +96,13 @@ func TestScreenshots(t *testing.T) {
 	wg.Go(func() {
 		burst := time.After(traffic / 3)
 		deploys := time.After(traffic / 2)
-		var slow string
 		for ctx.Err() == nil {
 			p := prompts[rng.IntN(len(prompts))]
 			queue := "default"
 			if strings.Contains(p, "notes") || strings.Contains(p, "Compare") {
 				queue = "reports"
 			}
-			id := submit(queue, p, false)
-			if strings.HasPrefix(p, "Write the quarterly") && slow == "" {
-				slow = id
-			}
+			submit(queue, p, false)
 			select {
 			case <-burst:
 				for range 14 {
@@ -116,11 +112,14 @@ func TestScreenshots(t *testing.T) {
 				for _, svc := range []string{"billing-service 2.4.1", "search-api 1.19.0", "ledger 3.0.2"} {
 					submit("default", "Deploy "+svc+" to production", true)
 				}
-				if slow != "" {
-					actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
-					_, _ = f.c.SendControl(actx, slow, bus.KindAbort, bus.Control{Reason: "superseded by the monthly report"})
-					acancel()
+				// A long report, aborted (the abort waits in the control
+				// stream if the run has not started).
+				slow := submit("default", "Write the quarterly capacity report", false)
+				actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if _, err := f.c.SendControl(actx, slow, bus.KindAbort, bus.Control{Reason: "superseded by the monthly report"}); err != nil {
+					t.Error(err)
 				}
+				acancel()
 			case <-time.After(time.Duration(800+rng.IntN(1600)) * time.Millisecond):
 			case <-ctx.Done():
 			}

@@ -269,8 +269,9 @@ function runsPage(main) {
         page.truncated ? "No match in the records scanned so far." : "No runs match.")));
     }
     tbody.replaceChildren(...rows);
-    count.textContent = page.runs.length + " runs" +
-      (page.truncated ? " · scanned " + nf.format(page.scanned) + " of " + nf.format(page.stored) + " records" : "");
+    count.textContent = page.truncated
+      ? page.runs.length + " runs · scanned " + nf.format(page.scanned) + " of " + nf.format(page.stored) + " records"
+      : page.runs.length + " shown · " + nf.format(page.stored) + " records in all";
     count.dataset.scanned = String(page.scanned);
     count.dataset.truncated = String(!!page.truncated);
     older.hidden = !page.next;
