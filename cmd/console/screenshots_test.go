@@ -67,7 +67,10 @@ func TestScreenshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	asAlice := func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { r.SetBasicAuth("alice", "demo-password"); h.ServeHTTP(w, r) })
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.SetBasicAuth("alice", "demo-password")
+			h.ServeHTTP(w, r)
+		})
 	}
 	c := newConsoleWith(t, f, serverConfig{AllowControl: true, Auth: screenshotAuth(t)}, asAlice)
 
@@ -193,7 +196,9 @@ func toolsFor(prompt string) []string {
 
 // analyst is the scripted model's answer to each prompt, turn by turn.
 func analyst(prompt string, turn int, llm agent.Context) agent.ScriptedResponse {
-	text := func(s string) agent.ScriptedResponse { return agent.ScriptedResponse{Content: []agent.Content{agent.Text(s)}} }
+	text := func(s string) agent.ScriptedResponse {
+		return agent.ScriptedResponse{Content: []agent.Content{agent.Text(s)}}
+	}
 	call := func(say, tool string, args map[string]any) agent.ScriptedResponse {
 		return agent.ScriptedResponse{Content: []agent.Content{agent.Text(say), agent.ToolCall(fmt.Sprintf("call-%d", turn+1), tool, args)}, StopReason: agent.StopReasonToolUse}
 	}
