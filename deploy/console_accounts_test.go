@@ -223,7 +223,7 @@ func TestAccountsConsole(t *testing.T) {
 	}
 	fleettest.RunWorker(t, worker.Config{Client: wc, DrainTimeout: 2 * time.Second, WorkerID: "acl-console-worker"})
 
-	// A finished run, before the console starts (it reads the backlog).
+	// A finished run, before the console starts (it pages through the records).
 	done := fauxRun("what is 6*7?", fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"}), fleettest.Text("It is 42."))
 	done.ID = "acl-console-done"
 	if _, err := sub.Submit(ctx, "", done); err != nil {

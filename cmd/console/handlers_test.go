@@ -117,7 +117,7 @@ func TestRunsListAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const old = 2500 // more than the 1,000 revisions the first console read
+	const old = 2500 // more than the 1,000 revisions the console read before it paged
 	for i := range old {
 		id := fmt.Sprintf("old-%04d", i)
 		b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StatusSucceeded})
