@@ -574,7 +574,8 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
 			c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
 			_, err = r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
-				ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli(), AnswersAfter: after})
+				ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli(), AnswersAfter: after,
+				Parameters: approvalSchema(t)})
 		}
 		if err != nil {
 			r.appr.remove(c)
@@ -756,6 +757,15 @@ func validateEdit(t *agent.Tool, args map[string]any) (map[string]any, error) {
 		}
 	}
 	return t.ValidateArguments(args)
+}
+
+// approvalSchema is the schema an approver's edit must pass, for the
+// request event; too large a one is left out (the worker checks anyway).
+func approvalSchema(t *agent.Tool) json.RawMessage {
+	if p := t.ParametersOrDefault(); len(p) <= bus.MaxApprovalSchemaBytes && json.Valid(p) {
+		return p
+	}
+	return nil
 }
 
 func nonNilMap(m map[string]any) map[string]any {

@@ -585,7 +585,10 @@ func (r *run) record(state string) *bus.RunRecord {
 		rec.Model = r.modelRef.String()
 	}
 	if r.req != nil {
-		rec.Metadata = r.req.Metadata
+		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
+	}
+	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
+		rec.Tenant = r.tenant.name
 	}
 	rec.WaitingHandBacks = r.waitingHandBacks
 	rec.Requeue = r.requeue
