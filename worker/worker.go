@@ -91,11 +91,13 @@ type Worker struct {
 	runCtx context.Context
 	// Waiting runs (waiting.go): waitingRuns wait now, offSlot of them
 	// without a slot; places (at most MaxWaiting) are held by the runs
-	// off their slots and those about to be.
+	// off their slots and those about to be; placeQueue are the runs
+	// waiting on their slots for a place, first come first.
 	waitMu      sync.Mutex
 	waitingRuns int
 	offSlot     int
 	places      int
+	placeQueue  []*run
 	tracer      trace.Tracer // nil when not tracing (trace.go)
 }
 
