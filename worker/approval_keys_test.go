@@ -322,3 +322,47 @@ func TestRequestMessagesRefuseSystemRoles(t *testing.T) {
 		}
 	}
 }
+
+// A request whose events the next attempt does not restore (here the
+// events after the prompt are lost: a gap) still holds its key: the
+// re-asked call, the same id from the model, waits under another key, so
+// an answer to the old request cannot name it.
+func TestApprovalKeyOfAnUnrestoredRequestIsNotReused(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "staging"))
+	waitRecord(t, c, run, "waiting for c1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	stopA()
+	waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 })
+	// Lose the assistant message's first event: the next attempt restores
+	// the prompt only, and asks the model again.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	envs, err := c.ReadEvents(ctx, run, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lose uint64
+	for _, e := range envs {
+		if ev, err := e.Decode(); err == nil && ev.Agent != nil && ev.Agent.Message != nil && ev.Agent.Message.Role == agent.RoleAssistant {
+			lose = e.StreamSeq
+			break
+		}
+	}
+	s, err := c.Stream(ctx, c.Names().EventsStream())
+	if err != nil || lose == 0 {
+		t.Fatalf("events stream: %v; assistant event at %d", err, lose)
+	}
+	if err := s.DeleteMsg(ctx, lose); err != nil {
+		t.Fatal(err)
+	}
+	startOn(t, c, cfg)
+	rec := waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool {
+		return r.Attempt >= 2 && r.Waiting != nil && len(r.Waiting.Approvals) == 1
+	})
+	if k := rec.Waiting.Approvals[0].ToolCallID; k == "c1" {
+		t.Fatalf("the re-asked call waits under %q, the key of the unrestored request an approver may answer", k)
+	}
+}

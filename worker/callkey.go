@@ -23,9 +23,13 @@ import (
 //
 //  1. A key differs from every tool call id of the context the model is
 //     called with (every earlier assistant message of the run: restored,
-//     continued from, or given in the request's messages) and from the
-//     other keys of its message; keys of earlier messages are keys
-//     themselves, so keys are unique within the run.
+//     continued from, or given in the request's messages), from every
+//     key the run's stored tool events name (a resumed attempt's
+//     workerproto.Recovery.UsedKeys: also events it does not restore, after
+//     a gap or from an attempt that lost its lease, whose requests an
+//     approver may have seen) and from the other keys of its message;
+//     keys of earlier messages are keys themselves, so keys are unique
+//     within the run.
 //  2. The key is the provider's id when that is a valid key (1..128
 //     visible ASCII bytes) that invariant 1 allows. Otherwise it is
 //     <base>-t<turn>-<pos>: base the id with every byte that is not
@@ -33,7 +37,8 @@ import (
 //     the message's number among the context's assistant messages
 //     (counting it), pos the call's number among its message's calls,
 //     both from 1; while that is taken too, "-<n>" is added (n = 2, 3, ...).
-//  3. A key is a function of the context and the message alone. The
+//  3. A key is a function of the context, the used keys and the message
+//     alone. The
 //     stored message carries its keys, so a resumed attempt has them; a
 //     message it asks the model for again is keyed from the same restored
 //     context.
@@ -53,11 +58,15 @@ const (
 )
 
 // keyStream renames the tool call ids of the model's messages to the run's
-// call keys.
-func keyStream(fn agent.StreamFn) agent.StreamFn {
+// call keys. used returns the keys taken besides the context's (nil:
+// none); it is read at each model call.
+func keyStream(fn agent.StreamFn, used func() map[string]bool) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			k := newCallKeys(llm.Messages)
+			if used != nil {
+				k.used = used()
+			}
 			for ev := range fn(ctx, model, llm, opts) {
 				switch ev.Type {
 				case agent.StreamToolCallStart:
@@ -84,7 +93,8 @@ func keyStream(fn agent.StreamFn) agent.StreamFn {
 // callKeys keys the calls of one assistant message.
 type callKeys struct {
 	msgs  []agent.Message // the context
-	taken map[string]bool // its call ids, read at the first call
+	used  map[string]bool // keys taken besides the context's (invariant 1)
+	taken map[string]bool // its call ids and used, read at the first call
 	turn  int
 	// The streamed calls: by content index, the provider's id, its key
 	// and its position.
@@ -106,6 +116,9 @@ func (k *callKeys) read() {
 		return
 	}
 	k.taken, k.turn = map[string]bool{}, 1
+	for id := range k.used {
+		k.taken[id] = true
+	}
 	for i := range k.msgs {
 		if k.msgs[i].Role != agent.RoleAssistant {
 			continue

@@ -180,7 +180,7 @@ func (r *run) newAgent() *agent.Agent {
 		Model:               r.model,
 		ThinkingLevel:       req.ThinkingLevel,
 		Tools:               r.tools,
-		StreamFn:            r.observeStream(r.traceStream(keyStream(r.stream))), // keys: callkey.go
+		StreamFn:            r.observeStream(r.traceStream(keyStream(r.stream, func() map[string]bool { return r.usedCallKeys }))), // keys: callkey.go
 		ShouldStopAfterTurn: r.shouldStop,
 		SteeringMode:        req.SteeringMode,
 		FollowUpMode:        req.FollowUpMode,

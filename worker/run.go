@@ -89,6 +89,9 @@ type run struct {
 	waitingHandBacks int
 	// pendingCalls are gated calls an earlier attempt left waiting.
 	pendingCalls []workerproto.PendingCall
+	// usedCallKeys are the call keys earlier attempts' events name, set
+	// by resume before the agent runs (callkey.go invariant 1).
+	usedCallKeys map[string]bool
 	trace        runTrace // spans (trace.go)
 }
 
