@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"iter"
 	"slices"
@@ -48,8 +49,14 @@ import (
 //     endpoint accepts, as it always did.
 //
 // The streamed toolcall_start and toolcall_end carry the key as known
-// then; the message at done (or error) is keyed afresh by invariant 2,
-// and it is what the transcript keeps.
+// then: the calls streamed so far up to the event's, in content-index
+// order, each with its id as last streamed, keyed as keyMessage keys a
+// message (a call's position and the keys before it). So the key of a
+// toolcall_end is the final one when the calls before it have streamed
+// with their final ids (the usual order: a call ends before the next one
+// starts); an id given only after its toolcall_start changes its key and
+// those of the calls after it. The message at done (or error) is keyed
+// afresh by invariant 2, and it is what the transcript keeps.
 
 // Bounds of call keys.
 const (
@@ -96,15 +103,16 @@ type callKeys struct {
 	used  map[string]bool // keys taken besides the context's (invariant 1)
 	taken map[string]bool // its call ids and used, read at the first call
 	turn  int
-	// The streamed calls: by content index, the provider's id, its key
-	// and its position.
-	streamedAt map[int]streamedCall
-	inMessage  map[string]bool // keys given to streamed calls
+	// The streamed calls in content-index order; the keys of those before
+	// keyedTo are valid and in inMessage.
+	streamedCalls []streamedCall
+	keyedTo       int
+	inMessage     map[string]bool
 }
 
 type streamedCall struct {
-	id, key string
-	pos     int
+	index   int    // content index
+	id, key string // the provider's id as last streamed, its key
 }
 
 func newCallKeys(msgs []agent.Message) *callKeys { return &callKeys{msgs: msgs} }
@@ -135,24 +143,32 @@ func (k *callKeys) read() {
 // streamed returns the key of a streamed call (toolcall_start, and again
 // at its toolcall_end).
 func (k *callKeys) streamed(index int, id string) string {
-	if k.streamedAt == nil {
-		k.streamedAt = map[int]streamedCall{}
+	if k.inMessage == nil {
 		k.inMessage = map[string]bool{}
 	}
-	s, ok := k.streamedAt[index]
-	if ok && s.id == id {
-		return s.key
+	p, found := slices.BinarySearchFunc(k.streamedCalls, index, func(s streamedCall, i int) int { return cmp.Compare(s.index, i) })
+	switch {
+	case !found:
+		k.unkeyFrom(p) // a call before those after it: their positions change
+		k.streamedCalls = slices.Insert(k.streamedCalls, p, streamedCall{index: index, id: id})
+	case k.streamedCalls[p].id != id:
+		k.unkeyFrom(p) // its id changed: it and those after it are keyed again
+		k.streamedCalls[p].id = id
 	}
-	if !ok {
-		s.pos = len(k.streamedAt) + 1
-	} else {
-		delete(k.inMessage, s.key) // its id changed: keyed again
+	// As keyMessage: in content order, each call given the keys before it.
+	for ; k.keyedTo <= p; k.keyedTo++ {
+		s := &k.streamedCalls[k.keyedTo]
+		s.key = k.key(s.id, k.keyedTo+1, k.inMessage)
+		k.inMessage[s.key] = true
 	}
-	s.id = id
-	s.key = k.key(id, s.pos, k.inMessage)
-	k.streamedAt[index] = s
-	k.inMessage[s.key] = true
-	return s.key
+	return k.streamedCalls[p].key
+}
+
+// unkeyFrom drops the keys of the streamed calls from position p on.
+func (k *callKeys) unkeyFrom(p int) {
+	for ; k.keyedTo > p; k.keyedTo-- {
+		delete(k.inMessage, k.streamedCalls[k.keyedTo-1].key)
+	}
 }
 
 // keyMessage returns the final message with its calls keyed (a copy when

@@ -177,3 +177,60 @@ func TestCallKeysOfUnrestoredRequestsAreNotReused(t *testing.T) {
 		t.Fatalf("the re-asked call (target prod) got keys %s (streamed, final); call_0 is the key of a stored, unanswered request (target staging)", s)
 	}
 }
+
+// A provider may give a call's id only after its toolcall_start (the
+// openai assembler does): the streamed keys are computed as the final
+// message's, so each toolcall_end carries the key the message keeps.
+func TestKeyStreamStreamedKeysMatchTheFinalMessage(t *testing.T) {
+	call := func(id string, n float64) agent.Content { return agent.ToolCall(id, "t", map[string]any{"n": n}) }
+	for _, c := range []struct {
+		name  string
+		final []agent.Content
+		// starts are the toolcall_starts streamed: content index, id.
+		starts [][2]any
+	}{
+		{"the first id late", []agent.Content{call("a", 0), call("a", 1)}, [][2]any{{0, ""}, {1, "a"}}},
+		{"after text, ids late", []agent.Content{agent.Text("x"), call("b", 0), call("", 1), call("b", 2)},
+			[][2]any{{1, ""}, {2, ""}, {3, "b"}}},
+		{"an id that changes", []agent.Content{call("c", 0), call("c-t1-1", 1), call("c", 2)},
+			[][2]any{{0, "c-t1-1"}, {1, "c-t1-1"}, {2, "c"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			final := agent.Message{Role: agent.RoleAssistant, Content: c.final}
+			model := func(ctx context.Context, _ agent.Model, _ agent.Context, _ agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+				return func(yield func(agent.StreamEvent) bool) {
+					var evs []agent.StreamEvent
+					for _, s := range c.starts {
+						evs = append(evs, agent.StreamEvent{Type: agent.StreamToolCallStart, ContentIndex: s[0].(int), ID: s[1].(string)})
+					}
+					for i := range c.final {
+						if c.final[i].Type == agent.ContentToolCall {
+							evs = append(evs, agent.StreamEvent{Type: agent.StreamToolCallEnd, ContentIndex: i, ToolCall: &c.final[i]})
+						}
+					}
+					evs = append(evs, agent.StreamEvent{Type: agent.StreamDone, Message: &final})
+					for _, ev := range evs {
+						if !yield(ev) {
+							return
+						}
+					}
+				}
+			}
+			ends := map[int]string{}
+			var got *agent.Message
+			for ev := range keyStream(model, nil)(context.Background(), agent.Model{}, agent.Context{}, agent.StreamOptions{}) {
+				switch ev.Type {
+				case agent.StreamToolCallEnd:
+					ends[ev.ContentIndex] = ev.ToolCall.ID
+				case agent.StreamDone:
+					got = ev.Message
+				}
+			}
+			for i, b := range got.Content {
+				if b.Type == agent.ContentToolCall && ends[i] != b.ID {
+					t.Fatalf("toolcall_end keys %v, final message keys %s", ends, keysOf(got))
+				}
+			}
+		})
+	}
+}
