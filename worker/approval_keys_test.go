@@ -2,10 +2,13 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -364,5 +367,43 @@ func TestApprovalKeyOfAnUnrestoredRequestIsNotReused(t *testing.T) {
 	})
 	if k := rec.Waiting.Approvals[0].ToolCallID; k == "c1" {
 		t.Fatalf("the re-asked call waits under %q, the key of the unrestored request an approver may answer", k)
+	}
+}
+
+// Reading a gated call's fence is retried: a try that timed out and one
+// refused for now (no responders: a server restarting) do not turn the
+// call into a tool error; it still asks, and runs once approved. Each try
+// has its own timeout, not one shared by the retries.
+func TestApprovalFenceReadIsRetried(t *testing.T) {
+	d := &deployTool{}
+	var mu sync.Mutex
+	var deadlines []time.Time
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{d.tool()}}, func(w *Worker) {
+		w.hooks.fenceRead = func(ctx context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			dl, _ := ctx.Deadline()
+			deadlines = append(deadlines, dl)
+			switch len(deadlines) {
+			case 1:
+				return fmt.Errorf("STREAM.INFO: %w", context.DeadlineExceeded)
+			case 2:
+				return nats.ErrNoResponders
+			}
+			return nil
+		}
+	})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	wantSucceeded(t, re)
+	if d.targets() != "prod" {
+		t.Fatalf("deploy ran %q; events %s", d.targets(), re.types())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(deadlines) != 3 || !deadlines[1].After(deadlines[0]) || !deadlines[2].After(deadlines[1]) {
+		t.Fatalf("fence read tries with deadlines %v: want 3, each with its own timeout", deadlines)
 	}
 }

@@ -649,4 +649,7 @@ type testHooks struct {
 	// before a finish (or a run_finished published from a finished
 	// record) publishes run_finished.
 	beforeRunFinished func(runID string)
+	// before each try to read a gated call's fence (approval.go), with
+	// the try's context: an error it returns is the try's.
+	fenceRead func(ctx context.Context) error
 }
