@@ -98,6 +98,7 @@ type Worker struct {
 	offSlot     int
 	places      int
 	placeQueue  []*run
+	junk        junkLog      // requests with an invalid subject (run.go)
 	tracer      trace.Tracer // nil when not tracing (trace.go)
 }
 
@@ -228,6 +229,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.runCtx = ctx
 	w.hardCtx, w.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer w.hardCancel()
+	defer w.junk.flush(w.log) // after the pulls: the junk requests held back
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if !w.cfg.SkipEnsureStreams {
