@@ -39,10 +39,9 @@ import (
 //     (counting it), pos the call's number among its message's calls,
 //     both from 1; while that is taken too, "-<n>" is added (n = 2, 3, ...).
 //  3. A key is a function of the context, the used keys and the message
-//     alone. The
-//     stored message carries its keys, so a resumed attempt has them; a
-//     message it asks the model for again is keyed from the same restored
-//     context.
+//     alone. The stored message carries its keys, so a resumed attempt
+//     has them; a message it asks the model for again is keyed from the
+//     same restored context.
 //  4. Keys are visible ASCII: valid in JSON, in a NATS header
 //     (Agentfleet-Tool-Call) and as an answer's toolCallId (1..256
 //     printable bytes); the openai provider adapts any id to what its

@@ -429,8 +429,8 @@ func (r *run) leavePlaceQueueLocked() {
 // unclaimWaitPlace, so the call's wait can leave the slot. It reports
 // false, holding nothing, when every place is taken, unless the call was
 // asked by an earlier attempt (resumed: its answer may be stored, so it
-// waits, on its slot until a place frees: see "Places freed"). With a negative MaxWaiting
-// (waits keep their slots) it always succeeds.
+// waits, on its slot until a place frees: see "Places freed"). With a
+// negative MaxWaiting (waits keep their slots) it always succeeds.
 func (r *run) claimWaitPlace(resumed bool) bool {
 	ws := &r.wait
 	ws.mu.Lock()
