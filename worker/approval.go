@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -711,14 +712,57 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	return args, nil
 }
 
+// Reading a fence is a round trip to the server that a gated call cannot
+// ask without: a failure a retry may cure (a reconnect, a new stream
+// leader, a try that timed out) is retried with backoff, each try bounded
+// by fenceTryTimeout, for at most fenceReadBound and while the call's
+// context lasts; only then, or at once for any other failure, is the
+// call's result an error.
+const (
+	fenceTryTimeout = 10 * time.Second
+	fenceReadBound  = time.Minute
+	fenceFirstPause = 100 * time.Millisecond
+	fenceMaxPause   = 2 * time.Second
+)
+
 // approvalFence reads the fence of a call about to ask (invariant 1): the
 // control stream's last sequence now.
 func (r *run) approvalFence(ctx context.Context) (uint64, error) {
-	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	bctx, cancel := context.WithTimeout(ctx, fenceReadBound)
 	defer cancel()
-	info, err := r.w.controlStream.Info(ictx)
+	pause := fenceFirstPause
+	for try := 1; ; try++ {
+		last, err := r.readFence(bctx)
+		if err == nil {
+			return last, nil
+		}
+		if bctx.Err() != nil || !(bus.Transient(err) || errors.Is(err, context.DeadlineExceeded)) {
+			return 0, fmt.Errorf("cannot ask for approval: reading the control stream (%d tries): %w", try, err)
+		}
+		r.log.Warn("reading the control stream to ask for approval failed; retrying", "try", try, "err", err)
+		t := time.NewTimer(pause + rand.N(pause))
+		select {
+		case <-t.C:
+		case <-bctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("cannot ask for approval: reading the control stream (%d tries): %w", try, err)
+		}
+		pause = min(2*pause, fenceMaxPause)
+	}
+}
+
+// readFence is one try of approvalFence, with its own timeout.
+func (r *run) readFence(ctx context.Context) (uint64, error) {
+	tctx, cancel := context.WithTimeout(ctx, fenceTryTimeout)
+	defer cancel()
+	if h := r.w.hooks.fenceRead; h != nil {
+		if err := h(tctx); err != nil {
+			return 0, err
+		}
+	}
+	info, err := r.w.controlStream.Info(tctx)
 	if err != nil {
-		return 0, fmt.Errorf("cannot ask for approval: reading the control stream: %w", err)
+		return 0, err
 	}
 	return info.State.LastSeq, nil
 }

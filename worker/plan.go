@@ -176,7 +176,7 @@ func (r *run) newAgent() *agent.Agent {
 		Model:               r.model,
 		ThinkingLevel:       req.ThinkingLevel,
 		Tools:               r.tools,
-		StreamFn:            r.observeStream(r.traceStream(keyStream(r.stream))), // keys: callkey.go
+		StreamFn:            r.observeStream(r.traceStream(keyStream(r.stream, func() map[string]bool { return r.usedCallKeys }))), // keys: callkey.go
 		ShouldStopAfterTurn: r.shouldStop,
 		SteeringMode:        req.SteeringMode,
 		FollowUpMode:        req.FollowUpMode,
@@ -227,6 +227,15 @@ func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error)
 	}
 	if !t.Done() {
 		return nil, bus.BadRequest("continueFrom: the events of run %s do not end with run_finished", id)
+	}
+	// A run of a worker before 1.8 may have taken system text in its
+	// messages; the model would get it as system text here too. Refused,
+	// as in messages: nothing of the conversation is dropped unsaid.
+	for i := range t.Messages {
+		if role := t.Messages[i].Role; role == agent.RoleSystem || role == agent.RoleDeveloper {
+			return nil, bus.BadRequest(`continueFrom: run %s has a message with role %q (message %d of its transcript, from a worker before 1.8): system text goes in "systemPrompt", and such a run cannot be continued`,
+				id, role, i)
+		}
 	}
 	return t.Messages, nil
 }
