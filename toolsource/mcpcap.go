@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"mime"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -375,45 +376,55 @@ func scanHead(head []byte) (skippedKind, json.RawMessage) {
 // capTransport bounds what a Streamable HTTP server sends: a JSON reply
 // body or one SSE event over max is replaced by an error reply for the
 // request it answers; an oversized event on a stream of no call (the
-// standalone GET stream) is dropped.
+// standalone GET stream) is dropped, an oversized JSON body answering no
+// call fails to read, and the body of an error status is cut at
+// maxErrorBody.
 type capTransport struct {
 	next http.RoundTripper
 	max  int
 	log  *slog.Logger
 }
 
+// maxErrorBody bounds what is read of an error status's body (the SDK
+// reads it whole, for a JSON-RPC error in it).
+const maxErrorBody = 64 << 10
+
 func (c *capTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var callID json.RawMessage
 	if req.Method == http.MethodPost && req.GetBody != nil {
 		if body, err := req.GetBody(); err == nil {
-			var msg struct {
-				ID     json.RawMessage `json:"id"`
-				Method string          `json:"method"`
-			}
-			if json.NewDecoder(io.LimitReader(body, 1<<20)).Decode(&msg) == nil && msg.Method != "" && len(msg.ID) > 0 && string(msg.ID) != "null" {
-				callID = msg.ID
-			}
+			callID = requestCallID(body)
 			_ = body.Close()
 		}
 	}
 	resp, err := c.next.RoundTrip(req)
-	if err != nil || resp.StatusCode < 200 || resp.StatusCode > 299 {
+	if err != nil {
 		return resp, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(resp.Body, int64(min(c.max, maxErrorBody))), resp.Body}
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+		return resp, nil
 	}
 	switch mediaType(resp.Header.Get("Content-Type")) {
 	case "application/json":
-		if callID == nil {
-			return resp, nil
-		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.max)+1))
-		if len(body) > c.max {
+		switch {
+		case len(body) > c.max && callID != nil:
 			_ = resp.Body.Close()
 			m := newSkipped(body)
 			body, _ = m.reply(callID, c.max)
-			err = nil
 			c.log.Warn("MCP server reply over the size limit refused: its call fails, the session goes on", "limit", c.max)
 			resp.Body = io.NopCloser(bytes.NewReader(body))
-		} else {
+		case len(body) > c.max:
+			_ = resp.Body.Close()
+			c.log.Warn("MCP server reply over the size limit refused: it answers no call", "limit", c.max)
+			resp.Body = io.NopCloser(errReader{fmt.Errorf("an MCP server reply of more than %d bytes, answering no call", c.max)})
+		default:
 			resp.Body = struct {
 				io.Reader
 				io.Closer
@@ -427,6 +438,65 @@ func (c *capTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// requestCallID is the id of the call a request body makes (a JSON-RPC
+// request with a method and an id), or nil. It reads the body's top-level
+// keys as tokens and stops when it has both, so large arguments (after
+// them, as the SDK writes a request) cost nothing and bound nothing.
+func requestCallID(body io.Reader) json.RawMessage {
+	dec := json.NewDecoder(body)
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	var id json.RawMessage
+	method := false
+	for dec.More() && !(method && id != nil) {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		switch t {
+		case "id":
+			if dec.Decode(&id) != nil {
+				return nil
+			}
+		case "method":
+			var m string
+			if dec.Decode(&m) != nil {
+				return nil
+			}
+			method = m != ""
+		default:
+			if skipValue(dec) != nil {
+				return nil
+			}
+		}
+	}
+	if !method || len(id) == 0 || string(id) == "null" {
+		return nil
+	}
+	return id
+}
+
+// skipValue reads the next value's tokens.
+func skipValue(dec *json.Decoder) error {
+	depth := 0
+	for {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch t {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
+}
+
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) {
@@ -436,13 +506,15 @@ func (e errReader) Read([]byte) (int, error) {
 	return 0, e.err
 }
 
+// mediaType is the media type of a Content-Type as the SDK reads it
+// (mime.ParseMediaType: lower case, parameters off; "" when it does not
+// parse, which the SDK refuses).
 func mediaType(ct string) string {
-	for i := range len(ct) {
-		if ct[i] == ';' || ct[i] == ' ' {
-			return ct[:i]
-		}
+	t, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return ""
 	}
-	return ct
+	return t
 }
 
 // sseCapReader passes an SSE stream through event by event; an event
@@ -480,8 +552,13 @@ func (r *sseCapReader) next() {
 	}
 	r.event = r.event[:0]
 	var m *skipped
+	lineStart := true // the next piece starts a line
 	for {
 		line, err := r.readLine(m != nil)
+		// A blank line ends the event; a lone newline that ends a long
+		// line read in pieces does not.
+		blank := lineStart && len(bytes.TrimRight(line, "\r\n")) == 0
+		lineStart = bytes.HasSuffix(line, []byte("\n"))
 		if m == nil && len(r.event)+len(line) > r.max {
 			m = newSkipped(nil)
 			m.add(eventData(r.event))
@@ -496,7 +573,7 @@ func (r *sseCapReader) next() {
 			r.err = err // after what this event gives
 			break
 		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 { // the event's end
+		if blank { // the event's end
 			break
 		}
 		if m != nil && m.size > maxSkipped {

@@ -285,3 +285,31 @@ func TestPresenceWithHugeToolLists(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A call with more than 1 MiB of arguments is a call like any other: its
+// reply over the cap becomes its error (a JSON reply was read whole, an
+// SSE one dropped without the call's error), and the session goes on.
+func TestMCPOversizedReplyToLargeArgumentsFailsItsCall(t *testing.T) {
+	for name, jsonReplies := range map[string]bool{"http-sse": false, "http-json": true} {
+		t.Run(name, func(t *testing.T) {
+			var logs logbuf.Buffer
+			s := toolsource.NewMCPServer("sized", sizedHTTP(t, jsonReplies), toolsource.MCPOptions{Logger: newLogger(&logs),
+				MinBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxMessageBytes: 4 << 20})
+			runSource(t, s)
+			waitUp(t, s)
+			big := find(t, s, "sized", "sized__big")
+			pad := strings.Repeat("a", 2<<20)
+			start := time.Now()
+			_, err := call(t, big, map[string]any{"n": 4<<20 + 64<<10, "pad": pad})
+			if err == nil || !strings.Contains(err.Error(), "was refused: the limit is 4194304") {
+				t.Errorf("the oversized reply to a call with 2 MiB of arguments: %v (after %s)", err, time.Since(start).Round(time.Millisecond))
+			}
+			if res, err := call(t, big, map[string]any{"n": 10, "pad": pad}); err != nil || len(res.Content) != 1 || res.Content[0].Text != strings.Repeat("x", 10) {
+				t.Errorf("a small reply to a call with 2 MiB of arguments: %+v %v", res, err)
+			}
+			if n := strings.Count(logs.String(), "MCP server connected"); n != 1 {
+				t.Errorf("%d sessions, want one:\n%s", n, logs.String())
+			}
+		})
+	}
+}
