@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -515,6 +516,56 @@ func TestTokenLoginChecked(t *testing.T) {
 		cs := resp.Cookies()
 		if resp.StatusCode != http.StatusSeeOther || len(cs) != 1 || cs[0].Value != token || !cs[0].HttpOnly || cs[0].SameSite != http.SameSiteStrictMode || cs[0].Secure != tc.secure {
 			t.Errorf("login via %s (Host %q): %d %v, want Secure=%v", tc.c.URL, tc.host, resp.StatusCode, resp.Header.Values("Set-Cookie"), tc.secure)
+		}
+	}
+}
+
+// TestTokenLoginRedirectsToThisSite: the login's redirect (the same page
+// without the token) never names another site, whatever slashes and
+// backslashes the path starts with (a protocol-relative Location
+// "//evil.example/" was an open redirect); the rest of the query is kept.
+func TestTokenLoginRedirectsToThisSite(t *testing.T) {
+	t.Parallel()
+	f := newTestFleet(t)
+	const token = "0123456789abcdef-token"
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ta, err := loadAuth("", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConsole(t, f, serverConfig{Auth: ta})
+	hc := *c.Client()
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	for path, want := range map[string]string{
+		"//evil.example/":       "/evil.example/",
+		"///evil.example/x":     "/evil.example/x",
+		"/%2Fevil.example/":     "/evil.example/",
+		"/%2F%2Fevil.example/":  "/evil.example/",
+		"/%5Cevil.example/":     "/evil.example/",
+		"/%5C%5Cevil.example/":  "/evil.example/",
+		"/%2F%5C/evil.example/": "/evil.example/",
+		"/fleet":                "/fleet",
+		"/runs/r1":              "/runs/r1",
+		"/runs/r1?view=raw":     "/runs/r1?view=raw",
+	} {
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		resp, err := hc.Get(c.URL + path + sep + "token=" + token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		loc := resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusSeeOther || loc != want {
+			t.Errorf("GET %s with the token: %d Location %q, want %q", path, resp.StatusCode, loc, want)
+		}
+		if u, err := url.Parse(strings.ReplaceAll(loc, "\\", "/")); err != nil || u.Host != "" || u.Scheme != "" {
+			t.Errorf("GET %s with the token: Location %q names another site", path, loc)
 		}
 	}
 }
