@@ -462,6 +462,61 @@ func TestStreamCapsPerAddress(t *testing.T) {
 	}
 }
 
+// TestStreamCapsPerIPv6Prefix: without users an IPv6 client counts by its
+// address's /64 (a host commonly has a whole /64: one stream per address
+// bounded nothing), an IPv4 client by its address; another /64 is another
+// client.
+func TestStreamCapsPerIPv6Prefix(t *testing.T) {
+	t.Parallel()
+	f := newTestFleet(t)
+	// The test gives each request its client address (RemoteAddr), as
+	// the listener would.
+	c := newConsoleWith(t, f, serverConfig{MaxStreams: 20, MaxStreamsPerClient: 2}, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.RemoteAddr = r.Header.Get("X-Test-Remote-Addr")
+			h.ServeHTTP(w, r)
+		})
+	})
+	open := func(from string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", c.URL+"/api/runs/caps-v6/events", nil)
+		req.Header.Set("X-Test-Remote-Addr", from)
+		resp, err := c.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	for _, step := range []struct {
+		from string
+		want int
+	}{
+		{"[2001:db8:1:2::1]:50000", http.StatusOK},
+		{"[2001:db8:1:2:aaaa:bbbb:cccc:dddd]:50001", http.StatusOK},
+		{"[2001:db8:1:2:ffff::9]:50002", http.StatusServiceUnavailable}, // the same /64
+		{"[fe80::1%eth0]:50003", http.StatusOK},
+		{"[2001:db8:1:3::1]:50004", http.StatusOK}, // the next /64
+		{"10.0.0.1:50005", http.StatusOK},
+		{"10.0.0.1:50006", http.StatusOK},
+		{"[::ffff:10.0.0.1]:50007", http.StatusServiceUnavailable}, // 10.0.0.1 again
+		{"10.0.0.2:50008", http.StatusOK},
+	} {
+		resp := open(step.from)
+		if resp.StatusCode != step.want {
+			t.Errorf("a stream from %s: %d, want %d", step.from, resp.StatusCode, step.want)
+		}
+	}
+	for in, want := range map[string]string{
+		"[2001:db8:1:2:3:4:5:6]:1": "2001:db8:1:2::/64", "[fe80::1%eth0]:1": "fe80::/64",
+		"[::ffff:192.0.2.7]:1": "192.0.2.7", "192.0.2.7:1": "192.0.2.7", "not an address": "not an address",
+	} {
+		if got := clientAddress(in); got != want {
+			t.Errorf("clientAddress(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 // TestTokenLoginChecked: ?token= sets the cookie only for the right token;
 // the cookie is Secure when the console is reached over https: TLS, or a
 // --public-host given as https:// (a proxy terminates TLS).
