@@ -134,8 +134,8 @@ func (p *processStdin) Close() error {
 // A message is a JSON value, which may span lines (the SDK's decoder reads
 // values, not lines): its bytes are counted from its first line to the
 // line where its objects and arrays are all closed, so a reply spread
-// over many short lines is bounded as one on a single line is. Blank
-// lines between messages are dropped.
+// over many short lines is bounded as one on a single line is. White
+// space between messages (blank lines) is dropped, not counted.
 type lineCapReader struct {
 	src  *bufio.Reader
 	max  int
@@ -164,18 +164,17 @@ func (r *lineCapReader) next() error {
 	for {
 		frag, err := r.src.ReadSlice('\n')
 		r.scan.feed(frag)
+		if !r.scan.started { // white space between messages: dropped
+			if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+				return err
+			}
+			continue
+		}
 		if len(r.msg)+len(frag)-lineEnd(frag) > r.max {
 			return r.skip(frag, err)
 		}
 		r.msg = append(r.msg, frag...)
 		if !r.ended(err) {
-			continue
-		}
-		if !r.scan.started { // blank lines
-			if err != nil {
-				return err
-			}
-			r.msg = r.msg[:0]
 			continue
 		}
 		r.out = r.msg // a last message without newline too; EOF comes next

@@ -119,8 +119,8 @@ func TestLineCapReaderCountsMessagesNotLines(t *testing.T) {
 
 // Where a message ends is told by its objects and arrays, not by what its
 // strings hold (braces, brackets, escaped quotes and backslashes); blank
-// lines between messages are dropped; a message of exactly the cap passes
-// (its line's end is not counted).
+// lines between messages, however long, are dropped; a message of exactly
+// the cap passes (its line's end is not counted).
 func TestLineCapReaderMessageBounds(t *testing.T) {
 	atCap := `{"jsonrpc":"2.0","id":1,"result":{"t":"`
 	atCap += strings.Repeat("x", 100-len(atCap)-3) + `"}}`
@@ -128,7 +128,7 @@ func TestLineCapReaderMessageBounds(t *testing.T) {
 		t.Fatal(len(atCap))
 	}
 	tricky := "{\"jsonrpc\":\"2.0\",\"id\":2,\n\"result\":{\"t\":\"}]{[\\\"\\\\\"\n}}"
-	in := atCap + "\n\n  \n" + tricky + "\r\n" + atCap + "\r\n"
+	in := atCap + "\n\n  \n" + strings.Repeat(" ", 1000) + "\n" + tricky + "\r\n" + atCap + "\r\n"
 	for _, size := range []int{16, 64 << 10} {
 		r := &lineCapReader{src: bufio.NewReaderSize(strings.NewReader(in), size), max: 100, log: slog.New(slog.DiscardHandler)}
 		out, err := io.ReadAll(r)
