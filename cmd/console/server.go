@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,6 +70,7 @@ type server struct {
 	approverName string
 	heartbeat    time.Duration
 	longPoll     time.Duration
+	fleetReads   *fleetReads
 	mux          *http.ServeMux
 	static       fs.FS
 	page         []byte
@@ -123,6 +125,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		page:         page,
 	}
 	s.samples = &sampler{client: cfg.Client, log: cfg.Logger, every: cfg.SampleEvery, queues: s.queueInfos, counts: s.records.take}
+	s.fleetReads = &fleetReads{read: s.readFleet}
 	m := http.NewServeMux()
 	m.HandleFunc("GET /{$}", s.servePage)
 	m.HandleFunc("GET /runs/{id}", s.servePage)
@@ -381,6 +384,72 @@ type fleetInfo struct {
 // maxWorkers bounds the presence entries read for one page.
 const maxWorkers = 1000
 
+// fleetFresh is how long one read of the fleet answers GET /api/fleet;
+// fleetReadTimeout bounds the read.
+const (
+	fleetFresh       = time.Second
+	fleetReadTimeout = 5 * time.Second
+)
+
+// fleetReads shares reads of the fleet among GET /api/fleet requests:
+// each read lists the work queue's consumers and makes a consumer on the
+// presence bucket, so a request each would let any client make consumers
+// as fast as it asks. One read is under way at a time; its answer serves
+// every request for fleetFresh, and the requests that come while it runs
+// wait for it.
+type fleetReads struct {
+	read func(context.Context) fleetInfo
+
+	mu      sync.Mutex
+	info    fleetInfo
+	at      time.Time     // of info; zero: none yet
+	reading chan struct{} // closed when the read under way ends; nil: none
+}
+
+// get returns a fresh answer, reading the fleet if no read is under way,
+// or waiting for the one that is; false when ctx ended first.
+func (f *fleetReads) get(ctx context.Context) (fleetInfo, bool) {
+	for {
+		f.mu.Lock()
+		if !f.at.IsZero() && time.Since(f.at) < fleetFresh {
+			info := f.info
+			f.mu.Unlock()
+			return info, true
+		}
+		if done := f.reading; done != nil {
+			f.mu.Unlock()
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				return fleetInfo{}, false
+			}
+		}
+		done := make(chan struct{})
+		f.reading = done
+		f.mu.Unlock()
+		// Others wait on this read: the request that makes it leaving
+		// does not end it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetReadTimeout)
+		info := f.read(rctx)
+		cancel()
+		f.mu.Lock()
+		f.info, f.at, f.reading = info, time.Now(), nil
+		f.mu.Unlock()
+		close(done)
+		return info, true
+	}
+}
+
+func (s *server) fleet(w http.ResponseWriter, r *http.Request) {
+	out, ok := s.fleetReads.get(r.Context())
+	if !ok {
+		writeError(w, http.StatusServiceUnavailable, "the request ended before the fleet was read")
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
 // queueInfos reads the queues from their consumers, workers-<queue>.
 func (s *server) queueInfos(ctx context.Context) ([]queueInfo, error) {
 	names := s.client.Names()
@@ -405,9 +474,8 @@ func (s *server) queueInfos(ctx context.Context) ([]queueInfo, error) {
 	return out, nil
 }
 
-func (s *server) fleet(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
+// readFleet reads the queues' consumers and the workers' presence.
+func (s *server) readFleet(ctx context.Context) fleetInfo {
 	out := fleetInfo{Queues: []queueInfo{}, Workers: []json.RawMessage{}}
 	qs, err := s.queueInfos(ctx)
 	out.Queues = append(out.Queues, qs...)
@@ -439,7 +507,7 @@ func (s *server) fleet(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out
 }
 
 // withSeenAt adds "seenAt", when the worker last wrote its entry, to a
