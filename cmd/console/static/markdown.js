@@ -9,11 +9,11 @@
 // (others are shown as their text); images are never loaded (their alt
 // text is shown, linked when the URL is safe); nothing is handed to an
 // HTML parser. Bounds keep hostile text cheap: past MD_MAX_CHARS, or with
-// containers nested past MD_MAX_NEST on one line, the text is shown plain;
-// a block whose inline text is longer than MD_MAX_INLINE, and the blocks
-// left once MD_INLINE_BUDGET_MS of inline parsing is spent, are shown as
-// their text; containers nested deeper than MD_MAX_DEPTH are shown as
-// their source.
+// a line opening more containers than MD_NEST allows, the text is shown
+// plain; a block whose inline text is longer than MD_MAX_INLINE, and the
+// blocks left once MD_INLINE_BUDGET_MS of inline parsing is spent, are
+// shown as their text; containers nested deeper than MD_MAX_DEPTH are
+// shown as their source.
 //
 // A module: app.js (a classic script, run after it) calls the global
 // renderMarkdown(text, document).
@@ -24,19 +24,19 @@ const MD_MAX_DEPTH = 12; // nested quotes and lists built; deeper: source text
 const MD_MAX_INLINE_DEPTH = 24; // nested emphasis, links, ...
 // marked's emphasis matching is quadratic in a paragraph with many
 // unmatched delimiters (markedjs/marked#4099): a paragraph of 5,000 "*a_"
-// takes about 0.5 s, of 10,000 about 2 s. So inline markdown is parsed only
+// took about 0.5 s here, of 10,000 about 2 s. So inline markdown is parsed only
 // in blocks up to MD_MAX_INLINE characters and for MD_INLINE_BUDGET_MS per
 // rendering (ordinary text parses at well over 100,000 characters in that).
 const MD_MAX_INLINE = 5000;
 const MD_INLINE_BUDGET_MS = 500;
 // A line that opens more than 32 quotes or list items: marked recurses
 // once per level (deep enough, it overflows the stack after a second's
-// work), so such text is shown plain. Each repetition ends on a marker and
-// its own blanks, so the match cannot backtrack.
+// work), so such text is shown plain. Each repetition starts on a marker,
+// never a blank, so backtracking into the blanks before it fails at once.
 const MD_NEST = /^[ \t]*(?:>[ \t]*|(?:[-+*]|\d{1,9}[.)])[ \t]+){33}/m;
 
 // mdSafeHref returns the URL when a link may point there, else "".
-export function mdSafeHref(url) {
+function mdSafeHref(url) {
   const u = String(url || "").trim();
   // No whitespace or control characters anywhere (browsers strip some
   // of them from a scheme: "java\nscript:").
@@ -46,7 +46,7 @@ export function mdSafeHref(url) {
 
 // mdTokens lexes text as marked.lexer does, within the bounds above;
 // null when the text is to be shown plain.
-export function mdTokens(text) {
+function mdTokens(text) {
   if (text.length > MD_MAX_CHARS || MD_NEST.test(text)) return null;
   const lexer = new Lexer({ ...getDefaults(), gfm: true, breaks: true });
   try {
