@@ -194,14 +194,18 @@ func (w *Worker) peers(ctx context.Context) []bus.WorkerPresence {
 		done := make(chan struct{})
 		c.reading = done
 		c.mu.Unlock()
-		rctx, cancel := context.WithTimeout(ctx, peersRead)
+		// The read serves the runs that wait on it too: not ended by the
+		// run that made it. A failed read is not kept.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), peersRead)
 		ws, err := w.c.ListWorkers(rctx)
 		cancel()
+		c.mu.Lock()
 		if err != nil {
 			w.log.Debug("cannot read the workers' presence", "err", err)
+		} else {
+			c.ws, c.at = ws, time.Now()
 		}
-		c.mu.Lock()
-		c.ws, c.at, c.reading = ws, time.Now(), nil
+		c.reading = nil
 		c.mu.Unlock()
 		close(done)
 		return ws

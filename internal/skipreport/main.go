@@ -33,9 +33,12 @@ type skip struct{ pkg, test, reason string }
 
 // pkgOut is a package's output until it ends.
 type pkgOut struct {
-	lines  []line              // everything, in order
-	tests  map[string][]string // each test's own output
-	failed map[string]bool     // tests that failed
+	lines []line              // everything, in order
+	tests map[string][]string // each test's own output
+	// ended holds the tests that passed or skipped: a failed package's
+	// output is every line but theirs. A test that timed out or whose
+	// goroutine panicked gets no fail event, only the dump in its name.
+	ended map[string]bool
 }
 
 type line struct{ test, text string }
@@ -63,7 +66,7 @@ func report(in io.Reader, out io.Writer) int {
 		}
 		p := pkgs[e.Package]
 		if p == nil {
-			p = &pkgOut{tests: map[string][]string{}, failed: map[string]bool{}}
+			p = &pkgOut{tests: map[string][]string{}, ended: map[string]bool{}}
 			pkgs[e.Package] = p
 			order = append(order, e.Package)
 		}
@@ -75,8 +78,9 @@ func report(in io.Reader, out io.Writer) int {
 			}
 		case e.Action == "skip" && e.Test != "":
 			skips = append(skips, skip{e.Package, e.Test, reason(p.tests[e.Test])})
-		case e.Action == "fail" && e.Test != "":
-			p.failed[e.Test] = true
+			p.ended[e.Test] = true
+		case e.Action == "pass" && e.Test != "":
+			p.ended[e.Test] = true
 		case e.Test == "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
 			ended++
 			if e.Action == "fail" {
@@ -85,6 +89,10 @@ func report(in io.Reader, out io.Writer) int {
 			p.print(out, e.Action == "fail")
 			delete(pkgs, e.Package)
 		}
+	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintf(out, "skipreport: reading go test's output: %v\n", err)
+		failed = true
 	}
 	for _, name := range order {
 		if p := pkgs[name]; p != nil { // the stream ended before the package did
@@ -107,7 +115,7 @@ func (p *pkgOut) print(out io.Writer, failed bool) {
 	for _, l := range p.lines {
 		switch {
 		case strings.HasPrefix(l.text, "ok  \t") || strings.HasPrefix(l.text, "?   \t"):
-		case !failed || strings.HasPrefix(l.text, "=== ") || l.test != "" && !p.failed[l.test]:
+		case !failed || strings.HasPrefix(l.text, "=== ") || p.ended[l.test]:
 			continue
 		}
 		fmt.Fprint(out, l.text)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -73,5 +74,35 @@ func TestReportAllPassed(t *testing.T) {
 	out.Reset()
 	if code := report(strings.NewReader("go: cannot find main module\n"), &out); code != 1 {
 		t.Errorf("exit %d without results", code)
+	}
+}
+
+// Real go test -json streams (testdata/, made by go test on two small
+// packages): a test that ran past -timeout, and a test whose goroutine
+// panicked. Neither gets a fail event of its own, only the dump under its
+// name: the report must show it, not a bare FAIL.
+func TestReportShowsTimeoutsAndPanics(t *testing.T) {
+	for file, want := range map[string][]string{
+		"testdata/timeout.json": {"panic: test timed out after 2s", "TestHangs", "waiting for something that never comes"},
+		"testdata/panic.json":   {"panic: assignment to entry in nil map", "TestGoroutinePanics", "starting the worker", "q_test.go:"},
+	} {
+		in, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		code := report(in, &out)
+		in.Close()
+		if code != 1 {
+			t.Errorf("%s: exit %d, want 1", file, code)
+		}
+		for _, w := range want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%s: the report lacks %q:\n%s", file, w, out.String())
+			}
+		}
+		if strings.Contains(out.String(), "fine") {
+			t.Errorf("%s: a passing test's output is shown:\n%s", file, out.String())
+		}
 	}
 }
