@@ -11,6 +11,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // Approval of tool calls. A gated tool (the request's approval.tools, or
@@ -244,7 +245,7 @@ func (r *run) runPendingCalls(ctx context.Context) error {
 		data, err := workerproto.AppendAgentEvent(nil, &agent.Event{Type: agent.EventToolExecutionStart,
 			ToolCallID: c.ID, ToolName: c.Name, Args: c.Arguments}, workerproto.Refs{})
 		if err == nil {
-			_, err = r.pub.event(string(agent.EventToolExecutionStart), data, 0)
+			_, err = r.pub.Event(string(agent.EventToolExecutionStart), data, eventpub.Options{})
 		}
 		if err != nil {
 			failed = err
@@ -279,7 +280,7 @@ func (r *run) publishToolResult(m *agent.Message) error {
 		if err != nil {
 			return err
 		}
-		if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
+		if _, err := r.pub.Event(string(evs[j].Type), data, eventpub.Options{}); err != nil {
 			return err
 		}
 	}
@@ -397,7 +398,7 @@ func (r *run) dropAnswer(key string, seq uint64, reason string) {
 	}
 	ap.mu.Unlock()
 	if tell {
-		_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+		_, _ = r.pub.Fleet(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
 			ToolCallID: key, Reason: clipString(reason, bus.MaxErrorBytes), ControlSeq: seq})
 	}
 }
@@ -412,7 +413,7 @@ func (r *run) rejectInvalidApproval(data []byte, seq uint64, err error) {
 	if json.Unmarshal(data, &id) != nil || id.ToolCallID == "" || !r.appr.isWaiting(id.ToolCallID) {
 		return
 	}
-	_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+	_, _ = r.pub.Fleet(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
 		ToolCallID: id.ToolCallID, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
 }
 
@@ -573,7 +574,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		if err == nil {
 			c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
 			c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
-			_, err = r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
+			_, err = r.pub.Fleet(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
 				ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli(), AnswersAfter: after})
 		}
 		if err != nil {
@@ -645,7 +646,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 					v, err := validateEdit(t, a.a.Arguments)
 					if err != nil {
 						r.log.Info("approval's edited arguments refused; the call goes on waiting", "toolCallId", id, "controlSeq", a.seq, "err", err)
-						_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+						_, _ = r.pub.Fleet(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
 							ToolCallID: id, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: a.seq})
 						continue
 					}
@@ -741,7 +742,7 @@ func minTime(a, b time.Time) time.Time {
 // resolved publishes a call's outcome; edited is the approver's edit of
 // its arguments (nil: none), so readers see what the call runs with.
 func (r *run) resolved(id, decision, by, reason string, seq uint64, edited map[string]any, waited time.Duration) {
-	_, _ = r.pub.fleetEvent(bus.EventToolApprovalResolved, bus.ToolApproval{Type: bus.EventToolApprovalResolved,
+	_, _ = r.pub.Fleet(bus.EventToolApprovalResolved, bus.ToolApproval{Type: bus.EventToolApprovalResolved,
 		ToolCallID: id, Decision: decision, By: by, Reason: reason, ControlSeq: seq, Arguments: edited})
 	r.w.obs.ApprovalResolved(r.info(), decision, waited)
 	r.log.Info("gated tool call resolved", "toolCallId", id, "decision", decision, "by", by, "controlSeq", seq, "waited", waited)

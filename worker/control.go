@@ -371,7 +371,7 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 		if err != nil {
 			r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
 			// Its sender reads the run's events, not the worker's log.
-			_, _ = r.pub.fleetEvent(bus.EventControlRejected, bus.ControlRejected{Type: bus.EventControlRejected,
+			_, _ = r.pub.Fleet(bus.EventControlRejected, bus.ControlRejected{Type: bus.EventControlRejected,
 				Kind: kind, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
 			return
 		}

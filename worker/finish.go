@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // ending is how an attempt ends: what it publishes and writes, and what
@@ -84,15 +85,12 @@ func (r *run) finish(e ending) error {
 		return errLeaseLost
 	}
 	if r.pub == nil {
-		r.pub = newPublisher(r.w, r.id, r.attempt, nil)
-		if e.msgIDHead != "" {
-			r.pub.msgIDHead = e.msgIDHead
-		}
+		r.pub = eventpub.New(r.w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt, MsgIDHead: e.msgIDHead}, nil)
 	}
 	if e.started != nil {
-		_, _ = r.pub.fleetEvent(bus.EventRunStarted, *e.started)
+		_, _ = r.pub.Fleet(bus.EventRunStarted, *e.started)
 	}
-	if err := r.pub.sync(ctx); err != nil {
+	if err := r.pub.Sync(ctx); err != nil {
 		return r.notStored(ctx, e.settle, "events not stored", err)
 	}
 	if e.record != nil {
@@ -127,8 +125,8 @@ func (r *run) storeFinished(ctx context.Context, fin bus.RunFinished, s settleme
 	if h := r.w.hooks.beforeRunFinished; h != nil {
 		h(r.id)
 	}
-	_, _ = r.pub.fleetEvent(bus.EventRunFinished, fin)
-	if err := r.pub.flush(ctx); err != nil {
+	_, _ = r.pub.Fleet(bus.EventRunFinished, fin)
+	if err := r.pub.Flush(ctx); err != nil {
 		return r.notStored(ctx, s, "run_finished not stored", err)
 	}
 	r.endHeartbeat()
@@ -138,7 +136,7 @@ func (r *run) storeFinished(ctx context.Context, fin bus.RunFinished, s settleme
 // notStored hands the request back after a failed finish, unless the
 // lease is gone.
 func (r *run) notStored(ctx context.Context, s settlement, what string, err error) error {
-	_ = r.pub.flush(ctx)
+	_ = r.pub.Flush(ctx)
 	r.endHeartbeat()
 	if !r.stillOwned(ctx) {
 		r.abandon("run stopped at its end: lease lost to a newer attempt")
@@ -171,7 +169,7 @@ func (r *run) stillOwned(ctx context.Context) bool {
 // is published and the request is neither acked nor naked.
 func (r *run) abandon(why string) {
 	r.endHeartbeat()
-	r.pub.abandon()
+	r.pub.Abandon()
 	r.log.Warn(why)
 }
 
@@ -181,7 +179,7 @@ func (r *run) abandon(why string) {
 func (r *run) handBack(delay time.Duration, why string, err error) {
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	_ = r.pub.flush(ctx)
+	_ = r.pub.Flush(ctx)
 	r.endHeartbeat()
 	if !r.stillOwned(ctx) {
 		r.abandon("run stopped: lease lost to a newer attempt")
@@ -262,14 +260,13 @@ func (r *run) finishFromRecord(ctx context.Context, rec *bus.RunRecord, s settle
 		return false, nil
 	}
 	att := max(t.Attempt, 1)
-	r.pub = newPublisher(r.w, r.id, att, nil)
-	r.pub.seq = t.LastSeq
+	r.pub = eventpub.New(r.w.events, eventpub.Attempt{Run: r.id, Attempt: att, LastSeq: t.LastSeq}, nil)
 	if t.Attempt == 0 {
 		// No event at all (the record is written first): run_started
 		// still comes first.
 		started := r.runStarted()
 		started.Attempt = att
-		_, _ = r.pub.fleetEvent(bus.EventRunStarted, started)
+		_, _ = r.pub.Fleet(bus.EventRunStarted, started)
 	}
 	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
 		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq}

@@ -18,6 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // Giving up. When a request's delivery count reaches MaxDeliver and its
@@ -306,22 +307,22 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		}
 		return nil
 	}
-	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
+	r.pub = eventpub.New(r.w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, nil)
+	_, _ = r.pub.Fleet(bus.EventRunStarted, r.runStarted())
 	// Readers restore messagesRestored messages: an unreadable history is
 	// an error to retry (the advisory is handled again), not an empty one.
-	seq, err := r.pub.startedAt(ctx)
+	seq, err := r.pub.StartedAt(ctx)
 	if err != nil {
-		_ = r.pub.flush(ctx)
+		_ = r.pub.Flush(ctx)
 		return fmt.Errorf("give-up: run_started not stored: %w", err)
 	}
 	envs, err := r.w.readEvents(ctx, r.id, seq)
 	if err != nil {
-		_ = r.pub.flush(ctx)
+		_ = r.pub.Flush(ctx)
 		return fmt.Errorf("give-up: reading the run's events: %w", err)
 	}
 	restored := len(workerproto.Recover(envs, time.Now().UnixMilli()).Messages)
-	_, _ = r.pub.fleetEvent(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: restored})
+	_, _ = r.pub.Fleet(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: restored})
 	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
 		deliveries, r.w.names.Dead(r.queue, r.id))
 	rec.State, rec.Reason, rec.Error, rec.FinishedAt, rec.HeartbeatAt = bus.StatusFailed, bus.ReasonGaveUp, text, time.Now(), time.Now()

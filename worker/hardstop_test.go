@@ -62,9 +62,7 @@ func hardStopDuringATurn(t *testing.T, abort bool) {
 		if r == nil || r.pub == nil {
 			return false
 		}
-		r.pub.mu.Lock()
-		defer r.pub.mu.Unlock()
-		return r.pub.turn != nil
+		return r.pub.WaitingTurn()
 	})
 	if abort {
 		if _, err := c.Abort(ctx, id, "stop it"); err != nil {

@@ -13,7 +13,17 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
+
+// errLeaseLost: another attempt owns the run (the lease's last
+// compare-and-set failed); the attempt publishes nothing more.
+var errLeaseLost = errors.New("the run's lease was lost: another attempt owns it")
+
+// errWorkerStopping: the hard stop cut a wait or a read short (a
+// re-send's, a turn's, a resume's); the run is handed back as any run at a
+// hard stop is. It is the publishers' own: one hard stop, whoever saw it.
+var errWorkerStopping = eventpub.ErrStopped
 
 // The run record is the run's lease. An attempt takes it with a KV
 // compare-and-set (Create, or Update on the revision it read) before it

@@ -11,6 +11,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // listener turns the agent's events into the run's wire envelopes. The
@@ -96,9 +97,9 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	if err := l.checkBounds(ev.Type, len(data)); err != nil {
 		return err
 	}
-	seq, err := r.pub.eventFlags(string(ev.Type), data, ctlSeq, interrupted)
+	seq, err := r.pub.Event(string(ev.Type), data, eventpub.Options{ControlSeq: ctlSeq, Interrupted: interrupted})
 	if err != nil {
-		var tl *EventTooLargeError
+		var tl *eventpub.EventTooLargeError
 		if errors.As(err, &tl) {
 			r.tally.eventTooLarge(err)
 			r.log.Error("event too large for NATS; failing the run", "err", err)
@@ -131,7 +132,7 @@ func (l *listener) checkBounds(typ agent.EventType, size int) error {
 	if r.tally.overBudgetAlready() {
 		return errOverBudget
 	}
-	n, b := r.pub.spent()
+	n, b := r.pub.Spent()
 	switch {
 	case n >= cfg.MaxRunEvents:
 		r.overBudget(bus.ReasonEventBudget, fmt.Sprintf("the run published %d events, the budget is %d (--max-run-events)", n, cfg.MaxRunEvents))

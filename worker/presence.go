@@ -10,9 +10,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/toolsource"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // presenceCheck is how often the worker looks for a change worth writing

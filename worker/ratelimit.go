@@ -101,7 +101,7 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 				return
 			}
 			if g.Waited > 0 {
-				_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+				_, _ = r.pub.Fleet(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 					Reason: bus.WaitRateLimit, WaitedMs: g.Waited.Milliseconds(), Group: ml.Group})
 			}
 			var final *agent.Message

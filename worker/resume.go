@@ -9,6 +9,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 var errAlreadyFinished = errors.New("the run already has its run_finished")
@@ -29,7 +30,7 @@ var errAlreadyFinished = errors.New("the run already has its run_finished")
 // start (r.runStart).
 func (r *run) resume(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	startSeq, err := r.pub.startedAt(rctx)
+	startSeq, err := r.pub.StartedAt(rctx)
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("run_started not stored: %w", err)
@@ -41,7 +42,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	}
 	r.traceEarlierAttempts(envs)
 	// The event budget spans attempts: a redelivery does not renew it.
-	r.pub.charge(envs)
+	r.pub.Charge(envs)
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())
 	if rc.Finished != nil {
 		return false, errAlreadyFinished
@@ -55,7 +56,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if cut != (agent.Usage{}) {
 		resumed.CutOffUsage = &cut
 	}
-	if _, err := r.pub.fleetEvent(bus.EventRunResumed, resumed); err != nil {
+	if _, err := r.pub.Fleet(bus.EventRunResumed, resumed); err != nil {
 		return false, err
 	}
 	// Calls cut off by earlier attempts were charged: the run's usage and
@@ -73,7 +74,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 			if err != nil {
 				return false, err
 			}
-			if _, err := r.pub.event(string(typ), data, 0); err != nil {
+			if _, err := r.pub.Event(string(typ), data, eventpub.Options{}); err != nil {
 				return false, err
 			}
 		}

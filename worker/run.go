@@ -15,6 +15,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // A run request is picked up (its record read, the request decoded and
@@ -58,7 +59,7 @@ type run struct {
 	lease  *lease
 	tally  tally
 	ctl    *controls
-	pub    *publisher
+	pub    *eventpub.Publisher
 	hb     *heartbeat
 	cancel context.CancelFunc // stops the drive
 	left   bool               // the observer was told the run finished
@@ -364,7 +365,7 @@ func (r *run) acquire() bool {
 		r.refuse(o, cur)
 		return false
 	}
-	r.pub = newPublisher(w, r.id, r.attempt, r.publishFailed)
+	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
 	w.register(r)
 	if h := w.hooks.afterRegister; h != nil {
 		h(r)
@@ -373,7 +374,7 @@ func (r *run) acquire() bool {
 	if r.notice != "" {
 		r.log.Warn(r.notice)
 	}
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
+	_, _ = r.pub.Fleet(bus.EventRunStarted, r.runStarted())
 	w.obs.RunStarted(r.info())
 	r.log.Debug("run started", "model", r.modelRef.String())
 	return true
@@ -468,7 +469,7 @@ func (r *run) ackResumedFinished() {
 	r.endHeartbeat()
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	_ = r.pub.flush(ctx)
+	_ = r.pub.Flush(ctx)
 	r.log.Info("run already has its run_finished; acknowledging")
 	_ = r.msg.Ack()
 }
@@ -480,7 +481,7 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 	if pubErr == nil {
 		// Its onFail, which tells the tally, may not have run yet; a fence
 		// is not a failure to store (a hand-back while waiting fences).
-		if err := r.pub.failure(); !errors.Is(err, errLeaseLost) {
+		if err := r.pub.Failure(); !errors.Is(err, eventpub.ErrFenced) {
 			pubErr = err
 		}
 	}
@@ -489,7 +490,7 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		r.handBackWaiting()
 	case r.lease.lost.Load():
 		r.endHeartbeat()
-		r.pub.abandon()
+		r.pub.Abandon()
 		r.log.Warn("run stopped: lease lost to a newer attempt")
 	case errors.Is(pubErr, errWorkerStopping):
 		// Even an aborted or timed-out run: its end cannot be published.
@@ -530,7 +531,7 @@ func (r *run) publishFailed(err error) {
 func (r *run) leaseLost() {
 	r.log.Warn("lease lost: another attempt owns this run; stopping it without publishing more")
 	if r.pub != nil {
-		r.pub.fence()
+		r.pub.Fence()
 	}
 	r.stop()
 }

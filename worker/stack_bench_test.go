@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/metrics"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // BenchmarkWaitingRunStack is the memory a run waiting in a tool holds in

@@ -283,7 +283,7 @@ func (r *run) waitToReserve(ctx context.Context, worst float64, e *budget.Entry)
 		return nil, e, err
 	}
 	if res != nil {
-		_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+		_, _ = r.pub.Fleet(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 			Reason: bus.WaitBudget, WaitedMs: time.Since(since).Milliseconds()})
 	}
 	return res, e, nil
@@ -374,7 +374,7 @@ func (r *run) awaitBudget(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+	_, _ = r.pub.Fleet(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 		Reason: bus.WaitBudget, WaitedMs: (earlier + time.Since(since)).Milliseconds()})
 	return nil
 }

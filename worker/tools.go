@@ -124,7 +124,7 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 // whose run stopped, or was handed back while it waited for an approval,
 // does not run. Not reported as a call (observer, span): nothing ran.
 func (r *run) storedBeforeTheCall(ctx context.Context) error {
-	err := r.pub.sync(ctx)
+	err := r.pub.Sync(ctx)
 	switch {
 	case ctx.Err() != nil: // also when the events were stored as it ended
 		return fmt.Errorf("its run stopped: %w", ctx.Err())

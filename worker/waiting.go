@@ -472,9 +472,9 @@ func (r *run) handBackWhileWaiting() {
 		r.awaitToolsIdle(r.w.hardCtx)
 		r.waitHandedBack.Store(true)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 5*time.Second)
-		_ = r.pub.sync(ctx)
+		_ = r.pub.Sync(ctx)
 		cancel()
-		r.pub.fence()
+		r.pub.Fence()
 		r.stop()
 	})
 }
@@ -504,7 +504,7 @@ func (r *run) awaitToolsIdle(ctx context.Context) {
 // counts waiting hand-backs (waitHandBacks) so the give-up leaves them out.
 func (r *run) handBackWaiting() {
 	r.endHeartbeat()
-	r.pub.abandon()
+	r.pub.Abandon()
 	ctx, cancel := r.finishContext()
 	defer cancel()
 	r.waitingHandBacks++

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,20 +19,21 @@ import (
 	"github.com/agentfleet/agentfleet/budget"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/ratelimit"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // Worker takes run requests from its queues and runs them. Create it with
 // New and start it with Run.
 type Worker struct {
-	cfg   Config
-	c     *bus.Client
-	js    jetstream.JetStream
-	acks  *eventAcks  // the event publishers' acks (acks.go), from Run on
-	batch *eventBatch // event batches (batch.go), from Run on; nil: none
-	names bus.Names
-	log   *slog.Logger
-	obs   Observer
-	id    string
+	cfg Config
+	c   *bus.Client
+	js  jetstream.JetStream
+	// events is what the runs' event publishers share, from Run on.
+	events *eventpub.Env
+	names  bus.Names
+	log    *slog.Logger
+	obs    Observer
+	id     string
 
 	scratch scratchPool // the listeners' event buffers (listener.go)
 
@@ -47,9 +47,6 @@ type Worker struct {
 	// eventReadTimeout once it has its slot (eventread.go).
 	eventReads       chan struct{}
 	eventReadTimeout time.Duration
-	// storedReads bounds this worker's re-sends reading what the stream
-	// holds (publish.go reconcile).
-	storedReads chan struct{}
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -61,7 +58,6 @@ type Worker struct {
 	skipPickupRead pickupReads
 	consumerCheck  time.Duration
 	runsStream     jetstream.Stream
-	eventsStream   jetstream.Stream // a re-send reads what is stored (publish.go)
 	kv             jetstream.KeyValue
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
@@ -143,7 +139,6 @@ func New(cfg Config) (*Worker, error) {
 		slots:            make(chan struct{}, cfg.Concurrency),
 		eventReads:       make(chan struct{}, maxEventReads),
 		eventReadTimeout: eventReadTimeout,
-		storedReads:      make(chan struct{}, maxStoredReads),
 		runs:             map[string]*run{},
 		cover:            newControlCoverage(),
 		coverageAudit:    5 * time.Second,
@@ -202,13 +197,6 @@ func (w *Worker) ID() string { return w.id }
 // ToolNames returns the names of the tools runs may use.
 func (w *Worker) ToolNames() []string { return append([]string(nil), w.toolNames...) }
 
-func (w *Worker) maxPayload() int64 {
-	if n := w.c.Conn().MaxPayload(); n > 0 {
-		return n
-	}
-	return 1 << 20
-}
-
 // streamsConfig is what the worker ensures: its streams config with its
 // queues and delivery settings.
 func (w *Worker) streamsConfig() bus.StreamsConfig {
@@ -251,10 +239,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.warnStreamSettings(consumers)                     // worker/orphans.go
 	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
-	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.beforeAcksSweep); err != nil {
+	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.events)
+	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	defer w.acks.close() // after the runs: Run returns once they are done
+	defer acks.Close() // after the runs: Run returns once they are done
 	sub, err := w.c.Conn().Subscribe(w.names.Republished(), w.onControl)
 	if err != nil {
 		return fmt.Errorf("worker: control subscription: %w", err)
@@ -263,17 +252,22 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer func() { _ = sub.Unsubscribe() }()
 	w.ctlSub = sub
 
-	if w.eventsStream, err = w.c.JetStream().Stream(setup, w.names.EventsStream()); err != nil {
+	eventsStream, err := w.c.JetStream().Stream(setup, w.names.EventsStream())
+	if err != nil {
 		return fmt.Errorf("worker: events stream: %w", err)
 	}
-	if ec := w.eventsStream.CachedInfo().Config; !w.cfg.NoEventBatches && ec.AllowBatchPublish &&
-		slices.Contains(ec.Subjects, w.names.EventBatches()) {
-		if w.batch, err = startEventBatch(w.c.Conn(), w.acks, w.names.EventBatches()); err != nil {
+	var batch *eventpub.Batch
+	if !w.cfg.NoEventBatches && eventpub.BatchesAllowed(eventsStream.CachedInfo().Config, w.names) {
+		if batch, err = eventpub.StartBatch(w.c.Conn(), acks, w.names.EventBatches()); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
-		defer w.batch.close() // after the runs, like acks
-		w.batch.probeOrOff(setup, w.log, reprobeEvery)
+		defer batch.Close() // after the runs, like acks
+		batch.ProbeOrOff(setup, w.log, eventpub.ReprobeEvery)
 	}
+	w.events = &eventpub.Env{Conn: w.c.Conn(), Names: w.names, Stream: eventsStream, Acks: acks, Batch: batch,
+		Window: w.cfg.PublishWindow, AckTimeout: w.cfg.PublishAckTimeout, Budget: w.cfg.AckWait, Worker: w.id,
+		StoredReads: make(chan struct{}, eventpub.MaxStoredReads), Stop: w.hardCtx,
+		Log: w.log, Metrics: w.obs, Signals: w.hooks.events}
 	// The subscription is known to the server (a flush) before the
 	// coverage's first renew reads the streams.
 	if err := w.c.Conn().FlushWithContext(setup); err != nil {
@@ -620,18 +614,8 @@ type testHooks struct {
 	beforeIdleCheck func(runID string)
 	// before each read of the control stream by a run's control owner;
 	beforeCatchUpRead func(runID string)
-	// before each event a publisher re-sends;
-	beforeEventResend func(seq uint64)
-	// before each pass of the event acks' sweep (acks.go);
-	beforeAcksSweep func()
-	// before a re-send takes a slot to read what its run's subject holds;
-	beforeStoredRead func(p *publisher)
-	// before a re-send ends by sending the events it held from seq on;
-	beforeHeldSend func(seq uint64)
-	// before an event goes to the event batch, after its publisher's checks;
-	beforeBatchSend func(p *publisher, seq uint64)
-	// before an event goes out singly (not in a batch, not re-sent);
-	beforeSingleSend func(p *publisher, seq uint64)
+	// the event publishers' (worker/internal/eventpub);
+	events *eventpub.Signals
 	// once a run takes control messages, before its control owner starts;
 	afterRegister func(r *run)
 	// by a run's first control owner once it let the run go on;

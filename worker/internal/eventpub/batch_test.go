@@ -1,4 +1,4 @@
-package worker
+package eventpub
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 
 // holdBatches keeps the worker's batches open until a publisher syncs or
 // flushes: the test decides what goes in one batch.
-func holdBatches(t *testing.T, w *Worker) {
+func holdBatches(t *testing.T, w *testWorker) {
 	t.Helper()
 	if w.batch == nil {
 		t.Fatal("the worker publishes no batches")
@@ -38,7 +38,7 @@ func holdBatches(t *testing.T, w *Worker) {
 }
 
 // commitNow ends the open batch, whoever's events it holds.
-func (b *eventBatch) commitNow() {
+func (b *Batch) commitNow() {
 	b.mu.Lock()
 	ob := b.cur
 	b.mu.Unlock()
@@ -90,7 +90,7 @@ func replies(t *testing.T, c *bus.Client, subject string) func(n int) []string {
 }
 
 func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	w, c := startInternal(t, testConfig{}, nil)
 	holdBatches(t, w)
 	var answers atomic.Int64
 	sub, err := c.Conn().Subscribe(w.batch.prefix+">", func(*nats.Msg) { answers.Add(1) })
@@ -100,7 +100,7 @@ func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
 	defer func() { _ = sub.Unsubscribe() }()
 	runs := []string{bus.NewRunID(), bus.NewRunID()}
 	var sent []func(n int) []string
-	var pubs []*publisher
+	var pubs []*Publisher
 	for _, run := range runs {
 		sent = append(sent, replies(t, c, w.names.Events(run)))
 		p := newPublisher(w, run, 1, nil)
@@ -109,7 +109,7 @@ func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
 	}
 	for i := 2; i <= 50; i++ {
 		for _, p := range pubs {
-			if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), Options{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -149,12 +149,12 @@ func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
 
 // started publishes run_started and waits for its ack: until then the
 // run's events go singly (see TestNoBatchBehindAnUnacknowledgedSingleEvent).
-func started(t *testing.T, p *publisher) {
+func started(t *testing.T, p *Publisher) {
 	t.Helper()
 	publishN(t, p, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := p.sync(ctx); err != nil {
+	if err := p.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -188,11 +188,11 @@ func updateEventsStream(t *testing.T, c *bus.Client, change func(*jetstream.Stre
 
 // storeTen publishes run_started, waits for its ack, publishes events 2
 // to 10 and checks that the run's subject holds 1 to 10, once each.
-func storeTen(t *testing.T, c *bus.Client, p *publisher) {
+func storeTen(t *testing.T, c *bus.Client, p *Publisher) {
 	t.Helper()
 	started(t, p)
 	for i := 2; i <= 10; i++ {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+		if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -224,7 +224,7 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 		{"in the middle", 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, c := startInternal(t, Config{Concurrency: 1}, nil)
+			w, c := startInternal(t, testConfig{}, nil)
 			holdBatches(t, w)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -235,23 +235,23 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 			other := newPublisher(w, bus.NewRunID(), 1, nil)
 			publishN(t, big, 1)
 			publishN(t, other, 1)
-			if err := big.sync(ctx); err != nil {
+			if err := big.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if err := other.sync(ctx); err != nil {
+			if err := other.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
 			n := 2
 			for ; n < 2+tc.before; n++ {
-				if _, err := other.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, n), 0); err != nil {
+				if _, err := other.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, n), Options{}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+			if _, err := big.Event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), Options{}); err != nil {
 				t.Fatal(err)
 			}
 			for ; n <= 12; n++ {
-				if _, err := other.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, n), 0); err != nil {
+				if _, err := other.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, n), Options{}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -284,14 +284,14 @@ func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
 // goroutine (the batch's answers are handled one at a time).
 type answerTap struct {
 	t      *testing.T
-	w      *Worker
+	w      *testWorker
 	kept   chan *nats.Msg
 	routed chan struct{}
 }
 
 const tapRelease = "Test-Release"
 
-func tapAnswers(t *testing.T, w *Worker, keep func(*nats.Msg) bool) *answerTap {
+func tapAnswers(t *testing.T, w *testWorker, keep func(*nats.Msg) bool) *answerTap {
 	t.Helper()
 	if err := w.batch.sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
@@ -330,15 +330,15 @@ func (a *answerTap) release(ms ...*nats.Msg) {
 // refusalPair makes the stream refuse events over 2,000 bytes and returns
 // two publishers whose first events are stored: big, which a test has
 // send a refused event, and run, whose events share its batch.
-func refusalPair(t *testing.T, ctx context.Context, w *Worker) (big, run *publisher) {
+func refusalPair(t *testing.T, ctx context.Context, w *testWorker) (big, run *Publisher) {
 	t.Helper()
 	updateEventsStream(t, w.c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 2000 })
 	big = newPublisher(w, bus.NewRunID(), 1, func(error) {})
 	run = newPublisher(w, bus.NewRunID(), 1, nil)
 	publishN(t, big, 1)
 	publishN(t, run, 1)
-	for _, p := range []*publisher{big, run} {
-		if err := p.sync(ctx); err != nil {
+	for _, p := range []*Publisher{big, run} {
+		if err := p.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -347,7 +347,7 @@ func refusalPair(t *testing.T, ctx context.Context, w *Worker) (big, run *publis
 
 // keptRefusalPair is refusalPair on a worker whose batches are held open
 // and whose batch answers are kept back while keeping is set (set here).
-func keptRefusalPair(t *testing.T, ctx context.Context, w *Worker) (tap *answerTap, keeping *atomic.Bool, big, run *publisher) {
+func keptRefusalPair(t *testing.T, ctx context.Context, w *testWorker) (tap *answerTap, keeping *atomic.Bool, big, run *Publisher) {
 	t.Helper()
 	holdBatches(t, w)
 	keeping = new(atomic.Bool)
@@ -359,7 +359,7 @@ func keptRefusalPair(t *testing.T, ctx context.Context, w *Worker) (tap *answerT
 
 // refusalPairEnds flushes refusalPair's runs: run's subject holds want,
 // big's flush fails with the size refusal, and no publisher is held.
-func refusalPairEnds(t *testing.T, w *Worker, run, big *publisher, want string) {
+func refusalPairEnds(t *testing.T, w *testWorker, run, big *Publisher, want string) {
 	t.Helper()
 	if err := flushWithin(t, run); err != nil {
 		t.Fatalf("flush: %v", err)
@@ -380,7 +380,7 @@ func refusalPairEnds(t *testing.T, w *Worker, run, big *publisher, want string) 
 // it about one run in thirty). The commit ack is kept back to hold the
 // window open.
 func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	w, c := startInternal(t, testConfig{}, nil)
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -402,13 +402,13 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 	big, run := refusalPair(t, ctx, w)
 	// One batch: the run's 2, the refused event, the run's 3. The stream
 	// stores 2, refuses the next and ends the batch, so 3 is not stored.
-	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := run.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+	if _, err := big.Event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+	if _, err := run.Event("x", []byte(`{"type":"x","i":3}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -419,7 +419,7 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 	// The error answer for the refused event, the commit ack.
 	answers := []*nats.Msg{within(t, tap.kept, 20*time.Second, "the error answer"),
 		within(t, tap.kept, 20*time.Second, "the commit ack")}
-	if _, err := run.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
+	if _, err := run.Event("x", []byte(`{"type":"x","i":4}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	run.commitBatch()
@@ -428,7 +428,7 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 	}
 	// The kept answers come late: nothing changes for the run.
 	tap.release(answers...)
-	if err := run.sync(ctx); err != nil {
+	if err := run.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := fmt.Sprint(storedSeqs(t, c, run.run)); got != "[1 2 3 4]" {
@@ -448,19 +448,19 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 // are kept back; without the wait the run's 4 was stored in the next
 // batch and the attempt failed as stored out of order.
 func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, testConfig{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	tap, keeping, big, run := keptRefusalPair(t, ctx, w)
 	waiting := batchWaits(w, run)
 	// One batch: the run's 2, the refused event, the run's 3.
-	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := run.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+	if _, err := big.Event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+	if _, err := run.Event("x", []byte(`{"type":"x","i":3}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	w.batch.commitNow()
@@ -469,7 +469,7 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 	answers := []*nats.Msg{within(t, tap.kept, 20*time.Second, "an answer"), within(t, tap.kept, 20*time.Second, "an answer")}
 	sent := make(chan error, 1)
 	go func() {
-		_, err := run.event("x", []byte(`{"type":"x","i":4}`), 0)
+		_, err := run.Event("x", []byte(`{"type":"x","i":4}`), Options{})
 		sent <- err
 	}()
 	select {
@@ -477,7 +477,7 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 	case err := <-sent: // sent while the run's 3 had no answer
 		sent <- err
 		w.batch.commitNow()
-		if err := run.sync(ctx); err != nil {
+		if err := run.Sync(ctx); err != nil {
 			t.Logf("sync: %v", err)
 		}
 	case <-ctx.Done():
@@ -511,8 +511,8 @@ func TestAWaitingEventIsHeldAfterAReconnect(t *testing.T) {
 func waitThroughAReconnect(t *testing.T, another bool) {
 	var blocking atomic.Bool
 	release := make(chan struct{})
-	w, _ := startOwnServerHooked(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute}, func(w *Worker) {
-		w.hooks.beforeAcksSweep = func() {
+	w, _ := startOwnServerHooked(t, testConfig{PublishAckTimeout: time.Minute}, func(w *testWorker) {
+		w.signals.BeforeAcksSweep = func() {
 			if blocking.Load() {
 				<-release
 			}
@@ -535,10 +535,10 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	keeping.Store(true)
 	// The refused event, then the run's 2, which the stream does not
 	// store (gap fail); the answers are kept back.
-	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+	if _, err := big.Event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := run.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	w.batch.commitNow()
@@ -546,7 +546,7 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	within(t, tap.kept, 20*time.Second, "an answer")
 	sent := make(chan error, 1)
 	go func() {
-		_, err := run.event("x", []byte(`{"type":"x","i":3}`), 0)
+		_, err := run.Event("x", []byte(`{"type":"x","i":3}`), Options{})
 		sent <- err
 	}()
 	within(t, waiting, 20*time.Second, "the run's 3 waiting")
@@ -565,7 +565,7 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	if another {
 		// Another run's event opens a batch on the new connection: the old
 		// one is forgotten, and the run's 3 stops waiting.
-		if _, err := other.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+		if _, err := other.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -594,14 +594,14 @@ func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
 		t.Run(fmt.Sprintf("paused=%v", paused), func(t *testing.T) {
 			c, _ := startTestServerWith(t, natsembed.Options{StreamMaxBufferedMsgs: 64})
 			var resent atomic.Int64
-			w, _ := startInternalOn(t, c, Config{Concurrency: 1, PublishAckTimeout: 5 * time.Second}, func(w *Worker) {
-				w.hooks.beforeEventResend = func(uint64) { resent.Add(1) }
+			w, _ := startInternalOn(t, c, testConfig{PublishAckTimeout: 5 * time.Second}, func(w *testWorker) {
+				w.signals.BeforeResend = func(uint64) { resent.Add(1) }
 			})
 			if paused {
 				w.batch.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
 			}
 			const runs, events = 100, 40
-			pubs := make([]*publisher, runs)
+			pubs := make([]*Publisher, runs)
 			var wg sync.WaitGroup
 			errs := make(chan error, runs)
 			for i := range pubs {
@@ -609,9 +609,9 @@ func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
 				wg.Go(func() {
 					p := pubs[i]
 					for j := 1; j <= events; j++ {
-						if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, j), 0); err != nil {
+						if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, j), Options{}); err != nil {
 							errs <- fmt.Errorf("run %d event %d: %w", i, j, err)
-							p.abandon()
+							p.Abandon()
 							return
 						}
 					}
@@ -656,7 +656,7 @@ func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
 // singly while an earlier event of their run waited for its answer.
 type earlySingles struct{ seqs sync.Map }
 
-func (e *earlySingles) hook(p *publisher, seq uint64) {
+func (e *earlySingles) hook(p *Publisher, seq uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.unackedBeforeLocked(seq, false) {
@@ -666,7 +666,7 @@ func (e *earlySingles) hook(p *publisher, seq uint64) {
 
 // flushed flushes p and checks that its run stored 1..n in order and
 // that no event went singly before its turn.
-func (e *earlySingles) flushed(t *testing.T, c *bus.Client, p *publisher, n uint64) {
+func (e *earlySingles) flushed(t *testing.T, c *bus.Client, p *Publisher, n uint64) {
 	t.Helper()
 	if err := flushWithin(t, p); err != nil {
 		t.Fatal(err)
@@ -681,7 +681,7 @@ func (e *earlySingles) flushed(t *testing.T, c *bus.Client, p *publisher, n uint
 }
 
 // waitingForTurn waits until an event of p waits for its turn.
-func waitingForTurn(t *testing.T, p *publisher, what string) {
+func waitingForTurn(t *testing.T, p *Publisher, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; runtime.Gosched() {
 		p.mu.Lock()
@@ -698,9 +698,9 @@ func waitingForTurn(t *testing.T, p *publisher, what string) {
 
 // batchWaits signals each time p's event starts waiting for its run's
 // earlier batch (a signal pending is not doubled).
-func batchWaits(w *Worker, p *publisher) <-chan struct{} {
+func batchWaits(w *testWorker, p *Publisher) <-chan struct{} {
 	waiting := make(chan struct{}, 1)
-	w.batch.beforeWait = func(q *publisher, _ uint64) {
+	w.signals.BatchWait = func(q *Publisher, _ uint64) {
 		if q == p {
 			select {
 			case waiting <- struct{}{}:
@@ -720,14 +720,14 @@ func TestSingleSendsGoOneAtATime(t *testing.T) {
 	var early earlySingles
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, func(w *Worker) {
-		w.hooks.beforeEventResend = func(uint64) {
+	w, c := startInternal(t, testConfig{PublishAckTimeout: 300 * time.Millisecond}, func(w *testWorker) {
+		w.signals.BeforeResend = func(uint64) {
 			if resent.Add(1) == 1 {
 				close(inResend)
 				<-goOn
 			}
 		}
-		w.hooks.beforeSingleSend = early.hook
+		w.signals.BeforeSingleSend = early.hook
 	})
 	w.batch.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 }) // its re-send's answer comes
@@ -751,20 +751,20 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 	}{{"paused after the check", false, false}, {"off after the check", false, true}, {"off before", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var early earlySingles
-			stop := func(b *eventBatch) {
+			stop := func(b *Batch) {
 				if tc.off {
 					b.off.Store(true)
 				} else {
 					b.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
 				}
 			}
-			w, c := startInternal(t, Config{Concurrency: 1}, func(w *Worker) {
-				w.hooks.beforeBatchSend = func(p *publisher, seq uint64) {
+			w, c := startInternal(t, testConfig{}, func(w *testWorker) {
+				w.signals.BeforeBatchSend = func(p *Publisher, seq uint64) {
 					if seq == 3 && !tc.early {
 						stop(w.batch)
 					}
 				}
-				w.hooks.beforeSingleSend = early.hook
+				w.signals.BeforeSingleSend = early.hook
 			})
 			holdBatches(t, w) // event 2 waits in the open batch
 			p := newPublisher(w, bus.NewRunID(), 1, nil)
@@ -772,12 +772,12 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 			if tc.early {
 				stop(w.batch)
 			}
-			if _, err := p.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+			if _, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{}); err != nil {
 				t.Fatal(err)
 			}
 			w.batch.pauseUntil.Store(0)
 			w.batch.off.Store(false)
-			if _, err := p.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
+			if _, err := p.Event("x", []byte(`{"type":"x","i":4}`), Options{}); err != nil {
 				t.Fatal(err)
 			}
 			early.flushed(t, c, p, 4)
@@ -792,8 +792,8 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 // did, when the pause began between the two).
 func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
 	var early earlySingles
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute}, func(w *Worker) {
-		w.hooks.beforeSingleSend = early.hook
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Minute}, func(w *testWorker) {
+		w.signals.BeforeSingleSend = early.hook
 	})
 	holdBatches(t, w)
 	stop := make(chan struct{})
@@ -819,7 +819,7 @@ func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
 	pad := strings.Repeat("a", 100<<10)
 	const n = 300
 	for i := 2; i <= n; i++ {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d,"pad":"%s"}`, i, pad), 0); err != nil {
+		if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d,"pad":"%s"}`, i, pad), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -831,7 +831,7 @@ func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
 // An event waiting for its turn ends when its publisher does (its lease
 // lost): it does not wait for an answer that no longer matters.
 func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	w, _ := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
 		if strings.HasSuffix(m.Subject, ".1") {
@@ -843,14 +843,14 @@ func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
 	publishN(t, p, 1)
 	published := make(chan error, 1)
 	go func() {
-		_, err := p.event("x", []byte(`{"type":"x","i":2}`), 0)
+		_, err := p.Event("x", []byte(`{"type":"x","i":2}`), Options{})
 		published <- err
 	}()
 	waitingForTurn(t, p, "event 2")
-	p.abandon()
+	p.Abandon()
 	select {
 	case err := <-published:
-		if !errors.Is(err, errLeaseLost) {
+		if !errors.Is(err, ErrFenced) {
 			t.Fatalf("event 2: %v, want the lost lease", err)
 		}
 	case <-time.After(20 * time.Second):
@@ -863,10 +863,10 @@ func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
 // on again: a server slow at the start costs a while of single sends, not
 // the worker's life.
 func TestBatchesComeBackOnceAProbeIsAnswered(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	w, c := startInternal(t, testConfig{}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	w.batch.probeOrOff(ctx, w.log, 10*time.Millisecond)
+	w.batch.ProbeOrOff(ctx, w.log, 10*time.Millisecond)
 	if w.batch.on() {
 		t.Fatal("batches on after a probe without an answer")
 	}
@@ -901,7 +901,7 @@ func TestLostBatchAnswersStoreNothingTwice(t *testing.T) {
 		{"the commit ack", 300, func(d []byte) bool { return !strings.HasPrefix(string(d), `{"type":`) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond}, nil)
+			w, c := startInternal(t, testConfig{PublishAckTimeout: 300 * time.Millisecond}, nil)
 			holdBatches(t, w)
 			if err := w.batch.sub.Unsubscribe(); err != nil {
 				t.Fatal(err)
@@ -934,7 +934,7 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 	ensureStreams(t, c)
 	noBatches := func(cfg *jetstream.StreamConfig) { cfg.AllowBatchPublish = false }
 	updateEventsStream(t, c, noBatches)
-	w, _ := startInternalOn(t, c, Config{Concurrency: 1}, nil)
+	w, _ := startInternalOn(t, c, testConfig{}, nil)
 	// The worker widens the stream again (flags are only added) and so
 	// batches; an operator's removal after the start is answered by the
 	// stream, and the batch turns off.
@@ -963,7 +963,7 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 
 // waitNoHolds waits until no ended batch holds a publisher: every hold
 // is released once its batch's answers are dispatched.
-func waitNoHolds(t *testing.T, w *Worker) {
+func waitNoHolds(t *testing.T, w *testWorker) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		w.batch.mu.Lock()
@@ -989,7 +989,7 @@ func waitNoHolds(t *testing.T, w *Worker) {
 // was stored first; a review's scratch test, and one
 // TestRefusedEventInABatchIsReSentForTheOthers run in 25.)
 func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, testConfig{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// The stream's answers are kept until the run's 3 is past its checks.
@@ -999,7 +999,7 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	letGo := func() { goOnce.Do(func() { close(goOn) }) }
 	t.Cleanup(letGo)
 	var once atomic.Bool
-	w.hooks.beforeBatchSend = func(p *publisher, seq uint64) {
+	w.signals.BeforeBatchSend = func(p *Publisher, seq uint64) {
 		// Its first send only: held then, it goes out again once 2 is
 		// stored (releaseHeld).
 		if p == run && seq == 3 && !once.Swap(true) {
@@ -1008,15 +1008,15 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 		}
 	}
 	// One batch: the refused event first, then the run's 2.
-	if _, err := big.event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), 0); err != nil {
+	if _, err := big.Event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := run.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	sent3 := make(chan error, 1)
 	go func() {
-		_, err := run.event("x", []byte(`{"type":"x","i":3}`), 0)
+		_, err := run.Event("x", []byte(`{"type":"x","i":3}`), Options{})
 		sent3 <- err
 	}()
 	within(t, past, 20*time.Second, "the run's 3 past its checks")
@@ -1043,8 +1043,8 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 // was lost and a new event pruned it) holds nobody: no later answer would
 // release the hold, and the run's events would go singly for good.
 func TestEndedAnswerForAForgottenBatchHoldsNobody(t *testing.T) {
-	b := &eventBatch{open: map[string]*openBatch{}, held: map[*publisher]int{}}
-	p := new(publisher)
+	b := &Batch{open: map[string]*openBatch{}, held: map[*Publisher]int{}}
+	p := new(Publisher)
 	batch := func() *openBatch {
 		ob := &openBatch{id: nuid.Next(), cut: math.MaxUint64, timer: time.NewTimer(time.Hour),
 			entries: []batchEntry{{p: p, seq: 1}}}
@@ -1071,7 +1071,7 @@ func TestEndedAnswerForAForgottenBatchHoldsNobody(t *testing.T) {
 }
 
 // batchID is the batch id in a batch message's reply subject.
-func batchID(t *testing.T, w *Worker, reply string) string {
+func batchID(t *testing.T, w *testWorker, reply string) string {
 	t.Helper()
 	rest, ok := strings.CutPrefix(reply, w.batch.prefix)
 	if !ok || !strings.HasSuffix(reply, ".$FI") {
@@ -1085,7 +1085,7 @@ func batchID(t *testing.T, w *Worker, reply string) string {
 // events: the next go to a new batch (in the one ended, the stream would
 // drop them and they would wait out the ack timeout).
 func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Minute}, nil)
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Minute}, nil)
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -1099,14 +1099,14 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 	sent := replies(t, c, other.subject)
 	publishN(t, full, 1)
 	publishN(t, other, 1)
-	for _, p := range []*publisher{full, other} {
-		if err := p.sync(ctx); err != nil {
+	for _, p := range []*Publisher{full, other} {
+		if err := p.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ev := func(p *publisher, i int) {
+	ev := func(p *Publisher, i int) {
 		t.Helper()
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+		if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1132,7 +1132,7 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 	}
 	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgsPerSubject = 1000 })
 	ev(other, 3)
-	if err := other.sync(ctx); err != nil {
+	if err := other.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := fmt.Sprint(storedSeqs(t, c, other.run)); got != "[1 2 3]" {
@@ -1142,7 +1142,7 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 	if len(r) != 3 || batchID(t, w, r[1]) == batchID(t, w, r[2]) {
 		t.Fatalf("other's events 2 and 3 went in one batch, the ended one: %q", r)
 	}
-	full.abandon()
+	full.Abandon()
 	if err := flushWithin(t, other); err != nil {
 		t.Fatal(err)
 	}
@@ -1153,7 +1153,7 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 // lost to a reconnect, or dropped by an overloaded stream, its re-send,
 // stored without an expectation, would land after the next.
 func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	held := make(chan *nats.Msg, 1)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
@@ -1169,7 +1169,7 @@ func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
 	published := make(chan error, 1)
 	go func() {
 		for i := 2; i <= 4; i++ {
-			if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+			if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), Options{}); err != nil {
 				published <- err
 				return
 			}
@@ -1202,7 +1202,7 @@ func TestNoBatchesWithoutTheCommitSubject(t *testing.T) {
 	c := connectTestServer(t)
 	ensureStreams(t, c)
 	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.Subjects = []string{c.Names().Events("*")} })
-	w, _ := startInternalOn(t, c, Config{Concurrency: 1, SkipEnsureStreams: true}, nil)
+	w, _ := startInternalOn(t, c, testConfig{SkipEnsureStreams: true}, nil)
 	if w.batch != nil {
 		t.Fatal("the worker batches on a stream without the commit subject")
 	}
@@ -1220,7 +1220,7 @@ func TestNoBatchesWithoutTheCommitSubject(t *testing.T) {
 // change) is re-sent after the batch's answer wait, not after the
 // publishers' ack timeout (an hour here): nothing is stored twice.
 func TestUnansweredBatchIsReSent(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	w.batch.mu.Lock()
 	w.batch.answerWait, w.batch.stuckWait = 50*time.Millisecond, 50*time.Millisecond
@@ -1236,7 +1236,7 @@ func TestUnansweredBatchIsReSent(t *testing.T) {
 // worker: it gets each answer with its batch id and returns how long to
 // hold it, or a negative duration to drop it. Held answers keep their
 // order.
-func relayAnswers(t *testing.T, w *Worker, pass func(id string) time.Duration) {
+func relayAnswers(t *testing.T, w *testWorker, pass func(id string) time.Duration) {
 	t.Helper()
 	if err := w.batch.sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
@@ -1297,8 +1297,8 @@ func loseFirstBatch() func(id string) time.Duration {
 // batches and kept an overloaded fleet from recovering.
 func TestLateBatchAnswersAreWaitedFor(t *testing.T) {
 	var resent atomic.Int32
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, func(w *Worker) {
-		w.hooks.beforeEventResend = func(uint64) { resent.Add(1) }
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, func(w *testWorker) {
+		w.signals.BeforeResend = func(uint64) { resent.Add(1) }
 	})
 	w.batch.mu.Lock()
 	w.batch.answerWait = 50 * time.Millisecond
@@ -1315,7 +1315,7 @@ func TestLateBatchAnswersAreWaitedFor(t *testing.T) {
 // say) is found by the later answer: its events are re-sent after
 // answerWait, not after stuckWait (an hour here), and stored once.
 func TestLostCommitIsFoundByALaterAnswer(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	w.batch.mu.Lock()
 	w.batch.answerWait = 50 * time.Millisecond
@@ -1323,7 +1323,7 @@ func TestLostCommitIsFoundByALaterAnswer(t *testing.T) {
 	relayAnswers(t, w, loseFirstBatch())
 	p1 := newPublisher(w, bus.NewRunID(), 1, nil)
 	started(t, p1) // its first event goes singly, with its message id
-	if _, err := p1.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := p1.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	w.batch.commitNow() // the second run's batch is committed after it
@@ -1348,8 +1348,8 @@ func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
 	var resent atomic.Int32
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, func(w *Worker) {
-		w.hooks.beforeEventResend = func(uint64) {
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, func(w *testWorker) {
+		w.signals.BeforeResend = func(uint64) {
 			if resent.Add(1) == 1 {
 				close(inResend)
 				<-goOn
@@ -1392,19 +1392,19 @@ func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
 	var releasing, injected atomic.Bool
-	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, func(w *Worker) {
-		w.hooks.beforeEventResend = func(uint64) {
+	w, _ := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, func(w *testWorker) {
+		w.signals.BeforeResend = func(uint64) {
 			if resent.Add(1) == 1 {
 				close(inResend)
 				<-goOn
 			}
 		}
-		w.hooks.beforeHeldSend = func(uint64) { releasing.Store(true) }
-		w.hooks.beforeBatchSend = func(p *publisher, seq uint64) {
+		w.signals.BeforeHeldSend = func(uint64) { releasing.Store(true) }
+		w.signals.BeforeBatchSend = func(p *Publisher, seq uint64) {
 			if releasing.Load() && seq == 5 && injected.CompareAndSwap(false, true) {
 				// The stream answers 4 as not stored, and the lease is lost.
 				p.batchAnswer(4, 0, false, errBatchEnded)
-				p.fence()
+				p.Fence()
 			}
 		}
 	})
@@ -1417,7 +1417,7 @@ func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
 	started(t, p)
 	holdDuringResend(t, w, p, inResend)
 	close(goOn)
-	if err := flushWithin(t, p); !errors.Is(err, errLeaseLost) {
+	if err := flushWithin(t, p); !errors.Is(err, ErrFenced) {
 		t.Fatalf("flush: %v, want the publisher fenced", err)
 	}
 	if !injected.Load() {
@@ -1428,9 +1428,9 @@ func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
 // holdDuringResend publishes event 2 in a batch whose answers are lost
 // (loseFirstBatch), waits for its re-send to start (inResend), and
 // publishes 3..10, held while the re-send runs.
-func holdDuringResend(t *testing.T, w *Worker, p *publisher, inResend <-chan struct{}) {
+func holdDuringResend(t *testing.T, w *testWorker, p *Publisher, inResend <-chan struct{}) {
 	t.Helper()
-	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	w.batch.commitNow() // its answers are lost: event 2 is re-sent
@@ -1439,7 +1439,7 @@ func holdDuringResend(t *testing.T, w *Worker, p *publisher, inResend <-chan str
 
 // heldWhileResending waits for event 2's re-send to start (inResend) and
 // publishes 3..10, held while the re-send runs.
-func heldWhileResending(t *testing.T, p *publisher, inResend <-chan struct{}) {
+func heldWhileResending(t *testing.T, p *Publisher, inResend <-chan struct{}) {
 	t.Helper()
 	select {
 	case <-inResend:
@@ -1447,7 +1447,7 @@ func heldWhileResending(t *testing.T, p *publisher, inResend <-chan struct{}) {
 		t.Fatal("event 2 was not re-sent")
 	}
 	for i := 3; i <= 10; i++ {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+		if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1457,7 +1457,7 @@ func heldWhileResending(t *testing.T, p *publisher, inResend <-chan struct{}) {
 // changed since the worker read it) turns batches off for good, and a
 // probe answered "no responders" (JetStream away) is no answer.
 func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	w, c := startInternal(t, testConfig{}, nil)
 	ctx := context.Background()
 	s, err := c.JetStream().Stream(ctx, w.names.EventsStream())
 	if err != nil {
@@ -1471,7 +1471,7 @@ func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
 	if err := w.batch.probe(ctx); !errors.Is(err, errBatchesDisabled) {
 		t.Fatalf("probe of a stream without batches: %v", err)
 	}
-	w.batch.probeOrOff(ctx, w.log, time.Millisecond)
+	w.batch.ProbeOrOff(ctx, w.log, time.Millisecond)
 	if w.batch.on() {
 		t.Fatal("batches on after a probe answered that they are disabled")
 	}
@@ -1479,7 +1479,7 @@ func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
 	// answered "disabled" ends them.
 	cut, cancel := context.WithCancel(ctx)
 	cancel()
-	w.batch.probeOrOff(cut, w.log, time.Millisecond)
+	w.batch.ProbeOrOff(cut, w.log, time.Millisecond)
 	reprobesEnded := make(chan struct{})
 	go func() {
 		w.batch.reprobing.Wait()
@@ -1505,19 +1505,19 @@ func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
 }
 
 type publishFailures struct {
-	NopObserver
+	nopMetrics
 	n atomic.Int64
 }
 
 func (o *publishFailures) PublishFailed(error) { o.n.Add(1) }
 
 // A hard stop while an event waits its turn fails its publisher with
-// errWorkerStopping, which the run takes as a hard stop (handed back at
+// ErrStopped, which the run takes as a hard stop (handed back at
 // once, "worker stopping"), not as events the stream would not store, and
 // which is not counted as a failed publish.
 func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
 	o := &publishFailures{}
-	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour, Observer: o}, nil)
+	w, _ := startInternal(t, testConfig{PublishAckTimeout: time.Hour, Observer: o}, nil)
 	holdBatches(t, w)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
 		if strings.HasSuffix(m.Subject, ".1") {
@@ -1528,23 +1528,23 @@ func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	publishN(t, p, 1)
-	go func() { _, _ = p.event("x", []byte(`{"type":"x","i":2}`), 0) }()
+	go func() { _, _ = p.Event("x", []byte(`{"type":"x","i":2}`), Options{}) }()
 	waitingForTurn(t, p, "event 2")
 	failsAsTheHardStop(t, w, o, p, failed)
 }
 
 // failsAsTheHardStop stops w hard and checks that p fails as the hard
 // stop's, uncounted as a failed publish.
-func failsAsTheHardStop(t *testing.T, w *Worker, o *publishFailures, p *publisher, failed <-chan error) {
+func failsAsTheHardStop(t *testing.T, w *testWorker, o *publishFailures, p *Publisher, failed <-chan error) {
 	t.Helper()
 	w.hardCancel()
-	if err := within(t, failed, 20*time.Second, "the publisher's failure at the hard stop"); !errors.Is(err, errWorkerStopping) {
-		t.Fatalf("publisher failed with %v, want errWorkerStopping", err)
+	if err := within(t, failed, 20*time.Second, "the publisher's failure at the hard stop"); !errors.Is(err, ErrStopped) {
+		t.Fatalf("publisher failed with %v, want ErrStopped", err)
 	}
 	if n := o.n.Load(); n != 0 {
 		t.Errorf("%d failed publishes counted at a hard stop", n)
 	}
-	p.abandon()
+	p.Abandon()
 }
 
 // A run fenced (or failed) while its event waits for the answer to its
@@ -1559,7 +1559,7 @@ func TestAFencedRunStopsWaitingForItsEarlierBatch(t *testing.T) {
 }
 
 func stopWaitingForABatch(t *testing.T, hardStop bool) {
-	w, c := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: time.Hour}, nil)
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	w.batch.mu.Lock()
 	w.batch.stuckWait = time.Hour
@@ -1571,14 +1571,14 @@ func stopWaitingForABatch(t *testing.T, hardStop bool) {
 	started(t, p)
 	waiting := batchWaits(w, p)
 	keeping.Store(true)
-	if _, err := p.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	w.batch.commitNow()
 	answer := within(t, tap.kept, 20*time.Second, "the batch's answer")
 	sent := make(chan error, 1)
 	go func() {
-		_, err := p.event("x", []byte(`{"type":"x","i":3}`), 0)
+		_, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{})
 		sent <- err
 	}()
 	within(t, waiting, 20*time.Second, "the run's 3 waiting")
@@ -1587,7 +1587,7 @@ func stopWaitingForABatch(t *testing.T, hardStop bool) {
 		w.hardCancel()
 		want = "[1 2 3]"
 	} else {
-		p.abandon()
+		p.Abandon()
 		within(t, sent, 10*time.Second, "the run's 3 ending its wait")
 	}
 	keeping.Store(false)
@@ -1624,7 +1624,7 @@ func stopWaitingForABatch(t *testing.T, hardStop bool) {
 // answer (it ends the request: context canceled).
 func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 	o := &publishFailures{}
-	w, _ := startInternal(t, Config{Concurrency: 1, PublishAckTimeout: 300 * time.Millisecond, Observer: o}, nil)
+	w, _ := startInternal(t, testConfig{PublishAckTimeout: 300 * time.Millisecond, Observer: o}, nil)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
 		if strings.HasSuffix(m.Subject, ".1") {
 			return nil // run_started's ack never comes: it is re-sent
@@ -1633,7 +1633,7 @@ func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 	})
 	resending := make(chan struct{})
 	var once sync.Once
-	w.hooks.beforeEventResend = func(uint64) {
+	w.signals.BeforeResend = func(uint64) {
 		once.Do(func() { close(resending) })
 		<-w.hardCtx.Done()
 	}
@@ -1649,7 +1649,7 @@ func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 // would only cut the other runs' batch short (a tool call waits for its
 // run's events, docs/protocol.md §4).
 func TestAWaitCommitsTheOpenBatchOnlyForItsOwnEvents(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1}, nil)
+	w, _ := startInternal(t, testConfig{}, nil)
 	holdBatches(t, w)
 	p1, p2 := newPublisher(w, bus.NewRunID(), 1, nil), newPublisher(w, bus.NewRunID(), 1, nil)
 	started(t, p1)
@@ -1657,11 +1657,11 @@ func TestAWaitCommitsTheOpenBatchOnlyForItsOwnEvents(t *testing.T) {
 	keeping := new(atomic.Bool)
 	keeping.Store(true)
 	tap := tapAnswers(t, w, func(*nats.Msg) bool { return keeping.Load() })
-	if _, err := p1.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := p1.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	w.batch.commitNow() // p1's 2 waits in a committed batch
-	if _, err := p2.event("x", []byte(`{"type":"x","i":2}`), 0); err != nil {
+	if _, err := p2.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	open := func() bool {

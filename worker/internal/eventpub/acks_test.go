@@ -1,4 +1,4 @@
-package worker
+package eventpub
 
 import (
 	"context"
@@ -97,7 +97,7 @@ func FuzzFastPubAck(f *testing.F) {
 
 // loseAcks makes the worker's acks go nowhere until the returned func
 // subscribes again.
-func loseAcks(t *testing.T, w *Worker) (restore func()) {
+func loseAcks(t *testing.T, w *testWorker) (restore func()) {
 	t.Helper()
 	if err := w.acks.sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
@@ -152,13 +152,13 @@ func storedOn(t *testing.T, c *bus.Client, subject string, n uint64) {
 // duplicate acks complete the flush. Without the re-send the flush never
 // ends.
 func TestLostAcksAreRecoveredByResend(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	restore := loseAcks(t, w)
 	run := bus.NewRunID()
 	failed := make(chan error, 1)
 	p := newPublisher(w, run, 1, func(err error) { failed <- err })
 	for i := range 5 {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+		if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -166,7 +166,7 @@ func TestLostAcksAreRecoveredByResend(t *testing.T) {
 	restore()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := p.flush(ctx); err != nil {
+	if err := p.Flush(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
 	storedOn(t, c, w.names.Events(run), 5)
@@ -185,7 +185,7 @@ func TestLostAcksAreRecoveredByResend(t *testing.T) {
 // sends, until the retry budget (AckWait) is spent; then the publisher
 // fails and says why.
 func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, AckWait: 2 * time.Second}, nil)
+	w, _ := startInternal(t, testConfig{NoEventBatches: true, AckWait: 2 * time.Second}, nil)
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	p.subject = "nostream." + p.run
@@ -202,12 +202,12 @@ func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 	if err := w.c.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err = p.flush(ctx)
+	err = p.Flush(ctx)
 	if err == nil || !strings.Contains(err.Error(), "not stored within 2s") {
 		t.Fatalf("flush: %v, want not stored within 2s", err)
 	}
@@ -228,13 +228,13 @@ func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 // Acks applied out of their stream order (an event lost and stored after
 // a later one) fail the attempt.
 func TestAcksOutOfStreamOrderFail(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true}, nil)
+	w, _ := startInternal(t, testConfig{NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	for range 2 {
-		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -250,7 +250,7 @@ func TestAcksOutOfStreamOrderFail(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := p.flush(ctx); !errors.Is(err, errOutOfOrder) {
+	if err := p.Flush(ctx); !errors.Is(err, errOutOfOrder) {
 		t.Fatalf("flush: %v", err)
 	}
 	if n := len(p.window); n != 0 {
@@ -260,12 +260,12 @@ func TestAcksOutOfStreamOrderFail(t *testing.T) {
 
 // startOwnServer runs a worker on its own embedded server, which the test
 // may shut down.
-func startOwnServer(t *testing.T, cfg Config) (*Worker, *natsembed.Server) {
+func startOwnServer(t *testing.T, cfg testConfig) (*testWorker, *natsembed.Server) {
 	t.Helper()
 	return startOwnServerHooked(t, cfg, nil)
 }
 
-func startOwnServerHooked(t *testing.T, cfg Config, hooks func(w *Worker)) (*Worker, *natsembed.Server) {
+func startOwnServerHooked(t *testing.T, cfg testConfig, hooks func(w *testWorker)) (*testWorker, *natsembed.Server) {
 	t.Helper()
 	c, srv := startTestServer(t)
 	w, _ := startInternalOn(t, c, cfg, hooks)
@@ -276,7 +276,7 @@ func startOwnServerHooked(t *testing.T, cfg Config, hooks func(w *Worker)) (*Wor
 // the seqs of the envelopes published there, in wire order. It answers a
 // re-send (a request, not answered to the worker's acks subjects: one at a
 // time, each waiting for its answer) as a stream would that stored it.
-func sentSeqs(t *testing.T, w *Worker, url, subject string) func(n int) []uint64 {
+func sentSeqs(t *testing.T, w *testWorker, url, subject string) func(n int) []uint64 {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -334,11 +334,11 @@ func sentSeqs(t *testing.T, w *Worker, url, subject string) func(n int) []uint64
 // earlier one whose ack the lost connection took with it: it waits, and
 // goes out once the earlier one's re-send is stored.
 func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute})
+	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run // a subscriber, no stream: no ack ever
 	got := sentSeqs(t, w, srv.URL(), p.subject)
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	got(1)
@@ -352,13 +352,13 @@ func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if seqs := got(3); fmt.Sprint(seqs) != "[1 1 2]" {
 		t.Fatalf("on the wire: %v, want [1 1 2] (event 1 again before event 2)", seqs)
 	}
-	p.abandon()
+	p.Abandon()
 }
 
 // While a re-send waits for NATS, an ack that comes meanwhile starts the
@@ -375,7 +375,7 @@ func TestResendBudgetHoldsAfterAnAckMeanwhile(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the publisher waits for NATS past its budget")
 	}
-	p.abandon()
+	p.Abandon()
 }
 
 // A re-send waiting for NATS ends when the acks of everything it held
@@ -386,7 +386,7 @@ func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
 	p.ackArrived(2, 11, false, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := p.flush(ctx); err != nil {
+	if err := p.Flush(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
 	// Nothing waits: a later failure gets a whole budget of its own.
@@ -400,21 +400,21 @@ func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
 
 // A fenced attempt sends nothing more, also from a re-send in progress.
 func TestFenceStopsAResendInProgress(t *testing.T) {
-	var p *publisher
-	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute})
+	var p *Publisher
+	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p = newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run
 	got := sentSeqs(t, w, srv.URL(), p.subject)
 	for range 3 {
-		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	got(3)
 	fenced := make(chan struct{})
-	w.hooks.beforeEventResend = func(seq uint64) {
+	w.signals.BeforeResend = func(seq uint64) {
 		if seq == 2 {
-			p.fence() // the lease is lost while the re-send publishes
+			p.Fence() // the lease is lost while the re-send publishes
 			close(fenced)
 		}
 	}
@@ -422,7 +422,7 @@ func TestFenceStopsAResendInProgress(t *testing.T) {
 	p.startResendLocked(nats.ErrDisconnected)
 	p.mu.Unlock()
 	within(t, fenced, 10*time.Second, "the re-send")
-	p.abandon()
+	p.Abandon()
 	// A marker after the re-send has ended: on one connection, the order
 	// of the wire.
 	if err := w.c.Conn().Publish(p.subject, []byte(`{"seq":99}`)); err != nil {
@@ -436,14 +436,14 @@ func TestFenceStopsAResendInProgress(t *testing.T) {
 // resendingWithoutNATS returns a publisher (AckWait 2s) whose two events
 // went out unacknowledged and whose re-send waits for a server that is
 // gone.
-func resendingWithoutNATS(t *testing.T, onFail func(error)) *publisher {
+func resendingWithoutNATS(t *testing.T, onFail func(error)) *Publisher {
 	t.Helper()
-	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, AckWait: 2 * time.Second})
+	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, AckWait: 2 * time.Second})
 	p := newPublisher(w, bus.NewRunID(), 1, onFail)
 	p.subject = "plain." + p.run
 	got := sentSeqs(t, w, srv.URL(), p.subject)
 	for range 2 {
-		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -453,7 +453,7 @@ func resendingWithoutNATS(t *testing.T, onFail func(error)) *publisher {
 	return p
 }
 
-func waitResending(t *testing.T, p *publisher) {
+func waitResending(t *testing.T, p *Publisher) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		p.mu.Lock()
@@ -474,12 +474,12 @@ func waitResending(t *testing.T, p *publisher) {
 // to the same reply subject, so the answer neither fails the attempt nor
 // pops the event.
 func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true}, nil)
+	w, _ := startInternal(t, testConfig{NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	_, _, inProcess := parsePubAck(&nats.Msg{Data: []byte(`{"error":{"code":409,"err_code":10158,"description":"duplicate message id is in process"},"stream":"AGENTS_EVENTS","seq":0}`)})
@@ -493,7 +493,7 @@ func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
 	p.ackArrived(1, 5, false, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := p.flush(ctx); err != nil {
+	if err := p.Flush(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
 	select {
@@ -507,11 +507,11 @@ func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
 // a full socket, or on a reconnect's handshake): it takes only the
 // publisher's state lock.
 func TestAckDoesNotWaitForAPublish(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true}, nil)
+	w, _ := startInternal(t, testConfig{NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	p.sendMu.Lock() // a publish in progress
@@ -528,7 +528,7 @@ func TestAckDoesNotWaitForAPublish(t *testing.T) {
 	p.sendMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := p.flush(ctx); err != nil {
+	if err := p.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -538,12 +538,12 @@ func TestAckDoesNotWaitForAPublish(t *testing.T) {
 // again until its budget ran out).
 func TestClosedAcksAreNoLostConnection(t *testing.T) {
 	c := connectTestServer(t)
-	a, err := startEventAcks(c.Conn(), time.Second, nil)
+	a, err := StartAcks(c.Conn(), time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, sentIn := a.currentWithContext()
-	a.close()
+	a.Close()
 	if sentIn.Err() == nil || lostSince(sentIn) {
 		t.Fatalf("after close: ended %v, lost %v; want ended, not lost", sentIn.Err(), lostSince(sentIn))
 	}

@@ -1,4 +1,4 @@
-package worker
+package eventpub
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/netsplit"
 )
 
 // Protocol 1.4: the agent's events carry no message id, so a re-send must
@@ -20,7 +21,7 @@ import (
 
 // dropAcks routes the worker's acks through drop: an ack of an event whose
 // seq it returns true for is lost.
-func dropAcks(t *testing.T, w *Worker, drop func(seq uint64) bool) {
+func dropAcks(t *testing.T, w *testWorker, drop func(seq uint64) bool) {
 	t.Helper()
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
 		var seq uint64
@@ -36,7 +37,7 @@ func dropAcks(t *testing.T, w *Worker, drop func(seq uint64) bool) {
 
 // routeAcks routes the worker's acks through pass: what it returns (nil:
 // nothing) reaches the worker.
-func routeAcks(t *testing.T, w *Worker, pass func(*nats.Msg) *nats.Msg) {
+func routeAcks(t *testing.T, w *testWorker, pass func(*nats.Msg) *nats.Msg) {
 	t.Helper()
 	if err := w.acks.sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
@@ -56,13 +57,13 @@ func routeAcks(t *testing.T, w *Worker, pass func(*nats.Msg) *nats.Msg) {
 }
 
 // publishN publishes run_started and n-1 agent events.
-func publishN(t *testing.T, p *publisher, n int) {
+func publishN(t *testing.T, p *Publisher, n int) {
 	t.Helper()
-	if _, err := p.event(bus.EventRunStarted, []byte(`{"type":"run_started","attempt":1}`), 0); err != nil {
+	if _, err := p.Event(bus.EventRunStarted, []byte(`{"type":"run_started","attempt":1}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 2; i <= n; i++ {
-		if _, err := p.event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), 0); err != nil {
+		if _, err := p.Event("x", fmt.Appendf(nil, `{"type":"x","i":%d}`, i), Options{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,11 +85,11 @@ func storedSeqs(t *testing.T, c *bus.Client, run string) []uint64 {
 	return seqs
 }
 
-func flushWithin(t *testing.T, p *publisher) error {
+func flushWithin(t *testing.T, p *Publisher) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return p.flush(ctx)
+	return p.Flush(ctx)
 }
 
 // Acks lost after the events were stored: the re-send learns what is
@@ -106,7 +107,7 @@ func TestLostAcksStoreNothingTwice(t *testing.T) {
 		{"every ack lost", 5, func(uint64) bool { return true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
+			w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 			dropAcks(t, w, tc.lost)
 			run := bus.NewRunID()
 			p := newPublisher(w, run, 1, nil)
@@ -131,7 +132,7 @@ func TestLostAcksStoreNothingTwice(t *testing.T) {
 // sequence read), and readers take each seq once. (Here the copy lands
 // before the read; one landing after it is what readers' seq rule is for.)
 func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
@@ -140,7 +141,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 	// When event 2's re-send comes, a copy of it lands first, and event 3
 	// comes: it is held behind the re-send.
 	var copied atomic.Bool
-	w.hooks.beforeEventResend = func(seq uint64) {
+	w.signals.BeforeResend = func(seq uint64) {
 		if seq != 2 || copied.Swap(true) {
 			return
 		}
@@ -150,7 +151,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 		if _, err := c.JetStream().Publish(context.Background(), p.subject, data); err != nil {
 			t.Error(err)
 		}
-		if _, err := p.event("x", []byte(`{"type":"x","i":3}`), 0); err != nil {
+		if _, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{}); err != nil {
 			t.Error(err)
 		}
 	}
@@ -164,7 +165,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 		return p.seq
 	}
 	for !copied.Load() || sent() < 3 {
-		if err := p.sync(ctx); err != nil {
+		if err := p.Sync(ctx); err != nil {
 			t.Fatalf("sync: %v", err)
 		}
 	}
@@ -197,13 +198,13 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 // An event lost while a later one was stored is a real reorder: the
 // attempt fails (the next resumes from what is stored).
 func TestLostEventBeforeAStoredOneFails(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
 	run := bus.NewRunID()
 	failed := make(chan error, 1)
 	p := newPublisher(w, run, 1, func(err error) { failed <- err })
 	var deleted bool
-	w.hooks.beforeEventResend = func(seq uint64) {
+	w.signals.BeforeResend = func(seq uint64) {
 		if seq != 2 || deleted {
 			return
 		}
@@ -230,7 +231,7 @@ func TestLostEventBeforeAStoredOneFails(t *testing.T) {
 // A newer attempt's event on the subject fails a re-sending attempt (it
 // was fenced): its re-send stores nothing after the newer one's.
 func TestResendFindsANewerAttempt(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
 	run := bus.NewRunID()
 	failed := make(chan error, 1)
@@ -254,7 +255,7 @@ func TestResendFindsANewerAttempt(t *testing.T) {
 // A re-send waiting for its answer ends when the attempt is fenced: the
 // lost lease does not wait out the ack timeout (a minute here).
 func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute})
+	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run // a subscriber that never answers
 	nc, err := nats.Connect(srv.URL())
@@ -269,7 +270,7 @@ func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	p.mu.Lock()
@@ -286,7 +287,7 @@ func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() {
-		p.abandon()
+		p.Abandon()
 		close(done)
 	}()
 	within(t, done, 10*time.Second, "abandon with a re-send waiting for its ack")
@@ -296,7 +297,7 @@ func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
 // died mid-request) is tried again within the retry budget (AckWait), not
 // failed at once.
 func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
-	w, srv := startOwnServer(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 20 * time.Second})
+	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 20 * time.Second})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run
 	nc, err := nats.Connect(srv.URL())
@@ -319,7 +320,7 @@ func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := flushWithin(t, p); err != nil {
@@ -330,12 +331,12 @@ func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
 // Event 2 lost, event 3 stored and acknowledged: the re-send finds 3
 // stored without 2 and fails the attempt before it stores 2 after 3.
 func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
+	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
 	var deleted atomic.Bool
-	w.hooks.beforeEventResend = func(seq uint64) {
+	w.signals.BeforeResend = func(seq uint64) {
 		if seq != 2 || deleted.Swap(true) {
 			return
 		}
@@ -360,13 +361,13 @@ func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
 // delete): the re-send takes the last it read, and neither spins nor
 // fails.
 func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 5 * time.Second}, nil)
+	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 5 * time.Second}, nil)
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
 	publishN(t, p, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := p.sync(ctx); err != nil {
+	if err := p.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	s, err := c.Stream(ctx, w.names.EventsStream())
@@ -378,14 +379,14 @@ func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
 	}
 	dropAcks(t, w, func(seq uint64) bool { return seq == 4 })
 	var tries atomic.Int64
-	w.hooks.beforeEventResend = func(uint64) {
+	w.signals.BeforeResend = func(uint64) {
 		if tries.Add(1) == 1 {
 			if err := s.DeleteMsg(context.Background(), 4); err != nil {
 				t.Error(err)
 			}
 		}
 	}
-	if _, err := p.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x","i":4}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := flushWithin(t, p); err != nil {
@@ -400,7 +401,7 @@ func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
 }
 
 type publishedHook struct {
-	NopObserver
+	nopMetrics
 	on func()
 }
 
@@ -411,25 +412,25 @@ func (h *publishedHook) EventPublished() { h.on() }
 // new event's re-send still fails once its budget (AckWait) is spent.
 func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
 	c, srv := startTestServer(t)
-	var pub atomic.Pointer[publisher]
+	var pub atomic.Pointer[Publisher]
 	var once atomic.Bool
 	hook := &publishedHook{on: func() {
 		p := pub.Load()
 		if p == nil || once.Swap(true) {
 			return
 		}
-		if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+		if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 			t.Error(err)
 		}
 		srv.Shutdown()
 	}}
-	w, _ := startInternalOn(t, c, Config{Concurrency: 1, AckWait: 2 * time.Second, PublishAckTimeout: time.Minute},
-		func(w *Worker) { w.obs = hook })
+	w, _ := startInternalOn(t, c, testConfig{AckWait: 2 * time.Second, PublishAckTimeout: time.Minute},
+		func(w *testWorker) { w.obs = hook })
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	p.subject = "plain." + p.run
 	got := sentSeqs(t, w, srv.URL(), p.subject)
-	if _, err := p.event("x", []byte(`{"type":"x"}`), 0); err != nil {
+	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	got(1)
@@ -448,7 +449,7 @@ func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
 			once.Load(), len(p.queue), p.resending, p.retryStart.IsZero())
 		p.mu.Unlock()
 	}
-	p.abandon()
+	p.Abandon()
 }
 
 // An overloaded server drops what its stream's ingest queue cannot take
@@ -456,7 +457,7 @@ func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
 // not the run handed back (every run of a loaded worker was, at once, and
 // their resumes kept the server overloaded).
 func TestTooManyRequestsIsReSent(t *testing.T) {
-	w, c := startInternal(t, Config{Concurrency: 1}, nil)
+	w, c := startInternal(t, testConfig{}, nil)
 	var answered atomic.Int32
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
 		if answered.Add(1) == 1 { // the stored first event's ack, as the overloaded server's answer
@@ -469,12 +470,12 @@ func TestTooManyRequestsIsReSent(t *testing.T) {
 }
 
 // A worker's re-sends read what the stream holds a few at a time
-// (maxStoredReads): with every slot taken, a re-send refused for what is
+// (MaxStoredReads): with every slot taken, a re-send refused for what is
 // stored reads nothing and waits, then goes on once a slot is free.
 func TestStoredReadsWaitForASlot(t *testing.T) {
 	waits := make(chan uint64, 16)
-	w, c := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, func(w *Worker) {
-		w.hooks.beforeStoredRead = func(p *publisher) {
+	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, func(w *testWorker) {
+		w.signals.BeforeStoredRead = func(p *Publisher) {
 			p.mu.Lock()
 			o, _ := p.firstUnackedLocked()
 			p.mu.Unlock()
@@ -509,4 +510,32 @@ func TestStoredReadsWaitForASlot(t *testing.T) {
 	if got := fmt.Sprint(storedSeqs(t, c, run)); got != "[1 2 3]" {
 		t.Fatalf("stored %s, want [1 2 3]", got)
 	}
+}
+
+// A re-send's read of what the stream holds (reconcile) goes on the
+// connection of the re-send's epoch: lost, the read ends at once and the
+// re-send goes on; it used to wait out its whole time (PublishAckTimeout,
+// longer than a short AckWait's budget).
+func TestReconcileEndsWithItsConnection(t *testing.T) {
+	_, srv := startTestServer(t)
+	part := netsplit.Start(t, srv.NATS().Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	wc := part.Connect(ctx, t)
+	w, _ := startInternalOn(t, wc, testConfig{}, nil)
+	p := newPublisher(w, "r1", 1, nil)
+	defer p.Abandon()
+	_, sentIn := w.acks.currentWithContext()
+	part.Stall()
+	go func() {
+		<-part.Swallowed() // the read went nowhere
+		part.Cut()
+	}()
+	_, err := p.reconcile(ctx, sentIn, 0, time.Minute)
+	if !errors.Is(err, nats.ErrDisconnected) {
+		t.Fatalf("reconcile: %v, want it ended by the lost connection", err)
+	}
+	part.Unstall()
+	part.Heal()
+	netsplit.WaitStatus(t, wc.Conn(), nats.CONNECTED)
 }

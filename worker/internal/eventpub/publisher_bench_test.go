@@ -1,4 +1,4 @@
-package worker
+package eventpub
 
 import (
 	"bytes"
@@ -18,9 +18,9 @@ func TestEnvelopePartsMatchAppendJSON(t *testing.T) {
 				e := bus.Envelope{Run: "r-1", Seq: 17, Attempt: 3, Worker: worker, TS: 1700000000123,
 					ControlSeq: cs, Interrupted: intr, Event: []byte(`{"type":"x"}`)}
 				want := e.AppendJSON(nil)
-				p := &publisher{}
+				p := &Publisher{}
 				p.envHead, p.envMid = envelopeParts(e.Run, e.Attempt, e.Worker)
-				if got := p.appendEnvelope(nil, e.Seq, e.TS, cs, intr, e.Event); !bytes.Equal(got, want) {
+				if got := p.appendEnvelope(nil, e.Seq, e.TS, Options{ControlSeq: cs, Interrupted: intr}, e.Event); !bytes.Equal(got, want) {
 					t.Errorf("got  %s\nwant %s", got, want)
 				}
 			}
@@ -37,7 +37,7 @@ func BenchmarkPublishDelta(b *testing.B) {
 		plain bool
 	}{{"batches", false}, {"plain", true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			w, _ := startInternal(b, Config{Concurrency: 1, NoEventBatches: tc.plain}, nil)
+			w, _ := startInternal(b, testConfig{NoEventBatches: tc.plain}, nil)
 			ev := agent.Event{Type: agent.EventMessageUpdate, StreamEvent: &agent.StreamEvent{Type: agent.StreamTextDelta, Delta: "lorem ipsum dolo"}}
 			p := newPublisher(w, bus.NewRunID(), 1, nil)
 			var scratch []byte
@@ -48,13 +48,13 @@ func BenchmarkPublishDelta(b *testing.B) {
 					b.Fatal(err)
 				}
 				scratch = data
-				if _, err := p.event(string(ev.Type), data, 0); err != nil {
+				if _, err := p.Event(string(ev.Type), data, Options{}); err != nil {
 					b.Fatal(err)
 				}
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := p.flush(ctx); err != nil {
+			if err := p.Flush(ctx); err != nil {
 				b.Fatal(err)
 			}
 		})

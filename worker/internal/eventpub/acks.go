@@ -1,4 +1,4 @@
-package worker
+package eventpub
 
 import (
 	"bytes"
@@ -15,40 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// The JetStream acks of every event publisher of a worker come to one
-// subscription, and each is applied to its publisher right there: no
-// future, timer or goroutine per event, and none per run.
-//
-// Invariants:
-//   - An event is sent with reply subject <prefix><publisher id>.<seq>; an
-//     ack is applied under its publisher's lock to the queued event with
-//     that seq, and ignored when there is none (a late ack of an event
-//     already popped, or of a closed publisher).
-//   - The callback never blocks: it takes a publisher's state lock (never
-//     held over I/O) and gives back window slots the queue holds; a
-//     re-send or a failure's handling runs on its own goroutine.
-//   - The epoch counts the connection's losses. nats.go puts a status
-//     change into our channel before the status changes, and every
-//     reader of the epoch first counts what the channel holds, under
-//     statusMu: so a publisher that sees the connection up again sees the
-//     epoch of the loss, an event sent before it never has the current
-//     epoch, and a new event is held behind it (publish.go; a loss during
-//     the publish itself is caught by the acks' order). A status
-//     change the full channel dropped needs no count: nothing was sent
-//     while the channel was not empty.
-//   - Each epoch has a context that ends (errConnectionLost) when the
-//     next loss is counted: a re-send's request and its reads of the
-//     stream (reconcile) are bound to the epoch they went out in, so one
-//     the lost connection swallowed is sent again on the new one instead
-//     of waiting out its timeout (it could spend the whole budget).
-//     Closing ends it with another cause, which no re-send retries on.
-//   - An event sent in an older epoch, or unacknowledged for
-//     PublishAckTimeout, is re-sent (with the others after it, in order,
-//     by its publisher); the sweep finds it within sweepEvery, and a
-//     publisher with a new event at once. A re-send too many costs a
-//     request the stream refuses (publish.go: the expected last subject
-//     sequence), or a message id it drops.
-type eventAcks struct {
+// Acks takes the JetStream acks of every publisher of a worker on one
+// subscription and applies each to its publisher (doc.go: Acks).
+type Acks struct {
 	nc      *nats.Conn
 	prefix  string // <inbox>.
 	sub     *nats.Subscription
@@ -67,21 +36,24 @@ type eventAcks struct {
 
 	mu   sync.Mutex
 	next uint64
-	pubs map[uint64]*publisher
+	pubs map[uint64]*Publisher
 
 	stop chan struct{}
 	done chan struct{} // the sweep has stopped
 
-	beforeSweep func() // a test's: before each pass of the sweep
+	signals *Signals // tests'
 }
 
 const sweepEvery = 100 * time.Millisecond
 
-func startEventAcks(nc *nats.Conn, timeout time.Duration, beforeSweep func()) (*eventAcks, error) {
-	a := &eventAcks{
+// StartAcks subscribes to the acks of the publishers to come and starts
+// their sweep; an event unacknowledged for timeout is re-sent. Close
+// stops it, once the publishers are done.
+func StartAcks(nc *nats.Conn, timeout time.Duration, signals *Signals) (*Acks, error) {
+	a := &Acks{
 		nc: nc, prefix: nc.NewInbox() + ".", timeout: timeout,
-		pubs: map[uint64]*publisher{}, now: make(chan struct{}, 1),
-		stop: make(chan struct{}), done: make(chan struct{}), beforeSweep: beforeSweep,
+		pubs: map[uint64]*Publisher{}, now: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{}), signals: signals,
 	}
 	sub, err := nc.Subscribe(a.prefix+"*.*", a.route)
 	if err != nil {
@@ -95,8 +67,8 @@ func startEventAcks(nc *nats.Conn, timeout time.Duration, beforeSweep func()) (*
 	return a, nil
 }
 
-// close stops the sweep, the status listener and the subscription.
-func (a *eventAcks) close() {
+// Close stops the sweep, the status listener and the subscription.
+func (a *Acks) Close() {
 	close(a.stop)
 	<-a.done
 	a.nc.RemoveStatusListener(a.status)
@@ -122,14 +94,14 @@ func lostSince(sentIn context.Context) bool {
 // current returns the epoch: the connection's losses so far, those just
 // put into the status channel counted first. A new loss has the sweep
 // look at once.
-func (a *eventAcks) current() uint64 {
+func (a *Acks) current() uint64 {
 	epoch, _ := a.currentWithContext()
 	return epoch
 }
 
 // currentWithContext is current with the epoch's context (see the
 // invariants).
-func (a *eventAcks) currentWithContext() (uint64, context.Context) {
+func (a *Acks) currentWithContext() (uint64, context.Context) {
 	a.statusMu.Lock()
 	defer a.statusMu.Unlock()
 	lost := false
@@ -152,7 +124,7 @@ func (a *eventAcks) currentWithContext() (uint64, context.Context) {
 }
 
 // add registers a publisher and returns the head of its reply subjects.
-func (a *eventAcks) add(p *publisher) string {
+func (a *Acks) add(p *Publisher) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.next++
@@ -161,14 +133,14 @@ func (a *eventAcks) add(p *publisher) string {
 	return a.prefix + strconv.FormatUint(a.next, 10) + "."
 }
 
-func (a *eventAcks) remove(id uint64) {
+func (a *Acks) remove(id uint64) {
 	a.mu.Lock()
 	delete(a.pubs, id)
 	a.mu.Unlock()
 }
 
 // route is the subscription's callback.
-func (a *eventAcks) route(m *nats.Msg) {
+func (a *Acks) route(m *nats.Msg) {
 	rest, ok := cutPrefix(m.Subject, a.prefix)
 	if !ok {
 		return
@@ -202,7 +174,7 @@ func (a *eventAcks) route(m *nats.Msg) {
 }
 
 // sawStream records the stream sequence of an ack.
-func (a *eventAcks) sawStream(seq uint64) {
+func (a *Acks) sawStream(seq uint64) {
 	for {
 		h := a.highest.Load()
 		if seq <= h || a.highest.CompareAndSwap(h, seq) {
@@ -219,11 +191,11 @@ func cutPrefix(s, prefix string) (string, bool) {
 }
 
 // sweep finds events whose acks were lost: to a reconnect, or to time.
-func (a *eventAcks) sweep() {
+func (a *Acks) sweep() {
 	defer close(a.done)
 	t := time.NewTicker(sweepEvery)
 	defer t.Stop()
-	var pubs []*publisher
+	var pubs []*Publisher
 	for {
 		select {
 		case <-a.stop:
@@ -231,9 +203,7 @@ func (a *eventAcks) sweep() {
 		case <-t.C:
 		case <-a.now:
 		}
-		if a.beforeSweep != nil {
-			a.beforeSweep()
-		}
+		a.signals.beforeAcksSweep()
 		epoch := a.current()
 		a.mu.Lock()
 		for _, p := range a.pubs {
