@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 )
 
 // maxEventReads is how many reads of stored events (resumes, give-ups,
@@ -53,7 +54,7 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 		if err != nil && rctx.Err() != nil {
 			return envs, ended(err)
 		}
-		if err == nil || !(bus.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
+		if err == nil || !(natserr.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
 			return envs, err
 		}
 		select {

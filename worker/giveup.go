@@ -52,22 +52,6 @@ type maxDeliveriesAdvisory struct {
 	Deliveries int    `json:"deliveries"`
 }
 
-// Dead-letter headers.
-const (
-	HeaderDeadReason     = "Agentfleet-Dead-Reason"
-	HeaderDeadDeliveries = "Agentfleet-Deliveries"
-	HeaderDeadSubject    = "Agentfleet-Subject"
-	HeaderDeadRequestSeq = "Agentfleet-Request-Seq"
-)
-
-// Requeue headers: a request whose deliveries ran out while its run was
-// waiting (handed back by drains) is published again; the copy names the
-// request it replaces and the attempts already used.
-const (
-	HeaderRequeuedFrom = "Agentfleet-Requeued-From"
-	HeaderAttemptBase  = "Agentfleet-Attempt-Base"
-)
-
 // requeueBindWait bounds how long a copy picked up before the give-up
 // bound it to the run's record waits for that (one record write).
 const requeueBindWait = 5 * time.Second
@@ -193,7 +177,7 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	// record's requeue marker says (never the request's headers alone).
 	base, copyOf := 0, uint64(0)
 	if rec != nil && rec.Requeue != nil {
-		from, _ := strconv.ParseUint(req.Header.Get(HeaderRequeuedFrom), 10, 64)
+		from, _ := strconv.ParseUint(req.Header.Get(bus.HeaderRequeuedFrom), 10, 64)
 		switch {
 		case rec.RequestSeq == adv.StreamSeq:
 			base = rec.Requeue.AttemptBase
@@ -253,10 +237,10 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	// The dead letter first: the request is never gone without a copy.
 	dl := &nats.Msg{Subject: w.names.Dead(queue, id), Data: req.Data, Header: nats.Header{}}
 	dl.Header.Set(jetstream.MsgIDHeader, id+":"+strconv.FormatUint(adv.StreamSeq, 10))
-	dl.Header.Set(HeaderDeadReason, bus.ReasonGaveUp)
-	dl.Header.Set(HeaderDeadDeliveries, strconv.Itoa(adv.Deliveries))
-	dl.Header.Set(HeaderDeadSubject, req.Subject)
-	dl.Header.Set(HeaderDeadRequestSeq, strconv.FormatUint(adv.StreamSeq, 10))
+	dl.Header.Set(bus.HeaderDeadReason, bus.ReasonGaveUp)
+	dl.Header.Set(bus.HeaderDeadDeliveries, strconv.Itoa(adv.Deliveries))
+	dl.Header.Set(bus.HeaderDeadSubject, req.Subject)
+	dl.Header.Set(bus.HeaderDeadRequestSeq, strconv.FormatUint(adv.StreamSeq, 10))
 	copyTraceContext(dl.Header, req.Header)
 	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(w.names.DeadStream())); err != nil {
 		return fmt.Errorf("dead letter: %w", err)
@@ -367,8 +351,8 @@ func (w *Worker) publishRequeue(ctx context.Context, req *jetstream.RawStreamMsg
 		m := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
 		msgID := rec.ID + ":requeue:" + strconv.FormatUint(adv.StreamSeq, 10)
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
-		m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
-		m.Header.Set(HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
+		m.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
+		m.Header.Set(bus.HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
 		copyTraceContext(m.Header, req.Header)
 		ack, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream()))
 		if err != nil {
@@ -407,8 +391,8 @@ func (w *Worker) publishRequeue(ctx context.Context, req *jetstream.RawStreamMsg
 func (w *Worker) isRequeueCopy(ctx context.Context, seq uint64, m *nats.Msg) bool {
 	got, err := w.runsStream.GetMsg(ctx, seq)
 	return err == nil && got.Subject == m.Subject && bytes.Equal(got.Data, m.Data) &&
-		got.Header.Get(HeaderRequeuedFrom) == m.Header.Get(HeaderRequeuedFrom) &&
-		got.Header.Get(HeaderAttemptBase) == m.Header.Get(HeaderAttemptBase)
+		got.Header.Get(bus.HeaderRequeuedFrom) == m.Header.Get(bus.HeaderRequeuedFrom) &&
+		got.Header.Get(bus.HeaderAttemptBase) == m.Header.Get(bus.HeaderAttemptBase)
 }
 
 // copyTraceContext keeps the submitter's trace on a copy of its request

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
@@ -240,7 +241,7 @@ func (l *lease) write(ctx context.Context, rec *bus.RunRecord, final bool) error
 // transientKV tells KV write errors that a retry may cure (NATS away, a
 // timeout, no stream leader yet) from permanent ones (a record too large).
 func transientKV(err error) bool {
-	return bus.Transient(err) || errors.Is(err, context.DeadlineExceeded)
+	return natserr.Transient(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // lose marks the lease lost and stops the run, once.

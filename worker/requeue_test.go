@@ -98,8 +98,8 @@ func TestForgedRequeueHeadersDoNotTakeOverARun(t *testing.T) {
 	forged := &bus.RunRequest{Prompt: "other", Model: fauxModel, Faux: fauxTexts("hijacked")}
 	body, _ := json.Marshal(forged)
 	m := &nats.Msg{Subject: c.Names().Submit(rec.Queue, run), Data: body, Header: nats.Header{}}
-	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
-	m.Header.Set(HeaderAttemptBase, "100")
+	m.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
+	m.Header.Set(bus.HeaderAttemptBase, "100")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ack, err := c.JetStream().PublishMsg(ctx, m)
@@ -238,8 +238,8 @@ func TestRequeueRetryAfterTheCopyTookOverLeavesTheRunAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
-	cp.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(old, 10))
-	cp.Header.Set(HeaderAttemptBase, "2")
+	cp.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(old, 10))
+	cp.Header.Set(bus.HeaderAttemptBase, "2")
 	if _, err := f.c.JetStream().PublishMsg(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
@@ -288,8 +288,8 @@ func TestRequeueMarkerAcceptsOnlyTheCopy(t *testing.T) {
 	}
 	body, _ := json.Marshal(&bus.RunRequest{Prompt: "other", Model: fauxModel, Faux: fauxTexts("hijacked")})
 	m := &nats.Msg{Subject: c.Names().Submit(rec.Queue, run), Data: body, Header: nats.Header{}}
-	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
-	m.Header.Set(HeaderAttemptBase, "1")
+	m.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
+	m.Header.Set(bus.HeaderAttemptBase, "1")
 	forged, err := c.JetStream().PublishMsg(ctx, m)
 	if err != nil {
 		t.Fatal(err)

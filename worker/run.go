@@ -158,7 +158,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 // plain one (a reused id is then refused). A copy picked up before the
 // give-up bound it waits for the binding (a record write) for a while.
 func (w *Worker) confirmRequeue(h nats.Header, runID string, reqSeq uint64) (*bus.Requeue, error) {
-	fromText := h.Get(HeaderRequeuedFrom)
+	fromText := h.Get(bus.HeaderRequeuedFrom)
 	if fromText == "" {
 		return nil, nil
 	}

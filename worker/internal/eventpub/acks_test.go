@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 	"github.com/agentfleet/agentfleet/natsembed"
 )
 
@@ -61,11 +62,11 @@ func TestParsePubAck(t *testing.T) {
 	}
 	var api *jetstream.APIError
 	_, _, err := parsePubAck(&nats.Msg{Data: []byte(`{"error":{"code":503,"description":"x"}}`)})
-	if !errors.As(err, &api) || api.Code != 503 || !bus.Transient(err) {
+	if !errors.As(err, &api) || api.Code != 503 || !natserr.Transient(err) {
 		t.Errorf("a 503 answer: %v, want a retryable APIError", err)
 	}
 	_, _, err = parsePubAck(&nats.Msg{Header: nats.Header{"Status": []string{"503"}}})
-	if !errors.Is(err, nats.ErrNoResponders) || !bus.Transient(err) {
+	if !errors.Is(err, nats.ErrNoResponders) || !natserr.Transient(err) {
 		t.Errorf("no responders: %v", err)
 	}
 }

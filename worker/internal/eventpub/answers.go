@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 )
 
 // jsDuplicateInProcess is the stream's answer to a copy of an event
@@ -45,7 +45,7 @@ func (p *Publisher) ackArrived(seq, stream uint64, dup bool, ackErr error) {
 			p.mu.Unlock() // a copy of an event the stream is storing: its ack comes
 			return
 		}
-		if bus.Transient(ackErr) {
+		if natserr.Transient(ackErr) {
 			p.startResendLocked(ackErr)
 			p.mu.Unlock()
 			return

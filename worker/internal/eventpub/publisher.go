@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
@@ -238,7 +239,7 @@ func (p *Publisher) Event(typ string, event []byte, opts Options) (uint64, error
 		} else if err := p.send(seq, o); err != nil {
 			p.mu.Lock()
 			o.sent = false
-			if errors.Is(err, errHeld) || bus.Transient(err) {
+			if errors.Is(err, errHeld) || natserr.Transient(err) {
 				p.startResendLocked(err)
 			} else {
 				failed = fmt.Errorf("publish to %s: %w", p.subject, err)

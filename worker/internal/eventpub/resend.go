@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 )
 
 // resendPause is how long a re-send waits after the stream answered an
@@ -208,7 +209,7 @@ func (p *Publisher) sendReleased(held []*outgoing, waiting bool) (first bool) {
 		for _, unsent := range held[i:] {
 			unsent.sent = false
 		}
-		if errors.Is(err, errHeld) || bus.Transient(err) {
+		if errors.Is(err, errHeld) || natserr.Transient(err) {
 			p.startResendLocked(err)
 			return false
 		}
@@ -274,7 +275,7 @@ func (p *Publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *out
 		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
 		last, err := p.reconcile(ctx, sentIn, expect, wait)
 		return last, err == nil || errors.Is(err, errNoProgress), err
-	case bus.Transient(err) || errors.As(err, &api) && api.ErrorCode == jsDuplicateInProcess:
+	case natserr.Transient(err) || errors.As(err, &api) && api.ErrorCode == jsDuplicateInProcess:
 		return expect, false, err
 	case ctx.Err() != nil && p.env.Stop.Err() != nil:
 		return expect, false, err // the hard stop: resend fails it as one

@@ -1,4 +1,6 @@
-package bus
+// Package natserr tells NATS and JetStream failures a retry cures from
+// those it repeats.
+package natserr
 
 import (
 	"errors"
