@@ -32,12 +32,12 @@ func (r *run) checkCostBound(add func(string, ...any)) {
 // roles, messages and tools, and the request's other fields).
 const RequestOverheadTokens = 64
 
-// CallInputTokens is a call's input estimate: everything it sends (the
+// callInputTokens is a call's input estimate: everything it sends (the
 // system prompt, the messages as JSON, the tools as JSON) in bytes / 4,
 // rounded up, plus RequestOverheadTokens. The shared rate limits reserve
-// it (EstimateTokens), the budgets' worst case counts it, and a call that
+// it (estimateTokens), the budgets' worst case counts it, and a call that
 // ends without usage is charged it (settle.go).
-func CallInputTokens(llm agent.Context) int {
+func callInputTokens(llm agent.Context) int {
 	n := len(llm.SystemPrompt)
 	if b, err := json.Marshal(llm.Messages); err == nil {
 		n += len(b)
@@ -86,12 +86,12 @@ func (r *run) outputReserve(requestMax int) int {
 }
 
 // worstCost is what the next call may cost at most: everything it sends
-// (CallInputTokens) at the dearer of the input and cache-write prices
+// (callInputTokens) at the dearer of the input and cache-write prices
 // (a provider may write the whole prompt to its cache) and its whole
 // output reserve at the output price.
 func (r *run) worstCost(llm agent.Context, requestMax int) float64 {
 	c := r.model.Cost
-	return (float64(CallInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
+	return (float64(callInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
 }
 
 // priced reports whether the run's model has prices: calls of a model

@@ -7,11 +7,11 @@ import (
 	"strconv"
 )
 
-// Calculate evaluates an arithmetic expression with a recursive-descent
+// calculate evaluates an arithmetic expression with a recursive-descent
 // parser: numbers (decimal, optional exponent), + - * / % ^ (power, right
 // associative, binding tighter than unary minus: -2^2 = -4), unary + and -,
 // and parentheses. Nothing else is accepted; nothing is executed.
-func Calculate(expr string) (float64, error) {
+func calculate(expr string) (float64, error) {
 	if len(expr) > 4096 {
 		return 0, errors.New("expression longer than 4096 characters")
 	}
@@ -200,11 +200,11 @@ func (p *calcParser) primary() (float64, error) {
 	return 0, fmt.Errorf("unexpected %q at position %d", c, p.i+1)
 }
 
-// FormatNumber prints a calculator result for people and models to read:
+// formatNumber prints a calculator result for people and models to read:
 // an integral value below 2^53 as its digits, anything else rounded to 15
 // significant digits (what a float64 holds reliably), without an exponent
 // for 1e-6 <= |v| < 1e21 and trailing zeros trimmed, as JavaScript does.
-func FormatNumber(v float64) string {
+func formatNumber(v float64) string {
 	if v == math.Trunc(v) && math.Abs(v) < 1<<53 {
 		return strconv.FormatInt(int64(v), 10)
 	}

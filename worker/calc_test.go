@@ -1,10 +1,8 @@
-package worker_test
+package worker
 
 import (
 	"strings"
 	"testing"
-
-	"github.com/agentfleet/agentfleet/worker"
 )
 
 func TestCalculate(t *testing.T) {
@@ -30,7 +28,7 @@ func TestCalculate(t *testing.T) {
 		"2 ^ 0.5 ^ 2":   2*0 + 1.189207115002721,
 	}
 	for expr, want := range good {
-		got, err := worker.Calculate(expr)
+		got, err := calculate(expr)
 		if err != nil || got != want {
 			t.Errorf("%s = %v (%v), want %v", expr, got, err, want)
 		}
@@ -50,7 +48,7 @@ func TestCalculate(t *testing.T) {
 		strings.Repeat("-", 300) + "1":                            "nested too deeply",
 	}
 	for expr, want := range bad {
-		_, err := worker.Calculate(expr)
+		_, err := calculate(expr)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%.40s: %v, want %q", expr, err, want)
 		}
@@ -75,12 +73,12 @@ func TestFormatNumber(t *testing.T) {
 		-2.5e-9:             "-2.5e-09",
 	}
 	for v, want := range cases {
-		if got := worker.FormatNumber(v); got != want {
-			t.Errorf("FormatNumber(%v) = %q, want %q", v, got, want)
+		if got := formatNumber(v); got != want {
+			t.Errorf("formatNumber(%v) = %q, want %q", v, got, want)
 		}
 	}
 	for _, expr := range []string{"(-1)^0.5", "10^400", "-(10^400)"} {
-		if _, err := worker.Calculate(expr); err == nil || !strings.Contains(err.Error(), "not a finite number") {
+		if _, err := calculate(expr); err == nil || !strings.Contains(err.Error(), "not a finite number") {
 			t.Errorf("%s: %v, want a not-a-finite-number error", expr, err)
 		}
 	}
@@ -88,7 +86,7 @@ func TestFormatNumber(t *testing.T) {
 
 // The calculator tool is what the model and the user read.
 func TestCalculatorToolPrintsDigits(t *testing.T) {
-	for _, tool := range worker.BuiltinTools() {
+	for _, tool := range BuiltinTools() {
 		if tool.Name != "calculator" {
 			continue
 		}
@@ -109,7 +107,7 @@ func TestBuiltinToolSchemas(t *testing.T) {
 		"current_time": `{"properties":{"timezone":{"type":"string","description":"IANA time zone such as Europe/Paris; default UTC"}},"additionalProperties":false,"type":"object"}`,
 		"sleep":        `{"properties":{"seconds":{"type":"number","maximum":60,"minimum":0,"description":"How long to wait, at most 60 seconds"}},"additionalProperties":false,"type":"object","required":["seconds"]}`,
 	}
-	for _, tool := range worker.BuiltinTools() {
+	for _, tool := range BuiltinTools() {
 		if got := string(tool.Parameters); got != want[tool.Name] {
 			t.Errorf("%s's schema\n%s\nwant\n%s", tool.Name, got, want[tool.Name])
 		}

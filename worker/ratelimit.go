@@ -90,7 +90,7 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 	l := r.w.limiter
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
-			reserve := EstimateTokens(llm, opts.MaxTokens, ml.MaxTokens)
+			reserve := estimateTokens(llm, opts.MaxTokens, ml.MaxTokens)
 			r.waitingModel.Store(true) // the record says so at the next heartbeat
 			start := time.Now()
 			g, err := l.Acquire(ctx, ml.Group, reserve)
@@ -139,12 +139,12 @@ func limitError(ctx context.Context, err error) agent.StreamEvent {
 	return agent.StreamEvent{Type: agent.StreamError, Message: m}
 }
 
-// EstimateTokens is a call's reservation: its input estimate
-// (CallInputTokens: everything it sends, in bytes / 4 rounded up, plus
+// estimateTokens is a call's reservation: its input estimate
+// (callInputTokens: everything it sends, in bytes / 4 rounded up, plus
 // RequestOverheadTokens; the same estimate the tenant's hold counts and a
 // call cut off is charged) plus the output reserve (the request's
 // maxTokens, else the model table's, else DefaultOutputReserve).
-func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
+func estimateTokens(llm agent.Context, requestMax, modelMax int) int {
 	out := DefaultOutputReserve
 	switch {
 	case requestMax > 0:
@@ -152,7 +152,7 @@ func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
 	case modelMax > 0:
 		out = modelMax
 	}
-	return CallInputTokens(llm) + out
+	return callInputTokens(llm) + out
 }
 
 // modelLimit returns the shared limits of a model, if it has any.

@@ -15,7 +15,7 @@ import (
 //     could have used (usageBounds). The excess is logged once and counted.
 //   - The call was sent and ended without usage (cut off by an abort, the
 //     run's timeout, a drain's hard stop or a lost lease; or a provider that
-//     sends none): its input estimate (CallInputTokens, the same the rate
+//     sends none): its input estimate (callInputTokens, the same the rate
 //     limiter reserves and the tenant's hold counts) plus the output it
 //     streamed (OutputBytesPerToken), at the model's prices. A call cut
 //     off after some usage arrived is charged at least that estimate.
@@ -102,7 +102,7 @@ type usageBounds struct {
 }
 
 func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) usageBounds {
-	est := CallInputTokens(llm)
+	est := callInputTokens(llm)
 	in := InputClampFactor*est + InputClampFloor
 	if w := model.ContextWindow; w > 0 {
 		in = min(in, w)

@@ -15,7 +15,7 @@ func TestSettleCharges(t *testing.T) {
 	llm := agent.Context{SystemPrompt: "be brief", Messages: []agent.Message{agent.UserText(strings.Repeat("word ", 400))}}
 	opts := agent.StreamOptions{MaxTokens: 200}
 	b := boundsOf(model, llm, opts)
-	est := CallInputTokens(llm)
+	est := callInputTokens(llm)
 	if b.inputEstimate != est || b.input != 4*est+1024 || b.output != 200+20+64 || b.reserve != 200 {
 		t.Fatalf("bounds %+v, want input estimate %d, input %d, output 284, reserve 200", b, est, 4*est+1024)
 	}
@@ -96,7 +96,7 @@ func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
 // maxTokens.
 func TestSettleBoundsWithAContextWindow(t *testing.T) {
 	llm := agent.Context{Messages: []agent.Message{agent.UserText(strings.Repeat("x", 40000))}}
-	est := CallInputTokens(llm)
+	est := callInputTokens(llm)
 	b := boundsOf(agent.Model{ContextWindow: 16000}, llm, agent.StreamOptions{})
 	if b.input != 16000 || b.inputEstimate != est || b.output != 16000+1600+64 || b.reserve != DefaultOutputReserve {
 		t.Fatalf("bounds %+v, want input 16000 (the window), output 17664, reserve %d", b, DefaultOutputReserve)

@@ -11,8 +11,8 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 )
 
-// MaxSleep bounds the sleep tool.
-const MaxSleep = 60 * time.Second
+// maxSleep bounds the sleep tool.
+const maxSleep = 60 * time.Second
 
 type calcArgs struct {
 	// Commas in a description are escaped: a bare one ends it.
@@ -31,11 +31,11 @@ type sleepArgs struct {
 func BuiltinTools() []*agent.Tool {
 	calc := agent.NewTool("calculator", "Evaluate an arithmetic expression (+ - * / % ^, parentheses, unary minus) and return the number.",
 		func(_ context.Context, a calcArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
-			v, err := Calculate(a.Expression)
+			v, err := calculate(a.Expression)
 			if err != nil {
 				return agent.ToolResult{}, fmt.Errorf("cannot evaluate %q: %w", a.Expression, err)
 			}
-			return agent.TextResult(FormatNumber(v)), nil
+			return agent.TextResult(formatNumber(v)), nil
 		})
 	now := agent.NewTool("current_time", "Return the current date and time (RFC 3339) in a time zone (default UTC).",
 		func(_ context.Context, a timeArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
@@ -52,8 +52,8 @@ func BuiltinTools() []*agent.Tool {
 		})
 	sleep := agent.NewTool("sleep", "Wait for a number of seconds (at most 60), then return. For tests and load tests.",
 		func(ctx context.Context, a sleepArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
-			if a.Seconds < 0 || a.Seconds > MaxSleep.Seconds() {
-				return agent.ToolResult{}, fmt.Errorf("seconds must be between 0 and %g", MaxSleep.Seconds())
+			if a.Seconds < 0 || a.Seconds > maxSleep.Seconds() {
+				return agent.ToolResult{}, fmt.Errorf("seconds must be between 0 and %g", maxSleep.Seconds())
 			}
 			t := time.NewTimer(time.Duration(a.Seconds * float64(time.Second)))
 			defer t.Stop()

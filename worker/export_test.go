@@ -1,0 +1,7 @@
+package worker
+
+// For the package's external tests (package worker_test).
+
+// CallInputTokens is callInputTokens: the spending tests price a call as
+// the worker does.
+var CallInputTokens = callInputTokens
