@@ -31,7 +31,7 @@ func TestControlDuringAPartitionIsReadAtPickup(t *testing.T) {
 	w, _ := startInternalOn(t, wc, Config{Concurrency: 1, Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute},
 		func(w *Worker) { w.coverageAudit = time.Hour })
 	w.mu.Lock()
-	valid := w.cover.valid
+	valid, _ := w.cover.Valid()
 	w.mu.Unlock()
 	if !valid {
 		t.Fatal("no control coverage after the start")

@@ -102,7 +102,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := cons.CachedInfo().Config
-	if !w.skipPickupRead.skip("default") {
+	if !w.skipPickupRead.Skip("default") {
 		t.Fatalf("MaxDeliver %d at the start: first deliveries should skip the read", cfg.MaxDeliver)
 	}
 	cfg.MaxDeliver = 1
@@ -111,7 +111,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for w.skipPickupRead.skip("default") {
+	for w.skipPickupRead.Skip("default") {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
 )
 
 // A first delivery may skip the record read at pickup only when its
@@ -19,31 +21,17 @@ import (
 // consumerCheck. Until a lowered setting is read, a first delivery that
 // finds a record spends one more delivery than the consumer allows for.
 
-// pickupReads holds, per queue, whether its first deliveries skip the
-// record read. The map is written once, before the pull loops start.
-type pickupReads map[string]*atomic.Bool
-
-// skip reports whether a first delivery of queue may skip the read.
-func (p pickupReads) skip(queue string) bool {
-	s := p[queue]
-	return s != nil && s.Load()
-}
-
-// allowsHandBack tells whether a consumer with this MaxDeliver lets a
-// first delivery be handed back without giving the run up.
-func allowsHandBack(maxDeliver int) bool { return maxDeliver <= 0 || maxDeliver >= 3 }
-
 // learnPickupReads reads the rule from the consumers' cached info (read
 // when they were looked up) and keeps it current until the returned stop
 // is called. With each read it sweeps the queue's passed-over requests
 // (orphans.go), the first time at once.
 func (w *Worker) learnPickupReads(queues []string, consumers []jetstream.Consumer) (stop func()) {
-	w.skipPickupRead = pickupReads{}
+	w.skipPickupRead = intake.RecordReadSkips{}
 	floors := make([]uint64, len(queues))
 	for i, q := range queues {
 		s := &atomic.Bool{}
 		ci := consumers[i].CachedInfo()
-		s.Store(allowsHandBack(ci.Config.MaxDeliver))
+		s.Store(intake.AllowsHandBack(ci.Config.MaxDeliver))
 		w.skipPickupRead[q] = s
 		floors[i] = ci.AckFloor.Stream
 	}
@@ -85,7 +73,7 @@ func (w *Worker) recheckPickupRead(ctx context.Context, queue string, cons jetst
 	case err != nil:
 		// Unknown for now (NATS trouble): the last setting read stands.
 	default:
-		skip := allowsHandBack(info.Config.MaxDeliver)
+		skip := intake.AllowsHandBack(info.Config.MaxDeliver)
 		if s.Swap(skip) != skip {
 			w.log.Info("queue consumer's MaxDeliver changed", "queue", queue,
 				"maxDeliver", info.Config.MaxDeliver, "firstDeliveriesReadRecord", !skip)

@@ -16,6 +16,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
 )
 
 // A run request is picked up (its record read, the request decoded and
@@ -42,8 +43,8 @@ import (
 // run is one attempt at one run request.
 type run struct {
 	w           *Worker
-	msg         requestAcks   // nil for a give-up
-	request     jetstream.Msg // until pickup: then msg has only the reply subject (requestack.go)
+	msg         intake.RequestAcks // nil for a give-up
+	request     jetstream.Msg      // until pickup: then msg has only the reply subject (requestack.go)
 	id, queue   string
 	attempt     int
 	reqSeq      uint64
@@ -235,7 +236,7 @@ func (r *run) execute() {
 		return
 	}
 	// The run keeps its request's acknowledgements, not its bytes.
-	r.msg, r.request = slimAcks(r.w.c.Conn(), r.request), nil
+	r.msg, r.request = intake.SlimAcks(r.w.c.Conn(), r.request), nil
 	// The timeout counts from the run's first start: a crash does not
 	// extend a run's budget.
 	// Time spent waiting (for an approval) is left out (waiting.go).
@@ -302,7 +303,7 @@ func (r *run) pickup() bool {
 	w := r.w
 	var rec *bus.RunRecord
 	var err error
-	if r.attempt == 1 && r.lease.requeuedFrom == 0 && w.skipPickupRead.skip(r.queue) {
+	if r.attempt == 1 && r.lease.requeuedFrom == 0 && w.skipPickupRead.Skip(r.queue) {
 		r.lease.unread = true // worker/lease.go: taken with Create
 	} else {
 		rec, err = w.getRecord(w.hardCtx, r.id)

@@ -20,6 +20,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
 )
 
 // Worker takes run requests from its queues and runs them. Create it with
@@ -55,7 +56,7 @@ type Worker struct {
 	// skipPickupRead tells which queues' first deliveries skip the
 	// record read (worker/pickupread.go); consumerCheck is how often it
 	// is read again from the consumers.
-	skipPickupRead pickupReads
+	skipPickupRead intake.RecordReadSkips
 	consumerCheck  time.Duration
 	runsStream     jetstream.Stream
 	kv             jetstream.KeyValue
@@ -70,7 +71,7 @@ type Worker struct {
 
 	mu    sync.Mutex
 	runs  map[string]*run
-	cover controlCoverage // which first attempts skip the pickup read (coverage.go)
+	cover *intake.ControlCoverage // which first attempts skip the control read (coverage.go)
 	// coverageAudit is how often the coverage is checked against the
 	// control stream (coverage.go).
 	coverageAudit time.Duration
@@ -140,7 +141,7 @@ func New(cfg Config) (*Worker, error) {
 		eventReads:       make(chan struct{}, maxEventReads),
 		eventReadTimeout: eventReadTimeout,
 		runs:             map[string]*run{},
-		cover:            newControlCoverage(),
+		cover:            intake.NewControlCoverage(),
 		coverageAudit:    5 * time.Second,
 		consumerCheck:    10 * time.Second,
 		ready:            make(chan struct{}),
@@ -297,14 +298,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		total += loops[i]
 	}
 	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, total)
-	prs := make([][]*pullRequests, len(w.cfg.Queues))
+	prs := make([][]*intake.Puller, len(w.cfg.Queues))
 	for i := range w.cfg.Queues {
 		for range loops[i] {
-			pr, err := newPullRequests(w.c.Conn(), consumers[i])
+			pr, err := intake.NewPuller(w.c.Conn(), consumers[i])
 			if err != nil {
 				for _, q := range prs {
 					for _, pr := range q {
-						pr.close()
+						pr.Close()
 					}
 				}
 				return fmt.Errorf("worker: %w", err)
@@ -322,7 +323,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	for i, q := range w.cfg.Queues {
 		for _, pr := range prs[i] {
 			pullers.Go(func() {
-				defer pr.close()
+				defer pr.Close()
 				w.pull(ctx, q, pr, fetchBytes)
 			})
 		}
@@ -379,17 +380,12 @@ func fetchBytesPerLoop(total, loops int) int {
 	return max(total/max(loops, 1), largestRequestMsg)
 }
 
-// shortFetchWait bounds a fetch of several: it ends once the consumer has
-// nothing more, or at this expiry (at MaxAckPending the server neither
-// serves nor ends a no_wait request without one).
-const shortFetchWait = 5 * time.Millisecond
-
 // pull takes requests from one queue, one per free slot: it takes every
 // free slot, asks for at most that many messages and fetchBytes bytes
 // without waiting, gives back the slots it got nothing for, and when
 // nothing is pending parks one long pull holding one slot. No message is ever fetched without a slot for it, so none waits in
 // a buffer while its AckWait runs.
-func (w *Worker) pull(ctx context.Context, queue string, pr *pullRequests, fetchBytes int) {
+func (w *Worker) pull(ctx context.Context, queue string, pr *intake.Puller, fetchBytes int) {
 	log := w.log.With("queue", queue)
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
@@ -495,13 +491,13 @@ func giveBack(slots chan struct{}, what string) {
 // it as a slow consumer past max_pending. A request that does not fit is
 // left for the next fetch (the long pull of one has no byte bound, so
 // one larger than maxBytes is taken too).
-func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *pullRequests, n, maxBytes int) int {
+func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int) int {
 	short := maxBytes > 0
 	wait := w.longPollWait()
 	if short {
-		wait = shortFetchWait
+		wait = intake.ShortWait
 	}
-	got, err := pr.fetch(n, maxBytes, wait, func(m jetstream.Msg) {
+	got, err := pr.Fetch(n, maxBytes, wait, func(m jetstream.Msg) {
 		if ctx.Err() != nil {
 			// Stopping: hand it back at once.
 			_ = m.Nak()
@@ -516,10 +512,10 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *
 			w.handle(m, hold)
 		}()
 	})
-	var refused *errPullRefused
+	var refused *intake.RefusedError
 	switch {
 	case err == nil:
-	case errors.As(err, &refused) && (got > 0 || short || refused.leadershipChanged()):
+	case errors.As(err, &refused) && (got > 0 || short || refused.LeadershipChanged()):
 		// Only a long pull refused at once waits (holding its one slot); a
 		// leader change ends every parked pull: they pull again at once.
 		log.Debug("fetch ended", "err", err)
@@ -572,7 +568,7 @@ func (w *Worker) onControl(m *nats.Msg) {
 	if err == nil {
 		r = w.runs[runID]
 	}
-	w.cover.saw(seq, runID, r != nil || err != nil)
+	w.cover.Saw(seq, runID, r != nil || err != nil)
 	// Under the lock (offer never blocks): a run whose pickup finds
 	// nothing noted has every message claimed for it in its inbox.
 	ignored := r != nil && !r.ctl.offer(kind, m)

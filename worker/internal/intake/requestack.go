@@ -1,4 +1,4 @@
-package worker
+package intake
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// requestAcks are the acknowledgements a run sends for its request.
-type requestAcks interface {
+// RequestAcks are the acknowledgements a run sends for its request.
+type RequestAcks interface {
 	Ack() error
 	DoubleAck(context.Context) error
 	Nak() error
@@ -41,9 +41,9 @@ type requestAck struct {
 // (jetstream's DefaultTimeout).
 const doubleAckTimeout = 5 * time.Second
 
-// slimAcks returns m's acknowledgements without its bytes, or m itself if
+// SlimAcks returns m's acknowledgements without its bytes, or m itself if
 // it cannot be acknowledged that way (no reply subject).
-func slimAcks(nc *nats.Conn, m jetstream.Msg) requestAcks {
+func SlimAcks(nc *nats.Conn, m jetstream.Msg) RequestAcks {
 	if nc == nil || m.Reply() == "" {
 		return m
 	}

@@ -1,4 +1,4 @@
-package worker
+package intake
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// pullRequests are one pull loop's pull requests, sent by the loop itself
+// Puller are one pull loop's pull requests, sent by the loop itself
 // rather than by nats.go's Consumer.Fetch. Fetch reads each request's
 // messages on an inbox it gives up a second after the last one: what the
 // server sent a reader slower than that waited for AckWait's redelivery,
@@ -41,7 +41,7 @@ import (
 //     requestGrace past the expiry (a lost connection). What still reaches
 //     the old inbox has no slot: it is handed back at once, not left for
 //     AckWait; the request it came for has expired, so it goes to another.
-type pullRequests struct {
+type Puller struct {
 	nc      *nats.Conn
 	subject string // the consumer's next-message API subject
 	inbox   string // request k replies to inbox.k
@@ -58,9 +58,9 @@ type pullRequests struct {
 // (nats.go's fetch waited a second.)
 const requestGrace = 2 * time.Second
 
-func newPullRequests(nc *nats.Conn, cons jetstream.Consumer) (*pullRequests, error) {
+func NewPuller(nc *nats.Conn, cons jetstream.Consumer) (*Puller, error) {
 	info := cons.CachedInfo()
-	p := &pullRequests{nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
+	p := &Puller{nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
 		inbox: nc.NewInbox(), grace: requestGrace}
 	sub, err := p.subscribe(p.inbox)
 	if err != nil {
@@ -70,7 +70,7 @@ func newPullRequests(nc *nats.Conn, cons jetstream.Consumer) (*pullRequests, err
 	return p, nil
 }
 
-func (p *pullRequests) subscribe(inbox string) (*nats.Subscription, error) {
+func (p *Puller) subscribe(inbox string) (*nats.Subscription, error) {
 	sub, err := p.nc.SubscribeSync(inbox + ".*")
 	if err != nil {
 		return nil, fmt.Errorf("pull inbox: %w", err)
@@ -86,22 +86,22 @@ func (p *pullRequests) subscribe(inbox string) (*nats.Subscription, error) {
 
 // close ends the loop's inbox once its last request has ended, and waits
 // for the hand-back of abandoned inboxes.
-func (p *pullRequests) close() {
+func (p *Puller) Close() {
 	_ = p.sub.Unsubscribe()
 	p.late.Wait()
 }
 
-// errPullRefused is a request's end other than its batch, no messages or
+// RefusedError is a request's end other than its batch, no messages or
 // its expiry: the server's status code and description.
-type errPullRefused struct{ code, description string }
+type RefusedError struct{ code, description string }
 
-func (e *errPullRefused) Error() string {
+func (e *RefusedError) Error() string {
 	return "pull request: " + e.code + " " + e.description
 }
 
-// leadershipChanged reports whether the consumer's leader changed: every
+// LeadershipChanged reports whether the consumer's leader changed: every
 // open request ends, and pulling again at once is right.
-func (e *errPullRefused) leadershipChanged() bool {
+func (e *RefusedError) LeadershipChanged() bool {
 	return e.code == "409" && e.description == "Leadership Change"
 }
 
@@ -112,7 +112,7 @@ var errRequestLost = errors.New("pull request: no answer")
 // a short request: no_wait (it ends once the consumer has nothing more),
 // within maxBytes. A request that ends with no message or at its expiry
 // returns no error.
-func (p *pullRequests) fetch(n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
+func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
 	p.seq++
 	token := strconv.FormatUint(p.seq, 10)
 	var body []byte
@@ -149,7 +149,7 @@ func (p *pullRequests) fetch(n, maxBytes int, wait time.Duration, each func(jets
 			if code == "409" && (desc == "Message Size Exceeds MaxBytes" || desc == "Batch Completed") {
 				return got, nil
 			}
-			return got, p.moveOn(&errPullRefused{code: code, description: desc})
+			return got, p.moveOn(&RefusedError{code: code, description: desc})
 		}
 		got++
 		left -= m.Size() // as the server counts it: subject, reply, headers, data
@@ -163,7 +163,7 @@ func (p *pullRequests) fetch(n, maxBytes int, wait time.Duration, each func(jets
 
 // moveOn moves the loop to a new inbox after a request that ended with
 // cause, and returns cause.
-func (p *pullRequests) moveOn(cause error) error {
+func (p *Puller) moveOn(cause error) error {
 	if err := p.abandon(); err != nil {
 		return errors.Join(cause, err)
 	}
@@ -172,7 +172,7 @@ func (p *pullRequests) moveOn(cause error) error {
 
 // abandon moves the loop to a new inbox, and hands back what reaches the
 // old one within requestGrace: it has no slot.
-func (p *pullRequests) abandon() error {
+func (p *Puller) abandon() error {
 	old := p.sub
 	inbox := p.nc.NewInbox()
 	sub, err := p.subscribe(inbox)
@@ -232,3 +232,8 @@ func (p *pulledMsg) Reply() string        { return p.m.Reply }
 func (p *pulledMsg) Term() error          { return p.TermWithReason("") }
 
 var _ jetstream.Msg = (*pulledMsg)(nil)
+
+// ShortWait bounds a fetch of several: it ends once the consumer has
+// nothing more, or at this expiry (at MaxAckPending the server neither
+// serves nor ends a no_wait request without one).
+const ShortWait = 5 * time.Millisecond

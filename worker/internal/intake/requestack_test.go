@@ -1,4 +1,4 @@
-package worker
+package intake
 
 import (
 	"context"
@@ -43,13 +43,13 @@ func TestSlimAcksActAsTheMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	type op func(requestAcks) error
-	ack := func(a requestAcks) error { return a.Ack() }
-	double := func(a requestAcks) error { return a.DoubleAck(ctx) }
-	nak := func(a requestAcks) error { return a.Nak() }
-	nakLater := func(a requestAcks) error { return a.NakWithDelay(50 * time.Millisecond) }
-	wpi := func(a requestAcks) error { return a.InProgress() }
-	term := func(a requestAcks) error { return a.TermWithReason("bad_request: x") }
+	type op func(RequestAcks) error
+	ack := func(a RequestAcks) error { return a.Ack() }
+	double := func(a RequestAcks) error { return a.DoubleAck(ctx) }
+	nak := func(a RequestAcks) error { return a.Nak() }
+	nakLater := func(a RequestAcks) error { return a.NakWithDelay(50 * time.Millisecond) }
+	wpi := func(a RequestAcks) error { return a.InProgress() }
+	term := func(a RequestAcks) error { return a.TermWithReason("bad_request: x") }
 	cases := map[string][]op{
 		"ack":              {wpi, ack, wpi, nak},
 		"double ack":       {double, ack},
@@ -73,11 +73,11 @@ func TestSlimAcksActAsTheMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var acks requestAcks = m
+		var acks RequestAcks = m
 		if slim {
-			acks = slimAcks(nc, m)
+			acks = SlimAcks(nc, m)
 			if _, ok := acks.(*requestAck); !ok {
-				t.Fatalf("slimAcks kept the message: %T", acks)
+				t.Fatalf("SlimAcks kept the message: %T", acks)
 			}
 		}
 		// A spy on the message's ack subject sees each acknowledgement's

@@ -1,4 +1,4 @@
-package worker
+package intake
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -148,11 +149,11 @@ func (f *pullFixture) waitDelivered(t *testing.T, n int) {
 func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	f := newPullFixture(t)
 	f.publish(t, 5)
-	p, err := newPullRequests(f.nc, f.cons)
+	p, err := NewPuller(f.nc, f.cons)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.close()
+	defer p.Close()
 	p.grace = 5 * time.Second // the stall is to outlast nats.go's second, not this
 	var late atomic.Int32
 	p.onLate = func() { late.Add(1) }
@@ -165,7 +166,7 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		_, r.err = p.fetch(8, 1<<20, shortFetchWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		_, r.err = p.Fetch(8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
 		done <- r
 	}()
 	f.waitDelivered(t, 5)
@@ -197,18 +198,18 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 // gets it again.
 func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 	f := newPullFixture(t)
-	p, err := newPullRequests(f.nc, f.cons)
+	p, err := NewPuller(f.nc, f.cons)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.close()
+	defer p.Close()
 	p.grace = time.Second
 	handedBack := make(chan struct{}, 4)
 	p.onLate = func() { handedBack <- struct{}{} }
 
 	f.publish(t, 1)
 	f.gate.shut()
-	got, err := p.fetch(1, 0, time.Second, func(jetstream.Msg) { t.Error("a message within the lost request") })
+	got, err := p.Fetch(1, 0, time.Second, func(jetstream.Msg) { t.Error("a message within the lost request") })
 	if got != 0 || err != errRequestLost {
 		t.Fatalf("got %d, err %v; want the request given up", got, err)
 	}
@@ -219,7 +220,7 @@ func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 		t.Fatal("the late message was not handed back")
 	}
 	var again []jetstream.Msg
-	if _, err := p.fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
+	if _, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
 		t.Fatalf("next request: %d messages, %v", len(again), err)
 	}
 	md, err := again[0].Metadata()
@@ -247,13 +248,13 @@ func (f *pullFixture) consumer(t *testing.T, cfg jetstream.ConsumerConfig) jetst
 	return c
 }
 
-func newPullRequestsT(t *testing.T, cons jetstream.Consumer, nc *nats.Conn) *pullRequests {
+func newPullerT(t *testing.T, cons jetstream.Consumer, nc *nats.Conn) *Puller {
 	t.Helper()
-	p, err := newPullRequests(nc, cons)
+	p, err := NewPuller(nc, cons)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
 }
 
@@ -265,14 +266,14 @@ func TestAFetchThatFillsMaxBytesEndsThere(t *testing.T) {
 	f.publish(t, 3)
 	// The first message's size as the server counts it, from a twin
 	// consumer: the same subject and data, a reply of the same length.
-	twin := newPullRequestsT(t, f.consumer(t, jetstream.ConsumerConfig{Durable: "d"}), f.nc)
+	twin := newPullerT(t, f.consumer(t, jetstream.ConsumerConfig{Durable: "d"}), f.nc)
 	size := 0
-	if _, err := twin.fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { size = m.(*pulledMsg).m.Size() }); err != nil || size == 0 {
+	if _, err := twin.Fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { size = m.(*pulledMsg).m.Size() }); err != nil || size == 0 {
 		t.Fatalf("twin: size %d, %v", size, err)
 	}
-	p := newPullRequestsT(t, f.cons, f.nc)
+	p := newPullerT(t, f.cons, f.nc)
 	p.grace = 5 * time.Second
-	got, err := p.fetch(3, size, 5*time.Second, func(jetstream.Msg) {})
+	got, err := p.Fetch(3, size, 5*time.Second, func(jetstream.Msg) {})
 	if got != 1 || err != nil {
 		t.Fatalf("got %d, err %v; want the one message that fills max_bytes", got, err)
 	}
@@ -286,13 +287,13 @@ func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
 	f := newPullFixture(t)
 	cons := f.consumer(t, jetstream.ConsumerConfig{Durable: "c", MaxAckPending: 1})
 	f.publish(t, 2)
-	p := newPullRequestsT(t, cons, f.nc)
+	p := newPullerT(t, cons, f.nc)
 	p.grace = 5 * time.Second
 	var held jetstream.Msg
-	if got, err := p.fetch(1, 0, time.Second, func(m jetstream.Msg) { held = m }); got != 1 || err != nil {
+	if got, err := p.Fetch(1, 0, time.Second, func(m jetstream.Msg) { held = m }); got != 1 || err != nil {
 		t.Fatalf("first: got %d, %v", got, err)
 	}
-	got, err := p.fetch(4, 1<<20, shortFetchWait, func(jetstream.Msg) { t.Error("a message past MaxAckPending") })
+	got, err := p.Fetch(4, 1<<20, ShortWait, func(jetstream.Msg) { t.Error("a message past MaxAckPending") })
 	if got != 0 || err != nil {
 		t.Fatalf("at MaxAckPending: got %d, err %v; want the request ended empty", got, err)
 	}
@@ -300,7 +301,7 @@ func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	var next jetstream.Msg
-	if got, err := p.fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { next = m }); got != 1 || err != nil {
+	if got, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { next = m }); got != 1 || err != nil {
 		t.Fatalf("after the ack: got %d, %v", got, err)
 	}
 	if md, err := next.Metadata(); err != nil || md.NumDelivered != 1 || md.Sequence.Stream != 2 {
@@ -314,12 +315,29 @@ func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
 func TestAnEarlierRequestsStatusIsNotTheNextOnesEnd(t *testing.T) {
 	f := newPullFixture(t)
 	f.publish(t, 2)
-	p := newPullRequestsT(t, f.cons, f.nc)
+	p := newPullerT(t, f.cons, f.nc)
 	for i := range 2 {
 		var data string
-		got, err := p.fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { data = string(m.Data()) })
+		got, err := p.Fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { data = string(m.Data()) })
 		if got != 1 || err != nil || data != fmt.Sprint("request ", i) {
 			t.Fatalf("request %d: got %d %q, %v", i, got, data, err)
 		}
 	}
+}
+
+// startJetStream starts an embedded nats-server with JetStream for the
+// test; maxPending 0 keeps the server's default.
+func startJetStream(t *testing.T, maxPending int64) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: t.TempDir(), MaxPending: maxPending, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	return srv
 }
