@@ -128,8 +128,9 @@ type ApprovalAnswer struct {
 	// agents.run.*.approve say who may answer).
 	By string `json:"by,omitempty"`
 	// Arguments, on approve, replace the call's arguments; they are
-	// validated against the tool's schema.
-	Arguments map[string]any `json:"arguments,omitempty"`
+	// validated against the tool's schema. Nil: no edit; an empty map
+	// is sent as {} (an edit to no arguments).
+	Arguments map[string]any `json:"arguments,omitzero"`
 }
 
 // Problems lists what is wrong with an answer.

@@ -3,6 +3,7 @@ package bus
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -115,6 +116,89 @@ func TestDecodeRunRequest(t *testing.T) {
 	}
 	if _, err := DecodeRunRequest(make([]byte, MaxRequestBytes+1), "r"); err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Errorf("oversized: %v", err)
+	}
+}
+
+// A body that is JSON but not an object, or a model that is neither a
+// string nor an object, is told so in the request's terms, not in the
+// decoder's Go types.
+func TestDecodeRunRequestNotAnObject(t *testing.T) {
+	for body, want := range map[string]string{
+		`[1]`:                            "the request must be a JSON object",
+		`"x"`:                            "the request must be a JSON object",
+		` null `:                         "the request must be a JSON object",
+		`7`:                              "the request must be a JSON object",
+		`{"prompt":"a","model":5}`:       `model must be "provider/id" or {"provider"`,
+		`{"prompt":"a","model":5,"x":1}`: `model must be "provider/id" or {"provider"`,
+		`{"prompt":"a","model":{"provider":1,"id":"x"}}`:        "model.provider must be a string, not JSON number",
+		`{"prompt":"a","model":{"provider":"p","id":[]},"x":1}`: "model.id must be a string, not JSON array",
+	} {
+		_, err := DecodeRunRequest([]byte(body), "r")
+		if err == nil || !IsBadRequest(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", body, err, want)
+		}
+		if err != nil && (strings.Contains(err.Error(), "struct") || strings.Contains(err.Error(), "bus.")) {
+			t.Errorf("%s: the error names a Go type: %v", body, err)
+		}
+	}
+}
+
+// Many unknown fields do not push the problems of the known fields out of
+// the error's first twenty: the first few are named, the rest counted.
+func TestDecodeRunRequestManyUnknownFields(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"prompt":"a","temperature":3`)
+	for i := range 30 {
+		fmt.Fprintf(&b, `,"u%02d":1`, i)
+	}
+	b.WriteString("}")
+	_, err := DecodeRunRequest([]byte(b.String()), "r")
+	var re *RequestError
+	if !errors.As(err, &re) {
+		t.Fatalf("got %v, want a bad request", err)
+	}
+	for _, want := range []string{`unknown field "u00"`, `unknown field "u04"`, "25 more unknown fields", "temperature 3 is not in 0..2"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("no %q in %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), `"u05"`) || len(re.Problems) != 7 {
+		t.Errorf("%d problems, want 7 (five unknown fields named, the rest counted, temperature): %v", len(re.Problems), err)
+	}
+}
+
+// A bad request carries what its body's known fields hold when it decodes
+// leniently (an unknown field inside model too), for the worker's own
+// checks; nil when it does not decode.
+func TestDecodeRunRequestLenientRequest(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"prompt":"x","tools":["rm_rf"],"model":{"provider":"faux","id":"demo","zz":1}}`: "faux/demo rm_rf",
+		`{"prompt":"x","tools":["t"],"model":"faux/demo","temperature":3}`:                "faux/demo t",
+		`{"prompt":"x","tools":["t"],"temperature":3,"id":"other","x":1}`:                 "<nil> t",
+		`{"prompt":"x","tools":["t"],"prompt":"y"}`:                                       "<nil> t",
+		`{"prompt":"x","model":"nope","x":1}`:                                             "",
+		`{"prompt":1,"x":1}`:                                                              "",
+		`[1]`:                                                                             "",
+	} {
+		_, err := DecodeRunRequest([]byte(body), "r")
+		var re *RequestError
+		if !errors.As(err, &re) {
+			t.Fatalf("%s: got %v, want a bad request", body, err)
+		}
+		got := ""
+		if req := re.Request; req != nil {
+			if req.ID != "r" {
+				t.Errorf("%s: lenient request's id %q, want the subject's", body, req.ID)
+			}
+			m := "<nil>"
+			if req.Model != nil {
+				m = req.Model.String()
+			}
+			got = m + " " + strings.Join(req.Tools, ",")
+		}
+		if got != want {
+			t.Errorf("%s: lenient request %q, want %q", body, got, want)
+		}
 	}
 }
 

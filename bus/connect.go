@@ -23,6 +23,10 @@ const DefaultURL = "nats://127.0.0.1:4222"
 // Errors of the client operations.
 var (
 	ErrRunNotFound = errors.New("run not found")
+	// ErrEventsGone ends a Follow of a run whose record says it finished
+	// but none of whose events is stored any more (past the events
+	// stream's max age or byte limit): there is nothing to replay.
+	ErrEventsGone  = errors.New("its events are no longer stored")
 	ErrRunFinished = errors.New("run has finished")
 )
 
@@ -185,6 +189,7 @@ type Client struct {
 	stallLooks     atomic.Int64                                              // tests: times a stall watch asked the stream
 	stallTicks     atomic.Int64                                              // tests: stall watch ticks
 	lookLast       func(ctx context.Context, runID string) (uint64, error)   // tests: answer for lastEventSeq
+	beforeEnd      func(runID string)                                        // tests: a stall watch is about to end a follower
 	afterListRange func(from uint64)                                         // tests: a listing read a window
 
 	mu      sync.Mutex

@@ -66,8 +66,10 @@ type ToolApproval struct {
 	Reason     string `json:"reason,omitempty"`
 	ControlSeq uint64 `json:"controlSeq,omitempty"`
 	// Arguments (resolved, since 1.8) are the approver's edit, as
-	// validated: what the call runs with instead of Args.
-	Arguments map[string]any `json:"arguments,omitempty"`
+	// validated: what the call runs with instead of Args. Absent (nil)
+	// without an edit; an edit to no arguments is {} (omitzero: omitempty
+	// dropped it).
+	Arguments map[string]any `json:"arguments,omitzero"`
 }
 
 // WaitRateLimit is the reason of a model_wait for shared rate limits.

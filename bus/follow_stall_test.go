@@ -360,3 +360,75 @@ func TestFollowNoSuchRun(t *testing.T) {
 		t.Fatalf("following a queued run: %v", err)
 	}
 }
+
+// A finished run whose events are no longer stored (aged out, or dropped
+// by the events stream's byte limit) while its record remains: Follow
+// ends with ErrEventsGone, saying how the run ended, instead of waiting
+// for events that will never come.
+func TestFollowFinishedRunWithoutEvents(t *testing.T) {
+	ctx, c, pub := stallClient(t)
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(RunRecord{ID: "old", Queue: "default", State: StatusSucceeded, Attempt: 1})
+	if _, err := kv.Put(ctx, "old", b); err != nil {
+		t.Fatal(err)
+	}
+	var last error
+	for _, err := range c.Follow(ctx, "old") {
+		last = err
+	}
+	if !errors.Is(last, ErrEventsGone) || !strings.Contains(last.Error(), "follow old: run finished (succeeded) but its events are no longer stored") {
+		t.Fatalf("follow ended with %v, want ErrEventsGone", last)
+	}
+	// A finished run whose events are there is followed to its end.
+	if _, err := kv.Put(ctx, "r", b); err != nil {
+		t.Fatal(err)
+	}
+	pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
+	pub(2, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
+	n := 0
+	for _, err := range c.Follow(ctx, "r") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("%d events, want 2", n)
+	}
+}
+
+// The watch's looks and its ending of the follower are not one step: a
+// run's first event stored after the second look found nothing is
+// delivered, and then the follower goes on to the run's end instead of
+// ending with ErrRunNotFound (the watch ends only a follower that has
+// delivered nothing).
+func TestFollowDeliversAndNeverThenEndsNotFound(t *testing.T) {
+	ctx, c, pub := stallClient(t)
+	delivered := make(chan struct{})
+	var once sync.Once
+	called := false
+	c.beforeEnd = func(string) {
+		once.Do(func() {
+			called = true
+			pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
+			<-delivered // the follower has taken it
+		})
+	}
+	var got []uint64
+	for e, err := range c.Follow(ctx, "r") {
+		if err != nil {
+			t.Fatalf("follow: %v after seqs %v", err, got)
+		}
+		got = append(got, e.Seq)
+		if e.Seq == 1 {
+			close(delivered)
+			pub(2, RunFinished{Type: EventRunFinished, Status: StatusSucceeded})
+		}
+	}
+	if len(got) != 2 || !called {
+		t.Fatalf("got seqs %v, want [1 2] (the watch about to end the follower: %v)", got, called)
+	}
+}

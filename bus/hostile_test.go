@@ -97,3 +97,14 @@ func TestBoundsKeepValidRequests(t *testing.T) {
 		t.Errorf("fixedPace: %+v, %v", req, err)
 	}
 }
+
+// maxTokens is bounded (MaxTokensLimit): near MaxInt a worker's sums of
+// it would wrap.
+func TestMaxTokensBound(t *testing.T) {
+	for n, ok := range map[int]bool{0: true, MaxTokensLimit: true, MaxTokensLimit + 1: false, 1<<63 - 1: false, -1: false} {
+		_, err := DecodeRunRequest(fmt.Appendf(nil, `{"prompt":"x","maxTokens":%d}`, n), "r1")
+		if (err == nil) != ok || (err != nil && !strings.Contains(err.Error(), "maxTokens")) {
+			t.Errorf("maxTokens %d: %v", n, err)
+		}
+	}
+}

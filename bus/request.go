@@ -40,6 +40,7 @@ const (
 	MaxFauxResponses     = 1000
 	MaxTurnsLimit        = 1000
 	MaxTimeoutSeconds    = 7 * 24 * 3600
+	MaxTokensLimit       = 1 << 24   // maxTokens: more than a model answers in one call; sums of it cannot wrap
 	MaxControlBytes      = 256 << 10 // a control message body
 	MaxJSONDepth         = 128       // nesting of the request's JSON
 	MaxModelIDBytes      = 256
@@ -105,6 +106,9 @@ func decodeModelRef(b []byte, strict bool) (*ModelRef, error) {
 		}
 		return &r, nil
 	}
+	if b[0] != '{' {
+		return nil, errors.New(`model must be "provider/id" or {"provider":"…","id":"…"}`)
+	}
 	var o struct {
 		Provider string `json:"provider"`
 		ID       string `json:"id"`
@@ -114,6 +118,10 @@ func decodeModelRef(b []byte, strict bool) (*ModelRef, error) {
 		dec.DisallowUnknownFields()
 	}
 	if err := dec.Decode(&o); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) { // not the Go type it wanted
+			return nil, fmt.Errorf("model.%s must be a string, not JSON %s", truncate(te.Field, 64), truncate(te.Value, 64))
+		}
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	if o.Provider == "" || o.ID == "" {
@@ -187,7 +195,15 @@ func (r *RunRequest) EffectiveLimits() Limits {
 // RequestError is a bad request: why the request cannot run. Its text is
 // meant for the person who sent it: it lists every problem, the first
 // twenty in full and then how many more, within MaxErrorBytes.
-type RequestError struct{ Problems []string }
+type RequestError struct {
+	Problems []string
+	// Request is, from DecodeRunRequest, what the body's known fields hold
+	// when it decodes leniently (unknown fields ignored, also inside
+	// model; its id the subject's), so that a worker can add its own
+	// checks to the decoder's problems; nil when it does not (malformed
+	// JSON, a wrong type, a model that does not decode).
+	Request *RunRequest
+}
 
 func (e *RequestError) Error() string {
 	var b strings.Builder
@@ -253,7 +269,12 @@ func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
 		return nil, BadRequest("empty request body: send a JSON object such as {\"prompt\":\"hello\"}")
 	}
 	if err := checkJSONShape(data); err != nil {
-		return nil, err
+		return nil, withLenient(err, data, subjectRun)
+	}
+	if b := bytes.TrimSpace(data); b[0] != '{' && json.Valid(b) {
+		// Valid JSON but no object: the strict decode would name the Go
+		// type it wanted.
+		return nil, BadRequest("the request must be a JSON object, such as {\"prompt\":\"hello\"}")
 	}
 	var req RunRequest
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -272,17 +293,62 @@ func DecodeRunRequest(data []byte, subjectRun string) (*RunRequest, error) {
 		return nil, BadRequest("malformed JSON: extra data after the request object")
 	}
 	if err := req.Validate(subjectRun); err != nil {
-		return nil, err
+		req.ID = subjectRun
+		return nil, withRequest(err, &req)
 	}
 	req.ID = subjectRun
 	return &req, nil
 }
 
+// lenientRequest is a request body decoded leniently: unknown fields
+// ignored, inside model too, the id the subject's. ok is false when it
+// does not decode that way (malformed JSON, a wrong type, extra data, a
+// model that is neither "provider/id" nor an object with both).
+func lenientRequest(data []byte, subjectRun string) (req *RunRequest, ok bool) {
+	var w struct {
+		RunRequest
+		// model decoded apart: ModelRef refuses unknown fields itself.
+		Model json.RawMessage `json:"model,omitempty"`
+	}
+	if json.Unmarshal(data, &w) != nil {
+		return nil, false
+	}
+	m, err := decodeModelRef(w.Model, false)
+	if err != nil {
+		return nil, false
+	}
+	w.RunRequest.Model = m
+	w.RunRequest.ID = subjectRun
+	return &w.RunRequest, true
+}
+
+// withLenient is withRequest with the body decoded leniently.
+func withLenient(err error, data []byte, subjectRun string) error {
+	if req, ok := lenientRequest(data, subjectRun); ok {
+		return withRequest(err, req)
+	}
+	return err
+}
+
+// withRequest sets a bad request's Request.
+func withRequest(err error, req *RunRequest) error {
+	var re *RequestError
+	if errors.As(err, &re) && re.Request == nil {
+		re.Request = req
+	}
+	return err
+}
+
+// maxUnknownListed is how many unknown fields a bad request's error names
+// one by one; the rest are counted in one problem, so that many of them
+// leave room in the first twenty for the problems of the known fields.
+const maxUnknownListed = 5
+
 // lenientProblems lists the problems of a request the strict decode
-// refused for something other than its syntax: each unknown field as
-// such, then a wrong type, or else every problem Validate finds in what
-// the known fields hold (a wrong type leaves a field empty, which
-// Validate would misreport).
+// refused for something other than its syntax: the unknown fields (up to
+// maxUnknownListed, each named as such, then their count), then a wrong
+// type, or else every problem Validate finds in what the known fields hold
+// (a wrong type leaves a field empty, which Validate would misreport).
 func lenientProblems(data []byte, subjectRun string) error {
 	var req struct {
 		RunRequest
@@ -295,8 +361,12 @@ func lenientProblems(data []byte, subjectRun string) error {
 	var raw any
 	if json.Unmarshal(data, &raw) == nil {
 		p = unknownFields(reflect.TypeFor[RunRequest](), raw, "", p)
+		if n := len(p); n > maxUnknownListed {
+			p = append(p[:maxUnknownListed], fmt.Sprintf("%d more unknown fields", n-maxUnknownListed))
+		}
 	}
 	var se *json.SyntaxError
+	var lenient *RunRequest
 	switch {
 	case errors.As(decErr, &se): // not expected: the strict decode got past the syntax
 		return BadRequest("malformed JSON: %s", jsonErrorText(decErr))
@@ -309,8 +379,9 @@ func lenientProblems(data []byte, subjectRun string) error {
 	default:
 		if m, err := decodeModelRef(req.Model, false); err != nil {
 			p = append(p, err.Error())
-		} else if m != nil {
+		} else {
 			req.RunRequest.Model = m
+			lenient = &req.RunRequest
 		}
 		if err := req.RunRequest.Validate(subjectRun); err != nil {
 			var re *RequestError
@@ -323,7 +394,10 @@ func lenientProblems(data []byte, subjectRun string) error {
 	if len(p) == 0 { // not expected: the strict decode found a problem
 		return BadRequest("malformed JSON: the request does not decode")
 	}
-	return &RequestError{Problems: p}
+	if lenient != nil {
+		lenient.ID = subjectRun
+	}
+	return &RequestError{Problems: p, Request: lenient}
 }
 
 // unknownFields appends a problem for each key of v (decoded JSON) that
@@ -742,8 +816,8 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	if t := r.Temperature; t != nil && (*t < 0 || *t > 2) {
 		add("temperature %g is not in 0..2", *t)
 	}
-	if r.MaxTokens < 0 {
-		add("maxTokens must not be negative")
+	if r.MaxTokens < 0 || r.MaxTokens > MaxTokensLimit {
+		add("maxTokens %d is not in 0..%d", r.MaxTokens, MaxTokensLimit)
 	}
 	if r.ContinueFrom != "" {
 		if !ValidID(r.ContinueFrom) {

@@ -376,19 +376,26 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	return nil
 }
 
-// Records returns the KV bucket of run records.
+// Records returns the KV bucket of run records, cached. The bucket is
+// looked up outside the client's lock: every Follow asks at its start, and
+// a lookup waiting on NATS must not hold up the other callers.
 func (c *Client) Records(ctx context.Context) (jetstream.KeyValue, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.kv != nil {
-		return c.kv, nil
+	kv := c.kv
+	c.mu.Unlock()
+	if kv != nil {
+		return kv, nil
 	}
 	kv, err := c.js.KeyValue(ctx, c.names.RecordsBucket())
 	if err != nil {
 		return nil, fmt.Errorf("kv bucket %s: %w (has a worker or EnsureStreams created it?)", c.names.RecordsBucket(), err)
 	}
-	c.kv = kv
-	return kv, nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.kv == nil { // the first lookup to finish is kept
+		c.kv = kv
+	}
+	return c.kv, nil
 }
 
 // Stream returns a stream handle, cached.

@@ -169,7 +169,10 @@ func IsFatalFollowError(err error) bool {
 // A run that does not exist would be waited for forever: while nothing has
 // been delivered, Follow checks at its start and at each of those looks
 // that the run has a stored event, a record or a request, and ends with
-// ErrRunNotFound when two looks a stall interval apart found none.
+// ErrRunNotFound when two looks a stall interval apart found none. A run
+// whose record says it finished but whose events are no longer stored
+// (past the events stream's max age or byte limit) ends it likewise, with
+// ErrEventsGone. Either ends a follower only while nothing was delivered.
 func (c *Client) Follow(ctx context.Context, runID string) iter.Seq2[*Envelope, error] {
 	return func(yield func(*Envelope, error) bool) {
 		if err := CheckID(runID); err != nil {
@@ -262,9 +265,15 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 	// again (NATS away, the stream gone): stopping it ends the wait.
 	defer context.AfterFunc(ctx, it.Stop)()
 	for {
-		if w.gone.Load() {
-			f.yield(nil, fmt.Errorf("follow %s: %w", f.runID, ErrRunNotFound))
-			return false
+		if err := w.ended(); err != nil {
+			if f.seen == 0 {
+				f.yield(nil, fmt.Errorf("follow %s: %w", f.runID, err))
+				return false
+			}
+			// The watch stopped the consumer on a look made before the
+			// run's first event, which came meanwhile: the run exists,
+			// and a new consumer goes on after what was delivered.
+			return true
 		}
 		if w.stalled.Load() {
 			// Stopped, but a reset already under way in nats.go may go on
@@ -278,9 +287,9 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 		if err != nil {
 			if ctx.Err() != nil {
 				err = ctx.Err()
-			} else if w.gone.Load() {
-				err = ErrRunNotFound
-			} else if w.stalled.Load() {
+			} else if e := w.ended(); e != nil && f.seen == 0 {
+				err = e
+			} else if e != nil || w.stalled.Load() {
 				return true
 			}
 			f.yield(nil, fmt.Errorf("follow %s: %w", f.runID, err))
@@ -289,8 +298,12 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 		var streamSeq uint64
 		if md, err := msg.Metadata(); err == nil {
 			streamSeq = md.Sequence.Stream
+			// Fails only when the watch has just ended the follower on a
+			// look made before this event was stored: the run exists
+			// after all, and the next round goes on with a new consumer
+			// (a follower that delivered something never ends so).
+			w.seen.CompareAndSwap(f.seen, streamSeq)
 			f.seen = streamSeq
-			w.seen.Store(streamSeq)
 		}
 		env, err := DecodeEnvelope(msg.Data())
 		if err != nil {
@@ -326,13 +339,29 @@ func (f *follower) drain(ctx context.Context, it jetstream.MessagesContext, w *s
 // consumer if so. It runs beside the follower: a stuck consumer can hold
 // Next (and its reset) for good.
 type stallWatch struct {
+	// seen is the stream sequence of the last message the follower took,
+	// or endedSeen once the watch ended a follower that had taken none
+	// (compare-and-swapped from 0 against the follower's own updates).
 	seen    atomic.Uint64
 	waiting atomic.Bool
 	stalled atomic.Bool
-	// gone: nothing delivered, and the run has no event, record or request.
-	gone   atomic.Bool
+	// end is why the watch ended the follower (ErrRunNotFound,
+	// ErrEventsGone); written before seen becomes endedSeen, read after.
+	end    error
 	cancel context.CancelFunc
 	exited chan struct{}
+}
+
+// endedSeen in stallWatch.seen: the watch ended a follower that had
+// delivered nothing (no stream sequence is this large).
+const endedSeen = ^uint64(0)
+
+// ended is why the watch ended the follower, or nil.
+func (w *stallWatch) ended() error {
+	if w.seen.Load() != endedSeen {
+		return nil
+	}
+	return w.end
 }
 
 func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, runID string, seen uint64) *stallWatch {
@@ -344,18 +373,9 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 		t := time.NewTicker(c.followStall)
 		defer t.Stop()
 		// Beside the consumer, not before it: a run that exists costs its
-		// follower no wait. A run missing at the start is looked for once
-		// more a stall interval later, so that a follower started just
-		// before the run's submitter published is not told it has none.
-		if seen == 0 && w.absent(ctx, c, runID) {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if w.noSuchRun(ctx, c, it, runID) {
-				return
-			}
+		// follower no wait.
+		if seen == 0 && w.missing(ctx, c, it, runID, t.C) {
+			return
 		}
 		// Stalled only after whole intervals spent in Next with nothing
 		// delivered (a slow loop body is not a stall); a follower of an
@@ -388,7 +408,7 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 			if err != nil {
 				continue // NATS away: ask again, as often, once it is back
 			}
-			if stored == 0 && cur == 0 && w.noSuchRun(ctx, c, it, runID) {
+			if stored == 0 && cur == 0 && w.missing(ctx, c, it, runID, t.C) {
 				return
 			}
 			if stored <= cur || w.seen.Load() != cur || !w.waiting.Load() {
@@ -403,28 +423,59 @@ func (c *Client) watchStall(ctx context.Context, it jetstream.MessagesContext, r
 	return w
 }
 
-// noSuchRun stops the follower when nothing was delivered and the run
-// has no stored event, record or request; an error reading them is no
-// answer.
-func (w *stallWatch) noSuchRun(ctx context.Context, c *Client, it jetstream.MessagesContext, runID string) bool {
-	if !w.absent(ctx, c, runID) {
+// missing looks for a run nothing was delivered of, twice, a stall
+// interval apart (tick), and stops the follower when neither look found
+// it: one look would end a follower started just before the run's
+// submitter published, or one that looked between a refused request's
+// final record and its events. It reports whether the watch is done (the
+// follower stopped, or ctx ended).
+func (w *stallWatch) missing(ctx context.Context, c *Client, it jetstream.MessagesContext, runID string, tick <-chan time.Time) bool {
+	if w.look(ctx, c, runID) == nil {
 		return false
 	}
-	w.gone.Store(true)
+	select {
+	case <-ctx.Done():
+		return true
+	case <-tick:
+	}
+	why := w.look(ctx, c, runID)
+	if why == nil {
+		return false
+	}
+	if c.beforeEnd != nil {
+		c.beforeEnd(runID)
+	}
+	w.end = why
+	if !w.seen.CompareAndSwap(0, endedSeen) {
+		return false // an event came meanwhile: the run exists
+	}
 	it.Stop()
 	return true
 }
 
-// absent reports whether nothing was delivered and the run has no stored
-// event, record or request.
-func (w *stallWatch) absent(ctx context.Context, c *Client, runID string) bool {
+// look reports why a follower that has delivered nothing should end: the
+// run has no stored event, record or request (ErrRunNotFound), or its
+// record says it finished and none of its events is stored any more
+// (ErrEventsGone); nil when the run is there, something was delivered, or
+// a read failed (no answer).
+func (w *stallWatch) look(ctx context.Context, c *Client, runID string) error {
 	lctx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
 	defer cancel()
-	if _, err := c.Status(lctx, runID); !errors.Is(err, ErrRunNotFound) {
-		return false
+	rec, err := c.Status(lctx, runID)
+	switch {
+	case errors.Is(err, ErrRunNotFound):
+		rec = nil
+	case err != nil || !rec.Finished():
+		return nil
 	}
 	stored, err := c.lastEventSeq(lctx, runID)
-	return err == nil && stored == 0 && w.seen.Load() == 0
+	if err != nil || stored != 0 || w.seen.Load() != 0 {
+		return nil
+	}
+	if rec != nil {
+		return fmt.Errorf("run finished (%s) but %w", rec.State, ErrEventsGone)
+	}
+	return ErrRunNotFound
 }
 
 func (w *stallWatch) close() {

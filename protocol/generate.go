@@ -481,7 +481,8 @@ func (g *gen) runRequest() *jsonschema.Schema {
 	p("tools").Items = &jsonschema.Schema{Type: "string", MinLength: ptr[uint64](1), Not: &jsonschema.Schema{Const: "*"},
 		Description: `A tool name, or a whole source "<source>__*"; "*" alone is refused.`}
 	p("temperature").Minimum, p("temperature").Maximum = minimum(0), minimum(2)
-	p("maxTokens").Minimum = minimum(0)
+	p("maxTokens").Minimum, p("maxTokens").Maximum = minimum(0), minimum(bus.MaxTokensLimit)
+	p("maxTokens").Description = "The output tokens each model call asks for (max_tokens); 0: the model table's maxTokens, at most 32000, else 4096 (§14)."
 	p("continueFrom").Pattern = tokenPattern
 	p("continueFrom").Description = "A finished run's id on the same queue."
 	md := p("metadata")

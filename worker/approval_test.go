@@ -359,6 +359,53 @@ func TestApprovalEditedArgumentsInvalidThenValid(t *testing.T) {
 	}
 }
 
+// An approver's edit to no arguments at all ({}, for a tool whose
+// arguments are all optional) is an edit: the call runs with {}, and the
+// resolution shows "arguments":{} (omitempty dropped an empty map, so the
+// event read as approved unedited and the answer sent by bus.Client.Answer
+// lost its edit).
+func TestApprovalEditToNoArgumentsIsShown(t *testing.T) {
+	var mu sync.Mutex
+	var ran []string
+	probe := agent.NewTool("probe", "probes", func(_ context.Context, a struct {
+		Target string `json:"target,omitempty"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		mu.Lock()
+		ran = append(ran, "target="+a.Target)
+		mu.Unlock()
+		return agent.TextResult("probed"), nil
+	})
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{probe}}, nil)
+	run := submitRun(t, c, &bus.RunRequest{Prompt: "probe", Tools: []string{"probe"}, Model: fauxModel,
+		Approval: &bus.Approval{Tools: []string{"probe"}},
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			{Content: []agent.Content{agent.ToolCall("c1", "probe", map[string]any{"target": "prod"})}, StopReason: agent.StopReasonToolUse},
+			{Content: []agent.Content{agent.Text("done")}}}}})
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	seq, err := c.Answer(ctx, run, bus.ApprovalAnswer{ToolCallID: "c1", Decision: bus.DecisionApprove, Arguments: map[string]any{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval
+	if res.ControlSeq != seq || res.Arguments == nil || len(res.Arguments) != 0 {
+		t.Fatalf("resolved %+v, want the edit to {} shown", res)
+	}
+	if b, _ := json.Marshal(res); !strings.Contains(string(b), `"arguments":{}`) {
+		t.Fatalf("resolved encodes as %s, want \"arguments\":{}", b)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(ran, ",") != "target=" {
+		t.Fatalf("probe ran with %q, want the edit (no target)", ran)
+	}
+}
+
 func TestApprovalTimeoutDenies(t *testing.T) {
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1}, "prod"))

@@ -73,17 +73,28 @@ func toolsJSONBytes(tools []*agent.Tool) int {
 	return n
 }
 
-// outputReserve is a call's output bound: the request's maxTokens, else
-// the model table's, else DefaultOutputReserve.
-func (r *run) outputReserve(requestMax int) int {
+// MaxTableOutputReserve caps the output reserve a call takes from the
+// model table: the default pi's OpenAI-compatible provider asks for.
+const MaxTableOutputReserve = 32000
+
+// OutputReserve is a call's output reserve: the request's maxTokens, else
+// the model table's (at most MaxTableOutputReserve), else
+// DefaultOutputReserve. Every call asks for it (max_tokens: the run's
+// agent passes it, meteredProvider when nobody did), so the worst case,
+// the rate limits' reservation, the clamp of a reported output and the cap
+// of an estimated one all count what the call asked for.
+func OutputReserve(requestMax, modelMax int) int {
 	switch {
 	case requestMax > 0:
 		return requestMax
-	case r.model.MaxTokens > 0:
-		return r.model.MaxTokens
+	case modelMax > 0:
+		return min(modelMax, MaxTableOutputReserve)
 	}
 	return DefaultOutputReserve
 }
+
+// outputReserve is the output reserve of the run's calls.
+func (r *run) outputReserve(requestMax int) int { return OutputReserve(requestMax, r.model.MaxTokens) }
 
 // worstCost is what the next call may cost at most: everything it sends
 // (callInputTokens) at the dearer of the input and cache-write prices

@@ -17,6 +17,12 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
+// maxControlRejections bounds the control_rejected events of an attempt:
+// anyone who may steer may steer any run with junk, and each rejection is
+// an event of the run (docs/protocol.md §6). Later invalid messages are
+// only logged.
+const maxControlRejections = 16
+
 // controlInbox bounds the live control messages waiting for a run's
 // control owner. Past it the stream is read instead: a flood of control
 // messages costs reads, not memory (and every run, also one waiting in a
@@ -77,6 +83,17 @@ type controls struct {
 	scanned   uint64          // every message of the run up to here was read
 	max       uint64          // highest sequence taken; read after done
 	delivered map[uint64]bool // put into the transcript by an earlier attempt
+	rejected  int             // invalid steers and follow-ups taken
+
+	// rejects carries the control_rejected events to their publisher, a
+	// goroutine beside the owner that runs while it has some (rejecting,
+	// as active); room for every one an attempt publishes. The owner
+	// never waits for the run's publish window on junk, so an abort
+	// behind it is taken at once. The owner that stops for good waits
+	// for them (rejecters).
+	rejects   chan bus.ControlRejected
+	rejecting atomic.Bool
+	rejecters sync.WaitGroup
 
 	// queued are control messages handed to the agent, not yet in the
 	// transcript; the agent's listener stamps their sequence on their
@@ -121,7 +138,8 @@ type queuedControl struct {
 
 func newControls(r *run) *controls {
 	return &controls{r: r, inbox: make(chan liveControl, controlInbox), wake: make(chan struct{}, 1),
-		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{})}
+		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		rejects: make(chan bus.ControlRejected, maxControlRejections)}
 }
 
 // offer is the NATS callback's part: it never blocks (it runs under
@@ -226,7 +244,8 @@ func (c *controls) own(started chan<- struct{}, read bool) {
 	}
 	for {
 		if c.serve() {
-			close(c.done) // active stays true: no owner after this one
+			c.rejecters.Wait() // the rejections are the run's, before its end
+			close(c.done)      // active stays true: no owner after this one
 			return
 		}
 		c.active.Store(false)
@@ -369,10 +388,7 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 	case bus.KindSteer, bus.KindFollowUp:
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {
-			r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
-			// Its sender reads the run's events, not the worker's log.
-			_, _ = r.pub.Fleet(bus.EventControlRejected, bus.ControlRejected{Type: bus.EventControlRejected,
-				Kind: kind, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
+			c.reject(kind, seq, err)
 			return
 		}
 		// Known before the agent can emit it: the listener stamps it.
@@ -400,6 +416,51 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 	}
 	// Reported once applied: a steer is in the agent's queue.
 	r.w.obs.ControlReceived(kind)
+}
+
+// reject tells the sender of an invalid steer or follow-up why it was not
+// taken (its sender reads the run's events, not the worker's log): the
+// first maxControlRejections of the attempt get a control_rejected,
+// published beside the owner; later ones are only logged.
+func (c *controls) reject(kind string, seq uint64, err error) {
+	r := c.r
+	c.rejected++
+	switch {
+	case c.rejected > maxControlRejections:
+		r.log.Debug("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
+		return
+	case c.rejected == maxControlRejections:
+		r.log.Warn("control message ignored; this attempt reports no more invalid control messages on its events",
+			"kind", kind, "controlSeq", seq, "err", err, "reported", maxControlRejections)
+	default:
+		r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
+	}
+	c.rejects <- bus.ControlRejected{Type: bus.EventControlRejected, Kind: kind,
+		Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq} // room for each
+	if c.rejecting.CompareAndSwap(false, true) {
+		c.rejecters.Add(1)
+		go c.publishRejections()
+	}
+}
+
+// publishRejections publishes the queued control_rejected events, in
+// order, and stops when none is left (see controls.rejects).
+func (c *controls) publishRejections() {
+	defer c.rejecters.Done()
+	for {
+		for drained := false; !drained; {
+			select {
+			case ev := <-c.rejects:
+				_, _ = c.r.pub.Fleet(bus.EventControlRejected, ev)
+			default:
+				drained = true
+			}
+		}
+		c.rejecting.Store(false)
+		if len(c.rejects) == 0 || !c.rejecting.CompareAndSwap(false, true) {
+			return
+		}
+	}
 }
 
 // seqOf returns the control sequence of a user message the agent emitted

@@ -6,11 +6,13 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // testGate is a tool that blocks until the test opens it.
@@ -364,5 +366,107 @@ func TestInvalidControlIsRejectedOnTheRun(t *testing.T) {
 	}
 	if tr.Finished.Status != bus.StatusSucceeded || fmt.Sprint(userTexts(tr)) != "[go]" {
 		t.Fatalf("finished %+v, user messages %q", tr.Finished, userTexts(tr))
+	}
+}
+
+// Junk steers cost a run at most maxControlRejections control_rejected
+// events (anyone who may steer may steer any run, and each event counts
+// toward the run's event budget); an abort sent after them ends the run.
+func TestInvalidControlRejectionsAreCapped(t *testing.T) {
+	g := newTestGate()
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the tool")
+	subj := c.Names().Control(res.ID, bus.KindSteer)
+	const junk = maxControlRejections + 9
+	for i := range junk {
+		if _, err := c.JetStream().Publish(ctx, subj, fmt.Appendf(nil, `{"txt":"junk %d"}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Abort(ctx, res.ID, "enough"); err != nil {
+		t.Fatal(err)
+	}
+	rejected := 0
+	var fin *bus.RunFinished
+	for env, err := range c.Follow(ctx, res.ID) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := env.Decode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Control != nil {
+			rejected++
+		}
+		if ev.RunFinished != nil {
+			fin = ev.RunFinished
+		}
+	}
+	if rejected != maxControlRejections || fin == nil || fin.Status != bus.StatusAborted {
+		t.Fatalf("%d control_rejected for %d junk steers (want %d), finished %+v (want aborted)", rejected, junk, maxControlRejections, fin)
+	}
+}
+
+// An abort behind junk steers is taken while their control_rejected events
+// cannot be published (the run's events are not going out): the control
+// owner does not wait for the publish window on junk.
+func TestAbortIsNotHeldUpByRejections(t *testing.T) {
+	stopped := make(chan struct{})
+	started := make(chan struct{}, 1)
+	gate := agent.NewTool("gate", "waits until the run stops", func(ctx context.Context, _ struct {
+		Name string `json:"name"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		close(stopped)
+		return agent.ToolResult{}, ctx.Err()
+	})
+	var hold atomic.Bool
+	held := make(chan struct{})
+	wait := func(*eventpub.Publisher, uint64) {
+		if hold.Load() {
+			<-held
+		}
+	}
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{gate}}, func(w *Worker) {
+		w.hooks.events = &eventpub.Signals{BeforeSingleSend: wait, BeforeBatchSend: wait}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"},
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, started, 20*time.Second, "the tool")
+	hold.Store(true) // the run's events go out no more
+	if _, err := c.JetStream().Publish(ctx, c.Names().Control(res.ID, bus.KindSteer), []byte(`{"txt":"junk"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Abort(ctx, res.ID, "enough"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		close(held)
+		t.Fatal("the abort was not taken while the junk steer's rejection waited to be published")
+	}
+	hold.Store(false)
+	close(held)
+	tr, err := c.LoadTranscript(ctx, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Finished == nil || tr.Finished.Status != bus.StatusAborted {
+		t.Fatalf("finished %+v, want aborted", tr.Finished)
 	}
 }

@@ -5,3 +5,6 @@ package worker
 // CallInputTokens is callInputTokens: the spending tests price a call as
 // the worker does.
 var CallInputTokens = callInputTokens
+
+// EstimateTokens is estimateTokens: a call's rate-limit reservation.
+var EstimateTokens = estimateTokens

@@ -253,7 +253,7 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		}
 		// A lost lease: a newer attempt fenced this one; the request goes.
 		end := r.traceGaveUp(req.Header) // trace.go: the give-up is an attempt too
-		err := r.finishGaveUp(ctx, rec, adv.Deliveries, removeRequest)
+		err := r.finishGaveUp(ctx, rec, req.Data, adv.Deliveries, removeRequest)
 		end(err)
 		if err != nil && !errors.Is(err, errLeaseLost) {
 			return err
@@ -267,10 +267,11 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 }
 
 // finishGaveUp marks the run failed/gave_up under the lease, with its own
-// attempt: run_started, run_resumed (the transcript so far), then the
-// finish, whose settlement removes the request (the caller then acks the
-// advisory).
-func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries int, removeRequest func() error) error {
+// attempt: run_started, run_resumed (the transcript so far, and the usage
+// of calls cut off, as a resume's), then the finish, whose settlement
+// removes the request (the caller then acks the advisory). request is the
+// request's body.
+func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, request []byte, deliveries int, removeRequest func() error) error {
 	if prev != nil && prev.Model != "" {
 		if m, err := bus.ParseModelRef(prev.Model); err == nil {
 			r.modelRef = m
@@ -305,8 +306,18 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		_ = r.pub.Flush(ctx)
 		return fmt.Errorf("give-up: reading the run's events: %w", err)
 	}
-	restored := len(workerproto.Recover(envs, time.Now().UnixMilli()).Messages)
-	_, _ = r.pub.Fleet(bus.EventRunResumed, bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: restored})
+	rc := workerproto.Recover(envs, time.Now().UnixMilli())
+	resumed := bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: len(rc.Messages)}
+	cut, usage := r.gaveUpUsage(ctx, rc, request)
+	if cut != (agent.Usage{}) {
+		resumed.CutOffUsage = &cut
+	}
+	_, _ = r.pub.Fleet(bus.EventRunResumed, resumed)
+	// The events say what the run was charged, unless the last attempt's
+	// record says more (a call whose message it did not store).
+	if usage.Cost.Total > rec.Usage.Cost.Total || (usage.Cost.Total == rec.Usage.Cost.Total && usage.TotalTokens > rec.Usage.TotalTokens) {
+		rec.Usage, rec.Cost = usage, usage.Cost.Total
+	}
 	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
 		deliveries, r.w.names.Dead(r.queue, r.id))
 	rec.State, rec.Reason, rec.Error, rec.FinishedAt, rec.HeartbeatAt = bus.StatusFailed, bus.ReasonGaveUp, text, time.Now(), time.Now()
@@ -314,6 +325,58 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, deliveries 
 		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, DurationMs: time.Since(r.runStart).Milliseconds()}
 	return r.finish(ending{record: rec, fin: fin,
 		settle: settlement{done: func(context.Context) error { return removeRequest() }}})
+}
+
+// gaveUpUsage is what the give-up's run_resumed carries as cutOffUsage
+// (as a resume's: cutOffUsage) and the run's usage as the events tell it:
+// that plus the usage of the restored messages that are the run's (after
+// its prompt). The prompt's length comes from the request (and the
+// transcript it continues); if that cannot be read, no message of the
+// view counts as the run's, and only the cut-off usage earlier resumes
+// carried does.
+func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request []byte) (cut, usage agent.Usage) {
+	promptLen, ok := r.requestPromptLen(ctx, request)
+	if !ok {
+		promptLen = len(rc.Messages) + len(rc.DroppedMessages)
+	}
+	cut = cutOffUsage(rc, promptLen)
+	usage = cut
+	for _, m := range rc.Messages[min(promptLen, len(rc.Messages)):] {
+		if m.Role == agent.RoleAssistant {
+			usage.Add(nonNegative(m.Usage))
+		}
+	}
+	return cut, usage
+}
+
+// requestPromptLen is how many messages a run's request put before its
+// first model call, as the pickup counts them (plan): the transcript it
+// continues, its messages, its prompt. ok is false when the request, or
+// the transcript it continues, cannot be read.
+func (r *run) requestPromptLen(ctx context.Context, request []byte) (n int, ok bool) {
+	var req struct {
+		Prompt       string            `json:"prompt"`
+		Messages     []json.RawMessage `json:"messages"`
+		ContinueFrom string            `json:"continueFrom"`
+	}
+	if err := json.Unmarshal(request, &req); err != nil {
+		r.log.Warn("give-up: cannot read the request; the restored messages' usage is left out of the run's", "err", err)
+		return 0, false
+	}
+	n = len(req.Messages)
+	if req.Prompt != "" {
+		n++
+	}
+	if req.ContinueFrom != "" && bus.ValidID(req.ContinueFrom) && req.ContinueFrom != r.id {
+		prior, err := r.loadPrior(ctx, req.ContinueFrom)
+		if err != nil {
+			r.log.Warn("give-up: cannot read the transcript the run continues; the restored messages' usage is left out of the run's",
+				"continueFrom", req.ContinueFrom, "err", err)
+			return 0, false
+		}
+		n += len(prior)
+	}
+	return n, true
 }
 
 // requeue replaces a request whose deliveries ran out while drains

@@ -111,4 +111,19 @@ func TestBadRequestListsEveryProblem(t *testing.T) {
 			t.Errorf("no %q in %q", want, fin.Error)
 		}
 	}
+	// An unknown field inside model does not hide the worker's own checks
+	// either: they run on the decoder's lenient reading of the request.
+	res, err = f.Client.SubmitRaw(fleettest.Context(t), "", "bad-model-field", []byte(`{"prompt":"x","tools":["rm_rf"],"model":{"provider":"faux","id":"demo","zz":1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fin = transcriptOf(t, f.Follow(res.ID)).Finished
+	if fin == nil || fin.Reason != bus.ReasonBadRequest {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	for _, want := range []string{`unknown field "model.zz"`, `unknown tool "rm_rf"`} {
+		if !strings.Contains(fin.Error, want) {
+			t.Errorf("no %q in %q", want, fin.Error)
+		}
+	}
 }

@@ -77,6 +77,13 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	case agent.EventMessageEnd:
 		ctlSeq = r.ctl.seqOf(ev.Message, true)
 		interrupted = r.cutOff(ev.Message)
+		if u := r.strayCharge.Swap(nil); u != nil && ev.Message != nil && ev.Message.Role == agent.RoleAssistant && ev.Message.Usage == (agent.Usage{}) {
+			// The agent's message for a call it stopped reading: the
+			// call's charge (observeStream).
+			m := *ev.Message
+			m.Usage = *u
+			ev.Message = &m
+		}
 	case agent.EventToolExecutionEnd:
 		// Recovery takes a call's result from here when its toolResult
 		// message was not stored: not a result the stop cut off.
@@ -191,10 +198,17 @@ func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 			var first time.Duration
 			var final *agent.Message
 			ctx, _ := r.withCallMeter(ctx)
+			r.strayCharge.Store(nil)
 			defer func() {
 				s := chargeOf(ctx, final)
 				if final == nil && s.source == "" {
 					return // nothing was asked of a model
+				}
+				if final == nil {
+					// The agent stopped reading before the final event:
+					// the message it makes instead carries the charge.
+					u := s.usage
+					r.strayCharge.Store(&u)
 				}
 				// Only this run's model calls count toward its usage.
 				r.tally.modelCall(s.usage)

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -27,13 +26,10 @@ func (r *run) prepare(ctx context.Context) error {
 		if !errors.As(err, &bad) {
 			return err
 		}
-		// The worker's checks still run on what decodes, so the error
-		// lists every problem at once.
-		req = nil
-		var lenient bus.RunRequest
-		if json.Unmarshal(data, &lenient) == nil {
-			req = &lenient
-		}
+		// The worker's checks still run on what decodes leniently (the
+		// decoder's reading: an unknown field inside model too), so the
+		// error lists every problem at once.
+		req = bad.Request
 	}
 	if req == nil {
 		return bad
@@ -187,7 +183,7 @@ func (r *run) newAgent() *agent.Agent {
 		ToolExecution:       req.ToolExecution,
 		SessionID:           r.id,
 		Temperature:         req.Temperature,
-		MaxTokens:           req.MaxTokens,
+		MaxTokens:           r.outputReserve(req.MaxTokens), // every call asks for its reserve (budget.go)
 	})
 	l := &listener{r: r}
 	a.Subscribe(l.onEvent)

@@ -31,13 +31,14 @@ type RateLimits struct {
 type ModelLimit struct {
 	Group  string
 	Limits ratelimit.Limits
-	// MaxTokens is the model table's output bound: the output reserve of
-	// a call whose request sets none.
+	// MaxTokens is the model table's output bound: the output reserve
+	// (OutputReserve) of a call that asks for none. A run's calls always
+	// ask for theirs, from the model table the provider gives.
 	MaxTokens int
 }
 
-// DefaultOutputReserve is the output reserve of a call when neither the
-// request nor the model table bounds the output.
+// DefaultOutputReserve is the output reserve of a call, and what it asks
+// for, when neither the request nor the model table bounds the output.
 const DefaultOutputReserve = 4096
 
 // startRateLimits creates the worker's limiter and runs its watch until
@@ -83,9 +84,10 @@ func (w *Worker) startRateLimits(ctx context.Context) (stop func(), err error) {
 // limitStream makes each call of fn take capacity from the model's group
 // first: it reserves the estimated input plus the output reserve, tells
 // the run's readers how long it waited, and settles to the call's charge
-// (settle.go: the reported usage, clamped to what the call could use); a
+// (settle.go: the reported usage, within what the call could use); a
 // call without reported usage counts as reserved, or as charged if that is
-// more.
+// more; a call whose usage was clamped counts as charged or as reserved,
+// whichever is less.
 func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 	l := r.w.limiter
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
@@ -106,11 +108,18 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 			}
 			var final *agent.Message
 			defer func() {
-				// A call cut off before its usage counts as reserved.
+				// A call cut off before its usage counts as reserved; a
+				// usage cut to the call's bounds (clamped: a count the
+				// call could not have used) counts at most as reserved,
+				// so that it holds no more of the window than the call
+				// could have.
 				s := chargeOf(ctx, final)
 				used := s.tokens()
-				if s.unreported() || used == 0 {
+				switch {
+				case s.unreported() || used == 0:
 					used = max(reserve, used)
+				case s.source == usageClamped:
+					used = min(reserve, used)
 				}
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
@@ -142,17 +151,11 @@ func limitError(ctx context.Context, err error) agent.StreamEvent {
 // estimateTokens is a call's reservation: its input estimate
 // (callInputTokens: everything it sends, in bytes / 4 rounded up, plus
 // RequestOverheadTokens; the same estimate the tenant's hold counts and a
-// call cut off is charged) plus the output reserve (the request's
-// maxTokens, else the model table's, else DefaultOutputReserve).
+// call cut off is charged) plus the output reserve (OutputReserve: the
+// request's maxTokens, else the model table's, at most
+// MaxTableOutputReserve, else DefaultOutputReserve).
 func estimateTokens(llm agent.Context, requestMax, modelMax int) int {
-	out := DefaultOutputReserve
-	switch {
-	case requestMax > 0:
-		out = requestMax
-	case modelMax > 0:
-		out = modelMax
-	}
-	return callInputTokens(llm) + out
+	return satAdd(callInputTokens(llm), OutputReserve(requestMax, modelMax))
 }
 
 // modelLimit returns the shared limits of a model, if it has any.

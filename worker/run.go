@@ -66,6 +66,11 @@ type run struct {
 	left   bool               // the observer was told the run finished
 
 	waitingModel atomic.Bool // a model call queues for the shared rate limits
+	// strayCharge is the charge of the last model call whose consumer
+	// stopped before its final event (the run's listener failed mid-call):
+	// the error message the agent then ends the run with carries it
+	// (observeStream, listener.onEvent).
+	strayCharge atomic.Pointer[agent.Usage]
 
 	approval *bus.Approval // the run's gate (approval.go); nil: none
 	// approvalClamped: its timeout was lowered to MaxApprovalTimeout.

@@ -2,7 +2,11 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"iter"
+	"math"
+	"runtime/debug"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -13,15 +17,21 @@ import (
 //
 //   - The provider reported usage: that usage, clamped to what the call
 //     could have used (usageBounds). The excess is logged once and counted.
+//     A call that streamed output its provider reported none of is
+//     charged the output's estimate.
 //   - The call was sent and ended without usage (cut off by an abort, the
 //     run's timeout, a drain's hard stop or a lost lease; or a provider that
 //     sends none): its input estimate (callInputTokens, the same the rate
 //     limiter reserves and the tenant's hold counts) plus the output it
-//     streamed (OutputBytesPerToken), at the model's prices. A call cut
-//     off after some usage arrived is charged at least that estimate.
+//     streamed (OutputBytesPerToken), or, for a reasoning model that
+//     streamed no reasoning, its whole output reserve. A call cut off
+//     after some usage arrived is charged at least that estimate.
 //   - The call was never sent (its run stopped before it), or it ended in
 //     an error before any output without usage (the endpoint refused it, or
 //     could not be reached): nothing.
+//
+// Every charge is priced here, at the model table's prices: a provider's
+// word on the cost is not taken.
 //
 // The charge replaces the usage of the call's final assistant message, so
 // the run's events and transcript, which resumes restore, carry the figure
@@ -84,41 +94,57 @@ func (s callCharge) unreported() bool {
 // tokens counts every token of the charge, as the shared rate limits do.
 func (s callCharge) tokens() int {
 	u := s.usage
-	return u.Input + u.Output + u.CacheRead + u.CacheWrite
+	return satAdd(u.Input, u.Output, u.CacheRead, u.CacheWrite)
 }
 
 // usageBounds are the most a call could use: input (cached tokens
 // included) within the model's context window and within InputClampFactor
-// times the estimate plus InputClampFloor; output within its bound (the
-// request's maxTokens, else the model table's, else, nothing being sent to
-// bound it, the context window, else DefaultOutputReserve) plus the margin.
+// times the estimate plus InputClampFloor; output within the call's
+// output reserve (OutputReserve: what it asked for as max_tokens) plus
+// the margin.
 type usageBounds struct {
 	inputEstimate int
 	input, output int
-	// reserve is the call's output reserve, as its worst case counts it
-	// (the request's maxTokens, else the model table's, else
-	// DefaultOutputReserve): an estimate counts no more output.
+	// reserve is the call's output reserve (OutputReserve), as its worst
+	// case counts it and the call asked for it: an estimate counts no
+	// more output.
 	reserve int
+	// reasoning: the model table marks the model as a reasoning model,
+	// which may reason without streaming it.
+	reasoning bool
 }
 
 func boundsOf(model agent.Model, llm agent.Context, opts agent.StreamOptions) usageBounds {
 	est := callInputTokens(llm)
-	in := InputClampFactor*est + InputClampFloor
+	in := satAdd(satMul(InputClampFactor, est), InputClampFloor)
 	if w := model.ContextWindow; w > 0 {
 		in = min(in, w)
 	}
-	reserve := DefaultOutputReserve
-	switch {
-	case opts.MaxTokens > 0:
-		reserve = opts.MaxTokens
-	case model.MaxTokens > 0:
-		reserve = model.MaxTokens
+	reserve := OutputReserve(opts.MaxTokens, model.MaxTokens)
+	return usageBounds{inputEstimate: min(est, in), input: in, output: satAdd(reserve, reserve/OutputClampMargin, 64), reserve: reserve,
+		reasoning: model.Reasoning}
+}
+
+// satAdd sums token counts (negative ones count 0) without wrapping: a
+// sum past MaxInt is MaxInt. A count a request or a provider chose must
+// not turn a bound or a charge negative.
+func satAdd(counts ...int) int {
+	sum := 0
+	for _, n := range counts {
+		if n = max(n, 0); n > math.MaxInt-sum {
+			return math.MaxInt
+		}
+		sum += n
 	}
-	out := reserve
-	if opts.MaxTokens <= 0 && model.MaxTokens <= 0 && model.ContextWindow > 0 {
-		out = model.ContextWindow // no maxTokens was sent: the window bounds the answer
+	return sum
+}
+
+// satMul is k × n (k > 0, n ≥ 0), MaxInt past it.
+func satMul(k, n int) int {
+	if n > math.MaxInt/k {
+		return math.MaxInt
 	}
-	return usageBounds{inputEstimate: min(est, in), input: in, output: out + out/OutputClampMargin + 64, reserve: reserve}
+	return k * n
 }
 
 // outputSeen counts the bytes a call streamed.
@@ -162,23 +188,40 @@ func outputTokens(bytes int) int { return (bytes + OutputBytesPerToken - 1) / Ou
 
 // settle works out a call's charge. final is its final message (nil: the
 // call ended without one), seen what it streamed, unsent that it was
-// never sent, aborted that its context ended.
+// never sent, aborted that its context ended. Whatever the source, the
+// charge's total and cost are worked out here, at the model table's
+// prices: a provider's word on them is not taken.
 func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputSeen, unsent, aborted bool) callCharge {
+	s := settleTokens(b, final, seen, unsent, aborted)
+	s.usage.Cost = agent.Cost{}
+	s.usage.TotalTokens = s.tokens()
+	model.ComputeCost(&s.usage)
+	return s
+}
+
+// settleTokens works out the tokens of a call's charge (settle).
+func settleTokens(b usageBounds, final *agent.Message, seen outputSeen, unsent, aborted bool) callCharge {
 	var u agent.Usage
 	if final != nil {
 		u = nonNegative(final.Usage)
 	}
-	reported := u.Input+u.Output+u.CacheRead+u.CacheWrite > 0
+	reported := satAdd(u.Input, u.Output, u.CacheRead, u.CacheWrite) > 0
 	refused := final != nil && final.StopReason == agent.StopReasonError && !aborted && !seen.any()
 	s := callCharge{source: usageNone}
 	if reported {
-		s = clampUsage(model, b, u)
+		s = clampUsage(b, u)
 	}
 	if unsent || refused {
 		return s
 	}
 	outEst := min(outputTokens(seen.text+seen.thinking), b.reserve)
 	est := agent.Usage{Input: b.inputEstimate, Output: outEst, Reasoning: min(outputTokens(seen.thinking), outEst)}
+	if b.reasoning && seen.thinking == 0 {
+		// A reasoning model that streamed no reasoning may have reasoned
+		// unseen (providers that hide it; a call cut off while it
+		// reasoned): the whole reserve, which the worst case counts.
+		est.Output, est.Reasoning = b.reserve, b.reserve-outEst
+	}
 	cutOff := final == nil || final.StopReason == agent.StopReasonAborted || final.StopReason == agent.StopReasonError
 	switch {
 	case !reported:
@@ -186,31 +229,27 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 	case cutOff:
 		// Usage that came before the cut (a provider reporting the prompt
 		// first) does not lower the estimate.
-		v := s.usage
-		if in := v.Input + v.CacheRead + v.CacheWrite; in < est.Input {
+		v := &s.usage
+		if in := satAdd(v.Input, v.CacheRead, v.CacheWrite); in < est.Input {
 			v.Input += est.Input - in
 		}
 		v.Output, v.Reasoning = max(v.Output, est.Output), max(v.Reasoning, est.Reasoning)
-		if v == s.usage {
-			return s
-		}
-		s.usage = v
-	default:
-		return s
+	case s.usage.Output == 0 && seen.any():
+		// A provider that reported the prompt only: the output it
+		// streamed is not free.
+		s.usage.Output, s.usage.Reasoning = est.Output, est.Reasoning
 	}
-	s.usage.TotalTokens = s.usage.Input + s.usage.Output + s.usage.CacheRead + s.usage.CacheWrite
-	model.ComputeCost(&s.usage)
 	return s
 }
 
-// clampUsage cuts a reported usage to the bounds: input (cache reads
-// first, then cache writes, then the rest) to the input bound, output to
-// the output bound, reasoning to the output.
-func clampUsage(model agent.Model, b usageBounds, u agent.Usage) callCharge {
+// clampUsage cuts a reported usage (no count negative) to the bounds:
+// input (cache reads first, then cache writes, then the rest) to the input
+// bound, output to the output bound, reasoning to the output. Each count
+// is cut before any is added: a sum of counts near MaxInt would wrap.
+func clampUsage(b usageBounds, u agent.Usage) callCharge {
 	s := callCharge{usage: u, source: usageReported, reported: u}
-	in := u.Input + u.CacheRead + u.CacheWrite
-	if in > b.input {
-		s.excessInput = in - b.input
+	if in := satAdd(u.Input, u.CacheRead, u.CacheWrite); in > b.input {
+		s.excessInput = in - b.input // at most MaxInt - the bound: a metric's count
 		u.Input = min(u.Input, b.input)
 		u.CacheWrite = min(u.CacheWrite, b.input-u.Input)
 		u.CacheRead = min(u.CacheRead, b.input-u.Input-u.CacheWrite)
@@ -220,12 +259,10 @@ func clampUsage(model agent.Model, b usageBounds, u agent.Usage) callCharge {
 		u.Output = b.output
 	}
 	u.Reasoning = min(u.Reasoning, u.Output)
-	if s.excessInput == 0 && s.excessOutput == 0 {
-		return s
+	s.usage = u
+	if s.excessInput > 0 || s.excessOutput > 0 {
+		s.source = usageClamped
 	}
-	u.TotalTokens = u.Input + u.Output + u.CacheRead + u.CacheWrite
-	model.ComputeCost(&u)
-	s.usage, s.source = u, usageClamped
 	return s
 }
 
@@ -268,7 +305,11 @@ func chargeOf(ctx context.Context, final *agent.Message) callCharge {
 
 // meteredProvider settles each call of its provider in the call's meter,
 // and puts the charge into the final message's usage. Faux models (no
-// prices, their usage an estimate already) are not metered.
+// prices, their usage an estimate already) are not metered. A provider
+// that breaks the stream's contract, returning without a final event or
+// panicking, has its call ended here with an error event whose message
+// (what streamed) carries the charge: the agent would otherwise build that
+// message itself, without it.
 type meteredProvider struct{ Provider }
 
 // Notice passes on the notice of a provider that has one.
@@ -284,32 +325,102 @@ func (p meteredProvider) Stream(ctx context.Context, model agent.Model, llm agen
 	if m == nil || m.settled || model.API == "faux" {
 		return p.Provider.Stream(ctx, model, llm, opts)
 	}
+	if opts.MaxTokens <= 0 {
+		// The call asks for its output reserve, which its bounds count
+		// (the run's agent passes it already).
+		opts.MaxTokens = OutputReserve(0, model.MaxTokens)
+	}
 	return func(yield func(agent.StreamEvent) bool) {
 		unsent := ctx.Err() != nil // a stopped run's call is not sent
 		b := boundsOf(model, llm, opts)
 		var seen outputSeen
+		var partial agent.MessageBuilder // what streamed, as the agent builds it
+		partial.Reset(agent.Message{Role: agent.RoleAssistant, API: model.API, Provider: model.Provider, Model: model.ID})
+		started := false
 		defer func() {
 			if !m.settled { // no final event: the consumer stopped
 				m.settle(settle(model, b, nil, seen, unsent, true))
 			}
 		}()
-		for ev := range p.Provider.Stream(ctx, model, llm, opts) {
-			if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil && !m.settled {
-				seen.final(ev.Message)
-				s := settle(model, b, ev.Message, seen, unsent, ctx.Err() != nil)
-				m.settle(s)
-				if s.usage != ev.Message.Usage {
-					msg := *ev.Message
-					msg.Usage = s.usage
-					ev.Message = &msg
-				}
-			} else {
-				seen.add(ev)
+		// unfinished ends the call with what streamed, as an error.
+		unfinished := func(reason agent.StopReason, text string) *agent.Message {
+			msg := partial.Message().Clone()
+			msg.StopReason, msg.ErrorMessage = reason, text
+			if msg.Timestamp == 0 {
+				msg.Timestamp = time.Now().UnixMilli()
 			}
-			if !yield(ev) {
-				return
-			}
+			return &msg
 		}
+		inYield, stopped := false, false
+		var panicked any
+		var stack []byte
+		func() {
+			defer func() {
+				if inYield {
+					return // a panic of the consumer's is not the provider's
+				}
+				if panicked = recover(); panicked != nil {
+					stack = debug.Stack()
+				}
+			}()
+			for ev := range p.Provider.Stream(ctx, model, llm, opts) {
+				switch {
+				case (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && !m.settled:
+					if ev.Message == nil {
+						ev.Message = unfinished(agent.StopReasonError, "stream ended without a message")
+					}
+					seen.final(ev.Message)
+					s := settle(model, b, ev.Message, seen, unsent, ctx.Err() != nil)
+					m.settle(s)
+					if s.usage != ev.Message.Usage {
+						msg := *ev.Message
+						msg.Usage = s.usage
+						ev.Message = &msg
+					}
+				case ev.Type == agent.StreamStart:
+					if !started && ev.Message != nil {
+						partial.Reset(*ev.Message)
+					}
+					started = true
+				default:
+					seen.add(ev)
+					if started {
+						partial.Apply(&ev)
+					}
+				}
+				inYield = true
+				ok := yield(ev)
+				inYield = false
+				if !ok {
+					stopped = true
+					return
+				}
+			}
+		}()
+		switch {
+		case panicked != nil && (stopped || m.settled):
+			panic(panicked) // after the call ended: as it came
+		case stopped || m.settled:
+			return
+		}
+		// The provider returned, or panicked, without a final event while
+		// the consumer still reads: the call ends here.
+		reason, text := agent.StopReasonError, "Stream ended without a final event"
+		switch {
+		case panicked != nil:
+			text = fmt.Sprintf("panic: %v", panicked)
+			if m.r != nil {
+				m.r.log.Error("model provider panicked; its call ends in an error", "model", m.r.modelRef.String(),
+					"panic", panicked, "stack", string(stack))
+			}
+		case ctx.Err() != nil:
+			reason, text = agent.StopReasonAborted, "Request was aborted"
+		}
+		msg := unfinished(reason, text)
+		s := settle(model, b, msg, seen, unsent, ctx.Err() != nil)
+		m.settle(s)
+		msg.Usage = s.usage
+		yield(agent.StreamEvent{Type: agent.StreamError, Reason: reason, Message: msg})
 	}
 }
 

@@ -43,7 +43,7 @@ func TestSettleCharges(t *testing.T) {
 		{name: "forged", final: done(agent.StopReasonStop, agent.Usage{Input: 1 << 53, Output: 1 << 53}), seen: seen,
 			source: usageClamped, in: 4*est + 1024, out: 284, excessIn: 1<<53 - (4*est + 1024), exOut: 1<<53 - 284},
 		{name: "forged cache", final: done(agent.StopReasonStop, agent.Usage{Input: 10, CacheRead: 1 << 53}), seen: seen,
-			source: usageClamped, in: 10, cr: 4*est + 1024 - 10, excessIn: 1<<53 + 10 - (4*est + 1024)},
+			source: usageClamped, in: 10, out: 147, cr: 4*est + 1024 - 10, excessIn: 1<<53 + 10 - (4*est + 1024)}, // no output reported: the output seen
 		{name: "no usage", final: done(agent.StopReasonStop, agent.Usage{}), seen: seen,
 			source: usageEstimated, in: est, out: 147},
 		{name: "aborted", final: done(agent.StopReasonAborted, agent.Usage{}), seen: seen, abort: true,
@@ -92,14 +92,18 @@ func TestSettleCharges(t *testing.T) {
 func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
 
 // A model with a context window bounds the input by it (within the
-// multiple of the estimate), and bounds the output of a call that sent no
-// maxTokens.
+// multiple of the estimate); the output is bounded by what the call asks
+// for (OutputReserve), window or not.
 func TestSettleBoundsWithAContextWindow(t *testing.T) {
 	llm := agent.Context{Messages: []agent.Message{agent.UserText(strings.Repeat("x", 40000))}}
 	est := callInputTokens(llm)
 	b := boundsOf(agent.Model{ContextWindow: 16000}, llm, agent.StreamOptions{})
-	if b.input != 16000 || b.inputEstimate != est || b.output != 16000+1600+64 || b.reserve != DefaultOutputReserve {
-		t.Fatalf("bounds %+v, want input 16000 (the window), output 17664, reserve %d", b, DefaultOutputReserve)
+	if b.input != 16000 || b.inputEstimate != est || b.output != DefaultOutputReserve*11/10+64 || b.reserve != DefaultOutputReserve {
+		t.Fatalf("bounds %+v, want input 16000 (the window), output %d, reserve %d", b, DefaultOutputReserve*11/10+64, DefaultOutputReserve)
+	}
+	b = boundsOf(agent.Model{ContextWindow: 200000, MaxTokens: 128000}, llm, agent.StreamOptions{})
+	if b.reserve != MaxTableOutputReserve || b.output != MaxTableOutputReserve*11/10+64 {
+		t.Fatalf("bounds %+v, want the reserve at most %d", b, MaxTableOutputReserve)
 	}
 	b = boundsOf(agent.Model{ContextWindow: 8000}, llm, agent.StreamOptions{})
 	if b.inputEstimate != 8000 {

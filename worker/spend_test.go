@@ -72,6 +72,7 @@ type spendReply struct {
 // spendCall is what one call really used, by the endpoint's tokenizer.
 type spendCall struct {
 	input, output int
+	maxTokens     int // the request's max_tokens (0: none sent)
 }
 
 // spendEndpoint is an OpenAI-compatible endpoint that counts each call's
@@ -95,6 +96,7 @@ func (e *spendEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Messages []struct {
 			Content json.RawMessage `json:"content"`
 		} `json:"messages"`
+		MaxTokens int `json:"max_tokens"`
 	}
 	_ = json.Unmarshal(body, &req)
 	in := 3
@@ -113,7 +115,7 @@ func (e *spendEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	e.mu.Lock()
 	n := len(e.calls)
-	e.calls = append(e.calls, spendCall{input: in})
+	e.calls = append(e.calls, spendCall{input: in, maxTokens: req.MaxTokens})
 	e.mu.Unlock()
 	rep := e.reply(n)
 
@@ -184,8 +186,13 @@ func newSpendFleet(t *testing.T, e *spendEndpoint) *spendFleet {
 }
 
 func (f *spendFleet) startWorker(drain time.Duration, limits *worker.RateLimits) *fleettest.Worker {
-	prov, err := openai.New(openai.Config{BaseURL: f.srv.URL + "/v1", Models: []openai.ModelInfo{
-		{ID: "m", MaxTokens: spendMaxTokens, Cost: agent.ModelCost{Input: spendInputPrice, Output: spendOutputPrice}}}})
+	return f.startWorkerWith(openai.ModelInfo{ID: "m", MaxTokens: spendMaxTokens}, drain, limits)
+}
+
+// startWorkerWith starts a worker whose model m is info, at the prices.
+func (f *spendFleet) startWorkerWith(info openai.ModelInfo, drain time.Duration, limits *worker.RateLimits) *fleettest.Worker {
+	info.Cost = agent.ModelCost{Input: spendInputPrice, Output: spendOutputPrice}
+	prov, err := openai.New(openai.Config{BaseURL: f.srv.URL + "/v1", Models: []openai.ModelInfo{info}})
 	if err != nil {
 		f.t.Fatal(err)
 	}

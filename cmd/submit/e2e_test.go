@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -321,6 +322,30 @@ func TestNoSuchRun(t *testing.T) {
 		if code != 1 || !strings.Contains(errOut, "no such run: nope-nope") {
 			t.Errorf("%v: exit %d, want 1\n%s", args, code, errOut)
 		}
+	}
+}
+
+// A finished run whose events are no longer stored (past the events
+// stream's max age or byte limit) while its record remains: follow says
+// so and exits 1 instead of waiting for ever.
+func TestFollowFinishedRunWithoutEvents(t *testing.T) {
+	t.Parallel()
+	c := testClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "gone-" + bus.NewRunID()[:12]
+	b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StatusSucceeded, Attempt: 1})
+	if _, err := kv.Put(ctx, id, b); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := submit(t, "follow", id)
+	want := "submit: follow " + id + ": run finished (succeeded) but its events are no longer stored; its record remains: submit status " + id
+	if code != 1 || !strings.Contains(errOut, want) {
+		t.Errorf("follow: exit %d, want 1 and %q\n%s", code, want, errOut)
 	}
 }
 

@@ -218,6 +218,10 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 					if ctx.Err() != nil {
 						return exitDetached
 					}
+					if errors.Is(it.err, bus.ErrEventsGone) {
+						say(fmt.Sprintf("submit: %v; its record remains: submit status %s", it.err, o.run))
+						return exitFailed
+					}
 					say(fmt.Sprintf("submit: %v", it.err))
 					return exitFailed
 				}

@@ -389,7 +389,7 @@ export type RunRequest = {
   limits?: Limits;
   /** (minimum 0, maximum 2) */
   temperature?: number;
-  /** (minimum 0) */
+  /** The output tokens each model call asks for (max_tokens); 0: the model table's maxTokens, at most 32000, else 4096 (§14). (minimum 0, maximum 16777216) */
   maxTokens?: number;
   /** A finished run's id on the same queue. (pattern `^[A-Za-z0-9_-]{1,64}$`) */
   continueFrom?: string;

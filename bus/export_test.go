@@ -1,0 +1,8 @@
+package bus
+
+import "sync/atomic"
+
+// StallFirstConsumer makes c's first follow consumer go silent (later
+// ones deliver) and counts the consumers opened: for the tests of
+// package bus_test, which run as the roles of deploy/nats/accounts.conf.
+func StallFirstConsumer(c *Client) *atomic.Int32 { return stallFirstConsumer(c) }
