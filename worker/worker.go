@@ -238,58 +238,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
-	w.warnStreamSettings(consumers)                     // worker/orphans.go
-	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
-	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.events)
+	w.warnStreamSettings(consumers) // worker/orphans.go
+	stopServices, err := startServices(setup, w.services(consumers))
 	if err != nil {
-		return fmt.Errorf("worker: %w", err)
+		return err
 	}
-	defer acks.Close() // after the runs: Run returns once they are done
-	sub, err := w.c.Conn().Subscribe(w.names.Republished(), w.onControl)
-	if err != nil {
-		return fmt.Errorf("worker: control subscription: %w", err)
-	}
-	sub.SetPendingLimits(-1, 64<<20)
-	defer func() { _ = sub.Unsubscribe() }()
-	w.ctlSub = sub
-
-	eventsStream, err := w.c.JetStream().Stream(setup, w.names.EventsStream())
-	if err != nil {
-		return fmt.Errorf("worker: events stream: %w", err)
-	}
-	var batch *eventpub.Batch
-	if !w.cfg.NoEventBatches && eventpub.BatchesAllowed(eventsStream.CachedInfo().Config, w.names) {
-		if batch, err = eventpub.StartBatch(w.c.Conn(), acks, w.names.EventBatches()); err != nil {
-			return fmt.Errorf("worker: %w", err)
-		}
-		defer batch.Close() // after the runs, like acks
-		batch.ProbeOrOff(setup, w.log, eventpub.ReprobeEvery)
-	}
-	w.events = &eventpub.Env{Conn: w.c.Conn(), Names: w.names, Stream: eventsStream, Acks: acks, Batch: batch,
-		Window: w.cfg.PublishWindow, AckTimeout: w.cfg.PublishAckTimeout, Budget: w.cfg.AckWait, Worker: w.id,
-		StoredReads: make(chan struct{}, eventpub.MaxStoredReads), Stop: w.hardCtx,
-		Log: w.log, Metrics: w.obs, Signals: w.hooks.events}
-	// The subscription is known to the server (a flush) before the
-	// coverage's first renew reads the streams.
-	if err := w.c.Conn().FlushWithContext(setup); err != nil {
-		return fmt.Errorf("worker: control subscription: %w", err)
-	}
-	defer w.startCoverage(setup)()                  // worker/coverage.go
-	stopRateLimits, err := w.startRateLimits(setup) // worker/ratelimit.go
-	if err != nil {
-		return fmt.Errorf("worker: shared rate limits: %w", err)
-	}
-	defer stopRateLimits()
-	stopBudgets, err := w.startBudgets(setup) // worker/tenant.go
-	if err != nil {
-		return fmt.Errorf("worker: tenant budgets: %w", err)
-	}
-	defer stopBudgets()
-	stopGiveUp := w.startGiveUp(setup)
-	stopToolSources := w.startToolSources(setup) // worker/toolsources.go
-	defer stopToolSources()
-	stopPresence := w.startPresence() // worker/presence.go
-	defer stopPresence()
+	defer stopServices() // after the runs: Run returns once they are done
 
 	loops := make([]int, len(w.cfg.Queues))
 	total := 0
@@ -343,7 +297,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.hardCancel()
 		<-done
 	}
-	stopGiveUp()
 	w.log.Info("worker stopped")
 	return nil
 }
