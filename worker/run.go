@@ -273,34 +273,6 @@ func (r *run) execute() {
 	r.conclude(runErr, finished, timeout)
 }
 
-// conclude settles the attempt once the agent has stopped. It is its own
-// frame so that execute's, on the stack while the run's tools run, stays
-// small (see agent's loop.go).
-//
-//go:noinline
-func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
-	// Read when the agent stopped, not after the close below: a run that
-	// ended just before its deadline did not time out.
-	timedOut := r.clock.timedOut()
-	lastControl := r.ctl.close()
-	if finished {
-		r.ackResumedFinished()
-		return
-	}
-	if r.mustNotFinish(timedOut) {
-		return
-	}
-	fin := r.tally.outcome(runErr, timedOut, timeout, r.runStart)
-	fin.LastControlSeq = lastControl
-	final := r.record(fin.Status)
-	final.Reason, final.Error, final.FinishedAt = fin.Reason, fin.Error, time.Now()
-	final.LastControlSeq = lastControl
-	if r.finish(ending{record: final, fin: fin, settle: r.ackRequest()}) == nil {
-		r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
-			"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)
-	}
-}
-
 // pickup reads the run's record and prepares the request. It reports
 // whether the run may start; if not, the request is settled (refused, a
 // bad request finished, or handed back on NATS trouble).

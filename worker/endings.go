@@ -6,9 +6,25 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
+
+// Every way an attempt ends, in one place:
+//
+//   - conclude: the agent's run ended; the attempt finishes or is handed
+//     back (mustNotFinish).
+//   - finish: events stored, the final record, run_finished, then the
+//     request settled (ackRequest, termRequest); an ending says what.
+//   - handBack: the request goes back to the queue for another attempt.
+//   - abandon: another attempt owns the run; nothing more is published.
+//   - refuse, alreadyFinished, reusedID, badRequest, refuseAtPickup: a
+//     request that may not run ends without a turn.
+//   - finishFromRecord: a run_finished the events lack, from the record.
+//   - finishGaveUp: the give-up's own attempt fails the run (giveup.go
+//     decides when: classifyGiveUp).
 
 // ending is how an attempt ends: what it publishes and writes, and what
 // then happens to its request.
@@ -363,4 +379,93 @@ const maxToolsShown = 64
 func (r *run) badRequestFinished(text string) bus.RunFinished {
 	return bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonBadRequest,
 		Error: text, DurationMs: time.Since(r.startedAt).Milliseconds()}
+}
+
+// conclude settles the attempt once the agent has stopped. It is its own
+// frame so that execute's, on the stack while the run's tools run, stays
+// small (see agent's loop.go).
+//
+//go:noinline
+func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
+	// Read when the agent stopped, not after the close below: a run that
+	// ended just before its deadline did not time out.
+	timedOut := r.clock.timedOut()
+	lastControl := r.ctl.close()
+	if finished {
+		r.ackResumedFinished()
+		return
+	}
+	if r.mustNotFinish(timedOut) {
+		return
+	}
+	fin := r.tally.outcome(runErr, timedOut, timeout, r.runStart)
+	fin.LastControlSeq = lastControl
+	final := r.record(fin.Status)
+	final.Reason, final.Error, final.FinishedAt = fin.Reason, fin.Error, time.Now()
+	final.LastControlSeq = lastControl
+	if r.finish(ending{record: final, fin: fin, settle: r.ackRequest()}) == nil {
+		r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
+			"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)
+	}
+}
+
+// finishGaveUp marks the run failed/gave_up under the lease, with its own
+// attempt: run_started, run_resumed (the transcript so far, and the usage
+// of calls cut off, as a resume's), then the finish, whose settlement
+// removes the request (the caller then acks the advisory). request is the
+// request's body.
+func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, request []byte, deliveries int, removeRequest func() error) error {
+	if prev != nil && prev.Model != "" {
+		if m, err := bus.ParseModelRef(prev.Model); err == nil {
+			r.modelRef = m
+		}
+	}
+	rec := r.record(bus.StateRunning)
+	if prev != nil {
+		rec.Model, rec.Metadata, rec.Turns, rec.Usage, rec.Cost = prev.Model, prev.Metadata, prev.Turns, prev.Usage, prev.Cost
+		rec.WaitedMs, rec.Requeue = prev.WaitedMs, prev.Requeue
+	}
+	o, cur, err := r.lease.take(ctx, prev, rec)
+	if err != nil {
+		return err
+	}
+	if o != leaseTaken {
+		if o == leaseFinished {
+			r.log.Info("give-up: run finished meanwhile", "state", cur.State)
+		}
+		return nil
+	}
+	r.pub = eventpub.New(r.w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, nil)
+	_, _ = r.pub.Fleet(bus.EventRunStarted, r.runStarted())
+	// Readers restore messagesRestored messages: an unreadable history is
+	// an error to retry (the advisory is handled again), not an empty one.
+	seq, err := r.pub.StartedAt(ctx)
+	if err != nil {
+		_ = r.pub.Flush(ctx)
+		return fmt.Errorf("give-up: run_started not stored: %w", err)
+	}
+	envs, err := r.w.readEvents(ctx, r.id, seq)
+	if err != nil {
+		_ = r.pub.Flush(ctx)
+		return fmt.Errorf("give-up: reading the run's events: %w", err)
+	}
+	rc := workerproto.Recover(envs, time.Now().UnixMilli())
+	resumed := bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: len(rc.Messages)}
+	cut, usage := r.gaveUpUsage(ctx, rc, request)
+	if cut != (agent.Usage{}) {
+		resumed.CutOffUsage = &cut
+	}
+	_, _ = r.pub.Fleet(bus.EventRunResumed, resumed)
+	// The events say what the run was charged, unless the last attempt's
+	// record says more (a call whose message it did not store).
+	if usage.Cost.Total > rec.Usage.Cost.Total || (usage.Cost.Total == rec.Usage.Cost.Total && usage.TotalTokens > rec.Usage.TotalTokens) {
+		rec.Usage, rec.Cost = usage, usage.Cost.Total
+	}
+	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
+		deliveries, r.w.names.Dead(r.queue, r.id))
+	rec.State, rec.Reason, rec.Error, rec.FinishedAt, rec.HeartbeatAt = bus.StatusFailed, bus.ReasonGaveUp, text, time.Now(), time.Now()
+	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonGaveUp, Error: text,
+		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, DurationMs: time.Since(r.runStart).Milliseconds()}
+	return r.finish(ending{record: rec, fin: fin,
+		settle: settlement{done: func(context.Context) error { return removeRequest() }}})
 }
