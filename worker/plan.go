@@ -100,25 +100,41 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if r.model.Provider == "" {
 		r.model.Provider = ref.Provider
 	}
-	r.stream = p.Stream
+	r.stream = meteredProvider{p}.Stream // worker/settle.go
 	if req.Faux != nil {
 		r.fauxScript(ref)
 	} else if n, ok := p.(Noticer); ok {
 		r.notice = n.Notice()
 	}
 	if ml, ok := w.modelLimit(ref); ok && req.Faux == nil {
-		r.stream = r.limitStream(r.stream, ml) // worker/ratelimit.go
+		r.modelLimit = &ml
 	}
-	if r.resolveTenant(); r.tenant.budgeted { // worker/tenant.go
-		r.stream = r.tenantStream(r.stream)
-	}
+	r.resolveTenant()                             // worker/tenant.go
 	if r.checkCostBound(add); len(problems) > 0 { // worker/budget.go
 		return problems, nil
 	}
-	if r.limits.MaxCostUsd > 0 {
-		r.stream = r.budgetStream(r.stream)
-	}
 	return nil, nil
+}
+
+// streamFn is the run's model call: the provider's (or the faux script's,
+// r.stream) wrapped, from the call out, in the shared rate limits
+// (ratelimit.go), the tenant's budget hold (tenant.go), the run's cost
+// budget (budget.go), the tool call keys (callkey.go), the trace's span
+// (trace.go) and the observer's count (listener.go). A provider's call is
+// metered innermost (meteredProvider, settle.go): each wrapper sees its
+// charge.
+func (r *run) streamFn() agent.StreamFn {
+	fn := r.stream
+	if r.modelLimit != nil {
+		fn = r.limitStream(fn, *r.modelLimit)
+	}
+	if r.tenant.budgeted {
+		fn = r.tenantStream(fn)
+	}
+	if r.limits.MaxCostUsd > 0 {
+		fn = r.budgetStream(fn)
+	}
+	return r.observeStream(r.traceStream(keyStream(fn)))
 }
 
 // ceilings applies the operator's ceilings (--max-run-timeout,
@@ -176,7 +192,7 @@ func (r *run) newAgent() *agent.Agent {
 		Model:               r.model,
 		ThinkingLevel:       req.ThinkingLevel,
 		Tools:               r.tools,
-		StreamFn:            r.observeStream(r.traceStream(keyStream(r.stream))), // keys: callkey.go
+		StreamFn:            r.streamFn(),
 		ShouldStopAfterTurn: r.shouldStop,
 		SteeringMode:        req.SteeringMode,
 		FollowUpMode:        req.FollowUpMode,

@@ -105,13 +105,16 @@ type runPlan struct {
 	limits   bus.Limits
 	modelRef bus.ModelRef
 	model    agent.Model
-	stream   agent.StreamFn
-	tools    []*agent.Tool
-	toolList []string
-	notice   string
-	prompt   []agent.Message
-	fauxSkip func(turns int) // a faux script skips the turns a resume restored
-	tenant   tenancy         // tenant.go
+	stream   agent.StreamFn // the provider's call, metered, or the faux script's (plan.go streamFn wraps it)
+	// modelLimit is the model's shared rate limit, nil without
+	// (ratelimit.go).
+	modelLimit *ModelLimit
+	tools      []*agent.Tool
+	toolList   []string
+	notice     string
+	prompt     []agent.Message
+	fauxSkip   func(turns int) // a faux script skips the turns a resume restored
+	tenant     tenancy         // tenant.go
 }
 
 func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedAt time.Time) *run {

@@ -175,11 +175,11 @@ func New(cfg Config) (*Worker, error) {
 	sort.Strings(w.toolNames)
 	for name, p := range cfg.Providers {
 		if p != nil {
-			w.providers[name] = meteredProvider{p} // worker/settle.go
+			w.providers[name] = p
 		}
 	}
 	if w.providers["faux"] == nil {
-		w.providers["faux"] = meteredProvider{DemoProvider()}
+		w.providers["faux"] = DemoProvider()
 	}
 	if w.providers[def.Provider] == nil {
 		return nil, fmt.Errorf("worker: default model %s: no provider %q is configured", def, def.Provider)
