@@ -238,9 +238,7 @@ func (c *controls) own(started chan<- struct{}, read bool) {
 			}
 		}
 		close(started)
-		if h := c.r.w.hooks.afterOwnerStarted; h != nil {
-			h(c.r)
-		}
+		c.r.w.signals.control.ownerStarted(c.r)
 	}
 	for {
 		if c.serve() {
@@ -335,9 +333,7 @@ func (c *controls) catchUp(ctx context.Context) error {
 	w := c.r.w
 	subj := w.names.ControlAll(c.r.id)
 	for {
-		if h := w.hooks.beforeCatchUpRead; h != nil {
-			h(c.r.id)
-		}
+		w.signals.control.catchingUp(c.r.id)
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m, err := w.controlStream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
 		cancel()

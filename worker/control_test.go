@@ -83,7 +83,7 @@ func TestStalledCatchUpDoesNotStallOtherRuns(t *testing.T) {
 	// its steer from the live path or not at all.
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 4, AckWait: 2 * time.Minute,
 		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
-		w.hooks.beforeCatchUpRead = func(id string) {
+		w.signals.control.beforeCatchUpRead = func(id string) {
 			if id == stalled {
 				once.Do(func() { close(reached) })
 				<-unblock
@@ -151,7 +151,7 @@ func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
 	o := ctlObs{got: make(chan string, n)}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: 30 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond, Observer: o}, func(w *Worker) {
-		w.hooks.beforeCatchUpRead = func(run string) {
+		w.signals.control.beforeCatchUpRead = func(run string) {
 			block.Lock()
 			b := blocking
 			blocking = false
@@ -437,7 +437,7 @@ func TestAbortIsNotHeldUpByRejections(t *testing.T) {
 		}
 	}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{gate}}, func(w *Worker) {
-		w.hooks.events = &eventpub.Signals{BeforeSingleSend: wait, BeforeBatchSend: wait}
+		w.signals.events = &eventpub.Signals{BeforeSingleSend: wait, BeforeBatchSend: wait}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -41,7 +41,7 @@ func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute, Observer: o},
-		func(w *Worker) { w.hooks.beforeCatchUpRead = reads.hook })
+		func(w *Worker) { w.signals.control.beforeCatchUpRead = reads.hook })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	run, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "a", Tools: []string{"gate"},
@@ -112,21 +112,21 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	const id = "aborted-at-registration"
 	appliedAtStart, looked := make(chan bool, 1), make(chan struct{})
 	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute}, func(w *Worker) {
-		w.hooks.beforeCatchUpRead = reads.hook
+		w.signals.control.beforeCatchUpRead = reads.hook
 		// The owner waits until the run has looked: only what it applied
 		// before letting the run go on counts.
-		w.hooks.afterOwnerStarted = func(r *run) {
+		w.signals.control.afterOwnerStarted = func(r *run) {
 			if r.id == id {
 				<-looked
 			}
 		}
-		w.hooks.afterControlStart = func(r *run) {
+		w.signals.run.afterControlStart = func(r *run) {
 			if r.id == id {
 				appliedAtStart <- r.tally.stopping()
 				close(looked)
 			}
 		}
-		w.hooks.afterRegister = func(r *run) {
+		w.signals.run.afterRegister = func(r *run) {
 			if r.id != id {
 				return
 			}

@@ -92,7 +92,7 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 		// The delivery stalls at its pickup read until the test ends; the
 		// give-up's read waits until the crashed attempt's leftovers are
 		// stored.
-		w.hooks.beforeRecordRead = func(string) {
+		w.signals.run.beforeRecordRead = func(string) {
 			mu.Lock()
 			reads++
 			n := reads
@@ -194,7 +194,7 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	startInternalOn(t, c, cfg, func(w *Worker) {
 		// Only the give-up gets to run_finished in this test (attempt 1
 		// hangs until its lease is lost).
-		w.hooks.beforeRunFinished = func(string) {
+		w.signals.ending.beforeRunFinished = func(string) {
 			select {
 			case <-refused:
 			default:

@@ -119,7 +119,7 @@ func TestAHardStopDuringAResumeHandsTheRunBackAsOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	resuming := make(chan struct{})
-	w.hooks.beforeResume = func(string) {
+	w.signals.run.beforeResume = func(string) {
 		close(resuming)
 		<-w.hardCtx.Done() // the drain times out while the read is under way
 	}

@@ -24,7 +24,7 @@ func TestLateControlMessagesAreNotLost(t *testing.T) {
 	resume := make(chan struct{})
 	first := true
 	_, c := startInternal(t, Config{Observer: o}, func(w *Worker) {
-		w.hooks.beforeIdleCheck = func(id string) {
+		w.signals.run.beforeIdleCheck = func(id string) {
 			if first {
 				first = false
 				idle <- id

@@ -81,7 +81,7 @@ func TestAStaleAttemptsFinalWriteIsRefusedAndTheRecordKeepsTheNewerEnd(t *testin
 	// nothing else; its heartbeat comes after AckWait.
 	startInternalOn(t, c, Config{WorkerID: "stale", Concurrency: 1, AckWait: time.Second, HeartbeatInterval: time.Hour,
 		Observer: ends}, func(w *Worker) {
-		w.hooks.beforeIdleCheck = func(run string) {
+		w.signals.run.beforeIdleCheck = func(run string) {
 			if run == id && stalled.CompareAndSwap(false, true) {
 				close(idle)
 				<-proceed

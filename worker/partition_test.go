@@ -85,7 +85,7 @@ func TestAReSendSwallowedByALostConnectionIsSentAgain(t *testing.T) {
 		// an event re-sent, or the events held during the loss sent
 		// (releaseHeld).
 		stall := func(uint64) { once.Do(func() { part.Stall(); close(resending) }) }
-		w.hooks.events = &eventpub.Signals{BeforeResend: stall, BeforeHeldSend: stall}
+		w.signals.events = &eventpub.Signals{BeforeResend: stall, BeforeHeldSend: stall}
 	})
 	text := strings.Repeat("word ", 60)
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel,

@@ -18,7 +18,7 @@ type recordReads struct {
 
 func countRecordReads(w *Worker) *recordReads {
 	rr := &recordReads{n: map[string]int{}}
-	w.hooks.beforeRecordRead = func(id string) {
+	w.signals.run.beforeRecordRead = func(id string) {
 		rr.mu.Lock()
 		defer rr.mu.Unlock()
 		rr.n[id]++

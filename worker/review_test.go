@@ -30,7 +30,7 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 	var taken sync.Map
 	_, c := startInternal(t, Config{Logger: log, AckWait: 30 * time.Second, HeartbeatInterval: time.Millisecond,
 		Concurrency: 4, DrainTimeout: time.Second}, func(w *Worker) {
-		w.hooks.beforeIdleCheck = func(id string) {
+		w.signals.run.beforeIdleCheck = func(id string) {
 			if _, again := taken.LoadOrStore(id, true); again {
 				return
 			}
@@ -116,8 +116,8 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 	}
 	const id = "idle-fail"
 	var armed, fired atomic.Bool
-	w.hooks.beforeIdleCheck = func(run string) { armed.Store(run == id && !fired.Load()) }
-	w.hooks.beforeCatchUpRead = func(run string) {
+	w.signals.run.beforeIdleCheck = func(run string) { armed.Store(run == id && !fired.Load()) }
+	w.signals.control.beforeCatchUpRead = func(run string) {
 		if run != id || !armed.CompareAndSwap(true, false) {
 			return
 		}
@@ -191,7 +191,7 @@ func TestCatchUpReadsOnlyWhatIsNew(t *testing.T) {
 	o := ctlObs{got: make(chan string, n)}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Minute,
 		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
-		w.hooks.beforeCatchUpRead = func(run string) {
+		w.signals.control.beforeCatchUpRead = func(run string) {
 			if run == id {
 				reads.Add(1)
 			}
@@ -288,7 +288,7 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 	}
 	const id = "no-controls"
 	var down atomic.Bool
-	w.hooks.beforeIdleCheck = func(run string) {
+	w.signals.run.beforeIdleCheck = func(run string) {
 		if run == id && down.CompareAndSwap(false, true) {
 			srv.Shutdown() // and it stays down
 		}

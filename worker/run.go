@@ -348,9 +348,7 @@ func (r *run) acquire() bool {
 	}
 	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
 	w.register(r)
-	if h := w.hooks.afterRegister; h != nil {
-		h(r)
-	}
+	w.signals.run.registered(r)
 	r.hb = r.startHeartbeat()
 	if r.notice != "" {
 		r.log.Warn(r.notice)
@@ -382,9 +380,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		// Resume even when the run was aborted or its deadline passed
 		// meanwhile: the outcome then says so, instead of the attempt
 		// being handed back (and redelivered until it gives up).
-		if h := r.w.hooks.beforeResume; h != nil {
-			h(r.id)
-		}
+		r.w.signals.run.resuming(r.id)
 		restored, err = r.resume(r.w.hardCtx) // not the run's deadline; a drain timeout stops it
 		r.traceResumed(restored, err)         // trace.go
 		switch {
@@ -398,9 +394,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
-	if h := r.w.hooks.afterControlStart; h != nil {
-		h(r)
-	}
+	r.w.signals.run.controlStarted(r)
 	if r.tally.stopping() {
 		return nil, false
 	}
@@ -438,9 +432,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 // idleAndDone is called when the agent went idle: it reports whether the
 // run may finish (no late control message is queued).
 func (r *run) idleAndDone(ctx context.Context) bool {
-	if h := r.w.hooks.beforeIdleCheck; h != nil {
-		h(r.id)
-	}
+	r.w.signals.run.idle(r.id)
 	return r.ctl.finishIfIdle(ctx)
 }
 
@@ -587,9 +579,7 @@ func (r *run) record(state string) *bus.RunRecord {
 }
 
 func (w *Worker) getRecord(ctx context.Context, id string) (*bus.RunRecord, error) {
-	if h := w.hooks.beforeRecordRead; h != nil {
-		h(id)
-	}
+	w.signals.run.readingRecord(id)
 	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	e, err := w.kv.Get(gctx, id)

@@ -84,7 +84,7 @@ func (w *Worker) startEvents(setup context.Context) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("events stream: %w", err)
 	}
-	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.events)
+	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.signals.events)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func (w *Worker) startEvents(setup context.Context) (func(), error) {
 	w.events = &eventpub.Env{Conn: w.c.Conn(), Names: w.names, Stream: stream, Acks: acks, Batch: batch,
 		Window: w.cfg.PublishWindow, AckTimeout: w.cfg.PublishAckTimeout, Budget: w.cfg.AckWait, Worker: w.id,
 		StoredReads: make(chan struct{}, eventpub.MaxStoredReads), Stop: w.hardCtx,
-		Log: w.log, Metrics: w.obs, Signals: w.hooks.events}
+		Log: w.log, Metrics: w.obs, Signals: w.signals.events}
 	return func() {
 		if batch != nil {
 			batch.Close()

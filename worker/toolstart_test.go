@@ -147,7 +147,7 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 	var cur atomic.Pointer[run]
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, NoEventBatches: true, PublishAckTimeout: time.Minute,
 		HeartbeatInterval: time.Second}, func(w *Worker) {
-		w.hooks.afterControlStart = func(r *run) { cur.Store(r) }
+		w.signals.run.afterControlStart = func(r *run) { cur.Store(r) }
 	})
 	var mu sync.Mutex
 	holding, held := true, []*nats.Msg(nil)

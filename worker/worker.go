@@ -67,7 +67,7 @@ type Worker struct {
 
 	ready chan struct{}
 
-	hooks testHooks // nil funcs outside tests
+	signals signals // tests' (signals.go); zero in production
 
 	mu    sync.Mutex
 	runs  map[string]*run
@@ -553,31 +553,4 @@ func (w *Worker) providerNames() string {
 	}
 	sort.Strings(names)
 	return strings.Join(names, ", ")
-}
-
-// testHooks let tests stop a run at the steps whose races they pin. Each
-// is called when set:
-type testHooks struct {
-	// each time a run's agent went idle, before the worker looks for late
-	// control messages;
-	beforeIdleCheck func(runID string)
-	// before each read of the control stream by a run's control owner;
-	beforeCatchUpRead func(runID string)
-	// the event publishers' (worker/internal/eventpub);
-	events *eventpub.Signals
-	// once a run takes control messages, before its control owner starts;
-	afterRegister func(r *run)
-	// by a run's first control owner once it let the run go on;
-	afterOwnerStarted func(r *run)
-	// once a run's control owner has started, before the agent's first call;
-	afterControlStart func(r *run)
-	// before a finished run acknowledges its request;
-	beforeRequestAck func(runID string)
-	// before each read of a run's record;
-	beforeRecordRead func(runID string)
-	// before a later attempt reads its run's events to resume;
-	beforeResume func(runID string)
-	// before a finish (or a run_finished published from a finished
-	// record) publishes run_finished.
-	beforeRunFinished func(runID string)
 }
