@@ -23,7 +23,7 @@ import (
 // each asks when reached.
 //
 // Answers come from the control owner (control.go) and name a call by its
-// key (callkey.go: unique within the run). Invariants:
+// key (internal/callkey: unique within the run). Invariants:
 //
 //  1. An answer applies to a call only if it names the call's key, and
 //     AGENTS_CONTROL stored it after the call began to ask: its stream

@@ -36,7 +36,6 @@
 //	resume.go       a later attempt restores the transcript
 //	waiting.go      runs that wait without a slot (approvals), MaxWaiting
 //	approval.go     gated tool calls: ask, wait, answer (approval_set.go: the answers)
-//	callkey.go      tool call keys, unique within a run
 //	tally.go        what a run did and why it stops: its outcome
 //	endings.go      every way an attempt ends: finish, hand back, abandon, refuse
 //
@@ -55,4 +54,5 @@
 //
 //	internal/eventpub   an attempt's events: ordered, acknowledged, re-sent, batched
 //	internal/intake     pull requests, request acks, the pickup's read skips
+//	internal/callkey    tool call keys, unique within a run
 package worker

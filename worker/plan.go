@@ -12,6 +12,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/faux"
+	"github.com/agentfleet/agentfleet/worker/internal/callkey"
 )
 
 // prepare decodes the request and resolves it against the worker (model,
@@ -119,7 +120,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 // streamFn is the run's model call: the provider's (or the faux script's,
 // r.stream) wrapped, from the call out, in the shared rate limits
 // (ratelimit.go), the tenant's budget hold (tenant.go), the run's cost
-// budget (budget.go), the tool call keys (callkey.go), the trace's span
+// budget (budget.go), the tool call keys (internal/callkey), the trace's span
 // (trace.go) and the observer's count (listener.go). A provider's call is
 // metered innermost (meteredProvider, settle.go): each wrapper sees its
 // charge.
@@ -134,7 +135,7 @@ func (r *run) streamFn() agent.StreamFn {
 	if r.limits.MaxCostUsd > 0 {
 		fn = r.budgetStream(fn)
 	}
-	return r.observeStream(r.traceStream(keyStream(fn)))
+	return r.observeStream(r.traceStream(callkey.Stream(fn)))
 }
 
 // ceilings applies the operator's ceilings (--max-run-timeout,

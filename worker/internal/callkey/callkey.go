@@ -1,4 +1,6 @@
-package worker
+// Package callkey renames a model's tool call ids to keys unique within
+// its run (since protocol 1.8): see the invariants below.
+package callkey
 
 import (
 	"context"
@@ -15,7 +17,7 @@ import (
 // endpoints and some OpenAI-compatible servers repeat them ("c1" in every
 // turn). An approval answer names a call, so a repeated id let an answer
 // meant for one call approve another. The worker therefore renames each
-// call, where the assistant message enters it (keyStream wraps the model's
+// call, where the assistant message enters it (Stream wraps the model's
 // stream), to a key; the agent, the events, the tool results, the approval
 // answers and the next model request all know the call by its key only.
 //
@@ -52,9 +54,9 @@ const (
 	maxKeyBase    = 64
 )
 
-// keyStream renames the tool call ids of the model's messages to the run's
+// Stream renames the tool call ids of the model's messages to the run's
 // call keys.
-func keyStream(fn agent.StreamFn) agent.StreamFn {
+func Stream(fn agent.StreamFn) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			k := newCallKeys(llm.Messages)

@@ -1,4 +1,4 @@
-package worker
+package callkey
 
 import (
 	"context"
@@ -58,7 +58,7 @@ func TestCallKeys(t *testing.T) {
 	}
 }
 
-// keyStream renames what streams and the final message alike, without
+// Stream renames what streams and the final message alike, without
 // touching the provider's events.
 func TestKeyStreamRenamesStreamedAndFinalCalls(t *testing.T) {
 	final := assistantWith("c1", "c1")
@@ -81,7 +81,7 @@ func TestKeyStreamRenamesStreamedAndFinalCalls(t *testing.T) {
 	llm := agent.Context{Messages: []agent.Message{agent.UserText("go"), assistantWith("c1")}}
 	var streamed []string
 	var got *agent.Message
-	for ev := range keyStream(model)(context.Background(), agent.Model{}, llm, agent.StreamOptions{}) {
+	for ev := range Stream(model)(context.Background(), agent.Model{}, llm, agent.StreamOptions{}) {
 		switch ev.Type {
 		case agent.StreamToolCallStart:
 			streamed = append(streamed, ev.ID)
