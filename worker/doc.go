@@ -47,12 +47,13 @@
 //	budget.go       a run's cost bound
 //	trace.go        OpenTelemetry spans of runs, turns, calls
 //
-// Tools: tools.go and calc.go (the built-in tools), toolsources.go (tools
-// served over NATS and MCP), demo.go (the demo model).
+// Tools: tools.go (a call's timeout, caps and metrics), toolsources.go
+// (tools served over NATS and MCP), demo.go (the demo model).
 //
 // Internal packages, which never import this one:
 //
 //	internal/eventpub   an attempt's events: ordered, acknowledged, re-sent, batched
 //	internal/intake     pull requests, request acks, the pickup's read skips
 //	internal/callkey    tool call keys, unique within a run
+//	internal/builtin    the built-in tools: calculator, current_time, sleep
 package worker

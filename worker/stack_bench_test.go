@@ -42,6 +42,9 @@ func BenchmarkWaitingRunStack(b *testing.B) {
 	}
 	var cur atomic.Pointer[gate]
 	// Arguments as the sleep tool's.
+	type sleepArgs struct {
+		Seconds float64 `json:"seconds" jsonschema:"description=How long to wait\\, at most 60 seconds,minimum=0,maximum=60"`
+	}
 	block := agent.NewTool("block", "waits until released", func(ctx context.Context, _ sleepArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
 		g := cur.Load()
 		if g.entered.Add(1) == runs {

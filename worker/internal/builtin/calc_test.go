@@ -1,4 +1,4 @@
-package worker
+package builtin
 
 import (
 	"strings"
@@ -86,7 +86,7 @@ func TestFormatNumber(t *testing.T) {
 
 // The calculator tool is what the model and the user read.
 func TestCalculatorToolPrintsDigits(t *testing.T) {
-	for _, tool := range BuiltinTools() {
+	for _, tool := range Tools() {
 		if tool.Name != "calculator" {
 			continue
 		}
@@ -107,7 +107,7 @@ func TestBuiltinToolSchemas(t *testing.T) {
 		"current_time": `{"properties":{"timezone":{"type":"string","description":"IANA time zone such as Europe/Paris; default UTC"}},"additionalProperties":false,"type":"object"}`,
 		"sleep":        `{"properties":{"seconds":{"type":"number","maximum":60,"minimum":0,"description":"How long to wait, at most 60 seconds"}},"additionalProperties":false,"type":"object","required":["seconds"]}`,
 	}
-	for _, tool := range BuiltinTools() {
+	for _, tool := range Tools() {
 		if got := string(tool.Parameters); got != want[tool.Name] {
 			t.Errorf("%s's schema\n%s\nwant\n%s", tool.Name, got, want[tool.Name])
 		}
