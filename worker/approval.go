@@ -281,7 +281,7 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 func (r *run) endPickupPause() {
 	if r.pickupPaused {
 		r.pickupPaused = false
-		r.clock.resume()
+		r.clock.Resume()
 	}
 }
 

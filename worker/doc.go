@@ -56,4 +56,5 @@
 //	internal/intake     pull requests, request acks, the pickup's read skips
 //	internal/callkey    tool call keys, unique within a run
 //	internal/builtin    the built-in tools: calculator, current_time, sleep
+//	internal/runclock   a run's timeout, waits left out
 package worker

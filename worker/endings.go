@@ -385,7 +385,7 @@ func (r *run) badRequestFinished(text string) bus.RunFinished {
 func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
 	// Read when the agent stopped, not after the close below: a run that
 	// ended just before its deadline did not time out.
-	timedOut := r.clock.timedOut()
+	timedOut := r.clock.TimedOut()
 	lastControl := r.ctl.close()
 	if finished {
 		r.ackResumedFinished()

@@ -17,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/runclock"
 )
 
 // A run request is picked up (its record read, the request decoded and
@@ -78,8 +79,8 @@ type run struct {
 	appr            approvals
 	ungated         map[string]*agent.Tool // the gated tools, unwrapped
 
-	slot  *slotHold // nil for a give-up
-	clock *runClock // the timeout, waits left out (waiting.go)
+	slot  *slotHold       // nil for a give-up
+	clock *runclock.Clock // the timeout, waits left out (waiting.go)
 	wait  waitState
 	// prevWaited is the wait time earlier attempts recorded (waitedMs).
 	prevWaited time.Duration
@@ -230,7 +231,7 @@ func (r *run) info() RunInfo {
 	i := RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: r.modelRef.String(),
 		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}
 	if r.clock != nil {
-		i.Deadline = r.clock.deadline()
+		i.Deadline = r.clock.Deadline()
 	} else if r.limits.TimeoutSeconds > 0 {
 		i.Deadline = r.runStart.Add(time.Duration(r.limits.TimeoutSeconds) * time.Second)
 	}
@@ -262,8 +263,8 @@ func (r *run) execute() {
 		}
 		r.pickupPaused = true
 	}
-	r.clock = newRunClock(r.runStart.Add(timeout), r.prevWaited, pausedSince, func() { cancelCause(context.DeadlineExceeded) })
-	defer r.clock.stop()
+	r.clock = runclock.New(r.runStart.Add(timeout), r.prevWaited, pausedSince, func() { cancelCause(context.DeadlineExceeded) })
+	defer r.clock.Stop()
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
 	ctx = r.traceContext(ctx)
@@ -559,7 +560,7 @@ func (r *run) record(state string) *bus.RunRecord {
 	rec.WaitingHandBacks = r.waitingHandBacks
 	rec.Requeue = r.requeue
 	if r.clock != nil {
-		waited, _ := r.clock.state()
+		waited, _ := r.clock.State()
 		rec.WaitedMs = waited.Milliseconds()
 	} else {
 		rec.WaitedMs = r.prevWaited.Milliseconds()

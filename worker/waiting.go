@@ -27,7 +27,7 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //     InProgress and renewing the lease, so the record stays the lease
 //     and the readers' rules hold unchanged (it counts against the queue
 //     consumer's MaxAckPending: docs/operations.md sizes it);
-//   - the run's timeout clock is paused (runClock): waiting does not
+//   - the run's timeout clock is paused (internal/runclock): waiting does not
 //     count against limits.timeoutSeconds; the time waited is written to
 //     the record (waitedMs) so a later attempt keeps it out as well;
 //   - the record says what it waits for (waiting: {for, since, ...}),
@@ -127,116 +127,6 @@ func (h *slotHold) take(ctx context.Context) bool {
 	return true
 }
 
-// runClock is a run's timeout with the time spent waiting left out: the
-// deadline is end + waited, and while paused nothing expires.
-type runClock struct {
-	mu       sync.Mutex
-	end      time.Time     // the first attempt's start + the timeout
-	waited   time.Duration // finished pauses, this attempt's and earlier ones'
-	pauses   int
-	pausedAt time.Time
-	expired  bool
-	timer    *time.Timer
-	fire     func()
-}
-
-// newRunClock starts a clock that calls fire once end + waited passes
-// outside pauses. A non-zero pausedSince creates it paused from then (an
-// earlier attempt's wait goes on): a deadline already past must not fire
-// before the pause.
-func newRunClock(end time.Time, waited time.Duration, pausedSince time.Time, fire func()) *runClock {
-	c := &runClock{end: end, waited: waited, fire: fire}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !pausedSince.IsZero() {
-		c.pauses = 1
-		c.pausedAt = pausedSince
-		if now := time.Now(); pausedSince.After(now) {
-			c.pausedAt = now
-		}
-	}
-	// Created under mu: an expire that runs at once sees the pause.
-	c.timer = time.AfterFunc(time.Until(end.Add(waited)), c.expire)
-	if c.pauses > 0 {
-		c.timer.Stop()
-	}
-	return c
-}
-
-func (c *runClock) expire() {
-	c.mu.Lock()
-	if c.pauses > 0 || c.expired {
-		c.mu.Unlock()
-		return
-	}
-	if d := time.Until(c.end.Add(c.waited)); d > 0 {
-		c.timer.Reset(d) // moved by a pause that ended meanwhile
-		c.mu.Unlock()
-		return
-	}
-	c.expired = true
-	c.mu.Unlock()
-	c.fire()
-}
-
-// pause stops the clock from since (a resumed wait started before this
-// attempt: since is its original start). Pauses nest.
-func (c *runClock) pause(since time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pauses++; c.pauses == 1 {
-		c.pausedAt = since
-		if now := time.Now(); since.IsZero() || since.After(now) {
-			c.pausedAt = now
-		}
-		c.timer.Stop()
-	}
-}
-
-// resume ends one pause; the last one adds its time to waited.
-func (c *runClock) resume() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pauses == 0 {
-		return
-	}
-	if c.pauses--; c.pauses == 0 {
-		c.waited += time.Since(c.pausedAt)
-		c.pausedAt = time.Time{}
-		if !c.expired {
-			c.timer.Reset(time.Until(c.end.Add(c.waited)))
-		}
-	}
-}
-
-// state returns the finished pauses' time and the current pause's start
-// (zero when running).
-func (c *runClock) state() (waited time.Duration, pausedAt time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.waited, c.pausedAt
-}
-
-// deadline is when the run times out if it does not wait again (zero
-// while paused).
-func (c *runClock) deadline() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pauses > 0 {
-		return time.Time{}
-	}
-	return c.end.Add(c.waited)
-}
-
-// timedOut reports whether the clock fired.
-func (c *runClock) timedOut() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.expired
-}
-
-func (c *runClock) stop() { c.timer.Stop() }
-
 // waitState is a run's waits now (guarded by its own mutex; see
 // waitOffSlot).
 type waitState struct {
@@ -295,7 +185,7 @@ func (r *run) enterWait(what string, since time.Time) {
 	}
 	ws.now.Store(&waitInfo{what: what, since: since})
 	if r.clock != nil {
-		r.clock.pause(since)
+		r.clock.Pause(since)
 	}
 	w := r.w
 	w.waitMu.Lock()
@@ -426,7 +316,7 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 	if !handedBack {
 		ws.now.Store(nil)
 		if r.clock != nil {
-			r.clock.resume()
+			r.clock.Resume()
 		}
 	}
 	w.waitMu.Lock()

@@ -1,4 +1,4 @@
-package worker
+package runclock
 
 import (
 	"sync"
@@ -13,11 +13,11 @@ func TestRunClockCreatedPausedDoesNotFireEarly(t *testing.T) {
 	const n = 5000
 	var early atomic.Int64
 	var fired sync.WaitGroup
-	clocks := make([]*runClock, n)
+	clocks := make([]*Clock, n)
 	resumed := make([]atomic.Bool, n)
 	for i := range n {
 		fired.Add(1)
-		clocks[i] = newRunClock(time.Now().Add(-time.Hour), 0, time.Now().Add(-30*time.Minute), func() {
+		clocks[i] = New(time.Now().Add(-time.Hour), 0, time.Now().Add(-30*time.Minute), func() {
 			if !resumed[i].Load() {
 				early.Add(1)
 			}
@@ -26,7 +26,7 @@ func TestRunClockCreatedPausedDoesNotFireEarly(t *testing.T) {
 	}
 	for i, c := range clocks {
 		resumed[i].Store(true)
-		c.resume() // the pause ends: the deadline is past, so it fires
+		c.Resume() // the pause ends: the deadline is past, so it fires
 	}
 	fired.Wait()
 	if e := early.Load(); e > 0 {
