@@ -455,7 +455,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		if p.Aborts() {
 			// Stopped before the wait ends: the run finishes without
 			// taking a slot again.
-			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
+			r.tally.AbortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
 				id, t.Name, c.expiresAt.Sub(c.requestedAt).Round(time.Second)))
 			r.stop()
 		}

@@ -114,7 +114,7 @@ func (r *run) priced() bool {
 
 // spent is the run's cost so far.
 func (r *run) spent() float64 {
-	_, u := r.tally.counts()
+	_, u := r.tally.Counts()
 	return u.Cost.Total
 }
 
@@ -128,9 +128,9 @@ func (r *run) overCost(llm agent.Context, requestMax int) bool {
 	spent := r.spent()
 	switch worst := r.worstCost(llm, requestMax); {
 	case spent > max:
-		return r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf("the run spent $%.6f, its budget (limits.maxCostUsd) is $%.6f", spent, max))
+		return r.tally.Limit(bus.ReasonBudgetExceeded, fmt.Sprintf("the run spent $%.6f, its budget (limits.maxCostUsd) is $%.6f", spent, max))
 	case spent+worst > max:
-		return r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
+		return r.tally.Limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
 			"the next model call could cost $%.6f; with $%.6f spent that would pass the run's budget (limits.maxCostUsd) of $%.6f", worst, spent, max))
 	}
 	return false
@@ -144,29 +144,12 @@ func (r *run) budgetStream(fn agent.StreamFn) agent.StreamFn {
 			return fn(ctx, model, llm, opts)
 		}
 		return func(yield func(agent.StreamEvent) bool) {
-			_, text := r.tally.limitState()
+			_, text := r.tally.LimitState()
 			yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant,
 				StopReason: agent.StopReasonError, ErrorMessage: text, Timestamp: time.Now().UnixMilli(),
 				API: model.API, Provider: model.Provider, Model: model.ID}})
 		}
 	}
-}
-
-// limit records the first limit the run reached; it reports whether it
-// is now stopped by one.
-func (t *tally) limit(reason, text string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.limitReason == "" {
-		t.limitReason, t.limitText = reason, text
-	}
-	return true
-}
-
-func (t *tally) limitState() (reason, text string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.limitReason, t.limitText
 }
 
 // overCostNext checks the cost bound after a turn whose model wants

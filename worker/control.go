@@ -278,7 +278,7 @@ func (c *controls) serve() bool {
 				reply <- idleUnknown
 				continue
 			}
-			if c.r.agent.HasQueuedMessages() && !c.r.tally.stopping() {
+			if c.r.agent.HasQueuedMessages() && !c.r.tally.Stopping() {
 				reply <- idleBusy
 				continue
 			}

@@ -122,7 +122,7 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 		}
 		w.signals.run.afterControlStart = func(r *run) {
 			if r.id == id {
-				appliedAtStart <- r.tally.stopping()
+				appliedAtStart <- r.tally.Stopping()
 				close(looked)
 			}
 		}

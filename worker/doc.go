@@ -36,7 +36,6 @@
 //	resume.go       a later attempt restores the transcript
 //	waiting.go      runs that wait without a slot (approvals), MaxWaiting
 //	approval.go     gated tool calls: ask, wait, answer (approval_set.go: the answers)
-//	tally.go        what a run did and why it stops: its outcome
 //	endings.go      every way an attempt ends: finish, hand back, abandon, refuse
 //
 // A model call, in the order streamFn wraps it:
@@ -57,4 +56,5 @@
 //	internal/callkey    tool call keys, unique within a run
 //	internal/builtin    the built-in tools: calculator, current_time, sleep
 //	internal/runclock   a run's timeout, waits left out
+//	internal/outcome    what a run did and why it stops: its run_finished
 package worker

@@ -394,7 +394,10 @@ func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
 	if r.mustNotFinish(timedOut) {
 		return
 	}
-	fin := r.tally.outcome(runErr, timedOut, timeout, r.runStart)
+	fin := r.tally.Outcome(runErr, timedOut, timeout, r.runStart)
+	// Error texts come from models, tools and submitters: bounded in the
+	// event, the record and the log.
+	fin.Error = clipString(fin.Error, bus.MaxErrorBytes)
 	fin.LastControlSeq = lastControl
 	final := r.record(fin.Status)
 	final.Reason, final.Error, final.FinishedAt = fin.Reason, fin.Error, time.Now()

@@ -68,7 +68,7 @@ func hardStopDuringATurn(t *testing.T, abort bool) {
 		if _, err := c.Abort(ctx, id, "stop it"); err != nil {
 			t.Fatal(err)
 		}
-		until("the abort taken", func() bool { return run().tally.aborted() })
+		until("the abort taken", func() bool { return run().tally.Aborted() })
 	}
 	w.hardCancel()
 	until("the run handed back", func() bool {

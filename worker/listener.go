@@ -108,7 +108,7 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	if err != nil {
 		var tl *eventpub.EventTooLargeError
 		if errors.As(err, &tl) {
-			r.tally.eventTooLarge(err)
+			r.tally.EventTooLarge(err)
 			r.log.Error("event too large for NATS; failing the run", "err", err)
 		}
 		return err
@@ -121,10 +121,10 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 			l.toolSeqs = append(l.toolSeqs, seq)
 		case agent.RoleAssistant:
 			l.lastAssistantSeq = seq
-			r.tally.assistant(*ev.Message)
+			r.tally.Assistant(*ev.Message)
 		}
 	case agent.EventTurnEnd:
-		r.tally.turn()
+		r.tally.Turn()
 		r.w.obs.Turn(r.info())
 	}
 	return nil
@@ -136,7 +136,7 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 func (l *listener) checkBounds(typ agent.EventType, size int) error {
 	r := l.r
 	cfg := &r.w.cfg
-	if r.tally.overBudgetAlready() {
+	if r.tally.OverBudgetAlready() {
 		return errOverBudget
 	}
 	n, b := r.pub.Spent()
@@ -173,10 +173,10 @@ func (r *run) cutOff(m *agent.Message) bool {
 	default:
 		return false
 	}
-	if r.tally.aborted() {
+	if r.tally.Aborted() {
 		return false
 	}
-	return r.w.hardCtx.Err() != nil || r.lease.lost.Load() || r.tally.publishErr() != nil
+	return r.w.hardCtx.Err() != nil || r.lease.lost.Load() || r.tally.PublishErr() != nil
 }
 
 func lastN(s []uint64, n int) []uint64 {
@@ -211,7 +211,7 @@ func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 					r.strayCharge.Store(&u)
 				}
 				// Only this run's model calls count toward its usage.
-				r.tally.modelCall(s.usage)
+				r.tally.ModelCall(s.usage)
 				mr := ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start), TimeToFirstEvent: first,
 					Usage: s.usage, UsageSource: s.source, ExcessInput: s.excessInput, ExcessOutput: s.excessOutput}
 				if final != nil {

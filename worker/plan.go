@@ -211,7 +211,7 @@ func (r *run) newAgent() *agent.Agent {
 // the agent would otherwise run another one.
 func (r *run) shouldStop(_ context.Context, tc *agent.TurnContext) (bool, error) {
 	wantsMore := len(tc.Message.ToolCalls()) > 0 || r.agent.HasQueuedMessages()
-	return wantsMore && (r.tally.overLimit(r.limits) || r.overCostNext(tc)), nil
+	return wantsMore && (r.tally.OverLimit(r.limits) || r.overCostNext(tc)), nil
 }
 
 // loadPrior loads the transcript of a finished run (continueFrom).

@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/outcome"
 )
 
 var errAlreadyFinished = errors.New("the run already has its run_finished")
@@ -61,7 +62,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	}
 	// Calls cut off by earlier attempts were charged: the run's usage and
 	// cost count them, whether or not the transcript is restored.
-	r.tally.carry(cut)
+	r.tally.Carry(cut)
 	if len(msgs) == 0 {
 		r.log.Info("resume: nothing to restore; starting over", "eventsRead", len(envs))
 		return false, nil
@@ -85,7 +86,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
 	r.appr.restoreResolved(rc.Resolved)
-	turns := r.tally.restore(msgs[len(r.prompt):])
+	turns := r.tally.Restore(msgs[len(r.prompt):])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)
 	}
@@ -102,11 +103,11 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 // the run's (after its prompt: usage written into submitted messages is
 // not the run's).
 func cutOffUsage(rc *workerproto.Recovery, promptLen int) agent.Usage {
-	u := nonNegative(rc.CutOffUsage)
+	u := outcome.NonNegative(rc.CutOffUsage)
 	kept := len(rc.Messages)
 	for i, m := range rc.DroppedMessages {
 		if kept+i >= promptLen && m.Role == agent.RoleAssistant {
-			u.Add(nonNegative(m.Usage))
+			u.Add(outcome.NonNegative(m.Usage))
 		}
 	}
 	return u

@@ -17,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/outcome"
 	"github.com/agentfleet/agentfleet/worker/internal/runclock"
 )
 
@@ -59,7 +60,7 @@ type run struct {
 	agent   *agent.Agent
 
 	lease  *lease
-	tally  tally
+	tally  outcome.Tally
 	ctl    *controls
 	pub    *eventpub.Publisher
 	hb     *heartbeat
@@ -396,10 +397,10 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	}
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
 	r.w.signals.run.controlStarted(r)
-	if r.tally.stopping() {
+	if r.tally.Stopping() {
 		return nil, false
 	}
-	if err := r.awaitBudget(ctx); err != nil || r.tally.stopping() { // worker/tenant.go
+	if err := r.awaitBudget(ctx); err != nil || r.tally.Stopping() { // worker/tenant.go
 		return nil, false
 	}
 	if restored && len(r.pendingCalls) > 0 {
@@ -408,7 +409,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		// read it).
 		err := r.runPendingCalls(ctx)
 		r.endPickupPause()
-		if err != nil || r.tally.stopping() || ctx.Err() != nil {
+		if err != nil || r.tally.Stopping() || ctx.Err() != nil {
 			return err, false
 		}
 	}
@@ -424,7 +425,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	}
 	// A steer or follow-up that came after the agent's last poll is still
 	// delivered: go on while messages remain.
-	for runErr == nil && ctx.Err() == nil && !r.tally.modelFailed() && !r.idleAndDone(ctx) {
+	for runErr == nil && ctx.Err() == nil && !r.tally.ModelFailed() && !r.idleAndDone(ctx) {
 		runErr = r.agent.Continue(ctx)
 	}
 	return runErr, false
@@ -451,7 +452,7 @@ func (r *run) ackResumedFinished() {
 // mustNotFinish hands back an attempt that stopped without the right to
 // finish, and reports whether it did.
 func (r *run) mustNotFinish(timedOut bool) bool {
-	pubErr := r.tally.publishErr()
+	pubErr := r.tally.PublishErr()
 	if pubErr == nil {
 		// Its onFail, which tells the tally, may not have run yet; a fence
 		// is not a failure to store (a hand-back while waiting fences).
@@ -460,7 +461,7 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		}
 	}
 	switch {
-	case r.waitHandedBack.Load() && !r.lease.lost.Load() && !r.tally.aborted() && !timedOut:
+	case r.waitHandedBack.Load() && !r.lease.lost.Load() && !r.tally.Aborted() && !timedOut:
 		r.handBackWaiting()
 	case r.lease.lost.Load():
 		r.endHeartbeat()
@@ -471,7 +472,7 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		r.handBack(0, "worker stopping: run stopped and handed back", nil)
 	case pubErr != nil:
 		r.handBack(time.Second, "events could not be stored; handing the run back", pubErr)
-	case r.w.hardCtx.Err() != nil && !r.tally.aborted() && !timedOut:
+	case r.w.hardCtx.Err() != nil && !r.tally.Aborted() && !timedOut:
 		// The next attempt resumes from the events.
 		r.handBack(0, "worker stopping: run stopped and handed back", nil)
 	default:
@@ -482,21 +483,21 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 
 // abort stops the run at the user's request.
 func (r *run) abort(reason string) {
-	r.tally.abort(reason)
+	r.tally.Abort(reason)
 	r.stop()
 }
 
 // overBudget stops a run that crossed one of its per-run bounds; it fails
 // with reason.
 func (r *run) overBudget(reason, text string) {
-	if r.tally.overBudget(reason, text) {
+	if r.tally.OverBudget(reason, text) {
 		r.log.Error("run over a per-run bound; failing it", "reason", reason, "err", text)
 		r.stop()
 	}
 }
 
 func (r *run) publishFailed(err error) {
-	r.tally.publishFailed(err)
+	r.tally.PublishFailed(err)
 	r.stop()
 }
 
@@ -547,7 +548,7 @@ func (r *run) runStarted() bus.RunStarted {
 
 // record is the run record now, in a state.
 func (r *run) record(state string) *bus.RunRecord {
-	turns, usage := r.tally.counts()
+	turns, usage := r.tally.Counts()
 	rec := &bus.RunRecord{ID: r.id, Queue: r.queue, State: state, Attempt: r.attempt, Worker: r.w.id,
 		RequestSeq: r.reqSeq, SubmittedAt: r.submittedAt, StartedAt: r.runStart, HeartbeatAt: time.Now(),
 		Turns: turns, Usage: usage, Cost: usage.Cost.Total}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/worker/internal/outcome"
 )
 
 // A model call's charge: what it cost, worked out once and taken by every
@@ -203,7 +204,7 @@ func settle(model agent.Model, b usageBounds, final *agent.Message, seen outputS
 func settleTokens(b usageBounds, final *agent.Message, seen outputSeen, unsent, aborted bool) callCharge {
 	var u agent.Usage
 	if final != nil {
-		u = nonNegative(final.Usage)
+		u = outcome.NonNegative(final.Usage)
 	}
 	reported := satAdd(u.Input, u.Output, u.CacheRead, u.CacheWrite) > 0
 	refused := final != nil && final.StopReason == agent.StopReasonError && !aborted && !seen.any()
@@ -299,7 +300,7 @@ func chargeOf(ctx context.Context, final *agent.Message) callCharge {
 	if final == nil {
 		return callCharge{}
 	}
-	u := nonNegative(final.Usage)
+	u := outcome.NonNegative(final.Usage)
 	return callCharge{usage: u, reported: u}
 }
 

@@ -198,10 +198,10 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 				return
 			case res == nil:
 				stats.Refused(r.tenant.name)
-				r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
+				r.tally.Limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
 					"the next model call could cost $%.6f; tenant %s has $%.6f of its $%.6f budget left for this period (it resets at %s)",
 					worst, tenantLabel(r.tenant.name), e.Remaining(), e.LimitUSD, e.ResetsAt().Format(time.RFC3339)))
-				_, text := r.tally.limitState()
+				_, text := r.tally.LimitState()
 				yield(callRefused(model, text))
 				return
 			}

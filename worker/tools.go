@@ -97,7 +97,7 @@ func (w *Worker) toolCallDone(ctx, tctx context.Context, name string, start time
 		err = fmt.Errorf("tool %s timed out after %s", name, w.cfg.ToolTimeout)
 	}
 	r, _ := ctx.Value(runKey{}).(*run)
-	if err != nil && ctx.Err() != nil && r != nil && r.tally.aborted() {
+	if err != nil && ctx.Err() != nil && r != nil && r.tally.Aborted() {
 		// Not "context canceled": the model and the person see why.
 		err = fmt.Errorf("tool %s stopped: the run was aborted", name)
 	}

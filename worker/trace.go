@@ -20,6 +20,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/outcome"
 )
 
 // Spans of an attempt (GenAI semantic conventions 1.41 and ours):
@@ -431,7 +432,7 @@ func restartFirstChunk(ctx context.Context) {
 
 // traceResponse puts a model call's answer on its chat span.
 func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Duration, capture bool) {
-	u := nonNegative(m.Usage)
+	u := outcome.NonNegative(m.Usage)
 	r.trace.mu.Lock()
 	r.trace.usage.Add(u)
 	r.trace.mu.Unlock()

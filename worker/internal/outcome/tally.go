@@ -1,4 +1,6 @@
-package worker
+// Package outcome counts what a run did and why it stops, and makes its
+// run_finished from that.
+package outcome
 
 import (
 	"fmt"
@@ -9,12 +11,12 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 )
 
-// tally counts what a run did (turns, usage, its last answer) and why it
+// Tally counts what a run did (turns, usage, its last answer) and why it
 // stops (abort, limit, an event too large, a failed publish): together
 // they make the run's outcome. The agent's listener, the control owner,
 // the publisher and the heartbeat all write to it, hence the lock; it is
 // never held across a call out.
-type tally struct {
+type Tally struct {
 	mu            sync.Mutex
 	turns         int
 	usage         agent.Usage
@@ -29,33 +31,33 @@ type tally struct {
 	pubErr        error
 }
 
-// assistant records an assistant message as the last answer so far. Its
+// Assistant records an assistant message as the last answer so far. Its
 // usage is not counted here: the prompt's assistant messages are the
 // submitter's, and their usage is whatever the submitter wrote.
-func (t *tally) assistant(m agent.Message) {
+func (t *Tally) Assistant(m agent.Message) {
 	t.mu.Lock()
 	t.lastAssistant = &m
 	t.mu.Unlock()
 }
 
-// modelCall counts the usage of one of this run's model calls.
-func (t *tally) modelCall(u agent.Usage) {
+// ModelCall counts the usage of one of this run's model calls.
+func (t *Tally) ModelCall(u agent.Usage) {
 	t.mu.Lock()
-	t.usage.Add(nonNegative(u))
+	t.usage.Add(NonNegative(u))
 	t.mu.Unlock()
 }
 
-// carry counts the usage of model calls earlier attempts were charged for
+// Carry counts the usage of model calls earlier attempts were charged for
 // and whose messages the run no longer has (cut off): no turns.
-func (t *tally) carry(u agent.Usage) {
+func (t *Tally) Carry(u agent.Usage) {
 	t.mu.Lock()
-	t.usage.Add(nonNegative(u))
+	t.usage.Add(NonNegative(u))
 	t.mu.Unlock()
 }
 
-// nonNegative clamps negative counts and costs (a hostile endpoint's, or a
+// NonNegative clamps negative counts and costs (a hostile endpoint's, or a
 // forged transcript's) to zero, so usage only ever grows.
-func nonNegative(u agent.Usage) agent.Usage {
+func NonNegative(u agent.Usage) agent.Usage {
 	for _, p := range []*int{&u.Input, &u.Output, &u.CacheRead, &u.CacheWrite, &u.Reasoning, &u.TotalTokens} {
 		*p = max(*p, 0)
 	}
@@ -67,35 +69,35 @@ func nonNegative(u agent.Usage) agent.Usage {
 	return u
 }
 
-func (t *tally) turn() {
+func (t *Tally) Turn() {
 	t.mu.Lock()
 	t.turns++
 	t.mu.Unlock()
 }
 
-// restore counts the assistant messages a resumed attempt restored; it
+// Restore counts the assistant messages a resumed attempt restored; it
 // returns the turns so far.
-func (t *tally) restore(msgs []agent.Message) int {
+func (t *Tally) Restore(msgs []agent.Message) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := range msgs {
 		if m := msgs[i]; m.Role == agent.RoleAssistant {
 			t.turns++
-			t.usage.Add(nonNegative(m.Usage))
+			t.usage.Add(NonNegative(m.Usage))
 			t.lastAssistant = &m
 		}
 	}
 	return t.turns
 }
 
-func (t *tally) counts() (int, agent.Usage) {
+func (t *Tally) Counts() (int, agent.Usage) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.turns, t.usage
 }
 
-// abort records the user's abort; only the first reason counts.
-func (t *tally) abort(reason string) {
+// Abort records the user's abort; only the first reason counts.
+func (t *Tally) Abort(reason string) {
 	t.mu.Lock()
 	if t.abortReason == nil {
 		t.abortReason = &reason
@@ -103,9 +105,9 @@ func (t *tally) abort(reason string) {
 	t.mu.Unlock()
 }
 
-// abortWith aborts the run with a reason code other than aborted_by_user
+// AbortWith aborts the run with a reason code other than aborted_by_user
 // (approval_timeout).
-func (t *tally) abortWith(code, text string) {
+func (t *Tally) AbortWith(code, text string) {
 	t.mu.Lock()
 	if t.abortReason == nil {
 		t.abortReason, t.abortCode = &text, code
@@ -113,13 +115,13 @@ func (t *tally) abortWith(code, text string) {
 	t.mu.Unlock()
 }
 
-func (t *tally) aborted() bool {
+func (t *Tally) Aborted() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.abortReason != nil
 }
 
-func (t *tally) eventTooLarge(err error) {
+func (t *Tally) EventTooLarge(err error) {
 	t.mu.Lock()
 	if t.tooLarge == nil {
 		t.tooLarge = err
@@ -127,9 +129,9 @@ func (t *tally) eventTooLarge(err error) {
 	t.mu.Unlock()
 }
 
-// overBudget records the first per-run bound the run crossed; it reports
+// OverBudget records the first per-run bound the run crossed; it reports
 // whether this was the first.
-func (t *tally) overBudget(reason, text string) bool {
+func (t *Tally) OverBudget(reason, text string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.budgetReason != "" {
@@ -139,15 +141,15 @@ func (t *tally) overBudget(reason, text string) bool {
 	return true
 }
 
-func (t *tally) overBudgetAlready() bool {
+func (t *Tally) OverBudgetAlready() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.budgetReason != ""
 }
 
-// publishFailed records the first failed publish: the attempt is handed
+// PublishFailed records the first failed publish: the attempt is handed
 // back.
-func (t *tally) publishFailed(err error) {
+func (t *Tally) PublishFailed(err error) {
 	t.mu.Lock()
 	if t.pubErr == nil {
 		t.pubErr = err
@@ -155,30 +157,30 @@ func (t *tally) publishFailed(err error) {
 	t.mu.Unlock()
 }
 
-func (t *tally) publishErr() error {
+func (t *Tally) PublishErr() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.pubErr
 }
 
-// stopping reports whether the run must not go on (abort, limit, failure).
-func (t *tally) stopping() bool {
+// Stopping reports whether the run must not go on (abort, limit, failure).
+func (t *Tally) Stopping() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.abortReason != nil || t.limitReason != "" || t.tooLarge != nil || t.pubErr != nil ||
 		t.budgetReason != ""
 }
 
-func (t *tally) modelFailed() bool {
+func (t *Tally) ModelFailed() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	m := t.lastAssistant
 	return m != nil && (m.StopReason == agent.StopReasonError || m.StopReason == agent.StopReasonAborted)
 }
 
-// overLimit checks maxTurns and maxTotalTokens when the agent wants
+// OverLimit checks maxTurns and maxTotalTokens when the agent wants
 // another turn, and records the limit it reached.
-func (t *tally) overLimit(l bus.Limits) bool {
+func (t *Tally) OverLimit(l bus.Limits) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
@@ -194,8 +196,8 @@ func (t *tally) overLimit(l bus.Limits) bool {
 	return false
 }
 
-// outcome is the run's run_finished.
-func (t *tally) outcome(runErr error, timedOut bool, timeout time.Duration, runStart time.Time) bus.RunFinished {
+// Outcome is the run's run_finished; its Error is the caller's to bound.
+func (t *Tally) Outcome(runErr error, timedOut bool, timeout time.Duration, runStart time.Time) bus.RunFinished {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	f := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded, Usage: t.usage,
@@ -223,8 +225,22 @@ func (t *tally) outcome(runErr error, timedOut bool, timeout time.Duration, runS
 	case t.lastAssistant != nil && (t.lastAssistant.StopReason == agent.StopReasonError || t.lastAssistant.StopReason == agent.StopReasonAborted):
 		fail(bus.ReasonModelError, t.lastAssistant.ErrorMessage)
 	}
-	// Error texts come from models, tools and submitters: bounded in the
-	// event, the record and the log.
-	f.Error = clipString(f.Error, bus.MaxErrorBytes)
 	return f
+}
+
+// Limit records the first limit the run reached; it reports whether it
+// is now stopped by one.
+func (t *Tally) Limit(reason, text string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.limitReason == "" {
+		t.limitReason, t.limitText = reason, text
+	}
+	return true
+}
+
+func (t *Tally) LimitState() (reason, text string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.limitReason, t.limitText
 }
