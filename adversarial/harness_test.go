@@ -31,6 +31,9 @@ type fleet struct {
 	Worker *rolefleet.Client
 	// WorkerLog is the worker's own log.
 	WorkerLog *logbuf.Buffer
+	// StopWorker stops the worker (nil without one); the test's end does
+	// too.
+	StopWorker func()
 }
 
 // startFleet starts the server and, unless cfg is nil, one in-process
@@ -51,7 +54,7 @@ func startFleet(t *testing.T, cfg *worker.Config) *fleet {
 		if c.DrainTimeout == 0 {
 			c.DrainTimeout = 2 * time.Second
 		}
-		fleettest.RunWorker(t, c)
+		f.StopWorker = fleettest.RunWorker(t, c).Stop
 	}
 	return f
 }

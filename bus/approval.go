@@ -21,6 +21,10 @@ const (
 	MaxApprovalBy = 128
 	// MaxApprovalReason bounds an answer's reason.
 	MaxApprovalReason = 4 << 10
+	// MaxApprovalSchemaBytes bounds the tool schema a
+	// tool_approval_requested carries (since 1.8); a larger one is left
+	// out and only the worker checks an edit.
+	MaxApprovalSchemaBytes = 16 << 10
 )
 
 // What happens to a gated call nobody answers in time.

@@ -18,25 +18,30 @@ import (
 // it returns the control stream sequence. A finished run gives
 // ErrRunFinished and nothing is sent. It does not check that the call is
 // pending: see PendingOf.
-func (c *Client) Answer(ctx context.Context, runID string, a ApprovalAnswer) (uint64, error) {
+func (c *Client) Answer(ctx context.Context, runID string, a ApprovalAnswer, opts ...ControlOption) (uint64, error) {
 	if err := CheckID(runID); err != nil {
 		return 0, err
 	}
 	if p := a.Problems(); len(p) > 0 {
 		return 0, fmt.Errorf("approval answer: %s", strings.Join(p, "; "))
 	}
-	return c.publishControl(ctx, runID, KindApprove, a)
+	return c.publishControl(ctx, runID, KindApprove, a, opts...)
 }
 
 // PendingCall is a gated tool call waiting for an answer.
 type PendingCall struct {
-	Run        string `json:"run"`
-	Queue      string `json:"queue,omitempty"`
+	Run   string `json:"run"`
+	Queue string `json:"queue,omitempty"`
+	// Title is the run's record's title (PendingApprovals).
+	Title      string `json:"title,omitempty"`
 	ToolCallID string `json:"toolCallId"`
 	ToolName   string `json:"toolName"`
 	// Args are the arguments the model chose, from the call's
 	// tool_approval_requested event.
 	Args json.RawMessage `json:"args,omitempty"`
+	// Parameters is the tool's JSON Schema from the same event (since
+	// 1.8; absent from older workers' events and for large schemas).
+	Parameters json.RawMessage `json:"parameters,omitempty"`
 	// RequestedAt is when the request was published; WaitingSince when
 	// the run started waiting (its record's waiting.since, else
 	// RequestedAt).
@@ -53,6 +58,7 @@ type approvalEvent struct {
 	ToolName   string          `json:"toolName"`
 	Args       json.RawMessage `json:"args"`
 	ExpiresAt  int64           `json:"expiresAt"`
+	Parameters json.RawMessage `json:"parameters"`
 }
 
 // PendingCalls folds a run's envelopes (in stream order) into its pending
@@ -93,7 +99,7 @@ func PendingCalls(envs []*Envelope) []PendingCall {
 			continue
 		}
 		p := PendingCall{Run: env.Run, ToolCallID: ev.ToolCallID, ToolName: ev.ToolName,
-			Args: ev.Args, RequestedAt: time.UnixMilli(env.TS)}
+			Args: ev.Args, Parameters: ev.Parameters, RequestedAt: time.UnixMilli(env.TS)}
 		if ev.ExpiresAt > 0 {
 			p.ExpiresAt = time.UnixMilli(ev.ExpiresAt)
 		}
@@ -118,10 +124,13 @@ func (c *Client) PendingOf(ctx context.Context, runID string) ([]PendingCall, er
 // worker's clock) a read of the requests starts (the stream's clock).
 const requestSlack = time.Minute
 
-// pendingOfWaiting is PendingOf for a run whose record lists its waiting
+// PendingOfRecord is PendingOf for a run whose record lists its waiting
 // calls: it reads the events from shortly before the oldest request (a
 // long run has many), and all of them if a listed request is not there.
-func (c *Client) pendingOfWaiting(ctx context.Context, r *RunRecord) ([]PendingCall, error) {
+func (c *Client) PendingOfRecord(ctx context.Context, r *RunRecord) ([]PendingCall, error) {
+	if r.Waiting == nil {
+		return c.PendingOf(ctx, r.ID)
+	}
 	if len(r.Waiting.Approvals) == 0 {
 		return c.PendingOf(ctx, r.ID)
 	}
@@ -204,12 +213,12 @@ func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]Pe
 		if r.Waiting == nil || r.Waiting.For != WaitingApproval {
 			continue
 		}
-		calls, err := c.pendingOfWaiting(ctx, r)
+		calls, err := c.PendingOfRecord(ctx, r)
 		if err != nil {
 			return nil, err
 		}
 		for _, p := range calls {
-			p.Queue = r.Queue
+			p.Queue, p.Title = r.Queue, r.Title
 			if !r.Waiting.Since.IsZero() {
 				p.WaitingSince = r.Waiting.Since
 			}

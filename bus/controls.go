@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -185,6 +186,12 @@ type RunRecord struct {
 	Cost        float64           `json:"cost"`
 	Error       string            `json:"error,omitempty"`
 	Metadata    map[string]string `json:"metadata,omitempty"`
+	// Title names the run in listings (since 1.8): its metadata "title",
+	// else the first line of its prompt (RunTitle), written from pickup on.
+	Title string `json:"title,omitempty"`
+	// Tenant is who the run is charged to (since 1.8): metadata.tenant,
+	// or what the worker's budgets take (--tenant-key, --tenant-from).
+	Tenant string `json:"tenant,omitempty"`
 	// Stale is set by Status and List (never stored) on a running record
 	// whose heartbeat is older than the client's stale bound: its worker
 	// is gone or cut off and no one has taken the run over (yet).
@@ -225,6 +232,33 @@ type Requeue struct {
 	// Copy is the copy's stream sequence, written once it is published:
 	// no other request naming From counts.
 	Copy uint64 `json:"copy,omitempty"`
+}
+
+// MaxTitleBytes bounds a record's title.
+const MaxTitleBytes = 200
+
+// RunTitle is the title a run's record carries: its metadata "title", else
+// the first non-blank line of its prompt (or of its first user message),
+// cut to MaxTitleBytes.
+func RunTitle(req *RunRequest) string {
+	if req == nil {
+		return ""
+	}
+	text := req.Metadata["title"]
+	if strings.TrimSpace(text) == "" {
+		text = req.Prompt
+	}
+	for i := 0; strings.TrimSpace(text) == "" && i < len(req.Messages); i++ {
+		if req.Messages[i].Role == agent.RoleUser {
+			text = req.Messages[i].TextOf()
+		}
+	}
+	for line := range strings.Lines(text) {
+		if line = strings.TrimSpace(line); line != "" {
+			return truncate(line, MaxTitleBytes-len("…"))
+		}
+	}
+	return ""
 }
 
 // Finished reports whether the record's state is final.

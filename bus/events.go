@@ -60,6 +60,9 @@ type ToolApproval struct {
 	// with an AGENTS_CONTROL sequence above it (stored after the call
 	// began to ask).
 	AnswersAfter uint64 `json:"answersAfter,omitempty"`
+	// Parameters (requested, since 1.8) is the tool's JSON Schema, the one
+	// an edit is checked against; left out past MaxApprovalSchemaBytes.
+	Parameters json.RawMessage `json:"parameters,omitempty"`
 	// resolved, rejected
 	Decision   string `json:"decision,omitempty"`
 	By         string `json:"by,omitempty"`

@@ -47,6 +47,19 @@ type ListOptions struct {
 	Since time.Time
 	// MaxScan bounds the records read [DefaultListScan]; -1 for no bound.
 	MaxScan int
+	// Model, Tenant and Metadata (every key with its value) keep the
+	// records with those; Text those whose id or title holds it, in any
+	// case. Records before 1.8 have no title or tenant. These filters
+	// match few records at times: bound the scan (MaxScan, Since).
+	Model    string
+	Tenant   string
+	Metadata map[string]string
+	Text     string
+}
+
+// fieldFilters reports whether a filter besides State and Queue is set.
+func (o *ListOptions) fieldFilters() bool {
+	return o.Model != "" || o.Tenant != "" || len(o.Metadata) > 0 || o.Text != ""
 }
 
 // RunPage is one page of List.
@@ -58,6 +71,9 @@ type RunPage struct {
 	Scanned int
 	// Truncated is set when MaxScan stopped the read before Limit matches.
 	Truncated bool
+	// Stored is the records stream's message count when the scan began:
+	// the records, for "scanned N of M".
+	Stored uint64
 }
 
 // List returns run records, the newest first: queued runs (requests with no
@@ -85,7 +101,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 			return nil, err
 		}
 		for _, r := range q {
-			if want() {
+			if want() && matches(&r, o) {
 				page.Records = append(page.Records, r)
 			}
 		}
@@ -103,6 +119,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		return nil, err
 	}
 	lo, hi := info.State.FirstSeq, info.State.LastSeq
+	page.Stored = info.State.Msgs
 	// top: the last record written when the scan began.
 	top := hi
 	if !want() { // queued runs filled the page: the records come next
@@ -142,7 +159,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 	now := time.Now()
 	needles := listNeedles(o)
 	window := uint64(firstWindow)
-	if o.Limit > 0 && o.State == "" && o.Queue == "" {
+	if o.Limit > 0 && o.State == "" && o.Queue == "" && !o.fieldFilters() {
 		window = uint64(2*o.Limit + 8) // with a rewritten record's hole each, one window is the page
 	}
 	for hi >= lo && hi > 0 && want() {
@@ -179,8 +196,8 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		hi = from - 1
 		window = min(window*2, maxWindow)
 	}
-	if hi < lo || hi == 0 {
-		page.Next = 0
+	if hi < lo || hi == 0 || page.Next <= lo {
+		page.Next = 0 // nothing older left (a full page may end at the first record)
 	}
 	if first {
 		if err := c.catchUp(ctx, g, s, page, o, top, now); err != nil {
@@ -302,7 +319,31 @@ func listNeedles(o ListOptions) [][]byte {
 	if o.Queue != "" {
 		out = append(out, []byte(`"`+o.Queue+`"`))
 	}
+	// Other values only when no encoder escapes them.
+	for _, v := range []string{o.Model, o.Tenant} {
+		if v != "" && plainJSON(v) {
+			out = append(out, []byte(`"`+v+`"`))
+		}
+	}
+	for k, v := range o.Metadata {
+		for _, t := range []string{k, v} {
+			if plainJSON(t) {
+				out = append(out, []byte(`"`+t+`"`))
+			}
+		}
+	}
 	return out
+}
+
+// plainJSON reports whether s is encoded as itself in a JSON string by the
+// record writers: letters, digits and a few punctuation marks.
+func plainJSON(s string) bool {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(" .,:;_-=+@#()/", r)) {
+			return false
+		}
+	}
+	return true
 }
 
 func mayMatch(data []byte, needles [][]byte) bool {
@@ -317,7 +358,19 @@ func mayMatch(data []byte, needles [][]byte) bool {
 func matches(r *RunRecord, o ListOptions) bool {
 	state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale) ||
 		(o.State == StateWaiting && r.State == StateRunning && r.Waiting != nil)
-	return state && (o.Queue == "" || r.Queue == o.Queue)
+	if !state || o.Queue != "" && r.Queue != o.Queue || o.Model != "" && r.Model != o.Model || o.Tenant != "" && r.Tenant != o.Tenant {
+		return false
+	}
+	for k, v := range o.Metadata {
+		if got, ok := r.Metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	return o.Text == "" || containsFold(r.ID, o.Text) || containsFold(r.Title, o.Text)
+}
+
+func containsFold(s, sub string) bool {
+	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
 }
 
 // listQueued returns the requests that have no record yet, by id. It costs

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,5 +139,90 @@ func TestListQueuedFirst(t *testing.T) {
 	}
 	if q, err := c.List(ctx, bus.ListOptions{State: bus.StateQueued}); err != nil || len(q) != 2 {
 		t.Fatalf("queued: %v %v", ids(q), err)
+	}
+}
+
+// TestListFieldFilters: model, tenant, metadata and text (id or title)
+// filters, each alone and together, on a bounded scan that says how far
+// it got and how many records the bucket holds.
+func TestListFieldFilters(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	for i := range n {
+		r := bus.RunRecord{ID: fmt.Sprintf("f%03d", i), Queue: "default", State: bus.StatusSucceeded, Model: "openai/small",
+			Tenant: "acme", Title: fmt.Sprintf("Report %d", i), Metadata: map[string]string{"team": "blue"}}
+		if i%3 == 0 {
+			r.Model = "openai/large"
+		}
+		if i%5 == 0 {
+			r.Tenant = "globex"
+		}
+		if i%7 == 0 {
+			r.Metadata = map[string]string{"team": "red", "env": "prod/eu"}
+		}
+		data, _ := json.Marshal(r)
+		if _, err := kv.Put(ctx, r.ID, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(o bus.ListOptions) (*bus.RunPage, []string) {
+		t.Helper()
+		p, err := c.ListPage(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, ids(p.Records)
+	}
+	want := func(keep func(i int) bool) []string {
+		var out []string
+		for i := n - 1; i >= 0; i-- {
+			if keep(i) {
+				out = append(out, fmt.Sprintf("f%03d", i))
+			}
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		o    bus.ListOptions
+		keep func(int) bool
+	}{
+		{"model", bus.ListOptions{Model: "openai/large"}, func(i int) bool { return i%3 == 0 }},
+		{"tenant", bus.ListOptions{Tenant: "globex"}, func(i int) bool { return i%5 == 0 }},
+		{"metadata", bus.ListOptions{Metadata: map[string]string{"team": "red", "env": "prod/eu"}}, func(i int) bool { return i%7 == 0 }},
+		{"metadata value differs", bus.ListOptions{Metadata: map[string]string{"team": "prod/eu"}}, func(int) bool { return false }},
+		{"text in the title", bus.ListOptions{Text: "report 1"}, func(i int) bool { return strings.HasPrefix(fmt.Sprint(i), "1") }},
+		{"text in the id", bus.ListOptions{Text: "F29"}, func(i int) bool { return i >= 290 }},
+		{"all", bus.ListOptions{Model: "openai/large", Tenant: "globex", Metadata: map[string]string{"team": "red"}}, func(i int) bool { return i%105 == 0 }},
+	}
+	for _, tc := range cases {
+		p, got := count(tc.o)
+		if w := want(tc.keep); !slices.Equal(got, w) {
+			t.Errorf("%s: %v, want %v", tc.name, got, w)
+		}
+		if p.Stored != n || p.Scanned != n || p.Truncated {
+			t.Errorf("%s: stored %d scanned %d truncated %v", tc.name, p.Stored, p.Scanned, p.Truncated)
+		}
+	}
+	// A full page that ends at the first record is the last one.
+	p1, _ := count(bus.ListOptions{Limit: n / 2})
+	p2, _ := count(bus.ListOptions{Limit: n / 2, BeforeSeq: p1.Next})
+	if p1.Next == 0 || len(p2.Records) != n/2 || p2.Next != 0 || p2.Records[n/2-1].ID != "f000" {
+		t.Errorf("two full pages: next %d, then %d records and next %d", p1.Next, len(p2.Records), p2.Next)
+	}
+	// A bounded scan stops (after the window it is in) and says how far
+	// it read.
+	p, got := count(bus.ListOptions{Tenant: "globex", MaxScan: 100, Limit: 50})
+	if !p.Truncated || p.Scanned < 100 || p.Scanned >= n || p.Stored != n || len(got) == 0 || len(got) >= 50 || p.Next == 0 {
+		t.Errorf("bounded: truncated %v scanned %d stored %d, %d records, next %d", p.Truncated, p.Scanned, p.Stored, len(got), p.Next)
+	}
+	rest, more := count(bus.ListOptions{Tenant: "globex", MaxScan: 1000, Limit: 50, BeforeSeq: p.Next})
+	if all := append(got, more...); !slices.Equal(all, want(func(i int) bool { return i%5 == 0 })) || rest.Truncated {
+		t.Errorf("bounded, continued: %v", all)
 	}
 }

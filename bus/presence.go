@@ -51,6 +51,10 @@ type WorkerPresence struct {
 	// descriptions were cut, or ToolsOmitted tools left out (since 1.8).
 	ToolsTruncated bool `json:"toolsTruncated,omitempty"`
 	ToolsOmitted   int  `json:"toolsOmitted,omitempty"`
+	// Models are the models ("provider/id") of the worker's model tables,
+	// DefaultModel the one of requests that name none (since 1.8).
+	Models       []string `json:"models,omitempty"`
+	DefaultModel string   `json:"defaultModel,omitempty"`
 }
 
 // PresenceTool is a tool a worker serves. Source is "builtin",

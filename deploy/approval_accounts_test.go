@@ -16,8 +16,8 @@ import (
 // TestAccountsApprover proves the approver role of accounts.conf: an
 // approver (user approver) lists the run waiting for approval that a
 // submitter submitted and approves its call, which then runs; the
-// submitter, the observer, the tool service and the console cannot
-// publish on agents.run.*.approve (each refusal a permissions violation,
+// submitter, the observer and the tool service cannot publish on
+// agents.run.*.approve (each refusal a permissions violation,
 // nothing stored), and the approver cannot submit, steer or abort.
 func TestAccountsApprover(t *testing.T) {
 	url, pw := accountsServer(t)
@@ -25,7 +25,6 @@ func TestAccountsApprover(t *testing.T) {
 	sub := connectAs(t, url, "submitter", pw["submitter"])
 	obs := connectAs(t, url, "observer", pw["observer"])
 	ts := connectAs(t, url, "toolservice", pw["toolservice"])
-	con := connectAs(t, url, "console", pw["console"])
 	appr := connectAs(t, url, "approver", pw["approver"])
 	names := wc.Names()
 
@@ -79,10 +78,11 @@ func TestAccountsApprover(t *testing.T) {
 		t.Error("the approver's listing and answer met a permissions violation")
 	}
 
-	// What no role but the approver may do: answer an approval (on a run
-	// id that exists nowhere: the permission is the same).
+	// What no role but the approver (and the console, for --allow-control:
+	// TestAccountsConsole) may do: answer an approval (on a run id that
+	// exists nowhere: the permission is the same).
 	body := []byte(`{"toolCallId":"c1","decision":"approve"}`)
-	for role, c := range map[string]*bus.Client{"submitter": sub, "observer": obs, "toolservice": ts, "console": con} {
+	for role, c := range map[string]*bus.Client{"submitter": sub, "observer": obs, "toolservice": ts} {
 		subj := names.Control("acl-appr-"+role, bus.KindApprove)
 		dctx, dcancel := deny()
 		_, err := c.JetStream().Publish(dctx, subj, body)

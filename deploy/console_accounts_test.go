@@ -223,7 +223,7 @@ func TestAccountsConsole(t *testing.T) {
 	}
 	fleettest.RunWorker(t, worker.Config{Client: wc, DrainTimeout: 2 * time.Second, WorkerID: "acl-console-worker"})
 
-	// A finished run, before the console starts (it reads the backlog).
+	// A finished run, before the console starts (it pages through the records).
 	done := fauxRun("what is 6*7?", fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"}), fleettest.Text("It is 42."))
 	done.ID = "acl-console-done"
 	if _, err := sub.Submit(ctx, "", done); err != nil {
@@ -371,6 +371,79 @@ func TestAccountsConsole(t *testing.T) {
 		}
 	}
 
+	// Approvals: a submitter's run whose call waits; the console lists it
+	// (a bounded listing of the records and the run's events) and answers
+	// it with edited arguments; the answer as stored is the edit.
+	{
+		gated := "acl-console-gated"
+		req := `{"prompt":"what is 6*7?","tools":["calculator"],"approval":{"tools":["calculator"]},"model":{"provider":"faux","id":"scripted"},
+		 "faux":{"responses":[{"content":[{"type":"toolCall","id":"c1","name":"calculator","arguments":{"expression":"6*7"}}],"stopReason":"toolUse"},
+		 {"content":[{"type":"text","text":"done"}]}]}}`
+		if _, err := sub.SubmitRaw(ctx, "", gated, []byte(req)); err != nil {
+			t.Fatalf("submitter: submit: %v", err)
+		}
+		var page struct {
+			Calls []bus.PendingCall `json:"calls"`
+		}
+		for deadline := time.Now().Add(30 * time.Second); len(page.Calls) == 0 && time.Now().Before(deadline); {
+			p.getJSON(t, "/api/approvals", &page)
+			time.Sleep(50 * time.Millisecond)
+		}
+		if len(page.Calls) != 1 || page.Calls[0].Run != gated || page.Calls[0].ToolName != "calculator" || len(page.Calls[0].Parameters) == 0 {
+			t.Fatalf("console: approvals %+v", page.Calls)
+		}
+		code, body := p.post(t, "/api/runs/"+gated+"/approve", session.CSRF, `{"toolCallId":"c1","decision":"approve","arguments":{"expression":"6*8"}}`)
+		if code != http.StatusAccepted {
+			t.Fatalf("console: approve: %d %s", code, body)
+		}
+		var ack struct {
+			ControlSeq uint64 `json:"controlSeq"`
+		}
+		_ = json.Unmarshal([]byte(body), &ack)
+		tr, err := sub.LoadTranscript(ctx, gated)
+		if err != nil || !tr.Done() {
+			t.Fatalf("the gated run: %v", err)
+		}
+		for _, m := range tr.Messages {
+			if m.Role == agent.RoleToolResult && m.TextOf() != "48" {
+				t.Errorf("the approved call ran with %q, want the edit's 48", m.TextOf())
+			}
+		}
+		var answer struct {
+			Arguments map[string]any `json:"arguments"`
+			By        string         `json:"by"`
+		}
+		p.getJSON(t, "/api/runs/"+gated+"/answers/"+strconv.FormatUint(ack.ControlSeq, 10), &answer)
+		if answer.Arguments["expression"] != "6*8" || answer.By != "console" {
+			t.Errorf("console: the stored answer %+v", answer)
+		}
+	}
+
+	// The fleet page's history: the console made its stream and stores a
+	// sample every 10 s.
+	{
+		var h struct {
+			Samples []json.RawMessage `json:"samples"`
+			Problem string            `json:"problem"`
+		}
+		for deadline := time.Now().Add(30 * time.Second); len(h.Samples) == 0 && h.Problem == "" && time.Now().Before(deadline); {
+			p.getJSON(t, "/api/fleet/history", &h)
+			time.Sleep(100 * time.Millisecond)
+		}
+		if h.Problem != "" || len(h.Samples) == 0 {
+			t.Errorf("console: history %d samples, problem %q", len(h.Samples), h.Problem)
+		}
+		sctx, scancel := short()
+		defer scancel()
+		st, err := cons.JetStream().Stream(sctx, "AGENTS_CONSOLE") // the role reads its own stream
+		if err != nil {
+			t.Fatalf("the console's history stream: %v", err)
+		}
+		if _, err := st.GetLastMsgForSubject(sctx, "agents.console.samples"); err != nil {
+			t.Errorf("no sample stored: %v", err)
+		}
+	}
+
 	// All of that within the role: no violation by the console.
 	if v := serverLog.Lines("Violation", `"AGENTS/user:console"`); len(v) > 0 {
 		t.Errorf("the console's work caused permissions violations:\n%s", strings.Join(v, "\n"))
@@ -440,6 +513,21 @@ func TestAccountsConsole(t *testing.T) {
 		_, err = cons.Conn().RequestWithContext(c, del, []byte(`{"seq":1}`))
 		cl()
 		refused("console deletes a request", del, err)
+	}
+	// Its own stream is the only one it may make, and it may not remove it
+	// (nor any other).
+	{
+		create := "$JS.API.STREAM.CREATE.AGENTS_EVIL"
+		c, cl := deny()
+		_, err := cons.Conn().RequestWithContext(c, create, []byte(`{"name":"AGENTS_EVIL","subjects":["evil.>"]}`))
+		cl()
+		refused("console creates another stream", create, err)
+		for _, del := range []string{"$JS.API.STREAM.DELETE.AGENTS_CONSOLE", "$JS.API.STREAM.PURGE.AGENTS_EVENTS", "$JS.API.STREAM.UPDATE.AGENTS_CONSOLE"} {
+			c, cl = deny()
+			_, err = cons.Conn().RequestWithContext(c, del, nil)
+			cl()
+			refused("console: "+del, del, err)
+		}
 	}
 	// Another account: its streams are not there for the console, and the
 	// console cannot reach them by name either.

@@ -17,11 +17,13 @@ import (
 )
 
 // TestAccountsToolSources proves the grants of tool services and worker
-// presence: a tool service under agents.tools.<service> is discovered and
-// called by a worker through its tool caller (user toolcaller, worker
-// --tools-user), the worker's presence is readable by an observer, and
-// neither a submitter nor a tool service can call tools or forge presence;
-// the tool caller can do nothing but discovery and calls.
+// presence: a tool service under agents.tools.<service>, run as its own
+// user (toolservice-calc), is discovered and called by a worker through its
+// tool caller (user toolcaller, worker --tools-user), the worker's presence
+// is readable by an observer, and neither a submitter nor a tool service
+// can call tools or forge presence; a service's own user cannot subscribe
+// to another service's subjects; the tool caller can do nothing but
+// discovery and calls.
 func TestAccountsToolSources(t *testing.T) {
 	url, pw := accountsServer(t)
 	wc := connectAs(t, url, "worker", pw["worker"])
@@ -29,8 +31,10 @@ func TestAccountsToolSources(t *testing.T) {
 	sub := connectAs(t, url, "submitter", pw["submitter"])
 	obs := connectAs(t, url, "observer", pw["observer"])
 	ts := connectAs(t, url, "toolservice", pw["toolservice"])
+	calc := connectAs(t, url, "toolservice-calc", pw["toolservice-calc"])
+	text := connectAs(t, url, "toolservice-text", pw["toolservice-text"])
 
-	svc, err := micro.AddService(ts.Conn(), micro.Config{Name: "calc", Version: "1.0.0"})
+	svc, err := micro.AddService(calc.Conn(), micro.Config{Name: "calc", Version: "1.0.0"})
 	if err != nil {
 		t.Fatalf("toolservice: add service: %v", err)
 	}
@@ -108,6 +112,24 @@ func TestAccountsToolSources(t *testing.T) {
 		_, err := ts.Conn().RequestWithContext(ctx, "$SRV.INFO", nil)
 		cancel()
 		denied(t, ts, "tool service runs discovery", "$SRV.INFO", err)
+	}
+	// One service's user cannot subscribe to another's subjects (take
+	// its calls), nor to all of them.
+	for c, subject := range map[*bus.Client]string{text: "agents.tools.calc.add", calc: "agents.tools.text.upper"} {
+		if _, err := c.Conn().QueueSubscribeSync(subject, "q"); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Conn().Flush()
+		if !logs[c].Violation("", subject) {
+			t.Errorf("a service's own user subscribed to %s without a permissions violation", subject)
+		}
+	}
+	if _, err := text.Conn().SubscribeSync("agents.tools.>"); err != nil {
+		t.Fatal(err)
+	}
+	_ = text.Conn().Flush()
+	if !logs[text].Violation("", "agents.tools.>") {
+		t.Error("toolservice-text subscribed to every service's subjects without a permissions violation")
 	}
 	// The tool caller: records, the JetStream API, events, presence.
 	for _, subject := range []string{"$KV.agents_runs.forged", "$JS.API.STREAM.UPDATE.AGENTS_EVENTS", "$JS.API.STREAM.INFO.AGENTS_EVENTS",

@@ -370,11 +370,13 @@ func (g *gen) events() *jsonschema.Schema {
 	ta := g.def(defs, "ToolApproval")
 	g.prop(ta, "ToolApproval", "expiresAt").Description = "Unix milliseconds."
 	g.prop(ta, "ToolApproval", "controlSeq").Minimum = minimum(1)
+	g.setProp(ta, "ToolApproval", "parameters", &jsonschema.Schema{Type: "object",
+		Description: "The tool's JSON Schema, which an edit must pass (since 1.8); absent when larger than 16 KiB."})
 	g.prop(ta, "ToolApproval", "controlSeq").Description = "The answer's AGENTS_CONTROL sequence."
 	g.setProp(ta, "ToolApproval", "decision", enum("timeout: no answer by expiresAt.", bus.DecisionApprove, bus.DecisionDeny, bus.DecisionTimeout))
 	approvals := g.split(defs, "ToolApproval", []variant{
 		{"ToolApprovalRequestedEvent", bus.EventToolApprovalRequested, "A gated tool call waits for a person's answer (since 1.3, §13).",
-			[]string{"toolCallId!", "toolName!", "args", "expiresAt!", "answersAfter"}},
+			[]string{"toolCallId!", "toolName!", "args", "expiresAt!", "answersAfter", "parameters"}},
 		{"ToolApprovalResolvedEvent", bus.EventToolApprovalResolved, "A gated call got its answer, or timed out (since 1.3).",
 			[]string{"toolCallId!", "decision!", "by", "reason", "controlSeq", "arguments"}},
 		{"ToolApprovalRejectedEvent", bus.EventToolApprovalRejected, "An answer that could not be applied (an invalid body or edit); the call goes on waiting (since 1.3).",
@@ -666,6 +668,9 @@ func (g *gen) record() *jsonschema.Schema {
 	p("attempt").Description = "The attempt that holds the run."
 	p("requestSeq").Description = "The AGENTS_RUNS sequence of the request."
 	p("model").Description = `"provider/id".`
+	p("title").MaxLength = ptr[uint64](bus.MaxTitleBytes)
+	p("title").Description = `Metadata "title", else the prompt's first line (since 1.8).`
+	p("tenant").Description = "Who the run is charged to: metadata.tenant, or the worker's budgets' tenant (since 1.8)."
 	p("stale").Description = "Set by clients (Status, List) on a running record whose heartbeat is too old; never stored."
 	p("waitedMs").Description = "Time spent waiting for approvals over all attempts (since 1.3)."
 	p("lastControlSeq").Minimum = minimum(1)
@@ -699,6 +704,8 @@ func (g *gen) presence() *jsonschema.Schema {
 	g.prop(p, "WorkerPresence", "slots").Minimum = minimum(0)
 	g.prop(p, "WorkerPresence", "busy").Minimum = minimum(0)
 	g.prop(p, "WorkerPresence", "waiting").Minimum = minimum(0)
+	g.prop(p, "WorkerPresence", "models").Description = `The models of the worker's model tables, "provider/id" (since 1.8).`
+	g.prop(p, "WorkerPresence", "defaultModel").Description = "The model of requests that name none (since 1.8)."
 	t := g.def(defs, "PresenceTool")
 	g.prop(t, "PresenceTool", "source").Pattern = `^(builtin|mcp:.+|service:.+)$`
 	p.Definitions = defs

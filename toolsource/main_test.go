@@ -26,7 +26,15 @@ func TestMain(m *testing.M) {
 		serveNoopStdio()
 		return
 	case "sized":
-		if err := sizedServer().Run(context.Background(), &mcp.StdioTransport{MaxLineLength: -1}); err != nil {
+		if err := sizedServer(false).Run(context.Background(), &mcp.StdioTransport{MaxLineLength: -1}); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	case "sized-indented":
+		// Every message pretty-printed over many lines, big replies as
+		// many short blocks: no line comes near the cap.
+		t := &mcp.IOTransport{Reader: os.Stdin, Writer: indentWriter{os.Stdout}, MaxLineLength: -1}
+		if err := sizedServer(true).Run(context.Background(), t); err != nil {
 			os.Exit(1)
 		}
 		os.Exit(0)

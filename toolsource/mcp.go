@@ -194,7 +194,7 @@ func (s *MCPServer) connect(ctx context.Context) (*mcp.ClientSession, error) {
 		// Our cap comes first: the SDK's own (an event over it ends the
 		// stream, and after retries the session) never fires.
 		t = &mcp.StreamableClientTransport{Endpoint: s.cfg.URL, HTTPClient: &http.Client{Transport: rt},
-			MaxEventSize: s.o.MaxMessageBytes + sseSlack}
+			MaxEventSize: withSlack(s.o.MaxMessageBytes)}
 	}
 	if s.o.WrapTransport != nil {
 		t = s.o.WrapTransport(s.name, t)

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"mime"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -26,8 +28,14 @@ import (
 // without being kept, and when it is a reply the SDK gets a JSON-RPC
 // error for its id instead.
 
-// sseSlack is how far above our cap the SDK's own event cap is set.
-const sseSlack = 1 << 20
+// sdkSlack is how far above our cap the SDK's own caps (a stdio frame,
+// an SSE event) are set: ours fires first, theirs is a backstop.
+const sdkSlack = 1 << 20
+
+// withSlack is max plus sdkSlack, without overflowing.
+func withSlack(max int) int {
+	return max + min(sdkSlack, math.MaxInt-max)
+}
 
 // maxSkipped bounds a message being skipped: a server that never ends a
 // line past it ends its session.
@@ -40,8 +48,8 @@ type CommandTransport struct {
 	// TerminateDuration is how long Close waits for the process after
 	// closing its stdin, before SIGTERM (then SIGKILL); default 5s.
 	TerminateDuration time.Duration
-	// MaxMessageBytes bounds one line the server writes; default the
-	// SDK's 16 MiB.
+	// MaxMessageBytes bounds one message the server writes (a JSON
+	// value, on one line or many); default the SDK's 16 MiB.
 	MaxMessageBytes int
 	Logger          *slog.Logger
 }
@@ -72,8 +80,10 @@ func (t *CommandTransport) Connect(ctx context.Context) (mcp.Connection, error) 
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &lineCapReader{src: bufio.NewReaderSize(stdout, 64<<10), max: max, log: log}
-	// The connection closes by closing stdin (processStdin.Close), not stdout.
-	return (&mcp.IOTransport{Reader: io.NopCloser(r), Writer: &processStdin{t.Command, stdin, td}, MaxLineLength: -1}).Connect(ctx)
+	// The connection closes by closing stdin (processStdin.Close), not
+	// stdout. Our cap comes first; the SDK's, above it, is a backstop.
+	return (&mcp.IOTransport{Reader: io.NopCloser(r), Writer: &processStdin{t.Command, stdin, td},
+		MaxLineLength: withSlack(max)}).Connect(ctx)
 }
 
 // processStdin closes a stdio server as the MCP spec asks: stdin closed,
@@ -119,14 +129,20 @@ func (p *processStdin) Close() error {
 	return errors.New("unresponsive subprocess")
 }
 
-// lineCapReader passes a stdio server's lines through up to max bytes
+// lineCapReader passes a stdio server's messages through up to max bytes
 // each; a longer one is skipped and replaced by an error reply for its id.
+// A message is a JSON value, which may span lines (the SDK's decoder reads
+// values, not lines): its bytes are counted from its first line to the
+// line where its objects and arrays are all closed, so a reply spread
+// over many short lines is bounded as one on a single line is. White
+// space between messages (blank lines) is dropped, not counted.
 type lineCapReader struct {
 	src  *bufio.Reader
 	max  int
 	log  *slog.Logger
 	out  []byte // what the next Reads return
-	line []byte
+	msg  []byte
+	scan jsonScan
 }
 
 func (r *lineCapReader) Read(p []byte) (int, error) {
@@ -141,38 +157,66 @@ func (r *lineCapReader) Read(p []byte) (int, error) {
 }
 
 func (r *lineCapReader) next() error {
-	if cap(r.line) > 1<<20 {
-		r.line = nil // do not keep a large line's buffer
+	if cap(r.msg) > 1<<20 {
+		r.msg = nil // do not keep a large message's buffer
 	}
-	r.line = r.line[:0]
+	r.msg, r.scan = r.msg[:0], jsonScan{}
 	for {
 		frag, err := r.src.ReadSlice('\n')
-		if len(r.line)+len(frag) > r.max {
-			return r.skip(frag, err)
-		}
-		r.line = append(r.line, frag...)
-		if errors.Is(err, bufio.ErrBufferFull) {
+		r.scan.feed(frag)
+		if !r.scan.started { // white space between messages: dropped
+			if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+				return err
+			}
 			continue
 		}
-		if len(r.line) > 0 {
-			r.out = r.line // a last line without newline too; EOF comes next
-			return nil
+		if len(r.msg)+len(frag)-lineEnd(frag) > r.max {
+			return r.skip(frag, err)
 		}
-		return err
+		r.msg = append(r.msg, frag...)
+		if !r.ended(err) {
+			continue
+		}
+		r.out = r.msg // a last message without newline too; EOF comes next
+		return nil
 	}
 }
 
-// skip reads the rest of an oversized line without keeping it, then
+// ended reports whether the message read so far ends with the piece just
+// read, which came with err: at the end of a line outside its objects and
+// arrays (or inside a string, which JSON does not allow: the SDK's
+// decoder refuses it there), or at the end of the stream.
+func (r *lineCapReader) ended(err error) bool {
+	if errors.Is(err, bufio.ErrBufferFull) {
+		return false
+	}
+	return err != nil || r.scan.depth == 0 || r.scan.inString
+}
+
+// lineEnd is the length of the line ending frag ends with: the bytes a
+// message's size does not count.
+func lineEnd(frag []byte) int {
+	switch {
+	case bytes.HasSuffix(frag, []byte("\r\n")):
+		return 2
+	case bytes.HasSuffix(frag, []byte("\n")):
+		return 1
+	}
+	return 0
+}
+
+// skip reads the rest of an oversized message without keeping it, then
 // queues the error reply for it (or nothing, for a request or
 // notification of the server's).
 func (r *lineCapReader) skip(frag []byte, err error) error {
-	m := newSkipped(r.line)
+	m := newSkipped(r.msg)
 	m.add(frag)
-	for errors.Is(err, bufio.ErrBufferFull) {
+	for !r.ended(err) {
 		if m.size > maxSkipped {
 			return fmt.Errorf("an MCP server message of more than %d bytes", maxSkipped)
 		}
 		frag, err = r.src.ReadSlice('\n')
+		r.scan.feed(frag)
 		m.add(frag)
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -186,10 +230,55 @@ func (r *lineCapReader) skip(frag []byte, err error) error {
 		return nil // an EOF comes again with the next read
 	case skippedRequest:
 		r.log.Warn("MCP server message over the size limit dropped", "bytes", m.size, "limit", r.max)
-		return err // nil: the next line
+		return err // nil: the next message
 	}
 	// No id to fail: the session ends, as the SDK would end it.
 	return fmt.Errorf("an MCP server message of %d bytes without a reply id, over the limit of %d", m.size, r.max)
+}
+
+// jsonScan follows a JSON text byte by byte, as far as telling where a
+// value ends needs: how deep in objects and arrays, whether inside a
+// string (and just after a backslash there), whether anything but
+// white space came yet. It checks nothing else: the SDK's decoder does.
+type jsonScan struct {
+	depth             int
+	inString, escaped bool
+	started           bool
+}
+
+func (s *jsonScan) feed(b []byte) {
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case s.escaped:
+			s.escaped = false
+		case s.inString:
+			// Most of a large message is strings: jump to the next byte
+			// that matters in one.
+			j := bytes.IndexAny(b[i:], `"\`)
+			if j < 0 {
+				return
+			}
+			i += j
+			if b[i] == '"' {
+				s.inString = false
+			} else {
+				s.escaped = true
+			}
+		default:
+			switch c {
+			case ' ', '\t', '\r', '\n':
+				continue
+			case '"':
+				s.inString = true
+			case '{', '[':
+				s.depth++
+			case '}', ']':
+				s.depth = max(s.depth-1, 0)
+			}
+			s.started = true
+		}
+	}
 }
 
 // skipped is what is kept of an oversized message: its start, its end
@@ -286,45 +375,55 @@ func scanHead(head []byte) (skippedKind, json.RawMessage) {
 // capTransport bounds what a Streamable HTTP server sends: a JSON reply
 // body or one SSE event over max is replaced by an error reply for the
 // request it answers; an oversized event on a stream of no call (the
-// standalone GET stream) is dropped.
+// standalone GET stream) is dropped, an oversized JSON body answering no
+// call fails to read, and the body of an error status is cut at
+// maxErrorBody.
 type capTransport struct {
 	next http.RoundTripper
 	max  int
 	log  *slog.Logger
 }
 
+// maxErrorBody bounds what is read of an error status's body (the SDK
+// reads it whole, for a JSON-RPC error in it).
+const maxErrorBody = 64 << 10
+
 func (c *capTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var callID json.RawMessage
 	if req.Method == http.MethodPost && req.GetBody != nil {
 		if body, err := req.GetBody(); err == nil {
-			var msg struct {
-				ID     json.RawMessage `json:"id"`
-				Method string          `json:"method"`
-			}
-			if json.NewDecoder(io.LimitReader(body, 1<<20)).Decode(&msg) == nil && msg.Method != "" && len(msg.ID) > 0 && string(msg.ID) != "null" {
-				callID = msg.ID
-			}
+			callID = requestCallID(body)
 			_ = body.Close()
 		}
 	}
 	resp, err := c.next.RoundTrip(req)
-	if err != nil || resp.StatusCode < 200 || resp.StatusCode > 299 {
+	if err != nil {
 		return resp, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(resp.Body, int64(min(c.max, maxErrorBody))), resp.Body}
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+		return resp, nil
 	}
 	switch mediaType(resp.Header.Get("Content-Type")) {
 	case "application/json":
-		if callID == nil {
-			return resp, nil
-		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.max)+1))
-		if len(body) > c.max {
+		switch {
+		case len(body) > c.max && callID != nil:
 			_ = resp.Body.Close()
 			m := newSkipped(body)
 			body, _ = m.reply(callID, c.max)
-			err = nil
 			c.log.Warn("MCP server reply over the size limit refused: its call fails, the session goes on", "limit", c.max)
 			resp.Body = io.NopCloser(bytes.NewReader(body))
-		} else {
+		case len(body) > c.max:
+			_ = resp.Body.Close()
+			c.log.Warn("MCP server reply over the size limit refused: it answers no call", "limit", c.max)
+			resp.Body = io.NopCloser(errReader{fmt.Errorf("an MCP server reply of more than %d bytes, answering no call", c.max)})
+		default:
 			resp.Body = struct {
 				io.Reader
 				io.Closer
@@ -338,6 +437,65 @@ func (c *capTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// requestCallID is the id of the call a request body makes (a JSON-RPC
+// request with a method and an id), or nil. It reads the body's top-level
+// keys as tokens and stops when it has both, so large arguments (after
+// them, as the SDK writes a request) cost nothing and bound nothing.
+func requestCallID(body io.Reader) json.RawMessage {
+	dec := json.NewDecoder(body)
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	var id json.RawMessage
+	method := false
+	for dec.More() && !(method && id != nil) {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		switch t {
+		case "id":
+			if dec.Decode(&id) != nil {
+				return nil
+			}
+		case "method":
+			var m string
+			if dec.Decode(&m) != nil {
+				return nil
+			}
+			method = m != ""
+		default:
+			if skipValue(dec) != nil {
+				return nil
+			}
+		}
+	}
+	if !method || len(id) == 0 || string(id) == "null" {
+		return nil
+	}
+	return id
+}
+
+// skipValue reads the next value's tokens.
+func skipValue(dec *json.Decoder) error {
+	depth := 0
+	for {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch t {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
+}
+
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) {
@@ -347,13 +505,15 @@ func (e errReader) Read([]byte) (int, error) {
 	return 0, e.err
 }
 
+// mediaType is the media type of a Content-Type as the SDK reads it
+// (mime.ParseMediaType: lower case, parameters off; "" when it does not
+// parse, which the SDK refuses).
 func mediaType(ct string) string {
-	for i := range len(ct) {
-		if ct[i] == ';' || ct[i] == ' ' {
-			return ct[:i]
-		}
+	t, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return ""
 	}
-	return ct
+	return t
 }
 
 // sseCapReader passes an SSE stream through event by event; an event
@@ -391,8 +551,13 @@ func (r *sseCapReader) next() {
 	}
 	r.event = r.event[:0]
 	var m *skipped
+	lineStart := true // the next piece starts a line
 	for {
 		line, err := r.readLine(m != nil)
+		// A blank line ends the event; a lone newline that ends a long
+		// line read in pieces does not.
+		blank := lineStart && len(bytes.TrimRight(line, "\r\n")) == 0
+		lineStart = bytes.HasSuffix(line, []byte("\n"))
 		if m == nil && len(r.event)+len(line) > r.max {
 			m = newSkipped(nil)
 			m.add(eventData(r.event))
@@ -407,7 +572,7 @@ func (r *sseCapReader) next() {
 			r.err = err // after what this event gives
 			break
 		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 { // the event's end
+		if blank { // the event's end
 			break
 		}
 		if m != nil && m.size > maxSkipped {

@@ -70,6 +70,11 @@ type Services struct {
 	ready   chan struct{}
 	kick    chan kick
 
+	// skipped holds the names refused at the last discovery (logged
+	// then, not again while they keep answering); only discovery (Run's
+	// goroutine) touches it.
+	skipped map[string]bool
+
 	mu       sync.Mutex
 	services map[string]*service
 	lastDone time.Time
@@ -82,10 +87,29 @@ type service struct {
 	// variants counts the different announcements of the name: more
 	// than one refuses the service (no tools) while they differ.
 	variants int
-	logged   map[string]string // what its listing logged (toolBounds)
+	// prints are the announcements of this discovery.
+	prints [][sha256.Size]byte
+	// held: the name's one announcement is not the one of the last
+	// discovery; the service is refused for this round (an impostor that
+	// answered a round the honest instance missed does not win it).
+	held   bool
+	logged map[string]string // what its listing logged (toolBounds)
 }
 
-func (svc *service) conflicting() bool { return svc.variants > 1 }
+func (svc *service) conflicting() bool { return svc.variants > 1 || svc.held }
+
+// state names what discovery made of a service, for the log: "" accepted.
+func (svc *service) state() string {
+	switch {
+	case svc == nil:
+		return ""
+	case svc.variants > 1:
+		return "conflict"
+	case svc.held:
+		return "held"
+	}
+	return ""
+}
 
 type kick struct {
 	at   time.Time
@@ -182,13 +206,19 @@ func (s *Services) discover(ctx context.Context) {
 		return
 	}
 	for name, svc := range found {
-		was := prev[name] != nil && prev[name].conflicting()
-		switch {
-		case svc.conflicting() && !was:
+		was, now := prev[name].state(), svc.state()
+		if was == now {
+			continue
+		}
+		switch now {
+		case "conflict":
 			s.log.Warn("tool service refused: its instances announce different tools (an impostor, or a rollout that changes them); its calls fail until all announce the same",
 				"service", name, "instances", svc.instances, "variants", svc.variants)
-		case !svc.conflicting() && was:
-			s.log.Info("tool service accepted again: its instances announce the same tools", "service", name, "instances", svc.instances)
+		case "held":
+			s.log.Warn("tool service held back: it announces other tools than at the last discovery (an impostor answering a round the service missed, or a rollout that changes them); accepted at the next discovery if they stay the same",
+				"service", name, "instances", svc.instances)
+		default:
+			s.log.Info("tool service accepted again: its instances announce the same tools, as at the last discovery", "service", name, "instances", svc.instances)
 		}
 	}
 	s.mu.Lock()
@@ -207,7 +237,7 @@ func (s *Services) gather(ctx context.Context, prev map[string]*service) (map[st
 		return nil, err
 	}
 	found := map[string]*service{}
-	prints := map[string][][sha256.Size]byte{} // per name, its announcements
+	skipped := map[string]bool{}
 	end := time.Now().Add(s.o.MaxWait)
 	for {
 		wait := min(s.o.Quiet, time.Until(end))
@@ -228,32 +258,51 @@ func (s *Services) gather(ctx context.Context, prev map[string]*service) (map[st
 		fp := announcement(info)
 		if svc := found[info.Name]; svc != nil {
 			svc.instances++
-			if !slices.Contains(prints[info.Name], fp) {
-				prints[info.Name] = append(prints[info.Name], fp)
+			if !slices.Contains(svc.prints, fp) {
+				svc.prints = append(svc.prints, fp)
 				svc.variants++
 			}
 			continue
 		}
+		if skipped[info.Name] {
+			continue
+		}
 		if err := CheckNamespace(info.Name); err != nil {
-			s.log.Warn("tool service skipped", "service", clip(info.Name, 64), "err", err)
+			if len(skipped) < maxSkippedNames {
+				skipped[info.Name] = true
+				if !s.skipped[info.Name] {
+					s.log.Warn("tool service skipped", "service", clip(info.Name, 64), "err", err)
+				}
+			}
 			continue
 		}
 		var logged map[string]string
 		if p := prev[info.Name]; p != nil {
 			logged = p.logged
 		}
-		svc := &service{instances: 1, variants: 1}
+		svc := &service{instances: 1, variants: 1, prints: [][sha256.Size]byte{fp}}
 		svc.tools, svc.refused, svc.logged = s.tools(info, logged)
 		found[info.Name] = svc
-		prints[info.Name] = [][sha256.Size]byte{fp}
 	}
-	for _, svc := range found {
+	s.skipped = skipped
+	for name, svc := range found {
+		// A known name whose one announcement changed since the last
+		// discovery waits a round: the honest instance may just have
+		// answered too late this time. A rollout that changes the tools
+		// is accepted at the next discovery.
+		if p := prev[name]; p != nil && svc.variants == 1 && !(len(p.prints) == 1 && p.prints[0] == svc.prints[0]) {
+			svc.held = true
+		}
 		if svc.conflicting() {
 			svc.tools, svc.refused = nil, nil
 		}
 	}
 	return found, nil
 }
+
+// maxSkippedNames bounds the refused names discovery remembers (to log
+// each once).
+const maxSkippedNames = 1024
 
 // announcement is what one instance says of its tools: endpoint names,
 // subjects, schemas and descriptions (not its id, version or other
@@ -293,6 +342,10 @@ func (s *Services) tools(info micro.Info, logged map[string]string) ([]*agent.To
 			continue // not a tool
 		}
 		full := info.Name + Separator + ep.Name
+		if ep.Name == "" {
+			b.refuse(full, "its endpoint name is empty")
+			continue
+		}
 		if !ValidToolName(full) {
 			b.refuse(full, "its name is not ^[A-Za-z0-9_-]{1,64}$")
 			continue
@@ -424,8 +477,10 @@ func (s *Services) Missing(name string) *agent.Tool {
 		switch {
 		case svc == nil:
 			return fmt.Errorf("no instance of service %s is running", ns)
-		case svc.conflicting():
+		case svc.variants > 1:
 			return fmt.Errorf("service %s is refused: its %d instances announce different tools (the worker's log says more)", ns, svc.instances)
+		case svc.held:
+			return fmt.Errorf("service %s is held back: it announces other tools than at the last discovery; they are used if they stay the same at the next one (the worker's log says more)", ns)
 		}
 		if why, ok := reason(svc.refused, name); ok {
 			return fmt.Errorf("tool %s is refused: %s", clip(name, 80), why)

@@ -1,9 +1,11 @@
 package toolsource_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,9 +27,9 @@ import (
 )
 
 // sizedServer is an MCP server whose tool "big" answers with n bytes of
-// text; "held" answers "ok" once "release" was called, and "state" says
+// text (in blocks of up to 64 bytes when blocks is set); "held" answers "ok" once "release" was called, and "state" says
 // whether a "held" call has reached the server ("held" or "idle").
-func sizedServer() *mcp.Server {
+func sizedServer(blocks bool) *mcp.Server {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "sized", Version: "1"}, nil)
 	obj := json.RawMessage(`{"type":"object","properties":{"n":{"type":"number"}}}`)
 	var held atomic.Bool
@@ -40,7 +42,14 @@ func sizedServer() *mcp.Server {
 		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			var a struct{ N int }
 			_ = json.Unmarshal(req.Params.Arguments, &a)
-			return text(strings.Repeat("x", a.N)), nil
+			if !blocks {
+				return text(strings.Repeat("x", a.N)), nil
+			}
+			res := &mcp.CallToolResult{}
+			for n := a.N; n > 0; n -= 64 {
+				res.Content = append(res.Content, &mcp.TextContent{Text: strings.Repeat("x", min(n, 64))})
+			}
+			return res, nil
 		})
 	srv.AddTool(&mcp.Tool{Name: "held", Description: "ok, once released.", InputSchema: obj},
 		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -66,6 +75,24 @@ func sizedServer() *mcp.Server {
 	return srv
 }
 
+// indentWriter pretty-prints each message the SDK writes (one Write a
+// message) over many lines.
+type indentWriter struct{ w io.WriteCloser }
+
+func (i indentWriter) Write(p []byte) (int, error) {
+	var b bytes.Buffer
+	if err := json.Indent(&b, bytes.TrimSpace(p), "", "  "); err != nil {
+		return 0, err
+	}
+	b.WriteByte('\n')
+	if _, err := i.w.Write(b.Bytes()); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (i indentWriter) Close() error { return i.w.Close() }
+
 // testCap is the size cap the test gives the worker: the default (the
 // SDK's 16 MiB line cap) takes the same path, but a 17 MiB reply made,
 // sent and refused under -race on a loaded machine takes tens of seconds.
@@ -86,6 +113,11 @@ func TestMCPOversizedReplyFailsOnlyItsCall(t *testing.T) {
 	}{
 		{"stdio", func(*testing.T) toolsource.ServerConfig {
 			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized"}}
+		}},
+		// A reply over the cap in many short lines: the cap counts the
+		// message, not its lines.
+		{"stdio-indented", func(*testing.T) toolsource.ServerConfig {
+			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized-indented"}}
 		}},
 		{"http-sse", func(t *testing.T) toolsource.ServerConfig { return sizedHTTP(t, false) }},
 		{"http-json", func(t *testing.T) toolsource.ServerConfig { return sizedHTTP(t, true) }},
@@ -139,7 +171,7 @@ func TestMCPOversizedReplyFailsOnlyItsCall(t *testing.T) {
 }
 
 func sizedHTTP(t *testing.T, jsonReplies bool) toolsource.ServerConfig {
-	srv := sizedServer()
+	srv := sizedServer(false)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{JSONResponse: jsonReplies})
 	hs := httptest.NewServer(h)
 	t.Cleanup(hs.Close)
@@ -251,5 +283,33 @@ func TestPresenceWithHugeToolLists(t *testing.T) {
 				err, len(ws), len(p.Tools), p.ToolsTruncated, p.ToolsOmitted, bus.MaxPresenceTools, served-len(p.Tools))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A call with more than 1 MiB of arguments is a call like any other: its
+// reply over the cap becomes its error (a JSON reply was read whole, an
+// SSE one dropped without the call's error), and the session goes on.
+func TestMCPOversizedReplyToLargeArgumentsFailsItsCall(t *testing.T) {
+	for name, jsonReplies := range map[string]bool{"http-sse": false, "http-json": true} {
+		t.Run(name, func(t *testing.T) {
+			var logs logbuf.Buffer
+			s := toolsource.NewMCPServer("sized", sizedHTTP(t, jsonReplies), toolsource.MCPOptions{Logger: newLogger(&logs),
+				MinBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxMessageBytes: 4 << 20})
+			runSource(t, s)
+			waitUp(t, s)
+			big := find(t, s, "sized", "sized__big")
+			pad := strings.Repeat("a", 2<<20)
+			start := time.Now()
+			_, err := call(t, big, map[string]any{"n": 4<<20 + 64<<10, "pad": pad})
+			if err == nil || !strings.Contains(err.Error(), "was refused: the limit is 4194304") {
+				t.Errorf("the oversized reply to a call with 2 MiB of arguments: %v (after %s)", err, time.Since(start).Round(time.Millisecond))
+			}
+			if res, err := call(t, big, map[string]any{"n": 10, "pad": pad}); err != nil || len(res.Content) != 1 || res.Content[0].Text != strings.Repeat("x", 10) {
+				t.Errorf("a small reply to a call with 2 MiB of arguments: %+v %v", res, err)
+			}
+			if n := strings.Count(logs.String(), "MCP server connected"); n != 1 {
+				t.Errorf("%d sessions, want one:\n%s", n, logs.String())
+			}
+		})
 	}
 }

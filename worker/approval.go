@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
@@ -417,7 +419,8 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
 			c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
 			_, err = r.pub.Fleet(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
-				ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli(), AnswersAfter: after})
+				ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli(), AnswersAfter: after,
+				Parameters: approvalSchema(t)})
 		}
 		if err != nil {
 			r.appr.remove(c)
@@ -553,14 +556,55 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	return args, nil
 }
 
+// Reading a fence is a round trip to the server that a gated call cannot
+// ask without: a failure a retry may cure (a reconnect, a new stream
+// leader, a try that timed out) is retried with backoff, each try bounded
+// by fenceTryTimeout, for at most fenceReadBound and while the call's
+// context lasts; only then, or at once for any other failure, is the
+// call's result an error.
+const (
+	fenceTryTimeout = 10 * time.Second
+	fenceReadBound  = time.Minute
+	fenceFirstPause = 100 * time.Millisecond
+	fenceMaxPause   = 2 * time.Second
+)
+
 // approvalFence reads the fence of a call about to ask (invariant 1): the
 // control stream's last sequence now.
 func (r *run) approvalFence(ctx context.Context) (uint64, error) {
-	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	bctx, cancel := context.WithTimeout(ctx, fenceReadBound)
 	defer cancel()
-	info, err := r.w.controlStream.Info(ictx)
+	pause := fenceFirstPause
+	for try := 1; ; try++ {
+		last, err := r.readFence(bctx)
+		if err == nil {
+			return last, nil
+		}
+		if bctx.Err() != nil || !(natserr.Transient(err) || errors.Is(err, context.DeadlineExceeded)) {
+			return 0, fmt.Errorf("cannot ask for approval: reading the control stream (%d tries): %w", try, err)
+		}
+		r.log.Warn("reading the control stream to ask for approval failed; retrying", "try", try, "err", err)
+		t := time.NewTimer(pause + rand.N(pause))
+		select {
+		case <-t.C:
+		case <-bctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("cannot ask for approval: reading the control stream (%d tries): %w", try, err)
+		}
+		pause = min(2*pause, fenceMaxPause)
+	}
+}
+
+// readFence is one try of approvalFence, with its own timeout.
+func (r *run) readFence(ctx context.Context) (uint64, error) {
+	tctx, cancel := context.WithTimeout(ctx, fenceTryTimeout)
+	defer cancel()
+	if err := r.w.signals.approval.readingFence(tctx); err != nil {
+		return 0, err
+	}
+	info, err := r.w.controlStream.Info(tctx)
 	if err != nil {
-		return 0, fmt.Errorf("cannot ask for approval: reading the control stream: %w", err)
+		return 0, err
 	}
 	return info.State.LastSeq, nil
 }
@@ -599,6 +643,15 @@ func validateEdit(t *agent.Tool, args map[string]any) (map[string]any, error) {
 		}
 	}
 	return t.ValidateArguments(args)
+}
+
+// approvalSchema is the schema an approver's edit must pass, for the
+// request event; too large a one is left out (the worker checks anyway).
+func approvalSchema(t *agent.Tool) json.RawMessage {
+	if p := t.ParametersOrDefault(); len(p) <= bus.MaxApprovalSchemaBytes && json.Valid(p) {
+		return p
+	}
+	return nil
 }
 
 func nonNilMap(m map[string]any) map[string]any {

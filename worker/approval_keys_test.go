@@ -2,10 +2,13 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -320,5 +323,87 @@ func TestRequestMessagesRefuseSystemRoles(t *testing.T) {
 		if !strings.Contains(fin.Error, want) {
 			t.Errorf("error %q does not say %q", fin.Error, want)
 		}
+	}
+}
+
+// A request whose events the next attempt does not restore (here the
+// events after the prompt are lost: a gap) still holds its key: the
+// re-asked call, the same id from the model, waits under another key, so
+// an answer to the old request cannot name it.
+func TestApprovalKeyOfAnUnrestoredRequestIsNotReused(t *testing.T) {
+	c := connectTestServer(t)
+	d := &deployTool{}
+	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
+	_, stopA := startOn(t, c, cfg)
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "staging"))
+	waitRecord(t, c, run, "waiting for c1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	stopA()
+	waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 })
+	// Lose the assistant message's first event: the next attempt restores
+	// the prompt only, and asks the model again.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	envs, err := c.ReadEvents(ctx, run, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lose uint64
+	for _, e := range envs {
+		if ev, err := e.Decode(); err == nil && ev.Agent != nil && ev.Agent.Message != nil && ev.Agent.Message.Role == agent.RoleAssistant {
+			lose = e.StreamSeq
+			break
+		}
+	}
+	s, err := c.Stream(ctx, c.Names().EventsStream())
+	if err != nil || lose == 0 {
+		t.Fatalf("events stream: %v; assistant event at %d", err, lose)
+	}
+	if err := s.DeleteMsg(ctx, lose); err != nil {
+		t.Fatal(err)
+	}
+	startOn(t, c, cfg)
+	rec := waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool {
+		return r.Attempt >= 2 && r.Waiting != nil && len(r.Waiting.Approvals) == 1
+	})
+	if k := rec.Waiting.Approvals[0].ToolCallID; k == "c1" {
+		t.Fatalf("the re-asked call waits under %q, the key of the unrestored request an approver may answer", k)
+	}
+}
+
+// Reading a gated call's fence is retried: a try that timed out and one
+// refused for now (no responders: a server restarting) do not turn the
+// call into a tool error; it still asks, and runs once approved. Each try
+// has its own timeout, not one shared by the retries.
+func TestApprovalFenceReadIsRetried(t *testing.T) {
+	d := &deployTool{}
+	var mu sync.Mutex
+	var deadlines []time.Time
+	_, c := startInternal(t, Config{Tools: []*agent.Tool{d.tool()}}, func(w *Worker) {
+		w.signals.approval.fenceRead = func(ctx context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			dl, _ := ctx.Deadline()
+			deadlines = append(deadlines, dl)
+			switch len(deadlines) {
+			case 1:
+				return fmt.Errorf("STREAM.INFO: %w", context.DeadlineExceeded)
+			case 2:
+				return nats.ErrNoResponders
+			}
+			return nil
+		}
+	})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	wantSucceeded(t, re)
+	if d.targets() != "prod" {
+		t.Fatalf("deploy ran %q; events %s", d.targets(), re.types())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(deadlines) != 3 || !deadlines[1].After(deadlines[0]) || !deadlines[2].After(deadlines[1]) {
+		t.Fatalf("fence read tries with deadlines %v: want 3, each with its own timeout", deadlines)
 	}
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -58,5 +59,50 @@ func TestApprovalWaitPlaces(t *testing.T) {
 	keep := &run{w: &Worker{cfg: Config{MaxWaiting: -1}}}
 	if !keep.claimWaitPlace(false) || keep.wait.place {
 		t.Fatal("with MaxWaiting -1 a call was refused or took a place")
+	}
+}
+
+// A resumed gated call past MaxWaiting waits on its slot until a place
+// frees, then leaves its slot: freed places go to the runs waiting on
+// their slots for one, first come first, ahead of new calls.
+func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
+	w := &Worker{cfg: Config{MaxWaiting: 1, Concurrency: 3}, slots: make(chan struct{}, 3), obs: NopObserver{}}
+	a, b, c := &run{w: w}, &run{w: w}, &run{w: w}
+	for _, r := range []*run{a, b, c} {
+		r.slot = w.newSlotHold("q")
+		w.slots <- struct{}{}
+	}
+	if !a.claimWaitPlace(false) {
+		t.Fatal("a refused")
+	}
+	a.enterWait(bus.WaitingApproval, time.Now())
+	for _, r := range []*run{b, c} {
+		if !r.claimWaitPlace(true) {
+			t.Fatal("a resumed call was refused")
+		}
+		r.enterWait(bus.WaitingApproval, time.Now())
+	}
+	if w.OffSlot() != 1 || len(w.slots) != 2 {
+		t.Fatalf("off slot %d, slots taken %d; want a off its slot, b and c on theirs", w.OffSlot(), len(w.slots))
+	}
+	// a's call is answered and ends: its place goes to b, the first queued.
+	a.leaveWait(context.Background(), false)
+	a.unclaimWaitPlace()
+	if !b.wait.offSlot || c.wait.offSlot || w.OffSlot() != 1 || len(w.slots) != 2 || w.places != 1 {
+		t.Fatalf("after a place freed: b off %v, c off %v, off slot %d, slots taken %d, places %d; want b off its slot",
+			b.wait.offSlot, c.wait.offSlot, w.OffSlot(), len(w.slots), w.places)
+	}
+	// A new call does not take a place ahead of the queued c.
+	if d := (&run{w: w}); d.claimWaitPlace(false) {
+		t.Fatal("a new call took a place while a resumed one waits for it")
+	}
+	// c's wait ends first (answered on its slot): it leaves the queue,
+	// and b's place, once free, goes back to the pool.
+	c.leaveWait(context.Background(), false)
+	c.unclaimWaitPlace()
+	b.leaveWait(context.Background(), false)
+	b.unclaimWaitPlace()
+	if w.places != 0 || len(w.placeQueue) != 0 || w.OffSlot() != 0 || len(w.slots) != 3 {
+		t.Fatalf("at the end: places %d, queued %d, off slot %d, slots taken %d", w.places, len(w.placeQueue), w.OffSlot(), len(w.slots))
 	}
 }

@@ -25,6 +25,10 @@ type Provider interface {
 	Model(id string) agent.Model
 }
 
+// ModelLister is implemented by a provider that knows its models (a model
+// table): the worker's presence lists them (pick-lists of the console).
+type ModelLister interface{ Models() []string }
+
 // Noticer is implemented by a provider that wants run_started to carry a
 // notice (the demo model says it is one).
 type Noticer interface{ Notice() string }

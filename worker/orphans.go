@@ -76,14 +76,18 @@ func (w *Worker) sweepOrphans(ctx context.Context, queue string, floor uint64, f
 
 // deleteRequest deletes a message of the runs stream; gone is false when
 // it was not there (the server answers a failure, not "not found", so the
-// message is looked up again).
+// message is looked up again, with its own timeout: a delete that timed
+// out leaves the look-up its time).
 func (w *Worker) deleteRequest(ctx context.Context, seq uint64) (gone bool, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err = w.runsStream.DeleteMsg(dctx, seq); err == nil {
+	err = w.runsStream.DeleteMsg(dctx, seq)
+	cancel()
+	if err == nil {
 		return true, nil
 	}
-	if _, gerr := w.runsStream.GetMsg(dctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, gerr := w.runsStream.GetMsg(gctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
 		return false, nil
 	}
 	return false, err

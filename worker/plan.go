@@ -135,7 +135,7 @@ func (r *run) streamFn() agent.StreamFn {
 	if r.limits.MaxCostUsd > 0 {
 		fn = r.budgetStream(fn)
 	}
-	return r.observeStream(r.traceStream(callkey.Stream(fn)))
+	return r.observeStream(r.traceStream(callkey.Stream(fn, func() map[string]bool { return r.usedCallKeys })))
 }
 
 // ceilings applies the operator's ceilings (--max-run-timeout,
@@ -244,6 +244,15 @@ func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error)
 	}
 	if !t.Done() {
 		return nil, bus.BadRequest("continueFrom: the events of run %s do not end with run_finished", id)
+	}
+	// A run of a worker before 1.8 may have taken system text in its
+	// messages; the model would get it as system text here too. Refused,
+	// as in messages: nothing of the conversation is dropped unsaid.
+	for i := range t.Messages {
+		if role := t.Messages[i].Role; role == agent.RoleSystem || role == agent.RoleDeveloper {
+			return nil, bus.BadRequest(`continueFrom: run %s has a message with role %q (message %d of its transcript, from a worker before 1.8): system text goes in "systemPrompt", and such a run cannot be continued`,
+				id, role, i)
+		}
 	}
 	return t.Messages, nil
 }

@@ -95,7 +95,16 @@ func (w *Worker) presence(started time.Time) bus.WorkerPresence {
 	p := bus.WorkerPresence{
 		Worker: w.id, Version: w.cfg.Version, Protocol: bus.ProtocolVersion, StartedAt: started,
 		Queues: w.cfg.Queues, Slots: w.cfg.Concurrency, Busy: w.running(), Waiting: w.OffSlot(),
+		DefaultModel: w.cfg.DefaultModel,
 	}
+	for name, pr := range w.cfg.Providers {
+		if ml, ok := pr.(ModelLister); ok {
+			for _, id := range ml.Models() {
+				p.Models = append(p.Models, name+"/"+id)
+			}
+		}
+	}
+	slices.Sort(p.Models)
 	var all []bus.PresenceTool
 	for _, name := range w.toolNames {
 		all = append(all, bus.PresenceTool{Name: name, Source: "builtin", Description: w.tools[name].Description, Available: true})

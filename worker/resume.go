@@ -45,6 +45,9 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	// The event budget spans attempts: a redelivery does not renew it.
 	r.pub.Charge(envs)
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())
+	// New calls get none of these keys, also when nothing is restored
+	// (callkey.go invariant 1).
+	r.usedCallKeys = rc.UsedKeys
 	if rc.Finished != nil {
 		return false, errAlreadyFinished
 	}

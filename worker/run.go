@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -98,6 +99,9 @@ type run struct {
 	waitingHandBacks int
 	// pendingCalls are gated calls an earlier attempt left waiting.
 	pendingCalls []workerproto.PendingCall
+	// usedCallKeys are the call keys earlier attempts' events name, set
+	// by resume before the agent runs (callkey.go invariant 1).
+	usedCallKeys map[string]bool
 	trace        runTrace // spans (trace.go)
 }
 
@@ -133,7 +137,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	queue, runID, err := w.names.ParseSubmit(m.Subject())
 	if err != nil {
 		// No events: the subject cannot name a run safely.
-		w.log.Error("request with an invalid subject terminated", "subject", clipString(m.Subject(), 200), "err", err)
+		w.junk.note(w.log, m.Subject(), err)
 		_ = m.TermWithReason("invalid subject: " + clipString(err.Error(), 200))
 		return
 	}
@@ -159,6 +163,49 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	r.msg, r.request = m, m
 	r.slot = slot
 	r.execute()
+}
+
+// junkLogEvery is the interval of junkLog.
+const junkLogEvery = 10 * time.Second
+
+// junkLog logs the requests with an invalid subject the worker terminates
+// (anyone who may submit can store thousands a second) without a line
+// each: the first of an interval of junkLogEvery at once, then, when the
+// interval ends (or the worker stops: Run flushes it), how many more it
+// terminated. Every one is counted in a line; none is logged under mu.
+type junkLog struct {
+	mu    sync.Mutex
+	open  bool        // an interval runs: its first request was logged
+	held  int         // requests terminated since, not logged yet
+	timer *time.Timer // ends the interval
+}
+
+func (j *junkLog) note(log *slog.Logger, subject string, err error) {
+	j.mu.Lock()
+	if j.open {
+		j.held++
+		j.mu.Unlock()
+		return
+	}
+	j.open = true
+	j.timer = time.AfterFunc(junkLogEvery, func() { j.flush(log) })
+	j.mu.Unlock()
+	log.Error("request with an invalid subject terminated", "subject", clipString(subject, 200), "err", err)
+}
+
+// flush ends the interval, logging how many requests it held back.
+func (j *junkLog) flush(log *slog.Logger) {
+	j.mu.Lock()
+	held := j.held
+	j.open, j.held = false, 0
+	if j.timer != nil {
+		j.timer.Stop()
+		j.timer = nil
+	}
+	j.mu.Unlock()
+	if held > 0 {
+		log.Error("more requests with an invalid subject terminated", "count", held, "interval", junkLogEvery)
+	}
 }
 
 // confirmRequeue returns the requeue marker a request with the requeue
@@ -556,7 +603,10 @@ func (r *run) record(state string) *bus.RunRecord {
 		rec.Model = r.modelRef.String()
 	}
 	if r.req != nil {
-		rec.Metadata = r.req.Metadata
+		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
+	}
+	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
+		rec.Tenant = r.tenant.name
 	}
 	rec.WaitingHandBacks = r.waitingHandBacks
 	rec.Requeue = r.requeue

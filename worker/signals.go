@@ -1,6 +1,10 @@
 package worker
 
-import "github.com/agentfleet/agentfleet/worker/internal/eventpub"
+import (
+	"context"
+
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+)
 
 // Test signals let a test stop a run at a step whose race it pins. Each
 // component has its own, and calls it through a method that does nothing
@@ -8,10 +12,11 @@ import "github.com/agentfleet/agentfleet/worker/internal/eventpub"
 // them to the components (New leaves them zero; a test sets them before
 // Run).
 type signals struct {
-	events  *eventpub.Signals // the event publishers' (worker/internal/eventpub)
-	run     runSignals        // a run's steps (run.go)
-	control controlSignals    // a run's control owner (control.go)
-	ending  endingSignals     // a run's endings (endings.go)
+	events   *eventpub.Signals // the event publishers' (worker/internal/eventpub)
+	run      runSignals        // a run's steps (run.go)
+	control  controlSignals    // a run's control owner (control.go)
+	ending   endingSignals     // a run's endings (endings.go)
+	approval approvalSignals   // gated calls (approval.go)
 }
 
 // runSignals are a run's steps.
@@ -87,4 +92,18 @@ func (s *endingSignals) finishing(runID string) {
 	if s.beforeRunFinished != nil {
 		s.beforeRunFinished(runID)
 	}
+}
+
+// approvalSignals are a gated call's steps.
+type approvalSignals struct {
+	// fenceRead runs before each try to read a gated call's fence, with
+	// the try's context: an error it returns is the try's.
+	fenceRead func(ctx context.Context) error
+}
+
+func (s *approvalSignals) readingFence(ctx context.Context) error {
+	if s.fenceRead != nil {
+		return s.fenceRead(ctx)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +37,26 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //   - a run off its slot holds one of the worker's Config.MaxWaiting
 //     places, from when it first needs one until none of its waits (and
 //     no gated call about to ask: claimWaitPlace) is left. Past them a
-//     gated call is refused before it asks (approval.go), and any other
-//     wait keeps the run's slot (still paused and shown as waiting).
+//     new gated call is refused before it asks (approval.go), and any
+//     other wait (a resumed gated call's, a budget's) keeps the run's slot
+//     (still paused and shown as waiting) until a place frees.
+//
+// Places freed (invariants):
+//
+//   - a run that would leave its slot but finds every place taken queues
+//     for one (Worker.placeQueue, FIFO; in it at most once), in the same
+//     critical section of Worker.waitMu as the failed take: no place
+//     frees unseen between them;
+//   - a freed place goes to the queue's first run, else back to the pool:
+//     while the queue is not empty every place is taken, so a new call
+//     cannot take a place ahead of a queued run;
+//   - the giver hands it over (takeHandedPlace) after releasing its own
+//     wait.mu: a run's wait.mu is never held while taking another's (lock
+//     order: one run's wait.mu, then Worker.waitMu). The receiver takes
+//     it and leaves its slot if it still waits with none of its calls
+//     running, else passes it on; it queues again when it next would
+//     leave its slot;
+//   - a run leaves the queue when its last wait ends.
 //
 // Waits of one run nest: parallel calls of a batch may wait together. The
 // run leaves its slot once a wait started and none of its tool calls runs
@@ -205,8 +224,8 @@ func (r *run) leaveSlotLocked() {
 	if ws.n == 0 || ws.busy > 0 || ws.offSlot || r.slot == nil {
 		return
 	}
-	if !ws.place && !r.takePlaceLocked() {
-		return
+	if !ws.place && !r.takePlaceLocked(true) {
+		return // queued: takeHandedPlace leaves the slot once a place frees
 	}
 	w := r.w
 	w.waitMu.Lock()
@@ -217,13 +236,16 @@ func (r *run) leaveSlotLocked() {
 }
 
 // takePlaceLocked takes one of the worker's MaxWaiting places for the
-// run. ws.mu is held.
-func (r *run) takePlaceLocked() bool {
+// run; without one free, queue queues the run for the next one freed
+// (with MaxWaiting above 0). ws.mu is held.
+func (r *run) takePlaceLocked(queue bool) bool {
 	w := r.w
 	w.waitMu.Lock()
 	ok := w.places < w.cfg.MaxWaiting
 	if ok {
 		w.places++
+	} else if queue && w.cfg.MaxWaiting > 0 && !slices.Contains(w.placeQueue, r) {
+		w.placeQueue = append(w.placeQueue, r)
 	}
 	w.waitMu.Unlock()
 	r.wait.place = ok
@@ -231,17 +253,65 @@ func (r *run) takePlaceLocked() bool {
 }
 
 // dropPlaceLocked gives the run's place back once nothing needs it: no
-// wait, no claim, not off its slot. ws.mu is held.
-func (r *run) dropPlaceLocked() {
+// wait, no claim, not off its slot. ws.mu is held. It returns the queued
+// run the place goes to (freePlace): the caller hands it over with
+// handPlace once ws.mu is released.
+func (r *run) dropPlaceLocked() *run {
 	ws := &r.wait
 	if !ws.place || ws.n > 0 || ws.claims > 0 || ws.offSlot {
-		return
+		return nil
 	}
 	ws.place = false
+	return r.w.freePlace()
+}
+
+// freePlace gives a place back: to the first queued run (returned, to be
+// handed it with handPlace), else to the pool.
+func (w *Worker) freePlace() *run {
+	w.waitMu.Lock()
+	defer w.waitMu.Unlock()
+	if len(w.placeQueue) > 0 {
+		next := w.placeQueue[0]
+		w.placeQueue = slices.Delete(w.placeQueue, 0, 1)
+		return next
+	}
+	w.places--
+	return nil
+}
+
+// handPlace hands a freed place to the queued run next (nil: none), and
+// on while runs pass it on. No run's wait.mu is held.
+func handPlace(next *run) {
+	for next != nil {
+		next = next.takeHandedPlace()
+	}
+}
+
+// takeHandedPlace is a queued run's, handed a place: it takes it and
+// leaves its slot if it still waits with none of its calls running;
+// otherwise it passes the place on (returning the next run, as
+// dropPlaceLocked).
+func (r *run) takeHandedPlace() *run {
+	ws := &r.wait
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.place || ws.n == 0 || ws.busy > 0 || ws.offSlot || r.slot == nil {
+		return r.w.freePlace()
+	}
+	ws.place = true
+	r.leaveSlotLocked()
+	return nil
+}
+
+// leavePlaceQueueLocked takes the run out of the queue for a place (its
+// last wait ended). ws.mu is held.
+func (r *run) leavePlaceQueueLocked() {
 	w := r.w
 	w.waitMu.Lock()
-	w.places--
-	w.waitMu.Unlock()
+	defer w.waitMu.Unlock()
+	if i := slices.Index(w.placeQueue, r); i >= 0 {
+		w.placeQueue = slices.Delete(w.placeQueue, i, i+1)
+	}
 }
 
 // claimWaitPlace is a gated call's, before it asks: it makes sure the run
@@ -249,13 +319,13 @@ func (r *run) dropPlaceLocked() {
 // unclaimWaitPlace, so the call's wait can leave the slot. It reports
 // false, holding nothing, when every place is taken, unless the call was
 // asked by an earlier attempt (resumed: its answer may be stored, so it
-// waits, on its slot until a place frees). With a negative MaxWaiting
-// (waits keep their slots) it always succeeds.
+// waits, on its slot until a place frees: see "Places freed"). With a
+// negative MaxWaiting (waits keep their slots) it always succeeds.
 func (r *run) claimWaitPlace(resumed bool) bool {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	if r.w.cfg.MaxWaiting >= 0 && !ws.place && !r.takePlaceLocked() && !resumed {
+	if r.w.cfg.MaxWaiting >= 0 && !ws.place && !r.takePlaceLocked(false) && !resumed {
 		return false
 	}
 	ws.claims++
@@ -265,9 +335,10 @@ func (r *run) claimWaitPlace(resumed bool) bool {
 func (r *run) unclaimWaitPlace() {
 	ws := &r.wait
 	ws.mu.Lock()
-	defer ws.mu.Unlock()
 	ws.claims--
-	r.dropPlaceLocked()
+	next := r.dropPlaceLocked()
+	ws.mu.Unlock()
+	handPlace(next)
 }
 
 // toolBusy counts the run's tool calls that run (not wait): +1 at a
@@ -293,6 +364,8 @@ func (r *run) toolBusy(d int) {
 // one takes the wait over from the record.
 func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 	ws := &r.wait
+	var next *run
+	defer func() { handPlace(next) }() // after the unlock (deferred below)
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.n--
@@ -309,10 +382,11 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 		w.offSlot--
 		w.waitMu.Unlock()
 	}
-	r.dropPlaceLocked()
+	next = r.dropPlaceLocked()
 	if ws.n > 0 {
 		return
 	}
+	r.leavePlaceQueueLocked()
 	if !handedBack {
 		ws.now.Store(nil)
 		if r.clock != nil {

@@ -88,11 +88,14 @@ type Worker struct {
 	runCtx context.Context
 	// Waiting runs (waiting.go): waitingRuns wait now, offSlot of them
 	// without a slot; places (at most MaxWaiting) are held by the runs
-	// off their slots and those about to be.
+	// off their slots and those about to be; placeQueue are the runs
+	// waiting on their slots for a place, first come first.
 	waitMu      sync.Mutex
 	waitingRuns int
 	offSlot     int
 	places      int
+	placeQueue  []*run
+	junk        junkLog      // requests with an invalid subject (run.go)
 	tracer      trace.Tracer // nil when not tracing (trace.go)
 }
 
@@ -215,6 +218,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.runCtx = ctx
 	w.hardCtx, w.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer w.hardCancel()
+	defer w.junk.flush(w.log) // after the pulls: the junk requests held back
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if !w.cfg.SkipEnsureStreams {

@@ -153,9 +153,17 @@ func (a *auth) keepToken(w http.ResponseWriter, r *http.Request, secure bool) bo
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secure})
 	q := r.URL.Query()
 	q.Del("token")
-	u := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
+	u := url.URL{Path: localPath(r.URL.Path), RawQuery: q.Encode()}
 	http.Redirect(w, r, u.String(), http.StatusSeeOther)
 	return true
+}
+
+// localPath is p with its leading slashes (and backslashes, which
+// browsers read as slashes) collapsed to one: "//evil.example/" (or
+// "/%2Fevil.example/", "/%5Cevil.example/") as a Location is another
+// site's address; "/evil.example/" is a page of this one.
+func localPath(p string) string {
+	return "/" + strings.TrimLeft(p, "/\\")
 }
 
 // csrf makes and checks the per-user tokens control POSTs carry in

@@ -102,7 +102,7 @@ func startConsole(t testing.TB, f *testFleet, cfg serverConfig, wrap func(http.H
 	}
 	wctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { s.records.run(wctx) })
+	wg.Go(func() { s.background(wctx) })
 	var h http.Handler = s
 	if wrap != nil {
 		h = wrap(s)
@@ -123,11 +123,11 @@ func startConsole(t testing.TB, f *testFleet, cfg serverConfig, wrap func(http.H
 		wg.Wait()
 		c.Close()
 	})
-	// Wait until the backlog is read, so the test's runs are new ones.
+	// Wait until the records are watched, so the test's runs are seen.
 	deadline := time.After(10 * time.Second)
 	for {
 		_, changed := s.records.watchVersion()
-		if s.records.rates(time.Now()).Ready {
+		if s.records.isReady() {
 			break
 		}
 		select {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -34,10 +35,7 @@ func TestRunsList(t *testing.T) {
 	}
 	c.waitRun(t, "list-b", func(r bus.RunRecord) bool { return r.State == bus.StatusFailed })
 
-	var page struct {
-		Runs  []bus.RunRecord `json:"runs"`
-		Total int             `json:"total"`
-	}
+	var page runsPage
 	ids := func(path string) []string {
 		t.Helper()
 		if code := c.getJSON(t, path, &page); code != http.StatusOK {
@@ -61,8 +59,23 @@ func TestRunsList(t *testing.T) {
 	if got := ids("/api/runs?q=LIST-"); len(got) != 2 {
 		t.Errorf("q=LIST-: %v", got)
 	}
-	if got := ids("/api/runs?limit=1"); len(got) != 1 || page.Total != 2 {
-		t.Errorf("limit=1: %v of %d", got, page.Total)
+	first := ids("/api/runs?limit=1")
+	if len(first) != 1 || page.Next == 0 {
+		t.Fatalf("limit=1: %v, next %d", first, page.Next)
+	}
+	if got := ids("/api/runs?limit=1&before=" + jsonNum(page.Next)); len(got) != 1 || got[0] == first[0] {
+		t.Errorf("the page after %v: %v", first, got)
+	}
+	if got := ids("/api/runs?tenant=acme"); len(got) != 1 || got[0] != "list-a" || page.Runs[0].Tenant != "acme" || page.Runs[0].Title != "go" {
+		t.Errorf("tenant=acme: %v %+v", got, page.Runs)
+	}
+	if got := ids("/api/runs?meta=tenant%3Dacme&state=succeeded"); len(got) != 1 || got[0] != "list-a" {
+		t.Errorf("meta=tenant=acme: %v", got)
+	}
+	for _, bad := range []string{"limit=0", "before=x", "meta=novalue", "since=yesterday"} {
+		if code := c.getJSON(t, "/api/runs?"+bad, nil); code != http.StatusBadRequest {
+			t.Errorf("%s: %d", bad, code)
+		}
 	}
 	var one bus.RunRecord
 	if code := c.getJSON(t, "/api/runs/list-b", &one); code != http.StatusOK || one.State != bus.StatusFailed {
@@ -75,7 +88,7 @@ func TestRunsList(t *testing.T) {
 	if code := c.getJSON(t, "/api/fleet", &fl); code != http.StatusOK {
 		t.Fatalf("fleet: %d", code)
 	}
-	if len(fl.Queues) != 2 || fl.Rates.FailedSinceStart != 1 || fl.Rates.FinishedLastMinute != 2 {
+	if len(fl.Queues) != 2 || fl.Queues[0].Queue != "default" {
 		t.Errorf("fleet %+v", fl)
 	}
 	// The worker's presence is written after it starts, on its own time.
@@ -83,40 +96,58 @@ func TestRunsList(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		c.getJSON(t, "/api/fleet", &fl)
 	}
-	var p bus.WorkerPresence
-	if len(fl.Workers) != 1 || json.Unmarshal(fl.Workers[0], &p) != nil || p.Worker != "test-worker-1" {
+	var p struct {
+		bus.WorkerPresence
+		SeenAt time.Time `json:"seenAt"`
+	}
+	if len(fl.Workers) != 1 || json.Unmarshal(fl.Workers[0], &p) != nil || p.Worker != "test-worker-1" || time.Since(p.SeenAt) > time.Minute {
 		t.Errorf("fleet workers: %s", fl.Workers)
 	}
 }
 
-// TestRecordsBacklog: a console started after many runs reads only the
-// last backlog revisions of the bucket, then everything new.
-func TestRecordsBacklog(t *testing.T) {
+// TestRunsListAfterRestart: the runs page pages through the records
+// bucket itself, so a console started after many runs (or restarted)
+// lists every one, newest first, and sees the new ones.
+func TestRunsListAfterRestart(t *testing.T) {
 	t.Parallel()
 	f := newTestFleet(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	kv, err := f.c.Records(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range backlog + 50 {
-		b, _ := json.Marshal(bus.RunRecord{ID: "old-" + strconv.Itoa(i), Queue: "default", State: bus.StatusSucceeded})
-		if _, err := kv.Put(ctx, "old-"+strconv.Itoa(i), b); err != nil {
+	const old = 2500 // more than the 1,000 revisions the console read before it paged
+	for i := range old {
+		id := fmt.Sprintf("old-%04d", i)
+		b, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: bus.StatusSucceeded})
+		if _, err := kv.Put(ctx, id, b); err != nil {
 			t.Fatal(err)
 		}
 	}
 	c := newConsole(t, f, serverConfig{})
-	f.submit(slowText("backlog-new", "hi"))
-	c.waitRun(t, "backlog-new", func(r bus.RunRecord) bool { return r.Finished() })
-	if _, ok := c.s.records.get("old-49", time.Now()); ok {
-		t.Error("read a record older than the backlog")
+	f.submit(slowText("after-restart", "hi"))
+	c.waitRun(t, "after-restart", func(r bus.RunRecord) bool { return r.Finished() })
+	var got []string
+	for before := uint64(0); ; {
+		var page runsPage
+		path := "/api/runs?limit=500"
+		if before > 0 {
+			path += "&before=" + jsonNum(before)
+		}
+		if code := c.getJSON(t, path, &page); code != http.StatusOK {
+			t.Fatalf("%s: %d", path, code)
+		}
+		for _, r := range page.Runs {
+			got = append(got, r.ID)
+		}
+		if page.Next == 0 {
+			break
+		}
+		before = page.Next
 	}
-	if _, ok := c.s.records.get("old-50", time.Now()); !ok {
-		t.Error("missed the first record of the backlog")
-	}
-	if n := c.s.records.rates(time.Now()).Runs; n != backlog+1 {
-		t.Errorf("%d runs known, want %d", n, backlog+1)
+	if len(got) != old+1 || got[0] != "after-restart" || got[1] != fmt.Sprintf("old-%04d", old-1) || got[old] != "old-0000" {
+		t.Errorf("listed %d runs (want %d), first %v, last %v", len(got), old+1, got[:min(3, len(got))], got[max(0, len(got)-2):])
 	}
 }
 
@@ -242,8 +273,14 @@ func TestControlNeedsAllowControlAndCSRF(t *testing.T) {
 	} else {
 		resp.Body.Close()
 	}
-	if code, body := rw.post(t, "/api/runs/"+id+"/approve", good, `{"call":"c1"}`); code != http.StatusNotImplemented || !strings.Contains(body, "approvals are not available on this fleet yet") {
-		t.Errorf("approve: %d %s", code, body)
+	if code, body := rw.post(t, "/api/runs/"+id+"/approve", good, `{"call":"c1"}`); code != http.StatusBadRequest || !strings.Contains(body, "unknown field") {
+		t.Errorf("approve with the old body: %d %s", code, body)
+	}
+	if code, body := rw.post(t, "/api/runs/"+id+"/approve", good, `{"toolCallId":"c1","decision":"maybe"}`); code != http.StatusBadRequest || !strings.Contains(body, "decision") {
+		t.Errorf("approve with a bad decision: %d %s", code, body)
+	}
+	if code, body := rw.post(t, "/api/runs/"+id+"/approve", good, `{"toolCallId":"c1","decision":"approve"}`); code != http.StatusConflict || !strings.Contains(body, "does not wait") {
+		t.Errorf("approve of a call that does not wait: %d %s", code, body)
 	}
 	if code, _ := rw.post(t, "/api/runs/"+id+"/steer", good, `{"text":"  "}`); code != http.StatusBadRequest {
 		t.Errorf("empty steer: %d", code)

@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -57,6 +58,7 @@ type options struct {
 	publicHosts   listFlag
 	maxStreams    int
 	maxPerClient  int
+	approverName  string
 	logFormat     string
 	logLevel      string
 	otel          bool
@@ -125,14 +127,15 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&c.TLSKey, "tlskey", envOr(getenv, "NATS_KEY", ""), "client key file (mutual TLS) [NATS_KEY]")
 	fs.StringVar(&c.Prefix, "prefix", envOr(getenv, "AGENTS_PREFIX", bus.DefaultPrefix), "subject prefix [AGENTS_PREFIX]")
 	fs.StringVar(&o.addr, "addr", envOr(getenv, "AGENTS_CONSOLE_ADDR", "127.0.0.1:8080"), "HTTP address to listen on [AGENTS_CONSOLE_ADDR]")
-	fs.BoolVar(&o.allowControl, "allow-control", envBool(getenv, "AGENTS_CONSOLE_ALLOW_CONTROL"), "allow submitting runs and steering, follow-ups and aborts from the page [AGENTS_CONSOLE_ALLOW_CONTROL]")
+	fs.BoolVar(&o.allowControl, "allow-control", envBool(getenv, "AGENTS_CONSOLE_ALLOW_CONTROL"), "allow submitting runs, steering, follow-ups, aborts and answering tool approvals from the page [AGENTS_CONSOLE_ALLOW_CONTROL]")
 	fs.StringVar(&o.basicAuthFile, "basic-auth-file", envOr(getenv, "AGENTS_CONSOLE_BASIC_AUTH_FILE", ""), "htpasswd file (bcrypt) of the console's users [AGENTS_CONSOLE_BASIC_AUTH_FILE]")
 	fs.StringVar(&o.authTokenFile, "auth-token-file", envOr(getenv, "AGENTS_CONSOLE_AUTH_TOKEN_FILE", ""), "file holding a bearer token the console requires [AGENTS_CONSOLE_AUTH_TOKEN_FILE]")
 	fs.BoolVar(&o.insecure, "insecure", false, "allow a non-loopback --addr without authentication")
 	fs.Var(&o.publicHosts, "public-host", "a name the console is also served as (host, host:port or https://host[:port]: https marks cookies Secure); requests for any other name than localhost, a loopback address or --addr are refused (DNS rebinding), as are pages of other origins; repeatable or comma-separated [AGENTS_CONSOLE_PUBLIC_HOST]")
 	var envErrs []error
 	fs.IntVar(&o.maxStreams, "max-streams", envInt(getenv, "AGENTS_CONSOLE_MAX_STREAMS", defaultMaxStreams, &envErrs), "open event streams at most (each is a consumer on the NATS server); past it a 503; 0: no bound [AGENTS_CONSOLE_MAX_STREAMS]")
-	fs.IntVar(&o.maxPerClient, "max-streams-per-client", envInt(getenv, "AGENTS_CONSOLE_MAX_STREAMS_PER_CLIENT", defaultMaxStreamsPerClient, &envErrs), "open event streams of one client at most (the basic-auth user, else the client's address); past it a 503; 0: no bound [AGENTS_CONSOLE_MAX_STREAMS_PER_CLIENT]")
+	fs.IntVar(&o.maxPerClient, "max-streams-per-client", envInt(getenv, "AGENTS_CONSOLE_MAX_STREAMS_PER_CLIENT", defaultMaxStreamsPerClient, &envErrs), "open event streams of one client at most (the basic-auth user, else the client's address, an IPv6 address's /64); past it a 503; 0: no bound [AGENTS_CONSOLE_MAX_STREAMS_PER_CLIENT]")
+	fs.StringVar(&o.approverName, "approver-name", envOr(getenv, "AGENTS_CONSOLE_APPROVER_NAME", ""), "the \"by\" of approvals answered from the page when no basic-auth user answers (with basic auth, the user); default \"console\" [AGENTS_CONSOLE_APPROVER_NAME]")
 	fs.BoolVar(&o.otel, "otel", envBool(getenv, "AGENTS_OTEL"), "export OpenTelemetry spans of submits and controls over OTLP/HTTP as the OTEL_* variables say; the messages carry their context to the workers [AGENTS_OTEL]")
 	fs.StringVar(&o.logFormat, "log-format", envOr(getenv, "AGENTS_LOG_FORMAT", "text"), "log format: text or json [AGENTS_LOG_FORMAT]")
 	fs.StringVar(&o.logLevel, "log-level", envOr(getenv, "AGENTS_LOG_LEVEL", "info"), "log level: debug, info, warn, error [AGENTS_LOG_LEVEL]")
@@ -245,7 +248,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}()
 	public, _ := parsePublicHosts(o.publicHosts) // checked by parseFlags
 	srv, err := newServer(serverConfig{Client: cl, Logger: log, AllowControl: o.allowControl, Auth: auth, TracerProvider: tr.Provider,
-		ListenAddr: o.addr, PublicHosts: public, MaxStreams: noBound(o.maxStreams), MaxStreamsPerClient: noBound(o.maxPerClient)})
+		ListenAddr: o.addr, PublicHosts: public, MaxStreams: noBound(o.maxStreams), MaxStreamsPerClient: noBound(o.maxPerClient), ApproverName: o.approverName})
 	if err != nil {
 		fmt.Fprintf(stderr, "console: %v\n", err)
 		return 1
@@ -268,7 +271,7 @@ func serve(ctx context.Context, srv *server, ln net.Listener, log *slog.Logger, 
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		srv.records.run(wctx)
+		srv.background(wctx)
 	}()
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	// Streams end with the server's base context.
@@ -296,6 +299,15 @@ func serve(ctx context.Context, srv *server, ln net.Listener, log *slog.Logger, 
 		err = nil
 	}
 	return err
+}
+
+// background keeps the record watch and the fleet history's sampler
+// going until ctx is done.
+func (s *server) background(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { s.records.run(ctx) })
+	wg.Go(func() { s.samples.run(ctx) })
+	wg.Wait()
 }
 
 // noBound maps a flag's 0 (no bound) to serverConfig's -1.

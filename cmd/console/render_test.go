@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -51,7 +52,34 @@ type renderReport struct {
 		Metadata []string       `json:"metadata"`
 		Created  map[string]int `json:"created"`
 	} `json:"runs"`
+	Markdown struct {
+		Text     []string       `json:"text"`
+		Hrefs    []string       `json:"hrefs"`
+		BadLinks []string       `json:"badLinks"`
+		Headings []string       `json:"headings"`
+		Strong   []string       `json:"strong"`
+		Elements map[string]int `json:"elements"`
+		Created  map[string]int `json:"created"`
+	} `json:"markdown"`
+	Approval struct {
+		RunArgs      []string       `json:"runArgs"`
+		Banner       []string       `json:"banner"`
+		EditBox      []string       `json:"editBox"`
+		Buttons      []string       `json:"buttons"`
+		Created      map[string]int `json:"created"`
+		QueueArgs    []string       `json:"queueArgs"`
+		QueueEditBox []string       `json:"queueEditBox"`
+		QueueCreated map[string]int `json:"queueCreated"`
+	} `json:"approval"`
 }
+
+// hostileMarkdown is an answer whose markdown carries HTML and scripts in
+// every place a renderer might let them through.
+const hostileMarkdown = "# Title <b>bold</b>\n\n<img src=x onerror=\"window.__xss=2\">\n\n" +
+	"<div onmouseover=\"window.__xss=3\"><script>window.__xss=4</script></div>\n\n" +
+	"[click](javascript:window.__xss=5) [case](JaVaScRiPt:alert(1)) [data](data:text/html,<script>alert(1)</script>) " +
+	"[tab](java\tscript:alert(1)) ![pic](javascript:alert(1)) ![pic2](x onerror=alert(1))\n\n" +
+	"**<script>alert(1)</script>** and [ok](https://example.com/ok) <https://example.com/auto>\n"
 
 // The console's rule (static/app.js): what comes from a run is put into
 // the page as text, never as HTML. TestBrowser checks it in Chromium and
@@ -65,7 +93,7 @@ func TestConsoleShowsHostileModelTextAsTextWithoutABrowser(t *testing.T) {
 	node := nodePath(t)
 	t.Parallel()
 	f := newTestFleet(t)
-	c := newConsole(t, f, serverConfig{})
+	c := newConsole(t, f, serverConfig{AllowControl: true})
 	const id = "node-xss"
 	xss := `<script>window.__xss=1</script><img src=x onerror="window.__xss=2"><b>bold</b>`
 	f.submit(&bus.RunRequest{ID: id, Prompt: xss, Metadata: map[string]string{"note": xss},
@@ -74,10 +102,14 @@ func TestConsoleShowsHostileModelTextAsTextWithoutABrowser(t *testing.T) {
 			StopReason: agent.StopReasonToolUse},
 			{Content: []agent.Content{agent.Text(xss + " again")}}}}})
 	c.waitRun(t, id, func(r bus.RunRecord) bool { return r.Finished() })
+	f.submit(&bus.RunRequest{ID: "node-md", Prompt: "markdown", Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{Content: []agent.Content{agent.Text(hostileMarkdown)}}}}})
+	c.waitRun(t, "node-md", func(r bus.RunRecord) bool { return r.Finished() })
+	f.submit(gatedRun("node-waiting", xss))
+	waitWaiting(t, c, 1)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "testdata/render_inert.mjs", c.URL, id)
+	cmd := exec.CommandContext(ctx, node, "testdata/render_inert.mjs", c.URL, id, "node-md", "node-waiting")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -124,6 +156,47 @@ func TestConsoleShowsHostileModelTextAsTextWithoutABrowser(t *testing.T) {
 		t.Errorf("runs page rows %q, want %s's", rep.Runs.Rows, id)
 	}
 	for page, created := range map[string]map[string]int{"run page": rep.Run.Created, "runs page": rep.Runs.Created} {
+		for _, tag := range []string{"script", "img", "b"} {
+			if created[tag] > 0 {
+				t.Errorf("the %s created %d <%s> elements", page, created[tag], tag)
+			}
+		}
+	}
+	// Markdown: elements for the markdown, text for the HTML, links only
+	// to https.
+	md := rep.Markdown
+	if len(md.Text) != 1 || !strings.Contains(md.Text[0], `<img src=x onerror="window.__xss=2">`) ||
+		!strings.Contains(md.Text[0], `<div onmouseover="window.__xss=3"><script>window.__xss=4</script></div>`) {
+		t.Errorf("markdown text %q: the HTML must be shown as text", md.Text)
+	}
+	if !slices.Equal(md.Hrefs, []string{"https://example.com/ok", "https://example.com/auto"}) {
+		t.Errorf("markdown links %q: only the https ones may be links", md.Hrefs)
+	}
+	if !slices.Equal(md.BadLinks, []string{"click", "case", "data", "tab", "image: pic", "image: pic2"}) {
+		t.Errorf("links not followed %q", md.BadLinks)
+	}
+	if !slices.Equal(md.Headings, []string{"Title <b>bold</b>"}) || !slices.Equal(md.Strong, []string{"<script>alert(1)</script>"}) {
+		t.Errorf("markdown heading %q, strong %q", md.Headings, md.Strong)
+	}
+	if want := map[string]int{"h1": 1, "strong": 1, "a": 2, "img": 0, "script": 0, "div": 0, "b": 0}; !maps.Equal(md.Elements, want) {
+		t.Errorf("markdown elements %v, want %v", md.Elements, want)
+	}
+	// Approval: the call's hostile arguments are text on the run page, in
+	// its banner's edit box, and on the Approvals page.
+	ap := rep.Approval
+	wantArgs := `"expression": "` + strings.ReplaceAll(xss, `"`, `\"`) + `"`
+	for what, got := range map[string][]string{"run page arguments": ap.RunArgs, "edit box": ap.EditBox, "approvals page arguments": ap.QueueArgs, "approvals page edit box": ap.QueueEditBox} {
+		if len(got) != 1 || !strings.Contains(got[0], wantArgs) {
+			t.Errorf("%s %q, want the text %s", what, got, wantArgs)
+		}
+	}
+	if len(ap.Banner) != 1 || !strings.HasPrefix(ap.Banner[0], "waiting for approval calculator") {
+		t.Errorf("banner %q", ap.Banner)
+	}
+	if !slices.Equal(ap.Buttons, []string{"Approve", "Deny…", "Edit arguments…", "Deny", "Approve with these arguments"}) {
+		t.Errorf("banner buttons %q", ap.Buttons)
+	}
+	for page, created := range map[string]map[string]int{"markdown run page": md.Created, "waiting run page": ap.Created, "approvals page": ap.QueueCreated} {
 		for _, tag := range []string{"script", "img", "b"} {
 			if created[tag] > 0 {
 				t.Errorf("the %s created %d <%s> elements", page, created[tag], tag)

@@ -11,8 +11,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"strconv"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,6 +46,13 @@ type serverConfig struct {
 	// MaxStreams and MaxStreamsPerClient bound the open event streams
 	// (streams.go); 0 takes the defaults, -1 is no bound.
 	MaxStreams, MaxStreamsPerClient int
+	// ApproverName is the "by" of approvals when no basic-auth user
+	// answers (--approver-name).
+	ApproverName string
+	// SampleEvery is the fleet history's slot (samples.go); default 10s.
+	SampleEvery time.Duration
+	// ListScan bounds the records one runs page reads; default listScan.
+	ListScan int
 }
 
 // server is the console's HTTP handler.
@@ -56,9 +64,13 @@ type server struct {
 	hosts        hostPolicy
 	streams      *streamLimiter
 	csrf         csrf
-	records      *recordStore
+	records      *recordWatch
+	listScan     int
+	samples      *sampler
+	approverName string
 	heartbeat    time.Duration
 	longPoll     time.Duration
+	fleetReads   *fleetReads
 	mux          *http.ServeMux
 	static       fs.FS
 	page         []byte
@@ -81,6 +93,12 @@ func newServer(cfg serverConfig) (*server, error) {
 	if cfg.MaxStreamsPerClient == 0 {
 		cfg.MaxStreamsPerClient = defaultMaxStreamsPerClient
 	}
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = defaultSampleEvery
+	}
+	if cfg.ListScan <= 0 {
+		cfg.ListScan = listScan
+	}
 	static, err := fs.Sub(staticFiles, "static")
 	if err != nil {
 		return nil, err
@@ -98,24 +116,33 @@ func newServer(cfg serverConfig) (*server, error) {
 		hosts:        newHostPolicy(cfg.ListenAddr, cfg.PublicHosts),
 		streams:      newStreamLimiter(max(cfg.MaxStreams, 0), max(cfg.MaxStreamsPerClient, 0), cfg.Logger),
 		csrf:         newCSRF(),
-		records:      newRecordStore(cfg.Client, cfg.Logger),
+		records:      newRecordWatch(cfg.Client, cfg.Logger),
+		approverName: cfg.ApproverName,
+		listScan:     cfg.ListScan,
 		heartbeat:    cfg.Heartbeat,
 		longPoll:     cfg.LongPoll,
 		static:       static,
 		page:         page,
 	}
+	s.samples = &sampler{client: cfg.Client, log: cfg.Logger, every: cfg.SampleEvery, queues: s.queueInfos, counts: s.records.take}
+	s.fleetReads = &fleetReads{read: s.readFleet}
 	m := http.NewServeMux()
 	m.HandleFunc("GET /{$}", s.servePage)
 	m.HandleFunc("GET /runs/{id}", s.servePage)
 	m.HandleFunc("GET /fleet", s.servePage)
+	m.HandleFunc("GET /approvals", s.servePage)
 	m.HandleFunc("GET /new", s.servePage)
 	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	m.HandleFunc("GET /api/session", s.session)
 	m.HandleFunc("GET /api/runs", s.listRuns)
 	m.HandleFunc("GET /api/runs/{id}", s.getRun)
 	m.HandleFunc("GET /api/runs/{id}/events", s.events)
+	m.HandleFunc("GET /api/runs/{id}/answers/{seq}", s.getAnswer)
+	m.HandleFunc("GET /api/approvals", s.listApprovals)
 	m.HandleFunc("GET /api/fleet", s.fleet)
+	m.HandleFunc("GET /api/fleet/history", s.fleetHistory)
 	m.HandleFunc("POST /api/runs", s.control(s.submit))
+	m.HandleFunc("POST /api/runs/{id}/approve", s.control(s.approve))
 	m.HandleFunc("POST /api/runs/{id}/{action}", s.control(s.act))
 	s.mux = m
 	return s, nil
@@ -192,74 +219,10 @@ func (s *server) session(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// runsPage is the body of GET /api/runs.
-type runsPage struct {
-	// Version changes whenever a record does: pass it as ?after= to wait
-	// for the next change.
-	Version uint64          `json:"version"`
-	Runs    json.RawMessage `json:"runs"`
-	Total   int             `json:"total"`
-	Ready   bool            `json:"ready"`
-}
-
-func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	f := runFilter{State: q.Get("state"), Queue: q.Get("queue"), Query: strings.TrimSpace(q.Get("q")), Limit: 500}
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, "limit %q must be a positive number", l)
-			return
-		}
-		f.Limit = min(n, 5000)
-	}
-	if a := q.Get("after"); a != "" {
-		after, err := strconv.ParseUint(a, 10, 64)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "after %q must be a version number", a)
-			return
-		}
-		// Long poll: wait until the records change after that version.
-		t := time.NewTimer(s.longPoll)
-		defer t.Stop()
-		for {
-			v, changed := s.records.watchVersion()
-			if v != after {
-				break
-			}
-			select {
-			case <-changed:
-				continue
-			case <-t.C:
-			case <-r.Context().Done():
-				return
-			}
-			break
-		}
-	}
-	v, _ := s.records.watchVersion()
-	runs := s.records.list(runFilter{State: f.State, Queue: f.Queue, Query: f.Query}, time.Now())
-	total := len(runs)
-	if len(runs) > f.Limit {
-		runs = runs[:f.Limit]
-	}
-	b, err := marshalRuns(runs)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "%v", err)
-		return
-	}
-	rates := s.records.rates(time.Now())
-	writeJSON(w, http.StatusOK, runsPage{Version: v, Runs: b, Total: total, Ready: rates.Ready})
-}
-
 func (s *server) getRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := bus.CheckID(id); err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	if rec, ok := s.records.get(id, time.Now()); ok {
-		writeJSON(w, http.StatusOK, rec)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
@@ -336,22 +299,14 @@ func (s *server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "%v", err)
 		return
 	}
-	model := ""
-	if req.Model != nil {
-		model = req.Model.String()
-	}
-	s.records.queued(res.ID, res.Queue, res.Seq, model, req.Metadata)
 	s.log.Info("run submitted", "user", userOf(r), "run", res.ID, "queue", res.Queue, "duplicate", res.Duplicate)
 	writeJSON(w, http.StatusCreated, map[string]any{"id": res.ID, "queue": res.Queue, "seq": res.Seq, "duplicate": res.Duplicate})
 }
 
-// actionBody is the body of steer, followup, abort and approve.
+// actionBody is the body of steer, followup and abort.
 type actionBody struct {
 	Text   string `json:"text,omitempty"`
 	Reason string `json:"reason,omitempty"`
-	// Approvals (not on this fleet yet).
-	Call string `json:"call,omitempty"`
-	Deny bool   `json:"deny,omitempty"`
 }
 
 func (s *server) act(w http.ResponseWriter, r *http.Request) {
@@ -390,9 +345,6 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 		seq, err = s.client.SendControl(ctx, id, kind, bus.Control{Text: b.Text}, opts...)
 	case "abort":
 		seq, err = s.client.SendControl(ctx, id, bus.KindAbort, bus.Control{Reason: b.Reason}, opts...)
-	case "approve":
-		writeError(w, http.StatusNotImplemented, "approvals are not available on this fleet yet")
-		return
 	default:
 		writeError(w, http.StatusNotFound, "unknown action %q: use steer, followup, abort or approve", action)
 		return
@@ -426,36 +378,112 @@ type queueInfo struct {
 type fleetInfo struct {
 	Queues  []queueInfo       `json:"queues"`
 	Workers []json.RawMessage `json:"workers"`
-	Rates   rates             `json:"rates"`
 	Errors  []string          `json:"errors,omitempty"`
 }
 
 // maxWorkers bounds the presence entries read for one page.
 const maxWorkers = 1000
 
-func (s *server) fleet(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
-	out := fleetInfo{Queues: []queueInfo{}, Workers: []json.RawMessage{}, Rates: s.records.rates(time.Now())}
-	js, names := s.client.JetStream(), s.client.Names()
-	if st, err := js.Stream(ctx, names.RunsStream()); err != nil {
-		out.Errors = append(out.Errors, fmt.Sprintf("stream %s: %v", names.RunsStream(), err))
-	} else {
-		lister := st.ListConsumers(ctx)
-		for ci := range lister.Info() {
-			q, ok := strings.CutPrefix(ci.Name, "workers-")
-			if !ok {
+// fleetFresh is how long one read of the fleet answers GET /api/fleet;
+// fleetReadTimeout bounds the read.
+const (
+	fleetFresh       = time.Second
+	fleetReadTimeout = 5 * time.Second
+)
+
+// fleetReads shares reads of the fleet among GET /api/fleet requests:
+// each read lists the work queue's consumers and makes a consumer on the
+// presence bucket, so a request each would let any client make consumers
+// as fast as it asks. One read is under way at a time; its answer serves
+// every request for fleetFresh, and the requests that come while it runs
+// wait for it.
+type fleetReads struct {
+	read func(context.Context) fleetInfo
+
+	mu      sync.Mutex
+	info    fleetInfo
+	at      time.Time     // of info; zero: none yet
+	reading chan struct{} // closed when the read under way ends; nil: none
+}
+
+// get returns a fresh answer, reading the fleet if no read is under way,
+// or waiting for the one that is; false when ctx ended first.
+func (f *fleetReads) get(ctx context.Context) (fleetInfo, bool) {
+	for {
+		f.mu.Lock()
+		if !f.at.IsZero() && time.Since(f.at) < fleetFresh {
+			info := f.info
+			f.mu.Unlock()
+			return info, true
+		}
+		if done := f.reading; done != nil {
+			f.mu.Unlock()
+			select {
+			case <-done:
 				continue
+			case <-ctx.Done():
+				return fleetInfo{}, false
 			}
-			out.Queues = append(out.Queues, queueInfo{Queue: q, Consumer: ci.Name, Depth: ci.NumPending,
-				InFlight: ci.NumAckPending, Waiting: ci.NumWaiting, Redelivered: ci.NumRedelivered})
 		}
-		if err := lister.Err(); err != nil {
-			out.Errors = append(out.Errors, fmt.Sprintf("consumers: %v", err))
-		}
+		done := make(chan struct{})
+		f.reading = done
+		f.mu.Unlock()
+		// Others wait on this read: the request that makes it leaving
+		// does not end it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetReadTimeout)
+		info := f.read(rctx)
+		cancel()
+		f.mu.Lock()
+		f.info, f.at, f.reading = info, time.Now(), nil
+		f.mu.Unlock()
+		close(done)
+		return info, true
 	}
-	bucket := workersBucket(names)
-	kv, err := js.KeyValue(ctx, bucket)
+}
+
+func (s *server) fleet(w http.ResponseWriter, r *http.Request) {
+	out, ok := s.fleetReads.get(r.Context())
+	if !ok {
+		writeError(w, http.StatusServiceUnavailable, "the request ended before the fleet was read")
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// queueInfos reads the queues from their consumers, workers-<queue>.
+func (s *server) queueInfos(ctx context.Context) ([]queueInfo, error) {
+	names := s.client.Names()
+	st, err := s.client.JetStream().Stream(ctx, names.RunsStream())
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", names.RunsStream(), err)
+	}
+	var out []queueInfo
+	lister := st.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		q, ok := strings.CutPrefix(ci.Name, "workers-")
+		if !ok {
+			continue
+		}
+		out = append(out, queueInfo{Queue: q, Consumer: ci.Name, Depth: ci.NumPending,
+			InFlight: ci.NumAckPending, Waiting: ci.NumWaiting, Redelivered: ci.NumRedelivered})
+	}
+	if err := lister.Err(); err != nil {
+		return out, fmt.Errorf("consumers: %w", err)
+	}
+	slices.SortFunc(out, func(a, b queueInfo) int { return strings.Compare(a.Queue, b.Queue) })
+	return out, nil
+}
+
+// readFleet reads the queues' consumers and the workers' presence.
+func (s *server) readFleet(ctx context.Context) fleetInfo {
+	out := fleetInfo{Queues: []queueInfo{}, Workers: []json.RawMessage{}}
+	qs, err := s.queueInfos(ctx)
+	out.Queues = append(out.Queues, qs...)
+	if err != nil {
+		out.Errors = append(out.Errors, err.Error())
+	}
+	bucket := workersBucket(s.client.Names())
+	kv, err := s.client.JetStream().KeyValue(ctx, bucket)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 	case err != nil:
@@ -471,13 +499,42 @@ func (s *server) fleet(w http.ResponseWriter, r *http.Request) {
 				continue // drain the lister
 			}
 			e, err := kv.Get(ctx, k)
-			if err != nil || !json.Valid(e.Value()) {
+			if err != nil {
 				continue
 			}
-			out.Workers = append(out.Workers, json.RawMessage(e.Value()))
+			if p, ok := withSeenAt(e.Value(), e.Created()); ok {
+				out.Workers = append(out.Workers, p)
+			}
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out
+}
+
+// withSeenAt adds "seenAt", when the worker last wrote its entry, to a
+// presence entry (kept as it is otherwise: fields of newer workers pass).
+func withSeenAt(entry []byte, seen time.Time) (json.RawMessage, bool) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(entry, &m) != nil || m == nil {
+		return nil, false
+	}
+	m["seenAt"], _ = json.Marshal(seen.UTC())
+	b, err := json.Marshal(m)
+	return b, err == nil
+}
+
+// historyInfo is the body of GET /api/fleet/history.
+type historyInfo struct {
+	Samples []fleetSample `json:"samples"`
+	Every   int64         `json:"every"` // ms
+	Problem string        `json:"problem,omitempty"`
+}
+
+func (s *server) fleetHistory(w http.ResponseWriter, r *http.Request) {
+	samples, problem := s.samples.history()
+	if samples == nil {
+		samples = []fleetSample{}
+	}
+	writeJSON(w, http.StatusOK, historyInfo{Samples: samples, Every: s.samples.every.Milliseconds(), Problem: problem})
 }
 
 // workersBucket is the presence bucket of the workers: agents_workers for

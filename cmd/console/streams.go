@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -106,16 +107,32 @@ func (l *streamLimiter) state() (open, refusals int, changed <-chan struct{}) {
 
 // streamClient is who a stream counts against: the user when users are
 // told apart (basic auth), else the client's address (no auth, or one
-// token shared by everyone). Behind a proxy every address is the proxy's.
+// token shared by everyone): an IPv4 address, or an IPv6 address's /64
+// (one host is commonly given a whole /64, so counting its addresses one
+// by one would bound nothing). Behind a proxy every address is the
+// proxy's.
 func (s *server) streamClient(r *http.Request) string {
 	if s.auth != nil && s.auth.users != nil {
 		return "user " + userOf(r)
 	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	return "address " + clientAddress(r.RemoteAddr)
+}
+
+// clientAddress is the client of a remote address: its IPv4 address
+// (IPv4-mapped IPv6 included), or its IPv6 address's /64.
+func clientAddress(remote string) string {
+	host, _, err := net.SplitHostPort(remote)
 	if err != nil {
-		host = r.RemoteAddr
+		host = remote
 	}
-	return "address " + host
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if a = a.WithZone("").Unmap(); a.Is6() {
+		return netip.PrefixFrom(a, 64).Masked().String()
+	}
+	return a.String()
 }
 
 // refuseStream answers a stream over a cap.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -461,6 +462,61 @@ func TestStreamCapsPerAddress(t *testing.T) {
 	}
 }
 
+// TestStreamCapsPerIPv6Prefix: without users an IPv6 client counts by its
+// address's /64 (a host commonly has a whole /64: one stream per address
+// bounded nothing), an IPv4 client by its address; another /64 is another
+// client.
+func TestStreamCapsPerIPv6Prefix(t *testing.T) {
+	t.Parallel()
+	f := newTestFleet(t)
+	// The test gives each request its client address (RemoteAddr), as
+	// the listener would.
+	c := newConsoleWith(t, f, serverConfig{MaxStreams: 20, MaxStreamsPerClient: 2}, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.RemoteAddr = r.Header.Get("X-Test-Remote-Addr")
+			h.ServeHTTP(w, r)
+		})
+	})
+	open := func(from string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", c.URL+"/api/runs/caps-v6/events", nil)
+		req.Header.Set("X-Test-Remote-Addr", from)
+		resp, err := c.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	for _, step := range []struct {
+		from string
+		want int
+	}{
+		{"[2001:db8:1:2::1]:50000", http.StatusOK},
+		{"[2001:db8:1:2:aaaa:bbbb:cccc:dddd]:50001", http.StatusOK},
+		{"[2001:db8:1:2:ffff::9]:50002", http.StatusServiceUnavailable}, // the same /64
+		{"[fe80::1%eth0]:50003", http.StatusOK},
+		{"[2001:db8:1:3::1]:50004", http.StatusOK}, // the next /64
+		{"10.0.0.1:50005", http.StatusOK},
+		{"10.0.0.1:50006", http.StatusOK},
+		{"[::ffff:10.0.0.1]:50007", http.StatusServiceUnavailable}, // 10.0.0.1 again
+		{"10.0.0.2:50008", http.StatusOK},
+	} {
+		resp := open(step.from)
+		if resp.StatusCode != step.want {
+			t.Errorf("a stream from %s: %d, want %d", step.from, resp.StatusCode, step.want)
+		}
+	}
+	for in, want := range map[string]string{
+		"[2001:db8:1:2:3:4:5:6]:1": "2001:db8:1:2::/64", "[fe80::1%eth0]:1": "fe80::/64",
+		"[::ffff:192.0.2.7]:1": "192.0.2.7", "192.0.2.7:1": "192.0.2.7", "not an address": "not an address",
+	} {
+		if got := clientAddress(in); got != want {
+			t.Errorf("clientAddress(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 // TestTokenLoginChecked: ?token= sets the cookie only for the right token;
 // the cookie is Secure when the console is reached over https: TLS, or a
 // --public-host given as https:// (a proxy terminates TLS).
@@ -515,6 +571,56 @@ func TestTokenLoginChecked(t *testing.T) {
 		cs := resp.Cookies()
 		if resp.StatusCode != http.StatusSeeOther || len(cs) != 1 || cs[0].Value != token || !cs[0].HttpOnly || cs[0].SameSite != http.SameSiteStrictMode || cs[0].Secure != tc.secure {
 			t.Errorf("login via %s (Host %q): %d %v, want Secure=%v", tc.c.URL, tc.host, resp.StatusCode, resp.Header.Values("Set-Cookie"), tc.secure)
+		}
+	}
+}
+
+// TestTokenLoginRedirectsToThisSite: the login's redirect (the same page
+// without the token) never names another site, whatever slashes and
+// backslashes the path starts with (a protocol-relative Location
+// "//evil.example/" was an open redirect); the rest of the query is kept.
+func TestTokenLoginRedirectsToThisSite(t *testing.T) {
+	t.Parallel()
+	f := newTestFleet(t)
+	const token = "0123456789abcdef-token"
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ta, err := loadAuth("", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConsole(t, f, serverConfig{Auth: ta})
+	hc := *c.Client()
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	for path, want := range map[string]string{
+		"//evil.example/":       "/evil.example/",
+		"///evil.example/x":     "/evil.example/x",
+		"/%2Fevil.example/":     "/evil.example/",
+		"/%2F%2Fevil.example/":  "/evil.example/",
+		"/%5Cevil.example/":     "/evil.example/",
+		"/%5C%5Cevil.example/":  "/evil.example/",
+		"/%2F%5C/evil.example/": "/evil.example/",
+		"/fleet":                "/fleet",
+		"/runs/r1":              "/runs/r1",
+		"/runs/r1?view=raw":     "/runs/r1?view=raw",
+	} {
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		resp, err := hc.Get(c.URL + path + sep + "token=" + token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		loc := resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusSeeOther || loc != want {
+			t.Errorf("GET %s with the token: %d Location %q, want %q", path, resp.StatusCode, loc, want)
+		}
+		if u, err := url.Parse(strings.ReplaceAll(loc, "\\", "/")); err != nil || u.Host != "" || u.Scheme != "" {
+			t.Errorf("GET %s with the token: Location %q names another site", path, loc)
 		}
 	}
 }

@@ -210,7 +210,7 @@ func (r *readmeRun) runBlock(t *testing.T, block string, quickstart bool) {
 			}
 			continue
 		}
-		if !regexp.MustCompile(`(^|[($ ])submit( |$)|^export |^node clients/typescript/`).MatchString(line) {
+		if !regexp.MustCompile(`(^|[($ ])submit( |$)|^export |(^|[($ ])node clients/typescript/`).MatchString(line) {
 			t.Fatalf("README line %q is neither a worker nor a submit command: teach this test about it", line)
 		}
 		script = append(script, strings.ReplaceAll(line, "nats://127.0.0.1:4222", url))

@@ -611,7 +611,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 		case o.toolsAuth.set():
 			tc, err := connectTools(ctx, o)
 			if err != nil {
-				log.Error("cannot connect to NATS for tool calls (--tools-user, --tools-creds, --tools-nkey)", "err", err)
+				log.Error("cannot connect to NATS for tool calls (--tools-user, --tools-creds, --tools-nkey, --tools-tlscert)", "err", err)
 				return 1
 			}
 			defer tc.Close()
@@ -620,7 +620,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 		case srv == nil:
 			log.Warn("tool services are called with the worker's own NATS connection and permissions: " +
 				"give the calls an identity that may publish only agents.tools.> and $SRV.INFO " +
-				"(--tools-user and AGENTS_TOOLS_PASSWORD, --tools-creds or --tools-nkey; user toolcaller of deploy/nats/accounts.conf)")
+				"(--tools-user and AGENTS_TOOLS_PASSWORD, --tools-creds, --tools-nkey or --tools-tlscert; user toolcaller of deploy/nats/accounts.conf)")
 		}
 	}
 	if cfg.ToolSources, err = tools.sources(toolsConn, c.Names().Prefix(), log); err != nil {

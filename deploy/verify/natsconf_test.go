@@ -141,7 +141,7 @@ func renderChartConfig(t *testing.T, values map[string]any) string {
 
 // passwords are the environment accounts.conf reads (the chart's pods get
 // them from the Secret agentfleet-nats-passwords).
-var passwords = []string{"AGENTS_WORKER_PASSWORD", "AGENTS_SUBMITTER_PASSWORD", "AGENTS_OBSERVER_PASSWORD", "AGENTS_TOOLSERVICE_PASSWORD", "AGENTS_TOOLCALLER_PASSWORD", "AGENTS_CONSOLE_PASSWORD", "AGENTS_APPROVER_PASSWORD", "OTHER_PASSWORD", "SYS_PASSWORD"}
+var passwords = []string{"AGENTS_WORKER_PASSWORD", "AGENTS_SUBMITTER_PASSWORD", "AGENTS_OBSERVER_PASSWORD", "AGENTS_TOOLSERVICE_PASSWORD", "AGENTS_TOOLSERVICE_TEXT_PASSWORD", "AGENTS_TOOLSERVICE_CALC_PASSWORD", "AGENTS_TOOLCALLER_PASSWORD", "AGENTS_CONSOLE_PASSWORD", "AGENTS_APPROVER_PASSWORD", "OTHER_PASSWORD", "SYS_PASSWORD"}
 
 // loadChartConfig lays the rendered nats.conf out as in the pod
 // (/etc/nats-config/nats.conf, the accounts ConfigMap at

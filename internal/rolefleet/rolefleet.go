@@ -27,8 +27,9 @@ var passwordEnv = map[string]string{
 	"worker": "AGENTS_WORKER_PASSWORD", "submitter": "AGENTS_SUBMITTER_PASSWORD",
 	"observer": "AGENTS_OBSERVER_PASSWORD", "toolservice": "AGENTS_TOOLSERVICE_PASSWORD",
 	"console": "AGENTS_CONSOLE_PASSWORD", "approver": "AGENTS_APPROVER_PASSWORD",
-	"toolcaller": "AGENTS_TOOLCALLER_PASSWORD",
-	"other":      "OTHER_PASSWORD", "sys": "SYS_PASSWORD",
+	"toolcaller":       "AGENTS_TOOLCALLER_PASSWORD",
+	"toolservice-text": "AGENTS_TOOLSERVICE_TEXT_PASSWORD", "toolservice-calc": "AGENTS_TOOLSERVICE_CALC_PASSWORD",
+	"other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD",
 }
 
 // Server is a running nats-server with an accounts file.

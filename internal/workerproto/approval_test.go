@@ -180,3 +180,37 @@ func TestRecoverResolvedKeysAndFences(t *testing.T) {
 		t.Fatalf("pending %+v", rc.Pending)
 	}
 }
+
+// The keys the run's tool events name are all reported, also those of
+// events the view leaves out: after a gap in an attempt, and an older
+// attempt's stored after a newer one's run_started (a lost lease).
+func TestRecoverUsedKeysIncludeUnrestoredEvents(t *testing.T) {
+	b := &recEnv{t: t}
+	b.add(1, 1, bus.RunStarted{Type: bus.EventRunStarted, Attempt: 1})
+	b.add(1, 2, msgEnd(agent.UserText("go")))
+	b.add(1, 3, msgEnd(assistantCalls("a1")))
+	b.add(1, 4, bus.AgentEvent{Type: "tool_execution_start", ToolCallID: "a1"})
+	// seq 5 lost: what follows is not restored.
+	b.add(1, 6, msgEnd(assistantCalls("gap")))
+	b.add(1, 7, approvalEv(bus.EventToolApprovalRequested, "gap", func(a *bus.ToolApproval) { a.ExpiresAt = 10 }))
+	b.add(2, 1, bus.RunStarted{Type: bus.EventRunStarted, Attempt: 2})
+	// Attempt 1, its lease lost, still stores a request and an update.
+	b.add(1, 8, approvalEv(bus.EventToolApprovalRequested, "late", func(a *bus.ToolApproval) { a.ExpiresAt = 10 }))
+	b.add(1, 9, bus.AgentEvent{Type: "tool_execution_update", ToolCallID: "upd"})
+	b.add(2, 2, approvalEv(bus.EventToolApprovalRejected, "rej", func(a *bus.ToolApproval) { a.ControlSeq = 4 }))
+	b.add(2, 3, approvalEv(bus.EventToolApprovalResolved, "res", func(a *bus.ToolApproval) { a.Decision = "deny" }))
+	b.add(2, 4, bus.AgentEvent{Type: "tool_execution_end", ToolCallID: "end"})
+	rc := Recover(b.out, 1000)
+	if len(rc.Messages) != 2 {
+		t.Fatalf("restored %d messages, want 2 (the prefix before the gap)", len(rc.Messages))
+	}
+	want := []string{"a1", "gap", "late", "upd", "rej", "res", "end"}
+	for _, k := range want {
+		if !rc.UsedKeys[k] {
+			t.Errorf("key %s not among the used keys %v", k, rc.UsedKeys)
+		}
+	}
+	if len(rc.UsedKeys) != len(want) {
+		t.Fatalf("used keys %v, want %v", rc.UsedKeys, want)
+	}
+}

@@ -1,6 +1,7 @@
 package workerproto
 
 import (
+	"encoding/json"
 	"sort"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -64,6 +65,13 @@ type Recovery struct {
 	// stopped while waiting): answers for them are dropped. Keys in
 	// Pending or Deferred are not in it.
 	Resolved map[string]string
+	// UsedKeys are the tool call keys any tool_approval_* or
+	// tool_execution_* envelope given names: every attempt's, also those
+	// after a gap and those stored after a newer attempt's run_started,
+	// which the view leaves out. A new call must not get one of them: an
+	// approver may have seen a request with that key for another call
+	// (other arguments), and its answer would name the new call.
+	UsedKeys map[string]bool
 	// Finished is set when the run already has its run_finished.
 	Finished *bus.RunFinished
 	// LastSeq is the seq of the newest attempt's last envelope.
@@ -87,6 +95,7 @@ type PendingCall struct {
 func Recover(envs []*bus.Envelope, now int64) *Recovery {
 	kept := make([]*bus.Envelope, 0, len(envs))
 	newest := 0
+	used := usedKeys(envs)
 	for _, e := range envs {
 		if e.Attempt < newest {
 			continue
@@ -129,7 +138,7 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		}
 	}
 	t.FallBackToEarlierAttempts()
-	rec := &Recovery{Attempt: t.Attempt, Finished: t.Finished, LastSeq: t.LastSeq, Partial: t.Partial() != nil}
+	rec := &Recovery{Attempt: t.Attempt, Finished: t.Finished, LastSeq: t.LastSeq, Partial: t.Partial() != nil, UsedKeys: used}
 	msgs := t.Messages
 	n := len(msgs)
 	for n > 0 {
@@ -177,6 +186,31 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		rec.Synthetic = append(rec.Synthetic, m)
 	}
 	return rec
+}
+
+// usedKeys is Recovery.UsedKeys: the toolCallId of every envelope of
+// envs whose event is about one tool call (nil when none).
+func usedKeys(envs []*bus.Envelope) map[string]bool {
+	var used map[string]bool
+	for _, e := range envs {
+		switch e.Type {
+		case bus.EventToolApprovalRequested, bus.EventToolApprovalResolved, bus.EventToolApprovalRejected,
+			string(agent.EventToolExecutionStart), string(agent.EventToolExecutionUpdate), string(agent.EventToolExecutionEnd):
+		default:
+			continue
+		}
+		var ev struct {
+			ToolCallID string `json:"toolCallId"`
+		}
+		if json.Unmarshal(e.Event, &ev) != nil || ev.ToolCallID == "" {
+			continue
+		}
+		if used == nil {
+			used = map[string]bool{}
+		}
+		used[ev.ToolCallID] = true
+	}
+	return used
 }
 
 // deferred returns the calls of the last assistant message after the first

@@ -301,6 +301,15 @@ func (p *Provider) Model(id string) agent.Model {
 	return m
 }
 
+// Models returns the ids of the model table, in its order.
+func (p *Provider) Models() []string {
+	out := make([]string, len(p.cfg.Models))
+	for i, m := range p.cfg.Models {
+		out[i] = m.ID
+	}
+	return out
+}
+
 // info returns the table entry for a model, or one derived from the model.
 func (p *Provider) info(model agent.Model) ModelInfo {
 	if info, ok := p.models[model.ID]; ok {

@@ -59,6 +59,8 @@ export declare class ConsoleClient {
   steer(run: string, text: string, opts?: { key?: string }): Promise<{ seq: number }>;
   followUp(run: string, text: string, opts?: { key?: string }): Promise<{ seq: number }>;
   abort(run: string, opts?: { reason?: string; key?: string }): Promise<{ seq: number }>;
-  approve(run: string, toolCallId: string, opts?: { reason?: string; key?: string }): Promise<{ seq: number }>;
+  /** POST /api/runs/{id}/approve with the protocol's answer body; 409 when the call does not wait, 422 when its schema refuses the edit. */
+  approve(run: string, toolCallId: string, opts?: { reason?: string; arguments?: Record<string, unknown>; key?: string }): Promise<{ seq: number }>;
   deny(run: string, toolCallId: string, opts?: { reason?: string; key?: string }): Promise<{ seq: number }>;
+  answer(run: string, toolCallId: string, decision: "approve" | "deny", opts: { reason?: string; arguments?: Record<string, unknown>; key?: string }): Promise<{ seq: number }>;
 }

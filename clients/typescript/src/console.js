@@ -114,7 +114,8 @@ export class ConsoleClient {
     }
     text ||= `${res.status} ${res.statusText}`;
     if (res.status === 404 && run) return Object.assign(new RunNotFoundError(run), { status: 404 });
-    if (res.status === 409) {
+    // An approval's 409 is its call no longer waiting, the run may go on.
+    if (res.status === 409 && what !== "approval answer") {
       const e = new RunFinishedError(run, "finished", what);
       return Object.assign(e, { message: `${text}: the ${what} was not sent`, status: 409 });
     }
@@ -250,20 +251,26 @@ export class ConsoleClient {
 
   /**
    * Approves a gated tool call through the console (docs/console.md:
-   * POST /api/runs/{id}/approve, {"call"}); a console that does not take
-   * approvals yet answers 501, a ConsoleError.
-   * @param {string} run @param {string} toolCallId @param {{reason?: string, key?: string}} [opts]
+   * POST /api/runs/{id}/approve with the protocol's answer body, §13:
+   * toolCallId, decision, arguments, reason; the console sets `by`). A
+   * call that no longer waits is a 409, an edit its tool's schema refuses
+   * a 422, both ConsoleErrors.
+   * @param {string} run @param {string} toolCallId @param {{reason?: string, arguments?: Record<string, unknown>, key?: string}} [opts]
    */
   async approve(run, toolCallId, opts = {}) {
-    checkRunId(run);
-    const r = await this.post(`/api/runs/${run}/approve`, { call: toolCallId, ...(opts.reason ? { reason: opts.reason } : {}) }, run, "approval answer", opts.key);
-    return { seq: r.controlSeq };
+    return this.answer(run, toolCallId, "approve", opts);
   }
 
   /** Denies a gated tool call through the console (see approve). @param {string} run @param {string} toolCallId @param {{reason?: string, key?: string}} [opts] */
   async deny(run, toolCallId, opts = {}) {
+    return this.answer(run, toolCallId, "deny", { reason: opts.reason, key: opts.key });
+  }
+
+  /** @param {string} run @param {string} toolCallId @param {"approve"|"deny"} decision @param {{reason?: string, arguments?: Record<string, unknown>, key?: string}} opts */
+  async answer(run, toolCallId, decision, opts) {
     checkRunId(run);
-    const r = await this.post(`/api/runs/${run}/approve`, { call: toolCallId, deny: true, ...(opts.reason ? { reason: opts.reason } : {}) }, run, "approval answer", opts.key);
+    const body = { toolCallId, decision, ...(opts.reason ? { reason: opts.reason } : {}), ...(opts.arguments ? { arguments: opts.arguments } : {}) };
+    const r = await this.post(`/api/runs/${run}/approve`, body, run, "approval answer", opts.key);
     return { seq: r.controlSeq };
   }
 }

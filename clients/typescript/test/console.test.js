@@ -91,7 +91,7 @@ test("follow through the console: what a NATS follower reads, envelope for envel
   assert.equal((await web.status(id)).state, "succeeded");
 });
 
-test("control through the console: keys, abort, and its answers (409, 404, 401, 501)", async () => {
+test("control through the console: keys, approvals, abort, and its answers (409, 404, 401, 422)", async () => {
   // The run waits for its calculator call's answer while we steer.
   const { id } = await nats.submit(gated());
   const { rest } = await consoleUntil(id, "tool_approval_requested");
@@ -99,8 +99,11 @@ test("control through the console: keys, abort, and its answers (409, 404, 401, 
   const s2 = await web.steer(id, "Count in French instead", { key: "french" });
   assert.equal(s2.seq, s1.seq);
   const f1 = await web.followUp(id, "And in German?");
-  await assert.rejects(web.approve(id, "c1"), (err) => err instanceof ConsoleError && err.status === 501);
-  await nats.approve(id, "c1");
+  // An edit the tool's schema refuses is a 422 and leaves the call waiting;
+  // an answer for a call that does not wait, a 409.
+  await assert.rejects(web.approve(id, "c1", { arguments: { bogus: 1 } }), (err) => err instanceof ConsoleError && err.status === 422);
+  await assert.rejects(web.approve(id, "nosuchcall"), (err) => err instanceof ConsoleError && err.status === 409);
+  await web.approve(id, "c1", { reason: "checked" });
   const envs = await rest;
   assert.deepEqual(
     envs.filter((e) => e.event.type === "message_end" && e.controlSeq).map((e) => e.controlSeq),

@@ -248,6 +248,8 @@ export type ToolApprovalRequestedEvent = {
   /** Unix milliseconds. */
   expiresAt: number;
   answersAfter?: number;
+  /** The tool's JSON Schema, which an edit must pass (since 1.8); absent when larger than 16 KiB. */
+  parameters?: { [key: string]: unknown };
 };
 
 /** A gated call got its answer, or timed out (since 1.3). */
@@ -605,6 +607,10 @@ export type RunRecord = {
   cost: number;
   error?: string;
   metadata?: { [key: string]: string };
+  /** Metadata "title", else the prompt's first line (since 1.8). (maxLength 200) */
+  title?: string;
+  /** Who the run is charged to: metadata.tenant, or the worker's budgets' tenant (since 1.8). */
+  tenant?: string;
   /** Set by clients (Status, List) on a running record whose heartbeat is too old; never stored. */
   stale?: boolean;
   /** What a running run waits for. */
@@ -662,6 +668,10 @@ export type Presence = {
   tools: PresenceTool[];
   toolsTruncated?: boolean;
   toolsOmitted?: number;
+  /** The models of the worker's model tables, "provider/id" (since 1.8). */
+  models?: string[];
+  /** The model of requests that name none (since 1.8). */
+  defaultModel?: string;
 };
 
 export type PresenceTool = {

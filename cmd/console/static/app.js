@@ -1,7 +1,8 @@
 // agentfleet console. Hand-written, no build step, no dependencies.
 // Rule: everything that comes from a run (model text, tool arguments and
 // results, ids, errors) is put into the page as text (text nodes and
-// textContent), never as HTML.
+// textContent), never as HTML. Markdown (markdown.js) is rendered by
+// building elements, never by parsing HTML.
 "use strict";
 
 const session = { user: "", csrf: "", allowControl: false };
@@ -10,18 +11,30 @@ const session = { user: "", csrf: "", allowControl: false };
 // nodes or strings (which become text nodes).
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
+  setAttrs(e, attrs);
+  for (const c of children) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function setAttrs(e, attrs) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
     if (k === "class") e.className = v;
     else if (k === "text") e.textContent = v;
     else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else if (k.startsWith("data-") || k.startsWith("aria-") || k === "for" || k === "role") e.setAttribute(k, v);
+    else if (k.startsWith("data-") || k.startsWith("aria-") || k === "for" || k === "role" || k === "list") e.setAttribute(k, v);
     else e[k] = v;
   }
-  for (const c of children) {
-    if (c === null || c === undefined || c === false) continue;
-    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
+}
+
+// svg builds an SVG element; attrs are attributes.
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  for (const c of children) if (c) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return e;
 }
 
@@ -50,6 +63,7 @@ function newKey() {
 // carries a key: one that got no answer (the connection dropped) may have
 // been stored, so it is sent again with the same key, which the stream
 // stores once (docs/console.md), a few times before the error is shown.
+// An error answer throws an Error with its status and body.
 async function post(path, body, key) {
   const headers = { "Content-Type": "application/json", "X-CSRF-Token": session.csrf };
   if (key) headers["Idempotency-Key"] = key;
@@ -63,111 +77,228 @@ async function post(path, body, key) {
       continue;
     }
     const out = await r.json().catch(() => ({}));
-    if (!r.ok) throw new Error(out.error || r.status + " " + r.statusText);
+    if (!r.ok) {
+      const err = new Error(out.error || r.status + " " + r.statusText);
+      err.status = r.status;
+      err.body = out;
+      throw err;
+    }
     return out;
   }
 }
 
 // runPath is the page of a run; ids are [A-Za-z0-9_-], encoded anyway.
 const runPath = (id) => "/runs/" + encodeURIComponent(id);
+const runAPI = (id) => "/api/runs/" + encodeURIComponent(id);
 
+const nf = new Intl.NumberFormat("en-US");
 function fmtTokens(u) {
   const n = (u && u.totalTokens) || 0;
-  return n >= 10000 ? (n / 1000).toFixed(1) + "k" : String(n);
+  return n >= 100000 ? (n / 1000).toFixed(0) + "k" : nf.format(n);
 }
-function fmtCost(c) { return c ? "$" + c.toFixed(c < 0.01 ? 5 : 3) : "–"; }
+// fmtCost: "–" only when there is no cost (a model without prices).
+function fmtCost(c) {
+  if (!c) return "–";
+  return "$" + (c < 0.01 ? c.toFixed(5) : c < 10 ? c.toFixed(4) : c.toFixed(2));
+}
 function fmtDuration(ms) {
-  if (ms === null || ms === undefined || ms < 0) return "–";
-  if (ms < 1000) return ms + " ms";
+  if (ms === null || ms === undefined || ms < 0 || Number.isNaN(ms)) return "–";
+  if (ms < 1000) return Math.round(ms) + " ms";
   const s = ms / 1000;
   if (s < 60) return s.toFixed(1) + " s";
   const m = Math.floor(s / 60);
   if (m < 60) return m + "m " + Math.round(s % 60) + "s";
-  return Math.floor(m / 60) + "h " + (m % 60) + "m";
+  const h = Math.floor(m / 60);
+  if (h < 48) return h + "h " + (m % 60) + "m";
+  return Math.floor(h / 24) + "d " + (h % 24) + "h";
 }
-const isZeroTime = (t) => !t || t.startsWith("0001-");
+const isZeroTime = (t) => !t || (typeof t === "string" && t.startsWith("0001-"));
+const pad = (n, w) => String(n).padStart(w || 2, "0");
+// fmtDateTime is a full local date and time: 2026-12-07 14:05:09.
+function fmtDateTime(t) {
+  if (isZeroTime(t)) return "–";
+  const d = new Date(t);
+  if (Number.isNaN(d.getTime())) return "–";
+  return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+    pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+}
+// fmtClock is a local time of day with milliseconds.
+function fmtClock(ms) {
+  const d = new Date(ms);
+  return pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + "." + pad(d.getMilliseconds(), 3);
+}
+function fmtAgo(t) {
+  if (isZeroTime(t)) return "–";
+  const ms = Date.now() - new Date(t).getTime();
+  return ms < 0 ? "in " + fmtDuration(-ms) : fmtDuration(ms) + " ago";
+}
 function runDuration(r) {
   if (isZeroTime(r.startedAt)) return null;
   const end = isZeroTime(r.finishedAt) ? Date.now() : Date.parse(r.finishedAt);
   return end - Date.parse(r.startedAt);
 }
-function fmtTime(t) {
-  if (isZeroTime(t)) return "–";
-  const d = new Date(t);
-  return d.toLocaleTimeString([], { hour12: false }) + (Date.now() - d > 86400000 ? " " + d.toLocaleDateString() : "");
-}
 function stateBadge(state, stale) {
   return el("span", { class: "badge state-" + (stale ? "stale" : state), "data-state": state },
     stale ? state + " · stale" : state);
+}
+const json = (v) => JSON.stringify(v === undefined ? {} : v, null, 2);
+
+// fleetInfo is GET /api/fleet, shared by the pages that need the queues
+// and the presence (pick-lists).
+let fleetCache = null;
+async function fleetInfo() {
+  if (!fleetCache) fleetCache = getJSON("/api/fleet").catch((e) => { fleetCache = null; throw e; });
+  return fleetCache;
+}
+function presence(f) {
+  const models = new Set();
+  const defaults = new Set();
+  const tools = new Map(); // name -> {name, source, description, available}
+  for (const w of f.workers || []) {
+    for (const m of w.models || []) models.add(m);
+    if (w.defaultModel) defaults.add(w.defaultModel);
+    for (const t of w.tools || []) {
+      if (!tools.has(t.name) || t.available) tools.set(t.name, t);
+    }
+  }
+  return { models: [...models].sort(), defaults: [...defaults].sort(), tools: [...tools.values()] };
+}
+function bySource(tools) {
+  const groups = new Map();
+  for (const t of tools) {
+    const s = t.source || "builtin";
+    if (!groups.has(s)) groups.set(s, []);
+    groups.get(s).push(t);
+  }
+  return [...groups.entries()].sort(([a], [b]) => (a === "builtin" ? -1 : b === "builtin" ? 1 : a.localeCompare(b)));
+}
+function datalist(id, values) {
+  return el("datalist", { id }, ...values.map((v) => el("option", { value: v })));
 }
 
 // ---------------------------------------------------------------- runs page
 
 const STATES = ["", "queued", "running", "waiting", "stale", "succeeded", "failed", "aborted"];
+const FILTERS = ["state", "queue", "model", "tenant", "q", "since", "until"];
 
 function runsPage(main) {
   const params = new URLSearchParams(location.search);
+  const input = (id, name, placeholder, size, attrs) => el("input", Object.assign({ id, placeholder, size, value: params.get(name) || "", "aria-label": placeholder }, attrs || {}));
   const state = el("select", { id: "f-state", "aria-label": "state" },
     ...STATES.map((s) => el("option", { value: s, text: s || "all states" })));
   state.value = params.get("state") || "";
-  const queue = el("input", { id: "f-queue", placeholder: "queue", value: params.get("queue") || "", size: 10 });
-  const q = el("input", { id: "f-q", placeholder: "search run id", value: params.get("q") || "", size: 28 });
+  const queue = input("f-queue", "queue", "queue", 9, { list: "dl-queues" });
+  const model = input("f-model", "model", "model", 14, { list: "dl-models" });
+  const tenant = input("f-tenant", "tenant", "tenant", 9);
+  const meta = el("input", { id: "f-meta", placeholder: "metadata key=value, …", size: 18, value: params.getAll("meta").join(", "), "aria-label": "metadata" });
+  const localValue = (iso) => {
+    if (!iso) return "";
+    const d = new Date(iso);
+    return Number.isNaN(d.getTime()) ? "" : d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + "T" + pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  };
+  // The time range as the URL says it (the inputs show it in local time,
+  // to the second); an input the user changes replaces it.
+  const times = { since: params.get("since") || "", until: params.get("until") || "" };
+  const since = el("input", { id: "f-since", type: "datetime-local", step: 1, value: localValue(times.since), "aria-label": "written since" });
+  const until = el("input", { id: "f-until", type: "datetime-local", step: 1, value: localValue(times.until), "aria-label": "written before" });
+  for (const [k, i] of [["since", since], ["until", until]]) {
+    i.addEventListener("change", () => {
+      const d = i.value ? new Date(i.value) : null;
+      times[k] = d && !Number.isNaN(d.getTime()) ? d.toISOString() : "";
+    });
+  }
+  const q = input("f-q", "q", "search id or title", 20);
+  const size = el("select", { id: "f-limit", "aria-label": "runs per page" }, ...[25, 50, 100, 200, 500].map((n) => el("option", { value: String(n), text: n + " per page" })));
+  size.value = params.get("limit") || "50";
+  const clear = el("a", { href: "/", class: "small", id: "f-clear" }, "clear filters");
   const count = el("span", { class: "muted", id: "runs-count" });
+  const newer = el("button", { id: "page-newer", class: "secondary", type: "button" }, "← Newer");
+  const older = el("button", { id: "page-older", class: "secondary", type: "button" }, "Older →");
+  const pageNo = el("span", { class: "muted small", id: "page-no" });
   const tbody = el("tbody", { id: "runs-body" });
+  const lists = el("div", { hidden: true }, datalist("dl-queues", []), datalist("dl-models", []));
   main.append(
-    el("div", { class: "toolbar" }, el("h1", {}, "Runs"), state, queue, q, count),
+    el("div", { class: "toolbar" }, el("h1", {}, "Runs"), count),
+    el("div", { class: "filters" }, state, queue, model, tenant, meta, el("label", { class: "small muted" }, "since ", since),
+      el("label", { class: "small muted" }, "before ", until), q, size, clear),
+    lists,
     el("table", { class: "runs", id: "runs" },
-      el("thead", {}, el("tr", {}, ...["Run", "State", "Queue", "Model", "Metadata", "Attempt", "Worker",
+      el("thead", {}, el("tr", {}, ...["Run", "State", "Queue", "Model", "Tenant", "Metadata",
         "Turns", "Tokens", "Cost", "Duration", "Submitted"].map((h) => el("th", {}, h)))),
-      tbody));
+      tbody),
+    el("div", { class: "pager" }, newer, pageNo, older));
+  fleetInfo().then((f) => {
+    lists.replaceChildren(datalist("dl-queues", f.queues.map((x) => x.queue)), datalist("dl-models", presence(f).models));
+  }).catch(() => {});
 
+  // The cursors of the pages before this one (Newer goes back).
+  let stack = (history.state && history.state.stack) || [];
+  let before = params.get("before") || "";
   let ctl = null;
   let version = null;
   const query = () => {
     const p = new URLSearchParams();
     if (state.value) p.set("state", state.value);
-    if (queue.value.trim()) p.set("queue", queue.value.trim());
-    if (q.value.trim()) p.set("q", q.value.trim());
+    for (const [k, i] of [["queue", queue], ["model", model], ["tenant", tenant], ["q", q]]) if (i.value.trim()) p.set(k, i.value.trim());
+    for (const kv of meta.value.split(",")) if (kv.trim()) p.append("meta", kv.trim());
+    for (const k of ["since", "until"]) if (times[k]) p.set(k, times[k]);
+    if (size.value !== "50") p.set("limit", size.value);
     return p;
   };
   const render = (page) => {
     const rows = page.runs.map((r) => {
       const meta = Object.entries(r.metadata || {}).map(([k, v]) => k + "=" + v).join(" ");
+      const waiting = r.waiting && r.state === "running" ? r.waiting.for || "" : "";
       return el("tr", { "data-run": r.id, "data-state": r.stale ? "stale" : r.state },
-        el("td", { class: "mono" }, el("a", { href: runPath(r.id) }, r.id)),
-        el("td", {}, stateBadge(r.state, r.stale), r.reason ? el("span", { class: "muted" }, " " + r.reason) : null,
-          r.waiting && r.state === "running" ? el("span", { class: "muted" }, " waiting for " + r.waiting.for) : null),
+        el("td", { class: "run" }, el("a", { href: runPath(r.id), class: "title" }, r.title || r.id),
+          r.title ? el("div", { class: "mono small muted" }, r.id) : null),
+        el("td", {}, stateBadge(r.state, r.stale), r.reason ? el("div", { class: "muted small" }, r.reason) : null,
+          waiting ? el("div", { class: "waiting small" }, "waiting for " + waiting) : null),
         el("td", {}, r.queue || ""),
-        el("td", {}, r.model || ""),
+        el("td", { class: "small" }, r.model || ""),
+        el("td", {}, r.tenant || ""),
         el("td", { class: "meta" }, meta),
-        el("td", { class: "num" }, String(r.attempt || "")),
-        el("td", { class: "mono small" }, r.worker || ""),
         el("td", { class: "num" }, String(r.turns || 0)),
         el("td", { class: "num" }, fmtTokens(r.usage)),
         el("td", { class: "num" }, fmtCost(r.cost)),
         el("td", { class: "num" }, fmtDuration(runDuration(r))),
-        el("td", { class: "small" }, fmtTime(r.submittedAt || r.startedAt)));
+        el("td", { class: "small nowrap" }, fmtDateTime(r.submittedAt || r.startedAt)));
     });
     if (rows.length === 0) {
-      rows.push(el("tr", {}, el("td", { colSpan: 12, class: "muted empty" },
-        page.ready ? "No runs match." : "Reading the run records…")));
+      rows.push(el("tr", {}, el("td", { colSpan: 11, class: "muted empty" },
+        page.truncated ? "No match in the records scanned so far." : "No runs match.")));
     }
     tbody.replaceChildren(...rows);
-    count.textContent = page.total > page.runs.length
-      ? page.runs.length + " of " + page.total + " runs" : page.total + " runs";
+    count.textContent = page.truncated
+      ? page.runs.length + " runs · scanned " + nf.format(page.scanned) + " of " + nf.format(page.stored) + " records"
+      : page.runs.length + " shown · " + nf.format(page.stored) + " records in all";
+    count.dataset.scanned = String(page.scanned);
+    count.dataset.truncated = String(!!page.truncated);
+    older.hidden = !page.next;
+    older.textContent = page.truncated ? "Scan further →" : "Older →";
+    older.dataset.next = String(page.next || "");
+    newer.hidden = !before;
+    pageNo.textContent = before ? "page " + (stack.length + 1) : "newest";
+    tbody.dataset.before = before;
   };
-  // loop long-polls: each answer comes when the records change.
-  const loop = async () => {
+  // load reads the page; the first page long-polls, each answer coming
+  // when a record is written, so it follows the fleet.
+  const load = async () => {
+    if (ctl) ctl.abort();
     ctl = new AbortController();
     const signal = ctl.signal;
+    version = null;
     while (!signal.aborted) {
       const p = query();
+      if (before) p.set("before", before);
       if (version !== null) p.set("after", version);
       try {
         const page = await getJSON("/api/runs?" + p, signal);
+        if (signal.aborted) return;
         version = page.version;
         render(page);
-        // A busy fleet changes records all the time: at most two
+        if (before) return; // an older page stays as read
+        // A busy fleet writes records all the time: at most two
         // renders a second.
         await new Promise((r) => setTimeout(r, 500));
       } catch (e) {
@@ -177,19 +308,109 @@ function runsPage(main) {
       }
     }
   };
-  const refilter = () => {
+  const url = () => {
     const p = query();
-    history.replaceState(null, "", p.toString() ? "/?" + p : "/");
-    if (ctl) ctl.abort();
-    version = null;
-    loop();
+    if (before) p.set("before", before);
+    return p.toString() ? "/?" + p : "/";
   };
-  state.addEventListener("change", refilter);
+  const refilter = () => {
+    before = "";
+    stack = [];
+    history.replaceState({ stack }, "", url());
+    load();
+  };
+  for (const s of [state, size, since, until]) s.addEventListener("change", refilter);
   let typing = null;
-  for (const i of [queue, q]) {
-    i.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(refilter, 250); });
+  for (const i of [queue, model, tenant, meta, q]) {
+    i.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(refilter, 300); });
   }
-  loop();
+  older.addEventListener("click", () => {
+    if (!older.dataset.next) return;
+    stack = stack.concat([before]);
+    before = older.dataset.next;
+    history.pushState({ stack }, "", url());
+    load();
+  });
+  newer.addEventListener("click", () => {
+    before = stack.length ? stack[stack.length - 1] : "";
+    stack = stack.slice(0, -1);
+    history.pushState({ stack }, "", url());
+    load();
+  });
+  window.addEventListener("popstate", () => {
+    const p = new URLSearchParams(location.search);
+    before = p.get("before") || "";
+    stack = (history.state && history.state.stack) || [];
+    load();
+  });
+  load();
+}
+
+// ------------------------------------------------------- approval answers
+
+// approvalWidget answers one waiting call: Approve, Deny with a reason,
+// or Edit arguments (the console checks them against the tool's schema
+// before the answer is sent; its complaint is shown here). call has run,
+// toolCallId, toolName, args, expiresAt (Unix ms or RFC 3339).
+function approvalWidget(call, onSent) {
+  const expires = typeof call.expiresAt === "number" ? call.expiresAt : Date.parse(call.expiresAt || "");
+  const box = el("div", { class: "approval", "data-call": call.toolCallId, role: "group", "aria-label": "approval of " + (call.toolName || "") });
+  const head = el("div", { class: "approval-head" },
+    el("span", { class: "badge state-waiting" }, "waiting for approval"), " ",
+    el("span", { class: "mono" }, call.toolName || ""),
+    expires ? el("span", { class: "muted small" }, " · expires " + fmtDateTime(expires) + " (" + fmtAgo(expires) + ")") : null);
+  box.append(head);
+  const problem = el("div", { class: "error-text approval-error", role: "alert" });
+  const rejected = el("div", { class: "error-text approval-rejected", role: "alert" });
+  box.rejected = (reason) => { rejected.textContent = "The run refused the answer: " + reason; };
+  if (!session.allowControl) {
+    box.append(el("div", { class: "muted small" }, "Read-only console: answer with `submit approve` or from a console started with --allow-control."));
+    return box;
+  }
+  let key = null; // one answer, retried with its key
+  const send = async (answer, errorAt) => {
+    problem.textContent = "";
+    errorAt.textContent = "";
+    const body = Object.assign({ toolCallId: call.toolCallId }, answer);
+    const k = key && key.body === JSON.stringify(body) ? key.k : newKey();
+    key = { body: JSON.stringify(body), k };
+    box.classList.add("sending");
+    try {
+      await post(runAPI(call.run) + "/approve", body, k);
+      box.classList.add("sent");
+      box.dataset.sent = answer.decision;
+      status.textContent = (answer.decision === "approve" ? "Approved" : "Denied") + (answer.arguments ? " with edited arguments" : "") + ": waiting for the run…";
+      if (onSent) onSent(answer);
+    } catch (err) {
+      (err.body && err.body.field === "arguments" ? errorAt : problem).textContent = err.message;
+    } finally {
+      box.classList.remove("sending");
+    }
+  };
+  const status = el("div", { class: "approval-status small" });
+  const approve = el("button", { type: "button", class: "approve" }, "Approve");
+  const denyBtn = el("button", { type: "button", class: "deny danger" }, "Deny…");
+  const editBtn = el("button", { type: "button", class: "edit secondary" }, "Edit arguments…");
+  const reason = el("input", { class: "deny-reason", placeholder: "reason (the model sees it)", size: 40, "aria-label": "reason" });
+  const denyGo = el("button", { type: "button", class: "deny-send danger" }, "Deny");
+  const denyForm = el("div", { class: "deny-form", hidden: true }, reason, denyGo);
+  const args = el("textarea", { class: "edit-args mono", rows: 6, spellcheck: false, "aria-label": "arguments (JSON)" });
+  args.value = json(call.args);
+  const schemaError = el("div", { class: "error-text schema-error", role: "alert" });
+  const editGo = el("button", { type: "button", class: "edit-send" }, "Approve with these arguments");
+  const editForm = el("div", { class: "edit-form", hidden: true }, args, editGo, schemaError);
+  approve.addEventListener("click", () => send({ decision: "approve" }, problem));
+  denyBtn.addEventListener("click", () => { denyForm.hidden = !denyForm.hidden; editForm.hidden = true; if (!denyForm.hidden) reason.focus(); });
+  editBtn.addEventListener("click", () => { editForm.hidden = !editForm.hidden; denyForm.hidden = true; });
+  denyGo.addEventListener("click", () => send({ decision: "deny", reason: reason.value.trim() || undefined }, problem));
+  editGo.addEventListener("click", () => {
+    let v;
+    try { v = JSON.parse(args.value); } catch (e) { schemaError.textContent = "Not JSON: " + e.message; return; }
+    if (!v || typeof v !== "object" || Array.isArray(v)) { schemaError.textContent = "The arguments must be a JSON object."; return; }
+    send({ decision: "approve", arguments: v }, schemaError);
+  });
+  box.append(el("div", { class: "approval-actions" }, approve, denyBtn, editBtn), denyForm, editForm, problem, rejected, status);
+  return box;
 }
 
 // ----------------------------------------------------------------- run page
@@ -198,19 +419,27 @@ function runsPage(main) {
 // rules: events of an older attempt that come after a newer attempt's
 // run_started are ignored; of an attempt's seq only the first counts (a
 // re-sent event may be stored twice); run_resumed keeps only the first
-// messagesRestored messages of the earlier attempts.
+// messagesRestored messages of the earlier attempts. It shows the run as a
+// timeline: a separator before each turn with its time, duration, tokens,
+// cost and a compact waterfall of its model call and tool calls.
 class Transcript {
-  constructor(root, onStatus) {
+  constructor(root, runID, onStatus, onChange) {
     this.root = root;
+    this.runID = runID;
     this.onStatus = onStatus;
+    this.onChange = onChange || (() => {});
     this.attempt = 0;
     this.lastSeq = 0; // of this.attempt
     this.messages = []; // finished message elements, in transcript order
     this.current = null; // the message being streamed
     this.blocks = [];
     this.calls = new Map(); // toolCallId -> tool call element
+    this.approvals = new Map(); // toolCallId -> waiting banner
     this.turn = 0;
+    this.turnInfo = null;
+    this.lastTS = 0;
     this.finished = null;
+    this.usage = { totalTokens: 0, cost: 0 }; // of the messages so far
   }
 
   apply(env) {
@@ -220,25 +449,38 @@ class Transcript {
     if (env.attempt > this.attempt) {
       if (this.attempt > 0 && this.current) {
         this.current.classList.add("interrupted");
+        this.endStreaming(this.current);
         this.current.append(el("div", { class: "note" }, "interrupted: attempt " + this.attempt + " stopped here"));
         this.current = null;
       }
       this.attempt = env.attempt;
     }
     if (env.seq) this.lastSeq = env.seq;
+    const ts = env.ts || this.lastTS;
+    try {
+      this.dispatch(env, ev, ts);
+    } finally {
+      this.lastTS = ts;
+      this.onChange();
+    }
+  }
+
+  dispatch(env, ev, ts) {
     switch (ev.type) {
       case "run_started": return this.runStarted(env, ev);
       case "run_resumed": return this.runResumed(ev);
       case "run_finished": return this.runFinished(ev);
-      case "message_start": return this.messageStart(env, ev.message || {});
+      case "turn_start": return this.turnStart(ts);
+      case "turn_end": return this.turnEnd(ts);
+      case "message_start": return this.messageStart(env, ev.message || {}, ts);
       case "message_update": return this.messageUpdate(ev.assistantMessageEvent || {});
-      case "message_end": return this.messageEnd(env, ev.message || {});
-      case "tool_execution_start": return this.toolState(ev.toolCallId, "running");
-      case "tool_execution_end": return this.toolState(ev.toolCallId, ev.isError ? "error" : "done");
-      case "turn_end":
-        this.turn++;
-        this.root.append(el("div", { class: "turn-sep" }, el("span", {}, "turn " + this.turn)));
-        return;
+      case "message_end": return this.messageEnd(env, ev.message || {}, ts);
+      case "tool_execution_start": return this.toolStart(ev, ts);
+      case "tool_execution_end": return this.toolEnd(ev, ts);
+      case "tool_approval_requested": return this.approvalRequested(ev, ts);
+      case "tool_approval_resolved": return this.approvalResolved(ev, ts);
+      case "tool_approval_rejected": return this.approvalRejected(ev);
+      case "model_wait": return this.fleetEvent("notice", "the model call waited " + fmtDuration(ev.waitedMs) + (ev.reason ? " (" + ev.reason + ")" : ""));
     }
   }
 
@@ -251,7 +493,8 @@ class Transcript {
     this.fleetEvent("started", "attempt " + ev.attempt + " started on ", el("span", { class: "mono" }, ev.worker || env.worker),
       " · queue " + ev.queue + (model ? " · " + model : "") +
       (ev.tools && ev.tools.length ? " · tools: " + ev.tools.join(", ") : "") +
-      (ev.continueFrom ? " · continues " + ev.continueFrom : ""));
+      (ev.continueFrom ? " · continues " + ev.continueFrom : "") +
+      (env.ts ? " · " + fmtDateTime(env.ts) : ""));
     if (ev.notice) this.fleetEvent("notice", ev.notice);
     this.onStatus({ attempt: ev.attempt, worker: ev.worker || env.worker, queue: ev.queue, model, state: "running" });
   }
@@ -268,25 +511,98 @@ class Transcript {
 
   runFinished(ev) {
     this.finished = ev;
+    if (this.current) this.endStreaming(this.current);
+    this.closeTurn(this.lastTS);
+    for (const b of this.approvals.values()) b.remove();
+    this.approvals.clear();
     const u = ev.usage || {};
     this.fleetEvent("finished state-" + ev.status,
       "finished: " + ev.status + (ev.reason ? " (" + ev.reason + ")" : "") +
-      " · " + ev.turns + " turns · " + (u.totalTokens || 0) + " tokens · " + fmtCost(ev.cost) +
+      " · " + ev.turns + " turns · " + nf.format(u.totalTokens || 0) + " tokens · " + fmtCost(ev.cost) +
       " · " + fmtDuration(ev.durationMs),
       ev.error ? el("div", { class: "error-text" }, ev.error) : null);
     this.onStatus({ state: ev.status, reason: ev.reason, turns: ev.turns, usage: ev.usage, cost: ev.cost, durationMs: ev.durationMs, finished: true });
   }
 
-  messageStart(env, m) {
+  // A turn: a separator before it, filled in as it goes.
+  turnStart(ts) {
+    this.closeTurn(ts);
+    this.turn++;
+    const label = el("span", { class: "turn-label" }, "turn " + this.turn);
+    const when = el("span", { class: "turn-when" }, ts ? fmtClock(ts) : "");
+    const stats = el("span", { class: "turn-stats" });
+    const fall = el("div", { class: "waterfall" });
+    const sep = el("div", { class: "turn-sep", "data-turn": String(this.turn) }, el("div", { class: "turn-line" }, label, when, stats), fall);
+    this.root.append(sep);
+    this.turnInfo = { sep, stats, fall, start: ts, end: 0, rows: [], tokens: 0, cost: 0, hasCost: false };
+  }
+
+  turnEnd(ts) {
+    if (this.turnInfo) this.turnInfo.end = ts;
+    this.drawTurn();
+  }
+
+  closeTurn(ts) {
+    const t = this.turnInfo;
+    if (t && !t.end) t.end = ts || this.lastTS;
+    this.drawTurn();
+  }
+
+  // row adds a bar to the turn's waterfall.
+  row(kind, label, start) {
+    const t = this.turnInfo;
+    if (!t) return null;
+    const r = { kind, label, start, end: 0 };
+    t.rows.push(r);
+    this.drawTurn();
+    return r;
+  }
+
+  drawTurn() {
+    const t = this.turnInfo;
+    if (!t) return;
+    const end = t.end || Math.max(this.lastTS, ...t.rows.map((r) => r.end || r.start));
+    const span = Math.max(end - t.start, 1);
+    t.stats.textContent = [
+      t.end ? fmtDuration(t.end - t.start) : "running",
+      t.tokens ? nf.format(t.tokens) + " tokens" : "",
+      t.hasCost ? fmtCost(t.cost) : "",
+    ].filter(Boolean).join(" · ");
+    t.fall.replaceChildren(...t.rows.map((r) => {
+      const bar = el("span", { class: "bar bar-" + r.kind });
+      const rEnd = r.end || end;
+      bar.style.left = (100 * (r.start - t.start) / span).toFixed(2) + "%";
+      bar.style.width = Math.max(0.5, 100 * (rEnd - r.start) / span).toFixed(2) + "%";
+      return el("div", { class: "wf-row", "data-kind": r.kind },
+        el("span", { class: "wf-label" }, r.label),
+        el("span", { class: "wf-when mono" }, fmtClock(r.start)),
+        el("span", { class: "wf-dur mono" }, r.end ? fmtDuration(r.end - r.start) : "…"),
+        el("span", { class: "wf-track" }, bar));
+    }));
+  }
+
+  messageStart(env, m, ts) {
     const role = m.role || "message";
     const body = el("div", { class: "body" });
+    const meta = el("span", { class: "msg-meta" });
     const box = el("div", { class: "msg msg-" + role, "data-role": role },
-      el("div", { class: "role" }, roleLabel(m)), body);
+      el("div", { class: "role" }, el("span", {}, roleLabel(m)), meta), body);
     box.body = body;
+    box.meta = meta;
+    if (role === "assistant") {
+      // The model call: from the event before (the request went out).
+      box.call = this.row("model", "model" + (m.model ? " " + m.model : ""), this.lastTS || ts);
+      meta.append(el("span", { class: "streaming" }, "streaming"));
+    }
     this.root.append(box);
     this.current = box;
     this.blocks = [];
     if (role !== "assistant") this.fill(box, m);
+  }
+
+  endStreaming(box) {
+    for (const s of box.querySelectorAll(".streaming")) s.remove();
+    for (const t of box.querySelectorAll(".text.md-live")) renderLive(t, true);
   }
 
   messageUpdate(se) {
@@ -295,34 +611,51 @@ class Transcript {
     const i = se.contentIndex || 0;
     const block = (kind) => {
       if (!this.blocks[i]) {
-        this.blocks[i] = renderBlock({ type: kind, name: se.name, id: se.id, text: "", thinking: "" }, this);
+        this.blocks[i] = renderBlock({ type: kind, name: se.name, id: se.id, text: "", thinking: "" }, this, true);
         box.body.append(this.blocks[i]);
       }
       return this.blocks[i];
     };
     switch (se.type) {
       case "text_start": block("text"); break;
-      case "text_delta": block("text").querySelector(".text").append(se.delta || ""); break;
+      case "text_delta": appendLive(block("text").querySelector(".text"), se.delta || ""); break;
       case "thinking_start": block("thinking"); break;
       case "thinking_delta": block("thinking").querySelector(".text").append(se.delta || ""); break;
       case "toolcall_start": block("toolCall"); break;
       case "toolcall_delta": block("toolCall").querySelector(".args").append(se.delta || ""); break;
       case "toolcall_end":
-        if (se.toolCall) block("toolCall").querySelector(".args").textContent = JSON.stringify(se.toolCall.arguments || {}, null, 2);
+        if (se.toolCall) block("toolCall").querySelector(".args").textContent = json(se.toolCall.arguments);
         break;
     }
   }
 
-  messageEnd(env, m) {
+  messageEnd(env, m, ts) {
     let box = this.current;
     if (!box || box.dataset.role !== m.role) {
-      this.messageStart(env, m);
+      this.messageStart(env, m, ts);
       box = this.current;
     }
     if (m.role === "assistant") {
       box.body.replaceChildren();
       this.fill(box, m);
-      if (m.usage) this.onStatus({ addUsage: m.usage });
+      this.endStreaming(box);
+      if (box.call) box.call.end = ts;
+      const u = m.usage || {};
+      const cost = u.cost && typeof u.cost.total === "number" ? u.cost.total : null;
+      box.meta.replaceChildren(...[
+        el("span", {}, fmtClock(box.call ? box.call.start : ts)),
+        box.call ? el("span", {}, fmtDuration(ts - box.call.start)) : null,
+        u.totalTokens ? el("span", { class: "tokens" }, nf.format(u.totalTokens) + " tokens") : null,
+        cost ? el("span", { class: "cost" }, fmtCost(cost)) : null,
+      ].filter(Boolean));
+      if (this.turnInfo) {
+        this.turnInfo.tokens += u.totalTokens || 0;
+        if (cost) { this.turnInfo.cost += cost; this.turnInfo.hasCost = true; }
+      }
+      this.usage.totalTokens += u.totalTokens || 0;
+      this.usage.cost += cost || 0;
+      this.onStatus({ live: this.usage });
+      this.drawTurn();
     }
     if (m.role === "toolResult") {
       const call = this.calls.get(m.toolCallId);
@@ -345,13 +678,95 @@ class Transcript {
   }
 
   fill(box, m) {
-    for (const c of contentOf(m)) box.body.append(renderBlock(c, this));
+    for (const c of contentOf(m)) box.body.append(renderBlock(c, this, m.role === "assistant"));
   }
 
-  toolState(id, state) {
-    const call = this.calls.get(id);
-    if (call) call.dataset.exec = state;
+  toolStart(ev, ts) {
+    const call = this.calls.get(ev.toolCallId);
+    if (call) {
+      call.dataset.exec = "running";
+      call.timing = this.row("tool", ev.toolName || "tool", ts);
+      call.querySelector(".timing").textContent = "started " + fmtClock(ts);
+    }
   }
+
+  toolEnd(ev, ts) {
+    const call = this.calls.get(ev.toolCallId);
+    if (!call) return;
+    call.dataset.exec = ev.isError ? "error" : "done";
+    if (call.timing) {
+      call.timing.end = ts;
+      call.querySelector(".timing").textContent = "started " + fmtClock(call.timing.start) + " · " + fmtDuration(ts - call.timing.start);
+      this.drawTurn();
+    }
+  }
+
+  approvalRequested(ev, ts) {
+    const call = this.calls.get(ev.toolCallId);
+    const banner = approvalWidget({ run: this.runID, toolCallId: ev.toolCallId, toolName: ev.toolName, args: ev.args, expiresAt: ev.expiresAt });
+    const old = this.approvals.get(ev.toolCallId);
+    if (old) old.remove();
+    this.approvals.set(ev.toolCallId, banner);
+    if (call) {
+      call.dataset.exec = "waiting";
+      call.querySelector(".results").before(banner);
+      call.wait = this.row("wait", "approval " + (ev.toolName || ""), ts);
+    } else {
+      this.root.append(banner);
+    }
+    this.onStatus({ waiting: this.approvals.size });
+  }
+
+  approvalResolved(ev, ts) {
+    const banner = this.approvals.get(ev.toolCallId);
+    if (banner) banner.remove();
+    this.approvals.delete(ev.toolCallId);
+    const call = this.calls.get(ev.toolCallId);
+    if (call && call.wait) { call.wait.end = ts; this.drawTurn(); }
+    const outcome = el("div", { class: "approval-outcome decision-" + ev.decision, "data-decision": ev.decision },
+      ev.decision === "timeout" ? "not answered in time" :
+        (ev.decision === "approve" ? "approved" : "denied") + (ev.by ? " by " + ev.by : "") + (ev.reason ? ": " + ev.reason : ""),
+      ts ? el("span", { class: "muted small" }, " · " + fmtClock(ts)) : null);
+    if (call) {
+      if (call.dataset.exec === "waiting") call.dataset.exec = ev.decision === "approve" ? "running" : "called";
+      call.querySelector(".results").before(outcome);
+      if (ev.decision === "approve" && ev.controlSeq) this.showEdit(call, ev);
+    } else {
+      this.root.append(outcome);
+    }
+    this.onStatus({ waiting: this.approvals.size });
+  }
+
+  // showEdit reads the answer: an approver's edited arguments are what ran.
+  async showEdit(call, ev) {
+    let a;
+    try { a = await getJSON(runAPI(this.runID) + "/answers/" + encodeURIComponent(ev.controlSeq)); } catch { return; }
+    if (!a.arguments) return;
+    const model = call.querySelector(".args");
+    model.classList.add("superseded");
+    model.before(el("div", { class: "label superseded-label" }, "the model's arguments (not run):"));
+    model.after(el("div", { class: "label edited-label" }, "ran with the arguments " + (a.by || ev.by || "the approver") + " edited:"),
+      el("pre", { class: "args edited-args" }, json(a.arguments)));
+  }
+
+  approvalRejected(ev) {
+    const banner = this.approvals.get(ev.toolCallId);
+    if (banner) banner.rejected(ev.reason || "");
+    else this.fleetEvent("notice", "approval answer refused: " + (ev.reason || ""));
+  }
+}
+
+// Live markdown: deltas are kept as the text's source and rendered at
+// most ten times a second (and once more at the end).
+function appendLive(node, delta) {
+  node.raw = (node.raw || "") + delta;
+  if (!node.timer) node.timer = setTimeout(() => renderLive(node, false), 100);
+}
+function renderLive(node, final) {
+  clearTimeout(node.timer);
+  node.timer = null;
+  node.replaceChildren(renderMarkdown(node.raw || "", document));
+  if (final) node.classList.remove("md-live");
 }
 
 function roleLabel(m) {
@@ -371,29 +786,40 @@ function contentOf(m) {
 const SAFE_MIME = /^image\/(png|jpeg|gif|webp|bmp)$/;
 const BASE64 = /^[A-Za-z0-9+/=\s]*$/;
 
-function renderBlock(c, tr) {
+// renderBlock shows a content block; markdown is for assistant text.
+function renderBlock(c, tr, markdown) {
   switch (c.type) {
-    case "text":
-      return el("div", { class: "block" }, el("div", { class: "text" }, c.text || ""));
+    case "text": {
+      if (!markdown) return el("div", { class: "block" }, el("div", { class: "text plain" }, c.text || ""));
+      const t = el("div", { class: "text md-live" });
+      t.raw = c.text || "";
+      renderLive(t, false);
+      return el("div", { class: "block" }, t);
+    }
     case "thinking":
       return el("details", { class: "block thinking" }, el("summary", {}, c.redacted ? "thinking (redacted)" : "thinking"),
-        el("div", { class: "text" }, c.thinking || ""));
+        el("div", { class: "text plain" }, c.thinking || ""));
     case "image":
       if (SAFE_MIME.test(c.mimeType || "") && BASE64.test(c.data || "")) {
         return el("div", { class: "block" }, el("img", { class: "image", alt: "image (" + c.mimeType + ")", src: "data:" + c.mimeType + ";base64," + c.data }));
       }
       return el("div", { class: "block note" }, "image of type " + (c.mimeType || "?") + " not shown");
     case "toolCall": {
-      const call = el("div", { class: "block toolcall", "data-exec": "called" },
+      const call = el("div", { class: "block toolcall", "data-exec": "called", "data-call": c.id || "" },
         el("div", { class: "label" }, "tool call · ", el("span", { class: "mono" }, c.name || ""), el("span", { class: "exec" })),
-        el("pre", { class: "args" }, c.arguments ? JSON.stringify(c.arguments, null, 2) : ""),
+        el("div", { class: "timing small muted" }),
+        el("pre", { class: "args" }, c.arguments ? json(c.arguments) : ""),
         el("div", { class: "results" }));
       if (c.id && tr) {
         const old = tr.calls.get(c.id);
         if (old && old.isConnected && !old.closest(".dropped")) {
-          // The final message replaces the streamed block: keep results.
+          // The final message replaces the streamed block: keep what the
+          // block gathered since.
           call.querySelector(".results").replaceWith(old.querySelector(".results"));
+          call.querySelector(".timing").replaceWith(old.querySelector(".timing"));
           call.dataset.exec = old.dataset.exec;
+          call.timing = old.timing;
+          call.wait = old.wait;
         }
         tr.calls.set(c.id, call);
       }
@@ -407,39 +833,52 @@ async function runPage(main, id) {
   document.title = id + " · agentfleet console";
   const status = {};
   const line = el("div", { class: "statusline", id: "status" });
+  const title = el("div", { class: "run-title", id: "run-title" });
   const transcript = el("div", { class: "transcript", id: "transcript" });
   const controls = el("div", { class: "controls", id: "controls" });
-  main.append(el("div", { class: "toolbar" }, el("h1", {}, "Run ", el("span", { class: "mono", id: "run-id" }, id))), line, controls, transcript);
+  const follow = el("button", { id: "follow", class: "follow", type: "button", hidden: true }, "↓ follow the run");
+  main.append(el("div", { class: "toolbar" }, el("h1", {}, "Run ", el("span", { class: "mono", id: "run-id" }, id))), title, line, controls, transcript, follow);
 
   const drawStatus = () => {
     const u = status.usage || {};
+    const live = status.live || {};
+    // The record is written with the heartbeat: the live sum of the
+    // messages is newer while the run goes on.
+    const tokens = Math.max(u.totalTokens || 0, live.totalTokens || 0);
+    const cost = Math.max(status.cost || 0, live.cost || 0);
     line.replaceChildren(...[
       stateBadge(status.state || "unknown", status.stale),
       status.reason ? el("span", { class: "muted" }, status.reason) : null,
+      status.waiting ? el("span", { class: "waiting", id: "waiting-count" }, status.waiting + (status.waiting === 1 ? " call waits" : " calls wait") + " for approval") : null,
       el("span", {}, "queue " + (status.queue || "–")),
       el("span", {}, "model " + (status.model || "–")),
       el("span", {}, "attempt " + (status.attempt || "–")),
       el("span", { class: "mono" }, "worker " + (status.worker || "–")),
       el("span", {}, (status.turns || 0) + " turns"),
-      el("span", {}, (u.totalTokens || 0) + " tokens"),
-      el("span", {}, "cost " + fmtCost(status.cost)),
+      el("span", { id: "total-tokens" }, nf.format(tokens) + " tokens"),
+      el("span", { id: "total-cost" }, "cost " + fmtCost(cost)),
       el("span", {}, "duration " + fmtDuration(status.durationMs)),
+      status.submittedAt ? el("span", { class: "muted small" }, "submitted " + fmtDateTime(status.submittedAt)) : null,
     ].filter(Boolean));
     line.dataset.state = status.state || "";
     controls.hidden = !!status.finished;
   };
   const update = (s) => {
-    if (s.addUsage) {
-      // Tokens of the messages streamed so far; the record has the total.
-      return;
-    }
     Object.assign(status, s);
     drawStatus();
   };
   const fromRecord = (r) => {
     update({ state: r.state, stale: r.stale, reason: r.reason, queue: r.queue, model: r.model, attempt: r.attempt,
-      worker: r.worker, turns: r.turns, usage: r.usage, cost: r.cost, durationMs: runDuration(r),
+      worker: r.worker, turns: r.turns, usage: r.usage, cost: r.cost, durationMs: runDuration(r), submittedAt: r.submittedAt,
       finished: ["succeeded", "failed", "aborted"].includes(r.state) });
+    title.textContent = r.title || "";
+    if (r.tenant) title.append(el("span", { class: "muted small" }, " · tenant " + r.tenant));
+    if (!following.decided) {
+      // A live run is followed from the start; a finished one is read
+      // from the top.
+      following.decided = true;
+      following.on = !status.finished;
+    }
   };
   drawStatus();
 
@@ -457,7 +896,7 @@ async function runPage(main, id) {
         try {
           if (unsent.text !== text) unsent = { text, key: newKey() };
           const key = unsent.key;
-          await post("/api/runs/" + encodeURIComponent(id) + "/" + action, { text }, key);
+          await post(runAPI(id) + "/" + action, { text }, key);
           // Another text may have been sent (or typed) meanwhile.
           if (unsent.key === key) unsent = { text: null, key: "" };
           if (input.value === text) input.value = "";
@@ -469,21 +908,47 @@ async function runPage(main, id) {
     const abort = el("button", { id: "abort", class: "danger" }, "Abort");
     abort.addEventListener("click", async () => {
       try {
-        await post("/api/runs/" + encodeURIComponent(id) + "/abort", { reason: "aborted from the console by " + session.user }, newKey());
+        await post(runAPI(id) + "/abort", { reason: "aborted from the console by " + session.user }, newKey());
         toast("abort: sent");
       } catch (err) { toast("abort: " + err.message, true); }
     });
     controls.append(form("steer", "steer: taken after the current turn", "Steer"),
-      form("followup", "follow-up: taken when the run would stop", "Follow up"), abort,
-      el("div", { class: "muted small approvals" }, "Tool approvals: not available on this fleet yet."));
+      form("followup", "follow-up: taken when the run would stop", "Follow up"), abort);
   } else {
-    controls.append(el("div", { class: "muted small" }, "Read-only console: start it with --allow-control to steer, follow up and abort."));
+    controls.append(el("div", { class: "muted small" }, "Read-only console: start it with --allow-control to steer, follow up, abort and answer approvals."));
   }
 
-  const tr = new Transcript(transcript, update);
+  // Following: while the run is live and the reader is at the bottom, new
+  // text scrolls into view; scrolling up stops it, the button resumes.
+  const following = { on: false, decided: false, lastY: 0 };
+  const gap = () => document.documentElement.scrollHeight - (window.scrollY + window.innerHeight);
+  // The reader moved up since the page last scrolled: stop following.
+  const movedUp = () => window.scrollY < following.lastY - 5;
+  let pending = false;
+  const stick = () => {
+    if (pending) return;
+    pending = true;
+    setTimeout(() => {
+      pending = false;
+      if (following.on && movedUp()) following.on = false;
+      if (following.on && gap() > 2) window.scrollTo(0, document.documentElement.scrollHeight);
+      following.lastY = window.scrollY;
+      follow.hidden = following.on || !!status.finished || gap() <= 40;
+    }, 30);
+  };
+  window.addEventListener("scroll", () => {
+    // Up stops following; back at the end resumes it.
+    if (movedUp()) following.on = false;
+    else if (gap() <= 40 && !status.finished && following.decided) following.on = true;
+    following.lastY = window.scrollY;
+    follow.hidden = following.on || !!status.finished || gap() <= 40;
+  });
+  follow.addEventListener("click", () => { following.on = true; following.decided = true; following.lastY = window.scrollY; stick(); });
+
+  const tr = new Transcript(transcript, id, update, stick);
   let lastId = 0;
-  const follow = () => {
-    const es = new EventSource("/api/runs/" + encodeURIComponent(id) + "/events" + (lastId ? "?after=" + lastId : ""));
+  const listen = () => {
+    const es = new EventSource(runAPI(id) + "/events" + (lastId ? "?after=" + lastId : ""));
     es.addEventListener("envelope", (e) => {
       const seq = Number(e.lastEventId);
       if (seq && seq <= lastId) return; // never twice
@@ -496,18 +961,19 @@ async function runPage(main, id) {
     es.addEventListener("end", () => {
       es.close();
       transcript.dataset.ended = "true";
+      follow.hidden = true;
       refresh();
     });
     // The browser reopens a dropped stream itself, but not a refused one
     // (the console's stream caps answer 503 with Retry-After: 5).
     es.addEventListener("error", () => {
-      if (es.readyState === EventSource.CLOSED && transcript.dataset.ended !== "true") setTimeout(follow, 5000);
+      if (es.readyState === EventSource.CLOSED && transcript.dataset.ended !== "true") setTimeout(listen, 5000);
     });
   };
-  follow();
+  listen();
   // The record has what events do not say (stale, totals after a resume).
   const refresh = async () => {
-    try { fromRecord(await getJSON("/api/runs/" + encodeURIComponent(id))); } catch (e) {
+    try { fromRecord(await getJSON(runAPI(id))); } catch (e) {
       if (!status.state) update({ state: "unknown", reason: e.message });
     }
   };
@@ -515,49 +981,162 @@ async function runPage(main, id) {
   const timer = setInterval(() => { if (status.finished) clearInterval(timer); else refresh(); }, 2000);
 }
 
+// ------------------------------------------------------------ approvals page
+
+function approvalsPage(main) {
+  const count = el("span", { class: "muted", id: "approvals-count" });
+  const tbody = el("tbody", { id: "approvals-body" });
+  main.append(el("div", { class: "toolbar" }, el("h1", {}, "Approvals"), count),
+    el("p", { class: "muted small" }, "Tool calls waiting for a person's answer across the fleet, the oldest first."),
+    el("table", { class: "runs approvals", id: "approvals" },
+      el("thead", {}, el("tr", {}, ...["Run", "Tool", "Arguments", "Requested", "Expires", "Answer"].map((h) => el("th", {}, h)))),
+      tbody));
+  const rows = new Map(); // run/toolCallId -> row: kept while it waits
+  const draw = (page) => {
+    const keys = new Set();
+    const ordered = [];
+    for (const c of page.calls) {
+      const k = c.run + "/" + c.toolCallId;
+      keys.add(k);
+      let row = rows.get(k);
+      if (!row) {
+        row = el("tr", { "data-run": c.run, "data-call": c.toolCallId },
+          el("td", {}, el("a", { href: runPath(c.run), class: "title" }, c.title || c.run), c.title ? el("div", { class: "mono small muted" }, c.run) : null,
+            c.queue ? el("div", { class: "small muted" }, "queue " + c.queue) : null),
+          el("td", { class: "mono" }, c.toolName || ""),
+          el("td", {}, el("pre", { class: "args" }, json(c.args))),
+          el("td", { class: "small nowrap" }, fmtDateTime(c.requestedAt), el("div", { class: "muted" }, fmtAgo(c.requestedAt))),
+          el("td", { class: "small nowrap" }, isZeroTime(c.expiresAt) ? "–" : fmtDateTime(c.expiresAt), el("div", { class: "muted" }, isZeroTime(c.expiresAt) ? "" : fmtAgo(c.expiresAt))),
+          el("td", { class: "answer" }, approvalWidget(c, () => setTimeout(tick, 500))));
+        rows.set(k, row);
+      }
+      ordered.push(row);
+    }
+    for (const k of [...rows.keys()]) if (!keys.has(k)) rows.delete(k);
+    if (ordered.length === 0) ordered.push(el("tr", {}, el("td", { colSpan: 6, class: "muted empty" }, "Nothing waits for approval.")));
+    tbody.replaceChildren(...ordered);
+    count.textContent = page.calls.length + (page.calls.length === 1 ? " call waits" : " calls wait");
+    tbody.dataset.loaded = "true";
+  };
+  const tick = async () => {
+    try { draw(await getJSON("/api/approvals")); } catch (e) { count.textContent = "error: " + e.message; }
+  };
+  tick();
+  setInterval(tick, 5000);
+}
+
 // --------------------------------------------------------------- fleet page
+
+// sparkline draws values (oldest first) as a small SVG line over an hour.
+function sparkline(values, cls, label) {
+  const w = 240, h = 36;
+  const peak = Math.max(1, ...values.map((v) => v.y));
+  const pts = values.map((v) => (w * v.x).toFixed(1) + "," + (h - 2 - (h - 4) * v.y / peak).toFixed(1)).join(" ");
+  return svg("svg", { class: "spark " + cls, width: w, height: h, viewBox: "0 0 " + w + " " + h, role: "img", "aria-label": label },
+    svg("title", {}, label),
+    svg("line", { x1: 0, x2: w, y1: h - 2, y2: h - 2, class: "axis" }),
+    values.length ? svg("polyline", { points: pts, class: "series" }) : null);
+}
 
 function fleetPage(main) {
   const tiles = el("div", { class: "tiles", id: "rates" });
   const queues = el("tbody", { id: "queues" });
   const workers = el("tbody", { id: "workers" });
+  const tools = el("div", { class: "sources", id: "tools" });
   const errors = el("div", { class: "error-text" });
+  const note = el("div", { class: "muted small", id: "history-note" });
   main.append(el("div", { class: "toolbar" }, el("h1", {}, "Fleet")), tiles, errors,
-    el("h2", {}, "Queues"),
-    el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Queue", "Depth (waiting)", "In flight", "Idle pulls", "Redelivered"].map((h) => el("th", {}, h)))), queues),
+    el("h2", {}, "Queues ", el("span", { class: "muted small", id: "history-span" }, "· the last hour")),
+    el("table", { class: "runs", id: "queues-table" }, el("thead", {}, el("tr", {}, ...["Queue", "Depth", "In flight", "Idle pulls", "Redelivered", "Finished, last hour", "Throughput (runs/min)", "Depth"].map((h) => el("th", {}, h)))), queues),
+    note,
     el("h2", {}, "Workers"),
-    el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Worker", "Slots", "Busy", "Waiting", "Tools", "Version", "Seen"].map((h) => el("th", {}, h)))), workers));
-  const tile = (label, value, cls) => el("div", { class: "tile " + (cls || "") }, el("div", { class: "value" }, String(value)), el("div", { class: "label" }, label));
-  const draw = (f) => {
-    const r = f.rates;
+    el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Worker", "Queues", "Slots", "Busy", "Waiting", "Models", "Version", "Last seen"].map((h) => el("th", {}, h)))), workers),
+    el("h2", {}, "Tools ", el("span", { class: "muted small" }, "· by source")), tools);
+  const tile = (label, value, cls, id) => el("div", { class: "tile " + (cls || ""), id }, el("div", { class: "value" }, String(value)), el("div", { class: "label" }, label));
+  let hist = { samples: [], every: 10000 };
+  let fleet = null;
+  // The charts span the last hour, or the history's own span while it
+  // is younger (a new fleet).
+  const series = (queue, pick) => {
+    const now = Date.now();
+    const first = hist.samples.length ? hist.samples[0].t : now;
+    const span = Math.max(Math.min(3600000, now - first), 60000);
+    return hist.samples.map((s) => {
+      const q = (s.queues || []).find((x) => x.queue === queue);
+      return { x: Math.max(0, 1 - (now - s.t) / span), y: q ? pick(q, s) : 0 };
+    });
+  };
+  const draw = () => {
+    if (!fleet) return;
+    const f = fleet;
+    const now = Date.now();
+    let lastMin = 0, lastHour = 0, failed = 0, aborted = 0;
+    for (const s of hist.samples) {
+      for (const q of s.queues || []) {
+        lastHour += q.finished || 0;
+        failed += q.failed || 0;
+        aborted += q.aborted || 0;
+        if (now - s.t <= 60000) lastMin += q.finished || 0;
+      }
+    }
+    const sum = (k) => f.queues.reduce((a, q) => a + (q[k] || 0), 0);
+    const waiting = f.workers.reduce((a, w) => a + (w.waiting || 0), 0);
     tiles.replaceChildren(
-      tile("runs per minute (finished, last 60 s)", r.finishedLastMinute),
-      tile("started, last 60 s", r.startedLastMinute),
-      tile("running", r.states.running || 0),
-      tile("queued", r.states.queued || 0),
-      tile("stale", r.states.stale || 0, r.states.stale ? "bad" : ""),
-      tile("failed since " + fmtTime(r.watchingSince), r.failedSinceStart, r.failedSinceStart ? "bad" : ""),
-      tile("aborted since " + fmtTime(r.watchingSince), r.abortedSinceStart));
-    queues.replaceChildren(...f.queues.map((q) => el("tr", { "data-queue": q.queue },
-      el("td", {}, q.queue), el("td", { class: "num" }, String(q.depth)), el("td", { class: "num" }, String(q.inFlight)),
-      el("td", { class: "num" }, String(q.waiting)), el("td", { class: "num" }, String(q.redelivered)))));
+      tile("finished, last minute", lastMin, "", "tile-minute"),
+      tile("finished, last hour", nf.format(lastHour), "", "tile-hour"),
+      tile("queued", nf.format(sum("depth")), "", "tile-queued"),
+      tile("running", nf.format(sum("inFlight")), "", "tile-running"),
+      tile("waiting for approval", waiting, waiting ? "warn" : "", "tile-waiting"),
+      tile("failed, last hour", failed, failed ? "bad" : "", "tile-failed"),
+      tile("aborted, last hour", aborted, "", "tile-aborted"),
+      tile("workers", f.workers.length, "", "tile-workers"));
+    queues.replaceChildren(...f.queues.map((q) => {
+      const per = 60000 / (hist.every || 10000);
+      const tput = series(q.queue, (x) => (x.finished || 0) * per);
+      const depth = series(q.queue, (x) => x.depth || 0);
+      const hour = hist.samples.reduce((a, s) => a + (((s.queues || []).find((x) => x.queue === q.queue) || {}).finished || 0), 0);
+      const peak = (vs) => Math.max(0, ...vs.map((v) => v.y));
+      return el("tr", { "data-queue": q.queue },
+        el("td", {}, q.queue), el("td", { class: "num" }, nf.format(q.depth)), el("td", { class: "num" }, nf.format(q.inFlight)),
+        el("td", { class: "num" }, String(q.waiting)), el("td", { class: "num" }, String(q.redelivered)),
+        el("td", { class: "num", "data-finished": String(hour) }, nf.format(hour)),
+        el("td", { class: "chart", "data-points": String(tput.length) }, sparkline(tput, "tput", q.queue + ": runs finished per minute, last hour"), el("span", { class: "peak small muted" }, "peak " + Math.round(peak(tput)))),
+        el("td", { class: "chart" }, sparkline(depth, "depth", q.queue + ": depth, last hour"), el("span", { class: "peak small muted" }, "peak " + nf.format(peak(depth)))));
+    }));
+    const every = (hist.every || 10000) % 1000 === 0 ? (hist.every || 10000) / 1000 + " s" : fmtDuration(hist.every);
+    document.getElementById("history-span").textContent = "· the last hour, sampled every " + every;
+    note.textContent = hist.problem ? hist.problem : hist.samples.length ? "charts since " + fmtDateTime(hist.samples[0].t) + " (" + hist.samples.length + " samples, kept an hour)" : "no samples yet: the first comes within " + every;
     if (f.workers.length === 0) {
-      workers.replaceChildren(el("tr", {}, el("td", { colSpan: 7, class: "muted empty" }, "No worker presence: the workers of this fleet do not publish it (bucket agents_workers).")));
+      workers.replaceChildren(el("tr", {}, el("td", { colSpan: 8, class: "muted empty" }, "No worker presence: the workers of this fleet do not publish it (bucket agents_workers).")));
     } else {
-      workers.replaceChildren(...f.workers.map((w) => el("tr", {},
-        el("td", { class: "mono" }, String(w.id || w.worker || w.name || "?")),
+      workers.replaceChildren(...f.workers.map((w) => el("tr", { "data-worker": String(w.worker || "") },
+        el("td", { class: "mono" }, String(w.worker || "?")),
+        el("td", {}, (w.queues || []).join(", ")),
         el("td", { class: "num" }, String(w.slots ?? "–")), el("td", { class: "num" }, String(w.busy ?? "–")),
         el("td", { class: "num" }, String(w.waiting ?? "–")),
-        el("td", { class: "small" }, Array.isArray(w.tools) ? w.tools.map((t) => typeof t === "string" ? t : t.name).join(", ") : ""),
-        el("td", {}, String(w.version ?? "")), el("td", { class: "small" }, fmtTime(w.seenAt || w.updatedAt || w.heartbeatAt)))));
+        el("td", { class: "small" }, (w.models || []).join(", ") || (w.defaultModel ? w.defaultModel + " (default)" : "")),
+        el("td", { class: "small" }, String(w.version ?? "") + (w.protocol ? " · protocol " + w.protocol : "")),
+        el("td", { class: "small seen", title: fmtDateTime(w.seenAt) }, fmtAgo(w.seenAt)))));
     }
+    const p = presence(f);
+    const serving = (name) => f.workers.filter((w) => (w.tools || []).some((t) => t.name === name && t.available)).length;
+    tools.replaceChildren(...bySource(p.tools).map(([source, ts]) => el("div", { class: "source", "data-source": source },
+      el("div", { class: "source-head" }, el("span", { class: "mono" }, source), el("span", { class: "muted small" }, " · " + ts.length + (ts.length === 1 ? " tool" : " tools"))),
+      el("div", { class: "chips" }, ...ts.sort((a, b) => a.name.localeCompare(b.name)).map((t) =>
+        el("span", { class: "chip" + (t.available ? "" : " unavailable"), title: (t.description || "") + " · on " + serving(t.name) + " worker(s)" }, t.name))))));
+    if (p.tools.length === 0) tools.replaceChildren(el("div", { class: "muted" }, "No tools in the presence."));
     errors.textContent = (f.errors || []).join("; ");
   };
   const tick = async () => {
-    try { draw(await getJSON("/api/fleet")); } catch (e) { errors.textContent = e.message; }
+    try { fleet = await getJSON("/api/fleet"); draw(); } catch (e) { errors.textContent = e.message; }
+  };
+  const history = async () => {
+    try { hist = await getJSON("/api/fleet/history"); draw(); } catch (e) { note.textContent = e.message; }
   };
   tick();
+  history();
   setInterval(tick, 2000);
+  setInterval(history, 10000);
 }
 
 // ------------------------------------------------------------ new-run form
@@ -568,32 +1147,61 @@ function newRunPage(main) {
     main.append(el("p", { class: "muted" }, "This console is read-only: start it with --allow-control to submit runs."));
     return;
   }
-  const field = (label, input, hint) => el("label", { class: "field" }, el("span", {}, label), input, hint ? el("small", { class: "muted" }, hint) : null);
+  // A field of several controls is a div: a label holds one.
+  const field = (label, input, hint) => el(input.tagName === "DIV" ? "div" : "label", { class: "field" }, el("span", {}, label), input, hint ? el("small", { class: "muted" }, hint) : null);
   const prompt = el("textarea", { id: "new-prompt", name: "prompt", rows: 5, required: true });
-  const model = el("input", { id: "new-model", name: "model", placeholder: "the worker's default (e.g. faux/demo, openai/gpt-4o-mini)" });
-  const tools = el("input", { id: "new-tools", name: "tools", placeholder: "calculator, current_time" });
-  const queue = el("input", { id: "new-queue", name: "queue", value: "default" });
+  const title = el("input", { id: "new-title", name: "title", placeholder: "the first line of the prompt" });
+  const model = el("select", { id: "new-model", name: "model" }, el("option", { value: "", text: "the worker's default" }));
+  const modelOther = el("input", { id: "new-model-other", placeholder: "provider/id", hidden: true, "aria-label": "model (provider/id)" });
+  const tools = el("div", { id: "new-tools", class: "toolpick" }, el("span", { class: "muted small" }, "reading the fleet's tools…"));
+  const toolsOther = el("input", { id: "new-tools-other", placeholder: "other tools, comma-separated" });
+  const queue = el("select", { id: "new-queue", name: "queue" }, el("option", { value: "default", text: "default" }));
+  const gate = el("input", { id: "new-approve", name: "approve", placeholder: "e.g. deploy, mcp__* (or * for every call)" });
   const runID = el("input", { id: "new-id", name: "id", placeholder: "a fresh random id" });
   const meta = el("input", { id: "new-meta", name: "metadata", placeholder: "tenant=acme, team=search" });
   const faux = el("textarea", { id: "new-faux", name: "faux", rows: 4, placeholder: '{"responses":[{"content":[{"type":"text","text":"hi"}]}],"tokensPerSecond":20}' });
+  model.addEventListener("change", () => { modelOther.hidden = model.value !== "__other"; });
   const form = el("form", { id: "new-run", class: "newrun" },
-    field("Prompt", prompt), field("Model", model, "provider/id"), field("Tools", tools, "comma-separated"), field("Queue", queue),
+    field("Prompt", prompt), field("Title", title, "shown in the runs list (metadata title)"),
+    field("Model", el("div", { class: "row" }, model, modelOther), "the models of the workers' model tables"),
+    field("Tools", el("div", {}, tools, toolsOther), "the tools the fleet's workers serve, by source"),
+    field("Queue", queue), field("Needs approval", gate, "tools whose calls wait for a person's answer (Approvals page)"),
     el("details", {}, el("summary", {}, "More"), field("Run id", runID), field("Metadata", meta, "key=value, comma-separated"),
       field("Faux script", faux, "JSON script for the faux provider (tests and demos)")),
     el("button", { type: "submit", id: "new-submit" }, "Submit run"));
+  fleetInfo().then((f) => {
+    const p = presence(f);
+    const def = p.defaults.length === 1 ? " (" + p.defaults[0] + ")" : "";
+    model.replaceChildren(el("option", { value: "", text: "the worker's default" + def }),
+      ...p.models.map((m) => el("option", { value: m, text: m })), el("option", { value: "__other", text: "other…" }));
+    const qs = f.queues.map((q) => q.queue);
+    if (qs.length) {
+      queue.replaceChildren(...qs.map((q) => el("option", { value: q, text: q })));
+      queue.value = qs.includes("default") ? "default" : qs[0];
+    }
+    tools.replaceChildren(...bySource(p.tools.filter((t) => t.available)).map(([source, ts]) => el("fieldset", { class: "toolgroup" },
+      el("legend", { class: "mono small" }, source),
+      ...ts.sort((a, b) => a.name.localeCompare(b.name)).map((t) => el("label", { class: "toolopt", title: t.description || "" },
+        el("input", { type: "checkbox", value: t.name, name: "tool" }), " ", el("span", { class: "mono" }, t.name))))));
+    if (p.tools.length === 0) tools.replaceChildren(el("span", { class: "muted small" }, "No tools in the fleet's presence."));
+  }).catch((e) => { tools.replaceChildren(el("span", { class: "error-text" }, "fleet: " + e.message)); });
+  const list = (s) => s.split(",").map((x) => x.trim()).filter(Boolean);
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
-    const body = { prompt: prompt.value, queue: queue.value.trim() || "default" };
-    if (model.value.trim()) body.model = model.value.trim();
-    const t = tools.value.split(",").map((s) => s.trim()).filter(Boolean);
+    const body = { prompt: prompt.value, queue: queue.value || "default" };
+    const m = model.value === "__other" ? modelOther.value.trim() : model.value;
+    if (m) body.model = m;
+    const t = [...tools.querySelectorAll("input[type=checkbox]")].filter((c) => c.checked).map((c) => c.value).concat(list(toolsOther.value));
     if (t.length) body.tools = t;
+    if (list(gate.value).length) body.approval = { tools: list(gate.value) };
     if (runID.value.trim()) body.id = runID.value.trim();
-    const m = {};
+    const md = {};
     for (const kv of meta.value.split(",")) {
       const [k, ...v] = kv.split("=");
-      if (k.trim()) m[k.trim()] = v.join("=").trim();
+      if (k.trim()) md[k.trim()] = v.join("=").trim();
     }
-    if (Object.keys(m).length) body.metadata = m;
+    if (title.value.trim()) md.title = title.value.trim();
+    if (Object.keys(md).length) body.metadata = md;
     try {
       if (faux.value.trim()) body.faux = JSON.parse(faux.value);
       const r = await post("/api/runs", body);
@@ -620,6 +1228,9 @@ async function start() {
   } else if (path === "/fleet") {
     nav = "fleet";
     fleetPage(main);
+  } else if (path === "/approvals") {
+    nav = "approvals";
+    approvalsPage(main);
   } else if (path === "/new") {
     nav = "new";
     newRunPage(main);

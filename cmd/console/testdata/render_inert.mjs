@@ -2,7 +2,11 @@
 // minimal DOM, and reports what the run page and the runs page made of a
 // run (render_test.go checks the report).
 //
-//   node render_inert.mjs <console URL> <run id>
+//   node render_inert.mjs <console URL> <run id> [<markdown run id> <waiting run id>]
+//
+// With the two more ids it also reports the run page of a run whose
+// answer is hostile markdown, and the run page and the Approvals page of a
+// run whose tool call waits for approval with hostile arguments.
 //
 // The DOM is a stub: elements, text nodes, attributes, the selectors the
 // page and the checks use. Its HTML sinks (innerHTML, outerHTML,
@@ -13,7 +17,7 @@
 // the console.
 import vm from "node:vm";
 
-const [base, runID] = process.argv.slice(2);
+const [base, runID, mdRunID, waitingRunID] = process.argv.slice(2);
 if (!base || !runID) {
   console.error("usage: node render_inert.mjs <console URL> <run id>");
   process.exit(2);
@@ -112,6 +116,18 @@ class Element extends Node {
     for (const c of this.childNodes) c.parentNode = null;
     this.childNodes = [];
     this.append(...nodes);
+  }
+  before(...nodes) {
+    const parent = this.parentNode;
+    if (!parent) return;
+    const adopted = parent.#adopt(nodes);
+    parent.childNodes.splice(parent.childNodes.indexOf(this), 0, ...adopted);
+  }
+  after(...nodes) {
+    const parent = this.parentNode;
+    if (!parent) return;
+    const adopted = parent.#adopt(nodes);
+    parent.childNodes.splice(parent.childNodes.indexOf(this) + 1, 0, ...adopted);
   }
   replaceWith(...nodes) {
     const parent = this.parentNode;
@@ -275,10 +291,17 @@ class EventSource {
 
 // --------------------------------------------------------------- the pages
 
-const appJS = await (async () => {
-  const r = await fetch(abs("/static/app.js"));
-  if (!r.ok) throw new Error("GET /static/app.js: " + r.status);
-  return r.text();
+// The page's scripts, in the order index.html loads them.
+const scripts = await (async () => {
+  const page = await (await fetch(abs("/"))).text();
+  const out = [];
+  for (const m of page.matchAll(/<script src="([^"]+)"/g)) {
+    const r = await fetch(abs(m[1]));
+    if (!r.ok) throw new Error("GET " + m[1] + ": " + r.status);
+    out.push({ name: m[1], code: await r.text() });
+  }
+  if (out.length === 0) throw new Error("index.html loads no script");
+  return out;
 })();
 
 // open runs the page script on a fresh document at path, as the browser
@@ -286,15 +309,22 @@ const appJS = await (async () => {
 function open(path) {
   const u = abs(path);
   const document = new Document();
+  // The window: no layout, so the page is always scrolled to its end.
+  const win = {
+    scrollY: 0, innerHeight: 900,
+    scrollTo() {}, addEventListener() {}, removeEventListener() {},
+  };
+  Object.defineProperty(document.documentElement, "scrollHeight", { get: () => 900 });
   const ctx = vm.createContext({
     document, Node, EventSource, URLSearchParams, URL, AbortController, TextDecoder, console,
     location: { pathname: u.pathname, search: u.search, assign() {} },
-    history: { replaceState() {} },
+    history: { replaceState() {}, pushState() {}, state: null },
+    window: win,
     fetch: (p, opts) => fetch(abs(p), opts),
     crypto: globalThis.crypto,
     setTimeout, clearTimeout, setInterval, clearInterval,
   });
-  vm.runInContext(appJS, ctx, { filename: "app.js" });
+  for (const s of scripts) vm.runInContext(s.code, ctx, { filename: s.name });
   return document;
 }
 
@@ -340,4 +370,36 @@ const report = {
     created: tags(runsDoc),
   },
 };
+if (mdRunID) {
+  const doc = open("/runs/" + encodeURIComponent(mdRunID));
+  await until("the markdown run's transcript to end", () => doc.getElementById("transcript")?.dataset.ended === "true");
+  for (const s of sources) s.close();
+  const md = doc.querySelectorAll("#transcript .msg-assistant .md");
+  report.markdown = {
+    text: md.map((e) => e.textContent),
+    hrefs: doc.querySelectorAll("#transcript a").map((a) => String(a.href || "")),
+    elements: Object.fromEntries(["h1", "strong", "a", "img", "script", "div", "b"].map((t) => [t, doc.querySelectorAll("#transcript .md " + t).length])),
+    badLinks: text(doc, ".md-badlink"),
+    headings: text(doc, ".md h1, .md h2"),
+    strong: text(doc, ".md strong"),
+    created: tags(doc),
+  };
+}
+if (waitingRunID) {
+  const doc = open("/runs/" + encodeURIComponent(waitingRunID));
+  await until("the waiting call's banner", () => doc.querySelector(".approval") !== null);
+  for (const s of sources) s.close();
+  const queue = open("/approvals");
+  await until("the approvals page's row", () => queue.querySelector("#approvals-body tr[data-run]") !== null);
+  report.approval = {
+    runArgs: text(doc, ".toolcall .args"),
+    banner: text(doc, ".approval .approval-head"),
+    editBox: doc.querySelectorAll(".approval .edit-args").map((e) => String(e.value)),
+    buttons: text(doc, ".approval button"),
+    created: tags(doc),
+    queueArgs: text(queue, "#approvals-body pre.args"),
+    queueEditBox: queue.querySelectorAll("#approvals-body .edit-args").map((e) => String(e.value)),
+    queueCreated: tags(queue),
+  };
+}
 process.stdout.write(JSON.stringify(report), () => process.exit(0));

@@ -3,6 +3,7 @@
 package callkey
 
 import (
+	"cmp"
 	"context"
 	"iter"
 	"slices"
@@ -25,9 +26,13 @@ import (
 //
 //  1. A key differs from every tool call id of the context the model is
 //     called with (every earlier assistant message of the run: restored,
-//     continued from, or given in the request's messages) and from the
-//     other keys of its message; keys of earlier messages are keys
-//     themselves, so keys are unique within the run.
+//     continued from, or given in the request's messages), from every
+//     key the run's stored tool events name (a resumed attempt's
+//     workerproto.Recovery.UsedKeys: also events it does not restore, after
+//     a gap or from an attempt that lost its lease, whose requests an
+//     approver may have seen) and from the other keys of its message;
+//     keys of earlier messages are keys themselves, so keys are unique
+//     within the run.
 //  2. The key is the provider's id when that is a valid key (1..128
 //     visible ASCII bytes) that invariant 1 allows. Otherwise it is
 //     <base>-t<turn>-<pos>: base the id with every byte that is not
@@ -35,18 +40,24 @@ import (
 //     the message's number among the context's assistant messages
 //     (counting it), pos the call's number among its message's calls,
 //     both from 1; while that is taken too, "-<n>" is added (n = 2, 3, ...).
-//  3. A key is a function of the context and the message alone. The
-//     stored message carries its keys, so a resumed attempt has them; a
-//     message it asks the model for again is keyed from the same restored
-//     context.
+//  3. A key is a function of the context, the used keys and the message
+//     alone. The stored message carries its keys, so a resumed attempt
+//     has them; a message it asks the model for again is keyed from the
+//     same restored context.
 //  4. Keys are visible ASCII: valid in JSON, in a NATS header
 //     (Agentfleet-Tool-Call) and as an answer's toolCallId (1..256
 //     printable bytes); the openai provider adapts any id to what its
 //     endpoint accepts, as it always did.
 //
 // The streamed toolcall_start and toolcall_end carry the key as known
-// then; the message at done (or error) is keyed afresh by invariant 2,
-// and it is what the transcript keeps.
+// then: the calls streamed so far up to the event's, in content-index
+// order, each with its id as last streamed, keyed as keyMessage keys a
+// message (a call's position and the keys before it). So the key of a
+// toolcall_end is the final one when the calls before it have streamed
+// with their final ids (the usual order: a call ends before the next one
+// starts); an id given only after its toolcall_start changes its key and
+// those of the calls after it. The message at done (or error) is keyed
+// afresh by invariant 2, and it is what the transcript keeps.
 
 // Bounds of call keys.
 const (
@@ -55,11 +66,15 @@ const (
 )
 
 // Stream renames the tool call ids of the model's messages to the run's
-// call keys.
-func Stream(fn agent.StreamFn) agent.StreamFn {
+// call keys. used returns the keys taken besides the context's (nil:
+// none); it is read at each model call.
+func Stream(fn agent.StreamFn, used func() map[string]bool) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			k := newCallKeys(llm.Messages)
+			if used != nil {
+				k.used = used()
+			}
 			for ev := range fn(ctx, model, llm, opts) {
 				switch ev.Type {
 				case agent.StreamToolCallStart:
@@ -86,17 +101,19 @@ func Stream(fn agent.StreamFn) agent.StreamFn {
 // callKeys keys the calls of one assistant message.
 type callKeys struct {
 	msgs  []agent.Message // the context
-	taken map[string]bool // its call ids, read at the first call
+	used  map[string]bool // keys taken besides the context's (invariant 1)
+	taken map[string]bool // its call ids and used, read at the first call
 	turn  int
-	// The streamed calls: by content index, the provider's id, its key
-	// and its position.
-	streamedAt map[int]streamedCall
-	inMessage  map[string]bool // keys given to streamed calls
+	// The streamed calls in content-index order; the keys of those before
+	// keyedTo are valid and in inMessage.
+	streamedCalls []streamedCall
+	keyedTo       int
+	inMessage     map[string]bool
 }
 
 type streamedCall struct {
-	id, key string
-	pos     int
+	index   int    // content index
+	id, key string // the provider's id as last streamed, its key
 }
 
 func newCallKeys(msgs []agent.Message) *callKeys { return &callKeys{msgs: msgs} }
@@ -108,6 +125,9 @@ func (k *callKeys) read() {
 		return
 	}
 	k.taken, k.turn = map[string]bool{}, 1
+	for id := range k.used {
+		k.taken[id] = true
+	}
 	for i := range k.msgs {
 		if k.msgs[i].Role != agent.RoleAssistant {
 			continue
@@ -124,24 +144,32 @@ func (k *callKeys) read() {
 // streamed returns the key of a streamed call (toolcall_start, and again
 // at its toolcall_end).
 func (k *callKeys) streamed(index int, id string) string {
-	if k.streamedAt == nil {
-		k.streamedAt = map[int]streamedCall{}
+	if k.inMessage == nil {
 		k.inMessage = map[string]bool{}
 	}
-	s, ok := k.streamedAt[index]
-	if ok && s.id == id {
-		return s.key
+	p, found := slices.BinarySearchFunc(k.streamedCalls, index, func(s streamedCall, i int) int { return cmp.Compare(s.index, i) })
+	switch {
+	case !found:
+		k.unkeyFrom(p) // a call before those after it: their positions change
+		k.streamedCalls = slices.Insert(k.streamedCalls, p, streamedCall{index: index, id: id})
+	case k.streamedCalls[p].id != id:
+		k.unkeyFrom(p) // its id changed: it and those after it are keyed again
+		k.streamedCalls[p].id = id
 	}
-	if !ok {
-		s.pos = len(k.streamedAt) + 1
-	} else {
-		delete(k.inMessage, s.key) // its id changed: keyed again
+	// As keyMessage: in content order, each call given the keys before it.
+	for ; k.keyedTo <= p; k.keyedTo++ {
+		s := &k.streamedCalls[k.keyedTo]
+		s.key = k.key(s.id, k.keyedTo+1, k.inMessage)
+		k.inMessage[s.key] = true
 	}
-	s.id = id
-	s.key = k.key(id, s.pos, k.inMessage)
-	k.streamedAt[index] = s
-	k.inMessage[s.key] = true
-	return s.key
+	return k.streamedCalls[p].key
+}
+
+// unkeyFrom drops the keys of the streamed calls from position p on.
+func (k *callKeys) unkeyFrom(p int) {
+	for ; k.keyedTo > p; k.keyedTo-- {
+		delete(k.inMessage, k.streamedCalls[k.keyedTo-1].key)
+	}
 }
 
 // keyMessage returns the final message with its calls keyed (a copy when

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Approvals (docs/protocol.md §13): the page lists the calls that wait
+// across the fleet as `submit approvals` does (bus.PendingApprovals), and
+// answers one with the protocol's answer body.
+
+// approvalsScan bounds the records read to find the waiting runs. Waiting
+// runs heartbeat, so they are near the top; a run handed back by a drained
+// worker sits where its record was last written.
+const approvalsScan = 20_000
+
+// approvalsPage is the body of GET /api/approvals.
+type approvalsPage struct {
+	Calls []bus.PendingCall `json:"calls"`
+	// AllowControl: the page shows the answer buttons.
+	AllowControl bool `json:"allowControl"`
+}
+
+func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	calls, err := s.client.PendingApprovals(ctx, bus.ApprovalsOptions{Queue: r.URL.Query().Get("queue"), MaxScan: approvalsScan})
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "%v", err)
+		return
+	}
+	if calls == nil {
+		calls = []bus.PendingCall{}
+	}
+	writeJSON(w, http.StatusOK, approvalsPage{Calls: calls, AllowControl: s.allowControl})
+}
+
+// approveBody is the protocol's answer (§13) without "by": the console
+// says who answers.
+type approveBody struct {
+	ToolCallID string         `json:"toolCallId"`
+	Decision   string         `json:"decision"`
+	Reason     string         `json:"reason,omitempty"`
+	Arguments  map[string]any `json:"arguments,omitempty"`
+}
+
+// approver is the answer's "by": the basic-auth user, else the operator's
+// --approver-name, else "console".
+func (s *server) approver(r *http.Request) string {
+	by := s.approverName
+	if s.auth != nil && s.auth.users != nil {
+		by = userOf(r)
+	}
+	if by == "" {
+		by = "console"
+	}
+	return clipTo(by, bus.MaxApprovalBy)
+}
+
+// approve answers one waiting call of a run. The call must be waiting
+// (409 otherwise: a page shown before someone else answered); edited
+// arguments are checked against the tool's schema from the call's
+// request before the answer is sent (422 with the schema's complaint).
+func (s *server) approve(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := bus.CheckID(id); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	var b approveBody
+	if !readJSON(w, r, bus.MaxControlBytes, &b) {
+		return
+	}
+	a := bus.ApprovalAnswer{ToolCallID: b.ToolCallID, Decision: b.Decision, Reason: b.Reason, Arguments: b.Arguments, By: s.approver(r)}
+	if p := a.Problems(); len(p) > 0 {
+		writeError(w, http.StatusBadRequest, "%s", strings.Join(p, "; "))
+		return
+	}
+	var opts []bus.ControlOption
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
+		if err := bus.CheckControlID(k); err != nil {
+			writeError(w, http.StatusBadRequest, "Idempotency-Key: %v", err)
+			return
+		}
+		opts = append(opts, bus.WithControlID(k))
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	ctx, endSpan := s.traceAction(ctx, r, "approve", id)
+	defer endSpan()
+	call, status, err := s.waitingCall(ctx, id, a.ToolCallID)
+	if err != nil {
+		writeError(w, status, "%v", err)
+		return
+	}
+	if a.Arguments != nil {
+		if msg := checkEdit(call, a.Arguments); msg != "" {
+			writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": msg, "field": "arguments"})
+			return
+		}
+	}
+	seq, err := s.client.Answer(ctx, id, a, opts...)
+	if errors.Is(err, bus.ErrRunFinished) {
+		writeError(w, http.StatusConflict, "%v", err)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "%v", err)
+		return
+	}
+	s.log.Info("run approve", "user", userOf(r), "by", a.By, "run", id, "toolCallId", a.ToolCallID,
+		"decision", a.Decision, "edited", a.Arguments != nil, "controlSeq", seq)
+	writeJSON(w, http.StatusAccepted, map[string]any{"controlSeq": seq})
+}
+
+// waitingCall finds a call that waits for an answer: listed in the run's
+// record, read from its events (the request, its schema). A call the
+// record does not list yet (its request was just published) is looked up
+// in the events too.
+func (s *server) waitingCall(ctx context.Context, id, callID string) (*bus.PendingCall, int, error) {
+	rec, err := s.client.Status(ctx, id)
+	if errors.Is(err, bus.ErrRunNotFound) {
+		return nil, http.StatusNotFound, errors.New("no run " + id)
+	}
+	if err != nil {
+		return nil, http.StatusBadGateway, err
+	}
+	if rec.Finished() {
+		return nil, http.StatusConflict, errors.New("run " + id + " has finished")
+	}
+	calls, err := s.client.PendingOfRecord(ctx, rec)
+	if err != nil {
+		return nil, http.StatusBadGateway, err
+	}
+	i := slices.IndexFunc(calls, func(c bus.PendingCall) bool { return c.ToolCallID == callID })
+	if i < 0 {
+		return nil, http.StatusConflict, errors.New("tool call " + strconv.Quote(clip(callID)) + " of run " + id +
+			" does not wait for an answer (answered, timed out, or not asked)")
+	}
+	return &calls[i], 0, nil
+}
+
+// checkEdit validates edited arguments against the tool's schema as the
+// worker will (agent.Tool.ValidateArguments), when the request carried the
+// schema; "" when they pass (or there is nothing to check them with).
+func checkEdit(call *bus.PendingCall, args map[string]any) string {
+	if len(call.Parameters) == 0 || !localRefsOnly(call.Parameters) {
+		return ""
+	}
+	t := &agent.Tool{Name: call.ToolName, Parameters: call.Parameters}
+	if _, err := t.ValidateArguments(args); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// localRefsOnly reports whether a schema refers only to itself: the
+// validator would load any other reference (a file) on this host.
+func localRefsOnly(schema json.RawMessage) bool {
+	var doc any
+	if json.Unmarshal(schema, &doc) != nil {
+		return false
+	}
+	var walk func(v any) bool
+	walk = func(v any) bool {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if s, ok := e.(string); ok && (k == "$ref" || k == "$dynamicRef") && !strings.HasPrefix(s, "#") {
+					return false
+				}
+				if k == "$id" || k == "$schema" && !isStandardSchema(e) {
+					return false
+				}
+				if !walk(e) {
+					return false
+				}
+			}
+		case []any:
+			for _, e := range x {
+				if !walk(e) {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	return walk(doc)
+}
+
+// isStandardSchema: a $schema the validator knows without loading it.
+func isStandardSchema(v any) bool {
+	s, _ := v.(string)
+	return strings.HasPrefix(s, "http://json-schema.org/") || strings.HasPrefix(s, "https://json-schema.org/")
+}
+
+// answerInfo is an approval answer as stored, for GET
+// /api/runs/{id}/answers/{seq}: the page shows the arguments an approver
+// edited as what ran.
+type answerInfo struct {
+	ToolCallID string         `json:"toolCallId"`
+	Decision   string         `json:"decision"`
+	By         string         `json:"by,omitempty"`
+	Reason     string         `json:"reason,omitempty"`
+	Arguments  map[string]any `json:"arguments,omitempty"`
+}
+
+func (s *server) getAnswer(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := bus.CheckID(id); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil || seq == 0 {
+		writeError(w, http.StatusBadRequest, "%q is not a control sequence", r.PathValue("seq"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	names := s.client.Names()
+	st, err := s.client.Stream(ctx, names.ControlStream())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "%v", err)
+		return
+	}
+	m, err := st.GetMsg(ctx, seq)
+	// Only an answer of this run: the sequence is the page's to choose.
+	if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && m.Subject != names.Control(id, bus.KindApprove) {
+		writeError(w, http.StatusNotFound, "no approval answer %d for run %s", seq, id)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "%v", err)
+		return
+	}
+	var a answerInfo
+	if err := json.Unmarshal(m.Data, &a); err != nil {
+		writeError(w, http.StatusBadGateway, "answer %d: %v", seq, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+// clipTo cuts s to at most n bytes, at a rune's start.
+func clipTo(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
