@@ -30,7 +30,7 @@
 //
 //	run.go          run: handle, execute, pickup, acquire, drive
 //	plan.go         the request resolved: model, tools, limits; streamFn
-//	lease.go        the run record as the run's lease; take, renew, writeFinal
+//	heartbeat.go    the heartbeat: InProgress, the lease's renewal, the catch-up kick
 //	control.go      the control owner: steer, follow-up, abort, approve, idle checks
 //	listener.go     the agent's events into the run's envelopes
 //	resume.go       a later attempt restores the transcript
@@ -57,4 +57,5 @@
 //	internal/builtin    the built-in tools: calculator, current_time, sleep
 //	internal/runclock   a run's timeout, waits left out
 //	internal/outcome    what a run did and why it stops: its run_finished
+//	internal/lease      the run record as an attempt's lease: take, renew, final write
 package worker

@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
 
 // Every way an attempt ends, in one place:
@@ -93,7 +94,7 @@ func (r *run) finish(e ending) error {
 	if r.hb != nil {
 		r.hb.stopRenewing()
 	}
-	if r.lease.lost.Load() {
+	if r.lease.Lost() {
 		// The renewal stopRenewing waited for found a newer attempt.
 		r.abandon("run stopped at its end: lease lost to a newer attempt")
 		return errLeaseLost
@@ -109,7 +110,7 @@ func (r *run) finish(e ending) error {
 	}
 	if e.record != nil {
 		start := time.Now()
-		err := r.lease.writeFinal(ctx, e.record)
+		err := r.lease.WriteFinal(ctx, e.record)
 		r.traceStep(spanRecord, start, err)
 		if errors.Is(err, errLeaseLost) {
 			r.abandon("run stopped at its end: lease lost to a newer attempt")
@@ -168,13 +169,13 @@ func (r *run) notStored(ctx context.Context, s settlement, what string, err erro
 // attempt that lost its lease would reschedule the newer attempt's
 // delivery. Call it once the heartbeat no longer renews.
 func (r *run) stillOwned(ctx context.Context) bool {
-	if r.lease.lost.Load() {
+	if r.lease.Lost() {
 		return false
 	}
-	if r.lease.rev == 0 {
+	if !r.lease.Written() {
 		return true // never taken (a reused id): the request is this attempt's to settle
 	}
-	return !errors.Is(r.lease.renew(ctx, r.record(bus.StateRunning)), errLeaseLost)
+	return !errors.Is(r.lease.Renew(ctx, r.record(bus.StateRunning)), errLeaseLost)
 }
 
 // abandon stops an attempt whose lease a newer attempt took: nothing more
@@ -211,26 +212,26 @@ func (r *run) handBack(delay time.Duration, why string, err error) {
 
 // refuse handles a request that must not run: its run has finished, or the
 // record belongs to another request or a newer attempt.
-func (r *run) refuse(o leaseOutcome, rec *bus.RunRecord) {
+func (r *run) refuse(o lease.Outcome, rec *bus.RunRecord) {
 	switch o {
-	case leaseFinished:
-		if rec.RequestSeq == 0 || rec.RequestSeq == r.reqSeq || rec.RequestSeq == r.lease.requeuedFrom {
+	case lease.Finished:
+		if rec.RequestSeq == 0 || rec.RequestSeq == r.reqSeq || rec.RequestSeq == r.lease.RequeuedFrom {
 			// This request already ran to its end; only the ack was lost.
 			r.alreadyFinished(rec)
 			return
 		}
 		r.reusedID(rec)
-	case leaseReused:
+	case lease.Reused:
 		// Another request with this id is running: nothing may touch its
 		// record or events.
 		r.log.Warn("bad request: run id in use by another running request; terminated", "recordRequestSeq", rec.RequestSeq)
 		_ = r.msg.TermWithReason("bad_request: run id in use by another request")
-	case leaseNewer:
+	case lease.Newer:
 		// A newer delivery owns the run; this one is stale. Neither ack nor
 		// nak: either would act on the newer delivery.
 		r.log.Warn("stale delivery of a run a newer attempt owns; ignored", "recordAttempt", rec.Attempt)
-	case leaseUnread:
-		// worker/lease.go: the redelivery reads the record at pickup.
+	case lease.Unread:
+		// worker/internal/lease: the redelivery reads the record at pickup.
 		r.log.Info("first delivery found a run record it did not read; handing the request back", "recordAttempt", rec.Attempt)
 		_ = r.msg.Nak()
 	}
@@ -336,13 +337,13 @@ func (r *run) refuseAtPickup(reason, text string) bool {
 	rec.Reason, rec.Error, rec.FinishedAt = reason, text, time.Now()
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	switch o, cur, err := r.lease.take(ctx, r.prev, rec); {
+	switch o, cur, err := r.lease.Take(ctx, r.prev, rec); {
 	case err != nil:
 		// Without its record the run would look unknown: try again later.
 		r.log.Warn("refused request: record not written; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
 		return false
-	case o != leaseTaken:
+	case o != lease.Taken:
 		r.refuse(o, cur)
 		return false
 	}
@@ -424,12 +425,12 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, request []b
 		rec.Model, rec.Metadata, rec.Turns, rec.Usage, rec.Cost = prev.Model, prev.Metadata, prev.Turns, prev.Usage, prev.Cost
 		rec.WaitedMs, rec.Requeue = prev.WaitedMs, prev.Requeue
 	}
-	o, cur, err := r.lease.take(ctx, prev, rec)
+	o, cur, err := r.lease.Take(ctx, prev, rec)
 	if err != nil {
 		return err
 	}
-	if o != leaseTaken {
-		if o == leaseFinished {
+	if o != lease.Taken {
+		if o == lease.Finished {
 			r.log.Info("give-up: run finished meanwhile", "state", cur.State)
 		}
 		return nil

@@ -215,7 +215,7 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	}
 	if rec == nil || !rec.Finished() {
 		r := w.newRun(id, queue, attempt, adv.StreamSeq, req.Time)
-		r.lease.requeuedFrom = copyOf
+		r.lease.RequeuedFrom = copyOf
 		if rec != nil && !rec.StartedAt.IsZero() {
 			r.runStart = rec.StartedAt
 		}

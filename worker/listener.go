@@ -176,7 +176,7 @@ func (r *run) cutOff(m *agent.Message) bool {
 	if r.tally.Aborted() {
 		return false
 	}
-	return r.w.hardCtx.Err() != nil || r.lease.lost.Load() || r.tally.PublishErr() != nil
+	return r.w.hardCtx.Err() != nil || r.lease.Lost() || r.tally.PublishErr() != nil
 }
 
 func lastN(s []uint64, n int) []uint64 {

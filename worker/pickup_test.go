@@ -34,7 +34,7 @@ func (rr *recordReads) of(id string) int {
 
 // A first delivery of a plain request takes its lease with Create and
 // reads no record: the read is a round trip on every run's path
-// (worker/lease.go).
+// (worker/internal/lease).
 func TestFirstDeliveryReadsNoRecord(t *testing.T) {
 	var rr *recordReads
 	_, c := startInternal(t, Config{}, func(w *Worker) { rr = countRecordReads(w) })

@@ -14,7 +14,7 @@ import (
 
 // A first delivery may skip the record read at pickup only when its
 // queue's consumer allows the hand-back that follows if a record was
-// there after all (worker/lease.go): MaxDeliver unlimited or at least 3.
+// there after all (worker/internal/lease): MaxDeliver unlimited or at least 3.
 // The consumer's setting, not this worker's: an operator or another
 // worker may set it, and may change it while this worker runs (MaxDeliver
 // is editable), so it is read at the start and again every

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
 
 // A requeued copy whose deliveries then all time out is given up with an
@@ -58,31 +59,6 @@ func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
 		}
 		return false
 	})
-}
-
-// take never writes over a record of a higher attempt, whoever calls it.
-func TestLeaseTakeRefusesAHigherAttempt(t *testing.T) {
-	w, _ := startInternal(t, Config{Queues: []string{"idle"}}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	higher := &bus.RunRecord{ID: "r1", State: bus.StateRunning, Attempt: 4, Worker: "other", RequestSeq: 7}
-	data, _ := json.Marshal(higher)
-	rev, err := w.kv.Create(ctx, "r1", data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prev, err := w.getRecord(ctx, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &lease{w: w, id: "r1", attempt: 3, reqSeq: 7}
-	o, cur, err := l.take(ctx, prev, &bus.RunRecord{ID: "r1", State: bus.StatusFailed, Attempt: 3, Worker: w.id, RequestSeq: 7})
-	if err != nil || o != leaseNewer || cur == nil || cur.Attempt != 4 {
-		t.Fatalf("take over attempt 4 as attempt 3: %v %+v %v", o, cur, err)
-	}
-	if now, err := w.getRecord(ctx, "r1"); err != nil || now.Revision != rev {
-		t.Fatalf("record rewritten: %+v %v", now, err)
-	}
 }
 
 // A submitter setting the requeue headers on a request of its own for a
@@ -282,7 +258,7 @@ func TestRequeueMarkerAcceptsOnlyTheCopy(t *testing.T) {
 		data, _ := json.Marshal(&marked)
 		if _, err = w.kv.Update(ctx, run, data, cur.Revision); err == nil {
 			break
-		} else if !isConflict(err) {
+		} else if !lease.IsConflict(err) {
 			t.Fatal(err)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/outcome"
 	"github.com/agentfleet/agentfleet/worker/internal/runclock"
 )
@@ -60,7 +61,7 @@ type run struct {
 	runPlan // plan.go
 	agent   *agent.Agent
 
-	lease  *lease
+	lease  *lease.Hold
 	tally  outcome.Tally
 	ctl    *controls
 	pub    *eventpub.Publisher
@@ -128,7 +129,7 @@ func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedA
 		submittedAt: submittedAt, startedAt: time.Now()}
 	r.runStart = r.startedAt
 	r.log = w.log.With("run", id, "queue", queue, "attempt", r.attempt)
-	r.lease = &lease{w: w, id: id, attempt: r.attempt, reqSeq: reqSeq, onLost: r.leaseLost}
+	r.lease = lease.New(w.leases, id, r.attempt, reqSeq, r.leaseLost)
 	r.ctl = newControls(r)
 	return r
 }
@@ -158,7 +159,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
 	if requeue != nil {
-		r.lease.requeuedFrom, r.requeue = requeue.From, requeue
+		r.lease.RequeuedFrom, r.requeue = requeue.From, requeue
 	}
 	r.msg, r.request = m, m
 	r.slot = slot
@@ -332,8 +333,8 @@ func (r *run) pickup() bool {
 	w := r.w
 	var rec *bus.RunRecord
 	var err error
-	if r.attempt == 1 && r.lease.requeuedFrom == 0 && w.skipPickupRead.Skip(r.queue) {
-		r.lease.unread = true // worker/lease.go: taken with Create
+	if r.attempt == 1 && r.lease.RequeuedFrom == 0 && w.skipPickupRead.Skip(r.queue) {
+		r.lease.Unread = true // worker/internal/lease: taken with Create
 	} else {
 		rec, err = w.getRecord(w.hardCtx, r.id)
 	}
@@ -343,7 +344,7 @@ func (r *run) pickup() bool {
 		return false
 	}
 	if rec != nil {
-		if o := r.lease.classify(rec); o != leaseTaken {
+		if o := r.lease.Classify(rec); o != lease.Taken {
 			r.refuse(o, rec)
 			return false
 		}
@@ -354,7 +355,7 @@ func (r *run) pickup() bool {
 		if rec.RequestSeq == r.reqSeq {
 			r.waitingHandBacks = rec.WaitingHandBacks
 		}
-		if r.lease.requeuedFrom != 0 && rec.RequestSeq == r.lease.requeuedFrom && !rec.SubmittedAt.IsZero() {
+		if r.lease.RequeuedFrom != 0 && rec.RequestSeq == r.lease.RequeuedFrom && !rec.SubmittedAt.IsZero() {
 			r.submittedAt = rec.SubmittedAt // the run's, not the requeue's
 		}
 	}
@@ -384,14 +385,14 @@ func (r *run) acquire() bool {
 	ctx, cancel := r.finishContext()
 	defer cancel()
 	start := time.Now()
-	o, cur, err := r.lease.take(ctx, r.prev, r.record(bus.StateRunning))
+	o, cur, err := r.lease.Take(ctx, r.prev, r.record(bus.StateRunning))
 	r.traceStep(spanLeaseTake, start, err)
 	switch {
 	case err != nil:
 		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
 		return false
-	case o != leaseTaken:
+	case o != lease.Taken:
 		r.refuse(o, cur)
 		return false
 	}
@@ -435,7 +436,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		switch {
 		case errors.Is(err, errAlreadyFinished):
 			return nil, true
-		case err == nil || r.lease.lost.Load():
+		case err == nil || r.lease.Lost():
 		case r.w.hardCtx.Err() != nil && errors.Is(err, context.Canceled):
 			r.publishFailed(fmt.Errorf("resume: %w: %w", errWorkerStopping, err))
 		default:
@@ -508,9 +509,9 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		}
 	}
 	switch {
-	case r.waitHandedBack.Load() && !r.lease.lost.Load() && !r.tally.Aborted() && !timedOut:
+	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut:
 		r.handBackWaiting()
-	case r.lease.lost.Load():
+	case r.lease.Lost():
 		r.endHeartbeat()
 		r.pub.Abandon()
 		r.log.Warn("run stopped: lease lost to a newer attempt")

@@ -472,7 +472,7 @@ func (r *run) handBackWaiting() {
 	ctx, cancel := r.finishContext()
 	defer cancel()
 	r.waitingHandBacks++
-	if err := r.lease.renew(ctx, r.record(bus.StateRunning)); err != nil {
+	if err := r.lease.Renew(ctx, r.record(bus.StateRunning)); err != nil {
 		if errors.Is(err, errLeaseLost) {
 			r.log.Warn("run stopped: lease lost to a newer attempt")
 			return

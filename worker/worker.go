@@ -21,6 +21,7 @@ import (
 	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
 
 // Worker takes run requests from its queues and runs them. Create it with
@@ -60,6 +61,7 @@ type Worker struct {
 	consumerCheck  time.Duration
 	runsStream     jetstream.Stream
 	kv             jetstream.KeyValue
+	leases         *lease.Env // the runs' leases on their records, from Run on
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
 	hardCtx    context.Context
@@ -233,6 +235,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.kv, err = w.c.Records(setup); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	w.leases = &lease.Env{KV: w.kv, Worker: w.id, Read: w.getRecord}
 	consumers := make([]jetstream.Consumer, len(w.cfg.Queues))
 	for i, q := range w.cfg.Queues {
 		if consumers[i], err = w.js.Consumer(setup, w.names.RunsStream(), w.names.Consumer(q)); err != nil {

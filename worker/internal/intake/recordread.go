@@ -3,7 +3,8 @@ package intake
 import "sync/atomic"
 
 // RecordReadSkips holds, per queue, whether its first deliveries skip
-// the record read at pickup (worker/lease.go). The map is written once, before the pull loops start.
+// the record read at pickup (worker/internal/lease). The map is written
+// once, before the pull loops start.
 type RecordReadSkips map[string]*atomic.Bool
 
 // Skip reports whether a first delivery of queue may skip the read.
