@@ -95,13 +95,13 @@ func (r *run) gateTools() {
 		q := *p
 		q.TimeoutSeconds = c
 		p = &q
-		r.approvalClamped = true
+		r.gate.clamped = true
 	}
-	r.approval = p
-	r.ungated = map[string]*agent.Tool{}
+	r.gate.policy = p
+	r.gate.ungated = map[string]*agent.Tool{}
 	for i, t := range r.tools {
 		if p.Gates(t.Name) {
-			r.ungated[t.Name] = t
+			r.gate.ungated[t.Name] = t
 			r.tools[i] = r.gateTool(t)
 		}
 	}
@@ -123,25 +123,25 @@ func (r *run) takeOverPending(calls []workerproto.PendingCall, deferred []agent.
 	if len(calls) == 0 {
 		return
 	}
-	r.pendingCalls = calls
-	r.appr.mu.Lock()
-	r.appr.deferred = deferred
-	r.appr.resumed = map[string]workerproto.PendingCall{}
-	r.appr.resumedKeys = map[string]bool{}
+	r.earlier.pendingCalls = calls
+	r.gate.calls.mu.Lock()
+	r.gate.calls.deferred = deferred
+	r.gate.calls.resumed = map[string]workerproto.PendingCall{}
+	r.gate.calls.resumedKeys = map[string]bool{}
 	for _, c := range calls {
-		r.appr.resumed[c.Call.ID] = c
-		r.appr.resumedKeys[c.Call.ID] = true
+		r.gate.calls.resumed[c.Call.ID] = c
+		r.gate.calls.resumedKeys[c.Call.ID] = true
 	}
 	// The record has the exact times (the event only its publish time).
 	if p := r.prev; p != nil && p.Waiting != nil {
 		for _, a := range p.Waiting.Approvals {
-			if have, ok := r.appr.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.Approval.ExpiresAt && a.RequestedAt > 0 {
+			if have, ok := r.gate.calls.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.Approval.ExpiresAt && a.RequestedAt > 0 {
 				have.Approval.RequestedAt = a.RequestedAt
-				r.appr.resumed[a.ToolCallID] = have
+				r.gate.calls.resumed[a.ToolCallID] = have
 			}
 		}
 	}
-	r.appr.mu.Unlock()
+	r.gate.calls.mu.Unlock()
 }
 
 // runPendingCalls waits for the answers of the calls an earlier attempt
@@ -151,14 +151,14 @@ func (r *run) takeOverPending(calls []workerproto.PendingCall, deferred []agent.
 // that never started run one by one, each asking when reached if gated,
 // before the agent continues.
 func (r *run) runPendingCalls(ctx context.Context) error {
-	calls := r.pendingCalls
-	r.pendingCalls = nil
-	r.appr.mu.Lock()
-	deferred := r.appr.deferred
-	r.appr.deferred = nil
-	r.appr.mu.Unlock()
-	if r.approval == nil {
-		r.approval = &bus.Approval{} // the earlier attempt's gate: default bounds
+	calls := r.earlier.pendingCalls
+	r.earlier.pendingCalls = nil
+	r.gate.calls.mu.Lock()
+	deferred := r.gate.calls.deferred
+	r.gate.calls.deferred = nil
+	r.gate.calls.mu.Unlock()
+	if r.gate.policy == nil {
+		r.gate.policy = &bus.Approval{} // the earlier attempt's gate: default bounds
 	}
 	var mu sync.Mutex // one call's events at a time
 	var results []agent.Message
@@ -253,7 +253,7 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 		m.Content, m.IsError, m.Timestamp = []agent.Content{agent.Text(clipString(text, bus.MaxErrorBytes))}, true, time.Now().UnixMilli()
 		return m
 	}
-	t := r.ungated[c.Name]
+	t := r.gate.ungated[c.Name]
 	if t == nil {
 		for _, have := range r.tools {
 			if have.Name == c.Name {
@@ -305,7 +305,7 @@ func (r *run) gateTool(t *agent.Tool) *agent.Tool {
 // message size bytes) to the waiting call with its key, drops it if the
 // key is resolved, or keeps it.
 func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time, size int) {
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	for _, c := range ap.pending {
 		if c.id == a.ToolCallID {
@@ -337,7 +337,7 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time
 // (invariant 3). It holds no lock: publishing may wait for the window.
 func (r *run) dropAnswer(key string, seq uint64, reason string) {
 	r.log.Info("approval answer not applied", "toolCallId", key, "controlSeq", seq, "reason", reason)
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	tell := ap.rejections < maxStaleRejections
 	if tell {
@@ -357,7 +357,7 @@ func (r *run) rejectInvalidApproval(data []byte, seq uint64, err error) {
 	var id struct {
 		ToolCallID string `json:"toolCallId"`
 	}
-	if json.Unmarshal(data, &id) != nil || id.ToolCallID == "" || !r.appr.isWaiting(id.ToolCallID) {
+	if json.Unmarshal(data, &id) != nil || id.ToolCallID == "" || !r.gate.calls.isWaiting(id.ToolCallID) {
 		return
 	}
 	_, _ = r.pub.Fleet(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
@@ -366,7 +366,7 @@ func (r *run) rejectInvalidApproval(data []byte, seq uint64, err error) {
 
 // pendingApprovals is the record's waiting.approvals.
 func (r *run) pendingApprovals() []bus.PendingApproval {
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	out := make([]bus.PendingApproval, 0, len(ap.pending))
@@ -382,7 +382,7 @@ func (r *run) pendingApprovals() []bus.PendingApproval {
 
 // logUnmatchedApprovals logs the answers no call took (the run's end).
 func (r *run) logUnmatchedApprovals() {
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	for _, e := range ap.early {
@@ -397,21 +397,21 @@ func (r *run) logUnmatchedApprovals() {
 // run the call with (the approver's edit, validated), or the error the
 // call's result carries (refused, denied, timed out, stopped).
 func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args map[string]any) (map[string]any, error) {
-	p := r.approval
-	prior, resumed := r.appr.takeResumed(id)
+	p := r.gate.policy
+	prior, resumed := r.gate.calls.takeResumed(id)
 	if !r.claimWaitPlace(resumed) { // waiting.go
 		return nil, r.refuseApproval(id, t.Name)
 	}
 	defer r.unclaimWaitPlace()
 	c := &gatedCall{id: id, tool: t.Name, wake: make(chan struct{}, 1)}
-	r.appr.add(c)
+	r.gate.calls.add(c)
 	var stale []answer
 	if resumed {
 		c.requestedAt, c.expiresAt = time.UnixMilli(prior.Approval.RequestedAt), time.UnixMilli(prior.Approval.ExpiresAt)
 		if ceil := r.approvalCeiling(); ceil > 0 {
 			c.expiresAt = minTime(c.expiresAt, c.requestedAt.Add(time.Duration(ceil)*time.Second))
 		}
-		stale = r.appr.asked(c, prior.AnswersAfter)
+		stale = r.gate.calls.asked(c, prior.AnswersAfter)
 		r.log.Info("gated tool call still waits for its answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	} else {
 		after, err := r.approvalFence(ctx)
@@ -423,10 +423,10 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 				Parameters: approvalSchema(t)})
 		}
 		if err != nil {
-			r.appr.remove(c)
+			r.gate.calls.remove(c)
 			return nil, err
 		}
-		stale = r.appr.asked(c, after)
+		stale = r.gate.calls.asked(c, after)
 		r.w.obs.ApprovalRequested(r.info())
 		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt, "answersAfter", after)
 	}
@@ -441,7 +441,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	outcome := "stopped"
 	defer func() {
 		if !handedBack { // a handed-back run's record still lists it
-			for _, a := range r.appr.settle(c, outcome) {
+			for _, a := range r.gate.calls.settle(c, outcome) {
 				r.dropAnswer(id, a.seq, fmt.Sprintf("tool call %s was already resolved (%s); this answer was not applied", id, outcome))
 			}
 			r.hb.now()
@@ -469,7 +469,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		defer timer.Stop()
 		expired := false
 		for {
-			for _, a := range r.appr.next(c) {
+			for _, a := range r.gate.calls.next(c) {
 				switch {
 				case got != nil:
 					r.dropAnswer(id, a.seq, fmt.Sprintf("tool call %s was already resolved (%s); this answer was not applied", id, got.a.Decision))
@@ -528,7 +528,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	case timedOut:
 		outcome = bus.DecisionTimeout
 		reason := fmt.Sprintf("not approved within %s", c.expiresAt.Sub(c.requestedAt).Round(time.Second))
-		if r.approvalClamped {
+		if r.gate.clamped {
 			reason += " (this worker's ceiling, --max-approval-timeout)"
 		}
 		r.resolved(id, bus.DecisionTimeout, "", reason, 0, nil, waited)

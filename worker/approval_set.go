@@ -170,3 +170,11 @@ func (ap *approvals) takeResumed(id string) (workerproto.PendingCall, bool) {
 	}
 	return p, ok
 }
+
+// gate is a run's approval of tool calls.
+type gate struct {
+	policy  *bus.Approval          // the run's gate; nil: none
+	clamped bool                   // its timeout was lowered to MaxApprovalTimeout
+	calls   approvals              // the gated calls asking, and their answers
+	ungated map[string]*agent.Tool // the gated tools, unwrapped
+}

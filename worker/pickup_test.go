@@ -92,7 +92,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 	var rr *recordReads
 	w, c := startInternal(t, Config{}, func(w *Worker) {
 		rr = countRecordReads(w)
-		w.consumerCheck = 20 * time.Millisecond
+		w.pickupReads.every = 20 * time.Millisecond
 	})
 	<-w.ready
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -102,7 +102,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := cons.CachedInfo().Config
-	if !w.skipPickupRead.Skip("default") {
+	if !w.pickupReads.skip.Skip("default") {
 		t.Fatalf("MaxDeliver %d at the start: first deliveries should skip the read", cfg.MaxDeliver)
 	}
 	cfg.MaxDeliver = 1
@@ -111,7 +111,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for w.skipPickupRead.Skip("default") {
+	for w.pickupReads.skip.Skip("default") {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():

@@ -26,13 +26,13 @@ import (
 // is called. With each read it sweeps the queue's passed-over requests
 // (orphans.go), the first time at once.
 func (w *Worker) learnPickupReads(queues []string, consumers []jetstream.Consumer) (stop func()) {
-	w.skipPickupRead = intake.RecordReadSkips{}
+	w.pickupReads.skip = intake.RecordReadSkips{}
 	floors := make([]uint64, len(queues))
 	for i, q := range queues {
 		s := &atomic.Bool{}
 		ci := consumers[i].CachedInfo()
 		s.Store(intake.AllowsHandBack(ci.Config.MaxDeliver))
-		w.skipPickupRead[q] = s
+		w.pickupReads.skip[q] = s
 		floors[i] = ci.AckFloor.Stream
 	}
 	ctx, cancel := context.WithCancel(w.hardCtx)
@@ -42,7 +42,7 @@ func (w *Worker) learnPickupReads(queues []string, consumers []jetstream.Consume
 		for i, q := range queues {
 			w.sweepOrphans(ctx, q, floors[i], &swept[i])
 		}
-		t := time.NewTicker(w.consumerCheck)
+		t := time.NewTicker(w.pickupReads.every)
 		defer t.Stop()
 		for {
 			select {
@@ -66,7 +66,7 @@ func (w *Worker) recheckPickupRead(ctx context.Context, queue string, cons jetst
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	info, err := cons.Info(ctx)
-	s := w.skipPickupRead[queue]
+	s := w.pickupReads.skip[queue]
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
 		s.Store(false) // recreated with a setting not yet known: read
@@ -81,4 +81,11 @@ func (w *Worker) recheckPickupRead(ctx context.Context, queue string, cons jetst
 		return info
 	}
 	return nil
+}
+
+// pickupReads tells which queues' first deliveries skip the record read
+// (skip), read again from the consumers every every.
+type pickupReads struct {
+	skip  intake.RecordReadSkips
+	every time.Duration
 }

@@ -135,7 +135,7 @@ func (r *run) streamFn() agent.StreamFn {
 	if r.limits.MaxCostUsd > 0 {
 		fn = r.budgetStream(fn)
 	}
-	return r.observeStream(r.traceStream(callkey.Stream(fn, func() map[string]bool { return r.usedCallKeys })))
+	return r.observeStream(r.traceStream(callkey.Stream(fn, func() map[string]bool { return r.earlier.usedCallKeys })))
 }
 
 // ceilings applies the operator's ceilings (--max-run-timeout,

@@ -47,7 +47,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())
 	// New calls get none of these keys, also when nothing is restored
 	// (callkey.go invariant 1).
-	r.usedCallKeys = rc.UsedKeys
+	r.earlier.usedCallKeys = rc.UsedKeys
 	if rc.Finished != nil {
 		return false, errAlreadyFinished
 	}
@@ -88,7 +88,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	r.ctl.skip(rc.ControlSeqs)
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
-	r.appr.restoreResolved(rc.Resolved)
+	r.gate.calls.restoreResolved(rc.Resolved)
 	turns := r.tally.Restore(msgs[len(r.prompt):])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)

@@ -76,33 +76,18 @@ type run struct {
 	// (observeStream, listener.onEvent).
 	strayCharge atomic.Pointer[agent.Usage]
 
-	approval *bus.Approval // the run's gate (approval.go); nil: none
-	// approvalClamped: its timeout was lowered to MaxApprovalTimeout.
-	approvalClamped bool
-	appr            approvals
-	ungated         map[string]*agent.Tool // the gated tools, unwrapped
+	gate gate // approval of tool calls (approval.go)
 
 	slot  *slotHold       // nil for a give-up
 	clock *runclock.Clock // the timeout, waits left out (waiting.go)
 	wait  waitState
-	// prevWaited is the wait time earlier attempts recorded (waitedMs).
-	prevWaited time.Duration
 	// waitHandedBack: a wait ended because the worker is draining; the
 	// run is handed back without publishing more.
 	waitHandedBack atomic.Bool
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
-	// requeue is the marker under which this request, a requeued copy,
-	// took the run (giveup.go); its records keep it.
-	requeue *bus.Requeue
-	// waitingHandBacks is the record's count for this request.
-	waitingHandBacks int
-	// pendingCalls are gated calls an earlier attempt left waiting.
-	pendingCalls []workerproto.PendingCall
-	// usedCallKeys are the call keys earlier attempts' events name, set
-	// by resume before the agent runs (callkey.go invariant 1).
-	usedCallKeys map[string]bool
+	earlier      earlier  // what the record and earlier attempts left this one
 	trace        runTrace // spans (trace.go)
 }
 
@@ -159,7 +144,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
 	if requeue != nil {
-		r.lease.RequeuedFrom, r.requeue = requeue.From, requeue
+		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
 	}
 	r.msg, r.request = m, m
 	r.slot = slot
@@ -312,7 +297,7 @@ func (r *run) execute() {
 		}
 		r.pickupPaused = true
 	}
-	r.clock = runclock.New(r.runStart.Add(timeout), r.prevWaited, pausedSince, func() { cancelCause(context.DeadlineExceeded) })
+	r.clock = runclock.New(r.runStart.Add(timeout), r.earlier.waited, pausedSince, func() { cancelCause(context.DeadlineExceeded) })
 	defer r.clock.Stop()
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
@@ -333,7 +318,7 @@ func (r *run) pickup() bool {
 	w := r.w
 	var rec *bus.RunRecord
 	var err error
-	if r.attempt == 1 && r.lease.RequeuedFrom == 0 && w.skipPickupRead.Skip(r.queue) {
+	if r.attempt == 1 && r.lease.RequeuedFrom == 0 && w.pickupReads.skip.Skip(r.queue) {
 		r.lease.Unread = true // worker/internal/lease: taken with Create
 	} else {
 		rec, err = w.getRecord(w.hardCtx, r.id)
@@ -351,9 +336,9 @@ func (r *run) pickup() bool {
 		if !rec.StartedAt.IsZero() && rec.StartedAt.Before(r.runStart) {
 			r.runStart = rec.StartedAt
 		}
-		r.prevWaited = time.Duration(rec.WaitedMs) * time.Millisecond
+		r.earlier.waited = time.Duration(rec.WaitedMs) * time.Millisecond
 		if rec.RequestSeq == r.reqSeq {
-			r.waitingHandBacks = rec.WaitingHandBacks
+			r.earlier.waitingHandBacks = rec.WaitingHandBacks
 		}
 		if r.lease.RequeuedFrom != 0 && rec.RequestSeq == r.lease.RequeuedFrom && !rec.SubmittedAt.IsZero() {
 			r.submittedAt = rec.SubmittedAt // the run's, not the requeue's
@@ -451,7 +436,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	if err := r.awaitBudget(ctx); err != nil || r.tally.Stopping() { // worker/tenant.go
 		return nil, false
 	}
-	if restored && len(r.pendingCalls) > 0 {
+	if restored && len(r.earlier.pendingCalls) > 0 {
 		// Gated calls an earlier attempt left waiting wait again (their
 		// answers may be in the stream already: the control owner has
 		// read it).
@@ -609,13 +594,13 @@ func (r *run) record(state string) *bus.RunRecord {
 	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
 		rec.Tenant = r.tenant.name
 	}
-	rec.WaitingHandBacks = r.waitingHandBacks
-	rec.Requeue = r.requeue
+	rec.WaitingHandBacks = r.earlier.waitingHandBacks
+	rec.Requeue = r.earlier.requeue
 	if r.clock != nil {
 		waited, _ := r.clock.State()
 		rec.WaitedMs = waited.Milliseconds()
 	} else {
-		rec.WaitedMs = r.prevWaited.Milliseconds()
+		rec.WaitedMs = r.earlier.waited.Milliseconds()
 	}
 	if state != bus.StateRunning {
 		return rec
@@ -647,4 +632,21 @@ func clipString(s string, n int) string {
 		return s
 	}
 	return clipUTF8(s, n) + "…"
+}
+
+// earlier is what the run's record and its earlier attempts left this
+// attempt.
+type earlier struct {
+	// requeue is the marker under which this request, a requeued copy,
+	// took the run (giveup.go); its records keep it.
+	requeue *bus.Requeue
+	// waitingHandBacks is the record's count for this request.
+	waitingHandBacks int
+	// waited is the wait time earlier attempts recorded (waitedMs).
+	waited time.Duration
+	// pendingCalls are gated calls an earlier attempt left waiting.
+	pendingCalls []workerproto.PendingCall
+	// usedCallKeys are the call keys earlier attempts' events name, set
+	// by resume before the agent runs (internal/callkey, invariant 1).
+	usedCallKeys map[string]bool
 }

@@ -146,6 +146,19 @@ func (h *slotHold) take(ctx context.Context) bool {
 	return true
 }
 
+// waitPlaces are the worker's waiting runs (guarded by mu): waiting of
+// them wait now, offSlot of them without a slot; held places (at most
+// MaxWaiting) are held by the runs off their slots and those about to
+// be; queue are the runs waiting on their slots for a place, first come
+// first.
+type waitPlaces struct {
+	mu      sync.Mutex
+	waiting int
+	offSlot int
+	held    int
+	queue   []*run
+}
+
 // waitState is a run's waits now (guarded by its own mutex; see
 // waitOffSlot).
 type waitState struct {
@@ -207,10 +220,10 @@ func (r *run) enterWait(what string, since time.Time) {
 		r.clock.Pause(since)
 	}
 	w := r.w
-	w.waitMu.Lock()
-	w.waitingRuns++
-	n := w.waitingRuns
-	w.waitMu.Unlock()
+	w.places.mu.Lock()
+	w.places.waiting++
+	n := w.places.waiting
+	w.places.mu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
 	r.leaveSlotLocked()
 	r.hb.now()
@@ -228,9 +241,9 @@ func (r *run) leaveSlotLocked() {
 		return // queued: takeHandedPlace leaves the slot once a place frees
 	}
 	w := r.w
-	w.waitMu.Lock()
-	w.offSlot++
-	w.waitMu.Unlock()
+	w.places.mu.Lock()
+	w.places.offSlot++
+	w.places.mu.Unlock()
 	ws.offSlot = true
 	r.slot.release()
 }
@@ -240,14 +253,14 @@ func (r *run) leaveSlotLocked() {
 // (with MaxWaiting above 0). ws.mu is held.
 func (r *run) takePlaceLocked(queue bool) bool {
 	w := r.w
-	w.waitMu.Lock()
-	ok := w.places < w.cfg.MaxWaiting
+	w.places.mu.Lock()
+	ok := w.places.held < w.cfg.MaxWaiting
 	if ok {
-		w.places++
-	} else if queue && w.cfg.MaxWaiting > 0 && !slices.Contains(w.placeQueue, r) {
-		w.placeQueue = append(w.placeQueue, r)
+		w.places.held++
+	} else if queue && w.cfg.MaxWaiting > 0 && !slices.Contains(w.places.queue, r) {
+		w.places.queue = append(w.places.queue, r)
 	}
-	w.waitMu.Unlock()
+	w.places.mu.Unlock()
 	r.wait.place = ok
 	return ok
 }
@@ -268,14 +281,14 @@ func (r *run) dropPlaceLocked() *run {
 // freePlace gives a place back: to the first queued run (returned, to be
 // handed it with handPlace), else to the pool.
 func (w *Worker) freePlace() *run {
-	w.waitMu.Lock()
-	defer w.waitMu.Unlock()
-	if len(w.placeQueue) > 0 {
-		next := w.placeQueue[0]
-		w.placeQueue = slices.Delete(w.placeQueue, 0, 1)
+	w.places.mu.Lock()
+	defer w.places.mu.Unlock()
+	if len(w.places.queue) > 0 {
+		next := w.places.queue[0]
+		w.places.queue = slices.Delete(w.places.queue, 0, 1)
 		return next
 	}
-	w.places--
+	w.places.held--
 	return nil
 }
 
@@ -307,10 +320,10 @@ func (r *run) takeHandedPlace() *run {
 // last wait ended). ws.mu is held.
 func (r *run) leavePlaceQueueLocked() {
 	w := r.w
-	w.waitMu.Lock()
-	defer w.waitMu.Unlock()
-	if i := slices.Index(w.placeQueue, r); i >= 0 {
-		w.placeQueue = slices.Delete(w.placeQueue, i, i+1)
+	w.places.mu.Lock()
+	defer w.places.mu.Unlock()
+	if i := slices.Index(w.places.queue, r); i >= 0 {
+		w.places.queue = slices.Delete(w.places.queue, i, i+1)
 	}
 }
 
@@ -378,9 +391,9 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 			r.slot.take(ctx)
 		}
 		ws.offSlot = false
-		w.waitMu.Lock()
-		w.offSlot--
-		w.waitMu.Unlock()
+		w.places.mu.Lock()
+		w.places.offSlot--
+		w.places.mu.Unlock()
 	}
 	next = r.dropPlaceLocked()
 	if ws.n > 0 {
@@ -393,10 +406,10 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 			r.clock.Resume()
 		}
 	}
-	w.waitMu.Lock()
-	w.waitingRuns--
-	n := w.waitingRuns
-	w.waitMu.Unlock()
+	w.places.mu.Lock()
+	w.places.waiting--
+	n := w.places.waiting
+	w.places.mu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
 	r.hb.now()
 }
@@ -419,9 +432,9 @@ func (w *Worker) drainCtx() context.Context {
 
 // OffSlot returns how many runs wait without a slot now.
 func (w *Worker) OffSlot() int {
-	w.waitMu.Lock()
-	defer w.waitMu.Unlock()
-	return w.offSlot
+	w.places.mu.Lock()
+	defer w.places.mu.Unlock()
+	return w.places.offSlot
 }
 
 // handBackWhileWaiting stops a run whose wait the worker's drain ended:
@@ -471,7 +484,7 @@ func (r *run) handBackWaiting() {
 	r.pub.Abandon()
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	r.waitingHandBacks++
+	r.earlier.waitingHandBacks++
 	if err := r.lease.Renew(ctx, r.record(bus.StateRunning)); err != nil {
 		if errors.Is(err, errLeaseLost) {
 			r.log.Warn("run stopped: lease lost to a newer attempt")

@@ -45,23 +45,16 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
-	// eventReads bounds this worker's reads of stored events, each within
-	// eventReadTimeout once it has its slot (eventread.go).
-	eventReads       chan struct{}
-	eventReadTimeout time.Duration
+	reads eventReads // this worker's reads of stored events (eventread.go)
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
 
 	controlStream jetstream.Stream
-	// skipPickupRead tells which queues' first deliveries skip the
-	// record read (worker/pickupread.go); consumerCheck is how often it
-	// is read again from the consumers.
-	skipPickupRead intake.RecordReadSkips
-	consumerCheck  time.Duration
-	runsStream     jetstream.Stream
-	kv             jetstream.KeyValue
-	leases         *lease.Env // the runs' leases on their records, from Run on
+	pickupReads   pickupReads // which first deliveries skip the record read (pickupread.go)
+	runsStream    jetstream.Stream
+	kv            jetstream.KeyValue
+	leases        *lease.Env // the runs' leases on their records, from Run on
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
 	hardCtx    context.Context
@@ -88,17 +81,9 @@ type Worker struct {
 
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context
-	// Waiting runs (waiting.go): waitingRuns wait now, offSlot of them
-	// without a slot; places (at most MaxWaiting) are held by the runs
-	// off their slots and those about to be; placeQueue are the runs
-	// waiting on their slots for a place, first come first.
-	waitMu      sync.Mutex
-	waitingRuns int
-	offSlot     int
-	places      int
-	placeQueue  []*run
-	junk        junkLog      // requests with an invalid subject (run.go)
-	tracer      trace.Tracer // nil when not tracing (trace.go)
+	places waitPlaces   // the waiting runs' places (waiting.go)
+	junk   junkLog      // requests with an invalid subject (run.go)
+	tracer trace.Tracer // nil when not tracing (trace.go)
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
@@ -141,16 +126,15 @@ func New(cfg Config) (*Worker, error) {
 		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(),
 		log: cfg.Logger.With("worker", id), obs: cfg.Observer, id: id,
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
-		defaultModel:     def,
-		slots:            make(chan struct{}, cfg.Concurrency),
-		eventReads:       make(chan struct{}, maxEventReads),
-		eventReadTimeout: eventReadTimeout,
-		runs:             map[string]*run{},
-		cover:            intake.NewControlCoverage(),
-		coverageAudit:    5 * time.Second,
-		consumerCheck:    10 * time.Second,
-		ready:            make(chan struct{}),
-		queueSlots:       map[string]chan struct{}{},
+		defaultModel:  def,
+		slots:         make(chan struct{}, cfg.Concurrency),
+		reads:         eventReads{slots: make(chan struct{}, maxEventReads), timeout: eventReadTimeout},
+		runs:          map[string]*run{},
+		cover:         intake.NewControlCoverage(),
+		coverageAudit: 5 * time.Second,
+		pickupReads:   pickupReads{every: 10 * time.Second},
+		ready:         make(chan struct{}),
+		queueSlots:    map[string]chan struct{}{},
 	}
 	for q, n := range cfg.QueueConcurrency {
 		if err := bus.CheckQueue(q); err != nil {
