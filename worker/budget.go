@@ -2,13 +2,13 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"iter"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // A run's cost bound (limits.maxCostUsd): before each model call, the
@@ -27,82 +27,16 @@ func (r *run) checkCostBound(add func(string, ...any)) {
 	}
 }
 
-// RequestOverheadTokens is what a call's worst case adds to the bytes it
-// sends for what the provider counts beside them (its own framing of
-// roles, messages and tools, and the request's other fields).
-const RequestOverheadTokens = 64
-
-// callInputTokens is a call's input estimate: everything it sends (the
-// system prompt, the messages as JSON, the tools as JSON) in bytes / 4,
-// rounded up, plus RequestOverheadTokens. The shared rate limits reserve
-// it (estimateTokens), the budgets' worst case counts it, and a call that
-// ends without usage is charged it (settle.go).
-func callInputTokens(llm agent.Context) int {
-	n := len(llm.SystemPrompt)
-	if b, err := json.Marshal(llm.Messages); err == nil {
-		n += len(b)
-	}
-	n += toolsJSONBytes(llm.Tools)
-	return (n+3)/4 + RequestOverheadTokens
-}
-
-// toolsJSONBytes is the size of the tools as a request carries them: the
-// name, description and parameters' schema of each, in a function wrapper.
-func toolsJSONBytes(tools []*agent.Tool) int {
-	type function struct {
-		Name        string          `json:"name"`
-		Description string          `json:"description,omitempty"`
-		Parameters  json.RawMessage `json:"parameters,omitempty"`
-	}
-	n := 0
-	for _, t := range tools {
-		if t == nil {
-			continue
-		}
-		fn := struct {
-			Type     string   `json:"type"`
-			Function function `json:"function"`
-		}{"function", function{t.Name, t.Description, t.Parameters}}
-		if b, err := json.Marshal(fn); err == nil {
-			n += len(b) + 1
-		} else {
-			// Parameters that are not JSON still go out as some bytes.
-			n += len(t.Name) + len(t.Description) + len(t.Parameters) + 64
-		}
-	}
-	return n
-}
-
-// MaxTableOutputReserve caps the output reserve a call takes from the
-// model table: the default pi's OpenAI-compatible provider asks for.
-const MaxTableOutputReserve = 32000
-
-// OutputReserve is a call's output reserve: the request's maxTokens, else
-// the model table's (at most MaxTableOutputReserve), else
-// DefaultOutputReserve. Every call asks for it (max_tokens: the run's
-// agent passes it, meteredProvider when nobody did), so the worst case,
-// the rate limits' reservation, the clamp of a reported output and the cap
-// of an estimated one all count what the call asked for.
-func OutputReserve(requestMax, modelMax int) int {
-	switch {
-	case requestMax > 0:
-		return requestMax
-	case modelMax > 0:
-		return min(modelMax, MaxTableOutputReserve)
-	}
-	return DefaultOutputReserve
-}
-
 // outputReserve is the output reserve of the run's calls.
 func (r *run) outputReserve(requestMax int) int { return OutputReserve(requestMax, r.model.MaxTokens) }
 
 // worstCost is what the next call may cost at most: everything it sends
-// (callInputTokens) at the dearer of the input and cache-write prices
+// (metering.CallInputTokens) at the dearer of the input and cache-write prices
 // (a provider may write the whole prompt to its cache) and its whole
 // output reserve at the output price.
 func (r *run) worstCost(llm agent.Context, requestMax int) float64 {
 	c := r.model.Cost
-	return (float64(callInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
+	return (float64(metering.CallInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
 }
 
 // priced reports whether the run's model has prices: calls of a model

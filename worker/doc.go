@@ -40,7 +40,7 @@
 //
 // A model call, in the order streamFn wraps it:
 //
-//	settle.go       metering: what a call is charged (meteredProvider)
+//	settle.go       the call's meter (meteredProvider); the rules in internal/metering
 //	ratelimit.go    shared model rate limits
 //	tenant.go       tenants' budgets
 //	budget.go       a run's cost bound
@@ -58,4 +58,5 @@
 //	internal/runclock   a run's timeout, waits left out
 //	internal/outcome    what a run did and why it stops: its run_finished
 //	internal/lease      the run record as an attempt's lease: take, renew, final write
+//	internal/metering   what a model call is charged: estimates, bounds, settle
 package worker

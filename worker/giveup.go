@@ -18,7 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/tracing"
-	"github.com/agentfleet/agentfleet/worker/internal/outcome"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // Giving up. When a request's delivery count reaches MaxDeliver and its
@@ -250,7 +250,7 @@ func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request
 	usage = cut
 	for _, m := range rc.Messages[min(promptLen, len(rc.Messages)):] {
 		if m.Role == agent.RoleAssistant {
-			usage.Add(outcome.NonNegative(m.Usage))
+			usage.Add(metering.NonNegative(m.Usage))
 		}
 	}
 	return cut, usage

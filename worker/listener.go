@@ -201,19 +201,19 @@ func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 			r.strayCharge.Store(nil)
 			defer func() {
 				s := chargeOf(ctx, final)
-				if final == nil && s.source == "" {
+				if final == nil && s.Source == "" {
 					return // nothing was asked of a model
 				}
 				if final == nil {
 					// The agent stopped reading before the final event:
 					// the message it makes instead carries the charge.
-					u := s.usage
+					u := s.Usage
 					r.strayCharge.Store(&u)
 				}
 				// Only this run's model calls count toward its usage.
-				r.tally.ModelCall(s.usage)
+				r.tally.ModelCall(s.Usage)
 				mr := ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start), TimeToFirstEvent: first,
-					Usage: s.usage, UsageSource: s.source, ExcessInput: s.excessInput, ExcessOutput: s.excessOutput}
+					Usage: s.Usage, UsageSource: s.Source, ExcessInput: s.ExcessInput, ExcessOutput: s.ExcessOutput}
 				if final != nil {
 					mr.StopReason = final.StopReason
 				} else {

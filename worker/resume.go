@@ -10,7 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
-	"github.com/agentfleet/agentfleet/worker/internal/outcome"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 var errAlreadyFinished = errors.New("the run already has its run_finished")
@@ -106,11 +106,11 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 // the run's (after its prompt: usage written into submitted messages is
 // not the run's).
 func cutOffUsage(rc *workerproto.Recovery, promptLen int) agent.Usage {
-	u := outcome.NonNegative(rc.CutOffUsage)
+	u := metering.NonNegative(rc.CutOffUsage)
 	kept := len(rc.Messages)
 	for i, m := range rc.DroppedMessages {
 		if kept+i >= promptLen && m.Role == agent.RoleAssistant {
-			u.Add(outcome.NonNegative(m.Usage))
+			u.Add(metering.NonNegative(m.Usage))
 		}
 	}
 	return u

@@ -210,7 +210,7 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 			defer func() {
 				// The call's charge (settle.go): a call cut off, or
 				// without usage, is charged its estimate.
-				cost := chargeOf(ctx, final).usage.Cost.Total
+				cost := chargeOf(ctx, final).Usage.Cost.Total
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
 				stats.Spent(r.tenant.name, cost)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // Tally counts what a run did (turns, usage, its last answer) and why it
@@ -43,7 +44,7 @@ func (t *Tally) Assistant(m agent.Message) {
 // ModelCall counts the usage of one of this run's model calls.
 func (t *Tally) ModelCall(u agent.Usage) {
 	t.mu.Lock()
-	t.usage.Add(NonNegative(u))
+	t.usage.Add(metering.NonNegative(u))
 	t.mu.Unlock()
 }
 
@@ -51,22 +52,8 @@ func (t *Tally) ModelCall(u agent.Usage) {
 // and whose messages the run no longer has (cut off): no turns.
 func (t *Tally) Carry(u agent.Usage) {
 	t.mu.Lock()
-	t.usage.Add(NonNegative(u))
+	t.usage.Add(metering.NonNegative(u))
 	t.mu.Unlock()
-}
-
-// NonNegative clamps negative counts and costs (a hostile endpoint's, or a
-// forged transcript's) to zero, so usage only ever grows.
-func NonNegative(u agent.Usage) agent.Usage {
-	for _, p := range []*int{&u.Input, &u.Output, &u.CacheRead, &u.CacheWrite, &u.Reasoning, &u.TotalTokens} {
-		*p = max(*p, 0)
-	}
-	for _, p := range []*float64{&u.Cost.Input, &u.Cost.Output, &u.Cost.CacheRead, &u.Cost.CacheWrite, &u.Cost.Total} {
-		if !(*p > 0) { // also NaN
-			*p = 0
-		}
-	}
-	return u
 }
 
 func (t *Tally) Turn() {
@@ -83,7 +70,7 @@ func (t *Tally) Restore(msgs []agent.Message) int {
 	for i := range msgs {
 		if m := msgs[i]; m.Role == agent.RoleAssistant {
 			t.turns++
-			t.usage.Add(NonNegative(m.Usage))
+			t.usage.Add(metering.NonNegative(m.Usage))
 			t.lastAssistant = &m
 		}
 	}
