@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -272,7 +273,9 @@ func TestBrowserRunTimeline(t *testing.T) {
 	hostile := "# Hostile\n\n<img src=x onerror=\"window.__xss=7\">\n\n" +
 		"[click](javascript:window.__xss=8) [x](JaVaScRiPt:alert(1)) [d](data:text/html,<script>alert(1)</script>) [sp]( javascript:alert(1)) " +
 		"![pic](javascript:alert(1)) ![pic2](https://example.com/a.png)\n\n" +
-		"<div onmouseover=\"window.__xss=9\"><script>window.__xss=10</script></div>\n\n<https://ok.example/path> and **<b>bold</b>**\n"
+		"<div onmouseover=\"window.__xss=9\"><script>window.__xss=10</script></div>\n\n<https://ok.example/path> and **<b>bold</b>**\n\n" +
+		"inline <img src=x onerror=\"window.__xss=11\"> <javascript:window.__xss=12> &lt;script&gt;window.__xss=13&lt;/script&gt;\n\n" +
+		"- [x] <img src=x onerror=\"window.__xss=14\">\n  - | <img src=x onerror=\"window.__xss=15\"> |\n    |---|\n    | [t](javascript:window.__xss=16) |\n"
 	long := strings.Repeat("A line of the long answer, streamed slowly: the page must follow it.\n\n", 45)
 	model := newPricedModel(100, scripted(map[string][]agent.ScriptedResponse{
 		"report": {{Content: []agent.Content{agent.Text("Let me compute that."), agent.ToolCall("calc-1", "calculator", map[string]any{"expression": "12*7"})}, StopReason: agent.StopReasonToolUse},
@@ -356,9 +359,11 @@ func TestBrowserRunTimeline(t *testing.T) {
 	for name, expr := range map[string]string{
 		"no img":                   `document.querySelectorAll("img").length === 0`,
 		"no script":                `document.querySelectorAll("script").length === 2`,
-		"no div of the text":       `document.querySelectorAll("#transcript [onmouseover], #transcript .md div").length === 0`,
+		"no div of the text":       `document.querySelectorAll("#transcript [onmouseover], #transcript [onerror], #transcript .md div").length === 0`,
 		"no javascript: or data:":  `[...document.querySelectorAll("a")].every((a) => a.protocol === "http:" || a.protocol === "https:")`,
-		"bad links are text":       `document.querySelectorAll(".md-badlink").length === 5 && document.querySelector(".md-badlink").textContent === "click"`,
+		"bad links are text":       `[...document.querySelectorAll(".md-badlink")].map((e) => e.textContent).join(",") === "click,x,d,sp,image: pic,javascript:window.__xss=12,t"`,
+		"entities are text":        `document.querySelector(".md").textContent.includes("<script>window.__xss=13</script>")`,
+		"task list, nested table":  `document.querySelector(".md li.md-task input[type=checkbox]:checked:disabled") !== null && document.querySelector(".md li li table td .md-badlink") !== null`,
 		"safe autolink":            `document.querySelector('.md a[href="https://ok.example/path"]') !== null`,
 		"image not loaded, linked": `document.querySelector('.md a.md-image[href="https://example.com/a.png"]').textContent === "image: pic2"`,
 		"html shown as text":       `document.querySelector(".md").textContent.includes('<img src=x onerror="window.__xss=7">') && document.querySelector(".md").textContent.includes('<div onmouseover="window.__xss=9"><script>window.__xss=10</script></div>')`,
@@ -367,6 +372,38 @@ func TestBrowserRunTimeline(t *testing.T) {
 	} {
 		if !eval[bool](b, page, expr) {
 			t.Errorf("hostile markdown, %s: %s is false", name, expr)
+		}
+	}
+
+	// The node test's hostile markdown cases (TestMarkdownShowsHTMLAsText),
+	// rendered into the page by its own renderMarkdown in Chromium, their
+	// payloads setting a flag: nothing runs, and only the elements,
+	// attributes and links markdown needs are made.
+	var texts []string
+	badLinks := 0
+	for _, c := range mdHostileCases {
+		texts = append(texts, strings.ReplaceAll(c.text, "alert(1)", "window.__xss=1"))
+		badLinks += strings.Count(c.want, "md-badlink")
+	}
+	textsJSON, _ := json.Marshal(texts)
+	n := eval[int](b, page, `(() => { const s = document.createElement("section"); s.id = "md-cases"; for (const t of `+string(textsJSON)+
+		`) s.append(renderMarkdown(t, document)); document.getElementById("main").append(s); return s.querySelectorAll(".md").length; })()`)
+	if n != len(texts) {
+		t.Fatalf("%d of %d markdown cases rendered", n, len(texts))
+	}
+	b.do(page, "time for handlers to run", chromedp.Sleep(300*time.Millisecond))
+	const cases = `[...document.querySelectorAll("#md-cases *")]`
+	for name, expr := range map[string]string{
+		"flag not set": `window.__xss === undefined`,
+		"only markdown's elements": cases + `.every((e) => ["div", "p", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "code", "pre", "br", "hr", "ul", "ol", "li", ` +
+			`"blockquote", "table", "thead", "tbody", "tr", "th", "td", "a", "span", "input"].includes(e.localName))`,
+		"only markdown's attributes": cases + `.every((e) => [...e.attributes].every((a) => ["class", "href", "rel", "target", "title", "type", "checked", "disabled", "start", "data-lang"].includes(a.name)))`,
+		"links only to http(s)":      `[...document.querySelectorAll("#md-cases a")].every((a) => ["http:", "https:"].includes(a.protocol) && a.rel === "noopener noreferrer nofollow" && a.target === "_blank")`,
+		"checkboxes disabled":        `[...document.querySelectorAll("#md-cases input")].every((e) => e.type === "checkbox" && e.disabled)`,
+		"script urls shown as text":  `document.querySelectorAll("#md-cases .md-badlink").length === ` + fmt.Sprint(badLinks),
+	} {
+		if !eval[bool](b, page, expr) {
+			t.Errorf("markdown cases in Chromium, %s: %s is false", name, expr)
 		}
 	}
 

@@ -1,8 +1,10 @@
-// agentfleet console. Hand-written, no build step, no dependencies.
+// agentfleet console. Hand-written, no build step; its one dependency,
+// marked's markdown lexer, is vendored (static/vendor/, see markdown.js).
 // Rule: everything that comes from a run (model text, tool arguments and
 // results, ids, errors) is put into the page as text (text nodes and
-// textContent), never as HTML. Markdown (markdown.js) is rendered by
-// building elements, never by parsing HTML.
+// textContent), never as HTML. Markdown (markdown.js, a module run before
+// this script: marked's lexer and a DOM builder) is rendered by building
+// elements, never by parsing HTML.
 "use strict";
 
 const session = { user: "", csrf: "", allowControl: false };
@@ -765,7 +767,9 @@ function appendLive(node, delta) {
 function renderLive(node, final) {
   clearTimeout(node.timer);
   node.timer = null;
-  node.replaceChildren(renderMarkdown(node.raw || "", document));
+  // Without markdown.js (it failed to load), the text as it is.
+  node.replaceChildren(typeof renderMarkdown === "function" ? renderMarkdown(node.raw || "", document) :
+    el("div", { class: "md plain" }, node.raw || ""));
   if (final) node.classList.remove("md-live");
 }
 

@@ -1,18 +1,39 @@
-// agentfleet console: a small Markdown renderer that builds DOM nodes and
-// never parses HTML. Model text is hostile input: raw HTML stays text,
-// links are made only to http(s) and mailto URLs, images are not loaded
-// (their alt text is shown, linked when the URL is safe). What it knows:
-// ATX headings, paragraphs (a line break is kept), fenced code, block
-// quotes, lists (nested by indentation), GFM tables, rules; inline code,
-// strong, emphasis, strikethrough, links, autolinks and bare URLs, and
-// backslash escapes. Anything else is shown as the text it is.
-"use strict";
+// agentfleet console: markdown shown as DOM nodes, never as HTML.
+//
+// The markdown is parsed by marked's lexer (vendor/marked.esm.js, GFM:
+// CommonMark plus tables, strikethrough, task lists and bare URLs), which
+// only turns text into tokens; marked's HTML renderer is never used. This
+// file walks the tokens and builds elements with createElement and text
+// nodes. Model text is hostile input, so: raw HTML (a block or inline) is
+// shown as the text it is; links are made only to http(s) and mailto URLs
+// (others are shown as their text); images are never loaded (their alt
+// text is shown, linked when the URL is safe); nothing is handed to an
+// HTML parser. Bounds keep hostile text cheap: past MD_MAX_CHARS, or with
+// a line opening more containers than MD_NEST allows, the text is shown
+// plain; a block whose inline text is longer than MD_MAX_INLINE, and the
+// blocks left once MD_INLINE_BUDGET_MS of inline parsing is spent, are
+// shown as their text; containers nested deeper than MD_MAX_DEPTH are
+// shown as their source.
+//
+// A module: app.js (a classic script, run after it) calls the global
+// renderMarkdown(text, document).
+import { Lexer, getDefaults } from "./vendor/marked.esm.js";
 
-const MD_MAX_DEPTH = 12; // nested quotes and lists
 const MD_MAX_CHARS = 200000; // longer text is shown as plain text
-// MD_SCAN bounds the search for a closing delimiter, so hostile text of
-// many openers costs its length times this, not its length squared.
-const MD_SCAN = 4000;
+const MD_MAX_DEPTH = 12; // nested quotes and lists built; deeper: source text
+const MD_MAX_INLINE_DEPTH = 24; // nested emphasis, links, ...
+// marked's emphasis matching is quadratic in a paragraph with many
+// unmatched delimiters (markedjs/marked#4099): a paragraph of 5,000 "*a_"
+// took about 0.5 s here, of 10,000 about 2 s. So inline markdown is parsed only
+// in blocks up to MD_MAX_INLINE characters and for MD_INLINE_BUDGET_MS per
+// rendering (ordinary text parses at well over 100,000 characters in that).
+const MD_MAX_INLINE = 5000;
+const MD_INLINE_BUDGET_MS = 500;
+// A line that opens more than 32 quotes or list items: marked recurses
+// once per level (deep enough, it overflows the stack after a second's
+// work), so such text is shown plain. Each repetition starts on a marker,
+// never a blank, so backtracking into the blanks before it fails at once.
+const MD_NEST = /^[ \t]*(?:>[ \t]*|(?:[-+*]|\d{1,9}[.)])[ \t]+){33}/m;
 
 // mdSafeHref returns the URL when a link may point there, else "".
 function mdSafeHref(url) {
@@ -23,19 +44,45 @@ function mdSafeHref(url) {
   return /^(https?:\/\/[^/?#]|mailto:[^/])/i.test(u) ? u : "";
 }
 
-function renderMarkdown(text, doc) {
-  doc = doc || document;
-  const frag = doc.createElement("div");
-  frag.className = "md";
-  text = String(text || "");
-  if (text.length > MD_MAX_CHARS) {
-    frag.append(doc.createTextNode(text));
-    frag.classList.add("plain");
-    return frag;
+// mdTokens lexes text as marked.lexer does, within the bounds above;
+// null when the text is to be shown plain.
+function mdTokens(text) {
+  if (text.length > MD_MAX_CHARS || MD_NEST.test(text)) return null;
+  const lexer = new Lexer({ ...getDefaults(), gfm: true, breaks: true });
+  try {
+    // Lexer.lex, with the inline pass bounded: blockTokens queues each
+    // block's inline source with the (empty) token list to fill.
+    lexer.blockTokens(text.replace(/\r\n?/g, "\n"), lexer.tokens);
+    const start = Date.now();
+    for (const q of lexer.inlineQueue) {
+      if (q.src.length > MD_MAX_INLINE || Date.now() - start > MD_INLINE_BUDGET_MS) {
+        q.tokens.push({ type: "md-source", raw: q.src, text: q.src });
+        continue;
+      }
+      lexer.state.inRawBlock = false;
+      lexer.inlineTokens(q.src, q.tokens);
+    }
+  } catch {
+    return null; // a RangeError on deep nesting, or a bug in marked
   }
-  mdBlocks(text.replace(/\r\n?/g, "\n").split("\n"), frag, doc, 0);
-  return frag;
+  return lexer.tokens;
 }
+
+// renderMarkdown returns a div.md holding text rendered as markdown.
+export function renderMarkdown(text, doc) {
+  doc = doc || document;
+  const root = mdEl(doc, "div", "md");
+  text = String(text ?? "");
+  const tokens = mdTokens(text);
+  if (!tokens) {
+    root.append(doc.createTextNode(text));
+    root.classList.add("plain");
+    return root;
+  }
+  mdBlocks(tokens, root, doc, 0);
+  return root;
+}
+globalThis.renderMarkdown = renderMarkdown;
 
 function mdEl(doc, tag, cls) {
   const e = doc.createElement(tag);
@@ -43,354 +90,232 @@ function mdEl(doc, tag, cls) {
   return e;
 }
 
-const MD_FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$/;
-const MD_HEADING = /^ {0,3}(#{1,6})(?:[ \t]|$)/;
-const MD_RULE = /^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$/;
-const MD_QUOTE = /^ {0,3}> ?(.*)$/;
-const MD_ITEM = /^( {0,12})([-*+]|\d{1,9}[.)])([ \t]+(.*))?$/;
-const MD_TABLE_SEP = /^ {0,3}\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$/;
-
-function mdStartsBlock(line) {
-  return MD_FENCE.test(line) || MD_HEADING.test(line) || MD_RULE.test(line) || MD_QUOTE.test(line) || MD_ITEM.test(line);
+// mdSource appends a token's source as text, kept as written.
+function mdSource(t, parent, doc) {
+  const s = mdEl(doc, "span", "md-source");
+  s.append(doc.createTextNode(mdTrimEnd(t.raw ?? t.text)));
+  parent.append(s);
 }
 
-// mdBlocks renders lines as blocks into parent.
-function mdBlocks(lines, parent, doc, depth) {
-  let i = 0;
-  while (i < lines.length) {
-    const line = lines[i];
-    if (!line.trim()) { i++; continue; }
-    let m;
-    if ((m = MD_FENCE.exec(line))) {
-      const fence = m[1];
-      const body = [];
-      i++;
-      while (i < lines.length && !(lines[i].trim().startsWith(fence) && lines[i].trim().replace(new RegExp("^\\" + fence[0] + "+"), "").trim() === "")) body.push(lines[i++]);
-      i++; // the closing fence (or the end)
+// mdTrimEnd is s without its final newlines (a loop: /\n+$/ would take
+// quadratic time on a long run of newlines inside s).
+function mdTrimEnd(s) {
+  s = String(s ?? "");
+  let end = s.length;
+  while (end > 0 && s[end - 1] === "\n") end--;
+  return s.slice(0, end);
+}
+
+// mdBlocks renders block tokens into parent.
+function mdBlocks(tokens, parent, doc, depth) {
+  for (const t of tokens || []) mdBlock(t, parent, doc, depth);
+}
+
+function mdBlock(t, parent, doc, depth) {
+  switch (t.type) {
+    case "space":
+    case "def": // a link reference definition: its links are resolved
+      return;
+    case "heading": {
+      const h = mdEl(doc, "h" + Math.min(Math.max(Number(t.depth) || 1, 1), 6), "md-h");
+      mdInline(t.tokens, h, doc, 0);
+      parent.append(h);
+      return;
+    }
+    case "paragraph": {
+      const p = mdEl(doc, "p");
+      mdInline(t.tokens, p, doc, 0);
+      parent.append(p);
+      return;
+    }
+    case "text": // the text of a tight list item
+      if (t.tokens) mdInline(t.tokens, parent, doc, 0);
+      else parent.append(doc.createTextNode(t.text || ""));
+      return;
+    case "code": {
       const pre = mdEl(doc, "pre", "md-code");
       const code = mdEl(doc, "code");
-      if (m[2]) code.dataset.lang = m[2];
-      code.append(doc.createTextNode(body.join("\n")));
+      const lang = /^\S+/.exec(t.lang || "");
+      if (lang) code.dataset.lang = lang[0];
+      code.append(doc.createTextNode(mdTrimEnd(t.text)));
       pre.append(code);
       parent.append(pre);
-      continue;
+      return;
     }
-    if ((m = MD_HEADING.exec(line))) {
-      const h = mdEl(doc, "h" + m[1].length, "md-h");
-      // The text without a closing run of #s.
-      let t = line.slice(m[0].length).trim();
-      let k = t.length;
-      while (k > 0 && t[k - 1] === "#") k--;
-      if (k === 0 || /[ \t]/.test(t[k - 1])) t = t.slice(0, k).trim();
-      mdInline(t, h, doc, 0);
-      parent.append(h);
-      i++;
-      continue;
+    case "html": { // raw HTML: its text
+      const p = mdEl(doc, "p", "md-source");
+      p.append(doc.createTextNode(mdTrimEnd(t.text)));
+      parent.append(p);
+      return;
     }
-    if (MD_RULE.test(line)) {
+    case "hr":
       parent.append(mdEl(doc, "hr"));
-      i++;
-      continue;
-    }
-    if (MD_QUOTE.test(line)) {
-      const inner = [];
-      while (i < lines.length && lines[i].trim() && (m = MD_QUOTE.exec(lines[i]) || (inner.length && !mdStartsBlock(lines[i]) ? [null, lines[i]] : null))) {
-        inner.push(m[1]);
-        i++;
-      }
+      return;
+    case "blockquote": {
       const q = mdEl(doc, "blockquote");
-      if (depth < MD_MAX_DEPTH) mdBlocks(inner, q, doc, depth + 1);
-      else q.append(doc.createTextNode(inner.join("\n")));
+      if (depth < MD_MAX_DEPTH) mdBlocks(t.tokens, q, doc, depth + 1);
+      else mdSource(t, q, doc);
       parent.append(q);
-      continue;
+      return;
     }
-    if ((m = MD_ITEM.exec(line))) {
-      i = mdList(lines, i, parent, doc, depth);
-      continue;
+    case "list": {
+      const list = mdEl(doc, t.ordered ? "ol" : "ul");
+      const start = Number(t.start);
+      if (t.ordered && Number.isInteger(start) && start !== 1) list.setAttribute("start", String(start));
+      for (const item of t.items || []) {
+        const li = mdEl(doc, "li", item.task ? "md-task" : "");
+        if (depth < MD_MAX_DEPTH) mdBlocks(item.tokens, li, doc, depth + 1);
+        else mdSource(item, li, doc);
+        list.append(li);
+      }
+      parent.append(list);
+      return;
     }
-    if (line.includes("|") && i + 1 < lines.length && MD_TABLE_SEP.test(lines[i + 1]) && lines[i + 1].includes("-")) {
-      i = mdTable(lines, i, parent, doc);
-      continue;
+    case "table": {
+      const table = mdEl(doc, "table", "md-table");
+      const row = (cells, tag) => {
+        const tr = mdEl(doc, "tr");
+        (t.header || []).forEach((_, k) => {
+          const cell = (cells || [])[k];
+          const c = mdEl(doc, tag);
+          const align = (t.align || [])[k];
+          if (align === "center" || align === "right") c.className = "align-" + align;
+          if (cell) mdInline(cell.tokens, c, doc, 0);
+          tr.append(c);
+        });
+        return tr;
+      };
+      const thead = mdEl(doc, "thead");
+      thead.append(row(t.header, "th"));
+      const tbody = mdEl(doc, "tbody");
+      for (const r of t.rows || []) tbody.append(row(r, "td"));
+      table.append(thead, tbody);
+      parent.append(table);
+      return;
     }
-    // A paragraph: lines up to a blank one or another block.
-    const para = [line];
-    i++;
-    while (i < lines.length && lines[i].trim() && !mdStartsBlock(lines[i]) &&
-      !(lines[i].includes("|") && i + 1 < lines.length && MD_TABLE_SEP.test(lines[i + 1]))) para.push(lines[i++]);
-    const p = mdEl(doc, "p");
-    para.forEach((l, k) => {
-      if (k > 0) p.append(mdEl(doc, "br"));
-      mdInline(l.trim(), p, doc, 0);
-    });
-    parent.append(p);
+    case "checkbox": // a task item's box
+      parent.append(mdCheckbox(t, doc), doc.createTextNode(" "));
+      return;
+    default: // a token this file does not know: its source
+      mdSource(t, parent, doc);
   }
 }
 
-// mdList renders the list starting at lines[i]; returns the next line.
-function mdList(lines, i, parent, doc, depth) {
-  const first = MD_ITEM.exec(lines[i]);
-  const indent = first[1].length;
-  const ordered = /\d/.test(first[2]);
-  const list = mdEl(doc, ordered ? "ol" : "ul");
-  if (ordered) {
-    const start = parseInt(first[2], 10);
-    if (start !== 1) list.setAttribute("start", String(start));
-  }
-  while (i < lines.length) {
-    const m = MD_ITEM.exec(lines[i]);
-    if (!m || m[1].length !== indent || /\d/.test(m[2]) !== ordered) break;
-    const content = indent + m[2].length + 1;
-    const body = [m[4] || ""];
-    i++;
-    // The item's other lines: indented past its marker, or a lazy
-    // continuation of its paragraph; a blank line only inside.
-    while (i < lines.length) {
-      const l = lines[i];
-      const lead = l.length - l.trimStart().length;
-      if (!l.trim()) {
-        if (i + 1 < lines.length && lines[i + 1].trim() && lines[i + 1].length - lines[i + 1].trimStart().length >= content) {
-          body.push("");
-          i++;
-          continue;
-        }
+function mdCheckbox(t, doc) {
+  const box = mdEl(doc, "input", "md-check");
+  box.type = "checkbox";
+  box.checked = !!t.checked;
+  box.disabled = true;
+  return box;
+}
+
+// mdInline renders inline tokens into parent.
+function mdInline(tokens, parent, doc, depth) {
+  for (const t of tokens || []) {
+    if (depth >= MD_MAX_INLINE_DEPTH) {
+      mdSource(t, parent, doc);
+      continue;
+    }
+    switch (t.type) {
+      case "text":
+        if (t.tokens) mdInline(t.tokens, parent, doc, depth + 1);
+        // escaped: text inside raw HTML, kept as written.
+        else parent.append(doc.createTextNode(t.escaped ? t.text : mdDecode(t.text)));
+        break;
+      case "escape": // a backslash escape: the character
+        parent.append(doc.createTextNode(t.text));
+        break;
+      case "html": // inline raw HTML: its text
+        parent.append(doc.createTextNode(t.text));
+        break;
+      case "codespan": {
+        const code = mdEl(doc, "code");
+        code.append(doc.createTextNode(t.text));
+        parent.append(code);
         break;
       }
-      if (lead >= content) body.push(l.slice(Math.min(lead, content)));
-      else if (lead > indent && MD_ITEM.test(l)) body.push(l.slice(lead));
-      else if (!mdStartsBlock(l) && body[body.length - 1].trim()) body.push(l.trim());
-      else break;
-      i++;
-    }
-    const li = mdEl(doc, "li");
-    if (depth < MD_MAX_DEPTH && (body.length > 1)) mdBlocks(body, li, doc, depth + 1);
-    else mdInline(body.join(" ").trim(), li, doc, 0);
-    // A single paragraph in an item is shown without its margins.
-    if (li.children.length === 1 && li.children[0].tagName === "P") li.children[0].classList.add("tight");
-    list.append(li);
-    while (i < lines.length && !lines[i].trim() && i + 1 < lines.length && MD_ITEM.test(lines[i + 1]) && MD_ITEM.exec(lines[i + 1])[1].length === indent) i++;
-  }
-  parent.append(list);
-  return i;
-}
-
-// mdTable renders a GFM table starting at lines[i]; returns the next line.
-function mdTable(lines, i, parent, doc) {
-  const cells = (l) => {
-    let s = l.trim();
-    if (s.startsWith("|")) s = s.slice(1);
-    if (s.endsWith("|") && !s.endsWith("\\|")) s = s.slice(0, -1);
-    const out = [];
-    let cur = "";
-    for (let k = 0; k < s.length; k++) {
-      if (s[k] === "\\" && s[k + 1] === "|") { cur += "|"; k++; continue; }
-      if (s[k] === "|") { out.push(cur.trim()); cur = ""; continue; }
-      cur += s[k];
-    }
-    out.push(cur.trim());
-    return out;
-  };
-  const head = cells(lines[i]);
-  const align = cells(lines[i + 1]).map((c) => c.startsWith(":") && c.endsWith(":") ? "center" : c.endsWith(":") ? "right" : "");
-  const table = mdEl(doc, "table", "md-table");
-  const row = (vals, tag) => {
-    const tr = mdEl(doc, "tr");
-    head.forEach((_, k) => {
-      const c = mdEl(doc, tag);
-      if (align[k]) c.className = "align-" + align[k];
-      mdInline(vals[k] || "", c, doc, 0);
-      tr.append(c);
-    });
-    return tr;
-  };
-  const thead = mdEl(doc, "thead");
-  thead.append(row(head, "th"));
-  const tbody = mdEl(doc, "tbody");
-  i += 2;
-  while (i < lines.length && lines[i].trim() && lines[i].includes("|")) tbody.append(row(cells(lines[i++]), "td"));
-  table.append(thead, tbody);
-  parent.append(table);
-  return i;
-}
-
-const MD_PUNCT = /[!-/:-@[-`{-~\s]/;
-const MD_URL = /https?:\/\/[^\s<>"]+/iy; // sticky: matched at lastIndex
-
-// mdInline renders inline markdown of s into parent.
-function mdInline(s, parent, doc, depth) {
-  let text = "";
-  const flush = () => {
-    if (text) parent.append(doc.createTextNode(text));
-    text = "";
-  };
-  const isSpace = (c) => c === undefined || /\s/.test(c);
-  let i = 0;
-  while (i < s.length) {
-    const c = s[i];
-    if (c === "\\" && i + 1 < s.length && /[!-/:-@[-`{-~]/.test(s[i + 1])) {
-      text += s[i + 1];
-      i += 2;
-      continue;
-    }
-    if (c === "`") {
-      let n = 1;
-      while (s[i + n] === "`") n++;
-      const fence = "`".repeat(n);
-      const end = s.indexOf(fence, i + n);
-      if (end > 0 && end - i < MD_SCAN && s[end + n] !== "`") {
-        flush();
-        const code = mdEl(doc, "code");
-        let body = s.slice(i + n, end);
-        if (body.length > 2 && body.startsWith(" ") && body.endsWith(" ")) body = body.slice(1, -1);
-        code.append(doc.createTextNode(body));
-        parent.append(code);
-        i = end + n;
-        continue;
+      case "strong":
+      case "em":
+      case "del": {
+        const e = mdEl(doc, t.type);
+        mdInline(t.tokens, e, doc, depth + 1);
+        parent.append(e);
+        break;
       }
-      text += fence;
-      i += n;
-      continue;
-    }
-    if ((c === "*" || c === "_" || c === "~") && depth < MD_MAX_DEPTH) {
-      let n = 1;
-      while (s[i + n] === c) n++;
-      const run = Math.min(n, c === "~" ? 2 : 3);
-      const prev = s[i - 1];
-      const next = s[i + n];
-      // Opens: not before a space; "_" not inside a word.
-      const opens = !isSpace(next) && (c !== "_" || prev === undefined || MD_PUNCT.test(prev)) && (c !== "~" || n === 2);
-      if (opens) {
-        const want = run === 3 ? 3 : run;
-        const close = mdCloser(s, i + n, c, want);
-        if (close > 0) {
-          flush();
-          const inner = s.slice(i + n, close);
-          let node;
-          if (c === "~") node = mdEl(doc, "del");
-          else if (want === 3) { node = mdEl(doc, "strong"); const em = mdEl(doc, "em"); mdInline(inner, em, doc, depth + 1); node.append(em); }
-          else node = mdEl(doc, want === 2 ? "strong" : "em");
-          if (want !== 3 || c === "~") mdInline(inner, node, doc, depth + 1);
-          parent.append(node);
-          i = close + want;
-          continue;
-        }
-      }
-      text += s.slice(i, i + n);
-      i += n;
-      continue;
-    }
-    if (c === "[" || (c === "!" && s[i + 1] === "[")) {
-      const img = c === "!";
-      const link = mdLink(s, img ? i + 1 : i);
-      if (link) {
-        flush();
-        const href = mdSafeHref(link.url);
-        let node;
-        if (img) {
-          // Never loaded: the alt text, linked to the image when safe.
-          node = href ? mdEl(doc, "a", "md-image") : mdEl(doc, "span", "md-image md-badlink");
-          node.append(doc.createTextNode("image: " + (link.label || link.url)));
-        } else if (href) {
-          node = mdEl(doc, "a");
-          if (depth < MD_MAX_DEPTH) mdInline(link.label, node, doc, depth + 1);
-          else node.append(doc.createTextNode(link.label));
-        } else {
-          node = mdEl(doc, "span", "md-badlink");
-          node.append(doc.createTextNode(link.label));
-          node.title = "link not followed: " + link.url.slice(0, 200);
-        }
+      case "br":
+        parent.append(mdEl(doc, "br"));
+        break;
+      case "link": {
+        const href = mdSafeHref(mdDecode(t.href));
+        let a;
         if (href) {
-          node.href = href;
-          node.rel = "noopener noreferrer nofollow";
-          node.target = "_blank";
+          a = mdAnchor(doc, href);
+          if (t.title) a.title = mdDecode(t.title);
+        } else {
+          a = mdEl(doc, "span", "md-badlink");
+          a.title = "link not followed: " + String(t.href).slice(0, 200);
         }
-        parent.append(node);
-        i = link.end;
-        continue;
+        mdInline(t.tokens, a, doc, depth + 1);
+        parent.append(a);
+        break;
       }
-    }
-    if (c === "<") {
-      const end = s.indexOf(">", i);
-      const inner = end > 0 ? s.slice(i + 1, end) : "";
-      if (end > 0 && mdSafeHref(inner) && !/\s/.test(inner)) {
-        flush();
-        parent.append(mdAnchor(doc, inner, inner));
-        i = end + 1;
-        continue;
+      case "image": {
+        // Never loaded: the alt text, linked to the image when safe.
+        const href = mdSafeHref(mdDecode(t.href));
+        const a = href ? mdAnchor(doc, href, "md-image") : mdEl(doc, "span", "md-image md-badlink");
+        a.append(doc.createTextNode("image: " + (mdPlain(t.tokens) || mdDecode(t.href))));
+        parent.append(a);
+        break;
       }
+      case "checkbox":
+        parent.append(mdCheckbox(t, doc), doc.createTextNode(" "));
+        break;
+      default: // md-source, or a token this file does not know
+        mdSource(t, parent, doc);
     }
-    if ((c === "h" || c === "H") && (i === 0 || /[\s(]/.test(s[i - 1]))) {
-      MD_URL.lastIndex = i;
-      const m = MD_URL.exec(s);
-      if (m) {
-        // Trailing punctuation is the sentence's; a ")" only when
-        // unbalanced.
-        let url = m[0];
-        let open = url.split("(").length - 1;
-        let shut = url.split(")").length - 1;
-        while (/[.,:;!?)\]'"]$/.test(url) && !(url.endsWith(")") && shut <= open)) {
-          if (url.endsWith(")")) shut--;
-          url = url.slice(0, -1);
-        }
-        if (mdSafeHref(url)) {
-          flush();
-          parent.append(mdAnchor(doc, url, url));
-          i += url.length;
-          continue;
-        }
-      }
-    }
-    text += c;
-    i++;
   }
-  flush();
 }
 
-function mdAnchor(doc, href, label) {
-  const a = mdEl(doc, "a");
-  a.append(doc.createTextNode(label));
+function mdAnchor(doc, href, cls) {
+  const a = mdEl(doc, "a", cls);
   a.href = href;
   a.rel = "noopener noreferrer nofollow";
   a.target = "_blank";
   return a;
 }
 
-// mdCloser finds the closing run of n c's for an opener before from.
-function mdCloser(s, from, c, n) {
-  const run = c.repeat(n);
-  let k = from;
-  while ((k = s.indexOf(run, k)) > from && k - from < MD_SCAN) {
-    const prev = s[k - 1];
-    const after = s[k + n];
-    const closes = !/\s/.test(prev) && prev !== c && (c !== "_" || after === undefined || MD_PUNCT.test(after)) && after !== c;
-    if (closes) return k;
-    k += n;
+// mdPlain is the text of inline tokens (an image's alt text).
+function mdPlain(tokens, depth = 0) {
+  let s = "";
+  for (const t of tokens || []) {
+    if (t.tokens && depth < MD_MAX_INLINE_DEPTH) s += mdPlain(t.tokens, depth + 1);
+    else if (t.type === "text" && !t.escaped) s += mdDecode(t.text);
+    else if (t.type !== "br") s += t.text ?? t.raw ?? "";
   }
-  return -1;
+  return s;
 }
 
-// mdLink parses [label](url "title") at s[i] === "[".
-function mdLink(s, i) {
-  let depth = 0;
-  let k = i;
-  const stop = Math.min(s.length, i + MD_SCAN);
-  for (; k < stop; k++) {
-    if (s[k] === "\\") { k++; continue; }
-    if (s[k] === "[") depth++;
-    else if (s[k] === "]" && --depth === 0) break;
-  }
-  if (k >= stop || s[k + 1] !== "(") return null;
-  const label = s.slice(i + 1, k);
-  let j = k + 2;
-  let parens = 1;
-  let url = "";
-  const urlStop = Math.min(s.length, j + MD_SCAN);
-  for (; j < urlStop; j++) {
-    if (s[j] === "(") parens++;
-    else if (s[j] === ")" && --parens === 0) break;
-    url += s[j];
-  }
-  if (j >= urlStop) return null;
-  url = url.trim().replace(/\s+("[^"]*"|'[^']*')$/, "");
-  if (url.startsWith("<") && url.endsWith(">")) url = url.slice(1, -1);
-  return { label, url, end: j + 1 };
+// Character references. marked leaves them in its tokens for the HTML
+// parser it does not get here: text tokens keep named references (with
+// numeric ones decoded, "&" as "&amp;" then), link destinations and titles
+// keep both. Decoded once, so "&amp;lt;" shows "&lt;"; a name not listed
+// stays as written. The result is only ever text.
+const MD_ENTITIES = new Map(Object.entries({
+  amp: "&", lt: "<", gt: ">", quot: "\"", apos: "'", nbsp: "\u00a0", shy: "\u00ad",
+  copy: "©", reg: "®", trade: "™", hellip: "…", mdash: "—", ndash: "–", minus: "−",
+  lsquo: "‘", rsquo: "’", ldquo: "“", rdquo: "”", laquo: "«", raquo: "»",
+  middot: "·", bull: "•", times: "×", divide: "÷", deg: "°", plusmn: "±", micro: "µ",
+  para: "¶", sect: "§", euro: "€", pound: "£", yen: "¥", cent: "¢",
+  larr: "←", rarr: "→", uarr: "↑", darr: "↓", harr: "↔", lArr: "⇐", rArr: "⇒",
+  le: "≤", ge: "≥", ne: "≠", asymp: "≈", infin: "∞", check: "✓", cross: "✗",
+}));
+
+function mdDecode(s) {
+  s = String(s ?? "");
+  if (!s.includes("&")) return s;
+  return s.replace(/&(?:#(\d{1,7})|#[xX]([0-9a-fA-F]{1,6})|([A-Za-z][A-Za-z0-9]{1,31}));/g, (m, dec, hex, name) => {
+    if (name) return MD_ENTITIES.get(name) ?? m;
+    const cp = dec ? parseInt(dec, 10) : parseInt(hex, 16);
+    return cp === 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? "\ufffd" : String.fromCodePoint(cp);
+  });
 }
