@@ -81,7 +81,7 @@ func (w *Worker) startRateLimits(ctx context.Context) (stop func(), err error) {
 // limitStream makes each call of fn take capacity from the model's group
 // first: it reserves the estimated input plus the output reserve, tells
 // the run's readers how long it waited, and settles to the call's charge
-// (settle.go: the reported usage, within what the call could use); a
+// (internal/metering: the reported usage, within what the call could use); a
 // call without reported usage counts as reserved, or as charged if that is
 // more; a call whose usage was clamped counts as charged or as reserved,
 // whichever is less.

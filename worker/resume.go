@@ -46,7 +46,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	r.pub.Charge(envs)
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())
 	// New calls get none of these keys, also when nothing is restored
-	// (callkey.go invariant 1).
+	// (internal/callkey, invariant 1).
 	r.earlier.usedCallKeys = rc.UsedKeys
 	if rc.Finished != nil {
 		return false, errAlreadyFinished

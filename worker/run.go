@@ -48,7 +48,7 @@ import (
 type run struct {
 	w           *Worker
 	msg         intake.RequestAcks // nil for a give-up
-	request     jetstream.Msg      // until pickup: then msg has only the reply subject (requestack.go)
+	request     jetstream.Msg      // until pickup: then msg has only the reply subject (internal/intake)
 	id, queue   string
 	attempt     int
 	reqSeq      uint64
