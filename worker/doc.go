@@ -18,7 +18,7 @@
 //	services.go     the parts Run starts before it pulls and stops after the runs
 //	config.go       Config, Provider, Observer
 //	signals.go      test signals, per component (zero in production)
-//	presence.go     the worker's entry in agents_workers; the peers' cache
+//	presence.go     the worker's entry in agents_workers
 //	orphans.go      requests no consumer will deliver: swept, with a reason
 //	pickupread.go   which queues' first deliveries skip the record read
 //	coverage.go     keeping the control coverage (internal/intake) current
@@ -59,4 +59,5 @@
 //	internal/outcome    what a run did and why it stops: its run_finished
 //	internal/lease      the run record as an attempt's lease: take, renew, final write
 //	internal/metering   what a model call is charged: estimates, bounds, settle
+//	internal/peers      the other workers' presence: who serves a tool, mixed tools
 package worker

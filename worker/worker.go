@@ -22,6 +22,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/peers"
 )
 
 // Worker takes run requests from its queues and runs them. Create it with
@@ -74,7 +75,7 @@ type Worker struct {
 	ctlSub *nats.Subscription
 	wg     sync.WaitGroup
 
-	peerCache peerCache // the other workers' presence, for bad requests (presence.go)
+	peers *peers.Cache // the other workers' presence, for bad requests (internal/peers)
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
@@ -136,6 +137,7 @@ func New(cfg Config) (*Worker, error) {
 		ready:         make(chan struct{}),
 		queueSlots:    map[string]chan struct{}{},
 	}
+	w.peers = peers.New(id, cfg.Client.ListWorkers, w.log)
 	for q, n := range cfg.QueueConcurrency {
 		if err := bus.CheckQueue(q); err != nil {
 			return nil, fmt.Errorf("worker: queue concurrency: %w", err)
