@@ -182,6 +182,12 @@ type Message struct {
 	// Raw keeps every field of a custom-role message, so it round-trips
 	// unchanged; for the standard roles it is nil.
 	Raw json.RawMessage
+
+	// Tag is the embedder's own mark on a message it gives the agent
+	// (Prompt, Steer, FollowUp): the agent keeps it on the message in the
+	// events and state it emits, and means nothing by it. It is never
+	// serialised.
+	Tag uint64 `json:"-"`
 }
 
 // UserText returns a user message with one text block, stamped now.

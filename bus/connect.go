@@ -108,7 +108,7 @@ func (o *ConnectOptions) natsOptions() ([]nats.Option, error) {
 		// Reconnect forever, with a capped exponential backoff plus
 		// jitter, so a fleet does not stampede a restarting server.
 		nats.MaxReconnects(-1),
-		nats.CustomReconnectDelay(ReconnectDelay),
+		nats.CustomReconnectDelay(reconnectDelay),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)
@@ -159,9 +159,9 @@ func (o *ConnectOptions) natsOptions() ([]nats.Option, error) {
 	return append(opts, o.NATSOptions...), nil
 }
 
-// ReconnectDelay is the wait before reconnect attempt n (after every
+// reconnectDelay is the wait before reconnect attempt n (after every
 // server was tried once): 100ms doubling up to 5s, plus up to 25% jitter.
-func ReconnectDelay(attempts int) time.Duration {
+func reconnectDelay(attempts int) time.Duration {
 	d := 100 * time.Millisecond
 	for i := 1; i < attempts && d < 5*time.Second; i++ {
 		d *= 2
@@ -255,7 +255,7 @@ func NewClient(nc *nats.Conn, prefix string, jsOpts ...jetstream.JetStreamOpt) (
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, names: names, streams: map[string]jetstream.Stream{}, staleAfter: DefaultStaleAfter, followStall: DefaultFollowStall}, nil
+	return &Client{nc: nc, js: js, names: names, streams: map[string]jetstream.Stream{}, staleAfter: DefaultStaleAfter, followStall: defaultFollowStall}, nil
 }
 
 // SetStaleAfter sets how old a running record's heartbeat may be before
@@ -267,9 +267,9 @@ func (c *Client) SetStaleAfter(d time.Duration) {
 	}
 }
 
-// DefaultFollowStall is how long a follower waits in vain before it checks
+// defaultFollowStall is how long a follower waits in vain before it checks
 // the stream for events its consumer did not deliver.
-const DefaultFollowStall = 5 * time.Second
+const defaultFollowStall = 5 * time.Second
 
 // SetFollowStall sets the follow-stall interval (see Follow). Call it
 // before use.

@@ -72,7 +72,7 @@ func TestRequestErrorListsEveryProblem(t *testing.T) {
 			t.Errorf("%v does not name %q", err, w)
 		}
 	}
-	joined := Join(BadRequest("a"), nil, BadRequest("b"))
+	joined := joinProblems(BadRequest("a"), nil, BadRequest("b"))
 	if joined == nil || joined.Error() != "bad request: a; b" {
 		t.Fatalf("Join = %v", joined)
 	}

@@ -23,9 +23,6 @@ const (
 	KindApprove = "approve"
 )
 
-// ControlKinds lists every control kind, in the order streams list them.
-var ControlKinds = []string{KindSteer, KindFollowUp, KindAbort, KindApprove}
-
 var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // ValidID reports whether s may be a run id: [A-Za-z0-9_-]{1,64}. A run id

@@ -221,10 +221,10 @@ func (e *RequestError) Error() string {
 	return truncate(b.String(), MaxErrorBytes)
 }
 
-// Join merges the problems of several errors into one RequestError (nil
+// joinProblems merges the problems of several errors into one RequestError (nil
 // when there are none); errors that are not bad requests are returned
 // first, unchanged.
-func Join(errs ...error) error {
+func joinProblems(errs ...error) error {
 	var all []string
 	for _, err := range errs {
 		if err == nil {

@@ -242,7 +242,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Duplicates: min(max(2*time.Minute, 2*cfg.AckWait), cfg.EventsMaxAge),
 		Storage:    cfg.Storage,
 		Replicas:   cfg.Replicas,
-		// Workers publish events in fast batches (worker/batch.go).
+		// Workers publish events in fast batches (worker/internal/eventpub/batch.go).
 		AllowBatchPublish: true,
 	}, {
 		Name:        n.ControlStream(),

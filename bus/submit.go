@@ -12,9 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/agentfleet/agentfleet/agent"
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 )
 
 // NewRunID returns a fresh random run id (26 characters).
@@ -209,7 +211,7 @@ func (c *Client) followFrom(ctx context.Context, runID string, from uint64) (it 
 		actx, cancel := context.WithTimeout(ctx, c.followOpenTimeout())
 		defer cancel()
 		cons, rel, err := c.OrderedEvents(actx, cfg)
-		if err != nil && !Transient(err) && !errors.Is(err, context.DeadlineExceeded) { // each attempt has its own deadline
+		if err != nil && !natserr.Transient(err) && !errors.Is(err, context.DeadlineExceeded) { // each attempt has its own deadline
 			return nil, backoff.Permanent(err)
 		}
 		release = rel

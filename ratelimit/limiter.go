@@ -25,7 +25,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 )
 
 // Limits are one group's limits per window; 0 means no limit.
@@ -373,7 +373,7 @@ func (l *Limiter) update(ctx context.Context, group string, change func(s *state
 	// waited out within ctx: the caller's call would fail for nothing.
 	pause := 20 * time.Millisecond
 	passing := func(err error) bool {
-		if !bus.Transient(err) {
+		if !natserr.Transient(err) {
 			return false
 		}
 		select {

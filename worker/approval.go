@@ -11,7 +11,9 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // Approval of tool calls. A gated tool (the request's approval.tools, or
@@ -23,7 +25,7 @@ import (
 // each asks when reached.
 //
 // Answers come from the control owner (control.go) and name a call by its
-// key (callkey.go: unique within the run). Invariants:
+// key (internal/callkey: unique within the run). Invariants:
 //
 //  1. An answer applies to a call only if it names the call's key, and
 //     AGENTS_CONTROL stored it after the call began to ask: its stream
@@ -63,46 +65,6 @@ const (
 	maxStaleRejections = 64
 )
 
-type answer struct {
-	a      bus.ApprovalAnswer
-	seq    uint64
-	stored time.Time // when AGENTS_CONTROL stored it
-	size   int       // its message's bytes
-}
-
-// approvals is a run's gated calls and unmatched answers.
-type approvals struct {
-	mu      sync.Mutex
-	pending []*gatedCall // in the order they registered
-	early   []answer     // in the order they came
-	// earlyBytes is the size of the kept answers' messages.
-	earlyBytes int
-	// resolved are the keys that took their answer (or timed out, or
-	// stopped waiting), with the outcome; earlier attempts' too.
-	resolved map[string]string
-	// rejections counts the tool_approval_rejected events published for
-	// dropped answers (maxStaleRejections).
-	rejections int
-	// resumed are calls an earlier attempt asked for that got no answer:
-	// they wait again with their original times and fence, without a new
-	// request. resumedKeys keeps their keys once taken.
-	resumed     map[string]workerproto.PendingCall
-	resumedKeys map[string]bool
-	// deferred are the calls of that batch that never started.
-	deferred []agent.Content
-}
-
-type gatedCall struct {
-	id, tool    string
-	requestedAt time.Time
-	expiresAt   time.Time
-	// after is the fence (invariant 1); asked is set once it is known.
-	after   uint64
-	asked   bool
-	answers []answer
-	wake    chan struct{}
-}
-
 // approvalPolicy is the run's gate: the request's, widened by the
 // worker's ApproveTools.
 func (r *run) approvalPolicy() *bus.Approval {
@@ -133,13 +95,13 @@ func (r *run) gateTools() {
 		q := *p
 		q.TimeoutSeconds = c
 		p = &q
-		r.approvalClamped = true
+		r.gate.clamped = true
 	}
-	r.approval = p
-	r.ungated = map[string]*agent.Tool{}
+	r.gate.policy = p
+	r.gate.ungated = map[string]*agent.Tool{}
 	for i, t := range r.tools {
 		if p.Gates(t.Name) {
-			r.ungated[t.Name] = t
+			r.gate.ungated[t.Name] = t
 			r.tools[i] = r.gateTool(t)
 		}
 	}
@@ -161,40 +123,25 @@ func (r *run) takeOverPending(calls []workerproto.PendingCall, deferred []agent.
 	if len(calls) == 0 {
 		return
 	}
-	r.pendingCalls = calls
-	r.appr.mu.Lock()
-	r.appr.deferred = deferred
-	r.appr.resumed = map[string]workerproto.PendingCall{}
-	r.appr.resumedKeys = map[string]bool{}
+	r.earlier.pendingCalls = calls
+	r.gate.calls.mu.Lock()
+	r.gate.calls.deferred = deferred
+	r.gate.calls.resumed = map[string]workerproto.PendingCall{}
+	r.gate.calls.resumedKeys = map[string]bool{}
 	for _, c := range calls {
-		r.appr.resumed[c.Call.ID] = c
-		r.appr.resumedKeys[c.Call.ID] = true
+		r.gate.calls.resumed[c.Call.ID] = c
+		r.gate.calls.resumedKeys[c.Call.ID] = true
 	}
 	// The record has the exact times (the event only its publish time).
 	if p := r.prev; p != nil && p.Waiting != nil {
 		for _, a := range p.Waiting.Approvals {
-			if have, ok := r.appr.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.Approval.ExpiresAt && a.RequestedAt > 0 {
+			if have, ok := r.gate.calls.resumed[a.ToolCallID]; ok && a.ExpiresAt == have.Approval.ExpiresAt && a.RequestedAt > 0 {
 				have.Approval.RequestedAt = a.RequestedAt
-				r.appr.resumed[a.ToolCallID] = have
+				r.gate.calls.resumed[a.ToolCallID] = have
 			}
 		}
 	}
-	r.appr.mu.Unlock()
-}
-
-// restoreResolved takes the keys earlier attempts resolved (invariant 2).
-func (ap *approvals) restoreResolved(keys map[string]string) {
-	if len(keys) == 0 {
-		return
-	}
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	if ap.resolved == nil {
-		ap.resolved = map[string]string{}
-	}
-	for k, d := range keys {
-		ap.resolved[k] = d
-	}
+	r.gate.calls.mu.Unlock()
 }
 
 // runPendingCalls waits for the answers of the calls an earlier attempt
@@ -204,14 +151,14 @@ func (ap *approvals) restoreResolved(keys map[string]string) {
 // that never started run one by one, each asking when reached if gated,
 // before the agent continues.
 func (r *run) runPendingCalls(ctx context.Context) error {
-	calls := r.pendingCalls
-	r.pendingCalls = nil
-	r.appr.mu.Lock()
-	deferred := r.appr.deferred
-	r.appr.deferred = nil
-	r.appr.mu.Unlock()
-	if r.approval == nil {
-		r.approval = &bus.Approval{} // the earlier attempt's gate: default bounds
+	calls := r.earlier.pendingCalls
+	r.earlier.pendingCalls = nil
+	r.gate.calls.mu.Lock()
+	deferred := r.gate.calls.deferred
+	r.gate.calls.deferred = nil
+	r.gate.calls.mu.Unlock()
+	if r.gate.policy == nil {
+		r.gate.policy = &bus.Approval{} // the earlier attempt's gate: default bounds
 	}
 	var mu sync.Mutex // one call's events at a time
 	var results []agent.Message
@@ -245,7 +192,7 @@ func (r *run) runPendingCalls(ctx context.Context) error {
 		data, err := workerproto.AppendAgentEvent(nil, &agent.Event{Type: agent.EventToolExecutionStart,
 			ToolCallID: c.ID, ToolName: c.Name, Args: c.Arguments}, workerproto.Refs{})
 		if err == nil {
-			_, err = r.pub.event(string(agent.EventToolExecutionStart), data, 0)
+			_, err = r.pub.Event(string(agent.EventToolExecutionStart), data, eventpub.Options{})
 		}
 		if err != nil {
 			failed = err
@@ -280,7 +227,7 @@ func (r *run) publishToolResult(m *agent.Message) error {
 		if err != nil {
 			return err
 		}
-		if _, err := r.pub.event(string(evs[j].Type), data, 0); err != nil {
+		if _, err := r.pub.Event(string(evs[j].Type), data, eventpub.Options{}); err != nil {
 			return err
 		}
 	}
@@ -306,7 +253,7 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 		m.Content, m.IsError, m.Timestamp = []agent.Content{agent.Text(clipString(text, bus.MaxErrorBytes))}, true, time.Now().UnixMilli()
 		return m
 	}
-	t := r.ungated[c.Name]
+	t := r.gate.ungated[c.Name]
 	if t == nil {
 		for _, have := range r.tools {
 			if have.Name == c.Name {
@@ -336,7 +283,7 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 func (r *run) endPickupPause() {
 	if r.pickupPaused {
 		r.pickupPaused = false
-		r.clock.resume()
+		r.clock.Resume()
 	}
 }
 
@@ -358,7 +305,7 @@ func (r *run) gateTool(t *agent.Tool) *agent.Tool {
 // message size bytes) to the waiting call with its key, drops it if the
 // key is resolved, or keeps it.
 func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time, size int) {
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	for _, c := range ap.pending {
 		if c.id == a.ToolCallID {
@@ -390,7 +337,7 @@ func (r *run) deliverApproval(a bus.ApprovalAnswer, seq uint64, stored time.Time
 // (invariant 3). It holds no lock: publishing may wait for the window.
 func (r *run) dropAnswer(key string, seq uint64, reason string) {
 	r.log.Info("approval answer not applied", "toolCallId", key, "controlSeq", seq, "reason", reason)
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	tell := ap.rejections < maxStaleRejections
 	if tell {
@@ -398,7 +345,7 @@ func (r *run) dropAnswer(key string, seq uint64, reason string) {
 	}
 	ap.mu.Unlock()
 	if tell {
-		_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+		_, _ = r.pub.Fleet(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
 			ToolCallID: key, Reason: clipString(reason, bus.MaxErrorBytes), ControlSeq: seq})
 	}
 }
@@ -410,119 +357,16 @@ func (r *run) rejectInvalidApproval(data []byte, seq uint64, err error) {
 	var id struct {
 		ToolCallID string `json:"toolCallId"`
 	}
-	if json.Unmarshal(data, &id) != nil || id.ToolCallID == "" || !r.appr.isWaiting(id.ToolCallID) {
+	if json.Unmarshal(data, &id) != nil || id.ToolCallID == "" || !r.gate.calls.isWaiting(id.ToolCallID) {
 		return
 	}
-	_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+	_, _ = r.pub.Fleet(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
 		ToolCallID: id.ToolCallID, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq})
-}
-
-// isWaiting reports whether a call with the id waits for its answer.
-func (ap *approvals) isWaiting(id string) bool {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	for _, c := range ap.pending {
-		if c.id == id {
-			return true
-		}
-	}
-	return false
-}
-
-// add registers a gated call (before it asks: answers for its key are
-// queued to it from now on) and gives it the answers kept for its key.
-func (ap *approvals) add(c *gatedCall) {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	ap.pending = append(ap.pending, c)
-	kept := ap.early[:0]
-	for _, e := range ap.early {
-		if e.a.ToolCallID == c.id {
-			c.answers = append(c.answers, e)
-			ap.earlyBytes -= e.size
-		} else {
-			kept = append(kept, e)
-		}
-	}
-	clear(ap.early[len(kept):])
-	ap.early = kept
-}
-
-// asked sets the call's fence once known. The kept answers it passes can
-// apply to no call: a call that asks later reads a fence at least as high
-// (invariant 4), except one a resumed attempt still has to register with
-// its own fence. They are returned, to be dropped.
-func (ap *approvals) asked(c *gatedCall, after uint64) []answer {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	c.after, c.asked = after, true
-	var stale []answer
-	kept := ap.early[:0]
-	for _, e := range ap.early {
-		if e.seq <= after && !ap.resumedKeys[e.a.ToolCallID] {
-			stale = append(stale, e)
-			ap.earlyBytes -= e.size
-		} else {
-			kept = append(kept, e)
-		}
-	}
-	clear(ap.early[len(kept):])
-	ap.early = kept
-	return stale
-}
-
-func (ap *approvals) remove(c *gatedCall) {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	ap.removeLocked(c)
-}
-
-func (ap *approvals) removeLocked(c *gatedCall) {
-	for i, p := range ap.pending {
-		if p == c {
-			ap.pending = append(ap.pending[:i:i], ap.pending[i+1:]...)
-			return
-		}
-	}
-}
-
-// settle removes a call that has its outcome and marks its key resolved;
-// it returns the answers that came meanwhile, to be dropped.
-func (ap *approvals) settle(c *gatedCall, outcome string) []answer {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	ap.removeLocked(c)
-	if ap.resolved == nil {
-		ap.resolved = map[string]string{}
-	}
-	ap.resolved[c.id] = outcome
-	left := c.answers
-	c.answers = nil
-	return left
-}
-
-// next takes the call's queued answers.
-func (ap *approvals) next(c *gatedCall) []answer {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	out := c.answers
-	c.answers = nil
-	return out
-}
-
-func (ap *approvals) takeResumed(id string) (workerproto.PendingCall, bool) {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	p, ok := ap.resumed[id]
-	if ok {
-		delete(ap.resumed, id)
-	}
-	return p, ok
 }
 
 // pendingApprovals is the record's waiting.approvals.
 func (r *run) pendingApprovals() []bus.PendingApproval {
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	out := make([]bus.PendingApproval, 0, len(ap.pending))
@@ -538,7 +382,7 @@ func (r *run) pendingApprovals() []bus.PendingApproval {
 
 // logUnmatchedApprovals logs the answers no call took (the run's end).
 func (r *run) logUnmatchedApprovals() {
-	ap := &r.appr
+	ap := &r.gate.calls
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
 	for _, e := range ap.early {
@@ -553,36 +397,36 @@ func (r *run) logUnmatchedApprovals() {
 // run the call with (the approver's edit, validated), or the error the
 // call's result carries (refused, denied, timed out, stopped).
 func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args map[string]any) (map[string]any, error) {
-	p := r.approval
-	prior, resumed := r.appr.takeResumed(id)
+	p := r.gate.policy
+	prior, resumed := r.gate.calls.takeResumed(id)
 	if !r.claimWaitPlace(resumed) { // waiting.go
 		return nil, r.refuseApproval(id, t.Name)
 	}
 	defer r.unclaimWaitPlace()
 	c := &gatedCall{id: id, tool: t.Name, wake: make(chan struct{}, 1)}
-	r.appr.add(c)
+	r.gate.calls.add(c)
 	var stale []answer
 	if resumed {
 		c.requestedAt, c.expiresAt = time.UnixMilli(prior.Approval.RequestedAt), time.UnixMilli(prior.Approval.ExpiresAt)
 		if ceil := r.approvalCeiling(); ceil > 0 {
 			c.expiresAt = minTime(c.expiresAt, c.requestedAt.Add(time.Duration(ceil)*time.Second))
 		}
-		stale = r.appr.asked(c, prior.AnswersAfter)
+		stale = r.gate.calls.asked(c, prior.AnswersAfter)
 		r.log.Info("gated tool call still waits for its answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt)
 	} else {
 		after, err := r.approvalFence(ctx)
 		if err == nil {
 			c.requestedAt = time.UnixMilli(time.Now().UnixMilli()) // as the record and events say it
 			c.expiresAt = c.requestedAt.Add(time.Duration(p.Timeout()) * time.Second)
-			_, err = r.pub.fleetEvent(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
+			_, err = r.pub.Fleet(bus.EventToolApprovalRequested, bus.ToolApproval{Type: bus.EventToolApprovalRequested,
 				ToolCallID: id, ToolName: t.Name, Args: nonNilMap(args), ExpiresAt: c.expiresAt.UnixMilli(), AnswersAfter: after,
 				Parameters: approvalSchema(t)})
 		}
 		if err != nil {
-			r.appr.remove(c)
+			r.gate.calls.remove(c)
 			return nil, err
 		}
-		stale = r.appr.asked(c, after)
+		stale = r.gate.calls.asked(c, after)
 		r.w.obs.ApprovalRequested(r.info())
 		r.log.Info("gated tool call waits for an answer", "toolCallId", id, "tool", t.Name, "expiresAt", c.expiresAt, "answersAfter", after)
 	}
@@ -597,7 +441,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	outcome := "stopped"
 	defer func() {
 		if !handedBack { // a handed-back run's record still lists it
-			for _, a := range r.appr.settle(c, outcome) {
+			for _, a := range r.gate.calls.settle(c, outcome) {
 				r.dropAnswer(id, a.seq, fmt.Sprintf("tool call %s was already resolved (%s); this answer was not applied", id, outcome))
 			}
 			r.hb.now()
@@ -614,7 +458,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		if p.Aborts() {
 			// Stopped before the wait ends: the run finishes without
 			// taking a slot again.
-			r.tally.abortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
+			r.tally.AbortWith(bus.ReasonApprovalTimeout, fmt.Sprintf("tool call %s (%s) was not approved within %s",
 				id, t.Name, c.expiresAt.Sub(c.requestedAt).Round(time.Second)))
 			r.stop()
 		}
@@ -625,7 +469,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 		defer timer.Stop()
 		expired := false
 		for {
-			for _, a := range r.appr.next(c) {
+			for _, a := range r.gate.calls.next(c) {
 				switch {
 				case got != nil:
 					r.dropAnswer(id, a.seq, fmt.Sprintf("tool call %s was already resolved (%s); this answer was not applied", id, got.a.Decision))
@@ -647,7 +491,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 					v, err := validateEdit(t, a.a.Arguments)
 					if err != nil {
 						r.log.Info("approval's edited arguments refused; the call goes on waiting", "toolCallId", id, "controlSeq", a.seq, "err", err)
-						_, _ = r.pub.fleetEvent(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
+						_, _ = r.pub.Fleet(bus.EventToolApprovalRejected, bus.ToolApproval{Type: bus.EventToolApprovalRejected,
 							ToolCallID: id, Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: a.seq})
 						continue
 					}
@@ -684,7 +528,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	case timedOut:
 		outcome = bus.DecisionTimeout
 		reason := fmt.Sprintf("not approved within %s", c.expiresAt.Sub(c.requestedAt).Round(time.Second))
-		if r.approvalClamped {
+		if r.gate.clamped {
 			reason += " (this worker's ceiling, --max-approval-timeout)"
 		}
 		r.resolved(id, bus.DecisionTimeout, "", reason, 0, nil, waited)
@@ -736,7 +580,7 @@ func (r *run) approvalFence(ctx context.Context) (uint64, error) {
 		if err == nil {
 			return last, nil
 		}
-		if bctx.Err() != nil || !(bus.Transient(err) || errors.Is(err, context.DeadlineExceeded)) {
+		if bctx.Err() != nil || !(natserr.Transient(err) || errors.Is(err, context.DeadlineExceeded)) {
 			return 0, fmt.Errorf("cannot ask for approval: reading the control stream (%d tries): %w", try, err)
 		}
 		r.log.Warn("reading the control stream to ask for approval failed; retrying", "try", try, "err", err)
@@ -755,10 +599,8 @@ func (r *run) approvalFence(ctx context.Context) (uint64, error) {
 func (r *run) readFence(ctx context.Context) (uint64, error) {
 	tctx, cancel := context.WithTimeout(ctx, fenceTryTimeout)
 	defer cancel()
-	if h := r.w.hooks.fenceRead; h != nil {
-		if err := h(tctx); err != nil {
-			return 0, err
-		}
+	if err := r.w.signals.approval.readingFence(tctx); err != nil {
+		return 0, err
 	}
 	info, err := r.w.controlStream.Info(tctx)
 	if err != nil {
@@ -786,7 +628,7 @@ func minTime(a, b time.Time) time.Time {
 // resolved publishes a call's outcome; edited is the approver's edit of
 // its arguments (nil: none), so readers see what the call runs with.
 func (r *run) resolved(id, decision, by, reason string, seq uint64, edited map[string]any, waited time.Duration) {
-	_, _ = r.pub.fleetEvent(bus.EventToolApprovalResolved, bus.ToolApproval{Type: bus.EventToolApprovalResolved,
+	_, _ = r.pub.Fleet(bus.EventToolApprovalResolved, bus.ToolApproval{Type: bus.EventToolApprovalResolved,
 		ToolCallID: id, Decision: decision, By: by, Reason: reason, ControlSeq: seq, Arguments: edited})
 	r.w.obs.ApprovalResolved(r.info(), decision, waited)
 	r.log.Info("gated tool call resolved", "toolCallId", id, "decision", decision, "by", by, "controlSeq", seq, "waited", waited)

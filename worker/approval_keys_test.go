@@ -379,7 +379,7 @@ func TestApprovalFenceReadIsRetried(t *testing.T) {
 	var mu sync.Mutex
 	var deadlines []time.Time
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{d.tool()}}, func(w *Worker) {
-		w.hooks.fenceRead = func(ctx context.Context) error {
+		w.signals.approval.fenceRead = func(ctx context.Context) error {
 			mu.Lock()
 			defer mu.Unlock()
 			dl, _ := ctx.Deadline()

@@ -75,3 +75,82 @@ func TestApprovalInvalidAnswerForAWaitingCallIsRejected(t *testing.T) {
 		t.Fatalf("%d rejections; events %s", n, re.types())
 	}
 }
+
+// A worker with one slot finishes another run while a run waits.
+func TestApprovalWaitingRunLeavesItsSlot(t *testing.T) {
+	w, c, _ := approvalWorker(t, Config{Concurrency: 1})
+	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, waiting)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr, err := c.LoadTranscript(ctx, other)
+	if err != nil || tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("the other run: %v %+v", err, tr.Finished)
+	}
+	if w.OffSlot() != 1 {
+		t.Fatalf("%d runs off their slot", w.OffSlot())
+	}
+	sendAnswer(t, c, waiting, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+}
+
+// Past MaxWaiting a waiting run keeps its slot.
+func TestApprovalPastMaxWaitingKeepsTheSlot(t *testing.T) {
+	w, c, _ := approvalWorker(t, Config{Concurrency: 1, MaxWaiting: -1})
+	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, waiting)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	waitRecord(t, c, waiting, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	oe := followRun(t, c, other)
+	// The other run can only start once the slot is free again.
+	sendAnswer(t, c, waiting, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	re.finished(t)
+	oe.finished(t)
+	if w.OffSlot() != 0 {
+		t.Fatal("a run left its slot")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, _ := c.Status(ctx, waiting)
+	b, _ := c.Status(ctx, other)
+	if !b.StartedAt.After(a.FinishedAt.Add(-time.Second)) || b.StartedAt.Before(a.StartedAt) {
+		t.Fatalf("the other run started at %v, the waiting one ran %v..%v", b.StartedAt, a.StartedAt, a.FinishedAt)
+	}
+}
+
+// The ungated calls of a batch keep the run's slot while they run: the run
+// leaves it only once every running call waits.
+func TestApprovalUngatedCallsOfTheBatchKeepTheSlot(t *testing.T) {
+	g := newTestGate()
+	w, c, d := approvalWorker(t, Config{Concurrency: 1, Tools: []*agent.Tool{g.tool()}})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
+	req.Tools = []string{"deploy", "gate"}
+	first := &req.Faux.Responses[0]
+	first.Content = append(first.Content, agent.ToolCall("g1", "gate", map[string]any{"name": "x"}))
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	within(t, g.started, 20*time.Second, "the ungated call")
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	if n := w.OffSlot(); n != 0 {
+		t.Fatalf("%d runs off their slot while an ungated call of the batch runs", n)
+	}
+	g.release <- struct{}{}
+	other := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if tr, err := c.LoadTranscript(ctx, other); err != nil || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("the other run: %v", err)
+	}
+	if re.count(bus.EventToolApprovalResolved) != 0 || w.OffSlot() != 1 {
+		t.Fatalf("events %s, %d off slot", re.types(), w.OffSlot())
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q", fin, d.targets())
+	}
+}

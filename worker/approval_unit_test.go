@@ -19,13 +19,13 @@ func TestApprovalEarlyAnswersCappedByBytes(t *testing.T) {
 	for i := range 10 {
 		r.deliverApproval(bus.ApprovalAnswer{ToolCallID: fmt.Sprintf("x%d", i), Decision: bus.DecisionApprove}, uint64(i+1), time.Now(), size)
 	}
-	if n, b := len(r.appr.early), r.appr.earlyBytes; n != maxEarlyAnswerBytes/size || b > maxEarlyAnswerBytes {
+	if n, b := len(r.gate.calls.early), r.gate.calls.earlyBytes; n != maxEarlyAnswerBytes/size || b > maxEarlyAnswerBytes {
 		t.Fatalf("kept %d answers, %d bytes; want %d within %d", n, b, maxEarlyAnswerBytes/size, maxEarlyAnswerBytes)
 	}
 	// A call that asks takes its answer: room for another.
-	r.appr.add(&gatedCall{id: "x0", wake: make(chan struct{}, 1)})
+	r.gate.calls.add(&gatedCall{id: "x0", wake: make(chan struct{}, 1)})
 	r.deliverApproval(bus.ApprovalAnswer{ToolCallID: "late", Decision: bus.DecisionDeny}, 99, time.Now(), size)
-	if n := len(r.appr.early); n != maxEarlyAnswerBytes/size {
+	if n := len(r.gate.calls.early); n != maxEarlyAnswerBytes/size {
 		t.Fatalf("kept %d answers after one was taken and another came", n)
 	}
 }
@@ -48,12 +48,12 @@ func TestApprovalWaitPlaces(t *testing.T) {
 	}
 	b.unclaimWaitPlace()
 	a.unclaimWaitPlace()
-	if w.places != 1 {
-		t.Fatalf("%d places held while a call still claims one", w.places)
+	if w.places.held != 1 {
+		t.Fatalf("%d places held while a call still claims one", w.places.held)
 	}
 	a.unclaimWaitPlace()
-	if w.places != 0 || !b.claimWaitPlace(false) {
-		t.Fatalf("%d places held after the last claim, or the place was not free again", w.places)
+	if w.places.held != 0 || !b.claimWaitPlace(false) {
+		t.Fatalf("%d places held after the last claim, or the place was not free again", w.places.held)
 	}
 	b.unclaimWaitPlace()
 	keep := &run{w: &Worker{cfg: Config{MaxWaiting: -1}}}
@@ -88,9 +88,9 @@ func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
 	// a's call is answered and ends: its place goes to b, the first queued.
 	a.leaveWait(context.Background(), false)
 	a.unclaimWaitPlace()
-	if !b.wait.offSlot || c.wait.offSlot || w.OffSlot() != 1 || len(w.slots) != 2 || w.places != 1 {
+	if !b.wait.offSlot || c.wait.offSlot || w.OffSlot() != 1 || len(w.slots) != 2 || w.places.held != 1 {
 		t.Fatalf("after a place freed: b off %v, c off %v, off slot %d, slots taken %d, places %d; want b off its slot",
-			b.wait.offSlot, c.wait.offSlot, w.OffSlot(), len(w.slots), w.places)
+			b.wait.offSlot, c.wait.offSlot, w.OffSlot(), len(w.slots), w.places.held)
 	}
 	// A new call does not take a place ahead of the queued c.
 	if d := (&run{w: w}); d.claimWaitPlace(false) {
@@ -102,7 +102,7 @@ func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
 	c.unclaimWaitPlace()
 	b.leaveWait(context.Background(), false)
 	b.unclaimWaitPlace()
-	if w.places != 0 || len(w.placeQueue) != 0 || w.OffSlot() != 0 || len(w.slots) != 3 {
-		t.Fatalf("at the end: places %d, queued %d, off slot %d, slots taken %d", w.places, len(w.placeQueue), w.OffSlot(), len(w.slots))
+	if w.places.held != 0 || len(w.places.queue) != 0 || w.OffSlot() != 0 || len(w.slots) != 3 {
+		t.Fatalf("at the end: places %d, queued %d, off slot %d, slots taken %d", w.places.held, len(w.places.queue), w.OffSlot(), len(w.slots))
 	}
 }

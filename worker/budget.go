@@ -2,13 +2,13 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"iter"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // A run's cost bound (limits.maxCostUsd): before each model call, the
@@ -27,82 +27,16 @@ func (r *run) checkCostBound(add func(string, ...any)) {
 	}
 }
 
-// RequestOverheadTokens is what a call's worst case adds to the bytes it
-// sends for what the provider counts beside them (its own framing of
-// roles, messages and tools, and the request's other fields).
-const RequestOverheadTokens = 64
-
-// CallInputTokens is a call's input estimate: everything it sends (the
-// system prompt, the messages as JSON, the tools as JSON) in bytes / 4,
-// rounded up, plus RequestOverheadTokens. The shared rate limits reserve
-// it (EstimateTokens), the budgets' worst case counts it, and a call that
-// ends without usage is charged it (settle.go).
-func CallInputTokens(llm agent.Context) int {
-	n := len(llm.SystemPrompt)
-	if b, err := json.Marshal(llm.Messages); err == nil {
-		n += len(b)
-	}
-	n += toolsJSONBytes(llm.Tools)
-	return (n+3)/4 + RequestOverheadTokens
-}
-
-// toolsJSONBytes is the size of the tools as a request carries them: the
-// name, description and parameters' schema of each, in a function wrapper.
-func toolsJSONBytes(tools []*agent.Tool) int {
-	type function struct {
-		Name        string          `json:"name"`
-		Description string          `json:"description,omitempty"`
-		Parameters  json.RawMessage `json:"parameters,omitempty"`
-	}
-	n := 0
-	for _, t := range tools {
-		if t == nil {
-			continue
-		}
-		fn := struct {
-			Type     string   `json:"type"`
-			Function function `json:"function"`
-		}{"function", function{t.Name, t.Description, t.Parameters}}
-		if b, err := json.Marshal(fn); err == nil {
-			n += len(b) + 1
-		} else {
-			// Parameters that are not JSON still go out as some bytes.
-			n += len(t.Name) + len(t.Description) + len(t.Parameters) + 64
-		}
-	}
-	return n
-}
-
-// MaxTableOutputReserve caps the output reserve a call takes from the
-// model table: the default pi's OpenAI-compatible provider asks for.
-const MaxTableOutputReserve = 32000
-
-// OutputReserve is a call's output reserve: the request's maxTokens, else
-// the model table's (at most MaxTableOutputReserve), else
-// DefaultOutputReserve. Every call asks for it (max_tokens: the run's
-// agent passes it, meteredProvider when nobody did), so the worst case,
-// the rate limits' reservation, the clamp of a reported output and the cap
-// of an estimated one all count what the call asked for.
-func OutputReserve(requestMax, modelMax int) int {
-	switch {
-	case requestMax > 0:
-		return requestMax
-	case modelMax > 0:
-		return min(modelMax, MaxTableOutputReserve)
-	}
-	return DefaultOutputReserve
-}
-
 // outputReserve is the output reserve of the run's calls.
 func (r *run) outputReserve(requestMax int) int { return OutputReserve(requestMax, r.model.MaxTokens) }
 
 // worstCost is what the next call may cost at most: everything it sends
-// (CallInputTokens) at the dearer of the input and cache-write prices
+// (metering.CallInputTokens) at the dearer of the input and cache-write prices
 // (a provider may write the whole prompt to its cache) and its whole
 // output reserve at the output price.
 func (r *run) worstCost(llm agent.Context, requestMax int) float64 {
 	c := r.model.Cost
-	return (float64(CallInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
+	return (float64(metering.CallInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
 }
 
 // priced reports whether the run's model has prices: calls of a model
@@ -114,7 +48,7 @@ func (r *run) priced() bool {
 
 // spent is the run's cost so far.
 func (r *run) spent() float64 {
-	_, u := r.tally.counts()
+	_, u := r.tally.Counts()
 	return u.Cost.Total
 }
 
@@ -128,9 +62,9 @@ func (r *run) overCost(llm agent.Context, requestMax int) bool {
 	spent := r.spent()
 	switch worst := r.worstCost(llm, requestMax); {
 	case spent > max:
-		return r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf("the run spent $%.6f, its budget (limits.maxCostUsd) is $%.6f", spent, max))
+		return r.tally.Limit(bus.ReasonBudgetExceeded, fmt.Sprintf("the run spent $%.6f, its budget (limits.maxCostUsd) is $%.6f", spent, max))
 	case spent+worst > max:
-		return r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
+		return r.tally.Limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
 			"the next model call could cost $%.6f; with $%.6f spent that would pass the run's budget (limits.maxCostUsd) of $%.6f", worst, spent, max))
 	}
 	return false
@@ -144,29 +78,12 @@ func (r *run) budgetStream(fn agent.StreamFn) agent.StreamFn {
 			return fn(ctx, model, llm, opts)
 		}
 		return func(yield func(agent.StreamEvent) bool) {
-			_, text := r.tally.limitState()
+			_, text := r.tally.LimitState()
 			yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant,
 				StopReason: agent.StopReasonError, ErrorMessage: text, Timestamp: time.Now().UnixMilli(),
 				API: model.API, Provider: model.Provider, Model: model.ID}})
 		}
 	}
-}
-
-// limit records the first limit the run reached; it reports whether it
-// is now stopped by one.
-func (t *tally) limit(reason, text string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.limitReason == "" {
-		t.limitReason, t.limitText = reason, text
-	}
-	return true
-}
-
-func (t *tally) limitState() (reason, text string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.limitReason, t.limitText
 }
 
 // overCostNext checks the cost bound after a turn whose model wants

@@ -86,7 +86,7 @@ type Config struct {
 	// blocks the agent's listener (back-pressure). Default 256.
 	PublishWindow int
 	// NoEventBatches publishes every event on its own, each answered by
-	// its own ack, instead of in JetStream fast batches (batch.go). Events
+	// its own ack, instead of in JetStream fast batches (worker/internal/eventpub). Events
 	// go plainly anyway where the events stream does not allow batches.
 	NoEventBatches bool
 	// PublishAckTimeout is how long an event's JetStream ack may take

@@ -131,9 +131,8 @@ type liveControl struct {
 }
 
 type queuedControl struct {
-	first *agent.Content // identity of the message: its content array
-	seq   uint64
-	size  int
+	seq  uint64 // its stream sequence, and its message's agent.Message.Tag
+	size int
 }
 
 func newControls(r *run) *controls {
@@ -238,9 +237,7 @@ func (c *controls) own(started chan<- struct{}, read bool) {
 			}
 		}
 		close(started)
-		if h := c.r.w.hooks.afterOwnerStarted; h != nil {
-			h(c.r)
-		}
+		c.r.w.signals.control.ownerStarted(c.r)
 	}
 	for {
 		if c.serve() {
@@ -281,7 +278,7 @@ func (c *controls) serve() bool {
 				reply <- idleUnknown
 				continue
 			}
-			if c.r.agent.HasQueuedMessages() && !c.r.tally.stopping() {
+			if c.r.agent.HasQueuedMessages() && !c.r.tally.Stopping() {
 				reply <- idleBusy
 				continue
 			}
@@ -335,9 +332,7 @@ func (c *controls) catchUp(ctx context.Context) error {
 	w := c.r.w
 	subj := w.names.ControlAll(c.r.id)
 	for {
-		if h := w.hooks.beforeCatchUpRead; h != nil {
-			h(c.r.id)
-		}
+		w.signals.control.catchingUp(c.r.id)
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m, err := w.controlStream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
 		cancel()
@@ -391,12 +386,14 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 			c.reject(kind, seq, err)
 			return
 		}
-		// Known before the agent can emit it: the listener stamps it.
+		// Known before the agent can emit it: the listener stamps it,
+		// found by its tag.
+		msg.Tag = seq
 		c.mu.Lock()
 		n, b := len(c.queued), c.queuedBytes
 		over := n >= r.w.cfg.MaxQueuedControls || b+len(data) > r.w.cfg.MaxQueuedControlBytes
 		if !over {
-			c.queued = append(c.queued, queuedControl{first: &msg.Content[0], seq: seq, size: len(data)})
+			c.queued = append(c.queued, queuedControl{seq: seq, size: len(data)})
 			c.queuedBytes += len(data)
 		}
 		c.mu.Unlock()
@@ -451,7 +448,7 @@ func (c *controls) publishRejections() {
 		for drained := false; !drained; {
 			select {
 			case ev := <-c.rejects:
-				_, _ = c.r.pub.fleetEvent(bus.EventControlRejected, ev)
+				_, _ = c.r.pub.Fleet(bus.EventControlRejected, ev)
 			default:
 				drained = true
 			}
@@ -467,14 +464,13 @@ func (c *controls) publishRejections() {
 // (0 for messages that did not come from a control message). At the
 // message's end the entry is dropped.
 func (c *controls) seqOf(m *agent.Message, end bool) uint64 {
-	if m == nil || m.Role != agent.RoleUser || len(m.Content) == 0 {
+	if m == nil || m.Role != agent.RoleUser || m.Tag == 0 {
 		return 0
 	}
-	first := &m.Content[0]
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, q := range c.queued {
-		if q.first == first {
+		if q.seq == m.Tag {
 			if end {
 				c.queuedBytes -= q.size
 				c.queued = append(c.queued[:i:i], c.queued[i+1:]...)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // testGate is a tool that blocks until the test opens it.
@@ -82,7 +83,7 @@ func TestStalledCatchUpDoesNotStallOtherRuns(t *testing.T) {
 	// its steer from the live path or not at all.
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 4, AckWait: 2 * time.Minute,
 		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
-		w.hooks.beforeCatchUpRead = func(id string) {
+		w.signals.control.beforeCatchUpRead = func(id string) {
 			if id == stalled {
 				once.Do(func() { close(reached) })
 				<-unblock
@@ -150,7 +151,7 @@ func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
 	o := ctlObs{got: make(chan string, n)}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: 30 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond, Observer: o}, func(w *Worker) {
-		w.hooks.beforeCatchUpRead = func(run string) {
+		w.signals.control.beforeCatchUpRead = func(run string) {
 			block.Lock()
 			b := blocking
 			blocking = false
@@ -430,14 +431,13 @@ func TestAbortIsNotHeldUpByRejections(t *testing.T) {
 	})
 	var hold atomic.Bool
 	held := make(chan struct{})
-	wait := func(*publisher, uint64) {
+	wait := func(*eventpub.Publisher, uint64) {
 		if hold.Load() {
 			<-held
 		}
 	}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{gate}}, func(w *Worker) {
-		w.hooks.beforeSingleSend = wait
-		w.hooks.beforeBatchSend = wait
+		w.signals.events = &eventpub.Signals{BeforeSingleSend: wait, BeforeBatchSend: wait}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -470,3 +470,65 @@ func TestAbortIsNotHeldUpByRejections(t *testing.T) {
 		t.Fatalf("finished %+v, want aborted", tr.Finished)
 	}
 }
+
+// Each read of the control stream starts after what the last one saw: a
+// run that took many control messages does not read them all again at
+// every heartbeat.
+func TestCatchUpReadsOnlyWhatIsNew(t *testing.T) {
+	const id, n = "many", 100
+	var reads atomic.Int64
+	g := newTestGate()
+	o := ctlObs{got: make(chan string, n)}
+	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Minute,
+		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
+		w.signals.control.beforeCatchUpRead = func(run string) {
+			if run == id {
+				reads.Add(1)
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "go", Tools: []string{"gate"}, SteeringMode: agent.QueueAll,
+		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")}); err != nil {
+		t.Fatal(err)
+	}
+	within(t, g.started, 20*time.Second, "the tool")
+	for i := range n {
+		if _, err := c.Steer(ctx, id, fmt.Sprintf("s%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		within(t, o.got, 20*time.Second, "steer")
+	}
+	w.mu.Lock()
+	r := w.runs[id]
+	w.mu.Unlock()
+	// The wake channel holds one request: a send goes through once the
+	// owner (kicked after each) has taken the one before, so after the
+	// third send the first read is complete.
+	for range 3 {
+		r.ctl.wake <- struct{}{}
+		r.ctl.kick()
+	}
+	before := reads.Load()
+	for range 3 {
+		r.ctl.wake <- struct{}{}
+		r.ctl.kick()
+	}
+	if got := reads.Load() - before; got > 6 {
+		t.Errorf("3 catch-ups with nothing new read the stream %d times (the run holds %d control messages)", got, n)
+	}
+	g.release <- struct{}{}
+	if _, err := c.LoadTranscript(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type ctlObs struct {
+	NopObserver
+	got chan string
+}
+
+func (o ctlObs) ControlReceived(kind string) { o.got <- kind }

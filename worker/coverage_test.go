@@ -41,7 +41,7 @@ func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute, Observer: o},
-		func(w *Worker) { w.hooks.beforeCatchUpRead = reads.hook })
+		func(w *Worker) { w.signals.control.beforeCatchUpRead = reads.hook })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	run, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "a", Tools: []string{"gate"},
@@ -101,143 +101,6 @@ func TestControlsWhileQueuedAreTakenAtPickup(t *testing.T) {
 	}
 }
 
-// The coverage's rules, one at a time.
-func TestControlCoverage(t *testing.T) {
-	t.Run("covers a later request not noted", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.renewed(cv.epoch, 2, 1, 5, 100)
-		if !cv.covers("x", 101, 2, 1) {
-			t.Fatal("not covered")
-		}
-		if cv.covers("x", 100, 2, 1) {
-			t.Fatal("a request at the runs base is covered")
-		}
-	})
-	t.Run("a noted run reads once", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.renewed(cv.epoch, 2, 1, 5, 100)
-		cv.saw(6, "x", false)
-		cv.saw(7, "y", true)
-		if cv.covers("x", 101, 2, 1) {
-			t.Fatal("a noted run is covered")
-		}
-		if !cv.covers("x", 102, 2, 1) || !cv.covers("y", 101, 2, 1) {
-			t.Fatal("not covered")
-		}
-	})
-	t.Run("a sequence seen again still notes its run", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.renewed(cv.epoch, 0, 0, 5, 100)
-		cv.saw(6, "y", true) // a copy that claimed the number first
-		cv.saw(6, "x", false)
-		if cv.covers("x", 101, 0, 0) {
-			t.Fatal("the run of the message seen second is covered")
-		}
-	})
-	t.Run("a gap ends the epoch", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.renewed(cv.epoch, 0, 0, 5, 100)
-		cv.saw(6, "x", true)
-		cv.saw(8, "y", true)
-		if cv.covers("z", 101, 0, 0) {
-			t.Fatal("covered after a gap")
-		}
-		select {
-		case <-cv.renew:
-		default:
-			t.Fatal("no renew due")
-		}
-		// A renew counts what came since the gap: 7, lost, is at or
-		// below a base of 7 (its run's request at or below the runs
-		// base), not below one of 6.
-		epoch := cv.epoch
-		cv.renewed(epoch, 0, 0, 6, 120)
-		if cv.valid {
-			t.Fatal("valid though 7 came after the base and was not seen")
-		}
-		cv.saw(9, "y", true)
-		cv.renewed(cv.epoch, 0, 0, 9, 120)
-		if !cv.valid || !cv.covers("z", 121, 0, 0) {
-			t.Fatal("not valid after a renew above the gap")
-		}
-	})
-	t.Run("a renew sees every message after its base", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.saw(9, "x", false)
-		cv.renewed(cv.epoch, 0, 0, 7, 100) // 8 not seen
-		if cv.valid {
-			t.Fatal("valid with sequence 8 unseen")
-		}
-		cv = newControlCoverage()
-		cv.saw(8, "x", false)
-		cv.saw(9, "y", false)
-		cv.renewed(cv.epoch, 0, 0, 7, 100)
-		if !cv.valid || cv.covers("x", 101, 0, 0) || cv.covers("y", 101, 0, 0) || !cv.covers("z", 101, 0, 0) {
-			t.Fatal("messages after the base are not noted")
-		}
-	})
-	t.Run("a gap right after an empty renew ends it", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.renewed(cv.epoch, 0, 0, 5, 100)
-		cv.saw(8, "y", false) // 6 and 7 lost
-		if cv.covers("x", 101, 0, 0) {
-			t.Fatal("covered though 6 and 7 were not seen")
-		}
-		cv = newControlCoverage()
-		cv.renewed(cv.epoch, 0, 0, 5, 100)
-		cv.saw(5, "y", true) // in flight at the renew
-		cv.saw(6, "z", true)
-		if !cv.covers("x", 101, 0, 0) {
-			t.Fatal("not covered after 5 and 6")
-		}
-	})
-	t.Run("a sequence going back ends it", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.renewed(cv.epoch, 0, 0, 5, 100)
-		cv.saw(6, "a", true)
-		cv.saw(6, "a", true) // the same again: nothing
-		if !cv.valid {
-			t.Fatal("a repeated message ended it")
-		}
-		cv.saw(1, "x", false) // the stream was recreated
-		if cv.covers("x", 101, 0, 0) || cv.valid {
-			t.Fatal("covered after the sequences started again")
-		}
-	})
-	t.Run("a renew from a lost epoch is void", func(t *testing.T) {
-		cv := newControlCoverage()
-		epoch := cv.epoch
-		cv.saw(3, "x", true)
-		cv.saw(5, "x", true)
-		cv.renewed(epoch, 0, 0, 10, 100)
-		if cv.valid {
-			t.Fatal("a renew begun before a gap made the coverage valid")
-		}
-	})
-	t.Run("a reconnect or a drop ends it", func(t *testing.T) {
-		for _, c := range []struct {
-			reconnects uint64
-			dropped    int
-		}{{3, 1}, {2, 2}} {
-			cv := newControlCoverage()
-			cv.renewed(cv.epoch, 2, 1, 5, 100)
-			if cv.covers("x", 101, c.reconnects, c.dropped) || cv.valid {
-				t.Fatalf("covered after %+v", c)
-			}
-		}
-	})
-	t.Run("too many runs noted end it", func(t *testing.T) {
-		cv := newControlCoverage()
-		cv.renewed(cv.epoch, 0, 0, 0, 100)
-		for i := range maxUnclaimed + 1 {
-			cv.saw(uint64(i+1), fmt.Sprint("r", i), false)
-		}
-		if cv.valid || len(cv.unclaimed) != 0 {
-			t.Fatalf("valid %v with %d noted", cv.valid, len(cv.unclaimed))
-		}
-	})
-}
-
 // A control message that comes live between the run's registration and
 // its control owner's start reaches the agent before its first model
 // call, also when the pickup read is skipped: an abort there means no call.
@@ -249,21 +112,21 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	const id = "aborted-at-registration"
 	appliedAtStart, looked := make(chan bool, 1), make(chan struct{})
 	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute}, func(w *Worker) {
-		w.hooks.beforeCatchUpRead = reads.hook
+		w.signals.control.beforeCatchUpRead = reads.hook
 		// The owner waits until the run has looked: only what it applied
 		// before letting the run go on counts.
-		w.hooks.afterOwnerStarted = func(r *run) {
+		w.signals.control.afterOwnerStarted = func(r *run) {
 			if r.id == id {
 				<-looked
 			}
 		}
-		w.hooks.afterControlStart = func(r *run) {
+		w.signals.run.afterControlStart = func(r *run) {
 			if r.id == id {
-				appliedAtStart <- r.tally.stopping()
+				appliedAtStart <- r.tally.Stopping()
 				close(looked)
 			}
 		}
-		w.hooks.afterRegister = func(r *run) {
+		w.signals.run.afterRegister = func(r *run) {
 			if r.id != id {
 				return
 			}
@@ -294,34 +157,6 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	}
 }
 
-// The audit's rules.
-func TestControlCoverageAudit(t *testing.T) {
-	cv := newControlCoverage()
-	cv.renewed(cv.epoch, 0, 0, 5, 100)
-	cv.saw(6, "a", true)
-	cv.audited(true, 6)
-	if !cv.valid {
-		t.Fatal("ended though everything the last audit saw came")
-	}
-	cv.audited(true, 7) // 7 was stored an audit ago and never came
-	if cv.valid || len(cv.renew) != 1 {
-		t.Fatalf("valid %v, renew due %d: a message lost with nothing after it went unnoticed", cv.valid, len(cv.renew))
-	}
-	cv.renewed(cv.epoch, 0, 0, 9, 120)
-	cv.audited(true, 7) // the renew's base is past the audit's
-	if !cv.valid {
-		t.Fatal("ended by an audit older than the renew")
-	}
-	cv.audited(false, 9)
-	if cv.valid || len(cv.renew) != 0 || !cv.off {
-		t.Fatalf("valid %v, renew due %d, off %v after republishing stopped", cv.valid, len(cv.renew), cv.off)
-	}
-	cv.audited(true, 9)
-	if cv.off || len(cv.renew) != 1 {
-		t.Fatalf("off %v, renew due %d after republishing came back", cv.off, len(cv.renew))
-	}
-}
-
 // Republishing turned off while the worker runs: within an audit, first
 // attempts read at pickup again, so an abort stored while a run is queued
 // still stops it before any model call.
@@ -347,7 +182,7 @@ func TestRepublishTurnedOffIsNoticed(t *testing.T) {
 	}
 	for off := false; !off; {
 		w.mu.Lock()
-		off = w.cover.off
+		off = w.cover.Off()
 		w.mu.Unlock()
 		if ctx.Err() != nil {
 			t.Fatal("the coverage did not notice")
@@ -404,7 +239,7 @@ func TestSpoofedSequenceHeaderIsIgnored(t *testing.T) {
 	}
 	within(t, o.got, 10*time.Second, "the steer, live")
 	w.mu.Lock()
-	valid, last := w.cover.valid, w.cover.last
+	valid, last := w.cover.Valid()
 	w.mu.Unlock()
 	if !valid || last != ack.Sequence {
 		t.Fatalf("coverage valid %v, last %d; the stored sequence is %d", valid, last, ack.Sequence)

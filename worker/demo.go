@@ -10,9 +10,9 @@ import (
 	"github.com/agentfleet/agentfleet/llm/faux"
 )
 
-// DemoNotice is what the demo model says about itself, in the worker's log
+// demoNotice is what the demo model says about itself, in the worker's log
 // and in run_started.
-const DemoNotice = "DEMO MODEL: no model endpoint is configured on this worker, so replies are canned (set OPENAI_BASE_URL / OPENAI_API_KEY for a real model)"
+const demoNotice = "DEMO MODEL: no model endpoint is configured on this worker, so replies are canned (set OPENAI_BASE_URL / OPENAI_API_KEY for a real model)"
 
 // FauxProvider serves a faux model as a provider.
 type FauxProvider struct {
@@ -39,7 +39,7 @@ func (p noticeProvider) Notice() string { return p.FauxProvider.Notice }
 // canned reply that says it is a demo and echoes the last user message.
 func DemoProvider() Provider {
 	m := faux.New(faux.Options{TokenSize: 2, TokensPerSecond: 400, Fallback: demoReply})
-	return noticeProvider{&FauxProvider{M: m, Notice: DemoNotice}}
+	return noticeProvider{&FauxProvider{M: m, Notice: demoNotice}}
 }
 
 // arithmetic finds an expression with at least one operator in a prompt.

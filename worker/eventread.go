@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/natserr"
 )
 
 // maxEventReads is how many reads of stored events (resumes, give-ups,
@@ -33,12 +34,12 @@ const eventReadTimeout = 30 * time.Second
 // would hand its run back and use up one of its deliveries.
 func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error) {
 	select {
-	case w.eventReads <- struct{}{}:
+	case w.reads.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
-	defer func() { <-w.eventReads }()
-	rctx, cancel := context.WithTimeout(ctx, w.eventReadTimeout)
+	defer func() { <-w.reads.slots }()
+	rctx, cancel := context.WithTimeout(ctx, w.reads.timeout)
 	defer cancel()
 	// ended says why the read ended with err: the stop, or the bound.
 	ended := func(err error) error {
@@ -53,7 +54,7 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 		if err != nil && rctx.Err() != nil {
 			return envs, ended(err)
 		}
-		if err == nil || !(bus.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
+		if err == nil || !(natserr.Transient(err) || errors.Is(err, jetstream.ErrMaximumConsumersLimit)) {
 			return envs, err
 		}
 		select {
@@ -63,4 +64,12 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 		}
 		pause = min(2*pause, time.Second)
 	}
+}
+
+// eventReads bounds a worker's reads of stored events: at most
+// maxEventReads at a time (slots), each within timeout once it has its
+// slot.
+type eventReads struct {
+	slots   chan struct{}
+	timeout time.Duration
 }

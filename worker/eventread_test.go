@@ -19,12 +19,12 @@ import (
 // its time limit starts with the slot (a worker taking over thousands of
 // runs queues most of their resumes).
 func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
-	w, c := startInternal(t, Config{}, func(w *Worker) { w.eventReadTimeout = 300 * time.Millisecond })
+	w, c := startInternal(t, Config{}, func(w *Worker) { w.reads.timeout = 300 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	storeRunStarted(t, ctx, c, "r")
 	for range maxEventReads {
-		w.eventReads <- struct{}{}
+		w.reads.slots <- struct{}{}
 	}
 	type result struct {
 		envs []*bus.Envelope
@@ -42,13 +42,13 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 		t.Fatalf("the read ended while every slot was taken: %d envelopes, %v", len(r.envs), r.err)
 	case <-time.After(900 * time.Millisecond):
 	}
-	<-w.eventReads
+	<-w.reads.slots
 	r := <-done
 	if r.err != nil || len(r.envs) != 1 {
 		t.Fatalf("after a slot was freed: %d envelopes, %v; want the run_started", len(r.envs), r.err)
 	}
 	for range maxEventReads - 1 {
-		<-w.eventReads
+		<-w.reads.slots
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // Giving up. When a request's delivery count reaches MaxDeliver and its
@@ -50,22 +51,6 @@ type maxDeliveriesAdvisory struct {
 	StreamSeq  uint64 `json:"stream_seq"`
 	Deliveries int    `json:"deliveries"`
 }
-
-// Dead-letter headers.
-const (
-	HeaderDeadReason     = "Agentfleet-Dead-Reason"
-	HeaderDeadDeliveries = "Agentfleet-Deliveries"
-	HeaderDeadSubject    = "Agentfleet-Subject"
-	HeaderDeadRequestSeq = "Agentfleet-Request-Seq"
-)
-
-// Requeue headers: a request whose deliveries ran out while its run was
-// waiting (handed back by drains) is published again; the copy names the
-// request it replaces and the attempts already used.
-const (
-	HeaderRequeuedFrom = "Agentfleet-Requeued-From"
-	HeaderAttemptBase  = "Agentfleet-Attempt-Base"
-)
 
 // requeueBindWait bounds how long a copy picked up before the give-up
 // bound it to the run's record waits for that (one record write).
@@ -188,19 +173,10 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		return err
 	}
 	log := w.log.With("run", id, "queue", queue)
-	// base: the attempts the requests this one replaced used, as the
-	// record's requeue marker says (never the request's headers alone).
-	base, copyOf := 0, uint64(0)
-	if rec != nil && rec.Requeue != nil {
-		from, _ := strconv.ParseUint(req.Header.Get(HeaderRequeuedFrom), 10, 64)
-		switch {
-		case rec.RequestSeq == adv.StreamSeq:
-			base = rec.Requeue.AttemptBase
-		case from == rec.Requeue.From && rec.RequestSeq == from:
-			base, copyOf = rec.Requeue.AttemptBase, from // the copy never took the run
-		}
-	}
-	if rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == adv.StreamSeq || copyOf != 0) {
+	from, _ := strconv.ParseUint(req.Header.Get(bus.HeaderRequeuedFrom), 10, 64)
+	d := classifyGiveUp(rec, adv.StreamSeq, from, adv.Deliveries, w.cfg.MaxDeliver)
+	switch d.action {
+	case giveUpFinished:
 		// The last delivery (or this give-up, retried) may have crashed
 		// between the final record and run_finished: no delivery is left
 		// to publish it, so the give-up does.
@@ -211,58 +187,35 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		}
 		log.Info("give-up: run had finished (its ack was lost); request removed", "state", rec.State)
 		return removeRequest()
-	}
-	if rec != nil && rec.Requeue != nil && rec.Requeue.From == adv.StreamSeq {
-		// Requeued already (this step is retried): publish the copy again
-		// while it has not taken the run (Nats-Msg-Id drops a second
-		// copy); once it has, only the old request goes. Never a dead
-		// letter: the run lives on in the copy.
-		if rec.RequestSeq == adv.StreamSeq && !rec.Finished() {
-			return w.publishRequeue(ctx, req, rec, adv, removeRequest)
-		}
+	case giveUpRepublish:
+		return w.publishRequeue(ctx, req, rec, adv, removeRequest)
+	case giveUpRemove:
 		return removeRequest()
-	}
-	if rec != nil && !rec.Finished() && rec.RequestSeq == adv.StreamSeq && rec.WaitingHandBacks > 0 {
-		// Only deliveries that did not end in a waiting hand-back count
-		// against MaxDeliver, over every requeue of the run.
-		crashes := max(adv.Deliveries-rec.WaitingHandBacks, 0)
-		if rec.Requeue != nil {
-			crashes += rec.Requeue.Crashes
-		}
-		if crashes < w.cfg.MaxDeliver {
-			return w.requeue(ctx, req, rec, adv, base, crashes, removeRequest)
-		}
-		log.Info("give-up: deliveries that were not waiting hand-backs reached MaxDeliver", "crashes", crashes)
-	}
-	if rec != nil && !rec.Finished() && rec.RequestSeq != 0 && rec.RequestSeq != adv.StreamSeq && copyOf == 0 {
-		// The record is another request's (a reused id): its run is live,
-		// this request never held it. No dead letter for a live run.
+	case giveUpHeldByAnother:
 		log.Warn("give-up: request removed; its run id is held by another running request", "recordRequestSeq", rec.RequestSeq)
 		return removeRequest()
+	case giveUpRequeue:
+		return w.requeue(ctx, req, rec, adv, d.base, d.crashes, removeRequest)
 	}
-	// A delivery's attempt is at most base+Deliveries, so a record naming
-	// base+Deliveries+1 was written by a give-up of this request that
-	// failed later on (a read, a publish): this one goes on with that
-	// attempt, its events so far dropped as copies by their message ids.
-	attempt := base + adv.Deliveries + 1
-	if rec != nil && attempt < rec.Attempt {
-		attempt = rec.Attempt + 1
+	if d.maxedOut {
+		log.Info("give-up: deliveries that were not waiting hand-backs reached MaxDeliver", "crashes", d.crashes)
 	}
+	attempt, copyOf := d.attempt, d.copyOf
 	log = log.With("attempt", attempt)
 	// The dead letter first: the request is never gone without a copy.
 	dl := &nats.Msg{Subject: w.names.Dead(queue, id), Data: req.Data, Header: nats.Header{}}
 	dl.Header.Set(jetstream.MsgIDHeader, id+":"+strconv.FormatUint(adv.StreamSeq, 10))
-	dl.Header.Set(HeaderDeadReason, bus.ReasonGaveUp)
-	dl.Header.Set(HeaderDeadDeliveries, strconv.Itoa(adv.Deliveries))
-	dl.Header.Set(HeaderDeadSubject, req.Subject)
-	dl.Header.Set(HeaderDeadRequestSeq, strconv.FormatUint(adv.StreamSeq, 10))
+	dl.Header.Set(bus.HeaderDeadReason, bus.ReasonGaveUp)
+	dl.Header.Set(bus.HeaderDeadDeliveries, strconv.Itoa(adv.Deliveries))
+	dl.Header.Set(bus.HeaderDeadSubject, req.Subject)
+	dl.Header.Set(bus.HeaderDeadRequestSeq, strconv.FormatUint(adv.StreamSeq, 10))
 	copyTraceContext(dl.Header, req.Header)
 	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(w.names.DeadStream())); err != nil {
 		return fmt.Errorf("dead letter: %w", err)
 	}
 	if rec == nil || !rec.Finished() {
 		r := w.newRun(id, queue, attempt, adv.StreamSeq, req.Time)
-		r.lease.requeuedFrom = copyOf
+		r.lease.RequeuedFrom = copyOf
 		if rec != nil && !rec.StartedAt.IsZero() {
 			r.runStart = rec.StartedAt
 		}
@@ -281,67 +234,6 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	return nil
 }
 
-// finishGaveUp marks the run failed/gave_up under the lease, with its own
-// attempt: run_started, run_resumed (the transcript so far, and the usage
-// of calls cut off, as a resume's), then the finish, whose settlement
-// removes the request (the caller then acks the advisory). request is the
-// request's body.
-func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, request []byte, deliveries int, removeRequest func() error) error {
-	if prev != nil && prev.Model != "" {
-		if m, err := bus.ParseModelRef(prev.Model); err == nil {
-			r.modelRef = m
-		}
-	}
-	rec := r.record(bus.StateRunning)
-	if prev != nil {
-		rec.Model, rec.Metadata, rec.Turns, rec.Usage, rec.Cost = prev.Model, prev.Metadata, prev.Turns, prev.Usage, prev.Cost
-		rec.WaitedMs, rec.Requeue = prev.WaitedMs, prev.Requeue
-	}
-	o, cur, err := r.lease.take(ctx, prev, rec)
-	if err != nil {
-		return err
-	}
-	if o != leaseTaken {
-		if o == leaseFinished {
-			r.log.Info("give-up: run finished meanwhile", "state", cur.State)
-		}
-		return nil
-	}
-	r.pub = newPublisher(r.w, r.id, r.attempt, nil)
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
-	// Readers restore messagesRestored messages: an unreadable history is
-	// an error to retry (the advisory is handled again), not an empty one.
-	seq, err := r.pub.startedAt(ctx)
-	if err != nil {
-		_ = r.pub.flush(ctx)
-		return fmt.Errorf("give-up: run_started not stored: %w", err)
-	}
-	envs, err := r.w.readEvents(ctx, r.id, seq)
-	if err != nil {
-		_ = r.pub.flush(ctx)
-		return fmt.Errorf("give-up: reading the run's events: %w", err)
-	}
-	rc := workerproto.Recover(envs, time.Now().UnixMilli())
-	resumed := bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: len(rc.Messages)}
-	cut, usage := r.gaveUpUsage(ctx, rc, request)
-	if cut != (agent.Usage{}) {
-		resumed.CutOffUsage = &cut
-	}
-	_, _ = r.pub.fleetEvent(bus.EventRunResumed, resumed)
-	// The events say what the run was charged, unless the last attempt's
-	// record says more (a call whose message it did not store).
-	if usage.Cost.Total > rec.Usage.Cost.Total || (usage.Cost.Total == rec.Usage.Cost.Total && usage.TotalTokens > rec.Usage.TotalTokens) {
-		rec.Usage, rec.Cost = usage, usage.Cost.Total
-	}
-	text := fmt.Sprintf("gave up after %d deliveries: every attempt ended without finishing (worker crashed, stalled or stopped); the request is on %s",
-		deliveries, r.w.names.Dead(r.queue, r.id))
-	rec.State, rec.Reason, rec.Error, rec.FinishedAt, rec.HeartbeatAt = bus.StatusFailed, bus.ReasonGaveUp, text, time.Now(), time.Now()
-	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusFailed, Reason: bus.ReasonGaveUp, Error: text,
-		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, DurationMs: time.Since(r.runStart).Milliseconds()}
-	return r.finish(ending{record: rec, fin: fin,
-		settle: settlement{done: func(context.Context) error { return removeRequest() }}})
-}
-
 // gaveUpUsage is what the give-up's run_resumed carries as cutOffUsage
 // (as a resume's: cutOffUsage) and the run's usage as the events tell it:
 // that plus the usage of the restored messages that are the run's (after
@@ -358,7 +250,7 @@ func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request
 	usage = cut
 	for _, m := range rc.Messages[min(promptLen, len(rc.Messages)):] {
 		if m.Role == agent.RoleAssistant {
-			usage.Add(nonNegative(m.Usage))
+			usage.Add(metering.NonNegative(m.Usage))
 		}
 	}
 	return cut, usage
@@ -429,8 +321,8 @@ func (w *Worker) publishRequeue(ctx context.Context, req *jetstream.RawStreamMsg
 		m := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
 		msgID := rec.ID + ":requeue:" + strconv.FormatUint(adv.StreamSeq, 10)
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
-		m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
-		m.Header.Set(HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
+		m.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(adv.StreamSeq, 10))
+		m.Header.Set(bus.HeaderAttemptBase, strconv.Itoa(rec.Requeue.AttemptBase))
 		copyTraceContext(m.Header, req.Header)
 		ack, err := w.js.PublishMsg(ctx, m, jetstream.WithExpectStream(w.names.RunsStream()))
 		if err != nil {
@@ -469,8 +361,8 @@ func (w *Worker) publishRequeue(ctx context.Context, req *jetstream.RawStreamMsg
 func (w *Worker) isRequeueCopy(ctx context.Context, seq uint64, m *nats.Msg) bool {
 	got, err := w.runsStream.GetMsg(ctx, seq)
 	return err == nil && got.Subject == m.Subject && bytes.Equal(got.Data, m.Data) &&
-		got.Header.Get(HeaderRequeuedFrom) == m.Header.Get(HeaderRequeuedFrom) &&
-		got.Header.Get(HeaderAttemptBase) == m.Header.Get(HeaderAttemptBase)
+		got.Header.Get(bus.HeaderRequeuedFrom) == m.Header.Get(bus.HeaderRequeuedFrom) &&
+		got.Header.Get(bus.HeaderAttemptBase) == m.Header.Get(bus.HeaderAttemptBase)
 }
 
 // copyTraceContext keeps the submitter's trace on a copy of its request
@@ -481,4 +373,94 @@ func copyTraceContext(dst, src nats.Header) {
 			dst.Set(k, v)
 		}
 	}
+}
+
+// giveUpAction is what a give-up does with a request whose deliveries ran
+// out (see the steps at the top of this file).
+type giveUpAction int
+
+const (
+	// giveUpFinished: the run finished (only the ack was lost): publish a
+	// run_finished the events lack, then remove the request.
+	giveUpFinished giveUpAction = iota + 1
+	// giveUpRepublish: requeued already (this step retried), the copy
+	// has not taken the run: publish it again (its message id drops a
+	// second one). Never a dead letter: the run lives on in the copy.
+	giveUpRepublish
+	// giveUpRemove: requeued already and the copy took the run: only the
+	// old request goes.
+	giveUpRemove
+	// giveUpHeldByAnother: the record is another request's (a reused id),
+	// whose run is live: no dead letter for a live run.
+	giveUpHeldByAnother
+	// giveUpRequeue: deliveries went to waiting hand-backs: requeue a copy.
+	giveUpRequeue
+	// giveUpDeadLetter: dead-letter the request, then fail the run under
+	// its lease (unless finished), then remove the request.
+	giveUpDeadLetter
+)
+
+// giveUpDecision is classifyGiveUp's answer.
+type giveUpDecision struct {
+	action   giveUpAction
+	base     int    // the attempts the requests this one replaced used
+	copyOf   uint64 // the request this one is the copy of, which never took the run; 0: none
+	crashes  int    // deliveries that were not waiting hand-backs, over every requeue
+	maxedOut bool   // those reached MaxDeliver, though the run waited
+	attempt  int    // the give-up's own attempt (giveUpDeadLetter)
+}
+
+// classifyGiveUp decides a give-up from the run's record (nil: none), the
+// request's stream sequence, the request it says it is a requeued copy of
+// (0: none), its deliveries and the consumer's MaxDeliver. It does no I/O:
+// giveUp acts on it.
+func classifyGiveUp(rec *bus.RunRecord, reqSeq, requeuedFrom uint64, deliveries, maxDeliver int) giveUpDecision {
+	var d giveUpDecision
+	// base: the attempts the requests this one replaced used, as the
+	// record's requeue marker says (never the request's headers alone).
+	if rec != nil && rec.Requeue != nil {
+		switch {
+		case rec.RequestSeq == reqSeq:
+			d.base = rec.Requeue.AttemptBase
+		case requeuedFrom == rec.Requeue.From && rec.RequestSeq == requeuedFrom:
+			d.base, d.copyOf = rec.Requeue.AttemptBase, requeuedFrom // the copy never took the run
+		}
+	}
+	switch {
+	case rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == reqSeq || d.copyOf != 0):
+		d.action = giveUpFinished
+		return d
+	case rec != nil && rec.Requeue != nil && rec.Requeue.From == reqSeq:
+		d.action = giveUpRemove
+		if rec.RequestSeq == reqSeq && !rec.Finished() {
+			d.action = giveUpRepublish
+		}
+		return d
+	}
+	if rec != nil && !rec.Finished() && rec.RequestSeq == reqSeq && rec.WaitingHandBacks > 0 {
+		// Only deliveries that did not end in a waiting hand-back count
+		// against MaxDeliver, over every requeue of the run.
+		d.crashes = max(deliveries-rec.WaitingHandBacks, 0)
+		if rec.Requeue != nil {
+			d.crashes += rec.Requeue.Crashes
+		}
+		if d.crashes < maxDeliver {
+			d.action = giveUpRequeue
+			return d
+		}
+		d.maxedOut = true
+	}
+	if rec != nil && !rec.Finished() && rec.RequestSeq != 0 && rec.RequestSeq != reqSeq && d.copyOf == 0 {
+		d.action = giveUpHeldByAnother
+		return d
+	}
+	// A delivery's attempt is at most base+deliveries, so a record naming
+	// base+deliveries+1 was written by a give-up of this request that
+	// failed later on (a read, a publish): this one goes on with that
+	// attempt, its events so far dropped as copies by their message ids.
+	d.action, d.attempt = giveUpDeadLetter, d.base+deliveries+1
+	if rec != nil && d.attempt < rec.Attempt {
+		d.attempt = rec.Attempt + 1
+	}
+	return d
 }

@@ -27,7 +27,7 @@ func TestGiveUpCarriesCutOffUsage(t *testing.T) {
 		// The delivery stalls at its pickup read until the test ends; the
 		// give-up's read waits until the crashed attempts' events are
 		// stored.
-		w.hooks.beforeRecordRead = func(string) {
+		w.signals.run.beforeRecordRead = func(string) {
 			mu.Lock()
 			reads++
 			n := reads

@@ -31,7 +31,7 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 	logs := &logbuf.Buffer{}
 	failing := cfg
 	failing.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	startInternalOn(t, c, failing, func(w *Worker) { w.eventReadTimeout = time.Nanosecond })
+	startInternalOn(t, c, failing, func(w *Worker) { w.reads.timeout = time.Nanosecond })
 	run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: &bus.ModelRef{Provider: "faux", ID: "s"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			{Content: []agent.Content{agent.ToolCall("c1", "echo", map[string]any{"text": "x"})}},
@@ -92,7 +92,7 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 		// The delivery stalls at its pickup read until the test ends; the
 		// give-up's read waits until the crashed attempt's leftovers are
 		// stored.
-		w.hooks.beforeRecordRead = func(string) {
+		w.signals.run.beforeRecordRead = func(string) {
 			mu.Lock()
 			reads++
 			n := reads
@@ -194,7 +194,7 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	startInternalOn(t, c, cfg, func(w *Worker) {
 		// Only the give-up gets to run_finished in this test (attempt 1
 		// hangs until its lease is lost).
-		w.hooks.beforeRunFinished = func(string) {
+		w.signals.ending.beforeRunFinished = func(string) {
 			select {
 			case <-refused:
 			default:

@@ -62,15 +62,13 @@ func hardStopDuringATurn(t *testing.T, abort bool) {
 		if r == nil || r.pub == nil {
 			return false
 		}
-		r.pub.mu.Lock()
-		defer r.pub.mu.Unlock()
-		return r.pub.turn != nil
+		return r.pub.WaitingTurn()
 	})
 	if abort {
 		if _, err := c.Abort(ctx, id, "stop it"); err != nil {
 			t.Fatal(err)
 		}
-		until("the abort taken", func() bool { return run().tally.aborted() })
+		until("the abort taken", func() bool { return run().tally.Aborted() })
 	}
 	w.hardCancel()
 	until("the run handed back", func() bool {
@@ -121,7 +119,7 @@ func TestAHardStopDuringAResumeHandsTheRunBackAsOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	resuming := make(chan struct{})
-	w.hooks.beforeResume = func(string) {
+	w.signals.run.beforeResume = func(string) {
 		close(resuming)
 		<-w.hardCtx.Done() // the drain times out while the read is under way
 	}

@@ -2,8 +2,11 @@ package worker
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/natsembed"
@@ -78,12 +81,10 @@ func startInternalOn(t testing.TB, c *bus.Client, cfg Config, hooks func(w *Work
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-		if w.acks == nil {
+		if w.events == nil {
 			return
 		}
-		w.acks.mu.Lock()
-		defer w.acks.mu.Unlock()
-		if n := len(w.acks.pubs); n > 0 {
+		if n := w.events.Acks.Registered(); n > 0 {
 			t.Errorf("%d event publishers were neither flushed nor abandoned", n)
 		}
 	})
@@ -94,3 +95,20 @@ func startInternalOn(t testing.TB, c *bus.Client, cfg Config, hooks func(w *Work
 	}
 	return w, c
 }
+
+// routeAcks routes the worker's event acks through pass: what it returns
+// (nil: nothing) is applied.
+func routeAcks(t *testing.T, w *Worker, pass func(*nats.Msg) *nats.Msg) {
+	t.Helper()
+	if err := w.events.Acks.RouteAcks(pass); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publishFailures counts the failed publishes an Observer is told of.
+type publishFailures struct {
+	NopObserver
+	n atomic.Int64
+}
+
+func (o *publishFailures) PublishFailed(error) { o.n.Add(1) }

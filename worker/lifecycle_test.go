@@ -9,6 +9,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -125,5 +126,94 @@ func TestBadRequestListsEveryProblem(t *testing.T) {
 		if !strings.Contains(fin.Error, want) {
 			t.Errorf("no %q in %q", want, fin.Error)
 		}
+	}
+}
+
+func TestRunRecordLifecycle(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(), Metadata: map[string]string{"team": "qa"},
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
+	rec, err := f.Client.Status(fleettest.Context(t), id)
+	if err != nil || rec.State != bus.StateQueued {
+		t.Fatalf("queued: %+v %v", rec, err)
+	}
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	g.waitStarted(t)
+	rec, err = f.Client.Status(fleettest.Context(t), id)
+	if err != nil || rec.State != bus.StateRunning || rec.Attempt != 1 || rec.Worker == "" || rec.StartedAt.IsZero() ||
+		rec.SubmittedAt.IsZero() || rec.Model != "faux/scripted" || rec.Metadata["team"] != "qa" {
+		t.Fatalf("running: %+v %v", rec, err)
+	}
+	list, err := f.Client.List(fleettest.Context(t), bus.ListOptions{State: bus.StateRunning})
+	if err != nil || len(list) != 1 || list[0].ID != id {
+		t.Fatalf("list running: %+v %v", list, err)
+	}
+	g.release <- struct{}{}
+	envs := f.Follow(id)
+	checkEnvelopes(t, id, envs)
+	rec, err = f.Client.Status(fleettest.Context(t), id)
+	if err != nil || rec.State != bus.StatusSucceeded || rec.Turns != 2 || rec.Usage.TotalTokens == 0 || rec.FinishedAt.IsZero() {
+		t.Fatalf("finished: %+v %v", rec, err)
+	}
+	list, err = f.Client.List(fleettest.Context(t), bus.ListOptions{})
+	if err != nil || len(list) != 1 || list[0].State != bus.StatusSucceeded {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+}
+
+func TestDrainHandsRunsBack(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	stop := f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, DrainTimeout: 100 * time.Millisecond}).Stop
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
+	g.waitStarted(t)
+	stop() // drain times out: the run is stopped and Nak'ed
+	// The next worker resumes: the cancelled tool result (marked
+	// interrupted) is replaced by an error result and the model goes on.
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
+	envs := f.Follow(id)
+	last := envs[len(envs)-1]
+	if last.Attempt != 2 || fleettest.Decode(t, last).RunFinished.Status != bus.StatusSucceeded {
+		t.Fatalf("after drain: %s", fleettest.Dump(envs))
+	}
+	tr := transcriptOf(t, envs)
+	if tr.Attempt != 2 || tr.Resumed == nil || tr.Resumed.MessagesRestored != 2 ||
+		roles(tr.Messages) != "user:go | assistant:call:gate | toolResult | assistant:ok" {
+		t.Fatalf("transcript after restart: %s\n%s", roles(tr.Messages), fleettest.Dump(envs))
+	}
+	if res := tr.Messages[2]; !res.IsError || res.TextOf() != workerproto.InterruptedToolResult {
+		t.Fatalf("tool result after resume: %+v", res)
+	}
+	interrupted := 0
+	for _, e := range envs {
+		if e.Interrupted {
+			interrupted++
+		}
+	}
+	if interrupted == 0 {
+		t.Fatalf("%d interrupted envelopes:\n%s", interrupted, fleettest.Dump(envs))
+	}
+}
+
+func TestHeartbeatKeepsALongRunOwned(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 200 * time.Millisecond})
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
+	g.waitStarted(t)
+	// The run outlives its AckWait three times over.
+	timer := time.AfterFunc(3*time.Second, func() { g.release <- struct{}{} })
+	defer timer.Stop()
+	envs := f.Follow(id)
+	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+	select {
+	case n := <-g.started:
+		t.Fatalf("the run was redelivered and started again (%s)", n)
+	default:
 	}
 }

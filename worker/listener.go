@@ -11,6 +11,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // listener turns the agent's events into the run's wire envelopes. The
@@ -103,11 +104,11 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 	if err := l.checkBounds(ev.Type, len(data)); err != nil {
 		return err
 	}
-	seq, err := r.pub.eventFlags(string(ev.Type), data, ctlSeq, interrupted)
+	seq, err := r.pub.Event(string(ev.Type), data, eventpub.Options{ControlSeq: ctlSeq, Interrupted: interrupted})
 	if err != nil {
-		var tl *EventTooLargeError
+		var tl *eventpub.EventTooLargeError
 		if errors.As(err, &tl) {
-			r.tally.eventTooLarge(err)
+			r.tally.EventTooLarge(err)
 			r.log.Error("event too large for NATS; failing the run", "err", err)
 		}
 		return err
@@ -120,10 +121,10 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 			l.toolSeqs = append(l.toolSeqs, seq)
 		case agent.RoleAssistant:
 			l.lastAssistantSeq = seq
-			r.tally.assistant(*ev.Message)
+			r.tally.Assistant(*ev.Message)
 		}
 	case agent.EventTurnEnd:
-		r.tally.turn()
+		r.tally.Turn()
 		r.w.obs.Turn(r.info())
 	}
 	return nil
@@ -135,10 +136,10 @@ func (l *listener) onEvent(_ context.Context, ev agent.Event) error {
 func (l *listener) checkBounds(typ agent.EventType, size int) error {
 	r := l.r
 	cfg := &r.w.cfg
-	if r.tally.overBudgetAlready() {
+	if r.tally.OverBudgetAlready() {
 		return errOverBudget
 	}
-	n, b := r.pub.spent()
+	n, b := r.pub.Spent()
 	switch {
 	case n >= cfg.MaxRunEvents:
 		r.overBudget(bus.ReasonEventBudget, fmt.Sprintf("the run published %d events, the budget is %d (--max-run-events)", n, cfg.MaxRunEvents))
@@ -172,10 +173,10 @@ func (r *run) cutOff(m *agent.Message) bool {
 	default:
 		return false
 	}
-	if r.tally.aborted() {
+	if r.tally.Aborted() {
 		return false
 	}
-	return r.w.hardCtx.Err() != nil || r.lease.lost.Load() || r.tally.publishErr() != nil
+	return r.w.hardCtx.Err() != nil || r.lease.Lost() || r.tally.PublishErr() != nil
 }
 
 func lastN(s []uint64, n int) []uint64 {
@@ -200,19 +201,19 @@ func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 			r.strayCharge.Store(nil)
 			defer func() {
 				s := chargeOf(ctx, final)
-				if final == nil && s.source == "" {
+				if final == nil && s.Source == "" {
 					return // nothing was asked of a model
 				}
 				if final == nil {
 					// The agent stopped reading before the final event:
 					// the message it makes instead carries the charge.
-					u := s.usage
+					u := s.Usage
 					r.strayCharge.Store(&u)
 				}
 				// Only this run's model calls count toward its usage.
-				r.tally.modelCall(s.usage)
+				r.tally.ModelCall(s.Usage)
 				mr := ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start), TimeToFirstEvent: first,
-					Usage: s.usage, UsageSource: s.source, ExcessInput: s.excessInput, ExcessOutput: s.excessOutput}
+					Usage: s.Usage, UsageSource: s.Source, ExcessInput: s.ExcessInput, ExcessOutput: s.ExcessOutput}
 				if final != nil {
 					mr.StopReason = final.StopReason
 				} else {

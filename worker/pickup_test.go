@@ -18,7 +18,7 @@ type recordReads struct {
 
 func countRecordReads(w *Worker) *recordReads {
 	rr := &recordReads{n: map[string]int{}}
-	w.hooks.beforeRecordRead = func(id string) {
+	w.signals.run.beforeRecordRead = func(id string) {
 		rr.mu.Lock()
 		defer rr.mu.Unlock()
 		rr.n[id]++
@@ -34,7 +34,7 @@ func (rr *recordReads) of(id string) int {
 
 // A first delivery of a plain request takes its lease with Create and
 // reads no record: the read is a round trip on every run's path
-// (worker/lease.go).
+// (worker/internal/lease).
 func TestFirstDeliveryReadsNoRecord(t *testing.T) {
 	var rr *recordReads
 	_, c := startInternal(t, Config{}, func(w *Worker) { rr = countRecordReads(w) })
@@ -92,7 +92,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 	var rr *recordReads
 	w, c := startInternal(t, Config{}, func(w *Worker) {
 		rr = countRecordReads(w)
-		w.consumerCheck = 20 * time.Millisecond
+		w.pickupReads.every = 20 * time.Millisecond
 	})
 	<-w.ready
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -102,7 +102,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := cons.CachedInfo().Config
-	if !w.skipPickupRead.skip("default") {
+	if !w.pickupReads.skip.Skip("default") {
 		t.Fatalf("MaxDeliver %d at the start: first deliveries should skip the read", cfg.MaxDeliver)
 	}
 	cfg.MaxDeliver = 1
@@ -111,7 +111,7 @@ func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for w.skipPickupRead.skip("default") {
+	for w.pickupReads.skip.Skip("default") {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():

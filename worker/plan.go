@@ -12,6 +12,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/faux"
+	"github.com/agentfleet/agentfleet/worker/internal/callkey"
 )
 
 // prepare decodes the request and resolves it against the worker (model,
@@ -100,25 +101,41 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if r.model.Provider == "" {
 		r.model.Provider = ref.Provider
 	}
-	r.stream = p.Stream
+	r.stream = meteredProvider{p}.Stream // worker/settle.go
 	if req.Faux != nil {
 		r.fauxScript(ref)
 	} else if n, ok := p.(Noticer); ok {
 		r.notice = n.Notice()
 	}
 	if ml, ok := w.modelLimit(ref); ok && req.Faux == nil {
-		r.stream = r.limitStream(r.stream, ml) // worker/ratelimit.go
+		r.modelLimit = &ml
 	}
-	if r.resolveTenant(); r.tenant.budgeted { // worker/tenant.go
-		r.stream = r.tenantStream(r.stream)
-	}
+	r.resolveTenant()                             // worker/tenant.go
 	if r.checkCostBound(add); len(problems) > 0 { // worker/budget.go
 		return problems, nil
 	}
-	if r.limits.MaxCostUsd > 0 {
-		r.stream = r.budgetStream(r.stream)
-	}
 	return nil, nil
+}
+
+// streamFn is the run's model call: the provider's (or the faux script's,
+// r.stream) wrapped, from the call out, in the shared rate limits
+// (ratelimit.go), the tenant's budget hold (tenant.go), the run's cost
+// budget (budget.go), the tool call keys (internal/callkey), the trace's span
+// (trace.go) and the observer's count (listener.go). A provider's call is
+// metered innermost (meteredProvider, settle.go): each wrapper sees its
+// charge.
+func (r *run) streamFn() agent.StreamFn {
+	fn := r.stream
+	if r.modelLimit != nil {
+		fn = r.limitStream(fn, *r.modelLimit)
+	}
+	if r.tenant.budgeted {
+		fn = r.tenantStream(fn)
+	}
+	if r.limits.MaxCostUsd > 0 {
+		fn = r.budgetStream(fn)
+	}
+	return r.observeStream(r.traceStream(callkey.Stream(fn, func() map[string]bool { return r.earlier.usedCallKeys })))
 }
 
 // ceilings applies the operator's ceilings (--max-run-timeout,
@@ -176,7 +193,7 @@ func (r *run) newAgent() *agent.Agent {
 		Model:               r.model,
 		ThinkingLevel:       req.ThinkingLevel,
 		Tools:               r.tools,
-		StreamFn:            r.observeStream(r.traceStream(keyStream(r.stream, func() map[string]bool { return r.usedCallKeys }))), // keys: callkey.go
+		StreamFn:            r.streamFn(),
 		ShouldStopAfterTurn: r.shouldStop,
 		SteeringMode:        req.SteeringMode,
 		FollowUpMode:        req.FollowUpMode,
@@ -194,7 +211,7 @@ func (r *run) newAgent() *agent.Agent {
 // the agent would otherwise run another one.
 func (r *run) shouldStop(_ context.Context, tc *agent.TurnContext) (bool, error) {
 	wantsMore := len(tc.Message.ToolCalls()) > 0 || r.agent.HasQueuedMessages()
-	return wantsMore && (r.tally.overLimit(r.limits) || r.overCostNext(tc)), nil
+	return wantsMore && (r.tally.OverLimit(r.limits) || r.overCostNext(tc)), nil
 }
 
 // loadPrior loads the transcript of a finished run (continueFrom).

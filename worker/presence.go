@@ -4,15 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/toolsource"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/peers"
 )
 
 // presenceCheck is how often the worker looks for a change worth writing
@@ -26,7 +25,7 @@ const presenceCheck = time.Second
 func (w *Worker) startPresence() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	started := time.Now().UTC()
-	w.warnMixedTools(ctx, w.presence(started))
+	peers.WarnMixedTools(ctx, w.c.ListWorkers, w.presence(started), w.cfg.Queues, w.log)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		kv, err := w.c.Workers(ctx)
@@ -148,164 +147,4 @@ func boundPresenceTools(all []bus.PresenceTool) (tools []bus.PresenceTool, trunc
 		tools = append(tools, t)
 	}
 	return tools, truncated, 0
-}
-
-// Runs are not routed by tools: a run goes to any worker of its queue, so
-// workers of one queue with different tools fail the runs that name a tool
-// some of them lack. The worker says so when it starts, and such a run's
-// bad_request names the workers of the queue that have the tool, read from
-// their presence.
-const (
-	peersRead  = time.Second     // the longest a run's bad request waits for the presence
-	peersFresh = 5 * time.Second // how long a read of it is reused
-)
-
-// peerCache is the other workers' presence as last read. One read is under
-// way at a time, without the lock (no lock over I/O): the others wait for
-// it, so a burst of bad requests costs one read.
-type peerCache struct {
-	mu      sync.Mutex
-	at      time.Time
-	ws      []bus.WorkerPresence
-	reading chan struct{} // closed when the read under way ends; nil: none
-}
-
-// peers returns the live workers' presence, read at most every
-// peersFresh and within peersRead (none when it cannot be read).
-func (w *Worker) peers(ctx context.Context) []bus.WorkerPresence {
-	c := &w.peerCache
-	for {
-		c.mu.Lock()
-		if !c.at.IsZero() && time.Since(c.at) < peersFresh {
-			ws := c.ws
-			c.mu.Unlock()
-			return ws
-		}
-		if c.reading != nil {
-			done := c.reading
-			c.mu.Unlock()
-			select {
-			case <-done:
-				continue
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		done := make(chan struct{})
-		c.reading = done
-		c.mu.Unlock()
-		// The read serves the runs that wait on it too: not ended by the
-		// run that made it. A failed read is not kept.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), peersRead)
-		ws, err := w.c.ListWorkers(rctx)
-		cancel()
-		c.mu.Lock()
-		if err != nil {
-			w.log.Debug("cannot read the workers' presence", "err", err)
-		} else {
-			c.ws, c.at = ws, time.Now()
-		}
-		c.reading = nil
-		c.mu.Unlock()
-		close(done)
-		return ws
-	}
-}
-
-// queuePeersWith names the other live workers of queue that serve tool
-// name (a name or a whole namespace, "<ns>__*").
-func (w *Worker) queuePeersWith(ctx context.Context, queue, name string) []string {
-	var out []string
-	for _, p := range w.peers(ctx) {
-		if p.Worker != w.id && slices.Contains(p.Queues, queue) && slices.ContainsFunc(p.Tools, func(t bus.PresenceTool) bool {
-			return t.Available && toolMatches(t.Name, name)
-		}) {
-			out = append(out, p.Worker)
-		}
-	}
-	return out
-}
-
-// toolMatches reports whether tool is name, or in name's namespace when
-// name is "<ns>__*".
-func toolMatches(tool, name string) bool {
-	if ns, rest, ok := toolsource.SplitName(name); ok && rest == "*" {
-		return strings.HasPrefix(tool, ns+toolsource.Separator)
-	}
-	return tool == name
-}
-
-// unknownToolPeers is what a bad request adds about the other workers of
-// the run's queue that have the tool, "" when none has.
-func (w *Worker) unknownToolPeers(ctx context.Context, queue, name string) string {
-	peers := w.queuePeersWith(ctx, queue, name)
-	if len(peers) == 0 {
-		return ""
-	}
-	list := strings.Join(peers[:min(len(peers), 5)], ", ")
-	if len(peers) > 5 {
-		list += fmt.Sprintf(" and %d more", len(peers)-5)
-	}
-	return fmt.Sprintf("; workers of queue %q that have it: %s (a run goes to any worker of its queue: give the workers with this tool a queue of their own)", queue, list)
-}
-
-// warnMixedTools logs, at start, each live worker sharing a queue with
-// this one whose tools differ (a bounded read; nothing when it fails).
-func (w *Worker) warnMixedTools(ctx context.Context, self bus.WorkerPresence) {
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	ws, err := w.c.ListWorkers(rctx)
-	if err != nil {
-		return
-	}
-	mine := toolSet(self)
-	warned := 0
-	for _, p := range ws {
-		if p.Worker == w.id || warned == 5 {
-			continue
-		}
-		var shared []string
-		for _, q := range w.cfg.Queues {
-			if slices.Contains(p.Queues, q) {
-				shared = append(shared, q)
-			}
-		}
-		theirs := toolSet(p)
-		only, lacks := difference(theirs, mine), difference(mine, theirs)
-		if len(shared) == 0 || len(only)+len(lacks) == 0 {
-			continue
-		}
-		warned++
-		w.log.Warn(fmt.Sprintf("worker %s on queue %s serves different tools: a run naming one of them fails (bad_request) on the worker without it, as runs go to any worker of their queue; give workers with different tools queues of their own (--queue)",
-			p.Worker, strings.Join(shared, ",")), "peer", p.Worker, "peerOnly", clipList(only), "thisOnly", clipList(lacks))
-	}
-}
-
-// toolSet is the names of the tools a worker lists.
-func toolSet(p bus.WorkerPresence) []string {
-	var names []string
-	for _, t := range p.Tools {
-		names = append(names, t.Name)
-	}
-	slices.Sort(names)
-	return slices.Compact(names)
-}
-
-// difference is what a has and b lacks (both sorted).
-func difference(a, b []string) []string {
-	var out []string
-	for _, n := range a {
-		if _, found := slices.BinarySearch(b, n); !found {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// clipList keeps a log attribute short: the first 10 names and a count.
-func clipList(names []string) string {
-	if len(names) > 10 {
-		return strings.Join(names[:10], ",") + fmt.Sprintf(",… (%d in all)", len(names))
-	}
-	return strings.Join(names, ",")
 }

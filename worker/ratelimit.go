@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/ratelimit"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // RateLimits are the fleet's shared model rate limits as one worker sees
@@ -36,10 +37,6 @@ type ModelLimit struct {
 	// ask for theirs, from the model table the provider gives.
 	MaxTokens int
 }
-
-// DefaultOutputReserve is the output reserve of a call, and what it asks
-// for, when neither the request nor the model table bounds the output.
-const DefaultOutputReserve = 4096
 
 // startRateLimits creates the worker's limiter and runs its watch until
 // the returned stop is called. Without RateLimits it does nothing.
@@ -84,7 +81,7 @@ func (w *Worker) startRateLimits(ctx context.Context) (stop func(), err error) {
 // limitStream makes each call of fn take capacity from the model's group
 // first: it reserves the estimated input plus the output reserve, tells
 // the run's readers how long it waited, and settles to the call's charge
-// (settle.go: the reported usage, within what the call could use); a
+// (internal/metering: the reported usage, within what the call could use); a
 // call without reported usage counts as reserved, or as charged if that is
 // more; a call whose usage was clamped counts as charged or as reserved,
 // whichever is less.
@@ -92,7 +89,7 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 	l := r.w.limiter
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
-			reserve := EstimateTokens(llm, opts.MaxTokens, ml.MaxTokens)
+			reserve := metering.Reservation(llm, opts.MaxTokens, ml.MaxTokens)
 			r.waitingModel.Store(true) // the record says so at the next heartbeat
 			start := time.Now()
 			g, err := l.Acquire(ctx, ml.Group, reserve)
@@ -103,7 +100,7 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 				return
 			}
 			if g.Waited > 0 {
-				_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+				_, _ = r.pub.Fleet(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 					Reason: bus.WaitRateLimit, WaitedMs: g.Waited.Milliseconds(), Group: ml.Group})
 			}
 			var final *agent.Message
@@ -114,11 +111,11 @@ func (r *run) limitStream(fn agent.StreamFn, ml ModelLimit) agent.StreamFn {
 				// so that it holds no more of the window than the call
 				// could have.
 				s := chargeOf(ctx, final)
-				used := s.tokens()
+				used := s.Tokens()
 				switch {
-				case s.unreported() || used == 0:
+				case s.Unreported() || used == 0:
 					used = max(reserve, used)
-				case s.source == usageClamped:
+				case s.Source == metering.SourceClamped:
 					used = min(reserve, used)
 				}
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -146,16 +143,6 @@ func limitError(ctx context.Context, err error) agent.StreamEvent {
 		m.StopReason, m.ErrorMessage = agent.StopReasonAborted, "aborted while waiting for the model's shared rate limits"
 	}
 	return agent.StreamEvent{Type: agent.StreamError, Message: m}
-}
-
-// EstimateTokens is a call's reservation: its input estimate
-// (CallInputTokens: everything it sends, in bytes / 4 rounded up, plus
-// RequestOverheadTokens; the same estimate the tenant's hold counts and a
-// call cut off is charged) plus the output reserve (OutputReserve: the
-// request's maxTokens, else the model table's, at most
-// MaxTableOutputReserve, else DefaultOutputReserve).
-func EstimateTokens(llm agent.Context, requestMax, modelMax int) int {
-	return satAdd(CallInputTokens(llm), OutputReserve(requestMax, modelMax))
 }
 
 // modelLimit returns the shared limits of a model, if it has any.

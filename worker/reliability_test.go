@@ -265,8 +265,8 @@ func TestGiveUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	var req bus.RunRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil || req.Prompt != "go" || m.Header.Get(worker.HeaderDeadReason) != bus.ReasonGaveUp ||
-		m.Header.Get(worker.HeaderDeadDeliveries) != "2" {
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.Prompt != "go" || m.Header.Get(bus.HeaderDeadReason) != bus.ReasonGaveUp ||
+		m.Header.Get(bus.HeaderDeadDeliveries) != "2" {
 		t.Fatalf("dead letter %s %v %v", m.Data, m.Header, err)
 	}
 	stop()

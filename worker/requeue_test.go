@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
 
 // A requeued copy whose deliveries then all time out is given up with an
@@ -60,31 +61,6 @@ func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
 	})
 }
 
-// take never writes over a record of a higher attempt, whoever calls it.
-func TestLeaseTakeRefusesAHigherAttempt(t *testing.T) {
-	w, _ := startInternal(t, Config{Queues: []string{"idle"}}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	higher := &bus.RunRecord{ID: "r1", State: bus.StateRunning, Attempt: 4, Worker: "other", RequestSeq: 7}
-	data, _ := json.Marshal(higher)
-	rev, err := w.kv.Create(ctx, "r1", data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prev, err := w.getRecord(ctx, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &lease{w: w, id: "r1", attempt: 3, reqSeq: 7}
-	o, cur, err := l.take(ctx, prev, &bus.RunRecord{ID: "r1", State: bus.StatusFailed, Attempt: 3, Worker: w.id, RequestSeq: 7})
-	if err != nil || o != leaseNewer || cur == nil || cur.Attempt != 4 {
-		t.Fatalf("take over attempt 4 as attempt 3: %v %+v %v", o, cur, err)
-	}
-	if now, err := w.getRecord(ctx, "r1"); err != nil || now.Revision != rev {
-		t.Fatalf("record rewritten: %+v %v", now, err)
-	}
-}
-
 // A submitter setting the requeue headers on a request of its own for a
 // live run's id does not take the run over: the run's record has no
 // requeue marker for the request named, so it is a plain request reusing
@@ -98,8 +74,8 @@ func TestForgedRequeueHeadersDoNotTakeOverARun(t *testing.T) {
 	forged := &bus.RunRequest{Prompt: "other", Model: fauxModel, Faux: fauxTexts("hijacked")}
 	body, _ := json.Marshal(forged)
 	m := &nats.Msg{Subject: c.Names().Submit(rec.Queue, run), Data: body, Header: nats.Header{}}
-	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
-	m.Header.Set(HeaderAttemptBase, "100")
+	m.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
+	m.Header.Set(bus.HeaderAttemptBase, "100")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ack, err := c.JetStream().PublishMsg(ctx, m)
@@ -238,8 +214,8 @@ func TestRequeueRetryAfterTheCopyTookOverLeavesTheRunAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: nats.Header{}}
-	cp.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(old, 10))
-	cp.Header.Set(HeaderAttemptBase, "2")
+	cp.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(old, 10))
+	cp.Header.Set(bus.HeaderAttemptBase, "2")
 	if _, err := f.c.JetStream().PublishMsg(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
@@ -282,14 +258,14 @@ func TestRequeueMarkerAcceptsOnlyTheCopy(t *testing.T) {
 		data, _ := json.Marshal(&marked)
 		if _, err = w.kv.Update(ctx, run, data, cur.Revision); err == nil {
 			break
-		} else if !isConflict(err) {
+		} else if !lease.IsConflict(err) {
 			t.Fatal(err)
 		}
 	}
 	body, _ := json.Marshal(&bus.RunRequest{Prompt: "other", Model: fauxModel, Faux: fauxTexts("hijacked")})
 	m := &nats.Msg{Subject: c.Names().Submit(rec.Queue, run), Data: body, Header: nats.Header{}}
-	m.Header.Set(HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
-	m.Header.Set(HeaderAttemptBase, "1")
+	m.Header.Set(bus.HeaderRequeuedFrom, strconv.FormatUint(rec.RequestSeq, 10))
+	m.Header.Set(bus.HeaderAttemptBase, "1")
 	forged, err := c.JetStream().PublishMsg(ctx, m)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 var errAlreadyFinished = errors.New("the run already has its run_finished")
@@ -29,7 +31,7 @@ var errAlreadyFinished = errors.New("the run already has its run_finished")
 // start (r.runStart).
 func (r *run) resume(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	startSeq, err := r.pub.startedAt(rctx)
+	startSeq, err := r.pub.StartedAt(rctx)
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("run_started not stored: %w", err)
@@ -41,11 +43,11 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	}
 	r.traceEarlierAttempts(envs)
 	// The event budget spans attempts: a redelivery does not renew it.
-	r.pub.charge(envs)
+	r.pub.Charge(envs)
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())
 	// New calls get none of these keys, also when nothing is restored
-	// (callkey.go invariant 1).
-	r.usedCallKeys = rc.UsedKeys
+	// (internal/callkey, invariant 1).
+	r.earlier.usedCallKeys = rc.UsedKeys
 	if rc.Finished != nil {
 		return false, errAlreadyFinished
 	}
@@ -58,12 +60,12 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if cut != (agent.Usage{}) {
 		resumed.CutOffUsage = &cut
 	}
-	if _, err := r.pub.fleetEvent(bus.EventRunResumed, resumed); err != nil {
+	if _, err := r.pub.Fleet(bus.EventRunResumed, resumed); err != nil {
 		return false, err
 	}
 	// Calls cut off by earlier attempts were charged: the run's usage and
 	// cost count them, whether or not the transcript is restored.
-	r.tally.carry(cut)
+	r.tally.Carry(cut)
 	if len(msgs) == 0 {
 		r.log.Info("resume: nothing to restore; starting over", "eventsRead", len(envs))
 		return false, nil
@@ -76,7 +78,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 			if err != nil {
 				return false, err
 			}
-			if _, err := r.pub.event(string(typ), data, 0); err != nil {
+			if _, err := r.pub.Event(string(typ), data, eventpub.Options{}); err != nil {
 				return false, err
 			}
 		}
@@ -86,8 +88,8 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	r.ctl.skip(rc.ControlSeqs)
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
-	r.appr.restoreResolved(rc.Resolved)
-	turns := r.tally.restore(msgs[len(r.prompt):])
+	r.gate.calls.restoreResolved(rc.Resolved)
+	turns := r.tally.Restore(msgs[len(r.prompt):])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)
 	}
@@ -104,11 +106,11 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 // the run's (after its prompt: usage written into submitted messages is
 // not the run's).
 func cutOffUsage(rc *workerproto.Recovery, promptLen int) agent.Usage {
-	u := nonNegative(rc.CutOffUsage)
+	u := metering.NonNegative(rc.CutOffUsage)
 	kept := len(rc.Messages)
 	for i, m := range rc.DroppedMessages {
 		if kept+i >= promptLen && m.Role == agent.RoleAssistant {
-			u.Add(nonNegative(m.Usage))
+			u.Add(metering.NonNegative(m.Usage))
 		}
 	}
 	return u

@@ -16,6 +16,11 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/outcome"
+	"github.com/agentfleet/agentfleet/worker/internal/runclock"
 )
 
 // A run request is picked up (its record read, the request decoded and
@@ -42,8 +47,8 @@ import (
 // run is one attempt at one run request.
 type run struct {
 	w           *Worker
-	msg         requestAcks   // nil for a give-up
-	request     jetstream.Msg // until pickup: then msg has only the reply subject (requestack.go)
+	msg         intake.RequestAcks // nil for a give-up
+	request     jetstream.Msg      // until pickup: then msg has only the reply subject (internal/intake)
 	id, queue   string
 	attempt     int
 	reqSeq      uint64
@@ -56,10 +61,10 @@ type run struct {
 	runPlan // plan.go
 	agent   *agent.Agent
 
-	lease  *lease
-	tally  tally
+	lease  *lease.Hold
+	tally  outcome.Tally
 	ctl    *controls
-	pub    *publisher
+	pub    *eventpub.Publisher
 	hb     *heartbeat
 	cancel context.CancelFunc // stops the drive
 	left   bool               // the observer was told the run finished
@@ -71,33 +76,18 @@ type run struct {
 	// (observeStream, listener.onEvent).
 	strayCharge atomic.Pointer[agent.Usage]
 
-	approval *bus.Approval // the run's gate (approval.go); nil: none
-	// approvalClamped: its timeout was lowered to MaxApprovalTimeout.
-	approvalClamped bool
-	appr            approvals
-	ungated         map[string]*agent.Tool // the gated tools, unwrapped
+	gate gate // approval of tool calls (approval.go)
 
-	slot  *slotHold // nil for a give-up
-	clock *runClock // the timeout, waits left out (waiting.go)
+	slot  *slotHold       // nil for a give-up
+	clock *runclock.Clock // the timeout, waits left out (waiting.go)
 	wait  waitState
-	// prevWaited is the wait time earlier attempts recorded (waitedMs).
-	prevWaited time.Duration
 	// waitHandedBack: a wait ended because the worker is draining; the
 	// run is handed back without publishing more.
 	waitHandedBack atomic.Bool
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
-	// requeue is the marker under which this request, a requeued copy,
-	// took the run (giveup.go); its records keep it.
-	requeue *bus.Requeue
-	// waitingHandBacks is the record's count for this request.
-	waitingHandBacks int
-	// pendingCalls are gated calls an earlier attempt left waiting.
-	pendingCalls []workerproto.PendingCall
-	// usedCallKeys are the call keys earlier attempts' events name, set
-	// by resume before the agent runs (callkey.go invariant 1).
-	usedCallKeys map[string]bool
+	earlier      earlier  // what the record and earlier attempts left this one
 	trace        runTrace // spans (trace.go)
 }
 
@@ -107,13 +97,16 @@ type runPlan struct {
 	limits   bus.Limits
 	modelRef bus.ModelRef
 	model    agent.Model
-	stream   agent.StreamFn
-	tools    []*agent.Tool
-	toolList []string
-	notice   string
-	prompt   []agent.Message
-	fauxSkip func(turns int) // a faux script skips the turns a resume restored
-	tenant   tenancy         // tenant.go
+	stream   agent.StreamFn // the provider's call, metered, or the faux script's (plan.go streamFn wraps it)
+	// modelLimit is the model's shared rate limit, nil without
+	// (ratelimit.go).
+	modelLimit *ModelLimit
+	tools      []*agent.Tool
+	toolList   []string
+	notice     string
+	prompt     []agent.Message
+	fauxSkip   func(turns int) // a faux script skips the turns a resume restored
+	tenant     tenancy         // tenant.go
 }
 
 func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedAt time.Time) *run {
@@ -121,7 +114,7 @@ func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedA
 		submittedAt: submittedAt, startedAt: time.Now()}
 	r.runStart = r.startedAt
 	r.log = w.log.With("run", id, "queue", queue, "attempt", r.attempt)
-	r.lease = &lease{w: w, id: id, attempt: r.attempt, reqSeq: reqSeq, onLost: r.leaseLost}
+	r.lease = lease.New(w.leases, id, r.attempt, reqSeq, r.leaseLost)
 	r.ctl = newControls(r)
 	return r
 }
@@ -151,7 +144,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
 	if requeue != nil {
-		r.lease.requeuedFrom, r.requeue = requeue.From, requeue
+		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
 	}
 	r.msg, r.request = m, m
 	r.slot = slot
@@ -209,7 +202,7 @@ func (j *junkLog) flush(log *slog.Logger) {
 // plain one (a reused id is then refused). A copy picked up before the
 // give-up bound it waits for the binding (a record write) for a while.
 func (w *Worker) confirmRequeue(h nats.Header, runID string, reqSeq uint64) (*bus.Requeue, error) {
-	fromText := h.Get(HeaderRequeuedFrom)
+	fromText := h.Get(bus.HeaderRequeuedFrom)
 	if fromText == "" {
 		return nil, nil
 	}
@@ -272,7 +265,7 @@ func (r *run) info() RunInfo {
 	i := RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: r.modelRef.String(),
 		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}
 	if r.clock != nil {
-		i.Deadline = r.clock.deadline()
+		i.Deadline = r.clock.Deadline()
 	} else if r.limits.TimeoutSeconds > 0 {
 		i.Deadline = r.runStart.Add(time.Duration(r.limits.TimeoutSeconds) * time.Second)
 	}
@@ -286,7 +279,7 @@ func (r *run) execute() {
 		return
 	}
 	// The run keeps its request's acknowledgements, not its bytes.
-	r.msg, r.request = slimAcks(r.w.c.Conn(), r.request), nil
+	r.msg, r.request = intake.SlimAcks(r.w.c.Conn(), r.request), nil
 	// The timeout counts from the run's first start: a crash does not
 	// extend a run's budget.
 	// Time spent waiting (for an approval) is left out (waiting.go).
@@ -304,8 +297,8 @@ func (r *run) execute() {
 		}
 		r.pickupPaused = true
 	}
-	r.clock = newRunClock(r.runStart.Add(timeout), r.prevWaited, pausedSince, func() { cancelCause(context.DeadlineExceeded) })
-	defer r.clock.stop()
+	r.clock = runclock.New(r.runStart.Add(timeout), r.earlier.waited, pausedSince, func() { cancelCause(context.DeadlineExceeded) })
+	defer r.clock.Stop()
 	r.cancel = cancel
 	ctx = context.WithValue(ctx, runKey{}, r)
 	ctx = r.traceContext(ctx)
@@ -318,34 +311,6 @@ func (r *run) execute() {
 	r.conclude(runErr, finished, timeout)
 }
 
-// conclude settles the attempt once the agent has stopped. It is its own
-// frame so that execute's, on the stack while the run's tools run, stays
-// small (see agent's loop.go).
-//
-//go:noinline
-func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
-	// Read when the agent stopped, not after the close below: a run that
-	// ended just before its deadline did not time out.
-	timedOut := r.clock.timedOut()
-	lastControl := r.ctl.close()
-	if finished {
-		r.ackResumedFinished()
-		return
-	}
-	if r.mustNotFinish(timedOut) {
-		return
-	}
-	fin := r.tally.outcome(runErr, timedOut, timeout, r.runStart)
-	fin.LastControlSeq = lastControl
-	final := r.record(fin.Status)
-	final.Reason, final.Error, final.FinishedAt = fin.Reason, fin.Error, time.Now()
-	final.LastControlSeq = lastControl
-	if r.finish(ending{record: final, fin: fin, settle: r.ackRequest()}) == nil {
-		r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
-			"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)
-	}
-}
-
 // pickup reads the run's record and prepares the request. It reports
 // whether the run may start; if not, the request is settled (refused, a
 // bad request finished, or handed back on NATS trouble).
@@ -353,8 +318,8 @@ func (r *run) pickup() bool {
 	w := r.w
 	var rec *bus.RunRecord
 	var err error
-	if r.attempt == 1 && r.lease.requeuedFrom == 0 && w.skipPickupRead.skip(r.queue) {
-		r.lease.unread = true // worker/lease.go: taken with Create
+	if r.attempt == 1 && r.lease.RequeuedFrom == 0 && w.pickupReads.skip.Skip(r.queue) {
+		r.lease.Unread = true // worker/internal/lease: taken with Create
 	} else {
 		rec, err = w.getRecord(w.hardCtx, r.id)
 	}
@@ -364,18 +329,18 @@ func (r *run) pickup() bool {
 		return false
 	}
 	if rec != nil {
-		if o := r.lease.classify(rec); o != leaseTaken {
+		if o := r.lease.Classify(rec); o != lease.Taken {
 			r.refuse(o, rec)
 			return false
 		}
 		if !rec.StartedAt.IsZero() && rec.StartedAt.Before(r.runStart) {
 			r.runStart = rec.StartedAt
 		}
-		r.prevWaited = time.Duration(rec.WaitedMs) * time.Millisecond
+		r.earlier.waited = time.Duration(rec.WaitedMs) * time.Millisecond
 		if rec.RequestSeq == r.reqSeq {
-			r.waitingHandBacks = rec.WaitingHandBacks
+			r.earlier.waitingHandBacks = rec.WaitingHandBacks
 		}
-		if r.lease.requeuedFrom != 0 && rec.RequestSeq == r.lease.requeuedFrom && !rec.SubmittedAt.IsZero() {
+		if r.lease.RequeuedFrom != 0 && rec.RequestSeq == r.lease.RequeuedFrom && !rec.SubmittedAt.IsZero() {
 			r.submittedAt = rec.SubmittedAt // the run's, not the requeue's
 		}
 	}
@@ -405,27 +370,25 @@ func (r *run) acquire() bool {
 	ctx, cancel := r.finishContext()
 	defer cancel()
 	start := time.Now()
-	o, cur, err := r.lease.take(ctx, r.prev, r.record(bus.StateRunning))
+	o, cur, err := r.lease.Take(ctx, r.prev, r.record(bus.StateRunning))
 	r.traceStep(spanLeaseTake, start, err)
 	switch {
 	case err != nil:
 		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
 		return false
-	case o != leaseTaken:
+	case o != lease.Taken:
 		r.refuse(o, cur)
 		return false
 	}
-	r.pub = newPublisher(w, r.id, r.attempt, r.publishFailed)
+	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
 	w.register(r)
-	if h := w.hooks.afterRegister; h != nil {
-		h(r)
-	}
+	w.signals.run.registered(r)
 	r.hb = r.startHeartbeat()
 	if r.notice != "" {
 		r.log.Warn(r.notice)
 	}
-	_, _ = r.pub.fleetEvent(bus.EventRunStarted, r.runStarted())
+	_, _ = r.pub.Fleet(bus.EventRunStarted, r.runStarted())
 	w.obs.RunStarted(r.info())
 	r.log.Debug("run started", "model", r.modelRef.String())
 	return true
@@ -452,15 +415,13 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		// Resume even when the run was aborted or its deadline passed
 		// meanwhile: the outcome then says so, instead of the attempt
 		// being handed back (and redelivered until it gives up).
-		if h := r.w.hooks.beforeResume; h != nil {
-			h(r.id)
-		}
+		r.w.signals.run.resuming(r.id)
 		restored, err = r.resume(r.w.hardCtx) // not the run's deadline; a drain timeout stops it
 		r.traceResumed(restored, err)         // trace.go
 		switch {
 		case errors.Is(err, errAlreadyFinished):
 			return nil, true
-		case err == nil || r.lease.lost.Load():
+		case err == nil || r.lease.Lost():
 		case r.w.hardCtx.Err() != nil && errors.Is(err, context.Canceled):
 			r.publishFailed(fmt.Errorf("resume: %w: %w", errWorkerStopping, err))
 		default:
@@ -468,22 +429,20 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
-	if h := r.w.hooks.afterControlStart; h != nil {
-		h(r)
-	}
-	if r.tally.stopping() {
+	r.w.signals.run.controlStarted(r)
+	if r.tally.Stopping() {
 		return nil, false
 	}
-	if err := r.awaitBudget(ctx); err != nil || r.tally.stopping() { // worker/tenant.go
+	if err := r.awaitBudget(ctx); err != nil || r.tally.Stopping() { // worker/tenant.go
 		return nil, false
 	}
-	if restored && len(r.pendingCalls) > 0 {
+	if restored && len(r.earlier.pendingCalls) > 0 {
 		// Gated calls an earlier attempt left waiting wait again (their
 		// answers may be in the stream already: the control owner has
 		// read it).
 		err := r.runPendingCalls(ctx)
 		r.endPickupPause()
-		if err != nil || r.tally.stopping() || ctx.Err() != nil {
+		if err != nil || r.tally.Stopping() || ctx.Err() != nil {
 			return err, false
 		}
 	}
@@ -499,7 +458,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	}
 	// A steer or follow-up that came after the agent's last poll is still
 	// delivered: go on while messages remain.
-	for runErr == nil && ctx.Err() == nil && !r.tally.modelFailed() && !r.idleAndDone(ctx) {
+	for runErr == nil && ctx.Err() == nil && !r.tally.ModelFailed() && !r.idleAndDone(ctx) {
 		runErr = r.agent.Continue(ctx)
 	}
 	return runErr, false
@@ -508,9 +467,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 // idleAndDone is called when the agent went idle: it reports whether the
 // run may finish (no late control message is queued).
 func (r *run) idleAndDone(ctx context.Context) bool {
-	if h := r.w.hooks.beforeIdleCheck; h != nil {
-		h(r.id)
-	}
+	r.w.signals.run.idle(r.id)
 	return r.ctl.finishIfIdle(ctx)
 }
 
@@ -520,7 +477,7 @@ func (r *run) ackResumedFinished() {
 	r.endHeartbeat()
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	_ = r.pub.flush(ctx)
+	_ = r.pub.Flush(ctx)
 	r.log.Info("run already has its run_finished; acknowledging")
 	_ = r.msg.Ack()
 }
@@ -528,27 +485,27 @@ func (r *run) ackResumedFinished() {
 // mustNotFinish hands back an attempt that stopped without the right to
 // finish, and reports whether it did.
 func (r *run) mustNotFinish(timedOut bool) bool {
-	pubErr := r.tally.publishErr()
+	pubErr := r.tally.PublishErr()
 	if pubErr == nil {
 		// Its onFail, which tells the tally, may not have run yet; a fence
 		// is not a failure to store (a hand-back while waiting fences).
-		if err := r.pub.failure(); !errors.Is(err, errLeaseLost) {
+		if err := r.pub.Failure(); !errors.Is(err, eventpub.ErrFenced) {
 			pubErr = err
 		}
 	}
 	switch {
-	case r.waitHandedBack.Load() && !r.lease.lost.Load() && !r.tally.aborted() && !timedOut:
+	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut:
 		r.handBackWaiting()
-	case r.lease.lost.Load():
+	case r.lease.Lost():
 		r.endHeartbeat()
-		r.pub.abandon()
+		r.pub.Abandon()
 		r.log.Warn("run stopped: lease lost to a newer attempt")
 	case errors.Is(pubErr, errWorkerStopping):
 		// Even an aborted or timed-out run: its end cannot be published.
 		r.handBack(0, "worker stopping: run stopped and handed back", nil)
 	case pubErr != nil:
 		r.handBack(time.Second, "events could not be stored; handing the run back", pubErr)
-	case r.w.hardCtx.Err() != nil && !r.tally.aborted() && !timedOut:
+	case r.w.hardCtx.Err() != nil && !r.tally.Aborted() && !timedOut:
 		// The next attempt resumes from the events.
 		r.handBack(0, "worker stopping: run stopped and handed back", nil)
 	default:
@@ -559,21 +516,21 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 
 // abort stops the run at the user's request.
 func (r *run) abort(reason string) {
-	r.tally.abort(reason)
+	r.tally.Abort(reason)
 	r.stop()
 }
 
 // overBudget stops a run that crossed one of its per-run bounds; it fails
 // with reason.
 func (r *run) overBudget(reason, text string) {
-	if r.tally.overBudget(reason, text) {
+	if r.tally.OverBudget(reason, text) {
 		r.log.Error("run over a per-run bound; failing it", "reason", reason, "err", text)
 		r.stop()
 	}
 }
 
 func (r *run) publishFailed(err error) {
-	r.tally.publishFailed(err)
+	r.tally.PublishFailed(err)
 	r.stop()
 }
 
@@ -582,7 +539,7 @@ func (r *run) publishFailed(err error) {
 func (r *run) leaseLost() {
 	r.log.Warn("lease lost: another attempt owns this run; stopping it without publishing more")
 	if r.pub != nil {
-		r.pub.fence()
+		r.pub.Fence()
 	}
 	r.stop()
 }
@@ -624,7 +581,7 @@ func (r *run) runStarted() bus.RunStarted {
 
 // record is the run record now, in a state.
 func (r *run) record(state string) *bus.RunRecord {
-	turns, usage := r.tally.counts()
+	turns, usage := r.tally.Counts()
 	rec := &bus.RunRecord{ID: r.id, Queue: r.queue, State: state, Attempt: r.attempt, Worker: r.w.id,
 		RequestSeq: r.reqSeq, SubmittedAt: r.submittedAt, StartedAt: r.runStart, HeartbeatAt: time.Now(),
 		Turns: turns, Usage: usage, Cost: usage.Cost.Total}
@@ -637,13 +594,13 @@ func (r *run) record(state string) *bus.RunRecord {
 	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
 		rec.Tenant = r.tenant.name
 	}
-	rec.WaitingHandBacks = r.waitingHandBacks
-	rec.Requeue = r.requeue
+	rec.WaitingHandBacks = r.earlier.waitingHandBacks
+	rec.Requeue = r.earlier.requeue
 	if r.clock != nil {
-		waited, _ := r.clock.state()
+		waited, _ := r.clock.State()
 		rec.WaitedMs = waited.Milliseconds()
 	} else {
-		rec.WaitedMs = r.prevWaited.Milliseconds()
+		rec.WaitedMs = r.earlier.waited.Milliseconds()
 	}
 	if state != bus.StateRunning {
 		return rec
@@ -660,9 +617,7 @@ func (r *run) record(state string) *bus.RunRecord {
 }
 
 func (w *Worker) getRecord(ctx context.Context, id string) (*bus.RunRecord, error) {
-	if h := w.hooks.beforeRecordRead; h != nil {
-		h(id)
-	}
+	w.signals.run.readingRecord(id)
 	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	e, err := w.kv.Get(gctx, id)
@@ -677,4 +632,21 @@ func clipString(s string, n int) string {
 		return s
 	}
 	return clipUTF8(s, n) + "…"
+}
+
+// earlier is what the run's record and its earlier attempts left this
+// attempt.
+type earlier struct {
+	// requeue is the marker under which this request, a requeued copy,
+	// took the run (giveup.go); its records keep it.
+	requeue *bus.Requeue
+	// waitingHandBacks is the record's count for this request.
+	waitingHandBacks int
+	// waited is the wait time earlier attempts recorded (waitedMs).
+	waited time.Duration
+	// pendingCalls are gated calls an earlier attempt left waiting.
+	pendingCalls []workerproto.PendingCall
+	// usedCallKeys are the call keys earlier attempts' events name, set
+	// by resume before the agent runs (internal/callkey, invariant 1).
+	usedCallKeys map[string]bool
 }

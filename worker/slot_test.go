@@ -22,7 +22,7 @@ func TestSlotFreedBeforeTheRequestAck(t *testing.T) {
 	held, unhold := make(chan string, 1), make(chan struct{})
 	var once sync.Once
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1}, func(w *Worker) {
-		w.hooks.beforeRequestAck = func(run string) {
+		w.signals.ending.beforeRequestAck = func(run string) {
 			once.Do(func() {
 				held <- run
 				<-unhold

@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/openai"
 	"github.com/agentfleet/agentfleet/metrics"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // BenchmarkWaitingRunStack is the memory a run waiting in a tool holds in
@@ -41,6 +42,9 @@ func BenchmarkWaitingRunStack(b *testing.B) {
 	}
 	var cur atomic.Pointer[gate]
 	// Arguments as the sleep tool's.
+	type sleepArgs struct {
+		Seconds float64 `json:"seconds" jsonschema:"description=How long to wait\\, at most 60 seconds,minimum=0,maximum=60"`
+	}
 	block := agent.NewTool("block", "waits until released", func(ctx context.Context, _ sleepArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
 		g := cur.Load()
 		if g.entered.Add(1) == runs {

@@ -198,10 +198,10 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 				return
 			case res == nil:
 				stats.Refused(r.tenant.name)
-				r.tally.limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
+				r.tally.Limit(bus.ReasonBudgetExceeded, fmt.Sprintf(
 					"the next model call could cost $%.6f; tenant %s has $%.6f of its $%.6f budget left for this period (it resets at %s)",
 					worst, tenantLabel(r.tenant.name), e.Remaining(), e.LimitUSD, e.ResetsAt().Format(time.RFC3339)))
-				_, text := r.tally.limitState()
+				_, text := r.tally.LimitState()
 				yield(callRefused(model, text))
 				return
 			}
@@ -210,7 +210,7 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 			defer func() {
 				// The call's charge (settle.go): a call cut off, or
 				// without usage, is charged its estimate.
-				cost := chargeOf(ctx, final).usage.Cost.Total
+				cost := chargeOf(ctx, final).Usage.Cost.Total
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
 				stats.Spent(r.tenant.name, cost)
@@ -283,7 +283,7 @@ func (r *run) waitToReserve(ctx context.Context, worst float64, e *budget.Entry)
 		return nil, e, err
 	}
 	if res != nil {
-		_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+		_, _ = r.pub.Fleet(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 			Reason: bus.WaitBudget, WaitedMs: time.Since(since).Milliseconds()})
 	}
 	return res, e, nil
@@ -374,7 +374,7 @@ func (r *run) awaitBudget(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, _ = r.pub.fleetEvent(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
+	_, _ = r.pub.Fleet(bus.EventModelWait, bus.ModelWait{Type: bus.EventModelWait,
 		Reason: bus.WaitBudget, WaitedMs: (earlier + time.Since(since)).Milliseconds()})
 	return nil
 }

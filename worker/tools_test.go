@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,5 +55,87 @@ func TestAnAbortWhileAToolRunsEndsTheToolsContext(t *testing.T) {
 	rec, err := f.Client.Status(fleettest.Context(t), id)
 	if err != nil || rec.State != bus.StatusAborted {
 		t.Fatalf("record %+v %v", rec, err)
+	}
+}
+
+func TestToolTimeout(t *testing.T) {
+	f := newFleet(t)
+	g := newGate()
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, ToolTimeout: 100 * time.Millisecond})
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c", "gate", map[string]any{"name": "x"}), fleettest.Text("ok")}}})
+	envs := f.Follow(id)
+	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+	tr := transcriptOf(t, envs)
+	if res := tr.Messages[2]; !res.IsError || !strings.Contains(res.TextOf(), "timed out after 100ms") {
+		t.Fatalf("tool result %+v", res)
+	}
+}
+
+// Tool arguments and results are capped: oversized arguments fail the call
+// without running the tool; a long result is cut and says so.
+func TestToolSizeCaps(t *testing.T) {
+	f := newFleet(t)
+	ran := make(chan string, 10)
+	echo := agent.NewTool("echo", "returns its text", func(_ context.Context, a struct {
+		Text string `json:"text"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		ran <- a.Text
+		return agent.TextResult(strings.Repeat(a.Text, 100)), nil
+	})
+	f.StartWorker(worker.Config{Tools: []*agent.Tool{echo}, MaxToolArgsBytes: 200, MaxToolResultBytes: 500})
+	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			fleettest.ToolCall("big", "echo", map[string]any{"text": strings.Repeat("x", 300)}),
+			fleettest.ToolCall("small", "echo", map[string]any{"text": "0123456789"}),
+			fleettest.Text("done"),
+		}}})
+	envs := f.Follow(id)
+	if fin := checkEnvelopes(t, id, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("%+v", fin)
+	}
+	tr := transcriptOf(t, envs)
+	big, small := tr.Messages[2], tr.Messages[4]
+	if !big.IsError || !strings.Contains(big.TextOf(), "the limit is 200") {
+		t.Fatalf("oversized arguments: %+v", big)
+	}
+	if small.IsError || !strings.Contains(small.TextOf(), "[tool result truncated: 1000 bytes, the limit is 500]") {
+		t.Fatalf("long result: %q", small.TextOf())
+	}
+	close(ran)
+	var executed []string
+	for s := range ran {
+		executed = append(executed, s)
+	}
+	if len(executed) != 1 || executed[0] != "0123456789" {
+		t.Fatalf("tool ran with %q; the oversized call must not run", executed)
+	}
+}
+
+// A tool stopped by an abort says so, not "context canceled".
+func TestAbortedToolSaysTheRunWasAborted(t *testing.T) {
+	f := newFleet(t)
+	f.StartWorker(worker.Config{})
+	id := f.Submit("", &bus.RunRequest{Prompt: "nap", Model: fleettest.FauxModel(), Tools: []string{"sleep"},
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c1", "sleep", map[string]any{"seconds": 30}), fleettest.Text("never")}}})
+	var result string
+	for env, err := range f.Client.Follow(fleettest.Context(t), id) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := fleettest.Decode(t, env)
+		if ev.Agent != nil && ev.Agent.Type == "tool_execution_start" {
+			if _, err := f.Client.Abort(fleettest.Context(t), id, "enough"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ev.Agent != nil && ev.Agent.Type == "tool_execution_end" && ev.Agent.Result != nil {
+			result = ev.Agent.Result.Content[0].Text
+		}
+	}
+	if result != "tool sleep stopped: the run was aborted" {
+		t.Fatalf("the aborted tool's result is %q", result)
 	}
 }

@@ -85,7 +85,7 @@ func (r *run) resolveTools(ctx context.Context) []string {
 			}
 		}
 		problems = append(problems, fmt.Sprintf("unknown tool %q: %s%s", clipString(name, 64), w.similarTools(name),
-			w.unknownToolPeers(ctx, r.queue, name))) // presence.go
+			w.peers.UnknownToolNote(ctx, r.queue, name))) // internal/peers
 	}
 	slices.SortFunc(tools, func(a, b *agent.Tool) int { return strings.Compare(a.Name, b.Name) })
 	r.tools = tools

@@ -41,7 +41,7 @@ func (pt *probeTool) tool() *agent.Tool {
 	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
 		n := -1 // not in a run
 		if r, ok := ctx.Value(runKey{}).(*run); ok {
-			n = unacknowledged(r.pub)
+			n = r.pub.Unacknowledged()
 		}
 		pt.mu.Lock()
 		pt.ran = append(pt.ran, a.Target)
@@ -72,19 +72,6 @@ func (pt *probeTool) targets() string {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
 	return strings.Join(pt.ran, ",")
-}
-
-// unacknowledged counts p's events not yet stored.
-func unacknowledged(p *publisher) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, o := range p.queue {
-		if !o.acked {
-			n++
-		}
-	}
-	return n
 }
 
 // TestAToolRunsOnlyOnceItsStartIsStored: a parallel batch, both starts
@@ -152,71 +139,6 @@ func TestADeferredCallRunsOnlyOnceItsStartIsStored(t *testing.T) {
 	pt.want(t, "later")
 }
 
-// TestSyncWaitsForTheEventsBeforeIt: a sync returns once the events
-// published before it are stored, while one published after it still
-// waits for its ack (a parallel call's updates would otherwise keep a
-// call waiting as long as they come).
-func TestSyncWaitsForTheEventsBeforeIt(t *testing.T) {
-	w, _ := startInternal(t, Config{Concurrency: 1, NoEventBatches: true, PublishAckTimeout: time.Minute}, nil)
-	var mu sync.Mutex
-	var held []*nats.Msg
-	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
-		mu.Lock()
-		defer mu.Unlock()
-		held = append(held, m)
-		return nil
-	})
-	p := newPublisher(w, bus.NewRunID(), 1, nil)
-	publishN(t, p, 3)
-	synced := make(chan error, 1)
-	go func() { synced <- p.sync(context.Background()) }()
-	until(t, "the sync waiting", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.syncs) == 1
-	})
-	if _, err := p.event("x", []byte(`{"type":"x","i":4}`), 0); err != nil {
-		t.Fatal(err)
-	}
-	var four *nats.Msg
-	until(t, "four acks", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(held) < 4 {
-			return false
-		}
-		for _, m := range held {
-			if strings.HasSuffix(m.Subject, ".4") {
-				four = m
-			} else {
-				w.acks.route(m)
-			}
-		}
-		held = nil
-		return true
-	})
-	if err := within(t, synced, 20*time.Second, "the sync, events 1-3 stored"); err != nil {
-		t.Fatal(err)
-	}
-	if n := unacknowledged(p); n != 1 {
-		t.Fatalf("%d events unacknowledged, want event 4 alone", n)
-	}
-	w.acks.route(four)
-	if err := flushWithin(t, p); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// until polls ok until it holds, for at most 20 s.
-func until(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 20 s for %s", what)
-		}
-	}
-}
-
 // TestACallWhoseRunStopsWhileItWaitsDoesNotRun: the run is aborted while
 // its call waits for the run's events to be stored (their acks held):
 // the call does not run, and its wait leaves nothing behind.
@@ -225,7 +147,7 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 	var cur atomic.Pointer[run]
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, NoEventBatches: true, PublishAckTimeout: time.Minute,
 		HeartbeatInterval: time.Second}, func(w *Worker) {
-		w.hooks.afterControlStart = func(r *run) { cur.Store(r) }
+		w.signals.run.afterControlStart = func(r *run) { cur.Store(r) }
 	})
 	var mu sync.Mutex
 	holding, held := true, []*nats.Msg(nil)
@@ -239,16 +161,14 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 		return m
 	})
 	id := submitRun(t, c, gatedRequest(nil, "prod"))
-	var call chan struct{} // the call's wait
+	var call <-chan struct{} // the call's wait
 	until(t, "the call waiting", func() bool {
 		r := cur.Load()
 		if r == nil {
 			return false
 		}
-		r.pub.mu.Lock()
-		defer r.pub.mu.Unlock()
-		if len(r.pub.syncs) == 1 {
-			call = r.pub.syncs[0].ch
+		if waits := r.pub.SyncWaits(); len(waits) == 1 {
+			call = waits[0]
 		}
 		return call != nil
 	})
@@ -259,14 +179,12 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(t, "the call's wait given up", func() bool { // the run's finish waits next
-		r.pub.mu.Lock()
-		defer r.pub.mu.Unlock()
-		return !slices.ContainsFunc(r.pub.syncs, func(sw syncWaiter) bool { return sw.ch == call })
+		return !slices.Contains(r.pub.SyncWaits(), call)
 	})
 	mu.Lock()
 	holding = false
 	for _, m := range held {
-		w.acks.route(m)
+		w.events.Acks.Apply(m)
 	}
 	mu.Unlock()
 	if _, fin := followToFinished(ctx, t, c, id); fin.Status != bus.StatusAborted {
@@ -278,5 +196,15 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 	stop()
 	if err := r.storedBeforeTheCall(stopped); err == nil {
 		t.Fatal("a call of a stopped run would run")
+	}
+}
+
+// until polls ok until it holds, for at most 20 s.
+func until(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 20 s for %s", what)
+		}
 	}
 }

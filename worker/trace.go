@@ -20,6 +20,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // Spans of an attempt (GenAI semantic conventions 1.41 and ours):
@@ -403,7 +404,7 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 					r.traceResponse(span, ev.Message, first, capture)
 					if m := callMeterOf(ctx); m != nil && m.settled {
 						// How the usage on the span was worked out (settle.go).
-						span.SetAttributes(attrUsageSource.String(m.s.source))
+						span.SetAttributes(attrUsageSource.String(m.s.Source))
 					}
 				}
 				if !yield(ev) {
@@ -431,7 +432,7 @@ func restartFirstChunk(ctx context.Context) {
 
 // traceResponse puts a model call's answer on its chat span.
 func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Duration, capture bool) {
-	u := nonNegative(m.Usage)
+	u := metering.NonNegative(m.Usage)
 	r.trace.mu.Lock()
 	r.trace.usage.Add(u)
 	r.trace.mu.Unlock()

@@ -28,7 +28,7 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //     InProgress and renewing the lease, so the record stays the lease
 //     and the readers' rules hold unchanged (it counts against the queue
 //     consumer's MaxAckPending: docs/operations.md sizes it);
-//   - the run's timeout clock is paused (runClock): waiting does not
+//   - the run's timeout clock is paused (internal/runclock): waiting does not
 //     count against limits.timeoutSeconds; the time waited is written to
 //     the record (waitedMs) so a later attempt keeps it out as well;
 //   - the record says what it waits for (waiting: {for, since, ...}),
@@ -146,115 +146,18 @@ func (h *slotHold) take(ctx context.Context) bool {
 	return true
 }
 
-// runClock is a run's timeout with the time spent waiting left out: the
-// deadline is end + waited, and while paused nothing expires.
-type runClock struct {
-	mu       sync.Mutex
-	end      time.Time     // the first attempt's start + the timeout
-	waited   time.Duration // finished pauses, this attempt's and earlier ones'
-	pauses   int
-	pausedAt time.Time
-	expired  bool
-	timer    *time.Timer
-	fire     func()
+// waitPlaces are the worker's waiting runs (guarded by mu): waiting of
+// them wait now, offSlot of them without a slot; held places (at most
+// MaxWaiting) are held by the runs off their slots and those about to
+// be; queue are the runs waiting on their slots for a place, first come
+// first.
+type waitPlaces struct {
+	mu      sync.Mutex
+	waiting int
+	offSlot int
+	held    int
+	queue   []*run
 }
-
-// newRunClock starts a clock that calls fire once end + waited passes
-// outside pauses. A non-zero pausedSince creates it paused from then (an
-// earlier attempt's wait goes on): a deadline already past must not fire
-// before the pause.
-func newRunClock(end time.Time, waited time.Duration, pausedSince time.Time, fire func()) *runClock {
-	c := &runClock{end: end, waited: waited, fire: fire}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !pausedSince.IsZero() {
-		c.pauses = 1
-		c.pausedAt = pausedSince
-		if now := time.Now(); pausedSince.After(now) {
-			c.pausedAt = now
-		}
-	}
-	// Created under mu: an expire that runs at once sees the pause.
-	c.timer = time.AfterFunc(time.Until(end.Add(waited)), c.expire)
-	if c.pauses > 0 {
-		c.timer.Stop()
-	}
-	return c
-}
-
-func (c *runClock) expire() {
-	c.mu.Lock()
-	if c.pauses > 0 || c.expired {
-		c.mu.Unlock()
-		return
-	}
-	if d := time.Until(c.end.Add(c.waited)); d > 0 {
-		c.timer.Reset(d) // moved by a pause that ended meanwhile
-		c.mu.Unlock()
-		return
-	}
-	c.expired = true
-	c.mu.Unlock()
-	c.fire()
-}
-
-// pause stops the clock from since (a resumed wait started before this
-// attempt: since is its original start). Pauses nest.
-func (c *runClock) pause(since time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pauses++; c.pauses == 1 {
-		c.pausedAt = since
-		if now := time.Now(); since.IsZero() || since.After(now) {
-			c.pausedAt = now
-		}
-		c.timer.Stop()
-	}
-}
-
-// resume ends one pause; the last one adds its time to waited.
-func (c *runClock) resume() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pauses == 0 {
-		return
-	}
-	if c.pauses--; c.pauses == 0 {
-		c.waited += time.Since(c.pausedAt)
-		c.pausedAt = time.Time{}
-		if !c.expired {
-			c.timer.Reset(time.Until(c.end.Add(c.waited)))
-		}
-	}
-}
-
-// state returns the finished pauses' time and the current pause's start
-// (zero when running).
-func (c *runClock) state() (waited time.Duration, pausedAt time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.waited, c.pausedAt
-}
-
-// deadline is when the run times out if it does not wait again (zero
-// while paused).
-func (c *runClock) deadline() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pauses > 0 {
-		return time.Time{}
-	}
-	return c.end.Add(c.waited)
-}
-
-// timedOut reports whether the clock fired.
-func (c *runClock) timedOut() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.expired
-}
-
-func (c *runClock) stop() { c.timer.Stop() }
 
 // waitState is a run's waits now (guarded by its own mutex; see
 // waitOffSlot).
@@ -314,13 +217,13 @@ func (r *run) enterWait(what string, since time.Time) {
 	}
 	ws.now.Store(&waitInfo{what: what, since: since})
 	if r.clock != nil {
-		r.clock.pause(since)
+		r.clock.Pause(since)
 	}
 	w := r.w
-	w.waitMu.Lock()
-	w.waitingRuns++
-	n := w.waitingRuns
-	w.waitMu.Unlock()
+	w.places.mu.Lock()
+	w.places.waiting++
+	n := w.places.waiting
+	w.places.mu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
 	r.leaveSlotLocked()
 	r.hb.now()
@@ -338,9 +241,9 @@ func (r *run) leaveSlotLocked() {
 		return // queued: takeHandedPlace leaves the slot once a place frees
 	}
 	w := r.w
-	w.waitMu.Lock()
-	w.offSlot++
-	w.waitMu.Unlock()
+	w.places.mu.Lock()
+	w.places.offSlot++
+	w.places.mu.Unlock()
 	ws.offSlot = true
 	r.slot.release()
 }
@@ -350,14 +253,14 @@ func (r *run) leaveSlotLocked() {
 // (with MaxWaiting above 0). ws.mu is held.
 func (r *run) takePlaceLocked(queue bool) bool {
 	w := r.w
-	w.waitMu.Lock()
-	ok := w.places < w.cfg.MaxWaiting
+	w.places.mu.Lock()
+	ok := w.places.held < w.cfg.MaxWaiting
 	if ok {
-		w.places++
-	} else if queue && w.cfg.MaxWaiting > 0 && !slices.Contains(w.placeQueue, r) {
-		w.placeQueue = append(w.placeQueue, r)
+		w.places.held++
+	} else if queue && w.cfg.MaxWaiting > 0 && !slices.Contains(w.places.queue, r) {
+		w.places.queue = append(w.places.queue, r)
 	}
-	w.waitMu.Unlock()
+	w.places.mu.Unlock()
 	r.wait.place = ok
 	return ok
 }
@@ -378,14 +281,14 @@ func (r *run) dropPlaceLocked() *run {
 // freePlace gives a place back: to the first queued run (returned, to be
 // handed it with handPlace), else to the pool.
 func (w *Worker) freePlace() *run {
-	w.waitMu.Lock()
-	defer w.waitMu.Unlock()
-	if len(w.placeQueue) > 0 {
-		next := w.placeQueue[0]
-		w.placeQueue = slices.Delete(w.placeQueue, 0, 1)
+	w.places.mu.Lock()
+	defer w.places.mu.Unlock()
+	if len(w.places.queue) > 0 {
+		next := w.places.queue[0]
+		w.places.queue = slices.Delete(w.places.queue, 0, 1)
 		return next
 	}
-	w.places--
+	w.places.held--
 	return nil
 }
 
@@ -417,10 +320,10 @@ func (r *run) takeHandedPlace() *run {
 // last wait ended). ws.mu is held.
 func (r *run) leavePlaceQueueLocked() {
 	w := r.w
-	w.waitMu.Lock()
-	defer w.waitMu.Unlock()
-	if i := slices.Index(w.placeQueue, r); i >= 0 {
-		w.placeQueue = slices.Delete(w.placeQueue, i, i+1)
+	w.places.mu.Lock()
+	defer w.places.mu.Unlock()
+	if i := slices.Index(w.places.queue, r); i >= 0 {
+		w.places.queue = slices.Delete(w.places.queue, i, i+1)
 	}
 }
 
@@ -488,9 +391,9 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 			r.slot.take(ctx)
 		}
 		ws.offSlot = false
-		w.waitMu.Lock()
-		w.offSlot--
-		w.waitMu.Unlock()
+		w.places.mu.Lock()
+		w.places.offSlot--
+		w.places.mu.Unlock()
 	}
 	next = r.dropPlaceLocked()
 	if ws.n > 0 {
@@ -500,13 +403,13 @@ func (r *run) leaveWait(ctx context.Context, handedBack bool) {
 	if !handedBack {
 		ws.now.Store(nil)
 		if r.clock != nil {
-			r.clock.resume()
+			r.clock.Resume()
 		}
 	}
-	w.waitMu.Lock()
-	w.waitingRuns--
-	n := w.waitingRuns
-	w.waitMu.Unlock()
+	w.places.mu.Lock()
+	w.places.waiting--
+	n := w.places.waiting
+	w.places.mu.Unlock()
 	w.obs.RunsWaiting(r.info(), n)
 	r.hb.now()
 }
@@ -529,9 +432,9 @@ func (w *Worker) drainCtx() context.Context {
 
 // OffSlot returns how many runs wait without a slot now.
 func (w *Worker) OffSlot() int {
-	w.waitMu.Lock()
-	defer w.waitMu.Unlock()
-	return w.offSlot
+	w.places.mu.Lock()
+	defer w.places.mu.Unlock()
+	return w.places.offSlot
 }
 
 // handBackWhileWaiting stops a run whose wait the worker's drain ended:
@@ -546,9 +449,9 @@ func (r *run) handBackWhileWaiting() {
 		r.awaitToolsIdle(r.w.hardCtx)
 		r.waitHandedBack.Store(true)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 5*time.Second)
-		_ = r.pub.sync(ctx)
+		_ = r.pub.Sync(ctx)
 		cancel()
-		r.pub.fence()
+		r.pub.Fence()
 		r.stop()
 	})
 }
@@ -578,11 +481,11 @@ func (r *run) awaitToolsIdle(ctx context.Context) {
 // counts waiting hand-backs (waitHandBacks) so the give-up leaves them out.
 func (r *run) handBackWaiting() {
 	r.endHeartbeat()
-	r.pub.abandon()
+	r.pub.Abandon()
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	r.waitingHandBacks++
-	if err := r.lease.renew(ctx, r.record(bus.StateRunning)); err != nil {
+	r.earlier.waitingHandBacks++
+	if err := r.lease.Renew(ctx, r.record(bus.StateRunning)); err != nil {
 		if errors.Is(err, errLeaseLost) {
 			r.log.Warn("run stopped: lease lost to a newer attempt")
 			return

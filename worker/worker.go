@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,20 +19,24 @@ import (
 	"github.com/agentfleet/agentfleet/budget"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/ratelimit"
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/peers"
 )
 
 // Worker takes run requests from its queues and runs them. Create it with
 // New and start it with Run.
 type Worker struct {
-	cfg   Config
-	c     *bus.Client
-	js    jetstream.JetStream
-	acks  *eventAcks  // the event publishers' acks (acks.go), from Run on
-	batch *eventBatch // event batches (batch.go), from Run on; nil: none
-	names bus.Names
-	log   *slog.Logger
-	obs   Observer
-	id    string
+	cfg Config
+	c   *bus.Client
+	js  jetstream.JetStream
+	// events is what the runs' event publishers share, from Run on.
+	events *eventpub.Env
+	names  bus.Names
+	log    *slog.Logger
+	obs    Observer
+	id     string
 
 	scratch scratchPool // the listeners' event buffers (listener.go)
 
@@ -43,26 +46,16 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
-	// eventReads bounds this worker's reads of stored events, each within
-	// eventReadTimeout once it has its slot (eventread.go).
-	eventReads       chan struct{}
-	eventReadTimeout time.Duration
-	// storedReads bounds this worker's re-sends reading what the stream
-	// holds (publish.go reconcile).
-	storedReads chan struct{}
+	reads eventReads // this worker's reads of stored events (eventread.go)
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
 
 	controlStream jetstream.Stream
-	// skipPickupRead tells which queues' first deliveries skip the
-	// record read (worker/pickupread.go); consumerCheck is how often it
-	// is read again from the consumers.
-	skipPickupRead pickupReads
-	consumerCheck  time.Duration
-	runsStream     jetstream.Stream
-	eventsStream   jetstream.Stream // a re-send reads what is stored (publish.go)
-	kv             jetstream.KeyValue
+	pickupReads   pickupReads // which first deliveries skip the record read (pickupread.go)
+	runsStream    jetstream.Stream
+	kv            jetstream.KeyValue
+	leases        *lease.Env // the runs' leases on their records, from Run on
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
 	hardCtx    context.Context
@@ -70,11 +63,11 @@ type Worker struct {
 
 	ready chan struct{}
 
-	hooks testHooks // nil funcs outside tests
+	signals signals // tests' (signals.go); zero in production
 
 	mu    sync.Mutex
 	runs  map[string]*run
-	cover controlCoverage // which first attempts skip the pickup read (coverage.go)
+	cover *intake.ControlCoverage // which first attempts skip the control read (coverage.go)
 	// coverageAudit is how often the coverage is checked against the
 	// control stream (coverage.go).
 	coverageAudit time.Duration
@@ -82,24 +75,16 @@ type Worker struct {
 	ctlSub *nats.Subscription
 	wg     sync.WaitGroup
 
-	peerCache peerCache // the other workers' presence, for bad requests (presence.go)
+	peers *peers.Cache // the other workers' presence, for bad requests (internal/peers)
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
 
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context
-	// Waiting runs (waiting.go): waitingRuns wait now, offSlot of them
-	// without a slot; places (at most MaxWaiting) are held by the runs
-	// off their slots and those about to be; placeQueue are the runs
-	// waiting on their slots for a place, first come first.
-	waitMu      sync.Mutex
-	waitingRuns int
-	offSlot     int
-	places      int
-	placeQueue  []*run
-	junk        junkLog      // requests with an invalid subject (run.go)
-	tracer      trace.Tracer // nil when not tracing (trace.go)
+	places waitPlaces   // the waiting runs' places (waiting.go)
+	junk   junkLog      // requests with an invalid subject (run.go)
+	tracer trace.Tracer // nil when not tracing (trace.go)
 }
 
 // Run creates a worker and runs it until ctx is cancelled; see Worker.Run.
@@ -142,18 +127,17 @@ func New(cfg Config) (*Worker, error) {
 		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(),
 		log: cfg.Logger.With("worker", id), obs: cfg.Observer, id: id,
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
-		defaultModel:     def,
-		slots:            make(chan struct{}, cfg.Concurrency),
-		eventReads:       make(chan struct{}, maxEventReads),
-		eventReadTimeout: eventReadTimeout,
-		storedReads:      make(chan struct{}, maxStoredReads),
-		runs:             map[string]*run{},
-		cover:            newControlCoverage(),
-		coverageAudit:    5 * time.Second,
-		consumerCheck:    10 * time.Second,
-		ready:            make(chan struct{}),
-		queueSlots:       map[string]chan struct{}{},
+		defaultModel:  def,
+		slots:         make(chan struct{}, cfg.Concurrency),
+		reads:         eventReads{slots: make(chan struct{}, maxEventReads), timeout: eventReadTimeout},
+		runs:          map[string]*run{},
+		cover:         intake.NewControlCoverage(),
+		coverageAudit: 5 * time.Second,
+		pickupReads:   pickupReads{every: 10 * time.Second},
+		ready:         make(chan struct{}),
+		queueSlots:    map[string]chan struct{}{},
 	}
+	w.peers = peers.New(id, cfg.Client.ListWorkers, w.log)
 	for q, n := range cfg.QueueConcurrency {
 		if err := bus.CheckQueue(q); err != nil {
 			return nil, fmt.Errorf("worker: queue concurrency: %w", err)
@@ -182,11 +166,11 @@ func New(cfg Config) (*Worker, error) {
 	sort.Strings(w.toolNames)
 	for name, p := range cfg.Providers {
 		if p != nil {
-			w.providers[name] = meteredProvider{p} // worker/settle.go
+			w.providers[name] = p
 		}
 	}
 	if w.providers["faux"] == nil {
-		w.providers["faux"] = meteredProvider{DemoProvider()}
+		w.providers["faux"] = DemoProvider()
 	}
 	if w.providers[def.Provider] == nil {
 		return nil, fmt.Errorf("worker: default model %s: no provider %q is configured", def, def.Provider)
@@ -204,13 +188,6 @@ func (w *Worker) ID() string { return w.id }
 
 // ToolNames returns the names of the tools runs may use.
 func (w *Worker) ToolNames() []string { return append([]string(nil), w.toolNames...) }
-
-func (w *Worker) maxPayload() int64 {
-	if n := w.c.Conn().MaxPayload(); n > 0 {
-		return n
-	}
-	return 1 << 20
-}
 
 // streamsConfig is what the worker ensures: its streams config with its
 // queues and delivery settings.
@@ -244,6 +221,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.kv, err = w.c.Records(setup); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	w.leases = &lease.Env{KV: w.kv, Worker: w.id, Read: w.getRecord}
 	consumers := make([]jetstream.Consumer, len(w.cfg.Queues))
 	for i, q := range w.cfg.Queues {
 		if consumers[i], err = w.js.Consumer(setup, w.names.RunsStream(), w.names.Consumer(q)); err != nil {
@@ -253,52 +231,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
-	w.warnStreamSettings(consumers)                     // worker/orphans.go
-	defer w.learnPickupReads(w.cfg.Queues, consumers)() // worker/pickupread.go
-	if w.acks, err = startEventAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.hooks.beforeAcksSweep); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	defer w.acks.close() // after the runs: Run returns once they are done
-	sub, err := w.c.Conn().Subscribe(w.names.Republished(), w.onControl)
+	w.warnStreamSettings(consumers) // worker/orphans.go
+	stopServices, err := startServices(setup, w.services(consumers))
 	if err != nil {
-		return fmt.Errorf("worker: control subscription: %w", err)
+		return err
 	}
-	sub.SetPendingLimits(-1, 64<<20)
-	defer func() { _ = sub.Unsubscribe() }()
-	w.ctlSub = sub
-
-	if w.eventsStream, err = w.c.JetStream().Stream(setup, w.names.EventsStream()); err != nil {
-		return fmt.Errorf("worker: events stream: %w", err)
-	}
-	if ec := w.eventsStream.CachedInfo().Config; !w.cfg.NoEventBatches && ec.AllowBatchPublish &&
-		slices.Contains(ec.Subjects, w.names.EventBatches()) {
-		if w.batch, err = startEventBatch(w.c.Conn(), w.acks, w.names.EventBatches()); err != nil {
-			return fmt.Errorf("worker: %w", err)
-		}
-		defer w.batch.close() // after the runs, like acks
-		w.batch.probeOrOff(setup, w.log, reprobeEvery)
-	}
-	// The subscription is known to the server (a flush) before the
-	// coverage's first renew reads the streams.
-	if err := w.c.Conn().FlushWithContext(setup); err != nil {
-		return fmt.Errorf("worker: control subscription: %w", err)
-	}
-	defer w.startCoverage(setup)()                  // worker/coverage.go
-	stopRateLimits, err := w.startRateLimits(setup) // worker/ratelimit.go
-	if err != nil {
-		return fmt.Errorf("worker: shared rate limits: %w", err)
-	}
-	defer stopRateLimits()
-	stopBudgets, err := w.startBudgets(setup) // worker/tenant.go
-	if err != nil {
-		return fmt.Errorf("worker: tenant budgets: %w", err)
-	}
-	defer stopBudgets()
-	stopGiveUp := w.startGiveUp(setup)
-	stopToolSources := w.startToolSources(setup) // worker/toolsources.go
-	defer stopToolSources()
-	stopPresence := w.startPresence() // worker/presence.go
-	defer stopPresence()
+	defer stopServices() // after the runs: Run returns once they are done
 
 	loops := make([]int, len(w.cfg.Queues))
 	total := 0
@@ -307,14 +245,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		total += loops[i]
 	}
 	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, total)
-	prs := make([][]*pullRequests, len(w.cfg.Queues))
+	prs := make([][]*intake.Puller, len(w.cfg.Queues))
 	for i := range w.cfg.Queues {
 		for range loops[i] {
-			pr, err := newPullRequests(w.c.Conn(), consumers[i])
+			pr, err := intake.NewPuller(w.c.Conn(), consumers[i])
 			if err != nil {
 				for _, q := range prs {
 					for _, pr := range q {
-						pr.close()
+						pr.Close()
 					}
 				}
 				return fmt.Errorf("worker: %w", err)
@@ -332,7 +270,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	for i, q := range w.cfg.Queues {
 		for _, pr := range prs[i] {
 			pullers.Go(func() {
-				defer pr.close()
+				defer pr.Close()
 				w.pull(ctx, q, pr, fetchBytes)
 			})
 		}
@@ -352,7 +290,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.hardCancel()
 		<-done
 	}
-	stopGiveUp()
 	w.log.Info("worker stopped")
 	return nil
 }
@@ -389,17 +326,12 @@ func fetchBytesPerLoop(total, loops int) int {
 	return max(total/max(loops, 1), largestRequestMsg)
 }
 
-// shortFetchWait bounds a fetch of several: it ends once the consumer has
-// nothing more, or at this expiry (at MaxAckPending the server neither
-// serves nor ends a no_wait request without one).
-const shortFetchWait = 5 * time.Millisecond
-
 // pull takes requests from one queue, one per free slot: it takes every
 // free slot, asks for at most that many messages and fetchBytes bytes
 // without waiting, gives back the slots it got nothing for, and when
 // nothing is pending parks one long pull holding one slot. No message is ever fetched without a slot for it, so none waits in
 // a buffer while its AckWait runs.
-func (w *Worker) pull(ctx context.Context, queue string, pr *pullRequests, fetchBytes int) {
+func (w *Worker) pull(ctx context.Context, queue string, pr *intake.Puller, fetchBytes int) {
 	log := w.log.With("queue", queue)
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
@@ -505,13 +437,13 @@ func giveBack(slots chan struct{}, what string) {
 // it as a slow consumer past max_pending. A request that does not fit is
 // left for the next fetch (the long pull of one has no byte bound, so
 // one larger than maxBytes is taken too).
-func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *pullRequests, n, maxBytes int) int {
+func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int) int {
 	short := maxBytes > 0
 	wait := w.longPollWait()
 	if short {
-		wait = shortFetchWait
+		wait = intake.ShortWait
 	}
-	got, err := pr.fetch(n, maxBytes, wait, func(m jetstream.Msg) {
+	got, err := pr.Fetch(n, maxBytes, wait, func(m jetstream.Msg) {
 		if ctx.Err() != nil {
 			// Stopping: hand it back at once.
 			_ = m.Nak()
@@ -526,10 +458,10 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *
 			w.handle(m, hold)
 		}()
 	})
-	var refused *errPullRefused
+	var refused *intake.RefusedError
 	switch {
 	case err == nil:
-	case errors.As(err, &refused) && (got > 0 || short || refused.leadershipChanged()):
+	case errors.As(err, &refused) && (got > 0 || short || refused.LeadershipChanged()):
 		// Only a long pull refused at once waits (holding its one slot); a
 		// leader change ends every parked pull: they pull again at once.
 		log.Debug("fetch ended", "err", err)
@@ -582,7 +514,7 @@ func (w *Worker) onControl(m *nats.Msg) {
 	if err == nil {
 		r = w.runs[runID]
 	}
-	w.cover.saw(seq, runID, r != nil || err != nil)
+	w.cover.Saw(seq, runID, r != nil || err != nil)
 	// Under the lock (offer never blocks): a run whose pickup finds
 	// nothing noted has every message claimed for it in its inbox.
 	ignored := r != nil && !r.ctl.offer(kind, m)
@@ -614,44 +546,4 @@ func (w *Worker) providerNames() string {
 	}
 	sort.Strings(names)
 	return strings.Join(names, ", ")
-}
-
-// testHooks let tests stop a run at the steps whose races they pin. Each
-// is called when set:
-type testHooks struct {
-	// each time a run's agent went idle, before the worker looks for late
-	// control messages;
-	beforeIdleCheck func(runID string)
-	// before each read of the control stream by a run's control owner;
-	beforeCatchUpRead func(runID string)
-	// before each event a publisher re-sends;
-	beforeEventResend func(seq uint64)
-	// before each pass of the event acks' sweep (acks.go);
-	beforeAcksSweep func()
-	// before a re-send takes a slot to read what its run's subject holds;
-	beforeStoredRead func(p *publisher)
-	// before a re-send ends by sending the events it held from seq on;
-	beforeHeldSend func(seq uint64)
-	// before an event goes to the event batch, after its publisher's checks;
-	beforeBatchSend func(p *publisher, seq uint64)
-	// before an event goes out singly (not in a batch, not re-sent);
-	beforeSingleSend func(p *publisher, seq uint64)
-	// once a run takes control messages, before its control owner starts;
-	afterRegister func(r *run)
-	// by a run's first control owner once it let the run go on;
-	afterOwnerStarted func(r *run)
-	// once a run's control owner has started, before the agent's first call;
-	afterControlStart func(r *run)
-	// before a finished run acknowledges its request;
-	beforeRequestAck func(runID string)
-	// before each read of a run's record;
-	beforeRecordRead func(runID string)
-	// before a later attempt reads its run's events to resume;
-	beforeResume func(runID string)
-	// before a finish (or a run_finished published from a finished
-	// record) publishes run_finished.
-	beforeRunFinished func(runID string)
-	// before each try to read a gated call's fence (approval.go), with
-	// the try's context: an error it returns is the try's.
-	fenceRead func(ctx context.Context) error
 }

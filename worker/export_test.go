@@ -1,0 +1,12 @@
+package worker
+
+import "github.com/agentfleet/agentfleet/worker/internal/metering"
+
+// For the package's external tests (package worker_test).
+
+// CallInputTokens is a call's input estimate: the spending tests price a
+// call as the worker does.
+var CallInputTokens = metering.CallInputTokens
+
+// EstimateTokens is a call's rate-limit reservation.
+var EstimateTokens = metering.Reservation

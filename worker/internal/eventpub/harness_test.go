@@ -1,0 +1,174 @@
+package eventpub
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testWorker is what a worker gives its publishers, on an embedded
+// server: the tests reach into its acks and batch as the worker's own
+// tests did.
+type testWorker struct {
+	c           *bus.Client
+	names       bus.Names
+	acks        *Acks
+	batch       *Batch // nil: no batches
+	env         *Env
+	signals     *Signals
+	obs         Metrics
+	log         *slog.Logger
+	storedReads chan struct{}
+	hardCtx     context.Context
+	hardCancel  context.CancelFunc
+}
+
+// testConfig is what a test may set of a worker's publishing.
+type testConfig struct {
+	NoEventBatches    bool
+	SkipEnsureStreams bool
+	AckWait           time.Duration // the re-send budget; default 60s
+	PublishAckTimeout time.Duration // default 15s
+	Observer          Metrics
+}
+
+// nopMetrics counts nothing; tests embed it.
+type nopMetrics struct{}
+
+func (nopMetrics) EventPublished()           {}
+func (nopMetrics) PublishFailed(error)       {}
+func (nopMetrics) PublishWait(time.Duration) {}
+
+// connectTestServer starts an embedded server and connects a client; both
+// end with the test.
+func connectTestServer(t testing.TB) *bus.Client {
+	t.Helper()
+	c, _ := startTestServer(t)
+	return c
+}
+
+// startTestServer starts an embedded server for the test, which it may
+// shut down, and connects to it.
+func startTestServer(t testing.TB) (*bus.Client, *natsembed.Server) {
+	t.Helper()
+	return startTestServerWith(t, natsembed.Options{})
+}
+
+// startTestServerWith is startTestServer with o's settings (port, store
+// and bounds are the test's).
+func startTestServerWith(t testing.TB, o natsembed.Options) (*bus.Client, *natsembed.Server) {
+	t.Helper()
+	o.Port, o.StoreDir, o.MaxMemory, o.MaxStore = -1, t.TempDir(), 64<<20, 1<<30
+	srv, err := natsembed.Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, srv
+}
+
+// startInternal sets up a worker's publishing on an embedded server until
+// the test ends; hooks are set before it starts.
+func startInternal(t testing.TB, cfg testConfig, hooks func(w *testWorker)) (*testWorker, *bus.Client) {
+	t.Helper()
+	return startInternalOn(t, connectTestServer(t), cfg, hooks)
+}
+
+// startInternalOn is startInternal on a given connection, as the worker's
+// Run sets it up. Once the test ends, every publisher must have been
+// flushed or abandoned.
+func startInternalOn(t testing.TB, c *bus.Client, cfg testConfig, hooks func(w *testWorker)) (*testWorker, *bus.Client) {
+	t.Helper()
+	if cfg.AckWait <= 0 {
+		cfg.AckWait = 60 * time.Second
+	}
+	if cfg.PublishAckTimeout <= 0 {
+		cfg.PublishAckTimeout = 15 * time.Second
+	}
+	w := &testWorker{c: c, names: c.Names(), signals: &Signals{}, obs: cfg.Observer,
+		log: slog.New(slog.DiscardHandler), storedReads: make(chan struct{}, MaxStoredReads)}
+	if w.obs == nil {
+		w.obs = nopMetrics{}
+	}
+	w.hardCtx, w.hardCancel = context.WithCancel(context.Background())
+	t.Cleanup(w.hardCancel)
+	if hooks != nil {
+		hooks(w)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if !cfg.SkipEnsureStreams {
+		if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream, err := c.JetStream().Stream(ctx, w.names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.acks, err = StartAcks(c.Conn(), cfg.PublishAckTimeout, w.signals); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.acks.Close()
+		w.acks.mu.Lock()
+		defer w.acks.mu.Unlock()
+		if n := len(w.acks.pubs); n > 0 {
+			t.Errorf("%d event publishers were neither flushed nor abandoned", n)
+		}
+	})
+	if !cfg.NoEventBatches && BatchesAllowed(stream.CachedInfo().Config, w.names) {
+		if w.batch, err = StartBatch(c.Conn(), w.acks, w.names.EventBatches()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.batch.Close) // before the acks close, as in the worker
+		w.batch.ProbeOrOff(ctx, w.log, ReprobeEvery)
+	}
+	w.env = &Env{Conn: c.Conn(), Names: w.names, Stream: stream, Acks: w.acks, Batch: w.batch,
+		Window: 256, AckTimeout: cfg.PublishAckTimeout, Budget: cfg.AckWait, Worker: "w-test",
+		StoredReads: w.storedReads, Stop: w.hardCtx, Log: w.log, Metrics: w.obs, Signals: w.signals}
+	return w, c
+}
+
+// newPublisher starts a publisher of the run's attempt.
+func newPublisher(w *testWorker, run string, attempt int, onFail func(error)) *Publisher {
+	return New(w.env, Attempt{Run: run, Attempt: attempt}, onFail)
+}
+
+// within receives from ch, or fails the test after d.
+func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: nothing within %s", what, d)
+		var zero T
+		return zero
+	}
+}
+
+// until polls ok until it holds, for at most 20 s.
+func until(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 20 s for %s", what)
+		}
+	}
+}
