@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -112,7 +111,7 @@ func (r *run) finish(e ending) error {
 		start := time.Now()
 		err := r.lease.WriteFinal(ctx, e.record)
 		r.traceStep(spanRecord, start, err)
-		if errors.Is(err, errLeaseLost) {
+		if leaseGone(err) {
 			r.abandon("run stopped at its end: lease lost to a newer attempt")
 			return err
 		}
@@ -175,7 +174,7 @@ func (r *run) stillOwned(ctx context.Context) bool {
 	if !r.lease.Written() {
 		return true // never taken (a reused id): the request is this attempt's to settle
 	}
-	return !errors.Is(r.lease.Renew(ctx, r.record(bus.StateRunning)), errLeaseLost)
+	return !leaseGone(r.lease.Renew(ctx, r.record(bus.StateRunning)))
 }
 
 // abandon stops an attempt whose lease a newer attempt took: nothing more

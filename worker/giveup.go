@@ -223,7 +223,7 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		end := r.traceGaveUp(req.Header) // trace.go: the give-up is an attempt too
 		err := r.finishGaveUp(ctx, rec, req.Data, adv.Deliveries, removeRequest)
 		end(err)
-		if err != nil && !errors.Is(err, errLeaseLost) {
+		if err != nil && !leaseGone(err) {
 			return err
 		}
 	}

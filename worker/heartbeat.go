@@ -18,6 +18,13 @@ import (
 // compare-and-set failed); the attempt publishes nothing more.
 var errLeaseLost = lease.ErrLost
 
+// leaseGone reports whether err says another attempt owns the run: the
+// lease's compare-and-set failed, or the publisher was fenced for it (one
+// error before the two parts had one each).
+func leaseGone(err error) bool {
+	return errors.Is(err, lease.ErrLost) || errors.Is(err, eventpub.ErrFenced)
+}
+
 // errWorkerStopping: the hard stop cut a wait or a read short (a
 // re-send's, a turn's, a resume's); the run is handed back as any run at a
 // hard stop is. It is the publishers' own: one hard stop, whoever saw it.
@@ -102,7 +109,7 @@ func (h *heartbeat) beat() {
 		ctx, cancel := context.WithTimeout(r.w.hardCtx, max(r.w.cfg.HeartbeatInterval, time.Second))
 		err := r.lease.Renew(ctx, r.record(bus.StateRunning))
 		cancel()
-		if err != nil && !errors.Is(err, errLeaseLost) {
+		if err != nil && !leaseGone(err) {
 			r.log.Warn("lease renewal failed; retrying at the next heartbeat", "err", err)
 		}
 		if !poked {

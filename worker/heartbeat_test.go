@@ -1,8 +1,13 @@
 package worker
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
 
 // A run's first beat comes in the interval's second half, at a point of
@@ -22,5 +27,19 @@ func TestFirstBeatsAreSpreadOverTheSecondHalf(t *testing.T) {
 	}
 	if len(seen) < 900 || hi-lo < interval/3 {
 		t.Fatalf("1,000 first beats took %d values within %v: not spread", len(seen), hi-lo)
+	}
+}
+
+// Both ways another attempt can own the run read as a lost lease: the
+// lease's failed compare-and-set, and a publisher fenced for it, wrapped
+// (as the give-up's "run_started not stored: %w" wraps it).
+func TestLeaseGoneKnowsBothErrors(t *testing.T) {
+	for _, err := range []error{lease.ErrLost, eventpub.ErrFenced, fmt.Errorf("give-up: run_started not stored: %w", eventpub.ErrFenced)} {
+		if !leaseGone(err) {
+			t.Errorf("%v: not a lost lease", err)
+		}
+	}
+	if leaseGone(errors.New("timeout")) || leaseGone(nil) {
+		t.Error("another error read as a lost lease")
 	}
 }

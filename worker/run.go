@@ -33,7 +33,7 @@ import (
 //     messages stored so far, then Prompt or Continue the agent until it
 //     is idle with nothing queued, the run is stopped (abort, limit,
 //     failure) or its deadline passes.
-//   - finish (finish.go): with its own deadline of one AckWait, counted
+//   - finish (endings.go): with its own deadline of one AckWait, counted
 //     from when it starts and not cancelled by the run's stop, store every
 //     event, write the final record, publish run_finished and settle the
 //     request. A run of any length finishes on its attempt.

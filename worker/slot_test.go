@@ -96,7 +96,7 @@ func TestRefusedPullBacksOff(t *testing.T) {
 }
 
 // A run's slot is given back twice, by construction: once its
-// run_finished is stored (finish.go) and again when the pull loop's
+// run_finished is stored (endings.go) and again when the pull loop's
 // goroutine sees the run return. It goes back once: another run's slot is
 // not freed by the second. The same holds for a slot taken again after a
 // wait without it (waiting.go).

@@ -81,7 +81,7 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 
 // slotHold is the concurrency slot (shared, plus its queue's own) a run
 // was started with. The run releases it once its run_finished is stored
-// (finish.go), else the pull loop's goroutine when the run returns, unless
+// (endings.go), else the pull loop's goroutine when the run returns, unless
 // the run gave it up and did not take it back.
 type slotHold struct {
 	w     *Worker
@@ -486,7 +486,7 @@ func (r *run) handBackWaiting() {
 	defer cancel()
 	r.earlier.waitingHandBacks++
 	if err := r.lease.Renew(ctx, r.record(bus.StateRunning)); err != nil {
-		if errors.Is(err, errLeaseLost) {
+		if leaseGone(err) {
 			r.log.Warn("run stopped: lease lost to a newer attempt")
 			return
 		}

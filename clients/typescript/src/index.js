@@ -118,7 +118,7 @@ function apiCode(err, code) {
 /**
  * Whether a NATS or JetStream failure is one that a reconnect, a new
  * leader or JetStream finishing its start cures (the Go client's
- * bus.Transient).
+ * internal/natserr.Transient).
  * @param {any} err
  */
 export function isTransient(err) {
