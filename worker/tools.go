@@ -74,7 +74,9 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 func (r *run) storedBeforeTheCall(ctx context.Context) error {
 	err := r.pub.Sync(ctx)
 	switch {
-	case ctx.Err() != nil: // also when the events were stored as it ended
+	case ctx.Err() != nil && r.tally.Aborted(): // also when stored as it ended
+		return errors.New("the run was aborted") // not "context canceled": the model and the person see why
+	case ctx.Err() != nil:
 		return fmt.Errorf("its run stopped: %w", ctx.Err())
 	case err != nil:
 		return err

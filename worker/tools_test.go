@@ -135,7 +135,9 @@ func TestAbortedToolSaysTheRunWasAborted(t *testing.T) {
 			result = ev.Agent.Result.Content[0].Text
 		}
 	}
-	if result != "tool sleep stopped: the run was aborted" {
+	// Stopped while it ran, or before it began (an abort that lands while
+	// the call waits for its start to be stored): either way, why.
+	if result != "tool sleep stopped: the run was aborted" && result != "tool sleep not run: the run was aborted" {
 		t.Fatalf("the aborted tool's result is %q", result)
 	}
 }
