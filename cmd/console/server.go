@@ -68,6 +68,7 @@ type server struct {
 	listScan     int
 	samples      *sampler
 	approverName string
+	answers      *answerMemo
 	heartbeat    time.Duration
 	longPoll     time.Duration
 	fleetReads   *fleetReads
@@ -118,6 +119,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		csrf:         newCSRF(),
 		records:      newRecordWatch(cfg.Client, cfg.Logger),
 		approverName: cfg.ApproverName,
+		answers:      newAnswerMemo(maxAnswers, answersFor),
 		listScan:     cfg.ListScan,
 		heartbeat:    cfg.Heartbeat,
 		longPoll:     cfg.LongPoll,
