@@ -30,6 +30,11 @@ const approvalsScan = 20_000
 // approvalsPage is the body of GET /api/approvals.
 type approvalsPage struct {
 	Calls []bus.PendingCall `json:"calls"`
+	// Scanned of Stored records read; Truncated: the scan stopped at its
+	// bound, so older waiting runs may be missing.
+	Scanned   int    `json:"scanned"`
+	Stored    uint64 `json:"stored"`
+	Truncated bool   `json:"truncated,omitempty"`
 	// AllowControl: the page shows the answer buttons.
 	AllowControl bool `json:"allowControl"`
 }
@@ -37,15 +42,16 @@ type approvalsPage struct {
 func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	calls, err := s.client.PendingApprovals(ctx, bus.ApprovalsOptions{Queue: r.URL.Query().Get("queue"), MaxScan: approvalsScan})
+	p, err := s.client.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Queue: r.URL.Query().Get("queue"), MaxScan: s.approvalsScan})
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "%v", err)
 		return
 	}
-	if calls == nil {
-		calls = []bus.PendingCall{}
+	out := approvalsPage{Calls: p.Calls, Scanned: p.Scanned, Stored: p.Stored, Truncated: p.Truncated, AllowControl: s.allowControl}
+	if out.Calls == nil {
+		out.Calls = []bus.PendingCall{}
 	}
-	writeJSON(w, http.StatusOK, approvalsPage{Calls: calls, AllowControl: s.allowControl})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // approveBody is the protocol's answer (§13) without "by": the console
@@ -347,11 +353,12 @@ func isStandardSchema(v any) bool {
 // /api/runs/{id}/answers/{seq}: the page shows the arguments an approver
 // edited as what ran.
 type answerInfo struct {
-	ToolCallID string         `json:"toolCallId"`
-	Decision   string         `json:"decision"`
-	By         string         `json:"by,omitempty"`
-	Reason     string         `json:"reason,omitempty"`
-	Arguments  map[string]any `json:"arguments,omitempty"`
+	ToolCallID string `json:"toolCallId"`
+	Decision   string `json:"decision"`
+	By         string `json:"by,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	// Raw: an edit to no arguments, {}, is kept.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
 }
 
 func (s *server) getAnswer(w http.ResponseWriter, r *http.Request) {
