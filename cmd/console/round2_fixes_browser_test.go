@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -120,9 +122,9 @@ func TestBrowserRoundTwoFixes(t *testing.T) {
 		b.open(page, "/")
 		b.do(page, "the runs page gives up on the stalled read and reads again",
 			wait(`document.getElementById("runs-body").children.length > 0`))
-		select {
+		select { // the server sees the abort once the connection closes
 		case <-abandoned:
-		default:
+		case <-ctx.Done():
 			t.Error("the stalled read was not abandoned by the page")
 		}
 		b.open(page, "/fleet")
@@ -130,6 +132,63 @@ func TestBrowserRoundTwoFixes(t *testing.T) {
 		if n := eval[int](b, page, `window.__fleetReads.most`); n != 1 {
 			t.Errorf("%d reads of the fleet at once under a slow server, want 1", n)
 		}
+	})
+
+	t.Run("a stalled control request is sent again", func(t *testing.T) {
+		const id = "steer-stall"
+		f.submit(gatedRun(id, "1+1")) // waits for approval: a live run to steer
+		var once sync.Once
+		stalledOne := make(chan struct{})
+		wrap := func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost && r.URL.Path == "/api/runs/"+id+"/steer" {
+					first := false
+					once.Do(func() { first = true })
+					if first { // no answer until the page gives up on it
+						// (the server sees a closed connection only once
+						// the body is read)
+						_, _ = io.Copy(io.Discard, r.Body)
+						<-r.Context().Done()
+						close(stalledOne)
+						return
+					}
+				}
+				h.ServeHTTP(w, r)
+			})
+		}
+		c := newConsoleWith(t, f, serverConfig{AllowControl: true, RequestTimeout: 2 * time.Second}, wrap)
+		c.waitRun(t, id, func(r bus.RunRecord) bool { return r.Waiting != nil })
+		b.t, b.base = t, c.URL
+		page := b.tab()
+		b.open(page, "/runs/"+id)
+		b.do(page, "steer through a stalled request",
+			wait(`document.getElementById("steer-text") !== null`),
+			setValue("#steer-text", "mind the units"),
+			chromedp.Evaluate[chromedp.Void](`document.getElementById("steer-form").requestSubmit()`),
+			wait(`document.getElementById("toast").textContent === "Steer: sent"`))
+		select { // the server sees the abort once the connection closes
+		case <-stalledOne:
+		case <-ctx.Done():
+			t.Error("the first request was not given up")
+		}
+		names := f.c.Names()
+		st, err := f.c.Stream(ctx, names.ControlStream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(names.Control(id, bus.KindSteer)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := info.State.Subjects[names.Control(id, bus.KindSteer)]; n != 1 {
+			t.Errorf("%d steers stored, want 1", n)
+		}
+		// Ended, so that the next subtest's fleet has no waiting run.
+		if _, err := f.c.SendControl(ctx, id, bus.KindAbort, bus.Control{Reason: "test over"}); err != nil {
+			t.Fatal(err)
+		}
+		c.waitRun(t, id, func(r bus.RunRecord) bool { return r.Finished() })
+		b.checkConsole()
 	})
 
 	// Last: it fills the bucket.

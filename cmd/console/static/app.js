@@ -96,20 +96,23 @@ function newKey() {
 // carries a key: one that got no answer (the connection dropped) may have
 // been stored, so it is sent again with the same key, which the stream
 // stores once (docs/console.md), a few times before the error is shown.
-// An error answer throws an Error with its status and body.
+// An error answer throws an Error with its status and body. Each attempt
+// has a timeout: a stalled one counts as unanswered.
 async function post(path, body, key) {
   const headers = { "Content-Type": "application/json", "X-CSRF-Token": session.csrf };
   if (key) headers["Idempotency-Key"] = key;
   for (let attempt = 1; ; attempt++) {
-    let r;
+    let r, out;
+    const timeout = AbortSignal.timeout(session.requestTimeoutMs);
     try {
-      r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}) });
+      r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}), signal: timeout });
+      out = await r.json().catch((e) => { if (timeout.aborted) throw e; return {}; });
     } catch (err) {
-      if (!key || attempt >= 3) throw err;
+      const e = timeout.aborted ? new Error("no answer in " + fmtDuration(session.requestTimeoutMs)) : err;
+      if (!key || attempt >= 3) throw e;
       await new Promise((done) => setTimeout(done, 250 * attempt));
       continue;
     }
-    const out = await r.json().catch(() => ({}));
     if (!r.ok) {
       const err = new Error(out.error || r.status + " " + r.statusText);
       err.status = r.status;
