@@ -132,8 +132,8 @@ export type ListOptions = {
   queue?: string;
   /** 0: no limit. */
   limit?: number;
-  /** A page's next (a records-stream sequence), or a time: records last written before it. */
-  before?: number | Date;
+  /** A page's nextCursor (or its next, a records-stream sequence), or a time: records last written before it. */
+  before?: string | number | Date;
   /** Records last written at or after this time. */
   since?: Date;
   /** Records read at most (default 100,000); -1: no bound. */
@@ -142,8 +142,10 @@ export type ListOptions = {
 
 export type RunPage = {
   records: RunRecord[];
-  /** Pass as before for the next page; 0 when nothing older is left. */
+  /** The records-stream sequence below which the next page's records are; 0 when nothing older is left. It skips the queued runs a full page left: page with nextCursor. */
   next: number;
+  /** Pass as before for the next page: every run listed once, queued ones too (§7, Listing runs); "" at the end. */
+  nextCursor: string;
   scanned: number;
   /** maxScan stopped the read before limit matches. */
   truncated: boolean;

@@ -541,7 +541,8 @@ export class Client {
    * A page of run records, the newest first (docs/protocol.md §7, "Listing
    * runs"): queued runs first on the first page, then records by when they
    * were last written. It reads only what the page needs. Pass the page's
-   * next as before for the next page.
+   * nextCursor as before for the next page (next, a sequence, skips the
+   * queued runs a full page left).
    * @param {import("./index.js").ListOptions} [o]
    * @returns {Promise<import("./index.js").RunPage>}
    */
@@ -550,31 +551,62 @@ export class Client {
     const state = o.state ?? "";
     const queue = o.queue ?? "";
     if (queue) checkQueue(queue);
-    const beforeSeq = typeof o.before === "number" ? o.before : 0;
+    let beforeSeq = typeof o.before === "number" ? o.before : 0;
+    /** @type {ListCursor | null} */
+    let qc = null;
+    if (typeof o.before === "string") {
+      const cur = parseListCursor(o.before);
+      if (cur.queued) qc = cur;
+      else beforeSeq = cur.seq;
+    }
     const beforeTime = o.before instanceof Date ? o.before : null;
     const since = o.since ?? null;
     /** @type {import("./index.js").RunPage} */
-    const page = { records: [], next: 0, scanned: 0, truncated: false };
-    const first = beforeSeq === 0 && !beforeTime;
+    const page = { records: [], next: 0, nextCursor: "", scanned: 0, truncated: false };
+    const first = beforeSeq === 0 && !beforeTime && !qc;
     const want = () => limit <= 0 || page.records.length < limit;
     try {
-      if (first && (state === "" || state === "queued")) {
-        for (const r of await this.listQueued(queue)) if (want()) page.records.push(r);
-      }
-      if (state === "queued") return page;
       const jsm = await this.jsm();
       const stream = this.names.recordsStream;
+      // The records' top is read before the queued runs: a run listed as
+      // queued has no record at or below it (§7, Listing runs).
       const info = await jsm.streams.info(stream);
       let lo = info.state.first_seq;
       let hi = info.state.last_seq;
       const top = hi;
+      const g = new DirectGetter(this, stream);
+      const now = Date.now();
+      if ((first || qc) && (state === "" || state === "queued")) {
+        const queued = await this.listQueued(queue);
+        /** @type {ListCursor} */
+        let cur = { queued: true, seq: 0, top, runsTop: queued.runsTop, after: "" };
+        let q = queued.runs;
+        if (qc) {
+          cur = qc;
+          q = mergeByID(q, await this.pickedUp(g, cur, hi, state, queue, page, now));
+        }
+        for (const r of q) {
+          if (r.id <= cur.after) continue;
+          if (!want()) { // queued runs are left: the next page goes on after the last listed
+            page.nextCursor = listCursorString({ ...cur, after: page.records[page.records.length - 1].id });
+            if (cur.top > 0) page.next = cur.top + 1;
+            return page;
+          }
+          page.records.push(r);
+        }
+      }
+      if (state === "queued") return page;
+      if (qc) beforeSeq = qc.top + 1; // the queued runs are done: the records as they were then
       if (!want()) {
-        if (info.state.messages > 0) page.next = hi + 1;
+        if (qc) hi = Math.min(hi, qc.top);
+        if (hi > 0) {
+          page.next = hi + 1;
+          page.nextCursor = String(page.next);
+        }
         return page;
       }
       const keyPrefix = `$KV.${this.names.recordsBucket}.`;
       if (beforeSeq > 0) hi = Math.min(hi, beforeSeq - 1);
-      const g = new DirectGetter(this, stream);
       if (beforeTime) {
         const seq = await g.seqAt(beforeTime, keyPrefix + ">");
         if (seq > 0) hi = Math.min(hi, seq - 1);
@@ -585,7 +617,6 @@ export class Client {
         lo = Math.max(lo, seq);
       }
       const maxScan = o.maxScan ?? DEFAULT_LIST_SCAN;
-      const now = Date.now();
       let window = FIRST_WINDOW;
       if (limit > 0 && state === "" && queue === "") window = 2 * limit + 8;
       while (hi >= lo && hi > 0 && want()) {
@@ -610,7 +641,9 @@ export class Client {
       }
       if (hi < lo || hi === 0) page.next = 0;
       if (first) await this.catchUp(g, page, state, queue, limit, top, now);
+      if (page.next > 0) page.nextCursor = String(page.next);
     } catch (err) {
+      if (err instanceof InvalidArgumentError) throw err;
       throw this.fleetError(err, "list", this.names.recordsStream);
     }
     return page;
@@ -690,22 +723,56 @@ export class Client {
   }
 
   /**
+   * The records written above a queued cursor's top (up to last) for
+   * requests at or below its runsTop, after its id: runs queued when the
+   * listing began and picked up since, which the records up to top do not
+   * hold.
+   * @param {DirectGetter} g @param {ListCursor} cur @param {number} last @param {string} state @param {string} queue
+   * @param {import("./index.js").RunPage} page @param {number} now
+   */
+  async pickedUp(g, cur, last, state, queue, page, now) {
+    const keyPrefix = `$KV.${this.names.recordsBucket}.`;
+    const seen = new Set();
+    const out = [];
+    for (let to = last; to > cur.top; ) { // newest first: a key's last write counts
+      const from = Math.max(cur.top + 1, to - MAX_WINDOW + 1);
+      const msgs = await g.range(from, to);
+      for (let i = msgs.length - 1; i >= 0; i--) {
+        const m = msgs[i];
+        if (!m.subject.startsWith(keyPrefix)) continue;
+        const id = m.subject.slice(keyPrefix.length);
+        if (seen.has(id)) continue;
+        seen.add(id);
+        if (!m.data || id <= cur.after) continue;
+        page.scanned++;
+        const r = this.listed(m, state, queue, now);
+        if (r && !((r.requestSeq ?? 0) > cur.runsTop)) out.push(r); // a later request: a run submitted since
+      }
+      to = from - 1;
+    }
+    return out;
+  }
+
+  /**
    * The requests that have no record yet, by id: the runs stream's pending
    * subjects (the backlog and the running runs), without those with a
-   * record (multi-last direct gets, 1,024 keys a request).
+   * record (multi-last direct gets, 1,024 keys a request); runsTop is the
+   * stream's last sequence (a later request is a run submitted since).
    * @param {string} queue
+   * @returns {Promise<{runs: any[], runsTop: number}>}
    */
   async listQueued(queue) {
     const jsm = await this.jsm();
     const filter = `${this.names.prefix}.submit.${queue || "*"}.*`;
     const info = await jsm.streams.info(this.names.runsStream, { subjects_filter: filter });
+    const runsTop = info.state.last_seq;
     /** @type {any[]} */
     const pending = [];
     for (const subj of Object.keys(info.state.subjects ?? {})) {
       const p = this.names.parseSubmit(subj);
       if (p) pending.push(queuedRecord(p.run, p.queue));
     }
-    if (pending.length === 0) return [];
+    if (pending.length === 0) return { runs: [], runsTop };
     const g = new DirectGetter(this, this.names.recordsStream);
     const have = new Set();
     const prefix = `$KV.${this.names.recordsBucket}.`;
@@ -713,7 +780,7 @@ export class Client {
       const subjects = pending.slice(i, i + 1024).map((r) => prefix + r.id);
       for (const m of await g.multiLast(subjects)) if (m.data) have.add(m.subject.slice(prefix.length));
     }
-    return pending.filter((r) => !have.has(r.id)).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    return { runs: pending.filter((r) => !have.has(r.id)).sort(byID), runsTop };
   }
 
   // ---- approvals ------------------------------------------------------------
@@ -770,6 +837,37 @@ function sameBytes(a, b) {
   if (a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;
+}
+
+/** @param {{id: string}} a @param {{id: string}} b */
+const byID = (a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+
+/**
+ * A page cursor (§7, Listing runs): a records-stream sequence, or, while
+ * queued runs are left, "q.<top>.<runsTop>.<id>".
+ * @typedef {{queued: boolean, seq: number, top: number, runsTop: number, after: string}} ListCursor
+ */
+
+/** @param {string} s @returns {ListCursor} */
+function parseListCursor(s) {
+  if (/^[0-9]+$/.test(s) && Number(s) > 0) return { queued: false, seq: Number(s), top: 0, runsTop: 0, after: "" };
+  const m = /^q\.([0-9]+)\.([0-9]+)\.([A-Za-z0-9_-]{1,64})$/.exec(s);
+  if (!m) throw new InvalidArgumentError(`invalid page cursor "${s.slice(0, 80)}"`);
+  return { queued: true, seq: 0, top: Number(m[1]), runsTop: Number(m[2]), after: m[3] };
+}
+
+/** @param {ListCursor} c */
+function listCursorString(c) {
+  return c.queued ? `q.${c.top}.${c.runsTop}.${c.after}` : String(c.seq);
+}
+
+/**
+ * Queued runs and records by id, a record replacing the queued run of its id.
+ * @param {any[]} queued @param {any[]} recs
+ */
+function mergeByID(queued, recs) {
+  const have = new Set(recs.map((r) => r.id));
+  return queued.filter((r) => !have.has(r.id)).concat(recs).sort(byID);
 }
 
 /** @param {string} id @param {string} queue @param {string} [submittedAt] @param {number} [requestSeq] */

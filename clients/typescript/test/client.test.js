@@ -336,6 +336,25 @@ test("list: newest first, filters, pages, queued runs", async () => {
   assert.ok(recent.records.some((r) => r.id === ids[0]));
 });
 
+test("list: queued runs past a full page come on the next pages, each once", async () => {
+  // A queue with no worker now: its runs stay queued.
+  const parked = await startWorker(["--nats", hub.url, "--queue", "paging"], { name: "paging" });
+  await parked.stop();
+  const ids = [];
+  for (let i = 0; i < 5; i++) ids.push((await client.submit({ prompt: `page ${i}` }, { queue: "paging" })).id);
+  ids.sort();
+  const seen = [];
+  let before = "";
+  for (let n = 0; n < 10; n++) {
+    const page = await client.list({ queue: "paging", limit: 2, ...(before ? { before } : {}) });
+    seen.push(...page.records.map((r) => r.id + ":" + r.state));
+    if (!page.nextCursor) break;
+    before = page.nextCursor;
+  }
+  assert.deepEqual(seen, ids.map((id) => id + ":queued"));
+  await assert.rejects(client.list({ before: "q.1.2.no good" }), InvalidArgumentError);
+});
+
 test("throughput: following one run of 20,000 deltas, against submit follow --json", async (t) => {
   const { id } = await client.submit(manyDeltas(20_000));
   let n = 0;
