@@ -54,7 +54,7 @@ type serverConfig struct {
 	// ListScan bounds the records one runs page reads; default listScan.
 	ListScan int
 	// RequestTimeout bounds each read of the page's script (its polls),
-	// besides LongPoll for a long-poll; default 15s.
+	// besides LongPoll for a long-poll; default 20s, above the bounds of the handlers (15 s at most).
 	RequestTimeout time.Duration
 	// ApprovalsScan bounds the records the approvals page reads; default
 	// approvalsScan.
@@ -97,7 +97,7 @@ func newServer(cfg serverConfig) (*server, error) {
 		cfg.LongPoll = 25 * time.Second
 	}
 	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = 15 * time.Second
+		cfg.RequestTimeout = 20 * time.Second
 	}
 	if cfg.MaxStreams == 0 {
 		cfg.MaxStreams = defaultMaxStreams

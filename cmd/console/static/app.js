@@ -9,7 +9,7 @@
 
 // requestTimeoutMs bounds each read (the server may say otherwise);
 // longPollMs is how long a runs page long-poll may wait besides.
-const session = { user: "", csrf: "", allowControl: false, requestTimeoutMs: 15000, longPollMs: 25000 };
+const session = { user: "", csrf: "", allowControl: false, requestTimeoutMs: 20000, longPollMs: 25000 };
 
 // el builds an element: attrs are properties or attributes, children are
 // nodes or strings (which become text nodes).
