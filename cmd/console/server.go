@@ -54,7 +54,8 @@ type serverConfig struct {
 	// ListScan bounds the records one runs page reads; default listScan.
 	ListScan int
 	// RequestTimeout bounds each read of the page's script (its polls),
-	// besides LongPoll for a long-poll; default 20s, above the bounds of the handlers (15 s at most).
+	// besides LongPoll for a long-poll; default 20s, above the handlers'
+	// own bounds (15 s at most).
 	RequestTimeout time.Duration
 	// ApprovalsScan bounds the records the approvals page reads; default
 	// approvalsScan.
