@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // TestBrowserRoundTwoFixes checks the fixes of issue 61's review in
@@ -188,6 +191,60 @@ func TestBrowserRoundTwoFixes(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.waitRun(t, id, func(r bus.RunRecord) bool { return r.Finished() })
+		b.checkConsole()
+	})
+
+	t.Run("queued runs paged once each", func(t *testing.T) {
+		// A fleet without workers: its runs stay queued.
+		fl := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default"}}})
+		idle := &testFleet{Fleet: fl, t: t, srv: fl.Server, c: fl.Client}
+		var ids []string
+		seqs := map[string]uint64{}
+		for i := range 30 {
+			id := fmt.Sprintf("queued-%02d", i)
+			res, err := fl.Client.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "wait"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, seqs[id] = append(ids, id), res.Seq
+		}
+		kv, err := fl.Client.Records(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, _ := json.Marshal(bus.RunRecord{ID: "finished-1", Queue: "default", State: bus.StatusSucceeded})
+		if _, err := kv.Put(ctx, "finished-1", done); err != nil {
+			t.Fatal(err)
+		}
+		c := newConsole(t, idle, serverConfig{})
+		b.t, b.base = t, c.URL
+		page := b.tab()
+		b.open(page, "/?limit=25")
+		b.do(page, "the first page: 25 queued runs", wait(`document.querySelectorAll("#runs-body tr[data-run]").length === 25`))
+		rows := func() []string {
+			return eval[[]string](b, page, `[...document.querySelectorAll("#runs-body tr[data-run]")].map((r) => r.dataset.run + ":" + r.dataset.state)`)
+		}
+		got := rows()
+		// Between the pages, a run not listed yet is picked up (its
+		// record written as a worker's would be).
+		picked, _ := json.Marshal(bus.RunRecord{ID: "queued-27", Queue: "default", State: bus.StateRunning, RequestSeq: seqs["queued-27"], HeartbeatAt: time.Now()})
+		if _, err := kv.Put(ctx, "queued-27", picked); err != nil {
+			t.Fatal(err)
+		}
+		b.do(page, "older", click(`#page-older`), wait(`document.getElementById("runs-body").dataset.before !== "" && document.querySelector("#runs-body tr[data-run]")?.dataset.run !== "queued-00"`))
+		got = append(got, rows()...)
+		var want []string
+		for _, id := range ids {
+			state := "queued"
+			if id == "queued-27" {
+				state = "running"
+			}
+			want = append(want, id+":"+state)
+		}
+		want = append(want, "finished-1:succeeded")
+		if !slices.Equal(got, want) {
+			t.Errorf("the pages listed %v\nwant %v", got, want)
+		}
 		b.checkConsole()
 	})
 
