@@ -60,4 +60,5 @@
 //	internal/lease      the run record as an attempt's lease: take, renew, final write
 //	internal/metering   what a model call is charged: estimates, bounds, settle
 //	internal/peers      the other workers' presence: who serves a tool, mixed tools
+//	internal/genai      the GenAI conventions' span content: messages, usage, finish reasons
 package worker

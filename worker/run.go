@@ -17,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/genai"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/outcome"
@@ -631,7 +632,7 @@ func clipString(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return clipUTF8(s, n) + "…"
+	return genai.ClipUTF8(s, n) + "…"
 }
 
 // earlier is what the run's record and its earlier attempts left this

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"iter"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/genai"
 	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
@@ -123,7 +122,7 @@ func (r *run) traceGaveUp(h nats.Header) func(err error) {
 		finished := r.trace.status != ""
 		r.trace.mu.Unlock()
 		if err != nil && !finished {
-			r.trace.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+			r.trace.span.SetAttributes(semconv.ErrorTypeKey.String(genai.ErrorType(err)))
 			r.trace.span.SetStatus(codes.Error, "")
 		}
 		r.traceEnd()
@@ -165,7 +164,7 @@ func (r *run) traceEnd() {
 	r.trace.mu.Lock()
 	u, status := r.trace.usage, r.trace.status
 	r.trace.mu.Unlock()
-	attrs := append(usageAttrs(u, make([]attribute.KeyValue, 0, 10)), attrCost.Float64(u.Cost.Total))
+	attrs := append(genai.UsageAttrs(u, make([]attribute.KeyValue, 0, 10)), attrCost.Float64(u.Cost.Total))
 	if !r.modelRef.IsZero() {
 		attrs = append(attrs, semconv.GenAIProviderNameKey.String(r.modelRef.Provider), semconv.GenAIRequestModel(r.modelRef.ID))
 	}
@@ -246,7 +245,7 @@ func (r *run) traceStep(name string, start time.Time, err error) {
 	// No attributes: invoke_agent, the parent, names the run.
 	_, s := r.w.tracer.Start(parent, name, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient))
 	if err != nil {
-		s.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+		s.SetAttributes(semconv.ErrorTypeKey.String(genai.ErrorType(err)))
 		s.SetStatus(codes.Error, clipString(err.Error(), 1024))
 	}
 	s.End()
@@ -258,13 +257,13 @@ func (r *run) traceLimitWait(ctx context.Context, group string, start time.Time,
 	if r.w.tracer == nil {
 		return
 	}
-	restartFirstChunk(ctx)
+	genai.RestartFirstChunk(ctx)
 	if waited <= 0 && err == nil {
 		return
 	}
 	_, s := r.w.tracer.Start(ctx, spanLimitWait, trace.WithTimestamp(start), trace.WithAttributes(attrGroup.String(group)))
 	if err != nil {
-		s.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+		s.SetAttributes(semconv.ErrorTypeKey.String(genai.ErrorType(err)))
 		s.SetStatus(codes.Error, clipString(err.Error(), 1024))
 	}
 	s.End()
@@ -291,12 +290,12 @@ func (r *run) traceWait(ctx context.Context, what string, since time.Time) (cont
 	_, span := t.Start(parent, "agentfleet."+what+".wait", trace.WithTimestamp(start),
 		trace.WithAttributes(attrRunID.String(r.id), attrWaitFor.String(what)))
 	return trace.ContextWithSpan(ctx, span), func(err error, handedBack bool) {
-		restartFirstChunk(ctx)
+		genai.RestartFirstChunk(ctx)
 		switch {
 		case handedBack:
 			span.SetAttributes(attrWaitOutcome.String("handed_back"))
 		case err != nil:
-			span.SetAttributes(attrWaitOutcome.String("stopped"), semconv.ErrorTypeKey.String(errorType(err)))
+			span.SetAttributes(attrWaitOutcome.String("stopped"), semconv.ErrorTypeKey.String(genai.ErrorType(err)))
 			span.SetStatus(codes.Error, "")
 		}
 		span.End()
@@ -319,18 +318,6 @@ func (r *run) traceApprovalDecision(ctx context.Context, callID string, got *ans
 		attrs = append(attrs, attrDecision.String(bus.DecisionTimeout))
 	}
 	span.SetAttributes(attrs...)
-}
-
-// errorType is error.type for err: a context's end, else "error" (its
-// text may carry anything; the span status keeps it only with capture).
-func errorType(err error) string {
-	switch {
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	}
-	return "error"
 }
 
 // traceControl links invoke_agent to the sender of a control message.
@@ -385,20 +372,18 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 				attrs = append(attrs, semconv.GenAIRequestTemperature(*opts.Temperature))
 			}
 			if capture {
-				attrs = append(attrs, semconv.GenAIInputMessagesKey.String(contentJSON(genAIMessages(llm.Messages, false))))
+				attrs = append(attrs, semconv.GenAIInputMessagesKey.String(genai.ContentJSON(genai.Messages(llm.Messages, false), MaxTracedContent)))
 				if llm.SystemPrompt != "" {
-					attrs = append(attrs, semconv.GenAISystemInstructionsKey.String(contentJSON([]genAIPart{{Type: "text", Content: llm.SystemPrompt}})))
+					attrs = append(attrs, semconv.GenAISystemInstructionsKey.String(genai.ContentJSON([]genai.Part{{Type: "text", Content: llm.SystemPrompt}}, MaxTracedContent)))
 				}
 			}
 			ctx, span := t.Start(ctx, "chat "+model.ID, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 			defer span.End()
-			timing := &chatTiming{}
-			timing.start.Store(time.Now().UnixNano())
-			ctx = context.WithValue(ctx, chatTimingKey{}, timing)
+			ctx, sinceStart := genai.StartFirstChunk(ctx)
 			first := time.Duration(-1)
 			for ev := range fn(ctx, model, llm, opts) {
 				if first < 0 {
-					first = time.Duration(time.Now().UnixNano() - timing.start.Load())
+					first = sinceStart()
 				}
 				if (ev.Type == agent.StreamDone || ev.Type == agent.StreamError) && ev.Message != nil {
 					r.traceResponse(span, ev.Message, first, capture)
@@ -415,21 +400,6 @@ func (r *run) traceStream(fn agent.StreamFn) agent.StreamFn {
 	}
 }
 
-// chatTiming is when a model call's request went out: the chat span's
-// start, moved past the waits for rate limits or budget that precede it,
-// so that time_to_first_chunk_ms is the endpoint's.
-type chatTiming struct{ start atomic.Int64 }
-
-type chatTimingKey struct{}
-
-// restartFirstChunk moves the first-chunk clock of the model call in ctx
-// (if any) to now: a wait before the request just ended.
-func restartFirstChunk(ctx context.Context) {
-	if ct, ok := ctx.Value(chatTimingKey{}).(*chatTiming); ok {
-		ct.start.Store(time.Now().UnixNano())
-	}
-}
-
 // traceResponse puts a model call's answer on its chat span.
 func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Duration, capture bool) {
 	u := metering.NonNegative(m.Usage)
@@ -441,8 +411,8 @@ func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Durati
 		model = m.Model
 	}
 	// One SetAttributes: each call may grow the span's attribute slice.
-	attrs := usageAttrs(u, make([]attribute.KeyValue, 0, 14))
-	attrs = append(attrs, semconv.GenAIResponseFinishReasons(finishReason(m.StopReason)...),
+	attrs := genai.UsageAttrs(u, make([]attribute.KeyValue, 0, 14))
+	attrs = append(attrs, semconv.GenAIResponseFinishReasons(genai.FinishReason(m.StopReason)...),
 		attrCost.Float64(u.Cost.Total), attrFirstChunk.Int64(first.Milliseconds()))
 	if model != "" {
 		attrs = append(attrs, semconv.GenAIResponseModel(model))
@@ -451,8 +421,8 @@ func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Durati
 		attrs = append(attrs, semconv.GenAIResponseID(m.ResponseID))
 	}
 	if capture {
-		out := genAIMessages([]agent.Message{*m}, true)
-		attrs = append(attrs, semconv.GenAIOutputMessagesKey.String(contentJSON(out)))
+		out := genai.Messages([]agent.Message{*m}, true)
+		attrs = append(attrs, semconv.GenAIOutputMessagesKey.String(genai.ContentJSON(out, MaxTracedContent)))
 	}
 	failed := m.StopReason == agent.StopReasonError || m.StopReason == agent.StopReasonAborted
 	if failed {
@@ -465,23 +435,6 @@ func (r *run) traceResponse(span trace.Span, m *agent.Message, first time.Durati
 	}
 }
 
-// usageAttrs appends u's token counts: input_tokens counts every input
-// token, cached ones included (agent.Usage.Input leaves those out), as
-// the conventions ask; the cache's share is in its own attributes.
-func usageAttrs(u agent.Usage, attrs []attribute.KeyValue) []attribute.KeyValue {
-	attrs = append(attrs, semconv.GenAIUsageInputTokens(u.Input+u.CacheRead+u.CacheWrite), semconv.GenAIUsageOutputTokens(u.Output))
-	if u.CacheRead > 0 {
-		attrs = append(attrs, semconv.GenAIUsageCacheReadInputTokens(u.CacheRead))
-	}
-	if u.CacheWrite > 0 {
-		attrs = append(attrs, semconv.GenAIUsageCacheCreationInputTokens(u.CacheWrite))
-	}
-	if u.Reasoning > 0 {
-		attrs = append(attrs, semconv.GenAIUsageReasoningOutputTokens(u.Reasoning))
-	}
-	return attrs
-}
-
 // traceTool starts an execute_tool span; end it with the call's outcome.
 func (r *run) traceTool(ctx context.Context, name, callID string, args map[string]any) (context.Context, func(agent.ToolResult, error)) {
 	t := r.w.tracer
@@ -492,7 +445,7 @@ func (r *run) traceTool(ctx context.Context, name, callID string, args map[strin
 		semconv.GenAIToolCallID(callID), semconv.GenAIToolTypeKey.String("function"), semconv.GenAIConversationID(r.id)}
 	capture := r.w.cfg.TraceContent
 	if capture {
-		attrs = append(attrs, semconv.GenAIToolCallArgumentsKey.String(contentJSON(args)))
+		attrs = append(attrs, semconv.GenAIToolCallArgumentsKey.String(genai.ContentJSON(args, MaxTracedContent)))
 	}
 	ctx, span := t.Start(ctx, "execute_tool "+name, trace.WithAttributes(attrs...))
 	return ctx, func(res agent.ToolResult, err error) {
@@ -509,7 +462,7 @@ func (r *run) traceTool(ctx context.Context, name, callID string, args map[strin
 			}
 			span.SetStatus(codes.Error, desc)
 		} else if capture {
-			span.SetAttributes(semconv.GenAIToolCallResultKey.String(clipUTF8(joinText(res.Content), MaxTracedContent)))
+			span.SetAttributes(semconv.GenAIToolCallResultKey.String(genai.ClipUTF8(genai.JoinText(res.Content), MaxTracedContent)))
 		}
 		span.End()
 	}
@@ -529,86 +482,3 @@ func endToolSpanOnPanic(end func(agent.ToolResult, error)) {
 type toolPanic struct{}
 
 func (toolPanic) Error() string { return "the tool panicked" }
-
-// finishReason maps the agent's stop reasons to the conventions' values.
-func finishReason(s agent.StopReason) []string {
-	switch s {
-	case agent.StopReasonToolUse:
-		return []string{"tool_call"}
-	case "":
-		return nil
-	}
-	return []string{string(s)}
-}
-
-// genAIMessage and genAIPart are the conventions' message JSON
-// (gen_ai.input.messages, gen_ai.output.messages).
-type genAIMessage struct {
-	Role         string      `json:"role"`
-	Parts        []genAIPart `json:"parts"`
-	FinishReason string      `json:"finish_reason,omitempty"`
-}
-
-type genAIPart struct {
-	Type      string         `json:"type"`
-	Content   string         `json:"content,omitempty"`
-	ID        string         `json:"id,omitempty"`
-	Name      string         `json:"name,omitempty"`
-	Arguments map[string]any `json:"arguments,omitempty"`
-	Response  string         `json:"response,omitempty"`
-	MimeType  string         `json:"mime_type,omitempty"`
-	Modality  string         `json:"modality,omitempty"`
-}
-
-func genAIMessages(msgs []agent.Message, output bool) []genAIMessage {
-	out := make([]genAIMessage, 0, len(msgs))
-	for i := range msgs {
-		m := &msgs[i]
-		gm := genAIMessage{Role: m.Role, Parts: []genAIPart{}}
-		if m.Role == agent.RoleToolResult {
-			gm.Role = "tool"
-			gm.Parts = append(gm.Parts, genAIPart{Type: "tool_call_response", ID: m.ToolCallID, Response: joinText(m.Content)})
-			out = append(out, gm)
-			continue
-		}
-		for _, c := range m.Content {
-			switch c.Type {
-			case agent.ContentText:
-				gm.Parts = append(gm.Parts, genAIPart{Type: "text", Content: c.Text})
-			case agent.ContentThinking:
-				gm.Parts = append(gm.Parts, genAIPart{Type: "reasoning", Content: c.Thinking})
-			case agent.ContentToolCall:
-				gm.Parts = append(gm.Parts, genAIPart{Type: "tool_call", ID: c.ID, Name: c.Name, Arguments: c.Arguments})
-			case agent.ContentImage:
-				// The image's bytes stay out of the span.
-				gm.Parts = append(gm.Parts, genAIPart{Type: "blob", Modality: "image", MimeType: c.MimeType})
-			}
-		}
-		if output {
-			if fr := finishReason(m.StopReason); len(fr) > 0 {
-				gm.FinishReason = fr[0]
-			}
-		}
-		out = append(out, gm)
-	}
-	return out
-}
-
-// contentJSON encodes recorded content, cut at MaxTracedContent bytes.
-func contentJSON(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return ""
-	}
-	return clipUTF8(string(b), MaxTracedContent)
-}
-
-func joinText(cs []agent.Content) string {
-	var b strings.Builder
-	for _, c := range cs {
-		if c.Type == agent.ContentText {
-			b.WriteString(c.Text)
-		}
-	}
-	return b.String()
-}

@@ -2,13 +2,11 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -66,20 +64,6 @@ func spanAttr(sp sdktrace.ReadOnlySpan, key string) (any, bool) {
 		}
 	}
 	return nil, false
-}
-
-func TestContentJSONIsCut(t *testing.T) {
-	big := strings.Repeat("é", MaxTracedContent) // 2 bytes each
-	got := contentJSON(genAIMessages([]agent.Message{agent.UserText(big)}, false))
-	if len(got) > MaxTracedContent || len(got) < MaxTracedContent-1 || !utf8.ValidString(got) {
-		t.Fatalf("%d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
-	}
-	small := contentJSON(genAIMessages([]agent.Message{agent.UserText("hi", agent.Content{Type: agent.ContentImage, Data: "QUJD", MimeType: "image/png"})}, false))
-	var msgs []genAIMessage
-	if err := json.Unmarshal([]byte(small), &msgs); err != nil || strings.Contains(small, "QUJD") ||
-		len(msgs) != 1 || len(msgs[0].Parts) != 2 || msgs[0].Parts[1].Type != "blob" || msgs[0].Parts[1].MimeType != "image/png" {
-		t.Fatalf("%s: %v", small, err)
-	}
 }
 
 // A tool that panics (the agent recovers it) still ends its execute_tool
