@@ -22,7 +22,7 @@
 //	orphans.go      requests no consumer will deliver: swept, with a reason
 //	pickupread.go   which queues' first deliveries skip the record read
 //	coverage.go     keeping the control coverage (internal/intake) current
-//	giveup.go       MAX_DELIVERIES advisories: classifyGiveUp, then the I/O
+//	giveup.go       MAX_DELIVERIES advisories: the I/O of internal/giveup's decision
 //	eventread.go    bounded reads of a run's stored events
 //	metrics.go      MetricsObserver (Prometheus)
 //
@@ -60,5 +60,6 @@
 //	internal/lease      the run record as an attempt's lease: take, renew, final write
 //	internal/metering   what a model call is charged: estimates, bounds, settle
 //	internal/peers      the other workers' presence: who serves a tool, mixed tools
+//	internal/giveup     what a give-up does with a request, from the run's record alone
 //	internal/genai      the GenAI conventions' span content: messages, usage, finish reasons
 package worker

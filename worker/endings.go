@@ -24,7 +24,7 @@ import (
 //     request that may not run ends without a turn.
 //   - finishFromRecord: a run_finished the events lack, from the record.
 //   - finishGaveUp: the give-up's own attempt fails the run (giveup.go
-//     decides when: classifyGiveUp).
+//     decides when: internal/giveup).
 
 // ending is how an attempt ends: what it publishes and writes, and what
 // then happens to its request.
