@@ -1,8 +1,10 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -41,7 +43,7 @@ func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute, Observer: o},
-		func(w *Worker) { w.signals.control.beforeCatchUpRead = reads.hook })
+		func(w *Worker) { beforeControlRead(w, reads.hook) })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	run, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "a", Tools: []string{"gate"},
@@ -110,34 +112,33 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const id = "aborted-at-registration"
-	appliedAtStart, looked := make(chan bool, 1), make(chan struct{})
-	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute}, func(w *Worker) {
-		w.signals.control.beforeCatchUpRead = reads.hook
-		// The owner waits until the run has looked: only what it applied
-		// before letting the run go on counts.
-		w.signals.control.afterOwnerStarted = func(r *run) {
-			if r.id == id {
-				<-looked
-			}
-		}
-		w.signals.run.afterControlStart = func(r *run) {
-			if r.id == id {
-				appliedAtStart <- r.tally.Stopping()
-				close(looked)
-			}
-		}
-		w.signals.run.afterRegister = func(r *run) {
-			if r.id != id {
+	// Whether the run's control owner applied the abort while its start
+	// still held the run (only what it applied before letting the run go
+	// on counts): the run's goroutine is then in controls.start.
+	appliedAtStart := make(chan bool, 1)
+	obs := abortObs{applied: func() {
+		b := make([]byte, 1<<20)
+		appliedAtStart <- bytes.Contains(b[:runtime.Stack(b, true)], []byte("worker.(*controls).start("))
+	}}
+	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute, Observer: obs}, func(w *Worker) {
+		beforeControlRead(w, reads.hook)
+		// Registered (it takes control messages), its owner not started:
+		// an abort comes live.
+		wrapSends(w, sends{beforeEvent: func(e *bus.Envelope) {
+			if e.Run != id || e.Type != bus.EventRunStarted {
 				return
 			}
 			if _, err := c.Abort(ctx, id, "at once"); err != nil {
 				t.Error(err)
 				return
 			}
+			w.mu.Lock()
+			r := w.runs[id]
+			w.mu.Unlock()
 			for len(r.ctl.inbox) == 0 && ctx.Err() == nil {
 				time.Sleep(time.Millisecond) // polls the inbox itself
 			}
-		}
+		}})
 	})
 	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "p", Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: fauxTexts("never")}); err != nil {
 		t.Fatal(err)
@@ -154,6 +155,18 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	}
 	if !<-appliedAtStart {
 		t.Fatal("the abort was not applied when the control owner's start returned")
+	}
+}
+
+// abortObs calls applied once an abort was applied.
+type abortObs struct {
+	NopObserver
+	applied func()
+}
+
+func (o abortObs) ControlReceived(kind string) {
+	if kind == bus.KindAbort {
+		o.applied()
 	}
 }
 

@@ -17,7 +17,6 @@
 //	worker.go       Worker, New, Run: the pull loops, slots, drain
 //	services.go     the parts Run starts before it pulls and stops after the runs
 //	config.go       Config, Provider, Observer
-//	signals.go      test signals, per component (zero in production)
 //	presence.go     the worker's entry in agents_workers
 //	orphans.go      requests no consumer will deliver: swept, with a reason
 //	pickupread.go   which queues' first deliveries skip the record read

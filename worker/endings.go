@@ -55,7 +55,6 @@ type settlement struct {
 func (r *run) ackRequest() settlement {
 	return settlement{
 		done: func(ctx context.Context) error {
-			r.w.signals.ending.acking(r.id)
 			if err := r.msg.DoubleAck(ctx); err != nil {
 				r.log.Warn("ack failed", "err", err)
 			}
@@ -136,7 +135,6 @@ func (r *run) finish(e ending) error {
 // storeFinished publishes run_finished and waits until every event is
 // stored; if they are not, it hands the request back through s.
 func (r *run) storeFinished(ctx context.Context, fin bus.RunFinished, s settlement) error {
-	r.w.signals.ending.finishing(r.id)
 	_, _ = r.pub.Fleet(bus.EventRunFinished, fin)
 	if err := r.pub.Flush(ctx); err != nil {
 		return r.notStored(ctx, s, "run_finished not stored", err)

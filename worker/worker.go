@@ -63,7 +63,11 @@ type Worker struct {
 
 	ready chan struct{}
 
-	signals signals // tests' (signals.go); zero in production
+	// What runs send on and read from, as small interfaces: New and Run
+	// set the real ones; a test wraps one to stop a run at a step.
+	wire         wire         // events and request acks go out on it (the connection)
+	records      recordReader // the runs' records (kv)
+	controlReads controlReads // the control stream (controlStream)
 
 	mu    sync.Mutex
 	runs  map[string]*run
@@ -137,6 +141,7 @@ func New(cfg Config) (*Worker, error) {
 		ready:         make(chan struct{}),
 		queueSlots:    map[string]chan struct{}{},
 	}
+	w.wire, w.records, w.controlReads = cfg.Client.Conn(), kvRecords{w}, streamControls{w}
 	w.peers = peers.New(id, cfg.Client.ListWorkers, w.log)
 	for q, n := range cfg.QueueConcurrency {
 		if err := bus.CheckQueue(q); err != nil {
@@ -177,6 +182,12 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w.tracer = newTracer(cfg.TracerProvider)
 	return w, nil
+}
+
+// wire is what the worker sends on: a *nats.Conn.
+type wire interface {
+	eventpub.Out
+	intake.AckConn
 }
 
 // Ready is closed once Run has set up the streams and subscriptions and
