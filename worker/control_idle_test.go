@@ -148,13 +148,27 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	const id = "no-controls"
-	var down atomic.Bool
+	var idle, down atomic.Bool
 	wrapSends(w, sends{afterEvent: func(e *bus.Envelope) {
 		// The agent's last event went out: the run goes idle next.
-		if e.Type == string(agent.EventAgentEnd) && e.Run == id && down.CompareAndSwap(false, true) {
-			srv.Shutdown() // and it stays down
+		if e.Type == string(agent.EventAgentEnd) && e.Run == id {
+			idle.Store(true)
 		}
 	}})
+	// The idle check reads the control stream: NATS goes away once the
+	// run's events are stored (only the controls are unreadable).
+	beforeControlRead(w, func(run string) {
+		if run != id || !idle.Load() || !down.CompareAndSwap(false, true) {
+			return
+		}
+		w.mu.Lock()
+		r := w.runs[id]
+		w.mu.Unlock()
+		if err := r.pub.Sync(ctx); err != nil {
+			t.Error(err)
+		}
+		srv.Shutdown() // and it stays down
+	})
 	wctx, wcancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
