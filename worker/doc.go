@@ -43,7 +43,7 @@
 //	ratelimit.go    shared model rate limits
 //	tenant.go       tenants' budgets
 //	budget.go       a run's cost bound
-//	trace.go        OpenTelemetry spans of runs, turns, calls
+//	trace.go        a run's OpenTelemetry spans (made by internal/runtrace)
 //
 // Tools: tools.go (a call's timeout, caps and metrics), toolsources.go
 // (tools served over NATS and MCP), demo.go (the demo model).
@@ -60,5 +60,6 @@
 //	internal/metering   what a model call is charged: estimates, bounds, settle
 //	internal/peers      the other workers' presence: who serves a tool, mixed tools
 //	internal/giveup     what a give-up does with a request, from the run's record alone
+//	internal/runtrace   an attempt's OpenTelemetry spans: invoke_agent, calls, waits, steps
 //	internal/genai      the GenAI conventions' span content: messages, usage, finish reasons
 package worker

@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // Every way an attempt ends, in one place:
@@ -109,7 +110,7 @@ func (r *run) finish(e ending) error {
 	if e.record != nil {
 		start := time.Now()
 		err := r.lease.WriteFinal(ctx, e.record)
-		r.traceStep(spanRecord, start, err)
+		r.traceStep(runtrace.SpanRecord, start, err)
 		if leaseGone(err) {
 			r.abandon("run stopped at its end: lease lost to a newer attempt")
 			return err

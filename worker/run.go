@@ -22,6 +22,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/outcome"
 	"github.com/agentfleet/agentfleet/worker/internal/runclock"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // A run request is picked up (its record read, the request decoded and
@@ -88,8 +89,8 @@ type run struct {
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
-	earlier      earlier  // what the record and earlier attempts left this one
-	trace        runTrace // spans (trace.go)
+	earlier      earlier          // what the record and earlier attempts left this one
+	trace        runtrace.Attempt // spans (trace.go)
 }
 
 // runPlan is the request resolved against the worker.
@@ -372,7 +373,7 @@ func (r *run) acquire() bool {
 	defer cancel()
 	start := time.Now()
 	o, cur, err := r.lease.Take(ctx, r.prev, r.record(bus.StateRunning))
-	r.traceStep(spanLeaseTake, start, err)
+	r.traceStep(runtrace.SpanLeaseTake, start, err)
 	switch {
 	case err != nil:
 		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/builtin"
 	"github.com/agentfleet/agentfleet/worker/internal/genai"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // BuiltinTools returns the built-in tools: calculator, current_time, sleep.
@@ -56,7 +57,7 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			if r != nil && r.w.tracer != nil {
 				tctx, endSpan = r.traceTool(tctx, name, id, args)
 				// The agent recovers a tool's panic: end the span on that path too.
-				defer endToolSpanOnPanic(endSpan)
+				defer runtrace.EndToolSpanOnPanic(endSpan)
 			}
 			res, err := inner(tctx, id, args, update)
 			return w.toolCallDone(ctx, tctx, name, start, res, err, endSpan)

@@ -15,6 +15,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 func spanRecorder(t *testing.T) (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
@@ -177,7 +178,7 @@ func TestTraceInputTokensCountCache(t *testing.T) {
 	rec, tp := spanRecorder(t)
 	w := &Worker{tracer: newTracer(tp)}
 	r := &run{w: w, id: "r1"}
-	_, r.trace.span = w.tracer.Start(context.Background(), "invoke_agent")
+	_, r.trace.Span = w.tracer.Start(context.Background(), "invoke_agent")
 	_, span := w.tracer.Start(context.Background(), "chat m")
 	r.traceResponse(span, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop,
 		Usage: agent.Usage{Input: 10, CacheRead: 990, CacheWrite: 100, Output: 5, TotalTokens: 1105}}, 0, false)
@@ -199,12 +200,12 @@ func TestTraceStepParentWithoutTraceBegin(t *testing.T) {
 	rec, tp := spanRecorder(t)
 	w := &Worker{tracer: newTracer(tp)}
 	r := &run{w: w, id: "r1"}
-	_, r.trace.span = w.tracer.Start(context.Background(), "invoke_agent")
-	r.traceStep(spanLeaseTake, time.Now(), nil)
-	r.trace.span.End()
-	inv := r.trace.span.SpanContext()
+	_, r.trace.Span = w.tracer.Start(context.Background(), "invoke_agent")
+	r.traceStep(runtrace.SpanLeaseTake, time.Now(), nil)
+	r.trace.Span.End()
+	inv := r.trace.Span.SpanContext()
 	for _, sp := range endedSpans(t, rec, 2, func(sdktrace.ReadOnlySpan) bool { return true }) {
-		if sp.Name() == spanLeaseTake && (sp.Parent().SpanID() != inv.SpanID() || sp.SpanContext().TraceID() != inv.TraceID()) {
+		if sp.Name() == runtrace.SpanLeaseTake && (sp.Parent().SpanID() != inv.SpanID() || sp.SpanContext().TraceID() != inv.TraceID()) {
 			t.Errorf("lease span: parent %v, want invoke_agent %v", sp.Parent(), inv)
 		}
 	}
