@@ -22,7 +22,6 @@
 //	pickupread.go   which queues' first deliveries skip the record read
 //	coverage.go     keeping the control coverage (internal/intake) current
 //	giveup.go       MAX_DELIVERIES advisories: the I/O of internal/giveup's decision
-//	eventread.go    bounded reads of a run's stored events
 //	metrics.go      MetricsObserver (Prometheus)
 //
 // A run, from pickup to its end (run.go's execute reads top down):
@@ -60,6 +59,7 @@
 //	internal/metering   what a model call is charged: estimates, bounds, settle
 //	internal/peers      the other workers' presence: who serves a tool, mixed tools
 //	internal/giveup     what a give-up does with a request, from the run's record alone
+//	internal/eventread  bounded reads of runs' stored events: slots, a time each, retries
 //	internal/runtrace   an attempt's OpenTelemetry spans: invoke_agent, calls, waits, steps
 //	internal/genai      the GenAI conventions' span content: messages, usage, finish reasons
 package worker

@@ -259,7 +259,7 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 // once. It reports whether the events lacked it; s is then settled (done
 // once stored, retry if not).
 func (r *run) finishFromRecord(ctx context.Context, rec *bus.RunRecord, s settlement) (bool, error) {
-	envs, err := r.w.readEvents(ctx, r.id, 0)
+	envs, err := r.w.reads.Read(ctx, r.id, 0)
 	if err != nil {
 		return false, fmt.Errorf("reading the run's events: %w", err)
 	}
@@ -442,7 +442,7 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, request []b
 		_ = r.pub.Flush(ctx)
 		return fmt.Errorf("give-up: run_started not stored: %w", err)
 	}
-	envs, err := r.w.readEvents(ctx, r.id, seq)
+	envs, err := r.w.reads.Read(ctx, r.id, seq)
 	if err != nil {
 		_ = r.pub.Flush(ctx)
 		return fmt.Errorf("give-up: reading the run's events: %w", err)

@@ -31,7 +31,7 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 	logs := &logbuf.Buffer{}
 	failing := cfg
 	failing.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	startInternalOn(t, c, failing, func(w *Worker) { w.reads.timeout = time.Nanosecond })
+	startInternalOn(t, c, failing, func(w *Worker) { w.reads.Timeout = time.Nanosecond })
 	run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: &bus.ModelRef{Provider: "faux", ID: "s"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			{Content: []agent.Content{agent.ToolCall("c1", "echo", map[string]any{"text": "x"})}},

@@ -20,6 +20,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/peers"
@@ -46,7 +47,7 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
-	reads eventReads // this worker's reads of stored events (eventread.go)
+	reads *eventread.Reads // this worker's reads of stored events
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -133,7 +134,7 @@ func New(cfg Config) (*Worker, error) {
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
 		defaultModel:  def,
 		slots:         make(chan struct{}, cfg.Concurrency),
-		reads:         eventReads{slots: make(chan struct{}, maxEventReads), timeout: eventReadTimeout},
+		reads:         eventread.New(cfg.Client.ReadEvents),
 		runs:          map[string]*run{},
 		cover:         intake.NewControlCoverage(),
 		coverageAudit: 5 * time.Second,
