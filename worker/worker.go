@@ -64,8 +64,9 @@ type Worker struct {
 
 	ready chan struct{}
 
-	// What runs send on and read from, as small interfaces: New and Run
-	// set the real ones; a test wraps one to stop a run at a step.
+	// What runs send on and read from, as small interfaces: New sets the
+	// real ones (reading what Run opens); a test wraps one before Run to
+	// stop a run at a step.
 	wire         wire         // events and request acks go out on it (the connection)
 	records      recordReader // the runs' records (kv)
 	controlReads controlReads // the control stream (controlStream)
