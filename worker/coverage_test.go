@@ -114,18 +114,24 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	const id = "aborted-at-registration"
 	// Whether the run's control owner applied the abort while its start
 	// still held the run (only what it applied before letting the run go
-	// on counts): the run's goroutine is then in controls.start.
+	// on counts): the run's goroutine is then in its controls' start (the
+	// receiver names this run's, among other tests' runs).
 	appliedAtStart := make(chan bool, 1)
+	var wk *Worker
 	obs := abortObs{applied: func() {
+		wk.mu.Lock()
+		r := wk.runs[id]
+		wk.mu.Unlock()
 		b := make([]byte, 1<<20)
 		n := runtime.Stack(b, true)
 		for n == len(b) { // cut short: every goroutine must be in it
 			b = make([]byte, 2*len(b))
 			n = runtime.Stack(b, true)
 		}
-		appliedAtStart <- bytes.Contains(b[:n], []byte("worker.(*controls).start("))
+		appliedAtStart <- r != nil && bytes.Contains(b[:n], fmt.Appendf(nil, "worker.(*controls).start(%p,", r.ctl))
 	}}
 	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute, Observer: obs}, func(w *Worker) {
+		wk = w
 		beforeControlRead(w, reads.hook)
 		// Registered (it takes control messages), its owner not started:
 		// an abort comes live.
