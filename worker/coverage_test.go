@@ -1,10 +1,11 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,26 +113,23 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const id = "aborted-at-registration"
-	// Whether the run's control owner applied the abort while its start
-	// still held the run (only what it applied before letting the run go
-	// on counts): the run's goroutine is then in its controls' start (the
-	// receiver names this run's, among other tests' runs).
+	// Whether the run's control owner applied the abort before it let the
+	// run go on: on its start-up drain (controls.own calls live), not once
+	// serving (controls.serve calls it). Read on the owner's goroutine, as
+	// it applies the abort.
 	appliedAtStart := make(chan bool, 1)
-	var wk *Worker
 	obs := abortObs{applied: func() {
-		wk.mu.Lock()
-		r := wk.runs[id]
-		wk.mu.Unlock()
-		b := make([]byte, 1<<20)
-		n := runtime.Stack(b, true)
-		for n == len(b) { // cut short: every goroutine must be in it
-			b = make([]byte, 2*len(b))
-			n = runtime.Stack(b, true)
+		b := make([]byte, 64<<10)
+		var calls []string // innermost first
+		for l := range strings.SplitSeq(string(b[:runtime.Stack(b, false)]), "\n") {
+			if l != "" && !strings.HasPrefix(l, "\t") && !strings.HasPrefix(l, "goroutine ") {
+				calls = append(calls, l)
+			}
 		}
-		appliedAtStart <- r != nil && bytes.Contains(b[:n], fmt.Appendf(nil, "worker.(*controls).start(%p,", r.ctl))
+		i := slices.IndexFunc(calls, func(c string) bool { return strings.Contains(c, "worker.(*controls).live(") })
+		appliedAtStart <- i >= 0 && i+1 < len(calls) && strings.Contains(calls[i+1], "worker.(*controls).own(")
 	}}
 	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute, Observer: obs}, func(w *Worker) {
-		wk = w
 		beforeControlRead(w, reads.hook)
 		// Registered (it takes control messages), its owner not started:
 		// an abort comes live.
@@ -165,7 +163,7 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 		t.Fatalf("%d reads: the pickup read was not skipped, the test proves nothing", n)
 	}
 	if !<-appliedAtStart {
-		t.Fatal("the abort was not applied when the control owner's start returned")
+		t.Fatal("the abort was not applied before the control owner let the run go on")
 	}
 }
 
