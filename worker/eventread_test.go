@@ -13,18 +13,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 )
 
 // A read that waits for its slot longer than a read may take still reads:
 // its time limit starts with the slot (a worker taking over thousands of
 // runs queues most of their resumes).
 func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
-	w, c := startInternal(t, Config{}, func(w *Worker) { w.reads.timeout = 300 * time.Millisecond })
+	w, c := startInternal(t, Config{}, func(w *Worker) { w.reads.Timeout = 300 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	storeRunStarted(t, ctx, c, "r")
-	for range maxEventReads {
-		w.reads.slots <- struct{}{}
+	for range eventread.Max {
+		w.reads.Slots <- struct{}{}
 	}
 	type result struct {
 		envs []*bus.Envelope
@@ -32,7 +33,7 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		envs, err := w.readEvents(ctx, "r", 0)
+		envs, err := w.reads.Read(ctx, "r", 0)
 		done <- result{envs, err}
 	}()
 	// Every slot stays taken for three times the read's limit; the read
@@ -42,13 +43,13 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 		t.Fatalf("the read ended while every slot was taken: %d envelopes, %v", len(r.envs), r.err)
 	case <-time.After(900 * time.Millisecond):
 	}
-	<-w.reads.slots
+	<-w.reads.Slots
 	r := <-done
 	if r.err != nil || len(r.envs) != 1 {
 		t.Fatalf("after a slot was freed: %d envelopes, %v; want the run_started", len(r.envs), r.err)
 	}
-	for range maxEventReads - 1 {
-		<-w.reads.slots
+	for range eventread.Max - 1 {
+		<-w.reads.Slots
 	}
 }
 
@@ -64,7 +65,7 @@ func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
 	s, names := fillEventConsumers(t, ctx, c)
 	done := make(chan error, 1)
 	go func() {
-		envs, err := w.readEvents(ctx, "r", 0)
+		envs, err := w.reads.Read(ctx, "r", 0)
 		if err == nil && len(envs) != 1 {
 			err = fmt.Errorf("%d envelopes, want the run_started", len(envs))
 		}
@@ -137,7 +138,7 @@ func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		_, err := w.readEvents(rctx, "r", 0)
+		_, err := w.reads.Read(rctx, "r", 0)
 		done <- err
 	}()
 	select {

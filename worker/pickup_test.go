@@ -18,11 +18,11 @@ type recordReads struct {
 
 func countRecordReads(w *Worker) *recordReads {
 	rr := &recordReads{n: map[string]int{}}
-	w.signals.run.beforeRecordRead = func(id string) {
+	beforeRecordRead(w, func(id string) {
 		rr.mu.Lock()
 		defer rr.mu.Unlock()
 		rr.n[id]++
-	}
+	})
 	return rr
 }
 

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,11 +143,8 @@ func TestADeferredCallRunsOnlyOnceItsStartIsStored(t *testing.T) {
 // the call does not run, and its wait leaves nothing behind.
 func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 	pt := &probeTool{}
-	var cur atomic.Pointer[run]
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, NoEventBatches: true, PublishAckTimeout: time.Minute,
-		HeartbeatInterval: time.Second}, func(w *Worker) {
-		w.signals.run.afterControlStart = func(r *run) { cur.Store(r) }
-	})
+		HeartbeatInterval: time.Second}, nil)
 	var mu sync.Mutex
 	holding, held := true, []*nats.Msg(nil)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
@@ -162,8 +158,11 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 	})
 	id := submitRun(t, c, gatedRequest(nil, "prod"))
 	var call <-chan struct{} // the call's wait
+	var r *run
 	until(t, "the call waiting", func() bool {
-		r := cur.Load()
+		w.mu.Lock()
+		r = w.runs[id]
+		w.mu.Unlock()
 		if r == nil {
 			return false
 		}
@@ -172,7 +171,6 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 		}
 		return call != nil
 	})
-	r := cur.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := c.Abort(ctx, id, "stop"); err != nil {
