@@ -4,10 +4,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
-	"golang.org/x/text/width"
+	"github.com/rivo/uniseg"
 )
 
 // screen is where a followed run is printed. On a terminal it wraps the
@@ -23,6 +22,9 @@ type screen struct {
 	w     io.Writer
 	width int // columns; 0: no wrapping
 	col   int // columns printed on the output's last line
+	// last is the last character (grapheme cluster) on the output's last
+	// line: what follows may join it.
+	last string
 	// sgr is the colour escapes in force in the output (since the last
 	// reset): the bottom row is drawn without them, the output goes on
 	// with them.
@@ -189,13 +191,21 @@ func (s *screen) feed(text string) {
 			s.spaces += 8 - (s.col+s.spaces)%8
 			i++
 		default:
-			r, n := utf8.DecodeRuneInString(text[i:])
-			s.word.WriteString(text[i : i+n])
-			s.wordW += runeWidth(r)
-			i += n
-			if s.wordW >= s.width {
-				s.flushWord() // longer than a line: no end to wait for
+			// A run of characters up to the next space, newline or escape:
+			// measured whole with the word held, as a mark or a joiner
+			// changes the width of the character before it.
+			j := i + 1
+			for j < len(text) && text[j] != 0x1b && text[j] != '\n' && text[j] != ' ' && text[j] != '\t' {
+				j++
 			}
+			for _, g := range graphemes(text[i:j]) {
+				s.word.WriteString(g)
+				s.wordW = textWidth(s.word.String())
+				if s.wordW >= s.width {
+					s.flushWord() // longer than a line: no end to wait for
+				}
+			}
+			i = j
 		}
 	}
 }
@@ -235,7 +245,7 @@ func (s *screen) out(text string) {
 	for i := 0; i < len(text); {
 		switch c := text[i]; {
 		case c == '\n':
-			s.col = 0
+			s.col, s.last = 0, ""
 			i++
 		case c == 0x1b:
 			j := escapeEnd(text, i)
@@ -248,32 +258,37 @@ func (s *screen) out(text string) {
 			}
 			i = j
 		default:
-			r, n := utf8.DecodeRuneInString(text[i:])
-			s.col += runeWidth(r)
-			i += n
+			j := i + 1
+			for j < len(text) && text[j] != 0x1b && text[j] != '\n' {
+				j++
+			}
+			// Measured with the line's last character: a mark or a
+			// joiner written after it may change its width.
+			seg := s.last + text[i:j]
+			s.col += uniseg.StringWidth(seg) - uniseg.StringWidth(s.last)
+			gs := graphemes(seg)
+			s.last = gs[len(gs)-1]
+			i = j
 		}
 	}
 }
 
-// runeWidth is the columns a character takes: two for East Asian wide
-// ones (CJK, most emoji), none for combining marks.
-func runeWidth(r rune) int {
-	switch {
-	case unicode.Is(unicode.Mn, r):
-		return 0
-	case width.LookupRune(r).Kind() == width.EastAsianWide || width.LookupRune(r).Kind() == width.EastAsianFullwidth:
-		return 2
-	}
-	return 1
-}
+// textWidth is the columns text takes, escapes aside: a grapheme
+// cluster's (uniseg), so a combining mark or a zero-width joiner adds
+// none and VS16 makes an emoji two wide.
+func textWidth(text string) int { return uniseg.StringWidth(stripANSI(text)) }
 
-// textWidth is the columns text takes, escapes aside.
-func textWidth(text string) int {
-	n := 0
-	for _, r := range stripANSI(text) {
-		n += runeWidth(r)
+// graphemes splits text into its characters as a person counts them
+// (grapheme clusters).
+func graphemes(text string) []string {
+	var out []string
+	state := -1
+	for text != "" {
+		var g string
+		g, text, _, state = uniseg.FirstGraphemeClusterInString(text, state)
+		out = append(out, g)
 	}
-	return n
+	return out
 }
 
 // escapeEnd returns the end of the escape sequence at text[i] (ESC [ ...
@@ -301,14 +316,19 @@ func splitVisible(text string, n int) (head, rest string) {
 			i = escapeEnd(text, i)
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(text[i:])
-		if w := runeWidth(r); w > n && !first {
-			return text[:i], text[i:]
-		} else {
-			n -= w
+		j := i + 1
+		for j < len(text) && text[j] != 0x1b {
+			j++
 		}
-		first = false
-		i += size
+		for _, g := range graphemes(text[i:j]) {
+			if w := uniseg.StringWidth(g); w > n && !first {
+				return text[:i], text[i:]
+			} else {
+				n -= w
+			}
+			first = false
+			i += len(g)
+		}
 	}
 	return text, ""
 }
@@ -330,14 +350,14 @@ func fitBottom(prefix, text string, width int) string {
 	}
 	room := width - 1 - textWidth(prefix)
 	if textWidth(text) > room && room > 1 {
-		rs := []rune(text)
+		gs := graphemes(text)
 		w := 1 // "…"
-		i := len(rs)
-		for i > 0 && w+runeWidth(rs[i-1]) <= room {
+		i := len(gs)
+		for i > 0 && w+uniseg.StringWidth(gs[i-1]) <= room {
 			i--
-			w += runeWidth(rs[i])
+			w += uniseg.StringWidth(gs[i])
 		}
-		text = "…" + string(rs[i:])
+		text = "…" + strings.Join(gs[i:], "")
 	}
 	return prefix + text
 }
@@ -380,9 +400,9 @@ func (in *lineInput) feed(b []byte) (lines []string, eof bool) {
 		case c == '\r' || c == '\n':
 			lines = append(lines, string(in.buf))
 			in.buf = in.buf[:0]
-		case c == 0x7f || c == 0x08: // Backspace
-			if len(in.buf) > 0 {
-				in.buf = in.buf[:len(in.buf)-1]
+		case c == 0x7f || c == 0x08: // Backspace: the last character, marks and all
+			if gs := graphemes(string(in.buf)); len(gs) > 0 {
+				in.buf = in.buf[:len(in.buf)-utf8.RuneCountInString(gs[len(gs)-1])]
 			}
 		case c == 0x15: // Ctrl-U
 			in.buf = in.buf[:0]

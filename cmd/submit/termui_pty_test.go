@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rivo/uniseg"
 )
 
 // streamingRun streams words 1-60 (after a thought), sleeps in a tool
@@ -145,5 +147,84 @@ func TestApprovalStatusLeavesNoTrace(t *testing.T) {
 	expect(t, screen, "→ approve sent", "✓ approved c1", "It is 42.", "✓ succeeded")
 	if strings.Contains(screen, "waiting for approval") || strings.Contains(screen, "» /approve") {
 		t.Errorf("the status line or the typed command stayed:\n%s", screen)
+	}
+}
+
+// widthTokens are n words of characters whose width is not their rune
+// count: a combining mark, a ZWJ sequence, VS16 making an emoji wide, CJK;
+// numbered from from so each is known.
+func widthTokens(from, n int) []string {
+	pieces := []string{"e\u0301te\u0301", "👩\u200d💻", "❤\ufe0f", "漢字", "ok"}
+	w := make([]string, n)
+	for i := range w {
+		w[i] = fmt.Sprintf("%s%02d", pieces[(from+i)%len(pieces)], from+i)
+	}
+	return w
+}
+
+var widthToken = regexp.MustCompile(`^(e\x{301}te\x{301}|👩\x{200d}💻|❤\x{fe0f}|漢字|ok)\d\d$`)
+
+// TestWidthsOfZeroWidthCharacters streams words with combining marks, ZWJ
+// emoji, VS16 emoji and CJK on a 23-column terminal (a grapheme-aware
+// one: vt_test.go) and types such characters: every line fits, no word is
+// split or spaced apart (the cursor goes back to the right column after
+// the bottom row), and the typed line, cut to fit, stays on one row with
+// the cursor at its end.
+func TestWidthsOfZeroWidthCharacters(t *testing.T) {
+	t.Parallel()
+	const cols = 23
+	first, second := widthTokens(0, 20), widthTokens(20, 20)
+	text := func(ws []string) string { return fmt.Sprintf(`{"type":"text","text":%q}`, strings.Join(ws, " ")) }
+	run := `{"model":"faux/x","tools":["sleep"],"faux":{"tokenSize":1,"tokensPerSecond":20,"responses":[` +
+		`{"content":[` + text(first) + `,{"type":"toolCall","id":"s1","name":"sleep","arguments":{"seconds":2}}],"stopReason":"toolUse"},` +
+		`{"content":[` + text(second) + `]}]}}`
+	p := startPTYSize(t, 24, cols, nil, "--request", request(t, run), "go")
+	checkInput := func(typed string) {
+		t.Helper()
+		v := p.waitScreen(t, "the typed line", func(v *vt) bool {
+			l := v.cursorLine()
+			return strings.HasPrefix(l, "» ") && strings.HasSuffix(typed, strings.TrimPrefix(strings.TrimPrefix(l, "» "), "…"))
+		}, 30*time.Second)
+		l := v.cursorLine()
+		if w := uniseg.StringWidth(l); w > cols-1 || v.cursorCol() != w {
+			t.Fatalf("the typed line %q is %d columns, the cursor at column %d (terminal of %d):\n%s", l, w, v.cursorCol(), cols, v)
+		}
+		if !strings.HasPrefix(l, "» …") && l != "» "+typed {
+			t.Fatalf("the typed line is %q, typed %q", l, typed)
+		}
+	}
+	p.waitScreen(t, first[3], shows(first[3]), 30*time.Second)
+	typed := ""
+	for _, k := range []string{"❤\ufe0f", "e\u0301", "👩\u200d💻", " 漢"} {
+		p.typeLine(t, k)
+		typed += k
+		checkInput(typed)
+	}
+	p.waitScreen(t, "the sleep tool running", shows("⚙ sleep"), 30*time.Second)
+	// Longer than the row: its end is shown.
+	for range 12 {
+		p.typeLine(t, "❤\ufe0f")
+		typed += "❤\ufe0f"
+		checkInput(typed)
+	}
+	p.typeLine(t, "\x15") // Ctrl-U: nothing sent
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.screen(t))
+	}
+	var got []string
+	for _, l := range p.screen(t).lines() {
+		if w := uniseg.StringWidth(l); w > cols {
+			t.Errorf("a line of %d columns on a terminal of %d: %q", w, cols, l)
+		}
+		if !slices.ContainsFunc(strings.Fields(l), widthToken.MatchString) {
+			continue
+		}
+		if strings.Join(strings.Fields(l), " ") != l {
+			t.Errorf("words spaced apart: %q", l)
+		}
+		got = append(got, strings.Fields(l)...)
+	}
+	if want := append(first, second...); !slices.Equal(got, want) {
+		t.Errorf("the words shown:\n%q\nwant\n%q\n%s", got, want, p.screen(t))
 	}
 }

@@ -152,6 +152,11 @@ func TestLineInputEditing(t *testing.T) {
 	if in.text() != "aé" {
 		t.Errorf("text %q", in.text())
 	}
+	// Backspace takes a character whole: its mark, its joined emoji.
+	in.feed([]byte("\x15ae\u0301👩\u200d💻❤\ufe0f\x7f\x7f\x7f"))
+	if in.text() != "a" {
+		t.Errorf("after three Backspaces: %q", in.text())
+	}
 	in.feed([]byte{0x15})
 	if _, eof := in.feed([]byte{0x04}); !eof {
 		t.Error("Ctrl-D on an empty line does not end the input")

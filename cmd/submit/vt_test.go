@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/rivo/uniseg"
 )
 
 // vt is a minimal VT100 screen: what a person sees of submit's output on
@@ -12,19 +14,26 @@ import (
 // \b, ESC[K, ESC[nA, ESC[nG and SGR colours, with the deferred wrap of real
 // terminals at the last column; anything else is an error, so that a new
 // escape in the renderer is taught to the model. Rows scrolled off the top
-// go to the scrollback.
+// go to the scrollback. A cell holds a character as a grapheme-aware
+// terminal shows it (a grapheme cluster, uniseg's width): a mark, a joiner
+// or VS16 written right after a character joins its cell, and a wide one
+// takes the next cell too ("" there).
 type vt struct {
 	rows, cols int
-	screen     [][]rune
+	screen     [][]string
 	scrollback []string
 	row, col   int
 	wrapNext   bool // the last column was written: the next character wraps
-	pending    []byte
-	err        error
+	// joinAt is the cell written last, while the cursor has not moved but
+	// for that write: what follows may join it.
+	joinAt   [2]int
+	joinable bool
+	pending  []byte
+	err      error
 }
 
 func newVT(rows, cols int) *vt {
-	v := &vt{rows: rows, cols: cols, screen: make([][]rune, rows)}
+	v := &vt{rows: rows, cols: cols, screen: make([][]string, rows)}
 	return v
 }
 
@@ -34,6 +43,9 @@ func (v *vt) Write(p []byte) (int, error) {
 	v.pending = nil
 	for i := 0; i < len(b); {
 		c := b[i]
+		if c < 0x20 {
+			v.joinable = false
+		}
 		switch {
 		case c == '\r':
 			v.col, v.wrapNext = 0, false
@@ -117,25 +129,56 @@ func (v *vt) csi(params string, final byte) {
 }
 
 func (v *vt) put(r rune) {
-	if v.wrapNext {
+	if v.joinable {
+		row, col := v.joinAt[0], v.joinAt[1]
+		cell := v.screen[row][col]
+		if g, rest, _, _ := uniseg.FirstGraphemeClusterInString(cell+string(r), -1); rest == "" {
+			v.screen[row][col] = g
+			if uniseg.StringWidth(g) > uniseg.StringWidth(cell) && col+1 < v.cols {
+				v.set(row, col+1, "")
+				if col+2 < v.cols {
+					v.col = col + 2
+				} else {
+					v.col, v.wrapNext = v.cols-1, true
+				}
+			}
+			return
+		}
+	}
+	w := uniseg.StringWidth(string(r))
+	if w == 0 {
+		return // joins nothing: not shown
+	}
+	if v.wrapNext || w == 2 && v.col == v.cols-1 {
 		v.col = 0
 		v.lineFeed()
 	}
-	line := v.screen[v.row]
-	for len(line) < v.col {
-		line = append(line, ' ')
+	v.set(v.row, v.col, string(r))
+	if w == 2 {
+		v.set(v.row, v.col+1, "")
 	}
-	if v.col < len(line) {
-		line[v.col] = r
+	v.joinAt, v.joinable = [2]int{v.row, v.col}, true
+	if v.col+w >= v.cols {
+		v.col, v.wrapNext = v.cols-1, true
 	} else {
-		line = append(line, r)
+		v.col += w
 	}
-	v.screen[v.row] = line
-	if v.col == v.cols-1 {
-		v.wrapNext = true
-	} else {
-		v.col++
+}
+
+// set writes a cell; a wide character it overwrites half of is blanked.
+func (v *vt) set(row, col int, cell string) {
+	line := v.screen[row]
+	for len(line) <= col {
+		line = append(line, " ")
 	}
+	if line[col] == "" && col > 0 && cell != "" {
+		line[col-1] = " "
+	}
+	if col+1 < len(line) && line[col+1] == "" && uniseg.StringWidth(line[col]) == 2 {
+		line[col+1] = " "
+	}
+	line[col] = cell
+	v.screen[row] = line
 }
 
 // lineFeed moves down a row, scrolling at the bottom.
@@ -145,7 +188,8 @@ func (v *vt) lineFeed() {
 		v.row++
 		return
 	}
-	v.scrollback = append(v.scrollback, string(v.screen[0]))
+	v.scrollback = append(v.scrollback, strings.Join(v.screen[0], ""))
+	v.joinAt[0]--
 	copy(v.screen, v.screen[1:])
 	v.screen[v.rows-1] = nil
 }
@@ -162,17 +206,20 @@ func (v *vt) lines() []string {
 	out := append([]string(nil), v.scrollback...)
 	last := -1
 	for i, r := range v.screen {
-		if strings.TrimSpace(string(r)) != "" || i == v.row {
+		if strings.TrimSpace(strings.Join(r, "")) != "" || i == v.row {
 			last = i
 		}
 	}
 	for _, r := range v.screen[:last+1] {
-		out = append(out, strings.TrimRight(string(r), " "))
+		out = append(out, strings.TrimRight(strings.Join(r, ""), " "))
 	}
 	return out
 }
 
 // cursorLine is the row the cursor is on.
-func (v *vt) cursorLine() string { return strings.TrimRight(string(v.screen[v.row]), " ") }
+func (v *vt) cursorLine() string { return strings.TrimRight(strings.Join(v.screen[v.row], ""), " ") }
+
+// cursorCol is the cursor's column (0 the first), as the terminal shows it.
+func (v *vt) cursorCol() int { return v.col }
 
 func (v *vt) String() string { return strings.Join(v.lines(), "\n") }
