@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -95,9 +96,13 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	var lines <-chan string
 	var keys <-chan []byte
 	var typed lineInput
+	var mode *termMode
+	var jobs <-chan os.Signal
 	if o.interactive {
-		if restore, err := e.keyMode(); err == nil {
-			defer restore()
+		if m, err := e.keyMode(); err == nil {
+			mode = m
+			defer func() { _ = m.restore() }() // a panic too
+			jobs = m.signals()
 			keys = readKeys(e.stdin)
 		} else {
 			lines = readLines(e.stdin)
@@ -249,6 +254,20 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 			}
 		case <-e.resize:
 			r.resize(e.termWidth())
+		case sig := <-jobs:
+			// Ctrl-Z: the terminal goes back to the shell as it was; fg
+			// (SIGCONT) takes it again, the bottom row on a line of its
+			// own below what the shell printed.
+			switch {
+			case mode.isStop(sig):
+				r.suspend()
+				mode.stop()
+			case mode.isCont(sig):
+				if err := mode.resume(); err != nil {
+					say(fmt.Sprintf("submit: warning: the terminal's mode: %v", err))
+				}
+				r.resumed()
+			}
 		case b, ok := <-keys:
 			if !ok {
 				keys = nil

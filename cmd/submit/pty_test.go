@@ -34,8 +34,16 @@ func startPTY(t *testing.T, extraEnv []string, args ...string) *ptyProc {
 
 func startPTYSize(t *testing.T, rows, cols int, extraEnv []string, args ...string) *ptyProc {
 	t.Helper()
-	p := &ptyProc{cmd: exec.Command(fleet.submit, args...), out: newOutBuf(), done: make(chan struct{}), rows: rows, sizes: []ptySize{{0, cols}}}
-	p.cmd.Env = submitEnv(extraEnv...)
+	cmd := exec.Command(fleet.submit, args...)
+	cmd.Env = submitEnv(extraEnv...)
+	return startPTYCmd(t, rows, cols, cmd)
+}
+
+// startPTYCmd runs cmd on a pseudo-terminal of rows × cols, as the
+// session's own process.
+func startPTYCmd(t *testing.T, rows, cols int, cmd *exec.Cmd) *ptyProc {
+	t.Helper()
+	p := &ptyProc{cmd: cmd, out: newOutBuf(), done: make(chan struct{}), rows: rows, sizes: []ptySize{{0, cols}}}
 	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: uint16(rows), Cols: uint16(cols)})
 	if err != nil {
 		t.Fatal(err)

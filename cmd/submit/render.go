@@ -157,6 +157,13 @@ func (r *renderer) resize(width int) {
 	r.setInput(r.typed)
 }
 
+// suspend removes the bottom row and the colours: the terminal goes to
+// the shell (Ctrl-Z).
+func (r *renderer) suspend() { r.scr.suspend() }
+
+// resumed draws the bottom row again after a stop.
+func (r *renderer) resumed() { r.scr.resume() }
+
 // end removes the bottom row and ends the output's line: submit is done
 // with the terminal.
 func (r *renderer) end() {

@@ -129,6 +129,26 @@ func (s *screen) resize(width int) {
 	s.show()
 }
 
+// suspend clears the bottom row and the colours for the shell, which
+// takes the terminal (Ctrl-Z).
+func (s *screen) suspend() {
+	s.hide()
+	if s.sgr != "" {
+		_, _ = io.WriteString(s.w, "\x1b[0m")
+	}
+}
+
+// resume takes the terminal back after a stop: the shell has printed
+// below the output (fg), the cursor is at the start of a row of its own,
+// or, stopped without the shell, on the bottom row still. What follows
+// starts on that row, the bottom row below it.
+func (s *screen) resume() {
+	_, _ = io.WriteString(s.w, "\r\x1b[K"+s.sgr)
+	s.shown = false
+	s.col, s.last, s.spaces = 0, "", 0
+	s.show()
+}
+
 // hide clears the bottom row and puts the cursor back at the end of the
 // output.
 func (s *screen) hide() {
