@@ -23,6 +23,8 @@ type ptyProc struct {
 	rows int
 	// sizes are the terminal's widths: from byte at of the output on.
 	sizes []ptySize
+	// reflow: the terminal breaks rows on a shrink, as tmux (vt.reflow).
+	reflow bool
 }
 
 type ptySize struct{ at, cols int }
@@ -92,6 +94,7 @@ func (p *ptyProc) screen(t *testing.T) *vt {
 	t.Helper()
 	out := []byte(p.out.String())
 	v := newVT(p.rows, p.sizes[0].cols)
+	v.reflow = p.reflow
 	at := 0
 	for _, sz := range p.sizes[1:] {
 		_, _ = v.Write(out[at:min(sz.at, len(out))])

@@ -16,8 +16,9 @@ import (
 // it draws the row again below. On a pipe (no width, no bottom row) it
 // passes the output through unchanged.
 //
-// Escapes it emits: \r, \n, ESC[K (clear to the end of the row), ESC[A
-// (up one row), ESC[nG (to column n) and the SGR colours it is given.
+// Escapes it emits: \r, \n, ESC[K (clear to the end of the row), ESC[J
+// (to the end of the screen), ESC[nA (up n rows), ESC[nG (to column n)
+// and the SGR colours it is given.
 type screen struct {
 	w     io.Writer
 	width int // columns; 0: no wrapping
@@ -119,14 +120,53 @@ func (s *screen) setBottom(text string) {
 	s.show()
 }
 
-// resize takes the terminal's new width for what follows.
+// resize takes the terminal's new width for what follows; the bottom row
+// is then to be set again, fitted to it. A terminal
+// that reflows on a shrink (tmux, VTE, kitty, iTerm2 and most others)
+// has broken the bottom row into rows of the new width, the cursor on the
+// last: they are all cleared, not only that one, and the output's last
+// line, broken too if now wider than the terminal, is left as it is: what
+// follows goes on below it. (A terminal that does not reflow, xterm, loses
+// the rows of output above the bottom row from its screen.)
 func (s *screen) resize(width int) {
 	if width == s.width {
 		return
 	}
-	s.hide()
-	s.width = width
-	s.show()
+	if !s.shown || width <= 0 || s.width > 0 && width > s.width {
+		s.hide()
+		s.width, s.bottom = width, ""
+		return
+	}
+	if up := rowsAt(s.bottom, width) - 1; up > 0 {
+		_, _ = fmt.Fprintf(s.w, "\x1b[%dA", up)
+	}
+	_, _ = io.WriteString(s.w, "\r\x1b[J")
+	s.shown = false
+	if s.col >= width {
+		s.col, s.last = 0, ""
+	} else if s.col > 0 {
+		_, _ = fmt.Fprintf(s.w, "\x1b[A\x1b[%dG", s.col+1)
+	}
+	if s.sgr != "" {
+		_, _ = io.WriteString(s.w, s.sgr)
+	}
+	// The bottom row's text was fitted to the old width: the caller
+	// draws it anew (setBottom).
+	s.width, s.bottom = width, ""
+}
+
+// rowsAt is the rows text takes on a terminal width columns wide, broken
+// between characters (a wide one that does not fit goes to the next row).
+func rowsAt(text string, width int) int {
+	rows, x := 1, 0
+	for _, g := range graphemes(stripANSI(text)) {
+		w := uniseg.StringWidth(g)
+		if x+w > width {
+			rows, x = rows+1, 0
+		}
+		x += w
+	}
+	return rows
 }
 
 // suspend clears the bottom row and the colours for the shell, which

@@ -228,3 +228,74 @@ func TestWidthsOfZeroWidthCharacters(t *testing.T) {
 		t.Errorf("the words shown:\n%q\nwant\n%q\n%s", got, want, p.screen(t))
 	}
 }
+
+var typedPiece = regexp.MustCompile(`steer\d`)
+
+// TestShrinkWhileTyping narrows a terminal that reflows (as tmux does)
+// from 60 to 20 columns while a long line is being typed and the output's
+// last line is wider than 20: no piece of the old, wider typed line is
+// left on the screen, the typed line is drawn again to fit, and what
+// streams after wraps at 20 columns by itself, whole words.
+func TestShrinkWhileTyping(t *testing.T) {
+	t.Parallel()
+	text := func(s string) string { return fmt.Sprintf(`{"type":"text","text":%q}`, s) }
+	run := `{"model":"faux/x","tools":["sleep"],"faux":{"tokenSize":1,"tokensPerSecond":60,"responses":[` +
+		`{"content":[` + text(words(1, 40)) + `,{"type":"toolCall","id":"s1","name":"sleep","arguments":{"seconds":4}}],"stopReason":"toolUse"},` +
+		`{"content":[` + text(words(41, 40)) + `]}]}}`
+	p := startPTYSize(t, 40, 60, nil, "--request", request(t, run), "count")
+	p.reflow = true
+	p.waitScreen(t, "word0005", shows("word0005"), 30*time.Second)
+	typed := "steer1 steer2 steer3 steer4 steer5 steer6 steer7"
+	p.typeLine(t, typed)
+	p.waitScreen(t, "the typed line", func(v *vt) bool { return v.cursorLine() == "» "+typed }, 30*time.Second)
+	// Narrowed while the run sleeps in its tool: submit writes nothing
+	// then (the typed line hides the status), so the terminal reflows
+	// what it drew at 60 columns.
+	p.waitScreen(t, "the sleep tool running", shows(`⚙ sleep {"seconds":4}`), 30*time.Second)
+	p.resize(t, 20)
+	v := p.waitScreen(t, "the typed line drawn again", func(v *vt) bool { return strings.HasPrefix(v.cursorLine(), "» …") }, 30*time.Second)
+	if l := v.cursorLine(); !strings.HasSuffix(l, " steer6 steer7") || uniseg.StringWidth(l) != 19 {
+		t.Errorf("the typed line, fitted to 20 columns: %q", l)
+	}
+	onlyBottom := func(v *vt) {
+		t.Helper()
+		lines := v.lines()
+		for i, l := range lines[:len(lines)-1] {
+			if typedPiece.MatchString(l) || strings.HasPrefix(l, "»") {
+				t.Fatalf("a piece of the typed line on row %d, above the bottom one:\n%s", i, v)
+			}
+		}
+	}
+	onlyBottom(v)
+	p.waitScreen(t, "word0050", shows("word0050"), 30*time.Second)
+	onlyBottom(p.screen(t))
+	p.typeLine(t, "\x15")
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.screen(t))
+	}
+	v = p.screen(t)
+	lines, wrapped := v.lines(), v.wrapped()
+	var got []string
+	after := false
+	for i, l := range lines {
+		if typedPiece.MatchString(l) {
+			t.Errorf("a piece of the typed line stayed: %q\n%s", l, v)
+		}
+		if strings.Contains(l, "word0041") {
+			after = true
+		}
+		if after && (uniseg.StringWidth(l) > 20 || wrapped[i]) {
+			t.Errorf("after the resize, a line the terminal had to wrap: %q\n%s", l, v)
+		}
+		if !strings.Contains(l, "word") {
+			continue
+		}
+		if wrapped[i] && len(got) > 0 && !after { // a row the reflow broke off: one line with the one above
+			l = got[len(got)-1] + l
+			got = got[:len(got)-1]
+		}
+		got = append(got, l)
+	}
+	checkWrapped(t, strings.Fields(strings.Join(got, " ")), words(1, 80), 8)
+	t.Logf("the screen:\n%s", v)
+}

@@ -11,7 +11,7 @@ import (
 
 // vt is a minimal VT100 screen: what a person sees of submit's output on
 // a terminal. It knows only what submit emits (termui.go): text, \r, \n,
-// \b, ESC[K, ESC[nA, ESC[nG and SGR colours, with the deferred wrap of real
+// \b, ESC[K, ESC[J, ESC[nA, ESC[nG and SGR colours, with the deferred wrap of real
 // terminals at the last column; anything else is an error, so that a new
 // escape in the renderer is taught to the model. Rows scrolled off the top
 // go to the scrollback. A cell holds a character as a grapheme-aware
@@ -22,18 +22,25 @@ type vt struct {
 	rows, cols int
 	screen     [][]string
 	scrollback []string
+	scrollCont []bool
 	row, col   int
 	wrapNext   bool // the last column was written: the next character wraps
 	// joinAt is the cell written last, while the cursor has not moved but
 	// for that write: what follows may join it.
 	joinAt   [2]int
 	joinable bool
-	pending  []byte
-	err      error
+	// reflow: a shrink breaks rows wider than the terminal into rows of
+	// its width, the cursor going with its cell, as tmux does (else rows
+	// keep what they show, as xterm). cont marks a row that goes on the
+	// row above (broken by a wrap or a reflow).
+	reflow  bool
+	cont    []bool
+	pending []byte
+	err     error
 }
 
 func newVT(rows, cols int) *vt {
-	v := &vt{rows: rows, cols: cols, screen: make([][]string, rows)}
+	v := &vt{rows: rows, cols: cols, screen: make([][]string, rows), cont: make([]bool, rows)}
 	return v
 }
 
@@ -119,6 +126,17 @@ func (v *vt) csi(params string, final byte) {
 			v.screen[v.row] = v.screen[v.row][:v.col]
 		}
 		v.wrapNext = false
+	case 'J':
+		if params != "" {
+			v.fail("ESC[%sJ", params)
+		}
+		if v.col < len(v.screen[v.row]) {
+			v.screen[v.row] = v.screen[v.row][:v.col]
+		}
+		for i := v.row + 1; i < v.rows; i++ {
+			v.screen[i], v.cont[i] = nil, false
+		}
+		v.wrapNext = false
 	case 'A':
 		v.row, v.wrapNext = max(0, v.row-n), false
 	case 'G':
@@ -152,6 +170,7 @@ func (v *vt) put(r rune) {
 	if v.wrapNext || w == 2 && v.col == v.cols-1 {
 		v.col = 0
 		v.lineFeed()
+		v.cont[v.row] = true
 	}
 	v.set(v.row, v.col, string(r))
 	if w == 2 {
@@ -186,16 +205,81 @@ func (v *vt) lineFeed() {
 	v.wrapNext = false
 	if v.row < v.rows-1 {
 		v.row++
+		v.cont[v.row] = false
 		return
 	}
 	v.scrollback = append(v.scrollback, strings.Join(v.screen[0], ""))
+	v.scrollCont = append(v.scrollCont, v.cont[0])
 	v.joinAt[0]--
 	copy(v.screen, v.screen[1:])
-	v.screen[v.rows-1] = nil
+	copy(v.cont, v.cont[1:])
+	v.screen[v.rows-1], v.cont[v.rows-1] = nil, false
 }
 
-// resize changes the width for what follows; rows keep what they show.
+// resize changes the width for what follows; on a shrink with reflow, rows
+// wider than cols are broken (the top rows going to the scrollback if the
+// screen overflows), else rows keep what they show.
 func (v *vt) resize(cols int) {
+	if v.reflow && cols < v.cols {
+		last := v.row
+		for i := range v.screen {
+			if strings.TrimSpace(strings.Join(v.screen[i], "")) != "" {
+				last = max(last, i)
+			}
+		}
+		var rows [][]string
+		var cont []bool
+		row, col := 0, 0
+		for i := 0; i <= last; i++ {
+			cells := v.screen[i]
+			for len(cells) > 0 && cells[len(cells)-1] == " " && !(i == v.row && len(cells) <= v.col) {
+				cells = cells[:len(cells)-1]
+			}
+			start, x := 0, 0
+			var chunks [][]string
+			var starts []int
+			for j := 0; j < len(cells); j++ {
+				w := max(uniseg.StringWidth(cells[j]), 0)
+				if cells[j] == "" {
+					continue
+				}
+				if x+w > cols {
+					chunks, starts = append(chunks, cells[start:j]), append(starts, start)
+					start, x = j, 0
+				}
+				x += w
+				if w == 2 {
+					j++
+				}
+			}
+			chunks, starts = append(chunks, cells[start:]), append(starts, start)
+			for k, c := range chunks {
+				if i == v.row {
+					at := v.col
+					if v.wrapNext {
+						at++
+					}
+					if at >= starts[k] && (k == len(chunks)-1 || at < starts[k+1]) {
+						row, col = len(rows), at-starts[k]
+					}
+				}
+				rows = append(rows, append([]string(nil), c...))
+				cont = append(cont, k > 0 || v.cont[i])
+			}
+		}
+		for len(rows) > v.rows {
+			v.scrollback = append(v.scrollback, strings.Join(rows[0], ""))
+			v.scrollCont = append(v.scrollCont, cont[0])
+			rows, cont, row = rows[1:], cont[1:], row-1
+		}
+		v.screen, v.cont = make([][]string, v.rows), make([]bool, v.rows)
+		copy(v.screen, rows)
+		copy(v.cont, cont)
+		v.row, v.col, v.wrapNext, v.joinable = row, col, false, false
+		if col >= cols {
+			v.col, v.wrapNext = cols-1, true
+		}
+	}
 	v.cols = cols
 	v.col = min(v.col, cols-1)
 }
@@ -214,6 +298,13 @@ func (v *vt) lines() []string {
 		out = append(out, strings.TrimRight(strings.Join(r, ""), " "))
 	}
 	return out
+}
+
+// wrapped reports, for each of lines, whether the terminal broke it off
+// the line above (an autowrap or a reflow) rather than a newline.
+func (v *vt) wrapped() []bool {
+	out := append([]bool(nil), v.scrollCont...)
+	return append(out, v.cont[:len(v.lines())-len(v.scrollback)]...)
 }
 
 // cursorLine is the row the cursor is on.
