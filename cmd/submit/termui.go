@@ -143,7 +143,7 @@ func (s *screen) resize(width int) {
 	_, _ = io.WriteString(s.w, "\r\x1b[J")
 	s.shown = false
 	if s.col >= width {
-		s.col, s.last = 0, ""
+		s.col, s.last, s.spaces = 0, "", 0 // no spaces at the start of the row
 	} else if s.col > 0 {
 		_, _ = fmt.Fprintf(s.w, "\x1b[A\x1b[%dG", s.col+1)
 	}
