@@ -121,13 +121,13 @@ func (s *screen) setBottom(text string) {
 }
 
 // resize takes the terminal's new width for what follows; the bottom row
-// is then to be set again, fitted to it. A terminal
-// that reflows on a shrink (tmux, VTE, kitty, iTerm2 and most others)
-// has broken the bottom row into rows of the new width, the cursor on the
-// last: they are all cleared, not only that one, and the output's last
-// line, broken too if now wider than the terminal, is left as it is: what
-// follows goes on below it. (A terminal that does not reflow, xterm, loses
-// the rows of output above the bottom row from its screen.)
+// is then to be set again, fitted to it. A terminal that reflows on a
+// shrink (tmux, VTE, kitty, iTerm2 and most others) has broken the bottom
+// row into rows of the new width, the cursor on the last: they are all
+// cleared, not only that one, and the output's last line, broken too if
+// now wider than the terminal, is left as it is: what follows goes on
+// below it. (A terminal that does not reflow, xterm, loses the rows of
+// output above the bottom row from its screen.)
 func (s *screen) resize(width int) {
 	if width == s.width {
 		return

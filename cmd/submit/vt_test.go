@@ -239,10 +239,10 @@ func (v *vt) resize(cols int) {
 			var chunks [][]string
 			var starts []int
 			for j := 0; j < len(cells); j++ {
-				w := max(uniseg.StringWidth(cells[j]), 0)
 				if cells[j] == "" {
 					continue
 				}
+				w := uniseg.StringWidth(cells[j])
 				if x+w > cols {
 					chunks, starts = append(chunks, cells[start:j]), append(starts, start)
 					start, x = j, 0
