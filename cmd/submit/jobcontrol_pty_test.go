@@ -78,6 +78,26 @@ func TestCtrlZAndFg(t *testing.T) {
 	t.Logf("the screen:\n%s", p.screen(t))
 }
 
+// TestCtrlZWithoutAShell presses Ctrl-Z where no shell could continue
+// submit (it is the session's own process, as under tmux new 'submit
+// ...'): the kernel would drop the stop, and so does submit, which goes on
+// with the typed line where it was.
+func TestCtrlZWithoutAShell(t *testing.T) {
+	t.Parallel()
+	p := startPTYSize(t, 24, 80, nil, "--request", request(t, streamingRun(3)), "count")
+	p.waitScreen(t, "the sleep tool running", shows("⚙ sleep"), 30*time.Second)
+	p.typeLine(t, "abc")
+	p.waitScreen(t, "the typed line", func(v *vt) bool { return v.cursorLine() == "» abc" }, 30*time.Second)
+	p.typeLine(t, "\x1a") // alone: the terminal flushes its input at Ctrl-Z
+	p.typeLine(t, "d")
+	p.waitScreen(t, "a key typed after Ctrl-Z", func(v *vt) bool { return v.cursorLine() == "» abcd" }, 30*time.Second)
+	p.typeLine(t, "\x15")
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.screen(t))
+	}
+	expect(t, p.screen(t).String(), "word0090", "✓ succeeded")
+}
+
 // TestCtrlBackslashRestoresTheTerminal quits with Ctrl-\ (SIGQUIT: the
 // runtime's dump and exit 2): the terminal is given back first.
 func TestCtrlBackslashRestoresTheTerminal(t *testing.T) {
