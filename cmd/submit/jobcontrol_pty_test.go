@@ -3,6 +3,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os/exec"
 	"strings"
@@ -140,56 +141,85 @@ func (p *panicWriter) Write(b []byte) (int, error) {
 	return p.w.Write(b)
 }
 
+// panicReader is a terminal whose read panics: a bug in the goroutine
+// that reads the keys.
+type panicReader struct{}
+
+func (panicReader) Read([]byte) (int, error) { panic("a bug in the keys' reader") }
+
 // TestPanicInTheFollowLoopRestoresTheTerminal runs submit in process on a
-// real pseudo-terminal and panics in its follow loop while the terminal
-// is in cbreak mode: the terminal is as it was when the panic goes on.
+// real pseudo-terminal and panics, while the terminal is in cbreak mode,
+// in its follow loop, then in another goroutine of it: the terminal is as
+// it was when the panic goes on.
 func TestPanicInTheFollowLoopRestoresTheTerminal(t *testing.T) {
-	ptmx, tty, err := pty.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ptmx.Close()
-	defer tty.Close()
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		_, _ = io.Copy(io.Discard, ptmx)
-	}()
-	defer func() { <-drained }()
-	defer tty.Close() // ends the drain (and the keys' reader)
-	var fd int
-	rc, err := tty.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = rc.Control(func(f uintptr) { fd = int(f) }) // valid while tty is open
-	mode := func() *unix.Termios {
-		tio, err := unix.IoctlGetTermios(fd, unix.TCGETS)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tio
-	}
-	if !cooked(mode()) {
-		t.Fatal("a new terminal is not in its usual mode")
-	}
-	e, _, _ := testEnv("")
-	var cbreakAtPanic bool
-	e.stdin, e.stdinTTY, e.stdoutTTY = tty, true, true
-	e.stdout = &panicWriter{w: tty, at: "The answer", before: func() { cbreakAtPanic = !cooked(mode()) }}
-	e.cbreak = func() (*termMode, error) { return cbreak(fd) }
-	func() {
-		defer func() {
-			if p := recover(); p != "a bug in the follow loop" {
-				t.Errorf("recovered %v", p)
+	for _, where := range []string{"loop", "goroutine"} {
+		t.Run(where, func(t *testing.T) {
+			ptmx, tty, err := pty.Open()
+			if err != nil {
+				t.Fatal(err)
 			}
-		}()
-		run(ctx(t), []string{"--request", request(t, toolRun), "panics"}, e)
-	}()
-	if !cbreakAtPanic {
-		t.Error("the terminal was not in cbreak mode at the panic")
-	}
-	if !cooked(mode()) {
-		t.Errorf("the terminal was left in cbreak mode (Lflag %#x)", mode().Lflag)
+			defer ptmx.Close()
+			drained := make(chan struct{})
+			go func() {
+				defer close(drained)
+				_, _ = io.Copy(io.Discard, ptmx)
+			}()
+			defer func() { <-drained }()
+			defer tty.Close() // ends the drain (and the keys' reader)
+			var fd int
+			rc, err := tty.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = rc.Control(func(f uintptr) { fd = int(f) }) // valid while tty is open
+			mode := func() *unix.Termios {
+				tio, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tio
+			}
+			if !cooked(mode()) {
+				t.Fatal("a new terminal is not in its usual mode")
+			}
+			e, _, _ := testEnv("")
+			e.stdin, e.stdout, e.stdinTTY, e.stdoutTTY = tty, tty, true, true
+			e.cbreak = func() (*termMode, error) { return cbreak(fd) }
+			var cbreakAtPanic bool
+			want := "a bug in the follow loop"
+			if where == "loop" {
+				e.stdout = &panicWriter{w: tty, at: "The answer", before: func() { cbreakAtPanic = !cooked(mode()) }}
+			} else {
+				want = "a bug in the keys' reader"
+				e.stdin = panicReader{}
+				cbreakAtPanic = true // the reader starts in cbreak mode
+			}
+			func() {
+				defer func() {
+					p := recover()
+					if p == nil || !strings.Contains(fmt.Sprint(p), want) {
+						t.Errorf("recovered %v, want %q", p, want)
+					}
+				}()
+				args := []string{"--request", request(t, toolRun), "panics"}
+				if where == "goroutine" {
+					// A run that lasts: the panic comes while it is followed.
+					id := "t-panic-" + bus.NewRunID()[:8]
+					args = []string{"--id", id, "--request", request(t, sleepRun(30, "never")), "panics"}
+					t.Cleanup(func() {
+						if _, _, code := submit(t, "abort", id); code != 0 {
+							t.Errorf("abort: exit %d", code)
+						}
+					})
+				}
+				run(ctx(t), args, e)
+			}()
+			if !cbreakAtPanic {
+				t.Error("the terminal was not in cbreak mode at the panic")
+			}
+			if !cooked(mode()) {
+				t.Errorf("the terminal was left in cbreak mode (Lflag %#x)", mode().Lflag)
+			}
+		})
 	}
 }
