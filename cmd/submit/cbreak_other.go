@@ -16,6 +16,7 @@ func cbreak(int) (*termMode, error) { return nil, errors.New("no cbreak mode on 
 func (*termMode) resume() error             { return nil }
 func (*termMode) signals() <-chan os.Signal { return nil }
 func (*termMode) isStop(os.Signal) bool     { return false }
+func (*termMode) isCont(os.Signal) bool     { return false }
 func (*termMode) stop()                     {}
 func (*termMode) restore() error            { return nil }
 
