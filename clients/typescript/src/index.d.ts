@@ -3,7 +3,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import type { ControlMessage, Event, Message, RunRecord as WireRunRecord, RunRequest, Usage } from "../types/protocol.js";
-import type { Cursor, Envelope, PendingCall, Transcript, UnknownEvent } from "./reader.js";
+import type { Cursor, FollowCursor, Envelope, PendingCall, Transcript, UnknownEvent } from "./reader.js";
 import type { Names } from "./names.js";
 
 export * from "./errors.js";
@@ -120,7 +120,7 @@ export declare class FollowStream implements AsyncIterable<Envelope<Event>> {
   /** Problems that did not stop the follow (gaps, envelopes that did not decode). */
   readonly warnings: Error[];
   /** Where to resume: pass it to follow. */
-  cursor(): Required<Cursor>;
+  cursor(): FollowCursor;
   /** Ends the iteration. */
   close(): void;
   [Symbol.asyncIterator](): AsyncGenerator<Envelope<Event>, void, undefined>;
