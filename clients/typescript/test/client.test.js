@@ -27,7 +27,8 @@ let hub;
 let client;
 
 before(async () => {
-  hub = await startWorker(["--concurrency", "16", "--ack-wait", "10s"], { name: "hub" });
+  // Two queues: a request under a used id on the other one is refused by the record's queue.
+  hub = await startWorker(["--concurrency", "16", "--ack-wait", "10s", "--queue", "default,other"], { name: "hub" });
   client = await connect({ servers: hub.url, followStallMs: 1000 });
 });
 
@@ -154,8 +155,13 @@ test("submit is idempotent by run id; another request under a used id is refused
   assert.equal(b.seq, a.seq);
   await assert.rejects(client.submit({ prompt: "another body" }, { id }), RunIdTakenError);
   await followAll(id);
-  // Once taken (the request acked and gone), the record's queue tells.
-  await assert.rejects(client.submit(req, { id, queue: "other" }), (err) => err instanceof UnknownQueueError || err instanceof RunIdTakenError);
+  // Once taken (the request acked and gone), the record's queue tells (on
+  // a queue that is declared: "other" is the hub's too).
+  await assert.rejects(client.submit(req, { id, queue: "other" }), (err) => {
+    assert.ok(err instanceof RunIdTakenError, `${err}`);
+    assert.match(err.message, /stored on queue "default", not "other"/);
+    return true;
+  });
   await assert.rejects(client.submit(req, { id: "bad id" }), InvalidArgumentError);
 });
 
@@ -169,10 +175,16 @@ test("errors: queue not declared, no such run, NATS unreachable, JetStream down"
   for (const call of [() => client.status("no-such-run"), () => client.result("no-such-run"), () => followAll("no-such-run")]) {
     await assert.rejects(call(), (err) => err instanceof RunNotFoundError && err.code === "run_not_found" && /no such run: no-such-run/.test(err.message));
   }
-  // A follower started before the run is submitted is not told it has none.
+  // A follower started before the run is submitted, that looked once and
+  // found nothing, is not told it has none.
   const early = newRunId();
-  const followed = followAll(early);
-  await new Promise((r) => setTimeout(r, 200)); // likely after the follower's first look (either order must pass)
+  const ef = client.follow(early);
+  const followed = (async () => {
+    const out = [];
+    for await (const env of ef) out.push(env);
+    return out;
+  })();
+  await Promise.race([waitFor(() => ef.missingLooks >= 1, "the follower's first look"), followed]);
   await client.submit({ prompt: "just in time" }, { id: early });
   const envs = await followed;
   assert.equal(envs.at(-1).event.type, "run_finished");
@@ -287,7 +299,8 @@ test("approvals: the fleet's pending calls, approve with an edit, deny with a re
   assert.equal(resolved.by, "alice");
   const endA = ea.find((e) => e.type === "tool_execution_end");
   assert.equal(endA.isError, false);
-  assert.match(JSON.stringify(endA.result), /"5"|5/);
+  // The edited expression ran (2+3), not the model's (1234*5678 = 7006652, which has a 5 too).
+  assert.deepEqual(endA.result.content, [{ type: "text", text: "5" }]);
   const endB = eb.find((e) => e.type === "tool_execution_end");
   assert.equal(endB.isError, true);
   assert.match(JSON.stringify(endB.result), /not in production/);
