@@ -110,6 +110,18 @@ function isNoResponders(err) {
   return false;
 }
 
+/**
+ * Whether a failure is the connection's close: a request made after it, or
+ * one out when it came (a RequestError "connection closed").
+ * @param {any} err
+ */
+function isClosedConnection(err) {
+  for (let e = err; e; e = e.cause) {
+    if (e.name === "ClosedConnectionError" || (e.name === "RequestError" && /connection closed/i.test(e.message))) return true;
+  }
+  return false;
+}
+
 /** @param {any} err @param {number} code */
 function apiCode(err, code) {
   for (let e = err; e; e = e.cause) if (e.code === code && typeof e.apiError === "function") return true;
@@ -215,7 +227,7 @@ export class Client {
     if (err instanceof AgentfleetError) return err;
     const e = /** @type {any} */ (err);
     if (apiCode(e, 10059) || /stream not found/i.test(e?.message ?? "")) return new NoStreamsError(stream, { cause: err });
-    if (!this.connected || e?.name === "ClosedConnectionError") {
+    if (!this.connected || this.nc.isClosed() || isClosedConnection(e)) {
       return new NatsUnreachableError(redact(this.nc.getServer?.() ?? "the server"), { cause: err });
     }
     if (isTransient(err) || apiCode(e, 10039)) return new JetStreamUnavailableError(what, { cause: err });

@@ -250,6 +250,34 @@ test("steer and follow-up with keys: a retry is stored once and reaches the run 
   await assert.rejects(client.steer(id, "x", { key: "no spaces" }), InvalidArgumentError);
 });
 
+test("a control whose request fails rejects with the client's error and leaves no unhandled rejection", async () => {
+  /** @type {unknown[]} */
+  const unhandled = [];
+  const onUnhandled = (/** @type {unknown} */ err) => unhandled.push(err);
+  process.on("unhandledRejection", onUnhandled);
+  const { id } = await client.submit(gated()); // waits for an approval: running until answered
+  try {
+    for (const when of ["before the requests went out", "while they are out"]) {
+      const c = await connect({ servers: hub.url });
+      await c.record(id); // the records bucket opened: each control's first request is its record's read
+      const calls = [c.steer(id, "x"), c.followUp(id, "y"), c.abort(id), c.approve(id, "c1"), c.deny(id, "c1"), c.steer(id, "x", { key: "k" })];
+      if (when === "while they are out") await new Promise((r) => setImmediate(r));
+      await c.close();
+      for (const p of calls) await assert.rejects(p, (err) => err instanceof NatsUnreachableError || assert.fail(`${when}: ${err}`));
+      await assert.rejects(c.steer(id, "after"), NatsUnreachableError);
+    }
+    // A publish JetStream refuses.
+    await assert.rejects(client.steer(id, "x", { headers: { "Nats-Expected-Last-Sequence": "1" } }), /wrong last sequence/);
+    // Unhandled rejections are reported once the microtasks have run.
+    await new Promise((r) => setImmediate(r));
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(unhandled, []);
+  } finally {
+    process.off("unhandledRejection", onUnhandled);
+    await client.abort(id);
+  }
+});
+
 test("abort a running run", async () => {
   const { id } = await client.submit(sleeper(60));
   const { it } = await followUntil(id, (e) => e.event.type === "tool_execution_start");
