@@ -183,7 +183,9 @@ export class Client {
    */
   async close() {
     for (const f of this._follows) f.close();
-    await Promise.allSettled([...this._cleanups]);
+    // Not while NATS is away: a deletion would wait for its timeout, and the
+    // consumer goes anyway after its inactive threshold.
+    if (this.connected) await Promise.allSettled([...this._cleanups]);
     if (this.own) await this.nc.close();
   }
 

@@ -41,6 +41,8 @@ export declare class Follower {
   attempt: number;
   seq: number;
   finished: boolean;
+  /** Resumed mid-stream without the state (a cursor with from alone): the first envelope taken cannot tell a gap. */
+  blind: boolean;
   cursor(): FollowCursor;
   /** A message at this stream sequence was read. */
   read(streamSeq: number): void;
