@@ -37,25 +37,30 @@ import (
 //     request when the next one is read.
 //  5. So the loop moves to a new inbox when a request ends otherwise: a
 //     refusal that may leave messages on their way (a leader change: the
-//     old leader's may follow the new one's 409), or nothing for
-//     requestGrace past the expiry (a lost connection). What still reaches
-//     the old inbox has no slot: it is handed back at once, not left for
-//     AckWait; the request it came for has expired, so it goes to another.
+//     old leader's may follow the new one's 409), or a request lost (a
+//     lost connection, a restarted server): nothing for requestGrace past
+//     the expiry, and a ping's pong then read with nothing of the request
+//     before it. Silence alone is not loss: behind a slow reader the
+//     request's messages and its end wait in the server's buffer for
+//     seconds, and giving up then handed every one of them back (attempt
+//     2 of a run never started). What still reaches the old inbox has no
+//     slot: it is handed back at once, not left for AckWait; the request
+//     it came for has ended, so it goes to another.
 type Puller struct {
-	nc      *nats.Conn
-	subject string // the consumer's next-message API subject
-	inbox   string // request k replies to inbox.k
-	sub     *nats.Subscription
-	seq     uint64
-	grace   time.Duration
-	late    sync.WaitGroup // hand-backs of abandoned inboxes
-	onLate  func()         // a late message was handed back (tests)
+	nc       *nats.Conn
+	subject  string // the consumer's next-message API subject
+	inbox    string // request k replies to inbox.k
+	sub      *nats.Subscription
+	seq      uint64
+	grace    time.Duration
+	late     sync.WaitGroup // hand-backs of abandoned inboxes
+	onLate   func()         // a late message was handed back (tests)
+	onBehind func()         // a silent request was found still on its way (tests)
 }
 
-// requestGrace is how long past its expiry a request may go silent before
-// the loop moves on: the server sends nothing after the expiry, so only a
-// reader this far behind loses messages, which are then handed back.
-// (nats.go's fetch waited a second.)
+// requestGrace is how long past its expiry (and then between checks) a
+// request may go silent before the loop asks whether it is behind or the
+// request lost (caughtUp).
 const requestGrace = 2 * time.Second
 
 func NewPuller(nc *nats.Conn, cons jetstream.Consumer) (*Puller, error) {
@@ -126,10 +131,18 @@ func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.
 		return 0, err
 	}
 	got, left := 0, maxBytes
+	deadline := expiresAt.Add(p.grace)
 	for got < n {
-		m, err := p.sub.NextMsg(time.Until(expiresAt) + p.grace)
+		m, err := p.sub.NextMsg(time.Until(deadline))
 		if errors.Is(err, nats.ErrTimeout) {
-			return got, p.moveOn(errRequestLost)
+			if p.caughtUp() {
+				return got, p.moveOn(errRequestLost)
+			}
+			if p.onBehind != nil {
+				p.onBehind()
+			}
+			deadline = time.Now().Add(p.grace)
+			continue
 		}
 		if err != nil {
 			return got, err
@@ -159,6 +172,25 @@ func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.
 		}
 	}
 	return got, nil
+}
+
+// caughtUp reports whether the loop has read all the server sent it before
+// now, so that a request still without its end is lost. The server writes
+// a pong after what it queued for the connection before the ping (the
+// request's messages and its end status among them, past its expiry): a
+// pong read with nothing pending on the inbox is the proof. A pong not
+// back within grace on a live connection says the reader is behind; on a
+// connection that is gone or came back, what was on its way is lost.
+func (p *Puller) caughtUp() bool {
+	err := p.nc.FlushTimeout(p.grace)
+	if errors.Is(err, nats.ErrTimeout) && p.nc.IsConnected() {
+		return false
+	}
+	if err != nil {
+		return true
+	}
+	pending, _, err := p.sub.Pending()
+	return err != nil || pending == 0
 }
 
 // moveOn moves the loop to a new inbox after a request that ended with

@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -192,28 +193,110 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	}
 }
 
-// A request the loop gave up on (nothing read for grace past its
-// expiry) moves the loop to a new inbox; what reaches the old one later is
-// handed back at once, not left for AckWait (30 s here): the next request
-// gets it again.
-func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
+// A reader stalled well past the request's expiry and requestGrace (as
+// behind a loaded machine's slow read side, the server's buffer full of
+// what it sent before) still gets every message of its request, on first
+// delivery: silence is not loss while what the server sent has not been
+// read. The loop gave up after the grace and handed each message back:
+// attempt 2 of runs never started (TestLargeRequestsAreFetchedWithinTheByteBound
+// under load).
+func TestAStalledReaderKeepsItsRequestPastTheGrace(t *testing.T) {
 	f := newPullFixture(t)
-	p, err := NewPuller(f.nc, f.cons)
+	f.publish(t, 5)
+	p := newPullerT(t, f.cons, f.nc)
+	p.grace = 200 * time.Millisecond
+	var late atomic.Int32
+	p.onLate = func() { late.Add(1) }
+	behind := make(chan struct{}, 64)
+	p.onBehind = func() { behind <- struct{}{} }
+
+	f.gate.shut()
+	type result struct {
+		msgs []jetstream.Msg
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		_, r.err = p.Fetch(8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		done <- r
+	}()
+	f.waitDelivered(t, 5)
+	// The loop finds itself behind twice (two graces and two pings past
+	// the expiry) while the messages sit in the socket.
+	for range 2 {
+		select {
+		case <-behind:
+		case r := <-done:
+			f.gate.reopen()
+			t.Fatalf("the request ended while its messages were on their way: %d messages, %v", len(r.msgs), r.err)
+		}
+	}
+	f.gate.reopen()
+	r := <-done
+	if r.err != nil || len(r.msgs) != 5 {
+		t.Fatalf("got %d messages, err %v; want 5", len(r.msgs), r.err)
+	}
+	for i, m := range r.msgs {
+		if md, err := m.Metadata(); err != nil || md.NumDelivered != 1 || md.Sequence.Stream != uint64(i+1) {
+			t.Fatalf("message %d: %+v %v", i, md, err)
+		}
+	}
+	if n := late.Load(); n != 0 {
+		t.Fatalf("%d messages handed back", n)
+	}
+}
+
+// A request no one answers (lost with a connection, or with a server that
+// restarted without its shutdown's 409) is given up once the loop has read
+// all the server sent before: the loop is not left waiting for an end that
+// never comes.
+func TestALostRequestIsGivenUp(t *testing.T) {
+	f := newPullFixture(t)
+	p := newPullerT(t, f.cons, f.nc)
+	p.grace = 200 * time.Millisecond
+	// The requests go to a subscriber that keeps them (no "no responders"
+	// status either): none reaches the consumer.
+	swallow, err := f.nc.SubscribeSync("lost.requests")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	p.grace = time.Second
+	t.Cleanup(func() { _ = swallow.Unsubscribe() })
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	p.subject = "lost.requests"
+	got, err := p.Fetch(1, 0, 300*time.Millisecond, func(jetstream.Msg) { t.Error("a message for a lost request") })
+	if got != 0 || !errors.Is(err, errRequestLost) {
+		t.Fatalf("got %d, err %v; want the request given up", got, err)
+	}
+	if _, err := swallow.NextMsg(time.Second); err != nil {
+		t.Fatalf("the request was not sent: %v", err)
+	}
+}
+
+// What reaches an inbox the loop moved on from (a request it gave up on
+// that the server still held) is handed back at once, not left for
+// AckWait (30 s here): the next request gets it again.
+func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
+	f := newPullFixture(t)
+	p := newPullerT(t, f.cons, f.nc)
+	p.grace = 5 * time.Second
 	handedBack := make(chan struct{}, 4)
 	p.onLate = func() { handedBack <- struct{}{} }
 
-	f.publish(t, 1)
-	f.gate.shut()
-	got, err := p.Fetch(1, 0, time.Second, func(jetstream.Msg) { t.Error("a message within the lost request") })
-	if got != 0 || err != errRequestLost {
-		t.Fatalf("got %d, err %v; want the request given up", got, err)
+	// A request of the loop's current inbox the loop then leaves, the
+	// server still holding it.
+	if err := f.nc.PublishRequest(p.subject, p.inbox+".99", []byte(`{"batch":1,"expires":20000000000}`)); err != nil {
+		t.Fatal(err)
 	}
-	f.gate.reopen()
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.abandon(); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(t, 1)
 	select {
 	case <-handedBack:
 	case <-time.After(20 * time.Second):
