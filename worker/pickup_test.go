@@ -158,7 +158,7 @@ func submitOverALeftRecord(ctx context.Context, t *testing.T, c *bus.Client, id 
 // heartbeat starts: the request is not delivered again, and the run is
 // attempt 1. Before, nothing kept it until the heartbeat's first beat.
 func TestASlowPickupKeepsItsRequest(t *testing.T) {
-	const ackWait = 2 * time.Second
+	const ackWait = 3 * time.Second
 	var (
 		mu    sync.Mutex
 		reads int
