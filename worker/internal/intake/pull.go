@@ -55,7 +55,7 @@ type Puller struct {
 	grace    time.Duration
 	late     sync.WaitGroup // hand-backs of abandoned inboxes
 	onLate   func()         // a late message was handed back (tests)
-	onBehind func()         // a silent request was found still on its way (tests)
+	onBehind func()         // a silent inbox was found behind, not done (tests)
 }
 
 // requestGrace is how long past its expiry (and then between checks) a
@@ -135,7 +135,7 @@ func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.
 	for got < n {
 		m, err := p.sub.NextMsg(time.Until(deadline))
 		if errors.Is(err, nats.ErrTimeout) {
-			if p.caughtUp() {
+			if p.caughtUp(p.sub) {
 				return got, p.moveOn(errRequestLost)
 			}
 			if p.onBehind != nil {
@@ -181,7 +181,7 @@ func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.
 // pong read with nothing pending on the inbox is the proof. A pong not
 // back within grace on a live connection says the reader is behind; on a
 // connection that is gone or came back, what was on its way is lost.
-func (p *Puller) caughtUp() bool {
+func (p *Puller) caughtUp(sub *nats.Subscription) bool {
 	err := p.nc.FlushTimeout(p.grace)
 	if errors.Is(err, nats.ErrTimeout) && p.nc.IsConnected() {
 		return false
@@ -189,7 +189,7 @@ func (p *Puller) caughtUp() bool {
 	if err != nil {
 		return true
 	}
-	pending, _, err := p.sub.Pending()
+	pending, _, err := sub.Pending()
 	return err != nil || pending == 0
 }
 
@@ -203,7 +203,10 @@ func (p *Puller) moveOn(cause error) error {
 }
 
 // abandon moves the loop to a new inbox, and hands back what reaches the
-// old one within requestGrace: it has no slot.
+// old one: it has no slot. The old inbox goes once nothing came for
+// requestGrace and the loop has read all the server sent before
+// (caughtUp): behind a slow reader, a message unsubscribed from was
+// dropped, and waited for AckWait's redelivery.
 func (p *Puller) abandon() error {
 	old := p.sub
 	inbox := p.nc.NewInbox()
@@ -219,6 +222,16 @@ func (p *Puller) abandon() error {
 		defer func() { _ = old.Unsubscribe() }()
 		for {
 			m, err := old.NextMsg(time.Until(deadline))
+			if errors.Is(err, nats.ErrTimeout) {
+				if p.caughtUp(old) {
+					return
+				}
+				if p.onBehind != nil {
+					p.onBehind()
+				}
+				deadline = time.Now().Add(p.grace)
+				continue
+			}
 			if err != nil {
 				return
 			}

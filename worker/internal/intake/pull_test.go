@@ -281,7 +281,7 @@ func TestALostRequestIsGivenUp(t *testing.T) {
 func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 	f := newPullFixture(t)
 	p := newPullerT(t, f.cons, f.nc)
-	p.grace = 5 * time.Second
+	p.grace = time.Second
 	handedBack := make(chan struct{}, 4)
 	p.onLate = func() { handedBack <- struct{}{} }
 
@@ -308,6 +308,61 @@ func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 	}
 	md, err := again[0].Metadata()
 	if err != nil || md.NumDelivered != 2 {
+		t.Fatalf("redelivered %+v %v", md, err)
+	}
+}
+
+// A message for an inbox the loop moved on from that is still on its way
+// once nothing came for requestGrace (in the socket, behind a stalled
+// reader) is read and handed back: the old inbox was dropped after the
+// grace, and the message with it, to wait for AckWait (30 s here).
+func TestALateMessageBehindAStalledReaderIsHandedBack(t *testing.T) {
+	f := newPullFixture(t)
+	p := newPullerT(t, f.cons, f.nc)
+	p.grace = 200 * time.Millisecond
+	handedBack := make(chan struct{}, 4)
+	p.onLate = func() { handedBack <- struct{}{} }
+	behind := make(chan struct{}, 64)
+	p.onBehind = func() {
+		select {
+		case behind <- struct{}{}:
+		default:
+		}
+	}
+
+	if err := f.nc.PublishRequest(p.subject, p.inbox+".99", []byte(`{"batch":1,"expires":20000000000}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.abandon(); err != nil {
+		t.Fatal(err)
+	}
+	dropped := make(chan struct{})
+	go func() { p.late.Wait(); close(dropped) }()
+	f.gate.shut()
+	f.publish(t, 1)
+	f.waitDelivered(t, 1)
+	for range 2 {
+		select {
+		case <-behind:
+		case <-dropped:
+			f.gate.reopen()
+			t.Fatal("the old inbox was dropped with a message for it on its way")
+		}
+	}
+	f.gate.reopen()
+	select {
+	case <-handedBack:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the late message was not handed back")
+	}
+	var again []jetstream.Msg
+	if _, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
+		t.Fatalf("next request: %d messages, %v", len(again), err)
+	}
+	if md, err := again[0].Metadata(); err != nil || md.NumDelivered != 2 {
 		t.Fatalf("redelivered %+v %v", md, err)
 	}
 }
