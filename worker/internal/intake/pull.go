@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -54,6 +55,7 @@ type Puller struct {
 	seq      uint64
 	grace    time.Duration
 	late     sync.WaitGroup // hand-backs of abandoned inboxes
+	closing  chan struct{}  // closed by Close: hand-backs stop at their next silence
 	onLate   func()         // a late message was handed back (tests)
 	onBehind func()         // a silent inbox was found behind, not done (tests)
 }
@@ -66,7 +68,7 @@ const requestGrace = 2 * time.Second
 func NewPuller(nc *nats.Conn, cons jetstream.Consumer) (*Puller, error) {
 	info := cons.CachedInfo()
 	p := &Puller{nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
-		inbox: nc.NewInbox(), grace: requestGrace}
+		inbox: nc.NewInbox(), grace: requestGrace, closing: make(chan struct{})}
 	sub, err := p.subscribe(p.inbox)
 	if err != nil {
 		return nil, err
@@ -89,10 +91,13 @@ func (p *Puller) subscribe(inbox string) (*nats.Subscription, error) {
 	return sub, nil
 }
 
-// close ends the loop's inbox once its last request has ended, and waits
-// for the hand-back of abandoned inboxes.
+// Close ends the loop's inbox once its last request has ended, and waits
+// for the hand-back of abandoned inboxes: each ends at its next silence of
+// requestGrace, caught up or not (a stopping worker does not wait on a
+// stalled connection).
 func (p *Puller) Close() {
 	_ = p.sub.Unsubscribe()
+	close(p.closing)
 	p.late.Wait()
 }
 
@@ -112,12 +117,14 @@ func (e *RefusedError) LeadershipChanged() bool {
 
 var errRequestLost = errors.New("pull request: no answer")
 
-// fetch asks for up to n messages, for at most wait, and calls each for
+// Fetch asks for up to n messages, for at most wait, and calls each for
 // every one, in order; it returns how many came. With maxBytes > 0 it is
 // a short request: no_wait (it ends once the consumer has nothing more),
 // within maxBytes. A request that ends with no message or at its expiry
-// returns no error.
-func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
+// returns no error. Once ctx is done, a request silent for requestGrace
+// past its expiry is given up without the proof that it is lost (what
+// still comes is handed back).
+func (p *Puller) Fetch(ctx context.Context, n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
 	p.seq++
 	token := strconv.FormatUint(p.seq, 10)
 	var body []byte
@@ -135,7 +142,7 @@ func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.
 	for got < n {
 		m, err := p.sub.NextMsg(time.Until(deadline))
 		if errors.Is(err, nats.ErrTimeout) {
-			if p.caughtUp(p.sub) {
+			if ctx.Err() != nil || p.caughtUp(p.sub) {
 				return got, p.moveOn(errRequestLost)
 			}
 			if p.onBehind != nil {
@@ -225,6 +232,11 @@ func (p *Puller) abandon() error {
 			if errors.Is(err, nats.ErrTimeout) {
 				if p.caughtUp(old) {
 					return
+				}
+				select {
+				case <-p.closing:
+					return
+				default:
 				}
 				if p.onBehind != nil {
 					p.onBehind()

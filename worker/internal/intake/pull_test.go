@@ -167,7 +167,7 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		_, r.err = p.Fetch(8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		_, r.err = p.Fetch(context.Background(), 8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
 		done <- r
 	}()
 	f.waitDelivered(t, 5)
@@ -218,7 +218,7 @@ func TestAStalledReaderKeepsItsRequestPastTheGrace(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		_, r.err = p.Fetch(8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		_, r.err = p.Fetch(context.Background(), 8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
 		done <- r
 	}()
 	f.waitDelivered(t, 5)
@@ -266,7 +266,7 @@ func TestALostRequestIsGivenUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.subject = "lost.requests"
-	got, err := p.Fetch(1, 0, 300*time.Millisecond, func(jetstream.Msg) { t.Error("a message for a lost request") })
+	got, err := p.Fetch(context.Background(), 1, 0, 300*time.Millisecond, func(jetstream.Msg) { t.Error("a message for a lost request") })
 	if got != 0 || !errors.Is(err, errRequestLost) {
 		t.Fatalf("got %d, err %v; want the request given up", got, err)
 	}
@@ -303,7 +303,7 @@ func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 		t.Fatal("the late message was not handed back")
 	}
 	var again []jetstream.Msg
-	if _, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
+	if _, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
 		t.Fatalf("next request: %d messages, %v", len(again), err)
 	}
 	md, err := again[0].Metadata()
@@ -359,11 +359,55 @@ func TestALateMessageBehindAStalledReaderIsHandedBack(t *testing.T) {
 		t.Fatal("the late message was not handed back")
 	}
 	var again []jetstream.Msg
-	if _, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
+	if _, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
 		t.Fatalf("next request: %d messages, %v", len(again), err)
 	}
 	if md, err := again[0].Metadata(); err != nil || md.NumDelivered != 2 {
 		t.Fatalf("redelivered %+v %v", md, err)
+	}
+}
+
+// A stopping loop (its context done) does not wait on a stalled reader:
+// its request is given up at the first silence past the expiry, and Close
+// does not wait for the abandoned inbox to catch up. (A worker's stop
+// waits for its loops.)
+func TestAStoppingLoopDoesNotWaitOnAStalledReader(t *testing.T) {
+	f := newPullFixture(t)
+	f.publish(t, 2)
+	p, err := NewPuller(f.nc, f.cons)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.grace = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	f.gate.shut()
+	defer f.gate.reopen()
+	type result struct {
+		got int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := p.Fetch(ctx, 8, 1<<20, ShortWait, func(jetstream.Msg) { t.Error("a message read through the stall") })
+		done <- result{got, err}
+	}()
+	bound := time.NewTimer(20 * time.Second)
+	defer bound.Stop()
+	select {
+	case r := <-done:
+		if r.got != 0 || !errors.Is(r.err, errRequestLost) {
+			t.Fatalf("got %d, err %v; want the request given up", r.got, r.err)
+		}
+	case <-bound.C:
+		t.Fatal("a stopping loop's fetch waits on the stalled reader")
+	}
+	closed := make(chan struct{})
+	go func() { p.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-bound.C:
+		t.Fatal("Close waits on the stalled reader")
 	}
 }
 
@@ -406,12 +450,12 @@ func TestAFetchThatFillsMaxBytesEndsThere(t *testing.T) {
 	// consumer: the same subject and data, a reply of the same length.
 	twin := newPullerT(t, f.consumer(t, jetstream.ConsumerConfig{Durable: "d"}), f.nc)
 	size := 0
-	if _, err := twin.Fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { size = m.(*pulledMsg).m.Size() }); err != nil || size == 0 {
+	if _, err := twin.Fetch(context.Background(), 1, 1<<20, time.Second, func(m jetstream.Msg) { size = m.(*pulledMsg).m.Size() }); err != nil || size == 0 {
 		t.Fatalf("twin: size %d, %v", size, err)
 	}
 	p := newPullerT(t, f.cons, f.nc)
 	p.grace = 5 * time.Second
-	got, err := p.Fetch(3, size, 5*time.Second, func(jetstream.Msg) {})
+	got, err := p.Fetch(context.Background(), 3, size, 5*time.Second, func(jetstream.Msg) {})
 	if got != 1 || err != nil {
 		t.Fatalf("got %d, err %v; want the one message that fills max_bytes", got, err)
 	}
@@ -428,10 +472,10 @@ func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
 	p := newPullerT(t, cons, f.nc)
 	p.grace = 5 * time.Second
 	var held jetstream.Msg
-	if got, err := p.Fetch(1, 0, time.Second, func(m jetstream.Msg) { held = m }); got != 1 || err != nil {
+	if got, err := p.Fetch(context.Background(), 1, 0, time.Second, func(m jetstream.Msg) { held = m }); got != 1 || err != nil {
 		t.Fatalf("first: got %d, %v", got, err)
 	}
-	got, err := p.Fetch(4, 1<<20, ShortWait, func(jetstream.Msg) { t.Error("a message past MaxAckPending") })
+	got, err := p.Fetch(context.Background(), 4, 1<<20, ShortWait, func(jetstream.Msg) { t.Error("a message past MaxAckPending") })
 	if got != 0 || err != nil {
 		t.Fatalf("at MaxAckPending: got %d, err %v; want the request ended empty", got, err)
 	}
@@ -439,7 +483,7 @@ func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	var next jetstream.Msg
-	if got, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { next = m }); got != 1 || err != nil {
+	if got, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { next = m }); got != 1 || err != nil {
 		t.Fatalf("after the ack: got %d, %v", got, err)
 	}
 	if md, err := next.Metadata(); err != nil || md.NumDelivered != 1 || md.Sequence.Stream != 2 {
@@ -456,7 +500,7 @@ func TestAnEarlierRequestsStatusIsNotTheNextOnesEnd(t *testing.T) {
 	p := newPullerT(t, f.cons, f.nc)
 	for i := range 2 {
 		var data string
-		got, err := p.Fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { data = string(m.Data()) })
+		got, err := p.Fetch(context.Background(), 1, 1<<20, time.Second, func(m jetstream.Msg) { data = string(m.Data()) })
 		if got != 1 || err != nil || data != fmt.Sprint("request ", i) {
 			t.Fatalf("request %d: got %d %q, %v", i, got, data, err)
 		}
