@@ -49,8 +49,9 @@ import (
 // run is one attempt at one run request.
 type run struct {
 	w           *Worker
-	msg         intake.RequestAcks // nil for a give-up
-	request     jetstream.Msg      // until pickup: then msg has only the reply subject (internal/intake)
+	msg         intake.RequestAcks // nil for a give-up; only the reply subject (internal/intake)
+	request     jetstream.Msg      // until pickup: its bytes
+	pickupBeat  *pickupBeat        // until the heartbeat starts
 	id, queue   string
 	attempt     int
 	reqSeq      uint64
@@ -129,6 +130,10 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 		_ = m.TermWithReason("invalid subject: " + clipString(err.Error(), 200))
 		return
 	}
+	// Until the run's heartbeat starts, its pickup keeps the request owned
+	// (heartbeat.go): its reads and lease take may outlast AckWait.
+	acks := intake.SlimAcks(w.wire, m)
+	beat := startPickupBeat(acks, w.cfg.HeartbeatInterval)
 	attempt, reqSeq, submittedAt := 1, uint64(0), time.Time{}
 	if md, err := m.Metadata(); err == nil {
 		attempt, reqSeq, submittedAt = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
@@ -138,7 +143,8 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	requeue, err := w.confirmRequeue(m.Headers(), runID, reqSeq)
 	if err != nil {
 		w.log.Warn("cannot read the run record; handing the request back", "run", runID, "err", err)
-		_ = m.NakWithDelay(2 * time.Second)
+		beat.stop()
+		_ = acks.NakWithDelay(2 * time.Second)
 		return
 	}
 	if requeue != nil {
@@ -148,9 +154,10 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if requeue != nil {
 		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
 	}
-	r.msg, r.request = m, m
+	r.msg, r.request, r.pickupBeat = acks, m, beat
 	r.slot = slot
 	r.execute()
+	r.pickupBeat.stop() // the run did not start (acquire stops it otherwise)
 }
 
 // junkLogEvery is the interval of junkLog.
@@ -281,7 +288,7 @@ func (r *run) execute() {
 		return
 	}
 	// The run keeps its request's acknowledgements, not its bytes.
-	r.msg, r.request = intake.SlimAcks(r.w.wire, r.request), nil
+	r.request = nil
 	// The timeout counts from the run's first start: a crash does not
 	// extend a run's budget.
 	// Time spent waiting (for an approval) is left out (waiting.go).
@@ -385,6 +392,8 @@ func (r *run) acquire() bool {
 	}
 	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
 	w.register(r)
+	r.pickupBeat.stop()
+	r.pickupBeat = nil // a waiting run holds no more than it needs
 	r.hb = r.startHeartbeat()
 	if r.notice != "" {
 		r.log.Warn(r.notice)

@@ -456,7 +456,7 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *
 	if short {
 		wait = intake.ShortWait
 	}
-	got, err := pr.Fetch(n, maxBytes, wait, func(m jetstream.Msg) {
+	got, err := pr.Fetch(ctx, n, maxBytes, wait, func(m jetstream.Msg) {
 		if ctx.Err() != nil {
 			// Stopping: hand it back at once.
 			_ = m.Nak()
@@ -484,7 +484,9 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *
 		log.Warn("fetch refused", "err", err)
 		pause(ctx, time.Second)
 	default:
-		log.Warn("fetch failed", "err", err)
+		if ctx.Err() == nil { // stopping, a silent request is given up
+			log.Warn("fetch failed", "err", err)
+		}
 		if got == 0 {
 			pause(ctx, time.Second)
 		}
