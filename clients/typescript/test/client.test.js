@@ -18,8 +18,7 @@ import {
   InvalidArgumentError,
   newRunId,
 } from "../src/index.js";
-import { startWorker, submit, waitFor, freePort, repoDir, sleeper, manyDeltas, gated } from "./fleet.js";
-import { startFakeNats } from "./fakenats.js";
+import { startWorker, submit, waitFor, freePort, repoDir, sleeper, manyDeltas, gated, startNatsWithoutJetStream } from "./fleet.js";
 
 /** @type {Awaited<ReturnType<typeof startWorker>>} */
 let hub;
@@ -194,8 +193,8 @@ test("errors: queue not declared, no such run, NATS unreachable, JetStream down"
     assert.match(err.message, new RegExp(`cannot reach NATS at nats://127.0.0.1:${port}`));
     return true;
   });
-  const fake = await startFakeNats();
-  const c = await connect({ servers: fake.url });
+  const plain = await startNatsWithoutJetStream();
+  const c = await connect({ servers: plain.url });
   try {
     for (const call of [() => c.submit({ prompt: "x" }), () => c.status("r1"), () => c.list(), () => c.steer("r1", "x")]) {
       await assert.rejects(call(), (err) => {
@@ -207,7 +206,7 @@ test("errors: queue not declared, no such run, NATS unreachable, JetStream down"
     }
   } finally {
     await c.close();
-    await fake.close();
+    await plain.close();
   }
 });
 

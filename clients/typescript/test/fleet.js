@@ -1,8 +1,9 @@
 // The test fleet: real worker (and console) processes, built from this
 // repository, with the worker's embedded NATS server on a free port.
 //
-// Binaries: $AGENTFLEET_BIN_DIR (worker, submit, console; .ci/run builds
-// them there), else they are built once per test process with `go build`.
+// Binaries: $AGENTFLEET_BIN_DIR (worker, submit, console, nats-server;
+// .ci/run builds them there), else they are built once per test process
+// with `go build`.
 import { spawn, execFile } from "node:child_process";
 import { mkdtempSync, rmSync, existsSync, createWriteStream } from "node:fs";
 import { tmpdir } from "node:os";
@@ -37,18 +38,18 @@ export function binaries() {
   built ??= (async () => {
     const dir = process.env.AGENTFLEET_BIN_DIR;
     if (dir) {
-      for (const b of ["worker", "submit", "console"]) {
-        if (!existsSync(join(dir, b))) throw new Error(`AGENTFLEET_BIN_DIR=${dir} has no ${b}: go build -o ${dir}/ ./cmd/worker ./cmd/submit ./cmd/console`);
+      for (const b of ["worker", "submit", "console", "nats-server"]) {
+        if (!existsSync(join(dir, b))) throw new Error(`AGENTFLEET_BIN_DIR=${dir} has no ${b}: go build -o ${dir}/ ./cmd/worker ./cmd/submit ./cmd/console github.com/nats-io/nats-server/v2`);
       }
       return dir;
     }
     const out = tempDir("bin");
     const t0 = Date.now();
-    await run("go", ["build", "-o", out + "/", "./cmd/worker", "./cmd/submit", "./cmd/console"], {
+    await run("go", ["build", "-o", out + "/", "./cmd/worker", "./cmd/submit", "./cmd/console", "github.com/nats-io/nats-server/v2"], {
       cwd: repoDir,
       env: { ...process.env, GOFLAGS: `${process.env.GOFLAGS ?? ""} -mod=mod`.trim() },
     });
-    console.log(`# built the worker, submit and console in ${((Date.now() - t0) / 1000).toFixed(1)} s (set AGENTFLEET_BIN_DIR to skip)`);
+    console.log(`# built the worker, submit, console and nats-server in ${((Date.now() - t0) / 1000).toFixed(1)} s (set AGENTFLEET_BIN_DIR to skip)`);
     return out;
   })();
   return built;
@@ -65,6 +66,35 @@ export function freePort() {
       s.close(() => res(port));
     });
   });
+}
+
+/**
+ * Starts a real nats-server (the version go.mod pins) without JetStream, on
+ * a free port, and waits until it takes connections: what "JetStream down"
+ * looks like to a client.
+ * @returns {Promise<{url: string, close(): Promise<void>}>}
+ */
+export async function startNatsWithoutJetStream() {
+  const bin = await binaries();
+  const port = await freePort();
+  const proc = spawn(join(bin, "nats-server"), ["-a", "127.0.0.1", "-p", String(port)], { stdio: ["ignore", "ignore", "pipe"] });
+  children.add(proc);
+  const exited = new Promise((res) => proc.on("exit", () => (children.delete(proc), res(undefined))));
+  await new Promise((res, rej) => {
+    const rl = createInterface({ input: /** @type {import("node:stream").Readable} */ (proc.stderr) });
+    rl.on("line", (line) => {
+      if (line.includes("Server is ready")) res(undefined);
+    });
+    exited.then(() => rej(new Error("nats-server exited before it was ready")));
+  });
+  proc.stderr?.resume();
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    async close() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
+      await exited;
+    },
+  };
 }
 
 /**
