@@ -84,7 +84,7 @@
 //   - Once failed or fenced (stopped), nothing more goes on the wire,
 //     also from a publish in progress outside mu.
 //   - done is closed once the publisher is closed, its queue is empty and
-//     no re-send runs; then it leaves Acks.
+//     no re-send runs, just after it leaves Acks.
 //
 // # Acks
 //
