@@ -112,6 +112,9 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	until(t, "the run's 3 past its checks", func() bool {
 		run.mu.Lock()
 		defer run.mu.Unlock()
+		if len(run.queue) == 0 {
+			return false
+		}
 		last := run.queue[len(run.queue)-1]
 		return last.seq == 3 && last.sent && last.batched
 	})

@@ -392,6 +392,8 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 				// The batch's send lock keeps event 3 short of the batch's
 				// checks once its publisher chose to batch it.
 				w.batch.sendMu.Lock()
+				letGo := sync.OnceFunc(w.batch.sendMu.Unlock)
+				t.Cleanup(letGo)
 				sent := make(chan error, 1)
 				go func() {
 					_, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{})
@@ -407,7 +409,7 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 					return last.seq == 3 && last.sent && last.batched
 				})
 				stop(w.batch)
-				w.batch.sendMu.Unlock()
+				letGo()
 				if err := within(t, sent, 20*time.Second, "event 3"); err != nil {
 					t.Fatal(err)
 				}
