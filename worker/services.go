@@ -84,7 +84,7 @@ func (w *Worker) startEvents(setup context.Context) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("events stream: %w", err)
 	}
-	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout, nil)
+	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +98,7 @@ func (w *Worker) startEvents(setup context.Context) (func(), error) {
 	}
 	w.events = &eventpub.Env{Conn: w.c.Conn(), Out: w.wire, Names: w.names, Stream: stream, Acks: acks, Batch: batch,
 		Window: w.cfg.PublishWindow, AckTimeout: w.cfg.PublishAckTimeout, Budget: w.cfg.AckWait, Worker: w.id,
-		StoredReads: make(chan struct{}, eventpub.MaxStoredReads), Stop: w.hardCtx,
+		StoredReads: eventpub.NewSlots(eventpub.MaxStoredReads), Stop: w.hardCtx,
 		Log: w.log, Metrics: w.obs}
 	return func() {
 		if batch != nil {

@@ -40,8 +40,6 @@ type Acks struct {
 
 	stop chan struct{}
 	done chan struct{} // the sweep has stopped
-
-	signals *Signals // tests'
 }
 
 const sweepEvery = 100 * time.Millisecond
@@ -49,11 +47,11 @@ const sweepEvery = 100 * time.Millisecond
 // StartAcks subscribes to the acks of the publishers to come and starts
 // their sweep; an event unacknowledged for timeout is re-sent. Close
 // stops it, once the publishers are done.
-func StartAcks(nc *nats.Conn, timeout time.Duration, signals *Signals) (*Acks, error) {
+func StartAcks(nc *nats.Conn, timeout time.Duration) (*Acks, error) {
 	a := &Acks{
 		nc: nc, prefix: nc.NewInbox() + ".", timeout: timeout,
 		pubs: map[uint64]*Publisher{}, now: make(chan struct{}, 1),
-		stop: make(chan struct{}), done: make(chan struct{}), signals: signals,
+		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	sub, err := nc.Subscribe(a.prefix+"*.*", a.route)
 	if err != nil {
@@ -203,7 +201,6 @@ func (a *Acks) sweep() {
 		case <-t.C:
 		case <-a.now:
 		}
-		a.signals.beforeAcksSweep()
 		epoch := a.current()
 		a.mu.Lock()
 		for _, p := range a.pubs {

@@ -413,12 +413,14 @@ func TestFenceStopsAResendInProgress(t *testing.T) {
 	}
 	got(3)
 	fenced := make(chan struct{})
-	w.signals.BeforeResend = func(seq uint64) {
+	w.wire.onResend(func(seq uint64) {
 		if seq == 2 {
-			p.Fence() // the lease is lost while the re-send publishes
+			// The lease is lost while the re-send publishes: its request
+			// ends, unsent.
+			p.Fence()
 			close(fenced)
 		}
-	}
+	})
 	p.mu.Lock()
 	p.startResendLocked(nats.ErrDisconnected)
 	p.mu.Unlock()
@@ -539,7 +541,7 @@ func TestAckDoesNotWaitForAPublish(t *testing.T) {
 // again until its budget ran out).
 func TestClosedAcksAreNoLostConnection(t *testing.T) {
 	c := connectTestServer(t)
-	a, err := StartAcks(c.Conn(), time.Second, nil)
+	a, err := StartAcks(c.Conn(), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

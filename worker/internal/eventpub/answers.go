@@ -249,8 +249,9 @@ func (p *Publisher) finishLocked() {
 		return
 	}
 	p.finished = true
-	close(p.done)
+	// Gone from Acks before done: whoever waited for done finds it gone.
 	p.env.Acks.remove(p.ackID)
+	close(p.done)
 }
 
 // dropLocked releases every queued event after a failure.

@@ -240,7 +240,6 @@ func (b *Batch) publish(p *Publisher, seq uint64, m *nats.Msg, stamp uint64) (bo
 		if wait == nil {
 			return ok, err
 		}
-		b.acks.signals.batchWait(p, seq)
 		// Not ended by the hard stop: the answer is a few ms off, and the
 		// hand-back's flush (bounded by AckWait) stores what waits.
 		select {
@@ -257,11 +256,13 @@ func (b *Batch) publish(p *Publisher, seq uint64, m *nats.Msg, stamp uint64) (bo
 
 // tryPublish is publish, or the channel to wait on before trying again.
 func (b *Batch) tryPublish(p *Publisher, seq uint64, m *nats.Msg, stamp uint64) (bool, <-chan struct{}, error) {
+	b.sendMu.Lock()
+	defer b.sendMu.Unlock()
+	// Under sendMu, with the checks below: a test holding it stops an
+	// event past its publisher's checks and before the batch's.
 	if !b.on() {
 		return false, nil, nil
 	}
-	b.sendMu.Lock()
-	defer b.sendMu.Unlock()
 	epoch := b.acks.current()
 	b.mu.Lock()
 	if b.held[p] > 0 || p.holding.Load() || stamp != epoch {

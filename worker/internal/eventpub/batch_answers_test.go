@@ -92,19 +92,6 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	defer cancel()
 	// The stream's answers are kept until the run's 3 is past its checks.
 	tap, keeping, big, run := keptRefusalPair(t, ctx, w)
-	past, goOn := make(chan struct{}), make(chan struct{})
-	var goOnce sync.Once
-	letGo := func() { goOnce.Do(func() { close(goOn) }) }
-	t.Cleanup(letGo)
-	var once atomic.Bool
-	w.signals.BeforeBatchSend = func(p *Publisher, seq uint64) {
-		// Its first send only: held then, it goes out again once 2 is
-		// stored (releaseHeld).
-		if p == run && seq == 3 && !once.Swap(true) {
-			close(past)
-			<-goOn
-		}
-	}
 	// One batch: the refused event first, then the run's 2.
 	if _, err := big.Event("x", []byte(`{"type":"x","pad":"`+strings.Repeat("p", 3000)+`"}`), Options{}); err != nil {
 		t.Fatal(err)
@@ -112,12 +99,25 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 	if _, err := run.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
+	// The batch's send lock keeps the run's 3, once past its publisher's
+	// checks, short of the batch's (tryPublish).
+	w.batch.sendMu.Lock()
+	letGo := sync.OnceFunc(w.batch.sendMu.Unlock)
+	t.Cleanup(letGo)
 	sent3 := make(chan error, 1)
 	go func() {
 		_, err := run.Event("x", []byte(`{"type":"x","i":3}`), Options{})
 		sent3 <- err
 	}()
-	within(t, past, 20*time.Second, "the run's 3 past its checks")
+	until(t, "the run's 3 past its checks", func() bool {
+		run.mu.Lock()
+		defer run.mu.Unlock()
+		if len(run.queue) == 0 {
+			return false
+		}
+		last := run.queue[len(run.queue)-1]
+		return last.seq == 3 && last.sent && last.batched
+	})
 	// Now the answers: the first (the refusal) ends the batch, 2 is not
 	// stored, its re-send starts (and waits for 3's send to end). Later
 	// ones are for a batch forgotten by then.
@@ -328,7 +328,7 @@ func loseFirstBatch() func(id string) time.Duration {
 func TestLateBatchAnswersAreWaitedFor(t *testing.T) {
 	var resent atomic.Int32
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, func(w *testWorker) {
-		w.signals.BeforeResend = func(uint64) { resent.Add(1) }
+		w.wire.onResend(func(uint64) { resent.Add(1) })
 	})
 	w.batch.mu.Lock()
 	w.batch.answerWait = 50 * time.Millisecond
@@ -379,12 +379,12 @@ func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, func(w *testWorker) {
-		w.signals.BeforeResend = func(uint64) {
+		w.wire.onResend(func(uint64) {
 			if resent.Add(1) == 1 {
 				close(inResend)
 				<-goOn
 			}
-		}
+		})
 	})
 	holdBatches(t, w)
 	w.batch.mu.Lock()
@@ -421,22 +421,27 @@ func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
 	var resent atomic.Int32
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
-	var releasing, injected atomic.Bool
+	var injected atomic.Bool
+	var pub atomic.Pointer[Publisher]
 	w, _ := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, func(w *testWorker) {
-		w.signals.BeforeResend = func(uint64) {
+		w.wire.onResend(func(uint64) {
 			if resent.Add(1) == 1 {
 				close(inResend)
 				<-goOn
 			}
-		}
-		w.signals.BeforeHeldSend = func(uint64) { releasing.Store(true) }
-		w.signals.BeforeBatchSend = func(p *Publisher, seq uint64) {
-			if releasing.Load() && seq == 5 && injected.CompareAndSwap(false, true) {
-				// The stream answers 4 as not stored, and the lease is lost.
-				p.batchAnswer(4, 0, false, errBatchEnded)
-				p.Fence()
+		})
+		// 5 goes out first in the release (held till then).
+		w.wire.onPublish(func(m *nats.Msg) error {
+			if !batched(m) || envelopeSeq(m) != 5 || !injected.CompareAndSwap(false, true) {
+				return nil
 			}
-		}
+			// The stream answers 4 as not stored, the lease is lost, and
+			// 5's send fails.
+			p := pub.Load()
+			p.batchAnswer(4, 0, false, errBatchEnded)
+			p.Fence()
+			return errWire
+		})
 	})
 	holdBatches(t, w)
 	w.batch.mu.Lock()
@@ -444,6 +449,7 @@ func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
 	w.batch.mu.Unlock()
 	relayAnswers(t, w, loseFirstBatch())
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
+	pub.Store(p)
 	started(t, p)
 	holdDuringResend(t, w, p, inResend)
 	close(goOn)

@@ -384,7 +384,7 @@ func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
 			c, _ := startTestServerWith(t, natsembed.Options{StreamMaxBufferedMsgs: 64})
 			var resent atomic.Int64
 			w, _ := startInternalOn(t, c, testConfig{PublishAckTimeout: 5 * time.Second}, func(w *testWorker) {
-				w.signals.BeforeResend = func(uint64) { resent.Add(1) }
+				w.wire.onResend(func(uint64) { resent.Add(1) })
 			})
 			if paused {
 				w.batch.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())

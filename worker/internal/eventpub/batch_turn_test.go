@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -95,7 +97,7 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	tap, keeping, big, run := keptRefusalPair(t, ctx, w)
-	waiting := batchWaits(w, run)
+	waiting := batchWaits(t, w, run, 4)
 	// One batch: the run's 2, the refused event, the run's 3.
 	if _, err := run.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
@@ -152,17 +154,7 @@ func TestAWaitingEventIsHeldAfterAReconnect(t *testing.T) {
 }
 
 func waitThroughAReconnect(t *testing.T, another bool) {
-	var blocking atomic.Bool
-	release := make(chan struct{})
-	w, _ := startOwnServerHooked(t, testConfig{PublishAckTimeout: time.Minute}, func(w *testWorker) {
-		w.signals.BeforeAcksSweep = func() {
-			if blocking.Load() {
-				<-release
-			}
-		}
-	})
-	unblock := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(unblock) // before the worker's: its acks wait for the sweep
+	w, _ := startOwnServer(t, testConfig{PublishAckTimeout: time.Minute})
 	holdBatches(t, w)
 	w.batch.mu.Lock()
 	w.batch.stuckWait = time.Hour
@@ -174,7 +166,7 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	big, run := refusalPair(t, ctx, w)
 	other := newPublisher(w, bus.NewRunID(), 1, nil)
 	started(t, other)
-	waiting := batchWaits(w, run)
+	waiting := batchWaits(t, w, run, 3)
 	keeping.Store(true)
 	// The refused event, then the run's 2, which the stream does not
 	// store (gap fail); the answers are kept back.
@@ -193,7 +185,7 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 		sent <- err
 	}()
 	within(t, waiting, 20*time.Second, "the run's 3 waiting")
-	blocking.Store(true)
+	show := hideFromSweep(t, w)
 	nc := w.c.Conn()
 	if err := nc.ForceReconnect(); err != nil {
 		t.Fatal(err)
@@ -215,7 +207,7 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	if err := within(t, sent, 20*time.Second, "the run's 3 gone its way"); err != nil {
 		t.Fatal(err)
 	}
-	unblock()
+	show()
 	w.batch.commitNow()
 	if err := flushWithin(t, other); err != nil {
 		t.Fatal(err)
@@ -223,15 +215,56 @@ func waitThroughAReconnect(t *testing.T, another bool) {
 	refusalPairEnds(t, w, run, big, "[1 2 3]")
 }
 
-// earlySingles records, as a beforeSingleSend hook, the events sent
-// singly while an earlier event of their run waited for its answer.
+// hideFromSweep keeps the acks' sweep from looking at any publisher until
+// show: it may look at a run only later. Acks of single sends that come
+// meanwhile find no publisher, as a late ack.
+func hideFromSweep(t *testing.T, w *testWorker) (show func()) {
+	w.acks.mu.Lock()
+	hidden := w.acks.pubs
+	w.acks.pubs = map[uint64]*Publisher{}
+	w.acks.mu.Unlock()
+	show = sync.OnceFunc(func() {
+		w.acks.mu.Lock()
+		maps.Copy(w.acks.pubs, hidden)
+		w.acks.mu.Unlock()
+	})
+	t.Cleanup(show)
+	return show
+}
+
+// earlySingles records, as they go on the wire, the events sent singly
+// while an earlier event of their run waited for its answer.
 type earlySingles struct{ seqs sync.Map }
 
-func (e *earlySingles) hook(p *Publisher, seq uint64) {
+// watch has e see w's single sends.
+func (e *earlySingles) watch(w *testWorker) {
+	w.wire.onPublish(func(m *nats.Msg) error {
+		if !batched(m) {
+			e.sent(w, m)
+		}
+		return nil
+	})
+}
+
+// sent looks at a single send: its reply is <acks prefix><publisher>.<seq>.
+func (e *earlySingles) sent(w *testWorker, m *nats.Msg) {
+	rest, _ := cutPrefix(m.Reply, w.acks.prefix)
+	id, seq, _ := strings.Cut(rest, ".")
+	n, err := strconv.ParseUint(id, 10, 64)
+	s, err2 := strconv.ParseUint(seq, 10, 64)
+	if err != nil || err2 != nil {
+		panic("a single send's reply " + m.Reply)
+	}
+	w.acks.mu.Lock()
+	p := w.acks.pubs[n]
+	w.acks.mu.Unlock()
+	if p == nil {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.unackedBeforeLocked(seq, false) {
-		e.seqs.Store(seq, true)
+	if p.unackedBeforeLocked(s, false) {
+		e.seqs.Store(s, true)
 	}
 }
 
@@ -267,18 +300,35 @@ func waitingForTurn(t *testing.T, p *Publisher, what string) {
 	}
 }
 
-// batchWaits signals each time p's event starts waiting for its run's
-// earlier batch (a signal pending is not doubled).
-func batchWaits(w *testWorker, p *Publisher) <-chan struct{} {
-	waiting := make(chan struct{}, 1)
-	w.signals.BatchWait = func(q *Publisher, _ uint64) {
-		if q == p {
+// batchWaits is closed once p's event seq waits for its run's earlier
+// batch: its seq is taken and p's last batch has a waiter's channel
+// (tryPublish), which it keeps until its answers come.
+func batchWaits(t *testing.T, w *testWorker, p *Publisher, seq uint64) <-chan struct{} {
+	waiting, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	waits := func() bool {
+		p.mu.Lock()
+		taken := p.seq >= seq
+		p.mu.Unlock()
+		w.batch.mu.Lock()
+		defer w.batch.mu.Unlock()
+		prev := w.batch.open[p.batch]
+		return taken && prev != nil && prev.changed != nil
+	}
+	go func() {
+		defer close(done)
+		for !waits() {
 			select {
-			case waiting <- struct{}{}:
-			default:
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond): // polls the state waited for
 			}
 		}
-	}
+		close(waiting)
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+	})
 	return waiting
 }
 
@@ -292,13 +342,13 @@ func TestSingleSendsGoOneAtATime(t *testing.T) {
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
 	w, c := startInternal(t, testConfig{PublishAckTimeout: 300 * time.Millisecond}, func(w *testWorker) {
-		w.signals.BeforeResend = func(uint64) {
+		w.wire.onResend(func(uint64) {
 			if resent.Add(1) == 1 {
 				close(inResend)
 				<-goOn
 			}
-		}
-		w.signals.BeforeSingleSend = early.hook
+		})
+		early.watch(w)
 	})
 	w.batch.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 }) // its re-send's answer comes
@@ -329,22 +379,40 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 					b.pauseUntil.Store(time.Now().Add(time.Hour).UnixNano())
 				}
 			}
-			w, c := startInternal(t, testConfig{}, func(w *testWorker) {
-				w.signals.BeforeBatchSend = func(p *Publisher, seq uint64) {
-					if seq == 3 && !tc.early {
-						stop(w.batch)
-					}
-				}
-				w.signals.BeforeSingleSend = early.hook
-			})
+			w, c := startInternal(t, testConfig{}, early.watch)
 			holdBatches(t, w) // event 2 waits in the open batch
 			p := newPublisher(w, bus.NewRunID(), 1, nil)
 			publishN(t, p, 2)
 			if tc.early {
 				stop(w.batch)
-			}
-			if _, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{}); err != nil {
-				t.Fatal(err)
+				if _, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				// The batch's send lock keeps event 3 short of the batch's
+				// checks once its publisher chose to batch it.
+				w.batch.sendMu.Lock()
+				letGo := sync.OnceFunc(w.batch.sendMu.Unlock)
+				t.Cleanup(letGo)
+				sent := make(chan error, 1)
+				go func() {
+					_, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{})
+					sent <- err
+				}()
+				until(t, "event 3 chosen for a batch", func() bool {
+					p.mu.Lock()
+					defer p.mu.Unlock()
+					if len(p.queue) == 0 {
+						return false
+					}
+					last := p.queue[len(p.queue)-1]
+					return last.seq == 3 && last.sent && last.batched
+				})
+				stop(w.batch)
+				letGo()
+				if err := within(t, sent, 20*time.Second, "event 3"); err != nil {
+					t.Fatal(err)
+				}
 			}
 			w.batch.pauseUntil.Store(0)
 			w.batch.off.Store(false)
@@ -363,9 +431,7 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 // did, when the pause began between the two).
 func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
 	var early earlySingles
-	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Minute}, func(w *testWorker) {
-		w.signals.BeforeSingleSend = early.hook
-	})
+	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Minute}, early.watch)
 	holdBatches(t, w)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

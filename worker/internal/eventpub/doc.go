@@ -10,6 +10,19 @@
 // publisher's acks), batch.go and batch_answers.go (event batches),
 // env.go (what the worker gives, errors, options).
 //
+// # Seams
+//
+// Production code carries no test hooks. The tests stop, see or fail a
+// publisher through what it is given: the wire (Env.Out, and the Out
+// given to StartBatch), which carries every send, batch message and
+// re-send; the stored-read slots (Env.StoredReads, Slots), which a
+// re-send acquires before it reads the stream. Where a race has no such
+// dependency the tests wait on the state itself: an event past its
+// publisher's checks is stamped in its queue, and the batch's sendMu,
+// taken before the batch's own checks (on, held, epoch), keeps it short
+// of them; an event waiting for its run's earlier batch has made that
+// batch's changed channel.
+//
 // # Publisher
 //
 // A Publisher publishes one attempt's events asynchronously with a bounded
@@ -71,7 +84,7 @@
 //   - Once failed or fenced (stopped), nothing more goes on the wire,
 //     also from a publish in progress outside mu.
 //   - done is closed once the publisher is closed, its queue is empty and
-//     no re-send runs; then it leaves Acks.
+//     no re-send runs, just after it leaves Acks.
 //
 // # Acks
 //

@@ -27,15 +27,14 @@ type Env struct {
 	AckTimeout  time.Duration    // an ack's wait before its event is re-sent
 	Budget      time.Duration    // how long a re-send may try (the run's AckWait)
 	Worker      string           // the worker's id, in every envelope
-	StoredReads chan struct{}    // re-sends reading the stream at a time (MaxStoredReads)
+	StoredReads Slots            // re-sends reading the stream at a time (MaxStoredReads)
 	Stop        context.Context  // ends at the worker's hard stop: waits and re-sends give up
 	Log         *slog.Logger
 	Metrics     Metrics
-	Signals     *Signals // tests'; nil in production
 }
 
 // Out is where events are sent (a re-send as a request): a *nats.Conn. A
-// test wraps it to stop a send, or to see which events go out.
+// test wraps it to see, stop or refuse what goes out.
 type Out interface {
 	PublishMsg(m *nats.Msg) error
 	RequestMsgWithContext(ctx context.Context, m *nats.Msg) (*nats.Msg, error)
@@ -48,59 +47,29 @@ type Metrics interface {
 	PublishWait(time.Duration)
 }
 
-// Signals let tests stop a publisher at the steps whose races they pin.
-// Each is called when set; a nil *Signals calls none.
-type Signals struct {
-	BeforeResend     func(seq uint64)               // before each event a re-send sends
-	BeforeAcksSweep  func()                         // before each pass of the acks' sweep
-	BeforeStoredRead func(p *Publisher)             // before a re-send takes a slot to read the stream
-	BeforeHeldSend   func(seq uint64)               // before a re-send ends sending what it held from seq on
-	BeforeBatchSend  func(p *Publisher, seq uint64) // before an event goes to the batch, after p's checks
-	BeforeSingleSend func(p *Publisher, seq uint64) // before an event goes out singly (not re-sent)
-	BatchWait        func(p *Publisher, seq uint64) // an event waits for its run's earlier batch
+// Slots bound the work a worker's publishers do at a time: Acquire
+// takes one, waiting within ctx; Release gives it back. A test wraps them
+// to see, or stop, a re-send about to read the stream.
+type Slots interface {
+	Acquire(ctx context.Context) error
+	Release()
 }
 
-func (s *Signals) beforeResend(seq uint64) {
-	if s != nil && s.BeforeResend != nil {
-		s.BeforeResend(seq)
+// NewSlots returns n slots (a channel semaphore).
+func NewSlots(n int) Slots { return make(chanSlots, n) }
+
+type chanSlots chan struct{}
+
+func (s chanSlots) Acquire(ctx context.Context) error {
+	select {
+	case s <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }
 
-func (s *Signals) beforeAcksSweep() {
-	if s != nil && s.BeforeAcksSweep != nil {
-		s.BeforeAcksSweep()
-	}
-}
-
-func (s *Signals) beforeStoredRead(p *Publisher) {
-	if s != nil && s.BeforeStoredRead != nil {
-		s.BeforeStoredRead(p)
-	}
-}
-
-func (s *Signals) beforeHeldSend(seq uint64) {
-	if s != nil && s.BeforeHeldSend != nil {
-		s.BeforeHeldSend(seq)
-	}
-}
-
-func (s *Signals) beforeBatchSend(p *Publisher, seq uint64) {
-	if s != nil && s.BeforeBatchSend != nil {
-		s.BeforeBatchSend(p, seq)
-	}
-}
-
-func (s *Signals) beforeSingleSend(p *Publisher, seq uint64) {
-	if s != nil && s.BeforeSingleSend != nil {
-		s.BeforeSingleSend(p, seq)
-	}
-}
-
-func (s *Signals) batchWait(p *Publisher, seq uint64) {
-	if s != nil && s.BatchWait != nil {
-		s.BatchWait(p, seq)
-	}
-}
+func (s chanSlots) Release() { <-s }
 
 var (
 	// ErrFenced: the attempt lost its run (Fence); nothing more was sent.

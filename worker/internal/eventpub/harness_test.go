@@ -2,10 +2,14 @@ package eventpub
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/bus"
@@ -23,10 +27,11 @@ type testWorker struct {
 	acks        *Acks
 	batch       *Batch // nil: no batches
 	env         *Env
-	signals     *Signals
+	wire        *testWire // Env.Out and the batch's
 	obs         Metrics
 	log         *slog.Logger
-	storedReads chan struct{}
+	storedReads chanSlots  // the slots, which a test may take
+	slots       *testSlots // Env.StoredReads: storedReads, seen by the test
 	hardCtx     context.Context
 	hardCancel  context.CancelFunc
 }
@@ -100,8 +105,9 @@ func startInternalOn(t testing.TB, c *bus.Client, cfg testConfig, hooks func(w *
 	if cfg.PublishAckTimeout <= 0 {
 		cfg.PublishAckTimeout = 15 * time.Second
 	}
-	w := &testWorker{c: c, names: c.Names(), signals: &Signals{}, obs: cfg.Observer,
-		log: slog.New(slog.DiscardHandler), storedReads: make(chan struct{}, MaxStoredReads)}
+	w := &testWorker{c: c, names: c.Names(), wire: &testWire{nc: c.Conn()}, obs: cfg.Observer,
+		log: slog.New(slog.DiscardHandler), storedReads: make(chanSlots, MaxStoredReads)}
+	w.slots = &testSlots{Slots: w.storedReads}
 	if w.obs == nil {
 		w.obs = nopMetrics{}
 	}
@@ -121,7 +127,7 @@ func startInternalOn(t testing.TB, c *bus.Client, cfg testConfig, hooks func(w *
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.acks, err = StartAcks(c.Conn(), cfg.PublishAckTimeout, w.signals); err != nil {
+	if w.acks, err = StartAcks(c.Conn(), cfg.PublishAckTimeout); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -133,16 +139,80 @@ func startInternalOn(t testing.TB, c *bus.Client, cfg testConfig, hooks func(w *
 		}
 	})
 	if !cfg.NoEventBatches && BatchesAllowed(stream.CachedInfo().Config, w.names) {
-		if w.batch, err = StartBatch(c.Conn(), c.Conn(), w.acks, w.names.EventBatches()); err != nil {
+		if w.batch, err = StartBatch(c.Conn(), w.wire, w.acks, w.names.EventBatches()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(w.batch.Close) // before the acks close, as in the worker
 		w.batch.ProbeOrOff(ctx, w.log, ReprobeEvery)
 	}
-	w.env = &Env{Conn: c.Conn(), Out: c.Conn(), Names: w.names, Stream: stream, Acks: w.acks, Batch: w.batch,
+	w.env = &Env{Conn: c.Conn(), Out: w.wire, Names: w.names, Stream: stream, Acks: w.acks, Batch: w.batch,
 		Window: 256, AckTimeout: cfg.PublishAckTimeout, Budget: cfg.AckWait, Worker: "w-test",
-		StoredReads: w.storedReads, Stop: w.hardCtx, Log: w.log, Metrics: w.obs, Signals: w.signals}
+		StoredReads: w.slots, Stop: w.hardCtx, Log: w.log, Metrics: w.obs}
 	return w, c
+}
+
+// testWire is the worker's connection as its publishers send on it: a
+// test sees, stops or refuses what goes out. Set before or while events go.
+type testWire struct {
+	nc      *nats.Conn
+	request atomic.Pointer[func(m *nats.Msg)]       // before a re-send's request
+	publish atomic.Pointer[func(m *nats.Msg) error] // before a single or batched send; an error is the send's, nothing sent
+}
+
+func (w *testWire) PublishMsg(m *nats.Msg) error {
+	if f := w.publish.Load(); f != nil {
+		if err := (*f)(m); err != nil {
+			return err
+		}
+	}
+	return w.nc.PublishMsg(m)
+}
+
+func (w *testWire) RequestMsgWithContext(ctx context.Context, m *nats.Msg) (*nats.Msg, error) {
+	if f := w.request.Load(); f != nil {
+		(*f)(m)
+	}
+	return w.nc.RequestMsgWithContext(ctx, m)
+}
+
+// onResend calls f with the seq of each event a re-send sends, before it
+// goes out.
+func (w *testWire) onResend(f func(seq uint64)) {
+	g := func(m *nats.Msg) { f(envelopeSeq(m)) }
+	w.request.Store(&g)
+}
+
+// onPublish calls f before each event sent singly or in a batch (not
+// re-sent); an error from f is the send's, and nothing goes out.
+func (w *testWire) onPublish(f func(m *nats.Msg) error) { w.publish.Store(&f) }
+
+// errWire is a send a test failed on the wire.
+var errWire = errors.New("send failed on the wire (a test's)")
+
+// envelopeSeq is the seq of the event m carries (0 if it carries none).
+func envelopeSeq(m *nats.Msg) uint64 {
+	e, err := bus.DecodeEnvelope(m.Data)
+	if err != nil {
+		return 0
+	}
+	return e.Seq
+}
+
+// batched tells whether m goes in a batch (its reply ends the batch's way).
+func batched(m *nats.Msg) bool { return strings.HasSuffix(m.Reply, ".$FI") }
+
+// testSlots are the stored reads' slots; acquire, when set, is called as a
+// re-send asks for one, before it waits.
+type testSlots struct {
+	Slots
+	acquire func()
+}
+
+func (s *testSlots) Acquire(ctx context.Context) error {
+	if s.acquire != nil {
+		s.acquire()
+	}
+	return s.Slots.Acquire(ctx)
 }
 
 // newPublisher starts a publisher of the run's attempt.

@@ -114,7 +114,6 @@ func (p *Publisher) resend(ctx context.Context, cause error, warn bool) {
 		p.mu.Unlock()
 		p.sendMu.Unlock()
 		if o != nil {
-			p.env.Signals.beforeResend(o.seq)
 			if p.stopped.Load() {
 				continue // fenced or failed: the loop's top ends it
 			}
@@ -174,7 +173,6 @@ func (p *Publisher) releaseHeld(held []*outgoing) {
 	}
 	waiting := len(p.syncs) > 0 || p.closed // a sync or flush: its commit went before these
 	p.mu.Unlock()
-	p.env.Signals.beforeHeldSend(held[0].seq)
 	first := p.sendReleased(held, waiting)
 	p.sendMu.Unlock()
 	if first {
@@ -308,13 +306,11 @@ func (p *Publisher) reconcile(ctx, sentIn context.Context, after uint64, wait ti
 	defer context.AfterFunc(sentIn, cancel)()
 	var last uint64
 	var err error
-	p.env.Signals.beforeStoredRead(p)
-	select {
-	case p.env.StoredReads <- struct{}{}:
+	if err = p.env.StoredReads.Acquire(ctx); err == nil {
 		last, err = p.reconcileWithin(ctx, after)
-		<-p.env.StoredReads
-	case <-ctx.Done():
-		last, err = after, fmt.Errorf("waiting to read the stored events: %w", context.Cause(ctx))
+		p.env.StoredReads.Release()
+	} else {
+		last, err = after, fmt.Errorf("waiting to read the stored events: %w", err)
 	}
 	if errors.Is(err, context.Canceled) && lostSince(sentIn) {
 		err = fmt.Errorf("reading the stored events: %w", nats.ErrDisconnected)

@@ -141,7 +141,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 	// When event 2's re-send comes, a copy of it lands first, and event 3
 	// comes: it is held behind the re-send.
 	var copied atomic.Bool
-	w.signals.BeforeResend = func(seq uint64) {
+	w.wire.onResend(func(seq uint64) {
 		if seq != 2 || copied.Swap(true) {
 			return
 		}
@@ -154,7 +154,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 		if _, err := p.Event("x", []byte(`{"type":"x","i":3}`), Options{}); err != nil {
 			t.Error(err)
 		}
-	}
+	})
 	// The ack timeout starts the re-send; sync, unlike flush, lets event 3
 	// come meanwhile.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -204,7 +204,7 @@ func TestLostEventBeforeAStoredOneFails(t *testing.T) {
 	failed := make(chan error, 1)
 	p := newPublisher(w, run, 1, func(err error) { failed <- err })
 	var deleted bool
-	w.signals.BeforeResend = func(seq uint64) {
+	w.wire.onResend(func(seq uint64) {
 		if seq != 2 || deleted {
 			return
 		}
@@ -217,7 +217,7 @@ func TestLostEventBeforeAStoredOneFails(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
-	}
+	})
 	publishN(t, p, 3)
 	err := flushWithin(t, p)
 	if !errors.Is(err, errOutOfOrder) {
@@ -336,7 +336,7 @@ func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
 	var deleted atomic.Bool
-	w.signals.BeforeResend = func(seq uint64) {
+	w.wire.onResend(func(seq uint64) {
 		if seq != 2 || deleted.Swap(true) {
 			return
 		}
@@ -347,7 +347,7 @@ func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
-	}
+	})
 	publishN(t, p, 3)
 	if err := flushWithin(t, p); !errors.Is(err, errOutOfOrder) {
 		t.Fatalf("flush: %v, want errOutOfOrder", err)
@@ -379,13 +379,13 @@ func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
 	}
 	dropAcks(t, w, func(seq uint64) bool { return seq == 4 })
 	var tries atomic.Int64
-	w.signals.BeforeResend = func(uint64) {
+	w.wire.onResend(func(uint64) {
 		if tries.Add(1) == 1 {
 			if err := s.DeleteMsg(context.Background(), 4); err != nil {
 				t.Error(err)
 			}
 		}
-	}
+	})
 	if _, err := p.Event("x", []byte(`{"type":"x","i":4}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -474,8 +474,10 @@ func TestTooManyRequestsIsReSent(t *testing.T) {
 // stored reads nothing and waits, then goes on once a slot is free.
 func TestStoredReadsWaitForASlot(t *testing.T) {
 	waits := make(chan uint64, 16)
+	var pub atomic.Pointer[Publisher] // the only one: its re-sends read
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, func(w *testWorker) {
-		w.signals.BeforeStoredRead = func(p *Publisher) {
+		w.slots.acquire = func() {
+			p := pub.Load()
 			p.mu.Lock()
 			o, _ := p.firstUnackedLocked()
 			p.mu.Unlock()
@@ -488,6 +490,7 @@ func TestStoredReadsWaitForASlot(t *testing.T) {
 	dropAcks(t, w, func(uint64) bool { return true })
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
+	pub.Store(p)
 	publishN(t, p, 3)
 	flushed := make(chan error, 1)
 	go func() { flushed <- flushWithin(t, p) }()

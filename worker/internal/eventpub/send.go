@@ -189,7 +189,6 @@ func (single) put(p *Publisher, seq uint64, o *outgoing) (bool, error) {
 	if b := p.env.Batch; b != nil && (b.holds(p) || !p.takeTurn(o)) {
 		return true, errHeld
 	}
-	p.env.Signals.beforeSingleSend(p, seq)
 	o.m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
 	return true, p.env.Out.PublishMsg(&o.m)
 }
@@ -198,7 +197,6 @@ func (single) put(p *Publisher, seq uint64, o *outgoing) (bool, error) {
 type inBatch struct{ b *Batch }
 
 func (s inBatch) put(p *Publisher, seq uint64, o *outgoing) (bool, error) {
-	p.env.Signals.beforeBatchSend(p, seq)
 	return s.b.publish(p, seq, &o.m, o.epoch)
 }
 

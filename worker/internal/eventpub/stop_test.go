@@ -80,7 +80,7 @@ func stopWaitingForABatch(t *testing.T, hardStop bool) {
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	started(t, p)
-	waiting := batchWaits(w, p)
+	waiting := batchWaits(t, w, p, 3)
 	keeping.Store(true)
 	if _, err := p.Event("x", []byte(`{"type":"x","i":2}`), Options{}); err != nil {
 		t.Fatal(err)
@@ -144,10 +144,10 @@ func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 	})
 	resending := make(chan struct{})
 	var once sync.Once
-	w.signals.BeforeResend = func(uint64) {
+	w.wire.onResend(func(uint64) {
 		once.Do(func() { close(resending) })
 		<-w.hardCtx.Done()
-	}
+	})
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	publishN(t, p, 1)
