@@ -258,8 +258,8 @@ func (b *Batch) publish(p *Publisher, seq uint64, m *nats.Msg, stamp uint64) (bo
 func (b *Batch) tryPublish(p *Publisher, seq uint64, m *nats.Msg, stamp uint64) (bool, <-chan struct{}, error) {
 	b.sendMu.Lock()
 	defer b.sendMu.Unlock()
-	// Under sendMu, with the checks below: a test holding it stops an
-	// event past its publisher's checks and before the batch's.
+	// Batches' on/off is read under sendMu with the checks below, so one
+	// lock orders all of an event's batch checks against a send.
 	if !b.on() {
 		return false, nil, nil
 	}
