@@ -21,6 +21,7 @@ import (
 // away): intake must not close on a read that failed, and the steer is
 // delivered once the stream can be read again.
 func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port := freeport.Pick(t) // restarted on: see freeport
 	srv, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
@@ -123,6 +124,7 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 // While the control stream stays unreadable at a run's end, the run does
 // not hold its slot until its timeout: after one AckWait it is handed back.
 func TestUnreadableControlsHandTheRunBack(t *testing.T) {
+	t.Parallel()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +170,7 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 // A follow-up (and a steer) that arrive after the agent's last look at its
 // queues, while the run is not finished yet, still run.
 func TestLateControlMessagesAreNotLost(t *testing.T) {
+	t.Parallel()
 	o := ctlObs{got: make(chan string, 10)}
 	idle := make(chan string)
 	resume := make(chan struct{})

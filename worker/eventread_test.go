@@ -19,6 +19,7 @@ import (
 // its time limit starts with the slot (a worker taking over thousands of
 // runs queues most of their resumes).
 func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, Config{}, func(w *Worker) { w.reads.timeout = 300 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -57,6 +58,7 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 // failing its run (a resume that failed so was handed back, and a burst
 // of reads used up the run's deliveries in seconds).
 func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, Config{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -129,6 +131,7 @@ func fillEventConsumers(t *testing.T, ctx context.Context, c *bus.Client) (jetst
 // hard stop) says so: its error is the context's, wrapping the refusal,
 // so its run is handed back as one at a hard stop.
 func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, Config{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

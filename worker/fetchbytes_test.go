@@ -50,6 +50,7 @@ func (c slowConn) Read(b []byte) (int, error) {
 // message, and a review saw up to 19% of the runs here take a second
 // delivery under two busy loops): every run here is picked up once.
 func TestLargeRequestsAreFetchedWithinTheByteBound(t *testing.T) {
+	t.Parallel()
 	srv := startJetStream(t, 16<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 
 // The give-up's decision, from the record alone (giveup.go's steps).
 func TestClassifyGiveUp(t *testing.T) {
+	t.Parallel()
 	running := func(reqSeq uint64, attempt int) *bus.RunRecord {
 		return &bus.RunRecord{State: bus.StateRunning, RequestSeq: reqSeq, Attempt: attempt}
 	}
