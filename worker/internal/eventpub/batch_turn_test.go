@@ -367,7 +367,8 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 // an unanswered batched event of its run (a second review's find: one
 // did, when the pause began between the two).
 func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its flapping takes a core, and a test beside it
+	// starved it past its reads' time limit.
 	var early earlySingles
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Minute}, func(w *testWorker) {
 		w.signals.BeforeSingleSend = early.hook
