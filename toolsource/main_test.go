@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.uber.org/goleak"
 
+	"github.com/agentfleet/agentfleet/internal/testpar"
 	"github.com/agentfleet/agentfleet/toolsource"
 )
 
@@ -39,6 +40,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	testpar.Default(4) // the tests wait (on servers, processes) more than they compute
 	goleak.VerifyTestMain(m)
 }
 
