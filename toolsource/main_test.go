@@ -56,13 +56,18 @@ func serveNoopStdio() {
 	os.Exit(0)
 }
 
+// noRaceExitSleep is the GORACE of this test binary run as a server: a
+// race-built one would sleep a second at its exit (a race it found still
+// makes it exit 66).
+const noRaceExitSleep = "atexit_sleep_ms=0"
+
 // noopStdioConfig runs this test binary as a no-op MCP stdio server.
 func noopStdioConfig(t testing.TB) toolsource.ServerConfig {
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "1"}}
+	return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "1", "GORACE": noRaceExitSleep}}
 }
 
 // everythingDir is where `npm install @modelcontextprotocol/server-everything`

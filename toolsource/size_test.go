@@ -113,12 +113,12 @@ func TestMCPOversizedReplyFailsOnlyItsCall(t *testing.T) {
 		cfg  func(t *testing.T) toolsource.ServerConfig
 	}{
 		{"stdio", func(*testing.T) toolsource.ServerConfig {
-			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized"}}
+			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized", "GORACE": noRaceExitSleep}}
 		}},
 		// A reply over the cap in many short lines: the cap counts the
 		// message, not its lines.
 		{"stdio-indented", func(*testing.T) toolsource.ServerConfig {
-			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized-indented"}}
+			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized-indented", "GORACE": noRaceExitSleep}}
 		}},
 		{"http-sse", func(t *testing.T) toolsource.ServerConfig { return sizedHTTP(t, false) }},
 		{"http-json", func(t *testing.T) toolsource.ServerConfig { return sizedHTTP(t, true) }},
