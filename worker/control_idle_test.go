@@ -138,7 +138,7 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 	}
 	defer c.Close()
 	logs := &logbuf.Buffer{}
-	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: 2 * time.Second,
+	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: 2 * time.Second, DrainTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
