@@ -42,6 +42,7 @@ func setValue(sel, value string) chromedp.Action[chromedp.Void] {
 // expiry, and answers too; a read-only console shows the queue without
 // buttons. Arguments holding HTML are shown as text.
 func TestBrowserApprovals(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	f := newTestFleet(t)
 	c := newConsole(t, f, serverConfig{AllowControl: true, ApproverName: "browser-tester"})
@@ -175,6 +176,7 @@ func TestBrowserApprovals(t *testing.T) {
 // the page); a time range; and a rare filter that stops after a bounded
 // scan and says how far it read.
 func TestBrowserRunsPaging(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	f := newTestFleet(t)
 	fillRecords(t, f.Fleet, 0, 5000)
@@ -267,6 +269,7 @@ func TestBrowserRunsPaging(t *testing.T) {
 // run's text is followed to the end of the page until the reader scrolls
 // up; the button follows again.
 func TestBrowserRunTimeline(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	report := "## Report\n\nThe answer is **84**, from the *calculator*.\n\n- twelve times seven\n- checked twice\n\n" +
 		"| factor | value |\n|---|--:|\n| a | 12 |\n| b | 7 |\n\nSee `calc` and [the docs](https://example.com/docs).\n\n```\nraw <b>code</b>\n```\n"
@@ -441,6 +444,7 @@ func commas(n int) string {
 // service); the New run page offers the presence's models, tools (by
 // source) and queues, and what is picked is what the run gets.
 func TestBrowserFleetAndNewRun(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	model := newPricedModel(0, func(prompt string, turn int, _ agent.Context) agent.ScriptedResponse {
 		return agent.ScriptedResponse{Content: []agent.Content{agent.Text("Answer to " + prompt)}}
