@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/testpar"
 )
 
 // raceEnabled is set by race_test.go: the submit binary is then built with
@@ -40,6 +41,8 @@ var fleet struct {
 }
 
 func TestMain(m *testing.M) {
+	// The tests wait on processes (submit, workers) more than they compute.
+	testpar.Default(4)
 	os.Exit(testMain(m))
 }
 
