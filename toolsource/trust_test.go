@@ -187,6 +187,9 @@ func TestServiceImpostorTakesNoCalls(t *testing.T) {
 		req.Tools = []string{"calc__add"}
 		return req
 	}
+	// The calls are to meet the two instances: a discovery that has not
+	// seen them yet (a loaded machine) has no instance to offer.
+	waitGauge(t, reg, "agentfleet_tool_source_conflict", "service:calc", 1)
 	id := f.Submit("", adds())
 	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("finished %+v", fin)
