@@ -170,7 +170,9 @@ func impostor(t *testing.T, f *fleettest.Fleet, calls *atomic.Int64) micro.Servi
 // line, agentfleet_tool_source_conflict, calls failing with the reason);
 // once the impostor is gone the honest instance serves again.
 func TestServiceImpostorTakesNoCalls(t *testing.T) {
-	t.Parallel()
+	// Not parallel: a discovery round whose replies come late drops the
+	// service for a round, and its "accepted again" is then never logged
+	// (seen on 2 cores at load 20).
 	f := fleettest.Start(t, fleettest.Options{})
 	var stolen atomic.Int64
 	fake := impostor(t, f, &stolen)
