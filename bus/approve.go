@@ -203,6 +203,26 @@ type ApprovalsOptions struct {
 // its events since shortly before its oldest waiting request (with the
 // arguments the model chose), the oldest request first.
 func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]PendingCall, error) {
+	p, err := c.PendingApprovalsPage(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return p.Calls, nil
+}
+
+// ApprovalsPage is PendingApprovals with how far its scan went.
+type ApprovalsPage struct {
+	Calls []PendingCall
+	// Scanned of Stored: the records read, of the bucket's; Truncated:
+	// MaxScan stopped the scan, so older waiting runs may be left out.
+	Scanned   int
+	Stored    uint64
+	Truncated bool
+}
+
+// PendingApprovalsPage is PendingApprovals, saying whether its scan was
+// cut short.
+func (c *Client) PendingApprovalsPage(ctx context.Context, o ApprovalsOptions) (*ApprovalsPage, error) {
 	page, err := c.ListPage(ctx, ListOptions{State: StateWaiting, Queue: o.Queue, MaxScan: o.MaxScan})
 	if err != nil {
 		return nil, err
@@ -231,5 +251,5 @@ func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]Pe
 		}
 		return out[i].Run < out[j].Run
 	})
-	return out, nil
+	return &ApprovalsPage{Calls: out, Scanned: page.Scanned, Stored: page.Stored, Truncated: page.Truncated}, nil
 }

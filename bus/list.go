@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +42,9 @@ type ListOptions struct {
 	// sequence (a page's Next, or a record's Revision). Queued runs are
 	// listed only on the first page.
 	BeforeSeq uint64
+	// Cursor is a page's NextCursor: where the next page starts, queued
+	// runs included (it overrides BeforeSeq).
+	Cursor string
 	// Before lists only records last written before this time.
 	Before time.Time
 	// Since lists only records last written at or after this time.
@@ -66,7 +70,11 @@ func (o *ListOptions) fieldFilters() bool {
 type RunPage struct {
 	Records []RunRecord
 	// Next is the BeforeSeq of the next page; 0 when no older record is left.
+	// While queued runs are left it points at the records, skipping them:
+	// page with NextCursor to list every run once.
 	Next uint64
+	// NextCursor is the Cursor of the next page; "" at the end.
+	NextCursor string
 	// Scanned counts the records read to build the page.
 	Scanned int
 	// Truncated is set when MaxScan stopped the read before Limit matches.
@@ -92,28 +100,29 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]RunRecord, error) {
 // the next one. Its cost is the records between the page's ends (plus the
 // queued requests on the first page), not the bucket's size.
 func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) {
-	page := &RunPage{}
-	first := o.BeforeSeq == 0 && o.Before.IsZero()
-	want := func() bool { return o.Limit <= 0 || len(page.Records) < o.Limit }
-	if first && (o.State == "" || o.State == StateQueued) {
-		q, err := c.listQueued(ctx, o.Queue)
+	var qc *listCursor
+	if o.Cursor != "" {
+		cur, err := parseListCursor(o.Cursor)
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range q {
-			if want() && matches(&r, o) {
-				page.Records = append(page.Records, r)
-			}
+		if cur.queued {
+			qc = &cur
+		} else {
+			o.BeforeSeq = cur.seq
 		}
 	}
-	if o.State == StateQueued {
-		return page, nil
-	}
+	page := &RunPage{}
+	first := o.BeforeSeq == 0 && o.Before.IsZero() && qc == nil
+	want := func() bool { return o.Limit <= 0 || len(page.Records) < o.Limit }
 	stream := "KV_" + c.names.RecordsBucket()
 	s, err := c.Stream(ctx, stream)
 	if err != nil {
 		return nil, err
 	}
+	// The records' top is read before the queued runs: a run listed as
+	// queued has no record at or below it, so the records below never
+	// list it again.
 	info, err := s.Info(ctx)
 	if err != nil {
 		return nil, err
@@ -122,17 +131,57 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 	page.Stored = info.State.Msgs
 	// top: the last record written when the scan began.
 	top := hi
+	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
+	g := c.directGetter(stream)
+	now := time.Now()
+	if (first || qc != nil) && (o.State == "" || o.State == StateQueued) {
+		q, runsTop, err := c.listQueued(ctx, o.Queue)
+		if err != nil {
+			return nil, err
+		}
+		cur := listCursor{queued: true, top: top, runsTop: runsTop}
+		if qc != nil {
+			cur = *qc
+			picked, err := c.pickedUp(ctx, g, cur, hi, o, page, now)
+			if err != nil {
+				return nil, err
+			}
+			q = mergeByID(q, picked)
+		}
+		for _, r := range q {
+			if r.ID <= cur.after || !matches(&r, o) {
+				continue
+			}
+			if !want() { // queued runs are left: the next page goes on after the last listed
+				cur.after = page.Records[len(page.Records)-1].ID
+				page.NextCursor = cur.String()
+				if cur.top > 0 {
+					page.Next = cur.top + 1
+				}
+				return page, nil
+			}
+			page.Records = append(page.Records, r)
+		}
+	}
+	if o.State == StateQueued {
+		return page, nil
+	}
+	if qc != nil { // the queued runs are done: the records as they were then
+		o.BeforeSeq = qc.top + 1
+	}
 	if !want() { // queued runs filled the page: the records come next
-		if info.State.Msgs > 0 {
+		if qc != nil {
+			hi = min(hi, qc.top)
+		}
+		if hi > 0 {
 			page.Next = hi + 1
+			page.NextCursor = strconv.FormatUint(page.Next, 10)
 		}
 		return page, nil
 	}
-	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
 	if o.BeforeSeq > 0 {
 		hi = min(hi, o.BeforeSeq-1)
 	}
-	g := c.directGetter(stream)
 	if !o.Before.IsZero() {
 		seq, err := g.seqAt(ctx, o.Before, keyPrefix+">")
 		if err != nil {
@@ -156,7 +205,6 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 	if maxScan == 0 {
 		maxScan = DefaultListScan
 	}
-	now := time.Now()
 	needles := listNeedles(o)
 	window := uint64(firstWindow)
 	if o.Limit > 0 && o.State == "" && o.Queue == "" && !o.fieldFilters() {
@@ -204,7 +252,102 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 			return nil, err
 		}
 	}
+	if page.Next > 0 {
+		page.NextCursor = strconv.FormatUint(page.Next, 10)
+	}
 	return page, nil
+}
+
+// listCursor is a parsed ListOptions.Cursor: a records-stream sequence
+// (BeforeSeq), or, while queued runs are left, "q.<top>.<runsTop>.<id>":
+// the queued runs after id in id order, with those of them picked up since
+// (records written above top for a request at or below runsTop, the
+// AGENTS_RUNS sequence when the listing began), then the records up to
+// top. A run is thus listed once whether it is picked up between pages or
+// not: a queued run has no record at or below top.
+type listCursor struct {
+	seq          uint64
+	queued       bool
+	top, runsTop uint64
+	after        string
+}
+
+func parseListCursor(s string) (listCursor, error) {
+	if n, err := strconv.ParseUint(s, 10, 64); err == nil && n > 0 {
+		return listCursor{seq: n}, nil
+	}
+	if p := strings.SplitN(s, ".", 4); len(p) == 4 && p[0] == "q" {
+		top, err1 := strconv.ParseUint(p[1], 10, 64)
+		runsTop, err2 := strconv.ParseUint(p[2], 10, 64)
+		if err1 == nil && err2 == nil && ValidID(p[3]) {
+			return listCursor{queued: true, top: top, runsTop: runsTop, after: p[3]}, nil
+		}
+	}
+	return listCursor{}, fmt.Errorf("invalid page cursor %q", truncate(s, 80))
+}
+
+func (l listCursor) String() string {
+	if !l.queued {
+		return strconv.FormatUint(l.seq, 10)
+	}
+	return "q." + strconv.FormatUint(l.top, 10) + "." + strconv.FormatUint(l.runsTop, 10) + "." + l.after
+}
+
+// CheckListCursor returns an error for a string that is no page cursor.
+func CheckListCursor(s string) error {
+	_, err := parseListCursor(s)
+	return err
+}
+
+// pickedUp returns the records written above the cursor's top (up to
+// last) for requests at or below its runsTop, after its id: runs queued
+// when the listing began and picked up since, which the records up to
+// top do not hold.
+func (c *Client) pickedUp(ctx context.Context, g *directGetter, cur listCursor, last uint64, o ListOptions, page *RunPage, now time.Time) ([]RunRecord, error) {
+	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
+	seen := map[string]bool{}
+	var out []RunRecord
+	for to := last; to > cur.top; { // newest first: a key's last write counts
+		from := max(cur.top+1, to-min(to-cur.top, maxWindow)+1)
+		msgs, err := g.rangeOf(ctx, from, to)
+		if err != nil {
+			return nil, err
+		}
+		for i := len(msgs) - 1; i >= 0; i-- {
+			m := msgs[i]
+			id, ok := strings.CutPrefix(m.subject, keyPrefix)
+			if !ok || seen[id] {
+				continue
+			}
+			seen[id] = true
+			if len(m.data) == 0 || id <= cur.after {
+				continue
+			}
+			page.Scanned++
+			var r RunRecord
+			if json.Unmarshal(m.data, &r) != nil || r.RequestSeq > cur.runsTop {
+				continue // a run submitted since
+			}
+			r.Revision = m.seq
+			c.markStale(&r, now)
+			out = append(out, r)
+		}
+		to = from - 1
+	}
+	return out, nil
+}
+
+// mergeByID merges queued runs and records, by id, a record replacing
+// the queued run of its id.
+func mergeByID(queued, recs []RunRecord) []RunRecord {
+	have := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		have[r.ID] = true
+	}
+	out := slices.DeleteFunc(queued, func(r RunRecord) bool { return have[r.ID] })
+	out = append(out, recs...)
+	slices.SortFunc(out, func(a, b RunRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }
 
 // listed decodes a stored record and reports whether the listing keeps it.
@@ -376,10 +519,12 @@ func containsFold(s, sub string) bool {
 // listQueued returns the requests that have no record yet, by id. It costs
 // the requests pending in AGENTS_RUNS (the backlog and the running runs,
 // whose requests are acked only at the end), never the history.
-func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, error) {
+// Its second result is the stream's last sequence: a request stored later
+// is a run submitted since.
+func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, uint64, error) {
 	s, err := c.Stream(ctx, c.names.RunsStream())
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	filter := c.names.SubmitAll()
 	if queue != "" {
@@ -387,7 +532,7 @@ func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, err
 	}
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var pending []RunRecord
 	for subj := range info.State.Subjects {
@@ -398,7 +543,7 @@ func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, err
 		pending = append(pending, RunRecord{ID: id, Queue: q, State: StateQueued})
 	}
 	if len(pending) == 0 {
-		return nil, nil
+		return nil, info.State.LastSeq, nil
 	}
 	// Drop those with a record: batched last-by-subject gets, 1,024 keys a
 	// request (the server's bound).
@@ -414,7 +559,7 @@ func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, err
 		}
 		msgs, err := g.multiLast(ctx, subjects)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		for _, m := range msgs {
 			if len(m.data) > 0 {
@@ -429,7 +574,7 @@ func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, err
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
+	return out, info.State.LastSeq, nil
 }
 
 // directGetter speaks the batched direct get API of a stream (AllowDirect,

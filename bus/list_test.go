@@ -229,3 +229,80 @@ func TestListFieldFilters(t *testing.T) {
 		t.Errorf("bounded, continued: %v", all)
 	}
 }
+
+// TestListQueuedPagesListEveryRunOnce: queued runs that fill pages go on
+// on the next pages (after the last listed), runs picked up between pages
+// are listed once (as their record, where they would have been listed as
+// queued), and the records follow: every run once across the pages.
+func TestListQueuedPagesListEveryRunOnce(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(id, state string, reqSeq uint64) {
+		t.Helper()
+		data, _ := json.Marshal(bus.RunRecord{ID: id, Queue: "default", State: state, RequestSeq: reqSeq, HeartbeatAt: time.Now()})
+		if _, err := kv.Put(ctx, id, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("done-1", bus.StatusSucceeded, 0)
+	put("done-2", bus.StatusFailed, 0)
+	seqs := map[string]uint64{}
+	submit := func(id string) {
+		t.Helper()
+		res, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "hi"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs[id] = res.Seq
+	}
+	for _, id := range []string{"q1", "q2", "q3", "q4", "q5"} {
+		submit(id)
+	}
+	seen := map[string]int{}
+	var order []string
+	cursor := ""
+	for page := 1; ; page++ {
+		p, err := c.ListPage(ctx, bus.ListOptions{Limit: 2, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range p.Records {
+			seen[r.ID]++
+			order = append(order, r.ID+":"+r.State)
+		}
+		if page == 1 {
+			// Between pages: q4, not listed yet, is picked up (its record
+			// written as a worker would), q1, listed, too; a run is
+			// queued after the last listed and one before it.
+			put("q4", bus.StateRunning, seqs["q4"])
+			put("q1", bus.StateRunning, seqs["q1"])
+			submit("q0")
+			submit("q9")
+		}
+		if p.NextCursor == "" || page > 10 {
+			break
+		}
+		cursor = p.NextCursor
+	}
+	for _, id := range []string{"q1", "q2", "q3", "q4", "q5", "done-1", "done-2"} {
+		if seen[id] != 1 {
+			t.Errorf("%s listed %d times", id, seen[id])
+		}
+	}
+	for id, n := range seen {
+		if n > 1 {
+			t.Errorf("%s listed %d times", id, n)
+		}
+	}
+	if want := []string{"q1:queued", "q2:queued", "q3:queued", "q4:running", "q5:queued", "q9:queued", "done-2:failed", "done-1:succeeded"}; !slices.Equal(order, want) {
+		t.Errorf("pages listed %v, want %v", order, want)
+	}
+	if err := bus.CheckListCursor("q.1.2.x y"); err == nil {
+		t.Error("a cursor with a bad id passes")
+	}
+}

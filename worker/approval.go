@@ -599,14 +599,7 @@ func (r *run) approvalFence(ctx context.Context) (uint64, error) {
 func (r *run) readFence(ctx context.Context) (uint64, error) {
 	tctx, cancel := context.WithTimeout(ctx, fenceTryTimeout)
 	defer cancel()
-	if err := r.w.signals.approval.readingFence(tctx); err != nil {
-		return 0, err
-	}
-	info, err := r.w.controlStream.Info(tctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.State.LastSeq, nil
+	return r.w.controlReads.lastSeq(tctx)
 }
 
 // refuseApproval is a gated call's refusal past MaxWaiting (invariant 5).

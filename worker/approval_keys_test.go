@@ -388,7 +388,7 @@ func TestApprovalFenceReadIsRetried(t *testing.T) {
 	var mu sync.Mutex
 	var deadlines []time.Time
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{d.tool()}}, func(w *Worker) {
-		w.signals.approval.fenceRead = func(ctx context.Context) error {
+		beforeFenceRead(w, func(ctx context.Context) error {
 			mu.Lock()
 			defer mu.Unlock()
 			dl, _ := ctx.Deadline()
@@ -400,7 +400,7 @@ func TestApprovalFenceReadIsRetried(t *testing.T) {
 				return nats.ErrNoResponders
 			}
 			return nil
-		}
+		})
 	})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)

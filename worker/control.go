@@ -237,7 +237,6 @@ func (c *controls) own(started chan<- struct{}, read bool) {
 			}
 		}
 		close(started)
-		c.r.w.signals.control.ownerStarted(c.r)
 	}
 	for {
 		if c.serve() {
@@ -332,10 +331,7 @@ func (c *controls) catchUp(ctx context.Context) error {
 	w := c.r.w
 	subj := w.names.ControlAll(c.r.id)
 	for {
-		w.signals.control.catchingUp(c.r.id)
-		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m, err := w.controlStream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
-		cancel()
+		m, err := w.controlReads.next(ctx, subj, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -349,6 +345,31 @@ func (c *controls) catchUp(ctx context.Context) error {
 		}
 		from = m.Sequence + 1
 	}
+}
+
+// controlReads is what runs read of the control stream.
+type controlReads interface {
+	// next is subj's first message from seq on, read within 5 s.
+	next(ctx context.Context, subj string, seq uint64) (*jetstream.RawStreamMsg, error)
+	// lastSeq is the stream's last sequence (a gated call's fence).
+	lastSeq(ctx context.Context) (uint64, error)
+}
+
+// streamControls reads the control stream Run opened.
+type streamControls struct{ w *Worker }
+
+func (s streamControls) next(ctx context.Context, subj string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return s.w.controlStream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(subj))
+}
+
+func (s streamControls) lastSeq(ctx context.Context) (uint64, error) {
+	info, err := s.w.controlStream.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.LastSeq, nil
 }
 
 // take delivers one control message.

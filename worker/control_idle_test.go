@@ -56,8 +56,14 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 	}
 	const id = "idle-fail"
 	var armed, fired atomic.Bool
-	w.signals.run.beforeIdleCheck = func(run string) { armed.Store(run == id && !fired.Load()) }
-	w.signals.control.beforeCatchUpRead = func(run string) {
+	// Armed once the agent's last event went out (the run goes idle next):
+	// the next read is the idle check's.
+	wrapSends(w, sends{afterEvent: func(e *bus.Envelope) {
+		if e.Type == string(agent.EventAgentEnd) {
+			armed.Store(e.Run == id && !fired.Load())
+		}
+	}})
+	beforeControlRead(w, func(run string) {
 		if run != id || !armed.CompareAndSwap(true, false) {
 			return
 		}
@@ -84,7 +90,7 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 			}
 			restarted <- s
 		}()
-	}
+	})
 	wctx, wcancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
@@ -144,12 +150,27 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	const id = "no-controls"
-	var down atomic.Bool
-	w.signals.run.beforeIdleCheck = func(run string) {
-		if run == id && down.CompareAndSwap(false, true) {
-			srv.Shutdown() // and it stays down
+	var idle, down atomic.Bool
+	wrapSends(w, sends{afterEvent: func(e *bus.Envelope) {
+		// The agent's last event went out: the run goes idle next.
+		if e.Type == string(agent.EventAgentEnd) && e.Run == id {
+			idle.Store(true)
 		}
-	}
+	}})
+	// The idle check reads the control stream: NATS goes away once the
+	// run's events are stored (only the controls are unreadable).
+	beforeControlRead(w, func(run string) {
+		if run != id || !idle.Load() || !down.CompareAndSwap(false, true) {
+			return
+		}
+		w.mu.Lock()
+		r := w.runs[id]
+		w.mu.Unlock()
+		if err := r.pub.Sync(ctx); err != nil {
+			t.Error(err)
+		}
+		srv.Shutdown() // and it stays down
+	})
 	wctx, wcancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
@@ -176,13 +197,15 @@ func TestLateControlMessagesAreNotLost(t *testing.T) {
 	resume := make(chan struct{})
 	first := true
 	_, c := startInternal(t, Config{Observer: o}, func(w *Worker) {
-		w.signals.run.beforeIdleCheck = func(id string) {
-			if first {
+		// The agent's last event went out: it will not poll its queues
+		// again; the run goes idle next.
+		wrapSends(w, sends{afterEvent: func(e *bus.Envelope) {
+			if e.Type == string(agent.EventAgentEnd) && first {
 				first = false
-				idle <- id
+				idle <- e.Run
 				<-resume
 			}
-		}
+		}})
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -12,7 +12,6 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
-	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // testGate is a tool that blocks until the test opens it.
@@ -84,12 +83,12 @@ func TestStalledCatchUpDoesNotStallOtherRuns(t *testing.T) {
 	// its steer from the live path or not at all.
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 4, AckWait: 2 * time.Minute,
 		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
-		w.signals.control.beforeCatchUpRead = func(id string) {
+		beforeControlRead(w, func(id string) {
 			if id == stalled {
 				once.Do(func() { close(reached) })
 				<-unblock
 			}
-		}
+		})
 	})
 	released := sync.OnceFunc(func() { close(unblock) })
 	defer released()
@@ -153,7 +152,7 @@ func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
 	o := ctlObs{got: make(chan string, n)}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: 30 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond, Observer: o}, func(w *Worker) {
-		w.signals.control.beforeCatchUpRead = func(run string) {
+		beforeControlRead(w, func(run string) {
 			block.Lock()
 			b := blocking
 			blocking = false
@@ -162,7 +161,7 @@ func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
 				reached <- struct{}{}
 				<-unblock
 			}
-		}
+		})
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -438,13 +437,12 @@ func TestAbortIsNotHeldUpByRejections(t *testing.T) {
 	})
 	var hold atomic.Bool
 	held := make(chan struct{})
-	wait := func(*eventpub.Publisher, uint64) {
-		if hold.Load() {
-			<-held
-		}
-	}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{gate}}, func(w *Worker) {
-		w.signals.events = &eventpub.Signals{BeforeSingleSend: wait, BeforeBatchSend: wait}
+		wrapSends(w, sends{beforeEvent: func(*bus.Envelope) {
+			if hold.Load() {
+				<-held
+			}
+		}})
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -489,11 +487,11 @@ func TestCatchUpReadsOnlyWhatIsNew(t *testing.T) {
 	o := ctlObs{got: make(chan string, n)}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Minute,
 		HeartbeatInterval: time.Minute, Observer: o}, func(w *Worker) {
-		w.signals.control.beforeCatchUpRead = func(run string) {
+		beforeControlRead(w, func(run string) {
 			if run == id {
 				reads.Add(1)
 			}
-		}
+		})
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -3,6 +3,9 @@ package worker
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,7 +45,7 @@ func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute, Observer: o},
-		func(w *Worker) { w.signals.control.beforeCatchUpRead = reads.hook })
+		func(w *Worker) { beforeControlRead(w, reads.hook) })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	run, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "a", Tools: []string{"gate"},
@@ -113,34 +116,41 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const id = "aborted-at-registration"
-	appliedAtStart, looked := make(chan bool, 1), make(chan struct{})
-	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute}, func(w *Worker) {
-		w.signals.control.beforeCatchUpRead = reads.hook
-		// The owner waits until the run has looked: only what it applied
-		// before letting the run go on counts.
-		w.signals.control.afterOwnerStarted = func(r *run) {
-			if r.id == id {
-				<-looked
+	// Whether the run's control owner applied the abort before it let the
+	// run go on: on its start-up drain (controls.own calls live), not once
+	// serving (controls.serve calls it). Read on the owner's goroutine, as
+	// it applies the abort.
+	appliedAtStart := make(chan bool, 1)
+	obs := abortObs{applied: func() {
+		b := make([]byte, 64<<10)
+		var calls []string // innermost first
+		for l := range strings.SplitSeq(string(b[:runtime.Stack(b, false)]), "\n") {
+			if l != "" && !strings.HasPrefix(l, "\t") && !strings.HasPrefix(l, "goroutine ") {
+				calls = append(calls, l)
 			}
 		}
-		w.signals.run.afterControlStart = func(r *run) {
-			if r.id == id {
-				appliedAtStart <- r.tally.Stopping()
-				close(looked)
-			}
-		}
-		w.signals.run.afterRegister = func(r *run) {
-			if r.id != id {
+		i := slices.IndexFunc(calls, func(c string) bool { return strings.Contains(c, "worker.(*controls).live(") })
+		appliedAtStart <- i >= 0 && i+1 < len(calls) && strings.Contains(calls[i+1], "worker.(*controls).own(")
+	}}
+	_, c = startInternal(t, Config{HeartbeatInterval: time.Minute, Observer: obs}, func(w *Worker) {
+		beforeControlRead(w, reads.hook)
+		// Registered (it takes control messages), its owner not started:
+		// an abort comes live.
+		wrapSends(w, sends{beforeEvent: func(e *bus.Envelope) {
+			if e.Run != id || e.Type != bus.EventRunStarted {
 				return
 			}
 			if _, err := c.Abort(ctx, id, "at once"); err != nil {
 				t.Error(err)
 				return
 			}
+			w.mu.Lock()
+			r := w.runs[id]
+			w.mu.Unlock()
 			for len(r.ctl.inbox) == 0 && ctx.Err() == nil {
 				time.Sleep(time.Millisecond) // polls the inbox itself
 			}
-		}
+		}})
 	})
 	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "p", Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: fauxTexts("never")}); err != nil {
 		t.Fatal(err)
@@ -156,7 +166,19 @@ func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
 		t.Fatalf("%d reads: the pickup read was not skipped, the test proves nothing", n)
 	}
 	if !<-appliedAtStart {
-		t.Fatal("the abort was not applied when the control owner's start returned")
+		t.Fatal("the abort was not applied before the control owner let the run go on")
+	}
+}
+
+// abortObs calls applied once an abort was applied.
+type abortObs struct {
+	NopObserver
+	applied func()
+}
+
+func (o abortObs) ControlReceived(kind string) {
+	if kind == bus.KindAbort {
+		o.applied()
 	}
 }
 

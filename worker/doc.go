@@ -17,13 +17,11 @@
 //	worker.go       Worker, New, Run: the pull loops, slots, drain
 //	services.go     the parts Run starts before it pulls and stops after the runs
 //	config.go       Config, Provider, Observer
-//	signals.go      test signals, per component (zero in production)
 //	presence.go     the worker's entry in agents_workers
 //	orphans.go      requests no consumer will deliver: swept, with a reason
 //	pickupread.go   which queues' first deliveries skip the record read
 //	coverage.go     keeping the control coverage (internal/intake) current
-//	giveup.go       MAX_DELIVERIES advisories: classifyGiveUp, then the I/O
-//	eventread.go    bounded reads of a run's stored events
+//	giveup.go       MAX_DELIVERIES advisories: the I/O of internal/giveup's decision
 //	metrics.go      MetricsObserver (Prometheus)
 //
 // A run, from pickup to its end (run.go's execute reads top down):
@@ -44,7 +42,7 @@
 //	ratelimit.go    shared model rate limits
 //	tenant.go       tenants' budgets
 //	budget.go       a run's cost bound
-//	trace.go        OpenTelemetry spans of runs, turns, calls
+//	trace.go        a run's OpenTelemetry spans (made by internal/runtrace)
 //
 // Tools: tools.go (a call's timeout, caps and metrics), toolsources.go
 // (tools served over NATS and MCP), demo.go (the demo model).
@@ -60,4 +58,8 @@
 //	internal/lease      the run record as an attempt's lease: take, renew, final write
 //	internal/metering   what a model call is charged: estimates, bounds, settle
 //	internal/peers      the other workers' presence: who serves a tool, mixed tools
+//	internal/giveup     what a give-up does with a request, from the run's record alone
+//	internal/eventread  bounded reads of runs' stored events: slots, a time each, retries
+//	internal/runtrace   an attempt's OpenTelemetry spans: invoke_agent, calls, waits, steps
+//	internal/genai      the GenAI conventions' span content: messages, usage, finish reasons
 package worker

@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // Every way an attempt ends, in one place:
@@ -24,7 +25,7 @@ import (
 //     request that may not run ends without a turn.
 //   - finishFromRecord: a run_finished the events lack, from the record.
 //   - finishGaveUp: the give-up's own attempt fails the run (giveup.go
-//     decides when: classifyGiveUp).
+//     decides when: internal/giveup).
 
 // ending is how an attempt ends: what it publishes and writes, and what
 // then happens to its request.
@@ -55,7 +56,6 @@ type settlement struct {
 func (r *run) ackRequest() settlement {
 	return settlement{
 		done: func(ctx context.Context) error {
-			r.w.signals.ending.acking(r.id)
 			if err := r.msg.DoubleAck(ctx); err != nil {
 				r.log.Warn("ack failed", "err", err)
 			}
@@ -110,7 +110,7 @@ func (r *run) finish(e ending) error {
 	if e.record != nil {
 		start := time.Now()
 		err := r.lease.WriteFinal(ctx, e.record)
-		r.traceStep(spanRecord, start, err)
+		r.traceStep(runtrace.SpanRecord, start, err)
 		if leaseGone(err) {
 			r.abandon("run stopped at its end: lease lost to a newer attempt")
 			return err
@@ -136,7 +136,6 @@ func (r *run) finish(e ending) error {
 // storeFinished publishes run_finished and waits until every event is
 // stored; if they are not, it hands the request back through s.
 func (r *run) storeFinished(ctx context.Context, fin bus.RunFinished, s settlement) error {
-	r.w.signals.ending.finishing(r.id)
 	_, _ = r.pub.Fleet(bus.EventRunFinished, fin)
 	if err := r.pub.Flush(ctx); err != nil {
 		return r.notStored(ctx, s, "run_finished not stored", err)
@@ -260,7 +259,7 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 // once. It reports whether the events lacked it; s is then settled (done
 // once stored, retry if not).
 func (r *run) finishFromRecord(ctx context.Context, rec *bus.RunRecord, s settlement) (bool, error) {
-	envs, err := r.w.readEvents(ctx, r.id, 0)
+	envs, err := r.w.reads.Read(ctx, r.id, 0)
 	if err != nil {
 		return false, fmt.Errorf("reading the run's events: %w", err)
 	}
@@ -443,7 +442,7 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, request []b
 		_ = r.pub.Flush(ctx)
 		return fmt.Errorf("give-up: run_started not stored: %w", err)
 	}
-	envs, err := r.w.readEvents(ctx, r.id, seq)
+	envs, err := r.w.reads.Read(ctx, r.id, seq)
 	if err != nil {
 		_ = r.pub.Flush(ctx)
 		return fmt.Errorf("give-up: reading the run's events: %w", err)

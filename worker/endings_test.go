@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
@@ -26,7 +27,12 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 	var taken sync.Map
 	_, c := startInternal(t, Config{Logger: log, AckWait: 30 * time.Second, HeartbeatInterval: time.Millisecond,
 		Concurrency: 4, DrainTimeout: time.Second}, func(w *Worker) {
-		w.signals.run.beforeIdleCheck = func(id string) {
+		// The agent's last event went out: the run goes idle next.
+		wrapSends(w, sends{afterEvent: func(e *bus.Envelope) {
+			if e.Type != string(agent.EventAgentEnd) {
+				return
+			}
+			id := e.Run
 			if _, again := taken.LoadOrStore(id, true); again {
 				return
 			}
@@ -46,7 +52,7 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 				}
 			}
 			t.Error("the record could not be overwritten")
-		}
+		}})
 	})
 	ctx := context.Background()
 	const n = 40

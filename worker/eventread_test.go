@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 )
 
 // A read that waits for its slot longer than a read may take still reads:
@@ -20,12 +21,12 @@ import (
 // runs queues most of their resumes).
 func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 	t.Parallel()
-	w, c := startInternal(t, Config{}, func(w *Worker) { w.reads.timeout = 300 * time.Millisecond })
+	w, c := startInternal(t, Config{}, func(w *Worker) { w.reads.Timeout = 300 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	storeRunStarted(t, ctx, c, "r")
-	for range maxEventReads {
-		w.reads.slots <- struct{}{}
+	for range eventread.Max {
+		w.reads.Slots <- struct{}{}
 	}
 	type result struct {
 		envs []*bus.Envelope
@@ -33,7 +34,7 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		envs, err := w.readEvents(ctx, "r", 0)
+		envs, err := w.reads.Read(ctx, "r", 0)
 		done <- result{envs, err}
 	}()
 	// Every slot stays taken for three times the read's limit; the read
@@ -43,13 +44,13 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 		t.Fatalf("the read ended while every slot was taken: %d envelopes, %v", len(r.envs), r.err)
 	case <-time.After(900 * time.Millisecond):
 	}
-	<-w.reads.slots
+	<-w.reads.Slots
 	r := <-done
 	if r.err != nil || len(r.envs) != 1 {
 		t.Fatalf("after a slot was freed: %d envelopes, %v; want the run_started", len(r.envs), r.err)
 	}
-	for range maxEventReads - 1 {
-		<-w.reads.slots
+	for range eventread.Max - 1 {
+		<-w.reads.Slots
 	}
 }
 
@@ -66,7 +67,7 @@ func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
 	s, names := fillEventConsumers(t, ctx, c)
 	done := make(chan error, 1)
 	go func() {
-		envs, err := w.readEvents(ctx, "r", 0)
+		envs, err := w.reads.Read(ctx, "r", 0)
 		if err == nil && len(envs) != 1 {
 			err = fmt.Errorf("%d envelopes, want the run_started", len(envs))
 		}
@@ -132,7 +133,21 @@ func fillEventConsumers(t *testing.T, ctx context.Context, c *bus.Client) (jetst
 // so its run is handed back as one at a hard stop.
 func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
 	t.Parallel()
-	w, c := startInternal(t, Config{}, nil)
+	// Each refusal of the read's consumer, told to the test.
+	refused := make(chan struct{}, 64)
+	w, c := startInternal(t, Config{}, func(w *Worker) {
+		events := w.reads.Events
+		w.reads.Events = func(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error) {
+			envs, err := events(ctx, id, before)
+			if errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
+				select {
+				case refused <- struct{}{}:
+				default:
+				}
+			}
+			return envs, err
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	storeRunStarted(t, ctx, c, "r")
@@ -140,13 +155,18 @@ func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		_, err := w.readEvents(rctx, "r", 0)
+		_, err := w.reads.Read(rctx, "r", 0)
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		t.Fatalf("the read ended while the stream had no room for its consumer: %v", err)
-	case <-time.After(time.Second): // it waits between tries
+	// Refused twice: it waited and tried again instead of ending.
+	for n := range 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("the read ended while the stream had no room for its consumer (after %d refusals): %v", n, err)
+		case <-refused:
+		case <-ctx.Done():
+			t.Fatalf("the read was refused %d times in a minute, want 2", n)
+		}
 	}
 	stop()
 	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, jetstream.ErrMaximumConsumersLimit) {

@@ -48,7 +48,9 @@ func (c slowConn) Read(b []byte) (int, error) {
 // The loops' own pull requests read every message of a request however
 // slowly (nats.go's fetch gave up on its inbox a second after its last
 // message, and a review saw up to 19% of the runs here take a second
-// delivery under two busy loops): every run here is picked up once.
+// delivery under two busy loops; the loops' own gave up 2 s past a
+// request's expiry, and a loaded CI saw a run in attempt 2): every run
+// here is picked up once.
 func TestLargeRequestsAreFetchedWithinTheByteBound(t *testing.T) {
 	t.Parallel()
 	srv := startJetStream(t, 16<<20)

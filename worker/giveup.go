@@ -18,6 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/giveup"
 	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
@@ -174,9 +175,9 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 	}
 	log := w.log.With("run", id, "queue", queue)
 	from, _ := strconv.ParseUint(req.Header.Get(bus.HeaderRequeuedFrom), 10, 64)
-	d := classifyGiveUp(rec, adv.StreamSeq, from, adv.Deliveries, w.cfg.MaxDeliver)
-	switch d.action {
-	case giveUpFinished:
+	d := giveup.Classify(rec, adv.StreamSeq, from, adv.Deliveries, w.cfg.MaxDeliver)
+	switch d.Action {
+	case giveup.Finished:
 		// The last delivery (or this give-up, retried) may have crashed
 		// between the final record and run_finished: no delivery is left
 		// to publish it, so the give-up does.
@@ -187,20 +188,20 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 		}
 		log.Info("give-up: run had finished (its ack was lost); request removed", "state", rec.State)
 		return removeRequest()
-	case giveUpRepublish:
+	case giveup.Republish:
 		return w.publishRequeue(ctx, req, rec, adv, removeRequest)
-	case giveUpRemove:
+	case giveup.Remove:
 		return removeRequest()
-	case giveUpHeldByAnother:
+	case giveup.HeldByAnother:
 		log.Warn("give-up: request removed; its run id is held by another running request", "recordRequestSeq", rec.RequestSeq)
 		return removeRequest()
-	case giveUpRequeue:
-		return w.requeue(ctx, req, rec, adv, d.base, d.crashes, removeRequest)
+	case giveup.Requeue:
+		return w.requeue(ctx, req, rec, adv, d.Base, d.Crashes, removeRequest)
 	}
-	if d.maxedOut {
-		log.Info("give-up: deliveries that were not waiting hand-backs reached MaxDeliver", "crashes", d.crashes)
+	if d.MaxedOut {
+		log.Info("give-up: deliveries that were not waiting hand-backs reached MaxDeliver", "crashes", d.Crashes)
 	}
-	attempt, copyOf := d.attempt, d.copyOf
+	attempt, copyOf := d.Attempt, d.CopyOf
 	log = log.With("attempt", attempt)
 	// The dead letter first: the request is never gone without a copy.
 	dl := &nats.Msg{Subject: w.names.Dead(queue, id), Data: req.Data, Header: nats.Header{}}
@@ -373,94 +374,4 @@ func copyTraceContext(dst, src nats.Header) {
 			dst.Set(k, v)
 		}
 	}
-}
-
-// giveUpAction is what a give-up does with a request whose deliveries ran
-// out (see the steps at the top of this file).
-type giveUpAction int
-
-const (
-	// giveUpFinished: the run finished (only the ack was lost): publish a
-	// run_finished the events lack, then remove the request.
-	giveUpFinished giveUpAction = iota + 1
-	// giveUpRepublish: requeued already (this step retried), the copy
-	// has not taken the run: publish it again (its message id drops a
-	// second one). Never a dead letter: the run lives on in the copy.
-	giveUpRepublish
-	// giveUpRemove: requeued already and the copy took the run: only the
-	// old request goes.
-	giveUpRemove
-	// giveUpHeldByAnother: the record is another request's (a reused id),
-	// whose run is live: no dead letter for a live run.
-	giveUpHeldByAnother
-	// giveUpRequeue: deliveries went to waiting hand-backs: requeue a copy.
-	giveUpRequeue
-	// giveUpDeadLetter: dead-letter the request, then fail the run under
-	// its lease (unless finished), then remove the request.
-	giveUpDeadLetter
-)
-
-// giveUpDecision is classifyGiveUp's answer.
-type giveUpDecision struct {
-	action   giveUpAction
-	base     int    // the attempts the requests this one replaced used
-	copyOf   uint64 // the request this one is the copy of, which never took the run; 0: none
-	crashes  int    // deliveries that were not waiting hand-backs, over every requeue
-	maxedOut bool   // those reached MaxDeliver, though the run waited
-	attempt  int    // the give-up's own attempt (giveUpDeadLetter)
-}
-
-// classifyGiveUp decides a give-up from the run's record (nil: none), the
-// request's stream sequence, the request it says it is a requeued copy of
-// (0: none), its deliveries and the consumer's MaxDeliver. It does no I/O:
-// giveUp acts on it.
-func classifyGiveUp(rec *bus.RunRecord, reqSeq, requeuedFrom uint64, deliveries, maxDeliver int) giveUpDecision {
-	var d giveUpDecision
-	// base: the attempts the requests this one replaced used, as the
-	// record's requeue marker says (never the request's headers alone).
-	if rec != nil && rec.Requeue != nil {
-		switch {
-		case rec.RequestSeq == reqSeq:
-			d.base = rec.Requeue.AttemptBase
-		case requeuedFrom == rec.Requeue.From && rec.RequestSeq == requeuedFrom:
-			d.base, d.copyOf = rec.Requeue.AttemptBase, requeuedFrom // the copy never took the run
-		}
-	}
-	switch {
-	case rec != nil && rec.Finished() && (rec.RequestSeq == 0 || rec.RequestSeq == reqSeq || d.copyOf != 0):
-		d.action = giveUpFinished
-		return d
-	case rec != nil && rec.Requeue != nil && rec.Requeue.From == reqSeq:
-		d.action = giveUpRemove
-		if rec.RequestSeq == reqSeq && !rec.Finished() {
-			d.action = giveUpRepublish
-		}
-		return d
-	}
-	if rec != nil && !rec.Finished() && rec.RequestSeq == reqSeq && rec.WaitingHandBacks > 0 {
-		// Only deliveries that did not end in a waiting hand-back count
-		// against MaxDeliver, over every requeue of the run.
-		d.crashes = max(deliveries-rec.WaitingHandBacks, 0)
-		if rec.Requeue != nil {
-			d.crashes += rec.Requeue.Crashes
-		}
-		if d.crashes < maxDeliver {
-			d.action = giveUpRequeue
-			return d
-		}
-		d.maxedOut = true
-	}
-	if rec != nil && !rec.Finished() && rec.RequestSeq != 0 && rec.RequestSeq != reqSeq && d.copyOf == 0 {
-		d.action = giveUpHeldByAnother
-		return d
-	}
-	// A delivery's attempt is at most base+deliveries, so a record naming
-	// base+deliveries+1 was written by a give-up of this request that
-	// failed later on (a read, a publish): this one goes on with that
-	// attempt, its events so far dropped as copies by their message ids.
-	d.action, d.attempt = giveUpDeadLetter, d.base+deliveries+1
-	if rec != nil && d.attempt < rec.Attempt {
-		d.attempt = rec.Attempt + 1
-	}
-	return d
 }

@@ -28,7 +28,7 @@ func TestGiveUpCarriesCutOffUsage(t *testing.T) {
 		// The delivery stalls at its pickup read until the test ends; the
 		// give-up's read waits until the crashed attempts' events are
 		// stored.
-		w.signals.run.beforeRecordRead = func(string) {
+		beforeRecordRead(w, func(string) {
 			mu.Lock()
 			reads++
 			n := reads
@@ -40,7 +40,7 @@ func TestGiveUpCarriesCutOffUsage(t *testing.T) {
 			case 2:
 				<-left
 			}
-		}
+		})
 	})
 	stored := sync.OnceFunc(func() { close(left) })
 	t.Cleanup(func() { close(release); stored() }) // before the worker stops

@@ -32,7 +32,7 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 	logs := &logbuf.Buffer{}
 	failing := cfg
 	failing.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	startInternalOn(t, c, failing, func(w *Worker) { w.reads.timeout = time.Nanosecond })
+	startInternalOn(t, c, failing, func(w *Worker) { w.reads.Timeout = time.Nanosecond })
 	run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: &bus.ModelRef{Provider: "faux", ID: "s"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 			{Content: []agent.Content{agent.ToolCall("c1", "echo", map[string]any{"text": "x"})}},
@@ -94,7 +94,7 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 		// The delivery stalls at its pickup read until the test ends; the
 		// give-up's read waits until the crashed attempt's leftovers are
 		// stored.
-		w.signals.run.beforeRecordRead = func(string) {
+		beforeRecordRead(w, func(string) {
 			mu.Lock()
 			reads++
 			n := reads
@@ -106,7 +106,7 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 			case 2:
 				<-left
 			}
-		}
+		})
 	})
 	stored := sync.OnceFunc(func() { close(left) })
 	t.Cleanup(func() { close(release); stored() }) // before the worker stops
@@ -197,14 +197,17 @@ func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
 	startInternalOn(t, c, cfg, func(w *Worker) {
 		// Only the give-up gets to run_finished in this test (attempt 1
 		// hangs until its lease is lost).
-		w.signals.ending.beforeRunFinished = func(string) {
+		wrapSends(w, sends{beforeEvent: func(e *bus.Envelope) {
+			if e.Type != bus.EventRunFinished {
+				return
+			}
 			select {
 			case <-refused:
 			default:
 				setMaxMsgSize(16)
 				close(refused)
 			}
-		}
+		}})
 	})
 	run := submitRun(t, c, &bus.RunRequest{Prompt: "go", Tools: []string{"echo"}, Model: &bus.ModelRef{Provider: "faux", ID: "s"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{

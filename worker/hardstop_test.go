@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,10 +122,17 @@ func TestAHardStopDuringAResumeHandsTheRunBackAsOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	resuming := make(chan struct{})
-	w.signals.run.beforeResume = func(string) {
-		close(resuming)
-		<-w.hardCtx.Done() // the drain times out while the read is under way
-	}
+	// Attempt 2 resumes once its run_started is stored: the drain times
+	// out while that wait and the read are under way.
+	var once sync.Once
+	wrapSends(w, sends{beforeEvent: func(e *bus.Envelope) {
+		if e.Type == bus.EventRunStarted && e.Attempt > 1 {
+			once.Do(func() {
+				close(resuming)
+				<-w.hardCtx.Done()
+			})
+		}
+	}})
 	wctx, wcancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
 
@@ -159,4 +160,55 @@ func (h *heartbeat) end() {
 	for h.beating {
 		h.idle.Wait()
 	}
+}
+
+// pickupBeat keeps a request owned from its read until its run's
+// heartbeat starts: InProgress every interval. A pickup's reads (a
+// requeued copy's wait for its binding, the record, a continued run's
+// events, the tenant's budget) and its lease take (up to AckWait) are
+// each bounded, together not by AckWait: a slow pickup had its request
+// redelivered, a second attempt of a run never started.
+type pickupBeat struct {
+	acks  intake.RequestAcks
+	every time.Duration
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+func startPickupBeat(acks intake.RequestAcks, every time.Duration) *pickupBeat {
+	p := &pickupBeat{acks: acks, every: every}
+	p.mu.Lock()
+	p.timer = time.AfterFunc(every, p.beat)
+	p.mu.Unlock()
+	return p
+}
+
+func (p *pickupBeat) beat() {
+	p.mu.Lock()
+	stopped := p.stopped
+	p.mu.Unlock()
+	if stopped {
+		return
+	}
+	// Settled meanwhile: the acknowledgements refuse it (ErrMsgAlreadyAckd).
+	_ = p.acks.InProgress()
+	p.mu.Lock()
+	if !p.stopped {
+		p.timer.Reset(p.every)
+	}
+	p.mu.Unlock()
+}
+
+// stop ends the beats (a beat under way may still send its InProgress);
+// it may be called more than once, and on nil (a give-up's run).
+func (p *pickupBeat) stop() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.stopped = true
+	p.timer.Stop()
+	p.mu.Unlock()
 }

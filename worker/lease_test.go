@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
 
@@ -51,12 +52,13 @@ func TestAStaleAttemptsFinalWriteIsRefusedAndTheRecordKeepsTheNewerEnd(t *testin
 	// nothing else; its heartbeat comes after AckWait.
 	startInternalOn(t, c, Config{WorkerID: "stale", Concurrency: 1, AckWait: time.Second, HeartbeatInterval: time.Hour,
 		Observer: ends}, func(w *Worker) {
-		w.signals.run.beforeIdleCheck = func(run string) {
-			if run == id && stalled.CompareAndSwap(false, true) {
+		// The agent's last event went out: the run goes idle next.
+		wrapSends(w, sends{afterEvent: func(e *bus.Envelope) {
+			if e.Type == string(agent.EventAgentEnd) && e.Run == id && stalled.CompareAndSwap(false, true) {
 				close(idle)
 				<-proceed
 			}
-		}
+		}})
 	})
 	released := sync.OnceFunc(func() { close(proceed) })
 	t.Cleanup(released) // before the stale worker stops

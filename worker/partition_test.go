@@ -13,7 +13,6 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/netsplit"
-	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 )
 
 // A control message stored while the worker's connection was cut reached
@@ -83,11 +82,15 @@ func TestAReSendSwallowedByALostConnectionIsSentAgain(t *testing.T) {
 	resending := make(chan struct{})
 	var once sync.Once
 	startInternalOn(t, wc, Config{AckWait: 10 * time.Second}, func(w *Worker) {
-		// The first re-send goes out on a connection that answers nothing:
-		// an event re-sent, or the events held during the loss sent
-		// (releaseHeld).
-		stall := func(uint64) { once.Do(func() { part.Stall(); close(resending) }) }
-		w.signals.events = &eventpub.Signals{BeforeResend: stall, BeforeHeldSend: stall}
+		// The first send after the reconnect goes out on a connection that
+		// answers nothing: an event re-sent, or the events held during the
+		// loss sent (releaseHeld).
+		stall := func(*bus.Envelope) {
+			if wc.Conn().Stats().Reconnects > 0 {
+				once.Do(func() { part.Stall(); close(resending) })
+			}
+		}
+		wrapSends(w, sends{beforeResend: stall, beforeEvent: stall})
 	})
 	text := strings.Repeat("word ", 60)
 	res, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "talk", Model: fauxModel,

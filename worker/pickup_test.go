@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/agentfleet/agentfleet/bus"
 )
 
@@ -18,11 +20,11 @@ type recordReads struct {
 
 func countRecordReads(w *Worker) *recordReads {
 	rr := &recordReads{n: map[string]int{}}
-	w.signals.run.beforeRecordRead = func(id string) {
+	beforeRecordRead(w, func(id string) {
 		rr.mu.Lock()
 		defer rr.mu.Unlock()
 		rr.n[id]++
-	}
+	})
 	return rr
 }
 
@@ -152,4 +154,75 @@ func submitOverALeftRecord(ctx context.Context, t *testing.T, c *bus.Client, id 
 		t.Fatal(err)
 	}
 	return began
+}
+
+// A pickup slower than AckWait (its record read held here; in life a
+// requeued copy's wait for its binding, slow reads, a lease take of up to
+// AckWait) keeps its request owned with InProgress until its run's
+// heartbeat starts: the request is not delivered again, and the run is
+// attempt 1. Before, nothing kept it until the heartbeat's first beat.
+func TestASlowPickupKeepsItsRequest(t *testing.T) {
+	t.Parallel()
+	const ackWait = 3 * time.Second
+	var (
+		mu    sync.Mutex
+		reads int
+	)
+	kept := make(chan struct{}, 64) // a +WPI on the queue's acks
+	again := make(chan struct{}, 1) // a second pickup read: a redelivery
+	hold := make(chan struct{})     // closed: the first read may go on
+	w, c := startInternal(t, Config{MaxDeliver: 2, AckWait: ackWait}, func(w *Worker) {
+		beforeRecordRead(w, func(string) {
+			mu.Lock()
+			reads++
+			first := reads == 1
+			mu.Unlock()
+			if first {
+				<-hold
+				return
+			}
+			select {
+			case again <- struct{}{}:
+			default:
+			}
+		})
+	})
+	<-w.ready
+	acks, err := c.Conn().Subscribe("$JS.ACK."+c.Names().RunsStream()+".>", func(m *nats.Msg) {
+		if string(m.Data) == "+WPI" {
+			select { // a NATS callback does not block
+			case kept <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = acks.Unsubscribe() })
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	id := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	// Held past AckWait: InProgress every HeartbeatInterval (AckWait/4),
+	// five of them.
+	timeout := time.NewTimer(10 * ackWait)
+	defer timeout.Stop()
+	for n := 0; n < 5; {
+		select {
+		case <-kept:
+			n++
+		case <-again:
+			close(hold)
+			t.Fatalf("the request was delivered again while its pickup read the record (%d InProgress before)", n)
+		case <-timeout.C:
+			close(hold)
+			t.Fatalf("%d InProgress while the pickup was held", n)
+		}
+	}
+	close(hold)
+	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
+	if rec.State != bus.StatusSucceeded || rec.Attempt != 1 {
+		t.Fatalf("record: %+v", rec)
+	}
 }

@@ -234,7 +234,7 @@ func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error)
 	}
 	// What is stored now, without waiting for more: the record says the
 	// run finished, so its events must end with run_finished.
-	envs, err := r.w.readEvents(ctx, id, 0)
+	envs, err := r.w.reads.Read(ctx, id, 0)
 	if err != nil {
 		return nil, fmt.Errorf("continueFrom: loading the events of run %s: %w", id, err)
 	}

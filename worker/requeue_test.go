@@ -16,6 +16,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // A requeued copy whose deliveries then all time out is given up with an
@@ -54,8 +55,8 @@ func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
 	// The give-up is an attempt in the trace too.
 	endedSpans(t, spans, 1, func(sp sdktrace.ReadOnlySpan) bool {
 		for _, a := range sp.Attributes() {
-			if a.Key == attrGiveUp && a.Value.AsBool() {
-				return sp.Name() == spanInvoke
+			if a.Key == runtrace.AttrGiveUp && a.Value.AsBool() {
+				return sp.Name() == runtrace.SpanInvoke
 			}
 		}
 		return false

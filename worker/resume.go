@@ -36,8 +36,8 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("run_started not stored: %w", err)
 	}
-	// Not within rctx: the read may wait behind others (eventread.go).
-	envs, err := r.w.readEvents(ctx, r.id, startSeq)
+	// Not within rctx: the read may wait behind others (internal/eventread).
+	envs, err := r.w.reads.Read(ctx, r.id, startSeq)
 	if err != nil {
 		return false, err
 	}

@@ -17,10 +17,12 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/genai"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/outcome"
 	"github.com/agentfleet/agentfleet/worker/internal/runclock"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // A run request is picked up (its record read, the request decoded and
@@ -47,8 +49,9 @@ import (
 // run is one attempt at one run request.
 type run struct {
 	w           *Worker
-	msg         intake.RequestAcks // nil for a give-up
-	request     jetstream.Msg      // until pickup: then msg has only the reply subject (internal/intake)
+	msg         intake.RequestAcks // nil for a give-up; only the reply subject (internal/intake)
+	request     jetstream.Msg      // until pickup: its bytes
+	pickupBeat  *pickupBeat        // until the heartbeat starts
 	id, queue   string
 	attempt     int
 	reqSeq      uint64
@@ -87,8 +90,8 @@ type run struct {
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
-	earlier      earlier  // what the record and earlier attempts left this one
-	trace        runTrace // spans (trace.go)
+	earlier      earlier          // what the record and earlier attempts left this one
+	trace        runtrace.Attempt // spans (trace.go)
 }
 
 // runPlan is the request resolved against the worker.
@@ -127,6 +130,10 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 		_ = m.TermWithReason("invalid subject: " + clipString(err.Error(), 200))
 		return
 	}
+	// Until the run's heartbeat starts, its pickup keeps the request owned
+	// (heartbeat.go): its reads and lease take may outlast AckWait.
+	acks := intake.SlimAcks(w.wire, m)
+	beat := startPickupBeat(acks, w.cfg.HeartbeatInterval)
 	attempt, reqSeq, submittedAt := 1, uint64(0), time.Time{}
 	if md, err := m.Metadata(); err == nil {
 		attempt, reqSeq, submittedAt = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
@@ -136,7 +143,8 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	requeue, err := w.confirmRequeue(m.Headers(), runID, reqSeq)
 	if err != nil {
 		w.log.Warn("cannot read the run record; handing the request back", "run", runID, "err", err)
-		_ = m.NakWithDelay(2 * time.Second)
+		beat.stop()
+		_ = acks.NakWithDelay(2 * time.Second)
 		return
 	}
 	if requeue != nil {
@@ -146,9 +154,10 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if requeue != nil {
 		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
 	}
-	r.msg, r.request = m, m
+	r.msg, r.request, r.pickupBeat = acks, m, beat
 	r.slot = slot
 	r.execute()
+	r.pickupBeat.stop() // the run did not start (acquire stops it otherwise)
 }
 
 // junkLogEvery is the interval of junkLog.
@@ -279,7 +288,7 @@ func (r *run) execute() {
 		return
 	}
 	// The run keeps its request's acknowledgements, not its bytes.
-	r.msg, r.request = intake.SlimAcks(r.w.c.Conn(), r.request), nil
+	r.request = nil
 	// The timeout counts from the run's first start: a crash does not
 	// extend a run's budget.
 	// Time spent waiting (for an approval) is left out (waiting.go).
@@ -371,7 +380,7 @@ func (r *run) acquire() bool {
 	defer cancel()
 	start := time.Now()
 	o, cur, err := r.lease.Take(ctx, r.prev, r.record(bus.StateRunning))
-	r.traceStep(spanLeaseTake, start, err)
+	r.traceStep(runtrace.SpanLeaseTake, start, err)
 	switch {
 	case err != nil:
 		r.log.Warn("cannot take the run's lease; handing the request back", "err", err)
@@ -383,7 +392,8 @@ func (r *run) acquire() bool {
 	}
 	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
 	w.register(r)
-	w.signals.run.registered(r)
+	r.pickupBeat.stop()
+	r.pickupBeat = nil // a waiting run holds no more than it needs
 	r.hb = r.startHeartbeat()
 	if r.notice != "" {
 		r.log.Warn(r.notice)
@@ -415,7 +425,6 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		// Resume even when the run was aborted or its deadline passed
 		// meanwhile: the outcome then says so, instead of the attempt
 		// being handed back (and redelivered until it gives up).
-		r.w.signals.run.resuming(r.id)
 		restored, err = r.resume(r.w.hardCtx) // not the run's deadline; a drain timeout stops it
 		r.traceResumed(restored, err)         // trace.go
 		switch {
@@ -429,7 +438,6 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
-	r.w.signals.run.controlStarted(r)
 	if r.tally.Stopping() {
 		return nil, false
 	}
@@ -467,7 +475,6 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 // idleAndDone is called when the agent went idle: it reports whether the
 // run may finish (no late control message is queued).
 func (r *run) idleAndDone(ctx context.Context) bool {
-	r.w.signals.run.idle(r.id)
 	return r.ctl.finishIfIdle(ctx)
 }
 
@@ -617,21 +624,32 @@ func (r *run) record(state string) *bus.RunRecord {
 }
 
 func (w *Worker) getRecord(ctx context.Context, id string) (*bus.RunRecord, error) {
-	w.signals.run.readingRecord(id)
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	e, err := w.kv.Get(gctx, id)
+	e, err := w.records.read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	return bus.DecodeRecord(e)
 }
 
+// recordReader reads runs' records.
+type recordReader interface {
+	read(ctx context.Context, id string) (jetstream.KeyValueEntry, error)
+}
+
+// kvRecords reads the records bucket Run opened, within 5 s.
+type kvRecords struct{ w *Worker }
+
+func (k kvRecords) read(ctx context.Context, id string) (jetstream.KeyValueEntry, error) {
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return k.w.kv.Get(gctx, id)
+}
+
 func clipString(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return clipUTF8(s, n) + "…"
+	return genai.ClipUTF8(s, n) + "…"
 }
 
 // earlier is what the run's record and its earlier attempts left this

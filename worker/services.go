@@ -84,22 +84,22 @@ func (w *Worker) startEvents(setup context.Context) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("events stream: %w", err)
 	}
-	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout, w.signals.events)
+	acks, err := eventpub.StartAcks(w.c.Conn(), w.cfg.PublishAckTimeout, nil)
 	if err != nil {
 		return nil, err
 	}
 	var batch *eventpub.Batch
 	if !w.cfg.NoEventBatches && eventpub.BatchesAllowed(stream.CachedInfo().Config, w.names) {
-		if batch, err = eventpub.StartBatch(w.c.Conn(), acks, w.names.EventBatches()); err != nil {
+		if batch, err = eventpub.StartBatch(w.c.Conn(), w.wire, acks, w.names.EventBatches()); err != nil {
 			acks.Close()
 			return nil, err
 		}
 		batch.ProbeOrOff(setup, w.log, eventpub.ReprobeEvery)
 	}
-	w.events = &eventpub.Env{Conn: w.c.Conn(), Names: w.names, Stream: stream, Acks: acks, Batch: batch,
+	w.events = &eventpub.Env{Conn: w.c.Conn(), Out: w.wire, Names: w.names, Stream: stream, Acks: acks, Batch: batch,
 		Window: w.cfg.PublishWindow, AckTimeout: w.cfg.PublishAckTimeout, Budget: w.cfg.AckWait, Worker: w.id,
 		StoredReads: make(chan struct{}, eventpub.MaxStoredReads), Stop: w.hardCtx,
-		Log: w.log, Metrics: w.obs, Signals: w.signals.events}
+		Log: w.log, Metrics: w.obs}
 	return func() {
 		if batch != nil {
 			batch.Close()

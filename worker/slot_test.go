@@ -20,15 +20,15 @@ import (
 func TestSlotFreedBeforeTheRequestAck(t *testing.T) {
 	t.Parallel()
 	g := newTestGate()
-	held, unhold := make(chan string, 1), make(chan struct{})
+	held, unhold := make(chan uint64, 1), make(chan struct{})
 	var once sync.Once
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1}, func(w *Worker) {
-		w.signals.ending.beforeRequestAck = func(run string) {
+		wrapSends(w, sends{beforeAck: func(requestSeq uint64) {
 			once.Do(func() {
-				held <- run
+				held <- requestSeq
 				<-unhold
 			})
-		}
+		}})
 	})
 	released := sync.OnceFunc(func() { close(unhold) })
 	defer released()
@@ -39,8 +39,8 @@ func TestSlotFreedBeforeTheRequestAck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := within(t, held, 20*time.Second, "the first run's request ack"); got != first.ID {
-		t.Fatalf("ack of %s held, want %s", got, first.ID)
+	if got := within(t, held, 20*time.Second, "the first run's request ack"); got != first.Seq {
+		t.Fatalf("ack of request %d held, want %d", got, first.Seq)
 	}
 	if _, err := c.Submit(ctx, "", &bus.RunRequest{Prompt: "b", Tools: []string{"gate"}, Model: model, Faux: gateScript("b", "b done")}); err != nil {
 		t.Fatal(err)

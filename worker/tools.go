@@ -10,6 +10,8 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/builtin"
+	"github.com/agentfleet/agentfleet/worker/internal/genai"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // BuiltinTools returns the built-in tools: calculator, current_time, sleep.
@@ -55,7 +57,7 @@ func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 			if r != nil && r.w.tracer != nil {
 				tctx, endSpan = r.traceTool(tctx, name, id, args)
 				// The agent recovers a tool's panic: end the span on that path too.
-				defer endToolSpanOnPanic(endSpan)
+				defer runtrace.EndToolSpanOnPanic(endSpan)
 			}
 			res, err := inner(tctx, id, args, update)
 			return w.toolCallDone(ctx, tctx, name, start, res, err, endSpan)
@@ -136,7 +138,7 @@ func capContent(cs []agent.Content, max int) []agent.Content {
 		switch c.Type {
 		case agent.ContentText:
 			if len(c.Text) > left {
-				c.Text = clipUTF8(c.Text, left)
+				c.Text = genai.ClipUTF8(c.Text, left)
 			}
 			left -= len(c.Text)
 			out = append(out, c)
@@ -150,17 +152,4 @@ func capContent(cs []agent.Content, max int) []agent.Content {
 		}
 	}
 	return append(out, agent.Text(fmt.Sprintf("\n[tool result truncated: %d bytes, the limit is %d]", total, max)))
-}
-
-func clipUTF8(s string, n int) string {
-	if n <= 0 {
-		return ""
-	}
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
 }

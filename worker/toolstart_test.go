@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,11 +147,8 @@ func TestADeferredCallRunsOnlyOnceItsStartIsStored(t *testing.T) {
 func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 	t.Parallel()
 	pt := &probeTool{}
-	var cur atomic.Pointer[run]
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, NoEventBatches: true, PublishAckTimeout: time.Minute,
-		HeartbeatInterval: time.Second}, func(w *Worker) {
-		w.signals.run.afterControlStart = func(r *run) { cur.Store(r) }
-	})
+		HeartbeatInterval: time.Second}, nil)
 	var mu sync.Mutex
 	holding, held := true, []*nats.Msg(nil)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
@@ -166,8 +162,11 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 	})
 	id := submitRun(t, c, gatedRequest(nil, "prod"))
 	var call <-chan struct{} // the call's wait
+	var r *run
 	until(t, "the call waiting", func() bool {
-		r := cur.Load()
+		w.mu.Lock()
+		r = w.runs[id]
+		w.mu.Unlock()
 		if r == nil {
 			return false
 		}
@@ -176,7 +175,6 @@ func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
 		}
 		return call != nil
 	})
-	r := cur.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := c.Abort(ctx, id, "stop"); err != nil {

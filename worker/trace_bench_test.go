@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // BenchmarkTraceHooks is the tracing cost of one model call (22 stream
@@ -103,10 +104,10 @@ func BenchmarkTraceRun(b *testing.B) {
 		now := time.Now()
 		r := &run{w: w, id: "run", queue: "default", attempt: 1, submittedAt: now.Add(-time.Millisecond), startedAt: now}
 		r.traceBegin()
-		r.traceStep(spanLeaseTake, now, nil)
+		r.traceStep(runtrace.SpanLeaseTake, now, nil)
 		for range r.traceStream(inner)(r.traceContext(context.Background()), model, agent.Context{}, agent.StreamOptions{}) {
 		}
-		r.traceStep(spanRecord, now, nil)
+		r.traceStep(runtrace.SpanRecord, now, nil)
 		r.traceFinished(bus.RunFinished{Status: bus.StatusSucceeded})
 		r.traceEnd()
 	}

@@ -2,13 +2,11 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -17,6 +15,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/tracing"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 func spanRecorder(t *testing.T) (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
@@ -66,21 +65,6 @@ func spanAttr(sp sdktrace.ReadOnlySpan, key string) (any, bool) {
 		}
 	}
 	return nil, false
-}
-
-func TestContentJSONIsCut(t *testing.T) {
-	t.Parallel()
-	big := strings.Repeat("é", MaxTracedContent) // 2 bytes each
-	got := contentJSON(genAIMessages([]agent.Message{agent.UserText(big)}, false))
-	if len(got) > MaxTracedContent || len(got) < MaxTracedContent-1 || !utf8.ValidString(got) {
-		t.Fatalf("%d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
-	}
-	small := contentJSON(genAIMessages([]agent.Message{agent.UserText("hi", agent.Content{Type: agent.ContentImage, Data: "QUJD", MimeType: "image/png"})}, false))
-	var msgs []genAIMessage
-	if err := json.Unmarshal([]byte(small), &msgs); err != nil || strings.Contains(small, "QUJD") ||
-		len(msgs) != 1 || len(msgs[0].Parts) != 2 || msgs[0].Parts[1].Type != "blob" || msgs[0].Parts[1].MimeType != "image/png" {
-		t.Fatalf("%s: %v", small, err)
-	}
 }
 
 // A tool that panics (the agent recovers it) still ends its execute_tool
@@ -198,7 +182,7 @@ func TestTraceInputTokensCountCache(t *testing.T) {
 	rec, tp := spanRecorder(t)
 	w := &Worker{tracer: newTracer(tp)}
 	r := &run{w: w, id: "r1"}
-	_, r.trace.span = w.tracer.Start(context.Background(), "invoke_agent")
+	_, r.trace.Span = w.tracer.Start(context.Background(), "invoke_agent")
 	_, span := w.tracer.Start(context.Background(), "chat m")
 	r.traceResponse(span, &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop,
 		Usage: agent.Usage{Input: 10, CacheRead: 990, CacheWrite: 100, Output: 5, TotalTokens: 1105}}, 0, false)
@@ -221,12 +205,12 @@ func TestTraceStepParentWithoutTraceBegin(t *testing.T) {
 	rec, tp := spanRecorder(t)
 	w := &Worker{tracer: newTracer(tp)}
 	r := &run{w: w, id: "r1"}
-	_, r.trace.span = w.tracer.Start(context.Background(), "invoke_agent")
-	r.traceStep(spanLeaseTake, time.Now(), nil)
-	r.trace.span.End()
-	inv := r.trace.span.SpanContext()
+	_, r.trace.Span = w.tracer.Start(context.Background(), "invoke_agent")
+	r.traceStep(runtrace.SpanLeaseTake, time.Now(), nil)
+	r.trace.Span.End()
+	inv := r.trace.Span.SpanContext()
 	for _, sp := range endedSpans(t, rec, 2, func(sdktrace.ReadOnlySpan) bool { return true }) {
-		if sp.Name() == spanLeaseTake && (sp.Parent().SpanID() != inv.SpanID() || sp.SpanContext().TraceID() != inv.TraceID()) {
+		if sp.Name() == runtrace.SpanLeaseTake && (sp.Parent().SpanID() != inv.SpanID() || sp.SpanContext().TraceID() != inv.TraceID()) {
 			t.Errorf("lease span: parent %v, want invoke_agent %v", sp.Parent(), inv)
 		}
 	}

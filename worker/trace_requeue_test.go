@@ -7,6 +7,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/runtrace"
 )
 
 // A run requeued after drains while it waits stays in its submitter's
@@ -34,7 +35,7 @@ func TestTraceRequeueKeepsTheTrace(t *testing.T) {
 	if fin.Attempt < 3 {
 		t.Fatalf("finished on attempt %d: the run was not requeued", fin.Attempt)
 	}
-	for _, sp := range endedSpans(t, rec, fin.Attempt, spanNamed(spanInvoke)) {
+	for _, sp := range endedSpans(t, rec, fin.Attempt, spanNamed(runtrace.SpanInvoke)) {
 		if sp.SpanContext().TraceID() != span.SpanContext().TraceID() {
 			t.Fatalf("an invoke_agent span is outside the submit's trace:\n%s", dumpSpans(rec))
 		}

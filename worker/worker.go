@@ -20,6 +20,7 @@ import (
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/ratelimit"
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
+	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/peers"
@@ -46,7 +47,7 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
-	reads eventReads // this worker's reads of stored events (eventread.go)
+	reads *eventread.Reads // this worker's reads of stored events
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -63,7 +64,12 @@ type Worker struct {
 
 	ready chan struct{}
 
-	signals signals // tests' (signals.go); zero in production
+	// What runs send on and read from, as small interfaces: New sets the
+	// real ones (reading what Run opens); a test wraps one before Run to
+	// stop a run at a step.
+	wire         wire         // events and request acks go out on it (the connection)
+	records      recordReader // the runs' records (kv)
+	controlReads controlReads // the control stream (controlStream)
 
 	mu    sync.Mutex
 	runs  map[string]*run
@@ -129,7 +135,7 @@ func New(cfg Config) (*Worker, error) {
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
 		defaultModel:  def,
 		slots:         make(chan struct{}, cfg.Concurrency),
-		reads:         eventReads{slots: make(chan struct{}, maxEventReads), timeout: eventReadTimeout},
+		reads:         eventread.New(cfg.Client.ReadEvents),
 		runs:          map[string]*run{},
 		cover:         intake.NewControlCoverage(),
 		coverageAudit: 5 * time.Second,
@@ -137,6 +143,7 @@ func New(cfg Config) (*Worker, error) {
 		ready:         make(chan struct{}),
 		queueSlots:    map[string]chan struct{}{},
 	}
+	w.wire, w.records, w.controlReads = cfg.Client.Conn(), kvRecords{w}, streamControls{w}
 	w.peers = peers.New(id, cfg.Client.ListWorkers, w.log)
 	for q, n := range cfg.QueueConcurrency {
 		if err := bus.CheckQueue(q); err != nil {
@@ -177,6 +184,12 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w.tracer = newTracer(cfg.TracerProvider)
 	return w, nil
+}
+
+// wire is what the worker sends on: a *nats.Conn.
+type wire interface {
+	eventpub.Out
+	intake.AckConn
 }
 
 // Ready is closed once Run has set up the streams and subscriptions and
@@ -443,7 +456,7 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *
 	if short {
 		wait = intake.ShortWait
 	}
-	got, err := pr.Fetch(n, maxBytes, wait, func(m jetstream.Msg) {
+	got, err := pr.Fetch(ctx, n, maxBytes, wait, func(m jetstream.Msg) {
 		if ctx.Err() != nil {
 			// Stopping: hand it back at once.
 			_ = m.Nak()
@@ -471,7 +484,9 @@ func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *
 		log.Warn("fetch refused", "err", err)
 		pause(ctx, time.Second)
 	default:
-		log.Warn("fetch failed", "err", err)
+		if ctx.Err() == nil { // stopping, a silent request is given up
+			log.Warn("fetch failed", "err", err)
+		}
 		if got == 0 {
 			pause(ctx, time.Second)
 		}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -29,6 +30,11 @@ const approvalsScan = 20_000
 // approvalsPage is the body of GET /api/approvals.
 type approvalsPage struct {
 	Calls []bus.PendingCall `json:"calls"`
+	// Scanned of Stored records read; Truncated: the scan stopped at its
+	// bound, so older waiting runs may be missing.
+	Scanned   int    `json:"scanned"`
+	Stored    uint64 `json:"stored"`
+	Truncated bool   `json:"truncated,omitempty"`
 	// AllowControl: the page shows the answer buttons.
 	AllowControl bool `json:"allowControl"`
 }
@@ -36,15 +42,16 @@ type approvalsPage struct {
 func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	calls, err := s.client.PendingApprovals(ctx, bus.ApprovalsOptions{Queue: r.URL.Query().Get("queue"), MaxScan: approvalsScan})
+	p, err := s.client.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Queue: r.URL.Query().Get("queue"), MaxScan: s.approvalsScan})
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "%v", err)
 		return
 	}
-	if calls == nil {
-		calls = []bus.PendingCall{}
+	out := approvalsPage{Calls: p.Calls, Scanned: p.Scanned, Stored: p.Stored, Truncated: p.Truncated, AllowControl: s.allowControl}
+	if out.Calls == nil {
+		out.Calls = []bus.PendingCall{}
 	}
-	writeJSON(w, http.StatusOK, approvalsPage{Calls: calls, AllowControl: s.allowControl})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // approveBody is the protocol's answer (§13) without "by": the console
@@ -100,29 +107,165 @@ func (s *server) approve(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ctx, endSpan := s.traceAction(ctx, r, "approve", id)
 	defer endSpan()
-	call, status, err := s.waitingCall(ctx, id, a.ToolCallID)
+	// A retry of an answer this console sent (a double click, a resend
+	// after a lost response) gets the first one's answer: by then the
+	// call may no longer wait, and it is not sent twice.
+	sent, prior, err := s.answers.begin(ctx, id, a)
 	if err != nil {
-		writeError(w, status, "%v", err)
+		writeError(w, http.StatusServiceUnavailable, "%v", err)
 		return
 	}
-	if a.Arguments != nil {
-		if msg := checkEdit(call, a.Arguments); msg != "" {
-			writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": msg, "field": "arguments"})
+	if prior != nil {
+		if prior.answer != answerFingerprint(a) {
+			writeError(w, http.StatusConflict, "tool call %s of run %s was already answered from this console (%s)", strconv.Quote(clip(a.ToolCallID)), id, prior.decision)
 			return
 		}
-	}
-	seq, err := s.client.Answer(ctx, id, a, opts...)
-	if errors.Is(err, bus.ErrRunFinished) {
-		writeError(w, http.StatusConflict, "%v", err)
+		writeJSON(w, http.StatusAccepted, map[string]any{"controlSeq": prior.seq, "retry": true})
 		return
 	}
+	seq, status, err := s.sendAnswer(ctx, r, id, a, opts)
+	sent(seq, err == nil)
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "%v", err)
+		if status == http.StatusUnprocessableEntity {
+			writeJSON(w, status, map[string]string{"error": err.Error(), "field": "arguments"})
+			return
+		}
+		writeError(w, status, "%v", err)
 		return
 	}
 	s.log.Info("run approve", "user", userOf(r), "by", a.By, "run", id, "toolCallId", a.ToolCallID,
 		"decision", a.Decision, "edited", a.Arguments != nil, "controlSeq", seq)
 	writeJSON(w, http.StatusAccepted, map[string]any{"controlSeq": seq})
+}
+
+// sendAnswer checks that the call waits and that edited arguments pass
+// its schema, then sends the answer; on error, the status to answer with.
+func (s *server) sendAnswer(ctx context.Context, r *http.Request, id string, a bus.ApprovalAnswer, opts []bus.ControlOption) (uint64, int, error) {
+	call, status, err := s.waitingCall(ctx, id, a.ToolCallID)
+	if err != nil {
+		return 0, status, err
+	}
+	if a.Arguments != nil {
+		if msg := checkEdit(call, a.Arguments); msg != "" {
+			return 0, http.StatusUnprocessableEntity, errors.New(msg)
+		}
+	}
+	seq, err := s.client.Answer(ctx, id, a, opts...)
+	if errors.Is(err, bus.ErrRunFinished) {
+		return 0, http.StatusConflict, err
+	}
+	if err != nil {
+		return 0, http.StatusBadGateway, err
+	}
+	return seq, 0, nil
+}
+
+// Answers sent are remembered for retries, at most maxAnswers for
+// answersFor each: enough for a double click or a browser's resend.
+const (
+	maxAnswers = 1024
+	answersFor = 10 * time.Minute
+)
+
+// answerMemo remembers the answers this console sent, per run and call.
+type answerMemo struct {
+	max int
+	ttl time.Duration
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[string]*sentAnswer // run + "\x00" + toolCallId
+}
+
+// sentAnswer is one call's answer: under way until done is closed.
+type sentAnswer struct {
+	answer   string // answerFingerprint
+	decision string
+	done     chan struct{}
+	seq      uint64 // set before done is closed; 0: not sent
+	at       time.Time
+}
+
+func newAnswerMemo(max int, ttl time.Duration) *answerMemo {
+	return &answerMemo{max: max, ttl: ttl, now: time.Now, entries: map[string]*sentAnswer{}}
+}
+
+// answerFingerprint says which answer a request is: retries are equal.
+func answerFingerprint(a bus.ApprovalAnswer) string {
+	b, _ := json.Marshal([]any{a.Decision, a.Reason, a.Arguments, a.By})
+	return string(b)
+}
+
+// begin returns the answer sent earlier for the call (once it is no
+// longer under way), or, when there is none, a func to call with the
+// outcome of sending this one. The lock is never held while waiting.
+func (m *answerMemo) begin(ctx context.Context, run string, a bus.ApprovalAnswer) (sent func(seq uint64, ok bool), prior *sentAnswer, err error) {
+	key := run + "\x00" + a.ToolCallID
+	for {
+		m.mu.Lock()
+		e := m.entries[key]
+		if e != nil && m.now().Sub(e.at) > m.ttl && isDone(e) {
+			delete(m.entries, key)
+			e = nil
+		}
+		if e == nil {
+			e = &sentAnswer{answer: answerFingerprint(a), decision: a.Decision, done: make(chan struct{}), at: m.now()}
+			m.makeRoom()
+			m.entries[key] = e
+			m.mu.Unlock()
+			return func(seq uint64, ok bool) {
+				m.mu.Lock()
+				if ok {
+					e.seq, e.at = seq, m.now()
+				} else if m.entries[key] == e {
+					delete(m.entries, key) // not sent: a retry sends it
+				}
+				m.mu.Unlock()
+				close(e.done)
+			}, nil, nil
+		}
+		m.mu.Unlock()
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		m.mu.Lock()
+		seq := e.seq
+		m.mu.Unlock()
+		if seq > 0 {
+			return nil, e, nil
+		}
+		// The first send failed and was forgotten: this one tries.
+	}
+}
+
+// makeRoom drops expired answers, then the oldest ones, below max.
+func (m *answerMemo) makeRoom() {
+	now := m.now()
+	for k, e := range m.entries {
+		if now.Sub(e.at) > m.ttl && isDone(e) {
+			delete(m.entries, k)
+		}
+	}
+	for len(m.entries) >= m.max {
+		oldest := ""
+		for k, e := range m.entries {
+			if oldest == "" || e.at.Before(m.entries[oldest].at) {
+				oldest = k
+			}
+		}
+		delete(m.entries, oldest) // under way or not: its senders hold it
+	}
+}
+
+func isDone(e *sentAnswer) bool {
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // waitingCall finds a call that waits for an answer: listed in the run's
@@ -210,11 +353,12 @@ func isStandardSchema(v any) bool {
 // /api/runs/{id}/answers/{seq}: the page shows the arguments an approver
 // edited as what ran.
 type answerInfo struct {
-	ToolCallID string         `json:"toolCallId"`
-	Decision   string         `json:"decision"`
-	By         string         `json:"by,omitempty"`
-	Reason     string         `json:"reason,omitempty"`
-	Arguments  map[string]any `json:"arguments,omitempty"`
+	ToolCallID string `json:"toolCallId"`
+	Decision   string `json:"decision"`
+	By         string `json:"by,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	// Raw: an edit to no arguments, {}, is kept.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
 }
 
 func (s *server) getAnswer(w http.ResponseWriter, r *http.Request) {

@@ -172,7 +172,7 @@ func TestApprovalAnswers(t *testing.T) {
 	// The stored answers: the edit is what ran; another run's sequence is
 	// not this run's answer.
 	var a answerInfo
-	if code := ro.getJSON(t, "/api/runs/ap-edit/answers/"+jsonNum(editSeq), &a); code != http.StatusOK || a.Arguments["expression"] != "7*6" || a.By != "ops-team" {
+	if code := ro.getJSON(t, "/api/runs/ap-edit/answers/"+jsonNum(editSeq), &a); code != http.StatusOK || string(a.Arguments) != `{"expression":"7*6"}` || a.By != "ops-team" {
 		t.Errorf("answer of the edit: %d %+v", code, a)
 	}
 	if code := ro.getJSON(t, "/api/runs/ap-edit/answers/"+jsonNum(seq), nil); code != http.StatusNotFound {

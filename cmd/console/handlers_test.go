@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -60,10 +61,10 @@ func TestRunsList(t *testing.T) {
 		t.Errorf("q=LIST-: %v", got)
 	}
 	first := ids("/api/runs?limit=1")
-	if len(first) != 1 || page.Next == 0 {
-		t.Fatalf("limit=1: %v, next %d", first, page.Next)
+	if len(first) != 1 || page.Next == "" {
+		t.Fatalf("limit=1: %v, next %q", first, page.Next)
 	}
-	if got := ids("/api/runs?limit=1&before=" + jsonNum(page.Next)); len(got) != 1 || got[0] == first[0] {
+	if got := ids("/api/runs?limit=1&before=" + url.QueryEscape(page.Next)); len(got) != 1 || got[0] == first[0] {
 		t.Errorf("the page after %v: %v", first, got)
 	}
 	if got := ids("/api/runs?tenant=acme"); len(got) != 1 || got[0] != "list-a" || page.Runs[0].Tenant != "acme" || page.Runs[0].Title != "go" {
@@ -129,11 +130,11 @@ func TestRunsListAfterRestart(t *testing.T) {
 	f.submit(slowText("after-restart", "hi"))
 	c.waitRun(t, "after-restart", func(r bus.RunRecord) bool { return r.Finished() })
 	var got []string
-	for before := uint64(0); ; {
+	for before := ""; ; {
 		var page runsPage
 		path := "/api/runs?limit=500"
-		if before > 0 {
-			path += "&before=" + jsonNum(before)
+		if before != "" {
+			path += "&before=" + url.QueryEscape(before)
 		}
 		if code := c.getJSON(t, path, &page); code != http.StatusOK {
 			t.Fatalf("%s: %d", path, code)
@@ -141,7 +142,7 @@ func TestRunsListAfterRestart(t *testing.T) {
 		for _, r := range page.Runs {
 			got = append(got, r.ID)
 		}
-		if page.Next == 0 {
+		if page.Next == "" {
 			break
 		}
 		before = page.Next

@@ -33,6 +33,10 @@ type recordWatch struct {
 	// final one (a final record written again is not counted twice).
 	runs   map[string]watchedRun
 	counts map[string]*queueCounts
+	// countingSince is when the first watch began (a later one resumes
+	// where it stopped); lastTake the end of the slot last taken. The
+	// counts cover the time since the later of the two.
+	countingSince, lastTake time.Time
 }
 
 type watchedRun struct {
@@ -91,6 +95,9 @@ func (s *recordWatch) watch(ctx context.Context) error {
 	defer func() { _ = w.Stop() }()
 	s.mu.Lock()
 	s.ready = true
+	if s.countingSince.IsZero() {
+		s.countingSince = time.Now()
+	}
 	s.bump()
 	s.mu.Unlock()
 	for {
@@ -150,11 +157,20 @@ func (s *recordWatch) bump() {
 	s.changed = make(chan struct{})
 }
 
-// take returns the counts since the last take and starts new ones; runs
-// no write mentioned for forgetAfter are forgotten.
-func (s *recordWatch) take(now time.Time) map[string]queueCounts {
+// take returns the counts since the last take, for the slot that ends at
+// end, and starts new ones; since is when they began to be counted (zero:
+// they were not). Runs no write mentioned for forgetAfter are forgotten.
+func (s *recordWatch) take(end time.Time) (counts map[string]queueCounts, since time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := end
+	since = s.lastTake
+	if since.IsZero() {
+		since = s.countingSince
+	}
+	if !s.countingSince.IsZero() {
+		s.lastTake = end
+	}
 	out := make(map[string]queueCounts, len(s.counts))
 	for q, c := range s.counts {
 		out[q] = *c
@@ -165,7 +181,7 @@ func (s *recordWatch) take(now time.Time) map[string]queueCounts {
 			delete(s.runs, id)
 		}
 	}
-	return out
+	return out, since
 }
 
 // watchVersion returns the version and a channel closed on the next

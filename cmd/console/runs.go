@@ -32,8 +32,9 @@ type runsPage struct {
 	// wait for the next write (the first page stays live that way).
 	Version uint64          `json:"version"`
 	Runs    []bus.RunRecord `json:"runs"`
-	// Next is the cursor of the next (older) page, 0 at the end.
-	Next uint64 `json:"next,omitempty"`
+	// Next is the cursor of the next (older) page, "" at the end: a
+	// records-stream sequence, or a place in the queued runs (bus.ListPage).
+	Next string `json:"next,omitempty"`
 	// Scanned of Stored: the records this page read, of the bucket's.
 	Scanned int    `json:"scanned"`
 	Stored  uint64 `json:"stored"`
@@ -62,11 +63,10 @@ func listOptions(q map[string][]string) (bus.ListOptions, error) {
 		o.Limit = min(n, maxPageSize)
 	}
 	if b := get("before"); b != "" {
-		n, err := strconv.ParseUint(b, 10, 64)
-		if err != nil {
+		if bus.CheckListCursor(b) != nil {
 			return o, badQuery("before %q must be a page cursor", b)
 		}
-		o.BeforeSeq = n
+		o.Cursor = b
 	}
 	for _, kv := range q["meta"] {
 		k, v, ok := strings.Cut(kv, "=")
@@ -127,7 +127,7 @@ func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "%v", err)
 		return
 	}
-	out := runsPage{Version: v, Runs: page.Records, Next: page.Next, Scanned: page.Scanned, Stored: page.Stored,
+	out := runsPage{Version: v, Runs: page.Records, Next: page.NextCursor, Scanned: page.Scanned, Stored: page.Stored,
 		Truncated: page.Truncated, Ready: s.records.isReady()}
 	if out.Runs == nil {
 		out.Runs = []bus.RunRecord{}

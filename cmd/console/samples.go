@@ -32,9 +32,14 @@ const (
 // fleetSample is one slot of the history.
 type fleetSample struct {
 	// T is the end of the slot, Unix ms; Every its length in ms.
-	T      int64         `json:"t"`
-	Every  int64         `json:"every"`
-	Queues []queueSample `json:"queues"`
+	T     int64 `json:"t"`
+	Every int64 `json:"every"`
+	// Span is the time in ms the finished counts cover: Every, more after
+	// a missed slot. Partial: they cover only part of the slot (the
+	// console started in it), so they make no rate.
+	Span    int64         `json:"span,omitempty"`
+	Partial bool          `json:"partial,omitempty"`
+	Queues  []queueSample `json:"queues"`
 }
 
 // queueSample is a queue at the end of a slot, with the runs that finished
@@ -59,7 +64,7 @@ type sampler struct {
 	log    *slog.Logger
 	every  time.Duration
 	queues func(context.Context) ([]queueInfo, error)
-	counts func(time.Time) map[string]queueCounts
+	counts func(end time.Time) (map[string]queueCounts, time.Time)
 
 	mu      sync.Mutex
 	samples []fleetSample // oldest first
@@ -162,8 +167,13 @@ func (s *sampler) sample(ctx context.Context, end time.Time, store bool) {
 	if err != nil && ctx.Err() == nil {
 		s.log.Debug("sampling the queues", "err", err)
 	}
-	counts := s.counts(end)
+	counts, since := s.counts(end)
 	fs := fleetSample{T: end.UnixMilli(), Every: s.every.Milliseconds(), Queues: []queueSample{}}
+	if since.IsZero() || since.After(end.Add(-s.every)) {
+		fs.Partial = true
+	} else {
+		fs.Span = end.Sub(since).Milliseconds()
+	}
 	for _, q := range qs {
 		fs.Queues = append(fs.Queues, queueSample{Queue: q.Queue, Depth: q.Depth, InFlight: q.InFlight, queueCounts: counts[q.Queue]})
 		delete(counts, q.Queue)

@@ -87,3 +87,29 @@ func TestFleetHistory(t *testing.T) {
 		return n == 3 && failed == 1
 	})
 }
+
+// TestFleetHistoryMarksAPartialSlot: the slot the console started in is
+// counted only from its start: its sample says so (no rate is made of it),
+// and the full slots after it say how long they cover.
+func TestFleetHistoryMarksAPartialSlot(t *testing.T) {
+	t.Parallel()
+	f := newTestFleet(t)
+	const every = 300 * time.Millisecond
+	c := newConsole(t, f, serverConfig{SampleEvery: every})
+	h := waitHistory(t, c, "had a full slot", func(h historyInfo) bool {
+		for _, s := range h.Samples {
+			if !s.Partial {
+				return true
+			}
+		}
+		return false
+	})
+	if !h.Samples[0].Partial || h.Samples[0].Span != 0 {
+		t.Errorf("the first slot, begun before the console: %+v", h.Samples[0])
+	}
+	for _, s := range h.Samples {
+		if !s.Partial && (s.Span < every.Milliseconds() || s.Span%every.Milliseconds() != 0) {
+			t.Errorf("a full slot covers %d ms (every %d)", s.Span, every.Milliseconds())
+		}
+	}
+}

@@ -53,28 +53,38 @@ type serverConfig struct {
 	SampleEvery time.Duration
 	// ListScan bounds the records one runs page reads; default listScan.
 	ListScan int
+	// RequestTimeout bounds each read of the page's script (its polls),
+	// besides LongPoll for a long-poll; default 20s, above the handlers'
+	// own bounds (15 s at most).
+	RequestTimeout time.Duration
+	// ApprovalsScan bounds the records the approvals page reads; default
+	// approvalsScan.
+	ApprovalsScan int
 }
 
 // server is the console's HTTP handler.
 type server struct {
-	client       *bus.Client
-	log          *slog.Logger
-	allowControl bool
-	auth         *auth
-	hosts        hostPolicy
-	streams      *streamLimiter
-	csrf         csrf
-	records      *recordWatch
-	listScan     int
-	samples      *sampler
-	approverName string
-	heartbeat    time.Duration
-	longPoll     time.Duration
-	fleetReads   *fleetReads
-	mux          *http.ServeMux
-	static       fs.FS
-	page         []byte
-	tracer       trace.Tracer // nil: no spans (trace.go)
+	client         *bus.Client
+	log            *slog.Logger
+	allowControl   bool
+	auth           *auth
+	hosts          hostPolicy
+	streams        *streamLimiter
+	csrf           csrf
+	records        *recordWatch
+	listScan       int
+	approvalsScan  int
+	samples        *sampler
+	approverName   string
+	answers        *answerMemo
+	heartbeat      time.Duration
+	longPoll       time.Duration
+	requestTimeout time.Duration
+	fleetReads     *fleetReads
+	mux            *http.ServeMux
+	static         fs.FS
+	page           []byte
+	tracer         trace.Tracer // nil: no spans (trace.go)
 }
 
 func newServer(cfg serverConfig) (*server, error) {
@@ -86,6 +96,9 @@ func newServer(cfg serverConfig) (*server, error) {
 	}
 	if cfg.LongPoll <= 0 {
 		cfg.LongPoll = 25 * time.Second
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 20 * time.Second
 	}
 	if cfg.MaxStreams == 0 {
 		cfg.MaxStreams = defaultMaxStreams
@@ -99,6 +112,9 @@ func newServer(cfg serverConfig) (*server, error) {
 	if cfg.ListScan <= 0 {
 		cfg.ListScan = listScan
 	}
+	if cfg.ApprovalsScan <= 0 {
+		cfg.ApprovalsScan = approvalsScan
+	}
 	static, err := fs.Sub(staticFiles, "static")
 	if err != nil {
 		return nil, err
@@ -108,21 +124,24 @@ func newServer(cfg serverConfig) (*server, error) {
 		return nil, err
 	}
 	s := &server{
-		client:       cfg.Client,
-		log:          cfg.Logger,
-		allowControl: cfg.AllowControl,
-		tracer:       consoleTracer(cfg.TracerProvider),
-		auth:         cfg.Auth,
-		hosts:        newHostPolicy(cfg.ListenAddr, cfg.PublicHosts),
-		streams:      newStreamLimiter(max(cfg.MaxStreams, 0), max(cfg.MaxStreamsPerClient, 0), cfg.Logger),
-		csrf:         newCSRF(),
-		records:      newRecordWatch(cfg.Client, cfg.Logger),
-		approverName: cfg.ApproverName,
-		listScan:     cfg.ListScan,
-		heartbeat:    cfg.Heartbeat,
-		longPoll:     cfg.LongPoll,
-		static:       static,
-		page:         page,
+		client:         cfg.Client,
+		log:            cfg.Logger,
+		allowControl:   cfg.AllowControl,
+		tracer:         consoleTracer(cfg.TracerProvider),
+		auth:           cfg.Auth,
+		hosts:          newHostPolicy(cfg.ListenAddr, cfg.PublicHosts),
+		streams:        newStreamLimiter(max(cfg.MaxStreams, 0), max(cfg.MaxStreamsPerClient, 0), cfg.Logger),
+		csrf:           newCSRF(),
+		records:        newRecordWatch(cfg.Client, cfg.Logger),
+		approverName:   cfg.ApproverName,
+		answers:        newAnswerMemo(maxAnswers, answersFor),
+		listScan:       cfg.ListScan,
+		approvalsScan:  cfg.ApprovalsScan,
+		heartbeat:      cfg.Heartbeat,
+		longPoll:       cfg.LongPoll,
+		requestTimeout: cfg.RequestTimeout,
+		static:         static,
+		page:           page,
 	}
 	s.samples = &sampler{client: cfg.Client, log: cfg.Logger, every: cfg.SampleEvery, queues: s.queueInfos, counts: s.records.take}
 	s.fleetReads = &fleetReads{read: s.readFleet}
@@ -216,6 +235,9 @@ func (s *server) session(w http.ResponseWriter, r *http.Request) {
 		"allowControl": s.allowControl,
 		"csrf":         s.csrf.token(u),
 		"prefix":       s.client.Names().Prefix(),
+		// The page's reads end after these (a stalled one is retried).
+		"requestTimeoutMs": s.requestTimeout.Milliseconds(),
+		"longPollMs":       s.longPoll.Milliseconds(),
 	})
 }
 

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -52,9 +54,14 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	// A panic in one of the goroutines below is panicked again by the
+	// loop, so that the deferred calls (the terminal's mode) run.
+	gp := &goPanics{ch: make(chan panicked), done: make(chan struct{})}
+	defer close(gp.done)
 
 	items := make(chan followItem, 1024)
 	wg.Go(func() {
+		defer gp.catch()
 		defer close(items)
 		for env, err := range c.Follow(fctx, o.run) {
 			select {
@@ -95,12 +102,16 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	var lines <-chan string
 	var keys <-chan []byte
 	var typed lineInput
+	var mode *termMode
+	var jobs <-chan os.Signal
 	if o.interactive {
-		if restore, err := e.keyMode(); err == nil {
-			defer restore()
-			keys = readKeys(e.stdin)
+		if m, err := e.keyMode(); err == nil {
+			mode = m
+			defer func() { _ = m.restore() }() // a panic too
+			jobs = m.signals()
+			keys = readKeys(e.stdin, gp)
 		} else {
-			lines = readLines(e.stdin)
+			lines = readLines(e.stdin, gp)
 		}
 		r.note("type a line to steer · /followup TEXT queues a follow-up · /abort aborts · /approve [CALL], /deny [CALL] REASON answer an approval · Ctrl-C detaches")
 	}
@@ -109,6 +120,7 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 	send := func(kind, text string) {
 		inflight++
 		wg.Go(func() {
+			defer gp.catch()
 			sctx, scancel := context.WithTimeout(fctx, 10*time.Second)
 			defer scancel()
 			var seq uint64
@@ -131,6 +143,7 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 		a.By = e.getenv("USER")
 		inflight++
 		wg.Go(func() {
+			defer gp.catch()
 			sctx, scancel := context.WithTimeout(fctx, 10*time.Second)
 			defer scancel()
 			seq, err := c.Answer(sctx, o.run, a)
@@ -247,8 +260,24 @@ func follow(ctx context.Context, e *env, c *bus.Client, o followOptions) int {
 			if !started {
 				say(r.st.yellow(noWorkerNotice(fctx, c, o.run, o.queue, time.Since(begin))))
 			}
+		case p := <-gp.ch:
+			panic(p)
 		case <-e.resize:
 			r.resize(e.termWidth())
+		case sig := <-jobs:
+			// Ctrl-Z: the terminal goes back to the shell as it was; fg
+			// (SIGCONT) takes it again, the bottom row on a line of its
+			// own below what the shell printed.
+			switch {
+			case mode.isStop(sig):
+				r.suspend()
+				mode.stop()
+			case mode.isCont(sig):
+				if err := mode.resume(); err != nil {
+					say(fmt.Sprintf("submit: warning: the terminal's mode: %v", err))
+				}
+				r.resumed()
+			}
 		case b, ok := <-keys:
 			if !ok {
 				keys = nil
@@ -331,9 +360,10 @@ func parseInput(line string) (kind, text string, err error) {
 
 // readKeys reads what is typed, as it comes, in a goroutine; like
 // readLines it may stay blocked reading until the process exits.
-func readKeys(r io.Reader) <-chan []byte {
+func readKeys(r io.Reader, gp *goPanics) <-chan []byte {
 	ch := make(chan []byte)
 	go func() {
+		defer gp.catch()
 		defer close(ch)
 		buf := make([]byte, 1024)
 		for {
@@ -351,9 +381,10 @@ func readKeys(r io.Reader) <-chan []byte {
 
 // readLines reads lines in a goroutine. It ends with the input; on a
 // terminal the process exits while it is blocked reading, which is fine.
-func readLines(r io.Reader) <-chan string {
+func readLines(r io.Reader, gp *goPanics) <-chan string {
 	ch := make(chan string)
 	go func() {
+		defer gp.catch()
 		defer close(ch)
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 64<<10), bus.MaxControlBytes)
@@ -362,6 +393,36 @@ func readLines(r io.Reader) <-chan string {
 		}
 	}()
 	return ch
+}
+
+// goPanics carries a panic of a goroutine of follow to its loop.
+type goPanics struct {
+	ch   chan panicked
+	done chan struct{} // follow returned: a panic goes on where it is
+}
+
+// panicked is a goroutine's panic, with that goroutine's stack.
+type panicked struct {
+	v     any
+	stack []byte
+}
+
+func (p panicked) String() string {
+	return fmt.Sprintf("%v [in a goroutine of follow]\n\n%s", p.v, p.stack)
+}
+
+// catch, deferred, hands a panic to the loop.
+func (gp *goPanics) catch() {
+	v := recover()
+	if v == nil {
+		return
+	}
+	p := panicked{v, debug.Stack()}
+	select {
+	case gp.ch <- p:
+	case <-gp.done:
+		panic(p)
+	}
 }
 
 func decodeFinished(env *bus.Envelope) (*bus.RunFinished, error) {

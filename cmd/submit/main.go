@@ -41,7 +41,7 @@ func main() {
 		stderrTTY:  term.IsTerminal(int(os.Stderr.Fd())),
 		interrupts: interrupts,
 		resize:     resize,
-		cbreak:     func() (func() error, error) { return cbreak(int(os.Stdin.Fd())) },
+		cbreak:     func() (*termMode, error) { return cbreak(int(os.Stdin.Fd())) },
 		width: func() int {
 			w, _, err := term.GetSize(int(os.Stdout.Fd()))
 			if err != nil {
@@ -71,19 +71,15 @@ type env struct {
 	resize <-chan os.Signal
 	// cbreak turns the terminal's echo and line editing off (submit then
 	// draws what is typed, termui.go); nil, or an error, where it cannot.
-	cbreak func() (restore func() error, err error)
+	cbreak func() (*termMode, error)
 }
 
 // keyMode puts the terminal in cbreak mode for the keys of a followed run.
-func (e *env) keyMode() (restore func(), err error) {
+func (e *env) keyMode() (*termMode, error) {
 	if e.cbreak == nil {
 		return nil, errors.New("no terminal modes here")
 	}
-	r, err := e.cbreak()
-	if err != nil {
-		return nil, err
-	}
-	return func() { _ = r() }, nil
+	return e.cbreak()
 }
 
 func (e *env) termWidth() int {

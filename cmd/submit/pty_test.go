@@ -23,6 +23,8 @@ type ptyProc struct {
 	rows int
 	// sizes are the terminal's widths: from byte at of the output on.
 	sizes []ptySize
+	// reflow: the terminal breaks rows on a shrink, as tmux (vt.reflow).
+	reflow bool
 }
 
 type ptySize struct{ at, cols int }
@@ -34,8 +36,16 @@ func startPTY(t *testing.T, extraEnv []string, args ...string) *ptyProc {
 
 func startPTYSize(t *testing.T, rows, cols int, extraEnv []string, args ...string) *ptyProc {
 	t.Helper()
-	p := &ptyProc{cmd: exec.Command(fleet.submit, args...), out: newOutBuf(), done: make(chan struct{}), rows: rows, sizes: []ptySize{{0, cols}}}
-	p.cmd.Env = submitEnv(extraEnv...)
+	cmd := exec.Command(fleet.submit, args...)
+	cmd.Env = submitEnv(extraEnv...)
+	return startPTYCmd(t, rows, cols, cmd)
+}
+
+// startPTYCmd runs cmd on a pseudo-terminal of rows × cols, as the
+// session's own process.
+func startPTYCmd(t *testing.T, rows, cols int, cmd *exec.Cmd) *ptyProc {
+	t.Helper()
+	p := &ptyProc{cmd: cmd, out: newOutBuf(), done: make(chan struct{}), rows: rows, sizes: []ptySize{{0, cols}}}
 	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: uint16(rows), Cols: uint16(cols)})
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +94,7 @@ func (p *ptyProc) screen(t *testing.T) *vt {
 	t.Helper()
 	out := []byte(p.out.String())
 	v := newVT(p.rows, p.sizes[0].cols)
+	v.reflow = p.reflow
 	at := 0
 	for _, sz := range p.sizes[1:] {
 		_, _ = v.Write(out[at:min(sz.at, len(out))])

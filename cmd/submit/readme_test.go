@@ -6,14 +6,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
 
 // TestREADMECommands runs every shell block of README.md as a newcomer
 // would, in order, with the commands installed: the test's binaries are
-// submit and worker in $(go env GOPATH)/bin, on the PATH, for `go install
-// ./cmd/...`. The Quickstart block's `worker` is the Quickstart worker,
+// submit and worker in $(go env GOPATH)/bin, for `go install ./cmd/...`,
+// put on the PATH only by the Quickstart's own export line (checked), whose
+// PATH the later blocks keep. The Quickstart block's `worker` is the Quickstart worker,
 // started once (its embedded server on a random port stands for
 // 127.0.0.1:4222), and every later block runs next to it: a later `worker`
 // with --nats joins it; one without starts a server of its own on 4222,
@@ -131,6 +133,9 @@ func installCommands(t *testing.T) string {
 type readmeRun struct {
 	root, gopath string
 	quickstart   string // the Quickstart worker's URL, for nats://127.0.0.1:4222
+	// path is the PATH the Quickstart block leaves (its export line), which
+	// the later blocks run with, as in the newcomer's shell.
+	path string
 }
 
 var (
@@ -221,13 +226,32 @@ func (r *readmeRun) runBlock(t *testing.T, block string, quickstart bool) {
 	if len(script) == 0 {
 		return
 	}
-	cmd := exec.Command("bash", "-euo", "pipefail", "-c", strings.Join(script, "\n"))
+	run := strings.Join(script, "\n")
+	path := r.path
+	pathFile := filepath.Join(t.TempDir(), "path")
+	if quickstart {
+		// The installed commands are on the PATH only if the block's own
+		// export line puts them there: it starts from a PATH without them
+		// (nor a stale install of them), and what it leaves is kept.
+		path = pathWithout(os.Getenv("PATH"), "submit", "worker")
+		run += "\nprintf %s \"$PATH\" > " + shellQuote(pathFile)
+	}
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", run)
 	cmd.Dir = r.root
-	bin := filepath.Join(r.gopath, "bin")
-	cmd.Env = append(submitEnv(), "NATS_URL="+url, "GOPATH="+r.gopath, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Env = append(submitEnv(), "NATS_URL="+url, "GOPATH="+r.gopath, "PATH="+path)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s\n--- output:\n%s", err, strings.Join(script, "\n"), out)
+	}
+	if quickstart {
+		b, err := os.ReadFile(pathFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.path = string(b)
+		if err := installedOnPath(r.path, filepath.Join(r.gopath, "bin"), "submit", "worker"); err != nil {
+			t.Fatalf("after the Quickstart block (%s): %v", strings.Join(script, "; "), err)
+		}
 	}
 	for _, m := range exitCodeIs.FindAllStringSubmatch(strings.Join(script, "\n"), -1) {
 		if !strings.Contains(string(out), "exit code "+m[1]+" (") {
@@ -236,6 +260,42 @@ func (r *readmeRun) runBlock(t *testing.T, block string, quickstart bool) {
 	}
 	t.Logf("%s\n--- output:\n%s", strings.Join(script, "\n"), out)
 }
+
+// pathWithout is path less the directories that hold any of names.
+func pathWithout(path string, names ...string) string {
+	var keep []string
+	for _, dir := range filepath.SplitList(path) {
+		if !slices.ContainsFunc(names, func(n string) bool { return isExecutable(filepath.Join(dir, n)) }) {
+			keep = append(keep, dir)
+		}
+	}
+	return strings.Join(keep, string(os.PathListSeparator))
+}
+
+func isExecutable(file string) bool {
+	fi, err := os.Stat(file)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+// installedOnPath checks that each of names is found on path first in bin,
+// as a shell looks commands up.
+func installedOnPath(path, bin string, names ...string) error {
+	for _, n := range names {
+		found := ""
+		for _, dir := range filepath.SplitList(path) {
+			if dir != "" && isExecutable(filepath.Join(dir, n)) {
+				found = filepath.Join(dir, n)
+				break
+			}
+		}
+		if filepath.Dir(found) != filepath.Clean(bin) {
+			return fmt.Errorf("%s is %q on PATH %q, not the one installed in %s", n, found, path, bin)
+		}
+	}
+	return nil
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // The rule TestREADMECommands applies to worker lines, on the MCP block
 // as it was (issue 62: port 4222 taken by the Quickstart worker) and as

@@ -47,14 +47,16 @@ type renderer struct {
 	pending string // toolCallId whose line waits for its outcome
 	// sep is a turn's separator, printed with the turn's first line (a
 	// turn cut short by an abort shows none).
-	sep      string
-	status   string // the live status line drawn
-	typed    string // the line being typed
-	input    string // typed, fitted to the bottom row
-	users    int    // user messages seen (the first is the prompt)
-	turns    int
-	finished *bus.RunFinished
-	started  *bus.RunStarted
+	sep    string
+	status string // the live status line drawn
+	// statusText is status before it was fitted to the width.
+	statusText string
+	typed      string // the line being typed
+	input      string // typed, fitted to the bottom row
+	users      int    // user messages seen (the first is the prompt)
+	turns      int
+	finished   *bus.RunFinished
+	started    *bus.RunStarted
 	// lastEvent is when the last envelope was rendered (live status).
 	lastEvent time.Time
 	toolRun   string // the tool running, for the status line
@@ -125,12 +127,13 @@ func (r *renderer) setStatus(s string) {
 	if !r.live {
 		return
 	}
+	r.statusText = s
 	r.status = r.st.dim(fitBottom("", s, r.scr.width))
 	r.drawBottom()
 }
 
 func (r *renderer) clearStatus() {
-	r.status = ""
+	r.status, r.statusText = "", ""
 	r.drawBottom()
 }
 
@@ -154,8 +157,18 @@ func (r *renderer) drawBottom() {
 // resize takes the terminal's new width for what follows.
 func (r *renderer) resize(width int) {
 	r.scr.resize(width)
+	if r.statusText != "" {
+		r.status = r.st.dim(fitBottom("", r.statusText, width))
+	}
 	r.setInput(r.typed)
 }
+
+// suspend removes the bottom row and the colours: the terminal goes to
+// the shell (Ctrl-Z).
+func (r *renderer) suspend() { r.scr.suspend() }
+
+// resumed draws the bottom row again after a stop.
+func (r *renderer) resumed() { r.scr.resume() }
 
 // end removes the bottom row and ends the output's line: submit is done
 // with the terminal.

@@ -4,10 +4,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
-	"golang.org/x/text/width"
+	"github.com/rivo/uniseg"
 )
 
 // screen is where a followed run is printed. On a terminal it wraps the
@@ -17,12 +16,16 @@ import (
 // it draws the row again below. On a pipe (no width, no bottom row) it
 // passes the output through unchanged.
 //
-// Escapes it emits: \r, \n, ESC[K (clear to the end of the row), ESC[A
-// (up one row), ESC[nG (to column n) and the SGR colours it is given.
+// Escapes it emits: \r, \n, ESC[K (clear to the end of the row), ESC[J
+// (to the end of the screen), ESC[nA (up n rows), ESC[nG (to column n)
+// and the SGR colours it is given.
 type screen struct {
 	w     io.Writer
 	width int // columns; 0: no wrapping
 	col   int // columns printed on the output's last line
+	// last is the last character (grapheme cluster) on the output's last
+	// line: what follows may join it.
+	last string
 	// sgr is the colour escapes in force in the output (since the last
 	// reset): the bottom row is drawn without them, the output goes on
 	// with them.
@@ -117,13 +120,72 @@ func (s *screen) setBottom(text string) {
 	s.show()
 }
 
-// resize takes the terminal's new width for what follows.
+// resize takes the terminal's new width for what follows; the bottom row
+// is then to be set again, fitted to it. A terminal that reflows on a
+// shrink (tmux, VTE, kitty, iTerm2 and most others) has broken the bottom
+// row into rows of the new width, the cursor on the last: they are all
+// cleared, not only that one, and the output's last line, broken too if
+// now wider than the terminal, is left as it is: what follows goes on
+// below it. (A terminal that does not reflow, xterm, loses the rows of
+// output above the bottom row from its screen.)
 func (s *screen) resize(width int) {
 	if width == s.width {
 		return
 	}
+	if !s.shown || width <= 0 || s.width > 0 && width > s.width {
+		s.hide()
+		s.width, s.bottom = width, ""
+		return
+	}
+	if up := rowsAt(s.bottom, width) - 1; up > 0 {
+		_, _ = fmt.Fprintf(s.w, "\x1b[%dA", up)
+	}
+	_, _ = io.WriteString(s.w, "\r\x1b[J")
+	s.shown = false
+	if s.col >= width {
+		s.col, s.last, s.spaces = 0, "", 0 // no spaces at the start of the row
+	} else if s.col > 0 {
+		_, _ = fmt.Fprintf(s.w, "\x1b[A\x1b[%dG", s.col+1)
+	}
+	if s.sgr != "" {
+		_, _ = io.WriteString(s.w, s.sgr)
+	}
+	// The bottom row's text was fitted to the old width: the caller
+	// draws it anew (setBottom).
+	s.width, s.bottom = width, ""
+}
+
+// rowsAt is the rows text takes on a terminal width columns wide, broken
+// between characters (a wide one that does not fit goes to the next row).
+func rowsAt(text string, width int) int {
+	rows, x := 1, 0
+	for _, g := range graphemes(stripANSI(text)) {
+		w := uniseg.StringWidth(g)
+		if x+w > width {
+			rows, x = rows+1, 0
+		}
+		x += w
+	}
+	return rows
+}
+
+// suspend clears the bottom row and the colours for the shell, which
+// takes the terminal (Ctrl-Z).
+func (s *screen) suspend() {
 	s.hide()
-	s.width = width
+	if s.sgr != "" {
+		_, _ = io.WriteString(s.w, "\x1b[0m")
+	}
+}
+
+// resume takes the terminal back after a stop: the shell has printed
+// below the output (fg), the cursor is at the start of a row of its own,
+// or, stopped without the shell, on the bottom row still. What follows
+// starts on that row, the bottom row below it.
+func (s *screen) resume() {
+	_, _ = io.WriteString(s.w, "\r\x1b[K"+s.sgr)
+	s.shown = false
+	s.col, s.last, s.spaces = 0, "", 0
 	s.show()
 }
 
@@ -189,13 +251,21 @@ func (s *screen) feed(text string) {
 			s.spaces += 8 - (s.col+s.spaces)%8
 			i++
 		default:
-			r, n := utf8.DecodeRuneInString(text[i:])
-			s.word.WriteString(text[i : i+n])
-			s.wordW += runeWidth(r)
-			i += n
-			if s.wordW >= s.width {
-				s.flushWord() // longer than a line: no end to wait for
+			// A run of characters up to the next space, newline or escape:
+			// measured whole with the word held, as a mark or a joiner
+			// changes the width of the character before it.
+			j := i + 1
+			for j < len(text) && text[j] != 0x1b && text[j] != '\n' && text[j] != ' ' && text[j] != '\t' {
+				j++
 			}
+			for _, g := range graphemes(text[i:j]) {
+				s.word.WriteString(g)
+				s.wordW = textWidth(s.word.String())
+				if s.wordW >= s.width {
+					s.flushWord() // longer than a line: no end to wait for
+				}
+			}
+			i = j
 		}
 	}
 }
@@ -235,7 +305,7 @@ func (s *screen) out(text string) {
 	for i := 0; i < len(text); {
 		switch c := text[i]; {
 		case c == '\n':
-			s.col = 0
+			s.col, s.last = 0, ""
 			i++
 		case c == 0x1b:
 			j := escapeEnd(text, i)
@@ -248,32 +318,37 @@ func (s *screen) out(text string) {
 			}
 			i = j
 		default:
-			r, n := utf8.DecodeRuneInString(text[i:])
-			s.col += runeWidth(r)
-			i += n
+			j := i + 1
+			for j < len(text) && text[j] != 0x1b && text[j] != '\n' {
+				j++
+			}
+			// Measured with the line's last character: a mark or a
+			// joiner written after it may change its width.
+			seg := s.last + text[i:j]
+			s.col += uniseg.StringWidth(seg) - uniseg.StringWidth(s.last)
+			gs := graphemes(seg)
+			s.last = gs[len(gs)-1]
+			i = j
 		}
 	}
 }
 
-// runeWidth is the columns a character takes: two for East Asian wide
-// ones (CJK, most emoji), none for combining marks.
-func runeWidth(r rune) int {
-	switch {
-	case unicode.Is(unicode.Mn, r):
-		return 0
-	case width.LookupRune(r).Kind() == width.EastAsianWide || width.LookupRune(r).Kind() == width.EastAsianFullwidth:
-		return 2
-	}
-	return 1
-}
+// textWidth is the columns text takes, escapes aside: a grapheme
+// cluster's (uniseg), so a combining mark or a zero-width joiner adds
+// none and VS16 makes an emoji two wide.
+func textWidth(text string) int { return uniseg.StringWidth(stripANSI(text)) }
 
-// textWidth is the columns text takes, escapes aside.
-func textWidth(text string) int {
-	n := 0
-	for _, r := range stripANSI(text) {
-		n += runeWidth(r)
+// graphemes splits text into its characters as a person counts them
+// (grapheme clusters).
+func graphemes(text string) []string {
+	var out []string
+	state := -1
+	for text != "" {
+		var g string
+		g, text, _, state = uniseg.FirstGraphemeClusterInString(text, state)
+		out = append(out, g)
 	}
-	return n
+	return out
 }
 
 // escapeEnd returns the end of the escape sequence at text[i] (ESC [ ...
@@ -301,14 +376,19 @@ func splitVisible(text string, n int) (head, rest string) {
 			i = escapeEnd(text, i)
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(text[i:])
-		if w := runeWidth(r); w > n && !first {
-			return text[:i], text[i:]
-		} else {
-			n -= w
+		j := i + 1
+		for j < len(text) && text[j] != 0x1b {
+			j++
 		}
-		first = false
-		i += size
+		for _, g := range graphemes(text[i:j]) {
+			if w := uniseg.StringWidth(g); w > n && !first {
+				return text[:i], text[i:]
+			} else {
+				n -= w
+			}
+			first = false
+			i += len(g)
+		}
 	}
 	return text, ""
 }
@@ -330,14 +410,14 @@ func fitBottom(prefix, text string, width int) string {
 	}
 	room := width - 1 - textWidth(prefix)
 	if textWidth(text) > room && room > 1 {
-		rs := []rune(text)
+		gs := graphemes(text)
 		w := 1 // "…"
-		i := len(rs)
-		for i > 0 && w+runeWidth(rs[i-1]) <= room {
+		i := len(gs)
+		for i > 0 && w+uniseg.StringWidth(gs[i-1]) <= room {
 			i--
-			w += runeWidth(rs[i])
+			w += uniseg.StringWidth(gs[i])
 		}
-		text = "…" + string(rs[i:])
+		text = "…" + strings.Join(gs[i:], "")
 	}
 	return prefix + text
 }
@@ -380,9 +460,9 @@ func (in *lineInput) feed(b []byte) (lines []string, eof bool) {
 		case c == '\r' || c == '\n':
 			lines = append(lines, string(in.buf))
 			in.buf = in.buf[:0]
-		case c == 0x7f || c == 0x08: // Backspace
-			if len(in.buf) > 0 {
-				in.buf = in.buf[:len(in.buf)-1]
+		case c == 0x7f || c == 0x08: // Backspace: the last character, marks and all
+			if gs := graphemes(string(in.buf)); len(gs) > 0 {
+				in.buf = in.buf[:len(in.buf)-utf8.RuneCountInString(gs[len(gs)-1])]
 			}
 		case c == 0x15: // Ctrl-U
 			in.buf = in.buf[:0]

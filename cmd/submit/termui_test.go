@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -152,8 +153,36 @@ func TestLineInputEditing(t *testing.T) {
 	if in.text() != "aé" {
 		t.Errorf("text %q", in.text())
 	}
+	// Backspace takes a character whole: its mark, its joined emoji.
+	in.feed([]byte("\x15ae\u0301👩\u200d💻❤\ufe0f\x7f\x7f\x7f"))
+	if in.text() != "a" {
+		t.Errorf("after three Backspaces: %q", in.text())
+	}
 	in.feed([]byte{0x15})
 	if _, eof := in.feed([]byte{0x04}); !eof {
 		t.Error("Ctrl-D on an empty line does not end the input")
+	}
+}
+
+// A shrink below the output's last line (a reflowing terminal): what
+// follows starts on a row of its own, no space before its first word, and
+// nothing of the bottom row stays.
+func TestScreenShrinkBelowTheOutputsLine(t *testing.T) {
+	v := newVT(10, 40)
+	v.reflow = true
+	s := &screen{w: v, width: 40}
+	s.write("word0001 word0002 word0003 ")
+	s.setBottom("» typed text that is thirty-seven wide")
+	v.resize(20)
+	s.resize(20)
+	s.setBottom("» …thirty-seven wide")
+	s.write("word0004 word0005")
+	s.flush()
+	if v.err != nil {
+		t.Fatal(v.err)
+	}
+	want := []string{"word0001 word0002 wo", "rd0003", "word0004 word0005", "» …thirty-seven wide"}
+	if got := v.lines(); !slices.Equal(got, want) {
+		t.Errorf("the screen:\n%q\nwant\n%q", got, want)
 	}
 }

@@ -1,6 +1,6 @@
 // Types of @agentfleet/client/console (src/console.js): no NATS import.
 import type { Event, RunRecord, RunRequest } from "../types/protocol.js";
-import type { Cursor, Envelope, UnknownEvent } from "./reader.js";
+import type { Cursor, FollowCursor, Envelope, UnknownEvent } from "./reader.js";
 
 export * from "./errors.js";
 export { checkControlKey, checkQueue, checkRunId, newRunId } from "./names.js";
@@ -42,7 +42,7 @@ export declare class ConsoleFollowStream implements AsyncIterable<Envelope<Event
   readonly warnings: Error[];
   /** Times the event stream was opened (1 + reconnects). */
   readonly connects: number;
-  cursor(): Required<Cursor>;
+  cursor(): FollowCursor;
   close(): void;
   [Symbol.asyncIterator](): AsyncGenerator<Envelope<Event>, void, undefined>;
 }

@@ -313,8 +313,9 @@ export class ConsoleFollowStream {
     checkRunId(run);
     const signal = this.abort.signal;
     const outer = opts.signal;
+    outer?.throwIfAborted(); // before anything is asked, as the NATS client's follow
     const onAbort = () => this.abort.abort(outer?.reason);
-    outer?.addEventListener("abort", onAbort);
+    outer?.addEventListener("abort", onAbort, { once: true });
     try {
       // A run that does not exist would be waited for forever: the console
       // must know it (its request or record), now or one stall interval

@@ -48,6 +48,22 @@ export declare class RunIdTakenError extends AgentfleetError {
   constructor(message: string);
   readonly code: "run_id_taken";
 }
+/**
+ * The events a follow needs are no longer stored (past AGENTS_EVENTS' max age
+ * or byte limit): a run whose record says it finished and none of whose
+ * events is stored ("follow <run>: run finished (<state>) but its events are
+ * no longer stored", as the Go client's bus.ErrEventsGone), or a follow
+ * resumed from a stream sequence the stream no longer holds (from).
+ */
+export declare class EventsGoneError extends AgentfleetError {
+  constructor(run: string, detail: string, fields?: { state?: string; from?: number });
+  readonly code: "events_gone";
+  readonly run: string;
+  /** The finished run's state (succeeded, failed, aborted), when its record says it finished. */
+  readonly state?: string;
+  /** The stream sequence the follow was to start at, when the events from there are gone. */
+  readonly from?: number;
+}
 /** Envelopes missing in an attempt's seq: reported (FollowOptions.onWarning), and following goes on. */
 export declare class GapError extends AgentfleetError {
   constructor(run: string, attempt: number, want: number, got: number);

@@ -99,6 +99,25 @@ export class RunIdTakenError extends AgentfleetError {
   }
 }
 
+/**
+ * A follow that cannot deliver what it was asked for because the events are
+ * no longer stored (AGENTS_EVENTS drops them past its max age or byte
+ * limit): a run whose record says it finished but none of whose events is
+ * stored (the Go client's bus.ErrEventsGone, with its text), or a follow
+ * resumed from a stream sequence the stream no longer holds.
+ */
+export class EventsGoneError extends AgentfleetError {
+  /** @param {string} run @param {string} detail what is gone, after "follow <run>: " @param {{state?: string, from?: number}} [fields] */
+  constructor(run, detail, fields = {}) {
+    super("events_gone", `follow ${run}: ${detail}`);
+    this.run = run;
+    /** The finished run's state, when its record says it finished. */
+    this.state = fields.state;
+    /** The stream sequence the follow was to start at, when that is gone. */
+    this.from = fields.from;
+  }
+}
+
 /** Envelopes are missing in an attempt's seq (a stream limit, a bug): reported, and following goes on. */
 export class GapError extends AgentfleetError {
   /** @param {string} run @param {number} attempt @param {number} want @param {number} got */

@@ -3,7 +3,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import type { ControlMessage, Event, Message, RunRecord as WireRunRecord, RunRequest, Usage } from "../types/protocol.js";
-import type { Cursor, Envelope, PendingCall, Transcript, UnknownEvent } from "./reader.js";
+import type { Cursor, FollowCursor, Envelope, PendingCall, Transcript, UnknownEvent } from "./reader.js";
 import type { Names } from "./names.js";
 
 export * from "./errors.js";
@@ -108,7 +108,11 @@ export type FollowOptions = Cursor & {
    * the run however long.
    */
   mustExist?: boolean;
-  /** Stops the follow: the loop ends with the signal's reason thrown. */
+  /**
+   * Stops the follow at once, whatever it waits for (its consumer's
+   * creation included): the loop ends with the signal's reason thrown; an
+   * already aborted signal throws it before anything is asked.
+   */
   signal?: AbortSignal;
   /** Problems that do not stop the follow: a GapError, a DecodeError. */
   onWarning?: (err: Error) => void;
@@ -120,8 +124,8 @@ export declare class FollowStream implements AsyncIterable<Envelope<Event>> {
   /** Problems that did not stop the follow (gaps, envelopes that did not decode). */
   readonly warnings: Error[];
   /** Where to resume: pass it to follow. */
-  cursor(): Required<Cursor>;
-  /** Ends the iteration. */
+  cursor(): FollowCursor;
+  /** Ends the iteration at once, whatever it waits for; a consumer still being created is deleted once made (Client.close waits for that). */
   close(): void;
   [Symbol.asyncIterator](): AsyncGenerator<Envelope<Event>, void, undefined>;
 }
@@ -132,8 +136,8 @@ export type ListOptions = {
   queue?: string;
   /** 0: no limit. */
   limit?: number;
-  /** A page's next (a records-stream sequence), or a time: records last written before it. */
-  before?: number | Date;
+  /** A page's nextCursor (or its next, a records-stream sequence), or a time: records last written before it. */
+  before?: string | number | Date;
   /** Records last written at or after this time. */
   since?: Date;
   /** Records read at most (default 100,000); -1: no bound. */
@@ -142,8 +146,10 @@ export type ListOptions = {
 
 export type RunPage = {
   records: RunRecord[];
-  /** Pass as before for the next page; 0 when nothing older is left. */
+  /** The records-stream sequence below which the next page's records are; 0 when nothing older is left. It skips the queued runs a full page left: page with nextCursor. */
   next: number;
+  /** Pass as before for the next page: every run listed once, queued ones too (§7, Listing runs); "" at the end. */
+  nextCursor: string;
   scanned: number;
   /** maxScan stopped the read before limit matches. */
   truncated: boolean;
@@ -179,7 +185,12 @@ export declare class Client {
   status(run: string): Promise<RunRecord>;
   /** A run's stored record, or null. */
   record(run: string): Promise<RunRecord | null>;
-  /** The run's envelopes from the start (or a cursor), live, to its run_finished (§4). */
+  /**
+   * The run's envelopes from the start (or a cursor), live, to its
+   * run_finished (§4). Ends with a RunNotFoundError (see mustExist), or an
+   * EventsGoneError when the run finished and its events are no longer
+   * stored, or the cursor's stream sequence is gone.
+   */
   follow(run: string, opts?: FollowOptions & { includeUnknown?: false }): FollowStream;
   follow(run: string, opts: FollowOptions & { includeUnknown: true }): AsyncIterable<Envelope<Event | UnknownEvent>> & Omit<FollowStream, typeof Symbol.asyncIterator>;
   /** The envelopes stored now (since a time), in stream order; does not wait. */

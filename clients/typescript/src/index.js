@@ -17,6 +17,7 @@ import {
   RunIdTakenError,
   RunNotFoundError,
   UnknownQueueError,
+  EventsGoneError,
 } from "./errors.js";
 import { checkControlKey, checkQueue, checkRunId, DEFAULT_QUEUE, Names, newRunId } from "./names.js";
 import { decodeEnvelope, Follower, isKnownEventType, pendingCalls, Transcript } from "./reader.js";
@@ -109,6 +110,18 @@ function isNoResponders(err) {
   return false;
 }
 
+/**
+ * Whether a failure is the connection's close: a request made after it, or
+ * one out when it came (a RequestError "connection closed").
+ * @param {any} err
+ */
+function isClosedConnection(err) {
+  for (let e = err; e; e = e.cause) {
+    if (e.name === "ClosedConnectionError" || (e.name === "RequestError" && /connection closed/i.test(e.message))) return true;
+  }
+  return false;
+}
+
 /** @param {any} err @param {number} code */
 function apiCode(err, code) {
   for (let e = err; e; e = e.cause) if (e.code === code && typeof e.apiError === "function") return true;
@@ -152,6 +165,8 @@ export class Client {
     this._kv = null;
     /** @type {Set<FollowStream>} */
     this._follows = new Set();
+    /** @type {Set<Promise<void>>} the follows' consumer deletions under way */
+    this._cleanups = new Set();
     this.connected = true;
     (async () => {
       for await (const s of nc.status()) {
@@ -161,10 +176,32 @@ export class Client {
     })().catch(() => {});
   }
 
-  /** Closes the follows and, if the client made it, the connection. */
+  /**
+   * Closes the follows and, if the client made it, the connection, once the
+   * follows' consumers are deleted (those still being created when their
+   * follow was closed included).
+   */
   async close() {
     for (const f of this._follows) f.close();
+    // Not while NATS is away: a deletion would wait for its timeout, and the
+    // consumer goes anyway after its inactive threshold.
+    if (this.connected) await Promise.allSettled([...this._cleanups]);
     if (this.own) await this.nc.close();
+  }
+
+  /**
+   * Keeps a clean-up under way (a follow consumer's deletion) until it
+   * settles: close() waits for it. Its failure is no one's concern (an
+   * ordered consumer left behind goes after its inactive threshold).
+   * @param {Promise<unknown>} p
+   */
+  cleanup(p) {
+    const q = p.then(
+      () => {},
+      () => {},
+    );
+    this._cleanups.add(q);
+    q.then(() => this._cleanups.delete(q));
   }
 
   /** @returns {Promise<import("@nats-io/jetstream").JetStreamManager>} */
@@ -192,7 +229,7 @@ export class Client {
     if (err instanceof AgentfleetError) return err;
     const e = /** @type {any} */ (err);
     if (apiCode(e, 10059) || /stream not found/i.test(e?.message ?? "")) return new NoStreamsError(stream, { cause: err });
-    if (!this.connected || e?.name === "ClosedConnectionError") {
+    if (!this.connected || this.nc.isClosed() || isClosedConnection(e)) {
       return new NatsUnreachableError(redact(this.nc.getServer?.() ?? "the server"), { cause: err });
     }
     if (isTransient(err) || apiCode(e, 10039)) return new JetStreamUnavailableError(what, { cause: err });
@@ -366,8 +403,16 @@ export class Client {
    * @param {string} run
    */
   async lastEventSeq(run) {
-    const m = await (await this.jsm()).streams.getMessage(this.names.eventsStream, { last_by_subj: this.names.events(run) });
+    const m = await this.lastEvent(run);
     return m ? m.seq : 0;
+  }
+
+  /**
+   * A run's last stored event (its stream sequence and data), or null.
+   * @param {string} run
+   */
+  async lastEvent(run) {
+    return (await (await this.jsm()).streams.getMessage(this.names.eventsStream, { last_by_subj: this.names.events(run) })) ?? null;
   }
 
   /**
@@ -541,7 +586,8 @@ export class Client {
    * A page of run records, the newest first (docs/protocol.md §7, "Listing
    * runs"): queued runs first on the first page, then records by when they
    * were last written. It reads only what the page needs. Pass the page's
-   * next as before for the next page.
+   * nextCursor as before for the next page (next, a sequence, skips the
+   * queued runs a full page left).
    * @param {import("./index.js").ListOptions} [o]
    * @returns {Promise<import("./index.js").RunPage>}
    */
@@ -550,31 +596,62 @@ export class Client {
     const state = o.state ?? "";
     const queue = o.queue ?? "";
     if (queue) checkQueue(queue);
-    const beforeSeq = typeof o.before === "number" ? o.before : 0;
+    let beforeSeq = typeof o.before === "number" ? o.before : 0;
+    /** @type {ListCursor | null} */
+    let qc = null;
+    if (typeof o.before === "string") {
+      const cur = parseListCursor(o.before);
+      if (cur.queued) qc = cur;
+      else beforeSeq = cur.seq;
+    }
     const beforeTime = o.before instanceof Date ? o.before : null;
     const since = o.since ?? null;
     /** @type {import("./index.js").RunPage} */
-    const page = { records: [], next: 0, scanned: 0, truncated: false };
-    const first = beforeSeq === 0 && !beforeTime;
+    const page = { records: [], next: 0, nextCursor: "", scanned: 0, truncated: false };
+    const first = beforeSeq === 0 && !beforeTime && !qc;
     const want = () => limit <= 0 || page.records.length < limit;
     try {
-      if (first && (state === "" || state === "queued")) {
-        for (const r of await this.listQueued(queue)) if (want()) page.records.push(r);
-      }
-      if (state === "queued") return page;
       const jsm = await this.jsm();
       const stream = this.names.recordsStream;
+      // The records' top is read before the queued runs: a run listed as
+      // queued has no record at or below it (§7, Listing runs).
       const info = await jsm.streams.info(stream);
       let lo = info.state.first_seq;
       let hi = info.state.last_seq;
       const top = hi;
+      const g = new DirectGetter(this, stream);
+      const now = Date.now();
+      if ((first || qc) && (state === "" || state === "queued")) {
+        const queued = await this.listQueued(queue);
+        /** @type {ListCursor} */
+        let cur = { queued: true, seq: 0, top, runsTop: queued.runsTop, after: "" };
+        let q = queued.runs;
+        if (qc) {
+          cur = qc;
+          q = mergeByID(q, await this.pickedUp(g, cur, hi, state, queue, page, now));
+        }
+        for (const r of q) {
+          if (r.id <= cur.after) continue;
+          if (!want()) { // queued runs are left: the next page goes on after the last listed
+            page.nextCursor = listCursorString({ ...cur, after: page.records[page.records.length - 1].id });
+            if (cur.top > 0) page.next = cur.top + 1;
+            return page;
+          }
+          page.records.push(r);
+        }
+      }
+      if (state === "queued") return page;
+      if (qc) beforeSeq = qc.top + 1; // the queued runs are done: the records as they were then
       if (!want()) {
-        if (info.state.messages > 0) page.next = hi + 1;
+        if (qc) hi = Math.min(hi, qc.top);
+        if (hi > 0) {
+          page.next = hi + 1;
+          page.nextCursor = String(page.next);
+        }
         return page;
       }
       const keyPrefix = `$KV.${this.names.recordsBucket}.`;
       if (beforeSeq > 0) hi = Math.min(hi, beforeSeq - 1);
-      const g = new DirectGetter(this, stream);
       if (beforeTime) {
         const seq = await g.seqAt(beforeTime, keyPrefix + ">");
         if (seq > 0) hi = Math.min(hi, seq - 1);
@@ -585,7 +662,6 @@ export class Client {
         lo = Math.max(lo, seq);
       }
       const maxScan = o.maxScan ?? DEFAULT_LIST_SCAN;
-      const now = Date.now();
       let window = FIRST_WINDOW;
       if (limit > 0 && state === "" && queue === "") window = 2 * limit + 8;
       while (hi >= lo && hi > 0 && want()) {
@@ -610,7 +686,9 @@ export class Client {
       }
       if (hi < lo || hi === 0) page.next = 0;
       if (first) await this.catchUp(g, page, state, queue, limit, top, now);
+      if (page.next > 0) page.nextCursor = String(page.next);
     } catch (err) {
+      if (err instanceof InvalidArgumentError) throw err;
       throw this.fleetError(err, "list", this.names.recordsStream);
     }
     return page;
@@ -690,22 +768,56 @@ export class Client {
   }
 
   /**
+   * The records written above a queued cursor's top (up to last) for
+   * requests at or below its runsTop, after its id: runs queued when the
+   * listing began and picked up since, which the records up to top do not
+   * hold.
+   * @param {DirectGetter} g @param {ListCursor} cur @param {number} last @param {string} state @param {string} queue
+   * @param {import("./index.js").RunPage} page @param {number} now
+   */
+  async pickedUp(g, cur, last, state, queue, page, now) {
+    const keyPrefix = `$KV.${this.names.recordsBucket}.`;
+    const seen = new Set();
+    const out = [];
+    for (let to = last; to > cur.top; ) { // newest first: a key's last write counts
+      const from = Math.max(cur.top + 1, to - MAX_WINDOW + 1);
+      const msgs = await g.range(from, to);
+      for (let i = msgs.length - 1; i >= 0; i--) {
+        const m = msgs[i];
+        if (!m.subject.startsWith(keyPrefix)) continue;
+        const id = m.subject.slice(keyPrefix.length);
+        if (seen.has(id)) continue;
+        seen.add(id);
+        if (!m.data || id <= cur.after) continue;
+        page.scanned++;
+        const r = this.listed(m, state, queue, now);
+        if (r && !((r.requestSeq ?? 0) > cur.runsTop)) out.push(r); // a later request: a run submitted since
+      }
+      to = from - 1;
+    }
+    return out;
+  }
+
+  /**
    * The requests that have no record yet, by id: the runs stream's pending
    * subjects (the backlog and the running runs), without those with a
-   * record (multi-last direct gets, 1,024 keys a request).
+   * record (multi-last direct gets, 1,024 keys a request); runsTop is the
+   * stream's last sequence (a later request is a run submitted since).
    * @param {string} queue
+   * @returns {Promise<{runs: any[], runsTop: number}>}
    */
   async listQueued(queue) {
     const jsm = await this.jsm();
     const filter = `${this.names.prefix}.submit.${queue || "*"}.*`;
     const info = await jsm.streams.info(this.names.runsStream, { subjects_filter: filter });
+    const runsTop = info.state.last_seq;
     /** @type {any[]} */
     const pending = [];
     for (const subj of Object.keys(info.state.subjects ?? {})) {
       const p = this.names.parseSubmit(subj);
       if (p) pending.push(queuedRecord(p.run, p.queue));
     }
-    if (pending.length === 0) return [];
+    if (pending.length === 0) return { runs: [], runsTop };
     const g = new DirectGetter(this, this.names.recordsStream);
     const have = new Set();
     const prefix = `$KV.${this.names.recordsBucket}.`;
@@ -713,7 +825,7 @@ export class Client {
       const subjects = pending.slice(i, i + 1024).map((r) => prefix + r.id);
       for (const m of await g.multiLast(subjects)) if (m.data) have.add(m.subject.slice(prefix.length));
     }
-    return pending.filter((r) => !have.has(r.id)).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    return { runs: pending.filter((r) => !have.has(r.id)).sort(byID), runsTop };
   }
 
   // ---- approvals ------------------------------------------------------------
@@ -770,6 +882,37 @@ function sameBytes(a, b) {
   if (a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;
+}
+
+/** @param {{id: string}} a @param {{id: string}} b */
+const byID = (a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+
+/**
+ * A page cursor (§7, Listing runs): a records-stream sequence, or, while
+ * queued runs are left, "q.<top>.<runsTop>.<id>".
+ * @typedef {{queued: boolean, seq: number, top: number, runsTop: number, after: string}} ListCursor
+ */
+
+/** @param {string} s @returns {ListCursor} */
+function parseListCursor(s) {
+  if (/^[0-9]+$/.test(s) && Number(s) > 0) return { queued: false, seq: Number(s), top: 0, runsTop: 0, after: "" };
+  const m = /^q\.([0-9]+)\.([0-9]+)\.([A-Za-z0-9_-]{1,64})$/.exec(s);
+  if (!m) throw new InvalidArgumentError(`invalid page cursor "${s.slice(0, 80)}"`);
+  return { queued: true, seq: 0, top: Number(m[1]), runsTop: Number(m[2]), after: m[3] };
+}
+
+/** @param {ListCursor} c */
+function listCursorString(c) {
+  return c.queued ? `q.${c.top}.${c.runsTop}.${c.after}` : String(c.seq);
+}
+
+/**
+ * Queued runs and records by id, a record replacing the queued run of its id.
+ * @param {any[]} queued @param {any[]} recs
+ */
+function mergeByID(queued, recs) {
+  const have = new Set(recs.map((r) => r.id));
+  return queued.filter((r) => !have.has(r.id)).concat(recs).sort(byID);
 }
 
 /** @param {string} id @param {string} queue @param {string} [submittedAt] @param {number} [requestSeq] */
@@ -936,6 +1079,56 @@ class DirectGetter {
 }
 
 /**
+ * Timers a stop clears at once: wait(ms) resolves true after ms, or false
+ * as soon as stop() is called (at once when it was called before).
+ */
+class Waits {
+  constructor() {
+    this.stopped = false;
+    /** @type {Set<{t: ReturnType<typeof setTimeout>, res: (v: boolean) => void}>} */
+    this.pending = new Set();
+  }
+
+  /** @param {number} ms @returns {Promise<boolean>} */
+  wait(ms) {
+    if (this.stopped) return Promise.resolve(false);
+    return new Promise((res) => {
+      const w = {
+        t: setTimeout(() => {
+          this.pending.delete(w);
+          res(true);
+        }, ms),
+        res,
+      };
+      this.pending.add(w);
+    });
+  }
+
+  stop() {
+    this.stopped = true;
+    for (const w of this.pending) {
+      clearTimeout(w.t);
+      w.res(false);
+    }
+    this.pending.clear();
+  }
+}
+
+/** A look's answer: the run's run_finished is stored before where the follow starts (it read it already). */
+const FINISHED_BEFORE = Symbol("finished before");
+
+/** Whether a stored message holds a run_finished envelope; the cheap test first. @param {Uint8Array} data */
+function isRunFinished(data) {
+  const text = dec.decode(data);
+  if (!text.includes('"run_finished"')) return false;
+  try {
+    return JSON.parse(text)?.event?.type === "run_finished";
+  } catch {
+    return false;
+  }
+}
+
+/**
  * One follow of a run: an async iterable of its envelopes (see
  * Client.follow). Iterate it once.
  */
@@ -947,10 +1140,23 @@ export class FollowStream {
     this.opts = opts;
     this.follower = new Follower(run, opts);
     this.closed = false;
-    /** @type {{stop(): void} | null} */
+    /** @type {{stop(): void} | null} the consumer being drained */
     this.current = null;
     /** @type {Error[]} problems that did not stop the follow: gaps, envelopes that did not decode */
     this.warnings = [];
+    /** The follow's own pauses (retries of the consumer's creation): close() ends them. */
+    this.waits = new Waits();
+    /** @type {(v?: unknown) => void} */
+    let onClose = () => {};
+    /** Resolves on close(): what a wait for a reply races. */
+    this.closing = new Promise((res) => (onClose = res));
+    this.onClose = onClose;
+    /** Messages this follow has taken from its consumers. */
+    this.delivered = 0;
+    /** Looks at the run (a request, record or event) that found it missing or finished without events: tests wait on it. */
+    this.missingLooks = 0;
+    // RunNotFoundError only for a follow from the start, unless said.
+    this.mustExist = opts.mustExist ?? (this.follower.from === 1 && this.follower.attempt === 0);
   }
 
   /** Where to resume: pass it to follow as options. */
@@ -958,9 +1164,12 @@ export class FollowStream {
     return this.follower.cursor();
   }
 
-  /** Ends the iteration (the loop's next step finds it done). */
+  /** Ends the iteration: a wait for the consumer, its creation or a retry ends at once. */
   close() {
+    if (this.closed) return;
     this.closed = true;
+    this.onClose();
+    this.waits.stop();
     this.current?.stop();
   }
 
@@ -978,17 +1187,21 @@ export class FollowStream {
     const { client, run, follower: f, opts } = this;
     checkRunId(run);
     const signal = opts.signal;
+    // An aborted signal ends the follow before it asks anything.
+    signal?.throwIfAborted();
+    if (f.finished || this.closed) return; // resumed from the cursor of a follow that read run_finished
     const onAbort = () => this.close();
-    signal?.addEventListener("abort", onAbort);
+    signal?.addEventListener("abort", onAbort, { once: true });
     client._follows.add(this);
     try {
+      if (f.from > 1) await this.checkStart();
       while (!f.finished && !this.closed) {
         const cons = await this.open();
         if (!cons) break;
         try {
           yield* this.drain(cons);
         } finally {
-          cons.delete().catch(() => {});
+          client.cleanup(cons.delete());
         }
         if (!f.finished && !this.closed && client.nc.isClosed()) {
           throw new AgentfleetError("closed", `follow ${run}: the NATS connection was closed before the run finished`);
@@ -998,114 +1211,146 @@ export class FollowStream {
     } finally {
       signal?.removeEventListener("abort", onAbort);
       client._follows.delete(this);
+      this.close();
     }
+  }
+
+  /**
+   * Waits for a reply unless the follow is closed first: then null, and
+   * what the reply brings (a consumer) is handed to discard.
+   * @template T @param {Promise<T>} p @param {(v: T) => void} [discard]
+   * @returns {Promise<T | null>}
+   */
+  async unlessClosed(p, discard) {
+    const closed = Symbol("closed");
+    const r = await Promise.race([p, this.closing.then(() => closed)]);
+    if (r !== closed) return /** @type {T} */ (r);
+    const settled = p.then(
+      (v) => discard?.(v),
+      () => {},
+    );
+    if (discard) this.client.cleanup(settled);
+    return null;
+  }
+
+  /**
+   * A follow resumed from a stream sequence the events stream no longer
+   * holds (its first is past it) would silently start later: unless the
+   * run's first stored event there provably comes right after the cursor
+   * (the next seq of its attempt, the first of a newer attempt, or the run's
+   * very first event), it ends with an EventsGoneError. A read that fails
+   * is no answer.
+   */
+  async checkStart() {
+    const { client, run, follower: f } = this;
+    const stream = client.names.eventsStream;
+    let first, next;
+    try {
+      const jsm = await client.jsm();
+      const info = await this.unlessClosed(jsm.streams.info(stream));
+      if (!info) return;
+      first = info.state.first_seq;
+      if (f.from >= first) return;
+      const q = /** @type {any} */ ({ seq: f.from, next_by_subj: client.names.events(run) });
+      next = await this.unlessClosed(jsm.streams.getMessage(stream, q));
+    } catch {
+      return;
+    }
+    if (!next) return; // closed, or none stored: the looks beside the consumer tell
+    let env;
+    try {
+      env = decodeEnvelope(next.string(), run, next.seq);
+    } catch {
+      return;
+    }
+    const blind = f.blind;
+    const follows = blind ? env.attempt <= 1 && env.seq === 1 : (env.attempt === f.attempt && env.seq === f.seq + 1) || (env.attempt > f.attempt && env.seq === 1);
+    if (follows) return;
+    throw new EventsGoneError(run, `its events from stream sequence ${f.from} are no longer stored (${stream} now starts at ${first})`, { from: f.from });
   }
 
   /**
    * An ordered consumer from the follower's next stream sequence; its
    * creation is retried (100 ms doubling to 2 s) while NATS or JetStream
-   * are away, until the follow is closed.
+   * are away, until the follow is closed. Closed while a creation is under
+   * way: null at once, and the consumer is deleted once created.
    */
   async open() {
     const { client, run, follower: f } = this;
     let pause = 100;
     for (;;) {
       if (this.closed) return null;
+      const cfg = f.from > 1 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: f.from } : { deliver_policy: DeliverPolicy.All };
       try {
-        return await client.orderedEvents(run, f.from > 1 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: f.from } : { deliver_policy: DeliverPolicy.All });
+        const cons = await this.unlessClosed(client.orderedEvents(run, cfg), (c) => client.cleanup(c.delete()));
+        if (!cons) return null;
+        return cons;
       } catch (err) {
         const cause = /** @type {any} */ (err).cause ?? err;
         if (!(err instanceof JetStreamUnavailableError || err instanceof NatsUnreachableError || isTransient(cause))) throw err;
       }
-      await new Promise((res) => {
-        const t = setTimeout(res, pause);
-        this.current = { stop: () => (clearTimeout(t), res(undefined)) };
-      });
+      if (!(await this.waits.wait(pause))) return null;
       pause = Math.min(pause * 2, 2000);
     }
   }
 
   /**
    * Yields a consumer's envelopes until the run finishes, the follow is
-   * closed, or the stall watch finds the consumer silent while the stream
-   * has more (then the caller opens a new one).
+   * closed, the watch ends it (a run that does not exist, one whose events
+   * are gone, one whose run_finished was read before the cursor), or the
+   * watch finds the consumer silent while the stream has more (then the
+   * caller opens a new one).
    * @param {import("@nats-io/jetstream").Consumer} cons
    */
   async *drain(cons) {
     const { client, run, follower: f, opts } = this;
     const msgs = await cons.consume({ max_messages: 1000 });
     const it = msgs[Symbol.asyncIterator]();
-    let stalled = false;
-    let waiting = false;
-    let seen = f.from - 1;
-    // The stall watch: after two intervals spent waiting with nothing
-    // delivered, ask for the run's last stored event; if it is past the
-    // last one delivered, stop this consumer (the caller makes a new one).
-    // The check backs off to every 16 intervals while the run is idle.
-    let last = seen;
-    let idle = 0;
-    let due = 2;
-    let looking = false;
-    // A run that does not exist would be waited for forever: while nothing
-    // has been delivered, look for its request, record or an event beside
-    // the consumer (a run that exists costs no wait), and again one stall
-    // interval later (one look would end a follower started just before
-    // the run's submitter published); none both times: RunNotFoundError.
-    let gone = false;
-    const check = opts.mustExist !== false && f.from === 1 && f.attempt === 0;
-    const noSuchRun = async () => {
-      if (!check || seen !== 0 || !(await client.absent(run)) || seen !== 0) return false;
-      gone = true;
-      msgs.stop();
-      return true;
+    /** The stall watch's state, shared with the loop below. */
+    const w = {
+      /** The loop waits for the consumer. */
+      waiting: false,
+      /** The stream sequence of the last message taken (or the one before the start). */
+      seen: f.from - 1,
+      stalled: false,
+      /** @type {Error | typeof FINISHED_BEFORE | null} why the watch ended the follow */
+      ended: null,
+      done: false,
+      waits: new Waits(),
     };
-    if (check) {
-      (async () => {
-        if (!(await client.absent(run))) return;
-        await new Promise((r) => setTimeout(r, client.followStallMs));
-        if (!this.closed) await noSuchRun();
-      })().catch(() => {});
-    }
-    const timer = setInterval(async () => {
-      if (!waiting || seen !== last) {
-        last = seen;
-        idle = 0;
-        due = 2;
-        return;
-      }
-      if (++idle < due || looking) return;
-      idle = 0;
-      looking = true;
-      try {
-        const cur = seen;
-        const stored = await client.lastEventSeq(run).catch(() => -1);
-        if (stored < 0) return; // NATS away: ask again, as often
-        if (stored === 0 && cur === 0 && (await noSuchRun())) return;
-        if (stored <= cur || seen !== cur || !waiting) {
-          due = Math.min(2 * due, 16);
+    this.current = {
+      stop: () => {
+        w.waits.stop();
+        msgs.stop();
+      },
+    };
+    try {
+      if (this.closed) return; // closed between the consumer's creation and now
+      this.watch(msgs, w).catch(() => {});
+      for (;;) {
+        if (w.ended) {
+          if (this.delivered === 0) break;
+          // The watch ended the follow on a look made before the run's
+          // first event, which came meanwhile: the run exists, and a new
+          // consumer goes on after what was delivered.
           return;
         }
-        stalled = true;
-        msgs.stop();
-      } finally {
-        looking = false;
-      }
-    }, client.followStallMs);
-    this.current = { stop: () => msgs.stop() };
-    try {
-      for (;;) {
-        waiting = true;
+        if (w.stalled) return;
+        w.waiting = true;
         let r;
         try {
           r = await it.next();
         } finally {
-          waiting = false;
+          w.waiting = false;
         }
-        if (gone) throw new RunNotFoundError(run);
-        if (r.done) return; // closed, stalled, or the connection closed
+        if (r.done) {
+          if (w.ended && this.delivered === 0) break;
+          return; // closed, stalled, or the connection closed
+        }
         const m = r.value;
         f.read(m.seq);
-        seen = m.seq;
+        w.seen = m.seq;
+        this.delivered++;
         let env;
         try {
           env = decodeEnvelope(m.string(), run, m.seq);
@@ -1119,12 +1364,123 @@ export class FollowStream {
         if (f.finished || this.closed) return;
       }
     } catch (err) {
-      if (gone) throw new RunNotFoundError(run);
-      if (stalled || this.closed) return;
-      throw client.fleetError(err, `follow ${run}`, client.names.eventsStream);
+      if (!w.ended || this.delivered !== 0) {
+        if (w.stalled || this.closed) return;
+        throw client.fleetError(err, `follow ${run}`, client.names.eventsStream);
+      }
     } finally {
-      clearInterval(timer);
+      w.done = true;
+      w.waits.stop();
       msgs.stop();
     }
+    // Ended by the watch before anything was delivered.
+    if (w.ended === FINISHED_BEFORE) f.finished = true;
+    else if (w.ended) throw w.ended;
+  }
+
+  /**
+   * The stall watch, beside the consumer (bus.Client.Follow's): while the
+   * follow has delivered nothing it looks for the run at once (a run that
+   * exists costs no wait), then, after two intervals spent waiting with
+   * nothing delivered, asks for the run's last stored event; if it is past
+   * the last one delivered, it stops the consumer (the caller makes a new
+   * one). The check backs off to every 16 intervals while the run is idle.
+   * @param {{stop(): void}} msgs @param {{waiting: boolean, seen: number, stalled: boolean, ended: any, done: boolean, waits: Waits}} w
+   */
+  async watch(msgs, w) {
+    const { client, run } = this;
+    if (this.delivered === 0 && (await this.missing(msgs, w))) return;
+    let last = w.seen;
+    let idle = 0;
+    let due = 2;
+    while (await w.waits.wait(client.followStallMs)) {
+      const cur = w.seen;
+      if (!w.waiting || cur !== last) {
+        last = cur;
+        idle = 0;
+        due = 2;
+        continue;
+      }
+      if (++idle < due) continue;
+      idle = 0;
+      let stored;
+      try {
+        stored = await client.lastEventSeq(run);
+      } catch {
+        continue; // NATS away: ask again, as often, once it is back
+      }
+      if (w.done) return;
+      if (stored === 0 && this.delivered === 0 && (await this.missing(msgs, w))) return;
+      if (stored <= cur || w.seen !== cur || !w.waiting) {
+        due = Math.min(2 * due, 16); // nothing missed, or it moved meanwhile
+        continue;
+      }
+      w.stalled = true;
+      msgs.stop();
+      return;
+    }
+  }
+
+  /**
+   * Looks for a run nothing was delivered of, twice, a stall interval
+   * apart, and ends the follow when both looks say so (one look would end
+   * a follower started just before the run's submitter published, or one
+   * that looked between a refused request's final record and its events);
+   * a run_finished stored before the cursor ends it at the first look (a
+   * stored run_finished is final). Reports whether the watch is done.
+   * @param {{stop(): void}} msgs @param {{ended: any, done: boolean, waits: Waits}} w
+   */
+  async missing(msgs, w) {
+    let why = await this.look();
+    if (!why || w.done) return false;
+    if (why !== FINISHED_BEFORE) {
+      if (!(await w.waits.wait(this.client.followStallMs))) return true;
+      why = await this.look();
+      if (!why || w.done) return false;
+    }
+    if (this.delivered !== 0) return false; // an event came meanwhile: the run exists
+    w.ended = why;
+    msgs.stop();
+    return true;
+  }
+
+  /**
+   * Why a follow that has delivered nothing should end, or null (the run is
+   * there, something was delivered, or a read failed: no answer): its
+   * run_finished is stored before the cursor (FINISHED_BEFORE); its record
+   * says it finished and none of its events is stored (EventsGoneError); it
+   * has no stored event, record or request (RunNotFoundError, when the run
+   * must exist).
+   */
+  async look() {
+    const { client, run, follower: f } = this;
+    let last;
+    try {
+      last = await client.lastEvent(run);
+    } catch {
+      return null;
+    }
+    if (this.delivered !== 0) return null;
+    if (last) return last.seq < f.from && isRunFinished(last.data) ? (this.missingLooks++, FINISHED_BEFORE) : null;
+    /** @type {any} */
+    let rec = null;
+    try {
+      rec = await client.status(run);
+    } catch (err) {
+      if (!(err instanceof RunNotFoundError)) return null;
+    }
+    if (rec && !isFinished(rec.state)) return null;
+    // Read again after the record: events stored before a finished record
+    // was read are not taken for gone.
+    let stored;
+    try {
+      stored = await client.lastEventSeq(run);
+    } catch {
+      return null;
+    }
+    if (stored !== 0 || this.delivered !== 0) return null;
+    if (!rec && !this.mustExist) return null;
+    this.missingLooks++;
+    return rec ? new EventsGoneError(run, `run finished (${rec.state}) but its events are no longer stored`, { state: rec.state }) : new RunNotFoundError(run);
   }
 }

@@ -23,7 +23,11 @@ export type Cursor = {
   attempt?: number;
   /** The last seq taken of that attempt. */
   seq?: number;
+  /** The run's run_finished was taken: a follow resumed from this cursor ends at once, reading nothing. */
+  finished?: boolean;
 };
+/** A follow's cursor as cursor() reports it: finished is there once the run's run_finished was taken. */
+export type FollowCursor = Required<Omit<Cursor, "finished">> & { finished?: true };
 
 export declare function isKnownEventType(type: string): boolean;
 /** Decodes an envelope's JSON text; throws a DecodeError unless it is an envelope with an event type. */
@@ -37,7 +41,9 @@ export declare class Follower {
   attempt: number;
   seq: number;
   finished: boolean;
-  cursor(): Required<Cursor>;
+  /** Resumed mid-stream without the state (a cursor with from alone): the first envelope taken cannot tell a gap. */
+  blind: boolean;
+  cursor(): FollowCursor;
   /** A message at this stream sequence was read. */
   read(streamSeq: number): void;
   /** Whether to take the envelope (false: an older attempt's, a copy, or after run_finished), and a gap before it. */

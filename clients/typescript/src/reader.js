@@ -67,7 +67,7 @@ export function decodeEnvelope(text, run, streamSeq = 0) {
  * as if it had never stopped.
  */
 export class Follower {
-  /** @param {string} run @param {{from?: number, attempt?: number, seq?: number}} [cursor] */
+  /** @param {string} run @param {{from?: number, attempt?: number, seq?: number, finished?: boolean}} [cursor] */
   constructor(run, cursor = {}) {
     this.run = run;
     /** The stream sequence to read next. */
@@ -76,15 +76,21 @@ export class Follower {
     this.attempt = cursor.attempt ?? 0;
     /** The last seq taken of that attempt. */
     this.seq = cursor.seq ?? 0;
-    this.finished = false;
+    /** The run's run_finished was taken (by this follower or the one whose cursor it resumes). */
+    this.finished = cursor.finished === true;
     // Started in the middle of the stream without the state: the first
     // envelope taken cannot tell a gap.
     this.blind = this.from > 1 && cursor.attempt === undefined;
   }
 
-  /** Where to resume: pass it as follow's options. */
+  /**
+   * Where to resume: pass it as follow's options. Once the run's
+   * run_finished was taken, from is past it and finished is true: a follow
+   * resumed from it has nothing more to read and ends at once.
+   * @returns {{from: number, attempt: number, seq: number, finished?: true}}
+   */
   cursor() {
-    return { from: this.from, attempt: this.attempt, seq: this.seq };
+    return this.finished ? { from: this.from, attempt: this.attempt, seq: this.seq, finished: true } : { from: this.from, attempt: this.attempt, seq: this.seq };
   }
 
   /** A message at this stream sequence was read (taken or not). @param {number} streamSeq */

@@ -27,7 +27,8 @@ let hub;
 let client;
 
 before(async () => {
-  hub = await startWorker(["--concurrency", "16", "--ack-wait", "10s"], { name: "hub" });
+  // Two queues: a request under a used id on the other one is refused by the record's queue.
+  hub = await startWorker(["--concurrency", "16", "--ack-wait", "10s", "--queue", "default,other"], { name: "hub" });
   client = await connect({ servers: hub.url, followStallMs: 1000 });
 });
 
@@ -142,9 +143,6 @@ test("replay from a stream sequence, and resume from a cursor", async () => {
     [...got, ...rest].map((e) => e.streamSeq),
     all.map((e) => e.streamSeq),
   );
-  // From past the end: nothing more than run_finished's successors (none).
-  const none = await followAll(id, { from: all.at(-1).streamSeq + 1, attempt: all.at(-1).attempt, seq: all.at(-1).seq, mustExist: false, signal: AbortSignal.timeout(1500) }).catch((e) => e);
-  assert.ok(none instanceof Error && none.name === "TimeoutError", "a follow past the end waits for more");
 });
 
 test("submit is idempotent by run id; another request under a used id is refused", async () => {
@@ -157,8 +155,13 @@ test("submit is idempotent by run id; another request under a used id is refused
   assert.equal(b.seq, a.seq);
   await assert.rejects(client.submit({ prompt: "another body" }, { id }), RunIdTakenError);
   await followAll(id);
-  // Once taken (the request acked and gone), the record's queue tells.
-  await assert.rejects(client.submit(req, { id, queue: "other" }), (err) => err instanceof UnknownQueueError || err instanceof RunIdTakenError);
+  // Once taken (the request acked and gone), the record's queue tells (on
+  // a queue that is declared: "other" is the hub's too).
+  await assert.rejects(client.submit(req, { id, queue: "other" }), (err) => {
+    assert.ok(err instanceof RunIdTakenError, `${err}`);
+    assert.match(err.message, /stored on queue "default", not "other"/);
+    return true;
+  });
   await assert.rejects(client.submit(req, { id: "bad id" }), InvalidArgumentError);
 });
 
@@ -172,10 +175,16 @@ test("errors: queue not declared, no such run, NATS unreachable, JetStream down"
   for (const call of [() => client.status("no-such-run"), () => client.result("no-such-run"), () => followAll("no-such-run")]) {
     await assert.rejects(call(), (err) => err instanceof RunNotFoundError && err.code === "run_not_found" && /no such run: no-such-run/.test(err.message));
   }
-  // A follower started before the run is submitted is not told it has none.
+  // A follower started before the run is submitted, that looked once and
+  // found nothing, is not told it has none.
   const early = newRunId();
-  const followed = followAll(early);
-  await new Promise((r) => setTimeout(r, 200)); // likely after the follower's first look (either order must pass)
+  const ef = client.follow(early);
+  const followed = (async () => {
+    const out = [];
+    for await (const env of ef) out.push(env);
+    return out;
+  })();
+  await Promise.race([waitFor(() => ef.missingLooks >= 1, "the follower's first look"), followed]);
   await client.submit({ prompt: "just in time" }, { id: early });
   const envs = await followed;
   assert.equal(envs.at(-1).event.type, "run_finished");
@@ -241,6 +250,34 @@ test("steer and follow-up with keys: a retry is stored once and reaches the run 
   await assert.rejects(client.steer(id, "x", { key: "no spaces" }), InvalidArgumentError);
 });
 
+test("a control whose request fails rejects with the client's error and leaves no unhandled rejection", async () => {
+  /** @type {unknown[]} */
+  const unhandled = [];
+  const onUnhandled = (/** @type {unknown} */ err) => unhandled.push(err);
+  process.on("unhandledRejection", onUnhandled);
+  const { id } = await client.submit(gated()); // waits for an approval: running until answered
+  try {
+    for (const when of ["before the requests went out", "while they are out"]) {
+      const c = await connect({ servers: hub.url });
+      await c.record(id); // the records bucket opened: each control's first request is its record's read
+      const calls = [c.steer(id, "x"), c.followUp(id, "y"), c.abort(id), c.approve(id, "c1"), c.deny(id, "c1"), c.steer(id, "x", { key: "k" })];
+      if (when === "while they are out") await new Promise((r) => setImmediate(r));
+      await c.close();
+      for (const p of calls) await assert.rejects(p, (err) => err instanceof NatsUnreachableError || assert.fail(`${when}: ${err}`));
+      await assert.rejects(c.steer(id, "after"), NatsUnreachableError);
+    }
+    // A publish JetStream refuses.
+    await assert.rejects(client.steer(id, "x", { headers: { "Nats-Expected-Last-Sequence": "1" } }), /wrong last sequence/);
+    // Unhandled rejections are reported once the microtasks have run.
+    await new Promise((r) => setImmediate(r));
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(unhandled, []);
+  } finally {
+    process.off("unhandledRejection", onUnhandled);
+    await client.abort(id);
+  }
+});
+
 test("abort a running run", async () => {
   const { id } = await client.submit(sleeper(60));
   const { it } = await followUntil(id, (e) => e.event.type === "tool_execution_start");
@@ -290,7 +327,8 @@ test("approvals: the fleet's pending calls, approve with an edit, deny with a re
   assert.equal(resolved.by, "alice");
   const endA = ea.find((e) => e.type === "tool_execution_end");
   assert.equal(endA.isError, false);
-  assert.match(JSON.stringify(endA.result), /"5"|5/);
+  // The edited expression ran (2+3), not the model's (1234*5678 = 7006652, which has a 5 too).
+  assert.deepEqual(endA.result.content, [{ type: "text", text: "5" }]);
   const endB = eb.find((e) => e.type === "tool_execution_end");
   assert.equal(endB.isError, true);
   assert.match(JSON.stringify(endB.result), /not in production/);
@@ -334,6 +372,25 @@ test("list: newest first, filters, pages, queued runs", async () => {
   );
   const recent = await client.list({ since: new Date(Date.now() - 60_000), queue: "default" });
   assert.ok(recent.records.some((r) => r.id === ids[0]));
+});
+
+test("list: queued runs past a full page come on the next pages, each once", async () => {
+  // A queue with no worker now: its runs stay queued.
+  const parked = await startWorker(["--nats", hub.url, "--queue", "paging"], { name: "paging" });
+  await parked.stop();
+  const ids = [];
+  for (let i = 0; i < 5; i++) ids.push((await client.submit({ prompt: `page ${i}` }, { queue: "paging" })).id);
+  ids.sort();
+  const seen = [];
+  let before = "";
+  for (let n = 0; n < 10; n++) {
+    const page = await client.list({ queue: "paging", limit: 2, ...(before ? { before } : {}) });
+    seen.push(...page.records.map((r) => r.id + ":" + r.state));
+    if (!page.nextCursor) break;
+    before = page.nextCursor;
+  }
+  assert.deepEqual(seen, ids.map((id) => id + ":queued"));
+  await assert.rejects(client.list({ before: "q.1.2.no good" }), InvalidArgumentError);
 });
 
 test("throughput: following one run of 20,000 deltas, against submit follow --json", async (t) => {

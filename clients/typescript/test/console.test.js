@@ -115,10 +115,24 @@ test("control through the console: keys, approvals, abort, and its answers (409,
   await assert.rejects(web.steer(id, "too late"), (err) => err instanceof RunFinishedError && err.status === 409);
   await assert.rejects(web.status("no-such-run"), RunNotFoundError);
   await assert.rejects(all(web.follow("no-such-run")), RunNotFoundError);
+
   await assert.rejects(new ConsoleClient({ baseUrl: con.base }).status(id), (err) => err instanceof ConsoleError && err.status === 401);
 
   const { id: slow } = await nats.submit(sleeper(60));
   const { rest: r2 } = await consoleUntil(slow, "tool_execution_start");
+  // An aborted signal: rejected at once with its reason (the run sleeps a
+  // minute: a follow that went on would wait with it).
+  const stop = new Error("stopped before it began");
+  const stray = web.follow(slow, { signal: AbortSignal.abort(stop) });
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  let late;
+  try {
+    const early = await Promise.race([all(stray).catch((err) => err), new Promise((r) => (late = setTimeout(r, 5000, "still following after 5 s")))]);
+    assert.equal(early, stop);
+  } finally {
+    clearTimeout(late);
+    stray.close();
+  }
   await web.abort(slow, { reason: "from the console" });
   const fin = (await r2).at(-1).event;
   assert.equal(fin.type, "run_finished");

@@ -1,6 +1,6 @@
 // Compiled by tsc (test/types.test.js), never run: the package's types
 // used as an application would use them.
-import { connect, formatEnvelope, RunNotFoundError, Transcript, type Envelope, type RunRequest } from "@agentfleet/client";
+import { connect, EventsGoneError, formatEnvelope, RunNotFoundError, Transcript, type Envelope, type RunRequest } from "@agentfleet/client";
 import { ConsoleClient } from "@agentfleet/client/console";
 
 export async function nodeUse(): Promise<string> {
@@ -34,6 +34,16 @@ export async function nodeUse(): Promise<string> {
     const type: string = env.event.type;
     void type;
   }
+  const followed = client.follow(id, { signal: AbortSignal.timeout(60_000) });
+  try {
+    for await (const env of followed) void env;
+  } catch (err) {
+    if (err instanceof EventsGoneError) text += ` (${err.code}: ${err.state ?? `from ${err.from}`})`;
+  }
+  const cursor = followed.cursor();
+  const done: true | undefined = cursor.finished;
+  void done;
+  for await (const env of client.follow(id, cursor)) void env;
   await client.steer(id, "Use metric units.", { key: "k1" });
   await client.followUp(id, { role: "user", content: "And in Fahrenheit?" });
   const { seq: abortSeq } = await client.abort(id, { reason: "changed my mind" });

@@ -7,7 +7,9 @@
 // elements, never by parsing HTML.
 "use strict";
 
-const session = { user: "", csrf: "", allowControl: false };
+// requestTimeoutMs bounds each read (the server may say otherwise);
+// longPollMs is how long a runs page long-poll may wait besides.
+const session = { user: "", csrf: "", allowControl: false, requestTimeoutMs: 20000, longPollMs: 25000 };
 
 // el builds an element: attrs are properties or attributes, children are
 // nodes or strings (which become text nodes).
@@ -48,11 +50,40 @@ function toast(msg, bad) {
   toast.timer = setTimeout(() => { t.className = ""; }, 5000);
 }
 
-async function getJSON(path, signal) {
-  const r = await fetch(path, { signal, headers: { Accept: "application/json" } });
-  const body = await r.json().catch(() => ({}));
-  if (!r.ok) throw new Error(body.error || r.status + " " + r.statusText);
-  return body;
+// getJSON reads with a timeout of its own (a stalled request fails
+// instead of holding the page forever), extraMs more for a long-poll.
+async function getJSON(path, signal, extraMs) {
+  const ms = session.requestTimeoutMs + (extraMs || 0);
+  const timeout = AbortSignal.timeout(ms);
+  const both = signal ? AbortSignal.any([signal, timeout]) : timeout;
+  try {
+    const r = await fetch(path, { signal: both, headers: { Accept: "application/json" } });
+    const body = await r.json().catch((e) => { if (timeout.aborted) throw e; return {}; });
+    if (!r.ok) throw new Error(body.error || r.status + " " + r.statusText);
+    return body;
+  } catch (e) {
+    if (timeout.aborted && !(signal && signal.aborted)) throw new Error("no answer in " + fmtDuration(ms));
+    throw e;
+  }
+}
+
+// poll runs step, then again every ms after it ended: never two at once
+// under a slow server. now() runs it at once (or right after the one
+// under way); stop() ends it.
+function poll(step, ms) {
+  let timer = null, running = false, again = false, stopped = false;
+  const run = async () => {
+    clearTimeout(timer);
+    if (stopped) return;
+    if (running) { again = true; return; }
+    running = true;
+    try { await step(); } catch { /* the step shows its errors */ }
+    running = false;
+    if (stopped) return;
+    if (again) { again = false; run(); } else timer = setTimeout(run, ms);
+  };
+  run();
+  return { now: run, stop: () => { stopped = true; clearTimeout(timer); } };
 }
 
 // newKey makes an Idempotency-Key: getRandomValues, unlike randomUUID,
@@ -65,20 +96,23 @@ function newKey() {
 // carries a key: one that got no answer (the connection dropped) may have
 // been stored, so it is sent again with the same key, which the stream
 // stores once (docs/console.md), a few times before the error is shown.
-// An error answer throws an Error with its status and body.
+// An error answer throws an Error with its status and body. Each attempt
+// has a timeout: a stalled one counts as unanswered.
 async function post(path, body, key) {
   const headers = { "Content-Type": "application/json", "X-CSRF-Token": session.csrf };
   if (key) headers["Idempotency-Key"] = key;
   for (let attempt = 1; ; attempt++) {
-    let r;
+    let r, out;
+    const timeout = AbortSignal.timeout(session.requestTimeoutMs);
     try {
-      r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}) });
+      r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}), signal: timeout });
+      out = await r.json().catch((e) => { if (timeout.aborted) throw e; return {}; });
     } catch (err) {
-      if (!key || attempt >= 3) throw err;
+      const e = timeout.aborted ? new Error("no answer in " + fmtDuration(session.requestTimeoutMs)) : err;
+      if (!key || attempt >= 3) throw e;
       await new Promise((done) => setTimeout(done, 250 * attempt));
       continue;
     }
-    const out = await r.json().catch(() => ({}));
     if (!r.ok) {
       const err = new Error(out.error || r.status + " " + r.statusText);
       err.status = r.status;
@@ -295,7 +329,7 @@ function runsPage(main) {
       if (before) p.set("before", before);
       if (version !== null) p.set("after", version);
       try {
-        const page = await getJSON("/api/runs?" + p, signal);
+        const page = await getJSON("/api/runs?" + p, signal, version !== null ? session.longPollMs : 0);
         if (signal.aborted) return;
         version = page.version;
         render(page);
@@ -732,23 +766,38 @@ class Transcript {
     if (call) {
       if (call.dataset.exec === "waiting") call.dataset.exec = ev.decision === "approve" ? "running" : "called";
       call.querySelector(".results").before(outcome);
-      if (ev.decision === "approve" && ev.controlSeq) this.showEdit(call, ev);
     } else {
       this.root.append(outcome);
+    }
+    if (ev.decision === "approve") {
+      // The event's arguments (1.8) are what the call ran with, as the
+      // worker validated them; {} is an edit too. Before 1.8, the answer.
+      if (ev.arguments !== undefined && ev.arguments !== null) this.showEdit(call, outcome, ev.arguments, ev.by);
+      else if (ev.controlSeq) this.readEdit(call, outcome, ev);
     }
     this.onStatus({ waiting: this.approvals.size });
   }
 
-  // showEdit reads the answer: an approver's edited arguments are what ran.
-  async showEdit(call, ev) {
-    let a;
-    try { a = await getJSON(runAPI(this.runID) + "/answers/" + encodeURIComponent(ev.controlSeq)); } catch { return; }
-    if (!a.arguments) return;
-    const model = call.querySelector(".args");
+  // showEdit shows an approver's edited arguments as what ran.
+  showEdit(call, outcome, args, by) {
+    const label = el("div", { class: "label edited-label" }, "ran with the arguments " + (by || "the approver") + " edited:");
+    const edited = el("pre", { class: "args edited-args" }, json(args));
+    const model = call && call.querySelector(".args");
+    if (!model) {
+      outcome.append(label, edited);
+      return;
+    }
     model.classList.add("superseded");
     model.before(el("div", { class: "label superseded-label" }, "the model's arguments (not run):"));
-    model.after(el("div", { class: "label edited-label" }, "ran with the arguments " + (a.by || ev.by || "the approver") + " edited:"),
-      el("pre", { class: "args edited-args" }, json(a.arguments)));
+    model.after(label, edited);
+  }
+
+  // readEdit reads the answer of a worker before 1.8, whose event does
+  // not carry the edit.
+  async readEdit(call, outcome, ev) {
+    let a;
+    try { a = await getJSON(runAPI(this.runID) + "/answers/" + encodeURIComponent(ev.controlSeq)); } catch { return; }
+    if (a.arguments !== undefined && a.arguments !== null) this.showEdit(call, outcome, a.arguments, a.by || ev.by);
   }
 
   approvalRejected(ev) {
@@ -966,7 +1015,7 @@ async function runPage(main, id) {
       es.close();
       transcript.dataset.ended = "true";
       follow.hidden = true;
-      refresh();
+      records.now();
     });
     // The browser reopens a dropped stream itself, but not a refused one
     // (the console's stream caps answer 503 with Retry-After: 5).
@@ -981,8 +1030,10 @@ async function runPage(main, id) {
       if (!status.state) update({ state: "unknown", reason: e.message });
     }
   };
-  refresh();
-  const timer = setInterval(() => { if (status.finished) clearInterval(timer); else refresh(); }, 2000);
+  const records = poll(async () => {
+    await refresh();
+    if (status.finished) records.stop();
+  }, 2000);
 }
 
 // ------------------------------------------------------------ approvals page
@@ -1011,22 +1062,23 @@ function approvalsPage(main) {
           el("td", {}, el("pre", { class: "args" }, json(c.args))),
           el("td", { class: "small nowrap" }, fmtDateTime(c.requestedAt), el("div", { class: "muted" }, fmtAgo(c.requestedAt))),
           el("td", { class: "small nowrap" }, isZeroTime(c.expiresAt) ? "–" : fmtDateTime(c.expiresAt), el("div", { class: "muted" }, isZeroTime(c.expiresAt) ? "" : fmtAgo(c.expiresAt))),
-          el("td", { class: "answer" }, approvalWidget(c, () => setTimeout(tick, 500))));
+          el("td", { class: "answer" }, approvalWidget(c, () => setTimeout(() => ticks.now(), 500))));
         rows.set(k, row);
       }
       ordered.push(row);
     }
     for (const k of [...rows.keys()]) if (!keys.has(k)) rows.delete(k);
-    if (ordered.length === 0) ordered.push(el("tr", {}, el("td", { colSpan: 6, class: "muted empty" }, "Nothing waits for approval.")));
+    if (ordered.length === 0) ordered.push(el("tr", {}, el("td", { colSpan: 6, class: "muted empty" }, page.truncated ? "Nothing waits for approval in the records scanned." : "Nothing waits for approval.")));
     tbody.replaceChildren(...ordered);
-    count.textContent = page.calls.length + (page.calls.length === 1 ? " call waits" : " calls wait");
+    count.textContent = page.calls.length + (page.calls.length === 1 ? " call waits" : " calls wait") +
+      (page.truncated ? " · scanned " + nf.format(page.scanned) + " of " + nf.format(page.stored) + " records: runs waiting longer may be missing" : "");
+    count.dataset.truncated = String(!!page.truncated);
     tbody.dataset.loaded = "true";
   };
   const tick = async () => {
     try { draw(await getJSON("/api/approvals")); } catch (e) { count.textContent = "error: " + e.message; }
   };
-  tick();
-  setInterval(tick, 5000);
+  const ticks = poll(tick, 5000);
 }
 
 // --------------------------------------------------------------- fleet page
@@ -1061,11 +1113,12 @@ function fleetPage(main) {
   let fleet = null;
   // The charts span the last hour, or the history's own span while it
   // is younger (a new fleet).
-  const series = (queue, pick) => {
+  const series = (queue, pick, rate) => {
     const now = Date.now();
     const first = hist.samples.length ? hist.samples[0].t : now;
     const span = Math.max(Math.min(3600000, now - first), 60000);
-    return hist.samples.map((s) => {
+    // A partial slot (the console started in it) makes no rate.
+    return hist.samples.filter((s) => !(rate && s.partial)).map((s) => {
       const q = (s.queues || []).find((x) => x.queue === queue);
       return { x: Math.max(0, 1 - (now - s.t) / span), y: q ? pick(q, s) : 0 };
     });
@@ -1095,8 +1148,8 @@ function fleetPage(main) {
       tile("aborted, last hour", aborted, "", "tile-aborted"),
       tile("workers", f.workers.length, "", "tile-workers"));
     queues.replaceChildren(...f.queues.map((q) => {
-      const per = 60000 / (hist.every || 10000);
-      const tput = series(q.queue, (x) => (x.finished || 0) * per);
+      // Runs a minute, over the time the slot's counts cover.
+      const tput = series(q.queue, (x, s) => (x.finished || 0) * 60000 / (s.span || s.every || hist.every || 10000), true);
       const depth = series(q.queue, (x) => x.depth || 0);
       const hour = hist.samples.reduce((a, s) => a + (((s.queues || []).find((x) => x.queue === q.queue) || {}).finished || 0), 0);
       const peak = (vs) => Math.max(0, ...vs.map((v) => v.y));
@@ -1137,10 +1190,8 @@ function fleetPage(main) {
   const history = async () => {
     try { hist = await getJSON("/api/fleet/history"); draw(); } catch (e) { note.textContent = e.message; }
   };
-  tick();
-  history();
-  setInterval(tick, 2000);
-  setInterval(history, 10000);
+  poll(tick, 2000);
+  poll(history, 10000);
 }
 
 // ------------------------------------------------------------ new-run form

@@ -102,7 +102,7 @@ async function open(path) {
   };
   Object.defineProperty(document.documentElement, "scrollHeight", { get: () => 900 });
   const ctx = vm.createContext({
-    document, Node, EventSource, URLSearchParams, URL, AbortController, TextDecoder, console,
+    document, Node, EventSource, URLSearchParams, URL, AbortController, AbortSignal, TextDecoder, console,
     location: { pathname: u.pathname, search: u.search, assign() {} },
     history: { replaceState() {}, pushState() {}, state: null },
     window: win,

@@ -20,6 +20,7 @@ import (
 // fast batches and applies their answers (doc.go: Batches).
 type Batch struct {
 	nc            *nats.Conn
+	out           Out // the events go out on it (the events' Env.Out)
 	acks          *Acks
 	prefix        string // <inbox>.
 	commitSubject string // where commits go
@@ -94,8 +95,8 @@ var errBatchUnanswered = errors.New("event batch not answered")
 // StartBatch subscribes to the answers of the batches to come, whose
 // commits go to commit, and starts their sweep. Close stops it, once the
 // publishers are done.
-func StartBatch(nc *nats.Conn, acks *Acks, commit string) (*Batch, error) {
-	b := &Batch{nc: nc, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
+func StartBatch(nc *nats.Conn, out Out, acks *Acks, commit string) (*Batch, error) {
+	b := &Batch{nc: nc, out: out, acks: acks, prefix: nc.NewInbox() + ".", commitSubject: commit, every: batchFlushEvery,
 		open: map[string]*openBatch{}, held: map[*Publisher]int{}, answerWait: acks.timeout / 5, stuckWait: acks.timeout * 2 / 3,
 		done: make(chan struct{})}
 	b.stopCtx, b.stop = context.WithCancel(context.Background())
@@ -308,7 +309,7 @@ func (b *Batch) tryPublish(p *Publisher, seq uint64, m *nats.Msg, stamp uint64) 
 	full := n >= maxBatch
 	b.mu.Unlock()
 	m.Reply = ob.reply + strconv.Itoa(n) + "." + op + ".$FI"
-	if err := b.nc.PublishMsg(m); err != nil {
+	if err := b.out.PublishMsg(m); err != nil {
 		b.mu.Lock()
 		ob.entries = ob.entries[:n-1] // not sent: its seq is the next one's
 		p.batch, p.batchAt = prevBatch, prevAt

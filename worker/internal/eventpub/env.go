@@ -17,7 +17,8 @@ import (
 // Env is what the publishers of one worker share: where events go, the
 // acks and batches every publisher uses, and the worker's bounds.
 type Env struct {
-	Conn        *nats.Conn       // events go out on it; acks come back on it
+	Conn        *nats.Conn       // acks come back on it; its state and bounds are the events'
+	Out         Out              // events go out on it (the Conn, or a test's wrapper of it)
 	Names       bus.Names        // the events subjects
 	Stream      jetstream.Stream // the events stream: a re-send reads what it holds
 	Acks        *Acks            // every publisher's acks (acks.go)
@@ -31,6 +32,13 @@ type Env struct {
 	Log         *slog.Logger
 	Metrics     Metrics
 	Signals     *Signals // tests'; nil in production
+}
+
+// Out is where events are sent (a re-send as a request): a *nats.Conn. A
+// test wraps it to stop a send, or to see which events go out.
+type Out interface {
+	PublishMsg(m *nats.Msg) error
+	RequestMsgWithContext(ctx context.Context, m *nats.Msg) (*nats.Msg, error)
 }
 
 // Metrics is what the publishers report (the worker's Observer has it).

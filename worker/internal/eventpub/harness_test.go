@@ -137,13 +137,13 @@ func startInternalOn(t testing.TB, c *bus.Client, cfg testConfig, hooks func(w *
 		}
 	})
 	if !cfg.NoEventBatches && BatchesAllowed(stream.CachedInfo().Config, w.names) {
-		if w.batch, err = StartBatch(c.Conn(), w.acks, w.names.EventBatches()); err != nil {
+		if w.batch, err = StartBatch(c.Conn(), c.Conn(), w.acks, w.names.EventBatches()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(w.batch.Close) // before the acks close, as in the worker
 		w.batch.ProbeOrOff(ctx, w.log, ReprobeEvery)
 	}
-	w.env = &Env{Conn: c.Conn(), Names: w.names, Stream: stream, Acks: w.acks, Batch: w.batch,
+	w.env = &Env{Conn: c.Conn(), Out: c.Conn(), Names: w.names, Stream: stream, Acks: w.acks, Batch: w.batch,
 		Window: 256, AckTimeout: cfg.PublishAckTimeout, Budget: cfg.AckWait, Worker: "w-test",
 		StoredReads: w.storedReads, Stop: w.hardCtx, Log: w.log, Metrics: w.obs, Signals: w.signals}
 	return w, c

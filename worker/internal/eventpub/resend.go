@@ -119,7 +119,7 @@ func (p *Publisher) resend(ctx context.Context, cause error, warn bool) {
 				continue // fenced or failed: the loop's top ends it
 			}
 			var err error
-			known, read, err = p.resendOne(ctx, sentIn, nc, o, expect, wait)
+			known, read, err = p.resendOne(ctx, sentIn, o, expect, wait)
 			if err == nil {
 				continue
 			}
@@ -238,7 +238,7 @@ func (p *Publisher) firstUnackedLocked() (*outgoing, uint64) {
 // known, whether it was read from the stream, and an error when the
 // re-send must pause (the publisher has failed already if the error is
 // permanent).
-func (p *Publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *outgoing, expect uint64, wait time.Duration) (uint64, bool, error) {
+func (p *Publisher) resendOne(ctx, sentIn context.Context, o *outgoing, expect uint64, wait time.Duration) (uint64, bool, error) {
 	m := &nats.Msg{Subject: o.m.Subject, Data: o.m.Data, Header: o.m.Header}
 	if !o.msgID {
 		m.Header = nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(expect, 10)}}
@@ -246,7 +246,7 @@ func (p *Publisher) resendOne(ctx, sentIn context.Context, nc *nats.Conn, o *out
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	// The connection it went out on lost: no answer comes on it.
 	stop := context.AfterFunc(sentIn, cancel)
-	reply, err := nc.RequestMsgWithContext(rctx, m)
+	reply, err := p.env.Out.RequestMsgWithContext(rctx, m)
 	stop()
 	cancel()
 	if errors.Is(err, context.Canceled) && lostSince(sentIn) && ctx.Err() == nil {

@@ -191,7 +191,7 @@ func (single) put(p *Publisher, seq uint64, o *outgoing) (bool, error) {
 	}
 	p.env.Signals.beforeSingleSend(p, seq)
 	o.m.Reply = p.replyHead + strconv.FormatUint(seq, 10)
-	return true, p.env.Conn.PublishMsg(&o.m)
+	return true, p.env.Out.PublishMsg(&o.m)
 }
 
 // inBatch sends an event in the worker's open batch.

@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -37,31 +38,37 @@ import (
 //     request when the next one is read.
 //  5. So the loop moves to a new inbox when a request ends otherwise: a
 //     refusal that may leave messages on their way (a leader change: the
-//     old leader's may follow the new one's 409), or nothing for
-//     requestGrace past the expiry (a lost connection). What still reaches
-//     the old inbox has no slot: it is handed back at once, not left for
-//     AckWait; the request it came for has expired, so it goes to another.
+//     old leader's may follow the new one's 409), or a request lost (a
+//     lost connection, a restarted server): nothing for requestGrace past
+//     the expiry, and a ping's pong then read with nothing of the request
+//     before it. Silence alone is not loss: behind a slow reader the
+//     request's messages and its end wait in the server's buffer for
+//     seconds, and giving up then handed every one of them back (attempt
+//     2 of a run never started). What still reaches the old inbox has no
+//     slot: it is handed back at once, not left for AckWait; the request
+//     it came for has ended, so it goes to another.
 type Puller struct {
-	nc      *nats.Conn
-	subject string // the consumer's next-message API subject
-	inbox   string // request k replies to inbox.k
-	sub     *nats.Subscription
-	seq     uint64
-	grace   time.Duration
-	late    sync.WaitGroup // hand-backs of abandoned inboxes
-	onLate  func()         // a late message was handed back (tests)
+	nc       *nats.Conn
+	subject  string // the consumer's next-message API subject
+	inbox    string // request k replies to inbox.k
+	sub      *nats.Subscription
+	seq      uint64
+	grace    time.Duration
+	late     sync.WaitGroup // hand-backs of abandoned inboxes
+	closing  chan struct{}  // closed by Close: hand-backs stop at their next silence
+	onLate   func()         // a late message was handed back (tests)
+	onBehind func()         // a silent inbox was found behind, not done (tests)
 }
 
-// requestGrace is how long past its expiry a request may go silent before
-// the loop moves on: the server sends nothing after the expiry, so only a
-// reader this far behind loses messages, which are then handed back.
-// (nats.go's fetch waited a second.)
+// requestGrace is how long past its expiry (and then between checks) a
+// request may go silent before the loop asks whether it is behind or the
+// request lost (caughtUp).
 const requestGrace = 2 * time.Second
 
 func NewPuller(nc *nats.Conn, cons jetstream.Consumer) (*Puller, error) {
 	info := cons.CachedInfo()
 	p := &Puller{nc: nc, subject: "$JS.API.CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
-		inbox: nc.NewInbox(), grace: requestGrace}
+		inbox: nc.NewInbox(), grace: requestGrace, closing: make(chan struct{})}
 	sub, err := p.subscribe(p.inbox)
 	if err != nil {
 		return nil, err
@@ -84,10 +91,13 @@ func (p *Puller) subscribe(inbox string) (*nats.Subscription, error) {
 	return sub, nil
 }
 
-// close ends the loop's inbox once its last request has ended, and waits
-// for the hand-back of abandoned inboxes.
+// Close ends the loop's inbox once its last request has ended, and waits
+// for the hand-back of abandoned inboxes: each ends at its next silence of
+// requestGrace, caught up or not (a stopping worker does not wait on a
+// stalled connection).
 func (p *Puller) Close() {
 	_ = p.sub.Unsubscribe()
+	close(p.closing)
 	p.late.Wait()
 }
 
@@ -107,12 +117,14 @@ func (e *RefusedError) LeadershipChanged() bool {
 
 var errRequestLost = errors.New("pull request: no answer")
 
-// fetch asks for up to n messages, for at most wait, and calls each for
+// Fetch asks for up to n messages, for at most wait, and calls each for
 // every one, in order; it returns how many came. With maxBytes > 0 it is
 // a short request: no_wait (it ends once the consumer has nothing more),
 // within maxBytes. A request that ends with no message or at its expiry
-// returns no error.
-func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
+// returns no error. Once ctx is done, a request silent for requestGrace
+// past its expiry is given up without the proof that it is lost (what
+// still comes is handed back).
+func (p *Puller) Fetch(ctx context.Context, n, maxBytes int, wait time.Duration, each func(jetstream.Msg)) (int, error) {
 	p.seq++
 	token := strconv.FormatUint(p.seq, 10)
 	var body []byte
@@ -126,10 +138,18 @@ func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.
 		return 0, err
 	}
 	got, left := 0, maxBytes
+	deadline := expiresAt.Add(p.grace)
 	for got < n {
-		m, err := p.sub.NextMsg(time.Until(expiresAt) + p.grace)
+		m, err := p.sub.NextMsg(time.Until(deadline))
 		if errors.Is(err, nats.ErrTimeout) {
-			return got, p.moveOn(errRequestLost)
+			if ctx.Err() != nil || p.caughtUp(p.sub) {
+				return got, p.moveOn(errRequestLost)
+			}
+			if p.onBehind != nil {
+				p.onBehind()
+			}
+			deadline = time.Now().Add(p.grace)
+			continue
 		}
 		if err != nil {
 			return got, err
@@ -161,6 +181,25 @@ func (p *Puller) Fetch(n, maxBytes int, wait time.Duration, each func(jetstream.
 	return got, nil
 }
 
+// caughtUp reports whether the loop has read all the server sent it before
+// now, so that a request still without its end is lost. The server writes
+// a pong after what it queued for the connection before the ping (the
+// request's messages and its end status among them, past its expiry): a
+// pong read with nothing pending on the inbox is the proof. A pong not
+// back within grace on a live connection says the reader is behind; on a
+// connection that is gone or came back, what was on its way is lost.
+func (p *Puller) caughtUp(sub *nats.Subscription) bool {
+	err := p.nc.FlushTimeout(p.grace)
+	if errors.Is(err, nats.ErrTimeout) && p.nc.IsConnected() {
+		return false
+	}
+	if err != nil {
+		return true
+	}
+	pending, _, err := sub.Pending()
+	return err != nil || pending == 0
+}
+
 // moveOn moves the loop to a new inbox after a request that ended with
 // cause, and returns cause.
 func (p *Puller) moveOn(cause error) error {
@@ -171,7 +210,10 @@ func (p *Puller) moveOn(cause error) error {
 }
 
 // abandon moves the loop to a new inbox, and hands back what reaches the
-// old one within requestGrace: it has no slot.
+// old one: it has no slot. The old inbox goes once nothing came for
+// requestGrace and the loop has read all the server sent before
+// (caughtUp): behind a slow reader, a message unsubscribed from was
+// dropped, and waited for AckWait's redelivery.
 func (p *Puller) abandon() error {
 	old := p.sub
 	inbox := p.nc.NewInbox()
@@ -187,6 +229,21 @@ func (p *Puller) abandon() error {
 		defer func() { _ = old.Unsubscribe() }()
 		for {
 			m, err := old.NextMsg(time.Until(deadline))
+			if errors.Is(err, nats.ErrTimeout) {
+				if p.caughtUp(old) {
+					return
+				}
+				select {
+				case <-p.closing:
+					return
+				default:
+				}
+				if p.onBehind != nil {
+					p.onBehind()
+				}
+				deadline = time.Now().Add(p.grace)
+				continue
+			}
 			if err != nil {
 				return
 			}

@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -166,7 +167,7 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		_, r.err = p.Fetch(8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		_, r.err = p.Fetch(context.Background(), 8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
 		done <- r
 	}()
 	f.waitDelivered(t, 5)
@@ -192,26 +193,164 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	}
 }
 
-// A request the loop gave up on (nothing read for grace past its
-// expiry) moves the loop to a new inbox; what reaches the old one later is
-// handed back at once, not left for AckWait (30 s here): the next request
-// gets it again.
-func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
+// A reader stalled well past the request's expiry and requestGrace (as
+// behind a loaded machine's slow read side, the server's buffer full of
+// what it sent before) still gets every message of its request, on first
+// delivery: silence is not loss while what the server sent has not been
+// read. The loop gave up after the grace and handed each message back:
+// attempt 2 of runs never started (TestLargeRequestsAreFetchedWithinTheByteBound
+// under load).
+func TestAStalledReaderKeepsItsRequestPastTheGrace(t *testing.T) {
 	f := newPullFixture(t)
-	p, err := NewPuller(f.nc, f.cons)
+	f.publish(t, 5)
+	p := newPullerT(t, f.cons, f.nc)
+	p.grace = 200 * time.Millisecond
+	var late atomic.Int32
+	p.onLate = func() { late.Add(1) }
+	behind := make(chan struct{}, 64)
+	p.onBehind = func() { behind <- struct{}{} }
+
+	f.gate.shut()
+	type result struct {
+		msgs []jetstream.Msg
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		_, r.err = p.Fetch(context.Background(), 8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		done <- r
+	}()
+	f.waitDelivered(t, 5)
+	// The loop finds itself behind twice (two graces and two pings past
+	// the expiry) while the messages sit in the socket.
+	for range 2 {
+		select {
+		case <-behind:
+		case r := <-done:
+			f.gate.reopen()
+			t.Fatalf("the request ended while its messages were on their way: %d messages, %v", len(r.msgs), r.err)
+		}
+	}
+	f.gate.reopen()
+	r := <-done
+	if r.err != nil || len(r.msgs) != 5 {
+		t.Fatalf("got %d messages, err %v; want 5", len(r.msgs), r.err)
+	}
+	for i, m := range r.msgs {
+		if md, err := m.Metadata(); err != nil || md.NumDelivered != 1 || md.Sequence.Stream != uint64(i+1) {
+			t.Fatalf("message %d: %+v %v", i, md, err)
+		}
+	}
+	if n := late.Load(); n != 0 {
+		t.Fatalf("%d messages handed back", n)
+	}
+}
+
+// A request no one answers (lost with a connection, or with a server that
+// restarted without its shutdown's 409) is given up once the loop has read
+// all the server sent before: the loop is not left waiting for an end that
+// never comes.
+func TestALostRequestIsGivenUp(t *testing.T) {
+	f := newPullFixture(t)
+	p := newPullerT(t, f.cons, f.nc)
+	p.grace = 200 * time.Millisecond
+	// The requests go to a subscriber that keeps them (no "no responders"
+	// status either): none reaches the consumer.
+	swallow, err := f.nc.SubscribeSync("lost.requests")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { _ = swallow.Unsubscribe() })
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	p.subject = "lost.requests"
+	got, err := p.Fetch(context.Background(), 1, 0, 300*time.Millisecond, func(jetstream.Msg) { t.Error("a message for a lost request") })
+	if got != 0 || !errors.Is(err, errRequestLost) {
+		t.Fatalf("got %d, err %v; want the request given up", got, err)
+	}
+	if _, err := swallow.NextMsg(time.Second); err != nil {
+		t.Fatalf("the request was not sent: %v", err)
+	}
+}
+
+// What reaches an inbox the loop moved on from (a request it gave up on
+// that the server still held) is handed back at once, not left for
+// AckWait (30 s here): the next request gets it again.
+func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
+	f := newPullFixture(t)
+	p := newPullerT(t, f.cons, f.nc)
 	p.grace = time.Second
 	handedBack := make(chan struct{}, 4)
 	p.onLate = func() { handedBack <- struct{}{} }
 
+	// A request of the loop's current inbox the loop then leaves, the
+	// server still holding it.
+	if err := f.nc.PublishRequest(p.subject, p.inbox+".99", []byte(`{"batch":1,"expires":20000000000}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.abandon(); err != nil {
+		t.Fatal(err)
+	}
 	f.publish(t, 1)
+	select {
+	case <-handedBack:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the late message was not handed back")
+	}
+	var again []jetstream.Msg
+	if _, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
+		t.Fatalf("next request: %d messages, %v", len(again), err)
+	}
+	md, err := again[0].Metadata()
+	if err != nil || md.NumDelivered != 2 {
+		t.Fatalf("redelivered %+v %v", md, err)
+	}
+}
+
+// A message for an inbox the loop moved on from that is still on its way
+// once nothing came for requestGrace (in the socket, behind a stalled
+// reader) is read and handed back: the old inbox was dropped after the
+// grace, and the message with it, to wait for AckWait (30 s here).
+func TestALateMessageBehindAStalledReaderIsHandedBack(t *testing.T) {
+	f := newPullFixture(t)
+	p := newPullerT(t, f.cons, f.nc)
+	p.grace = 200 * time.Millisecond
+	handedBack := make(chan struct{}, 4)
+	p.onLate = func() { handedBack <- struct{}{} }
+	behind := make(chan struct{}, 64)
+	p.onBehind = func() {
+		select {
+		case behind <- struct{}{}:
+		default:
+		}
+	}
+
+	if err := f.nc.PublishRequest(p.subject, p.inbox+".99", []byte(`{"batch":1,"expires":20000000000}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.abandon(); err != nil {
+		t.Fatal(err)
+	}
+	dropped := make(chan struct{})
+	go func() { p.late.Wait(); close(dropped) }()
 	f.gate.shut()
-	got, err := p.Fetch(1, 0, time.Second, func(jetstream.Msg) { t.Error("a message within the lost request") })
-	if got != 0 || err != errRequestLost {
-		t.Fatalf("got %d, err %v; want the request given up", got, err)
+	f.publish(t, 1)
+	f.waitDelivered(t, 1)
+	for range 2 {
+		select {
+		case <-behind:
+		case <-dropped:
+			f.gate.reopen()
+			t.Fatal("the old inbox was dropped with a message for it on its way")
+		}
 	}
 	f.gate.reopen()
 	select {
@@ -220,12 +359,55 @@ func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 		t.Fatal("the late message was not handed back")
 	}
 	var again []jetstream.Msg
-	if _, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
+	if _, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
 		t.Fatalf("next request: %d messages, %v", len(again), err)
 	}
-	md, err := again[0].Metadata()
-	if err != nil || md.NumDelivered != 2 {
+	if md, err := again[0].Metadata(); err != nil || md.NumDelivered != 2 {
 		t.Fatalf("redelivered %+v %v", md, err)
+	}
+}
+
+// A stopping loop (its context done) does not wait on a stalled reader:
+// its request is given up at the first silence past the expiry, and Close
+// does not wait for the abandoned inbox to catch up. (A worker's stop
+// waits for its loops.)
+func TestAStoppingLoopDoesNotWaitOnAStalledReader(t *testing.T) {
+	f := newPullFixture(t)
+	f.publish(t, 2)
+	p, err := NewPuller(f.nc, f.cons)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.grace = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	f.gate.shut()
+	defer f.gate.reopen()
+	type result struct {
+		got int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := p.Fetch(ctx, 8, 1<<20, ShortWait, func(jetstream.Msg) { t.Error("a message read through the stall") })
+		done <- result{got, err}
+	}()
+	bound := time.NewTimer(20 * time.Second)
+	defer bound.Stop()
+	select {
+	case r := <-done:
+		if r.got != 0 || !errors.Is(r.err, errRequestLost) {
+			t.Fatalf("got %d, err %v; want the request given up", r.got, r.err)
+		}
+	case <-bound.C:
+		t.Fatal("a stopping loop's fetch waits on the stalled reader")
+	}
+	closed := make(chan struct{})
+	go func() { p.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-bound.C:
+		t.Fatal("Close waits on the stalled reader")
 	}
 }
 
@@ -268,12 +450,12 @@ func TestAFetchThatFillsMaxBytesEndsThere(t *testing.T) {
 	// consumer: the same subject and data, a reply of the same length.
 	twin := newPullerT(t, f.consumer(t, jetstream.ConsumerConfig{Durable: "d"}), f.nc)
 	size := 0
-	if _, err := twin.Fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { size = m.(*pulledMsg).m.Size() }); err != nil || size == 0 {
+	if _, err := twin.Fetch(context.Background(), 1, 1<<20, time.Second, func(m jetstream.Msg) { size = m.(*pulledMsg).m.Size() }); err != nil || size == 0 {
 		t.Fatalf("twin: size %d, %v", size, err)
 	}
 	p := newPullerT(t, f.cons, f.nc)
 	p.grace = 5 * time.Second
-	got, err := p.Fetch(3, size, 5*time.Second, func(jetstream.Msg) {})
+	got, err := p.Fetch(context.Background(), 3, size, 5*time.Second, func(jetstream.Msg) {})
 	if got != 1 || err != nil {
 		t.Fatalf("got %d, err %v; want the one message that fills max_bytes", got, err)
 	}
@@ -290,10 +472,10 @@ func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
 	p := newPullerT(t, cons, f.nc)
 	p.grace = 5 * time.Second
 	var held jetstream.Msg
-	if got, err := p.Fetch(1, 0, time.Second, func(m jetstream.Msg) { held = m }); got != 1 || err != nil {
+	if got, err := p.Fetch(context.Background(), 1, 0, time.Second, func(m jetstream.Msg) { held = m }); got != 1 || err != nil {
 		t.Fatalf("first: got %d, %v", got, err)
 	}
-	got, err := p.Fetch(4, 1<<20, ShortWait, func(jetstream.Msg) { t.Error("a message past MaxAckPending") })
+	got, err := p.Fetch(context.Background(), 4, 1<<20, ShortWait, func(jetstream.Msg) { t.Error("a message past MaxAckPending") })
 	if got != 0 || err != nil {
 		t.Fatalf("at MaxAckPending: got %d, err %v; want the request ended empty", got, err)
 	}
@@ -301,7 +483,7 @@ func TestAShortFetchAtMaxAckPendingEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	var next jetstream.Msg
-	if got, err := p.Fetch(1, 0, 10*time.Second, func(m jetstream.Msg) { next = m }); got != 1 || err != nil {
+	if got, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { next = m }); got != 1 || err != nil {
 		t.Fatalf("after the ack: got %d, %v", got, err)
 	}
 	if md, err := next.Metadata(); err != nil || md.NumDelivered != 1 || md.Sequence.Stream != 2 {
@@ -318,7 +500,7 @@ func TestAnEarlierRequestsStatusIsNotTheNextOnesEnd(t *testing.T) {
 	p := newPullerT(t, f.cons, f.nc)
 	for i := range 2 {
 		var data string
-		got, err := p.Fetch(1, 1<<20, time.Second, func(m jetstream.Msg) { data = string(m.Data()) })
+		got, err := p.Fetch(context.Background(), 1, 1<<20, time.Second, func(m jetstream.Msg) { data = string(m.Data()) })
 		if got != 1 || err != nil || data != fmt.Sprint("request ", i) {
 			t.Fatalf("request %d: got %d %q, %v", i, got, data, err)
 		}

@@ -20,6 +20,13 @@ type RequestAcks interface {
 	TermWithReason(string) error
 }
 
+// AckConn is what acknowledgements are sent on: a *nats.Conn (a test may
+// wrap it to hold an ack).
+type AckConn interface {
+	Publish(subj string, data []byte) error
+	RequestWithContext(ctx context.Context, subj string, data []byte) (*nats.Msg, error)
+}
+
 // requestAck acknowledges a run request whose bytes are no longer needed.
 // A jetstream.Msg keeps the request's payload and headers (1.4 KB of a
 // waiting run's heap in docs/benchmarks/2026-12.md, 2026-12-02 afternoon)
@@ -30,7 +37,7 @@ type RequestAcks interface {
 // connection, and once acked, naked or terminated, every other
 // acknowledgement returns jetstream.ErrMsgAlreadyAckd.
 type requestAck struct {
-	nc    *nats.Conn
+	nc    AckConn
 	reply string
 
 	mu   sync.Mutex
@@ -43,7 +50,7 @@ const doubleAckTimeout = 5 * time.Second
 
 // SlimAcks returns m's acknowledgements without its bytes, or m itself if
 // it cannot be acknowledged that way (no reply subject).
-func SlimAcks(nc *nats.Conn, m jetstream.Msg) RequestAcks {
+func SlimAcks(nc AckConn, m jetstream.Msg) RequestAcks {
 	if nc == nil || m.Reply() == "" {
 		return m
 	}

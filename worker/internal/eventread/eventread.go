@@ -1,4 +1,8 @@
-package worker
+// Package eventread bounds a worker's reads of runs' stored events
+// (resumes, give-ups, continueFrom, finishing a crashed run): a few at a
+// time, each within its own time once it has its slot, tried again while
+// what refuses it passes.
+package eventread
 
 import (
 	"context"
@@ -13,33 +17,33 @@ import (
 	"github.com/agentfleet/agentfleet/internal/natserr"
 )
 
-// maxEventReads is how many reads of stored events (resumes, give-ups,
+// Max is how many reads of stored events (resumes, give-ups,
 // continueFrom, finishing a crashed run) one worker makes at a time. Each
 // read is a consumer on the events stream, and the server allows 1,000 of
 // them per stream by default for the whole fleet and every follower: a
 // worker taking over thousands of runs at once must not use them all up
 // (the reads past the limit fail, and their runs are handed back again and
 // again).
-const maxEventReads = 32
+const Max = 32
 
-// eventReadTimeout bounds one read once it has its slot: the wait for the
+// Timeout bounds one read once it has its slot: the wait for the
 // slot is not the read's, so a worker taking over thousands of runs does
 // not fail those at the back of the queue.
-const eventReadTimeout = 30 * time.Second
+const Timeout = 30 * time.Second
 
-// readEvents is bus.Client.ReadEvents within this worker's bound: it waits
-// for a slot as long as ctx lets it, then reads for up to eventReadTimeout.
+// Read is Reads.Events within the worker's bound: it waits for a slot as
+// long as ctx lets it, then reads for up to Reads.Timeout.
 // Within that time a read refused for a reason that passes (NATS away, the
 // stream's consumers all taken by other readers) is tried again: failing it
 // would hand its run back and use up one of its deliveries.
-func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error) {
+func (rs *Reads) Read(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error) {
 	select {
-	case w.reads.slots <- struct{}{}:
+	case rs.Slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
-	defer func() { <-w.reads.slots }()
-	rctx, cancel := context.WithTimeout(ctx, w.reads.timeout)
+	defer func() { <-rs.Slots }()
+	rctx, cancel := context.WithTimeout(ctx, rs.Timeout)
 	defer cancel()
 	// ended says why the read ended with err: the stop, or the bound.
 	ended := func(err error) error {
@@ -50,7 +54,7 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 	}
 	pause := 50 * time.Millisecond
 	for {
-		envs, err := w.c.ReadEvents(rctx, id, before)
+		envs, err := rs.Events(rctx, id, before)
 		if err != nil && rctx.Err() != nil {
 			return envs, ended(err)
 		}
@@ -66,10 +70,16 @@ func (w *Worker) readEvents(ctx context.Context, id string, before uint64) ([]*b
 	}
 }
 
-// eventReads bounds a worker's reads of stored events: at most
-// maxEventReads at a time (slots), each within timeout once it has its
-// slot.
-type eventReads struct {
-	slots   chan struct{}
-	timeout time.Duration
+// Reads bounds a worker's reads of stored events: at most Max at a time
+// (Slots), each within Timeout once it has its slot.
+type Reads struct {
+	Slots   chan struct{}
+	Timeout time.Duration
+	// Events reads a run's stored events after before (bus.Client.ReadEvents).
+	Events func(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error)
+}
+
+// New is a worker's bound on reads of events.
+func New(events func(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error)) *Reads {
+	return &Reads{Slots: make(chan struct{}, Max), Timeout: Timeout, Events: events}
 }
