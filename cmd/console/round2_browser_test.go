@@ -293,9 +293,11 @@ func TestBrowserRunTimeline(t *testing.T) {
 	c := newConsole(t, f, serverConfig{})
 	b := newBrowser(t, c.URL)
 	priced := &bus.ModelRef{Provider: "priced", ID: "writer"}
-	f.submit(&bus.RunRequest{ID: "tl-report", Prompt: "report", Model: priced, Tools: []string{"calculator"}})
+	// The page is open before the run starts: the report streams for 2-3
+	// s, and a page opened after the submit came too late on 2 loaded cores.
 	page := b.tab()
 	b.open(page, "/runs/tl-report")
+	f.submit(&bus.RunRequest{ID: "tl-report", Prompt: "report", Model: priced, Tools: []string{"calculator"}})
 	b.do(page, "the report streams", wait(`document.querySelectorAll("#transcript .msg-assistant").length === 2 && document.querySelectorAll("#transcript .msg-assistant")[1].querySelector(".streaming") !== null`))
 	if n := eval[int](b, page, `document.querySelectorAll("#transcript .msg-assistant")[0].querySelectorAll(".streaming").length`); n != 0 {
 		t.Error("the finished first message still says streaming")
