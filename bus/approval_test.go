@@ -8,6 +8,7 @@ import (
 
 // A request's approval is checked like the rest: every problem listed.
 func TestApprovalRequestProblemsAreAllListed(t *testing.T) {
+	t.Parallel()
 	body := `{"prompt":"x","approval":{"tools":["", "[a", "` + strings.Repeat("t", 200) + `", "ok\u0007"],"timeoutSeconds":604801,"onTimeout":"explode"}}`
 	_, err := DecodeRunRequest([]byte(body), "r1")
 	if !IsBadRequest(err) {
@@ -48,6 +49,7 @@ func TestApprovalRequestProblemsAreAllListed(t *testing.T) {
 }
 
 func TestApprovalAnswerProblems(t *testing.T) {
+	t.Parallel()
 	a := ApprovalAnswer{ToolCallID: "", Decision: "maybe", By: strings.Repeat("b", 129), Reason: strings.Repeat("r", MaxApprovalReason+1)}
 	p := strings.Join(a.Problems(), "; ")
 	for _, want := range []string{"toolCallId", `decision "maybe"`, "by must be at most 128", "reason is"} {
@@ -67,6 +69,7 @@ func TestApprovalAnswerProblems(t *testing.T) {
 
 // 1.2 records said "waiting":"model"; 1.3 writes an object. Both decode.
 func TestRecordWaitingDecodesBothForms(t *testing.T) {
+	t.Parallel()
 	var old RunRecord
 	if err := json.Unmarshal([]byte(`{"id":"r","state":"running","waiting":"model"}`), &old); err != nil || old.Waiting == nil || old.Waiting.For != WaitingModel {
 		t.Fatalf("1.2 form: %v %+v", err, old.Waiting)
@@ -89,6 +92,7 @@ func TestRecordWaitingDecodesBothForms(t *testing.T) {
 }
 
 func TestApprovalEventsDecode(t *testing.T) {
+	t.Parallel()
 	env := &Envelope{Event: json.RawMessage(`{"type":"tool_approval_resolved","toolCallId":"c1","decision":"deny","by":"bob","reason":"no","controlSeq":7}`)}
 	ev, err := env.Decode()
 	if err != nil || ev.Approval == nil || ev.Approval.Decision != DecisionDeny || ev.Approval.ControlSeq != 7 || ev.Agent != nil {

@@ -18,6 +18,7 @@ import (
 // call its events resolved, a run waiting for the model, a finished run;
 // the queue filter.
 func TestPendingApprovals(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	kv, err := c.Records(ctx)

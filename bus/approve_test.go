@@ -11,6 +11,7 @@ import (
 // resumed attempt keeps the first attempt's request, run_finished clears
 // everything, a stored copy of an event (same attempt and seq) is skipped.
 func TestPendingCalls(t *testing.T) {
+	t.Parallel()
 	env := func(attempt int, ts int64, event string) *Envelope {
 		e, err := DecodeEnvelope(fmt.Appendf(nil, `{"run":"r1","seq":%d,"attempt":%d,"worker":"w","ts":%d,"event":%s}`, ts, attempt, ts, event))
 		if err != nil {

@@ -320,6 +320,7 @@ func TestAuthTLS(t *testing.T) {
 // TestAuthTLSMapsCertificateToUser: with verify_and_map the certificate's
 // identity is the NATS user, so permissions follow the certificate.
 func TestAuthTLSMapsCertificateToUser(t *testing.T) {
+	t.Parallel()
 	p := newPKI(t)
 	s := authServer(t, func(o *server.Options) {
 		o.TLS, o.TLSVerify, o.TLSMap = true, true, true

@@ -10,11 +10,16 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/internal/testpar"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testpar.Default(4) // the tests wait more than they compute
+	goleak.VerifyTestMain(m)
+}
 
 func TestNames(t *testing.T) {
+	t.Parallel()
 	n := MustNames("")
 	checks := map[string]string{
 		n.RunsStream():           "AGENTS_RUNS",
@@ -58,6 +63,7 @@ func TestNames(t *testing.T) {
 }
 
 func TestIDs(t *testing.T) {
+	t.Parallel()
 	for _, ok := range []string{"a", "run_1-X", strings.Repeat("z", 64), NewRunID()} {
 		if !ValidID(ok) {
 			t.Errorf("%q refused", ok)
@@ -71,6 +77,7 @@ func TestIDs(t *testing.T) {
 }
 
 func TestDecodeRunRequest(t *testing.T) {
+	t.Parallel()
 	req, err := DecodeRunRequest([]byte(`{"id":"r1","model":"openai/meta-llama/Llama-3","prompt":"hi","tools":["calculator"],
 		"limits":{"maxTurns":3},"metadata":{"k":"v"},"thinkingLevel":"high","temperature":0.5}`), "r1")
 	if err != nil {
@@ -123,6 +130,7 @@ func TestDecodeRunRequest(t *testing.T) {
 // string nor an object, is told so in the request's terms, not in the
 // decoder's Go types.
 func TestDecodeRunRequestNotAnObject(t *testing.T) {
+	t.Parallel()
 	for body, want := range map[string]string{
 		`[1]`:                            "the request must be a JSON object",
 		`"x"`:                            "the request must be a JSON object",
@@ -146,6 +154,7 @@ func TestDecodeRunRequestNotAnObject(t *testing.T) {
 // Many unknown fields do not push the problems of the known fields out of
 // the error's first twenty: the first few are named, the rest counted.
 func TestDecodeRunRequestManyUnknownFields(t *testing.T) {
+	t.Parallel()
 	var b strings.Builder
 	b.WriteString(`{"prompt":"a","temperature":3`)
 	for i := range 30 {
@@ -171,6 +180,7 @@ func TestDecodeRunRequestManyUnknownFields(t *testing.T) {
 // leniently (an unknown field inside model too), for the worker's own
 // checks; nil when it does not decode.
 func TestDecodeRunRequestLenientRequest(t *testing.T) {
+	t.Parallel()
 	for body, want := range map[string]string{
 		`{"prompt":"x","tools":["rm_rf"],"model":{"provider":"faux","id":"demo","zz":1}}`: "faux/demo rm_rf",
 		`{"prompt":"x","tools":["t"],"model":"faux/demo","temperature":3}`:                "faux/demo t",
@@ -206,6 +216,7 @@ func TestDecodeRunRequestLenientRequest(t *testing.T) {
 // §3, Bad requests): each unknown field is named as such, wherever it is,
 // and the known fields are still validated.
 func TestDecodeRunRequestUnknownFieldsAndEveryProblem(t *testing.T) {
+	t.Parallel()
 	body := `{"prompt":"a","bogus":1,"temperature":3,"limits":{"maxTurn":2,"timeoutSeconds":-1},
 		"model":{"provider":"faux","id":"x","region":"eu"},"faux":{"responses":[{"content":[],"mood":"glum"}]},
 		"approval":{"tools":["calculator"],"onTimeout":"later","escalate":true},"metadata":{"k":"v"},
@@ -264,6 +275,7 @@ func env(t *testing.T, run string, attempt int, seq uint64, ctl uint64, ev any) 
 }
 
 func TestEnvelopeAndTranscript(t *testing.T) {
+	t.Parallel()
 	user := agent.UserText("hi")
 	head := agent.Message{Role: agent.RoleAssistant, Provider: "faux", Model: "m"}
 	final := head
@@ -329,6 +341,7 @@ func TestEnvelopeAndTranscript(t *testing.T) {
 // Nothing belongs to a run after its run_finished (a rejected request that
 // reused the id adds events after it).
 func TestTranscriptStopsAtRunFinished(t *testing.T) {
+	t.Parallel()
 	tr := &Transcript{}
 	for _, e := range []*Envelope{
 		env(t, "r", 1, 1, 0, RunStarted{Type: EventRunStarted, Attempt: 1}),

@@ -13,6 +13,7 @@ import (
 )
 
 func TestEmbeddedServerAndClient(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	// Idempotent.
@@ -66,6 +67,7 @@ func TestEmbeddedServerAndClient(t *testing.T) {
 }
 
 func TestFollowGapsAndStaleAttempts(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	pub := func(attempt int, seq uint64, ev any) {

@@ -15,6 +15,7 @@ import (
 // ack) is stored once and answered with the first copy's sequence; ids
 // are per run and kind, and without one every send is a new message.
 func TestControlRetryWithIDIsStoredOnce(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	run, other := "retried", "other"

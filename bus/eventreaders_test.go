@@ -15,6 +15,7 @@ import (
 // default, and a worker resuming thousands of runs reads each one's events.
 // More reads than that limit, one after another, all succeed.
 func TestEventReadersLeaveNoConsumers(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	for seq, ev := range []any{

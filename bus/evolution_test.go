@@ -18,6 +18,7 @@ import (
 // operator added: a subject, a byte limit, a longer age, more replicas'
 // worth of settings it does not know.
 func TestEnsureStreamsOnlyWidens(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
 	ctx, c := fleettest.Context(t), f.Client
 	n := c.Names()
@@ -83,6 +84,7 @@ func streamConfig(ctx context.Context, t *testing.T, c *bus.Client, name string)
 // Events of a type this version does not know (a newer worker's) are
 // skipped by readers whatever their fields, and nothing stops.
 func TestReadersIgnoreUnknownEventTypes(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	user := agent.UserText("q")
@@ -131,6 +133,7 @@ func TestReadersIgnoreUnknownEventTypes(t *testing.T) {
 // A worker's byte limits are set where a stream has none, raise a smaller
 // one, and never lower an operator's.
 func TestEnsureStreamsByteLimits(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
 	ctx, c := fleettest.Context(t), f.Client
 	n := c.Names()
@@ -164,6 +167,7 @@ func TestEnsureStreamsByteLimits(t *testing.T) {
 // junk messages for a run id refused its owner's) keeps the newest once a
 // 1.8 worker ensures it: the owner's abort is stored after a full subject.
 func TestEnsureStreamsControlKeepsTheNewest(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
 	ctx, c := fleettest.Context(t), f.Client
 	n := c.Names()

@@ -17,6 +17,7 @@ import (
 // look was a permissions violation waiting out its timeout, and the
 // follower waited for ever.
 func TestFollowReplacesAStalledConsumerAsSubmitter(t *testing.T) {
+	t.Parallel()
 	s := rolefleet.Start(t, "../deploy/nats/accounts.conf")
 	wc := s.Connect(t, "worker")
 	sub := s.Connect(t, "submitter")

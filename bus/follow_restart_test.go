@@ -14,6 +14,7 @@ import (
 // A follower keeps following across a NATS restart: events stored after
 // the server came back reach it.
 func TestFollowSurvivesNATSRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port := freeport.Pick(t) // restarted on: see freeport
 	srv, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})

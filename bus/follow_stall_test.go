@@ -90,6 +90,7 @@ func stallFirstConsumer(c *Client) *atomic.Int32 {
 // replaced by one starting after the last delivered event: every event
 // arrives once, in order.
 func TestFollowReplacesAStalledConsumer(t *testing.T) {
+	t.Parallel()
 	ctx, c, pub := stallClient(t)
 	wraps := stallFirstConsumer(c)
 	pub(1, RunStarted{Type: EventRunStarted, Attempt: 1})
@@ -114,6 +115,7 @@ func TestFollowReplacesAStalledConsumer(t *testing.T) {
 // A follower of an idle run, and one whose loop body is slow, keep their
 // consumer: only a consumer that missed stored events is replaced.
 func TestFollowKeepsAHealthyConsumer(t *testing.T) {
+	t.Parallel()
 	ctx, c, pub := stallClient(t)
 	var wraps atomic.Int32
 	c.wrapFollow = func(it jetstream.MessagesContext) jetstream.MessagesContext {
@@ -168,6 +170,7 @@ func waitLooks(t *testing.T, c *Client, n int64) {
 // often as before: it backs off only after answers that found nothing
 // missed, so a consumer that stalled in an outage is replaced soon after.
 func TestFollowStallChecksKeepTheirPaceWhileNATSIsAway(t *testing.T) {
+	t.Parallel()
 	ctx, c, pub := stallClient(t)
 	stallFirstConsumer(c)
 	var mu sync.Mutex
@@ -206,6 +209,7 @@ func TestFollowStallChecksKeepTheirPaceWhileNATSIsAway(t *testing.T) {
 // for ever) ends when its ctx does: nats.go's Next does not look at ctx
 // then.
 func TestFollowEndsOnCancelWhileItsConsumerResets(t *testing.T) {
+	t.Parallel()
 	ctx, c, pub := stallClient(t)
 	c.SetFollowStall(time.Hour) // the watch stays out of it
 	creates := make(chan struct{}, 100)
@@ -247,6 +251,7 @@ func TestFollowEndsOnCancelWhileItsConsumerResets(t *testing.T) {
 // A consumer create request that is lost (sent as the server went down)
 // is sent again: the follow does not wait for its ctx to end.
 func TestFollowRetriesALostConsumerCreate(t *testing.T) {
+	t.Parallel()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -309,6 +314,7 @@ func TestFollowRetriesALostConsumerCreate(t *testing.T) {
 // without events, at the watch's next look; a queued run is followed
 // until its events come.
 func TestFollowNoSuchRun(t *testing.T) {
+	t.Parallel()
 	ctx, c, pub := stallClient(t)
 	follow := func(run string) <-chan error {
 		done := make(chan error, 1)
@@ -366,6 +372,7 @@ func TestFollowNoSuchRun(t *testing.T) {
 // ends with ErrEventsGone, saying how the run ended, instead of waiting
 // for events that will never come.
 func TestFollowFinishedRunWithoutEvents(t *testing.T) {
+	t.Parallel()
 	ctx, c, pub := stallClient(t)
 	kv, err := c.Records(ctx)
 	if err != nil {
@@ -406,6 +413,7 @@ func TestFollowFinishedRunWithoutEvents(t *testing.T) {
 // ending with ErrRunNotFound (the watch ends only a follower that has
 // delivered nothing).
 func TestFollowDeliversAndNeverThenEndsNotFound(t *testing.T) {
+	t.Parallel()
 	ctx, c, pub := stallClient(t)
 	delivered := make(chan struct{})
 	var once sync.Once

@@ -9,6 +9,7 @@ import (
 // Requests shaped by a hostile submitter: each is refused with a short,
 // readable error, whatever its size.
 func TestHostileRequestsAreBoundedBadRequests(t *testing.T) {
+	t.Parallel()
 	manyTools := `{"prompt":"x","tools":["a"` + strings.Repeat(`,"a"`, 200_000) + `]}`
 	cases := []struct {
 		name, body string
@@ -58,6 +59,7 @@ func TestHostileRequestsAreBoundedBadRequests(t *testing.T) {
 
 // Every problem is listed (up to twenty, then a count), not only the first.
 func TestRequestErrorListsEveryProblem(t *testing.T) {
+	t.Parallel()
 	var ps []string
 	for i := range 25 {
 		ps = append(ps, fmt.Sprintf("problem %d", i))
@@ -80,6 +82,7 @@ func TestRequestErrorListsEveryProblem(t *testing.T) {
 
 // A valid request with the same shapes in their allowed form still passes.
 func TestBoundsKeepValidRequests(t *testing.T) {
+	t.Parallel()
 	ok := []string{
 		`{"prompt":"x","model":"openai/accounts/fireworks/models/llama-v3p1-70b:free","metadata":{"team":"a b"}}`,
 		`{"prompt":"x","images":[{"type":"image","data":"AA==","mimeType":"image/svg+xml"}]}`,
@@ -101,6 +104,7 @@ func TestBoundsKeepValidRequests(t *testing.T) {
 // maxTokens is bounded (MaxTokensLimit): near MaxInt a worker's sums of
 // it would wrap.
 func TestMaxTokensBound(t *testing.T) {
+	t.Parallel()
 	for n, ok := range map[int]bool{0: true, MaxTokensLimit: true, MaxTokensLimit + 1: false, 1<<63 - 1: false, -1: false} {
 		_, err := DecodeRunRequest(fmt.Appendf(nil, `{"prompt":"x","maxTokens":%d}`, n), "r1")
 		if (err == nil) != ok || (err != nil && !strings.Contains(err.Error(), "maxTokens")) {

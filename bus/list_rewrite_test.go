@@ -54,6 +54,7 @@ func onFirstWindow(c *Client, f func()) {
 // last. Before the catch-up, `submit approvals` missed a waiting run now
 // and then.
 func TestListKeepsARecordRewrittenDuringTheScan(t *testing.T) {
+	t.Parallel()
 	ctx, c, put := rewriteClient(t, 600)
 	put("r0000", StateRunning, true) // the oldest write: the last window
 	for i := range 300 {
@@ -74,6 +75,7 @@ func TestListKeepsARecordRewrittenDuringTheScan(t *testing.T) {
 // before its rewrite is listed as rewritten, or not at all when it no
 // longer matches (a run that finished meanwhile).
 func TestListDropsTheOldCopyOfARecordRewrittenDuringTheScan(t *testing.T) {
+	t.Parallel()
 	ctx, c, put := rewriteClient(t, 300)
 	put("r0299", StateRunning, true) // the newest write: the first window
 	var rev uint64
@@ -96,6 +98,7 @@ func TestListDropsTheOldCopyOfARecordRewrittenDuringTheScan(t *testing.T) {
 // record once when the oldest is rewritten while the first page is read:
 // it comes first, and the record it pushes off the page starts the next.
 func TestListPagesWithARecordRewrittenDuringTheFirstPage(t *testing.T) {
+	t.Parallel()
 	const n = 300
 	ctx, c, put := rewriteClient(t, n)
 	onFirstWindow(c, func() { put("r0000", StateRunning, false) })
@@ -136,6 +139,7 @@ func recsOf(recs []RunRecord) []string {
 // before a match, and the catch-up found one: the page is full, not cut
 // short.
 func TestAPageFilledByItsCatchUpIsNotTruncated(t *testing.T) {
+	t.Parallel()
 	ctx, c, put := rewriteClient(t, 300)
 	put("r0000", StateRunning, true)
 	for i := range 200 {
@@ -155,6 +159,7 @@ func TestAPageFilledByItsCatchUpIsNotTruncated(t *testing.T) {
 // lands during the scan; the catch-up reads them all, in windows, none
 // skipped or listed twice at a window's edge.
 func TestListCatchesUpOverMoreThanOneWindow(t *testing.T) {
+	t.Parallel()
 	const n, during = 300, maxWindow + 10
 	ctx, c, put := rewriteClient(t, n)
 	onFirstWindow(c, func() {

@@ -16,6 +16,7 @@ import (
 // stream) and deletes, then reads them page by page: every record once,
 // newest write first, filters applied, and a page reads only its window.
 func TestListPages(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	kv, err := c.Records(ctx)
@@ -110,6 +111,7 @@ func ids(recs []bus.RunRecord) []string {
 // TestListQueuedFirst: queued runs come first on the first page only, and
 // a page they fill still points at the records.
 func TestListQueuedFirst(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	for _, id := range []string{"q-b", "q-a"} {
@@ -146,6 +148,7 @@ func TestListQueuedFirst(t *testing.T) {
 // filters, each alone and together, on a bounded scan that says how far
 // it got and how many records the bucket holds.
 func TestListFieldFilters(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	kv, err := c.Records(ctx)
@@ -232,6 +235,7 @@ func TestListFieldFilters(t *testing.T) {
 // are listed once (as their record, where they would have been listed as
 // queued), and the records follow: every run once across the pages.
 func TestListQueuedPagesListEveryRunOnce(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	kv, err := c.Records(ctx)

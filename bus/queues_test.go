@@ -15,6 +15,7 @@ import (
 // Only declared queues take requests: one for a queue no worker declared is
 // refused at once instead of being kept for a week (also invalid tokens).
 func TestUndeclaredQueuesAreRefused(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default", "batch"}}})
 	ctx, c := fleettest.Context(t), f.Client
 	if _, err := c.SubmitRaw(ctx, "batch", "r1", []byte(`{"prompt":"x"}`)); err != nil {
@@ -45,6 +46,7 @@ func TestUndeclaredQueuesAreRefused(t *testing.T) {
 // A stream made by an older version takes every queue; declaring queues
 // on it adds no overlapping subject.
 func TestWildcardRunsStreamIsKept(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
 	ctx, c := fleettest.Context(t), f.Client
 	if _, err := c.JetStream().CreateStream(ctx, jetstreamConfig(c.Names())); err != nil {
@@ -62,6 +64,7 @@ func TestWildcardRunsStreamIsKept(t *testing.T) {
 // A duplicate ack for another request (another queue, another body) is an
 // error, not a success: nobody can squat on a run id unnoticed.
 func TestSubmitDetectsASquattedRunID(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default", "other"}}})
 	ctx, c := fleettest.Context(t), f.Client
 	if _, err := c.SubmitRaw(ctx, "other", "victim", []byte(`{"prompt":"evil"}`)); err != nil {
@@ -99,6 +102,7 @@ func jetstreamConfig(n bus.Names) jetstream.StreamConfig {
 // one will run. Under the former filter agents.submit.<queue>.* a stored
 // literal '>' was passed over and stayed for the stream's max age.
 func TestQueueConsumerDeliversLiteralWildcardSubjects(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	js, n := c.JetStream(), c.Names()

@@ -17,6 +17,7 @@ import (
 // no other caller: every Follow asks for the bucket at its start, and one
 // lookup held the client's lock until its context ended.
 func TestRecordsLookupHoldsUpNoOtherCaller(t *testing.T) {
+	t.Parallel()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

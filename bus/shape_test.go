@@ -89,6 +89,7 @@ var shapeSeeds = []string{
 }
 
 func TestShapeScannerAgreesWithTokens(t *testing.T) {
+	t.Parallel()
 	for _, s := range shapeSeeds {
 		if got, want := errText(checkJSONShape([]byte(s))), errText(shapeByTokens([]byte(s))); got != want {
 			t.Errorf("%.80q:\n got %s\nwant %s", s, got, want)
@@ -104,6 +105,7 @@ func TestShapeScannerAgreesWithTokens(t *testing.T) {
 // such keys are duplicates in a struct's object; in a map's (metadata,
 // a tool call's arguments) they are distinct keys.
 func TestShapeFoldsFieldNames(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		body string
 		want []string // problems; none when empty
@@ -140,6 +142,7 @@ func TestShapeFoldsFieldNames(t *testing.T) {
 
 // A flood of duplicates costs a count, not a text each.
 func TestShapeDuplicateFloodIsCounted(t *testing.T) {
+	t.Parallel()
 	body := `{"metadata":{` + strings.Repeat(`"a":"1",`, 50000) + `"b":"2"}}`
 	err := checkJSONShape([]byte(body))
 	var re *RequestError
@@ -149,6 +152,7 @@ func TestShapeDuplicateFloodIsCounted(t *testing.T) {
 }
 
 func TestStrayClosingAfterTheRequest(t *testing.T) {
+	t.Parallel()
 	for _, body := range []string{`{"prompt":"x"}}`, `{"prompt":"x"}]`, `{"prompt":"x"} {}`} {
 		if _, err := DecodeRunRequest([]byte(body), "r1"); err == nil || !strings.Contains(err.Error(), "extra data") {
 			t.Errorf("%s: %v", body, err)

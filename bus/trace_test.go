@@ -14,6 +14,7 @@ import (
 // A request and a control message carry the span context of their ctx in
 // traceparent / tracestate headers, and none without one.
 func TestTraceContextHeaders(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	sc := tracing.ParseTraceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "vendor=x")

@@ -8,6 +8,7 @@ import (
 )
 
 func TestParseConfig(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{"GITHUB_TOKEN": "ghp_secret123", "HOME": "/home/w"}
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	cfg, err := toolsource.ParseConfig([]byte(`{"mcpServers": {

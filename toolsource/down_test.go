@@ -22,6 +22,7 @@ import (
 // A configured server that is down never makes a request bad: the run
 // starts, its calls fail saying why, and no secret of the config shows.
 func TestMCPServerDownRun(t *testing.T) {
+	t.Parallel()
 	const secret = "sekrit-token-123"
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -53,6 +53,7 @@ func text(m agent.Message) string {
 }
 
 func TestEverythingTools(t *testing.T) {
+	t.Parallel()
 	f, _ := everythingFleet(t, nil, toolsource.MCPOptions{})
 	req := fleettest.FauxRun("use the tools",
 		batch(agent.ToolCall("sum", "everything__get-sum", map[string]any{"a": 2, "b": 40}),
@@ -102,6 +103,7 @@ func TestEverythingTools(t *testing.T) {
 }
 
 func TestEverythingAbortCancelsTheCall(t *testing.T) {
+	// Not parallel: it bounds the abort's latency (1 s).
 	w := newWatcher()
 	f, _ := everythingFleet(t, nil, toolsource.MCPOptions{WrapTransport: w.wrap})
 	req := fleettest.FauxRun("wait",
@@ -126,6 +128,7 @@ func TestEverythingAbortCancelsTheCall(t *testing.T) {
 }
 
 func TestEverythingKilledServerRestarts(t *testing.T) {
+	t.Parallel()
 	w := newWatcher()
 	f, src := everythingFleet(t, nil, toolsource.MCPOptions{WrapTransport: w.wrap})
 	first := w.process()

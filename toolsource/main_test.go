@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.uber.org/goleak"
 
+	"github.com/agentfleet/agentfleet/internal/testpar"
 	"github.com/agentfleet/agentfleet/toolsource"
 )
 
@@ -39,6 +40,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	testpar.Default(4) // the tests wait (on servers, processes) more than they compute
 	goleak.VerifyTestMain(m)
 }
 
@@ -54,13 +56,18 @@ func serveNoopStdio() {
 	os.Exit(0)
 }
 
+// noRaceExitSleep is the GORACE of this test binary run as a server: a
+// race-built one would sleep a second at its exit (a race it found still
+// makes it exit 66).
+const noRaceExitSleep = "atexit_sleep_ms=0"
+
 // noopStdioConfig runs this test binary as a no-op MCP stdio server.
 func noopStdioConfig(t testing.TB) toolsource.ServerConfig {
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "1"}}
+	return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "1", "GORACE": noRaceExitSleep}}
 }
 
 // everythingDir is where `npm install @modelcontextprotocol/server-everything`

@@ -87,6 +87,7 @@ func names(tools []*agent.Tool) []string {
 }
 
 func TestMCPStreamableHTTP(t *testing.T) {
+	t.Parallel()
 	srv, url := goServer(t)
 	s := toolsource.NewMCPServer("go", toolsource.ServerConfig{URL: url, Headers: map[string]string{"Authorization": "Bearer s3cret"}}, toolsource.MCPOptions{})
 	runSource(t, s)
@@ -158,6 +159,7 @@ func TestMCPStreamableHTTP(t *testing.T) {
 // A server that is not there: its namespace is still served, and its
 // tools fail with the reason.
 func TestMCPServerDown(t *testing.T) {
+	t.Parallel()
 	s := toolsource.NewMCPServer("gone", toolsource.ServerConfig{Command: "/nonexistent/mcp-server"}, toolsource.MCPOptions{MinBackoff: time.Hour})
 	runSource(t, s)
 	tools, ok := s.Resolve(context.Background(), "gone")

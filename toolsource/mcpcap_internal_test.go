@@ -22,6 +22,7 @@ import (
 // an oversized request or notification of the server's, and ends the
 // session only for a message it cannot attribute.
 func TestLineCapReader(t *testing.T) {
+	t.Parallel()
 	big := strings.Repeat("x", 200)
 	in := strings.Join([]string{
 		`{"jsonrpc":"2.0","id":1,"result":{"content":[]}}`,
@@ -51,6 +52,7 @@ func TestLineCapReader(t *testing.T) {
 // an oversized event becomes the call's error reply (also when the stream
 // ends inside it), on the standalone stream it is dropped.
 func TestSSECapReader(t *testing.T) {
+	t.Parallel()
 	big := strings.Repeat("x", 200)
 	small := "event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n"
 	in := small + "event: message\nid: 2\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"text\":\"" + big + "\"}}\n\n" + small +
@@ -83,6 +85,7 @@ func TestSSECapReader(t *testing.T) {
 // its call's error; the SDK's transport with our backstop reads the error
 // reply, and the session goes on with the next message.
 func TestLineCapReaderCountsMessagesNotLines(t *testing.T) {
+	t.Parallel()
 	const max = 1 << 10
 	var b strings.Builder
 	b.WriteString("{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[\n")
@@ -122,6 +125,7 @@ func TestLineCapReaderCountsMessagesNotLines(t *testing.T) {
 // lines between messages, however long, are dropped; a message of exactly
 // the cap passes (its line's end is not counted).
 func TestLineCapReaderMessageBounds(t *testing.T) {
+	t.Parallel()
 	atCap := `{"jsonrpc":"2.0","id":1,"result":{"t":"`
 	atCap += strings.Repeat("x", 100-len(atCap)-3) + `"}}`
 	if len(atCap) != 100 {
@@ -185,6 +189,7 @@ const capRefused = `{"error":{"code":-32603,"message":"the server's reply of N b
 // becomes its error, as JSON and as an SSE event (not dropped, which left
 // the call waiting for its timeout).
 func TestCapTransportLargeArgumentsKeepTheirCallID(t *testing.T) {
+	t.Parallel()
 	const max = 1 << 10
 	reqBody, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 9, "method": "tools/call",
 		"params": map[string]any{"name": "t", "arguments": map[string]any{"s": strings.Repeat("a", 2<<20)}}})
@@ -212,6 +217,7 @@ func TestCapTransportLargeArgumentsKeepTheirCallID(t *testing.T) {
 // A JSON body over the cap that answers no call (so no error reply can
 // replace it) fails to read instead of being read whole.
 func TestCapTransportJSONOfNoCallCapped(t *testing.T) {
+	t.Parallel()
 	got := capRoundTrip(t, 1<<10, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, 200, "application/json",
 		`{"jsonrpc":"2.0","id":1,"result":{"text":"`+strings.Repeat("x", 64<<10)+`"}}`)
 	if got != "read error: an MCP server reply of more than 1024 bytes, answering no call" {
@@ -222,6 +228,7 @@ func TestCapTransportJSONOfNoCallCapped(t *testing.T) {
 // An error status's body is cut at the cap (64 KiB at most): the SDK
 // reads it whole for the JSON-RPC error it may hold.
 func TestCapTransportErrorStatusBodyCapped(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ max, want int }{{1 << 10, 1 << 10}, {1 << 20, 64 << 10}} {
 		got := capRoundTrip(t, c.max, `{"jsonrpc":"2.0","id":1,"method":"tools/call"}`, 400, "application/json", strings.Repeat("x", 1<<20))
 		if len(got) != c.want {
@@ -237,6 +244,7 @@ func TestCapTransportErrorStatusBodyCapped(t *testing.T) {
 // The media type is read as the SDK reads it (case-insensitive, with or
 // without parameters): a body the SDK takes for JSON or SSE is capped.
 func TestCapTransportMediaTypeAnyCase(t *testing.T) {
+	t.Parallel()
 	reply := `{"jsonrpc":"2.0","id":9,"result":{"text":"` + strings.Repeat("x", 64<<10) + `"}}`
 	call := `{"jsonrpc":"2.0","id":9,"method":"tools/call"}`
 	for _, ct := range []string{"Application/JSON", "application/JSON; charset=utf-8", "application/json;charset=utf-8", " application/json"} {
@@ -255,6 +263,7 @@ func TestCapTransportMediaTypeAnyCase(t *testing.T) {
 // a piece of its own (the line an exact multiple of the read buffer) does
 // not end the event: the event's next lines are skipped with it.
 func TestSSECapReaderLongLineAtBufferBoundary(t *testing.T) {
+	t.Parallel()
 	const buf = 64 << 10
 	for _, n := range []int{2, 3} {
 		data := "data: " + `{"jsonrpc":"2.0","id":7,"result":{"text":"`

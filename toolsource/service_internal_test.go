@@ -87,6 +87,7 @@ func (r *infoResponder) answerLate() int {
 // never reaches a run. A change that stays (a rollout) is taken at the
 // next discovery.
 func TestServiceChangedAnnouncementIsHeldBackARound(t *testing.T) {
+	t.Parallel()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -164,6 +165,7 @@ func TestServiceChangedAnnouncementIsHeldBackARound(t *testing.T) {
 // A name that cannot prefix tool names is logged once, not at every
 // discovery; an endpoint with an empty name is refused.
 func TestServiceDiscoveryRefusals(t *testing.T) {
+	t.Parallel()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

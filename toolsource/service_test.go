@@ -98,6 +98,7 @@ func serviceWorker(t *testing.T, f *fleettest.Fleet, allowed ...string) *toolsou
 }
 
 func TestServiceCalls(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	a, b := startCalc(t, f, "A", nil), startCalc(t, f, "B", nil)
 	serviceWorker(t, f, "calc")
@@ -160,6 +161,7 @@ func TestServiceCalls(t *testing.T) {
 // One instance stops in the middle of a run: the run's next calls are
 // answered by the other.
 func TestServiceInstanceStopsMidRun(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	started, release := make(chan struct{}, 2), make(chan struct{})
 	block := func() {
@@ -204,6 +206,7 @@ func TestServiceInstanceStopsMidRun(t *testing.T) {
 // An allowed service without instances never makes a request bad; under
 // "*" an unknown service is looked for, then refused.
 func TestServiceDiscoveryAndMissing(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	src := serviceWorker(t, f, "*")
 
@@ -234,6 +237,7 @@ func TestServiceDiscoveryAndMissing(t *testing.T) {
 }
 
 func TestServiceAllowedButNotRunning(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	serviceWorker(t, f, "calc")
 	req := fleettest.FauxRun("calc", fleettest.ToolCall("add", "calc__add", map[string]any{"a": 1}), fleettest.Text("done"))

@@ -103,6 +103,7 @@ const testCap = 1 << 20
 // the session is the one it was (no new initialize). Over stdio, and over
 // Streamable HTTP with SSE and with JSON replies.
 func TestMCPOversizedReplyFailsOnlyItsCall(t *testing.T) {
+	t.Parallel()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -112,12 +113,12 @@ func TestMCPOversizedReplyFailsOnlyItsCall(t *testing.T) {
 		cfg  func(t *testing.T) toolsource.ServerConfig
 	}{
 		{"stdio", func(*testing.T) toolsource.ServerConfig {
-			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized"}}
+			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized", "GORACE": noRaceExitSleep}}
 		}},
 		// A reply over the cap in many short lines: the cap counts the
 		// message, not its lines.
 		{"stdio-indented", func(*testing.T) toolsource.ServerConfig {
-			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized-indented"}}
+			return toolsource.ServerConfig{Command: exe, Env: map[string]string{"TOOLSOURCE_TEST_STDIO_SERVER": "sized-indented", "GORACE": noRaceExitSleep}}
 		}},
 		{"http-sse", func(t *testing.T) toolsource.ServerConfig { return sizedHTTP(t, false) }},
 		{"http-json", func(t *testing.T) toolsource.ServerConfig { return sizedHTTP(t, true) }},
@@ -205,6 +206,7 @@ func manyTools(t *testing.T, n, desc, schema int) string {
 // description, refuses the schema, each with a logged reason; a refused
 // tool's call fails saying why, and does not reach the server.
 func TestMCPToolListIsBounded(t *testing.T) {
+	t.Parallel()
 	url := manyTools(t, 5000, 1<<20, 100<<10)
 	var logs logbuf.Buffer
 	s := toolsource.NewMCPServer("many", toolsource.ServerConfig{URL: url}, toolsource.MCPOptions{Logger: newLogger(&logs)})
@@ -247,6 +249,7 @@ func TestMCPToolListIsBounded(t *testing.T) {
 // bus.MaxPresenceTools tools, descriptions cut, that says so; submit tools
 // and the console still see the worker.
 func TestPresenceWithHugeToolLists(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	var sources []toolsource.Source
 	for _, name := range []string{"a", "b", "c"} {
@@ -290,6 +293,7 @@ func TestPresenceWithHugeToolLists(t *testing.T) {
 // reply over the cap becomes its error (a JSON reply was read whole, an
 // SSE one dropped without the call's error), and the session goes on.
 func TestMCPOversizedReplyToLargeArgumentsFailsItsCall(t *testing.T) {
+	t.Parallel()
 	for name, jsonReplies := range map[string]bool{"http-sse": false, "http-json": true} {
 		t.Run(name, func(t *testing.T) {
 			var logs logbuf.Buffer

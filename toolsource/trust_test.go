@@ -51,6 +51,7 @@ func toolMeta(desc, schema string) micro.EndpointOpt {
 // Both tools are refused (logged, listed unavailable, their calls fail
 // saying why); the record and the events stream are as they were.
 func TestServiceAnnouncedSubjectIsNotAnAddress(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	var logs logbuf.Buffer
 	src, _ := servicesWorker(t, f, &logs, 0, "calc")
@@ -169,6 +170,9 @@ func impostor(t *testing.T, f *fleettest.Fleet, calls *atomic.Int64) micro.Servi
 // line, agentfleet_tool_source_conflict, calls failing with the reason);
 // once the impostor is gone the honest instance serves again.
 func TestServiceImpostorTakesNoCalls(t *testing.T) {
+	// Not parallel: a discovery round whose replies come late drops the
+	// service for a round, and its "accepted again" is then never logged
+	// (seen on 2 cores at load 20).
 	f := fleettest.Start(t, fleettest.Options{})
 	var stolen atomic.Int64
 	fake := impostor(t, f, &stolen)
@@ -185,6 +189,9 @@ func TestServiceImpostorTakesNoCalls(t *testing.T) {
 		req.Tools = []string{"calc__add"}
 		return req
 	}
+	// The calls are to meet the two instances: a discovery that has not
+	// seen them yet (a loaded machine) has no instance to offer.
+	waitGauge(t, reg, "agentfleet_tool_source_conflict", "service:calc", 1)
 	id := f.Submit("", adds())
 	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("finished %+v", fin)
@@ -262,6 +269,7 @@ func waitGauge(t *testing.T, reg *prometheus.Registry, name, source string, valu
 // images with an image/<type> mimeType and base64 data, nothing else
 // (no thinking, no tool calls, no header-breaking mimeType).
 func TestServiceResultsAreChecked(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	svc, err := micro.AddService(fleettest.Connect(t, f.URL()).Conn(), micro.Config{Name: "odd", Version: "1.0.0"})
 	if err != nil {
@@ -299,6 +307,7 @@ func TestServiceResultsAreChecked(t *testing.T) {
 // An MCP result's images get the same check: an image whose mimeType is
 // not image/<type> becomes a marker (it would go into data: URLs).
 func TestMCPResultsAreChecked(t *testing.T) {
+	t.Parallel()
 	srv := mcp.NewServer(&mcp.Implementation{Name: "odd", Version: "1"}, nil)
 	srv.AddTool(&mcp.Tool{Name: "images", Description: "Images.", InputSchema: objectSchema},
 		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {

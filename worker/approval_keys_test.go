@@ -51,6 +51,7 @@ func (re *runEvents) rejectedFor(t *testing.T, seq uint64) *bus.ToolApproval {
 // approve the model's next call with the same id: that call has a key of
 // its own, and the late answer is dropped with a rejection.
 func TestApprovalLateAnswerDoesNotApproveALaterCallWithTheSameID(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, repeatedIDRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 2}, []string{"prod"}, []string{"evil"}))
 	re := followRun(t, c, run)
@@ -81,6 +82,7 @@ func TestApprovalLateAnswerDoesNotApproveALaterCallWithTheSameID(t *testing.T) {
 // Two approvers click: the second answer for c1 does not approve the
 // model's next call with the same id.
 func TestApprovalDuplicateAnswerDoesNotApproveALaterCallWithTheSameID(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, repeatedIDRequest(&bus.Approval{Tools: []string{"deploy"}}, []string{"one"}, []string{"two"}))
 	re := followRun(t, c, run)
@@ -114,6 +116,7 @@ func TestApprovalDuplicateAnswerDoesNotApproveALaterCallWithTheSameID(t *testing
 // right key: the call asks with answersAfter at or above it, the answer
 // is rejected, and the call waits for one sent after its request.
 func TestApprovalAnswerStoredBeforeTheRequestIsNotApplied(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
 	_, c, d := approvalWorker(t, Config{Tools: []*agent.Tool{g.tool()}, Observer: o})
@@ -153,6 +156,7 @@ func TestApprovalAnswerStoredBeforeTheRequestIsNotApplied(t *testing.T) {
 // A script that repeats c1 within a turn and across turns: every call
 // runs under its own key and is approved on its own.
 func TestApprovalRepeatedIDsAreApprovableSeparately(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, repeatedIDRequest(&bus.Approval{Tools: []string{"deploy"}}, []string{"one", "two"}, []string{"three"}))
 	re := followRun(t, c, run)
@@ -201,6 +205,7 @@ func TestApprovalRepeatedIDsAreApprovableSeparately(t *testing.T) {
 // default ceiling is --max-run-timeout, --max-approval-timeout sets its
 // own, and the request's expiresAt shows the effective bound.
 func TestApprovalTimeoutBoundedByTheWorkersCeiling(t *testing.T) {
+	t.Parallel()
 	t.Run("max-run-timeout", func(t *testing.T) {
 		_, c, d := approvalWorker(t, Config{MaxRunTimeout: time.Minute})
 		run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: bus.MaxApprovalTimeoutSeconds}, "prod"))
@@ -237,6 +242,7 @@ func TestApprovalTimeoutBoundedByTheWorkersCeiling(t *testing.T) {
 // tool error at once and finish on their first attempt, and a normal
 // run still gets a slot.
 func TestApprovalPastMaxWaitingRefusesTheCall(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, metrics.Config{Tools: []string{"deploy"}})
 	w, c, _ := approvalWorker(t, Config{Concurrency: 8, MaxWaiting: 5, Observer: MetricsObserver(m)})
@@ -301,6 +307,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 // messages with role system (or developer, which endpoints take as
 // system) are a bad request, listed with the request's other problems.
 func TestRequestMessagesRefuseSystemRoles(t *testing.T) {
+	t.Parallel()
 	_, c := startInternal(t, Config{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -331,6 +338,7 @@ func TestRequestMessagesRefuseSystemRoles(t *testing.T) {
 // re-asked call, the same id from the model, waits under another key, so
 // an answer to the old request cannot name it.
 func TestApprovalKeyOfAnUnrestoredRequestIsNotReused(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
@@ -375,6 +383,7 @@ func TestApprovalKeyOfAnUnrestoredRequestIsNotReused(t *testing.T) {
 // call into a tool error; it still asks, and runs once approved. Each try
 // has its own timeout, not one shared by the retries.
 func TestApprovalFenceReadIsRetried(t *testing.T) {
+	t.Parallel()
 	d := &deployTool{}
 	var mu sync.Mutex
 	var deadlines []time.Time

@@ -19,6 +19,7 @@ import (
 // and runs; it gets no synthetic "worker stopped" result. Each call runs
 // once its tool_approval_resolved is stored (toolstart_test.go).
 func TestApprovalResumeSequentialRunsTheLaterCalls(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &probeTool{}
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
@@ -82,6 +83,7 @@ func echoTool(run func(ctx context.Context) error) *agent.Tool {
 // call that finished before (its tool_execution_end stored, its toolResult
 // message not yet) keeps its real result on the next attempt.
 func TestApprovalResumeParallelKeepsAFinishedSiblingsResult(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	echo := echoTool(func(context.Context) error { return nil })
@@ -109,6 +111,7 @@ func TestApprovalResumeParallelKeepsAFinishedSiblingsResult(t *testing.T) {
 // running finish (within DrainTimeout) instead of cancelling it: its
 // result is kept for the next attempt.
 func TestApprovalHandBackLetsRunningSiblingsFinish(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	var wA *Worker
@@ -152,6 +155,7 @@ func TestApprovalHandBackLetsRunningSiblingsFinish(t *testing.T) {
 // Calls a resumed attempt waits for again publish their results as each
 // resolves, not once the whole batch has: a drain meanwhile keeps them.
 func TestApprovalResumedCallsPublishEachResultAtOnce(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
@@ -194,6 +198,7 @@ func wantSucceeded(t *testing.T, re *runEvents) {
 // from the stored events) and not read again by the one after: it never
 // approves the later call with the same id, which waits under its own key.
 func TestApprovalResumeKeepsDroppingResolvedKeys(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
@@ -329,6 +334,7 @@ func TestApprovalAnswerWhileNoWorkerHoldsTheRun(t *testing.T) { testApprovalResu
 // Drains while a run waits do not use up MaxDeliver: once its deliveries
 // run out, the request is requeued and the run goes on waiting.
 func TestApprovalHandBacksWhileWaitingDoNotUseUpMaxDeliver(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, MaxDeliver: 2, HeartbeatInterval: time.Second}
@@ -355,6 +361,7 @@ func TestApprovalHandBacksWhileWaitingDoNotUseUpMaxDeliver(t *testing.T) {
 // kill -9): after AckWait another worker resumes the run from the record
 // and the events, still waiting with the same expiry, and no new request.
 func TestApprovalResumeAfterTheWorkerVanished(t *testing.T) {
+	t.Parallel()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
@@ -403,6 +410,7 @@ func TestApprovalResumeAfterTheWorkerVanished(t *testing.T) {
 // An answer sent after the call expired, while no worker held the run, does
 // not approve it: the worker that resumes the run times the call out.
 func TestApprovalLateAnswerWhileNoWorkerHoldsTheRun(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, HeartbeatInterval: time.Second}

@@ -13,6 +13,7 @@ import (
 // With the worker's only slot parked in the idle long pull, an answered
 // run gets it back within offSlotPollWait, not PollWait.
 func TestApprovalAnsweredRunGetsTheIdlePullsSlot(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{Concurrency: 1, PollWait: 20 * time.Second})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -31,6 +32,7 @@ func TestApprovalAnsweredRunGetsTheIdlePullsSlot(t *testing.T) {
 // A call that times out with onTimeout abort ends its run without taking a
 // slot: the only slot is held by another run meanwhile.
 func TestApprovalTimeoutAbortNeedsNoSlot(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	block := agent.NewTool("block", "blocks", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
 		select {
@@ -57,6 +59,7 @@ func TestApprovalTimeoutAbortNeedsNoSlot(t *testing.T) {
 // An invalid answer for a waiting call is rejected with the reason
 // (tool_approval_rejected); the call goes on waiting.
 func TestApprovalInvalidAnswerForAWaitingCallIsRejected(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -78,6 +81,7 @@ func TestApprovalInvalidAnswerForAWaitingCallIsRejected(t *testing.T) {
 
 // A worker with one slot finishes another run while a run waits.
 func TestApprovalWaitingRunLeavesItsSlot(t *testing.T) {
+	t.Parallel()
 	w, c, _ := approvalWorker(t, Config{Concurrency: 1})
 	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, waiting)
@@ -100,6 +104,7 @@ func TestApprovalWaitingRunLeavesItsSlot(t *testing.T) {
 
 // Past MaxWaiting a waiting run keeps its slot.
 func TestApprovalPastMaxWaitingKeepsTheSlot(t *testing.T) {
+	t.Parallel()
 	w, c, _ := approvalWorker(t, Config{Concurrency: 1, MaxWaiting: -1})
 	waiting := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, waiting)
@@ -126,6 +131,7 @@ func TestApprovalPastMaxWaitingKeepsTheSlot(t *testing.T) {
 // The ungated calls of a batch keep the run's slot while they run: the run
 // leaves it only once every running call waits.
 func TestApprovalUngatedCallsOfTheBatchKeepTheSlot(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	w, c, d := approvalWorker(t, Config{Concurrency: 1, Tools: []*agent.Tool{g.tool()}})
 	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")

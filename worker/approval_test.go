@@ -266,6 +266,7 @@ func approvalWorker(t *testing.T, cfg Config) (*Worker, *bus.Client, *deployTool
 }
 
 func TestApprovalApproveRunsTheCall(t *testing.T) {
+	t.Parallel()
 	w, c, d := approvalWorker(t, Config{Concurrency: 2})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"dep*"}}, "prod"))
 	re := followRun(t, c, run)
@@ -311,6 +312,7 @@ func TestApprovalApproveRunsTheCall(t *testing.T) {
 }
 
 func TestApprovalDenyGivesTheModelTheReason(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -332,6 +334,7 @@ func TestApprovalDenyGivesTheModelTheReason(t *testing.T) {
 }
 
 func TestApprovalEditedArgumentsInvalidThenValid(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -364,6 +367,7 @@ func TestApprovalEditedArgumentsInvalidThenValid(t *testing.T) {
 // event read as approved unedited and the answer sent by bus.Client.Answer
 // lost its edit).
 func TestApprovalEditToNoArgumentsIsShown(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var ran []string
 	probe := agent.NewTool("probe", "probes", func(_ context.Context, a struct {
@@ -406,6 +410,7 @@ func TestApprovalEditToNoArgumentsIsShown(t *testing.T) {
 }
 
 func TestApprovalTimeoutDenies(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1}, "prod"))
 	re := followRun(t, c, run)
@@ -424,6 +429,7 @@ func TestApprovalTimeoutDenies(t *testing.T) {
 }
 
 func TestApprovalTimeoutAborts(t *testing.T) {
+	t.Parallel()
 	_, c, _ := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 1, OnTimeout: "abort"}, "prod"))
 	re := followRun(t, c, run)
@@ -436,6 +442,7 @@ func TestApprovalTimeoutAborts(t *testing.T) {
 }
 
 func TestApprovalAbortWhileWaitingEndsTheRunAtOnce(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -460,6 +467,7 @@ func TestApprovalAbortWhileWaitingEndsTheRunAtOnce(t *testing.T) {
 // Two gated calls of one parallel batch ask together; each answer goes to
 // its call, whatever the order.
 func TestApprovalParallelCallsAnsweredInOppositeOrder(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"*"}}, "one", "two"))
 	re := followRun(t, c, run)
@@ -485,6 +493,7 @@ func TestApprovalParallelCallsAnsweredInOppositeOrder(t *testing.T) {
 
 // Time spent waiting does not count against limits.timeoutSeconds.
 func TestApprovalWaitNotCountedInTheTimeout(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{HeartbeatInterval: 300 * time.Millisecond})
 	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod")
 	req.Limits = &bus.Limits{TimeoutSeconds: 1}
@@ -509,6 +518,7 @@ func TestApprovalWaitNotCountedInTheTimeout(t *testing.T) {
 
 // In sequential mode each gated call asks when it is reached.
 func TestApprovalSequentialAsksOneAtATime(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{})
 	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "one", "two")
 	req.ToolExecution = agent.ExecutionSequential
@@ -536,6 +546,7 @@ func TestApprovalSequentialAsksOneAtATime(t *testing.T) {
 
 // Steering sent while a call waits is taken after the batch resolves.
 func TestApprovalSteeringWaitsForTheBatch(t *testing.T) {
+	t.Parallel()
 	o := ctlObs{got: make(chan string, 10)}
 	_, c, _ := approvalWorker(t, Config{Observer: o})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
@@ -567,6 +578,7 @@ func TestApprovalSteeringWaitsForTheBatch(t *testing.T) {
 }
 
 func TestApprovalMetrics(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, metrics.Config{Tools: []string{"deploy"}})
 	_, c, _ := approvalWorker(t, Config{Observer: MetricsObserver(m)})

@@ -14,6 +14,7 @@ import (
 // Early answers (for calls that have not asked) are kept up to
 // maxEarlyAnswerBytes of messages; beyond, they are dropped.
 func TestApprovalEarlyAnswersCappedByBytes(t *testing.T) {
+	t.Parallel()
 	r := &run{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	const size = 200 << 10
 	for i := range 10 {
@@ -35,6 +36,7 @@ func TestApprovalEarlyAnswersCappedByBytes(t *testing.T) {
 // asked for still waits (on its slot). A place is given back once the
 // run's last claim ends.
 func TestApprovalWaitPlaces(t *testing.T) {
+	t.Parallel()
 	w := &Worker{cfg: Config{MaxWaiting: 1}}
 	a, b := &run{w: w}, &run{w: w}
 	if !a.claimWaitPlace(false) || !a.claimWaitPlace(false) {
@@ -66,6 +68,7 @@ func TestApprovalWaitPlaces(t *testing.T) {
 // frees, then leaves its slot: freed places go to the runs waiting on
 // their slots for one, first come first, ahead of new calls.
 func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
+	t.Parallel()
 	w := &Worker{cfg: Config{MaxWaiting: 1, Concurrency: 3}, slots: make(chan struct{}, 3), obs: NopObserver{}}
 	a, b, c := &run{w: w}, &run{w: w}, &run{w: w}
 	for _, r := range []*run{a, b, c} {

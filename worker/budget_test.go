@@ -30,6 +30,7 @@ func pricedFleet(t *testing.T, p *limitedProvider) *fleettest.Fleet {
 }
 
 func TestMaxCostUsd(t *testing.T) {
+	t.Parallel()
 	t.Run("refused before the call", func(t *testing.T) {
 		p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 		f := pricedFleet(t, p)

@@ -18,6 +18,7 @@ import (
 // tool_approval_requested, the models in the presence.
 
 func TestRecordCarriesTitleAndTenantFromPickup(t *testing.T) {
+	t.Parallel()
 	_, c := startInternal(t, Config{Concurrency: 4}, nil)
 	slow := func() *bus.FauxScript {
 		return &bus.FauxScript{TokenSize: 1, TokensPerSecond: 20, Responses: []agent.ScriptedResponse{{Content: []agent.Content{agent.Text("slowly, slowly")}}}}
@@ -50,6 +51,7 @@ func TestRecordCarriesTitleAndTenantFromPickup(t *testing.T) {
 }
 
 func TestApprovalRequestCarriesTheToolSchema(t *testing.T) {
+	t.Parallel()
 	_, c, _ := approvalWorker(t, Config{Concurrency: 2})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -78,6 +80,7 @@ func TestApprovalRequestCarriesTheToolSchema(t *testing.T) {
 }
 
 func TestPresenceListsTheModelTables(t *testing.T) {
+	t.Parallel()
 	p, err := openai.New(openai.Config{BaseURL: "http://127.0.0.1:1/v1", APIKey: "k",
 		Models: []openai.ModelInfo{{ID: "small"}, {ID: "large"}}})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 // away): intake must not close on a read that failed, and the steer is
 // delivered once the stream can be read again.
 func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port := freeport.Pick(t) // restarted on: see freeport
 	srv, err := natsembed.Start(natsembed.Options{Port: port, StoreDir: dir})
@@ -129,6 +130,7 @@ func TestIdleCheckNeverClosesOnAFailedRead(t *testing.T) {
 // While the control stream stays unreadable at a run's end, the run does
 // not hold its slot until its timeout: after one AckWait it is handed back.
 func TestUnreadableControlsHandTheRunBack(t *testing.T) {
+	t.Parallel()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +144,7 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 	}
 	defer c.Close()
 	logs := &logbuf.Buffer{}
-	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: 2 * time.Second,
+	w, err := New(Config{Client: c, PollWait: 200 * time.Millisecond, AckWait: 2 * time.Second, DrainTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -189,6 +191,7 @@ func TestUnreadableControlsHandTheRunBack(t *testing.T) {
 // A follow-up (and a steer) that arrive after the agent's last look at its
 // queues, while the run is not finished yet, still run.
 func TestLateControlMessagesAreNotLost(t *testing.T) {
+	t.Parallel()
 	o := ctlObs{got: make(chan string, 10)}
 	idle := make(chan string)
 	resume := make(chan struct{})

@@ -73,6 +73,7 @@ func userTexts(tr *bus.Transcript) []string {
 // One run's control owner stuck in a read of the control stream does not
 // hold up another run's control messages (nor the NATS callback).
 func TestStalledCatchUpDoesNotStallOtherRuns(t *testing.T) {
+	t.Parallel()
 	const stalled = "stalled-run"
 	reached, unblock := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -142,6 +143,7 @@ func fauxTexts(texts ...string) *bus.FauxScript {
 // read: the inbox stays bounded (the overflow is dropped and read from the
 // stream later), and every message is delivered exactly once, in order.
 func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
+	t.Parallel()
 	const id, n = "flooded", 300
 	var block sync.Mutex
 	blocking := false
@@ -236,6 +238,7 @@ func (o queueObs) ControlReceived(string) {
 }
 
 func TestControlReportedOnceQueued(t *testing.T) {
+	t.Parallel()
 	var wp *Worker
 	o := queueObs{w: &wp, queued: make(chan bool, 10)}
 	g := newTestGate()
@@ -263,6 +266,7 @@ func TestControlReportedOnceQueued(t *testing.T) {
 // A run waiting in its tool keeps no control owner goroutine: a steer
 // starts one, which queues it and stops again, and the steer still runs.
 func TestWaitingRunKeepsNoControlOwner(t *testing.T) {
+	// Not parallel: it counts the process's control owners.
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 2, AckWait: 2 * time.Minute,
@@ -317,6 +321,7 @@ func waitControlOwners(t *testing.T, when string) {
 // not taken, on the run's events (control_rejected, since 1.8), and the
 // run goes on without it.
 func TestInvalidControlIsRejectedOnTheRun(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -372,6 +377,7 @@ func TestInvalidControlIsRejectedOnTheRun(t *testing.T) {
 // events (anyone who may steer may steer any run, and each event counts
 // toward the run's event budget); an abort sent after them ends the run.
 func TestInvalidControlRejectionsAreCapped(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -418,6 +424,7 @@ func TestInvalidControlRejectionsAreCapped(t *testing.T) {
 // cannot be published (the run's events are not going out): the control
 // owner does not wait for the publish window on junk.
 func TestAbortIsNotHeldUpByRejections(t *testing.T) {
+	t.Parallel()
 	stopped := make(chan struct{})
 	started := make(chan struct{}, 1)
 	gate := agent.NewTool("gate", "waits until the run stops", func(ctx context.Context, _ struct {
@@ -473,6 +480,7 @@ func TestAbortIsNotHeldUpByRejections(t *testing.T) {
 // run that took many control messages does not read them all again at
 // every heartbeat.
 func TestCatchUpReadsOnlyWhatIsNew(t *testing.T) {
+	t.Parallel()
 	const id, n = "many", 100
 	var reads atomic.Int64
 	g := newTestGate()

@@ -40,6 +40,7 @@ func (r *readsOf) of(run string) int {
 // A run submitted to a running worker, with no control message, starts
 // without reading the control stream; a steer then still comes live.
 func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
+	t.Parallel()
 	var reads readsOf
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
@@ -74,6 +75,7 @@ func TestFirstAttemptSkipsThePickupRead(t *testing.T) {
 // worker reach it at pickup (the coverage noted them), before its first
 // model call: the steer is in the first turn, the abort stops it before any.
 func TestControlsWhileQueuedAreTakenAtPickup(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1, HeartbeatInterval: time.Minute}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -108,6 +110,7 @@ func TestControlsWhileQueuedAreTakenAtPickup(t *testing.T) {
 // its control owner's start reaches the agent before its first model
 // call, also when the pickup read is skipped: an abort there means no call.
 func TestLiveControlBeforeStartIsAppliedFirst(t *testing.T) {
+	t.Parallel()
 	var reads readsOf
 	var c *bus.Client
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -183,6 +186,7 @@ func (o abortObs) ControlReceived(kind string) {
 // attempts read at pickup again, so an abort stored while a run is queued
 // still stops it before any model call.
 func TestRepublishTurnedOffIsNoticed(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, Concurrency: 1, HeartbeatInterval: time.Minute},
 		func(w *Worker) { w.coverageAudit = 50 * time.Millisecond })
@@ -240,6 +244,7 @@ func abortQueued(t *testing.T, ctx context.Context, c *bus.Client, g *testGate) 
 // after it) neither breaks the coverage nor reaches a run as the
 // message's sequence.
 func TestSpoofedSequenceHeaderIsIgnored(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	o := ctlObs{got: make(chan string, 10)}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{g.tool()}, HeartbeatInterval: time.Minute, Observer: o}, nil)

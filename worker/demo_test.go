@@ -11,6 +11,7 @@ import (
 // The demo model uses the calculator when it can, so the offline demo
 // shows a tool call; otherwise it says it is a demo and echoes the prompt.
 func TestDemoModel(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, prompt string
 		tools        []*agent.Tool

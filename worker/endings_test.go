@@ -21,6 +21,7 @@ import (
 // ack nor nak: the server does not tell deliveries apart, so its nak
 // would reschedule the newer attempt's delivery.
 func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
+	t.Parallel()
 	logs := &logbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var taken sync.Map
@@ -83,6 +84,7 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 // fails bad_request at once: its record must not carry that value, which
 // would not fit in the bucket.
 func TestBadRequestWithHugeMetadataFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	_, c := startInternal(t, Config{AckWait: 5 * time.Second, MaxDeliver: 2}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -20,6 +20,7 @@ import (
 // its time limit starts with the slot (a worker taking over thousands of
 // runs queues most of their resumes).
 func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, Config{}, func(w *Worker) { w.reads.Timeout = 300 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -58,6 +59,7 @@ func TestEventReadTimeLimitStartsWithItsSlot(t *testing.T) {
 // failing its run (a resume that failed so was handed back, and a burst
 // of reads used up the run's deliveries in seconds).
 func TestEventReadWaitsForAFreeConsumer(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, Config{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -130,7 +132,22 @@ func fillEventConsumers(t *testing.T, ctx context.Context, c *bus.Client) (jetst
 // hard stop) says so: its error is the context's, wrapping the refusal,
 // so its run is handed back as one at a hard stop.
 func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
-	w, c := startInternal(t, Config{}, nil)
+	t.Parallel()
+	// Each refusal of the read's consumer, told to the test.
+	refused := make(chan struct{}, 64)
+	w, c := startInternal(t, Config{}, func(w *Worker) {
+		events := w.reads.Events
+		w.reads.Events = func(ctx context.Context, id string, before uint64) ([]*bus.Envelope, error) {
+			envs, err := events(ctx, id, before)
+			if errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
+				select {
+				case refused <- struct{}{}:
+				default:
+				}
+			}
+			return envs, err
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	storeRunStarted(t, ctx, c, "r")
@@ -141,10 +158,15 @@ func TestAnEventReadEndedByItsContextSaysSo(t *testing.T) {
 		_, err := w.reads.Read(rctx, "r", 0)
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		t.Fatalf("the read ended while the stream had no room for its consumer: %v", err)
-	case <-time.After(time.Second): // it waits between tries
+	// Refused twice: it waited and tried again instead of ending.
+	for n := range 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("the read ended while the stream had no room for its consumer (after %d refusals): %v", n, err)
+		case <-refused:
+		case <-ctx.Done():
+			t.Fatalf("the read was refused %d times in a minute, want 2", n)
+		}
 	}
 	stop()
 	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, jetstream.ErrMaximumConsumersLimit) {

@@ -52,6 +52,7 @@ func (c slowConn) Read(b []byte) (int, error) {
 // request's expiry, and a loaded CI saw a run in attempt 2): every run
 // here is picked up once.
 func TestLargeRequestsAreFetchedWithinTheByteBound(t *testing.T) {
+	t.Parallel()
 	srv := startJetStream(t, 16<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -25,6 +25,7 @@ func (o *startCounter) RunStarted(worker.RunInfo) { o.started.Add(1) }
 // and the record are written before it), but the request comes back after
 // AckWait and is acked only by the redelivery's pickup.
 func TestAFinishedRunsRequestIsAcknowledgedAndNotDeliveredAgain(t *testing.T) {
+	t.Parallel()
 	const ackWait = time.Second
 	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{AckWait: ackWait}})
 	obs := &startCounter{}

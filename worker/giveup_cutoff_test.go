@@ -18,6 +18,7 @@ import (
 // and to take the usage of the record, which the crashed attempt 3 had not
 // updated.
 func TestGiveUpCarriesCutOffUsage(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	picked, release, left := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex

@@ -23,6 +23,7 @@ import (
 // time: retries used to raise the attempt at every try (seen: 177 while
 // reads failed) and store a run_started for each.
 func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	hang := echoTool(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
 	// Heartbeats never come in time: the one delivery times out.
@@ -83,6 +84,7 @@ func TestGiveUpRetryKeepsItsAttempt(t *testing.T) {
 // run_finished has no delivery left to publish it: the give-up does, from
 // the record, and removes the request. Followers used to wait for ever.
 func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	picked, release, left := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex
@@ -165,6 +167,7 @@ func TestGiveUpPublishesAMissingRunFinished(t *testing.T) {
 // from the advisory: the retry finds the final record, publishes the
 // run_finished the events lack, once, and removes the request.
 func TestGiveUpRetriesARunFinishedNotStored(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

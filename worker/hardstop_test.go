@@ -22,6 +22,7 @@ import (
 // no failed publish is counted; an aborted run too, whose end cannot be
 // published now (the next attempt ends it).
 func TestARunCutShortByTheHardStopIsHandedBackAsOne(t *testing.T) {
+	t.Parallel()
 	t.Run("running", func(t *testing.T) { hardStopDuringATurn(t, false) })
 	t.Run("aborted", func(t *testing.T) { hardStopDuringATurn(t, true) })
 }
@@ -90,6 +91,7 @@ func hardStopDuringATurn(t *testing.T, abort bool) {
 // resume: the read ends (context canceled) and the attempt is handed back
 // as a run at a hard stop is, not as events that could not be stored.
 func TestAHardStopDuringAResumeHandsTheRunBackAsOne(t *testing.T) {
+	t.Parallel()
 	c, _ := startTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

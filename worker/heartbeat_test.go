@@ -14,6 +14,7 @@ import (
 // its own: never later than a whole interval (the request's AckWait counts
 // on it), and not in step with runs started at the same moment.
 func TestFirstBeatsAreSpreadOverTheSecondHalf(t *testing.T) {
+	t.Parallel()
 	const interval = 15 * time.Second
 	seen := map[time.Duration]bool{}
 	lo, hi := interval, time.Duration(0)
@@ -34,6 +35,7 @@ func TestFirstBeatsAreSpreadOverTheSecondHalf(t *testing.T) {
 // lease's failed compare-and-set, and a publisher fenced for it, wrapped
 // (as the give-up's "run_started not stored: %w" wraps it).
 func TestLeaseGoneKnowsBothErrors(t *testing.T) {
+	t.Parallel()
 	for _, err := range []error{lease.ErrLost, eventpub.ErrFenced, fmt.Errorf("give-up: run_started not stored: %w", eventpub.ErrFenced)} {
 		if !leaseGone(err) {
 			t.Errorf("%v: not a lost lease", err)

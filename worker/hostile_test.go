@@ -64,6 +64,7 @@ func deepArgs(t *testing.T, depth int) map[string]any {
 // the arguments cap: the call fails with a small error result, the run
 // goes on, and the worker's memory stays bounded.
 func TestHostileDeepToolArgumentsStayBounded(t *testing.T) {
+	// Not parallel: it measures the process's allocations.
 	f := fleettest.Start(t, fleettest.Options{})
 	args := deepArgs(t, 9900)
 	call := faux.Response{Content: []agent.Content{agent.ToolCall("c1", "calculator", args)}, StopReason: agent.StopReasonToolUse}
@@ -100,6 +101,7 @@ func TestHostileDeepToolArgumentsStayBounded(t *testing.T) {
 // An error result is capped like a successful one: the worker's result cap
 // applies to the error text a tool returns.
 func TestHostileToolErrorResultCapped(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	loud := agent.NewTool("loud", "fails loudly", func(_ context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
 		return agent.ToolResult{}, errors.New(strings.Repeat("e", 1<<20))
@@ -122,6 +124,7 @@ func TestHostileToolErrorResultCapped(t *testing.T) {
 // A faux run streaming one character per event hits the event budget and
 // fails with reason event_budget; what it stored stays within the budget.
 func TestHostileEventBudget(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		cfg  worker.Config
@@ -163,6 +166,7 @@ func TestHostileEventBudget(t *testing.T) {
 // A request listing one tool 200,000 times is a bad request whose error,
 // record and run_started stay small.
 func TestHostileHugeToolListIsBadRequest(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{})
 	// Published raw: the client's Submit checks the request first.
@@ -190,6 +194,7 @@ func TestHostileHugeToolListIsBadRequest(t *testing.T) {
 // gave_up (its record fits the bucket's value limit), and every error text
 // is clipped.
 func TestHostileModelErrorTextClipped(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
@@ -224,6 +229,7 @@ func TestHostileModelErrorTextClipped(t *testing.T) {
 // more are waiting than the worker allows, and neither its events nor the
 // worker's heap take the flood in.
 func TestHostileSteerFlood(t *testing.T) {
+	// Not parallel: it measures the process's heap.
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{})
 	id := f.Submit("", &bus.RunRequest{Prompt: "wait", Tools: []string{"sleep"}, Model: fleettest.FauxModel(),
@@ -266,6 +272,7 @@ func TestHostileSteerFlood(t *testing.T) {
 // AGENTS_CONTROL bounds a flood to one run without refusing anyone: it
 // keeps the newest MaxControlsPerSubject messages per run and kind.
 func TestHostileControlStreamPerSubjectLimit(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx := fleettest.Context(t)
 	id := bus.NewRunID()
@@ -297,6 +304,8 @@ func controlsStored(t *testing.T, f *fleettest.Fleet, subject string) uint64 {
 // aborts, of steers) keeps neither the owner's abort out nor makes it
 // abort: the run waits until its owner aborts it, then ends aborted.
 func TestHostileControlJunkBeforeTheRunLocksNoOneOut(t *testing.T) {
+	// Not parallel: beside 7 other tests on 2 loaded cores its abort was
+	// not seen within 30 s (a serial run takes 3 s).
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx := fleettest.Context(t)
 	id := bus.NewRunID()
@@ -341,6 +350,7 @@ func waitEvent(t *testing.T, f *fleettest.Fleet, id, typ string) {
 // Usage written into the submitted messages is not the run's: a forged
 // negative usage neither lowers the cost nor lifts maxTotalTokens.
 func TestHostileForgedUsage(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{})
 	var msgs []agent.Message
@@ -363,6 +373,7 @@ func TestHostileForgedUsage(t *testing.T) {
 // A steer and an abort stored before the request are not the run's; an
 // abort stored after the request, before any worker picked it up, is.
 func TestHostilePreSeededControls(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx := fleettest.Context(t)
 	id := bus.NewRunID()
@@ -400,6 +411,7 @@ func TestHostilePreSeededControls(t *testing.T) {
 // With faux off, a faux script or a faux model is a bad request naming
 // the flag; a request naming no model still gets the default demo model.
 func TestHostileFauxOff(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{NoFaux: true})
 	for _, req := range []*bus.RunRequest{
@@ -419,6 +431,7 @@ func TestHostileFauxOff(t *testing.T) {
 // Operator ceilings: a request over one is a bad request naming the flag;
 // the defaults are lowered to them.
 func TestHostileOperatorCeilings(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{MaxTurns: 2, MaxRunTimeout: time.Minute})
 	for flag, limits := range map[string]*bus.Limits{
@@ -465,6 +478,7 @@ func (o *inFlight) RunHandedBack(r worker.RunInfo)                  { o.left(r) 
 
 // A queue's concurrency cap holds while another queue still gets slots.
 func TestHostileQueueConcurrency(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"greedy", "other"}}})
 	o := &inFlight{now: map[string]int{}, max: map[string]int{}}
 	f.StartWorker(worker.Config{Concurrency: 4, QueueConcurrency: map[string]int{"greedy": 1}, Observer: o})
@@ -492,6 +506,7 @@ func TestHostileQueueConcurrency(t *testing.T) {
 
 // continueFrom only reads runs of the request's own queue.
 func TestHostileContinueFromOtherQueue(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default", "secret"}}})
 	f.StartWorker(worker.Config{})
 	prior := f.Submit("secret", fleettest.FauxRun("the secret is 42", fleettest.Text("noted")))
@@ -515,6 +530,7 @@ func TestHostileContinueFromOtherQueue(t *testing.T) {
 // (then accepted) cannot be continued: its transcript would hand the
 // model that text as system text, which messages refuse since 1.8.
 func TestHostileContinueFromRefusesSystemText(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{})
 	ctx := fleettest.Context(t)
@@ -555,6 +571,7 @@ func TestHostileContinueFromRefusesSystemText(t *testing.T) {
 // A transcript past --max-transcript-bytes fails the run with reason
 // transcript_too_large, before the model is called again.
 func TestHostileTranscriptBound(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{MaxTranscriptBytes: 96 << 10})
 	calc := fleettest.ToolCall("c", "calculator", map[string]any{"expression": "1+1"})

@@ -34,6 +34,7 @@ func (o attemptEnds) RunHandedBack(r RunInfo) {
 // revision it wrote last, refused, and the record keeps the second
 // attempt's end.
 func TestAStaleAttemptsFinalWriteIsRefusedAndTheRecordKeepsTheNewerEnd(t *testing.T) {
+	t.Parallel()
 	c, srv := startTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -16,6 +16,7 @@ import (
 // A run much longer than AckWait finishes on its first attempt: the finish
 // has its own deadline, counted from when the finish starts.
 func TestLongRunFinishesOnFirstAttempt(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	ackWait := 2 * time.Second
 	o := newObs()
@@ -54,6 +55,7 @@ func TestLongRunFinishesOnFirstAttempt(t *testing.T) {
 // The user messages of a steer carry the control's stream sequence on
 // their message_start and message_end; the prompt's carry none.
 func TestControlSeqStamping(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newGate()
 	o := newObs()
@@ -86,6 +88,7 @@ func TestControlSeqStamping(t *testing.T) {
 // A bad request's error lists every problem: the decoder's and the
 // worker's.
 func TestBadRequestListsEveryProblem(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	res, err := f.Client.SubmitRaw(fleettest.Context(t), "", "bad-everywhere", []byte(`{"prompt":"x","tools":["rm_rf"],"temperature":9}`))
@@ -130,6 +133,7 @@ func TestBadRequestListsEveryProblem(t *testing.T) {
 }
 
 func TestRunRecordLifecycle(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newGate()
 	id := f.Submit("", &bus.RunRequest{Prompt: "go", Tools: []string{"gate"}, Model: fleettest.FauxModel(), Metadata: map[string]string{"team": "qa"},
@@ -163,6 +167,7 @@ func TestRunRecordLifecycle(t *testing.T) {
 }
 
 func TestDrainHandsRunsBack(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newGate()
 	stop := f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, DrainTimeout: 100 * time.Millisecond}).Stop
@@ -198,6 +203,7 @@ func TestDrainHandsRunsBack(t *testing.T) {
 }
 
 func TestHeartbeatKeepsALongRunOwned(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newGate()
 	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 200 * time.Millisecond})

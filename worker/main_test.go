@@ -8,10 +8,16 @@ import (
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/testpar"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The tests wait far more than they compute; each has its own
+	// server (fleettest, startInternal).
+	testpar.Default(4)
+	goleak.VerifyTestMain(m)
+}
 
 // newFleet is a fleet with queues "default" and "other"; its workers take
 // both.
@@ -21,6 +27,7 @@ func newFleet(t *testing.T) *fleettest.Fleet {
 }
 
 func TestSmoke(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	id := f.Submit("", fleettest.FauxRun("hi", fleettest.Text("hello there")))

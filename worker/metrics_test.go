@@ -59,6 +59,7 @@ func (g gathered) value(t *testing.T, key string) float64 {
 // A faux run with a tool call moves the counters and histograms it should,
 // and no label carries the run id or the prompt.
 func TestMetricsFromAFauxRun(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	reg := prometheus.NewPedanticRegistry()
 	m := metrics.New(reg, metrics.Config{Models: []string{"gpt-4o-mini"}, Tools: []string{"calculator"}, Queues: []string{"default", "other"}})

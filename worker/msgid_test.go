@@ -17,6 +17,7 @@ import (
 // drops a second copy by; the agent's events carry none (protocol 1.4: a
 // re-send stores one only right after its predecessor).
 func TestLifecycleEventsCarryTheirMessageID(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	id := f.Submit("", &bus.RunRequest{Prompt: "hi", Model: fleettest.FauxModel(),

@@ -23,6 +23,7 @@ func (deleteTimesOut) DeleteMsg(ctx context.Context, _ uint64) error {
 // timeout: a message that is not there is reported so, not as the
 // delete's failure.
 func TestDeleteRequestLooksUpWithItsOwnTimeout(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

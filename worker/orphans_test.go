@@ -86,6 +86,7 @@ func waitRunsStreamEmpty(t *testing.T, c *bus.Client, queue string, d time.Durat
 // terminated with a logged reason, without a log line each (the first of
 // an interval, then a count); a real run among them runs.
 func TestRequestsOnLiteralWildcardTokensAreRemoved(t *testing.T) {
+	// Not parallel: its bound (2000 requests in 5 s) is a rate.
 	f := fleettest.Start(t, fleettest.Options{})
 	logs := &logbuf.Buffer{}
 	w := f.StartWorker(worker.Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -129,6 +130,7 @@ func TestRequestsOnLiteralWildcardTokensAreRemoved(t *testing.T) {
 // with a logged reason, each once however many sweep at the same time,
 // and leave the queue's real requests alone.
 func TestPassedOverRequestsAreSwept(t *testing.T) {
+	// Not parallel: its bound (requests gone in 5 s) is a rate.
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	js, n := c.JetStream(), c.Names()
@@ -221,6 +223,7 @@ func TestPassedOverRequestsAreSwept(t *testing.T) {
 // agents.submit.*.*) stores what no queue's consumer will deliver: the
 // worker says so at start.
 func TestWildcardRunsStreamIsWarnedAbout(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
 	ctx, n := fleettest.Context(t), f.Client.Names()
 	if _, err := f.Client.JetStream().CreateStream(ctx, jetstream.StreamConfig{
@@ -240,6 +243,7 @@ func TestWildcardRunsStreamIsWarnedAbout(t *testing.T) {
 // that refuses past its per-subject cap, a queue filter that passes
 // requests over.
 func TestOldStreamSettingsAreWarnedAbout(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	n := c.Names()

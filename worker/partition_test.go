@@ -21,6 +21,7 @@ import (
 // the control stream at pickup (the audit, which would notice too, is
 // kept out of the way).
 func TestControlDuringAPartitionIsReadAtPickup(t *testing.T) {
+	t.Parallel()
 	c, srv := startTestServer(t)
 	part := netsplit.Start(t, srv.NATS().Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -72,6 +73,7 @@ func TestControlDuringAPartitionIsReadAtPickup(t *testing.T) {
 // Here the proxy drops the first re-send after a reconnect, then the
 // connection is lost again; the run must finish in its first attempt.
 func TestAReSendSwallowedByALostConnectionIsSentAgain(t *testing.T) {
+	t.Parallel()
 	c, srv := startTestServer(t)
 	part := netsplit.Start(t, srv.NATS().Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

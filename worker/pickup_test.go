@@ -38,6 +38,7 @@ func (rr *recordReads) of(id string) int {
 // reads no record: the read is a round trip on every run's path
 // (worker/internal/lease).
 func TestFirstDeliveryReadsNoRecord(t *testing.T) {
+	t.Parallel()
 	var rr *recordReads
 	_, c := startInternal(t, Config{}, func(w *Worker) { rr = countRecordReads(w) })
 	id := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
@@ -55,6 +56,7 @@ func TestFirstDeliveryReadsNoRecord(t *testing.T) {
 // take it unread: it hands the request back, and the redelivery reads it,
 // so the run keeps its first start (its timeout counts from it).
 func TestFirstDeliveryFindingARecordHandsItBack(t *testing.T) {
+	t.Parallel()
 	var rr *recordReads
 	_, c := startInternal(t, Config{}, func(w *Worker) { rr = countRecordReads(w) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -73,6 +75,7 @@ func TestFirstDeliveryFindingARecordHandsItBack(t *testing.T) {
 // A queue whose consumer allows only 2 deliveries reads the record at
 // every pickup: a hand-back would cost the run half its attempts.
 func TestFirstDeliveryReadsWhenDeliveriesAreFew(t *testing.T) {
+	t.Parallel()
 	var rr *recordReads
 	_, c := startInternal(t, Config{MaxDeliver: 2}, func(w *Worker) { rr = countRecordReads(w) })
 	id := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
@@ -91,6 +94,7 @@ func TestFirstDeliveryReadsWhenDeliveriesAreFew(t *testing.T) {
 // back with no delivery left and the run given up. The worker used to
 // learn the rule only at its start.
 func TestFirstDeliveryReadsOnceDeliveriesAreLowered(t *testing.T) {
+	t.Parallel()
 	var rr *recordReads
 	w, c := startInternal(t, Config{}, func(w *Worker) {
 		rr = countRecordReads(w)
@@ -158,6 +162,7 @@ func submitOverALeftRecord(ctx context.Context, t *testing.T, c *bus.Client, id 
 // heartbeat starts: the request is not delivered again, and the run is
 // attempt 1. Before, nothing kept it until the heartbeat's first beat.
 func TestASlowPickupKeepsItsRequest(t *testing.T) {
+	t.Parallel()
 	const ackWait = 3 * time.Second
 	var (
 		mu    sync.Mutex

@@ -17,6 +17,7 @@ import (
 // a run naming a tool it lacks fails bad_request naming the workers of the
 // run's queue that have it.
 func TestMixedToolsOnOneQueue(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	// A live worker of queue default with an MCP server's tools, as its
 	// presence says.

@@ -27,6 +27,7 @@ func (o *waitObs) PublishWait(time.Duration) { o.mu.Lock(); o.waits++; o.mu.Unlo
 func (o *waitObs) EventPublished() { o.mu.Lock(); o.pubs++; o.mu.Unlock() }
 
 func TestPublishWindowBackPressure(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	o := &waitObs{finished: make(chan struct{})}
 	f.StartWorker(worker.Config{PublishWindow: 1, Observer: o})

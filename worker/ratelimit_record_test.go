@@ -14,6 +14,7 @@ import (
 // A run whose model call queues for the shared limits shows it in its
 // record while it waits, and a model_wait event once the call proceeds.
 func TestWaitingModelRecord(t *testing.T) {
+	t.Parallel()
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)

@@ -148,6 +148,7 @@ func limitsFleet(t *testing.T, p *limitedProvider, lim *ratelimit.Limits, worker
 // providers' minute shortened to a second: the skew is 60 times larger
 // against it than in production).
 func TestSharedLimitsAvoid429s(t *testing.T) {
+	t.Parallel()
 	const window = time.Second
 	t.Run("limited", func(t *testing.T) {
 		p := &limitedProvider{rpm: 8, tpm: 100000, window: window}
@@ -183,6 +184,7 @@ func TestSharedLimitsAvoid429s(t *testing.T) {
 
 // Concurrency caps the calls in flight across the fleet.
 func TestSharedConcurrency(t *testing.T) {
+	t.Parallel()
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Second}
 	limitsFleet(t, p, &ratelimit.Limits{Concurrency: 2}, 3, 4, 8)
 	if _, _, maxIn := p.stats(); maxIn > 2 {

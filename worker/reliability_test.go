@@ -112,6 +112,7 @@ func count(msgs []agent.Message, role, text string) int {
 // again, the queued one is; the tool call gets an error result; the
 // model is called only for what is missing.
 func TestResumeAfterWorkerKilled(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newCancelGate()
 	first := newObs()
@@ -178,6 +179,7 @@ func TestResumeAfterWorkerKilled(t *testing.T) {
 // other resumes it and finishes it once; the stalled one, at its next
 // lease renewal, stops its copy and publishes nothing after.
 func TestLeaseLoss(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newCancelGate()
 	// Worker A heartbeats later than AckWait: its request is redelivered.
@@ -222,6 +224,7 @@ func TestLeaseLoss(t *testing.T) {
 // record says failed/gave_up, the run gets its run_finished, the request
 // leaves the work queue and a copy is on the dead-letter subject.
 func TestGiveUp(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newCancelGate()
 	// Heartbeats never come in time: every delivery times out.
@@ -275,6 +278,7 @@ func TestGiveUp(t *testing.T) {
 // Status and List report a running record whose heartbeat is too old as
 // stale.
 func TestStaleRecord(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	kv, err := f.Client.Records(fleettest.Context(t))
 	if err != nil {
@@ -304,6 +308,7 @@ func TestStaleRecord(t *testing.T) {
 // run_started + run_finished(bad_request) after the original's end, the
 // original's record untouched. Readers of the run still see the original.
 func TestReusedRunID(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	id := f.Submit("", &bus.RunRequest{Prompt: "hi", Model: fleettest.FauxModel(), Faux: fleettest.Texts("hello")})
@@ -353,6 +358,7 @@ func TestReusedRunID(t *testing.T) {
 // the transcript does not show), or for a record of a worker before 1.6
 // (none kept) the transcript's highest controlSeq.
 func TestRedeliveryOfFinishedRun(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name       string
 		kept, want uint64
@@ -432,6 +438,7 @@ func (o *countObs) EventPublished() {
 // the worker reconnects, re-sends what was not acknowledged, and the run
 // finishes in its first attempt with gapless events.
 func TestNATSServerRestartKeepsTheRun(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	o := &countObs{at: 15, reached: make(chan struct{})}
 	f.StartWorker(worker.Config{AckWait: 10 * time.Second, Observer: o})
@@ -451,6 +458,7 @@ func TestNATSServerRestartKeepsTheRun(t *testing.T) {
 // A NATS restart loses the memory buckets (presence, shared rate limits):
 // the worker creates them again and its presence comes back.
 func TestPresenceComesBackAfterNATSRestart(t *testing.T) {
+	t.Parallel()
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
@@ -482,6 +490,7 @@ func TestPresenceComesBackAfterNATSRestart(t *testing.T) {
 // timer fires (a minute here: the test allows 30 s). The runs before the
 // restart put the old bucket's sequence ahead of the new one's.
 func TestLimitsWatchFollowsNATSRestart(t *testing.T) {
+	t.Parallel()
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var gate atomic.Bool // the next call waits for release
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -576,6 +585,7 @@ func waitState(t *testing.T, what string, ok func() bool) {
 // A run whose deadline passed while it waited for redelivery is finished
 // failed/timeout by the next attempt, not handed back until it gives up.
 func TestRedeliveredAfterDeadlineTimesOut(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newCancelGate()
 	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond}

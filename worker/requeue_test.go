@@ -23,6 +23,7 @@ import (
 // attempt above every attempt the copy used, so readers (which drop
 // envelopes of a lower attempt) see the run's end.
 func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	d := &deployTool{}
 	spans, tp := spanRecorder(t)
@@ -67,6 +68,7 @@ func TestRequeuedCopyGivenUpKeepsAttemptsRising(t *testing.T) {
 // requeue marker for the request named, so it is a plain request reusing
 // the id, and it is refused.
 func TestForgedRequeueHeadersDoNotTakeOverARun(t *testing.T) {
+	t.Parallel()
 	_, c, d := approvalWorker(t, Config{HeartbeatInterval: time.Second})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
@@ -187,6 +189,7 @@ func (f *giveUpFixture) deadLetter(t *testing.T) bool {
 // crashed, and that crashed again with one drain between, is given up
 // (with its attempts rising from the marker's base), not requeued again.
 func TestRequeueStopsWhenCrashesReachMaxDeliver(t *testing.T) {
+	t.Parallel()
 	f := newGiveUpFixture(t, Config{MaxDeliver: 2})
 	// This request is a copy of an earlier one whose deliveries were one
 	// drain and one crash; its own two were one drain and one crash.
@@ -206,6 +209,7 @@ func TestRequeueStopsWhenCrashesReachMaxDeliver(t *testing.T) {
 // the old request had failed) only removes the old request: no dead
 // letter, and the live run is left alone.
 func TestRequeueRetryAfterTheCopyTookOverLeavesTheRunAlone(t *testing.T) {
+	t.Parallel()
 	f := newGiveUpFixture(t, Config{MaxDeliver: 2})
 	old := f.seq
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -240,6 +244,7 @@ func TestRequeueRetryAfterTheCopyTookOverLeavesTheRunAlone(t *testing.T) {
 // marker is bound to the copy's stream sequence, and only the copy resumes
 // the run.
 func TestRequeueMarkerAcceptsOnlyTheCopy(t *testing.T) {
+	t.Parallel()
 	w, c, d := approvalWorker(t, Config{HeartbeatInterval: time.Second})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)

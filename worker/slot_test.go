@@ -18,6 +18,7 @@ import (
 // its request's ack round trip: with one slot, the next run starts while
 // the first one's ack is held.
 func TestSlotFreedBeforeTheRequestAck(t *testing.T) {
+	t.Parallel()
 	g := newTestGate()
 	held, unhold := make(chan uint64, 1), make(chan struct{})
 	var once sync.Once
@@ -58,6 +59,7 @@ func TestSlotFreedBeforeTheRequestAck(t *testing.T) {
 // on a consumer that parks two make a few requests a second, not
 // thousands.
 func TestRefusedPullBacksOff(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -101,6 +103,7 @@ func TestRefusedPullBacksOff(t *testing.T) {
 // not freed by the second. The same holds for a slot taken again after a
 // wait without it (waiting.go).
 func TestASlotGivenBackTwiceIsGivenBackOnce(t *testing.T) {
+	t.Parallel()
 	w, err := New(Config{Client: connectTestServer(t), Concurrency: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +139,7 @@ func TestASlotGivenBackTwiceIsGivenBackOnce(t *testing.T) {
 // someone to take a slot to give back, which hung the worker until go
 // test's timeout.
 func TestASlotGivenBackThatWasNotTakenPanicsAtOnce(t *testing.T) {
+	t.Parallel()
 	w, err := New(Config{Client: connectTestServer(t), Concurrency: 2, Queues: []string{"default", "small"},
 		QueueConcurrency: map[string]int{"small": 1}})
 	if err != nil {

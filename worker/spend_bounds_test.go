@@ -22,6 +22,7 @@ import (
 // zero (a reported usage "clamped" to negative output, a reservation of
 // nothing).
 func TestSpendMaxTokensBeyondTheLimitIsABadRequest(t *testing.T) {
+	t.Parallel()
 	e := &spendEndpoint{reply: func(int) spendReply { return spendReply{usage: "real"} }}
 	f := newSpendFleet(t, e)
 	f.startWorker(0, &worker.RateLimits{Window: 10 * time.Second, Models: map[string]worker.ModelLimit{
@@ -57,6 +58,7 @@ func TestSpendMaxTokensBeyondTheLimitIsABadRequest(t *testing.T) {
 // one whose table says 128,000 asked for 32,000 while its reported
 // output was clamped at 128,000 + 10%.
 func TestSpendTheCallAsksForItsOutputReserve(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name      string
 		info      openai.ModelInfo
@@ -94,6 +96,7 @@ func TestSpendTheCallAsksForItsOutputReserve(t *testing.T) {
 // four times the input estimate, plus the output bound) used to hold the
 // whole window, and the group's next call waited for it to pass.
 func TestSpendForgedUsageDoesNotStallASmallGroup(t *testing.T) {
+	t.Parallel()
 	e := &spendEndpoint{reply: func(n int) spendReply {
 		if n == 0 {
 			return spendReply{usage: "forged"}
@@ -147,6 +150,7 @@ func (p brokenProvider) Stream(_ context.Context, model agent.Model, _ agent.Con
 // the run was charged (the estimate). The agent used to build the message
 // itself, with no usage, while the run's tally counted the estimate.
 func TestSpendBrokenStreamsMessageCarriesTheCharge(t *testing.T) {
+	t.Parallel()
 	for _, panics := range []bool{false, true} {
 		t.Run(fmt.Sprintf("panics=%v", panics), func(t *testing.T) {
 			f := newFleet(t)
@@ -198,6 +202,7 @@ func (hugeDeltaProvider) Stream(_ context.Context, model agent.Model, _ agent.Co
 // (an event too large for NATS) was charged the call's estimate; the
 // error message the agent then ends the run with carries it.
 func TestSpendCallStoppedByItsEventsMessageCarriesTheCharge(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{DefaultModel: "broken/m", Providers: map[string]worker.Provider{"broken": hugeDeltaProvider{}}})
 	envs := f.Follow(f.Submit("", &bus.RunRequest{Prompt: spendPrompt}))

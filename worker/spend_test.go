@@ -331,6 +331,7 @@ func checkCharged(t *testing.T, f *spendFleet, tenant string, fin *bus.RunFinish
 }
 
 func TestSpendFailsClosed(t *testing.T) {
+	t.Parallel()
 	var rows []spendRow
 	add := func(r spendRow) { rows = append(rows, r) }
 

@@ -11,6 +11,7 @@ import (
 // A provider may write the whole prompt to its cache: a call's worst case
 // prices its input at the dearer of the input and cache-write prices.
 func TestTenantWorstCasePricesCacheWrites(t *testing.T) {
+	t.Parallel()
 	r := &run{}
 	r.model = agent.Model{Cost: agent.ModelCost{Input: 3, CacheWrite: 3.75, CacheRead: 0.3, Output: 15}}
 	llm := agent.Context{SystemPrompt: "be brief", Messages: []agent.Message{agent.UserText("what is 6*7?")}}

@@ -96,6 +96,7 @@ func tenantRun(tenant string) *bus.RunRequest {
 // A tenant whose period's budget is spent is refused at pickup without a
 // model call; once the period rolls over its runs are admitted again.
 func TestTenantRefusedUntilThePeriodRollsOver(t *testing.T) {
+	t.Parallel()
 	const period = 2 * time.Second
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: budget.Refuse}}}
@@ -175,6 +176,7 @@ func TestTenantRefusedUntilThePeriodRollsOver(t *testing.T) {
 // budget plus one call's worst case, though each alone could afford its
 // first call.
 func TestTenantConcurrentRunsDoNotOverspend(t *testing.T) {
+	t.Parallel()
 	worst := firstCallWorst("what is 6*7?")
 	limit := 1.5 * worst
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
@@ -225,6 +227,7 @@ func TestTenantConcurrentRunsDoNotOverspend(t *testing.T) {
 // tenant on the same one-slot worker runs meanwhile. Then it runs, and its
 // events say how long it waited.
 func TestTenantWaitsForTheNextPeriodWithoutASlot(t *testing.T) {
+	t.Parallel()
 	const period = 3 * time.Second
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{
@@ -323,6 +326,7 @@ func waitWaiting(t *testing.T, f *fleettest.Fleet, id string, attempt int, deadl
 // worker's attempt goes on waiting (since the same time) and runs it once
 // the budget is back.
 func TestTenantWaitingRunHandedBackOnDrain(t *testing.T) {
+	t.Parallel()
 	const period = 4 * time.Second
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: budget.Wait}}}
@@ -355,6 +359,7 @@ func TestTenantWaitingRunHandedBackOnDrain(t *testing.T) {
 
 // With FromQueue the queue is the tenant, whatever the metadata says.
 func TestTenantFromQueue(t *testing.T) {
+	t.Parallel()
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
@@ -382,6 +387,7 @@ func TestTenantFromQueue(t *testing.T) {
 // too. Eight runs with the calculator, whose calls cost far more than
 // their messages alone: the tenant spends no more than its budget.
 func TestTenantWorstCaseCountsEverythingSent(t *testing.T) {
+	t.Parallel()
 	const maxTok = 5 // the provider answers 5 tokens: the input is most of a call
 	prompt := "what is 6*7?"
 	// Three first calls' worth; by their messages alone, ten or more.
@@ -416,6 +422,7 @@ func TestTenantWorstCaseCountsEverythingSent(t *testing.T) {
 // parked until the period ends: its first call waits (off its slot) for
 // the hold to settle, then runs.
 func TestTenantFirstCallWaitsForOtherCallsHolds(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{budget.Refuse, budget.Wait} {
 		t.Run(mode, func(t *testing.T) {
 			p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
@@ -453,6 +460,7 @@ func TestTenantFirstCallWaitsForOtherCallsHolds(t *testing.T) {
 // Runs of a "wait" tenant picked up together all pass the pickup check;
 // those whose first call then does not fit wait instead of failing.
 func TestTenantWaitModeFirstCallWaits(t *testing.T) {
+	t.Parallel()
 	worst := firstCallWorst("what is 6*7?")
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	b := &budget.Budgets{Period: time.Hour, Default: &budget.Tenant{USD: 1.5 * worst, OnExhausted: budget.Wait}}
@@ -507,6 +515,7 @@ func TestTenantWaitModeFirstCallWaits(t *testing.T) {
 // A model without prices costs nothing a budget counts: a tenant at or
 // past its limit still runs it, at pickup as at its calls.
 func TestTenantAtItsLimitRunsAFreeModel(t *testing.T) {
+	t.Parallel()
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
@@ -539,6 +548,7 @@ func TestTenantAtItsLimitRunsAFreeModel(t *testing.T) {
 // A budget wait handed back on drain and resumed counts its time once
 // (waitedMs, and so the timeout).
 func TestTenantWaitedCountedOnceAcrossHandBacks(t *testing.T) {
+	t.Parallel()
 	const period = 6 * time.Second
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	b := &budget.Budgets{Period: period, Tenants: map[string]budget.Tenant{"acme": {USD: 5, OnExhausted: budget.Wait}}}
@@ -568,6 +578,7 @@ func TestTenantWaitedCountedOnceAcrossHandBacks(t *testing.T) {
 // Drain hand-backs while a run waits for its budget do not use up
 // MaxDeliver: the run is still waiting after more drains than MaxDeliver.
 func TestTenantWaitHandBacksDoNotUseMaxDeliver(t *testing.T) {
+	t.Parallel()
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)

@@ -20,6 +20,7 @@ import (
 // TestThroughput measures faux runs per second through one worker. It runs
 // only with AGENTFLEET_THROUGHPUT=<runs>; it asserts nothing on speed.
 func TestThroughput(t *testing.T) {
+	// Not parallel: it measures throughput.
 	n := 0
 	fmt.Sscan(os.Getenv("AGENTFLEET_THROUGHPUT"), &n)
 	if n == 0 {

@@ -16,6 +16,7 @@ import (
 // blocked on it returns) within a second, and the run ends aborted: the
 // tool's context is the run's, not detached from it.
 func TestAnAbortWhileAToolRunsEndsTheToolsContext(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	running := make(chan struct{}, 1)
 	ctxEnded := make(chan time.Time, 1)
@@ -59,6 +60,7 @@ func TestAnAbortWhileAToolRunsEndsTheToolsContext(t *testing.T) {
 }
 
 func TestToolTimeout(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newGate()
 	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}, ToolTimeout: 100 * time.Millisecond})
@@ -77,6 +79,7 @@ func TestToolTimeout(t *testing.T) {
 // Tool arguments and results are capped: oversized arguments fail the call
 // without running the tool; a long result is cut and says so.
 func TestToolSizeCaps(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	ran := make(chan string, 10)
 	echo := agent.NewTool("echo", "returns its text", func(_ context.Context, a struct {
@@ -116,6 +119,7 @@ func TestToolSizeCaps(t *testing.T) {
 
 // A tool stopped by an abort says so, not "context canceled".
 func TestAbortedToolSaysTheRunWasAborted(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	id := f.Submit("", &bus.RunRequest{Prompt: "nap", Model: fleettest.FauxModel(), Tools: []string{"sleep"},

@@ -77,6 +77,7 @@ func (pt *probeTool) targets() string {
 // out before either call runs. Each call looks, then waits until the
 // other has looked: neither's end is published while the other looks.
 func TestAToolRunsOnlyOnceItsStartIsStored(t *testing.T) {
+	t.Parallel()
 	pt := &probeTool{}
 	var mu sync.Mutex
 	looked, both := 0, make(chan struct{})
@@ -102,6 +103,7 @@ func TestAToolRunsOnlyOnceItsStartIsStored(t *testing.T) {
 // tool_approval_resolved is stored before the call runs (on an attempt
 // that took the waiting call over: TestApprovalResumeSequentialRunsTheLaterCalls).
 func TestAnApprovedCallRunsOnlyOnceItsApprovalIsStored(t *testing.T) {
+	t.Parallel()
 	pt := &probeTool{}
 	_, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, HeartbeatInterval: time.Second}, nil)
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
@@ -117,6 +119,7 @@ func TestAnApprovedCallRunsOnlyOnceItsApprovalIsStored(t *testing.T) {
 // attempt once the waiting call resolves; that attempt publishes its
 // start itself, and the call runs only once it is stored.
 func TestADeferredCallRunsOnlyOnceItsStartIsStored(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	pt := &probeTool{}
 	echo := echoTool(func(context.Context) error { return nil })
@@ -142,6 +145,7 @@ func TestADeferredCallRunsOnlyOnceItsStartIsStored(t *testing.T) {
 // its call waits for the run's events to be stored (their acks held):
 // the call does not run, and its wait leaves nothing behind.
 func TestACallWhoseRunStopsWhileItWaitsDoesNotRun(t *testing.T) {
+	t.Parallel()
 	pt := &probeTool{}
 	w, c := startInternal(t, Config{Tools: []*agent.Tool{pt.tool()}, NoEventBatches: true, PublishAckTimeout: time.Minute,
 		HeartbeatInterval: time.Second}, nil)

@@ -70,6 +70,7 @@ func spanAttr(sp sdktrace.ReadOnlySpan, key string) (any, bool) {
 // A tool that panics (the agent recovers it) still ends its execute_tool
 // span, as failed.
 func TestTraceToolPanicEndsSpan(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	boom := &agent.Tool{Name: "boom", Description: "panics", Parameters: []byte(`{"type":"object"}`),
 		Execute: func(ctx context.Context, id string, args map[string]any, u agent.UpdateFunc) (agent.ToolResult, error) {
@@ -104,6 +105,7 @@ func TestTraceToolPanicEndsSpan(t *testing.T) {
 // An approval wait has an agentfleet.approval.wait span under invoke_agent
 // with the call and its decision; a denied call has it too (it never runs).
 func TestTraceApprovalWait(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	_, c, d := approvalWorker(t, Config{TracerProvider: tp})
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod", "staging"))
@@ -135,6 +137,7 @@ func TestTraceApprovalWait(t *testing.T) {
 // traceGaveUp makes the give-up's attempt an invoke_agent under the
 // request's trace, with the finish's outcome or the give-up's error.
 func TestTraceGaveUpHelper(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	w, _ := startInternal(t, Config{TracerProvider: tp}, nil)
 	_, submit := tp.Tracer("test").Start(context.Background(), "submit")
@@ -175,6 +178,7 @@ func TestTraceGaveUpHelper(t *testing.T) {
 // gen_ai.usage.input_tokens counts cached input tokens too; the cache's
 // share has its own attributes, on chat and on invoke_agent.
 func TestTraceInputTokensCountCache(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	w := &Worker{tracer: newTracer(tp)}
 	r := &run{w: w, id: "r1"}
@@ -197,6 +201,7 @@ func TestTraceInputTokensCountCache(t *testing.T) {
 // A lease or record span is a child of invoke_agent, also when only the
 // span was set (as the tests above do), not the root of a new trace.
 func TestTraceStepParentWithoutTraceBegin(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	w := &Worker{tracer: newTracer(tp)}
 	r := &run{w: w, id: "r1"}
@@ -214,6 +219,7 @@ func TestTraceStepParentWithoutTraceBegin(t *testing.T) {
 // A request without a trace context still makes one trace: its queue wait
 // is a child of invoke_agent.
 func TestTraceQueueWaitWithoutAParent(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	_, c := startInternal(t, Config{TracerProvider: tp}, nil)
 	run := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
@@ -235,6 +241,7 @@ func TestTraceQueueWaitWithoutAParent(t *testing.T) {
 // its error text says (it may quote arguments or output); with capture
 // it keeps the text.
 func TestTraceToolErrorTextOnlyWithCapture(t *testing.T) {
+	t.Parallel()
 	for _, capture := range []bool{false, true} {
 		rec, tp := spanRecorder(t)
 		leak := &agent.Tool{Name: "leak", Description: "fails", Parameters: []byte(`{"type":"object"}`),
@@ -262,6 +269,7 @@ func TestTraceToolErrorTextOnlyWithCapture(t *testing.T) {
 // restored; an attempt that found the run finished says so; error.type is
 // never empty.
 func TestTraceResumedStatusAndErrorType(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	w := &Worker{tracer: newTracer(tp), id: "w"}
 	for _, c := range []struct {

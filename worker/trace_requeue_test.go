@@ -14,6 +14,7 @@ import (
 // trace (the copy carries the request's traceparent), and so does a
 // give-up: every attempt's invoke_agent is in the submit's trace.
 func TestTraceRequeueKeepsTheTrace(t *testing.T) {
+	t.Parallel()
 	rec, tp := spanRecorder(t)
 	c := connectTestServer(t)
 	d := &deployTool{}

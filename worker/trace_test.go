@@ -134,6 +134,7 @@ func toolRunRequest() *bus.RunRequest {
 }
 
 func TestTraceToolRun(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	s := newSpans(t)
 	f.StartWorker(worker.Config{TracerProvider: s.tp})
@@ -193,6 +194,7 @@ func TestTraceToolRun(t *testing.T) {
 }
 
 func TestTraceContentCapture(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	s := newSpans(t)
 	f.StartWorker(worker.Config{TracerProvider: s.tp, TraceContent: true})
@@ -224,6 +226,7 @@ func TestTraceContentCapture(t *testing.T) {
 // makes spans only for the model calls it makes, none for the history it
 // restored.
 func TestTraceResumedRun(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	s := newSpans(t)
 	g := newCancelGate()
@@ -308,6 +311,7 @@ func TestTraceResumedRun(t *testing.T) {
 
 // Without a provider the run publishes no traceparent.
 func TestNoTracing(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	ctx, span := newSpans(t).tp.Tracer("test").Start(fleettest.Context(t), "submit")
@@ -327,6 +331,7 @@ func TestNoTracing(t *testing.T) {
 // event; the chat spans of a real (OpenAI-compatible) endpoint carry its
 // response model and usage.
 func TestTraceRateLimitWait(t *testing.T) {
+	t.Parallel()
 	p := &limitedProvider{rpm: 100, tpm: 1 << 30, window: time.Second}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
@@ -396,6 +401,7 @@ func TestTraceRateLimitWait(t *testing.T) {
 // A run that waits for its tenant's budget at pickup has an
 // agentfleet.budget.wait span under invoke_agent, as long as the wait.
 func TestTraceBudgetWait(t *testing.T) {
+	t.Parallel()
 	const period = 2 * time.Second
 	p := &limitedProvider{rpm: 1000, tpm: 1 << 30, window: time.Minute}
 	srv := httptest.NewServer(p)

@@ -36,6 +36,7 @@ func napTool(wake <-chan struct{}, waiting chan<- struct{}) *agent.Tool {
 // concurrency-1 worker finishes other runs meanwhile), shows what it waits
 // for in its record, and its waits do not count against its timeout.
 func TestWaitOffSlotPrimitive(t *testing.T) {
+	t.Parallel()
 	wake, waiting := make(chan struct{}), make(chan struct{}, 1)
 	w, c := startInternal(t, Config{Concurrency: 1, HeartbeatInterval: 300 * time.Millisecond,
 		Tools: []*agent.Tool{napTool(wake, waiting)}}, nil)

@@ -11,6 +11,7 @@ import (
 // JSON on the wire writes <, > and & as they are, as the reference does:
 // events, the run record and the stored request.
 func TestWireJSONKeepsHTMLCharacters(t *testing.T) {
+	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	f.StartWorker(worker.Config{})
 	req := fleettest.FauxRun("is 1<2 && 3>2?",

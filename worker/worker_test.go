@@ -180,6 +180,7 @@ func roles(msgs []agent.Message) string {
 }
 
 func TestTextRun(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	resps := []agent.ScriptedResponse{fleettest.Text("The answer is forty-two, as everyone knows.")}
@@ -220,6 +221,7 @@ func TestTextRun(t *testing.T) {
 }
 
 func TestToolRun(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	resps := []agent.ScriptedResponse{
@@ -257,6 +259,7 @@ func TestToolRun(t *testing.T) {
 }
 
 func TestSteerDuringToolsAndFollowUp(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newGate()
 	o := newObs()
@@ -313,6 +316,7 @@ func TestSteerDuringToolsAndFollowUp(t *testing.T) {
 }
 
 func TestSteerAndAbortBeforePickup(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	steered := f.Submit("", &bus.RunRequest{Prompt: "first", Model: fleettest.FauxModel(), Faux: fleettest.Texts("one", "two")})
 	if _, err := f.Client.Steer(fleettest.Context(t), steered, "also this"); err != nil {
@@ -350,6 +354,7 @@ func TestSteerAndAbortBeforePickup(t *testing.T) {
 }
 
 func TestAbortMidStream(t *testing.T) {
+	// Not parallel: it bounds the abort's latency (1 s).
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	long := strings.Repeat("word ", 2000)
@@ -382,6 +387,7 @@ func TestAbortMidStream(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	cases := []struct {
@@ -468,6 +474,7 @@ func waitTerminated(t *testing.T, ch chan *nats.Msg) {
 }
 
 func TestTwoWorkersOneQueue(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	o1, o2 := newObs(), newObs()
 	f.StartWorker(worker.Config{Concurrency: 4, Observer: o1})
@@ -512,6 +519,7 @@ func TestTwoWorkersOneQueue(t *testing.T) {
 // No request is fetched without a slot for it: with one pull loop (2
 // slots) and with three competing for the slots (24).
 func TestConcurrencyBound(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		slots, runs int
 		queues      []string
@@ -584,6 +592,7 @@ func testConcurrencyBound(t *testing.T, slots, runs int, queues []string) {
 }
 
 func TestLateFollowerSeesTheSame(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	id := f.Submit("", &bus.RunRequest{Prompt: "compute", Tools: []string{"calculator"}, Model: fleettest.FauxModel(),
@@ -603,6 +612,7 @@ func TestLateFollowerSeesTheSame(t *testing.T) {
 }
 
 func TestLimits(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	g := newGate()
 	f.StartWorker(worker.Config{Tools: []*agent.Tool{g.tool()}})
@@ -641,6 +651,7 @@ func TestLimits(t *testing.T) {
 }
 
 func TestDemoModelAndContinueFrom(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	f.StartWorker(worker.Config{})
 	first := f.Submit("", &bus.RunRequest{Prompt: "hello demo"})

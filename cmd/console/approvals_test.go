@@ -186,6 +186,7 @@ func TestApprovalAnswers(t *testing.T) {
 }
 
 func TestLocalRefsOnly(t *testing.T) {
+	t.Parallel()
 	for schema, want := range map[string]bool{
 		`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}},"$defs":{"x":{"type":"string"}}}`: true,
 		`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object"}`:                true,

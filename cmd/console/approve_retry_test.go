@@ -94,6 +94,7 @@ func TestApproveRetriesAreIdempotent(t *testing.T) {
 // TestAnswerMemoIsBounded: the answers kept for retries are at most max,
 // the oldest dropped first, and none is kept past its time.
 func TestAnswerMemoIsBounded(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	m := newAnswerMemo(3, time.Minute)
 	m.now = func() time.Time { return now }

@@ -180,6 +180,7 @@ func rowState(id string) string {
 }
 
 func TestBrowser(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t) // skip (or fail in CI) before starting a fleet
 	f := newTestFleet(t)
 	c := newConsole(t, f, serverConfig{AllowControl: true})

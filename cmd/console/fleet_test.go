@@ -18,11 +18,14 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/testpar"
 	"github.com/agentfleet/agentfleet/natsembed"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
 func TestMain(m *testing.M) {
+	// The tests wait (on the browser, the fleet) more than they compute.
+	testpar.Default(4)
 	goleak.VerifyTestMain(m)
 }
 

@@ -23,6 +23,7 @@ import (
 // and, for marked, the version its header names. Nobody edits it by hand;
 // an update changes the file and the README together.
 func TestVendoredFilesAreUnchanged(t *testing.T) {
+	t.Parallel()
 	vendor, err := fs.Sub(staticFiles, "static/vendor")
 	if err != nil {
 		t.Fatal(err)

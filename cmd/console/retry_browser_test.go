@@ -80,6 +80,7 @@ func (d *dropUntilPageRetry) result() ([]string, bool, error) {
 // again with the same Idempotency-Key, says it was sent, and the run
 // takes it once.
 func TestBrowserSteerRetriedAfterALostAnswer(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	f := newTestFleet(t)
 	const id = "browser-retry"

@@ -42,6 +42,7 @@ func setValue(sel, value string) chromedp.Action[chromedp.Void] {
 // expiry, and answers too; a read-only console shows the queue without
 // buttons. Arguments holding HTML are shown as text.
 func TestBrowserApprovals(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	f := newTestFleet(t)
 	c := newConsole(t, f, serverConfig{AllowControl: true, ApproverName: "browser-tester"})
@@ -175,6 +176,7 @@ func TestBrowserApprovals(t *testing.T) {
 // the page); a time range; and a rare filter that stops after a bounded
 // scan and says how far it read.
 func TestBrowserRunsPaging(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	f := newTestFleet(t)
 	fillRecords(t, f.Fleet, 0, 5000)
@@ -267,6 +269,8 @@ func TestBrowserRunsPaging(t *testing.T) {
 // run's text is followed to the end of the page until the reader scrolls
 // up; the button follows again.
 func TestBrowserRunTimeline(t *testing.T) {
+	// Not parallel: it waits for the report while it streams (2-3 s), and
+	// beside the other browsers on 2 loaded cores the page came too late.
 	chromiumPath(t)
 	report := "## Report\n\nThe answer is **84**, from the *calculator*.\n\n- twelve times seven\n- checked twice\n\n" +
 		"| factor | value |\n|---|--:|\n| a | 12 |\n| b | 7 |\n\nSee `calc` and [the docs](https://example.com/docs).\n\n```\nraw <b>code</b>\n```\n"
@@ -289,9 +293,11 @@ func TestBrowserRunTimeline(t *testing.T) {
 	c := newConsole(t, f, serverConfig{})
 	b := newBrowser(t, c.URL)
 	priced := &bus.ModelRef{Provider: "priced", ID: "writer"}
-	f.submit(&bus.RunRequest{ID: "tl-report", Prompt: "report", Model: priced, Tools: []string{"calculator"}})
+	// The page is open before the run starts: the report streams for 2-3
+	// s, and a page opened after the submit came too late on 2 loaded cores.
 	page := b.tab()
 	b.open(page, "/runs/tl-report")
+	f.submit(&bus.RunRequest{ID: "tl-report", Prompt: "report", Model: priced, Tools: []string{"calculator"}})
 	b.do(page, "the report streams", wait(`document.querySelectorAll("#transcript .msg-assistant").length === 2 && document.querySelectorAll("#transcript .msg-assistant")[1].querySelector(".streaming") !== null`))
 	if n := eval[int](b, page, `document.querySelectorAll("#transcript .msg-assistant")[0].querySelectorAll(".streaming").length`); n != 0 {
 		t.Error("the finished first message still says streaming")
@@ -441,6 +447,7 @@ func commas(n int) string {
 // service); the New run page offers the presence's models, tools (by
 // source) and queues, and what is picked is what the run gets.
 func TestBrowserFleetAndNewRun(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	model := newPricedModel(0, func(prompt string, turn int, _ agent.Context) agent.ScriptedResponse {
 		return agent.ScriptedResponse{Content: []agent.Content{agent.Text("Answer to " + prompt)}}

@@ -28,6 +28,7 @@ import (
 // rate; an edit is shown from its event; the page's polls never overlap
 // and a stalled one is retried; a cut-short approvals scan says so.
 func TestBrowserRoundTwoFixes(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	f := newTestFleet(t)
 	b := newBrowser(t, "")

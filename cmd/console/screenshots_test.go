@@ -35,6 +35,7 @@ import (
 // CONSOLE_SCREENSHOTS_TRAFFIC sets the traffic's length (default 3m: the
 // fleet page draws the history the console sampled meanwhile, every 10 s).
 func TestScreenshots(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("CONSOLE_SCREENSHOTS") == "" {
 		t.Skip("set CONSOLE_SCREENSHOTS=1 to take docs/img/console-*.png")
 	}

@@ -671,6 +671,7 @@ func TestTrustFlags(t *testing.T) {
 // refused (the console holds its --max-streams) tries again, and shows
 // the run once a place is free.
 func TestBrowserFollowsAfterARefusedStream(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	f := newTestFleet(t)
 	c := newConsole(t, f, serverConfig{MaxStreams: 1})

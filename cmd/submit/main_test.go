@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/internal/testpar"
 )
 
 // raceEnabled is set by race_test.go: the submit binary is then built with
@@ -40,6 +41,8 @@ var fleet struct {
 }
 
 func TestMain(m *testing.M) {
+	// The tests wait on processes (submit, workers) more than they compute.
+	testpar.Default(4)
 	os.Exit(testMain(m))
 }
 
@@ -248,7 +251,9 @@ type proc struct {
 }
 
 func submitEnv(extra ...string) []string {
-	env := []string{"NATS_URL=" + fleet.url, "NO_COLOR=1", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	// A race-built submit would sleep a second at every exit (the race
+	// runtime's atexit_sleep_ms): a race it found still makes it exit 66.
+	env := []string{"NATS_URL=" + fleet.url, "NO_COLOR=1", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "GORACE=atexit_sleep_ms=0"}
 	return append(env, extra...)
 }
 

@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,18 +46,29 @@ type Server struct {
 	Log *Log
 }
 
-// Start runs a server with the accounts file conf (a path), passwords set
-// in the environment as the file expects (so t must not be parallel).
+// Start runs a server with the accounts file conf (a path). The file reads
+// its passwords from the environment ($AGENTS_WORKER_PASSWORD, ...); the
+// server reads a copy that defines them first, as variables of the file,
+// so that the environment is left alone and tests may run in parallel.
 func Start(t testing.TB, conf string) *Server {
 	t.Helper()
 	pw := map[string]string{}
+	var defs strings.Builder
 	for user, env := range passwordEnv {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		pw[user] = hex.EncodeToString(b[:])
-		t.Setenv(env, pw[user])
+		fmt.Fprintf(&defs, "%s: %q\n", env, pw[user])
 	}
-	opts, err := server.ProcessConfigFile(conf)
+	text, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPasswords := filepath.Join(t.TempDir(), filepath.Base(conf))
+	if err := os.WriteFile(withPasswords, append([]byte(defs.String()), text...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(withPasswords)
 	if err != nil {
 		t.Fatalf("%s: %v", conf, err)
 	}

@@ -24,6 +24,7 @@ import (
 // {"stream":..,"seq": prefix, the duplicate's `, "duplicate": true}`, and
 // JSPubAckResponse through encoding/json for errors and batches).
 func TestParsePubAck(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		data    string
 		seq     uint64
@@ -153,6 +154,7 @@ func storedOn(t *testing.T, c *bus.Client, subject string, n uint64) {
 // duplicate acks complete the flush. Without the re-send the flush never
 // ends.
 func TestLostAcksAreRecoveredByResend(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	restore := loseAcks(t, w)
 	run := bus.NewRunID()
@@ -186,6 +188,7 @@ func TestLostAcksAreRecoveredByResend(t *testing.T) {
 // sends, until the retry budget (AckWait) is spent; then the publisher
 // fails and says why.
 func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{NoEventBatches: true, AckWait: 2 * time.Second}, nil)
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
@@ -229,6 +232,7 @@ func TestUnstoredEventFailsPastTheBudget(t *testing.T) {
 // Acks applied out of their stream order (an event lost and stored after
 // a later one) fail the attempt.
 func TestAcksOutOfStreamOrderFail(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
@@ -335,6 +339,7 @@ func sentSeqs(t *testing.T, w *testWorker, url, subject string) func(n int) []ui
 // earlier one whose ack the lost connection took with it: it waits, and
 // goes out once the earlier one's re-send is stored.
 func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
+	t.Parallel()
 	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run // a subscriber, no stream: no ack ever
@@ -365,6 +370,7 @@ func TestNewEventDoesNotOvertakeAfterReconnect(t *testing.T) {
 // While a re-send waits for NATS, an ack that comes meanwhile starts the
 // retry budget again but does not turn it off.
 func TestResendBudgetHoldsAfterAnAckMeanwhile(t *testing.T) {
+	t.Parallel()
 	failed := make(chan error, 1)
 	p := resendingWithoutNATS(t, func(err error) { failed <- err })
 	p.ackArrived(1, 10, false, nil)
@@ -382,6 +388,7 @@ func TestResendBudgetHoldsAfterAnAckMeanwhile(t *testing.T) {
 // A re-send waiting for NATS ends when the acks of everything it held
 // came meanwhile: the publisher flushes without error.
 func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
+	t.Parallel()
 	p := resendingWithoutNATS(t, nil)
 	p.ackArrived(1, 10, false, nil)
 	p.ackArrived(2, 11, false, nil)
@@ -401,6 +408,7 @@ func TestResendEndsWhenEverythingIsAcked(t *testing.T) {
 
 // A fenced attempt sends nothing more, also from a re-send in progress.
 func TestFenceStopsAResendInProgress(t *testing.T) {
+	t.Parallel()
 	var p *Publisher
 	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p = newPublisher(w, bus.NewRunID(), 1, nil)
@@ -477,6 +485,7 @@ func waitResending(t *testing.T, p *Publisher) {
 // to the same reply subject, so the answer neither fails the attempt nor
 // pops the event.
 func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
@@ -510,6 +519,7 @@ func TestDuplicateInProcessIsNotAFailure(t *testing.T) {
 // a full socket, or on a reconnect's handshake): it takes only the
 // publisher's state lock.
 func TestAckDoesNotWaitForAPublish(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{NoEventBatches: true}, nil)
 	restore := loseAcks(t, w)
 	defer restore()
@@ -540,6 +550,7 @@ func TestAckDoesNotWaitForAPublish(t *testing.T) {
 // to it is not told its connection was lost (it would send again and
 // again until its budget ran out).
 func TestClosedAcksAreNoLostConnection(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	a, err := StartAcks(c.Conn(), time.Second)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 // known as a floor; the stream refuses, the re-send reads what is stored,
 // and nothing is stored twice.
 func TestLostBatchAnswersStoreNothingTwice(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		n    uint64
@@ -87,6 +88,7 @@ func waitNoHolds(t *testing.T, w *testWorker) {
 // was stored first; a review's scratch test, and one
 // TestRefusedEventInABatchIsReSentForTheOthers run in 25.)
 func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -141,6 +143,7 @@ func TestEventPastItsChecksWaitsForTheResend(t *testing.T) {
 // was lost and a new event pruned it) holds nobody: no later answer would
 // release the hold, and the run's events would go singly for good.
 func TestEndedAnswerForAForgottenBatchHoldsNobody(t *testing.T) {
+	t.Parallel()
 	b := &Batch{open: map[string]*openBatch{}, held: map[*Publisher]int{}}
 	p := new(Publisher)
 	batch := func() *openBatch {
@@ -183,6 +186,7 @@ func batchID(t *testing.T, w *testWorker, reply string) string {
 // events: the next go to a new batch (in the one ended, the stream would
 // drop them and they would wait out the ack timeout).
 func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Minute}, nil)
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -250,6 +254,7 @@ func TestBatchTheStreamEndedTakesNoMore(t *testing.T) {
 // change) is re-sent after the batch's answer wait, not after the
 // publishers' ack timeout (an hour here): nothing is stored twice.
 func TestUnansweredBatchIsReSent(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	w.batch.mu.Lock()
@@ -326,6 +331,7 @@ func loseFirstBatch() func(id string) time.Duration {
 // event (each checked against the store), which was more load than the
 // batches and kept an overloaded fleet from recovering.
 func TestLateBatchAnswersAreWaitedFor(t *testing.T) {
+	t.Parallel()
 	var resent atomic.Int32
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, func(w *testWorker) {
 		w.wire.onResend(func(uint64) { resent.Add(1) })
@@ -345,6 +351,7 @@ func TestLateBatchAnswersAreWaitedFor(t *testing.T) {
 // say) is found by the later answer: its events are re-sent after
 // answerWait, not after stuckWait (an hour here), and stored once.
 func TestLostCommitIsFoundByALaterAnswer(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	w.batch.mu.Lock()
@@ -375,6 +382,7 @@ func TestLostCommitIsFoundByALaterAnswer(t *testing.T) {
 // and every run of a worker fell into it at once when the stream dropped
 // a batch (429 "too many requests").
 func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
+	t.Parallel()
 	var resent atomic.Int32
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})
@@ -418,6 +426,7 @@ func TestHeldEventsLeaveTheReSendInABatch(t *testing.T) {
 // leaves the dropped queue alone (it walked the queue's cleared array and
 // took the worker down; a review's test).
 func TestReleaseStopsWhenThePublisherFails(t *testing.T) {
+	t.Parallel()
 	var resent atomic.Int32
 	inResend := make(chan struct{})
 	goOn := make(chan struct{})

@@ -20,6 +20,7 @@ import (
 // on again: a server slow at the start costs a while of single sends, not
 // the worker's life.
 func TestBatchesComeBackOnceAProbeIsAnswered(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -46,6 +47,7 @@ func TestBatchesComeBackOnceAProbeIsAnswered(t *testing.T) {
 // A stream that does not allow batches (an operator removed the flag, or
 // an older server) gets every event plainly.
 func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	ensureStreams(t, c)
 	noBatches := func(cfg *jetstream.StreamConfig) { cfg.AllowBatchPublish = false }
@@ -81,6 +83,7 @@ func TestStreamWithoutBatchesGetsEventsPlainly(t *testing.T) {
 // operator (SkipEnsureStreams) that allows batches without the commit
 // subject gets every event singly.
 func TestNoBatchesWithoutTheCommitSubject(t *testing.T) {
+	t.Parallel()
 	c := connectTestServer(t)
 	ensureStreams(t, c)
 	updateEventsStream(t, c, func(cfg *jetstream.StreamConfig) { cfg.Subjects = []string{c.Names().Events("*")} })
@@ -102,6 +105,7 @@ func TestNoBatchesWithoutTheCommitSubject(t *testing.T) {
 // changed since the worker read it) turns batches off for good, and a
 // probe answered "no responders" (JetStream away) is no answer.
 func TestAProbeTellsADisabledStreamFromNoAnswer(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{}, nil)
 	ctx := context.Background()
 	s, err := c.JetStream().Stream(ctx, w.names.EventsStream())

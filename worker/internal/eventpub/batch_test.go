@@ -86,6 +86,7 @@ func replies(t *testing.T, c *bus.Client, subject string) func(n int) []string {
 }
 
 func TestEventsGoInOneBatchWithFewAnswers(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{}, nil)
 	holdBatches(t, w)
 	var answers atomic.Int64
@@ -212,6 +213,7 @@ func seqsTo(n uint64) []uint64 {
 // runs behind it re-send their events, each stored once and in order,
 // and the run whose event is refused fails.
 func TestRefusedEventInABatchIsReSentForTheOthers(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		before int // events of the other run in the batch before the refused one
@@ -379,6 +381,7 @@ func refusalPairEnds(t *testing.T, w *testWorker, run, big *Publisher, want stri
 // stored respectively. Paused batches (too many open on the stream) send
 // every event singly.
 func TestRunsSurviveAServerDroppingMessages(t *testing.T) {
+	t.Parallel()
 	for _, paused := range []bool{false, true} {
 		t.Run(fmt.Sprintf("paused=%v", paused), func(t *testing.T) {
 			c, _ := startTestServerWith(t, natsembed.Options{StreamMaxBufferedMsgs: 64})

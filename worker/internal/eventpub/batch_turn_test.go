@@ -25,6 +25,7 @@ import (
 // it about one run in thirty). The commit ack is kept back to hold the
 // window open.
 func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{}, nil)
 	holdBatches(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -93,6 +94,7 @@ func TestNextEventWaitsForItsPredecessorInAnEndedBatch(t *testing.T) {
 // are kept back; without the wait the run's 4 was stored in the next
 // batch and the attempt failed as stored out of order.
 func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -148,6 +150,7 @@ func TestNextEventWaitsForItsRunsEarlierBatch(t *testing.T) {
 // is forgotten when another run's event opens a new one, or by the batch's
 // sweep when none comes (it waited for stuckWait, an hour here).
 func TestAWaitingEventIsHeldAfterAReconnect(t *testing.T) {
+	t.Parallel()
 	for _, another := range []bool{true, false} {
 		t.Run(fmt.Sprintf("another run sends: %v", another), func(t *testing.T) { waitThroughAReconnect(t, another) })
 	}
@@ -337,6 +340,7 @@ func batchWaits(t *testing.T, w *testWorker, p *Publisher, seq uint64) <-chan st
 // re-send held when it lets them go (they went one behind the other, and
 // a dropped one was stored after the next).
 func TestSingleSendsGoOneAtATime(t *testing.T) {
+	t.Parallel()
 	var resent atomic.Int32
 	var early earlySingles
 	inResend := make(chan struct{})
@@ -365,6 +369,7 @@ func TestSingleSendsGoOneAtATime(t *testing.T) {
 // event 2 is answered (it went out beside it, and the run's next event
 // went in a batch while it waited: a review's find).
 func TestASingleFallbackWaitsItsTurn(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		early bool // before event 3 is published, not after its check
@@ -430,6 +435,8 @@ func TestASingleFallbackWaitsItsTurn(t *testing.T) {
 // an unanswered batched event of its run (a second review's find: one
 // did, when the pause began between the two).
 func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
+	// Not parallel: its flapping takes a core, and a test beside it
+	// starved it past its reads' time limit.
 	var early earlySingles
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Minute}, early.watch)
 	holdBatches(t, w)
@@ -468,6 +475,7 @@ func TestPausesFlappingSendNoSingleBesideABatch(t *testing.T) {
 // An event waiting for its turn ends when its publisher does (its lease
 // lost): it does not wait for an answer that no longer matters.
 func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
@@ -500,6 +508,7 @@ func TestAWaitingEventEndsWithItsPublisher(t *testing.T) {
 // lost to a reconnect, or dropped by an overloaded stream, its re-send,
 // stored without an expectation, would land after the next.
 func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{PublishAckTimeout: time.Hour}, nil)
 	holdBatches(t, w)
 	held := make(chan *nats.Msg, 1)
@@ -547,6 +556,7 @@ func TestNoBatchBehindAnUnacknowledgedSingleEvent(t *testing.T) {
 // would only cut the other runs' batch short (a tool call waits for its
 // run's events, docs/protocol.md §4).
 func TestAWaitCommitsTheOpenBatchOnlyForItsOwnEvents(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{}, nil)
 	holdBatches(t, w)
 	p1, p2 := newPublisher(w, bus.NewRunID(), 1, nil), newPublisher(w, bus.NewRunID(), 1, nil)

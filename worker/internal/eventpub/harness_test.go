@@ -13,10 +13,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/testpar"
 	"github.com/agentfleet/agentfleet/natsembed"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testpar.Default(4) // the tests wait more than they compute
+	goleak.VerifyTestMain(m)
+}
 
 // testWorker is what a worker gives its publishers, on an embedded
 // server: the tests reach into its acks and batch as the worker's own

@@ -12,6 +12,7 @@ import (
 )
 
 func TestEnvelopePartsMatchAppendJSON(t *testing.T) {
+	t.Parallel()
 	for _, worker := range []string{"w1", `we"ird <w> & \ é`, ""} {
 		for _, cs := range []uint64{0, 42} {
 			for _, intr := range []bool{false, true} {

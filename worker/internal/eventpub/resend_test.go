@@ -98,6 +98,7 @@ func flushWithin(t *testing.T, p *Publisher) error {
 // reorder (re-sent blindly without a message id, event 2 was stored again
 // after 4, and that copy's ack failed the attempt as stored out of order).
 func TestLostAcksStoreNothingTwice(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		n    int
@@ -132,6 +133,7 @@ func TestLostAcksStoreNothingTwice(t *testing.T) {
 // sequence read), and readers take each seq once. (Here the copy lands
 // before the read; one landing after it is what readers' seq rule is for.)
 func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
@@ -198,6 +200,7 @@ func TestLateOriginalIsSkippedAsACopy(t *testing.T) {
 // An event lost while a later one was stored is a real reorder: the
 // attempt fails (the next resumes from what is stored).
 func TestLostEventBeforeAStoredOneFails(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
 	run := bus.NewRunID()
@@ -231,6 +234,7 @@ func TestLostEventBeforeAStoredOneFails(t *testing.T) {
 // A newer attempt's event on the subject fails a re-sending attempt (it
 // was fenced): its re-send stores nothing after the newer one's.
 func TestResendFindsANewerAttempt(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq >= 2 })
 	run := bus.NewRunID()
@@ -255,6 +259,7 @@ func TestResendFindsANewerAttempt(t *testing.T) {
 // A re-send waiting for its answer ends when the attempt is fenced: the
 // lost lease does not wait out the ack timeout (a minute here).
 func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
+	t.Parallel()
 	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: time.Minute})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run // a subscriber that never answers
@@ -297,6 +302,7 @@ func TestFenceEndsAResendWaitingForItsAck(t *testing.T) {
 // died mid-request) is tried again within the retry budget (AckWait), not
 // failed at once.
 func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
+	t.Parallel()
 	w, srv := startOwnServer(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 20 * time.Second})
 	p := newPublisher(w, bus.NewRunID(), 1, nil)
 	p.subject = "plain." + p.run
@@ -331,6 +337,7 @@ func TestResendWithoutAnAnswerIsTriedAgain(t *testing.T) {
 // Event 2 lost, event 3 stored and acknowledged: the re-send finds 3
 // stored without 2 and fails the attempt before it stores 2 after 3.
 func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, nil)
 	dropAcks(t, w, func(seq uint64) bool { return seq == 2 })
 	run := bus.NewRunID()
@@ -361,6 +368,7 @@ func TestLostEventBeforeAnAcknowledgedOneIsNotStoredAfterIt(t *testing.T) {
 // delete): the re-send takes the last it read, and neither spins nor
 // fails.
 func TestResendAfterTheLastStoredWasRemoved(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond, AckWait: 5 * time.Second}, nil)
 	run := bus.NewRunID()
 	p := newPublisher(w, run, 1, nil)
@@ -411,6 +419,7 @@ func (h *publishedHook) EventPublished() { h.on() }
 // event comes before the re-send looks again, then NATS goes away: the
 // new event's re-send still fails once its budget (AckWait) is spent.
 func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
+	t.Parallel()
 	c, srv := startTestServer(t)
 	var pub atomic.Pointer[Publisher]
 	var once atomic.Bool
@@ -457,6 +466,7 @@ func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
 // not the run handed back (every run of a loaded worker was, at once, and
 // their resumes kept the server overloaded).
 func TestTooManyRequestsIsReSent(t *testing.T) {
+	t.Parallel()
 	w, c := startInternal(t, testConfig{}, nil)
 	var answered atomic.Int32
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {
@@ -473,6 +483,7 @@ func TestTooManyRequestsIsReSent(t *testing.T) {
 // (MaxStoredReads): with every slot taken, a re-send refused for what is
 // stored reads nothing and waits, then goes on once a slot is free.
 func TestStoredReadsWaitForASlot(t *testing.T) {
+	t.Parallel()
 	waits := make(chan uint64, 16)
 	var pub atomic.Pointer[Publisher] // the only one: its re-sends read
 	w, c := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: 300 * time.Millisecond}, func(w *testWorker) {
@@ -520,6 +531,7 @@ func TestStoredReadsWaitForASlot(t *testing.T) {
 // re-send goes on; it used to wait out its whole time (PublishAckTimeout,
 // longer than a short AckWait's budget).
 func TestReconcileEndsWithItsConnection(t *testing.T) {
+	t.Parallel()
 	_, srv := startTestServer(t)
 	part := netsplit.Start(t, srv.NATS().Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

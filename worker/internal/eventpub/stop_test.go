@@ -27,6 +27,7 @@ func (o *publishFailures) PublishFailed(error) { o.n.Add(1) }
 // once, "worker stopping"), not as events the stream would not store, and
 // which is not counted as a failed publish.
 func TestAHardStopDuringATurnIsNotAPublishFailure(t *testing.T) {
+	t.Parallel()
 	o := &publishFailures{}
 	w, _ := startInternal(t, testConfig{PublishAckTimeout: time.Hour, Observer: o}, nil)
 	holdBatches(t, w)
@@ -65,6 +66,7 @@ func failsAsTheHardStop(t *testing.T, w *testWorker, o *publishFailures, p *Publ
 // and the hand-back's flush stores it, where failing the publisher would
 // drop it (a tool's result, say, which the next attempt would then lack).
 func TestAFencedRunStopsWaitingForItsEarlierBatch(t *testing.T) {
+	t.Parallel()
 	t.Run("fenced", func(t *testing.T) { stopWaitingForABatch(t, false) })
 	t.Run("hard stop", func(t *testing.T) { stopWaitingForABatch(t, true) })
 }
@@ -134,6 +136,7 @@ func stopWaitingForABatch(t *testing.T, hardStop bool) {
 // The same for a hard stop while a re-send's request waits for its
 // answer (it ends the request: context canceled).
 func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
+	t.Parallel()
 	o := &publishFailures{}
 	w, _ := startInternal(t, testConfig{PublishAckTimeout: 300 * time.Millisecond, Observer: o}, nil)
 	routeAcks(t, w, func(m *nats.Msg) *nats.Msg {

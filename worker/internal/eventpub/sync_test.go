@@ -17,6 +17,7 @@ import (
 // waits for its ack (a parallel call's updates would otherwise keep a
 // call waiting as long as they come).
 func TestSyncWaitsForTheEventsBeforeIt(t *testing.T) {
+	t.Parallel()
 	w, _ := startInternal(t, testConfig{NoEventBatches: true, PublishAckTimeout: time.Minute}, nil)
 	var mu sync.Mutex
 	var held []*nats.Msg
