@@ -1143,6 +1143,9 @@ function isRunFinished(data) {
   }
 }
 
+/** What a wait of unlessClosed ended by close() resolves to. */
+const CLOSED = Symbol("closed");
+
 /**
  * One follow of a run: an async iterable of its envelopes (see
  * Client.follow). Iterate it once.
@@ -1161,11 +1164,15 @@ export class FollowStream {
     this.warnings = [];
     /** The follow's own pauses (retries of the consumer's creation): close() ends them. */
     this.waits = new Waits();
-    /** @type {(v?: unknown) => void} */
-    let onClose = () => {};
-    /** Resolves on close(): what a wait for a reply races. */
-    this.closing = new Promise((res) => (onClose = res));
-    this.onClose = onClose;
+    /**
+     * The waits for a reply under way (unlessClosed): close() ends them and
+     * hands what they bring to their discard. Each leaves the set when it
+     * settles, so nothing of it is kept until close().
+     * @type {Set<{p: Promise<any>, discard?: (v: any) => unknown, end: () => void, taken: boolean}>}
+     */
+    this.inflight = new Set();
+    /** @type {import("@nats-io/jetstream").Consumer | null} the consumer being drained: close() deletes it */
+    this.cons = null;
     /** Messages this follow has taken from its consumers. */
     this.delivered = 0;
     /** Looks at the run (a request, record or event) that found it missing or finished without events: tests wait on it. */
@@ -1183,9 +1190,21 @@ export class FollowStream {
   close() {
     if (this.closed) return;
     this.closed = true;
-    this.onClose();
+    const { client } = this;
+    // The deletions are the client's clean-ups from now: Client.close(),
+    // which closes its follows first, waits for them.
+    for (const e of this.inflight) {
+      e.taken = true;
+      const { discard } = e;
+      if (discard) client.cleanup(e.p.then((v) => discard(v)));
+      e.end();
+    }
+    this.inflight.clear();
     this.waits.stop();
     this.current?.stop();
+    const cons = this.cons;
+    this.cons = null;
+    if (cons) client.cleanup(cons.delete());
   }
 
   [Symbol.asyncIterator]() {
@@ -1211,12 +1230,15 @@ export class FollowStream {
     try {
       if (f.from > 1) await this.checkStart();
       while (!f.finished && !this.closed) {
-        const cons = await this.open();
-        if (!cons) break;
+        const cons = await this.open(); // this.cons from its reply on: close() deletes it
+        if (!cons || this.closed) break;
         try {
           yield* this.drain(cons);
         } finally {
-          client.cleanup(cons.delete());
+          if (this.cons === cons) { // else close() deleted it
+            this.cons = null;
+            client.cleanup(cons.delete());
+          }
         }
         if (!f.finished && !this.closed && client.nc.isClosed()) {
           throw new AgentfleetError("closed", `follow ${run}: the NATS connection was closed before the run finished`);
@@ -1232,20 +1254,35 @@ export class FollowStream {
 
   /**
    * Waits for a reply unless the follow is closed first: then null, and
-   * what the reply brings (a consumer) is handed to discard.
-   * @template T @param {Promise<T>} p @param {(v: T) => void} [discard]
+   * what the reply brings (a consumer) is handed to discard, whose promise
+   * (a deletion) is a clean-up of the client from close() on. A reply with
+   * a discard becomes the follow's consumer (this.cons), which close()
+   * deletes.
+   * @template T @param {Promise<T>} p @param {(v: T) => unknown} [discard]
    * @returns {Promise<T | null>}
    */
   async unlessClosed(p, discard) {
-    const closed = Symbol("closed");
-    const r = await Promise.race([p, this.closing.then(() => closed)]);
-    if (r !== closed) return /** @type {T} */ (r);
-    const settled = p.then(
-      (v) => discard?.(v),
-      () => {},
-    );
-    if (discard) this.client.cleanup(settled);
-    return null;
+    if (this.closed) {
+      if (discard) this.client.cleanup(p.then((v) => discard(v)));
+      return null;
+    }
+    /** @type {() => void} */
+    let end = () => {};
+    const ended = new Promise((res) => (end = () => res(CLOSED)));
+    const e = { p, discard, end, taken: false };
+    this.inflight.add(e);
+    try {
+      const r = await Promise.race([p, ended]);
+      if (e.taken) return null;
+      // What has a discard is the follow's consumer from now: close() deletes it.
+      if (discard) this.cons = /** @type {any} */ (r);
+      return /** @type {T} */ (r);
+    } catch (err) {
+      if (e.taken) return null; // failed after the close: no one's concern
+      throw err;
+    } finally {
+      this.inflight.delete(e);
+    }
   }
 
   /**
@@ -1297,7 +1334,7 @@ export class FollowStream {
       if (this.closed) return null;
       const cfg = f.from > 1 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: f.from } : { deliver_policy: DeliverPolicy.All };
       try {
-        const cons = await this.unlessClosed(client.orderedEvents(run, cfg), (c) => client.cleanup(c.delete()));
+        const cons = await this.unlessClosed(client.orderedEvents(run, cfg), (c) => c.delete());
         if (!cons) return null;
         return cons;
       } catch (err) {
