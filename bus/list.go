@@ -71,13 +71,17 @@ type RunPage struct {
 	Records []RunRecord
 	// Next is the BeforeSeq of the next page; 0 when no older record is left.
 	// While queued runs are left it points at the records, skipping them:
-	// page with NextCursor to list every run once.
+	// page with NextCursor to list every run once (except one rewritten
+	// between pages of queued runs: protocol §7, Listing runs).
 	Next uint64
 	// NextCursor is the Cursor of the next page; "" at the end.
 	NextCursor string
 	// Scanned counts the records read to build the page.
 	Scanned int
-	// Truncated is set when MaxScan stopped the read before Limit matches.
+	// Truncated is set when MaxScan stopped the read before Limit matches,
+	// or, on a page of queued runs, before the read of the records written
+	// since the listing began reached its start (runs picked up since may
+	// then be missing from the page).
 	Truncated bool
 	// Stored is the records stream's message count when the scan began:
 	// the records, for "scanned N of M".
