@@ -184,13 +184,14 @@ type Client struct {
 	own        bool
 	staleAfter time.Duration
 
-	followStall    time.Duration
-	wrapFollow     func(jetstream.MessagesContext) jetstream.MessagesContext // tests: stall a follower
-	stallLooks     atomic.Int64                                              // tests: times a stall watch asked the stream
-	stallTicks     atomic.Int64                                              // tests: stall watch ticks
-	lookLast       func(ctx context.Context, runID string) (uint64, error)   // tests: answer for lastEventSeq
-	beforeEnd      func(runID string)                                        // tests: a stall watch is about to end a follower
-	afterListRange func(from uint64)                                         // tests: a listing read a window
+	followStall      time.Duration
+	wrapFollow       func(jetstream.MessagesContext) jetstream.MessagesContext // tests: stall a follower
+	stallLooks       atomic.Int64                                              // tests: times a stall watch asked the stream
+	stallTicks       atomic.Int64                                              // tests: stall watch ticks
+	lookLast         func(ctx context.Context, runID string) (uint64, error)   // tests: answer for lastEventSeq
+	beforeEnd        func(runID string)                                        // tests: a stall watch is about to end a follower
+	afterListRange   func(from uint64)                                         // tests: a listing read a window
+	beforeListQueued func()                                                    // tests: a listing read the records' top, not yet the queued runs
 
 	mu      sync.Mutex
 	kv      jetstream.KeyValue

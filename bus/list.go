@@ -71,13 +71,17 @@ type RunPage struct {
 	Records []RunRecord
 	// Next is the BeforeSeq of the next page; 0 when no older record is left.
 	// While queued runs are left it points at the records, skipping them:
-	// page with NextCursor to list every run once.
+	// page with NextCursor to list every run once (except one rewritten
+	// between pages of queued runs: protocol §7, Listing runs).
 	Next uint64
 	// NextCursor is the Cursor of the next page; "" at the end.
 	NextCursor string
 	// Scanned counts the records read to build the page.
 	Scanned int
-	// Truncated is set when MaxScan stopped the read before Limit matches.
+	// Truncated is set when MaxScan stopped the read before Limit matches,
+	// or, on a page of queued runs, before the read of the records written
+	// since the listing began reached its start (runs picked up since may
+	// then be missing from the page).
 	Truncated bool
 	// Stored is the records stream's message count when the scan began:
 	// the records, for "scanned N of M".
@@ -134,7 +138,15 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
 	g := c.directGetter(stream)
 	now := time.Now()
+	maxScan := o.MaxScan
+	if maxScan == 0 {
+		maxScan = DefaultListScan
+	}
+	queuedN := 0 // the page's records from the queued part (catchUp keeps them first)
 	if (first || qc != nil) && (o.State == "" || o.State == StateQueued) {
+		if h := c.beforeListQueued; h != nil {
+			h()
+		}
 		q, runsTop, err := c.listQueued(ctx, o.Queue)
 		if err != nil {
 			return nil, err
@@ -142,12 +154,19 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		cur := listCursor{queued: true, top: top, runsTop: runsTop}
 		if qc != nil {
 			cur = *qc
-			picked, err := c.pickedUp(ctx, g, cur, hi, o, page, now)
-			if err != nil {
-				return nil, err
-			}
-			q = mergeByID(q, picked)
 		}
+		// A run picked up since top was read (on this page, between the
+		// stream info and the queued runs, or between pages) has a record
+		// above top only: read up to the end as it is now.
+		last, err := lastSeq(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		picked, err := c.pickedUp(ctx, g, cur, last, maxScan, page, now)
+		if err != nil {
+			return nil, err
+		}
+		q = mergeByID(q, picked)
 		for _, r := range q {
 			if r.ID <= cur.after || !matches(&r, o) {
 				continue
@@ -161,6 +180,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 				return page, nil
 			}
 			page.Records = append(page.Records, r)
+			queuedN++
 		}
 	}
 	if o.State == StateQueued {
@@ -200,10 +220,6 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 			return page, nil // nothing written since
 		}
 		lo = max(lo, seq)
-	}
-	maxScan := o.MaxScan
-	if maxScan == 0 {
-		maxScan = DefaultListScan
 	}
 	needles := listNeedles(o)
 	window := uint64(firstWindow)
@@ -248,7 +264,7 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		page.Next = 0 // nothing older left (a full page may end at the first record)
 	}
 	if first {
-		if err := c.catchUp(ctx, g, s, page, o, top, now); err != nil {
+		if err := c.catchUp(ctx, g, s, page, o, top, queuedN, now); err != nil {
 			return nil, err
 		}
 	}
@@ -302,17 +318,30 @@ func CheckListCursor(s string) error {
 // pickedUp returns the records written above the cursor's top (up to
 // last) for requests at or below its runsTop, after its id: runs queued
 // when the listing began and picked up since, which the records up to
-// top do not hold.
-func (c *Client) pickedUp(ctx context.Context, g *directGetter, cur listCursor, last uint64, o ListOptions, page *RunPage, now time.Time) ([]RunRecord, error) {
+// top do not hold. It reads at most maxScan sequences (less what the page
+// has scanned; -1 for no bound), the newest first: when the bound stops
+// it short of top, the page is marked truncated (runs picked up in what
+// it did not read are missing from it).
+func (c *Client) pickedUp(ctx context.Context, g *directGetter, cur listCursor, last uint64, maxScan int, page *RunPage, now time.Time) ([]RunRecord, error) {
 	keyPrefix := "$KV." + c.names.RecordsBucket() + "."
 	seen := map[string]bool{}
 	var out []RunRecord
 	for to := last; to > cur.top; { // newest first: a key's last write counts
-		from := max(cur.top+1, to-min(to-cur.top, maxWindow)+1)
+		n := min(to-cur.top, maxWindow)
+		if maxScan > 0 {
+			left := maxScan - page.Scanned
+			if left <= 0 {
+				page.Truncated = true
+				break
+			}
+			n = min(n, uint64(left))
+		}
+		from := to - n + 1
 		msgs, err := g.rangeOf(ctx, from, to)
 		if err != nil {
 			return nil, err
 		}
+		page.Scanned += int(n) // sequences read, holes included: the bound is on the reads
 		for i := len(msgs) - 1; i >= 0; i-- {
 			m := msgs[i]
 			id, ok := strings.CutPrefix(m.subject, keyPrefix)
@@ -323,7 +352,6 @@ func (c *Client) pickedUp(ctx context.Context, g *directGetter, cur listCursor, 
 			if len(m.data) == 0 || id <= cur.after {
 				continue
 			}
-			page.Scanned++
 			var r RunRecord
 			if json.Unmarshal(m.data, &r) != nil || r.RequestSeq > cur.runsTop {
 				continue // a run submitted since
@@ -335,6 +363,15 @@ func (c *Client) pickedUp(ctx context.Context, g *directGetter, cur listCursor, 
 		to = from - 1
 	}
 	return out, nil
+}
+
+// lastSeq returns the stream's last sequence now.
+func lastSeq(ctx context.Context, s jetstream.Stream) (uint64, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.LastSeq, nil
 }
 
 // mergeByID merges queued runs and records, by id, a record replacing
@@ -374,7 +411,7 @@ const catchUpRounds = 4
 // newest, so they go after the queued runs and before the rest; an older
 // copy of one the page holds is dropped; a page over its limit loses its
 // oldest, and Next then points at them.
-func (c *Client) catchUp(ctx context.Context, g *directGetter, s jetstream.Stream, page *RunPage, o ListOptions, top uint64, now time.Time) error {
+func (c *Client) catchUp(ctx context.Context, g *directGetter, s jetstream.Stream, page *RunPage, o ListOptions, top uint64, queuedN int, now time.Time) error {
 	var msgs []storedMsg // written since the scan began, in order
 	for range catchUpRounds {
 		info, err := s.Info(ctx)
@@ -419,12 +456,12 @@ func (c *Client) catchUp(ctx context.Context, g *directGetter, s jetstream.Strea
 	}
 	out := make([]RunRecord, 0, len(newer)+len(page.Records))
 	rest := page.Records
-	for len(rest) > 0 && rest[0].Revision == 0 { // queued runs stay first
-		if !moved[rest[0].ID] {
-			out = append(out, rest[0])
+	for _, r := range rest[:queuedN] { // queued runs stay first
+		if !moved[r.ID] {
+			out = append(out, r)
 		}
-		rest = rest[1:]
 	}
+	rest = rest[queuedN:]
 	out = append(out, newer...)
 	for _, r := range rest {
 		if !moved[r.ID] {

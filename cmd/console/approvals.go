@@ -103,14 +103,20 @@ func (s *server) approve(w http.ResponseWriter, r *http.Request) {
 		}
 		opts = append(opts, bus.WithControlID(k))
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	ctx, endSpan := s.traceAction(ctx, r, "approve", id)
+	timeout := s.answerTimeout
+	if timeout <= 0 {
+		timeout = answerTimeout
+	}
+	ctx, endSpan := s.traceAction(r.Context(), r, "approve", id)
 	defer endSpan()
 	// A retry of an answer this console sent (a double click, a resend
 	// after a lost response) gets the first one's answer: by then the
-	// call may no longer wait, and it is not sent twice.
-	sent, prior, err := s.answers.begin(ctx, id, a)
+	// call may no longer wait, and it is not sent twice. It waits for the
+	// first one's send (bounded by that send's own timeout) before its own
+	// timeout starts.
+	wctx, wcancel := context.WithTimeout(ctx, 2*timeout)
+	sent, prior, err := s.answers.begin(wctx, id, a)
+	wcancel()
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "%v", err)
 		return
@@ -123,6 +129,11 @@ func (s *server) approve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusAccepted, map[string]any{"controlSeq": prior.seq, "retry": true})
 		return
 	}
+	// Whatever happens to the send (a panic included), its retries stop
+	// waiting: sent is called once, here or by the defer.
+	defer sent(0, false)
+	ctx, cancel := context.WithTimeout(ctx, timeout) // from when this request sends
+	defer cancel()
 	seq, status, err := s.sendAnswer(ctx, r, id, a, opts)
 	sent(seq, err == nil)
 	if err != nil {
@@ -141,6 +152,9 @@ func (s *server) approve(w http.ResponseWriter, r *http.Request) {
 // sendAnswer checks that the call waits and that edited arguments pass
 // its schema, then sends the answer; on error, the status to answer with.
 func (s *server) sendAnswer(ctx context.Context, r *http.Request, id string, a bus.ApprovalAnswer, opts []bus.ControlOption) (uint64, int, error) {
+	if h := s.beforeAnswer; h != nil {
+		h(ctx)
+	}
 	call, status, err := s.waitingCall(ctx, id, a.ToolCallID)
 	if err != nil {
 		return 0, status, err
@@ -162,10 +176,15 @@ func (s *server) sendAnswer(ctx context.Context, r *http.Request, id string, a b
 
 // Answers sent are remembered for retries, at most maxAnswers for
 // answersFor each: enough for a double click or a browser's resend.
+// An answer's send gives up after answerTimeout.
 const (
-	maxAnswers = 1024
-	answersFor = 10 * time.Minute
+	maxAnswers    = 1024
+	answersFor    = 10 * time.Minute
+	answerTimeout = 10 * time.Second
 )
+
+// errAnswersBusy: every answer the memo keeps is under way.
+var errAnswersBusy = errors.New("too many answers under way; try again")
 
 // answerMemo remembers the answers this console sent, per run and call.
 type answerMemo struct {
@@ -209,19 +228,25 @@ func (m *answerMemo) begin(ctx context.Context, run string, a bus.ApprovalAnswer
 			e = nil
 		}
 		if e == nil {
+			if !m.makeRoom() {
+				m.mu.Unlock()
+				return nil, nil, errAnswersBusy
+			}
 			e = &sentAnswer{answer: answerFingerprint(a), decision: a.Decision, done: make(chan struct{}), at: m.now()}
-			m.makeRoom()
 			m.entries[key] = e
 			m.mu.Unlock()
+			var once sync.Once
 			return func(seq uint64, ok bool) {
-				m.mu.Lock()
-				if ok {
-					e.seq, e.at = seq, m.now()
-				} else if m.entries[key] == e {
-					delete(m.entries, key) // not sent: a retry sends it
-				}
-				m.mu.Unlock()
-				close(e.done)
+				once.Do(func() {
+					m.mu.Lock()
+					if ok {
+						e.seq, e.at = seq, m.now()
+					} else if m.entries[key] == e {
+						delete(m.entries, key) // not sent: a retry sends it
+					}
+					m.mu.Unlock()
+					close(e.done)
+				})
 			}, nil, nil
 		}
 		m.mu.Unlock()
@@ -240,8 +265,11 @@ func (m *answerMemo) begin(ctx context.Context, run string, a bus.ApprovalAnswer
 	}
 }
 
-// makeRoom drops expired answers, then the oldest ones, below max.
-func (m *answerMemo) makeRoom() {
+// makeRoom drops expired answers, then the oldest sent ones, below max.
+// An answer under way is never dropped (a retry of it would be sent
+// again): when all max are under way, it reports false and the answer is
+// refused for now (each is bounded by its send's timeout).
+func (m *answerMemo) makeRoom() bool {
 	now := m.now()
 	for k, e := range m.entries {
 		if now.Sub(e.at) > m.ttl && isDone(e) {
@@ -251,12 +279,16 @@ func (m *answerMemo) makeRoom() {
 	for len(m.entries) >= m.max {
 		oldest := ""
 		for k, e := range m.entries {
-			if oldest == "" || e.at.Before(m.entries[oldest].at) {
+			if isDone(e) && (oldest == "" || e.at.Before(m.entries[oldest].at)) {
 				oldest = k
 			}
 		}
-		delete(m.entries, oldest) // under way or not: its senders hold it
+		if oldest == "" {
+			return false
+		}
+		delete(m.entries, oldest)
 	}
+	return true
 }
 
 func isDone(e *sentAnswer) bool {

@@ -60,6 +60,9 @@ type serverConfig struct {
 	// ApprovalsScan bounds the records the approvals page reads; default
 	// approvalsScan.
 	ApprovalsScan int
+
+	answerTimeout time.Duration             // tests: an answer's send (0: answerTimeout)
+	beforeAnswer  func(ctx context.Context) // tests: an answer is about to be sent
 }
 
 // server is the console's HTTP handler.
@@ -77,6 +80,8 @@ type server struct {
 	samples        *sampler
 	approverName   string
 	answers        *answerMemo
+	answerTimeout  time.Duration             // an answer's send; 0: answerTimeout (tests shorten it)
+	beforeAnswer   func(ctx context.Context) // tests: an answer is about to be sent
 	heartbeat      time.Duration
 	longPoll       time.Duration
 	requestTimeout time.Duration
@@ -140,6 +145,8 @@ func newServer(cfg serverConfig) (*server, error) {
 		heartbeat:      cfg.Heartbeat,
 		longPoll:       cfg.LongPoll,
 		requestTimeout: cfg.RequestTimeout,
+		answerTimeout:  cfg.answerTimeout,
+		beforeAnswer:   cfg.beforeAnswer,
 		static:         static,
 		page:           page,
 	}

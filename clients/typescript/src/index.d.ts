@@ -148,10 +148,10 @@ export type RunPage = {
   records: RunRecord[];
   /** The records-stream sequence below which the next page's records are; 0 when nothing older is left. It skips the queued runs a full page left: page with nextCursor. */
   next: number;
-  /** Pass as before for the next page: every run listed once, queued ones too (§7, Listing runs); "" at the end. */
+  /** Pass as before for the next page: every run listed once, queued ones too, except one whose record is rewritten between pages of queued runs (§7, Listing runs); "" at the end. */
   nextCursor: string;
   scanned: number;
-  /** maxScan stopped the read before limit matches. */
+  /** maxScan stopped the read before limit matches, or, on a page of queued runs, before the read of the records written since the listing began reached its start (runs picked up since may then be missing from the page). */
   truncated: boolean;
 };
 

@@ -167,6 +167,8 @@ export class Client {
     this._follows = new Set();
     /** @type {Set<Promise<void>>} the follows' consumer deletions under way */
     this._cleanups = new Set();
+    /** @type {(() => Promise<void> | void) | undefined} tests: a listing read the records' top, not yet the queued runs */
+    this.beforeListQueued = undefined;
     this.connected = true;
     (async () => {
       for await (const s of nc.status()) {
@@ -621,15 +623,18 @@ export class Client {
       const top = hi;
       const g = new DirectGetter(this, stream);
       const now = Date.now();
+      const maxScan = o.maxScan ?? DEFAULT_LIST_SCAN;
+      let queuedN = 0; // the page's records from the queued part (catchUp keeps them first)
       if ((first || qc) && (state === "" || state === "queued")) {
+        await this.beforeListQueued?.();
         const queued = await this.listQueued(queue);
         /** @type {ListCursor} */
-        let cur = { queued: true, seq: 0, top, runsTop: queued.runsTop, after: "" };
-        let q = queued.runs;
-        if (qc) {
-          cur = qc;
-          q = mergeByID(q, await this.pickedUp(g, cur, hi, state, queue, page, now));
-        }
+        const cur = qc ?? { queued: true, seq: 0, top, runsTop: queued.runsTop, after: "" };
+        // A run picked up since top was read (on this page, between the
+        // stream info and the queued runs, or between pages) has a record
+        // above top only: read up to the end as it is now.
+        const last = (await jsm.streams.info(stream)).state.last_seq;
+        const q = mergeByID(queued.runs, await this.pickedUp(g, cur, last, state, queue, maxScan, page, now));
         for (const r of q) {
           if (r.id <= cur.after) continue;
           if (!want()) { // queued runs are left: the next page goes on after the last listed
@@ -638,6 +643,7 @@ export class Client {
             return page;
           }
           page.records.push(r);
+          queuedN++;
         }
       }
       if (state === "queued") return page;
@@ -661,7 +667,6 @@ export class Client {
         if (seq === 0) return page; // nothing written since
         lo = Math.max(lo, seq);
       }
-      const maxScan = o.maxScan ?? DEFAULT_LIST_SCAN;
       let window = FIRST_WINDOW;
       if (limit > 0 && state === "" && queue === "") window = 2 * limit + 8;
       while (hi >= lo && hi > 0 && want()) {
@@ -685,7 +690,7 @@ export class Client {
         window = Math.min(window * 2, MAX_WINDOW);
       }
       if (hi < lo || hi === 0) page.next = 0;
-      if (first) await this.catchUp(g, page, state, queue, limit, top, now);
+      if (first) await this.catchUp(g, page, state, queue, limit, top, queuedN, now);
       if (page.next > 0) page.nextCursor = String(page.next);
     } catch (err) {
       if (err instanceof InvalidArgumentError) throw err;
@@ -719,9 +724,10 @@ export class Client {
    * (§7 step 4): they are the newest, so they go after the queued runs;
    * an older copy of one the page holds is dropped.
    * @param {DirectGetter} g @param {import("./index.js").RunPage} page @param {string} state @param {string} queue
-   * @param {number} limit @param {number} top @param {number} now
+   * @param {number} limit @param {number} top @param {number} queuedN the page's records from the queued part
+   * @param {number} now
    */
-  async catchUp(g, page, state, queue, limit, top, now) {
+  async catchUp(g, page, state, queue, limit, top, queuedN, now) {
     const jsm = await this.jsm();
     /** @type {Array<{seq: number, subject: string, data: Uint8Array | null}>} */
     const msgs = [];
@@ -752,11 +758,8 @@ export class Client {
     }
     /** @type {any[]} */
     const out = [];
-    let rest = page.records;
-    while (rest.length > 0 && rest[0].state === "queued" && !rest[0].revision) {
-      if (!moved.has(rest[0].id)) out.push(rest[0]);
-      rest = rest.slice(1);
-    }
+    for (const r of page.records.slice(0, queuedN)) if (!moved.has(r.id)) out.push(r); // queued runs stay first
+    const rest = page.records.slice(queuedN);
     out.push(...newer);
     for (const r of rest) if (!moved.has(r.id)) out.push(r);
     if (limit > 0 && out.length > limit) {
@@ -771,17 +774,30 @@ export class Client {
    * The records written above a queued cursor's top (up to last) for
    * requests at or below its runsTop, after its id: runs queued when the
    * listing began and picked up since, which the records up to top do not
-   * hold.
+   * hold. It reads at most maxScan sequences (less what the page scanned;
+   * -1 for no bound), the newest first: when the bound stops it short of
+   * top, the page is marked truncated (runs picked up in what it did not
+   * read are missing from it).
    * @param {DirectGetter} g @param {ListCursor} cur @param {number} last @param {string} state @param {string} queue
-   * @param {import("./index.js").RunPage} page @param {number} now
+   * @param {number} maxScan @param {import("./index.js").RunPage} page @param {number} now
    */
-  async pickedUp(g, cur, last, state, queue, page, now) {
+  async pickedUp(g, cur, last, state, queue, maxScan, page, now) {
     const keyPrefix = `$KV.${this.names.recordsBucket}.`;
     const seen = new Set();
     const out = [];
     for (let to = last; to > cur.top; ) { // newest first: a key's last write counts
-      const from = Math.max(cur.top + 1, to - MAX_WINDOW + 1);
+      let n = Math.min(to - cur.top, MAX_WINDOW);
+      if (maxScan > 0) {
+        const left = maxScan - page.scanned;
+        if (left <= 0) {
+          page.truncated = true;
+          break;
+        }
+        n = Math.min(n, left);
+      }
+      const from = to - n + 1;
       const msgs = await g.range(from, to);
+      page.scanned += n; // sequences read, holes included: the bound is on the reads
       for (let i = msgs.length - 1; i >= 0; i--) {
         const m = msgs[i];
         if (!m.subject.startsWith(keyPrefix)) continue;
@@ -789,7 +805,6 @@ export class Client {
         if (seen.has(id)) continue;
         seen.add(id);
         if (!m.data || id <= cur.after) continue;
-        page.scanned++;
         const r = this.listed(m, state, queue, now);
         if (r && !((r.requestSeq ?? 0) > cur.runsTop)) out.push(r); // a later request: a run submitted since
       }
@@ -1128,6 +1143,9 @@ function isRunFinished(data) {
   }
 }
 
+/** What a wait of unlessClosed ended by close() resolves to. */
+const CLOSED = Symbol("closed");
+
 /**
  * One follow of a run: an async iterable of its envelopes (see
  * Client.follow). Iterate it once.
@@ -1146,11 +1164,15 @@ export class FollowStream {
     this.warnings = [];
     /** The follow's own pauses (retries of the consumer's creation): close() ends them. */
     this.waits = new Waits();
-    /** @type {(v?: unknown) => void} */
-    let onClose = () => {};
-    /** Resolves on close(): what a wait for a reply races. */
-    this.closing = new Promise((res) => (onClose = res));
-    this.onClose = onClose;
+    /**
+     * The waits for a reply under way (unlessClosed): close() ends them and
+     * hands what they bring to their discard. Each leaves the set when it
+     * settles, so nothing of it is kept until close().
+     * @type {Set<{p: Promise<any>, discard?: (v: any) => unknown, end: () => void, taken: boolean}>}
+     */
+    this.inflight = new Set();
+    /** @type {import("@nats-io/jetstream").Consumer | null} the consumer being drained: close() deletes it */
+    this.cons = null;
     /** Messages this follow has taken from its consumers. */
     this.delivered = 0;
     /** Looks at the run (a request, record or event) that found it missing or finished without events: tests wait on it. */
@@ -1168,9 +1190,21 @@ export class FollowStream {
   close() {
     if (this.closed) return;
     this.closed = true;
-    this.onClose();
+    const { client } = this;
+    // The deletions are the client's clean-ups from now: Client.close(),
+    // which closes its follows first, waits for them.
+    for (const e of this.inflight) {
+      e.taken = true;
+      const { discard } = e;
+      if (discard) client.cleanup(e.p.then((v) => discard(v)));
+      e.end();
+    }
+    this.inflight.clear();
     this.waits.stop();
     this.current?.stop();
+    const cons = this.cons;
+    this.cons = null;
+    if (cons) client.cleanup(cons.delete());
   }
 
   [Symbol.asyncIterator]() {
@@ -1196,12 +1230,15 @@ export class FollowStream {
     try {
       if (f.from > 1) await this.checkStart();
       while (!f.finished && !this.closed) {
-        const cons = await this.open();
-        if (!cons) break;
+        const cons = await this.open(); // this.cons from its reply on: close() deletes it
+        if (!cons || this.closed) break;
         try {
           yield* this.drain(cons);
         } finally {
-          client.cleanup(cons.delete());
+          if (this.cons === cons) { // else close() deleted it
+            this.cons = null;
+            client.cleanup(cons.delete());
+          }
         }
         if (!f.finished && !this.closed && client.nc.isClosed()) {
           throw new AgentfleetError("closed", `follow ${run}: the NATS connection was closed before the run finished`);
@@ -1217,20 +1254,35 @@ export class FollowStream {
 
   /**
    * Waits for a reply unless the follow is closed first: then null, and
-   * what the reply brings (a consumer) is handed to discard.
-   * @template T @param {Promise<T>} p @param {(v: T) => void} [discard]
+   * what the reply brings (a consumer) is handed to discard, whose promise
+   * (a deletion) is a clean-up of the client from close() on. A reply with
+   * a discard becomes the follow's consumer (this.cons), which close()
+   * deletes.
+   * @template T @param {Promise<T>} p @param {(v: T) => unknown} [discard]
    * @returns {Promise<T | null>}
    */
   async unlessClosed(p, discard) {
-    const closed = Symbol("closed");
-    const r = await Promise.race([p, this.closing.then(() => closed)]);
-    if (r !== closed) return /** @type {T} */ (r);
-    const settled = p.then(
-      (v) => discard?.(v),
-      () => {},
-    );
-    if (discard) this.client.cleanup(settled);
-    return null;
+    if (this.closed) {
+      if (discard) this.client.cleanup(p.then((v) => discard(v)));
+      return null;
+    }
+    /** @type {() => void} */
+    let end = () => {};
+    const ended = new Promise((res) => (end = () => res(CLOSED)));
+    const e = { p, discard, end, taken: false };
+    this.inflight.add(e);
+    try {
+      const r = await Promise.race([p, ended]);
+      if (e.taken) return null;
+      // What has a discard is the follow's consumer from now: close() deletes it.
+      if (discard) this.cons = /** @type {any} */ (r);
+      return /** @type {T} */ (r);
+    } catch (err) {
+      if (e.taken) return null; // failed after the close: no one's concern
+      throw err;
+    } finally {
+      this.inflight.delete(e);
+    }
   }
 
   /**
@@ -1282,7 +1334,7 @@ export class FollowStream {
       if (this.closed) return null;
       const cfg = f.from > 1 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: f.from } : { deliver_policy: DeliverPolicy.All };
       try {
-        const cons = await this.unlessClosed(client.orderedEvents(run, cfg), (c) => client.cleanup(c.delete()));
+        const cons = await this.unlessClosed(client.orderedEvents(run, cfg), (c) => c.delete());
         if (!cons) return null;
         return cons;
       } catch (err) {
