@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -74,6 +75,11 @@ type Services struct {
 	// then, not again while they keep answering); only discovery (Run's
 	// goroutine) touches it.
 	skipped map[string]bool
+	// known is what the last discovery that found each name made of it,
+	// kept while the name misses rounds (at most maxKnownNames names),
+	// so that an announcement after a missed round is checked against
+	// the last one, not taken as a first; only discovery touches it.
+	known map[string]*service
 
 	mu       sync.Mutex
 	services map[string]*service
@@ -200,13 +206,26 @@ func (s *Services) discover(ctx context.Context) {
 	s.mu.Lock()
 	prev := s.services
 	s.mu.Unlock()
-	found, err := s.gather(ctx, prev)
+	last := maps.Clone(s.known)
+	if last == nil {
+		last = map[string]*service{}
+	}
+	maps.Copy(last, prev)
+	found, err := s.gather(ctx, last)
 	if err != nil {
 		s.log.Warn("tool service discovery failed", "err", err)
 		return
 	}
+	if s.known == nil {
+		s.known = map[string]*service{}
+	}
 	for name, svc := range found {
-		was, now := prev[name].state(), svc.state()
+		if _, ok := s.known[name]; ok || len(s.known) < maxKnownNames {
+			s.known[name] = svc
+		}
+	}
+	for name, svc := range found {
+		was, now := last[name].state(), svc.state()
 		if was == now {
 			continue
 		}
@@ -303,6 +322,10 @@ func (s *Services) gather(ctx context.Context, prev map[string]*service) (map[st
 // maxSkippedNames bounds the refused names discovery remembers (to log
 // each once).
 const maxSkippedNames = 1024
+
+// maxKnownNames bounds the names whose last announcement discovery keeps
+// across missed rounds (with --tool-services '*' any service may answer).
+const maxKnownNames = 1024
 
 // announcement is what one instance says of its tools: endpoint names,
 // subjects, schemas and descriptions (not its id, version or other
