@@ -81,7 +81,9 @@ type RunPage struct {
 	// Truncated is set when MaxScan stopped the read before Limit matches,
 	// or, on a page of queued runs, before the read of the records written
 	// since the listing began reached its start (runs picked up since may
-	// then be missing from the page).
+	// then be missing from the page). A truncated page still has a
+	// NextCursor unless nothing is left: when the read above top spent the
+	// bound, it points at the records.
 	Truncated bool
 	// Stored is the records stream's message count when the scan began:
 	// the records, for "scanned N of M".
@@ -229,6 +231,12 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 	for hi >= lo && hi > 0 && want() {
 		if maxScan > 0 && page.Scanned >= maxScan {
 			page.Truncated = true
+			if page.Next == 0 {
+				// The bound was spent before the records (by the read of
+				// the records written above a queued cursor's top): the
+				// next page starts at them.
+				page.Next = hi + 1
+			}
 			break
 		}
 		from := lo

@@ -151,7 +151,7 @@ export type RunPage = {
   /** Pass as before for the next page: every run listed once, queued ones too, except one whose record is rewritten between pages of queued runs (§7, Listing runs); "" at the end. */
   nextCursor: string;
   scanned: number;
-  /** maxScan stopped the read before limit matches, or, on a page of queued runs, before the read of the records written since the listing began reached its start (runs picked up since may then be missing from the page). */
+  /** maxScan stopped the read before limit matches, or, on a page of queued runs, before the read of the records written since the listing began reached its start (runs picked up since may then be missing from the page). A truncated page still has a nextCursor unless nothing is left: when the read above top spent maxScan, it points at the records. */
   truncated: boolean;
 };
 

@@ -672,6 +672,10 @@ export class Client {
       while (hi >= lo && hi > 0 && want()) {
         if (maxScan > 0 && page.scanned >= maxScan) {
           page.truncated = true;
+          // The bound was spent before the records (by the read of the
+          // records written above a queued cursor's top): the next page
+          // starts at them.
+          if (page.next === 0) page.next = hi + 1;
           break;
         }
         const from = hi - lo + 1 > window ? hi - window + 1 : lo;

@@ -63,3 +63,29 @@ test("list: a run picked up between the records' top and the queued runs is list
   }
   assert.deepEqual(seen.sort(), runs.map((r) => r.id));
 });
+
+test("list: a queued page whose read above top spends maxScan still has a cursor to the records", async () => {
+  const runs = await parkedRuns("spentq");
+  const olds = [];
+  for (let i = 0; i < 5; i++) { // records of the queue at or below top
+    olds.push(`spentold${i}`);
+    await putRecord(`spentold${i}`, "spentq");
+  }
+  const seen = new Map();
+  const count = (/** @type {{records: {id: string}[]}} */ p) => { for (const r of p.records) seen.set(r.id, (seen.get(r.id) ?? 0) + 1); };
+  const p1 = await client.list({ queue: "spentq", limit: 2, maxScan: 20 });
+  count(p1);
+  for (let i = 0; i < 30; i++) await putRecord("spentbusy", "other"); // a running run heartbeats
+  let before = p1.nextCursor;
+  for (let n = 2; before; n++) {
+    assert.ok(n <= 200, `still paging after 200 pages (cursor ${before})`);
+    const p = await client.list({ queue: "spentq", limit: 2, maxScan: 20, before });
+    if (n === 2) {
+      assert.ok(p.scanned <= 20, `page 2 scanned ${p.scanned}, maxScan 20`);
+      assert.equal(p.truncated, true);
+    }
+    count(p);
+    before = p.nextCursor;
+  }
+  for (const id of [...olds, ...runs.map((r) => r.id)]) assert.equal(seen.get(id), 1, `${id} listed ${seen.get(id) ?? 0} times, want once`);
+});
