@@ -70,11 +70,19 @@ func (h *heartbeat) now() {
 	}
 }
 
-func (r *run) startHeartbeat() *heartbeat {
+// startHeartbeat starts the run's heartbeat. kept is when the request's
+// AckWait last began (pickupBeat.stop): the first beat comes no later than
+// an interval after it. Started a whole firstBeat after the hand-over, a
+// request went up to two intervals without an InProgress.
+func (r *run) startHeartbeat(kept time.Time) *heartbeat {
 	h := &heartbeat{r: r, renewing: true}
 	h.idle.L = &h.mu
+	first := firstBeat(r.w.cfg.HeartbeatInterval)
+	if !kept.IsZero() {
+		first = min(first, max(r.w.cfg.HeartbeatInterval-time.Since(kept), 0))
+	}
 	h.mu.Lock()
-	h.timer = time.AfterFunc(firstBeat(r.w.cfg.HeartbeatInterval), h.beat)
+	h.timer = time.AfterFunc(first, h.beat)
 	h.mu.Unlock()
 	return h
 }

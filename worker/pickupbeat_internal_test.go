@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
@@ -102,5 +104,93 @@ func TestRefusingAStaleCopyEndsItsPickupBeat(t *testing.T) {
 		if s, _ := acks.counts(); s != 0 {
 			t.Fatalf("outcome %v: %d InProgress after the refusal", o, s)
 		}
+	}
+}
+
+// At the hand-over from the pickup's keep-alive to the run's heartbeat the
+// request goes no longer than an interval without an InProgress: the
+// heartbeat's first beat comes at most an interval after the pickup's
+// last. It came a whole firstBeat (up to an interval) after the
+// hand-over, up to two intervals after the last InProgress.
+func TestPickupHandOverKeepsTheInterval(t *testing.T) {
+	t.Parallel()
+	const every = time.Second
+	var (
+		mu    sync.Mutex
+		reads int
+		wpi   []time.Time
+	)
+	hold := make(chan struct{})
+	finishing := make(chan struct{}) // run_finished is held until closed
+	w, c := startInternal(t, Config{MaxDeliver: 2, AckWait: 4 * every}, func(w *Worker) {
+		beforeRecordRead(w, func(string) {
+			mu.Lock()
+			reads++
+			first := reads == 1
+			mu.Unlock()
+			if first {
+				<-hold
+			}
+		})
+		wrapSends(w, sends{beforeEvent: func(e *bus.Envelope) {
+			if e.Type == bus.EventRunFinished {
+				<-finishing
+			}
+		}})
+	})
+	<-w.ready
+	seen := make(chan int, 64)
+	sub, err := c.Conn().Subscribe("$JS.ACK."+c.Names().RunsStream()+".>", func(m *nats.Msg) {
+		if string(m.Data) != "+WPI" {
+			return
+		}
+		mu.Lock()
+		wpi = append(wpi, time.Now())
+		n := len(wpi)
+		mu.Unlock()
+		select { // a NATS callback does not block
+		case seen <- n:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(hold)
+		}
+	}
+	defer release()
+	defer close(finishing)
+	submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
+	timeout := time.NewTimer(10 * every)
+	defer timeout.Stop()
+	// The pickup's first InProgress; the hand-over late in its interval;
+	// then the heartbeat's first.
+	var handOver <-chan time.Time
+	for n := 0; n < 2; {
+		select {
+		case n = <-seen:
+			if n == 1 {
+				handOver = time.After(every * 85 / 100)
+			}
+		case <-handOver:
+			release()
+		case <-timeout.C:
+			t.Fatalf("%d InProgress", n)
+		}
+	}
+	mu.Lock()
+	gap := wpi[1].Sub(wpi[0])
+	mu.Unlock()
+	if gap > every*5/4 {
+		t.Fatalf("%v between the pickup's last InProgress and the heartbeat's first (interval %v)", gap, every)
 	}
 }
