@@ -211,6 +211,10 @@ func (r *run) handBack(delay time.Duration, why string, err error) {
 // refuse handles a request that must not run: its run has finished, or the
 // record belongs to another request or a newer attempt.
 func (r *run) refuse(o lease.Outcome, rec *bus.RunRecord) {
+	// The copy must not run: its keep-alive ends first (and a beat under
+	// way is waited for). A stale copy's InProgress would extend the
+	// newer delivery's AckWait (the server matches it by stream sequence).
+	r.pickupBeat.stop()
 	switch o {
 	case lease.Finished:
 		if rec.RequestSeq == 0 || rec.RequestSeq == r.reqSeq || rec.RequestSeq == r.lease.RequeuedFrom {

@@ -70,11 +70,19 @@ func (h *heartbeat) now() {
 	}
 }
 
-func (r *run) startHeartbeat() *heartbeat {
+// startHeartbeat starts the run's heartbeat. kept is when the request's
+// AckWait last began (pickupBeat.stop): the first beat comes no later than
+// an interval after it. Started a whole firstBeat after the hand-over, a
+// request went up to two intervals without an InProgress.
+func (r *run) startHeartbeat(kept time.Time) *heartbeat {
 	h := &heartbeat{r: r, renewing: true}
 	h.idle.L = &h.mu
+	first := firstBeat(r.w.cfg.HeartbeatInterval)
+	if !kept.IsZero() {
+		first = min(first, max(r.w.cfg.HeartbeatInterval-time.Since(kept), 0))
+	}
 	h.mu.Lock()
-	h.timer = time.AfterFunc(firstBeat(r.w.cfg.HeartbeatInterval), h.beat)
+	h.timer = time.AfterFunc(first, h.beat)
 	h.mu.Unlock()
 	return h
 }
@@ -168,17 +176,27 @@ func (h *heartbeat) end() {
 // events, the tenant's budget) and its lease take (up to AckWait) are
 // each bounded, together not by AckWait: a slow pickup had its request
 // redelivered, a second attempt of a run never started.
+//
+// stop waits for a beat under way, so once it returns no InProgress of
+// the pickup's goes out: a settle after it is not followed by one (the
+// acknowledgements order the two as well: intake.requestAck), and a
+// stale copy (lease.Newer) stops extending the newer delivery's AckWait.
 type pickupBeat struct {
 	acks  intake.RequestAcks
 	every time.Duration
 
 	mu      sync.Mutex
+	idle    sync.Cond // signalled when a beat ends
 	timer   *time.Timer
-	stopped bool
+	beating bool      // a beat's InProgress is under way
+	stopped bool      // no beat starts any more
+	waited  bool      // a stop waited for a beat under way
+	last    time.Time // the request's AckWait last began: its read, or the last InProgress sent
 }
 
 func startPickupBeat(acks intake.RequestAcks, every time.Duration) *pickupBeat {
-	p := &pickupBeat{acks: acks, every: every}
+	p := &pickupBeat{acks: acks, every: every, last: time.Now()}
+	p.idle.L = &p.mu
 	p.mu.Lock()
 	p.timer = time.AfterFunc(every, p.beat)
 	p.mu.Unlock()
@@ -187,28 +205,40 @@ func startPickupBeat(acks intake.RequestAcks, every time.Duration) *pickupBeat {
 
 func (p *pickupBeat) beat() {
 	p.mu.Lock()
-	stopped := p.stopped
-	p.mu.Unlock()
-	if stopped {
+	if p.stopped {
+		p.mu.Unlock()
 		return
 	}
+	p.beating = true
+	p.mu.Unlock()
 	// Settled meanwhile: the acknowledgements refuse it (ErrMsgAlreadyAckd).
-	_ = p.acks.InProgress()
+	err := p.acks.InProgress()
 	p.mu.Lock()
+	p.beating = false
+	if err == nil {
+		p.last = time.Now()
+	}
 	if !p.stopped {
 		p.timer.Reset(p.every)
 	}
+	p.idle.Broadcast()
 	p.mu.Unlock()
 }
 
-// stop ends the beats (a beat under way may still send its InProgress);
-// it may be called more than once, and on nil (a give-up's run).
-func (p *pickupBeat) stop() {
+// stop ends the beats and waits for a beat under way; it returns when the
+// request's AckWait last began (its read or the last InProgress). It may
+// be called more than once, and on nil (a give-up's run: zero time).
+func (p *pickupBeat) stop() time.Time {
 	if p == nil {
-		return
+		return time.Time{}
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.stopped = true
 	p.timer.Stop()
-	p.mu.Unlock()
+	for p.beating {
+		p.waited = true
+		p.idle.Wait()
+	}
+	return p.last
 }

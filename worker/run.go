@@ -392,9 +392,9 @@ func (r *run) acquire() bool {
 	}
 	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
 	w.register(r)
-	r.pickupBeat.stop()
+	kept := r.pickupBeat.stop()
 	r.pickupBeat = nil // a waiting run holds no more than it needs
-	r.hb = r.startHeartbeat()
+	r.hb = r.startHeartbeat(kept)
 	if r.notice != "" {
 		r.log.Warn(r.notice)
 	}

@@ -36,12 +36,26 @@ type AckConn interface {
 // holds the two to the same answers): the same bodies on the same
 // connection, and once acked, naked or terminated, every other
 // acknowledgement returns jetstream.ErrMsgAlreadyAckd.
+//
+// Unlike jetstream.Msg, a settle (ack, nak, term) and an InProgress are
+// ordered: once a settle has begun, no InProgress starts (it returns
+// ErrMsgAlreadyAckd), and the settle is sent only after an InProgress
+// under way went out. The server matches +WPI by stream sequence and
+// resets the pending entry's time (consumer.progressUpdate): a +WPI
+// written after a NAK turned its delay into a whole AckWait, and after a
+// NAK whose copy was redelivered it extended the new owner's AckWait.
+// No lock is held while sending: a settle waits (on a channel) for the
+// InProgress's publish to return, which is what its own publish on the
+// same connection would wait for anyway.
 type requestAck struct {
 	nc    AckConn
 	reply string
 
-	mu   sync.Mutex
-	ackd bool
+	mu       sync.Mutex
+	ackd     bool
+	settling int           // settles under way: no InProgress starts
+	beating  int           // InProgress sends under way
+	beatDone chan struct{} // closed when beating drops to 0
 }
 
 // doubleAckTimeout bounds a double ack whose context has no deadline
@@ -70,7 +84,27 @@ func (a *requestAck) NakWithDelay(d time.Duration) error {
 	return a.send(context.Background(), `-NAK {"delay": `+strconv.FormatInt(d.Nanoseconds(), 10)+`}`, false)
 }
 
-func (a *requestAck) InProgress() error { return a.send(context.Background(), "+WPI", false) }
+func (a *requestAck) InProgress() error {
+	a.mu.Lock()
+	if a.ackd || a.settling > 0 {
+		a.mu.Unlock()
+		return jetstream.ErrMsgAlreadyAckd
+	}
+	if a.beating == 0 {
+		a.beatDone = make(chan struct{})
+	}
+	a.beating++
+	a.mu.Unlock()
+	err := a.nc.Publish(a.reply, []byte("+WPI"))
+	a.mu.Lock()
+	a.beating--
+	if a.beating == 0 {
+		close(a.beatDone)
+		a.beatDone = nil
+	}
+	a.mu.Unlock()
+	return err
+}
 
 func (a *requestAck) TermWithReason(reason string) error {
 	if reason == "" {
@@ -79,33 +113,46 @@ func (a *requestAck) TermWithReason(reason string) error {
 	return a.send(context.Background(), "+TERM "+reason, false)
 }
 
-// send is nats.go's ackReply: the state is checked under mu, the
-// acknowledgement sent outside it.
+// send settles the request: the state is checked under mu, an
+// InProgress under way is waited for (ctx bounds the wait), and the
+// acknowledgement is sent outside the lock.
 func (a *requestAck) send(ctx context.Context, body string, sync bool) error {
 	a.mu.Lock()
-	ackd := a.ackd
-	a.mu.Unlock()
-	if ackd {
+	if a.ackd {
+		a.mu.Unlock()
 		return jetstream.ErrMsgAlreadyAckd
 	}
-	var err error
+	a.settling++
+	beatDone := a.beatDone
+	a.mu.Unlock()
+	err := a.settle(ctx, beatDone, body, sync)
+	a.mu.Lock()
+	a.settling--
+	if err == nil {
+		a.ackd = true
+	}
+	a.mu.Unlock()
+	return err
+}
+
+func (a *requestAck) settle(ctx context.Context, beatDone <-chan struct{}, body string, sync bool) error {
 	if sync {
 		if _, ok := ctx.Deadline(); !ok {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, doubleAckTimeout)
 			defer cancel()
 		}
-		_, err = a.nc.RequestWithContext(ctx, a.reply, []byte(body))
-	} else {
-		err = a.nc.Publish(a.reply, []byte(body))
 	}
-	if err != nil {
+	if beatDone != nil {
+		select {
+		case <-beatDone:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if sync {
+		_, err := a.nc.RequestWithContext(ctx, a.reply, []byte(body))
 		return err
 	}
-	if body != "+WPI" {
-		a.mu.Lock()
-		a.ackd = true
-		a.mu.Unlock()
-	}
-	return nil
+	return a.nc.Publish(a.reply, []byte(body))
 }
