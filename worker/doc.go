@@ -62,4 +62,5 @@
 //	internal/eventread  bounded reads of runs' stored events: slots, a time each, retries
 //	internal/runtrace   an attempt's OpenTelemetry spans: invoke_agent, calls, waits, steps
 //	internal/genai      the GenAI conventions' span content: messages, usage, finish reasons
+//	internal/demo       the demo model's reply: canned, with a calculator call for arithmetic
 package worker
