@@ -140,12 +140,25 @@ func (f *Fleet) URL() string { return f.Server.URL() }
 func (f *Fleet) Port() int { return f.Server.NATS().Addr().(*net.TCPAddr).Port }
 
 // Restart stops the server and starts it again on the same port and store,
-// as a restarted NATS node; clients reconnect on their own.
+// as a restarted NATS node; clients reconnect on their own, and Restart
+// returns once the fleet's own client has.
 func (f *Fleet) Restart() {
 	f.T.Helper()
 	port := f.Port()
+	nc := f.Client.Conn()
+	before := nc.Stats().Reconnects
 	f.Server.Shutdown()
 	f.Server = StartServer(f.T, port, f.StoreDir)
+	// A request the client sent before it saw the old server go could be
+	// written into the dead connection and wait out its whole timeout (a
+	// loaded CI did).
+	deadline := time.Now().Add(30 * time.Second)
+	for nc.Stats().Reconnects == before || !nc.IsConnected() {
+		if time.Now().After(deadline) {
+			f.T.Fatalf("the fleet's client did not reconnect within 30 s of the restart (%s)", nc.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Worker is a worker running in process until Stop, Kill or the end of
