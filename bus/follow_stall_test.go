@@ -117,6 +117,11 @@ func TestFollowReplacesAStalledConsumer(t *testing.T) {
 func TestFollowKeepsAHealthyConsumer(t *testing.T) {
 	t.Parallel()
 	ctx, c, pub := stallClient(t)
+	// Stalled means two whole intervals in Next with a stored event not
+	// delivered. At 50 ms a loaded CI (two suites on 2 cores) once kept
+	// the follower's goroutine from running that long, and its healthy
+	// consumer was replaced; this test pins the rule, not a latency.
+	c.SetFollowStall(250 * time.Millisecond)
 	var wraps atomic.Int32
 	c.wrapFollow = func(it jetstream.MessagesContext) jetstream.MessagesContext {
 		wraps.Add(1)
