@@ -188,21 +188,12 @@ func TestASlowPickupKeepsItsRequest(t *testing.T) {
 		})
 	})
 	<-w.ready
-	acks, err := c.Conn().Subscribe("$JS.ACK."+c.Names().RunsStream()+".>", func(m *nats.Msg) {
-		if string(m.Data) == "+WPI" {
-			select { // a NATS callback does not block
-			case kept <- struct{}{}:
-			default:
-			}
+	onInProgress(t, c, func() {
+		select { // a NATS callback does not block
+		case kept <- struct{}{}:
+		default:
 		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = acks.Unsubscribe() })
-	if err := c.Conn().Flush(); err != nil {
-		t.Fatal(err)
-	}
 	id := submitRun(t, c, &bus.RunRequest{Prompt: "hi", Model: fauxModel, Faux: fauxTexts("hello")})
 	// Held past AckWait: InProgress every HeartbeatInterval (AckWait/4),
 	// five of them.
@@ -224,5 +215,24 @@ func TestASlowPickupKeepsItsRequest(t *testing.T) {
 	rec := waitRecord(t, c, id, "finished", (*bus.RunRecord).Finished)
 	if rec.State != bus.StatusSucceeded || rec.Attempt != 1 {
 		t.Fatalf("record: %+v", rec)
+	}
+}
+
+// onInProgress calls on for each +WPI sent on the runs stream's requests,
+// from the moment it returns until the test ends; on runs in a NATS
+// callback and must not block.
+func onInProgress(t *testing.T, c *bus.Client, on func()) {
+	t.Helper()
+	sub, err := c.Conn().Subscribe("$JS.ACK."+c.Names().RunsStream()+".>", func(m *nats.Msg) {
+		if string(m.Data) == "+WPI" {
+			on()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
 	}
 }

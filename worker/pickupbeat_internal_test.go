@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 )
@@ -140,10 +138,7 @@ func TestPickupHandOverKeepsTheInterval(t *testing.T) {
 	})
 	<-w.ready
 	seen := make(chan int, 64)
-	sub, err := c.Conn().Subscribe("$JS.ACK."+c.Names().RunsStream()+".>", func(m *nats.Msg) {
-		if string(m.Data) != "+WPI" {
-			return
-		}
+	onInProgress(t, c, func() {
 		mu.Lock()
 		wpi = append(wpi, time.Now())
 		n := len(wpi)
@@ -153,13 +148,6 @@ func TestPickupHandOverKeepsTheInterval(t *testing.T) {
 		default:
 		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := c.Conn().Flush(); err != nil {
-		t.Fatal(err)
-	}
 	released := false
 	release := func() {
 		if !released {
