@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -48,16 +49,19 @@ import (
 //     slot: it is handed back at once, not left for AckWait; the request
 //     it came for has ended, so it goes to another.
 type Puller struct {
-	nc       *nats.Conn
-	subject  string // the consumer's next-message API subject
-	inbox    string // request k replies to inbox.k
-	sub      *nats.Subscription
-	seq      uint64
-	grace    time.Duration
-	late     sync.WaitGroup // hand-backs of abandoned inboxes
-	closing  chan struct{}  // closed by Close: hand-backs stop at their next silence
-	onLate   func()         // a late message was handed back (tests)
-	onBehind func()         // a silent inbox was found behind, not done (tests)
+	nc      *nats.Conn
+	subject string // the consumer's next-message API subject
+	inbox   string // request k replies to inbox.k
+	sub     *nats.Subscription
+	seq     uint64
+	grace   time.Duration
+	late    sync.WaitGroup // hand-backs of abandoned inboxes
+	closing chan struct{}  // closed by Close: hand-backs stop at their next silence
+	// handedBack counts late messages handed back (a message for an
+	// inbox the loop had left), behind the silent inboxes found behind,
+	// not done: what a slow read side costs the loop.
+	handedBack atomic.Int64
+	behind     atomic.Int64
 }
 
 // requestGrace is how long past its expiry (and then between checks) a
@@ -145,9 +149,7 @@ func (p *Puller) Fetch(ctx context.Context, n, maxBytes int, wait time.Duration,
 			if ctx.Err() != nil || p.caughtUp(p.sub) {
 				return got, p.moveOn(errRequestLost)
 			}
-			if p.onBehind != nil {
-				p.onBehind()
-			}
+			p.behind.Add(1)
 			deadline = time.Now().Add(p.grace)
 			continue
 		}
@@ -238,9 +240,7 @@ func (p *Puller) abandon() error {
 					return
 				default:
 				}
-				if p.onBehind != nil {
-					p.onBehind()
-				}
+				p.behind.Add(1)
 				deadline = time.Now().Add(p.grace)
 				continue
 			}
@@ -249,9 +249,7 @@ func (p *Puller) abandon() error {
 			}
 			if m.Reply != "" {
 				_ = p.nc.Publish(m.Reply, []byte("-NAK"))
-				if p.onLate != nil {
-					p.onLate()
-				}
+				p.handedBack.Add(1)
 			}
 		}
 	}()

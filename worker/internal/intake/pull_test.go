@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -156,9 +155,6 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	}
 	defer p.Close()
 	p.grace = 5 * time.Second // the stall is to outlast nats.go's second, not this
-	var late atomic.Int32
-	p.onLate = func() { late.Add(1) }
-
 	f.gate.shut()
 	type result struct {
 		msgs []jetstream.Msg
@@ -188,7 +184,7 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := late.Load(); n != 0 {
+	if n := p.handedBack.Load(); n != 0 {
 		t.Fatalf("%d messages handed back", n)
 	}
 }
@@ -205,10 +201,6 @@ func TestAStalledReaderKeepsItsRequestPastTheGrace(t *testing.T) {
 	f.publish(t, 5)
 	p := newPullerT(t, f.cons, f.nc)
 	p.grace = 200 * time.Millisecond
-	var late atomic.Int32
-	p.onLate = func() { late.Add(1) }
-	behind := make(chan struct{}, 64)
-	p.onBehind = func() { behind <- struct{}{} }
 
 	f.gate.shut()
 	type result struct {
@@ -224,12 +216,12 @@ func TestAStalledReaderKeepsItsRequestPastTheGrace(t *testing.T) {
 	f.waitDelivered(t, 5)
 	// The loop finds itself behind twice (two graces and two pings past
 	// the expiry) while the messages sit in the socket.
-	for range 2 {
+	for p.behind.Load() < 2 {
 		select {
-		case <-behind:
 		case r := <-done:
 			f.gate.reopen()
 			t.Fatalf("the request ended while its messages were on their way: %d messages, %v", len(r.msgs), r.err)
+		case <-time.After(10 * time.Millisecond): // look at the count again
 		}
 	}
 	f.gate.reopen()
@@ -242,7 +234,7 @@ func TestAStalledReaderKeepsItsRequestPastTheGrace(t *testing.T) {
 			t.Fatalf("message %d: %+v %v", i, md, err)
 		}
 	}
-	if n := late.Load(); n != 0 {
+	if n := p.handedBack.Load(); n != 0 {
 		t.Fatalf("%d messages handed back", n)
 	}
 }
@@ -282,8 +274,6 @@ func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 	f := newPullFixture(t)
 	p := newPullerT(t, f.cons, f.nc)
 	p.grace = time.Second
-	handedBack := make(chan struct{}, 4)
-	p.onLate = func() { handedBack <- struct{}{} }
 
 	// A request of the loop's current inbox the loop then leaves, the
 	// server still holding it.
@@ -297,11 +287,7 @@ func TestALateMessageIsHandedBackAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.publish(t, 1)
-	select {
-	case <-handedBack:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the late message was not handed back")
-	}
+	waitHandedBack(t, p, 1)
 	var again []jetstream.Msg
 	if _, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
 		t.Fatalf("next request: %d messages, %v", len(again), err)
@@ -320,15 +306,6 @@ func TestALateMessageBehindAStalledReaderIsHandedBack(t *testing.T) {
 	f := newPullFixture(t)
 	p := newPullerT(t, f.cons, f.nc)
 	p.grace = 200 * time.Millisecond
-	handedBack := make(chan struct{}, 4)
-	p.onLate = func() { handedBack <- struct{}{} }
-	behind := make(chan struct{}, 64)
-	p.onBehind = func() {
-		select {
-		case behind <- struct{}{}:
-		default:
-		}
-	}
 
 	if err := f.nc.PublishRequest(p.subject, p.inbox+".99", []byte(`{"batch":1,"expires":20000000000}`)); err != nil {
 		t.Fatal(err)
@@ -344,20 +321,16 @@ func TestALateMessageBehindAStalledReaderIsHandedBack(t *testing.T) {
 	f.gate.shut()
 	f.publish(t, 1)
 	f.waitDelivered(t, 1)
-	for range 2 {
+	for p.behind.Load() < 2 {
 		select {
-		case <-behind:
 		case <-dropped:
 			f.gate.reopen()
 			t.Fatal("the old inbox was dropped with a message for it on its way")
+		case <-time.After(10 * time.Millisecond): // look at the count again
 		}
 	}
 	f.gate.reopen()
-	select {
-	case <-handedBack:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the late message was not handed back")
-	}
+	waitHandedBack(t, p, 1)
 	var again []jetstream.Msg
 	if _, err := p.Fetch(context.Background(), 1, 0, 10*time.Second, func(m jetstream.Msg) { again = append(again, m) }); err != nil || len(again) != 1 {
 		t.Fatalf("next request: %d messages, %v", len(again), err)
@@ -522,4 +495,17 @@ func startJetStream(t *testing.T, maxPending int64) *server.Server {
 		t.Fatal("nats-server did not start")
 	}
 	return srv
+}
+
+// waitHandedBack waits (20 s at most) until p has handed n late messages
+// back.
+func waitHandedBack(t *testing.T, p *Puller, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for p.handedBack.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d late messages handed back in 20 s, want %d", p.handedBack.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond) // look at the count again
+	}
 }
