@@ -439,6 +439,11 @@ func TestResendBudgetHoldsAfterTheQueueEmptied(t *testing.T) {
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })
 	p.subject = "plain." + p.run
 	got := sentSeqs(t, w, srv.URL(), p.subject)
+	// The first send's ack never comes: the re-send's own answer pops the
+	// event, in the re-send goroutine, so the hook's new event comes before
+	// it looks again (an ack callback's pop raced it, and the re-send could
+	// end first: the new event then went out plainly, without a budget).
+	dropAcks(t, w, func(seq uint64) bool { return seq == 1 })
 	if _, err := p.Event("x", []byte(`{"type":"x"}`), Options{}); err != nil {
 		t.Fatal(err)
 	}
