@@ -15,6 +15,9 @@ const (
 	EventRunStarted  = "run_started"
 	EventRunFinished = "run_finished"
 	EventRunResumed  = "run_resumed"
+	// EventTranscriptRestored (since 1.9) names the finished run whose
+	// transcript a continuation starts from, instead of its messages.
+	EventTranscriptRestored = "transcript_restored"
 	// EventModelWait: a model call waited for the fleet's shared rate
 	// limits; published once the call proceeds.
 	EventModelWait = "model_wait"
@@ -338,6 +341,18 @@ type RunResumed struct {
 	CutOffUsage *agent.Usage `json:"cutOffUsage,omitempty"`
 }
 
+// TranscriptRestored (since 1.9) follows run_started in every attempt of a
+// continuation (continueFrom): the run's transcript begins with the first
+// Messages messages of run From's transcript (Bytes bytes of JSON), which
+// are not published again. Its snapshot (LoadSnapshot) or, without one, its
+// events hold them.
+type TranscriptRestored struct {
+	Type     string `json:"type"`
+	From     string `json:"from"`
+	Messages int    `json:"messages"`
+	Bytes    int64  `json:"bytes"`
+}
+
 // Event is a decoded event: exactly one of the pointers is set.
 type Event struct {
 	Type        string
@@ -345,6 +360,7 @@ type Event struct {
 	RunStarted  *RunStarted
 	RunFinished *RunFinished
 	RunResumed  *RunResumed
+	Restored    *TranscriptRestored
 	ModelWait   *ModelWait
 	Approval    *ToolApproval // the three tool_approval_* events
 	Control     *ControlRejected
@@ -376,6 +392,9 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventRunResumed:
 		ev.RunResumed = &RunResumed{}
 		target = ev.RunResumed
+	case EventTranscriptRestored:
+		ev.Restored = &TranscriptRestored{}
+		target = ev.Restored
 	case EventModelWait:
 		ev.ModelWait = &ModelWait{}
 		target = ev.ModelWait

@@ -96,6 +96,10 @@ func (n Names) ControlStream() string { return n.upper + "_CONTROL" }
 // RecordsBucket is the KV bucket of run records (agents_runs).
 func (n Names) RecordsBucket() string { return n.lower + "_runs" }
 
+// TranscriptsBucket is the object store of finished runs' transcripts
+// (agents_transcripts, since 1.9): one object per run, named by its id.
+func (n Names) TranscriptsBucket() string { return n.lower + "_transcripts" }
+
 // DeadStream keeps dead-lettered requests (AGENTS_DEAD).
 func (n Names) DeadStream() string { return n.upper + "_DEAD" }
 

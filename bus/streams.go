@@ -345,6 +345,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	if err := c.ensureBudgetsBucket(ctx, cfg); err != nil { // budgets.go
 		return err
 	}
+	if err := c.ensureTranscriptsBucket(ctx, cfg); err != nil { // snapshot.go
+		return err
+	}
 	kvStream := "KV_" + n.RecordsBucket()
 	if _, err := c.js.Stream(ctx, kvStream); err == nil {
 		// The bucket exists: widen its stream like the others (the KV

@@ -305,6 +305,7 @@ func (g *gen) events() *jsonschema.Schema {
 		RunStarted   bus.RunStarted
 		RunFinished  bus.RunFinished
 		RunResumed   bus.RunResumed
+		Restored     bus.TranscriptRestored
 		ModelWait    bus.ModelWait
 		ToolApproval bus.ToolApproval
 		Control      bus.ControlRejected
@@ -360,6 +361,15 @@ func (g *gen) events() *jsonschema.Schema {
 	g.setProp(rr, "RunResumed", "type", &jsonschema.Schema{Type: "string", Const: bus.EventRunResumed})
 	g.prop(rr, "RunResumed", "attempt").Minimum = minimum(2)
 	rename(defs, "RunResumed", "RunResumedEvent")
+
+	tr := g.def(defs, "TranscriptRestored")
+	tr.Description = "Right after run_started (or run_resumed) of every attempt of a continuation (since 1.9, §4): the transcript begins with the first messages messages of run from's, which are not published again (its snapshot holds them, §2)."
+	g.setProp(tr, "TranscriptRestored", "type", &jsonschema.Schema{Type: "string", Const: bus.EventTranscriptRestored})
+	g.prop(tr, "TranscriptRestored", "from").Pattern = tokenPattern
+	g.prop(tr, "TranscriptRestored", "messages").Minimum = minimum(0)
+	g.prop(tr, "TranscriptRestored", "bytes").Minimum = minimum(0)
+	g.prop(tr, "TranscriptRestored", "bytes").Description = "The size of those messages as a JSON array."
+	rename(defs, "TranscriptRestored", "TranscriptRestoredEvent")
 
 	mw := g.def(defs, "ModelWait")
 	mw.Description = "A model call waited (shared rate limits, or the tenant's next budget period), published once it proceeds (since 1.2)."
@@ -427,7 +437,7 @@ func (g *gen) events() *jsonschema.Schema {
 		{"ToolExecutionEndEvent", string(agent.EventToolExecutionEnd), "", []string{"toolCallId!", "toolName!", "result!", "isError!"}},
 	})
 
-	all := append([]string{"RunStartedEvent", "RunResumedEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
+	all := append([]string{"RunStartedEvent", "RunResumedEvent", "TranscriptRestoredEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
 	defs["Event"] = oneOfRefs(append(all, agentEvents...)...)
 	defs["Event"].Description = "The event, by its type."
 	env.Definitions = defs

@@ -119,6 +119,13 @@ type Config struct {
 	// messages, as sent to the model); past it the run fails with reason
 	// transcript_too_large. Default 32 MiB.
 	MaxTranscriptBytes int
+	// LoadBudget bounds the bytes of snapshots (continueFrom) the runs of
+	// this worker hold at once: a continuation whose snapshot does not fit
+	// what is free waits for it without a slot; one larger than the whole
+	// budget fails with reason transcript_too_large. Default 256 MiB: a
+	// quarter of deploy/k8s's 1 GiB limit (a decoded transcript takes
+	// about its JSON's size again while the run lives).
+	LoadBudget int64
 	// NoFaux refuses requests that script the faux model or name a faux
 	// model (bad request naming --allow-faux): a submitter must not
 	// script the "model" on a fleet with a real endpoint. The demo model
@@ -338,6 +345,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxTranscriptBytes <= 0 {
 		c.MaxTranscriptBytes = 32 << 20
+	}
+	if c.LoadBudget <= 0 {
+		c.LoadBudget = 256 << 20
 	}
 	if c.DefaultModel == "" {
 		c.DefaultModel = "faux/demo"

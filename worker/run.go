@@ -108,8 +108,14 @@ type runPlan struct {
 	toolList   []string
 	notice     string
 	prompt     []agent.Message
-	fauxSkip   func(turns int) // a faux script skips the turns a resume restored
-	tenant     tenancy         // tenant.go
+	// prior is the transcript the run continues (continuation.go); nil
+	// without continueFrom. loadHeld is the load budget it holds.
+	prior    *priorTranscript
+	loadHeld int64
+	// refusal is the reason of a bad request other than bad_request.
+	refusal  string
+	fauxSkip func(turns int) // a faux script skips the turns a resume restored
+	tenant   tenancy         // tenant.go
 }
 
 func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedAt time.Time) *run {
@@ -157,6 +163,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	r.msg, r.request, r.pickupBeat = acks, m, beat
 	r.slot = slot
 	r.execute()
+	r.releaseLoad()
 	r.pickupBeat.stop() // the run did not start (acquire stops it otherwise)
 }
 
@@ -455,6 +462,13 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.endPickupPause()
+	if !restored && r.prior != nil {
+		r.agent.SetMessages(r.prior.msgs)
+	}
+	r.publishRestored() // continuation.go
+	if r.prior != nil {
+		r.prior.msgs = nil // the agent has them
+	}
 	switch {
 	case !restored:
 		runErr = r.agent.PromptMessages(ctx, r.prompt...)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/budget"
@@ -47,7 +48,8 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
-	reads *eventread.Reads // this worker's reads of stored events
+	reads *eventread.Reads    // this worker's reads of stored events
+	loads *semaphore.Weighted // Config.LoadBudget (continuation.go)
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -136,6 +138,7 @@ func New(cfg Config) (*Worker, error) {
 		defaultModel:  def,
 		slots:         make(chan struct{}, cfg.Concurrency),
 		reads:         eventread.New(cfg.Client.ReadEvents),
+		loads:         semaphore.NewWeighted(cfg.LoadBudget),
 		runs:          map[string]*run{},
 		cover:         intake.NewControlCoverage(),
 		coverageAudit: 5 * time.Second,
