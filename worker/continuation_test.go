@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -149,5 +150,48 @@ func TestContinuationWaitsForLoadBudgetWithoutSlot(t *testing.T) {
 		if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
 			t.Fatalf("%s: %+v", id, fin)
 		}
+	}
+}
+
+// A continuation whose worker died resumes in its next attempt from the
+// same reference: the prior messages are not in its events, and the
+// restored transcript, the model's context and the snapshot have them.
+func TestContinuationResumesByReference(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	g := newCancelGate()
+	cfg := worker.Config{Tools: []*agent.Tool{g.tool()}, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond}
+	kill := killable(f, cfg)
+	first := f.Submit("", fleettest.FauxRun("hello", fleettest.Text("first answer")))
+	if fin := f.WaitFinished(first); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("first: %+v", fin)
+	}
+	next := f.Submit("", &bus.RunRequest{Prompt: "go on", ContinueFrom: first, Tools: []string{"gate"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{fleettest.ToolCall("c1", "gate", map[string]any{"name": "x"}), fleettest.Text("done")}}})
+	waitFor(t, g.started, "gate x")
+	kill()
+	waitFor(t, g.cancelled, "gate x cancelled")
+	f.StartWorker(cfg)
+	envs := f.Follow(next)
+	tr := transcriptOf(t, envs)
+	if tr.Finished == nil || tr.Finished.Status != bus.StatusSucceeded || tr.Attempt != 2 || tr.Resumed == nil || tr.Resumed.MessagesRestored != 2 {
+		t.Fatalf("resumed continuation %+v\n%s", tr.Finished, fleettest.Dump(envs))
+	}
+	if r := tr.Restored; r == nil || r.From != first || r.Messages != 2 {
+		t.Fatalf("transcript_restored %+v", r)
+	}
+	for _, e := range envs {
+		if e.Type == string(agent.EventMessageEnd) && strings.Contains(string(e.Event), "first answer") {
+			t.Fatalf("a prior message was published again:\n%s", fleettest.Dump(envs))
+		}
+	}
+	if got := roles(tr.Messages); got != "user:go on | assistant:call:gate | toolResult | assistant:done" {
+		t.Fatalf("the run's own messages %s", got)
+	}
+	if got, _ := snapshotRoles(t, f, next); got != "user:hello | assistant:first answer | user:go on | assistant:call:gate | toolResult | assistant:done" {
+		t.Fatalf("snapshot %s", got)
+	}
+	if tr.Finished.Turns != 2 {
+		t.Fatalf("turns %d, want 2 (the prior run's are not this run's)", tr.Finished.Turns)
 	}
 }
