@@ -111,6 +111,23 @@ test("Transcript: streaming, a resumed attempt, copies", () => {
   assert.equal(t.finished?.status, "succeeded");
 });
 
+test("Transcript: a continuation names what it restored (transcript_restored, 1.9); an unknown event is skipped", () => {
+  for (const type of ["transcript_restored", "transcript_restored_from_the_future"]) {
+    const t = new Transcript();
+    const user = { role: "user", content: [{ type: "text", text: "go on" }], timestamp: 1 };
+    for (const e of [
+      env(1, 1, { type: "run_started", continueFrom: "r0" }),
+      env(1, 2, { type, from: "r0", messages: 12, bytes: 4096 }),
+      env(1, 3, { type: "message_end", message: user }),
+      env(1, 4, { type: "run_finished", status: "succeeded" }),
+    ])
+      t.apply(e);
+    assert.deepEqual(t.messages, [user], type);
+    assert.equal(t.finished?.status, "succeeded");
+    assert.deepEqual(t.restored, type === "transcript_restored" ? { type, from: "r0", messages: 12, bytes: 4096 } : null, type);
+  }
+});
+
 test("pendingCalls: requested and not yet resolved, across attempts", () => {
   const req = (/** @type {string} */ id) => ({ type: "tool_approval_requested", toolCallId: id, toolName: "deploy", args: { to: id }, expiresAt: 99 });
   const envs = [env(1, 1, req("a")), env(1, 2, req("b")), env(1, 2, req("b")), env(2, 1, { type: "run_started" }), env(2, 2, { type: "tool_approval_resolved", toolCallId: "a", decision: "approve" })];

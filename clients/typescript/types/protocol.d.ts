@@ -71,7 +71,7 @@ export type Cost = {
 };
 
 /** The event, by its type. */
-export type Event = RunStartedEvent | RunResumedEvent | RunFinishedEvent | ModelWaitEvent | ControlRejectedEvent | ToolApprovalRequestedEvent | ToolApprovalResolvedEvent | ToolApprovalRejectedEvent | AgentStartEvent | AgentEndEvent | TurnStartEvent | TurnEndEvent | MessageStartEvent | MessageUpdateEvent | MessageEndEvent | ToolExecutionStartEvent | ToolExecutionUpdateEvent | ToolExecutionEndEvent;
+export type Event = RunStartedEvent | RunResumedEvent | TranscriptRestoredEvent | RunFinishedEvent | ModelWaitEvent | ControlRejectedEvent | ToolApprovalRequestedEvent | ToolApprovalResolvedEvent | ToolApprovalRejectedEvent | AgentStartEvent | AgentEndEvent | TurnStartEvent | TurnEndEvent | MessageStartEvent | MessageUpdateEvent | MessageEndEvent | ToolExecutionStartEvent | ToolExecutionUpdateEvent | ToolExecutionEndEvent;
 
 export type ImageContent = {
   type: "image";
@@ -337,6 +337,17 @@ export type ToolResultMessage = {
   isError: boolean;
   /** Unix milliseconds. */
   timestamp: number;
+};
+
+/** Right after run_started (or run_resumed) of every attempt of a continuation (since 1.9, §4): the transcript begins with the first messages messages of run from's, which are not published again (its snapshot holds them, §2). */
+export type TranscriptRestoredEvent = {
+  type: "transcript_restored";
+  /** (pattern `^[A-Za-z0-9_-]{1,64}$`) */
+  from: string;
+  /** (minimum 0) */
+  messages: number;
+  /** The size of those messages as a JSON array. (minimum 0) */
+  bytes: number;
 };
 
 export type TurnEndEvent = {
