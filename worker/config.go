@@ -122,9 +122,12 @@ type Config struct {
 	// LoadBudget bounds the bytes of snapshots (continueFrom) the runs of
 	// this worker hold at once: a continuation whose snapshot does not fit
 	// what is free waits for it without a slot; one larger than the whole
-	// budget fails with reason transcript_too_large. Default 256 MiB: a
-	// quarter of deploy/k8s's 1 GiB limit (a decoded transcript takes
-	// about its JSON's size again while the run lives).
+	// budget fails with reason transcript_too_large. Default 128 MiB (four
+	// transcripts at --max-transcript-bytes): a loaded transcript costs
+	// its JSON's size in heap while its run lives and as much again in
+	// garbage (GOGC=100), and its run writes it back whole at its end, so
+	// 128 MiB peaks near 300 MiB (issue 54's bench), well inside
+	// deploy/k8s's 1 GiB.
 	LoadBudget int64
 	// NoFaux refuses requests that script the faux model or name a faux
 	// model (bad request naming --allow-faux): a submitter must not
@@ -347,7 +350,7 @@ func (c *Config) defaults() {
 		c.MaxTranscriptBytes = 32 << 20
 	}
 	if c.LoadBudget <= 0 {
-		c.LoadBudget = 256 << 20
+		c.LoadBudget = 128 << 20
 	}
 	if c.DefaultModel == "" {
 		c.DefaultModel = "faux/demo"

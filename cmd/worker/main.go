@@ -302,7 +302,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	o.maxQueuedControlBytes = environ.bytesDefault("AGENTS_MAX_QUEUED_CONTROL_BYTES", 4<<20)
 	fs.Var(&o.maxQueuedControlBytes, "max-queued-control-bytes", "bytes of steer/follow-up messages a run may have waiting for its agent (reason control_budget past it) [AGENTS_MAX_QUEUED_CONTROL_BYTES]")
 	o.maxTranscript = environ.bytesDefault("AGENTS_MAX_TRANSCRIPT_BYTES", 32<<20)
-	o.loadBudget = environ.bytesDefault("AGENTS_LOAD_BUDGET", 256<<20)
+	o.loadBudget = environ.bytesDefault("AGENTS_LOAD_BUDGET", 128<<20)
 	fs.Var(&o.loadBudget, "load-budget", "bytes of continued transcripts (continueFrom snapshots) this worker's runs hold at once; a continuation past what is free waits without a slot, one larger fails (reason transcript_too_large) [AGENTS_LOAD_BUDGET]")
 	fs.Var(&o.maxTranscript, "max-transcript-bytes", "size of a run's transcript (its messages as JSON); past it the run fails (reason transcript_too_large) [AGENTS_MAX_TRANSCRIPT_BYTES]")
 	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
