@@ -225,15 +225,24 @@ func (r *run) priorLen(ctx context.Context, id string) (int, error) {
 	return len(msgs), err
 }
 
-// publishRestored publishes transcript_restored: the prior messages by
-// reference.
-func (r *run) publishRestored() {
+// restorePrior starts the agent's transcript with the prior messages
+// (unless a resume restored them with the rest) and publishes
+// transcript_restored: the prior messages by reference.
+func (r *run) restorePrior(restored bool) {
 	p := r.prior
-	if p == nil || p.inEvents {
+	if p == nil {
+		return
+	}
+	if !restored {
+		r.agent.SetMessages(p.msgs)
+	}
+	msgs := len(p.msgs)
+	p.msgs = nil // the agent has them
+	if p.inEvents {
 		return
 	}
 	_, _ = r.pub.Fleet(bus.EventTranscriptRestored, bus.TranscriptRestored{Type: bus.EventTranscriptRestored,
-		From: p.from, Messages: len(p.msgs), Bytes: p.bytes})
+		From: p.from, Messages: msgs, Bytes: p.bytes})
 }
 
 // restoredByReference reports whether an earlier attempt's events name

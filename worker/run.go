@@ -444,6 +444,9 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 			r.publishFailed(fmt.Errorf("resume: %w", err))
 		}
 	}
+	// Before anything may stop the run: its snapshot at the end holds the
+	// continued messages even when it never calls the model.
+	r.restorePrior(restored) // continuation.go
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
 	if r.tally.Stopping() {
 		return nil, false
@@ -462,13 +465,6 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.endPickupPause()
-	if !restored && r.prior != nil {
-		r.agent.SetMessages(r.prior.msgs)
-	}
-	r.publishRestored() // continuation.go
-	if r.prior != nil {
-		r.prior.msgs = nil // the agent has them
-	}
 	switch {
 	case !restored:
 		runErr = r.agent.PromptMessages(ctx, r.prompt...)
