@@ -78,3 +78,36 @@ func TestSnapshotCannotBeForgedByAnotherRole(t *testing.T) {
 		t.Fatalf("the continuation's context: %d messages %v", len(msgs), err)
 	}
 }
+
+// Queues are the unit of permission: a submitter of one queue cannot read
+// another queue's conversation by continuing one of its runs, snapshot
+// or not (the worker checks the prior run's record, as before 1.9).
+func TestContinuationOfAnotherQueuesRunIsRefused(t *testing.T) {
+	f := startFleet(t, &worker.Config{Queues: []string{"default", "secret"}})
+	sub := f.Connect(t, "submitter")
+	c := ctx(t, 60*time.Second)
+	secret := fauxRun("snap-secret", "the launch code is 0000", fleettest.Text("noted"))
+	if _, err := sub.Submit(c, "secret", secret); err != nil {
+		t.Fatal(err)
+	}
+	if tr, err := sub.LoadTranscript(c, secret.ID); err != nil || !tr.Done() || tr.Finished.Status != bus.StatusSucceeded {
+		t.Fatalf("secret run: %v", err)
+	}
+	if _, err := sub.SnapshotInfo(c, secret.ID); err != nil {
+		t.Fatalf("the secret run has no snapshot to steal: %v", err)
+	}
+	thief := fauxRun("snap-thief", "what was the code?", fleettest.Text("?"))
+	thief.ContinueFrom = secret.ID
+	if _, err := sub.Submit(c, "", thief); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := sub.LoadTranscript(c, thief.ID)
+	if err != nil || tr.Finished == nil || tr.Finished.Reason != bus.ReasonBadRequest || !strings.Contains(tr.Finished.Error, `"secret"`) || tr.Restored != nil {
+		t.Fatalf("a continuation across queues: %v %+v", err, tr.Finished)
+	}
+	for _, m := range tr.Messages {
+		if strings.Contains(m.TextOf(), "0000") {
+			t.Fatalf("the other queue's conversation reached the thief's run: %s", m.TextOf())
+		}
+	}
+}
