@@ -132,5 +132,5 @@ func BenchmarkWaitingRuns(b *testing.B) {
 
 // approvalsFirstPage asks for the first page of limit runs.
 func approvalsFirstPage(limit int) bus.ApprovalsOptions {
-	return bus.ApprovalsOptions{}
+	return bus.ApprovalsOptions{Limit: limit}
 }

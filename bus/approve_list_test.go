@@ -94,3 +94,66 @@ func TestPendingApprovals(t *testing.T) {
 		t.Errorf("pending approvals of queue other:\n got %s\nwant %s", got, want)
 	}
 }
+
+// TestPendingApprovalsPages pages through 250 runs waiting for approval,
+// with runs waiting for the model and finished runs between them: pages of
+// 100 runs, each call once, the model's waits never taking a place on a
+// page, and a cursor only while runs are left.
+func TestPendingApprovalsPages(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	const n = 250
+	for i := range n {
+		run, call := fmt.Sprintf("wait-%03d", i), fmt.Sprintf("call-%03d", i)
+		data := fmt.Appendf(nil, `{"run":%q,"seq":1,"attempt":1,"worker":"w","ts":%d,"event":{"type":"tool_approval_requested","toolCallId":%q,"toolName":"deploy","args":{"n":%d},"expiresAt":%d}}`,
+			run, now.UnixMilli(), call, i, now.Add(time.Hour).UnixMilli())
+		if _, err := c.JetStream().Publish(ctx, c.Names().Events(run), data); err != nil {
+			t.Fatal(err)
+		}
+		recs := []bus.RunRecord{{ID: run, Queue: "default", State: bus.StateRunning, HeartbeatAt: now,
+			Waiting: &bus.Waiting{For: bus.WaitingApproval, Since: now, Approvals: []bus.PendingApproval{{
+				ToolCallID: call, ToolName: "deploy", RequestedAt: now.UnixMilli(), ExpiresAt: now.Add(time.Hour).UnixMilli()}}}}}
+		if i%3 == 0 {
+			recs = append(recs,
+				bus.RunRecord{ID: fmt.Sprintf("model-%03d", i), Queue: "default", State: bus.StateRunning, HeartbeatAt: now,
+					Waiting: &bus.Waiting{For: bus.WaitingModel, Since: now}},
+				bus.RunRecord{ID: fmt.Sprintf("done-%03d", i), Queue: "default", State: bus.StatusSucceeded})
+		}
+		for _, r := range recs {
+			data, _ := json.Marshal(r)
+			if _, err := kv.Put(ctx, r.ID, data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	var sizes []int
+	cursor := ""
+	for range 10 {
+		p, err := c.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Limit: 100, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, len(p.Calls))
+		for _, call := range p.Calls {
+			var i int
+			_, _ = fmt.Sscanf(call.ToolCallID, "call-%d", &i)
+			if seen[call.ToolCallID] || string(call.Args) != fmt.Sprintf(`{"n":%d}`, i) {
+				t.Errorf("call %s (args %s) listed twice or with another call's arguments", call.ToolCallID, call.Args)
+			}
+			seen[call.ToolCallID] = true
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if fmt.Sprint(sizes) != "[100 100 50]" || len(seen) != n {
+		t.Errorf("pages of %v calls, %d calls in all; want [100 100 50], %d", sizes, len(seen), n)
+	}
+}
