@@ -40,7 +40,7 @@ type ListOptions struct {
 	// (WaitingApproval, WaitingModel); "" for all. Only with StateWaiting.
 	WaitingFor string
 	Queue      string // "" for all
-	Limit int    // 0 for no limit
+	Limit      int    // 0 for no limit
 	// BeforeSeq lists only records stored below this records-stream
 	// sequence (a page's Next, or a record's Revision). Queued runs are
 	// listed only on the first page.
