@@ -133,6 +133,8 @@ export declare class FollowStream implements AsyncIterable<Envelope<Event>> {
 export type ListOptions = {
   /** "" for all; queued, running, succeeded, failed, aborted, stale, waiting. */
   state?: "" | "queued" | "running" | "succeeded" | "failed" | "aborted" | "stale" | "waiting";
+  /** With state "waiting": only the records waiting for this ("approval", "model"). */
+  waitingFor?: string;
   queue?: string;
   /** 0: no limit. */
   limit?: number;
@@ -142,6 +144,24 @@ export type ListOptions = {
   since?: Date;
   /** Records read at most (default 100,000); -1: no bound. */
   maxScan?: number;
+};
+
+export type ApprovalsOptions = {
+  queue?: string;
+  /** Runs a page lists at most; 0 (default): no bound. */
+  limit?: number;
+  /** A page's nextCursor. */
+  before?: string;
+  /** Records read at most (default 100,000); -1: no bound. */
+  maxScan?: number;
+};
+
+export type ApprovalsPage = {
+  calls: PendingCall[];
+  /** Pass as before for the next page; "" at the end. */
+  nextCursor: string;
+  scanned: number;
+  truncated: boolean;
 };
 
 export type RunPage = {
@@ -219,6 +239,10 @@ export declare class Client {
   list(opts?: ListOptions): Promise<RunPage>;
   /** A run's pending gated calls. */
   pendingOf(run: string): Promise<PendingCall[]>;
-  /** The fleet's pending approvals, oldest request first. */
-  approvals(opts?: { queue?: string; maxScan?: number }): Promise<PendingCall[]>;
+  /** A waiting record's pending calls, read from its events since shortly before its oldest listed request. */
+  pendingOfRecord(record: RunRecord): Promise<PendingCall[]>;
+  /** The fleet's pending approvals: every page's calls (one page with limit). */
+  approvals(opts?: ApprovalsOptions): Promise<PendingCall[]>;
+  /** A page of the pending approvals (§13): at most limit runs, the most recently written record first; on the page the oldest request first. */
+  approvalsPage(opts?: ApprovalsOptions): Promise<ApprovalsPage>;
 }

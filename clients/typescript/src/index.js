@@ -41,6 +41,8 @@ const MAX_WINDOW = 8192;
 const DEFAULT_LIST_SCAN = 100_000;
 const CATCH_UP_ROUNDS = 4;
 const REQUEST_SLACK_MS = 60_000;
+/** The runs whose events a page of approvals reads at once. */
+const PENDING_READS = 16;
 
 const enc = new TextEncoder();
 const dec = new TextDecoder();
@@ -597,6 +599,7 @@ export class Client {
     const limit = o.limit ?? 0;
     const state = o.state ?? "";
     const queue = o.queue ?? "";
+    const waitingFor = state === "waiting" ? (o.waitingFor ?? "") : "";
     if (queue) checkQueue(queue);
     let beforeSeq = typeof o.before === "number" ? o.before : 0;
     /** @type {ListCursor | null} */
@@ -685,7 +688,7 @@ export class Client {
           page.next = m.seq;
           if (!m.data || !m.subject.startsWith(keyPrefix)) continue; // a delete or purge marker
           page.scanned++;
-          const r = this.listed(m, state, queue, now);
+          const r = this.listed(m, state, queue, now, waitingFor);
           if (r) page.records.push(r);
         }
         if (!want()) break;
@@ -694,7 +697,7 @@ export class Client {
         window = Math.min(window * 2, MAX_WINDOW);
       }
       if (hi < lo || hi === 0) page.next = 0;
-      if (first) await this.catchUp(g, page, state, queue, limit, top, queuedN, now);
+      if (first) await this.catchUp(g, page, state, queue, limit, top, queuedN, now, waitingFor);
       if (page.next > 0) page.nextCursor = String(page.next);
     } catch (err) {
       if (err instanceof InvalidArgumentError) throw err;
@@ -706,8 +709,9 @@ export class Client {
   /**
    * Decodes a stored record and says whether the listing keeps it.
    * @param {{seq: number, data: Uint8Array | null}} m @param {string} state @param {string} queue @param {number} now
+   * @param {string} [waitingFor] of the waiting records, those waiting for this ("": all)
    */
-  listed(m, state, queue, now) {
+  listed(m, state, queue, now, waitingFor = "") {
     let r;
     try {
       r = JSON.parse(dec.decode(/** @type {Uint8Array} */ (m.data)));
@@ -719,7 +723,8 @@ export class Client {
     this.markStale(r, now);
     const ok =
       (state === "" || r.state === state || (state === "stale" && r.stale) || (state === "waiting" && r.state === "running" && r.waiting)) &&
-      (queue === "" || r.queue === queue);
+      (queue === "" || r.queue === queue) &&
+      (waitingFor === "" || (typeof r.waiting === "object" && r.waiting?.for === waitingFor));
     return ok ? r : null;
   }
 
@@ -729,9 +734,9 @@ export class Client {
    * an older copy of one the page holds is dropped.
    * @param {DirectGetter} g @param {import("./index.js").RunPage} page @param {string} state @param {string} queue
    * @param {number} limit @param {number} top @param {number} queuedN the page's records from the queued part
-   * @param {number} now
+   * @param {number} now @param {string} [waitingFor]
    */
-  async catchUp(g, page, state, queue, limit, top, queuedN, now) {
+  async catchUp(g, page, state, queue, limit, top, queuedN, now, waitingFor = "") {
     const jsm = await this.jsm();
     /** @type {Array<{seq: number, subject: string, data: Uint8Array | null}>} */
     const msgs = [];
@@ -757,7 +762,7 @@ export class Client {
       moved.add(id);
       if (!m.data) continue; // deleted since
       page.scanned++;
-      const r = this.listed(m, state, queue, now);
+      const r = this.listed(m, state, queue, now, waitingFor);
       if (r) newer.push(r);
     }
     /** @type {any[]} */
@@ -859,34 +864,62 @@ export class Client {
 
   /**
    * The pending approvals across the fleet (docs/protocol.md §13): the
-   * running records that wait for approval, each run's pending calls read
-   * from its events since shortly before its oldest request (with the
-   * arguments the model chose), the oldest request first.
-   * @param {{queue?: string, maxScan?: number}} [o]
+   * calls of approvalsPage (every page unless limit is given).
+   * @param {{queue?: string, maxScan?: number, limit?: number, before?: string}} [o]
    */
   async approvals(o = {}) {
-    const page = await this.list({ state: "waiting", queue: o.queue, maxScan: o.maxScan });
+    return (await this.approvalsPage(o)).calls;
+  }
+
+  /**
+   * A page of the pending approvals (§13, "Listing pending approvals"):
+   * the records waiting for approval in listing order (the most recently
+   * written first), at most limit runs, each run's pending calls read
+   * from its events since shortly before its oldest request (with the
+   * arguments the model chose), PENDING_READS runs at a time; on the page
+   * the oldest request first. Pass nextCursor as before for the next page.
+   * @param {{queue?: string, maxScan?: number, limit?: number, before?: string}} [o]
+   * @returns {Promise<{calls: any[], nextCursor: string, scanned: number, truncated: boolean}>}
+   */
+  async approvalsPage(o = {}) {
+    const page = await this.list({ state: "waiting", waitingFor: "approval", queue: o.queue, maxScan: o.maxScan, limit: o.limit ?? 0, before: o.before });
+    const recs = page.records;
+    /** @type {any[][]} */
+    const calls = new Array(recs.length);
+    let next = 0;
+    const worker = async () => {
+      while (next < recs.length) {
+        const i = next++;
+        calls[i] = await this.pendingOfRecord(recs[i]);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(PENDING_READS, recs.length) }, worker));
     /** @type {any[]} */
     const out = [];
-    for (const r of page.records) {
-      if (typeof r.waiting !== "object" || r.waiting.for !== "approval") continue;
-      const listed = r.waiting.approvals ?? [];
-      let calls;
-      if (listed.length === 0) calls = await this.pendingOf(r.id);
-      else {
-        const oldest = Math.min(...listed.map((/** @type {any} */ a) => a.requestedAt));
-        const envs = await this.storedEvents(r.id, new Date(oldest - REQUEST_SLACK_MS));
-        const asked = new Set(envs.filter((e) => e.event.type === "tool_approval_requested").map((e) => e.event.toolCallId));
-        calls = listed.every((/** @type {any} */ a) => asked.has(a.toolCallId)) ? pendingCalls(envs) : await this.pendingOf(r.id);
-      }
-      for (const p of calls) {
+    recs.forEach((r, i) => {
+      for (const p of calls[i]) {
         p.queue = r.queue;
+        if (r.title) p.title = r.title;
         if (r.waiting.since) p.waitingSince = new Date(r.waiting.since);
         out.push(p);
       }
-    }
+    });
     out.sort((a, b) => a.requestedAt - b.requestedAt || (a.run < b.run ? -1 : a.run > b.run ? 1 : 0));
-    return out;
+    return { calls: out, nextCursor: page.nextCursor, scanned: page.scanned, truncated: page.truncated };
+  }
+
+  /**
+   * A waiting record's pending calls: its events since shortly before its
+   * oldest listed request, all of them if a listed request is not there.
+   * @param {any} r
+   */
+  async pendingOfRecord(r) {
+    const listed = r.waiting?.approvals ?? [];
+    if (listed.length === 0) return this.pendingOf(r.id);
+    const oldest = Math.min(...listed.map((/** @type {any} */ a) => a.requestedAt));
+    const envs = await this.storedEvents(r.id, new Date(oldest - REQUEST_SLACK_MS));
+    const asked = new Set(envs.filter((e) => e.event.type === "tool_approval_requested").map((e) => e.event.toolCallId));
+    return listed.every((/** @type {any} */ a) => asked.has(a.toolCallId)) ? pendingCalls(envs) : this.pendingOf(r.id);
   }
 }
 
