@@ -900,7 +900,8 @@ export class Client {
       for (const p of calls[i]) {
         p.queue = r.queue;
         if (r.title) p.title = r.title;
-        if (r.waiting.since) p.waitingSince = new Date(r.waiting.since);
+        const w = r.waiting;
+        if (typeof w === "object" && w.since) p.waitingSince = new Date(w.since);
         out.push(p);
       }
     });
