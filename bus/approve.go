@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -163,7 +164,10 @@ func (c *Client) PendingOfRecord(ctx context.Context, r *RunRecord) ([]PendingCa
 
 // storedEvents reads a run's envelopes stored now (those stored since a
 // time, unless zero) with an ordered consumer (the reads every client role
-// has), stopping when none is pending.
+// has), stopping when none is pending. It keeps only the envelopes
+// PendingCalls folds: a run's transcript may be large (a hostile or
+// clock-skewed record makes the read start at its first event), and what
+// is kept is bounded by its tool calls.
 func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time) ([]*Envelope, error) {
 	if err := CheckID(runID); err != nil {
 		return nil, err
@@ -187,9 +191,50 @@ func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time
 	if info.NumPending == 0 {
 		return nil, nil
 	}
-	return readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata) (keep, more bool) {
-		return true, md.NumPending != 0
-	})
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	defer it.Stop()
+	var out []*Envelope
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return nil, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		if folded(msg.Data()) {
+			if env, err := DecodeEnvelope(msg.Data()); err == nil {
+				env.StreamSeq = md.Sequence.Stream
+				out = append(out, env)
+			}
+		}
+		if md.NumPending == 0 {
+			return out, nil
+		}
+	}
+}
+
+// foldedTypes are the event types PendingCalls reads.
+var foldedTypes = [][]byte{[]byte(`"` + EventRunFinished + `"`), []byte(`"` + EventToolApprovalRequested + `"`),
+	[]byte(`"` + EventToolApprovalResolved + `"`), []byte(`"` + string(agent.EventToolExecutionEnd) + `"`)}
+
+// folded reports whether an envelope may be one PendingCalls reads: its
+// JSON holds one of their quoted types (a cheap look before decoding; a
+// text that quotes one is decoded and then dropped by its type).
+func folded(data []byte) bool {
+	for _, t := range foldedTypes {
+		if bytes.Contains(data, t) {
+			return true
+		}
+	}
+	return false
 }
 
 // ApprovalsOptions filter PendingApprovals.

@@ -157,3 +157,36 @@ func TestPendingApprovalsPages(t *testing.T) {
 		t.Errorf("pages of %v calls, %d calls in all; want [100 100 50], %d", sizes, len(seen), n)
 	}
 }
+
+// TestPendingOfKeepsOnlyWhatItFolds reads the pending calls of a run with
+// 1,536 large events stored before its request, as a record whose
+// requestedAt lies (or a worker's clock far behind) makes the listing do:
+// the call is found, and the read keeps only the envelopes the fold reads
+// (the request), never the transcript.
+func TestPendingOfKeepsOnlyWhatItFolds(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	const run, n = "big", 1536
+	delta := strings.Repeat("x", 8<<10)
+	for i := range n {
+		data := fmt.Appendf(nil, `{"run":%q,"seq":%d,"attempt":1,"worker":"w","ts":1,"event":{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":%q}}}`, run, i+1, delta)
+		if _, err := c.JetStream().PublishAsync(c.Names().Events(run), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-c.JetStream().PublishAsyncComplete()
+	req := fmt.Appendf(nil, `{"run":%q,"seq":%d,"attempt":1,"worker":"w","ts":1,"event":{"type":"tool_approval_requested","toolCallId":"c1","toolName":"deploy","args":{},"expiresAt":%d}}`,
+		run, n+1, time.Now().Add(time.Hour).UnixMilli())
+	if _, err := c.JetStream().Publish(ctx, c.Names().Events(run), req); err != nil {
+		t.Fatal(err)
+	}
+	calls, err := c.PendingOf(ctx, run)
+	if err != nil || len(calls) != 1 || calls[0].ToolCallID != "c1" {
+		t.Fatalf("pending calls %+v, %v", calls, err)
+	}
+	envs, err := bus.StoredEvents(ctx, c, run)
+	if err != nil || len(envs) != 1 || envs[0].Type != bus.EventToolApprovalRequested {
+		t.Errorf("the read kept %d envelopes (%v), want the request alone", len(envs), err)
+	}
+}
