@@ -214,7 +214,8 @@ export declare class Client {
   follow(run: string, opts?: FollowOptions & { includeUnknown?: false }): FollowStream;
   follow(run: string, opts: FollowOptions & { includeUnknown: true }): AsyncIterable<Envelope<Event | UnknownEvent>> & Omit<FollowStream, typeof Symbol.asyncIterator>;
   /** The envelopes stored now (since a time), in stream order; does not wait. */
-  storedEvents(run: string, since?: Date): Promise<Envelope<Event | UnknownEvent>[]>;
+  /** keep, given an envelope's JSON, says whether to keep it (the approval reads keep only what they fold). */
+  storedEvents(run: string, since?: Date, keep?: (json: string) => boolean): Promise<Envelope<Event | UnknownEvent>[]>;
   /** Whether the run has none of its request, its record and a stored event. */
   absent(run: string): Promise<boolean>;
   /** The stream sequence of the run's last stored event (0: none). */

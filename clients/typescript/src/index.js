@@ -41,6 +41,13 @@ const MAX_WINDOW = 8192;
 const DEFAULT_LIST_SCAN = 100_000;
 const CATCH_UP_ROUNDS = 4;
 const REQUEST_SLACK_MS = 60_000;
+/**
+ * Whether an envelope's JSON may be one pendingCalls folds: the approval
+ * reads keep only those (a long run's transcript is never held).
+ * @param {string} text
+ */
+const folded = (text) =>
+  ["run_finished", "tool_approval_requested", "tool_approval_resolved", "tool_execution_end"].some((t) => text.includes(`"${t}"`));
 /** The runs whose events a page of approvals reads at once. */
 const PENDING_READS = 16;
 
@@ -439,9 +446,9 @@ export class Client {
   /**
    * A run's envelopes stored now (since a time, if given), decoded, in
    * stream order; it does not wait for more.
-   * @param {string} run @param {Date} [since]
+   * @param {string} run @param {Date} [since] @param {(json: string) => boolean} [keep] keeps an envelope by its JSON
    */
-  async storedEvents(run, since) {
+  async storedEvents(run, since, keep) {
     checkRunId(run);
     const cons = await this.orderedEvents(run, since ? { deliver_policy: DeliverPolicy.StartTime, opt_start_time: since.toISOString() } : { deliver_policy: DeliverPolicy.All });
     /** @type {any[]} */
@@ -452,7 +459,8 @@ export class Client {
       const msgs = await cons.consume({ max_messages: 256 });
       for await (const m of msgs) {
         try {
-          out.push(decodeEnvelope(m.string(), run, m.seq));
+          const text = m.string();
+          if (!keep || keep(text)) out.push(decodeEnvelope(text, run, m.seq));
         } catch {
           // an envelope that does not decode is skipped
         }
@@ -859,7 +867,7 @@ export class Client {
    * @param {string} run
    */
   async pendingOf(run) {
-    return pendingCalls(await this.storedEvents(run));
+    return pendingCalls(await this.storedEvents(run, undefined, folded));
   }
 
   /**
@@ -918,7 +926,7 @@ export class Client {
     const listed = r.waiting?.approvals ?? [];
     if (listed.length === 0) return this.pendingOf(r.id);
     const oldest = Math.min(...listed.map((/** @type {any} */ a) => a.requestedAt));
-    const envs = await this.storedEvents(r.id, new Date(oldest - REQUEST_SLACK_MS));
+    const envs = await this.storedEvents(r.id, new Date(oldest - REQUEST_SLACK_MS), folded);
     const asked = new Set(envs.filter((e) => e.event.type === "tool_approval_requested").map((e) => e.event.toolCallId));
     return listed.every((/** @type {any} */ a) => asked.has(a.toolCallId)) ? pendingCalls(envs) : this.pendingOf(r.id);
   }
