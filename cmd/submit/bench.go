@@ -30,6 +30,9 @@ type benchFlags struct {
 	deltasPerSecond float64
 	fixedPace       bool
 	duration        time.Duration
+	// Approvals mode (bench_approvals.go).
+	approvals     bool
+	workerMetrics string
 }
 
 func cmdBench(ctx context.Context, e *env, args []string) int {
@@ -53,6 +56,7 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs.Float64Var(&bf.deltasPerSecond, "deltas-per-second", 10, "streaming mode: text deltas per second of each run")
 	fs.DurationVar(&bf.duration, "duration", 30*time.Second, "streaming mode: how long each run streams")
 	fs.BoolVar(&bf.fixedPace, "fixed-pace", true, "streaming mode: deltas at fixed times, a late run making its lateness up (the faux script's fixedPace, protocol 1.5: needs 1.5 workers; false for older ones, whose pacing carries lateness)")
+	registerApprovalsBench(fs.FlagSet, &bf) // bench_approvals.go
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -114,6 +118,9 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	scancel()
 	if err != nil {
 		return fail(e, fleetError(c, err))
+	}
+	if bf.approvals {
+		return runApprovalsBench(ctx, e, c, &bf) // bench_approvals.go
 	}
 	queueing := queueingNote(ctx, c, bf.queue, bf.concurrency)
 	if bf.streaming {
