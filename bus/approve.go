@@ -1,11 +1,14 @@
 package bus
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -161,7 +164,10 @@ func (c *Client) PendingOfRecord(ctx context.Context, r *RunRecord) ([]PendingCa
 
 // storedEvents reads a run's envelopes stored now (those stored since a
 // time, unless zero) with an ordered consumer (the reads every client role
-// has), stopping when none is pending.
+// has), stopping when none is pending. It keeps only the envelopes
+// PendingCalls folds: a run's transcript may be large (a hostile or
+// clock-skewed record makes the read start at its first event), and what
+// is kept is bounded by its tool calls.
 func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time) ([]*Envelope, error) {
 	if err := CheckID(runID); err != nil {
 		return nil, err
@@ -185,14 +191,60 @@ func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time
 	if info.NumPending == 0 {
 		return nil, nil
 	}
-	return readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata) (keep, more bool) {
-		return true, md.NumPending != 0
-	})
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	}
+	defer it.Stop()
+	var out []*Envelope
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return nil, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		if folded(msg.Data()) {
+			if env, err := DecodeEnvelope(msg.Data()); err == nil {
+				env.StreamSeq = md.Sequence.Stream
+				out = append(out, env)
+			}
+		}
+		if md.NumPending == 0 {
+			return out, nil
+		}
+	}
+}
+
+// foldedTypes are the event types PendingCalls reads.
+var foldedTypes = [][]byte{[]byte(`"` + EventRunFinished + `"`), []byte(`"` + EventToolApprovalRequested + `"`),
+	[]byte(`"` + EventToolApprovalResolved + `"`), []byte(`"` + string(agent.EventToolExecutionEnd) + `"`)}
+
+// folded reports whether an envelope may be one PendingCalls reads: its
+// JSON holds one of their quoted types (a cheap look before decoding; a
+// text that quotes one is decoded and then dropped by its type).
+func folded(data []byte) bool {
+	for _, t := range foldedTypes {
+		if bytes.Contains(data, t) {
+			return true
+		}
+	}
+	return false
 }
 
 // ApprovalsOptions filter PendingApprovals.
 type ApprovalsOptions struct {
 	Queue string // "" for every queue
+	// Limit bounds the runs a page lists (a run may wait for more than
+	// one call); 0 for no bound.
+	Limit int
+	// Cursor is a page's NextCursor: where the next page starts.
+	Cursor string
 	// MaxScan bounds the records read to find waiting runs
 	// [DefaultListScan]; -1 for no bound.
 	MaxScan int
@@ -201,7 +253,7 @@ type ApprovalsOptions struct {
 // PendingApprovals lists the pending approvals across the fleet: the
 // running records waiting for approval, each run's pending calls read from
 // its events since shortly before its oldest waiting request (with the
-// arguments the model chose), the oldest request first.
+// arguments the model chose).
 func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]PendingCall, error) {
 	p, err := c.PendingApprovalsPage(ctx, o)
 	if err != nil {
@@ -210,34 +262,60 @@ func (c *Client) PendingApprovals(ctx context.Context, o ApprovalsOptions) ([]Pe
 	return p.Calls, nil
 }
 
-// ApprovalsPage is PendingApprovals with how far its scan went.
+// ApprovalsPage is one page of PendingApprovals.
 type ApprovalsPage struct {
 	Calls []PendingCall
+	// NextCursor is the Cursor of the next page; "" at the end.
+	NextCursor string
 	// Scanned of Stored: the records read, of the bucket's; Truncated:
-	// MaxScan stopped the scan, so older waiting runs may be left out.
+	// MaxScan stopped the scan, so older waiting runs may be left out
+	// (NextCursor goes on from there).
 	Scanned   int
 	Stored    uint64
 	Truncated bool
 }
 
-// PendingApprovalsPage is PendingApprovals, saying whether its scan was
-// cut short.
+// pendingReads bounds the runs whose events a page reads at once.
+const pendingReads = 16
+
+// PendingApprovalsPage is a page of PendingApprovals: the records waiting
+// for approval in listing order (the most recently written first, as
+// ListPage), at most Limit of them, each run's pending calls read from its
+// events, pendingReads runs at a time; within the page the oldest request
+// comes first. Its cost is the records ListPage reads plus one read of
+// each listed run's events since its oldest request, never the other
+// waiting runs.
 func (c *Client) PendingApprovalsPage(ctx context.Context, o ApprovalsOptions) (*ApprovalsPage, error) {
-	page, err := c.ListPage(ctx, ListOptions{State: StateWaiting, Queue: o.Queue, MaxScan: o.MaxScan})
+	page, err := c.ListPage(ctx, ListOptions{State: StateWaiting, WaitingFor: WaitingApproval, Queue: o.Queue,
+		Limit: o.Limit, Cursor: o.Cursor, MaxScan: o.MaxScan})
 	if err != nil {
 		return nil, err
 	}
+	recs := page.Records
+	calls := make([][]PendingCall, len(recs))
+	errs := make([]error, len(recs))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sem := make(chan struct{}, pendingReads)
+	var wg sync.WaitGroup
+	for i := range recs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			calls[i], errs[i] = c.PendingOfRecord(ctx, &recs[i])
+			if errs[i] != nil {
+				cancel() // the page fails: the other reads stop
+			}
+		})
+	}
+	wg.Wait()
+	if err := firstError(errs); err != nil {
+		return nil, err
+	}
 	var out []PendingCall
-	for i := range page.Records {
-		r := &page.Records[i]
-		if r.Waiting == nil || r.Waiting.For != WaitingApproval {
-			continue
-		}
-		calls, err := c.PendingOfRecord(ctx, r)
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range calls {
+	for i := range recs {
+		r := &recs[i]
+		for _, p := range calls[i] {
 			p.Queue, p.Title = r.Queue, r.Title
 			if !r.Waiting.Since.IsZero() {
 				p.WaitingSince = r.Waiting.Since
@@ -251,5 +329,23 @@ func (c *Client) PendingApprovalsPage(ctx context.Context, o ApprovalsOptions) (
 		}
 		return out[i].Run < out[j].Run
 	})
-	return &ApprovalsPage{Calls: out, Scanned: page.Scanned, Stored: page.Stored, Truncated: page.Truncated}, nil
+	return &ApprovalsPage{Calls: out, NextCursor: page.NextCursor, Scanned: page.Scanned, Stored: page.Stored, Truncated: page.Truncated}, nil
+}
+
+// firstError is the first error that is not the cancellation another
+// read's failure caused.
+func firstError(errs []error) error {
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, context.Canceled) {
+			return err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
 }

@@ -94,3 +94,99 @@ func TestPendingApprovals(t *testing.T) {
 		t.Errorf("pending approvals of queue other:\n got %s\nwant %s", got, want)
 	}
 }
+
+// TestPendingApprovalsPages pages through 250 runs waiting for approval,
+// with runs waiting for the model and finished runs between them: pages of
+// 100 runs, each call once, the model's waits never taking a place on a
+// page, and a cursor only while runs are left.
+func TestPendingApprovalsPages(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	const n = 250
+	for i := range n {
+		run, call := fmt.Sprintf("wait-%03d", i), fmt.Sprintf("call-%03d", i)
+		data := fmt.Appendf(nil, `{"run":%q,"seq":1,"attempt":1,"worker":"w","ts":%d,"event":{"type":"tool_approval_requested","toolCallId":%q,"toolName":"deploy","args":{"n":%d},"expiresAt":%d}}`,
+			run, now.UnixMilli(), call, i, now.Add(time.Hour).UnixMilli())
+		if _, err := c.JetStream().Publish(ctx, c.Names().Events(run), data); err != nil {
+			t.Fatal(err)
+		}
+		recs := []bus.RunRecord{{ID: run, Queue: "default", State: bus.StateRunning, HeartbeatAt: now,
+			Waiting: &bus.Waiting{For: bus.WaitingApproval, Since: now, Approvals: []bus.PendingApproval{{
+				ToolCallID: call, ToolName: "deploy", RequestedAt: now.UnixMilli(), ExpiresAt: now.Add(time.Hour).UnixMilli()}}}}}
+		if i%3 == 0 {
+			recs = append(recs,
+				bus.RunRecord{ID: fmt.Sprintf("model-%03d", i), Queue: "default", State: bus.StateRunning, HeartbeatAt: now,
+					Waiting: &bus.Waiting{For: bus.WaitingModel, Since: now}},
+				bus.RunRecord{ID: fmt.Sprintf("done-%03d", i), Queue: "default", State: bus.StatusSucceeded})
+		}
+		for _, r := range recs {
+			data, _ := json.Marshal(r)
+			if _, err := kv.Put(ctx, r.ID, data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	var sizes []int
+	cursor := ""
+	for range 10 {
+		p, err := c.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Limit: 100, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, len(p.Calls))
+		for _, call := range p.Calls {
+			var i int
+			_, _ = fmt.Sscanf(call.ToolCallID, "call-%d", &i)
+			if seen[call.ToolCallID] || string(call.Args) != fmt.Sprintf(`{"n":%d}`, i) {
+				t.Errorf("call %s (args %s) listed twice or with another call's arguments", call.ToolCallID, call.Args)
+			}
+			seen[call.ToolCallID] = true
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if fmt.Sprint(sizes) != "[100 100 50]" || len(seen) != n {
+		t.Errorf("pages of %v calls, %d calls in all; want [100 100 50], %d", sizes, len(seen), n)
+	}
+}
+
+// TestPendingOfKeepsOnlyWhatItFolds reads the pending calls of a run with
+// 1,536 large events stored before its request, as a record whose
+// requestedAt lies (or a worker's clock far behind) makes the listing do:
+// the call is found, and the read keeps only the envelopes the fold reads
+// (the request), never the transcript.
+func TestPendingOfKeepsOnlyWhatItFolds(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	const run, n = "big", 1536
+	delta := strings.Repeat("x", 8<<10)
+	for i := range n {
+		data := fmt.Appendf(nil, `{"run":%q,"seq":%d,"attempt":1,"worker":"w","ts":1,"event":{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":%q}}}`, run, i+1, delta)
+		if _, err := c.JetStream().PublishAsync(c.Names().Events(run), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-c.JetStream().PublishAsyncComplete()
+	req := fmt.Appendf(nil, `{"run":%q,"seq":%d,"attempt":1,"worker":"w","ts":1,"event":{"type":"tool_approval_requested","toolCallId":"c1","toolName":"deploy","args":{},"expiresAt":%d}}`,
+		run, n+1, time.Now().Add(time.Hour).UnixMilli())
+	if _, err := c.JetStream().Publish(ctx, c.Names().Events(run), req); err != nil {
+		t.Fatal(err)
+	}
+	calls, err := c.PendingOf(ctx, run)
+	if err != nil || len(calls) != 1 || calls[0].ToolCallID != "c1" {
+		t.Fatalf("pending calls %+v, %v", calls, err)
+	}
+	envs, err := bus.StoredEvents(ctx, c, run)
+	if err != nil || len(envs) != 1 || envs[0].Type != bus.EventToolApprovalRequested {
+		t.Errorf("the read kept %d envelopes (%v), want the request alone", len(envs), err)
+	}
+}

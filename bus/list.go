@@ -36,8 +36,11 @@ type ListOptions struct {
 	// stale (running records whose heartbeat is too old), or waiting
 	// (running records with a "waiting", StateWaiting).
 	State string
-	Queue string // "" for all
-	Limit int    // 0 for no limit
+	// WaitingFor keeps, of the waiting records, those waiting for this
+	// (WaitingApproval, WaitingModel); "" for all. Only with StateWaiting.
+	WaitingFor string
+	Queue      string // "" for all
+	Limit      int    // 0 for no limit
 	// BeforeSeq lists only records stored below this records-stream
 	// sequence (a page's Next, or a record's Revision). Queued runs are
 	// listed only on the first page.
@@ -501,6 +504,9 @@ func listNeedles(o ListOptions) [][]byte {
 		out = append(out, []byte(`"`+StateRunning+`"`))
 	case StateWaiting:
 		out = append(out, []byte(`"`+StateRunning+`"`), []byte(`"waiting"`))
+		if o.WaitingFor != "" && plainJSON(o.WaitingFor) {
+			out = append(out, []byte(`"`+o.WaitingFor+`"`))
+		}
 	default:
 		out = append(out, []byte(`"`+o.State+`"`))
 	}
@@ -546,6 +552,9 @@ func mayMatch(data []byte, needles [][]byte) bool {
 func matches(r *RunRecord, o ListOptions) bool {
 	state := o.State == "" || r.State == o.State || (o.State == StateStale && r.Stale) ||
 		(o.State == StateWaiting && r.State == StateRunning && r.Waiting != nil)
+	if state && o.State == StateWaiting && o.WaitingFor != "" {
+		state = r.Waiting != nil && r.Waiting.For == o.WaitingFor
+	}
 	if !state || o.Queue != "" && r.Queue != o.Queue || o.Model != "" && r.Model != o.Model || o.Tenant != "" && r.Tenant != o.Tenant {
 		return false
 	}

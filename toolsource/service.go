@@ -258,8 +258,21 @@ func (s *Services) gather(ctx context.Context, prev map[string]*service) (map[st
 	found := map[string]*service{}
 	skipped := map[string]bool{}
 	end := time.Now().Add(s.o.MaxWait)
+	// Until every service of the last round has answered, the round waits
+	// for them up to MaxWait, not Quiet: on a loaded machine one that
+	// answered later than Quiet was dropped for a round, and runs naming
+	// its tools failed as bad requests meanwhile.
+	awaited := 0
+	for name := range prev {
+		if s.all || s.allowed[name] {
+			awaited++
+		}
+	}
 	for {
-		wait := min(s.o.Quiet, time.Until(end))
+		wait := time.Until(end)
+		if awaited == 0 {
+			wait = min(s.o.Quiet, wait)
+		}
 		if wait <= 0 || ctx.Err() != nil {
 			break
 		}
@@ -298,6 +311,9 @@ func (s *Services) gather(ctx context.Context, prev map[string]*service) (map[st
 		var logged map[string]string
 		if p := prev[info.Name]; p != nil {
 			logged = p.logged
+		}
+		if prev[info.Name] != nil {
+			awaited--
 		}
 		svc := &service{instances: 1, variants: 1, prints: [][sha256.Size]byte{fp}}
 		svc.tools, svc.refused, svc.logged = s.tools(info, logged)

@@ -17,14 +17,14 @@ import (
 )
 
 // infoResponder answers $SRV.INFO by hand, as an instance of a service
-// would, in one of three ways set before each discovery: not at all, at
-// once, or late (the request is kept until the test answers it, after
-// the discovery ended).
+// would, in one of four ways set before each discovery: not at all, at
+// once, after a second, or late (the request is kept until the test
+// answers it, after the discovery ended).
 type infoResponder struct {
 	nc *nats.Conn
 
 	mu   sync.Mutex
-	mode string // "silent", "now" or "late"
+	mode string // "silent", "now", "slow" or "late"
 	info []byte
 	late []string // reply subjects kept
 }
@@ -45,6 +45,9 @@ func newInfoResponder(t *testing.T, url string) *infoResponder {
 			_ = m.Respond(r.info)
 		case "late":
 			r.late = append(r.late, m.Reply)
+		case "slow": // after discovery's Quiet, well within its MaxWait
+			info := r.info
+			time.AfterFunc(time.Second, func() { _ = r.nc.Publish(m.Reply, info) })
 		}
 	}); err != nil {
 		t.Fatal(err)
@@ -106,7 +109,7 @@ func newDiscovery(t *testing.T) *discovery {
 	t.Cleanup(nc.Close)
 	logs := &logbuf.Buffer{}
 	s, err := NewServices(nc, ServiceOptions{Allowed: []string{"calc"}, Logger: slog.New(slog.NewTextHandler(logs, nil)),
-		Quiet: 500 * time.Millisecond, MaxWait: 5 * time.Second})
+		Quiet: 500 * time.Millisecond, MaxWait: 4 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +128,17 @@ func (d *discovery) round(what string, want string) {
 	if strings.Join(got, "|") != want {
 		d.t.Errorf("%s: descriptions %q, want %q", what, got, want)
 	}
+}
+
+// A service of the last round that answers later than Quiet is waited
+// for (up to MaxWait), not dropped for a round.
+func TestServiceOfTheLastRoundIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	d := newDiscovery(t)
+	d.honest.set("now", "h1", honestDesc)
+	d.round("the honest instance at once", honestDesc)
+	d.honest.set("slow", "h1", honestDesc)
+	d.round("the honest instance after Quiet", honestDesc)
 }
 
 // An impostor that answers at once wins no discovery the honest instance
@@ -240,7 +254,7 @@ func TestServiceDiscoveryRefusals(t *testing.T) {
 	}
 	var logs logbuf.Buffer
 	s, err := NewServices(nc, ServiceOptions{Allowed: []string{"*"}, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-		Quiet: 500 * time.Millisecond, MaxWait: 5 * time.Second})
+		Quiet: 500 * time.Millisecond, MaxWait: 4 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +32,8 @@ const approvalsScan = 20_000
 // approvalsPage is the body of GET /api/approvals.
 type approvalsPage struct {
 	Calls []bus.PendingCall `json:"calls"`
+	// Next is the cursor of the next page ("before"), absent on the last.
+	Next string `json:"next,omitempty"`
 	// Scanned of Stored records read; Truncated: the scan stopped at its
 	// bound, so older waiting runs may be missing.
 	Scanned   int    `json:"scanned"`
@@ -42,16 +46,52 @@ type approvalsPage struct {
 func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	p, err := s.client.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Queue: r.URL.Query().Get("queue"), MaxScan: s.approvalsScan})
+	o, err := approvalsOptions(r.URL.Query())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	o.MaxScan = s.approvalsScan
+	p, err := s.client.PendingApprovalsPage(ctx, o)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "%v", err)
 		return
 	}
-	out := approvalsPage{Calls: p.Calls, Scanned: p.Scanned, Stored: p.Stored, Truncated: p.Truncated, AllowControl: s.allowControl}
+	out := approvalsPage{Calls: p.Calls, Next: p.NextCursor, Scanned: p.Scanned, Stored: p.Stored, Truncated: p.Truncated, AllowControl: s.allowControl}
 	if out.Calls == nil {
 		out.Calls = []bus.PendingCall{}
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// approvalsPageSize is the runs a page of approvals lists unless asked.
+const approvalsPageSize = 100
+
+// approvalsOptions reads the approvals page's query: queue, limit (runs,
+// 1 to maxPageSize) and before (a page's next), every problem named.
+func approvalsOptions(q url.Values) (bus.ApprovalsOptions, error) {
+	o := bus.ApprovalsOptions{Queue: strings.TrimSpace(q.Get("queue")), Limit: approvalsPageSize}
+	var problems []string
+	if o.Queue != "" && bus.CheckQueue(o.Queue) != nil {
+		problems = append(problems, fmt.Sprintf("queue %q must be a queue name", clipTo(o.Queue, 80)))
+	}
+	if l := strings.TrimSpace(q.Get("limit")); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			problems = append(problems, fmt.Sprintf("limit %q must be a positive number", clipTo(l, 80)))
+		}
+		o.Limit = min(max(n, 1), maxPageSize)
+	}
+	if b := strings.TrimSpace(q.Get("before")); b != "" {
+		if bus.CheckListCursor(b) != nil {
+			problems = append(problems, fmt.Sprintf("before %q must be a page cursor", clipTo(b, 80)))
+		}
+		o.Cursor = b
+	}
+	if len(problems) > 0 {
+		return o, badQuery("%s", strings.Join(problems, "; "))
+	}
+	return o, nil
 }
 
 // approveBody is the protocol's answer (§13) without "by": the console

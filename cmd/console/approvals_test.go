@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
 
 // gatedRun is a run whose one calculator call waits for approval, then
@@ -198,5 +202,52 @@ func TestLocalRefsOnly(t *testing.T) {
 		if got := localRefsOnly(json.RawMessage(schema)); got != want {
 			t.Errorf("localRefsOnly(%s) = %v", schema, got)
 		}
+	}
+}
+
+// TestApprovalsPages: GET /api/approvals answers pages of 100 runs with
+// the cursor of the next (before=), every call once; a bad query is a 400
+// naming every problem.
+func TestApprovalsPages(t *testing.T) {
+	t.Parallel()
+	fl := fleettest.Start(t, fleettest.Options{})
+	f := &testFleet{Fleet: fl, t: t, srv: fl.Server, c: fl.Client}
+	for i := range 120 {
+		if err := fleettest.PutWaitingRun(fleettest.Context(t), fl.Client, "default", fmt.Sprintf("run-%03d", i), "c1", map[string]int{"n": i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newConsole(t, f, serverConfig{})
+	seen := map[string]bool{}
+	var sizes []int
+	path := "/api/approvals"
+	for range 5 {
+		var page approvalsPage
+		if code := c.getJSON(t, path, &page); code != http.StatusOK {
+			t.Fatalf("%s: %d", path, code)
+		}
+		sizes = append(sizes, len(page.Calls))
+		for _, call := range page.Calls {
+			if seen[call.Run] {
+				t.Errorf("%s listed twice", call.Run)
+			}
+			seen[call.Run] = true
+		}
+		if page.Next == "" {
+			break
+		}
+		path = "/api/approvals?before=" + url.QueryEscape(page.Next)
+	}
+	if fmt.Sprint(sizes) != "[100 20]" || len(seen) != 120 {
+		t.Errorf("pages of %v calls, %d runs; want [100 20], 120", sizes, len(seen))
+	}
+	resp, err := c.Client().Get(c.URL + "/api/approvals?limit=0&before=x.y&queue=a.b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "limit") || !strings.Contains(string(body), "before") || !strings.Contains(string(body), "queue") {
+		t.Errorf("bad query: %d %s, want 400 naming limit, before and queue", resp.StatusCode, body)
 	}
 }

@@ -14,24 +14,38 @@ import (
 )
 
 func cmdApprovals(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "approvals", "submit approvals [--queue Q] [--json]")
+	fs := newFlagSet(e, "approvals", "submit approvals [--queue Q] [--limit N] [--before @CURSOR] [--json]")
 	var cf conn
-	var queue string
+	var queue, before string
+	var limit int
 	var asJSON bool
 	cf.register(fs.FlagSet, e)
 	fs.StringVar(&queue, "queue", "", "only runs of this queue")
+	fs.IntVar(&limit, "limit", 100, "at most this many runs (a page; 0: all)")
+	fs.StringVar(&before, "before", "", "the next page: @CURSOR as the page before printed it")
 	fs.BoolVar(&asJSON, "json", false, "print a JSON array of pending approvals")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
 	}
+	var problems []string
 	if len(pos) > 0 {
-		return fail(e, usagef("approvals takes no arguments (got %q); to submit the prompt %q: submit -- %s", pos[0], "approvals", "approvals"))
+		problems = append(problems, fmt.Sprintf("approvals takes no arguments (got %q); to submit the prompt %q: submit -- %s", pos[0], "approvals", "approvals"))
 	}
 	if queue != "" {
 		if err := bus.CheckQueue(queue); err != nil {
-			return fail(e, usagef("--queue: %v", err))
+			problems = append(problems, fmt.Sprintf("--queue: %v", err))
 		}
+	}
+	if limit < 0 {
+		problems = append(problems, "--limit must not be negative")
+	}
+	cursor, hasAt := strings.CutPrefix(before, "@")
+	if before != "" && (!hasAt || bus.CheckListCursor(cursor) != nil) {
+		problems = append(problems, fmt.Sprintf("--before %q: use @CURSOR, as a page printed it", cut(before, 80)))
+	}
+	if len(problems) > 0 {
+		return fail(e, usagef("%s", strings.Join(problems, "; ")))
 	}
 	ctx, cancel := interruptible(ctx, e)
 	defer cancel()
@@ -40,9 +54,18 @@ func cmdApprovals(ctx context.Context, e *env, args []string) int {
 		return fail(e, err)
 	}
 	defer c.Close()
-	ps, err := c.PendingApprovals(ctx, bus.ApprovalsOptions{Queue: queue})
+	page, err := c.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Queue: queue, Limit: limit, Cursor: cursor})
 	if err != nil {
 		return fail(e, fleetError(c, err))
+	}
+	ps := page.Calls
+	if page.NextCursor != "" {
+		// On stderr: stdout stays the page (a table or JSON).
+		more := "more"
+		if page.Truncated {
+			more = fmt.Sprintf("stopped after reading %d records; more", page.Scanned)
+		}
+		fmt.Fprintf(e.stderr, "%s: submit approvals%s --limit %d --before @%s\n", more, queueFlag(queue), limit, page.NextCursor)
 	}
 	if asJSON {
 		return writeJSON(e, orEmpty(ps))
@@ -60,6 +83,14 @@ func cmdApprovals(ctx context.Context, e *env, args []string) int {
 	}
 	_ = tw.Flush()
 	return exitOK
+}
+
+// queueFlag is " --queue Q" for a next-page hint, "" without a queue.
+func queueFlag(q string) string {
+	if q == "" {
+		return ""
+	}
+	return " --queue " + q
 }
 
 // expiresIn says when an approval expires, relative to now.

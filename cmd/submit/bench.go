@@ -30,6 +30,9 @@ type benchFlags struct {
 	deltasPerSecond float64
 	fixedPace       bool
 	duration        time.Duration
+	// Approvals mode (bench_approvals.go).
+	approvals     bool
+	workerMetrics string
 }
 
 func cmdBench(ctx context.Context, e *env, args []string) int {
@@ -55,6 +58,7 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs.Float64Var(&bf.deltasPerSecond, "deltas-per-second", 10, "streaming mode: text deltas per second of each run")
 	fs.DurationVar(&bf.duration, "duration", 30*time.Second, "streaming mode: how long each run streams")
 	fs.BoolVar(&bf.fixedPace, "fixed-pace", true, "streaming mode: deltas at fixed times, a late run making its lateness up (the faux script's fixedPace, protocol 1.5: needs 1.5 workers; false for older ones, whose pacing carries lateness)")
+	registerApprovalsBench(fs.FlagSet, &bf) // bench_approvals.go
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -118,7 +122,10 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 		return fail(e, fleetError(c, err))
 	}
 	if cb.bytes != "" {
-		return continueBench(ctx, e, c, bf.queue, &cb, bf.json)
+		return continueBench(ctx, e, c, &bf, &cb) // bench_continue.go
+	}
+	if bf.approvals {
+		return runApprovalsBench(ctx, e, c, &bf) // bench_approvals.go
 	}
 	queueing := queueingNote(ctx, c, bf.queue, bf.concurrency)
 	if bf.streaming {

@@ -28,14 +28,12 @@ import (
 type continueBenchFlags struct {
 	bytes         string
 	n             int
-	workerMetrics string
 	serverMonitor string
 }
 
 func (cb *continueBenchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cb.bytes, "continue-bytes", "", "continuation mode: build a finished run whose transcript is this large (e.g. 32MB), then submit --continuations continuations of it at once")
 	fs.IntVar(&cb.n, "continuations", 8, "continuation mode: continuations submitted at once")
-	fs.StringVar(&cb.workerMetrics, "worker-metrics", "http://127.0.0.1:9464/metrics", "continuation mode: the worker's /metrics, sampled for its RSS (process_resident_memory_bytes)")
 	fs.StringVar(&cb.serverMonitor, "server-monitor", "http://127.0.0.1:8222", "continuation mode: nats-server's monitoring address, read for slow consumers (/varz)")
 }
 
@@ -72,7 +70,13 @@ type continueBenchResult struct {
 	Errors                []string `json:"errors,omitempty"`
 }
 
-func continueBench(ctx context.Context, e *env, c *bus.Client, queue string, cb *continueBenchFlags, asJSON bool) int {
+// continueBench runs the mode; the worker's RSS comes from --worker-metrics
+// (shared with the approvals mode), the default address when not given.
+func continueBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlags, cb *continueBenchFlags) int {
+	queue, asJSON, metricsURL := bf.queue, bf.json, bf.workerMetrics
+	if metricsURL == "" {
+		metricsURL = "http://127.0.0.1:9464/metrics"
+	}
 	target, err := parseByteCount(cb.bytes)
 	if err != nil {
 		return fail(e, usagef("--continue-bytes: %v", err))
@@ -82,10 +86,10 @@ func continueBench(ctx context.Context, e *env, c *bus.Client, queue string, cb 
 	}
 	hc := &http.Client{Timeout: 5 * time.Second}
 	var res continueBenchResult
-	if rss, err := workerRSS(ctx, hc, cb.workerMetrics); err == nil {
+	if rss, err := workerRSS(ctx, hc, metricsURL); err == nil {
 		res.WorkerRSSBeforeMiB = mib(rss)
 	} else {
-		fmt.Fprintf(e.stderr, "bench: no worker RSS (%v): is the worker's --metrics-addr %s?\n", err, cb.workerMetrics)
+		fmt.Fprintf(e.stderr, "bench: no worker RSS (%v): is the worker's --metrics-addr %s?\n", err, metricsURL)
 	}
 	prior, n, size, err := buildTranscript(ctx, e, c, queue, target)
 	if err != nil {
@@ -110,7 +114,7 @@ func continueBench(ctx context.Context, e *env, c *bus.Client, queue string, cb 
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			if rss, err := workerRSS(sctx, hc, cb.workerMetrics); err == nil && rss > peak.Load() {
+			if rss, err := workerRSS(sctx, hc, metricsURL); err == nil && rss > peak.Load() {
 				peak.Store(rss)
 			}
 			select {
@@ -169,8 +173,6 @@ func continueBench(ctx context.Context, e *env, c *bus.Client, queue string, cb 
 	}
 	return exitOK
 }
-
-func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 // buildTranscript chains runs, each continuing the one before with about
 // 900 KB of new messages (a request holds at most 1 MiB), until the

@@ -28,13 +28,13 @@ Usage:
   submit followup RUN "text"       queue a follow-up (taken when the run would stop)
   submit abort RUN [--reason R]    abort a run
   submit status RUN                a run's record
-  submit list [--state S] [--limit N] [--before T|RUN] [--since 1h] [--json]
+  submit list [--state S] [--limit N] [--before T|RUN|@CURSOR] [--since 1h] [--json]
   submit result RUN [--transcript] the final answer (waits for a running run)
   submit reply RUN "text"          a new run that continues RUN's conversation
   submit bench [--runs N] ...      load-test the fleet (faux model by default)
   submit tools [--json]            the tools the fleet's workers serve (name, source, workers)
   submit budgets [--all] [--json]  tenants' spending this period (spent, limit, remaining, resets)
-  submit approvals [--queue Q]     tool calls waiting for a person's approval, fleet-wide
+  submit approvals [--queue Q]     tool calls waiting for a person's approval, fleet-wide (pages: --limit, --before @CURSOR)
   submit approve RUN CALL          approve a call [--args JSON edits it] [--by NAME]
   submit deny RUN CALL --reason R  deny a call (the model sees the reason)
 

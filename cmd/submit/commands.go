@@ -617,7 +617,7 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&queue, "queue", "", "only runs of this queue")
 	fs.IntVar(&limit, "limit", 20, "at most this many runs, the newest first (0: all)")
 	fs.BoolVar(&asJSON, "json", false, "print a JSON array of run records")
-	fs.StringVar(&before, "before", "", "only runs last written before this: a time (RFC 3339, or a duration ago such as 2h), a run id (the page after it), or @SEQ (a page's cursor)")
+	fs.StringVar(&before, "before", "", "only runs last written before this: a time (RFC 3339, or a duration ago such as 2h), a run id (the page after it), or @CURSOR (the next page, as a page printed it)")
 	fs.StringVar(&since, "since", "", "only runs last written since this: a duration ago (1h) or an RFC 3339 time")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
@@ -628,7 +628,9 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 	}
 	opts := bus.ListOptions{State: state, Queue: queue, Limit: limit}
 	var beforeRun string
-	if before != "" {
+	if cur, ok := strings.CutPrefix(before, "@q."); ok && bus.CheckListCursor("q."+cur) == nil {
+		opts.Cursor = "q." + cur // a place in the queued runs
+	} else if before != "" {
 		t, seq, run, err := parseListBound(before, true)
 		if err != nil {
 			return fail(e, usagef("--before %q: %v", before, err))
@@ -670,8 +672,12 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 		return fail(e, fleetError(c, err))
 	}
 	recs := page.Records
-	if page.Truncated {
-		fmt.Fprintf(e.stderr, "stopped after reading %d records; older ones: submit list --before @%d\n", page.Scanned, page.Next)
+	switch {
+	case page.Truncated && page.NextCursor != "":
+		fmt.Fprintf(e.stderr, "stopped after reading %d records; older ones: submit list --before @%s\n", page.Scanned, page.NextCursor)
+	case limit > 0 && len(recs) == limit && page.NextCursor != "":
+		// On stderr: stdout stays the page (a table or JSON).
+		fmt.Fprintf(e.stderr, "more: submit list%s --before @%s\n", listFlags(state, queue, since, limit), page.NextCursor)
 	}
 	if asJSON {
 		return writeJSON(e, orEmpty(recs))
@@ -682,6 +688,21 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 	}
 	writeList(e, recs)
 	return exitOK
+}
+
+// listFlags are the filters of a next-page hint.
+func listFlags(state, queue, since string, limit int) string {
+	out := " --limit " + strconv.Itoa(limit)
+	if since != "" {
+		out += " --since " + since
+	}
+	if state != "" {
+		out += " --state " + state
+	}
+	if queue != "" {
+		out += " --queue " + queue
+	}
+	return out
 }
 
 // parseListBound reads a --before or --since value: an RFC 3339 time, a

@@ -133,6 +133,8 @@ export declare class FollowStream implements AsyncIterable<Envelope<Event>> {
 export type ListOptions = {
   /** "" for all; queued, running, succeeded, failed, aborted, stale, waiting. */
   state?: "" | "queued" | "running" | "succeeded" | "failed" | "aborted" | "stale" | "waiting";
+  /** With state "waiting": only the records waiting for this ("approval", "model"). */
+  waitingFor?: string;
   queue?: string;
   /** 0: no limit. */
   limit?: number;
@@ -142,6 +144,24 @@ export type ListOptions = {
   since?: Date;
   /** Records read at most (default 100,000); -1: no bound. */
   maxScan?: number;
+};
+
+export type ApprovalsOptions = {
+  queue?: string;
+  /** Runs a page lists at most; 0 (default): no bound. */
+  limit?: number;
+  /** A page's nextCursor. */
+  before?: string;
+  /** Records read at most (default 100,000); -1: no bound. */
+  maxScan?: number;
+};
+
+export type ApprovalsPage = {
+  calls: PendingCall[];
+  /** Pass as before for the next page; "" at the end. */
+  nextCursor: string;
+  scanned: number;
+  truncated: boolean;
 };
 
 export type RunPage = {
@@ -194,7 +214,8 @@ export declare class Client {
   follow(run: string, opts?: FollowOptions & { includeUnknown?: false }): FollowStream;
   follow(run: string, opts: FollowOptions & { includeUnknown: true }): AsyncIterable<Envelope<Event | UnknownEvent>> & Omit<FollowStream, typeof Symbol.asyncIterator>;
   /** The envelopes stored now (since a time), in stream order; does not wait. */
-  storedEvents(run: string, since?: Date): Promise<Envelope<Event | UnknownEvent>[]>;
+  /** keep, given an envelope's JSON, says whether to keep it (the approval reads keep only what they fold). */
+  storedEvents(run: string, since?: Date, keep?: (json: string) => boolean): Promise<Envelope<Event | UnknownEvent>[]>;
   /** Whether the run has none of its request, its record and a stored event. */
   absent(run: string): Promise<boolean>;
   /** The stream sequence of the run's last stored event (0: none). */
@@ -219,6 +240,10 @@ export declare class Client {
   list(opts?: ListOptions): Promise<RunPage>;
   /** A run's pending gated calls. */
   pendingOf(run: string): Promise<PendingCall[]>;
-  /** The fleet's pending approvals, oldest request first. */
-  approvals(opts?: { queue?: string; maxScan?: number }): Promise<PendingCall[]>;
+  /** A waiting record's pending calls, read from its events since shortly before its oldest listed request. */
+  pendingOfRecord(record: RunRecord): Promise<PendingCall[]>;
+  /** The fleet's pending approvals: every page's calls (one page with limit). */
+  approvals(opts?: ApprovalsOptions): Promise<PendingCall[]>;
+  /** A page of the pending approvals (§13): at most limit runs, the most recently written record first; on the page the oldest request first. */
+  approvalsPage(opts?: ApprovalsOptions): Promise<ApprovalsPage>;
 }

@@ -41,6 +41,15 @@ const MAX_WINDOW = 8192;
 const DEFAULT_LIST_SCAN = 100_000;
 const CATCH_UP_ROUNDS = 4;
 const REQUEST_SLACK_MS = 60_000;
+/**
+ * Whether an envelope's JSON may be one pendingCalls folds: the approval
+ * reads keep only those (a long run's transcript is never held).
+ * @param {string} text
+ */
+const folded = (text) =>
+  ["run_finished", "tool_approval_requested", "tool_approval_resolved", "tool_execution_end"].some((t) => text.includes(`"${t}"`));
+/** The runs whose events a page of approvals reads at once. */
+const PENDING_READS = 16;
 
 const enc = new TextEncoder();
 const dec = new TextDecoder();
@@ -437,9 +446,9 @@ export class Client {
   /**
    * A run's envelopes stored now (since a time, if given), decoded, in
    * stream order; it does not wait for more.
-   * @param {string} run @param {Date} [since]
+   * @param {string} run @param {Date} [since] @param {(json: string) => boolean} [keep] keeps an envelope by its JSON
    */
-  async storedEvents(run, since) {
+  async storedEvents(run, since, keep) {
     checkRunId(run);
     const cons = await this.orderedEvents(run, since ? { deliver_policy: DeliverPolicy.StartTime, opt_start_time: since.toISOString() } : { deliver_policy: DeliverPolicy.All });
     /** @type {any[]} */
@@ -450,7 +459,8 @@ export class Client {
       const msgs = await cons.consume({ max_messages: 256 });
       for await (const m of msgs) {
         try {
-          out.push(decodeEnvelope(m.string(), run, m.seq));
+          const text = m.string();
+          if (!keep || keep(text)) out.push(decodeEnvelope(text, run, m.seq));
         } catch {
           // an envelope that does not decode is skipped
         }
@@ -597,6 +607,7 @@ export class Client {
     const limit = o.limit ?? 0;
     const state = o.state ?? "";
     const queue = o.queue ?? "";
+    const waitingFor = state === "waiting" ? (o.waitingFor ?? "") : "";
     if (queue) checkQueue(queue);
     let beforeSeq = typeof o.before === "number" ? o.before : 0;
     /** @type {ListCursor | null} */
@@ -685,7 +696,7 @@ export class Client {
           page.next = m.seq;
           if (!m.data || !m.subject.startsWith(keyPrefix)) continue; // a delete or purge marker
           page.scanned++;
-          const r = this.listed(m, state, queue, now);
+          const r = this.listed(m, state, queue, now, waitingFor);
           if (r) page.records.push(r);
         }
         if (!want()) break;
@@ -694,7 +705,7 @@ export class Client {
         window = Math.min(window * 2, MAX_WINDOW);
       }
       if (hi < lo || hi === 0) page.next = 0;
-      if (first) await this.catchUp(g, page, state, queue, limit, top, queuedN, now);
+      if (first) await this.catchUp(g, page, state, queue, limit, top, queuedN, now, waitingFor);
       if (page.next > 0) page.nextCursor = String(page.next);
     } catch (err) {
       if (err instanceof InvalidArgumentError) throw err;
@@ -706,8 +717,9 @@ export class Client {
   /**
    * Decodes a stored record and says whether the listing keeps it.
    * @param {{seq: number, data: Uint8Array | null}} m @param {string} state @param {string} queue @param {number} now
+   * @param {string} [waitingFor] of the waiting records, those waiting for this ("": all)
    */
-  listed(m, state, queue, now) {
+  listed(m, state, queue, now, waitingFor = "") {
     let r;
     try {
       r = JSON.parse(dec.decode(/** @type {Uint8Array} */ (m.data)));
@@ -719,7 +731,8 @@ export class Client {
     this.markStale(r, now);
     const ok =
       (state === "" || r.state === state || (state === "stale" && r.stale) || (state === "waiting" && r.state === "running" && r.waiting)) &&
-      (queue === "" || r.queue === queue);
+      (queue === "" || r.queue === queue) &&
+      (waitingFor === "" || (typeof r.waiting === "object" && r.waiting?.for === waitingFor));
     return ok ? r : null;
   }
 
@@ -729,9 +742,9 @@ export class Client {
    * an older copy of one the page holds is dropped.
    * @param {DirectGetter} g @param {import("./index.js").RunPage} page @param {string} state @param {string} queue
    * @param {number} limit @param {number} top @param {number} queuedN the page's records from the queued part
-   * @param {number} now
+   * @param {number} now @param {string} [waitingFor]
    */
-  async catchUp(g, page, state, queue, limit, top, queuedN, now) {
+  async catchUp(g, page, state, queue, limit, top, queuedN, now, waitingFor = "") {
     const jsm = await this.jsm();
     /** @type {Array<{seq: number, subject: string, data: Uint8Array | null}>} */
     const msgs = [];
@@ -757,7 +770,7 @@ export class Client {
       moved.add(id);
       if (!m.data) continue; // deleted since
       page.scanned++;
-      const r = this.listed(m, state, queue, now);
+      const r = this.listed(m, state, queue, now, waitingFor);
       if (r) newer.push(r);
     }
     /** @type {any[]} */
@@ -854,39 +867,68 @@ export class Client {
    * @param {string} run
    */
   async pendingOf(run) {
-    return pendingCalls(await this.storedEvents(run));
+    return pendingCalls(await this.storedEvents(run, undefined, folded));
   }
 
   /**
    * The pending approvals across the fleet (docs/protocol.md §13): the
-   * running records that wait for approval, each run's pending calls read
-   * from its events since shortly before its oldest request (with the
-   * arguments the model chose), the oldest request first.
-   * @param {{queue?: string, maxScan?: number}} [o]
+   * calls of approvalsPage (every page unless limit is given).
+   * @param {{queue?: string, maxScan?: number, limit?: number, before?: string}} [o]
    */
   async approvals(o = {}) {
-    const page = await this.list({ state: "waiting", queue: o.queue, maxScan: o.maxScan });
+    return (await this.approvalsPage(o)).calls;
+  }
+
+  /**
+   * A page of the pending approvals (§13, "Listing pending approvals"):
+   * the records waiting for approval in listing order (the most recently
+   * written first), at most limit runs, each run's pending calls read
+   * from its events since shortly before its oldest request (with the
+   * arguments the model chose), PENDING_READS runs at a time; on the page
+   * the oldest request first. Pass nextCursor as before for the next page.
+   * @param {{queue?: string, maxScan?: number, limit?: number, before?: string}} [o]
+   * @returns {Promise<{calls: any[], nextCursor: string, scanned: number, truncated: boolean}>}
+   */
+  async approvalsPage(o = {}) {
+    const page = await this.list({ state: "waiting", waitingFor: "approval", queue: o.queue, maxScan: o.maxScan, limit: o.limit ?? 0, before: o.before });
+    const recs = page.records;
+    /** @type {any[][]} */
+    const calls = new Array(recs.length);
+    let next = 0;
+    const worker = async () => {
+      while (next < recs.length) {
+        const i = next++;
+        calls[i] = await this.pendingOfRecord(recs[i]);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(PENDING_READS, recs.length) }, worker));
     /** @type {any[]} */
     const out = [];
-    for (const r of page.records) {
-      if (typeof r.waiting !== "object" || r.waiting.for !== "approval") continue;
-      const listed = r.waiting.approvals ?? [];
-      let calls;
-      if (listed.length === 0) calls = await this.pendingOf(r.id);
-      else {
-        const oldest = Math.min(...listed.map((/** @type {any} */ a) => a.requestedAt));
-        const envs = await this.storedEvents(r.id, new Date(oldest - REQUEST_SLACK_MS));
-        const asked = new Set(envs.filter((e) => e.event.type === "tool_approval_requested").map((e) => e.event.toolCallId));
-        calls = listed.every((/** @type {any} */ a) => asked.has(a.toolCallId)) ? pendingCalls(envs) : await this.pendingOf(r.id);
-      }
-      for (const p of calls) {
+    recs.forEach((r, i) => {
+      for (const p of calls[i]) {
         p.queue = r.queue;
-        if (r.waiting.since) p.waitingSince = new Date(r.waiting.since);
+        if (r.title) p.title = r.title;
+        const w = r.waiting;
+        if (typeof w === "object" && w.since) p.waitingSince = new Date(w.since);
         out.push(p);
       }
-    }
+    });
     out.sort((a, b) => a.requestedAt - b.requestedAt || (a.run < b.run ? -1 : a.run > b.run ? 1 : 0));
-    return out;
+    return { calls: out, nextCursor: page.nextCursor, scanned: page.scanned, truncated: page.truncated };
+  }
+
+  /**
+   * A waiting record's pending calls: its events since shortly before its
+   * oldest listed request, all of them if a listed request is not there.
+   * @param {any} r
+   */
+  async pendingOfRecord(r) {
+    const listed = r.waiting?.approvals ?? [];
+    if (listed.length === 0) return this.pendingOf(r.id);
+    const oldest = Math.min(...listed.map((/** @type {any} */ a) => a.requestedAt));
+    const envs = await this.storedEvents(r.id, new Date(oldest - REQUEST_SLACK_MS), folded);
+    const asked = new Set(envs.filter((e) => e.event.type === "tool_approval_requested").map((e) => e.event.toolCallId));
+    return listed.every((/** @type {any} */ a) => asked.has(a.toolCallId)) ? pendingCalls(envs) : this.pendingOf(r.id);
   }
 }
 

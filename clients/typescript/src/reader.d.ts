@@ -86,6 +86,8 @@ export declare function applyStreamEvent(msg: AssistantMessage, ev: import("../t
 export type PendingCall = {
   run: string;
   queue?: string;
+  /** The run's record's title (approvals, approvalsPage). */
+  title?: string;
   toolCallId: string;
   toolName: string;
   /** The arguments the model chose. */

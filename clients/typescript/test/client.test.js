@@ -294,6 +294,41 @@ test("abort a running run", async () => {
   assert.equal((await client.status(id)).state, "aborted");
 });
 
+test("approvalsPage: pages of runs waiting for approval, the model's waits never on them", async () => {
+  const queue = `tspages-${newRunId().slice(0, 6)}`;
+  const now = Date.now();
+  const te = new TextEncoder();
+  const put = async (id, waiting) => {
+    const rec = { id, queue, state: "running", attempt: 1, heartbeatAt: new Date(now).toISOString(), waiting };
+    await client.js.publish(`$KV.agents_runs.${id}`, te.encode(JSON.stringify(rec)));
+  };
+  const runs = [];
+  for (let i = 0; i < 5; i++) {
+    const id = `${queue}-run-${i}`;
+    runs.push(id);
+    const ev = { type: "tool_approval_requested", toolCallId: `c${i}`, toolName: "deploy", args: { n: i }, expiresAt: now + 3600_000 };
+    await client.js.publish(`agents.run.${id}.events`, te.encode(JSON.stringify({ run: id, seq: 1, attempt: 1, worker: "w", ts: now, event: ev })));
+    await put(id, { for: "approval", since: new Date(now).toISOString(), approvals: [{ toolCallId: `c${i}`, toolName: "deploy", requestedAt: now, expiresAt: now + 3600_000 }] });
+    await put(`${queue}-model-${i}`, { for: "model", since: new Date(now).toISOString() });
+  }
+  const sizes = [];
+  const seen = new Map();
+  let before;
+  for (let n = 0; n < 5; n++) {
+    const page = await client.approvalsPage({ queue, limit: 2, before });
+    sizes.push(page.calls.length);
+    for (const c of page.calls) {
+      assert.deepEqual(c.args, { n: Number(c.toolCallId.slice(1)) });
+      seen.set(c.run, (seen.get(c.run) ?? 0) + 1);
+    }
+    if (!page.nextCursor) break;
+    before = page.nextCursor;
+  }
+  assert.deepEqual(sizes, [2, 2, 1]);
+  assert.deepEqual([...seen.keys()].sort(), runs);
+  assert.ok([...seen.values()].every((v) => v === 1));
+});
+
 test("approvals: the fleet's pending calls, approve with an edit, deny with a reason", async () => {
   const a = (await client.submit(example("approval.json"), { id: `appr-a-${newRunId()}` })).id;
   const b = (await client.submit(example("approval.json"), { id: `appr-b-${newRunId()}` })).id;

@@ -1041,11 +1041,17 @@ async function runPage(main, id) {
 function approvalsPage(main) {
   const count = el("span", { class: "muted", id: "approvals-count" });
   const tbody = el("tbody", { id: "approvals-body" });
+  // Pages of 100 runs (GET /api/approvals?before=): the first page is
+  // polled; an older one is polled where it starts.
+  const first = el("button", { type: "button", class: "secondary", id: "approvals-first", hidden: true }, "← First page");
+  const older = el("button", { type: "button", class: "secondary", id: "approvals-older", hidden: true }, "Older →");
+  let before = "";
   main.append(el("div", { class: "toolbar" }, el("h1", {}, "Approvals"), count),
-    el("p", { class: "muted small" }, "Tool calls waiting for a person's answer across the fleet, the oldest first."),
+    el("p", { class: "muted small" }, "Tool calls waiting for a person's answer across the fleet, the most recently waiting runs first; on a page, the oldest request first."),
     el("table", { class: "runs approvals", id: "approvals" },
       el("thead", {}, el("tr", {}, ...["Run", "Tool", "Arguments", "Requested", "Expires", "Answer"].map((h) => el("th", {}, h)))),
-      tbody));
+      tbody),
+    el("div", { class: "toolbar" }, first, older));
   const rows = new Map(); // run/toolCallId -> row: kept while it waits
   const draw = (page) => {
     const keys = new Set();
@@ -1073,12 +1079,29 @@ function approvalsPage(main) {
     count.textContent = page.calls.length + (page.calls.length === 1 ? " call waits" : " calls wait") +
       (page.truncated ? " · scanned " + nf.format(page.scanned) + " of " + nf.format(page.stored) + " records: runs waiting longer may be missing" : "");
     count.dataset.truncated = String(!!page.truncated);
+    older.hidden = !page.next;
+    older.dataset.next = page.next || "";
+    first.hidden = !before;
+    tbody.dataset.before = before;
     tbody.dataset.loaded = "true";
   };
   const tick = async () => {
-    try { draw(await getJSON("/api/approvals")); } catch (e) { count.textContent = "error: " + e.message; }
+    const at = before;
+    try {
+      const page = await getJSON("/api/approvals" + (at ? "?before=" + encodeURIComponent(at) : ""));
+      if (at === before) draw(page); // not a page left meanwhile
+    } catch (e) { count.textContent = "error: " + e.message; }
   };
   const ticks = poll(tick, 5000);
+  older.addEventListener("click", () => {
+    if (!older.dataset.next) return;
+    before = older.dataset.next;
+    ticks.now();
+  });
+  first.addEventListener("click", () => {
+    before = "";
+    ticks.now();
+  });
 }
 
 // --------------------------------------------------------------- fleet page
