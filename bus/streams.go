@@ -287,6 +287,19 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Storage:     cfg.Storage,
 		Replicas:    cfg.Replicas,
 	}, {
+		// Since 1.9: the request copies of parked runs (worker/internal/park),
+		// the newest per run; a wake republishes one into the work queue.
+		Name:              n.ParkedStream(),
+		Description:       "agentfleet parked runs' requests, kept for their wake",
+		Subjects:          []string{n.ParkedAll()},
+		Retention:         jetstream.LimitsPolicy,
+		MaxMsgsPerSubject: 1,
+		MaxAge:            cfg.RequestsMaxAge,
+		MaxMsgSize:        MaxRequestBytes + 64<<10,
+		Duplicates:        min(2*time.Minute, cfg.RequestsMaxAge),
+		Storage:           cfg.Storage,
+		Replicas:          cfg.Replicas,
+	}, {
 		Name:        n.AdvisoriesStream(),
 		Description: "agentfleet MAX_DELIVERIES advisories of the request consumers, for the give-up path",
 		Subjects:    []string{n.MaxDeliveriesAdvisories()},
@@ -335,6 +348,21 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Replicas:      replicas[n.AdvisoriesStream()],
 	}); err != nil {
 		return fmt.Errorf("consumer %s: %w", n.GiveUpConsumer(), err)
+	}
+	// Since 1.9: every approve and abort stored passes the wake consumer,
+	// which wakes the run if it is parked (worker/internal/park). It starts
+	// at the newest message: what came before it exists woke nothing.
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.ControlStream(), jetstream.ConsumerConfig{
+		Durable:        n.WakeConsumer(),
+		Description:    "agentfleet workers waking parked runs",
+		FilterSubjects: []string{n.Control("*", KindApprove), n.Control("*", KindAbort)},
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+		AckWait:        30 * time.Second,
+		MaxAckPending:  1000,
+		Replicas:       replicas[n.ControlStream()],
+	}); err != nil {
+		return fmt.Errorf("consumer %s: %w", n.WakeConsumer(), err)
 	}
 	if err := c.ensureWorkersBucket(ctx, cfg); err != nil { // presence.go
 		return err
