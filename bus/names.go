@@ -131,6 +131,21 @@ func (n Names) Parked(queue, run string) string { return n.prefix + ".parked." +
 // ParkedAll matches every parked request copy: <prefix>.parked.*.*.
 func (n Names) ParkedAll() string { return n.prefix + ".parked.*.*" }
 
+// ParkTimer is the subject of a parked run's timer, a message schedule
+// (@at the expiry of its first pending approval): <prefix>.parktimer.<run>.at.
+func (n Names) ParkTimer(run string) string { return n.prefix + ".parktimer." + run + ".at" }
+
+// ParkTimerDue is where the server publishes a parked run's timer when it
+// is due: <prefix>.parktimer.<run>.due.
+func (n Names) ParkTimerDue(run string) string { return n.prefix + ".parktimer." + run + ".due" }
+
+// ParkTimersAll matches the timers' subjects: <prefix>.parktimer.*.*.
+func (n Names) ParkTimersAll() string { return n.prefix + ".parktimer.*.*" }
+
+// TimersConsumer is the durable consumer of due timers of parked runs
+// (AGENTS_PARKED) that workers share.
+func (n Names) TimersConsumer() string { return "waketimers" }
+
 // WakeConsumer is the durable consumer of AGENTS_CONTROL's approve and
 // abort messages that workers share to wake parked runs.
 func (n Names) WakeConsumer() string { return "wake" }

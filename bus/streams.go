@@ -148,6 +148,7 @@ func widenStream(have, want jetstream.StreamConfig, keepNewest bool) jetstream.S
 	out.AllowRollup = have.AllowRollup || want.AllowRollup
 	out.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
 	out.AllowBatchPublish = have.AllowBatchPublish || want.AllowBatchPublish
+	out.AllowMsgSchedules = have.AllowMsgSchedules || want.AllowMsgSchedules
 	out.DenyDelete = have.DenyDelete || want.DenyDelete
 	out.DenyPurge = have.DenyPurge || want.DenyPurge
 	for k, v := range want.Metadata {
@@ -289,9 +290,12 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	}, {
 		// Since 1.9: the request copies of parked runs (worker/internal/park),
 		// the newest per run; a wake republishes one into the work queue.
+		// And their timers: a message schedule per parked run (@at its
+		// first approval's expiry) the server fires into ParkTimerDue.
 		Name:              n.ParkedStream(),
-		Description:       "agentfleet parked runs' requests, kept for their wake",
-		Subjects:          []string{n.ParkedAll()},
+		Description:       "agentfleet parked runs' requests, kept for their wake, and their timers",
+		Subjects:          []string{n.ParkedAll(), n.ParkTimersAll()},
+		AllowMsgSchedules: true,
 		Retention:         jetstream.LimitsPolicy,
 		MaxMsgsPerSubject: 1,
 		MaxAge:            cfg.RequestsMaxAge,
@@ -363,6 +367,19 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Replicas:       replicas[n.ControlStream()],
 	}); err != nil {
 		return fmt.Errorf("consumer %s: %w", n.WakeConsumer(), err)
+	}
+	// Since 1.9: the due timers of parked runs, which every worker pulls.
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.ParkedStream(), jetstream.ConsumerConfig{
+		Durable:       n.TimersConsumer(),
+		Description:   "agentfleet workers waking parked runs whose approval timed out",
+		FilterSubject: n.ParkTimerDue("*"),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1000,
+		Replicas:      replicas[n.ParkedStream()],
+	}); err != nil {
+		return fmt.Errorf("consumer %s: %w", n.TimersConsumer(), err)
 	}
 	if err := c.ensureWorkersBucket(ctx, cfg); err != nil { // presence.go
 		return err

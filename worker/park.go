@@ -27,6 +27,7 @@ import (
 //     instead of handBackWaiting:
 //   - the heartbeat ends, the control owner stops (what it took is
 //     known: ctl.last), the request's copy is kept (park.Keep), the
+//     timer of its first approval's expiry is stored (park.Arm), the
 //     record gets parked with the lease's compare-and-set (lost: a newer
 //     attempt owns the run, nothing more is done), then the request is
 //     acknowledged (DoubleAck: a lost ack redelivers it, and the
@@ -78,7 +79,17 @@ func (w *Worker) startWake(setup context.Context) (func(), error) {
 		w.log.Warn("waking parked runs off", "err", err)
 		return func() {}, nil
 	}
-	return stop, nil
+	tcons, err := w.js.Consumer(setup, w.names.ParkedStream(), w.names.TimersConsumer())
+	if err != nil {
+		w.log.Warn("parked runs' timers off: no timers consumer (create the streams with EnsureStreams)", "err", err)
+		return stop, nil
+	}
+	stopTimers, err := env.StartTimers(w.hardCtx, tcons)
+	if err != nil {
+		w.log.Warn("parked runs' timers off", "err", err)
+		return stop, nil
+	}
+	return func() { stopTimers(); stop() }, nil
 }
 
 // armParkLocked starts the park timer of a run that just left its slot.
@@ -161,12 +172,19 @@ func (r *run) parkWaiting() {
 	if err == nil {
 		seq, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
 	}
+	rec := r.record(bus.StateRunning)
+	if err == nil && rec.Waiting != nil && len(rec.Waiting.Approvals) > 0 {
+		due := rec.Waiting.Approvals[0].ExpiresAt
+		for _, a := range rec.Waiting.Approvals[1:] {
+			due = min(due, a.ExpiresAt)
+		}
+		err = env.Arm(ctx, r.id, r.attempt, time.UnixMilli(due))
+	}
 	if err != nil {
 		r.log.Warn("cannot park the run; handing it back", "err", err)
 		r.handBackWaiting()
 		return
 	}
-	rec := r.record(bus.StateRunning)
 	rec.Parked = &bus.Parked{At: time.Now(), Seq: seq, Attempt: r.attempt}
 	if err := r.lease.WriteFinal(ctx, rec); err != nil {
 		if errors.Is(err, lease.ErrLost) {

@@ -178,3 +178,19 @@ func TestForgedAndDuplicateWakesAreDropped(t *testing.T) {
 		t.Fatalf("%d run_started (want 2), deploy %q; events %s", n, d.targets(), re.types())
 	}
 }
+
+// A parked run's approval still times out at its expiry: the timer wakes
+// it and the call is timed out (here the run aborts, as onTimeout says).
+func TestParkedRunApprovalTimesOut(t *testing.T) {
+	t.Parallel()
+	_, c, d := approvalWorker(t, Config{ParkAfter: 200 * time.Millisecond, HeartbeatInterval: time.Second})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 3, OnTimeout: bus.OnTimeoutAbort}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventRunParked, 1)
+	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonApprovalTimeout {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "" || re.count(bus.EventRunStarted) != 2 {
+		t.Fatalf("deploy %q; events %s", d.targets(), re.types())
+	}
+}
