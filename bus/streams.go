@@ -362,9 +362,11 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		FilterSubjects: []string{n.Control("*", KindApprove), n.Control("*", KindAbort)},
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		DeliverPolicy:  jetstream.DeliverNewPolicy,
-		AckWait:        30 * time.Second,
-		MaxAckPending:  1000,
-		Replicas:       replicas[n.ControlStream()],
+		// A wake is a record read and a publish: one a dead worker took
+		// comes again soon.
+		AckWait:       10 * time.Second,
+		MaxAckPending: 1000,
+		Replicas:      replicas[n.ControlStream()],
 	}); err != nil {
 		return fmt.Errorf("consumer %s: %w", n.WakeConsumer(), err)
 	}
