@@ -194,3 +194,47 @@ func TestParkedRunApprovalTimesOut(t *testing.T) {
 		t.Fatalf("deploy %q; events %s", d.targets(), re.types())
 	}
 }
+
+// An answer stored while the run parks is not lost: here the run's
+// attempt never sees it (its live control subscription is gone, and no
+// heartbeat reads the stream before the park), and the wake consumer
+// takes it while the record does not say parked yet, so wakes nothing.
+// Once parked, the parking attempt finds the answer after what it took
+// and wakes the run itself.
+func TestAnswerWhileParkingWakesTheRun(t *testing.T) {
+	t.Parallel()
+	w, c, d := approvalWorker(t, Config{ParkAfter: 3 * time.Second, AckWait: 5 * time.Minute, HeartbeatInterval: time.Minute})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	if err := w.ctlSub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cons, err := c.JetStream().Consumer(ctx, c.Names().ControlStream(), c.Names().WakeConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.AckFloor.Stream >= seq && info.NumAckPending == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the consumer's state is all there is to wait on
+	}
+	if rec, err := w.getRecord(ctx, run); err != nil || rec.Parked != nil {
+		t.Skipf("the run parked before the wake consumer took the answer (a loaded machine): %v", err)
+	}
+	re.waitFor(t, bus.EventRunParked, 1)
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq {
+		t.Fatalf("resolved %+v, want the answer at %d", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+}
