@@ -226,6 +226,10 @@ func (w *Worker) confirmWake(m jetstream.Msg, runID string, reqSeq uint64) (c pa
 	if env == nil {
 		// A worker that does not park still runs the wakes of others.
 		s, err := w.js.Stream(w.hardCtx, w.names.ParkedStream())
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			// No run was parked on this fleet: nothing to confirm.
+			return park.Confirmation{Wake: true}, nil
+		}
 		if err != nil {
 			return c, err
 		}
