@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/park"
 )
@@ -214,6 +215,26 @@ func (r *run) parkWaiting() {
 			r.log.Warn("cannot wake the run for an answer that came while it parked", "err", err)
 		}
 	}
+}
+
+// takeWake is the pickup's look at a request's wake header: take is false
+// when the request was settled (a wake the record does not confirm is
+// dropped; a failed read hands it back), after stopBeat.
+func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat func() time.Time, runID string, reqSeq uint64) (park.Confirmation, bool) {
+	woken, err := w.confirmWake(m, runID, reqSeq)
+	switch {
+	case err != nil:
+		w.log.Warn("cannot confirm a wake; handing the request back", "run", runID, "err", err)
+		stopBeat()
+		_ = acks.NakWithDelay(2 * time.Second)
+		return woken, false
+	case woken.Wake && !woken.OK:
+		w.log.Info("wake the run's record does not confirm (a duplicate, or not a worker's): dropped", "run", runID, "requestSeq", reqSeq)
+		stopBeat()
+		_ = acks.Ack()
+		return woken, false
+	}
+	return woken, true
 }
 
 // confirmWake checks a request's wake header at pickup (park.Confirm):

@@ -148,17 +148,8 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	}
 	// A wake of a parked run (worker/park.go) goes on counting attempts
 	// from the one that parked, if the run's record confirms it.
-	woken, err := w.confirmWake(m, runID, reqSeq)
-	if err != nil {
-		w.log.Warn("cannot confirm a wake; handing the request back", "run", runID, "err", err)
-		beat.stop()
-		_ = acks.NakWithDelay(2 * time.Second)
-		return
-	}
-	if woken.Wake && !woken.OK {
-		w.log.Info("wake the run's record does not confirm (a duplicate, or not a worker's): dropped", "run", runID, "requestSeq", reqSeq)
-		beat.stop()
-		_ = acks.Ack()
+	woken, take := w.takeWake(m, acks, beat.stop, runID, reqSeq)
+	if !take {
 		return
 	}
 	// A requeued request (giveup.go) goes on counting attempts from the
