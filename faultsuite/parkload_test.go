@@ -152,7 +152,40 @@ func TestParkedRunsRSS(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	_ = f.c.Conn().Flush()
+	pct := func(m map[string]time.Duration) string {
+		mu.Lock()
+		defer mu.Unlock()
+		var ds []time.Duration
+		for _, d := range m {
+			ds = append(ds, d)
+		}
+		slices.Sort(ds)
+		q := func(p float64) time.Duration {
+			return ds[min(len(ds)-1, int(p*float64(len(ds))))].Round(time.Millisecond)
+		}
+		return fmt.Sprintf("n=%d p50 %s p90 %s p99 %s max %s", len(ds), q(0.5), q(0.9), q(0.99), ds[len(ds)-1].Round(time.Millisecond))
+	}
 	wakeStart := time.Now()
+	if os.Getenv("PARK_WAKE_PACED") == "1" {
+		// One at a time: each answer after the last one's run resolved,
+		// the wake path's own latency with no bulk to queue behind.
+		for i := range wakeN {
+			id := fmt.Sprintf("pl-%d", i*(n/wakeN))
+			mu.Lock()
+			stored[id] = time.Now()
+			mu.Unlock()
+			if _, err := f.c.Answer(ctx, id, bus.ApprovalAnswer{ToolCallID: "c1", Decision: bus.DecisionApprove, By: "load"}); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				t.Fatalf("run %s not resolved", id)
+			}
+		}
+		t.Logf("%d answered one at a time: answer sent -> woken run_started %s; -> tool_approval_resolved %s", wakeN, pct(started), pct(resolved))
+		return
+	}
 	ids := make(chan string)
 	for range 16 {
 		wg.Go(func() {
@@ -178,17 +211,6 @@ func TestParkedRunsRSS(t *testing.T) {
 		case <-time.After(2 * time.Minute):
 			t.Fatalf("only %d of %d woken runs resolved", len(resolved), wakeN)
 		}
-	}
-	pct := func(m map[string]time.Duration) string {
-		mu.Lock()
-		defer mu.Unlock()
-		var ds []time.Duration
-		for _, d := range m {
-			ds = append(ds, d)
-		}
-		slices.Sort(ds)
-		q := func(p float64) time.Duration { return ds[min(len(ds)-1, int(p*float64(len(ds))))].Round(time.Millisecond) }
-		return fmt.Sprintf("n=%d p50 %s p90 %s p99 %s max %s", len(ds), q(0.5), q(0.9), q(0.99), ds[len(ds)-1].Round(time.Millisecond))
 	}
 	t.Logf("%d answered at once (in %s): answer sent -> woken run_started %s; -> tool_approval_resolved %s",
 		wakeN, time.Since(wakeStart).Round(time.Millisecond), pct(started), pct(resolved))
