@@ -134,6 +134,22 @@ func (r *run) parkFired(gen uint64) {
 	}
 }
 
+// parks reports whether a run whose waits ended is parked rather than
+// handed back: the park timer fired, and it waits for approvals only (a
+// timer that fired as the run's last answer came leaves parking set;
+// a later wait for something else is handed back, not parked).
+func (r *run) parks() bool {
+	if !r.parking.Load() {
+		return false
+	}
+	what, _ := r.waiting()
+	ws := &r.wait
+	ws.mu.Lock()
+	other := ws.other
+	ws.mu.Unlock()
+	return what == bus.WaitingApproval && other == 0
+}
+
 // announcePark publishes run_parked (handBackWhileWaiting, before the
 // flush).
 func (r *run) announcePark() {

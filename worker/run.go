@@ -526,7 +526,7 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		}
 	}
 	switch {
-	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut && r.parking.Load():
+	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut && r.parks():
 		r.parkWaiting() // worker/park.go
 	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut:
 		r.handBackWaiting()

@@ -202,15 +202,18 @@ func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wai
 	r.enterWait(what, since)
 	wctx, cancel := context.WithCancel(ctx)
 	stopDrain := context.AfterFunc(r.w.drainCtx(), cancel)
-	// A park ends the wait as a drain does (worker/park.go).
+	// A park ends an approval's wait as a drain does (worker/park.go);
+	// other waits never park. A wait that got its answer as the park
+	// fired returns nil and is not parked: an answer the wait took is
+	// applied, so none is taken and lost.
 	parkSignal := r.parkSignal
-	if parkSignal == nil {
+	if parkSignal == nil || what != bus.WaitingApproval {
 		parkSignal = context.Background() // a run not from newRun (tests)
 	}
 	stopPark := context.AfterFunc(parkSignal, cancel)
 	wctx, endSpan := r.traceWait(wctx, what, since) // trace.go
 	err := wait(wctx)
-	parked := !stopPark()
+	parked := !stopPark() && err != nil
 	drained := (!stopDrain() || parked) && ctx.Err() == nil
 	cancel()
 	endSpan(err, drained)
@@ -472,7 +475,7 @@ func (r *run) handBackWhileWaiting() {
 	r.wait.handBack.Do(func() {
 		r.awaitToolsIdle(r.w.hardCtx)
 		r.waitHandedBack.Store(true)
-		if r.parking.Load() {
+		if r.parks() {
 			r.announcePark() // park.go
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 5*time.Second)
