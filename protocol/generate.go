@@ -306,6 +306,7 @@ func (g *gen) events() *jsonschema.Schema {
 		RunFinished  bus.RunFinished
 		RunResumed   bus.RunResumed
 		Restored     bus.TranscriptRestored
+		RunParked    bus.RunParked
 		ModelWait    bus.ModelWait
 		ToolApproval bus.ToolApproval
 		Control      bus.ControlRejected
@@ -370,6 +371,12 @@ func (g *gen) events() *jsonschema.Schema {
 	g.prop(tr, "TranscriptRestored", "bytes").Minimum = minimum(0)
 	g.prop(tr, "TranscriptRestored", "bytes").Description = "The size of those messages as a JSON array."
 	rename(defs, "TranscriptRestored", "TranscriptRestoredEvent")
+
+	rp := g.def(defs, "RunParked")
+	rp.Description = "The attempt parked the run (since 1.9, §13): its request was acknowledged and nothing of it is on a worker; an answer or an abort wakes it (a new attempt, run_started). Readers that do not know it skip it."
+	g.setProp(rp, "RunParked", "type", &jsonschema.Schema{Type: "string", Const: bus.EventRunParked})
+	g.prop(rp, "RunParked", "attempt").Minimum = minimum(1)
+	rename(defs, "RunParked", "RunParkedEvent")
 
 	mw := g.def(defs, "ModelWait")
 	mw.Description = "A model call waited (shared rate limits, or the tenant's next budget period), published once it proceeds (since 1.2)."
@@ -437,7 +444,7 @@ func (g *gen) events() *jsonschema.Schema {
 		{"ToolExecutionEndEvent", string(agent.EventToolExecutionEnd), "", []string{"toolCallId!", "toolName!", "result!", "isError!"}},
 	})
 
-	all := append([]string{"RunStartedEvent", "RunResumedEvent", "TranscriptRestoredEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
+	all := append([]string{"RunStartedEvent", "RunResumedEvent", "TranscriptRestoredEvent", "RunParkedEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
 	defs["Event"] = oneOfRefs(append(all, agentEvents...)...)
 	defs["Event"].Description = "The event, by its type."
 	env.Definitions = defs

@@ -59,6 +59,11 @@ type Config struct {
 	// something else (a budget) keeps its slot. Negative: waiting runs
 	// keep their slots and gated calls are never refused.
 	MaxWaiting int
+	// ParkAfter parks a run that has waited this long for approvals with
+	// nothing of it running (worker/park.go): its request is acknowledged
+	// and nothing of it stays on the worker until an answer or an abort
+	// wakes it. Default 30s; negative: never park.
+	ParkAfter time.Duration
 	// MaxApprovalTimeout is the operator's ceiling of a gated call's wait:
 	// a longer approval.timeoutSeconds (or default) is lowered to it.
 	// Default MaxRunTimeout; zero with no MaxRunTimeout: the protocol's
@@ -306,6 +311,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxWaiting == 0 {
 		c.MaxWaiting = 1_000
+	}
+	if c.ParkAfter == 0 {
+		c.ParkAfter = 30 * time.Second
 	}
 	if c.MaxApprovalTimeout <= 0 {
 		c.MaxApprovalTimeout = c.MaxRunTimeout

@@ -87,6 +87,13 @@ type run struct {
 	// waitHandedBack: a wait ended because the worker is draining; the
 	// run is handed back without publishing more.
 	waitHandedBack atomic.Bool
+	// parking: the park timer ended the run's waits (worker/park.go);
+	// parkSignal ends when it fires (parkNow).
+	parking    atomic.Bool
+	parkSignal context.Context
+	parkNow    context.CancelFunc
+	// wokenFrom is the park this attempt's request woke (its parked.seq).
+	wokenFrom uint64
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
@@ -125,6 +132,7 @@ func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedA
 	r.log = w.log.With("run", id, "queue", queue, "attempt", r.attempt)
 	r.lease = lease.New(w.leases, id, r.attempt, reqSeq, r.leaseLost)
 	r.ctl = newControls(r)
+	r.parkSignal, r.parkNow = context.WithCancel(context.Background())
 	return r
 }
 
@@ -144,6 +152,12 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if md, err := m.Metadata(); err == nil {
 		attempt, reqSeq, submittedAt = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
+	// A wake of a parked run (worker/park.go) goes on counting attempts
+	// from the one that parked, if the run's record confirms it.
+	woken, take := w.takeWake(m, acks, beat.stop, runID, reqSeq)
+	if !take {
+		return
+	}
 	// A requeued request (giveup.go) goes on counting attempts from the
 	// one it replaced, if the run's record confirms the requeue.
 	requeue, err := w.confirmRequeue(m.Headers(), runID, reqSeq)
@@ -156,7 +170,13 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if requeue != nil {
 		attempt += requeue.AttemptBase
 	}
+	if woken.OK {
+		attempt += woken.Base
+	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
+	if woken.OK {
+		r.wokenFrom, r.lease.WokenFrom = woken.From, woken.From
+	}
 	if requeue != nil {
 		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
 	}
@@ -323,6 +343,7 @@ func (r *run) execute() {
 		return
 	}
 	defer r.release()
+	r.forgetParked() // worker/park.go
 	runErr, finished := r.drive(ctx)
 	r.conclude(runErr, finished, timeout)
 }
@@ -358,6 +379,10 @@ func (r *run) pickup() bool {
 		}
 		if r.lease.RequeuedFrom != 0 && rec.RequestSeq == r.lease.RequeuedFrom && !rec.SubmittedAt.IsZero() {
 			r.submittedAt = rec.SubmittedAt // the run's, not the requeue's
+		}
+		if r.wokenFrom != 0 && !rec.SubmittedAt.IsZero() {
+			// The run's: answers stored before the wake are its own.
+			r.submittedAt = rec.SubmittedAt
 		}
 	}
 	r.prev = rec
@@ -511,6 +536,8 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		}
 	}
 	switch {
+	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut && r.parks():
+		r.parkWaiting() // worker/park.go
 	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut:
 		r.handBackWaiting()
 	case r.lease.Lost():

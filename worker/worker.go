@@ -24,6 +24,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/park"
 	"github.com/agentfleet/agentfleet/worker/internal/peers"
 )
 
@@ -59,6 +60,7 @@ type Worker struct {
 	runsStream    jetstream.Stream
 	kv            jetstream.KeyValue
 	leases        *lease.Env // the runs' leases on their records, from Run on
+	parking       *park.Env  // parking and waking (worker/park.go); nil: no AGENTS_PARKED
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
 	hardCtx    context.Context
@@ -247,6 +249,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
+	w.openParking(setup)            // worker/park.go
 	w.warnStreamSettings(consumers) // worker/orphans.go
 	stopServices, err := startServices(setup, w.services(consumers))
 	if err != nil {
