@@ -32,6 +32,7 @@ type benchFlags struct {
 	duration        time.Duration
 	// Approvals mode (bench_approvals.go).
 	approvals     bool
+	parked        bool
 	workerMetrics string
 }
 

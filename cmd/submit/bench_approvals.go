@@ -34,6 +34,7 @@ import (
 // registerApprovalsBench adds the mode's flags.
 func registerApprovalsBench(fs *flag.FlagSet, bf *benchFlags) {
 	fs.BoolVar(&bf.approvals, "approvals", false, "approvals mode: --runs faux runs whose calculator call waits for approval, then all approved at once; reports answer stored -> tool_approval_resolved latency and the worker's RSS idle and while they wait (a worker serving --queue must allow faux; its --max-waiting bounds the runs that wait)")
+	fs.BoolVar(&bf.parked, "parked", false, "approvals mode: answer only once every run has parked (run_parked: a worker with --park-after), so the latency is the wake's")
 	fs.StringVar(&bf.workerMetrics, "worker-metrics", "", "approvals and continuation modes: the worker's /metrics URL (e.g. http://127.0.0.1:9464/metrics) to sample its RSS from; empty: RSS not measured (continuation mode: that example address)")
 }
 
@@ -42,9 +43,11 @@ type approvalsBenchResult struct {
 	Runs int `json:"runs"`
 	// Waiting: runs whose call asked for approval; Refused: calls the
 	// worker refused at once (over its --max-waiting).
-	Waiting       int     `json:"waiting"`
-	Refused       int     `json:"refused"`
-	WaitSeconds   float64 `json:"waitSeconds"`   // first submit -> the last run waiting
+	Waiting     int     `json:"waiting"`
+	Refused     int     `json:"refused"`
+	WaitSeconds float64 `json:"waitSeconds"` // first submit -> the last run waiting
+	// ParkSeconds (--parked): first submit -> the last run parked.
+	ParkSeconds   float64 `json:"parkSeconds,omitempty"`
 	AnswerSeconds float64 `json:"answerSeconds"` // first answer sent -> the last stored
 	Finished      int     `json:"finished"`
 	Failed        int     `json:"failed"`
@@ -67,13 +70,14 @@ type approvalsBench struct {
 	mu     sync.Mutex
 	runs   map[string]*approvalRun
 	asked  chan struct{} // a value per run that asked or was refused
+	parked chan struct{} // a value per run parked (its first run_parked)
 	ended  chan struct{} // a value per run finished
 }
 
 type approvalRun struct {
-	asked, refused, finished, failed bool
-	answered                         time.Time // the answer's publish ack
-	woke                             time.Time // tool_approval_resolved seen
+	asked, refused, finished, failed, parked bool
+	answered                                 time.Time // the answer's publish ack
+	woke                                     time.Time // tool_approval_resolved seen
 }
 
 func (b *approvalsBench) onEvent(m *nats.Msg) {
@@ -89,8 +93,11 @@ func (b *approvalsBench) onEvent(m *nats.Msg) {
 		b.mu.Unlock()
 		return
 	}
-	var asked, ended bool
+	var asked, ended, parked bool
 	switch typ {
+	case bus.EventRunParked:
+		parked = !r.parked
+		r.parked = true
 	case bus.EventToolApprovalRequested:
 		asked = !r.asked && !r.refused
 		r.asked = true
@@ -120,6 +127,9 @@ func (b *approvalsBench) onEvent(m *nats.Msg) {
 	}
 	if ended {
 		b.ended <- struct{}{}
+	}
+	if parked {
+		b.parked <- struct{}{}
 	}
 }
 
@@ -156,7 +166,7 @@ func runApprovalsBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlag
 		}
 	}
 	b := &approvalsBench{prefix: c.Names().Prefix() + ".run.", runs: make(map[string]*approvalRun, bf.runs),
-		asked: make(chan struct{}, bf.runs), ended: make(chan struct{}, bf.runs)}
+		asked: make(chan struct{}, bf.runs), ended: make(chan struct{}, bf.runs), parked: make(chan struct{}, bf.runs)}
 	ids := make([]string, bf.runs)
 	tag := bus.NewRunID()[:8]
 	for i := range ids {
@@ -190,6 +200,17 @@ func runApprovalsBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlag
 		}
 	}
 	res.WaitSeconds = round3(time.Since(begin).Seconds())
+	if bf.parked {
+		for range bf.runs {
+			select {
+			case <-b.parked:
+			case <-ctx.Done():
+				sampler.stop()
+				return fail(e, fmt.Errorf("runs not all parked after %s (does the worker park: --park-after?): %w", bf.timeout, ctx.Err()))
+			}
+		}
+		res.ParkSeconds = round3(time.Since(begin).Seconds())
+	}
 	// Three more seconds of samples with every run waiting (a window of
 	// the measure: a GC cycle may lag the last wait).
 	settle := time.NewTimer(3 * time.Second)
@@ -268,6 +289,9 @@ func writeApprovalsBench(w io.Writer, r *approvalsBenchResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "runs\t%d (%d waited, %d refused at once; %d finished, %d failed)\n", r.Runs, r.Waiting, r.Refused, r.Finished, r.Failed)
 	fmt.Fprintf(tw, "all waiting after\t%.1f s\n", r.WaitSeconds)
+	if r.ParkSeconds > 0 {
+		fmt.Fprintf(tw, "all parked after\t%.1f s\n", r.ParkSeconds)
+	}
 	fmt.Fprintf(tw, "answers sent in\t%.1f s\n", r.AnswerSeconds)
 	l := r.WakeLatencyMs
 	fmt.Fprintf(tw, "answer stored->resolved\tp50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms\n", l.P50, l.P90, l.P99, l.Max)

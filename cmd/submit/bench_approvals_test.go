@@ -49,6 +49,30 @@ func TestApprovalsBenchSmall(t *testing.T) {
 		t.Errorf("RSS idle %d, waiting last %d max %d, %d samples", res.RSSIdle, res.RSSWaitingLast, res.RSSWaitingMax, res.RSSSamples)
 	}
 	t.Logf("bench --approvals: %s", out)
+	// --parked: a worker parking after 1 s; answers go once all parked,
+	// and the woken attempts resolve them.
+	parkQueue := "apprbenchpark"
+	stopPark, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker-park.log"), nil,
+		"--nats", fleet.url, "--queue", parkQueue, "--concurrency", "2", "--worker-id", "appr-bench-park", "--park-after", "1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stopPark(); err != nil {
+			t.Errorf("parking worker: %v", err)
+		}
+	})
+	out, errOut, code = submit(t, "bench", "--approvals", "--parked", "--runs", "5", "--queue", parkQueue, "--json")
+	if code != 0 {
+		t.Fatalf("--parked: exit %d\n%s", code, errOut)
+	}
+	res = approvalsBenchResult{}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if res.Waiting != 5 || res.Finished != 5 || res.Failed != 0 || res.ParkSeconds < 1 || res.WakeLatencyMs.P50 <= 0 {
+		t.Errorf("--parked: %s", out)
+	}
 	table, errOut, code := submit(t, "bench", "--approvals", "--runs", "3", "--queue", queue)
 	if code != 0 {
 		t.Fatalf("table: exit %d\n%s", code, errOut)
