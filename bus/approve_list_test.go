@@ -48,6 +48,11 @@ func TestPendingApprovals(t *testing.T) {
 		if _, err := kv.Put(ctx, run, data); err != nil {
 			t.Fatal(err)
 		}
+		if w != nil { // as a worker does, after the record
+			if err := c.PutWaiting(ctx, &bus.RunRecord{ID: run, Queue: queue, Waiting: w}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	waitingFor := func(call string, requestedAt time.Time) *bus.Waiting {
 		return &bus.Waiting{For: bus.WaitingApproval, Since: requestedAt,
@@ -129,6 +134,11 @@ func TestPendingApprovalsPages(t *testing.T) {
 			data, _ := json.Marshal(r)
 			if _, err := kv.Put(ctx, r.ID, data); err != nil {
 				t.Fatal(err)
+			}
+			if r.Waiting != nil { // as a worker does, after the record
+				if err := c.PutWaiting(ctx, &r, false); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}
