@@ -117,6 +117,9 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 		return nil, false, err
 	}
 	page := &RunPage{Stored: info.State.Msgs}
+	if after >= info.State.LastSeq {
+		return page, true, nil // nothing after the cursor (a hostile one too)
+	}
 	lo, hi := max(info.State.FirstSeq, after+1), info.State.LastSeq
 	maxScan := o.MaxScan
 	if maxScan == 0 {
@@ -133,12 +136,14 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 	next := after // the last sequence the page consumed
 	more := false // the page stopped inside a window
 	now := time.Now()
+	read := uint64(0) // sequences read, holes too: what MaxScan bounds here
 	for lo <= hi && want() {
-		if maxScan > 0 && page.Scanned >= maxScan {
+		if maxScan > 0 && read >= uint64(maxScan) {
 			page.Truncated = true
 			break
 		}
 		to := min(hi, lo+window-1)
+		read += to - lo + 1
 		msgs, err := g.rangeOf(ctx, lo, to)
 		if err != nil {
 			return nil, false, err
