@@ -113,6 +113,9 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 		return nil, false, err
 	}
 	info, err := s.Info(ctx)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, false, nil // deleted since the handle was cached
+	}
 	if err != nil {
 		return nil, false, err
 	}
