@@ -195,6 +195,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	kv      jetstream.KeyValue
+	obs     jetstream.ObjectStore // transcript snapshots (snapshot.go)
 	streams map[string]jetstream.Stream
 }
 

@@ -213,8 +213,25 @@ type RunRecord struct {
 	// record (since 1.6) so a run_finished published from the record (its
 	// own was lost) says the same.
 	LastControlSeq uint64 `json:"lastControlSeq,omitempty"`
+	// Parked marks a waiting run with no attempt on a worker (since 1.9):
+	// its request was acknowledged; an answer or an abort wakes it. See
+	// Parked.
+	Parked *Parked `json:"parked,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
+}
+
+// Parked is written into a running record, with its waiting, by the
+// attempt that parks the run (worker/internal/park). Seq is the AGENTS_PARKED
+// sequence of the copy of the run's request kept for the wake: it names
+// the park (a run parked again gets another). Only a copy of that request
+// published to the run's submit subject with the header
+// Agentfleet-Woken-From: <Seq> (a wake) takes the run over, and only
+// while the record still names Seq: the woken attempt's lease clears it.
+type Parked struct {
+	At      time.Time `json:"at"`
+	Seq     uint64    `json:"seq"`
+	Attempt int       `json:"attempt"`
 }
 
 // Requeue is written into a running record by the give-up before it
@@ -335,7 +352,7 @@ func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 
 // markStale sets Stale on a running record whose heartbeat is too old.
 func (c *Client) markStale(r *RunRecord, now time.Time) {
-	if r.State != StateRunning {
+	if r.State != StateRunning || r.Parked != nil { // a parked run has no heartbeat
 		return
 	}
 	hb := r.HeartbeatAt

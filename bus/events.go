@@ -15,6 +15,13 @@ const (
 	EventRunStarted  = "run_started"
 	EventRunFinished = "run_finished"
 	EventRunResumed  = "run_resumed"
+	// EventTranscriptRestored (since 1.9) names the finished run whose
+	// transcript a continuation starts from, instead of its messages.
+	EventTranscriptRestored = "transcript_restored"
+	// EventRunParked (since 1.9): a run that waited long enough with
+	// nothing of it running was parked: its request acknowledged, its
+	// state in NATS; an answer or an abort wakes it (docs/protocol.md).
+	EventRunParked = "run_parked"
 	// EventModelWait: a model call waited for the fleet's shared rate
 	// limits; published once the call proceeds.
 	EventModelWait = "model_wait"
@@ -284,7 +291,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.8"
+const ProtocolVersion = "1.9"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
@@ -338,6 +345,28 @@ type RunResumed struct {
 	CutOffUsage *agent.Usage `json:"cutOffUsage,omitempty"`
 }
 
+// TranscriptRestored (since 1.9) follows run_started in every attempt of a
+// continuation (continueFrom): the run's transcript begins with the first
+// Messages messages of run From's transcript (Bytes bytes of JSON), which
+// are not published again. Its snapshot (LoadSnapshot) or, without one, its
+// events hold them.
+type TranscriptRestored struct {
+	Type     string `json:"type"`
+	From     string `json:"from"`
+	Messages int    `json:"messages"`
+	Bytes    int64  `json:"bytes"`
+}
+
+// RunParked (since 1.9) says the attempt parked the run: it waits for
+// what Waiting says with nothing of it on a worker. The next attempt, a
+// woken one, starts with run_started as any other; readers that know
+// nothing of run_parked skip it and lose nothing.
+type RunParked struct {
+	Type    string   `json:"type"`
+	Attempt int      `json:"attempt"`
+	Waiting *Waiting `json:"waiting,omitempty"`
+}
+
 // Event is a decoded event: exactly one of the pointers is set.
 type Event struct {
 	Type        string
@@ -345,6 +374,8 @@ type Event struct {
 	RunStarted  *RunStarted
 	RunFinished *RunFinished
 	RunResumed  *RunResumed
+	Restored    *TranscriptRestored
+	RunParked   *RunParked
 	ModelWait   *ModelWait
 	Approval    *ToolApproval // the three tool_approval_* events
 	Control     *ControlRejected
@@ -376,6 +407,12 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventRunResumed:
 		ev.RunResumed = &RunResumed{}
 		target = ev.RunResumed
+	case EventTranscriptRestored:
+		ev.Restored = &TranscriptRestored{}
+		target = ev.Restored
+	case EventRunParked:
+		ev.RunParked = &RunParked{}
+		target = ev.RunParked
 	case EventModelWait:
 		ev.ModelWait = &ModelWait{}
 		target = ev.ModelWait

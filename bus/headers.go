@@ -16,3 +16,9 @@ const (
 	HeaderRequeuedFrom = "Agentfleet-Requeued-From"
 	HeaderAttemptBase  = "Agentfleet-Attempt-Base"
 )
+
+// HeaderWokenFrom marks a wake (since 1.9): a copy of a parked run's request,
+// published by a worker when an answer or an abort came (or a parked call's
+// approval timed out). Its value is the record's parked.seq; a request
+// whose header the record does not confirm is dropped (docs/protocol.md).
+const HeaderWokenFrom = "Agentfleet-Woken-From"

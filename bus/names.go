@@ -96,6 +96,10 @@ func (n Names) ControlStream() string { return n.upper + "_CONTROL" }
 // RecordsBucket is the KV bucket of run records (agents_runs).
 func (n Names) RecordsBucket() string { return n.lower + "_runs" }
 
+// TranscriptsBucket is the object store of finished runs' transcripts
+// (agents_transcripts, since 1.9): one object per run, named by its id.
+func (n Names) TranscriptsBucket() string { return n.lower + "_transcripts" }
+
 // DeadStream keeps dead-lettered requests (AGENTS_DEAD).
 func (n Names) DeadStream() string { return n.upper + "_DEAD" }
 
@@ -119,6 +123,36 @@ func (n Names) MaxDeliveriesAdvisories() string {
 // GiveUpConsumer is the durable consumer of AGENTS_ADVISORIES that workers
 // share.
 func (n Names) GiveUpConsumer() string { return "giveup" }
+
+// ParkedStream keeps a copy of each parked run's request (AGENTS_PARKED,
+// since 1.9) for its wake, and the timers of parked approvals.
+func (n Names) ParkedStream() string { return n.upper + "_PARKED" }
+
+// Parked is the subject of a parked run's request copy:
+// <prefix>.parked.<queue>.<run> (the newest per subject is kept).
+func (n Names) Parked(queue, run string) string { return n.prefix + ".parked." + queue + "." + run }
+
+// ParkedAll matches every parked request copy: <prefix>.parked.*.*.
+func (n Names) ParkedAll() string { return n.prefix + ".parked.*.*" }
+
+// ParkTimer is the subject of a parked run's timer, a message schedule
+// (@at the expiry of its first pending approval): <prefix>.parktimer.<run>.at.
+func (n Names) ParkTimer(run string) string { return n.prefix + ".parktimer." + run + ".at" }
+
+// ParkTimerDue is where the server publishes a parked run's timer when it
+// is due: <prefix>.parktimer.<run>.due.
+func (n Names) ParkTimerDue(run string) string { return n.prefix + ".parktimer." + run + ".due" }
+
+// ParkTimersAll matches the timers' subjects: <prefix>.parktimer.*.*.
+func (n Names) ParkTimersAll() string { return n.prefix + ".parktimer.*.*" }
+
+// TimersConsumer is the durable consumer of due timers of parked runs
+// (AGENTS_PARKED) that workers share.
+func (n Names) TimersConsumer() string { return "waketimers" }
+
+// WakeConsumer is the durable consumer of AGENTS_CONTROL's approve and
+// abort messages that workers share to wake parked runs.
+func (n Names) WakeConsumer() string { return "wake" }
 
 // Consumer is the durable consumer of a queue (workers-<queue>).
 func (n Names) Consumer(queue string) string { return "workers-" + queue }
@@ -201,6 +235,20 @@ func (n Names) ParseRepublished(subject string) (run, kind string, err error) {
 		return run, kind, nil
 	}
 	return "", "", errors.New("not a control subject")
+}
+
+// ParseControl splits a control subject (<prefix>.run.<run>.<kind>) into
+// run and kind.
+func (n Names) ParseControl(subject string) (run, kind string, err error) {
+	rest, ok := strings.CutPrefix(subject, n.prefix+".run.")
+	if !ok {
+		return "", "", errors.New("not a control subject")
+	}
+	run, kind, ok = strings.Cut(rest, ".")
+	if !ok || !ValidID(run) || strings.Contains(kind, ".") {
+		return "", "", errors.New("not a control subject")
+	}
+	return run, kind, nil
 }
 
 // truncate cuts s to at most n bytes on a rune boundary, marking the cut.

@@ -148,6 +148,7 @@ func widenStream(have, want jetstream.StreamConfig, keepNewest bool) jetstream.S
 	out.AllowRollup = have.AllowRollup || want.AllowRollup
 	out.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
 	out.AllowBatchPublish = have.AllowBatchPublish || want.AllowBatchPublish
+	out.AllowMsgSchedules = have.AllowMsgSchedules || want.AllowMsgSchedules
 	out.DenyDelete = have.DenyDelete || want.DenyDelete
 	out.DenyPurge = have.DenyPurge || want.DenyPurge
 	for k, v := range want.Metadata {
@@ -287,6 +288,22 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Storage:     cfg.Storage,
 		Replicas:    cfg.Replicas,
 	}, {
+		// Since 1.9: the request copies of parked runs (worker/internal/park),
+		// the newest per run; a wake republishes one into the work queue.
+		// And their timers: a message schedule per parked run (@at its
+		// first approval's expiry) the server fires into ParkTimerDue.
+		Name:              n.ParkedStream(),
+		Description:       "agentfleet parked runs' requests, kept for their wake, and their timers",
+		Subjects:          []string{n.ParkedAll(), n.ParkTimersAll()},
+		AllowMsgSchedules: true,
+		Retention:         jetstream.LimitsPolicy,
+		MaxMsgsPerSubject: 1,
+		MaxAge:            cfg.RequestsMaxAge,
+		MaxMsgSize:        MaxRequestBytes + 64<<10,
+		Duplicates:        min(2*time.Minute, cfg.RequestsMaxAge),
+		Storage:           cfg.Storage,
+		Replicas:          cfg.Replicas,
+	}, {
 		Name:        n.AdvisoriesStream(),
 		Description: "agentfleet MAX_DELIVERIES advisories of the request consumers, for the give-up path",
 		Subjects:    []string{n.MaxDeliveriesAdvisories()},
@@ -336,6 +353,36 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	}); err != nil {
 		return fmt.Errorf("consumer %s: %w", n.GiveUpConsumer(), err)
 	}
+	// Since 1.9: every approve and abort stored passes the wake consumer,
+	// which wakes the run if it is parked (worker/internal/park). It starts
+	// at the newest message: what came before it exists woke nothing.
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.ControlStream(), jetstream.ConsumerConfig{
+		Durable:        n.WakeConsumer(),
+		Description:    "agentfleet workers waking parked runs",
+		FilterSubjects: []string{n.Control("*", KindApprove), n.Control("*", KindAbort)},
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+		// A wake is a record read and a publish: one a dead worker took
+		// comes again soon.
+		AckWait:       10 * time.Second,
+		MaxAckPending: 1000,
+		Replicas:      replicas[n.ControlStream()],
+	}); err != nil {
+		return fmt.Errorf("consumer %s: %w", n.WakeConsumer(), err)
+	}
+	// Since 1.9: the due timers of parked runs, which every worker pulls.
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.ParkedStream(), jetstream.ConsumerConfig{
+		Durable:       n.TimersConsumer(),
+		Description:   "agentfleet workers waking parked runs whose approval timed out",
+		FilterSubject: n.ParkTimerDue("*"),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1000,
+		Replicas:      replicas[n.ParkedStream()],
+	}); err != nil {
+		return fmt.Errorf("consumer %s: %w", n.TimersConsumer(), err)
+	}
 	if err := c.ensureWorkersBucket(ctx, cfg); err != nil { // presence.go
 		return err
 	}
@@ -343,6 +390,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		return err
 	}
 	if err := c.ensureBudgetsBucket(ctx, cfg); err != nil { // budgets.go
+		return err
+	}
+	if err := c.ensureTranscriptsBucket(ctx, cfg); err != nil { // snapshot.go
 		return err
 	}
 	kvStream := "KV_" + n.RecordsBucket()

@@ -19,6 +19,10 @@ type Transcript struct {
 	Started  *RunStarted
 	Resumed  *RunResumed
 	Finished *RunFinished
+	// Restored (since 1.9) names the run whose transcript this one
+	// continues: Messages are what follows its first Restored.Messages
+	// messages (LoadSnapshot has them).
+	Restored *TranscriptRestored
 	// LastSeq is the seq of the last envelope applied.
 	LastSeq uint64
 
@@ -77,6 +81,8 @@ func (t *Transcript) Apply(env *Envelope) error {
 		if u := ev.RunResumed.CutOffUsage; u != nil {
 			t.cutOff = *u
 		}
+	case EventTranscriptRestored:
+		t.Restored = ev.Restored
 	case EventRunFinished:
 		t.Finished = ev.RunFinished
 		t.streaming = false

@@ -60,7 +60,7 @@ func TestFleetRunsValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default", "resume"}}})
+	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default", "resume", "parked"}}})
 	h := newHarness()
 	priced := &pricedProvider{FauxProvider: worker.FauxProvider{M: faux.New(faux.Options{})}}
 	f.StartWorker(worker.Config{
@@ -131,6 +131,15 @@ func TestFleetRunsValidate(t *testing.T) {
 
 	r = gated("approval-timeout", &bus.Approval{Tools: []string{"calculator"}, TimeoutSeconds: 1, OnTimeout: bus.OnTimeoutAbort})
 	finish(r, bus.StatusAborted, bus.ReasonApprovalTimeout)
+
+	// A run that parks while it waits (1.9), then its answer wakes it.
+	f.StartWorker(worker.Config{WorkerID: "worker-4", Queues: []string{"parked"}, Tools: h.tools(), ParkAfter: 100 * time.Millisecond})
+	r = submit("approval-parked", "parked", &bus.RunRequest{Model: fleettest.FauxModel(), Prompt: "add", Tools: []string{"calculator"},
+		Approval: &bus.Approval{Tools: []string{"calculator"}}, Faux: script(call("c1", "calculator", map[string]any{"expression": "2+2"}), text("It is 4."))})
+	waitEvent(t, f, r.kind, bus.EventRunParked)
+	r.waiting = parkedRecord(t, f, r.kind)
+	answer(t, f, r.kind, bus.ApprovalAnswer{ToolCallID: "c1", Decision: bus.DecisionApprove, By: "alice"})
+	finish(r, bus.StatusSucceeded, "")
 
 	// Steering (text) and a follow-up (a message) while a tool runs.
 	r = submit("steer-followup", "", &bus.RunRequest{Model: fleettest.FauxModel(), Prompt: "go", Tools: []string{"gate"},
@@ -449,6 +458,20 @@ func waitingRecord(t *testing.T, f *fleettest.Fleet, id string) []byte {
 		}
 	}
 	t.Fatalf("%s: the record never said the run waits", id)
+	return nil
+}
+
+// parkedRecord returns the record of a run once it says it is parked.
+func parkedRecord(t *testing.T, f *fleettest.Fleet, id string) []byte {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b := storedRecord(t, f, id)
+		var r bus.RunRecord
+		if err := json.Unmarshal(b, &r); err == nil && r.Parked != nil {
+			return b
+		}
+	}
+	t.Fatalf("%s: the record never said the run is parked", id)
 	return nil
 }
 

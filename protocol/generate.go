@@ -305,6 +305,8 @@ func (g *gen) events() *jsonschema.Schema {
 		RunStarted   bus.RunStarted
 		RunFinished  bus.RunFinished
 		RunResumed   bus.RunResumed
+		Restored     bus.TranscriptRestored
+		RunParked    bus.RunParked
 		ModelWait    bus.ModelWait
 		ToolApproval bus.ToolApproval
 		Control      bus.ControlRejected
@@ -360,6 +362,21 @@ func (g *gen) events() *jsonschema.Schema {
 	g.setProp(rr, "RunResumed", "type", &jsonschema.Schema{Type: "string", Const: bus.EventRunResumed})
 	g.prop(rr, "RunResumed", "attempt").Minimum = minimum(2)
 	rename(defs, "RunResumed", "RunResumedEvent")
+
+	tr := g.def(defs, "TranscriptRestored")
+	tr.Description = "Right after run_started (or run_resumed) of every attempt of a continuation (since 1.9, §4): the transcript begins with the first messages messages of run from's, which are not published again (its snapshot holds them, §2)."
+	g.setProp(tr, "TranscriptRestored", "type", &jsonschema.Schema{Type: "string", Const: bus.EventTranscriptRestored})
+	g.prop(tr, "TranscriptRestored", "from").Pattern = tokenPattern
+	g.prop(tr, "TranscriptRestored", "messages").Minimum = minimum(0)
+	g.prop(tr, "TranscriptRestored", "bytes").Minimum = minimum(0)
+	g.prop(tr, "TranscriptRestored", "bytes").Description = "The size of those messages as a JSON array."
+	rename(defs, "TranscriptRestored", "TranscriptRestoredEvent")
+
+	rp := g.def(defs, "RunParked")
+	rp.Description = "The attempt parked the run (since 1.9, §13): its request was acknowledged and nothing of it is on a worker; an answer or an abort wakes it (a new attempt, run_started). Readers that do not know it skip it."
+	g.setProp(rp, "RunParked", "type", &jsonschema.Schema{Type: "string", Const: bus.EventRunParked})
+	g.prop(rp, "RunParked", "attempt").Minimum = minimum(1)
+	rename(defs, "RunParked", "RunParkedEvent")
 
 	mw := g.def(defs, "ModelWait")
 	mw.Description = "A model call waited (shared rate limits, or the tenant's next budget period), published once it proceeds (since 1.2)."
@@ -427,7 +444,7 @@ func (g *gen) events() *jsonschema.Schema {
 		{"ToolExecutionEndEvent", string(agent.EventToolExecutionEnd), "", []string{"toolCallId!", "toolName!", "result!", "isError!"}},
 	})
 
-	all := append([]string{"RunStartedEvent", "RunResumedEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
+	all := append([]string{"RunStartedEvent", "RunResumedEvent", "TranscriptRestoredEvent", "RunParkedEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
 	defs["Event"] = oneOfRefs(append(all, agentEvents...)...)
 	defs["Event"].Description = "The event, by its type."
 	env.Definitions = defs

@@ -89,7 +89,7 @@ func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
 		t.Fatalf("off slot %d, slots taken %d; want a off its slot, b and c on theirs", w.OffSlot(), len(w.slots))
 	}
 	// a's call is answered and ends: its place goes to b, the first queued.
-	a.leaveWait(context.Background(), false)
+	a.leaveWait(context.Background(), bus.WaitingApproval, false)
 	a.unclaimWaitPlace()
 	if !b.wait.offSlot || c.wait.offSlot || w.OffSlot() != 1 || len(w.slots) != 2 || w.places.held != 1 {
 		t.Fatalf("after a place freed: b off %v, c off %v, off slot %d, slots taken %d, places %d; want b off its slot",
@@ -101,9 +101,9 @@ func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
 	}
 	// c's wait ends first (answered on its slot): it leaves the queue,
 	// and b's place, once free, goes back to the pool.
-	c.leaveWait(context.Background(), false)
+	c.leaveWait(context.Background(), bus.WaitingApproval, false)
 	c.unclaimWaitPlace()
-	b.leaveWait(context.Background(), false)
+	b.leaveWait(context.Background(), bus.WaitingApproval, false)
 	b.unclaimWaitPlace()
 	if w.places.held != 0 || len(w.places.queue) != 0 || w.OffSlot() != 0 || len(w.slots) != 3 {
 		t.Fatalf("at the end: places %d, queued %d, off slot %d, slots taken %d", w.places.held, len(w.places.queue), w.OffSlot(), len(w.slots))

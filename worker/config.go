@@ -59,6 +59,11 @@ type Config struct {
 	// something else (a budget) keeps its slot. Negative: waiting runs
 	// keep their slots and gated calls are never refused.
 	MaxWaiting int
+	// ParkAfter parks a run that has waited this long for approvals with
+	// nothing of it running (worker/park.go): its request is acknowledged
+	// and nothing of it stays on the worker until an answer or an abort
+	// wakes it. Default 30s; negative: never park.
+	ParkAfter time.Duration
 	// MaxApprovalTimeout is the operator's ceiling of a gated call's wait:
 	// a longer approval.timeoutSeconds (or default) is lowered to it.
 	// Default MaxRunTimeout; zero with no MaxRunTimeout: the protocol's
@@ -119,6 +124,16 @@ type Config struct {
 	// messages, as sent to the model); past it the run fails with reason
 	// transcript_too_large. Default 32 MiB.
 	MaxTranscriptBytes int
+	// LoadBudget bounds the bytes of snapshots (continueFrom) the runs of
+	// this worker hold at once: a continuation whose snapshot does not fit
+	// what is free waits for it without a slot; one larger than the whole
+	// budget fails with reason transcript_too_large. Default 128 MiB (four
+	// transcripts at --max-transcript-bytes): a loaded transcript costs
+	// its JSON's size in heap while its run lives and as much again in
+	// garbage (GOGC=100), and its run writes it back whole at its end, so
+	// 128 MiB peaks near 300 MiB (issue 54's bench), well inside
+	// deploy/k8s's 1 GiB.
+	LoadBudget int64
 	// NoFaux refuses requests that script the faux model or name a faux
 	// model (bad request naming --allow-faux): a submitter must not
 	// script the "model" on a fleet with a real endpoint. The demo model
@@ -297,6 +312,9 @@ func (c *Config) defaults() {
 	if c.MaxWaiting == 0 {
 		c.MaxWaiting = 1_000
 	}
+	if c.ParkAfter == 0 {
+		c.ParkAfter = 30 * time.Second
+	}
 	if c.MaxApprovalTimeout <= 0 {
 		c.MaxApprovalTimeout = c.MaxRunTimeout
 	}
@@ -338,6 +356,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxTranscriptBytes <= 0 {
 		c.MaxTranscriptBytes = 32 << 20
+	}
+	if c.LoadBudget <= 0 {
+		c.LoadBudget = 128 << 20
 	}
 	if c.DefaultModel == "" {
 		c.DefaultModel = "faux/demo"

@@ -108,6 +108,9 @@ func (r *run) finish(e ending) error {
 		return r.notStored(ctx, e.settle, "events not stored", err)
 	}
 	if e.record != nil {
+		// Before the final record: a continuation that finds the run
+		// finished finds its snapshot (continuation.go).
+		r.writeSnapshot(ctx)
 		start := time.Now()
 		err := r.lease.WriteFinal(ctx, e.record)
 		r.traceStep(runtrace.SpanRecord, start, err)
@@ -318,7 +321,11 @@ func (r *run) reusedID(rec *bus.RunRecord) {
 
 // badRequest fails a request that cannot run.
 func (r *run) badRequest(err error) {
-	r.refuseAtPickup(bus.ReasonBadRequest, clipString(err.Error(), bus.MaxErrorBytes))
+	reason := bus.ReasonBadRequest
+	if r.refusal != "" {
+		reason = r.refusal // transcript_too_large (continuation.go)
+	}
+	r.refuseAtPickup(reason, clipString(err.Error(), bus.MaxErrorBytes))
 }
 
 // refuseAtPickup fails a request before it runs, as failed/reason (a bad
@@ -453,7 +460,7 @@ func (r *run) finishGaveUp(ctx context.Context, prev *bus.RunRecord, request []b
 	}
 	rc := workerproto.Recover(envs, time.Now().UnixMilli())
 	resumed := bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: len(rc.Messages)}
-	cut, usage := r.gaveUpUsage(ctx, rc, request)
+	cut, usage := r.gaveUpUsage(ctx, rc, request, restoredByReference(envs))
 	if cut != (agent.Usage{}) {
 		resumed.CutOffUsage = &cut
 	}

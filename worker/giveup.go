@@ -242,8 +242,8 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 // transcript it continues); if that cannot be read, no message of the
 // view counts as the run's, and only the cut-off usage earlier resumes
 // carried does.
-func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request []byte) (cut, usage agent.Usage) {
-	promptLen, ok := r.requestPromptLen(ctx, request)
+func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request []byte, byRef bool) (cut, usage agent.Usage) {
+	promptLen, ok := r.requestPromptLen(ctx, request, byRef)
 	if !ok {
 		promptLen = len(rc.Messages) + len(rc.DroppedMessages)
 	}
@@ -259,9 +259,10 @@ func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request
 
 // requestPromptLen is how many messages a run's request put before its
 // first model call, as the pickup counts them (plan): the transcript it
-// continues, its messages, its prompt. ok is false when the request, or
-// the transcript it continues, cannot be read.
-func (r *run) requestPromptLen(ctx context.Context, request []byte) (n int, ok bool) {
+// continues (unless byRef: since 1.9 it is not in the run's events), its
+// messages, its prompt. ok is false when the request, or the transcript it
+// continues, cannot be read.
+func (r *run) requestPromptLen(ctx context.Context, request []byte, byRef bool) (n int, ok bool) {
 	var req struct {
 		Prompt       string            `json:"prompt"`
 		Messages     []json.RawMessage `json:"messages"`
@@ -275,14 +276,14 @@ func (r *run) requestPromptLen(ctx context.Context, request []byte) (n int, ok b
 	if req.Prompt != "" {
 		n++
 	}
-	if req.ContinueFrom != "" && bus.ValidID(req.ContinueFrom) && req.ContinueFrom != r.id {
-		prior, err := r.loadPrior(ctx, req.ContinueFrom)
+	if !byRef && req.ContinueFrom != "" && bus.ValidID(req.ContinueFrom) && req.ContinueFrom != r.id {
+		prior, err := r.priorLen(ctx, req.ContinueFrom)
 		if err != nil {
 			r.log.Warn("give-up: cannot read the transcript the run continues; the restored messages' usage is left out of the run's",
 				"continueFrom", req.ContinueFrom, "err", err)
 			return 0, false
 		}
-		n += len(prior)
+		n += prior // published as the run's events before 1.9
 	}
 	return n, true
 }

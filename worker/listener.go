@@ -25,7 +25,7 @@ type listener struct {
 	toolSeqs         []uint64
 	lastAssistantSeq uint64
 	// transcriptBytes is the size of the messages this attempt put into
-	// the transcript (their message_end events).
+	// the transcript (their message_end events), and those it continues.
 	transcriptBytes int
 }
 

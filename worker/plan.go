@@ -7,8 +7,6 @@ import (
 	"iter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/llm/faux"
@@ -76,6 +74,8 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	}
 	problems = append(problems, r.resolveTools(ctx)...) // worker/toolsources.go
 	if req.ContinueFrom != "" && bus.ValidID(req.ContinueFrom) && req.ContinueFrom != r.id {
+		// The prior messages start the agent's transcript; they are not
+		// the run's prompt and are not published (continuation.go).
 		prior, err := r.loadPrior(ctx, req.ContinueFrom)
 		var bad *bus.RequestError
 		switch {
@@ -84,7 +84,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 		case err != nil:
 			return problems, err
 		}
-		r.prompt = append(r.prompt, prior...)
+		r.prior = prior
 	}
 	if len(problems) > 0 {
 		return problems, nil
@@ -203,6 +203,9 @@ func (r *run) newAgent() *agent.Agent {
 		MaxTokens:           r.outputReserve(req.MaxTokens), // every call asks for its reserve (budget.go)
 	})
 	l := &listener{r: r}
+	if r.prior != nil {
+		l.transcriptBytes = int(r.prior.bytes) // the bound is the whole transcript's
+	}
 	a.Subscribe(l.onEvent)
 	return a
 }
@@ -212,47 +215,4 @@ func (r *run) newAgent() *agent.Agent {
 func (r *run) shouldStop(_ context.Context, tc *agent.TurnContext) (bool, error) {
 	wantsMore := len(tc.Message.ToolCalls()) > 0 || r.agent.HasQueuedMessages()
 	return wantsMore && (r.tally.OverLimit(r.limits) || r.overCostNext(tc)), nil
-}
-
-// loadPrior loads the transcript of a finished run (continueFrom).
-func (r *run) loadPrior(ctx context.Context, id string) ([]agent.Message, error) {
-	rec, err := r.w.getRecord(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, bus.BadRequest("continueFrom: run %s not found", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("continueFrom: %w", err)
-	}
-	if !rec.Finished() {
-		return nil, bus.BadRequest("continueFrom: run %s has not finished (it is %s)", id, rec.State)
-	}
-	// Queues are the unit of permission (subject permissions): a run may
-	// only read the transcript of a run of its own queue.
-	if rec.Queue != r.queue {
-		return nil, bus.BadRequest("continueFrom: run %s is on queue %q, this run is on queue %q; a run may only continue a run of its own queue",
-			id, clipString(rec.Queue, 64), r.queue)
-	}
-	// What is stored now, without waiting for more: the record says the
-	// run finished, so its events must end with run_finished.
-	envs, err := r.w.reads.Read(ctx, id, 0)
-	if err != nil {
-		return nil, fmt.Errorf("continueFrom: loading the events of run %s: %w", id, err)
-	}
-	t := &bus.Transcript{Run: id}
-	for _, e := range envs {
-		_ = t.Apply(e)
-	}
-	if !t.Done() {
-		return nil, bus.BadRequest("continueFrom: the events of run %s do not end with run_finished", id)
-	}
-	// A run of a worker before 1.8 may have taken system text in its
-	// messages; the model would get it as system text here too. Refused,
-	// as in messages: nothing of the conversation is dropped unsaid.
-	for i := range t.Messages {
-		if role := t.Messages[i].Role; role == agent.RoleSystem || role == agent.RoleDeveloper {
-			return nil, bus.BadRequest(`continueFrom: run %s has a message with role %q (message %d of its transcript, from a worker before 1.8): system text goes in "systemPrompt", and such a run cannot be continued`,
-				id, role, i)
-		}
-	}
-	return t.Messages, nil
 }

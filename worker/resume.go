@@ -52,10 +52,22 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 		return false, errAlreadyFinished
 	}
 	msgs := rc.Messages
-	if len(msgs) < len(r.prompt) {
+	// A continuation's prior messages are not in the events (1.9), unless
+	// an earlier attempt of an older worker published them (continuation.go).
+	var base []agent.Message
+	promptLen := len(r.prompt)
+	if p := r.prior; p != nil {
+		if restoredByReference(envs) || len(msgs) == 0 {
+			base = p.msgs
+		} else {
+			p.inEvents = true
+			promptLen += len(p.msgs)
+		}
+	}
+	if len(msgs) < promptLen {
 		msgs = nil // the prompt itself was cut short: start over
 	}
-	cut := cutOffUsage(rc, len(r.prompt))
+	cut := cutOffUsage(rc, promptLen)
 	resumed := bus.RunResumed{Type: bus.EventRunResumed, Attempt: r.attempt, MessagesRestored: len(msgs)}
 	if cut != (agent.Usage{}) {
 		resumed.CutOffUsage = &cut
@@ -70,7 +82,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 		r.log.Info("resume: nothing to restore; starting over", "eventsRead", len(envs))
 		return false, nil
 	}
-	all := append([]agent.Message(nil), msgs...)
+	all := append(append(make([]agent.Message, 0, len(base)+len(msgs)+len(rc.Synthetic)), base...), msgs...)
 	for i := range rc.Synthetic {
 		m := rc.Synthetic[i]
 		for _, typ := range []agent.EventType{agent.EventMessageStart, agent.EventMessageEnd} {
@@ -89,7 +101,7 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
 	r.gate.calls.restoreResolved(rc.Resolved)
-	turns := r.tally.Restore(msgs[len(r.prompt):])
+	turns := r.tally.Restore(msgs[promptLen:])
 	if r.fauxSkip != nil {
 		r.fauxSkip(turns)
 	}

@@ -87,6 +87,13 @@ type run struct {
 	// waitHandedBack: a wait ended because the worker is draining; the
 	// run is handed back without publishing more.
 	waitHandedBack atomic.Bool
+	// parking: the park timer ended the run's waits (worker/park.go);
+	// parkSignal ends when it fires (parkNow).
+	parking    atomic.Bool
+	parkSignal context.Context
+	parkNow    context.CancelFunc
+	// wokenFrom is the park this attempt's request woke (its parked.seq).
+	wokenFrom uint64
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
@@ -108,8 +115,14 @@ type runPlan struct {
 	toolList   []string
 	notice     string
 	prompt     []agent.Message
-	fauxSkip   func(turns int) // a faux script skips the turns a resume restored
-	tenant     tenancy         // tenant.go
+	// prior is the transcript the run continues (continuation.go); nil
+	// without continueFrom. loadHeld is the load budget it holds.
+	prior    *priorTranscript
+	loadHeld int64
+	// refusal is the reason of a bad request other than bad_request.
+	refusal  string
+	fauxSkip func(turns int) // a faux script skips the turns a resume restored
+	tenant   tenancy         // tenant.go
 }
 
 func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedAt time.Time) *run {
@@ -119,6 +132,7 @@ func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedA
 	r.log = w.log.With("run", id, "queue", queue, "attempt", r.attempt)
 	r.lease = lease.New(w.leases, id, r.attempt, reqSeq, r.leaseLost)
 	r.ctl = newControls(r)
+	r.parkSignal, r.parkNow = context.WithCancel(context.Background())
 	return r
 }
 
@@ -138,6 +152,12 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if md, err := m.Metadata(); err == nil {
 		attempt, reqSeq, submittedAt = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
+	// A wake of a parked run (worker/park.go) goes on counting attempts
+	// from the one that parked, if the run's record confirms it.
+	woken, take := w.takeWake(m, acks, beat.stop, runID, reqSeq)
+	if !take {
+		return
+	}
 	// A requeued request (giveup.go) goes on counting attempts from the
 	// one it replaced, if the run's record confirms the requeue.
 	requeue, err := w.confirmRequeue(m.Headers(), runID, reqSeq)
@@ -150,13 +170,20 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	if requeue != nil {
 		attempt += requeue.AttemptBase
 	}
+	if woken.OK {
+		attempt += woken.Base
+	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
+	if woken.OK {
+		r.wokenFrom, r.lease.WokenFrom = woken.From, woken.From
+	}
 	if requeue != nil {
 		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
 	}
 	r.msg, r.request, r.pickupBeat = acks, m, beat
 	r.slot = slot
 	r.execute()
+	r.releaseLoad()
 	r.pickupBeat.stop() // the run did not start (acquire stops it otherwise)
 }
 
@@ -316,6 +343,7 @@ func (r *run) execute() {
 		return
 	}
 	defer r.release()
+	r.forgetParked() // worker/park.go
 	runErr, finished := r.drive(ctx)
 	r.conclude(runErr, finished, timeout)
 }
@@ -351,6 +379,10 @@ func (r *run) pickup() bool {
 		}
 		if r.lease.RequeuedFrom != 0 && rec.RequestSeq == r.lease.RequeuedFrom && !rec.SubmittedAt.IsZero() {
 			r.submittedAt = rec.SubmittedAt // the run's, not the requeue's
+		}
+		if r.wokenFrom != 0 && !rec.SubmittedAt.IsZero() {
+			// The run's: answers stored before the wake are its own.
+			r.submittedAt = rec.SubmittedAt
 		}
 	}
 	r.prev = rec
@@ -437,6 +469,9 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 			r.publishFailed(fmt.Errorf("resume: %w", err))
 		}
 	}
+	// Before anything may stop the run: its snapshot at the end holds the
+	// continued messages even when it never calls the model.
+	r.restorePrior(restored) // continuation.go
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
 	if r.tally.Stopping() {
 		return nil, false
@@ -501,6 +536,8 @@ func (r *run) mustNotFinish(timedOut bool) bool {
 		}
 	}
 	switch {
+	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut && r.parks():
+		r.parkWaiting() // worker/park.go
 	case r.waitHandedBack.Load() && !r.lease.Lost() && !r.tally.Aborted() && !timedOut:
 		r.handBackWaiting()
 	case r.lease.Lost():

@@ -176,6 +176,14 @@ type waitState struct {
 	// now is what the record shows (nil: not waiting); read by the
 	// heartbeat without mu, which a wait's end holds while it takes a slot.
 	now atomic.Pointer[waitInfo]
+	// other counts the waits in progress that are not approvals' (a
+	// budget's): a run with one never parks (worker/park.go).
+	other int
+	// The park timer, armed while the run is off its slot (park.go);
+	// parkGen tells a timer that fires late from the one armed now.
+	parkArmed bool
+	parkGen   uint64
+	parkTimer *time.Timer
 }
 
 type waitInfo struct {
@@ -194,12 +202,22 @@ func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wai
 	r.enterWait(what, since)
 	wctx, cancel := context.WithCancel(ctx)
 	stopDrain := context.AfterFunc(r.w.drainCtx(), cancel)
+	// A park ends an approval's wait as a drain does (worker/park.go);
+	// other waits never park. A wait that got its answer as the park
+	// fired returns nil and is not parked: an answer the wait took is
+	// applied, so none is taken and lost.
+	parkSignal := r.parkSignal
+	if parkSignal == nil || what != bus.WaitingApproval {
+		parkSignal = context.Background() // a run not from newRun (tests)
+	}
+	stopPark := context.AfterFunc(parkSignal, cancel)
 	wctx, endSpan := r.traceWait(wctx, what, since) // trace.go
 	err := wait(wctx)
-	drained := !stopDrain() && ctx.Err() == nil
+	parked := !stopPark() && err != nil
+	drained := (!stopDrain() || parked) && ctx.Err() == nil
 	cancel()
 	endSpan(err, drained)
-	r.leaveWait(ctx, drained)
+	r.leaveWait(ctx, what, drained)
 	if drained {
 		return errWaitHandedBack
 	}
@@ -211,6 +229,10 @@ func (r *run) enterWait(what string, since time.Time) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.n++
+	if what != bus.WaitingApproval {
+		ws.other++
+		r.disarmParkLocked()
+	}
 	if ws.n > 1 {
 		r.leaveSlotLocked()
 		return
@@ -246,6 +268,7 @@ func (r *run) leaveSlotLocked() {
 	w.places.mu.Unlock()
 	ws.offSlot = true
 	r.slot.release()
+	r.armParkLocked() // park.go
 }
 
 // takePlaceLocked takes one of the worker's MaxWaiting places for the
@@ -375,15 +398,19 @@ func (r *run) toolBusy(d int) {
 // leaveWait ends a wait. A wait ended by the drain (handedBack) stays on
 // the record and keeps the clock paused: the attempt ends, and the next
 // one takes the wait over from the record.
-func (r *run) leaveWait(ctx context.Context, handedBack bool) {
+func (r *run) leaveWait(ctx context.Context, what string, handedBack bool) {
 	ws := &r.wait
 	var next *run
 	defer func() { handPlace(next) }() // after the unlock (deferred below)
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.n--
+	if what != bus.WaitingApproval {
+		ws.other--
+	}
 	w := r.w
 	if ws.offSlot {
+		r.disarmParkLocked()
 		// The call runs now: it needs a slot, even while other calls of
 		// the run still wait. This blocks until one is free; the run's
 		// stop (ctx) lets it finish without one. A handed-back run ends.
@@ -448,6 +475,9 @@ func (r *run) handBackWhileWaiting() {
 	r.wait.handBack.Do(func() {
 		r.awaitToolsIdle(r.w.hardCtx)
 		r.waitHandedBack.Store(true)
+		if r.parks() {
+			r.announcePark() // park.go
+		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 5*time.Second)
 		_ = r.pub.Sync(ctx)
 		cancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/budget"
@@ -23,6 +24,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/park"
 	"github.com/agentfleet/agentfleet/worker/internal/peers"
 )
 
@@ -47,7 +49,8 @@ type Worker struct {
 	defaultModel bus.ModelRef
 
 	slots chan struct{}
-	reads *eventread.Reads // this worker's reads of stored events
+	reads *eventread.Reads    // this worker's reads of stored events
+	loads *semaphore.Weighted // Config.LoadBudget (continuation.go)
 	// queueSlots caps a queue's runs in flight (QueueConcurrency); a
 	// queue without an entry has only the shared slots.
 	queueSlots map[string]chan struct{}
@@ -57,6 +60,7 @@ type Worker struct {
 	runsStream    jetstream.Stream
 	kv            jetstream.KeyValue
 	leases        *lease.Env // the runs' leases on their records, from Run on
+	parking       *park.Env  // parking and waking (worker/park.go); nil: no AGENTS_PARKED
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
 	hardCtx    context.Context
@@ -136,6 +140,7 @@ func New(cfg Config) (*Worker, error) {
 		defaultModel:  def,
 		slots:         make(chan struct{}, cfg.Concurrency),
 		reads:         eventread.New(cfg.Client.ReadEvents),
+		loads:         semaphore.NewWeighted(cfg.LoadBudget),
 		runs:          map[string]*run{},
 		cover:         intake.NewControlCoverage(),
 		coverageAudit: 5 * time.Second,
@@ -244,6 +249,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.runsStream, err = w.c.JetStream().Stream(setup, w.names.RunsStream()); err != nil {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
+	w.openParking(setup)            // worker/park.go
 	w.warnStreamSettings(consumers) // worker/orphans.go
 	stopServices, err := startServices(setup, w.services(consumers))
 	if err != nil {

@@ -665,7 +665,10 @@ func TestDemoModelAndContinueFrom(t *testing.T) {
 	}
 	second := f.Submit("", &bus.RunRequest{Prompt: "and again", ContinueFrom: first, Model: fleettest.FauxModel(), Faux: fleettest.Texts("second answer")})
 	tr := transcriptOf(t, f.Follow(second))
-	if got := roles(tr.Messages); !strings.HasPrefix(got, "user:hello demo | assistant:Hello from") || !strings.HasSuffix(got, "user:and again | assistant:second answer") {
-		t.Fatalf("continued transcript %s", got)
+	if got := roles(tr.Messages); got != "user:and again | assistant:second answer" || tr.Restored == nil || tr.Restored.From != first {
+		t.Fatalf("continued transcript %s, restored %+v", got, tr.Restored)
+	}
+	if got, _ := snapshotRoles(t, f, second); !strings.HasPrefix(got, "user:hello demo | assistant:Hello from") || !strings.HasSuffix(got, "user:and again | assistant:second answer") {
+		t.Fatalf("continued transcript's snapshot %s", got)
 	}
 }

@@ -39,7 +39,9 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs := newFlagSet(e, "bench", "submit bench [--runs N] [--concurrency C] [--rate R] [--deltas D] [--tools T] [--model M] [--json]")
 	var cf conn
 	var bf benchFlags
+	var cb continueBenchFlags
 	cf.register(fs.FlagSet, e)
+	cb.register(fs.FlagSet) // bench_continue.go
 	fs.IntVar(&bf.runs, "runs", 1000, "runs to submit")
 	fs.IntVar(&bf.concurrency, "concurrency", 64, "runs in flight at most (0: unbounded, with --rate)")
 	fs.Float64Var(&bf.rate, "rate", 0, "runs per second offered (0: as fast as the concurrency allows)")
@@ -118,6 +120,9 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	scancel()
 	if err != nil {
 		return fail(e, fleetError(c, err))
+	}
+	if cb.bytes != "" {
+		return continueBench(ctx, e, c, &bf, &cb) // bench_continue.go
 	}
 	if bf.approvals {
 		return runApprovalsBench(ctx, e, c, &bf) // bench_approvals.go

@@ -34,7 +34,7 @@ import (
 // registerApprovalsBench adds the mode's flags.
 func registerApprovalsBench(fs *flag.FlagSet, bf *benchFlags) {
 	fs.BoolVar(&bf.approvals, "approvals", false, "approvals mode: --runs faux runs whose calculator call waits for approval, then all approved at once; reports answer stored -> tool_approval_resolved latency and the worker's RSS idle and while they wait (a worker serving --queue must allow faux; its --max-waiting bounds the runs that wait)")
-	fs.StringVar(&bf.workerMetrics, "worker-metrics", "", "approvals mode: the worker's /metrics URL (e.g. http://127.0.0.1:9464/metrics) to sample its RSS from; empty: RSS not measured")
+	fs.StringVar(&bf.workerMetrics, "worker-metrics", "", "approvals and continuation modes: the worker's /metrics URL (e.g. http://127.0.0.1:9464/metrics) to sample its RSS from; empty: RSS not measured (continuation mode: that example address)")
 }
 
 // approvalsBenchResult is the mode's --json.

@@ -815,6 +815,9 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 		return fail(e, fmt.Errorf("run %s has no run_finished", id))
 	}
 	st := style{on: e.color(cf.noColor)}
+	if transcript {
+		wholeContext(ctx, e, c, t)
+	}
 	switch {
 	case transcript && asJSON:
 		if code := writeJSON(e, orEmpty(t.Messages)); code != exitOK {
@@ -836,6 +839,25 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 		}
 	}
 	return statusCode(t.Finished.Status)
+}
+
+// wholeContext puts the messages a continuation restored by reference
+// (transcript_restored, since 1.9) before its own, from the continued run's
+// snapshot; without one it says what is left out.
+func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript) {
+	ref := t.Restored
+	if ref == nil || ref.Messages <= 0 {
+		return
+	}
+	prior, _, err := c.LoadSnapshot(ctx, ref.From, 0, 0)
+	if err == nil && len(prior) < ref.Messages {
+		err = fmt.Errorf("it has %d messages", len(prior))
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "continued from %s (%d messages), which are left out: %v\n", ref.From, ref.Messages, err)
+		return
+	}
+	t.Messages = append(prior[:ref.Messages:ref.Messages], t.Messages...)
 }
 
 // writeTranscript prints a run's messages, one block per message.

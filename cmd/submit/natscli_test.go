@@ -273,6 +273,18 @@ func TestProtocolDocNATSCLI(t *testing.T) {
 	sh(lines[1], nil, true, `"agents.submit.default.*"`)
 	sh(lines[2], nil, true, "io.nats.jetstream.api.v1.account_info_response")
 
+	// §2: a finished run's transcript snapshot (since 1.9).
+	snap := map[string]string{"r1": unique("doc-snap-")}
+	if _, err := c.SubmitRaw(ctx(t), "", snap["r1"], []byte(`{"prompt":"hi","model":"faux/x","faux":{"responses":[{"content":[{"type":"text","text":"hello"}]}]}}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, c, snap["r1"], bus.EventRunFinished, "")
+	lines, _ = block("nats object info agents_transcripts", 3)
+	sh(lines[0], nil, true, "agents_transcripts")
+	sh(lines[0], nil, true, "JetStream Stream: OBJ_agents_transcripts", "TTL: 7d0h0m0s")
+	sh(lines[1], snap, true, "Chunks: 1", "attempt: 1", "messages: 2", "run: "+snap["r1"])
+	sh(lines[2], snap, true, "\"user\"\n\"assistant\"")
+
 	// §3: a bad request lists an unknown field beside the other problems.
 	bad := unique("doc-bad-")
 	lines, want := block("agents.submit.default.r-bad", 2)

@@ -42,6 +42,9 @@ type renderer struct {
 	showPrompt bool
 	// live: a live status line may be drawn (a terminal).
 	live bool
+	// restoredFrom: the continued run already named (every attempt of a
+	// continuation names it again).
+	restoredFrom string
 
 	block   string // "text" or "thinking": the open streamed block
 	pending string // toolCallId whose line waits for its outcome
@@ -201,6 +204,11 @@ func (r *renderer) Render(env *bus.Envelope) error {
 		r.runStarted(env, ev.RunStarted)
 	case bus.EventRunResumed:
 		r.println(r.st.dim(fmt.Sprintf("↻ attempt %d resumes the run (%d messages restored)", ev.RunResumed.Attempt, ev.RunResumed.MessagesRestored)))
+	case bus.EventTranscriptRestored:
+		if tr := ev.Restored; tr.From != r.restoredFrom {
+			r.restoredFrom = tr.From
+			r.println(r.st.dim(fmt.Sprintf("continued from %s (%d messages)", tr.From, tr.Messages)))
+		}
 	case bus.EventRunFinished:
 		r.finished, r.approvals, r.sep = ev.RunFinished, nil, ""
 		r.println(closingLine(r.st, ev.RunFinished))

@@ -20,21 +20,21 @@ func TestBoundFlags(t *testing.T) {
 	var cfg worker.Config
 	applyBounds(o, &cfg)
 	if cfg.MaxRunEvents != 100_000 || cfg.MaxRunEventBytes != 256<<20 || cfg.MaxQueuedControls != 1024 ||
-		cfg.MaxQueuedControlBytes != 4<<20 || cfg.MaxTranscriptBytes != 32<<20 || cfg.MaxRunTimeout != 0 ||
+		cfg.MaxQueuedControlBytes != 4<<20 || cfg.MaxTranscriptBytes != 32<<20 || cfg.LoadBudget != 128<<20 || cfg.MaxRunTimeout != 0 ||
 		cfg.MaxTurns != 0 || len(cfg.QueueConcurrency) != 0 || cfg.NoFaux || cfg.MaxApprovalTimeout != 0 {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	t.Setenv("AGENTS_MAX_RUN_EVENT_BYTES", "1MiB")
 	t.Setenv("AGENTS_QUEUE_CONCURRENCY", "batch=2")
 	o, err = parse([]string{"--max-run-events", "500", "--max-turns", "10", "--max-run-timeout", "1h",
-		"--queue-concurrency", "chat=3,bulk=1", "--max-transcript-bytes", "8MiB", "--max-approval-timeout", "10m"}, &out)
+		"--queue-concurrency", "chat=3,bulk=1", "--max-transcript-bytes", "8MiB", "--max-approval-timeout", "10m", "--load-budget", "64MiB"}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg = worker.Config{}
 	applyBounds(o, &cfg)
 	if cfg.MaxRunEvents != 500 || cfg.MaxRunEventBytes != 1<<20 || cfg.MaxTurns != 10 || cfg.MaxRunTimeout != time.Hour ||
-		cfg.MaxTranscriptBytes != 8<<20 || cfg.QueueConcurrency["chat"] != 3 || cfg.QueueConcurrency["bulk"] != 1 || cfg.QueueConcurrency["batch"] != 0 ||
+		cfg.MaxTranscriptBytes != 8<<20 || cfg.LoadBudget != 64<<20 || cfg.QueueConcurrency["chat"] != 3 || cfg.QueueConcurrency["bulk"] != 1 || cfg.QueueConcurrency["batch"] != 0 ||
 		cfg.MaxApprovalTimeout != 10*time.Minute {
 		t.Fatalf("flags: %+v", cfg)
 	}

@@ -85,6 +85,7 @@ type options struct {
 	fetchBytes    byteSize
 	eventBatches  bool
 	maxWaiting    int
+	parkAfter     time.Duration
 	approveTools  string
 	replicas      int
 	drainTimeout  time.Duration
@@ -103,6 +104,7 @@ type options struct {
 	maxRunEventBytes                     byteSize
 	maxQueuedControls                    int
 	maxQueuedControlBytes, maxTranscript byteSize
+	loadBudget                           byteSize
 	maxRunTimeout, maxApprovalTimeout    time.Duration
 	maxTurns                             int
 	queueConcurrency                     listFlag
@@ -301,7 +303,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	o.maxQueuedControlBytes = environ.bytesDefault("AGENTS_MAX_QUEUED_CONTROL_BYTES", 4<<20)
 	fs.Var(&o.maxQueuedControlBytes, "max-queued-control-bytes", "bytes of steer/follow-up messages a run may have waiting for its agent (reason control_budget past it) [AGENTS_MAX_QUEUED_CONTROL_BYTES]")
 	o.maxTranscript = environ.bytesDefault("AGENTS_MAX_TRANSCRIPT_BYTES", 32<<20)
+	o.loadBudget = environ.bytesDefault("AGENTS_LOAD_BUDGET", 128<<20)
+	fs.Var(&o.loadBudget, "load-budget", "bytes of continued transcripts (continueFrom snapshots) this worker's runs hold at once; a continuation past what is free waits without a slot, one larger fails (reason transcript_too_large) [AGENTS_LOAD_BUDGET]")
 	fs.Var(&o.maxTranscript, "max-transcript-bytes", "size of a run's transcript (its messages as JSON); past it the run fails (reason transcript_too_large) [AGENTS_MAX_TRANSCRIPT_BYTES]")
+	fs.DurationVar(&o.parkAfter, "park-after", environ.duration("AGENTS_PARK_AFTER", 30*time.Second), "park a run that has waited this long for approvals with nothing of it running: its request is acknowledged and it leaves the worker until an answer or an abort wakes it on any worker; 0: never park [AGENTS_PARK_AFTER]")
 	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
 	fs.DurationVar(&o.maxApprovalTimeout, "max-approval-timeout", environ.duration("AGENTS_MAX_APPROVAL_TIMEOUT", 0), "ceiling of a gated tool call's wait for its answer: a longer approval.timeoutSeconds (or the default, 1 day) is lowered to it, as the request's expiresAt shows; 0: --max-run-timeout if set, else the protocol's 7 days [AGENTS_MAX_APPROVAL_TIMEOUT]")
 	fs.IntVar(&o.maxTurns, "max-turns", environ.int("AGENTS_MAX_TURNS", 0), "ceiling of a run's maxTurns: a request asking more is a bad request, the default is lowered to it; 0: the protocol's 1000 [AGENTS_MAX_TURNS]")
@@ -409,6 +414,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if o.fetchBytes < 1 {
 		return nil, errors.New("--fetch-bytes must be at least 1 (each pull loop still takes one request of the largest size)")
 	}
+	if o.parkAfter < 0 {
+		return nil, errors.New("--park-after must be 0 (never) or more")
+	}
 	if o.maxWaiting < -1 {
 		return nil, errors.New("--max-waiting must be -1 (never) or more")
 	}
@@ -429,6 +437,7 @@ func applyBounds(o *options, cfg *worker.Config) {
 	cfg.MaxQueuedControls = o.maxQueuedControls
 	cfg.MaxQueuedControlBytes = int(min(int64(o.maxQueuedControlBytes), 1<<40))
 	cfg.MaxTranscriptBytes = int(min(int64(o.maxTranscript), 1<<40))
+	cfg.LoadBudget = int64(o.loadBudget)
 	cfg.MaxRunTimeout = o.maxRunTimeout
 	cfg.MaxApprovalTimeout = o.maxApprovalTimeout
 	cfg.MaxTurns = o.maxTurns
@@ -582,6 +591,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.FetchBytes = int(min(int64(o.fetchBytes), 1<<40))
 	cfg.NoEventBatches = !o.eventBatches
 	cfg.MaxWaiting = o.maxWaiting
+	cfg.ParkAfter = o.parkAfter
+	if cfg.ParkAfter == 0 {
+		cfg.ParkAfter = -1 // 0 from the flag: never park
+	}
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = -1 // 0 from the flag: none off their slot
 	}

@@ -1,4 +1,4 @@
-import type { AssistantMessage, Event, Message, RunFinishedEvent, RunResumedEvent, RunStartedEvent, Envelope as WireEnvelope } from "../types/protocol.js";
+import type { AssistantMessage, Event, Message, RunFinishedEvent, RunResumedEvent, RunStartedEvent, TranscriptRestoredEvent, Envelope as WireEnvelope } from "../types/protocol.js";
 import type { GapError } from "./errors.js";
 
 /** The envelope's JSON text as received (formatEnvelope uses it). */
@@ -64,6 +64,8 @@ export declare class Transcript {
   messages: Message[];
   started: RunStartedEvent | null;
   resumed: RunResumedEvent | null;
+  /** transcript_restored (since 1.9): the run this one continues, whose first `messages` messages are not among `messages`; null without continueFrom. */
+  restored: TranscriptRestoredEvent | null;
   finished: RunFinishedEvent | null;
   attempt: number;
   lastSeq: number;

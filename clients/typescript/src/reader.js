@@ -271,6 +271,13 @@ export class Transcript {
     this.started = null;
     /** @type {any} */
     this.resumed = null;
+    /**
+     * transcript_restored (since 1.9): the run whose first `messages`
+     * messages this run continues; they are not among `messages` (the
+     * continued run's snapshot holds them). null without continueFrom.
+     * @type {any}
+     */
+    this.restored = null;
     /** @type {any} */
     this.finished = null;
     this.attempt = 0;
@@ -320,6 +327,9 @@ export class Transcript {
         if (ev.cutOffUsage) this.cutOffUsage = ev.cutOffUsage;
         break;
       }
+      case "transcript_restored":
+        this.restored = ev;
+        break;
       case "run_finished":
         this.finished = ev;
         this.partial = null;

@@ -111,6 +111,23 @@ test("Transcript: streaming, a resumed attempt, copies", () => {
   assert.equal(t.finished?.status, "succeeded");
 });
 
+test("Transcript: a continuation names what it restored (transcript_restored, 1.9); an unknown event is skipped", () => {
+  for (const type of ["transcript_restored", "transcript_restored_from_the_future"]) {
+    const t = new Transcript();
+    const user = { role: "user", content: [{ type: "text", text: "go on" }], timestamp: 1 };
+    for (const e of [
+      env(1, 1, { type: "run_started", continueFrom: "r0" }),
+      env(1, 2, { type, from: "r0", messages: 12, bytes: 4096 }),
+      env(1, 3, { type: "message_end", message: user }),
+      env(1, 4, { type: "run_finished", status: "succeeded" }),
+    ])
+      t.apply(e);
+    assert.deepEqual(t.messages, [user], type);
+    assert.equal(t.finished?.status, "succeeded");
+    assert.deepEqual(t.restored, type === "transcript_restored" ? { type, from: "r0", messages: 12, bytes: 4096 } : null, type);
+  }
+});
+
 test("pendingCalls: requested and not yet resolved, across attempts", () => {
   const req = (/** @type {string} */ id) => ({ type: "tool_approval_requested", toolCallId: id, toolName: "deploy", args: { to: id }, expiresAt: 99 });
   const envs = [env(1, 1, req("a")), env(1, 2, req("b")), env(1, 2, req("b")), env(2, 1, { type: "run_started" }), env(2, 2, { type: "tool_approval_resolved", toolCallId: "a", decision: "approve" })];
@@ -175,4 +192,33 @@ test("the --json line of envelopes a decoder reads otherwise than their text sug
   );
   assert.equal(formatEnvelope(decodeEnvelope('{"run":"r","event":{"type":"a"},"0":{"x":1}}', "r")), '{"run":"r","seq":0,"attempt":0,"worker":"","ts":0,"event":{"type":"a"}}');
   assert.equal(formatEnvelope(decodeEnvelope('{"run":"r","event":{"type":"a","args":{"x":1,"event":2}}}', "r")), '{"run":"r","seq":0,"attempt":0,"worker":"","ts":0,"event":{"type":"a","args":{"x":1,"event":2}}}');
+});
+
+// Protocol 1.9: a reader that knows nothing of run_parked skips it; the
+// woken attempt restores the transcript as after a crash.
+test("Transcript: a parked run woken on a later attempt", () => {
+  const t = new Transcript();
+  const user = { role: "user", content: [{ type: "text", text: "deploy" }], timestamp: 1 };
+  const call = { role: "assistant", content: [{ type: "toolCall", id: "c1", name: "deploy", arguments: {} }], stopReason: "toolUse", timestamp: 2 };
+  const result = { role: "toolResult", toolCallId: "c1", toolName: "deploy", content: [{ type: "text", text: "deployed" }], isError: false, timestamp: 3 };
+  const done = { role: "assistant", content: [{ type: "text", text: "done" }], stopReason: "stop", timestamp: 4 };
+  for (const e of [
+    env(1, 1, { type: "run_started" }),
+    env(1, 2, { type: "message_end", message: user }),
+    env(1, 3, { type: "message_end", message: call }),
+    env(1, 4, { type: "tool_approval_requested", toolCallId: "c1", toolName: "deploy", expiresAt: 9 }),
+    env(1, 5, { type: "run_parked", attempt: 1, waiting: { for: "approval" } }),
+    env(2, 1, { type: "run_started" }),
+    env(2, 2, { type: "run_resumed", attempt: 2, messagesRestored: 2 }),
+    env(2, 3, { type: "tool_approval_resolved", toolCallId: "c1", decision: "approve" }),
+    env(2, 4, { type: "message_end", message: result }),
+    env(2, 5, { type: "message_end", message: done }),
+    env(2, 6, { type: "run_finished", status: "succeeded" }),
+  ])
+    t.apply(e);
+  assert.deepEqual(
+    t.messages.map((m) => m.role),
+    ["user", "assistant", "toolResult", "assistant"],
+  );
+  assert.equal(t.finalText(), "done");
 });

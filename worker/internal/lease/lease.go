@@ -33,6 +33,10 @@ import (
 // marker naming the request the copy replaces (giveup.go). A request
 // whose own seq the marker names has been replaced and takes nothing.
 //
+// A request takes over a parked record only when it is a wake of that
+// park: a copy of the parked request naming the record's parked.seq
+// (worker/internal/park). The take clears parked, so one wake runs.
+//
 // A first delivery of a plain request (attempt 1, no requeue headers)
 // does not read the record at pickup: almost always there is none, and
 // the read is a round trip on every run's critical path. It takes the
@@ -101,6 +105,10 @@ type Hold struct {
 	// waiting run, worker/giveup.go): its record is this run's. Set
 	// before the first take.
 	RequeuedFrom uint64
+	// WokenFrom is the park (the record's parked.seq) this request wakes
+	// (worker/internal/park): the parked record is this run's. Set
+	// before the first take.
+	WokenFrom uint64
 	// Unread: the pickup did not read the record (see the top); cleared
 	// by the first take.
 	Unread bool
@@ -152,6 +160,9 @@ func (l *Hold) Classify(cur *bus.RunRecord) Outcome {
 // replaces reports whether this attempt's request is the requeued copy of
 // the request cur belongs to, as cur's requeue marker says.
 func (l *Hold) replaces(cur *bus.RunRecord) bool {
+	if l.WokenFrom != 0 && cur.Parked != nil && cur.Parked.Seq == l.WokenFrom {
+		return true
+	}
 	return l.RequeuedFrom != 0 && cur.RequestSeq == l.RequeuedFrom && cur.Requeue != nil && cur.Requeue.From == l.RequeuedFrom
 }
 

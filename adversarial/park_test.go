@@ -1,0 +1,83 @@
+//go:build adversarial
+
+package adversarial
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// Issue 54: a parked run is woken only by a worker's wake. A submitter
+// who may publish requests for any run id crafts a wake of another's
+// parked run: the wake headers naming its park (read from the record,
+// which submitters may read), another request body (no approval gate),
+// and the wake's Nats-Msg-Id, to take the run over with its own request
+// and to keep the honest wake out by the dedupe. It cannot read the kept
+// request, write it, or fire the run's timer. The forged wake is dropped
+// with no event; the run stays parked; the approver's answer still wakes
+// it, and the gated call runs once, approved.
+func TestParkedRunCannotBeWokenByASubmitter(t *testing.T) {
+	f := startFleet(t, &worker.Config{ParkAfter: 300 * time.Millisecond})
+	owner, attacker, approver := f.Connect(t, "submitter"), f.Connect(t, "submitter"), f.Connect(t, "approver")
+	req := fauxRun("parked-victim", "compute", calc("6*7"), fleettest.Text("done"))
+	req.Approval = &bus.Approval{Tools: []string{"calculator"}}
+	submit(t, owner, req)
+	ev := follow(t, approver, req.ID)
+	ev.wait(t, "run_parked", func(e *bus.Event) bool { return e.RunParked != nil })
+	rec := waitRecord(t, attacker, req.ID, func(r *bus.RunRecord) bool { return r.Parked != nil })
+	n := attacker.Names()
+
+	forged := fauxRun(req.ID, "compute", calc("6*7"), fleettest.Text("taken over"))
+	body, err := agent.MarshalJSON(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &nats.Msg{Subject: n.Submit(rec.Queue, req.ID), Data: body, Header: nats.Header{}}
+	seq := strconv.FormatUint(rec.Parked.Seq, 10)
+	m.Header.Set(bus.HeaderWokenFrom, seq)
+	m.Header.Set(bus.HeaderAttemptBase, strconv.Itoa(rec.Parked.Attempt))
+	m.Header.Set(jetstream.MsgIDHeader, req.ID+":wake:"+seq)
+	if _, err := attacker.JetStream().PublishMsg(ctx(t, 10*time.Second), m); err != nil {
+		t.Fatalf("the submitter may publish requests: %v", err)
+	}
+	// What only workers may do.
+	parked, err := attacker.JetStream().Stream(ctx(t, 2*time.Second), n.ParkedStream())
+	if err == nil {
+		if _, err = parked.GetMsg(ctx(t, 2*time.Second), rec.Parked.Seq); err == nil {
+			t.Error("a submitter read a parked run's kept request")
+		}
+	}
+	for _, subj := range []string{n.Parked(rec.Queue, req.ID), n.ParkTimerDue(req.ID)} {
+		if _, err := attacker.JetStream().Publish(ctx(t, 2*time.Second), subj, []byte(`{"attempt":1}`)); err == nil {
+			t.Errorf("a submitter published on %s", subj)
+		}
+	}
+	waitRunsEmpty(t, f, rec.Queue, 30*time.Second)
+	if cur := waitRecord(t, attacker, req.ID, func(*bus.RunRecord) bool { return true }); cur.Parked == nil || cur.Revision != rec.Revision {
+		t.Fatalf("after the forged wake the record is %+v (parked at revision %d)", cur, rec.Revision)
+	}
+	if !strings.Contains(f.WorkerLog.String(), "wake the run's record does not confirm") {
+		t.Errorf("the forged wake was not dropped as unconfirmed; worker log:\n%s", f.WorkerLog.String())
+	}
+
+	answer(t, approver, req.ID, "c1", bus.DecisionApprove, "alice")
+	if fin := ev.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, ev.summary())
+	}
+	if got := results(t, owner, req.ID)["c1"]; got != "42" {
+		t.Fatalf("the approved call's result %q; events %s", got, ev.summary())
+	}
+	if s := ev.summary(); strings.Count(s, "run_started") != 2 || strings.Contains(s, "taken over") {
+		t.Fatalf("events %s: want the parked attempt and one woken attempt, the owner's", s)
+	}
+}

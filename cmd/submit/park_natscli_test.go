@@ -1,0 +1,92 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// TestParkingDocNATSCLI runs docs/protocol.md's nats CLI walkthrough of a
+// parked run (§13, Parking) as written, on a worker process with
+// --park-after 1s serving its own queue (the block's "default" replaced by
+// it): the run parks, its record says so, its kept request is the one
+// submitted, and the answer wakes it to its end.
+func TestParkingDocNATSCLI(t *testing.T) {
+	t.Parallel()
+	path := natsCLIPath(t)
+	if _, err := exec.LookPath("jq"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no jq on the PATH: .ci/run installs it")
+		}
+		t.Skip("no jq on the PATH (apt-get install jq)")
+	}
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		if strings.Contains(m[1], "agents.parked.default.r4") {
+			for _, l := range strings.Split(m[1], "\n") {
+				if l = strings.TrimSpace(l); l != "" {
+					lines = append(lines, l)
+				}
+			}
+		}
+	}
+	if len(lines) != 5 {
+		t.Fatalf("the parking walkthrough has %d lines, want 5: %q", len(lines), lines)
+	}
+	queue, run := "docpark", "doc-park-"+bus.NewRunID()[:10]
+	stop, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil,
+		"--nats", fleet.url, "--queue", queue, "--park-after", "1s", "--worker-id", "doc-park")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	home := t.TempDir()
+	sh := func(line string, want ...string) {
+		t.Helper()
+		line = regexp.MustCompile(`\br4\b`).ReplaceAllString(line, run)
+		line = strings.ReplaceAll(line, ".default.", "."+queue+".")
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
+		cmd.Env = []string{"PATH=" + path, "HOME=" + home, "NATS_URL=" + fleet.url}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+		for _, w := range want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("%s: no %q in\n%s", line, w, out)
+			}
+		}
+	}
+	c := testClient(t)
+	sh(lines[0])
+	waitEvent(t, c, run, bus.EventRunParked, "")
+	// run_parked is stored before the record says parked.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		rec, err := c.Status(ctx(t), run)
+		if err == nil && rec.Parked != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record never parked: %v %+v", err, rec)
+		}
+	}
+	sh(lines[1], `{"state":"running","waiting":{"for":"approval"`, `"parked":{"at":"`, `"attempt":1}}`)
+	sh(lines[2], `"prompt":"compute"`)
+	sh(lines[3])
+	waitEvent(t, c, run, bus.EventRunFinished, "")
+	sh(lines[4], `"run_started"`, `"run_parked"`, `"tool_approval_resolved"`)
+}

@@ -1,0 +1,223 @@
+// Package park keeps what a parked run needs in NATS and wakes it: the
+// copy of its request in AGENTS_PARKED, the wake (a copy of that request
+// published into the work queue again), its confirmation at pickup, and
+// the wake consumer every worker pulls from.
+//
+// A parked run (protocol 1.9) is a waiting run whose request was
+// acknowledged: nothing of it is on a worker. Invariants, in the order of
+// the steps (the parking attempt's, worker/park.go, then the waker's):
+//
+//  1. Keep: the request's bytes and trace headers are copied to
+//     <prefix>.parked.<queue>.<run> (Nats-Msg-Id <run>:park:<attempt>:<seq>)
+//     before the record says parked, so a record that names a copy has it.
+//     The stream keeps the newest copy per run; a run parked again names
+//     its new copy (a new sequence: a new park).
+//  2. The record, written by the parking attempt with its lease's
+//     compare-and-set (a newer attempt makes it fail), keeps state running
+//     and its waiting, and gets parked {seq, attempt, at}. Only then is the
+//     request acknowledged: a crash before the ack redelivers it, and the
+//     redelivery resumes the run as any later attempt (its lease take
+//     clears parked).
+//  3. Wake: whoever sees an approve or an abort for a run whose record is
+//     parked (the wake consumer; the parking attempt itself for what came
+//     while it parked) publishes a copy of the kept request to the run's
+//     submit subject with Agentfleet-Woken-From: <parked.seq>,
+//     Agentfleet-Attempt-Base: <parked.attempt> and Nats-Msg-Id
+//     <run>:wake:<parked.seq>. The waker writes nothing: any number of
+//     wakes of one park are harmless (see 4), so the waker may publish,
+//     crash and publish again.
+//  4. Confirm (the pickup of a request with Agentfleet-Woken-From): it
+//     counts only while the record names the same parked.seq and its bytes
+//     are the kept copy's, or when the record is already this request's
+//     (a redelivery after the woken attempt took the lease). Then its
+//     attempt is the base plus its delivery count, and its lease take (a
+//     compare-and-set that clears parked) is the one wake of the park
+//     that runs: every other copy of it finds the record no longer
+//     parked, or another request's, and is dropped (acknowledged, no
+//     event). A submitter who may publish requests cannot forge a wake
+//     without the kept request's bytes, which only workers read.
+//  5. A wake copy squatted by another message under its Nats-Msg-Id (a
+//     submitter's, within the dedupe window) is published again without
+//     the id: the confirmation, not the dedupe, keeps the wake single.
+package park
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Env is what parking and waking need of the worker.
+type Env struct {
+	JS     jetstream.JetStream
+	Names  bus.Names
+	Runs   jetstream.Stream // AGENTS_RUNS
+	Parked jetstream.Stream // AGENTS_PARKED
+	// Read reads a run's record with its revision
+	// (jetstream.ErrKeyNotFound: none).
+	Read func(ctx context.Context, id string) (*bus.RunRecord, error)
+	Log  *slog.Logger
+}
+
+// traceHeaders are kept on the copies (the submitter's trace).
+var traceHeaders = []string{"traceparent", "tracestate"}
+
+// Keep stores the copy of request req of run id (step 1) and returns its
+// sequence in AGENTS_PARKED.
+func (e *Env) Keep(ctx context.Context, queue, id string, attempt int, req *jetstream.RawStreamMsg) (uint64, error) {
+	m := &nats.Msg{Subject: e.Names.Parked(queue, id), Data: req.Data, Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, id+":park:"+strconv.Itoa(attempt)+":"+strconv.FormatUint(req.Sequence, 10))
+	copyHeaders(m.Header, req.Header)
+	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.ParkedStream()))
+	if err != nil {
+		return 0, fmt.Errorf("keeping the parked request: %w", err)
+	}
+	return ack.Sequence, nil
+}
+
+// Wake publishes the wake of rec's park (step 3). A record not parked
+// wakes nothing.
+func (e *Env) Wake(ctx context.Context, rec *bus.RunRecord) error {
+	if rec == nil || rec.Parked == nil {
+		return nil
+	}
+	kept, err := e.Parked.GetMsg(ctx, rec.Parked.Seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// Gone (max age) or replaced by a newer park: the record moved
+		// on, or the run cannot be woken; the record says why.
+		e.Log.Warn("parked run's request copy is gone; cannot wake it", "run", rec.ID, "parkedSeq", rec.Parked.Seq)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the parked request: %w", err)
+	}
+	m := &nats.Msg{Subject: e.Names.Submit(rec.Queue, rec.ID), Data: kept.Data, Header: nats.Header{}}
+	copyHeaders(m.Header, kept.Header)
+	seq := strconv.FormatUint(rec.Parked.Seq, 10)
+	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":wake:"+seq)
+	m.Header.Set(bus.HeaderWokenFrom, seq)
+	m.Header.Set(bus.HeaderAttemptBase, strconv.Itoa(rec.Parked.Attempt))
+	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.RunsStream()))
+	if err != nil {
+		return fmt.Errorf("publishing the wake: %w", err)
+	}
+	if ack.Duplicate && !e.isWake(ctx, ack.Sequence, m) {
+		// Step 5: the id is taken by a message that is not this wake (or
+		// one that was dropped).
+		e.Log.Warn("wake: another message holds the wake's id; publishing the wake without it", "run", rec.ID)
+		m.Header.Del(jetstream.MsgIDHeader)
+		if _, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.RunsStream())); err != nil {
+			return fmt.Errorf("publishing the wake: %w", err)
+		}
+	}
+	return nil
+}
+
+// isWake reports whether the stored request seq is the wake m.
+func (e *Env) isWake(ctx context.Context, seq uint64, m *nats.Msg) bool {
+	got, err := e.Runs.GetMsg(ctx, seq)
+	return err == nil && got.Subject == m.Subject && bytes.Equal(got.Data, m.Data) &&
+		got.Header.Get(bus.HeaderWokenFrom) == m.Header.Get(bus.HeaderWokenFrom) &&
+		got.Header.Get(bus.HeaderAttemptBase) == m.Header.Get(bus.HeaderAttemptBase)
+}
+
+// Confirmation is what the pickup of a request learns of its wake header.
+type Confirmation struct {
+	Wake bool // the request carries Agentfleet-Woken-From
+	// OK: the record confirms it (step 4); Base is its attempt base and
+	// From the park it wakes. Not OK: drop the request.
+	OK   bool
+	Base int
+	From uint64
+}
+
+// Confirm checks a request of run id at stream sequence reqSeq with
+// headers h and body data (step 4). An error is a failed read: try again.
+func (e *Env) Confirm(ctx context.Context, id string, reqSeq uint64, h nats.Header, data []byte) (Confirmation, error) {
+	text := h.Get(bus.HeaderWokenFrom)
+	if text == "" {
+		return Confirmation{}, nil
+	}
+	c := Confirmation{Wake: true}
+	from, err1 := strconv.ParseUint(text, 10, 64)
+	base, err2 := strconv.Atoi(h.Get(bus.HeaderAttemptBase))
+	if err1 != nil || err2 != nil || from == 0 || base < 1 {
+		return c, nil
+	}
+	rec, err := e.Read(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return c, nil
+	}
+	if err != nil {
+		return c, err
+	}
+	switch {
+	case rec.RequestSeq == reqSeq && rec.Parked == nil && !rec.Finished():
+		// A redelivery: this wake took the lease already.
+	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished():
+		kept, err := e.Parked.GetMsg(ctx, from)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return c, nil
+		}
+		if err != nil {
+			return c, err
+		}
+		if !bytes.Equal(kept.Data, data) {
+			return c, nil
+		}
+	case rec.RequestSeq == reqSeq && rec.Finished():
+		// This wake ran to its end; only its ack was lost: the pickup
+		// acknowledges it as any finished request's.
+	default:
+		return c, nil
+	}
+	c.OK, c.Base, c.From = true, base, from
+	return c, nil
+}
+
+// Forget removes the kept copy of a woken park (best effort: the stream's
+// max age removes what a crash leaves).
+func (e *Env) Forget(ctx context.Context, seq uint64) {
+	if err := e.Parked.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		e.Log.Debug("cannot remove a woken run's parked request copy", "parkedSeq", seq, "err", err)
+	}
+}
+
+// AnswerAfter reports whether run id has an approve stored after
+// sequence approveAfter or an abort after abortAfter: what came while
+// its attempt parked, which the wake consumer may have seen before the
+// record said parked.
+func (e *Env) AnswerAfter(ctx context.Context, control jetstream.Stream, id string, approveAfter, abortAfter uint64) (bool, error) {
+	for _, q := range []struct {
+		kind  string
+		after uint64
+	}{{bus.KindApprove, approveAfter}, {bus.KindAbort, abortAfter}} {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := control.GetMsg(gctx, q.after+1, jetstream.WithGetMsgSubject(e.Names.Control(id, q.kind)))
+		cancel()
+		switch {
+		case err == nil:
+			return true, nil
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+func copyHeaders(dst, src nats.Header) {
+	for _, k := range traceHeaders {
+		if v := src.Get(k); v != "" {
+			dst.Set(k, v)
+		}
+	}
+}

@@ -1,0 +1,261 @@
+package park
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/natsembed"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type testFleet struct {
+	c   *bus.Client
+	env *Env
+	kv  jetstream.KeyValue
+	ctl jetstream.Stream
+}
+
+// newTestFleet is the fleet's streams on an embedded server, and a
+// worker's parking env on them.
+func newTestFleet(t *testing.T) *testFleet {
+	t.Helper()
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx := testCtx(t)
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	n := c.Names()
+	js := c.JetStream()
+	runs, err := js.Stream(ctx, n.RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	parked, err := js.Stream(ctx, n.ParkedStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := js.Stream(ctx, n.ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(ctx context.Context, id string) (*bus.RunRecord, error) {
+		e, err := kv.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return bus.DecodeRecord(e)
+	}
+	env := &Env{JS: js, Names: n, Runs: runs, Parked: parked, Read: read, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	return &testFleet{c: c, env: env, kv: kv, ctl: ctl}
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// park stores a request for run id, keeps it and writes a parked record,
+// as a parking attempt does; it returns the request and the record.
+func (f *testFleet) park(t *testing.T, id string, body []byte) (*jetstream.RawStreamMsg, *bus.RunRecord) {
+	t.Helper()
+	ctx := testCtx(t)
+	res, err := f.c.SubmitRaw(ctx, "default", id, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := f.env.Runs.GetMsg(ctx, res.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := f.env.Keep(ctx, "default", id, 1, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Acknowledged: gone from the work queue.
+	if err := f.env.Runs.DeleteMsg(ctx, res.Seq); err != nil {
+		t.Fatal(err)
+	}
+	rec := &bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, RequestSeq: res.Seq,
+		Waiting: &bus.Waiting{For: bus.WaitingApproval}, Parked: &bus.Parked{At: time.Now(), Seq: seq, Attempt: 1}}
+	data, err := agent.MarshalJSON(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Revision, err = f.kv.Create(ctx, id, data); err != nil {
+		t.Fatal(err)
+	}
+	return req, rec
+}
+
+// wakes returns the wake requests stored for run id.
+func (f *testFleet) wakes(t *testing.T, id string) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := testCtx(t)
+	var out []*jetstream.RawStreamMsg
+	for seq := uint64(1); ; {
+		m, err := f.env.Runs.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(f.env.Names.Submit("default", id)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+		seq = m.Sequence + 1
+	}
+}
+
+// A wake is a copy of the kept request with the park's headers; waking
+// twice stores one (the dedupe), and the record confirms it: attempt
+// base, the park; a copy with another body, or naming another park, is
+// not confirmed.
+func TestWakeIsConfirmedOnlyForItsPark(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	body := []byte(`{"prompt":"deploy"}`)
+	_, rec := f.park(t, "r1", body)
+	for range 2 {
+		if err := f.env.Wake(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wakes := f.wakes(t, "r1")
+	if len(wakes) != 1 || string(wakes[0].Data) != string(body) || wakes[0].Header.Get(bus.HeaderWokenFrom) != strconv.FormatUint(rec.Parked.Seq, 10) {
+		t.Fatalf("wakes %+v", wakes)
+	}
+	w := wakes[0]
+	c, err := f.env.Confirm(ctx, "r1", w.Sequence, w.Header, w.Data)
+	if err != nil || !c.OK || c.Base != 1 || c.From != rec.Parked.Seq {
+		t.Fatalf("confirm %+v %v", c, err)
+	}
+	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, w.Header, []byte(`{"prompt":"other"}`)); !c.Wake || c.OK {
+		t.Fatalf("another body confirmed: %+v", c)
+	}
+	h := nats.Header{}
+	h.Set(bus.HeaderWokenFrom, strconv.FormatUint(rec.Parked.Seq+7, 10))
+	h.Set(bus.HeaderAttemptBase, "1")
+	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, h, w.Data); c.OK {
+		t.Fatalf("another park confirmed: %+v", c)
+	}
+	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, nats.Header{}, w.Data); c.Wake {
+		t.Fatalf("a plain request taken for a wake: %+v", c)
+	}
+}
+
+// A message squatting the wake's Nats-Msg-Id does not keep the wake out.
+func TestWakeSquattedByItsIDIsPublishedAnyway(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	_, rec := f.park(t, "r2", []byte(`{"prompt":"deploy"}`))
+	m := &nats.Msg{Subject: f.env.Names.Submit("default", "r2"), Data: []byte(`{"prompt":"junk"}`), Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, "r2:wake:"+strconv.FormatUint(rec.Parked.Seq, 10))
+	if _, err := f.c.JetStream().PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Wake(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	confirmed := 0
+	for _, w := range f.wakes(t, "r2") {
+		if c, _ := f.env.Confirm(ctx, "r2", w.Sequence, w.Header, w.Data); c.OK {
+			confirmed++
+		}
+	}
+	if confirmed != 1 {
+		t.Fatalf("%d confirmed wakes, want 1", confirmed)
+	}
+}
+
+// An approve or abort stored after what the parking attempt took is found
+// (the parking attempt then wakes the run itself); none is not.
+func TestAnswerAfter(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	n := f.env.Names
+	pub := func(kind string) uint64 {
+		ack, err := f.c.JetStream().Publish(ctx, n.Control("r3", kind), []byte(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	steer := pub(bus.KindSteer)
+	if got, err := f.env.AnswerAfter(ctx, f.ctl, "r3", 0, 0); err != nil || got {
+		t.Fatalf("a steer counted as an answer: %v %v", got, err)
+	}
+	a := pub(bus.KindApprove)
+	if got, _ := f.env.AnswerAfter(ctx, f.ctl, "r3", a-1, steer); !got {
+		t.Fatal("an approve after the last taken not found")
+	}
+	if got, _ := f.env.AnswerAfter(ctx, f.ctl, "r3", a, steer); got {
+		t.Fatal("an approve already taken found")
+	}
+	ab := pub(bus.KindAbort)
+	if got, _ := f.env.AnswerAfter(ctx, f.ctl, "r3", a, ab-1); !got {
+		t.Fatal("an abort after the last taken not found")
+	}
+}
+
+// The wake consumer wakes a parked run for its answer, and nothing for a
+// run that is not parked.
+func TestWakeConsumerWakesParkedRuns(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	_, rec := f.park(t, "r4", []byte(`{"prompt":"deploy"}`))
+	cons, err := f.c.JetStream().Consumer(ctx, f.env.Names.ControlStream(), f.env.Names.WakeConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := f.env.Start(context.Background(), cons)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for _, id := range []string{"r4", "not-parked"} {
+		if _, err := f.c.Answer(ctx, id, bus.ApprovalAnswer{ToolCallID: "c1", Decision: bus.DecisionApprove}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.AckFloor.Stream >= 2 && info.NumAckPending == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the consumer's state is all there is to wait on
+	}
+	if w := f.wakes(t, "r4"); len(w) != 1 || w[0].Header.Get(bus.HeaderWokenFrom) != strconv.FormatUint(rec.Parked.Seq, 10) {
+		t.Fatalf("wakes of the parked run: %+v", w)
+	}
+	if w := f.wakes(t, "not-parked"); len(w) != 0 {
+		t.Fatalf("a run that is not parked was woken: %+v", w)
+	}
+}

@@ -1,0 +1,86 @@
+package park
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The wake consumer. Every approve and abort AGENTS_CONTROL stores passes
+// the durable consumer "wake" (bus.EnsureStreams), which every worker
+// pulls from: one worker gone, the others go on (no single point of
+// failure), and a message a worker took and did not ack (it died) comes
+// again after the consumer's AckWait. Each message: the run's record is
+// read; if it is parked, the wake is published (Wake: idempotent, see
+// invariant 3); then the message is acked. A run that is not parked is
+// left to its running attempt, which has the message by its own
+// subscription. The handling reads and writes NATS, so it runs on its
+// own goroutine, never in the NATS callback; the consumer's MaxAckPending
+// bounds how many run at once.
+
+// Start pulls from cons until the returned stop is called; stop waits for
+// the wakes in progress.
+func (e *Env) Start(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stopping := false
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		mu.Lock()
+		if stopping {
+			mu.Unlock()
+			_ = m.Nak()
+			return
+		}
+		wg.Add(1)
+		mu.Unlock()
+		go func() {
+			defer wg.Done()
+			e.handle(ctx, m)
+		}()
+	}, jetstream.PullMaxMessages(64), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if ctx.Err() == nil {
+			e.Log.Debug("wake consumer", "err", err)
+		}
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		mu.Lock()
+		stopping = true
+		mu.Unlock()
+		cc.Stop()
+		<-cc.Closed()
+		wg.Wait()
+	}, nil
+}
+
+func (e *Env) handle(ctx context.Context, m jetstream.Msg) {
+	id, _, err := e.Names.ParseControl(m.Subject())
+	if err != nil {
+		_ = m.Term()
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rec, err := e.Read(hctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		_ = m.Ack()
+		return
+	}
+	if err == nil {
+		err = e.Wake(hctx, rec)
+	}
+	if err != nil {
+		e.Log.Warn("wake failed; retrying", "run", id, "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if rec.Parked != nil {
+		e.Log.Info("parked run woken", "run", id, "parkedSeq", rec.Parked.Seq, "by", m.Subject())
+	}
+	_ = m.Ack()
+}

@@ -1,0 +1,287 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/park"
+)
+
+// Parking (protocol 1.9; the steps' invariants: worker/internal/park).
+//
+// A run parks when it has waited Config.ParkAfter off its slot with only
+// approvals (waiting.go: every wait of it an approval's, none of its tool
+// calls running, no model call: a run off its slot has none). Then:
+//
+//   - the park timer (armed when the run leaves its slot, disarmed when
+//     it takes one again or starts another kind of wait) ends the run's
+//     waits as a drain does (errWaitHandedBack): the calls stay pending
+//     in its events and its record, their answers unapplied;
+//   - handBackWhileWaiting publishes run_parked, stores every event
+//     (flush) and fences the publisher; execute then calls parkWaiting
+//     instead of handBackWaiting:
+//   - the heartbeat ends, the control owner stops (what it took is
+//     known: ctl.last), the request's copy is kept (park.Keep), the
+//     timer of its first approval's expiry is stored (park.Arm), the
+//     record gets parked with the lease's compare-and-set (lost: a newer
+//     attempt owns the run, nothing more is done), then the request is
+//     acknowledged (DoubleAck: a lost ack redelivers it, and the
+//     redelivery resumes the run);
+//   - an answer the wake consumer saw before the record said parked is
+//     not lost: once the record says parked, the attempt looks for an
+//     approve or abort stored after those its control owner took, or one
+//     it took that no call applied (the park cut its wait), and wakes the
+//     run itself if there is one;
+//   - the run's goroutine returns: its slot, place, agent and control
+//     state go as any ended attempt's.
+//
+// A failure before the record write hands the run back as a drain does
+// (Nak, counted as a waiting hand-back): the run is not parked and its
+// next delivery resumes it.
+
+// openParking opens AGENTS_PARKED; without it (EnsureStreams skipped on an
+// older fleet) runs never park.
+func (w *Worker) openParking(setup context.Context) {
+	if w.cfg.ParkAfter < 0 {
+		return
+	}
+	s, err := w.js.Stream(setup, w.names.ParkedStream())
+	if err != nil {
+		w.log.Warn("parking off: no parked-requests stream (create the streams with EnsureStreams)", "err", err)
+		return
+	}
+	w.parking = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+}
+
+// startWake pulls the wake consumer (worker/internal/park). Every worker
+// does, parking or not: a parked run is woken by any of them.
+func (w *Worker) startWake(setup context.Context) (func(), error) {
+	env := w.parking
+	if env == nil {
+		s, err := w.js.Stream(setup, w.names.ParkedStream())
+		if err != nil {
+			return func() {}, nil
+		}
+		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+	}
+	cons, err := w.js.Consumer(setup, w.names.ControlStream(), w.names.WakeConsumer())
+	if err != nil {
+		w.log.Warn("waking parked runs off: no wake consumer (create the streams with EnsureStreams)", "err", err)
+		return func() {}, nil
+	}
+	stop, err := env.Start(w.hardCtx, cons)
+	if err != nil {
+		w.log.Warn("waking parked runs off", "err", err)
+		return func() {}, nil
+	}
+	tcons, err := w.js.Consumer(setup, w.names.ParkedStream(), w.names.TimersConsumer())
+	if err != nil {
+		w.log.Warn("parked runs' timers off: no timers consumer (create the streams with EnsureStreams)", "err", err)
+		return stop, nil
+	}
+	stopTimers, err := env.StartTimers(w.hardCtx, tcons)
+	if err != nil {
+		w.log.Warn("parked runs' timers off", "err", err)
+		return stop, nil
+	}
+	return func() { stopTimers(); stop() }, nil
+}
+
+// armParkLocked starts the park timer of a run that just left its slot.
+// ws.mu is held.
+func (r *run) armParkLocked() {
+	ws := &r.wait
+	if r.w.parking == nil || r.w.cfg.ParkAfter <= 0 || ws.other > 0 || ws.parkArmed || r.parking.Load() {
+		return
+	}
+	ws.parkArmed = true
+	ws.parkGen++
+	gen := ws.parkGen
+	ws.parkTimer = time.AfterFunc(r.w.cfg.ParkAfter, func() { r.parkFired(gen) })
+}
+
+// disarmParkLocked stops the park timer. ws.mu is held.
+func (r *run) disarmParkLocked() {
+	ws := &r.wait
+	if !ws.parkArmed {
+		return
+	}
+	ws.parkArmed = false
+	ws.parkGen++ // a timer that fires now finds another generation
+	ws.parkTimer.Stop()
+	ws.parkTimer = nil
+}
+
+// parkFired parks the run if it still waits as when the timer was armed.
+func (r *run) parkFired(gen uint64) {
+	ws := &r.wait
+	ws.mu.Lock()
+	ok := ws.parkArmed && ws.parkGen == gen && ws.offSlot && ws.n > 0 && ws.busy == 0 && ws.other == 0
+	if ok {
+		ws.parkArmed, ws.parkTimer = false, nil
+		r.parking.Store(true)
+	}
+	ws.mu.Unlock()
+	if ok {
+		r.log.Info("run parks: it waited off its slot for approvals", "parkAfter", r.w.cfg.ParkAfter)
+		r.parkNow()
+	}
+}
+
+// parks reports whether a run whose waits ended is parked rather than
+// handed back: the park timer fired, and it waits for approvals only (a
+// timer that fired as the run's last answer came leaves parking set;
+// a later wait for something else is handed back, not parked).
+func (r *run) parks() bool {
+	if !r.parking.Load() {
+		return false
+	}
+	what, _ := r.waiting()
+	ws := &r.wait
+	ws.mu.Lock()
+	other := ws.other
+	ws.mu.Unlock()
+	return what == bus.WaitingApproval && other == 0
+}
+
+// announcePark publishes run_parked (handBackWhileWaiting, before the
+// flush).
+func (r *run) announcePark() {
+	p := bus.RunParked{Type: bus.EventRunParked, Attempt: r.attempt}
+	if what, since := r.waiting(); what != "" {
+		p.Waiting = &bus.Waiting{For: what, Since: since, Approvals: r.pendingApprovals()}
+	}
+	_, _ = r.pub.Fleet(bus.EventRunParked, p)
+}
+
+// answersQueued reports whether a pending call holds an answer it did not
+// apply (the park ended its wait first).
+func (r *run) answersQueued() bool {
+	ap := &r.gate.calls
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	for _, c := range ap.pending {
+		if len(c.answers) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// parkWaiting parks a run whose waits the park timer ended (see the top).
+func (r *run) parkWaiting() {
+	r.endHeartbeat()
+	r.pub.Abandon()
+	r.ctl.close()
+	approveAfter, abortAfter := r.ctl.last.get(bus.KindApprove), r.ctl.last.get(bus.KindAbort)
+	queued := r.answersQueued()
+	ctx, cancel := r.finishContext()
+	defer cancel()
+	env := r.w.parking
+	req, err := r.w.runsStream.GetMsg(ctx, r.reqSeq)
+	var seq uint64
+	if err == nil {
+		seq, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
+	}
+	rec := r.record(bus.StateRunning)
+	if err == nil && rec.Waiting != nil && len(rec.Waiting.Approvals) > 0 {
+		due := rec.Waiting.Approvals[0].ExpiresAt
+		for _, a := range rec.Waiting.Approvals[1:] {
+			due = min(due, a.ExpiresAt)
+		}
+		err = env.Arm(ctx, r.id, r.attempt, time.UnixMilli(due))
+	}
+	if err != nil {
+		r.log.Warn("cannot park the run; handing it back", "err", err)
+		r.handBackWaiting()
+		return
+	}
+	rec.Parked = &bus.Parked{At: time.Now(), Seq: seq, Attempt: r.attempt}
+	if err := r.lease.WriteFinal(ctx, rec); err != nil {
+		if errors.Is(err, lease.ErrLost) {
+			r.log.Warn("run stopped: lease lost to a newer attempt")
+			return
+		}
+		r.log.Warn("cannot write the parked record; handing the run back", "err", err)
+		_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
+		return
+	}
+	if err := r.msg.DoubleAck(ctx); err != nil {
+		// The record says parked; the request comes again after AckWait
+		// and its attempt resumes the run (or a wake takes it first).
+		r.log.Warn("parked run's request not acknowledged; it comes again", "err", err)
+	}
+	r.log.Info("run parked", "parkedSeq", seq)
+	wake := queued
+	if !wake {
+		if wake, err = env.AnswerAfter(ctx, r.w.controlStream, r.id, approveAfter, abortAfter); err != nil {
+			r.log.Warn("cannot look for answers that came while parking; waking the run", "err", err)
+			wake = true
+		}
+	}
+	if wake {
+		if err := env.Wake(ctx, rec); err != nil {
+			// The record says parked: the next answer wakes it.
+			r.log.Warn("cannot wake the run for an answer that came while it parked", "err", err)
+		}
+	}
+}
+
+// takeWake is the pickup's look at a request's wake header: take is false
+// when the request was settled (a wake the record does not confirm is
+// dropped; a failed read hands it back), after stopBeat.
+func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat func() time.Time, runID string, reqSeq uint64) (park.Confirmation, bool) {
+	woken, err := w.confirmWake(m, runID, reqSeq)
+	switch {
+	case err != nil:
+		w.log.Warn("cannot confirm a wake; handing the request back", "run", runID, "err", err)
+		stopBeat()
+		_ = acks.NakWithDelay(2 * time.Second)
+		return woken, false
+	case woken.Wake && !woken.OK:
+		w.log.Info("wake the run's record does not confirm (a duplicate, or not a worker's): dropped", "run", runID, "requestSeq", reqSeq)
+		stopBeat()
+		_ = acks.Ack()
+		return woken, false
+	}
+	return woken, true
+}
+
+// confirmWake checks a request's wake header at pickup (park.Confirm):
+// drop: a wake the record does not confirm (acknowledged, no event).
+func (w *Worker) confirmWake(m jetstream.Msg, runID string, reqSeq uint64) (c park.Confirmation, err error) {
+	if m.Headers().Get(bus.HeaderWokenFrom) == "" {
+		return c, nil
+	}
+	env := w.parking
+	if env == nil {
+		// A worker that does not park still runs the wakes of others.
+		s, err := w.js.Stream(w.hardCtx, w.names.ParkedStream())
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			// No run was parked on this fleet: nothing to confirm.
+			return park.Confirmation{Wake: true}, nil
+		}
+		if err != nil {
+			return c, err
+		}
+		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+	}
+	return env.Confirm(w.hardCtx, runID, reqSeq, m.Headers(), m.Data())
+}
+
+// forgetParked removes a woken park's request copy once the woken attempt
+// holds the lease (best effort).
+func (r *run) forgetParked() {
+	if r.wokenFrom == 0 || r.w.parking == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
+	defer cancel()
+	r.w.parking.Forget(ctx, r.wokenFrom)
+}

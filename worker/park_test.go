@@ -1,0 +1,240 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// parkedRun submits a gated run to a worker that parks after 200 ms and
+// returns once its record says parked.
+func parkedRun(t *testing.T) (*Worker, *bus.Client, *deployTool, string, *runEvents, *bus.RunRecord) {
+	t.Helper()
+	w, c, d := approvalWorker(t, Config{ParkAfter: 200 * time.Millisecond, HeartbeatInterval: time.Second})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	parked := re.waitFor(t, bus.EventRunParked, 1).RunParked
+	if parked.Attempt != 1 || parked.Waiting == nil || len(parked.Waiting.Approvals) != 1 || parked.Waiting.Approvals[0].ToolCallID != "c1" {
+		t.Fatalf("run_parked %+v", parked)
+	}
+	rec := waitRecord(t, c, run, "parked", func(r *bus.RunRecord) bool { return r.Parked != nil && waitingFor(r, "c1") })
+	return w, c, d, run, re, rec
+}
+
+// waitGone waits until nothing of run is on w (its goroutine returned).
+func waitGone(t *testing.T, w *Worker, run string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w.mu.Lock()
+		_, on := w.runs[run]
+		w.mu.Unlock()
+		if !on && w.OffSlot() == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s still on the worker", run)
+		}
+		time.Sleep(10 * time.Millisecond) // polls the worker's own state; nothing to wait on
+	}
+}
+
+// A run waiting for an approval parks: its request is acknowledged and
+// nothing of it stays on the worker, its record still lists it waiting;
+// the answer wakes it on a new request and the call runs once.
+func TestParkedRunWokenByItsAnswer(t *testing.T) {
+	t.Parallel()
+	w, c, d, run, re, rec := parkedRun(t)
+	waitGone(t, w, run)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := w.runsStream.GetMsg(ctx, rec.RequestSeq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("parked run's request still stored: %v", err)
+	}
+	listed, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting})
+	if err != nil || len(listed) != 1 || listed[0].ID != run || listed[0].Stale {
+		t.Fatalf("list waiting: %v %+v", err, listed)
+	}
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq || res.Decision != bus.DecisionApprove {
+		t.Fatalf("resolved %+v, want approve at %d", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "prod" || re.count(bus.EventToolApprovalRequested) != 1 || re.count(bus.EventRunStarted) != 2 {
+		t.Fatalf("deploy %q; events %s", d.targets(), re.types())
+	}
+	final := waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	if final.Parked != nil || final.Attempt != 2 {
+		t.Fatalf("final record %+v", final)
+	}
+	// The kept copy is removed once the wake holds the run.
+	for {
+		if _, err := w.parking.Parked.GetMsg(ctx, rec.Parked.Seq); errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatal("parked request copy never removed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An abort of a parked run wakes it and it finishes aborted at once; the
+// gated call never runs.
+func TestParkedRunAborted(t *testing.T) {
+	t.Parallel()
+	_, c, d, run, re, _ := parkedRun(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Abort(ctx, run, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonAbortedByUser {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "" {
+		t.Fatalf("deploy ran: %q", d.targets())
+	}
+}
+
+// publishWake publishes a request for run with the wake headers, as a
+// submitter could.
+func publishWake(t *testing.T, c *bus.Client, queue, run string, data []byte, from uint64, base int) {
+	t.Helper()
+	m := &nats.Msg{Subject: c.Names().Submit(queue, run), Data: data, Header: nats.Header{}}
+	m.Header.Set(bus.HeaderWokenFrom, strconv.FormatUint(from, 10))
+	m.Header.Set(bus.HeaderAttemptBase, strconv.Itoa(base))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.JetStream().PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A wake with another request's body (a forged one) is dropped: the run
+// stays parked; a duplicate wake after the run was woken is dropped too
+// and adds nothing to its events.
+func TestForgedAndDuplicateWakesAreDropped(t *testing.T) {
+	t.Parallel()
+	w, c, d, run, re, rec := parkedRun(t)
+	forged := []byte(`{"prompt":"x","tools":["deploy"],"model":{"provider":"faux","id":"s"}}`)
+	publishWake(t, c, rec.Queue, run, forged, rec.Parked.Seq, rec.Parked.Attempt)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// The forged wake is taken and dropped: the queue empties with the
+	// run still parked.
+	cons, err := c.JetStream().Consumer(ctx, c.Names().RunsStream(), c.Names().Consumer(rec.Queue))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if cur, err := w.getRecord(ctx, run); err != nil || cur.Parked == nil || cur.Revision != rec.Revision {
+		t.Fatalf("record after a forged wake: %v %+v (parked at revision %d)", err, cur, rec.Revision)
+	}
+	if re.count(bus.EventRunStarted) != 1 {
+		t.Fatalf("forged wake ran: %s", re.types())
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+	// The wake again, as a waker past the dedupe window would publish it.
+	rec.Revision = 0
+	if err := w.parking.Wake(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := w.parking.Parked.GetMsg(ctx, rec.Parked.Seq)
+	if err == nil { // not removed yet: a forged body is not needed
+		publishWake(t, c, rec.Queue, run, kept.Data, rec.Parked.Seq, rec.Parked.Attempt)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := re.count(bus.EventRunStarted); n != 2 || d.targets() != "prod" {
+		t.Fatalf("%d run_started (want 2), deploy %q; events %s", n, d.targets(), re.types())
+	}
+}
+
+// A parked run's approval still times out at its expiry: the timer wakes
+// it and the call is timed out (here the run aborts, as onTimeout says).
+func TestParkedRunApprovalTimesOut(t *testing.T) {
+	t.Parallel()
+	_, c, d := approvalWorker(t, Config{ParkAfter: 200 * time.Millisecond, HeartbeatInterval: time.Second})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 3, OnTimeout: bus.OnTimeoutAbort}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventRunParked, 1)
+	if fin := re.finished(t); fin.Status != bus.StatusAborted || fin.Reason != bus.ReasonApprovalTimeout {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "" || re.count(bus.EventRunStarted) != 2 {
+		t.Fatalf("deploy %q; events %s", d.targets(), re.types())
+	}
+}
+
+// An answer stored while the run parks is not lost: here the run's
+// attempt never sees it (its live control subscription is gone, and no
+// heartbeat reads the stream before the park), and the wake consumer
+// takes it while the record does not say parked yet, so wakes nothing.
+// Once parked, the parking attempt finds the answer after what it took
+// and wakes the run itself.
+func TestAnswerWhileParkingWakesTheRun(t *testing.T) {
+	t.Parallel()
+	w, c, d := approvalWorker(t, Config{ParkAfter: 3 * time.Second, AckWait: 5 * time.Minute, HeartbeatInterval: time.Minute})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	if err := w.ctlSub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cons, err := c.JetStream().Consumer(ctx, c.Names().ControlStream(), c.Names().WakeConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.AckFloor.Stream >= seq && info.NumAckPending == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the consumer's state is all there is to wait on
+	}
+	if rec, err := w.getRecord(ctx, run); err != nil || rec.Parked != nil {
+		t.Skipf("the run parked before the wake consumer took the answer (a loaded machine): %v", err)
+	}
+	re.waitFor(t, bus.EventRunParked, 1)
+	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq {
+		t.Fatalf("resolved %+v, want the answer at %d", res, seq)
+	}
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+}
