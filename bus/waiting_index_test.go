@@ -110,3 +110,58 @@ func TestWaitingListingPagesTheIndex(t *testing.T) {
 		t.Error("a waiting-index cursor was taken with no index")
 	}
 }
+
+// TestWaitingPageBoundsItsHoles: the sequences a page of the index reads,
+// the holes runs that stopped waiting left included, count against
+// MaxScan: a page over 600 holes with MaxScan 100 stops truncated with a
+// cursor, and the pages after it reach the run that waits after them.
+func TestWaitingPageBoundsItsHoles(t *testing.T) {
+	t.Parallel()
+	ids := func(recs []bus.RunRecord) string {
+		var out []string
+		for _, r := range recs {
+			out = append(out, r.ID)
+		}
+		return strings.Join(out, " ")
+	}
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	// A run that waits before the holes (holes below the index's first
+	// entry are never read).
+	if err := fleettest.PutWaitingRun(ctx, c, "default", "first", "c1", map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	short := &bus.RunRecord{ID: "short", Queue: "default", Waiting: &bus.Waiting{For: bus.WaitingModel}}
+	for range 600 { // each rewrite deletes the one before: a hole
+		if err := c.PutWaiting(ctx, short, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DropWaiting(ctx, "default", "short"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleettest.PutWaitingRun(ctx, c, "default", "waits", "c1", map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	o := bus.ListOptions{State: bus.StateWaiting, Limit: 10, MaxScan: 100}
+	p, err := c.ListPage(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Truncated || ids(p.Records) != "first" || !strings.HasPrefix(p.NextCursor, "w.") {
+		t.Fatalf("first page: truncated %v, %q, cursor %q; want first, truncated, with a cursor", p.Truncated, ids(p.Records), p.NextCursor)
+	}
+	p.Records = nil
+	for pages := 1; len(p.Records) == 0; pages++ {
+		if pages > 20 || p.NextCursor == "" {
+			t.Fatalf("the waiting run was not reached (%d pages, cursor %q)", pages, p.NextCursor)
+		}
+		o.Cursor = p.NextCursor
+		if p, err = c.ListPage(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.Records[0].ID != "waits" {
+		t.Fatalf("listed %s, want waits", p.Records[0].ID)
+	}
+}
