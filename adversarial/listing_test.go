@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 )
@@ -57,11 +59,45 @@ func TestListingPagesStayBoundedAndRoleScoped(t *testing.T) {
 		}
 	}
 
+	// The waiting index: a worker's entry for a run that is not waiting
+	// (finished, or no record at all: a bug or a forgery) is never listed;
+	// no other role can write or purge an entry.
+	for _, id := range []string{"done-000", "no-record"} {
+		if err := w.PutWaiting(c, &bus.RunRecord{ID: id, Queue: "default", Waiting: &bus.Waiting{For: bus.WaitingApproval}}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, role := range []string{"submitter", "approver", "observer", "console", "toolservice"} {
+		rc := f.Connect(t, role)
+		wc := ctx(t, time.Second) // a denied publish is never answered
+		if err := rc.PutWaiting(wc, &bus.RunRecord{ID: "forged-" + role, Queue: "default", Waiting: &bus.Waiting{For: bus.WaitingApproval}}, false); err == nil {
+			t.Errorf("%s wrote a waiting-index entry", role)
+		}
+		if err := rc.DropWaiting(ctx(t, time.Second), "default", "wait-000"); err == nil {
+			t.Errorf("%s purged a waiting-index entry", role)
+		}
+	}
+	ic := ctx(t, 10*time.Second)
+	idx, err := w.JetStream().Stream(ic, w.Names().WaitingStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stored entries of the forged ids (a purge of wait-000 would show in
+	// the pages below: every waiting run is listed).
+	info, err := idx.Info(ic, jetstream.WithSubjectFilter(w.Names().WaitingEntry("default", "forged-*")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != 0 {
+		t.Errorf("forged index entries stored: %v", info.State.Subjects)
+	}
+
 	const maxScan = 200
 	bound := maxScan + 8192 // the bound is checked between windows
 	approver := f.Connect(t, "approver")
 	cursors := []string{"18446744073709551615", "1", "q.0.18446744073709551615.a", "q.18446744073709551615.0.a",
-		"q.0.0.a", "0", "-1", "q.1.2", "q.1.2.a.b", "../../x", strings.Repeat("9", 5000), "q.1.1." + strings.Repeat("a", 65)}
+		"q.0.0.a", "0", "-1", "q.1.2", "q.1.2.a.b", "../../x", strings.Repeat("9", 5000), "q.1.1." + strings.Repeat("a", 65),
+		"w.0", "w.1", "w.18446744073709551615", "w.-1", "w." + strings.Repeat("9", 5000)}
 	for _, cur := range cursors {
 		sc := ctx(t, 20*time.Second)
 		p, err := approver.PendingApprovalsPage(sc, bus.ApprovalsOptions{Limit: 100, Cursor: cur, MaxScan: maxScan})
@@ -94,6 +130,9 @@ func TestListingPagesStayBoundedAndRoleScoped(t *testing.T) {
 			for _, call := range p.Calls {
 				if strings.HasPrefix(call.Run, "wait-") {
 					seen[call.Run] = true
+				}
+				if call.Run == "done-000" || call.Run == "no-record" {
+					t.Errorf("%s: %s listed from an index entry its record does not back", role, call.Run)
 				}
 			}
 			if cursor = p.NextCursor; cursor == "" {

@@ -27,6 +27,13 @@ import (
 //
 //	go test ./bus -run '^$' -bench WaitingRuns -benchtime 20x -timeout 30m
 //
+// Each waiting run has its waiting-index entry (AGENTS_WAITING), written
+// after its record as a worker does. WAITING_BENCH_NOINDEX=1 deletes the
+// index first: the records walk of a fleet before 1.9. WAITING_BENCH_HOLES
+// (default 0) interleaves that many index writes of runs that stopped
+// waiting (rewrites of a few subjects, each deleting the one before: the
+// holes short waits leave) with the waiting runs' entries.
+//
 // Each reports ms-p50, ms-p99, ms-max and what the page holds.
 func BenchmarkWaitingRuns(b *testing.B) {
 	n, f, js := benchFleet(b, "WAITING_BENCH_RUNS", 100_000)
@@ -35,6 +42,13 @@ func BenchmarkWaitingRuns(b *testing.B) {
 		finished, _ = strconv.Atoi(v)
 	}
 	c, ctx := f.Client, context.Background()
+	index := os.Getenv("WAITING_BENCH_NOINDEX") == ""
+	if !index {
+		if err := js.DeleteStream(ctx, c.Names().WaitingStream()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	holes, _ := strconv.Atoi(os.Getenv("WAITING_BENCH_HOLES"))
 	start := time.Now()
 	pending := 0
 	flush := func() {
@@ -61,8 +75,24 @@ func BenchmarkWaitingRuns(b *testing.B) {
 			b.Fatal(err)
 		}
 		flush()
+		if index && r.Waiting != nil {
+			entry, _ := json.Marshal(bus.WaitingIndexEntry{For: r.Waiting.For, Since: r.Waiting.Since})
+			if _, err := js.PublishAsync(c.Names().WaitingEntry(r.Queue, r.ID), entry); err != nil {
+				b.Fatal(err)
+			}
+			flush()
+		}
+	}
+	hole := func(i int) {
+		if _, err := js.PublishAsync(c.Names().WaitingEntry("default", fmt.Sprintf("gone-%02d", i%16)), []byte(`{"for":"model"}`)); err != nil {
+			b.Fatal(err)
+		}
+		flush()
 	}
 	for i := range n {
+		for h := range holes / max(n, 1) {
+			hole(i*(holes/max(n, 1)) + h)
+		}
 		run, call := fmt.Sprintf("wait-%07d", i), fmt.Sprintf("call_%07d", i)
 		asked := time.Now()
 		ts := asked.UnixMilli()
@@ -81,7 +111,7 @@ func BenchmarkWaitingRuns(b *testing.B) {
 			Model: "faux/x", Turns: 2, Title: "done " + strconv.Itoa(i)})
 	}
 	<-js.PublishAsyncComplete()
-	b.Logf("%d waiting runs (3 events each) and %d finished records written in %s", n, finished, time.Since(start).Round(time.Millisecond))
+	b.Logf("%d waiting runs (3 events each; index %v, %d holes) and %d finished records written in %s", n, index, holes, finished, time.Since(start).Round(time.Millisecond))
 	const limit = 100
 	// Each call gets at most a minute: the listing before paging read
 	// every waiting run's events.

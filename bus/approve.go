@@ -184,9 +184,13 @@ func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
 	}
 	defer release()
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("events of %s: %w", runID, err)
+	// The create's answer says what is pending: no info request (an
+	// approvals page reads 100 runs this way, each round trip counts).
+	info := cons.CachedInfo()
+	if info == nil {
+		if info, err = cons.Info(ctx); err != nil {
+			return nil, fmt.Errorf("events of %s: %w", runID, err)
+		}
 	}
 	if info.NumPending == 0 {
 		return nil, nil

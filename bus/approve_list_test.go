@@ -48,6 +48,11 @@ func TestPendingApprovals(t *testing.T) {
 		if _, err := kv.Put(ctx, run, data); err != nil {
 			t.Fatal(err)
 		}
+		if w != nil { // as a worker does, after the record
+			if err := c.PutWaiting(ctx, &bus.RunRecord{ID: run, Queue: queue, Waiting: w}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	waitingFor := func(call string, requestedAt time.Time) *bus.Waiting {
 		return &bus.Waiting{For: bus.WaitingApproval, Since: requestedAt,
@@ -130,6 +135,11 @@ func TestPendingApprovalsPages(t *testing.T) {
 			if _, err := kv.Put(ctx, r.ID, data); err != nil {
 				t.Fatal(err)
 			}
+			if r.Waiting != nil { // as a worker does, after the record
+				if err := c.PutWaiting(ctx, &r, false); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
 	seen := map[string]bool{}
@@ -188,5 +198,42 @@ func TestPendingOfKeepsOnlyWhatItFolds(t *testing.T) {
 	envs, err := bus.StoredEvents(ctx, c, run)
 	if err != nil || len(envs) != 1 || envs[0].Type != bus.EventToolApprovalRequested {
 		t.Errorf("the read kept %d envelopes (%v), want the request alone", len(envs), err)
+	}
+}
+
+// TestPendingOfAsksTheAPIThreeTimes: a run's requests are read with the
+// ordered consumer's create (its answer says what is pending), the pull
+// and the delete; an approvals page does this for each of its 100 runs.
+func TestPendingOfAsksTheAPIThreeTimes(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	req := fmt.Appendf(nil, `{"run":"r1","seq":1,"attempt":1,"worker":"w","ts":1,"event":{"type":"tool_approval_requested","toolCallId":"c1","toolName":"deploy","args":{},"expiresAt":%d}}`,
+		time.Now().Add(time.Hour).UnixMilli())
+	if _, err := c.JetStream().Publish(ctx, c.Names().Events("r1"), req); err != nil {
+		t.Fatal(err)
+	}
+	apiCalls := func() uint64 { // the account's JetStream API requests, this one included
+		t.Helper()
+		info, err := c.JetStream().AccountInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.API.Total
+	}
+	for range 3 { // the first reads may look streams up
+		if _, err := c.PendingOf(ctx, "r1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := apiCalls()
+	calls, err := c.PendingOf(ctx, "r1")
+	if err != nil || len(calls) != 1 {
+		t.Fatalf("pending calls %+v, %v", calls, err)
+	}
+	// Pulls are no API requests the account counts: create and delete,
+	// plus the count's own.
+	if n := apiCalls() - before; n > 3 {
+		t.Errorf("one run's pending calls took %d JetStream API requests, want at most 2 (and the count's own)", n-1)
 	}
 }

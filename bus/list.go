@@ -110,10 +110,32 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]RunRecord, error) {
 // queued requests on the first page), not the bucket's size.
 func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) {
 	var qc *listCursor
+	if o.State == StateWaiting && (o.Cursor == "" || strings.HasPrefix(o.Cursor, "w.")) {
+		// The waiting index, oldest first (waiting_index.go); the records
+		// walk when there is none.
+		var after uint64
+		if o.Cursor != "" {
+			cur, err := parseListCursor(o.Cursor)
+			if err != nil {
+				return nil, err
+			}
+			after = cur.seq
+		}
+		page, ok, err := c.waitingPage(ctx, o, after)
+		if err != nil || ok {
+			return page, err
+		}
+		if o.Cursor != "" {
+			return nil, fmt.Errorf("page cursor %q: no waiting index (%s)", truncate(o.Cursor, 80), c.names.WaitingStream())
+		}
+	}
 	if o.Cursor != "" {
 		cur, err := parseListCursor(o.Cursor)
 		if err != nil {
 			return nil, err
+		}
+		if cur.waiting {
+			return nil, fmt.Errorf("page cursor %q: only for the waiting runs", truncate(o.Cursor, 80))
 		}
 		if cur.queued {
 			qc = &cur
@@ -297,11 +319,18 @@ type listCursor struct {
 	queued       bool
 	top, runsTop uint64
 	after        string
+	// waiting: "w.<seq>", a page of the waiting index going on after seq.
+	waiting bool
 }
 
 func parseListCursor(s string) (listCursor, error) {
 	if n, err := strconv.ParseUint(s, 10, 64); err == nil && n > 0 {
 		return listCursor{seq: n}, nil
+	}
+	if rest, ok := strings.CutPrefix(s, "w."); ok {
+		if n, err := strconv.ParseUint(rest, 10, 64); err == nil {
+			return listCursor{seq: n, waiting: true}, nil
+		}
 	}
 	if p := strings.SplitN(s, ".", 4); len(p) == 4 && p[0] == "q" {
 		top, err1 := strconv.ParseUint(p[1], 10, 64)
@@ -314,6 +343,9 @@ func parseListCursor(s string) (listCursor, error) {
 }
 
 func (l listCursor) String() string {
+	if l.waiting {
+		return waitingCursor(l.seq)
+	}
 	if !l.queued {
 		return strconv.FormatUint(l.seq, 10)
 	}

@@ -18,6 +18,11 @@ func rewriteClient(t *testing.T, n int) (context.Context, *Client, func(id, stat
 	if err != nil {
 		t.Fatal(err)
 	}
+	// These test the records walk: the listing of a fleet with no waiting
+	// index (before 1.9).
+	if err := c.js.DeleteStream(ctx, c.names.WaitingStream()); err != nil {
+		t.Fatal(err)
+	}
 	put := func(id, state string, waiting bool) uint64 {
 		t.Helper()
 		r := RunRecord{ID: id, Queue: "default", State: state, HeartbeatAt: time.Now()}

@@ -311,7 +311,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		MaxAge:      cfg.RequestsMaxAge,
 		Storage:     cfg.Storage,
 		Replicas:    cfg.Replicas,
-	}}
+	}, waitingStreamConfig(n, cfg)}
 	replicas := map[string]int{}
 	for _, sc := range streams {
 		if err := c.ensureStream(ctx, sc, sc.Name == n.ControlStream()); err != nil {

@@ -309,6 +309,14 @@ func TestApprovalApproveRunsTheCall(t *testing.T) {
 	if final.Waiting != nil || w.OffSlot() != 0 {
 		t.Fatalf("after the run: record waiting %+v, %d off slot", final.Waiting, w.OffSlot())
 	}
+	// The final record's write purged the run's waiting-index entry.
+	idx, err := c.JetStream().Stream(ctx, c.Names().WaitingStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := idx.GetLastMsgForSubject(ctx, c.Names().WaitingEntry(final.Queue, run)); err == nil {
+		t.Fatalf("the finished run's index entry is left: %s", m.Data)
+	}
 }
 
 func TestApprovalDenyGivesTheModelTheReason(t *testing.T) {

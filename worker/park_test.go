@@ -62,6 +62,16 @@ func TestParkedRunWokenByItsAnswer(t *testing.T) {
 	if err != nil || len(listed) != 1 || listed[0].ID != run || listed[0].Stale {
 		t.Fatalf("list waiting: %v %+v", err, listed)
 	}
+	// The parked run keeps its waiting-index entry (the listing above read
+	// it); the final record of the woken attempt purges it.
+	idx, err := c.JetStream().Stream(ctx, c.Names().WaitingStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := idx.GetLastMsgForSubject(ctx, c.Names().WaitingEntry(rec.Queue, run))
+	if err != nil {
+		t.Fatalf("the parked run's index entry: %v", err)
+	}
 	seq := sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
 	if res := re.waitFor(t, bus.EventToolApprovalResolved, 1).Approval; res.ControlSeq != seq || res.Decision != bus.DecisionApprove {
 		t.Fatalf("resolved %+v, want approve at %d", res, seq)
@@ -75,6 +85,9 @@ func TestParkedRunWokenByItsAnswer(t *testing.T) {
 	final := waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
 	if final.Parked != nil || final.Attempt != 2 {
 		t.Fatalf("final record %+v", final)
+	}
+	if m, err := idx.GetLastMsgForSubject(ctx, c.Names().WaitingEntry(rec.Queue, run)); err == nil {
+		t.Fatalf("the finished run's index entry is left (seq %d; parked at %d)", m.Sequence, entry.Sequence)
 	}
 	// The kept copy is removed once the wake holds the run.
 	for {

@@ -239,7 +239,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.kv, err = w.c.Records(setup); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.leases = &lease.Env{KV: w.kv, Worker: w.id, Read: w.getRecord}
+	w.leases = &lease.Env{KV: w.kv, Worker: w.id, Read: w.getRecord, Index: w.c}
 	consumers := make([]jetstream.Consumer, len(w.cfg.Queues))
 	for i, q := range w.cfg.Queues {
 		if consumers[i], err = w.js.Consumer(setup, w.names.RunsStream(), w.names.Consumer(q)); err != nil {

@@ -34,10 +34,14 @@ func TestApprovalsAndWaitingListPage(t *testing.T) {
 		if _, err := c.JetStream().Publish(ctx(t), c.Names().Events(run), ev); err != nil {
 			t.Fatal(err)
 		}
-		data, _ := json.Marshal(bus.RunRecord{ID: run, Queue: queue, State: bus.StateRunning, HeartbeatAt: now,
+		rec := bus.RunRecord{ID: run, Queue: queue, State: bus.StateRunning, HeartbeatAt: now,
 			Waiting: &bus.Waiting{For: bus.WaitingApproval, Since: now, Approvals: []bus.PendingApproval{{
-				ToolCallID: call, ToolName: "deploy", RequestedAt: now.UnixMilli(), ExpiresAt: now.Add(time.Hour).UnixMilli()}}}})
+				ToolCallID: call, ToolName: "deploy", RequestedAt: now.UnixMilli(), ExpiresAt: now.Add(time.Hour).UnixMilli()}}}}
+		data, _ := json.Marshal(rec)
 		if _, err := kv.Put(ctx(t), run, data); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.PutWaiting(ctx(t), &rec, false); err != nil { // as a worker does, after the record
 			t.Fatal(err)
 		}
 	}

@@ -630,6 +630,8 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 	var beforeRun string
 	if cur, ok := strings.CutPrefix(before, "@q."); ok && bus.CheckListCursor("q."+cur) == nil {
 		opts.Cursor = "q." + cur // a place in the queued runs
+	} else if cur, ok := strings.CutPrefix(before, "@w."); ok && bus.CheckListCursor("w."+cur) == nil {
+		opts.Cursor = "w." + cur // a place in the waiting index (--state waiting)
 	} else if before != "" {
 		t, seq, run, err := parseListBound(before, true)
 		if err != nil {

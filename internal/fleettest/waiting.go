@@ -24,13 +24,16 @@ func PutWaitingRun(ctx context.Context, c *bus.Client, queue, run, call string, 
 	if _, err := c.JetStream().Publish(ctx, c.Names().Events(run), env); err != nil {
 		return err
 	}
-	rec, _ := json.Marshal(bus.RunRecord{ID: run, Queue: queue, State: bus.StateRunning, Attempt: 1, HeartbeatAt: now,
+	r := bus.RunRecord{ID: run, Queue: queue, State: bus.StateRunning, Attempt: 1, HeartbeatAt: now,
 		Waiting: &bus.Waiting{For: bus.WaitingApproval, Since: now, Approvals: []bus.PendingApproval{{
-			ToolCallID: call, ToolName: "deploy", RequestedAt: now.UnixMilli(), ExpiresAt: now.Add(time.Hour).UnixMilli()}}}})
+			ToolCallID: call, ToolName: "deploy", RequestedAt: now.UnixMilli(), ExpiresAt: now.Add(time.Hour).UnixMilli()}}}}
+	rec, _ := json.Marshal(r)
 	kv, err := c.Records(ctx)
 	if err != nil {
 		return err
 	}
-	_, err = kv.Put(ctx, run, rec)
-	return err
+	if _, err = kv.Put(ctx, run, rec); err != nil {
+		return err
+	}
+	return c.PutWaiting(ctx, &r, false) // its index entry, after the record
 }

@@ -138,7 +138,7 @@ export type ListOptions = {
   queue?: string;
   /** 0: no limit. */
   limit?: number;
-  /** A page's nextCursor (or its next, a records-stream sequence), or a time: records last written before it. */
+  /** A page's nextCursor (or its next, a records-stream sequence), or a time: records last written before it. With state "waiting" and no before or since, pages come from the waiting index (since 1.9), the oldest wait first, with "w.<seq>" cursors. */
   before?: string | number | Date;
   /** Records last written at or after this time. */
   since?: Date;

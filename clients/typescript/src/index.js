@@ -39,6 +39,8 @@ const HEADER_AFTER_FINISH = "Agentfleet-After-Finish";
 const FIRST_WINDOW = 128;
 const MAX_WINDOW = 8192;
 const DEFAULT_LIST_SCAN = 100_000;
+/** Subjects of one batched record read (waitingPage). */
+const MULTI_LAST_CHUNK = 256;
 const CATCH_UP_ROUNDS = 4;
 const REQUEST_SLACK_MS = 60_000;
 /**
@@ -609,11 +611,18 @@ export class Client {
     const queue = o.queue ?? "";
     const waitingFor = state === "waiting" ? (o.waitingFor ?? "") : "";
     if (queue) checkQueue(queue);
+    if (state === "waiting" && !o.since && (o.before === undefined || (typeof o.before === "string" && o.before.startsWith("w.")))) {
+      // The waiting index, oldest first; the records walk when there is none.
+      const page = await this.waitingPage(o, waitingFor);
+      if (page) return page;
+      if (o.before !== undefined) throw new InvalidArgumentError(`page cursor "${String(o.before).slice(0, 80)}": no waiting index (${this.names.waitingStream})`);
+    }
     let beforeSeq = typeof o.before === "number" ? o.before : 0;
     /** @type {ListCursor | null} */
     let qc = null;
     if (typeof o.before === "string") {
       const cur = parseListCursor(o.before);
+      if (cur.waiting) throw new InvalidArgumentError(`page cursor "${o.before.slice(0, 80)}": only for the waiting runs`);
       if (cur.queued) qc = cur;
       else beforeSeq = cur.seq;
     }
@@ -710,6 +719,99 @@ export class Client {
     } catch (err) {
       if (err instanceof InvalidArgumentError) throw err;
       throw this.fleetError(err, "list", this.names.recordsStream);
+    }
+    return page;
+  }
+
+  /**
+   * A page of the waiting runs from the waiting index (docs/protocol.md §7,
+   * "The waiting-run index"; bus/waiting_index.go): entries oldest first
+   * from after the cursor, each checked against its record (one multi-last
+   * read per window), so a stale or forged entry is never listed. Null when
+   * the index does not exist (a fleet before 1.9): the caller walks the
+   * records.
+   * @param {import("./index.js").ListOptions} o @param {string} waitingFor
+   * @returns {Promise<import("./index.js").RunPage | null>}
+   */
+  async waitingPage(o, waitingFor) {
+    const limit = o.limit ?? 0;
+    const queue = o.queue ?? "";
+    const after = typeof o.before === "string" ? parseListCursor(o.before).seq : 0;
+    /** @type {import("./index.js").RunPage} */
+    const page = { records: [], next: 0, nextCursor: "", scanned: 0, truncated: false };
+    const want = () => limit <= 0 || page.records.length < limit;
+    const stream = this.names.waitingStream;
+    try {
+      const jsm = await this.jsm();
+      let info;
+      try {
+        info = await jsm.streams.info(stream);
+      } catch (err) {
+        const e = /** @type {any} */ (err);
+        if (apiCode(e, 10059) || /stream not found/i.test(e?.message ?? "")) return null;
+        throw err;
+      }
+      if (after >= info.state.last_seq) return page; // nothing after the cursor
+      let lo = Math.max(info.state.first_seq, after + 1);
+      const hi = info.state.last_seq;
+      const maxScan = o.maxScan ?? DEFAULT_LIST_SCAN;
+      const g = new DirectGetter(this, stream);
+      const recs = new DirectGetter(this, this.names.recordsStream);
+      const entryPrefix = this.names.prefix + ".waiting.";
+      let window = limit > 0 ? 2 * limit + 8 : FIRST_WINDOW;
+      let next = after; // the last sequence the page consumed
+      let more = false; // the page stopped inside a window
+      let read = 0; // sequences read, holes too: what maxScan bounds here
+      const now = Date.now();
+      while (lo <= hi && want()) {
+        if (maxScan > 0 && read >= maxScan) {
+          page.truncated = true;
+          break;
+        }
+        const to = Math.min(hi, lo + window - 1);
+        read += to - lo + 1;
+        /** @type {Array<{seq: number, subject: string}>} */
+        const cands = [];
+        for (const m of await g.range(lo, to)) {
+          if (!m || !m.data || !m.subject.startsWith(entryPrefix)) continue;
+          const [q, run, ...rest] = m.subject.slice(entryPrefix.length).split(".");
+          if (rest.length || !run || !/^[A-Za-z0-9_-]{1,64}$/.test(run) || (queue && q !== queue)) continue;
+          let e;
+          try {
+            e = JSON.parse(dec.decode(m.data));
+          } catch {
+            continue;
+          }
+          if (waitingFor && e?.for !== waitingFor) continue; // a hint only: a kind change rewrites the entry
+          cands.push({ seq: m.seq, subject: this.names.record(run) });
+        }
+        /** @type {Map<string, any>} */
+        const got = new Map();
+        for (let i = 0; i < cands.length; i += MULTI_LAST_CHUNK) {
+          for (const r of await recs.multiLast(cands.slice(i, i + MULTI_LAST_CHUNK).map((c) => c.subject))) {
+            if (r) got.set(r.subject, r);
+          }
+        }
+        for (const c of cands) {
+          if (!want()) {
+            more = true;
+            break;
+          }
+          next = c.seq;
+          page.scanned++;
+          const m = got.get(c.subject);
+          if (!m || !m.data) continue; // stale: the record is gone
+          const r = this.listed(m, "waiting", queue, now, waitingFor);
+          if (r) page.records.push(r);
+        }
+        if (!more) next = to;
+        lo = to + 1;
+        window = Math.min(window * 2, MAX_WINDOW);
+      }
+      if (more || lo <= hi) page.nextCursor = `w.${next}`;
+    } catch (err) {
+      if (err instanceof InvalidArgumentError) throw err;
+      throw this.fleetError(err, "list", stream);
     }
     return page;
   }
@@ -881,8 +983,9 @@ export class Client {
 
   /**
    * A page of the pending approvals (§13, "Listing pending approvals"):
-   * the records waiting for approval in listing order (the most recently
-   * written first), at most limit runs, each run's pending calls read
+   * the records waiting for approval in listing order (the waiting index's:
+   * the oldest wait first; without an index, the most recently written
+   * first), at most limit runs, each run's pending calls read
    * from its events since shortly before its oldest request (with the
    * arguments the model chose), PENDING_READS runs at a time; on the page
    * the oldest request first. Pass nextCursor as before for the next page.
@@ -950,13 +1053,16 @@ const byID = (a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 
 /**
  * A page cursor (§7, Listing runs): a records-stream sequence, or, while
- * queued runs are left, "q.<top>.<runsTop>.<id>".
- * @typedef {{queued: boolean, seq: number, top: number, runsTop: number, after: string}} ListCursor
+ * queued runs are left, "q.<top>.<runsTop>.<id>", or "w.<seq>": a page of
+ * the waiting index going on after seq.
+ * @typedef {{queued: boolean, seq: number, top: number, runsTop: number, after: string, waiting?: boolean}} ListCursor
  */
 
 /** @param {string} s @returns {ListCursor} */
 function parseListCursor(s) {
   if (/^[0-9]+$/.test(s) && Number(s) > 0) return { queued: false, seq: Number(s), top: 0, runsTop: 0, after: "" };
+  const w = /^w\.([0-9]{1,20})$/.exec(s);
+  if (w) return { queued: false, waiting: true, seq: Number(w[1]), top: 0, runsTop: 0, after: "" };
   const m = /^q\.([0-9]+)\.([0-9]+)\.([A-Za-z0-9_-]{1,64})$/.exec(s);
   if (!m) throw new InvalidArgumentError(`invalid page cursor "${s.slice(0, 80)}"`);
   return { queued: true, seq: 0, top: Number(m[1]), runsTop: Number(m[2]), after: m[3] };

@@ -17,6 +17,8 @@ export declare class Names {
   readonly controlStream: string;
   readonly recordsBucket: string;
   readonly recordsStream: string;
+  /** The waiting-run index stream (since 1.9). */
+  readonly waitingStream: string;
   submit(queue: string, run: string): string;
   events(run: string): string;
   control(run: string, kind: string): string;

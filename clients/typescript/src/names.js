@@ -68,6 +68,8 @@ export class Names {
     this.controlStream = flat.toUpperCase() + "_CONTROL";
     this.recordsBucket = flat + "_runs";
     this.recordsStream = "KV_" + flat + "_runs";
+    /** The waiting-run index (since 1.9, docs/protocol.md §7). */
+    this.waitingStream = flat.toUpperCase() + "_WAITING";
   }
   /** @param {string} queue @param {string} run */
   submit(queue, run) {

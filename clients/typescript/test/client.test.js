@@ -298,10 +298,15 @@ test("approvalsPage: pages of runs waiting for approval, the model's waits never
   const queue = `tspages-${newRunId().slice(0, 6)}`;
   const now = Date.now();
   const te = new TextEncoder();
-  const put = async (id, waiting) => {
-    const rec = { id, queue, state: "running", attempt: 1, heartbeatAt: new Date(now).toISOString(), waiting };
+  // A record, then its waiting-index entry, as a worker writes them.
+  const put = async (id, waiting, state = "running") => {
+    const rec = { id, queue, state, attempt: 1, heartbeatAt: new Date(now).toISOString(), waiting };
     await client.js.publish(`$KV.agents_runs.${id}`, te.encode(JSON.stringify(rec)));
+    await client.js.publish(`agents.waiting.${queue}.${id}`, te.encode(JSON.stringify({ for: waiting.for, since: waiting.since })));
   };
+  // Entries whose record does not wait (finished since, or none): never listed.
+  await put(`${queue}-stale`, { for: "approval" }, "succeeded");
+  await client.js.publish(`agents.waiting.${queue}.${queue}-forged`, te.encode(JSON.stringify({ for: "approval" })));
   const runs = [];
   for (let i = 0; i < 5; i++) {
     const id = `${queue}-run-${i}`;
@@ -327,6 +332,15 @@ test("approvalsPage: pages of runs waiting for approval, the model's waits never
   assert.deepEqual(sizes, [2, 2, 1]);
   assert.deepEqual([...seen.keys()].sort(), runs);
   assert.ok([...seen.values()].every((v) => v === 1));
+  assert.ok(before.startsWith("w."), `cursor ${before}: want the waiting index's`);
+  // list --state waiting pages the same index, oldest wait first.
+  const listed = [];
+  for (let cur, n = 0; n < 10; n++) {
+    const page = await client.list({ state: "waiting", queue, limit: 4, before: cur });
+    listed.push(...page.records.map((r) => r.id));
+    if (!(cur = page.nextCursor)) break;
+  }
+  assert.deepEqual(listed, runs.flatMap((r) => [r, r.replace("-run-", "-model-")]));
 });
 
 test("approvals: the fleet's pending calls, approve with an edit, deny with a reason", async () => {

@@ -83,6 +83,14 @@ type Env struct {
 	// Read reads a run's record with its revision (jetstream.ErrKeyNotFound:
 	// none).
 	Read func(ctx context.Context, id string) (*bus.RunRecord, error)
+	// Index is the waiting-run index (bus/waiting_index.go); nil: none.
+	Index Index
+}
+
+// Index writes the waiting-run index; *bus.Client is one.
+type Index interface {
+	PutWaiting(ctx context.Context, rec *bus.RunRecord, ifAbsent bool) error
+	DropWaiting(ctx context.Context, queue, run string) error
 }
 
 // Hold is one attempt's hold on its run record.
@@ -108,6 +116,12 @@ type Hold struct {
 	rev  uint64 // the revision this attempt wrote last; see the ordering above
 	done bool   // the final record is written
 	lost atomic.Bool
+
+	// idxFor is what the waiting index holds for the run ("": no entry)
+	// as far as this hold knows; idxKnown is false while unsure (a take
+	// of a waiting run's record, a failed index write).
+	idxFor   string
+	idxKnown bool
 }
 
 // New is attempt's hold on run id's record, for the request at stream
@@ -179,6 +193,14 @@ func (l *Hold) Take(ctx context.Context, prev, rec *bus.RunRecord) (Outcome, *bu
 		if err == nil {
 			l.rev = rev
 			l.done = rec.Finished()
+			// A record that did not wait had no entry (one left by a crash
+			// is stale, and readers drop it); one that waited may have it
+			// or not (a crash between its write and the put).
+			l.idxFor, l.idxKnown = "", true
+			if prev != nil && prev.Waiting != nil {
+				l.idxFor, l.idxKnown = prev.Waiting.For, false
+			}
+			l.syncIndex(ctx, rec)
 			return Taken, nil, nil
 		}
 		if !IsConflict(err) {
@@ -239,6 +261,7 @@ func (l *Hold) write(ctx context.Context, rec *bus.RunRecord, final bool) error 
 		cancel()
 		if err == nil {
 			l.rev, l.done = rev, final
+			l.syncIndex(ctx, rec)
 			return nil
 		}
 		if !IsConflict(err) {
@@ -267,6 +290,35 @@ func (l *Hold) write(ctx context.Context, rec *bus.RunRecord, final bool) error 
 		l.lose()
 		return ErrLost
 	}
+}
+
+// syncIndex makes the waiting index agree with rec, just written: an
+// entry while the record says the run waits, none after. Invariant: the
+// index is written only after the record (a reader checks the record, so
+// an entry ahead of it would list a run that does not wait yet), and a
+// failed write leaves idxKnown false, so the next record write (the next
+// heartbeat) writes it again. An entry already there is kept where it is
+// (ifAbsent): its place is when the wait began.
+func (l *Hold) syncIndex(ctx context.Context, rec *bus.RunRecord) {
+	if l.env.Index == nil {
+		return
+	}
+	want := ""
+	if rec.State == bus.StateRunning && rec.Waiting != nil {
+		want = rec.Waiting.For
+	}
+	if l.idxKnown && l.idxFor == want {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var err error
+	if want == "" {
+		err = l.env.Index.DropWaiting(cctx, rec.Queue, rec.ID)
+	} else {
+		err = l.env.Index.PutWaiting(cctx, rec, !l.idxKnown && l.idxFor == want)
+	}
+	l.idxFor, l.idxKnown = want, err == nil
 }
 
 // transientKV tells KV write errors that a retry may cure (NATS away, a

@@ -1,0 +1,212 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The waiting index (AGENTS_WAITING, since 1.9) holds one message per
+// waiting run, on <prefix>.waiting.<queue>.<run>, kept one per subject.
+// Only workers write it: an entry is put after the record that says the
+// run waits is written, and purged after the record that says it no longer
+// waits is written. Readers page it oldest first by stream sequence (an
+// entry is written once when the run starts waiting, so its place is when
+// the wait began) and read each listed run's record: the record decides.
+//
+// Invariant: an entry never lists a run whose record does not say it
+// waits (readers drop such an entry: stale after a crash between the
+// record write and the purge, or forged), and a run held by a worker that
+// waits is missing from the index for at most one heartbeat (a failed put
+// is retried at the next record write; a crashed worker's next attempt
+// puts it when it takes the run).
+
+// WaitingStream is the waiting-run index stream (AGENTS_WAITING).
+func (n Names) WaitingStream() string { return n.upper + "_WAITING" }
+
+// WaitingEntry is the subject of run's waiting-index entry.
+func (n Names) WaitingEntry(queue, run string) string {
+	return n.prefix + ".waiting." + queue + "." + run
+}
+
+// WaitingAll matches every waiting-index entry.
+func (n Names) WaitingAll() string { return n.prefix + ".waiting.*.*" }
+
+// WaitingIndexEntry is the body of a waiting-index entry: a hint, the
+// record decides.
+type WaitingIndexEntry struct {
+	For   string    `json:"for"`
+	Since time.Time `json:"since,omitzero"`
+}
+
+// waitingStreamConfig is the index stream's configuration.
+func waitingStreamConfig(n Names, cfg StreamsConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        n.WaitingStream(),
+		Description: "agentfleet waiting-run index (one entry per waiting run; the record decides)",
+		Subjects:    []string{n.WaitingAll()},
+		Retention:   jetstream.LimitsPolicy,
+		// One entry per run: a rewrite (the wait's kind changed) replaces it.
+		MaxMsgsPerSubject: 1,
+		MaxMsgSize:        1 << 10,
+		// Readers page it with direct gets (rangeOf).
+		AllowDirect: true,
+		Storage:     cfg.Storage,
+		Replicas:    cfg.Replicas,
+	}
+}
+
+// PutWaiting writes the waiting-index entry of rec, a running record that
+// waits. With ifAbsent an entry already there is kept (its place in the
+// oldest-first order too): ok.
+func (c *Client) PutWaiting(ctx context.Context, rec *RunRecord, ifAbsent bool) error {
+	if rec.Waiting == nil {
+		return errors.New("waiting index: the record does not wait")
+	}
+	body, err := json.Marshal(WaitingIndexEntry{For: rec.Waiting.For, Since: rec.Waiting.Since})
+	if err != nil {
+		return err
+	}
+	var opts []jetstream.PublishOpt
+	if ifAbsent {
+		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(0))
+	}
+	_, err = c.js.Publish(ctx, c.names.WaitingEntry(rec.Queue, rec.ID), body, opts...)
+	var apiErr *jetstream.APIError
+	if ifAbsent && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return nil
+	}
+	return err
+}
+
+// DropWaiting purges run's waiting-index entry (none: ok).
+func (c *Client) DropWaiting(ctx context.Context, queue, run string) error {
+	s, err := c.Stream(ctx, c.names.WaitingStream())
+	if err != nil {
+		return err
+	}
+	return s.Purge(ctx, jetstream.WithPurgeSubject(c.names.WaitingEntry(queue, run)))
+}
+
+// waitingCursor is "w.<seq>": the next page starts after index sequence seq.
+func waitingCursor(seq uint64) string { return "w." + strconv.FormatUint(seq, 10) }
+
+// waitingPage is ListPage for State waiting from the index: entries oldest
+// first from after the cursor, each checked against its record (one
+// batched read per window). ok is false when the index cannot serve the
+// listing (no index stream: a fleet before 1.9; or a filter on the
+// records' order), and the caller walks the records.
+func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (*RunPage, bool, error) {
+	if o.BeforeSeq != 0 || !o.Before.IsZero() || !o.Since.IsZero() {
+		return nil, false, nil
+	}
+	s, err := c.Stream(ctx, c.names.WaitingStream())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	info, err := s.Info(ctx)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, false, nil // deleted since the handle was cached
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	page := &RunPage{Stored: info.State.Msgs}
+	if after >= info.State.LastSeq {
+		return page, true, nil // nothing after the cursor (a hostile one too)
+	}
+	lo, hi := max(info.State.FirstSeq, after+1), info.State.LastSeq
+	maxScan := o.MaxScan
+	if maxScan == 0 {
+		maxScan = DefaultListScan
+	}
+	want := func() bool { return o.Limit <= 0 || len(page.Records) < o.Limit }
+	g := c.directGetter(c.names.WaitingStream())
+	recs := c.directGetter("KV_" + c.names.RecordsBucket())
+	entryPrefix := c.names.Prefix() + ".waiting."
+	window := uint64(firstWindow)
+	if o.Limit > 0 {
+		window = uint64(2*o.Limit + 8) // holes of runs that stopped waiting
+	}
+	next := after // the last sequence the page consumed
+	more := false // the page stopped inside a window
+	now := time.Now()
+	read := uint64(0) // sequences read, holes too: what MaxScan bounds here
+	for lo <= hi && want() {
+		if maxScan > 0 && read >= uint64(maxScan) {
+			page.Truncated = true
+			break
+		}
+		to := min(hi, lo+window-1)
+		read += to - lo + 1
+		msgs, err := g.rangeOf(ctx, lo, to)
+		if err != nil {
+			return nil, false, err
+		}
+		type cand struct {
+			seq     uint64
+			subject string
+		}
+		var cands []cand
+		for _, m := range msgs {
+			queue, run, ok := strings.Cut(strings.TrimPrefix(m.subject, entryPrefix), ".")
+			if !ok || !strings.HasPrefix(m.subject, entryPrefix) || !ValidID(run) || o.Queue != "" && queue != o.Queue {
+				continue
+			}
+			var e WaitingIndexEntry
+			if json.Unmarshal(m.data, &e) != nil || o.WaitingFor != "" && e.For != o.WaitingFor {
+				continue // a hint only: a record's kind change rewrites the entry
+			}
+			cands = append(cands, cand{m.seq, c.names.Record(run)})
+		}
+		got := map[string]storedMsg{}
+		for i := 0; i < len(cands); i += multiLastChunk {
+			subs := make([]string, 0, multiLastChunk)
+			for _, cd := range cands[i:min(len(cands), i+multiLastChunk)] {
+				subs = append(subs, cd.subject)
+			}
+			rs, err := recs.multiLast(ctx, subs)
+			if err != nil {
+				return nil, false, err
+			}
+			for _, r := range rs {
+				got[r.subject] = r
+			}
+		}
+		for _, cd := range cands {
+			if !want() {
+				more = true
+				break
+			}
+			next = cd.seq
+			page.Scanned++
+			m, ok := got[cd.subject]
+			if !ok || len(m.data) == 0 {
+				continue // stale: the record is gone
+			}
+			if r, ok := c.listed(m, o, nil, now); ok {
+				page.Records = append(page.Records, r)
+			}
+		}
+		if !more {
+			next = to
+		}
+		lo = to + 1
+		window = min(window*2, maxWindow)
+	}
+	if more || lo <= hi {
+		page.NextCursor = waitingCursor(next)
+	}
+	return page, true, nil
+}
+
+// multiLastChunk bounds the subjects of one batched record read.
+const multiLastChunk = 256

@@ -1,0 +1,167 @@
+package bus_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+)
+
+// TestWaitingListingPagesTheIndex: `list --state waiting` and `approvals`
+// page the waiting index oldest first, each entry checked against its
+// record, so runs that finished since (stale entries) and entries with no
+// record (forged) are never listed, however many records were written
+// above the waiting ones; with no index (a fleet before 1.9) the records
+// walk lists them.
+func TestWaitingListingPagesTheIndex(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(r bus.RunRecord, entry bool) {
+		t.Helper()
+		data, _ := json.Marshal(r)
+		if _, err := kv.Put(ctx, r.ID, data); err != nil {
+			t.Fatal(err)
+		}
+		if entry {
+			if r.Waiting == nil { // an entry whose record does not wait
+				r.Waiting = &bus.Waiting{For: bus.WaitingApproval}
+			}
+			if err := c.PutWaiting(ctx, &r, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	now := time.Now()
+	waiting := func(id, queue, what string) bus.RunRecord {
+		return bus.RunRecord{ID: id, Queue: queue, State: bus.StateRunning, HeartbeatAt: now, Waiting: &bus.Waiting{For: what, Since: now}}
+	}
+	put(waiting("w1", "default", bus.WaitingApproval), true)
+	put(waiting("w2", "default", bus.WaitingModel), true)
+	put(waiting("stale", "default", bus.WaitingApproval), true)
+	put(bus.RunRecord{ID: "stale", Queue: "default", State: bus.StatusSucceeded}, false) // finished; its entry left
+	put(bus.RunRecord{ID: "ghost", Queue: "default", State: bus.StatusFailed}, false)
+	if err := c.PutWaiting(ctx, &bus.RunRecord{ID: "forged", Queue: "default", Waiting: &bus.Waiting{For: bus.WaitingApproval}}, false); err != nil {
+		t.Fatal(err) // no record at all
+	}
+	put(waiting("w3", "other", bus.WaitingApproval), true)
+	put(waiting("w4", "default", bus.WaitingApproval), true)
+	for i := range 500 { // finished after them: the walk's first windows
+		put(bus.RunRecord{ID: fmt.Sprintf("done-%03d", i), Queue: "default", State: bus.StatusSucceeded}, false)
+	}
+	ids := func(recs []bus.RunRecord) string {
+		var out []string
+		for _, r := range recs {
+			out = append(out, r.ID)
+		}
+		return strings.Join(out, " ")
+	}
+	pages := func(o bus.ListOptions) (string, int) {
+		t.Helper()
+		var out []string
+		scanned := 0
+		for range 10 {
+			p, err := c.ListPage(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, ids(p.Records))
+			scanned += p.Scanned
+			if o.Cursor = p.NextCursor; o.Cursor == "" {
+				break
+			}
+			if !strings.HasPrefix(o.Cursor, "w.") {
+				t.Fatalf("cursor %q, want a waiting-index one", o.Cursor)
+			}
+		}
+		return strings.Join(out, " | "), scanned
+	}
+	if got, scanned := pages(bus.ListOptions{State: bus.StateWaiting, Limit: 2}); got != "w1 w2 | w3 w4" || scanned > 8 {
+		t.Errorf("waiting pages %q (%d entries read), want w1 w2 | w3 w4 from the index", got, scanned)
+	}
+	if got, _ := pages(bus.ListOptions{State: bus.StateWaiting, WaitingFor: bus.WaitingApproval, Queue: "default"}); got != "w1 w4" {
+		t.Errorf("waiting for approval in default: %q, want w1 w4", got)
+	}
+	p, err := c.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Limit: 10})
+	if err != nil || p.Scanned > 6 {
+		t.Fatalf("approvals: %v, %d read", err, p.Scanned)
+	}
+	if _, err := c.ListPage(ctx, bus.ListOptions{State: bus.StateRunning, Cursor: "w.1"}); err == nil {
+		t.Error("a waiting-index cursor listed runs of another state")
+	}
+
+	// No index: the records walk (the newest first).
+	if err := c.JetStream().DeleteStream(ctx, c.Names().WaitingStream()); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting})
+	if err != nil || ids(recs) != "w4 w3 w2 w1" {
+		t.Errorf("without the index: %q %v, want w4 w3 w2 w1", ids(recs), err)
+	}
+	if _, err := c.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting, Cursor: "w.1"}); err == nil {
+		t.Error("a waiting-index cursor was taken with no index")
+	}
+}
+
+// TestWaitingPageBoundsItsHoles: the sequences a page of the index reads,
+// the holes runs that stopped waiting left included, count against
+// MaxScan: a page over 600 holes with MaxScan 100 stops truncated with a
+// cursor, and the pages after it reach the run that waits after them.
+func TestWaitingPageBoundsItsHoles(t *testing.T) {
+	t.Parallel()
+	ids := func(recs []bus.RunRecord) string {
+		var out []string
+		for _, r := range recs {
+			out = append(out, r.ID)
+		}
+		return strings.Join(out, " ")
+	}
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	// A run that waits before the holes (holes below the index's first
+	// entry are never read).
+	if err := fleettest.PutWaitingRun(ctx, c, "default", "first", "c1", map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	short := &bus.RunRecord{ID: "short", Queue: "default", Waiting: &bus.Waiting{For: bus.WaitingModel}}
+	for range 600 { // each rewrite deletes the one before: a hole
+		if err := c.PutWaiting(ctx, short, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DropWaiting(ctx, "default", "short"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleettest.PutWaitingRun(ctx, c, "default", "waits", "c1", map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	o := bus.ListOptions{State: bus.StateWaiting, Limit: 10, MaxScan: 100}
+	p, err := c.ListPage(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Truncated || ids(p.Records) != "first" || !strings.HasPrefix(p.NextCursor, "w.") {
+		t.Fatalf("first page: truncated %v, %q, cursor %q; want first, truncated, with a cursor", p.Truncated, ids(p.Records), p.NextCursor)
+	}
+	p.Records = nil
+	for pages := 1; len(p.Records) == 0; pages++ {
+		if pages > 20 || p.NextCursor == "" {
+			t.Fatalf("the waiting run was not reached (%d pages, cursor %q)", pages, p.NextCursor)
+		}
+		o.Cursor = p.NextCursor
+		if p, err = c.ListPage(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.Records[0].ID != "waits" {
+		t.Fatalf("listed %s, want waits", p.Records[0].ID)
+	}
+}
