@@ -501,16 +501,18 @@ func TestBrowserFleetAndNewRun(t *testing.T) {
 		chromedp.Evaluate[chromedp.Void](`document.querySelector('#new-tools input[value="text__upper"]').click(); document.querySelector('#new-tools input[value="calculator"]').click()`),
 		setValue("#new-queue", "other"),
 		click("#new-submit"),
+		// One poll across the navigation the submit starts: a poll begun
+		// in the old page's context failed when it went away ("Cannot
+		// find context with specified id" in a loaded CI).
 		chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
 			for ctx.Err() == nil {
-				if p, err := chromedp.Evaluate[string](`location.pathname`)(ctx, tgt); err == nil && strings.HasPrefix(p, "/runs/") {
+				if ok, err := chromedp.Evaluate[bool](`location.pathname.startsWith("/runs/") && document.body.dataset.ready === "true" && document.getElementById("transcript")?.dataset.ended === "true"`)(ctx, tgt); err == nil && ok {
 					return nil
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
 			return ctx.Err()
-		}),
-		wait(`document.body.dataset.ready === "true" && document.getElementById("transcript").dataset.ended === "true"`))
+		}))
 	id := strings.TrimPrefix(eval[string](b, page, `location.pathname`), "/runs/")
 	var rec bus.RunRecord
 	c.getJSON(t, "/api/runs/"+id, &rec)
