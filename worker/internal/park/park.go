@@ -29,7 +29,10 @@
 //  4. Confirm (the pickup of a request with Agentfleet-Woken-From): it
 //     counts only while the record names the same parked.seq and its bytes
 //     are the kept copy's, or when the record is already this request's
-//     (a redelivery after the woken attempt took the lease). Then its
+//     (a redelivery after the woken attempt took the lease, whether or
+//     not that attempt parked the run again: a run parked by a woken
+//     attempt that died before its ack resumes from the redelivered
+//     wake, as invariant 2 says of any parked request). Then its
 //     attempt is the base plus its delivery count, and its lease take (a
 //     compare-and-set that clears parked) is the one wake of the park
 //     that runs: every other copy of it finds the record no longer
@@ -161,8 +164,13 @@ func (e *Env) Confirm(ctx context.Context, id string, reqSeq uint64, h nats.Head
 		return c, err
 	}
 	switch {
-	case rec.RequestSeq == reqSeq && rec.Parked == nil && !rec.Finished():
-		// A redelivery: this wake took the lease already.
+	case rec.RequestSeq == reqSeq && !rec.Finished():
+		// A redelivery: this wake took the lease already. Parked may name
+		// a newer park (the woken attempt parked again and died before
+		// its ack): the redelivery resumes the run as a plain request's
+		// does (its lease take wins on the higher attempt and clears
+		// parked); the newer park's own wakes then find the record
+		// another request's and are dropped.
 	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished():
 		kept, err := e.Parked.GetMsg(ctx, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -259,3 +259,62 @@ func TestWakeConsumerWakesParkedRuns(t *testing.T) {
 		t.Fatalf("a run that is not parked was woken: %+v", w)
 	}
 }
+
+// A woken attempt parks the run again and dies before its request (the
+// wake) is acknowledged: the redelivered wake is confirmed (it resumes
+// the run, invariant 2), though the record names the newer park, not
+// the one the wake's header names.
+func TestRedeliveredWakeOfReparkedRunResumes(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	body := []byte(`{"prompt":"deploy"}`)
+	_, rec := f.park(t, "r9", body)
+	if err := f.env.Wake(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	w := f.wakes(t, "r9")[0]
+	if c, err := f.env.Confirm(ctx, "r9", w.Sequence, w.Header, w.Data); err != nil || !c.OK {
+		t.Fatalf("confirm %+v %v", c, err)
+	}
+	// The woken attempt (2) holds the run, then parks it again: Keep, then
+	// the record with its new park; its request (the wake) is not acked.
+	seq2, err := f.env.Keep(ctx, "default", "r9", 2, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec2 := &bus.RunRecord{ID: "r9", Queue: "default", State: bus.StateRunning, Attempt: 2, RequestSeq: w.Sequence,
+		Waiting: &bus.Waiting{For: bus.WaitingApproval}, Parked: &bus.Parked{At: time.Now(), Seq: seq2, Attempt: 2}}
+	data, err := agent.MarshalJSON(rec2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.kv.Put(ctx, "r9", data); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.env.Confirm(ctx, "r9", w.Sequence, w.Header, w.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.OK || c.Base != 1 || c.From != rec.Parked.Seq {
+		t.Fatalf("redelivered wake of its own re-parked run not confirmed: %+v", c)
+	}
+	// A wake of the newer park published after the redelivery took the
+	// lease (the record is the redelivery's, not parked) is dropped.
+	if err := f.env.Wake(ctx, rec2); err != nil {
+		t.Fatal(err)
+	}
+	rec3 := *rec2
+	rec3.Attempt, rec3.Parked = 3, nil
+	data, _ = agent.MarshalJSON(&rec3)
+	if _, err := f.kv.Put(ctx, "r9", data); err != nil {
+		t.Fatal(err)
+	}
+	wakes := f.wakes(t, "r9")
+	if len(wakes) != 2 {
+		t.Fatalf("%d wakes, want 2", len(wakes))
+	}
+	w2 := wakes[1]
+	if c, err := f.env.Confirm(ctx, "r9", w2.Sequence, w2.Header, w2.Data); err != nil || c.OK {
+		t.Fatalf("a wake of a park the redelivery ended confirmed: %+v %v", c, err)
+	}
+}
