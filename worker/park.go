@@ -30,14 +30,18 @@ import (
 //     known: ctl.last), the request's copy is kept (park.Keep), the
 //     timer of its first approval's expiry is stored (park.Arm), the
 //     record gets parked with the lease's compare-and-set (lost: a newer
-//     attempt owns the run, nothing more is done), then the request is
-//     acknowledged (DoubleAck: a lost ack redelivers it, and the
-//     redelivery resumes the run);
+//     attempt owns the run, nothing more is done);
 //   - an answer the wake consumer saw before the record said parked is
 //     not lost: once the record says parked, the attempt looks for an
 //     approve or abort stored after those its control owner took, or one
 //     it took that no call applied (the park cut its wait), and wakes the
 //     run itself if there is one;
+//   - only then is the request acknowledged (DoubleAck: a lost ack
+//     redelivers it, and the redelivery resumes the run). Look and wake
+//     before the ack: a crash anywhere before it redelivers the request,
+//     which resumes the run, so an answer that came while parking is
+//     never left to the timer (a wake published too races the
+//     redelivery for the lease: one of them runs, the other is dropped);
 //   - the run's goroutine returns: its slot, place, agent and control
 //     state go as any ended attempt's.
 //
@@ -212,12 +216,10 @@ func (r *run) parkWaiting() {
 		_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 		return
 	}
-	if err := r.msg.DoubleAck(ctx); err != nil {
-		// The record says parked; the request comes again after AckWait
-		// and its attempt resumes the run (or a wake takes it first).
-		r.log.Warn("parked run's request not acknowledged; it comes again", "err", err)
-	}
-	r.log.Info("run parked", "parkedSeq", seq)
+	// The look for answers and the wake come before the ack: until the
+	// ack, a crash redelivers the request, which resumes the run (and a
+	// wake published meanwhile loses the lease race to it or wins it);
+	// after the ack, nothing would look again until the timer.
 	wake := queued
 	if !wake {
 		if wake, err = env.AnswerAfter(ctx, r.w.controlStream, r.id, approveAfter, abortAfter); err != nil {
@@ -227,10 +229,19 @@ func (r *run) parkWaiting() {
 	}
 	if wake {
 		if err := env.Wake(ctx, rec); err != nil {
-			// The record says parked: the next answer wakes it.
-			r.log.Warn("cannot wake the run for an answer that came while it parked", "err", err)
+			// Not acknowledged: the request comes again and resumes the
+			// run, which takes the answer.
+			r.log.Warn("cannot wake the run for an answer that came while it parked; handing its request back", "err", err)
+			_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
+			return
 		}
 	}
+	if err := r.msg.DoubleAck(ctx); err != nil {
+		// The record says parked; the request comes again after AckWait
+		// and its attempt resumes the run (or a wake takes it first).
+		r.log.Warn("parked run's request not acknowledged; it comes again", "err", err)
+	}
+	r.log.Info("run parked", "parkedSeq", seq, "woken", wake)
 }
 
 // takeWake is the pickup's look at a request's wake header: take is false

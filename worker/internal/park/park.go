@@ -20,7 +20,9 @@
 //     clears parked).
 //  3. Wake: whoever sees an approve or an abort for a run whose record is
 //     parked (the wake consumer; the parking attempt itself for what came
-//     while it parked) publishes a copy of the kept request to the run's
+//     while it parked, before it acknowledges its request: a crash before
+//     the ack redelivers the request, after it nothing looks again)
+//     publishes a copy of the kept request to the run's
 //     submit subject with Agentfleet-Woken-From: <parked.seq>,
 //     Agentfleet-Attempt-Base: <parked.attempt> and Nats-Msg-Id
 //     <run>:wake:<parked.seq>. The waker writes nothing: any number of
