@@ -23,7 +23,11 @@ import (
 //     it takes one again or starts another kind of wait) ends the run's
 //     waits as a drain does (errWaitHandedBack): the calls stay pending
 //     in its events and its record, their answers unapplied;
-//   - handBackWhileWaiting publishes run_parked, stores every event
+//   - handBackWhileWaiting waits for the calls that run, including one
+//     whose wait took its answer as the park fired (it runs on:
+//     waitInCall counts it running in the critical section that ends its
+//     wait, and the run is idle only with no approval wait left), then
+//     publishes run_parked, stores every event
 //     (flush) and fences the publisher; execute then calls parkWaiting
 //     instead of handBackWaiting:
 //   - the heartbeat ends, the control owner stops (what it took is
