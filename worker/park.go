@@ -64,7 +64,8 @@ func (w *Worker) openParking(setup context.Context) {
 		w.log.Warn("parking off: no parked-requests stream (create the streams with EnsureStreams)", "err", err)
 		return
 	}
-	w.parking = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+	w.parking = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log,
+		KeepFor: s.CachedInfo().Config.MaxAge}
 }
 
 // startWake pulls the wake consumer (worker/internal/park). Every worker
@@ -126,16 +127,26 @@ func (r *run) disarmParkLocked() {
 	ws.parkTimer = nil
 }
 
-// parkFired parks the run if it still waits as when the timer was armed.
+// parkFired parks the run if it still waits as when the timer was armed,
+// and AGENTS_PARKED keeps its copy until its timer fires (park.Env.Keeps;
+// else it keeps waiting off its slot).
 func (r *run) parkFired(gen uint64) {
+	due := r.firstExpiry() // gate.calls.mu, not under ws.mu
+	keeps := r.w.parking.Keeps(time.Now(), due)
 	ws := &r.wait
 	ws.mu.Lock()
 	ok := ws.parkArmed && ws.parkGen == gen && ws.offSlot && ws.n > 0 && ws.busy == 0 && ws.other == 0
+	declined := ok && !keeps
 	if ok {
 		ws.parkArmed, ws.parkTimer = false, nil
-		r.parking.Store(true)
+		ok = keeps
+		r.parking.Store(ok)
 	}
 	ws.mu.Unlock()
+	if declined {
+		r.log.Info("run does not park: its approval expires after the parked-requests stream's max age; it waits off its slot",
+			"expiresAt", due, "keepFor", r.w.parking.KeepFor)
+	}
 	if ok {
 		r.log.Info("run parks: it waited off its slot for approvals", "parkAfter", r.w.cfg.ParkAfter)
 		r.parkNow()
@@ -166,6 +177,18 @@ func (r *run) announcePark() {
 		p.Waiting = &bus.Waiting{For: what, Since: since, Approvals: r.pendingApprovals()}
 	}
 	_, _ = r.pub.Fleet(bus.EventRunParked, p)
+}
+
+// firstExpiry is the earliest expiry of the run's pending approvals
+// (zero: none asked), when its park timer would fire.
+func (r *run) firstExpiry() time.Time {
+	var due time.Time
+	for _, a := range r.pendingApprovals() {
+		if t := time.UnixMilli(a.ExpiresAt); due.IsZero() || t.Before(due) {
+			due = t
+		}
+	}
+	return due
 }
 
 // answersQueued reports whether a pending call holds an answer it did not

@@ -292,3 +292,28 @@ func ackedMsg(subject string) (stream string, seq uint64, ok bool) {
 	}
 	return stream, seq, err == nil
 }
+
+// A run whose approval expires after AGENTS_PARKED's max age does not
+// park (its copy and timer would age out first: it could never be woken
+// or aborted, and its record would say parked for ever): it keeps
+// waiting off its slot, and its answer applies there. A run whose
+// approval expires within it parks.
+func TestRunDoesNotParkPastTheParkedStreamsMaxAge(t *testing.T) {
+	t.Parallel()
+	_, c, d := approvalWorker(t, Config{ParkAfter: 200 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond,
+		Streams: bus.StreamsConfig{RequestsMaxAge: time.Hour}})
+	long := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 7200}, "prod"))
+	short := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 600}, "staging"))
+	rl, rs := followRun(t, c, long), followRun(t, c, short)
+	rs.waitFor(t, bus.EventRunParked, 1)
+	rec := waitRecord(t, c, long, "waiting well past --park-after", func(r *bus.RunRecord) bool {
+		return r.Parked != nil || waitingFor(r, "c1") && r.HeartbeatAt.Sub(r.Waiting.Since) > 2*time.Second
+	})
+	if rec.Parked != nil || rl.count(bus.EventRunParked) != 0 {
+		t.Fatalf("a run whose approval outlives AGENTS_PARKED parked: record parked %+v, events %s", rec.Parked, rl.types())
+	}
+	sendAnswer(t, c, long, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	if fin := rl.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" || rl.count(bus.EventRunStarted) != 1 {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), rl.types())
+	}
+}

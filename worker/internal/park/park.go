@@ -44,6 +44,11 @@
 //  5. A wake copy squatted by another message under its Nats-Msg-Id (a
 //     submitter's, within the dedupe window) is published again without
 //     the id: the confirmation, not the dedupe, keeps the wake single.
+//  6. A run parks only if AGENTS_PARKED keeps its copy and its timer until
+//     the timer fires (Keeps: its first pending call's expiry within the
+//     stream's max age, less a margin): a copy aged out first could never
+//     be woken or aborted, and its record would say parked for ever. A
+//     run that would outlive them keeps waiting off its slot.
 package park
 
 import (
@@ -71,6 +76,20 @@ type Env struct {
 	// (jetstream.ErrKeyNotFound: none).
 	Read func(ctx context.Context, id string) (*bus.RunRecord, error)
 	Log  *slog.Logger
+	// KeepFor is AGENTS_PARKED's max age (0: none), as the worker found
+	// the stream when it opened it.
+	KeepFor time.Duration
+}
+
+// keepMargin is how long before the stream's max age a parked run's timer
+// must fire: its wake then still reads the kept copy.
+const keepMargin = time.Minute
+
+// Keeps reports whether a run parked now, whose timer fires at due (its
+// first pending call's expiry; zero: none), keeps its request copy and
+// timer until then (invariant 6).
+func (e *Env) Keeps(now, due time.Time) bool {
+	return e.KeepFor <= 0 || due.IsZero() || due.Sub(now)+keepMargin <= e.KeepFor
 }
 
 // traceHeaders are kept on the copies (the submitter's trace).
