@@ -274,8 +274,8 @@ func (r *run) parkWaiting() {
 // takeWake is the pickup's look at a request's wake header: take is false
 // when the request was settled (a wake the record does not confirm is
 // dropped; a failed read hands it back), after stopBeat.
-func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat func() time.Time, runID string, reqSeq uint64) (park.Confirmation, bool) {
-	woken, err := w.confirmWake(m, runID, reqSeq)
+func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat func() time.Time, queue, runID string, reqSeq uint64) (park.Confirmation, bool) {
+	woken, err := w.confirmWake(m, queue, runID, reqSeq)
 	switch {
 	case err != nil:
 		w.log.Warn("cannot confirm a wake; handing the request back", "run", runID, "err", err)
@@ -293,7 +293,7 @@ func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat fun
 
 // confirmWake checks a request's wake header at pickup (park.Confirm):
 // drop: a wake the record does not confirm (acknowledged, no event).
-func (w *Worker) confirmWake(m jetstream.Msg, runID string, reqSeq uint64) (c park.Confirmation, err error) {
+func (w *Worker) confirmWake(m jetstream.Msg, queue, runID string, reqSeq uint64) (c park.Confirmation, err error) {
 	if m.Headers().Get(bus.HeaderWokenFrom) == "" {
 		return c, nil
 	}
@@ -310,7 +310,7 @@ func (w *Worker) confirmWake(m jetstream.Msg, runID string, reqSeq uint64) (c pa
 		}
 		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
 	}
-	return env.Confirm(w.hardCtx, runID, reqSeq, m.Headers(), m.Data())
+	return env.Confirm(w.hardCtx, queue, runID, reqSeq, m.Headers(), m.Data())
 }
 
 // forgetParked removes a woken park's request copy once the woken attempt

@@ -30,7 +30,7 @@
 //     crash and publish again.
 //  4. Confirm (the pickup of a request with Agentfleet-Woken-From): it
 //     counts only while the record names the same parked.seq and its bytes
-//     are the kept copy's, or when the record is already this request's
+//     are the kept copy's and it came on the record's queue, or when the record is already this request's
 //     (a redelivery after the woken attempt took the lease, whether or
 //     not that attempt parked the run again: a run parked by a woken
 //     attempt that died before its ack resumes from the redelivered
@@ -164,9 +164,10 @@ type Confirmation struct {
 	From uint64
 }
 
-// Confirm checks a request of run id at stream sequence reqSeq with
-// headers h and body data (step 4). An error is a failed read: try again.
-func (e *Env) Confirm(ctx context.Context, id string, reqSeq uint64, h nats.Header, data []byte) (Confirmation, error) {
+// Confirm checks a request of run id on queue's submit subject at stream
+// sequence reqSeq with headers h and body data (step 4). An error is a
+// failed read: try again.
+func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h nats.Header, data []byte) (Confirmation, error) {
 	text := h.Get(bus.HeaderWokenFrom)
 	if text == "" {
 		return Confirmation{}, nil
@@ -192,7 +193,8 @@ func (e *Env) Confirm(ctx context.Context, id string, reqSeq uint64, h nats.Head
 		// does (its lease take wins on the higher attempt and clears
 		// parked); the newer park's own wakes then find the record
 		// another request's and are dropped.
-	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished():
+	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
+		// On the run's own queue: a copy on another's would move the run.
 		kept, err := e.Parked.GetMsg(ctx, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return c, nil

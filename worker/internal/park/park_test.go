@@ -42,7 +42,7 @@ func newTestFleet(t *testing.T) *testFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{Queues: []string{bus.DefaultQueue, "other"}}); err != nil {
 		t.Fatal(err)
 	}
 	n := c.Names()
@@ -150,20 +150,20 @@ func TestWakeIsConfirmedOnlyForItsPark(t *testing.T) {
 		t.Fatalf("wakes %+v", wakes)
 	}
 	w := wakes[0]
-	c, err := f.env.Confirm(ctx, "r1", w.Sequence, w.Header, w.Data)
+	c, err := f.env.Confirm(ctx, "default", "r1", w.Sequence, w.Header, w.Data)
 	if err != nil || !c.OK || c.Base != 1 || c.From != rec.Parked.Seq {
 		t.Fatalf("confirm %+v %v", c, err)
 	}
-	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, w.Header, []byte(`{"prompt":"other"}`)); !c.Wake || c.OK {
+	if c, _ := f.env.Confirm(ctx, "default", "r1", w.Sequence, w.Header, []byte(`{"prompt":"other"}`)); !c.Wake || c.OK {
 		t.Fatalf("another body confirmed: %+v", c)
 	}
 	h := nats.Header{}
 	h.Set(bus.HeaderWokenFrom, strconv.FormatUint(rec.Parked.Seq+7, 10))
 	h.Set(bus.HeaderAttemptBase, "1")
-	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, h, w.Data); c.OK {
+	if c, _ := f.env.Confirm(ctx, "default", "r1", w.Sequence, h, w.Data); c.OK {
 		t.Fatalf("another park confirmed: %+v", c)
 	}
-	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, nats.Header{}, w.Data); c.Wake {
+	if c, _ := f.env.Confirm(ctx, "default", "r1", w.Sequence, nats.Header{}, w.Data); c.Wake {
 		t.Fatalf("a plain request taken for a wake: %+v", c)
 	}
 }
@@ -183,7 +183,7 @@ func TestWakeSquattedByItsIDIsPublishedAnyway(t *testing.T) {
 	}
 	confirmed := 0
 	for _, w := range f.wakes(t, "r2") {
-		if c, _ := f.env.Confirm(ctx, "r2", w.Sequence, w.Header, w.Data); c.OK {
+		if c, _ := f.env.Confirm(ctx, "default", "r2", w.Sequence, w.Header, w.Data); c.OK {
 			confirmed++
 		}
 	}
@@ -273,7 +273,7 @@ func TestRedeliveredWakeOfReparkedRunResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := f.wakes(t, "r9")[0]
-	if c, err := f.env.Confirm(ctx, "r9", w.Sequence, w.Header, w.Data); err != nil || !c.OK {
+	if c, err := f.env.Confirm(ctx, "default", "r9", w.Sequence, w.Header, w.Data); err != nil || !c.OK {
 		t.Fatalf("confirm %+v %v", c, err)
 	}
 	// The woken attempt (2) holds the run, then parks it again: Keep, then
@@ -291,7 +291,7 @@ func TestRedeliveredWakeOfReparkedRunResumes(t *testing.T) {
 	if _, err := f.kv.Put(ctx, "r9", data); err != nil {
 		t.Fatal(err)
 	}
-	c, err := f.env.Confirm(ctx, "r9", w.Sequence, w.Header, w.Data)
+	c, err := f.env.Confirm(ctx, "default", "r9", w.Sequence, w.Header, w.Data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,33 @@ func TestRedeliveredWakeOfReparkedRunResumes(t *testing.T) {
 		t.Fatalf("%d wakes, want 2", len(wakes))
 	}
 	w2 := wakes[1]
-	if c, err := f.env.Confirm(ctx, "r9", w2.Sequence, w2.Header, w2.Data); err != nil || c.OK {
+	if c, err := f.env.Confirm(ctx, "default", "r9", w2.Sequence, w2.Header, w2.Data); err != nil || c.OK {
 		t.Fatalf("a wake of a park the redelivery ended confirmed: %+v %v", c, err)
+	}
+}
+
+// A wake copy published to another queue's submit subject (the kept
+// request with the park's headers) is not confirmed: the run would move
+// queues. On its own queue it is.
+func TestWakeOnAnotherQueueIsNotConfirmed(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	_, rec := f.park(t, "r10", []byte(`{"prompt":"deploy"}`))
+	kept, err := f.env.Parked.GetMsg(ctx, rec.Parked.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &nats.Msg{Subject: f.env.Names.Submit("other", "r10"), Data: kept.Data, Header: nats.Header{}}
+	m.Header.Set(bus.HeaderWokenFrom, strconv.FormatUint(rec.Parked.Seq, 10))
+	m.Header.Set(bus.HeaderAttemptBase, "1")
+	ack, err := f.c.JetStream().PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := f.env.Confirm(ctx, "other", "r10", ack.Sequence, m.Header, m.Data); err != nil || !c.Wake || c.OK {
+		t.Fatalf("a wake on another queue: %+v %v, want not confirmed", c, err)
+	}
+	if c, err := f.env.Confirm(ctx, "default", "r10", ack.Sequence, m.Header, m.Data); err != nil || !c.OK {
+		t.Fatalf("the same wake on the run's queue: %+v %v, want confirmed", c, err)
 	}
 }
