@@ -170,7 +170,9 @@ func (r *run) parks() bool {
 }
 
 // announcePark publishes run_parked (handBackWhileWaiting, before the
-// flush).
+// flush): before the park is certain, since the events are stored before
+// the record may say parked. A park that fails later leaves it in the
+// events (docs/protocol.md §4: parked is what the record says).
 func (r *run) announcePark() {
 	p := bus.RunParked{Type: bus.EventRunParked, Attempt: r.attempt}
 	if what, since := r.waiting(); what != "" {
