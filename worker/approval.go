@@ -451,8 +451,6 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	var got *answer
 	var edited map[string]any
 	timedOut := false
-	r.toolBusy(-1) // the call waits: with no other call running, the run leaves its slot
-	defer r.toolBusy(1)
 	timeOut := func() {
 		timedOut = true
 		if p.Aborts() {
@@ -463,7 +461,9 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 			r.stop()
 		}
 	}
-	err := r.waitOffSlot(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
+	// The call waits (with no other call running, the run leaves its
+	// slot); waitInCall counts it running again as the wait ends.
+	err := r.waitInCall(ctx, bus.WaitingApproval, c.requestedAt, func(wctx context.Context) error {
 		defer func() { r.traceApprovalDecision(wctx, id, got, timedOut) }() // trace.go
 		timer := time.NewTimer(time.Until(c.expiresAt))
 		defer timer.Stop()
@@ -522,6 +522,7 @@ func (r *run) awaitApproval(ctx context.Context, t *agent.Tool, id string, args 
 	case errors.Is(err, errWaitHandedBack):
 		handedBack = true
 		r.handBackWhileWaiting()
+		r.toolBusy(1) // the call's count, which its own hand-back must not wait for
 		return nil, err
 	case err != nil:
 		return nil, fmt.Errorf("stopped while waiting for approval: %w", err)

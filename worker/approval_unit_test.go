@@ -78,18 +78,18 @@ func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
 	if !a.claimWaitPlace(false) {
 		t.Fatal("a refused")
 	}
-	a.enterWait(bus.WaitingApproval, time.Now())
+	a.enterWait(bus.WaitingApproval, time.Now(), false)
 	for _, r := range []*run{b, c} {
 		if !r.claimWaitPlace(true) {
 			t.Fatal("a resumed call was refused")
 		}
-		r.enterWait(bus.WaitingApproval, time.Now())
+		r.enterWait(bus.WaitingApproval, time.Now(), false)
 	}
 	if w.OffSlot() != 1 || len(w.slots) != 2 {
 		t.Fatalf("off slot %d, slots taken %d; want a off its slot, b and c on theirs", w.OffSlot(), len(w.slots))
 	}
 	// a's call is answered and ends: its place goes to b, the first queued.
-	a.leaveWait(context.Background(), bus.WaitingApproval, false)
+	a.leaveWait(context.Background(), bus.WaitingApproval, false, false)
 	a.unclaimWaitPlace()
 	if !b.wait.offSlot || c.wait.offSlot || w.OffSlot() != 1 || len(w.slots) != 2 || w.places.held != 1 {
 		t.Fatalf("after a place freed: b off %v, c off %v, off slot %d, slots taken %d, places %d; want b off its slot",
@@ -101,9 +101,9 @@ func TestApprovalResumedCallLeavesItsSlotWhenAPlaceFrees(t *testing.T) {
 	}
 	// c's wait ends first (answered on its slot): it leaves the queue,
 	// and b's place, once free, goes back to the pool.
-	c.leaveWait(context.Background(), bus.WaitingApproval, false)
+	c.leaveWait(context.Background(), bus.WaitingApproval, false, false)
 	c.unclaimWaitPlace()
-	b.leaveWait(context.Background(), bus.WaitingApproval, false)
+	b.leaveWait(context.Background(), bus.WaitingApproval, false, false)
 	b.unclaimWaitPlace()
 	if w.places.held != 0 || len(w.places.queue) != 0 || w.OffSlot() != 0 || len(w.slots) != 3 {
 		t.Fatalf("at the end: places %d, queued %d, off slot %d, slots taken %d", w.places.held, len(w.places.queue), w.OffSlot(), len(w.slots))

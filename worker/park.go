@@ -23,21 +23,29 @@ import (
 //     it takes one again or starts another kind of wait) ends the run's
 //     waits as a drain does (errWaitHandedBack): the calls stay pending
 //     in its events and its record, their answers unapplied;
-//   - handBackWhileWaiting publishes run_parked, stores every event
+//   - handBackWhileWaiting waits for the calls that run, including one
+//     whose wait took its answer as the park fired (it runs on:
+//     waitInCall counts it running in the critical section that ends its
+//     wait, and the run is idle only with no approval wait left), then
+//     publishes run_parked, stores every event
 //     (flush) and fences the publisher; execute then calls parkWaiting
 //     instead of handBackWaiting:
 //   - the heartbeat ends, the control owner stops (what it took is
 //     known: ctl.last), the request's copy is kept (park.Keep), the
 //     timer of its first approval's expiry is stored (park.Arm), the
 //     record gets parked with the lease's compare-and-set (lost: a newer
-//     attempt owns the run, nothing more is done), then the request is
-//     acknowledged (DoubleAck: a lost ack redelivers it, and the
-//     redelivery resumes the run);
+//     attempt owns the run, nothing more is done);
 //   - an answer the wake consumer saw before the record said parked is
 //     not lost: once the record says parked, the attempt looks for an
 //     approve or abort stored after those its control owner took, or one
 //     it took that no call applied (the park cut its wait), and wakes the
 //     run itself if there is one;
+//   - only then is the request acknowledged (DoubleAck: a lost ack
+//     redelivers it, and the redelivery resumes the run). Look and wake
+//     before the ack: a crash anywhere before it redelivers the request,
+//     which resumes the run, so an answer that came while parking is
+//     never left to the timer (a wake published too races the
+//     redelivery for the lease: one of them runs, the other is dropped);
 //   - the run's goroutine returns: its slot, place, agent and control
 //     state go as any ended attempt's.
 //
@@ -56,7 +64,8 @@ func (w *Worker) openParking(setup context.Context) {
 		w.log.Warn("parking off: no parked-requests stream (create the streams with EnsureStreams)", "err", err)
 		return
 	}
-	w.parking = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+	w.parking = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log,
+		KeepFor: s.CachedInfo().Config.MaxAge}
 }
 
 // startWake pulls the wake consumer (worker/internal/park). Every worker
@@ -118,16 +127,26 @@ func (r *run) disarmParkLocked() {
 	ws.parkTimer = nil
 }
 
-// parkFired parks the run if it still waits as when the timer was armed.
+// parkFired parks the run if it still waits as when the timer was armed,
+// and AGENTS_PARKED keeps its copy until its timer fires (park.Env.Keeps;
+// else it keeps waiting off its slot).
 func (r *run) parkFired(gen uint64) {
+	due := r.firstExpiry() // gate.calls.mu, not under ws.mu
+	keeps := r.w.parking.Keeps(time.Now(), due)
 	ws := &r.wait
 	ws.mu.Lock()
 	ok := ws.parkArmed && ws.parkGen == gen && ws.offSlot && ws.n > 0 && ws.busy == 0 && ws.other == 0
+	declined := ok && !keeps
 	if ok {
 		ws.parkArmed, ws.parkTimer = false, nil
-		r.parking.Store(true)
+		ok = keeps
+		r.parking.Store(ok)
 	}
 	ws.mu.Unlock()
+	if declined {
+		r.log.Info("run does not park: its approval expires after the parked-requests stream's max age; it waits off its slot",
+			"expiresAt", due, "keepFor", r.w.parking.KeepFor)
+	}
 	if ok {
 		r.log.Info("run parks: it waited off its slot for approvals", "parkAfter", r.w.cfg.ParkAfter)
 		r.parkNow()
@@ -151,13 +170,27 @@ func (r *run) parks() bool {
 }
 
 // announcePark publishes run_parked (handBackWhileWaiting, before the
-// flush).
+// flush): before the park is certain, since the events are stored before
+// the record may say parked. A park that fails later leaves it in the
+// events (docs/protocol.md §4: parked is what the record says).
 func (r *run) announcePark() {
 	p := bus.RunParked{Type: bus.EventRunParked, Attempt: r.attempt}
 	if what, since := r.waiting(); what != "" {
 		p.Waiting = &bus.Waiting{For: what, Since: since, Approvals: r.pendingApprovals()}
 	}
 	_, _ = r.pub.Fleet(bus.EventRunParked, p)
+}
+
+// firstExpiry is the earliest expiry of the run's pending approvals
+// (zero: none asked), when its park timer would fire.
+func (r *run) firstExpiry() time.Time {
+	var due time.Time
+	for _, a := range r.pendingApprovals() {
+		if t := time.UnixMilli(a.ExpiresAt); due.IsZero() || t.Before(due) {
+			due = t
+		}
+	}
+	return due
 }
 
 // answersQueued reports whether a pending call holds an answer it did not
@@ -212,12 +245,10 @@ func (r *run) parkWaiting() {
 		_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 		return
 	}
-	if err := r.msg.DoubleAck(ctx); err != nil {
-		// The record says parked; the request comes again after AckWait
-		// and its attempt resumes the run (or a wake takes it first).
-		r.log.Warn("parked run's request not acknowledged; it comes again", "err", err)
-	}
-	r.log.Info("run parked", "parkedSeq", seq)
+	// The look for answers and the wake come before the ack: until the
+	// ack, a crash redelivers the request, which resumes the run (and a
+	// wake published meanwhile loses the lease race to it or wins it);
+	// after the ack, nothing would look again until the timer.
 	wake := queued
 	if !wake {
 		if wake, err = env.AnswerAfter(ctx, r.w.controlStream, r.id, approveAfter, abortAfter); err != nil {
@@ -227,17 +258,26 @@ func (r *run) parkWaiting() {
 	}
 	if wake {
 		if err := env.Wake(ctx, rec); err != nil {
-			// The record says parked: the next answer wakes it.
-			r.log.Warn("cannot wake the run for an answer that came while it parked", "err", err)
+			// Not acknowledged: the request comes again and resumes the
+			// run, which takes the answer.
+			r.log.Warn("cannot wake the run for an answer that came while it parked; handing its request back", "err", err)
+			_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
+			return
 		}
 	}
+	if err := r.msg.DoubleAck(ctx); err != nil {
+		// The record says parked; the request comes again after AckWait
+		// and its attempt resumes the run (or a wake takes it first).
+		r.log.Warn("parked run's request not acknowledged; it comes again", "err", err)
+	}
+	r.log.Info("run parked", "parkedSeq", seq, "woken", wake)
 }
 
 // takeWake is the pickup's look at a request's wake header: take is false
 // when the request was settled (a wake the record does not confirm is
 // dropped; a failed read hands it back), after stopBeat.
-func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat func() time.Time, runID string, reqSeq uint64) (park.Confirmation, bool) {
-	woken, err := w.confirmWake(m, runID, reqSeq)
+func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat func() time.Time, queue, runID string, reqSeq uint64) (park.Confirmation, bool) {
+	woken, err := w.confirmWake(m, queue, runID, reqSeq)
 	switch {
 	case err != nil:
 		w.log.Warn("cannot confirm a wake; handing the request back", "run", runID, "err", err)
@@ -255,7 +295,7 @@ func (w *Worker) takeWake(m jetstream.Msg, acks intake.RequestAcks, stopBeat fun
 
 // confirmWake checks a request's wake header at pickup (park.Confirm):
 // drop: a wake the record does not confirm (acknowledged, no event).
-func (w *Worker) confirmWake(m jetstream.Msg, runID string, reqSeq uint64) (c park.Confirmation, err error) {
+func (w *Worker) confirmWake(m jetstream.Msg, queue, runID string, reqSeq uint64) (c park.Confirmation, err error) {
 	if m.Headers().Get(bus.HeaderWokenFrom) == "" {
 		return c, nil
 	}
@@ -272,7 +312,7 @@ func (w *Worker) confirmWake(m jetstream.Msg, runID string, reqSeq uint64) (c pa
 		}
 		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
 	}
-	return env.Confirm(w.hardCtx, runID, reqSeq, m.Headers(), m.Data())
+	return env.Confirm(w.hardCtx, queue, runID, reqSeq, m.Headers(), m.Data())
 }
 
 // forgetParked removes a woken park's request copy once the woken attempt

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,13 +214,29 @@ func TestParkedRunApprovalTimesOut(t *testing.T) {
 // heartbeat reads the stream before the park), and the wake consumer
 // takes it while the record does not say parked yet, so wakes nothing.
 // Once parked, the parking attempt finds the answer after what it took
-// and wakes the run itself.
+// and wakes the run itself, before it acknowledges its request (after
+// the ack, a crash would leave the answer to the timer): a subscriber of
+// both sees the wake before the request's ack.
 func TestAnswerWhileParkingWakesTheRun(t *testing.T) {
 	t.Parallel()
 	w, c, d := approvalWorker(t, Config{ParkAfter: 3 * time.Second, AckWait: 5 * time.Minute, HeartbeatInterval: time.Minute})
+	// One channel for both subscriptions: the connection's read loop puts
+	// the messages in it in the server's order.
+	wire := make(chan *nats.Msg, 1<<16)
+	for _, subj := range []string{c.Names().Submit("default", "*"), "$JS.ACK.>"} {
+		sub, err := c.Conn().ChanSubscribe(subj, wire)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
 	re := followRun(t, c, run)
 	re.waitFor(t, bus.EventToolApprovalRequested, 1)
+	first, err := w.getRecord(context.Background(), run)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := w.ctlSub.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
@@ -249,5 +266,67 @@ func TestAnswerWhileParkingWakesTheRun(t *testing.T) {
 	}
 	if fin := re.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" {
 		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), re.types())
+	}
+	woken := false
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case m := <-wire:
+			if m.Header.Get(bus.HeaderWokenFrom) != "" {
+				woken = true
+				continue
+			}
+			if stream, sseq, ok := ackedMsg(m.Subject); ok && stream == c.Names().RunsStream() && sseq == first.RequestSeq && string(m.Data) == "+ACK" {
+				if !woken {
+					t.Fatal("the parked run's request was acknowledged before its wake was published")
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("the parked run's request's ack not seen")
+		}
+	}
+}
+
+// ackedMsg parses an ack subject ($JS.ACK.…): the stream and the stream
+// sequence of the message it acknowledges.
+func ackedMsg(subject string) (stream string, seq uint64, ok bool) {
+	tok := strings.Split(subject, ".")
+	var err error
+	switch {
+	case len(tok) == 9 && tok[1] == "ACK":
+		stream = tok[2]
+		seq, err = strconv.ParseUint(tok[5], 10, 64)
+	case len(tok) >= 11 && tok[1] == "ACK":
+		stream = tok[4]
+		seq, err = strconv.ParseUint(tok[7], 10, 64)
+	default:
+		return "", 0, false
+	}
+	return stream, seq, err == nil
+}
+
+// A run whose approval expires after AGENTS_PARKED's max age does not
+// park (its copy and timer would age out first: it could never be woken
+// or aborted, and its record would say parked for ever): it keeps
+// waiting off its slot, and its answer applies there. A run whose
+// approval expires within it parks.
+func TestRunDoesNotParkPastTheParkedStreamsMaxAge(t *testing.T) {
+	t.Parallel()
+	_, c, d := approvalWorker(t, Config{ParkAfter: 200 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond,
+		Streams: bus.StreamsConfig{RequestsMaxAge: time.Hour}})
+	long := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 7200}, "prod"))
+	short := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}, TimeoutSeconds: 600}, "staging"))
+	rl, rs := followRun(t, c, long), followRun(t, c, short)
+	rs.waitFor(t, bus.EventRunParked, 1)
+	rec := waitRecord(t, c, long, "waiting well past --park-after", func(r *bus.RunRecord) bool {
+		return r.Parked != nil || waitingFor(r, "c1") && r.HeartbeatAt.Sub(r.Waiting.Since) > 2*time.Second
+	})
+	if rec.Parked != nil || rl.count(bus.EventRunParked) != 0 {
+		t.Fatalf("a run whose approval outlives AGENTS_PARKED parked: record parked %+v, events %s", rec.Parked, rl.types())
+	}
+	sendAnswer(t, c, long, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	if fin := rl.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" || rl.count(bus.EventRunStarted) != 1 {
+		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), rl.types())
 	}
 }

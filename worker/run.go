@@ -154,7 +154,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	}
 	// A wake of a parked run (worker/park.go) goes on counting attempts
 	// from the one that parked, if the run's record confirms it.
-	woken, take := w.takeWake(m, acks, beat.stop, runID, reqSeq)
+	woken, take := w.takeWake(m, acks, beat.stop, queue, runID, reqSeq)
 	if !take {
 		return
 	}

@@ -62,7 +62,8 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 // run leaves its slot once a wait started and none of its tool calls runs
 // (toolBusy: the listener counts calls from tool_execution_start to
 // tool_execution_end; a wait inside a tool call brackets itself with
-// toolBusy(-1) / toolBusy(+1), a wait outside one needs nothing), and
+// toolBusy(-1) / toolBusy(+1), inside the wait's own start and end with
+// waitInCall (approvals), a wait outside one needs nothing), and
 // takes one again as soon as a wait ends (the call runs on), even while
 // others still wait. A wait whose context ends (abort, timeout, lost
 // lease) returns without a slot; the run then finishes without one
@@ -199,7 +200,21 @@ type waitInfo struct {
 // then returns errWaitHandedBack. After wait returns, the run takes a slot
 // again (blocking until one is free) unless ctx ended.
 func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wait func(ctx context.Context) error) error {
-	r.enterWait(what, since)
+	return r.waitOff(ctx, what, since, false, wait)
+}
+
+// waitInCall is waitOffSlot for a wait inside a running tool call (an
+// approval's): it is the call's toolBusy(-1) / toolBusy(+1) bracket, the
+// +1 in the same critical section of wait.mu as the wait's end, so a
+// hand-back never finds the run idle between a wait that took its answer
+// and its call running on (awaitToolsIdle). A wait handed back is not
+// counted again: the caller calls toolBusy(1) after handBackWhileWaiting.
+func (r *run) waitInCall(ctx context.Context, what string, since time.Time, wait func(ctx context.Context) error) error {
+	return r.waitOff(ctx, what, since, true, wait)
+}
+
+func (r *run) waitOff(ctx context.Context, what string, since time.Time, inCall bool, wait func(ctx context.Context) error) error {
+	r.enterWait(what, since, inCall)
 	wctx, cancel := context.WithCancel(ctx)
 	stopDrain := context.AfterFunc(r.w.drainCtx(), cancel)
 	// A park ends an approval's wait as a drain does (worker/park.go);
@@ -217,17 +232,20 @@ func (r *run) waitOffSlot(ctx context.Context, what string, since time.Time, wai
 	drained := (!stopDrain() || parked) && ctx.Err() == nil
 	cancel()
 	endSpan(err, drained)
-	r.leaveWait(ctx, what, drained)
+	r.leaveWait(ctx, what, drained, inCall)
 	if drained {
 		return errWaitHandedBack
 	}
 	return err
 }
 
-func (r *run) enterWait(what string, since time.Time) {
+func (r *run) enterWait(what string, since time.Time, inCall bool) {
 	ws := &r.wait
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
+	if inCall {
+		ws.busy = max(ws.busy-1, 0) // the call waits, not runs
+	}
 	ws.n++
 	if what != bus.WaitingApproval {
 		ws.other++
@@ -386,19 +404,29 @@ func (r *run) toolBusy(d int) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.busy = max(ws.busy+d, 0)
-	if ws.busy == 0 && ws.idle != nil {
-		close(ws.idle)
-		ws.idle = nil
-	}
+	r.signalIdleLocked()
 	if d < 0 {
 		r.leaveSlotLocked()
 	}
 }
 
+// signalIdleLocked wakes awaitToolsIdle once the run is idle: none of
+// its tool calls runs and none of its approval waits is still in progress
+// (one the park or drain ended may yet return with its answer, and its
+// call then runs: see waitInCall). ws.mu is held.
+func (r *run) signalIdleLocked() {
+	ws := &r.wait
+	if ws.busy == 0 && ws.n == ws.other && ws.idle != nil {
+		close(ws.idle)
+		ws.idle = nil
+	}
+}
+
 // leaveWait ends a wait. A wait ended by the drain (handedBack) stays on
 // the record and keeps the clock paused: the attempt ends, and the next
-// one takes the wait over from the record.
-func (r *run) leaveWait(ctx context.Context, what string, handedBack bool) {
+// one takes the wait over from the record. A wait in a call (inCall) not
+// handed back counts its call running again.
+func (r *run) leaveWait(ctx context.Context, what string, handedBack, inCall bool) {
 	ws := &r.wait
 	var next *run
 	defer func() { handPlace(next) }() // after the unlock (deferred below)
@@ -408,6 +436,10 @@ func (r *run) leaveWait(ctx context.Context, what string, handedBack bool) {
 	if what != bus.WaitingApproval {
 		ws.other--
 	}
+	if inCall && !handedBack {
+		ws.busy++
+	}
+	defer r.signalIdleLocked() // before the unlock
 	w := r.w
 	if ws.offSlot {
 		r.disarmParkLocked()
@@ -470,7 +502,10 @@ func (w *Worker) OffSlot() int {
 // what it published is stored, then nothing more is (the gated calls stay
 // pending in its events, for the next attempt), and mustNotFinish hands
 // it back. Every waiting call of the run calls it; all return once the
-// run is fenced.
+// run is fenced. A call whose wait took its answer as the drain or park
+// ended the others runs on and is waited for (awaitToolsIdle): its
+// result is stored, not fenced (else its tool could run again after the
+// wake).
 func (r *run) handBackWhileWaiting() {
 	r.wait.handBack.Do(func() {
 		r.awaitToolsIdle(r.w.hardCtx)
@@ -486,12 +521,15 @@ func (r *run) handBackWhileWaiting() {
 	})
 }
 
-// awaitToolsIdle returns when none of the run's tool calls runs, or ctx
-// ends.
+// awaitToolsIdle returns when none of the run's tool calls runs and none
+// of its approval waits is in progress (signalIdleLocked), or ctx ends.
+// The caller's own wait has left: every other approval wait was ended by
+// the same park or drain, so it leaves soon, handed back or with its
+// answer (then its call runs first).
 func (r *run) awaitToolsIdle(ctx context.Context) {
 	ws := &r.wait
 	ws.mu.Lock()
-	if ws.busy == 0 {
+	if ws.busy == 0 && ws.n == ws.other {
 		ws.mu.Unlock()
 		return
 	}

@@ -20,7 +20,9 @@
 //     clears parked).
 //  3. Wake: whoever sees an approve or an abort for a run whose record is
 //     parked (the wake consumer; the parking attempt itself for what came
-//     while it parked) publishes a copy of the kept request to the run's
+//     while it parked, before it acknowledges its request: a crash before
+//     the ack redelivers the request, after it nothing looks again)
+//     publishes a copy of the kept request to the run's
 //     submit subject with Agentfleet-Woken-From: <parked.seq>,
 //     Agentfleet-Attempt-Base: <parked.attempt> and Nats-Msg-Id
 //     <run>:wake:<parked.seq>. The waker writes nothing: any number of
@@ -28,8 +30,11 @@
 //     crash and publish again.
 //  4. Confirm (the pickup of a request with Agentfleet-Woken-From): it
 //     counts only while the record names the same parked.seq and its bytes
-//     are the kept copy's, or when the record is already this request's
-//     (a redelivery after the woken attempt took the lease). Then its
+//     are the kept copy's and it came on the record's queue, or when the record is already this request's
+//     (a redelivery after the woken attempt took the lease, whether or
+//     not that attempt parked the run again: a run parked by a woken
+//     attempt that died before its ack resumes from the redelivered
+//     wake, as invariant 2 says of any parked request). Then its
 //     attempt is the base plus its delivery count, and its lease take (a
 //     compare-and-set that clears parked) is the one wake of the park
 //     that runs: every other copy of it finds the record no longer
@@ -39,6 +44,11 @@
 //  5. A wake copy squatted by another message under its Nats-Msg-Id (a
 //     submitter's, within the dedupe window) is published again without
 //     the id: the confirmation, not the dedupe, keeps the wake single.
+//  6. A run parks only if AGENTS_PARKED keeps its copy and its timer until
+//     the timer fires (Keeps: its first pending call's expiry within the
+//     stream's max age, less a margin): a copy aged out first could never
+//     be woken or aborted, and its record would say parked for ever. A
+//     run that would outlive them keeps waiting off its slot.
 package park
 
 import (
@@ -66,6 +76,20 @@ type Env struct {
 	// (jetstream.ErrKeyNotFound: none).
 	Read func(ctx context.Context, id string) (*bus.RunRecord, error)
 	Log  *slog.Logger
+	// KeepFor is AGENTS_PARKED's max age (0: none), as the worker found
+	// the stream when it opened it.
+	KeepFor time.Duration
+}
+
+// keepMargin is how long before the stream's max age a parked run's timer
+// must fire: its wake then still reads the kept copy.
+const keepMargin = time.Minute
+
+// Keeps reports whether a run parked now, whose timer fires at due (its
+// first pending call's expiry; zero: none), keeps its request copy and
+// timer until then (invariant 6).
+func (e *Env) Keeps(now, due time.Time) bool {
+	return e.KeepFor <= 0 || due.IsZero() || due.Sub(now)+keepMargin <= e.KeepFor
 }
 
 // traceHeaders are kept on the copies (the submitter's trace).
@@ -140,9 +164,10 @@ type Confirmation struct {
 	From uint64
 }
 
-// Confirm checks a request of run id at stream sequence reqSeq with
-// headers h and body data (step 4). An error is a failed read: try again.
-func (e *Env) Confirm(ctx context.Context, id string, reqSeq uint64, h nats.Header, data []byte) (Confirmation, error) {
+// Confirm checks a request of run id on queue's submit subject at stream
+// sequence reqSeq with headers h and body data (step 4). An error is a
+// failed read: try again.
+func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h nats.Header, data []byte) (Confirmation, error) {
 	text := h.Get(bus.HeaderWokenFrom)
 	if text == "" {
 		return Confirmation{}, nil
@@ -161,9 +186,15 @@ func (e *Env) Confirm(ctx context.Context, id string, reqSeq uint64, h nats.Head
 		return c, err
 	}
 	switch {
-	case rec.RequestSeq == reqSeq && rec.Parked == nil && !rec.Finished():
-		// A redelivery: this wake took the lease already.
-	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished():
+	case rec.RequestSeq == reqSeq && !rec.Finished():
+		// A redelivery: this wake took the lease already. Parked may name
+		// a newer park (the woken attempt parked again and died before
+		// its ack): the redelivery resumes the run as a plain request's
+		// does (its lease take wins on the higher attempt and clears
+		// parked); the newer park's own wakes then find the record
+		// another request's and are dropped.
+	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
+		// On the run's own queue: a copy on another's would move the run.
 		kept, err := e.Parked.GetMsg(ctx, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return c, nil

@@ -42,7 +42,7 @@ func newTestFleet(t *testing.T) *testFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{Queues: []string{bus.DefaultQueue, "other"}}); err != nil {
 		t.Fatal(err)
 	}
 	n := c.Names()
@@ -150,20 +150,20 @@ func TestWakeIsConfirmedOnlyForItsPark(t *testing.T) {
 		t.Fatalf("wakes %+v", wakes)
 	}
 	w := wakes[0]
-	c, err := f.env.Confirm(ctx, "r1", w.Sequence, w.Header, w.Data)
+	c, err := f.env.Confirm(ctx, "default", "r1", w.Sequence, w.Header, w.Data)
 	if err != nil || !c.OK || c.Base != 1 || c.From != rec.Parked.Seq {
 		t.Fatalf("confirm %+v %v", c, err)
 	}
-	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, w.Header, []byte(`{"prompt":"other"}`)); !c.Wake || c.OK {
+	if c, _ := f.env.Confirm(ctx, "default", "r1", w.Sequence, w.Header, []byte(`{"prompt":"other"}`)); !c.Wake || c.OK {
 		t.Fatalf("another body confirmed: %+v", c)
 	}
 	h := nats.Header{}
 	h.Set(bus.HeaderWokenFrom, strconv.FormatUint(rec.Parked.Seq+7, 10))
 	h.Set(bus.HeaderAttemptBase, "1")
-	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, h, w.Data); c.OK {
+	if c, _ := f.env.Confirm(ctx, "default", "r1", w.Sequence, h, w.Data); c.OK {
 		t.Fatalf("another park confirmed: %+v", c)
 	}
-	if c, _ := f.env.Confirm(ctx, "r1", w.Sequence, nats.Header{}, w.Data); c.Wake {
+	if c, _ := f.env.Confirm(ctx, "default", "r1", w.Sequence, nats.Header{}, w.Data); c.Wake {
 		t.Fatalf("a plain request taken for a wake: %+v", c)
 	}
 }
@@ -183,7 +183,7 @@ func TestWakeSquattedByItsIDIsPublishedAnyway(t *testing.T) {
 	}
 	confirmed := 0
 	for _, w := range f.wakes(t, "r2") {
-		if c, _ := f.env.Confirm(ctx, "r2", w.Sequence, w.Header, w.Data); c.OK {
+		if c, _ := f.env.Confirm(ctx, "default", "r2", w.Sequence, w.Header, w.Data); c.OK {
 			confirmed++
 		}
 	}
@@ -257,5 +257,90 @@ func TestWakeConsumerWakesParkedRuns(t *testing.T) {
 	}
 	if w := f.wakes(t, "not-parked"); len(w) != 0 {
 		t.Fatalf("a run that is not parked was woken: %+v", w)
+	}
+}
+
+// A woken attempt parks the run again and dies before its request (the
+// wake) is acknowledged: the redelivered wake is confirmed (it resumes
+// the run, invariant 2), though the record names the newer park, not
+// the one the wake's header names.
+func TestRedeliveredWakeOfReparkedRunResumes(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	body := []byte(`{"prompt":"deploy"}`)
+	_, rec := f.park(t, "r9", body)
+	if err := f.env.Wake(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	w := f.wakes(t, "r9")[0]
+	if c, err := f.env.Confirm(ctx, "default", "r9", w.Sequence, w.Header, w.Data); err != nil || !c.OK {
+		t.Fatalf("confirm %+v %v", c, err)
+	}
+	// The woken attempt (2) holds the run, then parks it again: Keep, then
+	// the record with its new park; its request (the wake) is not acked.
+	seq2, err := f.env.Keep(ctx, "default", "r9", 2, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec2 := &bus.RunRecord{ID: "r9", Queue: "default", State: bus.StateRunning, Attempt: 2, RequestSeq: w.Sequence,
+		Waiting: &bus.Waiting{For: bus.WaitingApproval}, Parked: &bus.Parked{At: time.Now(), Seq: seq2, Attempt: 2}}
+	data, err := agent.MarshalJSON(rec2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.kv.Put(ctx, "r9", data); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.env.Confirm(ctx, "default", "r9", w.Sequence, w.Header, w.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.OK || c.Base != 1 || c.From != rec.Parked.Seq {
+		t.Fatalf("redelivered wake of its own re-parked run not confirmed: %+v", c)
+	}
+	// A wake of the newer park published after the redelivery took the
+	// lease (the record is the redelivery's, not parked) is dropped.
+	if err := f.env.Wake(ctx, rec2); err != nil {
+		t.Fatal(err)
+	}
+	rec3 := *rec2
+	rec3.Attempt, rec3.Parked = 3, nil
+	data, _ = agent.MarshalJSON(&rec3)
+	if _, err := f.kv.Put(ctx, "r9", data); err != nil {
+		t.Fatal(err)
+	}
+	wakes := f.wakes(t, "r9")
+	if len(wakes) != 2 {
+		t.Fatalf("%d wakes, want 2", len(wakes))
+	}
+	w2 := wakes[1]
+	if c, err := f.env.Confirm(ctx, "default", "r9", w2.Sequence, w2.Header, w2.Data); err != nil || c.OK {
+		t.Fatalf("a wake of a park the redelivery ended confirmed: %+v %v", c, err)
+	}
+}
+
+// A wake copy published to another queue's submit subject (the kept
+// request with the park's headers) is not confirmed: the run would move
+// queues. On its own queue it is.
+func TestWakeOnAnotherQueueIsNotConfirmed(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	_, rec := f.park(t, "r10", []byte(`{"prompt":"deploy"}`))
+	kept, err := f.env.Parked.GetMsg(ctx, rec.Parked.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &nats.Msg{Subject: f.env.Names.Submit("other", "r10"), Data: kept.Data, Header: nats.Header{}}
+	m.Header.Set(bus.HeaderWokenFrom, strconv.FormatUint(rec.Parked.Seq, 10))
+	m.Header.Set(bus.HeaderAttemptBase, "1")
+	ack, err := f.c.JetStream().PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := f.env.Confirm(ctx, "other", "r10", ack.Sequence, m.Header, m.Data); err != nil || !c.Wake || c.OK {
+		t.Fatalf("a wake on another queue: %+v %v, want not confirmed", c, err)
+	}
+	if c, err := f.env.Confirm(ctx, "default", "r10", ack.Sequence, m.Header, m.Data); err != nil || !c.OK {
+		t.Fatalf("the same wake on the run's queue: %+v %v, want confirmed", c, err)
 	}
 }
