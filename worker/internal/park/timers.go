@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -67,38 +66,7 @@ const timerRetry = 2 * time.Second
 // StartTimers pulls the due timers from cons until the returned stop is
 // called; stop waits for those in progress.
 func (e *Env) StartTimers(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	stopping := false
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		mu.Lock()
-		if stopping {
-			mu.Unlock()
-			_ = m.Nak()
-			return
-		}
-		wg.Add(1)
-		mu.Unlock()
-		go func() { // reads and writes NATS: never in the callback
-			defer wg.Done()
-			e.handleTimer(ctx, m)
-		}()
-	}, jetstream.PullMaxMessages(64), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if ctx.Err() == nil {
-			e.Log.Debug("timers consumer", "err", err)
-		}
-	}))
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		mu.Lock()
-		stopping = true
-		mu.Unlock()
-		cc.Stop()
-		<-cc.Closed()
-		wg.Wait()
-	}, nil
+	return e.consume(ctx, cons, "timers consumer", e.handleTimer)
 }
 
 func (e *Env) handleTimer(ctx context.Context, m jetstream.Msg) {

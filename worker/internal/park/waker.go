@@ -24,6 +24,14 @@ import (
 // Start pulls from cons until the returned stop is called; stop waits for
 // the wakes in progress.
 func (e *Env) Start(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
+	return e.consume(ctx, cons, "wake consumer", e.handle)
+}
+
+// consume runs handle on its own goroutine for each message of cons (it
+// reads and writes NATS: never in the callback) until the returned stop
+// is called; stop waits for those in progress, and a message that comes
+// while stopping is handed back.
+func (e *Env) consume(ctx context.Context, cons jetstream.Consumer, what string, handle func(context.Context, jetstream.Msg)) (stop func(), err error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	stopping := false
@@ -38,11 +46,11 @@ func (e *Env) Start(ctx context.Context, cons jetstream.Consumer) (stop func(), 
 		mu.Unlock()
 		go func() {
 			defer wg.Done()
-			e.handle(ctx, m)
+			handle(ctx, m)
 		}()
 	}, jetstream.PullMaxMessages(64), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if ctx.Err() == nil {
-			e.Log.Debug("wake consumer", "err", err)
+			e.Log.Debug(what, "err", err)
 		}
 	}))
 	if err != nil {
