@@ -271,6 +271,19 @@ func (r *run) parkWaiting() {
 		r.log.Warn("parked run's request not acknowledged; it comes again", "err", err)
 	}
 	r.log.Info("run parked", "parkedSeq", seq, "woken", wake)
+	r.w.trim.Left()
+}
+
+// startTrim runs the memory trim (internal/memtrim): after a burst of
+// parks, the parked runs' memory goes back to the system at once.
+func (w *Worker) startTrim() func() {
+	ctx, cancel := context.WithCancel(w.hardCtx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.trim.Run(ctx)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // takeWake is the pickup's look at a request's wake header: take is false

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/memtrim"
 	"github.com/agentfleet/agentfleet/worker/internal/park"
 	"github.com/agentfleet/agentfleet/worker/internal/peers"
 )
@@ -59,8 +61,9 @@ type Worker struct {
 	pickupReads   pickupReads // which first deliveries skip the record read (pickupread.go)
 	runsStream    jetstream.Stream
 	kv            jetstream.KeyValue
-	leases        *lease.Env // the runs' leases on their records, from Run on
-	parking       *park.Env  // parking and waking (worker/park.go); nil: no AGENTS_PARKED
+	leases        *lease.Env       // the runs' leases on their records, from Run on
+	parking       *park.Env        // parking and waking (worker/park.go); nil: no AGENTS_PARKED
+	trim          *memtrim.Trimmer // gives parked runs' memory back (worker/park.go)
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
 	hardCtx    context.Context
@@ -134,7 +137,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{
-		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(),
+		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(), trim: memtrim.New(10*time.Second, debug.FreeOSMemory),
 		log: cfg.Logger.With("worker", id), obs: cfg.Observer, id: id,
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
 		defaultModel:  def,
