@@ -195,34 +195,13 @@ func (c *Client) storedEvents(ctx context.Context, runID string, since time.Time
 	if info.NumPending == 0 {
 		return nil, nil
 	}
-	it, err := cons.Messages()
+	out, err := readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata, data []byte) (keep, more bool) {
+		return folded(data), md.NumPending > 0
+	})
 	if err != nil {
-		return nil, fmt.Errorf("events of %s: %w", runID, err)
+		return nil, err
 	}
-	defer it.Stop()
-	var out []*Envelope
-	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			return nil, fmt.Errorf("events of %s: %w", runID, err)
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			return nil, fmt.Errorf("events of %s: %w", runID, err)
-		}
-		if folded(msg.Data()) {
-			if env, err := DecodeEnvelope(msg.Data()); err == nil {
-				env.StreamSeq = md.Sequence.Stream
-				out = append(out, env)
-			}
-		}
-		if md.NumPending == 0 {
-			return out, nil
-		}
-	}
+	return out, nil
 }
 
 // foldedTypes are the event types PendingCalls reads.

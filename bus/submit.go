@@ -548,16 +548,16 @@ func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
 	}
 	defer release()
-	return readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata) (keep, more bool) {
+	return readEvents(ctx, runID, cons, func(md *jetstream.MsgMetadata, _ []byte) (keep, more bool) {
 		seq := md.Sequence.Stream
 		return seq < before, seq+1 < before
 	})
 }
 
 // readEvents reads a run's envelopes from an ordered consumer on its events
-// while next says to keep them and go on; envelopes that do not decode are
-// skipped.
-func readEvents(ctx context.Context, runID string, cons jetstream.Consumer, next func(md *jetstream.MsgMetadata) (keep, more bool)) ([]*Envelope, error) {
+// while next (given each message's metadata and data) says to keep them
+// and go on; envelopes that do not decode are skipped.
+func readEvents(ctx context.Context, runID string, cons jetstream.Consumer, next func(md *jetstream.MsgMetadata, data []byte) (keep, more bool)) ([]*Envelope, error) {
 	it, err := cons.Messages()
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", runID, err)
@@ -576,7 +576,7 @@ func readEvents(ctx context.Context, runID string, cons jetstream.Consumer, next
 		if err != nil {
 			return out, err
 		}
-		keep, more := next(md)
+		keep, more := next(md, msg.Data())
 		if keep {
 			if env, err := DecodeEnvelope(msg.Data()); err == nil {
 				env.StreamSeq = md.Sequence.Stream
