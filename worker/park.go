@@ -223,12 +223,8 @@ func (r *run) parkWaiting() {
 		seq, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
 	}
 	rec := r.record(bus.StateRunning)
-	if err == nil && rec.Waiting != nil && len(rec.Waiting.Approvals) > 0 {
-		due := rec.Waiting.Approvals[0].ExpiresAt
-		for _, a := range rec.Waiting.Approvals[1:] {
-			due = min(due, a.ExpiresAt)
-		}
-		err = env.Arm(ctx, r.id, r.attempt, time.UnixMilli(due))
+	if due := r.firstExpiry(); err == nil && !due.IsZero() {
+		err = env.Arm(ctx, r.id, r.attempt, due) // the expiry parkFired checked
 	}
 	if err != nil {
 		r.log.Warn("cannot park the run; handing it back", "err", err)
@@ -245,6 +241,9 @@ func (r *run) parkWaiting() {
 		_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 		return
 	}
+	// The heartbeat ended before Keep: the request's AckWait starts again
+	// here, so the look and the wake below do not let it come again.
+	_ = r.msg.InProgress()
 	// The look for answers and the wake come before the ack: until the
 	// ack, a crash redelivers the request, which resumes the run (and a
 	// wake published meanwhile loses the lease race to it or wins it);

@@ -137,7 +137,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{
-		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(), trim: memtrim.New(10*time.Second, debug.FreeOSMemory),
+		cfg: cfg, c: cfg.Client, js: js, names: cfg.Client.Names(),
 		log: cfg.Logger.With("worker", id), obs: cfg.Observer, id: id,
 		tools: map[string]*agent.Tool{}, providers: map[string]Provider{},
 		defaultModel:  def,
@@ -152,6 +152,7 @@ func New(cfg Config) (*Worker, error) {
 		queueSlots:    map[string]chan struct{}{},
 	}
 	w.wire, w.records, w.controlReads = cfg.Client.Conn(), kvRecords{w}, streamControls{w}
+	w.trim = memtrim.New(10*time.Second, debug.FreeOSMemory, func() bool { return len(w.slots) == 0 })
 	w.peers = peers.New(id, cfg.Client.ListWorkers, w.log)
 	for q, n := range cfg.QueueConcurrency {
 		if err := bus.CheckQueue(q); err != nil {

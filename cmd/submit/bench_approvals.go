@@ -201,7 +201,15 @@ func runApprovalsBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlag
 	}
 	res.WaitSeconds = round3(time.Since(begin).Seconds())
 	if bf.parked {
-		for range bf.runs {
+		b.mu.Lock()
+		refused := 0
+		for _, r := range b.runs {
+			if r.refused {
+				refused++ // refused at once: never parks
+			}
+		}
+		b.mu.Unlock()
+		for range bf.runs - refused {
 			select {
 			case <-b.parked:
 			case <-ctx.Done():

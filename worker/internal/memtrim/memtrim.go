@@ -13,7 +13,11 @@
 //   - Left never blocks (it runs on a run's goroutine as the run ends);
 //   - a burst is over once Quiet passes with no Left; Free runs once per
 //     burst, and never more often than once per Quiet;
-//   - a Left that comes while Free runs starts a new burst (not lost).
+//   - a Left that comes while Free runs starts a new burst (not lost);
+//   - Free runs only while the worker is idle (no run holds a slot): a
+//     forced collection on a busy worker would mark every live run's heap
+//     and give back pages those runs allocate again; a burst that ends
+//     while busy frees once the worker is idle (looked at every Quiet).
 package memtrim
 
 import (
@@ -25,13 +29,15 @@ import (
 type Trimmer struct {
 	quiet time.Duration
 	free  func()
+	idle  func() bool
 	kick  chan struct{}
 }
 
 // New returns a Trimmer that calls free (debug.FreeOSMemory in the
-// worker) once quiet has passed after the last Left.
-func New(quiet time.Duration, free func()) *Trimmer {
-	return &Trimmer{quiet: quiet, free: free, kick: make(chan struct{}, 1)}
+// worker) once quiet has passed after the last Left and idle says no run
+// is running.
+func New(quiet time.Duration, free func(), idle func() bool) *Trimmer {
+	return &Trimmer{quiet: quiet, free: free, idle: idle, kick: make(chan struct{}, 1)}
 }
 
 // Left says a run left the worker without finishing (it parked).
@@ -56,9 +62,13 @@ func (t *Trimmer) Run(ctx context.Context) {
 			pending = true
 			timer.Reset(t.quiet)
 		case <-timer.C:
-			if pending {
+			switch {
+			case !pending:
+			case t.idle():
 				pending = false
 				t.free()
+			default:
+				timer.Reset(t.quiet) // busy: look again
 			}
 		}
 	}

@@ -13,7 +13,8 @@ import (
 func TestFreeOncePerBurst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var frees atomic.Int32
-		tr := New(10*time.Second, func() { frees.Add(1) })
+		var busy atomic.Bool
+		tr := New(10*time.Second, func() { frees.Add(1) }, func() bool { return !busy.Load() })
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		go func() { tr.Run(ctx); close(done) }()
@@ -41,6 +42,20 @@ func TestFreeOncePerBurst(t *testing.T) {
 		synctest.Wait()
 		if n := frees.Load(); n != 2 {
 			t.Fatalf("%d frees after a second burst, want 2", n)
+		}
+		// A burst that ends while runs are running frees once idle.
+		busy.Store(true)
+		tr.Left()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := frees.Load(); n != 2 {
+			t.Fatalf("%d frees while busy, want 2", n)
+		}
+		busy.Store(false)
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		if n := frees.Load(); n != 3 {
+			t.Fatalf("%d frees once idle, want 3", n)
 		}
 		cancel()
 		<-done
