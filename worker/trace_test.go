@@ -418,7 +418,11 @@ func TestTraceBudgetWait(t *testing.T) {
 	t.Cleanup(prov.CloseIdleConnections)
 	f.StartWorker(worker.Config{DefaultModel: "openai/m", Providers: map[string]worker.Provider{"openai": prov},
 		Budgets: &worker.TenantBudgets{Budgets: b}, TracerProvider: s.tp})
-	spendPeriods(t, ledger(t, f), "acme", tb, period, time.Now())
+	// This period and the next are spent: a rollover between the spend
+	// and the run's call still leaves it waiting (with only this one
+	// spent, a clean-clone CI's run came after the rollover and did not).
+	now := time.Now()
+	spendPeriods(t, ledger(t, f), "acme", tb, period, now, now.Add(period))
 	id, _ := submitTraced(t, f, s.tp, tenantRun("acme"))
 	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("run: %s/%s (%s)", fin.Status, fin.Reason, fin.Error)
