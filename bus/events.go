@@ -291,7 +291,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.9"
+const ProtocolVersion = "1.10"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
@@ -379,6 +379,9 @@ type Event struct {
 	ModelWait   *ModelWait
 	Approval    *ToolApproval // the three tool_approval_* events
 	Control     *ControlRejected
+	// The compaction events (since 1.10).
+	CompactionStart *CompactionStart
+	CompactionEnd   *CompactionEnd
 }
 
 // Decode decodes the envelope's event. An event type this version does not
@@ -422,6 +425,12 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventControlRejected:
 		ev.Control = &ControlRejected{}
 		target = ev.Control
+	case EventCompactionStart:
+		ev.CompactionStart = &CompactionStart{}
+		target = ev.CompactionStart
+	case EventCompactionEnd:
+		ev.CompactionEnd = &CompactionEnd{}
+		target = ev.CompactionEnd
 	default:
 		ev.Agent = &AgentEvent{Type: typ}
 		if !knownAgentEvent(typ) {

@@ -103,10 +103,10 @@ type controls struct {
 	queuedBytes int
 }
 
-// kindSeqs is a sequence per control kind. The four kinds have their
+// kindSeqs is a sequence per control kind. The five kinds have their
 // place (a map was part of a waiting run's heap: docs/benchmarks/2026-12.md,
 // 2026-12-02 afternoon); any other kind, which take ignores, shares the last.
-type kindSeqs [5]uint64
+type kindSeqs [6]uint64
 
 func kindIndex(kind string) int {
 	switch kind {
@@ -118,8 +118,10 @@ func kindIndex(kind string) int {
 		return 2
 	case bus.KindApprove:
 		return 3
+	case bus.KindCompact:
+		return 4
 	}
-	return 4
+	return 5
 }
 
 func (k *kindSeqs) get(kind string) uint64      { return k[kindIndex(kind)] }
@@ -321,7 +323,7 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 // (a missing message is not an error).
 func (c *controls) catchUp(ctx context.Context) error {
 	from := c.last.get(bus.KindSteer)
-	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort, bus.KindApprove} {
+	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort, bus.KindApprove, bus.KindCompact} {
 		from = min(from, c.last.get(k))
 	}
 	from = max(from, c.scanned) + 1
@@ -401,6 +403,10 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 			return
 		}
 		r.deliverApproval(a, seq, stored, len(data)) // worker/approval.go
+	case bus.KindCompact:
+		if !r.compactControl(data, seq) { // worker/compaction.go
+			return
+		}
 	case bus.KindSteer, bus.KindFollowUp:
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {

@@ -4,7 +4,7 @@
 // a model writes, and the recent ones are kept as they are. It decides
 // when (ShouldCompact), where to cut (FindCut), asks for the summary
 // (Summarize) and builds the message that stands for the cut-off history
-// (SummaryMessage). It knows nothing of NATS: the worker stores what it
+// (bus.CompactionSummaryMessage). It knows nothing of NATS: the worker stores what it
 // decides in the run's events.
 //
 // Departures from pi: a cut never splits a turn's prefix into a second

@@ -91,26 +91,12 @@ Use this EXACT format:
 
 Keep each section concise. Preserve exact file paths, function names, and error messages.`
 
-// Summary message texts (pi's COMPACTION_SUMMARY_PREFIX and _SUFFIX).
-const (
-	SummaryPrefix = "The conversation history before this point was compacted into the following summary:\n\n<summary>\n"
-	SummarySuffix = "\n</summary>"
-)
-
 // toolResultMaxChars bounds a tool result in the summary prompt (pi's
 // TOOL_RESULT_MAX_CHARS).
 const toolResultMaxChars = 2000
 
 // ErrSummaryFailed is a summary call that failed or answered no text.
 var ErrSummaryFailed = errors.New("compaction: the summary call failed")
-
-// SummaryMessage is the user message that stands for the history a
-// summary replaced.
-func SummaryMessage(summary string, timestamp int64) agent.Message {
-	m := agent.UserText(SummaryPrefix + summary + SummarySuffix)
-	m.Timestamp = timestamp
-	return m
-}
 
 // Request is the summary call's context: pi's system prompt and one user
 // message holding the serialised messages, the previous summary when

@@ -1,0 +1,273 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/llm/faux"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// compactScript is a faux model for compaction tests: a summary call (pi's
+// summarisation system prompt) answers "## Goal\nsummary N" (or what
+// summaryFail says), any other call reads a file until turns calls were
+// made, then answers "done". overflowAt makes those calls (1-based) fail
+// with a provider's context-length error instead. It records what each
+// call was sent.
+type compactScript struct {
+	turns       int
+	overflowAt  map[int]bool
+	summaryFail string
+
+	mu        sync.Mutex
+	calls     int
+	summaries []string          // the summary calls' prompts
+	contexts  [][]agent.Message // the agent's calls' messages
+	overflows int
+}
+
+const overflowText = "400 Bad Request: This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. Please reduce the length of the messages."
+
+func (s *compactScript) reply(llm agent.Context) faux.Response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if strings.Contains(llm.SystemPrompt, "context summarization assistant") {
+		s.summaries = append(s.summaries, llm.Messages[0].TextOf())
+		if s.summaryFail != "" {
+			return faux.Response{StopReason: agent.StopReasonError, ErrorMessage: s.summaryFail}
+		}
+		return fleettest.Text(fmt.Sprintf("## Goal\nsummary %d", len(s.summaries)))
+	}
+	s.calls++
+	if s.overflowAt[s.calls] {
+		s.overflows++
+		return faux.Response{StopReason: agent.StopReasonError, ErrorMessage: overflowText}
+	}
+	s.contexts = append(s.contexts, append([]agent.Message(nil), llm.Messages...))
+	if s.calls > s.turns+len(s.overflowAt) {
+		return fleettest.Text("done")
+	}
+	return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "read", map[string]any{"path": fmt.Sprintf("f%d", s.calls)})
+}
+
+// readTool returns resultChars characters (resultChars/4 tokens).
+func readTool(resultChars int) *agent.Tool {
+	return agent.NewTool("read", "read a file", func(_ context.Context, a struct {
+		Path string `json:"path"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		return agent.ToolResult{Content: []agent.Content{agent.Text(a.Path + ":" + strings.Repeat("x", resultChars))}}, nil
+	})
+}
+
+// compactWorker starts a worker whose faux/small model is s, with a
+// context window of window tokens.
+func compactWorker(f *fleettest.Fleet, s *compactScript, window, resultChars int, edit func(*worker.Config)) {
+	cfg := worker.Config{
+		Tools:        []*agent.Tool{readTool(resultChars)},
+		Providers:    map[string]worker.Provider{"faux": &worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}},
+		ModelWindows: map[string]worker.ModelWindow{"faux/small": {ContextWindow: window}},
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	f.StartWorker(cfg)
+}
+
+func compactRequest(c *bus.Compaction) *bus.RunRequest {
+	return &bus.RunRequest{Prompt: "read every file", Tools: []string{"read"}, Model: &bus.ModelRef{Provider: "faux", ID: "small"},
+		Compaction: c, Limits: &bus.Limits{MaxTurns: 1000}}
+}
+
+// compactionsOf returns the run's compaction_start and compaction_end events.
+func compactionsOf(t *testing.T, envs []*bus.Envelope) (starts []*bus.CompactionStart, ends []*bus.CompactionEnd) {
+	t.Helper()
+	for _, e := range envs {
+		switch e.Type {
+		case bus.EventCompactionStart:
+			starts = append(starts, fleettest.Decode(t, e).CompactionStart)
+		case bus.EventCompactionEnd:
+			ends = append(ends, fleettest.Decode(t, e).CompactionEnd)
+		}
+	}
+	return starts, ends
+}
+
+// checkCuts: every cut lands on a turn boundary of the whole transcript,
+// and every context the model was sent after a compaction starts with the
+// summary and holds no tool result without its call.
+func checkCuts(t *testing.T, full []agent.Message, ends []*bus.CompactionEnd, contexts [][]agent.Message) {
+	t.Helper()
+	for i, e := range ends {
+		if e.FirstKeptIndex <= 0 || e.FirstKeptIndex >= len(full) {
+			t.Fatalf("compaction %d: firstKeptIndex %d of %d messages", i, e.FirstKeptIndex, len(full))
+		}
+		if r := full[e.FirstKeptIndex].Role; r == agent.RoleToolResult {
+			t.Fatalf("compaction %d cut at a tool result (message %d)", i, e.FirstKeptIndex)
+		}
+		if i > 0 && e.FirstKeptIndex <= ends[i-1].FirstKeptIndex {
+			t.Fatalf("compaction %d kept from %d, the previous from %d", i, e.FirstKeptIndex, ends[i-1].FirstKeptIndex)
+		}
+	}
+	for n, msgs := range contexts {
+		calls := map[string]bool{}
+		for _, m := range msgs {
+			for _, c := range m.ToolCalls() {
+				calls[c.ID] = true
+			}
+			if m.Role == agent.RoleToolResult && !calls[m.ToolCallID] {
+				t.Fatalf("call %d: tool result %s sent without its call", n, m.ToolCallID)
+			}
+		}
+	}
+}
+
+// Conformance: a run past its window compacts on turn boundaries, each
+// later summary updates the previous one (pi's update prompt with
+// <previous-summary>), the summary calls' usage is in the events and the
+// run's usage, and the run finishes with every message in its events.
+func TestCompactionCutsOnTurnBoundariesAndUpdatesTheSummary(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24}
+	compactWorker(f, s, 8000, 4000, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{Instructions: "keep file names"}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	starts, ends := compactionsOf(t, envs)
+	if len(ends) < 2 || len(starts) != len(ends) {
+		t.Fatalf("%d compaction_start, %d compaction_end; want >= 2 each", len(starts), len(ends))
+	}
+	var summaryUsage int
+	for i, e := range ends {
+		if e.Error != "" || e.Reason != bus.CompactionThreshold || e.Summary != fmt.Sprintf("## Goal\nsummary %d", i+1) ||
+			e.TokensBefore <= 8000-2000 || e.TokensAfter >= e.TokensBefore || e.Usage == nil || e.Usage.Input == 0 || e.Model != "faux/small" {
+			t.Fatalf("compaction_end %d: %+v", i, e)
+		}
+		summaryUsage += e.Usage.TotalTokens
+	}
+	if len(tr.Messages) != 1+2*24+1 {
+		t.Fatalf("the events hold %d messages, want every one (%d)", len(tr.Messages), 1+2*24+1)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	checkCuts(t, tr.Messages, ends, s.contexts)
+	if strings.Contains(s.summaries[0], "<previous-summary>") || !strings.Contains(s.summaries[0], "Additional focus: keep file names") {
+		t.Fatalf("first summary prompt:\n%s", s.summaries[0])
+	}
+	for i := 1; i < len(s.summaries); i++ {
+		want := fmt.Sprintf("<previous-summary>\n## Goal\nsummary %d\n</previous-summary>", i)
+		if !strings.Contains(s.summaries[i], want) || !strings.Contains(s.summaries[i], "incorporate into the existing summary") {
+			t.Fatalf("summary %d does not update summary %d:\n%s", i+1, i, s.summaries[i])
+		}
+	}
+	last := s.contexts[len(s.contexts)-1]
+	if !strings.HasPrefix(last[0].TextOf(), bus.CompactionSummaryPrefix+fmt.Sprintf("## Goal\nsummary %d", len(ends))) {
+		t.Fatalf("the last call did not start from the last summary: %q", last[0].TextOf())
+	}
+	fin := finishedOf(t, envs)
+	var turnsUsage int
+	for _, m := range tr.Messages {
+		turnsUsage += m.Usage.TotalTokens
+	}
+	if fin.Usage.TotalTokens != turnsUsage+summaryUsage {
+		t.Fatalf("run usage %d, want the turns' %d plus the summaries' %d", fin.Usage.TotalTokens, turnsUsage, summaryUsage)
+	}
+}
+
+// A provider's context-length error compacts and retries the call once;
+// a second refusal of the retried call ends the run as the provider said.
+func TestCompactionOverflowRetriesOnce(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 4, overflowAt: map[int]bool{5: true}}
+	compactWorker(f, s, 1_000_000, 400, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Reason != bus.CompactionOverflow || ends[0].Error != "" {
+		t.Fatalf("compactions %+v, want one after the overflow", ends)
+	}
+	for _, m := range tr.Messages {
+		if m.StopReason == agent.StopReasonError {
+			t.Fatalf("the refused call reached the transcript: %+v", m)
+		}
+	}
+	s.mu.Lock()
+	if s.overflows != 1 || len(s.summaries) != 1 {
+		t.Fatalf("%d refusals, %d summaries", s.overflows, len(s.summaries))
+	}
+	s.mu.Unlock()
+
+	s2 := &compactScript{turns: 4, overflowAt: map[int]bool{5: true, 6: true}}
+	f2 := newFleet(t)
+	compactWorker(f2, s2, 1_000_000, 400, nil)
+	id = f2.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs = f2.Follow(id)
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError || !strings.Contains(fin.Error, "maximum context length") {
+		t.Fatalf("refused twice: %+v", fin)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 {
+		t.Fatalf("%d compactions, want exactly one retry", len(ends))
+	}
+	s2.mu.Lock()
+	defer s2.mu.Unlock()
+	if s2.overflows != 2 {
+		t.Fatalf("%d calls refused, want 2 (the call and its one retry)", s2.overflows)
+	}
+}
+
+// A summary call that fails fails the run with compaction_failed and the
+// call's reason, in run_finished and in compaction_end.
+func TestCompactionSummaryFailureFailsCleanly(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24, summaryFail: "503 Service Unavailable: the summariser is overloaded"}
+	compactWorker(f, s, 8000, 4000, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	fin := checkEnvelopes(t, id, envs)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonCompactionFailed ||
+		fin.Error != "compaction: the summary call failed: 503 Service Unavailable: the summariser is overloaded" {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 || ends[0].Error != fin.Error || ends[0].Summary != "" {
+		t.Fatalf("compaction_end %+v", ends)
+	}
+}
+
+// 300 tool turns in an 8k-token window (reserve and keep at the scaled
+// defaults) finish, with the compactions in the events; without
+// compaction the same run fails (its context passes the transcript bound
+// well before the end).
+func TestCompactionLongRunFinishes(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 300}
+	bound := func(c *worker.Config) { c.MaxTranscriptBytes = 256 << 10 }
+	compactWorker(f, s, 8192, 2000, bound)
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) < 20 || len(tr.Messages) != 1+2*300+1 {
+		t.Fatalf("%d compactions, %d messages", len(ends), len(tr.Messages))
+	}
+	s.mu.Lock()
+	checkCuts(t, tr.Messages, ends, s.contexts)
+	s.mu.Unlock()
+
+	f2 := newFleet(t)
+	compactWorker(f2, &compactScript{turns: 300}, 8192, 2000, bound)
+	id = f2.Submit("", compactRequest(nil))
+	if fin := f2.WaitFinished(id); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTranscriptTooLarge {
+		t.Fatalf("without compaction: %+v", fin)
+	}
+}
