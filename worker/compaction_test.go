@@ -22,6 +22,7 @@ import (
 // call was sent.
 type compactScript struct {
 	turns       int
+	gateAt      int // this call (1-based) calls the gate tool instead of read
 	overflowAt  map[int]bool
 	summaryFail string
 
@@ -52,6 +53,9 @@ func (s *compactScript) reply(llm agent.Context) faux.Response {
 	s.contexts = append(s.contexts, append([]agent.Message(nil), llm.Messages...))
 	if s.calls > s.turns+len(s.overflowAt) {
 		return fleettest.Text("done")
+	}
+	if s.calls == s.gateAt {
+		return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "gate", map[string]any{})
 	}
 	return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "read", map[string]any{"path": fmt.Sprintf("f%d", s.calls)})
 }
@@ -269,5 +273,164 @@ func TestCompactionLongRunFinishes(t *testing.T) {
 	id = f2.Submit("", compactRequest(nil))
 	if fin := f2.WaitFinished(id); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTranscriptTooLarge {
 		t.Fatalf("without compaction: %+v", fin)
+	}
+}
+
+// controlSeen reports the control messages the worker took.
+type controlSeen struct {
+	worker.NopObserver
+	kinds chan string
+}
+
+func (c *controlSeen) ControlReceived(kind string) {
+	select {
+	case c.kinds <- kind:
+	default:
+	}
+}
+
+// The compact verb compacts at the run's next model call with the
+// message's instructions, also for a run without "compaction" (its model's
+// window is known), and never on its own: the threshold is not checked.
+// A run on a model without a known window rejects it.
+func TestCompactControlCompactsAtTheNextCall(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 4}
+	release := make(chan struct{})
+	started := make(chan struct{}, 8)
+	gate := agent.NewTool("gate", "waits for the test", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return agent.ToolResult{Content: []agent.Content{agent.Text("opened")}}, nil
+	})
+	seen := &controlSeen{kinds: make(chan string, 8)}
+	compactWorker(f, s, 100_000, 4000, func(c *worker.Config) {
+		c.Tools = append(c.Tools, gate)
+		c.Observer = seen
+		c.ModelWindows["faux/small"] = worker.ModelWindow{ContextWindow: 100_000, KeepRecentTokens: 1000}
+	})
+	// Three reads, then the gate holds the run while the compact message
+	// is taken.
+	s.gateAt = 4
+	req := compactRequest(nil)
+	req.Tools = []string{"read", "gate"}
+	id := f.Submit("", req)
+	<-started
+	if _, err := f.Client.Compact(fleettest.Context(t), id, "focus on f2"); err != nil {
+		t.Fatal(err)
+	}
+	if k := <-seen.kinds; k != bus.KindCompact {
+		t.Fatalf("the worker took %s", k)
+	}
+	close(release)
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	starts, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Reason != bus.CompactionManual || starts[0].ControlSeq == 0 || ends[0].ControlSeq != starts[0].ControlSeq {
+		t.Fatalf("compactions %+v %+v", starts, ends)
+	}
+	s.mu.Lock()
+	if len(s.summaries) != 1 || !strings.HasSuffix(s.summaries[0], "Additional focus: focus on f2") {
+		t.Fatalf("summary prompts %q", s.summaries)
+	}
+	s.mu.Unlock()
+
+	// No window: the compact message is rejected, the run goes on.
+	f2 := newFleet(t)
+	s2 := &compactScript{turns: 1, gateAt: 1}
+	release2 := make(chan struct{})
+	gate2 := agent.NewTool("gate", "waits", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release2:
+		case <-ctx.Done():
+		}
+		return agent.ToolResult{}, nil
+	})
+	compactWorker(f2, s2, 0, 10, func(c *worker.Config) { c.Tools = append(c.Tools, gate2); c.ModelWindows = nil })
+	req = compactRequest(nil)
+	req.Tools = []string{"read", "gate"}
+	id = f2.Submit("", req)
+	<-started
+	if _, err := f2.Client.Compact(fleettest.Context(t), id, ""); err != nil {
+		t.Fatal(err)
+	}
+	var rejected *bus.ControlRejected
+	envs = nil
+	for env, err := range f2.Client.Follow(fleettest.Context(t), id) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs = append(envs, env)
+		if env.Type == bus.EventControlRejected {
+			rejected = fleettest.Decode(t, env).Control
+			close(release2)
+		}
+		if env.Type == bus.EventRunFinished {
+			break
+		}
+	}
+	if rejected == nil || rejected.Kind != bus.KindCompact || !strings.Contains(rejected.Reason, "no known context window") {
+		t.Fatalf("control_rejected %+v\n%s", rejected, fleettest.Dump(envs))
+	}
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+}
+
+// A continuation of a compacted run starts from its compacted context:
+// the snapshot holds the summary and the kept messages, not the full
+// history; without the snapshot the events give the same context.
+func TestCompactionContinuationLoadsTheCompactedContext(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	compactWorker(f, s, 8000, 4000, nil)
+	first := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(first)
+	full := checkRun(t, first, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) == 0 {
+		t.Fatal("the first run did not compact")
+	}
+	last := ends[len(ends)-1]
+	msgs, h, err := f.Client.LoadSnapshot(fleettest.Context(t), first, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := len(full.Messages) - last.FirstKeptIndex + 1
+	if h.Messages != want || !strings.HasPrefix(msgs[0].TextOf(), bus.CompactionSummaryPrefix+last.Summary) || msgs[1].Role == agent.RoleToolResult {
+		t.Fatalf("snapshot of %d messages (want %d) starting %q", h.Messages, want, msgs[0].TextOf())
+	}
+	cont := func(from string) []agent.Message {
+		t.Helper()
+		s.mu.Lock()
+		s.calls, s.turns = 1000, 0 // the next call answers "done"
+		n := len(s.contexts)
+		s.mu.Unlock()
+		id := f.Submit("", &bus.RunRequest{Prompt: "and now?", ContinueFrom: from, Model: &bus.ModelRef{Provider: "faux", ID: "small"}})
+		checkRun(t, id, f.Follow(id))
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.contexts[n]
+	}
+	sent := cont(first)
+	if len(sent) != want+1 || !strings.HasPrefix(sent[0].TextOf(), bus.CompactionSummaryPrefix) {
+		t.Fatalf("the continuation's model was sent %d messages starting %q, want the %d of the compacted context and its prompt",
+			len(sent), sent[0].TextOf(), want)
+	}
+	obs, err := f.Client.JetStream().ObjectStore(fleettest.Context(t), f.Client.Names().TranscriptsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Delete(fleettest.Context(t), first); err != nil {
+		t.Fatal(err)
+	}
+	if sent = cont(first); len(sent) != want+1 || !strings.HasPrefix(sent[0].TextOf(), bus.CompactionSummaryPrefix+last.Summary) {
+		t.Fatalf("from the events: %d messages starting %q", len(sent), sent[0].TextOf())
 	}
 }
