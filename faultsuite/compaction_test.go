@@ -133,7 +133,7 @@ func TestKillDuringCompaction(t *testing.T) {
 	}
 	if c.ends[1].FirstKeptIndex <= c.ends[0].FirstKeptIndex || c.ends[0].Summary[:18] != "## Goal\nsummary 1\n" ||
 		c.ends[1].MessagesSummarized != c.ends[1].FirstKeptIndex-c.ends[0].FirstKeptIndex {
-		t.Fatalf("compactions %+v %+v", c.ends[0], c.ends[1])
+		t.Fatalf("compactions kept from %d and %d, the second summarised %d", c.ends[0].FirstKeptIndex, c.ends[1].FirstKeptIndex, c.ends[1].MessagesSummarized)
 	}
 	if n := len(c.tr.Messages); n != 1+2*4+1 {
 		t.Fatalf("%d messages, want every one (10)", n)
@@ -157,7 +157,8 @@ func TestKillAfterCompaction(t *testing.T) {
 	first, second := c.ends[0], c.ends[1]
 	if second.FirstKeptIndex <= first.FirstKeptIndex || second.MessagesSummarized != second.FirstKeptIndex-first.FirstKeptIndex ||
 		!strings.HasPrefix(second.Summary, "## Goal\nsummary 2") {
-		t.Fatalf("the resumed attempt's compaction %+v (the first kept from %d)", second, first.FirstKeptIndex)
+		t.Fatalf("the resumed attempt's compaction kept from %d, summarised %d messages, summary %.20q (the first kept from %d)",
+			second.FirstKeptIndex, second.MessagesSummarized, second.Summary, first.FirstKeptIndex)
 	}
 	if second.TokensBefore >= 8192+2500 {
 		t.Fatalf("the resumed attempt's context was %d tokens: the full transcript, not the compacted one", second.TokensBefore)
