@@ -434,3 +434,44 @@ func TestCompactionContinuationLoadsTheCompactedContext(t *testing.T) {
 		t.Fatalf("from the events: %d messages starting %q", len(sent), sent[0].TextOf())
 	}
 }
+
+// A request's compaction problems are listed with its others, the
+// decoder's and the worker's (values that do not fit the window); on a
+// model without a known window the run goes on without compaction and
+// run_started says so.
+func TestCompactionRequestProblems(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	compactWorker(f, &compactScript{}, 8000, 10, nil)
+	req := compactRequest(&bus.Compaction{ReserveTokens: 9000, KeepRecentTokens: -1, Instructions: strings.Repeat("x", 5000)})
+	req.Limits.MaxTurns = -3
+	body, err := agent.MarshalJSON(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Raw: the Go client refuses what its own checks find.
+	id := bus.NewRunID()
+	if _, err := f.Client.SubmitRaw(fleettest.Context(t), "", id, body); err != nil {
+		t.Fatal(err)
+	}
+	fin := f.WaitFinished(id)
+	for _, want := range []string{"limits.maxTurns -3", "compaction.keepRecentTokens -1 is not in 0..", "compaction.instructions is 5000 bytes"} {
+		if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, want) {
+			t.Errorf("bad request %q: no %q", fin.Error, want)
+		}
+	}
+	fin = f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{ReserveTokens: 9000})))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "compaction.reserveTokens 9000 must be less than the model's context window of 8000") ||
+		!strings.Contains(fin.Error, "compaction.keepRecentTokens 4000 must be less than the context window less the reserve") {
+		t.Errorf("the worker's problems: %+v", fin)
+	}
+
+	f2 := newFleet(t)
+	compactWorker(f2, &compactScript{}, 0, 10, func(c *worker.Config) { c.ModelWindows = nil })
+	id = f2.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f2.Follow(id)
+	checkRun(t, id, envs)
+	if rs := fleettest.Decode(t, envs[0]).RunStarted; !strings.Contains(rs.Notice, "compaction is off: model faux/small has no known context window") {
+		t.Fatalf("run_started notice %q", rs.Notice)
+	}
+}
