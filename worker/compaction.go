@@ -182,7 +182,13 @@ func (c *compactor) transform(ctx context.Context, live []agent.Message) ([]agen
 		reason = bus.CompactionThreshold
 	}
 	if reason != "" {
-		if err := c.compact(ctx, live, reason, tokens, manual, c.set.KeepRecentTokens); err != nil {
+		err := c.compact(ctx, live, reason, tokens, manual, c.set.KeepRecentTokens)
+		if err == errNothingToCompact && manual != nil {
+			// Asked for: everything but the newest turn goes, as much as
+			// a cut on a turn boundary allows.
+			err = c.compact(ctx, live, reason, tokens, manual, 1)
+		}
+		if err != nil && err != errNothingToCompact {
 			return nil, err
 		}
 	}
