@@ -475,3 +475,41 @@ func TestCompactionRequestProblems(t *testing.T) {
 		t.Fatalf("run_started notice %q", rs.Notice)
 	}
 }
+
+// compaction.model sends the summary calls to another model (here another
+// provider's), named in compaction_end; its usage counts in the run's.
+func TestCompactionModelOfAnotherProvider(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	var mu sync.Mutex
+	var asked []string
+	other := faux.New(faux.Options{Fallback: func(llm agent.Context) faux.Response {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, llm.SystemPrompt)
+		return fleettest.Text("## Goal\nfrom the other model")
+	}})
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers["other"] = &worker.FauxProvider{M: other}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "summariser"}}))
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) == 0 || ends[0].Model != "other/summariser" || ends[0].Summary != "## Goal\nfrom the other model" || ends[0].Usage == nil || ends[0].Usage.TotalTokens == 0 {
+		t.Fatalf("compactions %+v", ends)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(s.summaries) != 0 || len(asked) != len(ends) || !strings.Contains(asked[0], "context summarization assistant") {
+		t.Fatalf("the run's model got %d summary calls, the other %d (of %d compactions)", len(s.summaries), len(asked), len(ends))
+	}
+	// An unknown provider is the request's problem.
+	fin := f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "nosuch", ID: "m"}})))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, `compaction.model: unknown model provider "nosuch"`) {
+		t.Fatalf("unknown provider: %+v", fin)
+	}
+}
