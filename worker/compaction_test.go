@@ -267,6 +267,8 @@ func TestCompactionLongRunFinishes(t *testing.T) {
 	s.mu.Lock()
 	checkCuts(t, tr.Messages, ends, s.contexts)
 	s.mu.Unlock()
+	fin := finishedOf(t, envs)
+	t.Logf("300 tool turns in an 8k window: %d compactions, %d messages in the events, %d tokens in all", len(ends), len(tr.Messages), fin.Usage.TotalTokens)
 
 	f2 := newFleet(t)
 	compactWorker(f2, &compactScript{turns: 300}, 8192, 2000, bound)
