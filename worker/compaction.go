@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"sync"
@@ -196,7 +197,7 @@ func (c *compactor) transform(ctx context.Context, live []agent.Message) ([]agen
 }
 
 // errNothingToCompact: every message is within keepRecentTokens.
-var errNothingToCompact = fmt.Errorf("nothing to compact: the context is within keepRecentTokens")
+var errNothingToCompact = errors.New("nothing to compact: the context is within keepRecentTokens")
 
 // compact summarises live[dropped:cut] into the summary. A summary call
 // that fails fails the run (compaction_failed, its reason in run_finished
