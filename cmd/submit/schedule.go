@@ -301,6 +301,6 @@ func cmdScheduleAct(ctx context.Context, e *env, act string, args []string) int 
 	if err != nil {
 		return fail(e, fleetError(c, err))
 	}
-	fmt.Fprintf(e.stdout, "schedule %s: %sd\n", name, strings.TrimSuffix(act, "e"))
+	fmt.Fprintf(e.stdout, "schedule %s: %s\n", name, map[string]string{"pause": "paused", "resume": "resumed", "delete": "deleted"}[act])
 	return exitOK
 }

@@ -60,7 +60,7 @@ func TestScheduleCommands(t *testing.T) {
 		t.Errorf("schedule show: exit %d\n%s", code, show)
 	}
 
-	if out, errOut, code := submit(t, "schedule", "pause", name); code != 0 {
+	if out, errOut, code := submit(t, "schedule", "pause", name); code != 0 || out != "schedule "+name+": paused\n" {
 		t.Fatalf("pause: exit %d\n%s%s", code, out, errOut)
 	}
 	lj, _, _ := submit(t, "schedule", "list", "--json")
