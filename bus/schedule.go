@@ -167,29 +167,37 @@ func (s *Schedule) Validate() error {
 	}
 	if len(s.Request) == 0 {
 		add("request is missing")
-	} else if req, err := DecodeRunRequest(s.Request, "schedule-fire"); err != nil { // a stand-in for the fires' ids
-		var re *RequestError
-		if errors.As(err, &re) {
-			for _, q := range re.Problems {
-				add("request: %s", q)
-			}
-		} else {
-			add("request: %v", err)
-		}
 	} else {
 		var raw struct {
-			ID string `json:"id"`
+			ID       string            `json:"id"`
+			Metadata map[string]string `json:"metadata"`
 		}
-		if json.Unmarshal(s.Request, &raw) == nil && raw.ID != "" {
+		_ = json.Unmarshal(s.Request, &raw)
+		if raw.ID != "" {
 			add("request.id must be empty: each fire gets its own run id")
 		}
 		for _, k := range []string{MetaSchedule, MetaScheduledFor} {
-			if _, ok := req.Metadata[k]; ok {
+			if _, ok := raw.Metadata[k]; ok {
 				add("request.metadata %q is set by each fire", k)
 			}
 		}
-		if len(req.Metadata) > MaxMetadata-2 {
-			add("request.metadata has %d entries; a fire adds 2, the limit is %d", len(req.Metadata), MaxMetadata)
+		if len(raw.Metadata) > MaxMetadata-2 {
+			add("request.metadata has %d entries; a fire adds 2, the limit is %d", len(raw.Metadata), MaxMetadata)
+		}
+		// A stand-in for the fires' ids (the id's own problem is above).
+		stand := "schedule-fire"
+		if ValidID(raw.ID) {
+			stand = raw.ID
+		}
+		if _, err := DecodeRunRequest(s.Request, stand); err != nil {
+			var re *RequestError
+			if errors.As(err, &re) {
+				for _, q := range re.Problems {
+					add("request: %s", q)
+				}
+			} else {
+				add("request: %v", err)
+			}
 		}
 	}
 	if len(p) > 0 {
@@ -471,8 +479,18 @@ func (c *Client) ListSchedules(ctx context.Context) ([]ScheduleInfo, error) {
 }
 
 func (c *Client) fillSchedule(ctx context.Context, info *ScheduleInfo) {
+	now := time.Now()
 	if !info.Paused {
-		info.Next = info.NextAfter(time.Now(), info.StoredAt)
+		info.Next = info.NextAfter(now, info.StoredAt)
+		// The server's own word, when its newest fire has one: it
+		// re-anchors an @every schedule after a restart.
+		if s, err := c.Stream(ctx, c.names.SchedulesStream()); err == nil && info.At == nil {
+			if m, err := s.GetLastMsgForSubject(ctx, c.names.ScheduleFire(info.Queue, info.Name)); err == nil && m.Sequence > info.Seq {
+				if next, err := time.Parse(time.RFC3339Nano, m.Header.Get("Nats-Schedule-Next")); err == nil && next.After(now) {
+					info.Next = next
+				}
+			}
+		}
 	}
 	info.Last, _ = c.LastScheduleRun(ctx, info.Queue, info.Name)
 }
