@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
@@ -224,5 +226,95 @@ func TestScheduleOverlapSkip(t *testing.T) {
 		if gap := plannedOf(t, r).Sub(plannedOf(t, recs[i-1])); gap < 3*time.Second {
 			t.Errorf("run %s planned %s after the previous: fires while it ran were not skipped", r.ID, gap)
 		}
+	}
+}
+
+// Overlap abort: each fire of a one-second schedule whose runs sleep
+// three seconds aborts the run before it; the newest is left to finish.
+func TestScheduleOverlapAbort(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4})
+	ctx := fleettest.Context(t)
+	req := &bus.RunRequest{Prompt: "slow", Tools: []string{"sleep"}, Model: fleettest.FauxModel(),
+		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
+			fleettest.ToolCall("s1", "sleep", map[string]any{"seconds": 3}), fleettest.Text("done")}}}
+	s := newSchedule(t, "abortive", req, func(s *bus.Schedule) { s.Every = "1s"; s.Overlap = bus.OverlapAbort })
+	if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
+		t.Fatal(err)
+	}
+	recs := waitScheduleRuns(t, f.Client, "abortive", 3, 30*time.Second)
+	if err := f.Client.PauseSchedule(ctx, "abortive"); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs[:2] {
+		if fin := f.WaitFinished(r.ID); fin.Status != bus.StatusAborted {
+			t.Errorf("run %s planned %s: %s, want aborted by the next fire", r.ID, plannedOf(t, r).Format(time.RFC3339), fin.Status)
+		}
+	}
+}
+
+// Catch-up after the workers were away: the server kept firing and the
+// fires waited in the stream. With catch-up once the newest of them runs,
+// and only it; with none, none of them.
+func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	ctx := fleettest.Context(t)
+	n := f.Client.Names()
+	st, err := f.Client.JetStream().Stream(ctx, n.SchedulesStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pol := range []string{bus.CatchUpOnce, bus.CatchUpNone} {
+		s := newSchedule(t, "away-"+pol, fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) { s.Every = "1s"; s.CatchUp = pol })
+		if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Three fires of each stored with no worker to take them, then paused:
+	// what is stored is all there is.
+	for _, pol := range []string{bus.CatchUpOnce, bus.CatchUpNone} {
+		subj := n.ScheduleFire(bus.DefaultQueue, "away-"+pol)
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State.Subjects[subj] >= 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d fires stored in 30 s", subj, info.State.Subjects[subj])
+			}
+		}
+		if err := f.Client.PauseSchedule(ctx, "away-"+pol); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The workers come back; every fire waited, so every one is late here
+	// (however soon the worker takes the newest).
+	f.StartWorker(worker.Config{ScheduleLate: time.Nanosecond})
+	cons, err := f.Client.JetStream().Consumer(ctx, n.SchedulesStream(), n.FiresConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 0 && ci.Delivered.Stream > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fires not all handled in 30 s: %d pending, %d unacknowledged", ci.NumPending, ci.NumAckPending)
+		}
+	}
+	if got := len(scheduleRuns(t, f.Client, "away-"+bus.CatchUpOnce)); got != 1 {
+		t.Errorf("catch-up once: %d runs, want 1", got)
+	}
+	if got := len(scheduleRuns(t, f.Client, "away-"+bus.CatchUpNone)); got != 0 {
+		t.Errorf("catch-up none: %d runs, want 0", got)
 	}
 }

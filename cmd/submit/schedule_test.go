@@ -2,6 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +92,52 @@ func TestScheduleCommands(t *testing.T) {
 	}
 	if _, errOut, code := submit(t, "schedule", "show", name); code == 0 || !strings.Contains(errOut, "schedule not found") {
 		t.Errorf("show after delete: exit %d\n%s", code, errOut)
+	}
+}
+
+// TestScheduleNATSCLI runs docs/protocol.md's nats CLI commands of
+// schedules (§2, Schedules) against the test fleet, as written but for the
+// schedule's name: create, list, pause, trigger (whose run the worker
+// runs), the newest run, delete; `submit schedule` then agrees.
+func TestScheduleNATSCLI(t *testing.T) {
+	t.Parallel()
+	path := natsCLIPath(t)
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "\n### Schedules (since 1.10)\n")
+	if !ok {
+		t.Fatal(`docs/protocol.md has no section "Schedules (since 1.10)"`)
+	}
+	if i := regexp.MustCompile(`\n#{2,3} `).FindStringIndex(section); i != nil { // "# " starts the block's comments
+		section = section[:i[0]]
+	}
+	blocks := regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(section, -1)
+	if len(blocks) != 1 {
+		t.Fatalf("the section has %d sh blocks, want 1: teach this test about them", len(blocks))
+	}
+	name := "natscli" + strings.ToLower(bus.NewRunID()[:8])
+	script := strings.ReplaceAll(blocks[0][1], "nightly", name)
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
+	cmd.Env = []string{"PATH=" + path, "HOME=" + t.TempDir(), "NATS_URL=" + fleet.url}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"agents.schedule.default." + name + ".def", `"run":"sch-`, `"trigger":true`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("no %q in the commands' output:\n%s", want, out)
+		}
+	}
+	var last struct{ Run string }
+	if i := strings.Index(string(out), `{"run":"`); i >= 0 {
+		_ = json.NewDecoder(strings.NewReader(string(out[i:]))).Decode(&last)
+	}
+	if res, _, code := submit(t, "result", last.Run); code != 0 || res == "" {
+		t.Errorf("the triggered run %q: exit %d %q", last.Run, code, res)
+	}
+	if _, errOut, code := submit(t, "schedule", "show", name); code == 0 || !strings.Contains(errOut, "schedule not found") {
+		t.Errorf("after the delete: exit %d\n%s", code, errOut)
 	}
 }
