@@ -36,7 +36,7 @@ func teamConf(t *testing.T) string {
 	}
 	block := text[start:end]
 	for from, to := range map[string]string{
-		`"agents.submit.*.*"`:       `"agents.submit.team-a.*"`,
+		`"agents.submit.*.*"`:        `"agents.submit.team-a.*"`,
 		`"agents.schedule.*.*.def"`:  `"agents.schedule.team-a.*.def"`,
 		`"agents.schedule.*.*.fire"`: `"agents.schedule.team-a.*.fire"`,
 	} {
