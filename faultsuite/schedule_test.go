@@ -204,3 +204,32 @@ func TestScheduleSurvivesClusterNodeLoss(t *testing.T) {
 	t.Logf("schedule across a node loss: %d runs, planned %s .. %s, gaps %v", len(planned),
 		planned[0].Format(time.RFC3339), planned[len(planned)-1].Format(time.RFC3339), gaps)
 }
+
+// Schedules survive a worker's kill -9: of two workers pulling the fires,
+// one is killed during an @every 1s schedule (a fire it held comes again,
+// to the other, after AckWait 30 s at most). No planned second is lost or
+// has two runs.
+func TestScheduleSurvivesWorkerKill(t *testing.T) {
+	dir := workDir(t)
+	nc := startNATS(t, dir, 1, "")
+	f := newFleet(t, dir, nc)
+	victim, other := f.startWorker("k1"), f.startWorker("k2")
+	createTick(t, f, "kill")
+	before := len(scheduleRuns(t, f, "kill", 4, 60*time.Second))
+	victim.kill()
+	killed := time.Now()
+	t.Logf("worker k1 killed at %s", killed.UTC().Format(time.RFC3339Nano))
+	// Past the fires consumer's AckWait (30 s), so a fire k1 held has come
+	// again to k2.
+	scheduleRuns(t, f, "kill", before+35, 120*time.Second)
+	pauseSchedule(t, f, "kill")
+	planned := scheduleRuns(t, f, "kill", before+35, 10*time.Second)
+	if gaps := scheduleGaps(t, planned, killed, killed); len(gaps) > 0 {
+		t.Errorf("FAIL: planned seconds without a run after a worker's kill: %v", gaps)
+	}
+	if other.exited() {
+		t.Errorf("FAIL: worker k2 exited; last lines:\n%s", other.tail(20))
+	}
+	t.Logf("schedule across a worker kill: %d runs, planned %s .. %s", len(planned),
+		planned[0].Format(time.RFC3339), planned[len(planned)-1].Format(time.RFC3339))
+}
