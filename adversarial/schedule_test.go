@@ -134,6 +134,10 @@ func TestScheduleIsASubmittersRightOnItsQueues(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Observers read schedules (list, show), as they read runs.
+	if list, err := f.Connect(t, "observer").ListSchedules(ctx(t, 5*time.Second)); err != nil || len(list) != 1 || list[0].Name != "mine" {
+		t.Errorf("observer: list schedules: %v %+v", err, list)
+	}
 	if err := sub.DeleteSchedule(ctx(t, 5*time.Second), "mine"); err != nil {
 		t.Fatal(err)
 	}
