@@ -214,7 +214,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		log.Debug("schedule fire: ack failed (a redelivery submits the same run id)", "run", id, "err", err)
 	}
 	if !res.Duplicate && e.Obs != nil {
-		e.Obs.ScheduleFired(late)
+		e.Obs.ScheduleFired(e.now().Sub(planned)) // to the request stored
 	}
 	log.Debug("schedule fired", "run", id, "duplicate", res.Duplicate, "late", late)
 }
