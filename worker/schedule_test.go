@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/metrics"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -188,12 +190,41 @@ func TestSchedulePauseResume(t *testing.T) {
 	waitScheduleRuns(t, f.Client, "pr", n+3, 30*time.Second)
 }
 
+// metricValue is a counter's value, or a histogram's count, of the series
+// with the label value (any, when label is ""); -1 without it.
+func metricValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			if label != "" && (len(s.GetLabel()) == 0 || s.GetLabel()[0].GetValue() != label) {
+				continue
+			}
+			if s.Counter != nil {
+				return s.Counter.GetValue()
+			}
+			if s.Histogram != nil {
+				return float64(s.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return -1
+}
+
 // Overlap skip: a run that sleeps three seconds on a one-second schedule
-// skips the fires while it goes; no two runs of the schedule overlap.
+// skips the fires while it goes; no two runs of the schedule overlap. The
+// metrics count the fires, the skips by reason and the lateness.
 func TestScheduleOverlapSkip(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
-	f.StartWorker(worker.Config{Concurrency: 4})
+	reg := prometheus.NewRegistry()
+	f.StartWorker(worker.Config{Concurrency: 4, Observer: worker.MetricsObserver(metrics.New(reg, metrics.Config{}))})
 	ctx := fleettest.Context(t)
 	req := &bus.RunRequest{Prompt: "slow", Tools: []string{"sleep"}, Model: fleettest.FauxModel(),
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
@@ -226,6 +257,11 @@ func TestScheduleOverlapSkip(t *testing.T) {
 		if gap := plannedOf(t, r).Sub(plannedOf(t, recs[i-1])); gap < 3*time.Second {
 			t.Errorf("run %s planned %s after the previous: fires while it ran were not skipped", r.ID, gap)
 		}
+	}
+	fires, skips := metricValue(t, reg, "agentfleet_schedule_fires_total", ""), metricValue(t, reg, "agentfleet_schedule_skips_total", "overlap")
+	if fires < float64(len(recs)) || skips < 2 || metricValue(t, reg, "agentfleet_schedule_fire_lateness_seconds", "") != fires {
+		t.Errorf("metrics: %v fires (runs %d), %v overlap skips, lateness count %v", fires, len(recs), skips,
+			metricValue(t, reg, "agentfleet_schedule_fire_lateness_seconds", ""))
 	}
 }
 
