@@ -26,6 +26,14 @@ import (
 // is retried at the next record write; a crashed worker's next attempt
 // puts it when it takes the run).
 
+// Indexed reports whether a wait for what has an index entry: waits that
+// last (a person's answer, a budget's next period) and that a listing of
+// waiting runs shows. A model call's rate-limit wait lasts seconds and
+// comes and goes with each call: indexed, its entry was put and purged
+// at every heartbeat (since 1.10 it is not; a listing asking for it
+// walks the records).
+func Indexed(what string) bool { return what == WaitingApproval || what == WaitingBudget }
+
 // WaitingStream is the waiting-run index stream (AGENTS_WAITING).
 func (n Names) WaitingStream() string { return n.upper + "_WAITING" }
 
@@ -102,7 +110,7 @@ func waitingCursor(seq uint64) string { return "w." + strconv.FormatUint(seq, 10
 // listing (no index stream: a fleet before 1.9; or a filter on the
 // records' order), and the caller walks the records.
 func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (*RunPage, bool, error) {
-	if o.BeforeSeq != 0 || !o.Before.IsZero() || !o.Since.IsZero() {
+	if o.BeforeSeq != 0 || !o.Before.IsZero() || !o.Since.IsZero() || o.WaitingFor != "" && !Indexed(o.WaitingFor) {
 		return nil, false, nil
 	}
 	s, err := c.Stream(ctx, c.names.WaitingStream())
@@ -162,7 +170,7 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 				continue
 			}
 			var e WaitingIndexEntry
-			if json.Unmarshal(m.data, &e) != nil || o.WaitingFor != "" && e.For != o.WaitingFor {
+			if json.Unmarshal(m.data, &e) != nil || !Indexed(e.For) || o.WaitingFor != "" && e.For != o.WaitingFor {
 				continue // a hint only: a record's kind change rewrites the entry
 			}
 			cands = append(cands, cand{m.seq, c.names.Record(run)})
@@ -192,7 +200,7 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 			if !ok || len(m.data) == 0 {
 				continue // stale: the record is gone
 			}
-			if r, ok := c.listed(m, o, nil, now); ok {
+			if r, ok := c.listed(m, o, nil, now); ok && Indexed(r.Waiting.For) {
 				page.Records = append(page.Records, r)
 			}
 		}

@@ -15,8 +15,10 @@ import (
 // page the waiting index oldest first, each entry checked against its
 // record, so runs that finished since (stale entries) and entries with no
 // record (forged) are never listed, however many records were written
-// above the waiting ones; with no index (a fleet before 1.9) the records
-// walk lists them.
+// above the waiting ones; a model's rate-limit wait is not listed from the
+// index (an entry a 1.9 worker wrote is skipped: since 1.10 it is not
+// indexed), and asking for it walks the records; with no index (a fleet
+// before 1.9) the records walk lists them.
 func TestWaitingListingPagesTheIndex(t *testing.T) {
 	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
@@ -45,7 +47,8 @@ func TestWaitingListingPagesTheIndex(t *testing.T) {
 		return bus.RunRecord{ID: id, Queue: queue, State: bus.StateRunning, HeartbeatAt: now, Waiting: &bus.Waiting{For: what, Since: now}}
 	}
 	put(waiting("w1", "default", bus.WaitingApproval), true)
-	put(waiting("w2", "default", bus.WaitingModel), true)
+	put(waiting("w2", "default", bus.WaitingBudget), true)
+	put(waiting("w5", "default", bus.WaitingModel), true)
 	put(waiting("stale", "default", bus.WaitingApproval), true)
 	put(bus.RunRecord{ID: "stale", Queue: "default", State: bus.StatusSucceeded}, false) // finished; its entry left
 	put(bus.RunRecord{ID: "ghost", Queue: "default", State: bus.StatusFailed}, false)
@@ -90,6 +93,9 @@ func TestWaitingListingPagesTheIndex(t *testing.T) {
 	if got, _ := pages(bus.ListOptions{State: bus.StateWaiting, WaitingFor: bus.WaitingApproval, Queue: "default"}); got != "w1 w4" {
 		t.Errorf("waiting for approval in default: %q, want w1 w4", got)
 	}
+	if recs, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting, WaitingFor: bus.WaitingModel}); err != nil || ids(recs) != "w5" {
+		t.Errorf("waiting for the model: %q %v, want w5 from the records", ids(recs), err)
+	}
 	p, err := c.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Limit: 10})
 	if err != nil || p.Scanned > 6 {
 		t.Fatalf("approvals: %v, %d read", err, p.Scanned)
@@ -103,8 +109,8 @@ func TestWaitingListingPagesTheIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	recs, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting})
-	if err != nil || ids(recs) != "w4 w3 w2 w1" {
-		t.Errorf("without the index: %q %v, want w4 w3 w2 w1", ids(recs), err)
+	if err != nil || ids(recs) != "w4 w3 w5 w2 w1" {
+		t.Errorf("without the index: %q %v, want w4 w3 w5 w2 w1", ids(recs), err)
 	}
 	if _, err := c.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting, Cursor: "w.1"}); err == nil {
 		t.Error("a waiting-index cursor was taken with no index")
