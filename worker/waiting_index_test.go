@@ -3,13 +3,18 @@ package worker
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/logbuf"
 )
 
 // indexSeq is the stream sequence of run's waiting-index entry (0: none).
@@ -81,5 +86,63 @@ func TestAReTakeKeepsTheRunsPlaceInTheWaitingIndex(t *testing.T) {
 	}
 	if len(page.Records) != 2 || page.Records[0].ID != runs[0] || page.Records[1].ID != runs[1] {
 		t.Fatalf("listed %d, want %v oldest wait first", len(page.Records), runs)
+	}
+}
+
+// A worker started on a fleet with no AGENTS_WAITING (its streams predate
+// 1.9; the worker skips EnsureStreams) says so once at its start and
+// writes no index: before, each heartbeat of a waiting run sent an index
+// write that failed, unlogged. The listing walks the records.
+func TestNoWaitingIndexStreamIsSaidOnceAndNotWritten(t *testing.T) {
+	t.Parallel()
+	c := connectTestServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.JetStream().DeleteStream(ctx, c.Names().WaitingStream()); err != nil {
+		t.Fatal(err)
+	}
+	// Every index write: a put on an entry's subject, a purge or a look
+	// at the stream.
+	var writes atomic.Int64
+	for _, subj := range []string{c.Names().Prefix() + ".waiting.>", "$JS.API.STREAM.*." + c.Names().WaitingStream()} {
+		sub, err := c.Conn().Subscribe(subj, func(*nats.Msg) { writes.Add(1) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	if err := c.Conn().FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logbuf.Buffer{}
+	d := &deployTool{}
+	w, _ := startOn(t, c, Config{Tools: []*agent.Tool{d.tool()}, SkipEnsureStreams: true, HeartbeatInterval: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	started := writes.Load() // the start's one look
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	rec := waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	// Five heartbeats of the waiting run.
+	waitRecord(t, c, run, "heartbeats", func(r *bus.RunRecord) bool { return r.HeartbeatAt.After(rec.HeartbeatAt.Add(time.Second)) })
+	if n := writes.Load() - started; n != 0 {
+		t.Errorf("%d index requests with no index stream, want none", n)
+	}
+	if n := strings.Count(logs.String(), "waiting-run index off"); n != 1 {
+		t.Errorf("the missing index said %d times, want once:\n%s", n, logs.String())
+	}
+	listed, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting})
+	if err != nil || len(listed) != 1 || listed[0].ID != run {
+		t.Fatalf("listed %d waiting (%v), want the run from the records", len(listed), err)
+	}
+	started = writes.Load() // the listing's look
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve"})
+	waitRecord(t, c, run, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+	if n := writes.Load() - started; n != 0 {
+		t.Errorf("%d index requests with no index stream, want none", n)
+	}
+	if w.OffSlot() != 0 {
+		t.Errorf("%d runs still off their slot", w.OffSlot())
 	}
 }
