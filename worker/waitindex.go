@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
+	"github.com/agentfleet/agentfleet/worker/internal/waitsweep"
 )
 
 // waitingIndex is what the leases write the waiting-run index with
@@ -27,4 +28,16 @@ func (w *Worker) waitingIndex(setup context.Context) lease.Index {
 		w.log.Warn("cannot check the waiting-run index stream; writing it anyway", "stream", w.names.WaitingStream(), "err", err)
 	}
 	return w.c
+}
+
+// startWaitingSweep sweeps the waiting-run index every
+// Config.WaitingSweep (worker/internal/waitsweep): an entry whose run no
+// longer waits (a final record's drop that failed past its retries, a
+// worker that died between a record and its drop) is removed within a few
+// passes of some worker. With no index, nothing.
+func (w *Worker) startWaitingSweep(context.Context) (func(), error) {
+	if w.cfg.WaitingSweep < 0 || w.leases.Index == nil {
+		return func() {}, nil
+	}
+	return waitsweep.Start(w.hardCtx, w.c, w.cfg.WaitingSweep, w.log), nil
 }

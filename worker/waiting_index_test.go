@@ -146,3 +146,38 @@ func TestNoWaitingIndexStreamIsSaidOnceAndNotWritten(t *testing.T) {
 		t.Errorf("%d runs still off their slot", w.OffSlot())
 	}
 }
+
+// A worker sweeps the waiting-run index: the entry of a run that finished
+// while its final drop failed (here: put after its final record) goes
+// within a few passes; a waiting run's entry stays.
+func TestTheWorkerSweepsStaleIndexEntries(t *testing.T) {
+	t.Parallel()
+	c := connectTestServer(t)
+	d := &deployTool{}
+	startOn(t, c, Config{Tools: []*agent.Tool{d.tool()}, WaitingSweep: 100 * time.Millisecond})
+	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "prod"))
+	waitRecord(t, c, run, "waiting", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	waits := indexSeq(t, c, run)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := &bus.RunRecord{ID: "r-stale", Queue: "default", State: bus.StatusSucceeded}
+	if _, err := kv.Put(ctx, final.ID, []byte(`{"id":"r-stale","queue":"default","state":"succeeded"}`)); err != nil {
+		t.Fatal(err)
+	}
+	final.State, final.Waiting = bus.StateRunning, &bus.Waiting{For: bus.WaitingApproval}
+	if err := c.PutWaiting(ctx, final, false); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); indexSeq(t, c, "r-stale") != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stale entry is still there after 20 s of sweeps")
+		}
+	}
+	if got := indexSeq(t, c, run); got != waits {
+		t.Fatalf("the waiting run's entry is at %d, was %d", got, waits)
+	}
+}
