@@ -90,7 +90,7 @@ func TestReadersIgnoreUnknownEventTypes(t *testing.T) {
 	user := agent.UserText("q")
 	answer := agent.Message{Role: agent.RoleAssistant, Content: []agent.Content{agent.Text("a")}, StopReason: agent.StopReasonStop}
 	events := []any{
-		bus.RunStarted{Type: bus.EventRunStarted, Protocol: "1.9", Attempt: 1, Tools: []string{}},
+		bus.RunStarted{Type: bus.EventRunStarted, Protocol: "1.10", Attempt: 1, Tools: []string{}},
 		bus.AgentEvent{Type: "message_end", Message: &user},
 		// Fields that clash with the known events' types.
 		map[string]any{"type": "tool_progress", "message": 5, "result": "half", "status": []int{1}},
@@ -125,7 +125,7 @@ func TestReadersIgnoreUnknownEventTypes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !tr.Done() || len(tr.Messages) != 2 || tr.FinalText() != "a" || tr.Started.Protocol != "1.9" {
+	if !tr.Done() || len(tr.Messages) != 2 || tr.FinalText() != "a" || tr.Started.Protocol != "1.10" {
 		t.Fatalf("transcript: done %v, %d messages, %q, protocol %q", tr.Done(), len(tr.Messages), tr.FinalText(), tr.Started.Protocol)
 	}
 }

@@ -22,3 +22,10 @@ const (
 // approval timed out). Its value is the record's parked.seq; a request
 // whose header the record does not confirm is dropped (docs/protocol.md).
 const HeaderWokenFrom = "Agentfleet-Woken-From"
+
+// HeaderWakeKey (since 1.10) is a random key a worker puts on a parked
+// run's kept request copy (AGENTS_PARKED, which only workers read); a
+// wake carries it, and a wake without the kept copy's key is dropped: the
+// run's owner has the request's bytes, and could otherwise wake its
+// parked run with no answer (docs/protocol.md §13, Parking).
+const HeaderWakeKey = "Agentfleet-Wake-Key"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +26,14 @@ import (
 // waits is missing from the index for at most one heartbeat (a failed put
 // is retried at the next record write; a crashed worker's next attempt
 // puts it when it takes the run).
+
+// Indexed reports whether a wait for what has an index entry: waits that
+// last (a person's answer, a budget's next period) and that a listing of
+// waiting runs shows. A model call's rate-limit wait lasts seconds and
+// comes and goes with each call: indexed, its entry was put and purged
+// at every heartbeat (since 1.10 it is not; a listing asking for it
+// walks the records).
+func Indexed(what string) bool { return what == WaitingApproval || what == WaitingBudget }
 
 // WaitingStream is the waiting-run index stream (AGENTS_WAITING).
 func (n Names) WaitingStream() string { return n.upper + "_WAITING" }
@@ -102,7 +111,7 @@ func waitingCursor(seq uint64) string { return "w." + strconv.FormatUint(seq, 10
 // listing (no index stream: a fleet before 1.9; or a filter on the
 // records' order), and the caller walks the records.
 func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (*RunPage, bool, error) {
-	if o.BeforeSeq != 0 || !o.Before.IsZero() || !o.Since.IsZero() {
+	if o.BeforeSeq != 0 || !o.Before.IsZero() || !o.Since.IsZero() || o.WaitingFor != "" && !Indexed(o.WaitingFor) {
 		return nil, false, nil
 	}
 	s, err := c.Stream(ctx, c.names.WaitingStream())
@@ -162,7 +171,7 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 				continue
 			}
 			var e WaitingIndexEntry
-			if json.Unmarshal(m.data, &e) != nil || o.WaitingFor != "" && e.For != o.WaitingFor {
+			if json.Unmarshal(m.data, &e) != nil || !Indexed(e.For) || o.WaitingFor != "" && e.For != o.WaitingFor {
 				continue // a hint only: a record's kind change rewrites the entry
 			}
 			cands = append(cands, cand{m.seq, c.names.Record(run)})
@@ -192,7 +201,7 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 			if !ok || len(m.data) == 0 {
 				continue // stale: the record is gone
 			}
-			if r, ok := c.listed(m, o, nil, now); ok {
+			if r, ok := c.listed(m, o, nil, now); ok && Indexed(r.Waiting.For) {
 				page.Records = append(page.Records, r)
 			}
 		}
@@ -210,3 +219,96 @@ func (c *Client) waitingPage(ctx context.Context, o ListOptions, after uint64) (
 
 // multiLastChunk bounds the subjects of one batched record read.
 const multiLastChunk = 256
+
+// SweepWaiting removes stale waiting-index entries: those whose run's
+// record is gone, final, or no longer waits for what the index lists
+// (a final record's drop that failed, a worker that died between the
+// record and the drop). One pass reads at most n sequences of the index
+// from after the cursor (holes included: the work is bounded whatever
+// the index holds) and their records, one batched read per 256; next is
+// the cursor of the next pass (0: the index's end was reached, start
+// again). Any worker may sweep, two at once too. Invariants:
+//
+//   - an entry younger than minAge is kept: its record may not be
+//     readable yet where the read lands (a stream replica behind), and a
+//     run's entry is written after its record;
+//   - a stale entry is purged by its sequence (a purge of its subject up
+//     to it): an entry put again since (the run waits again, at a later
+//     sequence) is not touched, and a second sweeper's purge of the same
+//     entry removes nothing.
+func (c *Client) SweepWaiting(ctx context.Context, after uint64, n int, minAge time.Duration) (next uint64, removed int, err error) {
+	s, err := c.Stream(ctx, c.names.WaitingStream())
+	if err != nil {
+		return 0, 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	lo, hi := max(info.State.FirstSeq, after+1), info.State.LastSeq
+	if n <= 0 || lo > hi || info.State.Msgs == 0 {
+		return 0, 0, nil
+	}
+	to := min(hi, lo+uint64(n)-1)
+	msgs, err := c.directGetter(c.names.WaitingStream()).rangeOf(ctx, lo, to)
+	if err != nil {
+		return after, 0, err
+	}
+	next = to
+	if to == hi {
+		next = 0
+	}
+	entryPrefix := c.names.Prefix() + ".waiting."
+	type cand struct {
+		entry      storedMsg
+		queue, run string
+	}
+	var cands []cand
+	now := time.Now()
+	for _, m := range msgs {
+		if now.Sub(m.time) < minAge {
+			next = m.seq - 1 // it and those after it (younger) wait for a later pass
+			break
+		}
+		queue, run, ok := strings.Cut(strings.TrimPrefix(m.subject, entryPrefix), ".")
+		if !ok || !ValidID(run) {
+			continue // not a worker's (readers skip it): not the sweep's
+		}
+		cands = append(cands, cand{m, queue, run})
+	}
+	recs := c.directGetter("KV_" + c.names.RecordsBucket())
+	for i := 0; i < len(cands); i += multiLastChunk {
+		chunk := cands[i:min(len(cands), i+multiLastChunk)]
+		subs := make([]string, 0, len(chunk))
+		for _, cd := range chunk {
+			subs = append(subs, c.names.Record(cd.run))
+		}
+		rs, err := recs.multiLast(ctx, subs)
+		if err != nil {
+			return after, removed, err
+		}
+		got := make(map[string]storedMsg, len(rs))
+		for _, r := range rs {
+			got[r.subject] = r
+		}
+		for _, cd := range chunk {
+			if m, ok := got[c.names.Record(cd.run)]; ok && len(m.data) > 0 && stillWaits(m.data, cd.queue) {
+				continue
+			}
+			err := s.Purge(ctx, jetstream.WithPurgeSubject(cd.entry.subject), jetstream.WithPurgeSequence(cd.entry.seq+1))
+			if err != nil {
+				return after, removed, fmt.Errorf("waiting index: purge %s up to %d: %w", cd.entry.subject, cd.entry.seq, err)
+			}
+			removed++
+		}
+	}
+	return next, removed, nil
+}
+
+// stillWaits reports whether a record (its JSON) says its run waits in
+// queue for what the index lists.
+func stillWaits(data []byte, queue string) bool {
+	var r RunRecord
+	return json.Unmarshal(data, &r) == nil && r.State == StateRunning && r.Queue == queue &&
+		r.Waiting != nil && Indexed(r.Waiting.For)
+}

@@ -15,8 +15,10 @@ import (
 // page the waiting index oldest first, each entry checked against its
 // record, so runs that finished since (stale entries) and entries with no
 // record (forged) are never listed, however many records were written
-// above the waiting ones; with no index (a fleet before 1.9) the records
-// walk lists them.
+// above the waiting ones; a model's rate-limit wait is not listed from the
+// index (an entry a 1.9 worker wrote is skipped: since 1.10 it is not
+// indexed), and asking for it walks the records; with no index (a fleet
+// before 1.9) the records walk lists them.
 func TestWaitingListingPagesTheIndex(t *testing.T) {
 	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
@@ -45,7 +47,8 @@ func TestWaitingListingPagesTheIndex(t *testing.T) {
 		return bus.RunRecord{ID: id, Queue: queue, State: bus.StateRunning, HeartbeatAt: now, Waiting: &bus.Waiting{For: what, Since: now}}
 	}
 	put(waiting("w1", "default", bus.WaitingApproval), true)
-	put(waiting("w2", "default", bus.WaitingModel), true)
+	put(waiting("w2", "default", bus.WaitingBudget), true)
+	put(waiting("w5", "default", bus.WaitingModel), true)
 	put(waiting("stale", "default", bus.WaitingApproval), true)
 	put(bus.RunRecord{ID: "stale", Queue: "default", State: bus.StatusSucceeded}, false) // finished; its entry left
 	put(bus.RunRecord{ID: "ghost", Queue: "default", State: bus.StatusFailed}, false)
@@ -90,6 +93,9 @@ func TestWaitingListingPagesTheIndex(t *testing.T) {
 	if got, _ := pages(bus.ListOptions{State: bus.StateWaiting, WaitingFor: bus.WaitingApproval, Queue: "default"}); got != "w1 w4" {
 		t.Errorf("waiting for approval in default: %q, want w1 w4", got)
 	}
+	if recs, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting, WaitingFor: bus.WaitingModel}); err != nil || ids(recs) != "w5" {
+		t.Errorf("waiting for the model: %q %v, want w5 from the records", ids(recs), err)
+	}
 	p, err := c.PendingApprovalsPage(ctx, bus.ApprovalsOptions{Limit: 10})
 	if err != nil || p.Scanned > 6 {
 		t.Fatalf("approvals: %v, %d read", err, p.Scanned)
@@ -103,8 +109,8 @@ func TestWaitingListingPagesTheIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	recs, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting})
-	if err != nil || ids(recs) != "w4 w3 w2 w1" {
-		t.Errorf("without the index: %q %v, want w4 w3 w2 w1", ids(recs), err)
+	if err != nil || ids(recs) != "w4 w3 w5 w2 w1" {
+		t.Errorf("without the index: %q %v, want w4 w3 w5 w2 w1", ids(recs), err)
 	}
 	if _, err := c.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting, Cursor: "w.1"}); err == nil {
 		t.Error("a waiting-index cursor was taken with no index")
@@ -163,5 +169,105 @@ func TestWaitingPageBoundsItsHoles(t *testing.T) {
 	}
 	if p.Records[0].ID != "waits" {
 		t.Fatalf("listed %s, want waits", p.Records[0].ID)
+	}
+}
+
+// TestSweepRemovesStaleEntries: a sweep pass reads at most n sequences of
+// the index and purges the entries whose record is gone, final, waits for
+// nothing the index lists, or is of another queue; entries of runs that
+// still wait, and entries younger than minAge, stay; two sweeps at once
+// are harmless; an entry put again after the stale one (the run waits
+// again) stays.
+func TestSweepRemovesStaleEntries(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	record := func(id, queue, state, what string) bus.RunRecord {
+		r := bus.RunRecord{ID: id, Queue: queue, State: state, HeartbeatAt: now}
+		if what != "" {
+			r.Waiting = &bus.Waiting{For: what, Since: now}
+		}
+		return r
+	}
+	put := func(r bus.RunRecord, entryQueue string) {
+		t.Helper()
+		data, _ := json.Marshal(r)
+		if _, err := kv.Put(ctx, r.ID, data); err != nil {
+			t.Fatal(err)
+		}
+		e := r
+		e.Queue = entryQueue
+		if e.Waiting == nil || !bus.Indexed(e.Waiting.For) {
+			e.Waiting = &bus.Waiting{For: bus.WaitingApproval}
+		}
+		if err := c.PutWaiting(ctx, &e, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(record("waits", "default", bus.StateRunning, bus.WaitingApproval), "default")
+	put(record("done", "default", bus.StatusSucceeded, ""), "default")
+	put(record("budget", "default", bus.StateRunning, bus.WaitingBudget), "default")
+	put(record("model", "default", bus.StateRunning, bus.WaitingModel), "default")
+	put(record("moved", "default", bus.StateRunning, bus.WaitingApproval), "other")
+	put(record("going", "default", bus.StateRunning, ""), "default")
+	if err := c.PutWaiting(ctx, &bus.RunRecord{ID: "ghost", Queue: "default", Waiting: &bus.Waiting{For: bus.WaitingApproval}}, false); err != nil {
+		t.Fatal(err)
+	}
+	entries := func() string {
+		t.Helper()
+		s, err := c.JetStream().Stream(ctx, c.Names().WaitingStream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, id := range []string{"waits", "done", "budget", "model", "going", "ghost"} {
+			if _, err := s.GetLastMsgForSubject(ctx, c.Names().WaitingEntry("default", id)); err == nil {
+				out = append(out, id)
+			}
+		}
+		if _, err := s.GetLastMsgForSubject(ctx, c.Names().WaitingEntry("other", "moved")); err == nil {
+			out = append(out, "moved")
+		}
+		return strings.Join(out, " ")
+	}
+	all := "waits done budget model going ghost moved"
+	if next, removed, err := c.SweepWaiting(ctx, 0, 100, time.Hour); err != nil || removed != 0 || next != 0 || entries() != all {
+		t.Fatalf("a sweep of young entries: next %d, removed %d, %v; left %q", next, removed, err, entries())
+	}
+	// A pass of 3 sequences: waits, done, budget.
+	next, removed, err := c.SweepWaiting(ctx, 0, 3, 0)
+	if err != nil || removed != 1 || next != 3 || entries() != "waits budget model going ghost moved" {
+		t.Fatalf("the first pass: next %d, removed %d, %v; left %q", next, removed, err, entries())
+	}
+	// The run "going" waits again before the sweep reaches its old entry:
+	// its new entry stays.
+	put(record("going", "default", bus.StateRunning, bus.WaitingApproval), "default")
+	// Two sweepers at once over the rest.
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			after := next
+			for {
+				n, _, err := c.SweepWaiting(ctx, after, 2, 0)
+				if err != nil || n == 0 {
+					errs <- err
+					return
+				}
+				after = n
+			}
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := entries(); got != "waits budget going" {
+		t.Fatalf("after the sweeps: %q, want waits budget going", got)
 	}
 }

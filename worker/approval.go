@@ -279,8 +279,13 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 	return m
 }
 
-// endPickupPause ends the clock's pause for an earlier attempt's wait.
+// endPickupPause ends the clock's pause for an earlier attempt's wait,
+// and the record's keeping of it (carried): the next record says what
+// this attempt waits for, written at once.
 func (r *run) endPickupPause() {
+	if r.carried.Swap(nil) != nil {
+		r.hb.now()
+	}
 	if r.pickupPaused {
 		r.pickupPaused = false
 		r.clock.Resume()

@@ -344,7 +344,7 @@ func TestApprovalKeyOfAnUnrestoredRequestIsNotReused(t *testing.T) {
 	cfg := Config{Tools: []*agent.Tool{d.tool()}, DrainTimeout: time.Minute, HeartbeatInterval: time.Second}
 	_, stopA := startOn(t, c, cfg)
 	run := submitRun(t, c, gatedRequest(&bus.Approval{Tools: []string{"deploy"}}, "staging"))
-	waitRecord(t, c, run, "waiting for c1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
+	first := waitRecord(t, c, run, "waiting for c1", func(r *bus.RunRecord) bool { return waitingFor(r, "c1") })
 	stopA()
 	waitRecord(t, c, run, "handed back", func(r *bus.RunRecord) bool { return r.WaitingHandBacks > 0 })
 	// Lose the assistant message's first event: the next attempt restores
@@ -370,8 +370,10 @@ func TestApprovalKeyOfAnUnrestoredRequestIsNotReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	startOn(t, c, cfg)
+	// The re-asked call's wait began after the first (until the resume
+	// knows, the take's record keeps the first wait: worker/run.go carried).
 	rec := waitRecord(t, c, run, "waiting on attempt 2", func(r *bus.RunRecord) bool {
-		return r.Attempt >= 2 && r.Waiting != nil && len(r.Waiting.Approvals) == 1
+		return r.Attempt >= 2 && r.Waiting != nil && len(r.Waiting.Approvals) == 1 && r.Waiting.Since.After(first.Waiting.Since)
 	})
 	if k := rec.Waiting.Approvals[0].ToolCallID; k == "c1" {
 		t.Fatalf("the re-asked call waits under %q, the key of the unrestored request an approver may answer", k)

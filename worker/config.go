@@ -64,6 +64,10 @@ type Config struct {
 	// and nothing of it stays on the worker until an answer or an abort
 	// wakes it. Default 30s; negative: never park.
 	ParkAfter time.Duration
+	// WaitingSweep is how often the worker sweeps its share of the
+	// waiting-run index, removing entries of runs that no longer wait
+	// (worker/waitindex.go). Default 1 minute; negative: never.
+	WaitingSweep time.Duration
 	// MaxApprovalTimeout is the operator's ceiling of a gated call's wait:
 	// a longer approval.timeoutSeconds (or default) is lowered to it.
 	// Default MaxRunTimeout; zero with no MaxRunTimeout: the protocol's
@@ -322,6 +326,9 @@ func (c *Config) defaults() {
 	}
 	if c.ParkAfter == 0 {
 		c.ParkAfter = 30 * time.Second
+	}
+	if c.WaitingSweep == 0 {
+		c.WaitingSweep = time.Minute
 	}
 	if c.MaxApprovalTimeout <= 0 {
 		c.MaxApprovalTimeout = c.MaxRunTimeout

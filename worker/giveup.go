@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/tracing"
 	"github.com/agentfleet/agentfleet/worker/internal/giveup"
+	"github.com/agentfleet/agentfleet/worker/internal/handoff"
 	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
@@ -65,43 +65,15 @@ func (w *Worker) startGiveUp(ctx context.Context) (stop func()) {
 		w.log.Warn("give-up disabled: no advisories consumer (create the streams with EnsureStreams)", "err", err)
 		return func() {}
 	}
-	// wg counts give-ups in progress; once stopping, none starts (so Add
-	// never races with Wait).
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	stopping := false
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		mu.Lock()
-		if stopping {
-			mu.Unlock()
-			_ = m.Nak()
-			return
-		}
-		wg.Add(1)
-		mu.Unlock()
-		// A give-up reads and writes NATS: never in the callback. The
-		// consumer's MaxAckPending bounds how many run at once.
-		go func() {
-			defer wg.Done()
-			w.onAdvisory(m)
-		}()
-	}, jetstream.PullMaxMessages(4), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if w.hardCtx.Err() == nil {
-			w.log.Debug("advisories consumer", "err", err)
-		}
-	}))
+	// A give-up reads and writes NATS: never in the callback.
+	stop, err = handoff.Consume(w.hardCtx, cons, 4, "advisories consumer", w.log, func(_ context.Context, m jetstream.Msg) {
+		w.onAdvisory(m)
+	})
 	if err != nil {
 		w.log.Warn("give-up disabled", "err", err)
 		return func() {}
 	}
-	return func() {
-		mu.Lock()
-		stopping = true
-		mu.Unlock()
-		cc.Stop()
-		<-cc.Closed()
-		wg.Wait()
-	}
+	return stop
 }
 
 func (w *Worker) onAdvisory(m jetstream.Msg) {

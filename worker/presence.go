@@ -1,82 +1,36 @@
 package worker
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"slices"
-	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/peers"
+	"github.com/agentfleet/agentfleet/worker/internal/presence"
 )
-
-// presenceCheck is how often the worker looks for a change worth writing
-// before the next PresenceInterval.
-const presenceCheck = time.Second
 
 // startPresence writes the worker's entry in agents_workers every
 // PresenceInterval and when its tools or load change, until the returned
-// func is called (it then deletes the entry). Without the bucket
-// (SkipEnsureStreams and nobody created it) the worker goes on without.
+// func is called (it then deletes the entry): worker/internal/presence.
 func (w *Worker) startPresence() (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
 	started := time.Now().UTC()
-	peers.WarnMixedTools(ctx, w.c.ListWorkers, w.presence(started), w.cfg.Queues, w.log)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		kv, err := w.c.Workers(ctx)
-		if err != nil {
-			w.log.Warn("no worker presence", "err", err)
-		}
-		var last []byte
-		var lastPut time.Time
-		t := time.NewTicker(presenceCheck)
-		defer t.Stop()
-		for {
-			w.observeToolSources()
-			b, err := json.Marshal(w.presence(started))
-			if kv != nil && err == nil && (!bytes.Equal(b, last) || time.Since(lastPut) >= bus.PresenceInterval) {
-				if err := w.putPresence(ctx, kv, b); err != nil && ctx.Err() == nil {
-					w.log.Warn("writing worker presence failed", "err", err)
-				} else {
-					last, lastPut = b, time.Now()
-				}
-			}
-			select {
-			case <-ctx.Done():
-				if kv != nil {
-					dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Second)
-					_ = kv.Delete(dctx, w.id)
-					dcancel()
-				}
-				return
-			case <-t.C:
-			}
-		}
-	})
-	return func() {
-		cancel()
-		wg.Wait()
+	peers.WarnMixedTools(context.Background(), w.c.ListWorkers, w.presence(started), w.cfg.Queues, w.log)
+	e := presence.Env{Open: w.c.Workers, Key: w.id, Log: w.log, Before: w.observeToolSources,
+		Entry: func() bus.WorkerPresence { return w.presence(started) }}
+	if !w.cfg.SkipEnsureStreams {
+		e.Recreate = w.recreateMemoryBuckets
 	}
+	return presence.Start(e)
 }
 
-// putPresence writes the entry. A NATS restart loses the memory buckets
-// (presence and the shared rate limits): a worker that ensures streams
-// creates both again and writes once more.
-func (w *Worker) putPresence(ctx context.Context, kv jetstream.KeyValue, b []byte) error {
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, err := kv.Put(pctx, w.id, b)
-	if err == nil || !bus.IsBucketGone(err) || w.cfg.SkipEnsureStreams {
-		return err
-	}
-	created, err := w.c.EnsureMemoryBuckets(pctx, w.streamsConfig())
+// recreateMemoryBuckets creates the memory buckets again (NATS lost them
+// in a restart): the presence's and the shared rate limits', which the
+// limiter then watches again.
+func (w *Worker) recreateMemoryBuckets(ctx context.Context) (bool, error) {
+	created, err := w.c.EnsureMemoryBuckets(ctx, w.streamsConfig())
 	if err != nil {
-		return err
+		return false, err
 	}
 	if len(created) > 0 {
 		w.log.Info("memory buckets created again (NATS lost them)", "buckets", created)
@@ -84,8 +38,7 @@ func (w *Worker) putPresence(ctx context.Context, kv jetstream.KeyValue, b []byt
 	if slices.Contains(created, w.c.Names().LimitsBucket()) && w.limiter != nil {
 		w.limiter.Rewatch()
 	}
-	_, err = kv.Put(pctx, w.id, b)
-	return err
+	return len(created) > 0, nil
 }
 
 // presence is the worker's entry now.
@@ -121,30 +74,6 @@ func (w *Worker) presence(started time.Time) bus.WorkerPresence {
 		}
 		return 0
 	})
-	p.Tools, p.ToolsTruncated, p.ToolsOmitted = boundPresenceTools(all)
+	p.Tools, p.ToolsTruncated, p.ToolsOmitted = presence.Bound(all)
 	return p
-}
-
-// boundPresenceTools keeps of the tools what fits an entry, whatever the
-// sources announce (one huge description or thousands of tools would
-// otherwise make every write fail, and the worker vanish from the fleet):
-// descriptions cut, then as many tools as bus.MaxPresenceTools and
-// bus.MaxPresenceToolBytes allow, in name order.
-func boundPresenceTools(all []bus.PresenceTool) (tools []bus.PresenceTool, truncated bool, omitted int) {
-	tools = make([]bus.PresenceTool, 0, min(len(all), bus.MaxPresenceTools))
-	size := 0
-	for i, t := range all {
-		if len(t.Description) > bus.MaxPresenceDescription {
-			t.Description, truncated = clipString(t.Description, bus.MaxPresenceDescription), true
-		}
-		// Names and sources are bounded by the sources; clipped here too.
-		t.Name, t.Source = clipString(t.Name, 128), clipString(t.Source, 128)
-		b, err := json.Marshal(t)
-		if err != nil || len(tools) == bus.MaxPresenceTools || size+len(b)+1 > bus.MaxPresenceToolBytes {
-			return tools, true, len(all) - i
-		}
-		size += len(b) + 1
-		tools = append(tools, t)
-	}
-	return tools, truncated, 0
 }

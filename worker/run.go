@@ -97,8 +97,14 @@ type run struct {
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
-	earlier      earlier          // what the record and earlier attempts left this one
-	trace        runtrace.Attempt // spans (trace.go)
+	// carried is the earlier attempt's wait (its record's waiting, one
+	// the index lists) while this attempt does not know yet whether it
+	// goes on: the records written meanwhile (the take's, heartbeats')
+	// keep it, so the run keeps its place in the waiting index (the time
+	// its wait began) across the take. endPickupPause clears it.
+	carried atomic.Pointer[bus.Waiting]
+	earlier earlier          // what the record and earlier attempts left this one
+	trace   runtrace.Attempt // spans (trace.go)
 }
 
 // runPlan is the request resolved against the worker.
@@ -328,6 +334,9 @@ func (r *run) execute() {
 	cancel := func() { cancelCause(context.Canceled) }
 	defer cancel()
 	var pausedSince time.Time
+	if w := r.prev; w != nil && w.Waiting != nil && bus.Indexed(w.Waiting.For) {
+		r.carried.Store(w.Waiting)
+	}
 	if w := r.prev; w != nil && w.Waiting != nil && w.Waiting.For == bus.WaitingApproval {
 		// The earlier attempt was waiting: its wait goes on until the
 		// resume knows whether calls still wait (endPickupPause).
@@ -658,6 +667,8 @@ func (r *run) record(state string) *bus.RunRecord {
 		if what == bus.WaitingApproval {
 			rec.Waiting.Approvals = r.pendingApprovals()
 		}
+	} else if c := r.carried.Load(); c != nil {
+		rec.Waiting = c
 	} else if r.waitingModel.Load() {
 		rec.Waiting = &bus.Waiting{For: bus.WaitingModel} // worker/ratelimit.go
 	}

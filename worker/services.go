@@ -39,6 +39,7 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 		{"shared rate limits", w.startRateLimits},                                                               // worker/ratelimit.go
 		{"tenant budgets", w.startBudgets},                                                                      // worker/tenant.go
 		{"give-up", func(setup context.Context) (func(), error) { return w.startGiveUp(setup), nil }},           // worker/giveup.go
+		{"waiting-index sweep", w.startWaitingSweep},                                                            // worker/waitindex.go
 		{"wake", w.startWake},                                                                                   // worker/park.go
 		{"schedules", w.startSchedules},                                                                         // worker/schedule.go
 		{"memory trim", func(context.Context) (func(), error) { return w.startTrim(), nil }},                    // worker/park.go

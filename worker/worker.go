@@ -243,7 +243,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.kv, err = w.c.Records(setup); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.leases = &lease.Env{KV: w.kv, Worker: w.id, Read: w.getRecord, Index: w.c}
+	w.leases = &lease.Env{KV: w.kv, Worker: w.id, Read: w.getRecord, Index: w.waitingIndex(setup)} // worker/waitindex.go
 	consumers := make([]jetstream.Consumer, len(w.cfg.Queues))
 	for i, q := range w.cfg.Queues {
 		if consumers[i], err = w.js.Consumer(setup, w.names.RunsStream(), w.names.Consumer(q)); err != nil {

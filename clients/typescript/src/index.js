@@ -39,6 +39,14 @@ const HEADER_AFTER_FINISH = "Agentfleet-After-Finish";
 const FIRST_WINDOW = 128;
 const MAX_WINDOW = 8192;
 const DEFAULT_LIST_SCAN = 100_000;
+/**
+ * The waits the waiting index lists (since 1.10, bus.Indexed): a model's
+ * rate-limit wait is not indexed (it comes and goes with each call), so a
+ * listing asking for it walks the records, and one from the index skips
+ * the "model" entries a 1.9 worker left.
+ */
+const INDEXED_WAITS = new Set(["approval", "budget"]);
+
 /** Subjects of one batched record read (waitingPage). */
 const MULTI_LAST_CHUNK = 256;
 const CATCH_UP_ROUNDS = 4;
@@ -645,7 +653,7 @@ export class Client {
     const queue = o.queue ?? "";
     const waitingFor = state === "waiting" ? (o.waitingFor ?? "") : "";
     if (queue) checkQueue(queue);
-    if (state === "waiting" && !o.since && (o.before === undefined || (typeof o.before === "string" && o.before.startsWith("w.")))) {
+    if (state === "waiting" && !o.since && (!waitingFor || INDEXED_WAITS.has(waitingFor)) && (o.before === undefined || (typeof o.before === "string" && o.before.startsWith("w.")))) {
       // The waiting index, oldest first; the records walk when there is none.
       const page = await this.waitingPage(o, waitingFor);
       if (page) return page;
@@ -816,7 +824,7 @@ export class Client {
           } catch {
             continue;
           }
-          if (waitingFor && e?.for !== waitingFor) continue; // a hint only: a kind change rewrites the entry
+          if (!INDEXED_WAITS.has(e?.for) || (waitingFor && e?.for !== waitingFor)) continue; // a hint only: a kind change rewrites the entry
           cands.push({ seq: m.seq, subject: this.names.record(run) });
         }
         /** @type {Map<string, any>} */
@@ -836,7 +844,7 @@ export class Client {
           const m = got.get(c.subject);
           if (!m || !m.data) continue; // stale: the record is gone
           const r = this.listed(m, "waiting", queue, now, waitingFor);
-          if (r) page.records.push(r);
+          if (r && INDEXED_WAITS.has(r.waiting?.for)) page.records.push(r);
         }
         if (!more) next = to;
         lo = to + 1;

@@ -159,8 +159,8 @@ func startInternalOn(t testing.TB, c *bus.Client, cfg testConfig, hooks func(w *
 // test sees, stops or refuses what goes out. Set before or while events go.
 type testWire struct {
 	nc      *nats.Conn
-	request atomic.Pointer[func(m *nats.Msg)]       // before a re-send's request
-	publish atomic.Pointer[func(m *nats.Msg) error] // before a single or batched send; an error is the send's, nothing sent
+	request atomic.Pointer[func(ctx context.Context, m *nats.Msg)] // before a re-send's request
+	publish atomic.Pointer[func(m *nats.Msg) error]                // before a single or batched send; an error is the send's, nothing sent
 }
 
 func (w *testWire) PublishMsg(m *nats.Msg) error {
@@ -174,7 +174,7 @@ func (w *testWire) PublishMsg(m *nats.Msg) error {
 
 func (w *testWire) RequestMsgWithContext(ctx context.Context, m *nats.Msg) (*nats.Msg, error) {
 	if f := w.request.Load(); f != nil {
-		(*f)(m)
+		(*f)(ctx, m)
 	}
 	return w.nc.RequestMsgWithContext(ctx, m)
 }
@@ -182,7 +182,12 @@ func (w *testWire) RequestMsgWithContext(ctx context.Context, m *nats.Msg) (*nat
 // onResend calls f with the seq of each event a re-send sends, before it
 // goes out.
 func (w *testWire) onResend(f func(seq uint64)) {
-	g := func(m *nats.Msg) { f(envelopeSeq(m)) }
+	w.onResendWithin(func(_ context.Context, seq uint64) { f(seq) })
+}
+
+// onResendWithin is onResend with the context of the re-send's request.
+func (w *testWire) onResendWithin(f func(ctx context.Context, seq uint64)) {
+	g := func(ctx context.Context, m *nats.Msg) { f(ctx, envelopeSeq(m)) }
 	w.request.Store(&g)
 }
 

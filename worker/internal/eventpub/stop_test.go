@@ -1,6 +1,7 @@
 package eventpub
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -134,7 +135,12 @@ func stopWaitingForABatch(t *testing.T, hardStop bool) {
 }
 
 // The same for a hard stop while a re-send's request waits for its
-// answer (it ends the request: context canceled).
+// answer (it ends the request: context canceled). The request is held
+// until its own context ends, not the hard stop's: a context's Done
+// closes before its children are cancelled, so a hook that went on once
+// the hard stop's Done closed could send the request under a context not
+// yet cancelled, and under load the stream's answer came first: the event
+// stored, the re-send over, and no failure to report (a flake in CI).
 func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 	t.Parallel()
 	o := &publishFailures{}
@@ -147,9 +153,10 @@ func TestAHardStopDuringAReSendIsNotAPublishFailure(t *testing.T) {
 	})
 	resending := make(chan struct{})
 	var once sync.Once
-	w.wire.onResend(func(uint64) {
+	w.wire.onResendWithin(func(ctx context.Context, _ uint64) {
 		once.Do(func() { close(resending) })
 		<-w.hardCtx.Done()
+		<-ctx.Done() // the request's: its deadline or, now, the hard stop's
 	})
 	failed := make(chan error, 1)
 	p := newPublisher(w, bus.NewRunID(), 1, func(err error) { failed <- err })

@@ -13,13 +13,16 @@ import (
 	"github.com/agentfleet/agentfleet/natsembed"
 )
 
-// flakyIndex fails its next fail writes, then writes the index.
+// flakyIndex fails its next fail writes, then writes the index; writes
+// counts the writes asked for.
 type flakyIndex struct {
-	c    *bus.Client
-	fail int
+	c      *bus.Client
+	fail   int
+	writes int
 }
 
 func (f *flakyIndex) PutWaiting(ctx context.Context, rec *bus.RunRecord, ifAbsent bool) error {
+	f.writes++
 	if f.fail > 0 {
 		f.fail--
 		return errors.New("index away")
@@ -28,6 +31,7 @@ func (f *flakyIndex) PutWaiting(ctx context.Context, rec *bus.RunRecord, ifAbsen
 }
 
 func (f *flakyIndex) DropWaiting(ctx context.Context, queue, run string) error {
+	f.writes++
 	if f.fail > 0 {
 		f.fail--
 		return errors.New("index away")
@@ -142,10 +146,71 @@ func TestWaitingIndexFollowsTheRecord(t *testing.T) {
 	step("a failed drop", l3.Renew(ctx, rec(3, "")), bus.WaitingApproval)
 	step("the next heartbeat", l3.Renew(ctx, rec(3, "")), "")
 	idx.fail = 1
-	step("a failed put", l3.Renew(ctx, rec(3, bus.WaitingModel)), "")
-	step("the next heartbeat", l3.Renew(ctx, rec(3, bus.WaitingModel)), bus.WaitingModel)
+	step("a failed put", l3.Renew(ctx, rec(3, bus.WaitingBudget)), "")
+	step("the next heartbeat", l3.Renew(ctx, rec(3, bus.WaitingBudget)), bus.WaitingBudget)
 	step("the wait's kind changes", l3.Renew(ctx, rec(3, bus.WaitingApproval)), bus.WaitingApproval)
+	// A failed final drop is retried: no write comes after it.
+	idx.fail = 1
 	final := rec(3, "")
 	final.State = bus.StatusSucceeded
 	step("the final record", l3.WriteFinal(ctx, final), "")
+}
+
+// TestModelWaitsAreNotIndexed: a model call's rate-limit wait comes and
+// goes with each call; the index lists neither it nor its end, so the
+// heartbeats of a run whose calls wait write nothing to the index (they
+// put and purged the entry at each heartbeat).
+func TestModelWaitsAreNotIndexed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := &flakyIndex{c: c}
+	env := &Env{KV: kv, Worker: "w1", Index: idx}
+	rec := func(w string) *bus.RunRecord {
+		r := &bus.RunRecord{ID: "r2", Queue: "default", State: bus.StateRunning, Attempt: 1, Worker: "w1", RequestSeq: 3}
+		if w != "" {
+			r.Waiting = &bus.Waiting{For: w}
+		}
+		return r
+	}
+	l := New(env, "r2", 1, 3, nil)
+	if _, _, err := l.Take(ctx, nil, rec("")); err != nil {
+		t.Fatal(err)
+	}
+	taken := idx.writes
+	for i := range 6 {
+		w := ""
+		if i%2 == 0 {
+			w = bus.WaitingModel
+		}
+		if err := l.Renew(ctx, rec(w)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := idx.writes - taken; n != 0 {
+		t.Fatalf("%d index writes for model waits, want none", n)
+	}
+	s, err := c.JetStream().Stream(ctx, c.Names().WaitingStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetLastMsgForSubject(ctx, c.Names().WaitingEntry("default", "r2")); err == nil {
+		t.Fatalf("a model wait's entry: %s", m.Data)
+	}
 }

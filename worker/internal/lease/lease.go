@@ -293,33 +293,56 @@ func (l *Hold) write(ctx context.Context, rec *bus.RunRecord, final bool) error 
 }
 
 // syncIndex makes the waiting index agree with rec, just written: an
-// entry while the record says the run waits, none after. Invariant: the
-// index is written only after the record (a reader checks the record, so
-// an entry ahead of it would list a run that does not wait yet), and a
-// failed write leaves idxKnown false, so the next record write (the next
-// heartbeat) writes it again. An entry already there is kept where it is
-// (ifAbsent): its place is when the wait began.
+// entry while the record says the run waits for what the index lists
+// (bus.Indexed), none after. Invariants: the index is written only after
+// the record (a reader checks the record, so an entry ahead of it would
+// list a run that does not wait yet); it is written only when what it
+// should hold changes (idxFor), not at every heartbeat; a failed write
+// leaves idxKnown false, so the next record write (the next heartbeat)
+// writes it again, and the final record's drop, after which no write
+// comes, is retried within ctx (the finish's deadline; what is left the
+// sweep removes, bus.Client.SweepWaiting). An entry already there is kept
+// where it is (ifAbsent): its place is when the wait began.
 func (l *Hold) syncIndex(ctx context.Context, rec *bus.RunRecord) {
 	if l.env.Index == nil {
 		return
 	}
 	want := ""
-	if rec.State == bus.StateRunning && rec.Waiting != nil {
+	if rec.State == bus.StateRunning && rec.Waiting != nil && bus.Indexed(rec.Waiting.For) {
 		want = rec.Waiting.For
 	}
 	if l.idxKnown && l.idxFor == want {
 		return
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	var err error
-	if want == "" {
-		err = l.env.Index.DropWaiting(cctx, rec.Queue, rec.ID)
-	} else {
-		err = l.env.Index.PutWaiting(cctx, rec, !l.idxKnown && l.idxFor == want)
+	for try := 0; ; try++ {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if want == "" {
+			err = l.env.Index.DropWaiting(cctx, rec.Queue, rec.ID)
+		} else {
+			err = l.env.Index.PutWaiting(cctx, rec, !l.idxKnown && l.idxFor == want)
+		}
+		cancel()
+		if err == nil || !l.done || try == finalDropTries-1 {
+			break
+		}
+		select {
+		case <-time.After(finalDropPause << try):
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
 	}
 	l.idxFor, l.idxKnown = want, err == nil
 }
+
+// The final record's index drop is tried finalDropTries times, pausing
+// finalDropPause, then twice as long, between them.
+const (
+	finalDropTries = 4
+	finalDropPause = 100 * time.Millisecond
+)
 
 // transientKV tells KV write errors that a retry may cure (NATS away, a
 // timeout, no stream leader yet) from permanent ones (a record too large).

@@ -24,7 +24,8 @@
 //     the ack redelivers the request, after it nothing looks again)
 //     publishes a copy of the kept request to the run's
 //     submit subject with Agentfleet-Woken-From: <parked.seq>,
-//     Agentfleet-Attempt-Base: <parked.attempt> and Nats-Msg-Id
+//     Agentfleet-Attempt-Base: <parked.attempt>, the kept copy's
+//     Agentfleet-Wake-Key (a random key Keep put on it) and Nats-Msg-Id
 //     <run>:wake:<parked.seq>. The waker writes nothing: any number of
 //     wakes of one park are harmless (see 4), so the waker may publish,
 //     crash and publish again.
@@ -39,8 +40,9 @@
 //     compare-and-set that clears parked) is the one wake of the park
 //     that runs: every other copy of it finds the record no longer
 //     parked, or another request's, and is dropped (acknowledged, no
-//     event). A submitter who may publish requests cannot forge a wake
-//     without the kept request's bytes, which only workers read.
+//     event). A submitter who may publish requests cannot forge a wake:
+//     it lacks the kept copy's wake key (since 1.10), which only workers
+//     read (the run's owner has the bytes; 1.9 checked only those).
 //  5. A wake copy squatted by another message under its Nats-Msg-Id (a
 //     submitter's, within the dedupe window) is published again without
 //     the id: the confirmation, not the dedupe, keeps the wake single.
@@ -54,6 +56,7 @@ package park
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -101,6 +104,7 @@ func (e *Env) Keep(ctx context.Context, queue, id string, attempt int, req *jets
 	m := &nats.Msg{Subject: e.Names.Parked(queue, id), Data: req.Data, Header: nats.Header{}}
 	m.Header.Set(jetstream.MsgIDHeader, id+":park:"+strconv.Itoa(attempt)+":"+strconv.FormatUint(req.Sequence, 10))
 	copyHeaders(m.Header, req.Header)
+	m.Header.Set(bus.HeaderWakeKey, rand.Text())
 	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.ParkedStream()))
 	if err != nil {
 		return 0, fmt.Errorf("keeping the parked request: %w", err)
@@ -130,6 +134,9 @@ func (e *Env) Wake(ctx context.Context, rec *bus.RunRecord) error {
 	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":wake:"+seq)
 	m.Header.Set(bus.HeaderWokenFrom, seq)
 	m.Header.Set(bus.HeaderAttemptBase, strconv.Itoa(rec.Parked.Attempt))
+	if k := kept.Header.Get(bus.HeaderWakeKey); k != "" {
+		m.Header.Set(bus.HeaderWakeKey, k)
+	}
 	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.RunsStream()))
 	if err != nil {
 		return fmt.Errorf("publishing the wake: %w", err)
@@ -151,7 +158,8 @@ func (e *Env) isWake(ctx context.Context, seq uint64, m *nats.Msg) bool {
 	got, err := e.Runs.GetMsg(ctx, seq)
 	return err == nil && got.Subject == m.Subject && bytes.Equal(got.Data, m.Data) &&
 		got.Header.Get(bus.HeaderWokenFrom) == m.Header.Get(bus.HeaderWokenFrom) &&
-		got.Header.Get(bus.HeaderAttemptBase) == m.Header.Get(bus.HeaderAttemptBase)
+		got.Header.Get(bus.HeaderAttemptBase) == m.Header.Get(bus.HeaderAttemptBase) &&
+		got.Header.Get(bus.HeaderWakeKey) == m.Header.Get(bus.HeaderWakeKey)
 }
 
 // Confirmation is what the pickup of a request learns of its wake header.
@@ -204,6 +212,9 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 		}
 		if !bytes.Equal(kept.Data, data) {
 			return c, nil
+		}
+		if k := kept.Header.Get(bus.HeaderWakeKey); k != "" && h.Get(bus.HeaderWakeKey) != k {
+			return c, nil // not a worker's wake (a copy kept by 1.9 has no key)
 		}
 	case rec.RequestSeq == reqSeq && rec.Finished():
 		// This wake ran to its end; only its ack was lost: the pickup

@@ -321,7 +321,8 @@ func TestRedeliveredWakeOfReparkedRunResumes(t *testing.T) {
 
 // A wake copy published to another queue's submit subject (the kept
 // request with the park's headers) is not confirmed: the run would move
-// queues. On its own queue it is.
+// queues. On its own queue it is, with the kept copy's wake key only: the
+// run's owner has the bytes, not the key.
 func TestWakeOnAnotherQueueIsNotConfirmed(t *testing.T) {
 	f := newTestFleet(t)
 	ctx := testCtx(t)
@@ -333,6 +334,7 @@ func TestWakeOnAnotherQueueIsNotConfirmed(t *testing.T) {
 	m := &nats.Msg{Subject: f.env.Names.Submit("other", "r10"), Data: kept.Data, Header: nats.Header{}}
 	m.Header.Set(bus.HeaderWokenFrom, strconv.FormatUint(rec.Parked.Seq, 10))
 	m.Header.Set(bus.HeaderAttemptBase, "1")
+	m.Header.Set(bus.HeaderWakeKey, kept.Header.Get(bus.HeaderWakeKey))
 	ack, err := f.c.JetStream().PublishMsg(ctx, m)
 	if err != nil {
 		t.Fatal(err)
@@ -342,5 +344,18 @@ func TestWakeOnAnotherQueueIsNotConfirmed(t *testing.T) {
 	}
 	if c, err := f.env.Confirm(ctx, "default", "r10", ack.Sequence, m.Header, m.Data); err != nil || !c.OK {
 		t.Fatalf("the same wake on the run's queue: %+v %v, want confirmed", c, err)
+	}
+	if kept.Header.Get(bus.HeaderWakeKey) == "" {
+		t.Fatal("the kept copy has no wake key")
+	}
+	for _, key := range []string{"", "guessed"} {
+		h := nats.Header{}
+		for k, v := range m.Header {
+			h[k] = v
+		}
+		h.Set(bus.HeaderWakeKey, key)
+		if c, err := f.env.Confirm(ctx, "default", "r10", ack.Sequence, h, m.Data); err != nil || c.OK {
+			t.Fatalf("a wake with the kept bytes and key %q: %+v %v, want not confirmed", key, c, err)
+		}
 	}
 }

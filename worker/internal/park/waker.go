@@ -3,10 +3,11 @@ package park
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/worker/internal/handoff"
 )
 
 // The wake consumer. Every approve and abort AGENTS_CONTROL stores passes
@@ -27,43 +28,9 @@ func (e *Env) Start(ctx context.Context, cons jetstream.Consumer) (stop func(), 
 	return e.consume(ctx, cons, "wake consumer", e.handle)
 }
 
-// consume runs handle on its own goroutine for each message of cons (it
-// reads and writes NATS: never in the callback) until the returned stop
-// is called; stop waits for those in progress, and a message that comes
-// while stopping is handed back.
+// consume is handoff.Consume with the wake's log.
 func (e *Env) consume(ctx context.Context, cons jetstream.Consumer, what string, handle func(context.Context, jetstream.Msg)) (stop func(), err error) {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	stopping := false
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		mu.Lock()
-		if stopping {
-			mu.Unlock()
-			_ = m.Nak()
-			return
-		}
-		wg.Add(1)
-		mu.Unlock()
-		go func() {
-			defer wg.Done()
-			handle(ctx, m)
-		}()
-	}, jetstream.PullMaxMessages(64), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if ctx.Err() == nil {
-			e.Log.Debug(what, "err", err)
-		}
-	}))
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		mu.Lock()
-		stopping = true
-		mu.Unlock()
-		cc.Stop()
-		<-cc.Closed()
-		wg.Wait()
-	}, nil
+	return handoff.Consume(ctx, cons, 64, what, e.Log, handle)
 }
 
 func (e *Env) handle(ctx context.Context, m jetstream.Msg) {
