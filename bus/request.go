@@ -175,6 +175,9 @@ type RunRequest struct {
 	Faux          *FauxScript         `json:"faux,omitempty"`
 	// Approval gates tool calls on a person's answer (since 1.3).
 	Approval *Approval `json:"approval,omitempty"`
+	// Priority is high, normal (the default) or low (since 1.10); the
+	// subject's lane must carry it (Names.CheckLane).
+	Priority string `json:"priority,omitempty"`
 }
 
 // EffectiveLimits returns the limits with defaults filled in.
@@ -717,6 +720,9 @@ func (r *RunRequest) Validate(subjectRun string) error {
 		} else if subjectRun != "" && r.ID != subjectRun {
 			add("id %q differs from the subject's run id %q", r.ID, subjectRun)
 		}
+	}
+	if r.Priority != "" && !ValidPriority(r.Priority) {
+		add("priority %q: use high, normal or low", truncate(r.Priority, 40))
 	}
 	if r.Prompt == "" && len(r.Messages) == 0 {
 		add(`no "prompt" and no "messages": give at least one`)

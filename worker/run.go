@@ -53,6 +53,7 @@ type run struct {
 	request     jetstream.Msg      // until pickup: its bytes
 	pickupBeat  *pickupBeat        // until the heartbeat starts
 	id, queue   string
+	lane        bus.Lane // where its request waited (since 1.10)
 	attempt     int
 	reqSeq      uint64
 	submittedAt time.Time
@@ -137,7 +138,8 @@ func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedA
 }
 
 func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
-	queue, runID, err := w.names.ParseSubmit(m.Subject())
+	lane, runID, err := w.names.ParseRequest(m.Subject())
+	queue := lane.Queue
 	if err != nil {
 		// No events: the subject cannot name a run safely.
 		w.junk.note(w.log, m.Subject(), err)
@@ -174,6 +176,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 		attempt += woken.Base
 	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
+	r.lane = lane
 	if woken.OK {
 		r.wokenFrom, r.lease.WokenFrom = woken.From, woken.From
 	}
@@ -634,6 +637,7 @@ func (r *run) record(state string) *bus.RunRecord {
 	}
 	if r.req != nil {
 		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
+		rec.Priority = r.lane.RecordPriority()
 	}
 	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
 		rec.Tenant = r.tenant.name
