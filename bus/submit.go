@@ -47,6 +47,10 @@ func (c *Client) Submit(ctx context.Context, queue string, req *RunRequest) (Sub
 	if err := req.Validate(req.ID); err != nil {
 		return SubmitResult{}, err
 	}
+	if req.Priority == PriorityNormal {
+		// The default, left out: a worker before 1.10 refuses the field.
+		req.Priority = ""
+	}
 	body, err := agent.MarshalJSON(req)
 	if err != nil {
 		return SubmitResult{}, err

@@ -504,6 +504,8 @@ func (g *gen) runRequest() *jsonschema.Schema {
 	p("maxTokens").Description = "The output tokens each model call asks for (max_tokens); 0: the model table's maxTokens, at most 32000, else 4096 (§14)."
 	p("continueFrom").Pattern = tokenPattern
 	p("continueFrom").Description = "A finished run's id on the same queue."
+	g.setProp(req, "RunRequest", "priority", enum("Since 1.10: the run's lane; default normal. A high or low request is published to agents.lane.{queue}.{priority}._.{run} (§3, Priority lanes).",
+		bus.PriorityHigh, bus.PriorityNormal, bus.PriorityLow))
 	md := p("metadata")
 	md.MaxProperties = ptr[uint64](bus.MaxMetadata)
 	md.PropertyNames = &jsonschema.Schema{MinLength: ptr[uint64](1), MaxLength: ptr[uint64](bus.MaxMetadataKey)}
@@ -688,6 +690,7 @@ func (g *gen) record() *jsonschema.Schema {
 	p("title").MaxLength = ptr[uint64](bus.MaxTitleBytes)
 	p("title").Description = `Metadata "title", else the prompt's first line (since 1.8).`
 	p("tenant").Description = "Who the run is charged to: metadata.tenant, or the worker's budgets' tenant (since 1.8)."
+	g.setProp(r, "RunRecord", "priority", enum("The lane its request came from (since 1.10); absent: normal.", bus.PriorityHigh, bus.PriorityLow))
 	p("stale").Description = "Set by clients (Status, List) on a running record whose heartbeat is too old; never stored."
 	p("waitedMs").Description = "Time spent waiting for approvals over all attempts (since 1.3)."
 	p("lastControlSeq").Minimum = minimum(1)

@@ -224,6 +224,7 @@ func TestFullRequestValidates(t *testing.T) {
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{Content: []agent.Content{agent.Text("ok")}, StopReason: agent.StopReasonError, ErrorMessage: "e"}},
 			TokenSize: 4, TokensPerSecond: 10, FixedPace: true},
 		Approval: &bus.Approval{Tools: []string{"calculator"}, TimeoutSeconds: 60, OnTimeout: bus.OnTimeoutAbort},
+		Priority: bus.PriorityHigh,
 	}
 	b, err := agent.MarshalJSON(req)
 	if err != nil {
