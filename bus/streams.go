@@ -409,6 +409,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 	if err := c.ensureWorkersBucket(ctx, cfg); err != nil { // presence.go
 		return err
 	}
+	if err := c.ensureKeysBucket(ctx, cfg); err != nil { // presence.go, since 1.10
+		return err
+	}
 	if err := c.ensureLimitsBucket(ctx, cfg); err != nil { // presence.go
 		return err
 	}

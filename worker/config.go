@@ -148,6 +148,10 @@ type Config struct {
 	// slots), so one queue cannot take every slot. A queue not named
 	// shares Concurrency.
 	QueueConcurrency map[string]int
+	// KeyLimits are the default limits of concurrency keys by pattern
+	// (since 1.10; keys.go): the first match applies, and a request's own
+	// limit may only be lower.
+	KeyLimits []KeyLimit
 	// Tools are offered to runs besides the built-ins (calculator,
 	// current_time, sleep); a tool of the same name replaces a built-in.
 	Tools []*agent.Tool

@@ -59,6 +59,13 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if err := w.names.CheckLane(r.lane, req); err != nil {
 		add("%v", err)
 	}
+	if c := req.Concurrency; c != nil && c.Key != "" {
+		limit, problem := w.keyLimit(c) // keys.go
+		if problem != "" {
+			add("%s", problem)
+		}
+		r.key, r.keyLimit = c.Key, limit
+	}
 	ref := w.defaultModel
 	if req.Model != nil {
 		ref = *req.Model

@@ -48,12 +48,17 @@ import (
 
 // run is one attempt at one run request.
 type run struct {
-	w           *Worker
-	msg         intake.RequestAcks // nil for a give-up; only the reply subject (internal/intake)
-	request     jetstream.Msg      // until pickup: its bytes
-	pickupBeat  *pickupBeat        // until the heartbeat starts
-	id, queue   string
-	lane        bus.Lane // where its request waited (since 1.10)
+	w          *Worker
+	msg        intake.RequestAcks // nil for a give-up; only the reply subject (internal/intake)
+	request    jetstream.Msg      // until pickup: its bytes
+	pickupBeat *pickupBeat        // until the heartbeat starts
+	id, queue  string
+	lane       bus.Lane // where its request waited (since 1.10)
+	// The run's concurrency key, its limit in force, and whether it holds
+	// a place (keys.go).
+	key         string
+	keyLimit    int
+	heldKey     bool
 	attempt     int
 	reqSeq      uint64
 	submittedAt time.Time
@@ -315,6 +320,9 @@ func (r *run) execute() {
 	r.traceBegin()
 	defer r.traceEnd()
 	if !r.pickup() {
+		return
+	}
+	if !r.takeKey() { // keys.go: parked, its key full
 		return
 	}
 	// The run keeps its request's acknowledgements, not its bytes.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -25,6 +26,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/keys"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/memtrim"
 	"github.com/agentfleet/agentfleet/worker/internal/park"
@@ -64,6 +66,7 @@ type Worker struct {
 	kv            jetstream.KeyValue
 	leases        *lease.Env       // the runs' leases on their records, from Run on
 	parking       *park.Env        // parking and waking (worker/park.go); nil: no AGENTS_PARKED
+	keys          *keys.Env        // concurrency keys' places (keys.go); nil: no agents_keys
 	trim          *memtrim.Trimmer // gives parked runs' memory back (worker/park.go)
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
@@ -166,6 +169,14 @@ func New(cfg Config) (*Worker, error) {
 			w.queueSlots[q] = make(chan struct{}, n)
 		}
 	}
+	for _, kl := range cfg.KeyLimits {
+		if _, err := path.Match(kl.Pattern, ""); err != nil || kl.Pattern == "" {
+			return nil, fmt.Errorf("worker: concurrency key limit: bad pattern %q", kl.Pattern)
+		}
+		if kl.Limit <= 0 || kl.Limit > bus.MaxConcurrencyLimit {
+			return nil, fmt.Errorf("worker: concurrency key limit of %q must be 1..%d, not %d", kl.Pattern, bus.MaxConcurrencyLimit, kl.Limit)
+		}
+	}
 	var tools []*agent.Tool
 	if !cfg.NoBuiltinTools {
 		tools = BuiltinTools()
@@ -255,6 +266,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
 	w.openParking(setup)            // worker/park.go
+	w.openKeys(setup)               // keys.go
 	w.warnStreamSettings(consumers) // worker/orphans.go
 	stopServices, err := startServices(setup, w.services(consumers))
 	if err != nil {
