@@ -223,8 +223,9 @@ func TestFullRequestValidates(t *testing.T) {
 		Temperature: &temp, MaxTokens: 100, ContinueFrom: "r0", Metadata: map[string]string{"team": "docs"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{Content: []agent.Content{agent.Text("ok")}, StopReason: agent.StopReasonError, ErrorMessage: "e"}},
 			TokenSize: 4, TokensPerSecond: 10, FixedPace: true},
-		Approval: &bus.Approval{Tools: []string{"calculator"}, TimeoutSeconds: 60, OnTimeout: bus.OnTimeoutAbort},
-		Priority: bus.PriorityHigh,
+		Approval:    &bus.Approval{Tools: []string{"calculator"}, TimeoutSeconds: 60, OnTimeout: bus.OnTimeoutAbort},
+		Priority:    bus.PriorityHigh,
+		Concurrency: &bus.Concurrency{Key: "customer-42", Limit: 2},
 	}
 	b, err := agent.MarshalJSON(req)
 	if err != nil {
