@@ -86,6 +86,11 @@ func (w *Worker) keyLimit(c *bus.Concurrency) (int, string) {
 	return 0, fmt.Sprintf("concurrency.limit is missing and no --concurrency-key-limit pattern matches key %q", clipString(c.Key, 64))
 }
 
+// scopedKey is the key's place name: a key belongs to its queue, the
+// unit of permission (docs/security.md), so a submitter of one queue
+// cannot fill the places, or the line, of another queue's key.
+func scopedKey(queue, key string) string { return queue + "/" + key }
+
 // takeKey takes the run's place in its key; it reports whether the run
 // goes on (false: it parked, or was handed back).
 func (r *run) takeKey() bool {
@@ -95,7 +100,7 @@ func (r *run) takeKey() bool {
 	w := r.w
 	ctx, cancel := context.WithTimeout(w.hardCtx, 10*time.Second)
 	defer cancel()
-	res, wake, err := w.keys.Take(ctx, r.key, r.keyLimit, r.id, false)
+	res, wake, err := w.keys.Take(ctx, scopedKey(r.queue, r.key), r.keyLimit, r.id, false)
 	w.wakeKeyed(ctx, wake)
 	if err != nil {
 		r.log.Warn("cannot take the run's concurrency key place; handing it back", "key", r.key, "err", err)
@@ -149,7 +154,7 @@ func (r *run) parkForKey() {
 	}
 	// In line only now that the record is parked: whoever grants the
 	// place finds a run to wake.
-	res, wake, err := w.keys.Take(ctx, r.key, r.keyLimit, r.id, true)
+	res, wake, err := w.keys.Take(ctx, scopedKey(r.queue, r.key), r.keyLimit, r.id, true)
 	w.wakeKeyed(ctx, wake)
 	if err == nil && res != keys.Waits {
 		err = env.Wake(ctx, rec) // a place came meanwhile
@@ -173,7 +178,7 @@ func (r *run) releaseKey(ctx context.Context) {
 		return
 	}
 	r.heldKey = false
-	next, err := r.w.keys.Release(ctx, r.key, r.id)
+	next, err := r.w.keys.Release(ctx, scopedKey(r.queue, r.key), r.id)
 	if err != nil {
 		// The place is swept once this run's record is final.
 		r.log.Warn("cannot release the run's concurrency key place", "key", r.key, "err", err)
