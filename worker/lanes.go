@@ -31,11 +31,17 @@ import (
 //     least one start in laneShare on every loop, whatever is above it.
 //  4. The long pull, when every lane is empty, goes to the queue's old
 //     consumer (most requests, old clients') and waits at most
-//     laneRecheck, so a request in any lane of an idle worker waits about
+//     laneIdlePoll, so a request in any lane of an idle worker waits about
 //     that long.
 
-// laneRecheck is how long a lane found empty is not asked again.
-const laneRecheck = 250 * time.Millisecond
+// laneRecheck is how long a lane found empty is not asked again: a high
+// request behind a busy worker's backlog waits at most this long for its
+// lane to be asked, and an unused lane costs 20 short fetches a second per
+// loop (a round trip each, beside the loop's hundreds).
+const laneRecheck = 50 * time.Millisecond
+
+// laneIdlePoll bounds the long pull of a worker whose lanes are all empty.
+const laneIdlePoll = 250 * time.Millisecond
 
 // laneShare: a lower lane with work gets at least one start in laneShare.
 const laneShare = 10

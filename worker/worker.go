@@ -400,7 +400,7 @@ func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchByt
 	scratch := make([]*lane, 0, len(lanes))
 	wait := time.Duration(0)
 	if len(lanes) > 1 {
-		wait = laneRecheck
+		wait = laneIdlePoll
 	}
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
