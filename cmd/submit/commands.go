@@ -577,6 +577,12 @@ func writeRecord(e *env, st style, r *bus.RunRecord) {
 	row("state", state)
 	writeWaiting(row, r.Waiting) // approvals.go
 	row("queue", field(r.Queue))
+	if r.Priority != "" { // since 1.10
+		row("priority", field(r.Priority))
+	}
+	if r.Tenant != "" {
+		row("tenant", field(cut(r.Tenant, 80)))
+	}
 	row("model", field(r.Model))
 	row("worker", field(r.Worker))
 	if r.Attempt > 1 {
@@ -762,6 +768,9 @@ func writeList(e *env, recs []bus.RunRecord) {
 			state += " (stale)"
 		}
 		state += waitingNote(r.Waiting)
+		if r.Priority != "" { // since 1.10
+			state += " [" + r.Priority + "]"
+		}
 		submitted := "-"
 		if t := r.SubmittedAt; !t.IsZero() {
 			submitted = ago(time.Since(t))
