@@ -241,6 +241,9 @@ type ToolCall struct {
 // implement only some methods.
 type Observer interface {
 	RunStarted(r RunInfo)
+	// KeyWaited: a run woken for its concurrency key got its place, d
+	// after it began to wait (since 1.10; keys.go).
+	KeyWaited(r RunInfo, d time.Duration)
 	RunFinished(r RunInfo, f bus.RunFinished)
 	// RunHandedBack: a started attempt left the worker without finishing:
 	// stopped by a drain and Nak'ed, its lease lost to a newer attempt, or
@@ -279,6 +282,7 @@ type Observer interface {
 type NopObserver struct{}
 
 func (NopObserver) RunStarted(RunInfo)                              {}
+func (NopObserver) KeyWaited(RunInfo, time.Duration)                {}
 func (NopObserver) RunFinished(RunInfo, bus.RunFinished)            {}
 func (NopObserver) RunHandedBack(RunInfo)                           {}
 func (NopObserver) Turn(RunInfo)                                    {}

@@ -109,6 +109,9 @@ func (r *run) takeKey() bool {
 	}
 	if res != keys.Waits {
 		r.heldKey = true
+		if p := r.prev; p != nil && p.Waiting != nil && p.Waiting.For == bus.WaitingKey && !p.Waiting.Since.IsZero() {
+			w.obs.KeyWaited(r.info(), time.Since(p.Waiting.Since))
+		}
 		return true
 	}
 	r.parkForKey()

@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/metrics"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -67,8 +70,10 @@ func maxOverlap(spans []span) int {
 func TestConcurrencyKeyLimitAcrossWorkers(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
+	reg := prometheus.NewRegistry()
+	obs := worker.MetricsObserver(metrics.New(reg, metrics.Config{}))
 	for range 3 {
-		f.StartWorker(worker.Config{Concurrency: 4, KeyLimits: []worker.KeyLimit{{Pattern: "tenant-*", Limit: 1}}})
+		f.StartWorker(worker.Config{Concurrency: 4, KeyLimits: []worker.KeyLimit{{Pattern: "tenant-*", Limit: 1}}, Observer: obs})
 	}
 	var keyed, capped []string
 	for i := range 10 {
@@ -106,6 +111,22 @@ func TestConcurrencyKeyLimitAcrossWorkers(t *testing.T) {
 	}
 	if woken == 0 {
 		t.Error("no run of the key was parked and woken")
+	}
+	// Each woken run's wait is observed.
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	observed := uint64(0)
+	for _, fam := range families {
+		if fam.GetName() == "agentfleet_key_wait_seconds" {
+			for _, m := range fam.GetMetric() {
+				observed += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	if observed < uint64(woken) {
+		t.Errorf("agentfleet_key_wait_seconds observed %d waits; %d runs of customer-42 alone were woken", observed, woken)
 	}
 }
 
