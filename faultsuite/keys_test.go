@@ -40,7 +40,9 @@ func TestConcurrencyKeyPlaceSurvivesKill9(t *testing.T) {
 	if _, err := f.c.Submit(ctx, "default", keyedSleep(ids[0], key, 3)); err != nil {
 		t.Fatal(err)
 	}
-	waitRecord(t, f, ids[0], func(r *bus.RunRecord) bool { return r.State == bus.StateRunning && r.Worker == "keys-a" && r.Parked == nil })
+	waitRecord(t, f, ids[0], func(r *bus.RunRecord) bool {
+		return r.State == bus.StateRunning && r.Worker == "keys-a" && r.Parked == nil
+	})
 	for _, id := range ids[1:] {
 		if _, err := f.c.Submit(ctx, "default", keyedSleep(id, key, 0.2)); err != nil {
 			t.Fatal(err)
