@@ -198,6 +198,9 @@ type RunRecord struct {
 	// Tenant is who the run is charged to (since 1.8): metadata.tenant,
 	// or what the worker's budgets take (--tenant-key, --tenant-from).
 	Tenant string `json:"tenant,omitempty"`
+	// Priority is the run's lane priority (since 1.10): high or low; ""
+	// is normal.
+	Priority string `json:"priority,omitempty"`
 	// Stale is set by Status and List (never stored) on a running record
 	// whose heartbeat is older than the client's stale bound: its worker
 	// is gone or cut off and no one has taken the run over (yet).
@@ -339,6 +342,10 @@ func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 	}
 	m, err := s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.names.Submit("*", runID)))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// A lane's request (since 1.10).
+		m, err = s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.names.LaneRequest("*", "*", "*", runID)))
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// The run may have finished between the two reads: its record is
 		// written before its request is removed.
 		if r, err := c.record(ctx, runID); err == nil {
@@ -352,8 +359,8 @@ func (c *Client) Status(ctx context.Context, runID string) (*RunRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, _, _ := c.names.ParseSubmit(m.Subject)
-	return &RunRecord{ID: runID, Queue: q, State: StateQueued, SubmittedAt: m.Time, RequestSeq: m.Sequence}, nil
+	l, _, _ := c.names.ParseRequest(m.Subject)
+	return &RunRecord{ID: runID, Queue: l.Queue, State: StateQueued, SubmittedAt: m.Time, RequestSeq: m.Sequence, Priority: l.RecordPriority()}, nil
 }
 
 // markStale sets Stale on a running record whose heartbeat is too old.

@@ -92,14 +92,19 @@ const (
 	// WaitingApproval: every running gated tool call of the batch waits
 	// for a person's answer (since 1.3).
 	WaitingApproval = "approval"
+	// WaitingKey: the run's concurrency key is full (since 1.10); the
+	// run is parked, and a run of the key that ends wakes it.
+	WaitingKey = "key"
 )
 
 // Waiting is a running record's "waiting": what the run waits for, since
 // when, and for an approval the calls that wait. Protocol 1.2 wrote the
 // bare string "model"; it decodes as {"for":"model"}.
 type Waiting struct {
-	For       string            `json:"for"`
-	Since     time.Time         `json:"since,omitzero"`
+	For   string    `json:"for"`
+	Since time.Time `json:"since,omitzero"`
+	// Key is the full concurrency key of a wait for a key (since 1.10).
+	Key       string            `json:"key,omitempty"`
 	Approvals []PendingApproval `json:"approvals,omitempty"`
 }
 

@@ -612,24 +612,30 @@ func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, uin
 	if err != nil {
 		return nil, 0, err
 	}
-	filter := c.names.SubmitAll()
+	filters := []string{c.names.SubmitAll(), c.names.LaneAll()}
 	if queue != "" {
-		filter = c.names.SubmitFilter(queue)
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		return nil, 0, err
+		filters = []string{c.names.SubmitFilter(queue), c.names.LaneQueueAll(queue)}
 	}
 	var pending []RunRecord
-	for subj := range info.State.Subjects {
-		q, id, err := c.names.ParseSubmit(subj)
+	var last uint64
+	for i, filter := range filters {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
 		if err != nil {
-			continue
+			return nil, 0, err
 		}
-		pending = append(pending, RunRecord{ID: id, Queue: q, State: StateQueued})
+		if i == 0 {
+			last = info.State.LastSeq // the first read's: a request stored between the reads is listed or submitted since
+		}
+		for subj := range info.State.Subjects {
+			l, id, err := c.names.ParseRequest(subj)
+			if err != nil {
+				continue
+			}
+			pending = append(pending, RunRecord{ID: id, Queue: l.Queue, State: StateQueued, Priority: l.RecordPriority()})
+		}
 	}
 	if len(pending) == 0 {
-		return nil, info.State.LastSeq, nil
+		return nil, last, nil
 	}
 	// Drop those with a record: batched last-by-subject gets, 1,024 keys a
 	// request (the server's bound).
@@ -660,7 +666,7 @@ func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, uin
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, info.State.LastSeq, nil
+	return out, last, nil
 }
 
 // directGetter speaks the batched direct get API of a stream (AllowDirect,

@@ -203,9 +203,15 @@ func (n Names) Republished() string { return n.prefix + ".ctl.*.*" }
 // Record is the KV subject of a run record ($KV.<bucket>.<run>).
 func (n Names) Record(run string) string { return "$KV." + n.RecordsBucket() + "." + run }
 
-// ParseSubmit splits a request subject into queue and run. It fails when the
-// subject is not a request subject or a token is not valid.
+// ParseSubmit splits a request subject, old (<prefix>.submit.<queue>.<run>)
+// or, since 1.10, a lane's (ParseRequest), into queue and run. It fails when
+// the subject is not a request subject or a token is not valid.
 func (n Names) ParseSubmit(subject string) (queue, run string, err error) {
+	l, run, err := n.ParseRequest(subject)
+	return l.Queue, run, err
+}
+
+func (n Names) parseOldSubmit(subject string) (queue, run string, err error) {
 	rest, ok := strings.CutPrefix(subject, n.prefix+".submit.")
 	if !ok {
 		return "", "", fmt.Errorf("subject %q is not a run request subject", truncate(subject, 120))

@@ -133,6 +133,25 @@ func (c *Client) ListWorkers(ctx context.Context) ([]WorkerPresence, error) {
 // (agents_limits): one key per limit group.
 func (n Names) LimitsBucket() string { return n.lower + "_limits" }
 
+// KeysBucket holds the concurrency keys' places (agents_keys, since 1.10):
+// one entry per key, workers only (worker/internal/keys).
+func (n Names) KeysBucket() string { return n.lower + "_keys" }
+
+// ensureKeysBucket creates agents_keys (history 1, file: a place outlives
+// a server restart as its run does).
+func (c *Client) ensureKeysBucket(ctx context.Context, cfg StreamsConfig) error {
+	if _, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      c.names.KeysBucket(),
+		Description: "agentfleet concurrency keys' places",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("kv bucket %s: %w", c.names.KeysBucket(), err)
+	}
+	return nil
+}
+
 // ensureLimitsBucket creates agents_limits (history 1, in memory: the
 // state only matters for one window).
 func (c *Client) ensureLimitsBucket(ctx context.Context, cfg StreamsConfig) error {

@@ -3,6 +3,7 @@ package bus_test
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,13 @@ func TestUndeclaredQueuesAreRefused(t *testing.T) {
 		t.Fatalf("after declaring: %v", err)
 	}
 	s, _ := c.JetStream().Stream(ctx, c.Names().RunsStream())
-	if subs := s.CachedInfo().Config.Subjects; len(subs) != 3 || !slices.Contains(subs, "agents.submit.batch.*") || !slices.Contains(subs, "agents.submit.nobody.*") {
+	subs := s.CachedInfo().Config.Subjects
+	old := slices.DeleteFunc(slices.Clone(subs), func(s string) bool { return !strings.HasPrefix(s, "agents.submit.") })
+	if len(old) != 3 || !slices.Contains(old, "agents.submit.batch.*") || !slices.Contains(old, "agents.submit.nobody.*") {
+		t.Fatalf("subjects %v", subs)
+	}
+	// Since 1.10 each queue's lanes too (NoTenant only).
+	if !slices.Contains(subs, "agents.lane.nobody.high._.*") || !slices.Contains(subs, "agents.lane.batch.low._.*") || len(subs) != 12 {
 		t.Fatalf("subjects %v", subs)
 	}
 }
@@ -56,7 +63,7 @@ func TestWildcardRunsStreamIsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := streamConfig(ctx, t, c, c.Names().RunsStream())
-	if !slices.Equal(cfg.Subjects, []string{c.Names().SubmitAll()}) {
+	if cfg.Subjects[0] != c.Names().SubmitAll() || slices.ContainsFunc(cfg.Subjects[1:], func(s string) bool { return !strings.HasPrefix(s, "agents.lane.") }) {
 		t.Fatalf("subjects %v", cfg.Subjects)
 	}
 }

@@ -177,7 +177,27 @@ type RunRequest struct {
 	Approval *Approval `json:"approval,omitempty"`
 	// Compaction shrinks a long run's context (since 1.10, bus/compaction.go).
 	Compaction *Compaction `json:"compaction,omitempty"`
+	// Priority is high, normal (the default) or low (since 1.10); the
+	// subject's lane must carry it (Names.CheckLane).
+	Priority string `json:"priority,omitempty"`
+	// Concurrency limits the runs of one key running at once, fleet-wide
+	// (since 1.10).
+	Concurrency *Concurrency `json:"concurrency,omitempty"`
 }
+
+// Concurrency is a request's concurrency key (since 1.10): at most Limit
+// runs with Key run at once across the fleet. Limit 0 takes the workers'
+// default for the key (--concurrency-key-limit); with both, the lower.
+type Concurrency struct {
+	Key   string `json:"key"`
+	Limit int    `json:"limit,omitempty"`
+}
+
+// Bounds of a concurrency key.
+const (
+	MaxConcurrencyKeyBytes = 256
+	MaxConcurrencyLimit    = 10000
+)
 
 // EffectiveLimits returns the limits with defaults filled in.
 func (r *RunRequest) EffectiveLimits() Limits {
@@ -719,6 +739,17 @@ func (r *RunRequest) Validate(subjectRun string) error {
 		} else if subjectRun != "" && r.ID != subjectRun {
 			add("id %q differs from the subject's run id %q", r.ID, subjectRun)
 		}
+	}
+	if c := r.Concurrency; c != nil {
+		if c.Key == "" || len(c.Key) > MaxConcurrencyKeyBytes || !checkText(c.Key) {
+			add("concurrency.key must be 1..%d bytes of text", MaxConcurrencyKeyBytes)
+		}
+		if c.Limit < 0 || c.Limit > MaxConcurrencyLimit {
+			add("concurrency.limit is %d; it must be 1..%d (0 or absent: the workers' default for the key)", c.Limit, MaxConcurrencyLimit)
+		}
+	}
+	if r.Priority != "" && !ValidPriority(r.Priority) {
+		add("priority %q: use high, normal or low", truncate(r.Priority, 40))
 	}
 	if r.Prompt == "" && len(r.Messages) == 0 {
 		add(`no "prompt" and no "messages": give at least one`)

@@ -194,9 +194,12 @@ func raiseLimit(have, want int64) int64 {
 }
 
 func queueSubjects(n Names, queues []string) []string {
-	subs := make([]string, len(queues))
+	subs := make([]string, len(queues), 4*len(queues))
 	for i, q := range queues {
 		subs[i] = n.SubmitFilter(q)
+	}
+	for _, q := range queues {
+		subs = append(subs, n.LaneSubjects(q)...) // since 1.10
 	}
 	return subs
 }
@@ -341,6 +344,26 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		}); err != nil {
 			return fmt.Errorf("consumer %s: %w", n.Consumer(q), err)
 		}
+		// Since 1.10: one consumer per lane (docs/architecture.md,
+		// Choosing the next run), disjoint from workers-<queue>.
+		for _, l := range Lanes(q) {
+			if l.Old() {
+				continue
+			}
+			if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(), jetstream.ConsumerConfig{
+				Durable:       n.LaneConsumer(l),
+				Description:   "agentfleet workers of queue " + q + ", lane " + l.Priority + "/" + l.Tenant,
+				FilterSubject: n.LaneFilter(l),
+				AckPolicy:     jetstream.AckExplicitPolicy,
+				DeliverPolicy: jetstream.DeliverAllPolicy,
+				AckWait:       cfg.AckWait,
+				MaxDeliver:    cfg.MaxDeliver,
+				MaxAckPending: cfg.MaxAckPending,
+				Replicas:      runsReplicas,
+			}); err != nil {
+				return fmt.Errorf("consumer %s: %w", n.LaneConsumer(l), err)
+			}
+		}
 	}
 	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.AdvisoriesStream(), jetstream.ConsumerConfig{
 		Durable:       n.GiveUpConsumer(),
@@ -388,6 +411,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		return fmt.Errorf("consumer %s: %w", n.FiresConsumer(), err)
 	}
 	if err := c.ensureWorkersBucket(ctx, cfg); err != nil { // presence.go
+		return err
+	}
+	if err := c.ensureKeysBucket(ctx, cfg); err != nil { // presence.go, since 1.10
 		return err
 	}
 	if err := c.ensureLimitsBucket(ctx, cfg); err != nil { // presence.go

@@ -47,11 +47,18 @@ func (c *Client) Submit(ctx context.Context, queue string, req *RunRequest) (Sub
 	if err := req.Validate(req.ID); err != nil {
 		return SubmitResult{}, err
 	}
+	if req.Priority == PriorityNormal {
+		// The default, left out: a worker before 1.10 refuses the field.
+		req.Priority = ""
+	}
 	body, err := agent.MarshalJSON(req)
 	if err != nil {
 		return SubmitResult{}, err
 	}
-	return c.SubmitRaw(ctx, queue, req.ID, body)
+	if queue == "" {
+		queue = DefaultQueue
+	}
+	return c.SubmitLane(ctx, LaneOf(queue, req.Priority), req.ID, body)
 }
 
 // SubmitRaw stores a request body as it is (no validation but of the
@@ -61,16 +68,33 @@ func (c *Client) SubmitRaw(ctx context.Context, queue, runID string, body []byte
 	if queue == "" {
 		queue = DefaultQueue
 	}
+	return c.SubmitLane(ctx, Lane{Queue: queue}, runID, body)
+}
+
+// SubmitLane is SubmitRaw into a lane (since 1.10): a priority's subject
+// (LaneOf), or the old one for a Lane with only its queue.
+func (c *Client) SubmitLane(ctx context.Context, lane Lane, runID string, body []byte) (SubmitResult, error) {
+	queue := lane.Queue
+	if queue == "" {
+		queue = DefaultQueue
+		lane.Queue = queue
+	}
 	if err := CheckQueue(queue); err != nil {
 		return SubmitResult{}, err
 	}
 	if err := CheckID(runID); err != nil {
 		return SubmitResult{}, err
 	}
-	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.Submit(queue, runID), body),
+	if !lane.Old() && (!ValidPriority(lane.Priority) || (lane.Tenant != NoTenant && !ValidQueue(lane.Tenant))) {
+		return SubmitResult{}, fmt.Errorf("submit %s: invalid lane %s/%s", runID, truncate(lane.Priority, 40), truncate(lane.Tenant, 80))
+	}
+	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.RequestSubject(lane, runID), body),
 		jetstream.WithMsgID(runID), jetstream.WithExpectStream(c.names.RunsStream()))
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
 		if _, serr := c.js.Stream(ctx, c.names.RunsStream()); serr == nil {
+			if !lane.Old() {
+				return SubmitResult{}, fmt.Errorf("submit %s: %w: no 1.10 worker has declared the %s lane of queue %q (priorities need a worker of protocol 1.10 or later on the queue)", runID, ErrUnknownQueue, lane.Priority, queue)
+			}
 			return SubmitResult{}, fmt.Errorf("submit %s: %w: no worker has declared queue %q (start a worker with --queue %s; see docs/operations.md, queues)", runID, ErrUnknownQueue, queue, queue)
 		}
 	}
@@ -104,8 +128,9 @@ func (c *Client) sameRequest(ctx context.Context, seq uint64, queue, runID strin
 	m, err := s.GetMsg(ctx, seq)
 	switch {
 	case err == nil:
-		storedQueue, _, _ = c.names.ParseSubmit(m.Subject)
-		if storedQueue == queue && m.Subject == c.names.Submit(queue, runID) && !bytes.Equal(m.Data, body) {
+		var storedRun string
+		storedQueue, storedRun, _ = c.names.ParseSubmit(m.Subject)
+		if storedQueue == queue && storedRun == runID && !bytes.Equal(m.Data, body) {
 			return fmt.Errorf("submit %s: %w (sequence %d on queue %q holds another body); submit with a new id", runID, ErrRunIDTaken, seq, queue)
 		}
 	case errors.Is(err, jetstream.ErrMsgNotFound):

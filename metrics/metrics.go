@@ -61,6 +61,8 @@ type Metrics struct {
 	approvalsRequested prometheus.Counter
 	approvalsResolved  *prometheus.CounterVec
 	approvalWait       prometheus.Histogram
+	keyWait            *prometheus.HistogramVec
+	laneDepth          *prometheus.GaugeVec
 	approvalsRefused   *prometheus.CounterVec
 	runsWaiting        prometheus.Gauge
 
@@ -129,7 +131,9 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 		Name: fqName(m, "runs_past_deadline"),
 		Help: "Runs on this worker still going after their timeout (a tool or model ignoring cancellation).",
 	}, m.pastDeadline))
-	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending).", "queue")
+	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending, every lane).", "queue")
+	m.laneDepth = gaugeVec(reg, m, "queue_depth_by_priority", "Run requests waiting or in progress on a queue's lanes of a priority (since 1.10).", "queue", "priority")
+	m.keyWait = histogramVec(reg, m, "key_wait_seconds", "How long a run waited, parked, for a place in its concurrency key (since 1.10).", prometheus.ExponentialBucketsRange(0.05, 86400, 16), "queue")
 	m.toolSourceUp = gaugeVec(reg, m, "tool_source_up", "Tool sources (mcp:<server>, service:<name>): 1 while up.", "source")
 	m.toolConflict = gaugeVec(reg, m, "tool_source_conflict", "Tool services refused because their instances announce different tools: 1 while they differ.", "source")
 
@@ -348,6 +352,16 @@ func (m *Metrics) pastDeadline() float64 {
 		}
 	}
 	return float64(n)
+}
+
+// SetLaneDepth sets the depth of a queue's lanes of one priority.
+func (m *Metrics) SetLaneDepth(queue, priority string, depth int) {
+	m.laneDepth.WithLabelValues(m.queue(queue), priority).Set(float64(depth))
+}
+
+// KeyWaited observes a run's wait for its concurrency key.
+func (m *Metrics) KeyWaited(queue string, d time.Duration) {
+	m.keyWait.WithLabelValues(m.queue(queue)).Observe(d.Seconds())
 }
 
 // SetQueueDepth sets a queue's depth (pending + ack pending).

@@ -84,6 +84,8 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.PublishWaited(time.Millisecond)
 	m.ControlReceived("steer")
 	m.SetQueueDepth("default", 1)
+	m.SetLaneDepth("default", "high", 1)
+	m.KeyWaited("default", time.Second)
 	m.ToolSourceUp("mcp:x", true)
 	m.ToolSourceConflict("service:x", true)
 	m.ApprovalResolved("approve", time.Second)

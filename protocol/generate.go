@@ -526,6 +526,13 @@ func (g *gen) runRequest() *jsonschema.Schema {
 	p("maxTokens").Description = "The output tokens each model call asks for (max_tokens); 0: the model table's maxTokens, at most 32000, else 4096 (§14)."
 	p("continueFrom").Pattern = tokenPattern
 	p("continueFrom").Description = "A finished run's id on the same queue."
+	cc := g.def(defs, "Concurrency")
+	cc.Description = "Since 1.10: at most limit runs with key run at once across the fleet (§3, Concurrency keys)."
+	g.prop(cc, "Concurrency", "key").MinLength, g.prop(cc, "Concurrency", "key").MaxLength = ptr[uint64](1), ptr[uint64](bus.MaxConcurrencyKeyBytes)
+	g.prop(cc, "Concurrency", "limit").Minimum, g.prop(cc, "Concurrency", "limit").Maximum = minimum(0), minimum(bus.MaxConcurrencyLimit)
+	g.prop(cc, "Concurrency", "limit").Description = "0 or absent: the workers' default for the key (--concurrency-key-limit); with both, the lower."
+	g.setProp(req, "RunRequest", "priority", enum("Since 1.10: the run's lane; default normal. A high or low request is published to agents.lane.{queue}.{priority}._.{run} (§3, Priority lanes).",
+		bus.PriorityHigh, bus.PriorityNormal, bus.PriorityLow))
 	md := p("metadata")
 	md.MaxProperties = ptr[uint64](bus.MaxMetadata)
 	md.PropertyNames = &jsonschema.Schema{MinLength: ptr[uint64](1), MaxLength: ptr[uint64](bus.MaxMetadataKey)}
@@ -716,6 +723,7 @@ func (g *gen) record() *jsonschema.Schema {
 	p("title").MaxLength = ptr[uint64](bus.MaxTitleBytes)
 	p("title").Description = `Metadata "title", else the prompt's first line (since 1.8).`
 	p("tenant").Description = "Who the run is charged to: metadata.tenant, or the worker's budgets' tenant (since 1.8)."
+	g.setProp(r, "RunRecord", "priority", enum("The lane its request came from (since 1.10); absent: normal.", bus.PriorityHigh, bus.PriorityLow))
 	p("stale").Description = "Set by clients (Status, List) on a running record whose heartbeat is too old; never stored."
 	p("waitedMs").Description = "Time spent waiting for approvals over all attempts (since 1.3)."
 	p("lastControlSeq").Minimum = minimum(1)
@@ -728,7 +736,8 @@ func (g *gen) record() *jsonschema.Schema {
 		bus.StateQueued, bus.StateRunning, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted)
 	defs["Reason"] = reasonDef()
 	w := g.def(defs, "Waiting")
-	g.setProp(w, "Waiting", "for", enum("", bus.WaitingModel, bus.WaitingApproval, bus.WaitingBudget))
+	g.setProp(w, "Waiting", "for", enum("", bus.WaitingModel, bus.WaitingApproval, bus.WaitingBudget, bus.WaitingKey))
+	g.prop(w, "Waiting", "key").Description = `The concurrency key of a wait "for":"key" (since 1.10).`
 	pa := g.def(defs, "PendingApproval")
 	g.prop(pa, "PendingApproval", "requestedAt").Description = "Unix milliseconds."
 	g.prop(pa, "PendingApproval", "expiresAt").Description = "Unix milliseconds."

@@ -152,6 +152,10 @@ type Config struct {
 	// slots), so one queue cannot take every slot. A queue not named
 	// shares Concurrency.
 	QueueConcurrency map[string]int
+	// KeyLimits are the default limits of concurrency keys by pattern
+	// (since 1.10; keys.go): the first match applies, and a request's own
+	// limit may only be lower.
+	KeyLimits []KeyLimit
 	// Tools are offered to runs besides the built-ins (calculator,
 	// current_time, sleep); a tool of the same name replaces a built-in.
 	Tools []*agent.Tool
@@ -249,6 +253,9 @@ type ToolCall struct {
 // implement only some methods.
 type Observer interface {
 	RunStarted(r RunInfo)
+	// KeyWaited: a run woken for its concurrency key got its place, d
+	// after it began to wait (since 1.10; keys.go).
+	KeyWaited(r RunInfo, d time.Duration)
 	RunFinished(r RunInfo, f bus.RunFinished)
 	// RunHandedBack: a started attempt left the worker without finishing:
 	// stopped by a drain and Nak'ed, its lease lost to a newer attempt, or
@@ -287,6 +294,7 @@ type Observer interface {
 type NopObserver struct{}
 
 func (NopObserver) RunStarted(RunInfo)                              {}
+func (NopObserver) KeyWaited(RunInfo, time.Duration)                {}
 func (NopObserver) RunFinished(RunInfo, bus.RunFinished)            {}
 func (NopObserver) RunHandedBack(RunInfo)                           {}
 func (NopObserver) Turn(RunInfo)                                    {}

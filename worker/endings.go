@@ -133,6 +133,7 @@ func (r *run) finish(e ending) error {
 	// which pickup acks). Reported finished first, so runs in flight
 	// never pass the slots.
 	r.slot.release()
+	r.releaseKey(ctx) // keys.go: after run_finished is stored
 	return e.settle.done(ctx)
 }
 

@@ -103,6 +103,7 @@ func (o *metricsObserver) ApprovalResolved(_ RunInfo, decision string, d time.Du
 	o.m.ApprovalResolved(decision, d)
 }
 func (o *metricsObserver) ApprovalRefused(_ RunInfo, reason string) { o.m.ApprovalRefused(reason) }
+func (o *metricsObserver) KeyWaited(r RunInfo, d time.Duration)     { o.m.KeyWaited(r.Queue, d) }
 
 // RunsWaiting also moves the run's deadline: none while it waits, a
 // later one after (waiting does not count against the timeout).
@@ -117,20 +118,37 @@ func (o *metricsObserver) RunsWaiting(r RunInfo, n int) {
 	}
 }
 
-// PollQueueDepth sets each queue's depth (its consumer's pending plus ack
-// pending, what KEDA scales on) every interval until ctx is done. A failed
-// poll keeps the last value; readiness reports NATS trouble.
-func PollQueueDepth(ctx context.Context, c *bus.Client, queues []string, interval time.Duration, set func(queue string, depth int)) {
+// PollQueueDepth sets each queue's depth (its consumers' pending plus ack
+// pending, every lane's: what KEDA scales on) and, with setLane, each
+// priority's (since 1.10) every interval until ctx is done. A failed poll
+// keeps the last value; readiness reports NATS trouble.
+func PollQueueDepth(ctx context.Context, c *bus.Client, queues []string, interval time.Duration, set func(queue string, depth int), setLane func(queue, priority string, depth int)) {
 	poll := func() {
 		for _, q := range queues {
 			pctx, cancel := context.WithTimeout(ctx, interval)
-			cons, err := c.JetStream().Consumer(pctx, c.Names().RunsStream(), c.Names().Consumer(q))
-			if err == nil {
+			total, byPrio, ok := 0, map[string]int{}, false
+			for _, l := range bus.Lanes(q) {
+				cons, err := c.JetStream().Consumer(pctx, c.Names().RunsStream(), c.Names().LaneConsumer(l))
+				if err != nil {
+					continue // a lane without its consumer (streams before 1.10)
+				}
 				if info, err := cons.Info(pctx); err == nil {
-					set(q, int(info.NumPending)+info.NumAckPending)
+					n := int(info.NumPending) + info.NumAckPending
+					total += n
+					byPrio[l.EffectivePriority()] += n
+					ok = true
 				}
 			}
 			cancel()
+			if !ok {
+				continue
+			}
+			set(q, total)
+			if setLane != nil {
+				for _, p := range bus.Priorities() {
+					setLane(q, p, byPrio[p])
+				}
+			}
 		}
 	}
 	poll()

@@ -56,6 +56,16 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	r.limits = req.EffectiveLimits()
 	r.ceilings(req, add)
+	if err := w.names.CheckLane(r.lane, req); err != nil {
+		add("%v", err)
+	}
+	if c := req.Concurrency; c != nil && c.Key != "" {
+		limit, problem := w.keyLimit(c) // keys.go
+		if problem != "" {
+			add("%s", problem)
+		}
+		r.key, r.keyLimit = c.Key, limit
+	}
 	ref := w.defaultModel
 	if req.Model != nil {
 		ref = *req.Model

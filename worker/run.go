@@ -48,11 +48,17 @@ import (
 
 // run is one attempt at one run request.
 type run struct {
-	w           *Worker
-	msg         intake.RequestAcks // nil for a give-up; only the reply subject (internal/intake)
-	request     jetstream.Msg      // until pickup: its bytes
-	pickupBeat  *pickupBeat        // until the heartbeat starts
-	id, queue   string
+	w          *Worker
+	msg        intake.RequestAcks // nil for a give-up; only the reply subject (internal/intake)
+	request    jetstream.Msg      // until pickup: its bytes
+	pickupBeat *pickupBeat        // until the heartbeat starts
+	id, queue  string
+	lane       bus.Lane // where its request waited (since 1.10)
+	// The run's concurrency key, its limit in force, and whether it holds
+	// a place (keys.go).
+	key         string
+	keyLimit    int
+	heldKey     bool
 	attempt     int
 	reqSeq      uint64
 	submittedAt time.Time
@@ -147,7 +153,8 @@ func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedA
 }
 
 func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
-	queue, runID, err := w.names.ParseSubmit(m.Subject())
+	lane, runID, err := w.names.ParseRequest(m.Subject())
+	queue := lane.Queue
 	if err != nil {
 		// No events: the subject cannot name a run safely.
 		w.junk.note(w.log, m.Subject(), err)
@@ -184,6 +191,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 		attempt += woken.Base
 	}
 	r := w.newRun(runID, queue, attempt, reqSeq, submittedAt)
+	r.lane = lane
 	if woken.OK {
 		r.wokenFrom, r.lease.WokenFrom = woken.From, woken.From
 	}
@@ -322,6 +330,9 @@ func (r *run) execute() {
 	r.traceBegin()
 	defer r.traceEnd()
 	if !r.pickup() {
+		return
+	}
+	if !r.takeKey() { // keys.go: parked, its key full
 		return
 	}
 	// The run keeps its request's acknowledgements, not its bytes.
@@ -647,6 +658,7 @@ func (r *run) record(state string) *bus.RunRecord {
 	}
 	if r.req != nil {
 		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
+		rec.Priority = r.lane.RecordPriority()
 	}
 	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
 		rec.Tenant = r.tenant.name

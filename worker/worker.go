@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +26,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/keys"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/memtrim"
 	"github.com/agentfleet/agentfleet/worker/internal/park"
@@ -63,6 +66,7 @@ type Worker struct {
 	kv            jetstream.KeyValue
 	leases        *lease.Env       // the runs' leases on their records, from Run on
 	parking       *park.Env        // parking and waking (worker/park.go); nil: no AGENTS_PARKED
+	keys          *keys.Env        // concurrency keys' places (keys.go); nil: no agents_keys
 	trim          *memtrim.Trimmer // gives parked runs' memory back (worker/park.go)
 
 	// hardCtx is cancelled when runs must stop (drain timeout, or Run's end).
@@ -165,6 +169,14 @@ func New(cfg Config) (*Worker, error) {
 			w.queueSlots[q] = make(chan struct{}, n)
 		}
 	}
+	for _, kl := range cfg.KeyLimits {
+		if _, err := path.Match(kl.Pattern, ""); err != nil || kl.Pattern == "" {
+			return nil, fmt.Errorf("worker: concurrency key limit: bad pattern %q", kl.Pattern)
+		}
+		if kl.Limit <= 0 || kl.Limit > bus.MaxConcurrencyLimit {
+			return nil, fmt.Errorf("worker: concurrency key limit of %q must be 1..%d, not %d", kl.Pattern, bus.MaxConcurrencyLimit, kl.Limit)
+		}
+	}
 	var tools []*agent.Tool
 	if !cfg.NoBuiltinTools {
 		tools = BuiltinTools()
@@ -254,6 +266,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: runs stream: %w", err)
 	}
 	w.openParking(setup)            // worker/park.go
+	w.openKeys(setup)               // keys.go
 	w.warnStreamSettings(consumers) // worker/orphans.go
 	stopServices, err := startServices(setup, w.services(consumers))
 	if err != nil {
@@ -268,19 +281,42 @@ func (w *Worker) Run(ctx context.Context) error {
 		total += loops[i]
 	}
 	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, total)
-	prs := make([][]*intake.Puller, len(w.cfg.Queues))
-	for i := range w.cfg.Queues {
-		for range loops[i] {
-			pr, err := intake.NewPuller(w.c.Conn(), consumers[i])
-			if err != nil {
-				for _, q := range prs {
-					for _, pr := range q {
-						pr.Close()
-					}
+	// Each loop has a puller per lane (lanes.go): the queue's old
+	// consumer first, then its lane consumers, in priority order.
+	laneCons := make([][]jetstream.Consumer, len(w.cfg.Queues))
+	for i, q := range w.cfg.Queues {
+		laneCons[i] = w.openLanes(setup, q)
+	}
+	loopLanes := make([][][]*lane, len(w.cfg.Queues))
+	closeAll := func() {
+		for _, q := range loopLanes {
+			for _, ls := range q {
+				for _, l := range ls {
+					l.pr.Close()
 				}
-				return fmt.Errorf("worker: %w", err)
 			}
-			prs[i] = append(prs[i], pr)
+		}
+	}
+	for i, q := range w.cfg.Queues {
+		for range loops[i] {
+			var ls []*lane
+			for _, c := range append([]jetstream.Consumer{consumers[i]}, laneCons[i]...) {
+				pr, err := intake.NewPuller(w.c.Conn(), c)
+				if err != nil {
+					for _, l := range ls {
+						l.pr.Close()
+					}
+					closeAll()
+					return fmt.Errorf("worker: %w", err)
+				}
+				l := bus.Lane{Queue: q}
+				if c != consumers[i] {
+					l = w.laneOfConsumer(q, c)
+				}
+				ls = append(ls, &lane{lane: l, pr: pr})
+			}
+			sortLanes(ls)
+			loopLanes[i] = append(loopLanes[i], ls)
 		}
 	}
 	w.log.Info("worker started", "queues", w.cfg.Queues, "concurrency", w.cfg.Concurrency,
@@ -291,10 +327,14 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var pullers sync.WaitGroup
 	for i, q := range w.cfg.Queues {
-		for _, pr := range prs[i] {
+		for _, ls := range loopLanes[i] {
 			pullers.Go(func() {
-				defer pr.Close()
-				w.pull(ctx, q, pr, fetchBytes)
+				defer func() {
+					for _, l := range ls {
+						l.pr.Close()
+					}
+				}()
+				w.pull(ctx, q, ls, fetchBytes)
 			})
 		}
 	}
@@ -354,8 +394,14 @@ func fetchBytesPerLoop(total, loops int) int {
 // without waiting, gives back the slots it got nothing for, and when
 // nothing is pending parks one long pull holding one slot. No message is ever fetched without a slot for it, so none waits in
 // a buffer while its AckWait runs.
-func (w *Worker) pull(ctx context.Context, queue string, pr *intake.Puller, fetchBytes int) {
+func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchBytes int) {
 	log := w.log.With("queue", queue)
+	pr := lanes[slices.IndexFunc(lanes, func(l *lane) bool { return l.lane.Old() })].pr // the long pull's (lanes.go, invariant 4)
+	scratch := make([]*lane, 0, len(lanes))
+	wait := time.Duration(0)
+	if len(lanes) > 1 {
+		wait = laneIdlePoll
+	}
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
 	if qs != nil {
@@ -406,7 +452,15 @@ func (w *Worker) pull(ctx context.Context, queue string, pr *intake.Puller, fetc
 			}
 		}
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
-		if n > 1 {
+		if len(lanes) > 1 {
+			// Every lane, in priority order, even for one slot.
+			got := w.fetchLanes(ctx, log, queue, lanes, scratch, n, fetchBytes)
+			if got > 0 {
+				w.releaseSlots(queue, n-got)
+				continue
+			}
+			w.releaseSlots(queue, n-1) // keep one for the long pull
+		} else if n > 1 {
 			got := w.fetch(ctx, log, queue, pr, n, fetchBytes)
 			if got > 0 {
 				w.releaseSlots(queue, n-got)
@@ -414,7 +468,7 @@ func (w *Worker) pull(ctx context.Context, queue string, pr *intake.Puller, fetc
 			}
 			w.releaseSlots(queue, n-1) // keep one for the long pull
 		}
-		if w.fetch(ctx, log, queue, pr, 1, 0) == 0 {
+		if w.fetchWait(ctx, log, queue, pr, 1, 0, wait) == 0 {
 			w.releaseSlots(queue, 1)
 		}
 	}
@@ -461,8 +515,16 @@ func giveBack(slots chan struct{}, what string) {
 // left for the next fetch (the long pull of one has no byte bound, so
 // one larger than maxBytes is taken too).
 func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int) int {
+	return w.fetchWait(ctx, log, queue, pr, n, maxBytes, 0)
+}
+
+// fetchWait is fetch whose long pull waits at most bound (0: no bound).
+func (w *Worker) fetchWait(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int, bound time.Duration) int {
 	short := maxBytes > 0
 	wait := w.longPollWait()
+	if bound > 0 {
+		wait = min(wait, bound)
+	}
 	if short {
 		wait = intake.ShortWait
 	}

@@ -408,6 +408,9 @@ func waitingNote(w *bus.Waiting) string {
 	if w == nil {
 		return ""
 	}
+	if w.Key != "" { // since 1.10: its concurrency key is full
+		return " (waiting: key " + field(cut(w.Key, 40)) + ")"
+	}
 	return " (waiting: " + field(cut(w.For, 20)) + ")"
 }
 
@@ -417,6 +420,9 @@ func writeWaiting(row func(k, v string), w *bus.Waiting) {
 		return
 	}
 	v := field(cut(w.For, 20))
+	if w.Key != "" {
+		v += " " + field(cut(w.Key, 80)) + " (its concurrency key is full; a run of the key that ends wakes it)"
+	}
 	if !w.Since.IsZero() {
 		v += " since " + w.Since.Local().Format("2006-01-02 15:04:05") + " (" + ago(time.Since(w.Since)) + ")"
 	}

@@ -60,6 +60,8 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	fs.DurationVar(&bf.duration, "duration", 30*time.Second, "streaming mode: how long each run streams")
 	fs.BoolVar(&bf.fixedPace, "fixed-pace", true, "streaming mode: deltas at fixed times, a late run making its lateness up (the faux script's fixedPace, protocol 1.5: needs 1.5 workers; false for older ones, whose pacing carries lateness)")
 	registerApprovalsBench(fs.FlagSet, &bf) // bench_approvals.go
+	var mf mixFlags
+	registerMixBench(fs.FlagSet, &mf) // bench_mix.go
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -127,6 +129,9 @@ func cmdBench(ctx context.Context, e *env, args []string) int {
 	}
 	if bf.approvals {
 		return runApprovalsBench(ctx, e, c, &bf) // bench_approvals.go
+	}
+	if len(mf.groups) > 0 {
+		return runMixBench(ctx, e, c, bf.queue, &mf, bf.json, bf.timeout) // bench_mix.go
 	}
 	queueing := queueingNote(ctx, c, bf.queue, bf.concurrency)
 	if bf.streaming {

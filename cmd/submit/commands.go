@@ -34,7 +34,8 @@ func (l *listFlag) Set(v string) error {
 type runFlags struct {
 	queue, model, system, tools, id, thinking string
 	file, request                             string
-	maxTurns, maxTokens                       int
+	priority, concurrencyKey                  string
+	maxTurns, maxTokens, concurrencyLimit     int
 	runTimeout                                time.Duration
 	temperature                               float64
 	images, meta                              listFlag
@@ -70,6 +71,9 @@ func (f *runFlags) register(fs *flag.FlagSet, e *env) {
 	fs.Var(&f.meta, "meta", "metadata `key=value` (repeatable)")
 	fs.StringVar(&f.file, "file", "", "read the prompt from a `file` (- for stdin)")
 	fs.StringVar(&f.request, "request", "", "a full run request (JSON `file`, - for stdin); flags override its fields")
+	fs.StringVar(&f.priority, "priority", "", "high, normal or low: the run's lane (since protocol 1.10; needs a 1.10 worker)")
+	fs.StringVar(&f.concurrencyKey, "concurrency-key", "", "concurrency key: across the fleet at most --concurrency-limit runs with it run at once (since 1.10)")
+	fs.IntVar(&f.concurrencyLimit, "concurrency-limit", 0, "the limit of --concurrency-key (0: the workers' default for the key)")
 	fs.BoolVar(&f.detach, "detach", false, "print the run id and exit without following")
 	fs.BoolVar(&f.json, "json", false, "print the run's event envelopes as NDJSON")
 	f.view.register(fs)
@@ -193,6 +197,15 @@ func (f *runFlags) build(e *env, fs *flag.FlagSet, args []string) (*bus.RunReque
 	}
 	if req.ID == "" {
 		req.ID = bus.NewRunID()
+	}
+	if set["priority"] {
+		req.Priority = f.priority
+	}
+	if set["concurrency-key"] || set["concurrency-limit"] {
+		if f.concurrencyKey == "" {
+			return nil, usagef("--concurrency-limit needs --concurrency-key")
+		}
+		req.Concurrency = &bus.Concurrency{Key: f.concurrencyKey, Limit: f.concurrencyLimit}
 	}
 	if err := req.Validate(""); err != nil {
 		return nil, usagef("%v", err)
@@ -564,6 +577,12 @@ func writeRecord(e *env, st style, r *bus.RunRecord) {
 	row("state", state)
 	writeWaiting(row, r.Waiting) // approvals.go
 	row("queue", field(r.Queue))
+	if r.Priority != "" { // since 1.10
+		row("priority", field(r.Priority))
+	}
+	if r.Tenant != "" {
+		row("tenant", field(cut(r.Tenant, 80)))
+	}
 	row("model", field(r.Model))
 	row("worker", field(r.Worker))
 	if r.Attempt > 1 {
@@ -754,6 +773,9 @@ func writeList(e *env, recs []bus.RunRecord) {
 			state += " (stale)"
 		}
 		state += waitingNote(r.Waiting)
+		if r.Priority != "" { // since 1.10
+			state += " [" + r.Priority + "]"
+		}
 		submitted := "-"
 		if t := r.SubmittedAt; !t.IsZero() {
 			submitted = ago(time.Since(t))

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -108,6 +109,7 @@ type options struct {
 	maxRunTimeout, maxApprovalTimeout    time.Duration
 	maxTurns                             int
 	queueConcurrency                     listFlag
+	keyLimits                            listFlag
 	allowFaux                            optionalBool
 	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
 	// port (a second worker on one machine) falls back to a free port.
@@ -310,6 +312,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
 	fs.DurationVar(&o.maxApprovalTimeout, "max-approval-timeout", environ.duration("AGENTS_MAX_APPROVAL_TIMEOUT", 0), "ceiling of a gated tool call's wait for its answer: a longer approval.timeoutSeconds (or the default, 1 day) is lowered to it, as the request's expiresAt shows; 0: --max-run-timeout if set, else the protocol's 7 days [AGENTS_MAX_APPROVAL_TIMEOUT]")
 	fs.IntVar(&o.maxTurns, "max-turns", environ.int("AGENTS_MAX_TURNS", 0), "ceiling of a run's maxTurns: a request asking more is a bad request, the default is lowered to it; 0: the protocol's 1000 [AGENTS_MAX_TURNS]")
+	fs.Var(&o.keyLimits, "concurrency-key-limit", "pattern=N: the default limit of concurrency keys matching pattern ('*' any characters but '/'; first match applies); a request's own limit may only be lower; repeatable or comma-separated [AGENTS_CONCURRENCY_KEY_LIMIT]")
 	fs.Var(&o.queueConcurrency, "queue-concurrency", "queue=N: runs of that queue in flight at most, so one queue cannot take every slot; repeatable or comma-separated [AGENTS_QUEUE_CONCURRENCY]")
 	if v := os.Getenv("AGENTS_ALLOW_FAUX"); v != "" {
 		if err := o.allowFaux.Set(v); err != nil {
@@ -393,6 +396,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if _, err := parseQueueConcurrency(o.queueConcurrency); err != nil {
 		return nil, err
 	}
+	if len(o.keyLimits) == 0 {
+		if v := env("AGENTS_CONCURRENCY_KEY_LIMIT", ""); v != "" {
+			_ = o.keyLimits.Set(v)
+		}
+	}
+	if _, err := parseKeyLimits(o.keyLimits); err != nil {
+		return nil, err
+	}
 	if o.maxRunTimeout < 0 || o.maxTurns < 0 || o.maxApprovalTimeout < 0 {
 		return nil, errors.New("--max-run-timeout, --max-approval-timeout and --max-turns must not be negative")
 	}
@@ -442,6 +453,7 @@ func applyBounds(o *options, cfg *worker.Config) {
 	cfg.MaxApprovalTimeout = o.maxApprovalTimeout
 	cfg.MaxTurns = o.maxTurns
 	cfg.QueueConcurrency, _ = parseQueueConcurrency(o.queueConcurrency)
+	cfg.KeyLimits, _ = parseKeyLimits(o.keyLimits)
 	// Faux lets a submitter script the "model": on by default only where
 	// there is no real model (the quickstart's demo, tests).
 	cfg.NoFaux = !o.allowFaux.v
@@ -464,6 +476,21 @@ func parseQueueConcurrency(entries []string) (map[string]int, error) {
 			return nil, fmt.Errorf("--queue-concurrency: %w", err)
 		}
 		out[q] = v
+	}
+	return out, nil
+}
+
+// parseKeyLimits reads --concurrency-key-limit's pattern=N entries.
+func parseKeyLimits(entries []string) ([]worker.KeyLimit, error) {
+	var out []worker.KeyLimit
+	for _, e := range entries {
+		p, n, ok := strings.Cut(e, "=")
+		v, err := strconv.Atoi(strings.TrimSpace(n))
+		p = strings.TrimSpace(p)
+		if _, perr := path.Match(p, ""); !ok || err != nil || v < 1 || v > bus.MaxConcurrencyLimit || p == "" || perr != nil {
+			return nil, fmt.Errorf("--concurrency-key-limit %q: use pattern=N with N 1..%d", clip(e), bus.MaxConcurrencyLimit)
+		}
+		out = append(out, worker.KeyLimit{Pattern: p, Limit: v})
 	}
 	return out, nil
 }
@@ -655,7 +682,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	case <-w.Ready():
 		go func() {
 			defer close(polled)
-			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth)
+			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth, m.SetLaneDepth)
 		}()
 		if srv != nil {
 			nextSteps(stderr, log, o, srv.URL()) // nextsteps.go

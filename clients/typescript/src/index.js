@@ -274,13 +274,19 @@ export class Client {
     checkRunId(id);
     if (request.id !== undefined && request.id !== id) throw new InvalidArgumentError(`request id "${request.id}" differs from the run id "${id}"`);
     const { id: _, ...rest } = request;
+    if (rest.priority !== undefined && !["high", "normal", "low"].includes(rest.priority)) {
+      throw new InvalidArgumentError(`priority "${String(rest.priority).slice(0, 40)}": use high, normal or low`);
+    }
+    // normal is the default, left out: a worker before 1.10 refuses the field.
+    if (rest.priority === "normal") delete rest.priority;
+    const subject = this.names.request(queue, rest.priority, id);
     const body = enc.encode(JSON.stringify({ id, ...rest }));
     if (body.length > MAX_REQUEST_BYTES) throw new InvalidArgumentError(`the request is ${body.length} bytes, the limit is ${MAX_REQUEST_BYTES} (1 MiB)`);
     const h = natsHeaders();
     for (const [k, v] of Object.entries(opts.headers ?? {})) h.set(k, v);
     let ack;
     try {
-      ack = await this.js.publish(this.names.submit(queue, id), body, { msgID: id, expect: { streamName: this.names.runsStream }, headers: h });
+      ack = await this.js.publish(subject, body, { msgID: id, expect: { streamName: this.names.runsStream }, headers: h });
     } catch (err) {
       if (isNoResponders(err)) {
         // No stream takes the subject: an undeclared queue if the runs
@@ -317,7 +323,7 @@ export class Client {
     let storedQueue;
     if (stored) {
       storedQueue = this.names.parseSubmit(stored.subject)?.queue;
-      if (storedQueue === queue && stored.subject === this.names.submit(queue, id) && !sameBytes(stored.data, body)) {
+      if (storedQueue === queue && this.names.parseSubmit(stored.subject)?.run === id && !sameBytes(stored.data, body)) {
         throw new RunIdTakenError(`submit ${id}: run id taken by another request (sequence ${seq} on queue "${queue}" holds another body); submit with a new id`);
       }
     } else {
@@ -372,6 +378,11 @@ export class Client {
     try {
       const q = /** @type {any} */ ({ seq: 1, next_by_subj: this.names.submit("*", run) }); // MSG.GET next by subject
       m = await (await this.jsm()).streams.getMessage(this.names.runsStream, q);
+      if (!m) {
+        // A lane's request (since 1.10).
+        const l = /** @type {any} */ ({ seq: 1, next_by_subj: `${this.names.prefix}.lane.*.*.*.${run}` });
+        m = await (await this.jsm()).streams.getMessage(this.names.runsStream, l);
+      }
     } catch (err) {
       throw this.fleetError(err, `status of ${run}`, this.names.runsStream);
     }
@@ -385,8 +396,8 @@ export class Client {
       }
       throw new RunNotFoundError(run);
     }
-    const queue = this.names.parseSubmit(m.subject)?.queue ?? "";
-    return queuedRecord(run, queue, m.time.toISOString(), m.seq);
+    const p = this.names.parseSubmit(m.subject);
+    return queuedRecord(run, p?.queue ?? "", m.time.toISOString(), m.seq, p?.priority);
   }
 
   // ---- schedules (protocol 1.10) -------------------------------------------
@@ -987,11 +998,13 @@ export class Client {
     const filter = `${this.names.prefix}.submit.${queue || "*"}.*`;
     const info = await jsm.streams.info(this.names.runsStream, { subjects_filter: filter });
     const runsTop = info.state.last_seq;
+    // The lanes' requests too (since 1.10).
+    const lanes = await jsm.streams.info(this.names.runsStream, { subjects_filter: `${this.names.prefix}.lane.${queue || "*"}.*.*.*` });
     /** @type {any[]} */
     const pending = [];
-    for (const subj of Object.keys(info.state.subjects ?? {})) {
+    for (const subj of [...Object.keys(info.state.subjects ?? {}), ...Object.keys(lanes.state.subjects ?? {})]) {
       const p = this.names.parseSubmit(subj);
-      if (p) pending.push(queuedRecord(p.run, p.queue));
+      if (p) pending.push(queuedRecord(p.run, p.queue, undefined, undefined, p.priority));
     }
     if (pending.length === 0) return { runs: [], runsTop };
     const g = new DirectGetter(this, this.names.recordsStream);
@@ -1124,10 +1137,11 @@ function mergeByID(queued, recs) {
   return queued.filter((r) => !have.has(r.id)).concat(recs).sort(byID);
 }
 
-/** @param {string} id @param {string} queue @param {string} [submittedAt] @param {number} [requestSeq] */
-function queuedRecord(id, queue, submittedAt, requestSeq) {
+/** @param {string} id @param {string} queue @param {string} [submittedAt] @param {number} [requestSeq] @param {string} [priority] */
+function queuedRecord(id, queue, submittedAt, requestSeq, priority) {
   /** @type {any} */
   const r = { id, queue, state: "queued", attempt: 0, turns: 0, usage: zeroUsage(), cost: 0 };
+  if (priority && priority !== "normal") r.priority = priority;
   if (requestSeq) r.requestSeq = requestSeq;
   if (submittedAt) r.submittedAt = submittedAt;
   return r;

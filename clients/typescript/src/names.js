@@ -81,6 +81,16 @@ export class Names {
   submit(queue, run) {
     return `${this.prefix}.submit.${queue}.${run}`;
   }
+  /**
+   * The subject of a request of this priority (since 1.10, docs/protocol.md
+   * §3 Priority lanes): the old subject for normal or none, else the
+   * priority's lane, tenant token "_".
+   * @param {string} queue @param {string | undefined} priority @param {string} run
+   */
+  request(queue, priority, run) {
+    if (!priority || priority === "normal") return this.submit(queue, run);
+    return `${this.prefix}.lane.${queue}.${priority}._.${run}`;
+  }
   /** @param {string} run */
   events(run) {
     return `${this.prefix}.run.${run}.events`;
@@ -93,8 +103,15 @@ export class Names {
   record(run) {
     return `$KV.${this.recordsBucket}.${run}`;
   }
-  /** @param {string} subject @returns {{queue: string, run: string} | null} */
+  /** @param {string} subject @returns {{queue: string, run: string, priority?: any} | null} */
   parseSubmit(subject) {
+    const lane = this.prefix + ".lane.";
+    if (subject.startsWith(lane)) {
+      // <queue>.<priority>.<tenant>.<run> (since 1.10)
+      const [queue, priority, tenant, run, ...rest] = subject.slice(lane.length).split(".");
+      if (rest.length || !token.test(queue ?? "") || !["high", "normal", "low"].includes(priority ?? "") || !token.test(tenant ?? "") || !token.test(run ?? "")) return null;
+      return { queue, run, priority };
+    }
     const head = this.prefix + ".submit.";
     if (!subject.startsWith(head)) return null;
     const [queue, run, ...rest] = subject.slice(head.length).split(".");

@@ -494,3 +494,17 @@ test("throughput: following one run of 20,000 deltas, against submit follow --js
   t.diagnostic(report);
   console.log(`# ${report}`);
 });
+
+test("priority: a high or low request goes to its lane (since 1.10), its record says so; normal stays on the old subject", async () => {
+  const high = await client.submit({ prompt: "urgent", priority: "high" });
+  const low = await client.submit({ prompt: "batch", priority: "low" });
+  const normal = await client.submit({ prompt: "usual", priority: "normal" });
+  for (const { id } of [high, low, normal]) await followAll(id);
+  assert.equal((await client.status(high.id)).priority, "high");
+  assert.equal((await client.status(low.id)).priority, "low");
+  assert.equal((await client.status(normal.id)).priority, undefined);
+  assert.equal(client.names.request("default", "high", "r1"), "agents.lane.default.high._.r1");
+  assert.equal(client.names.request("default", "normal", "r1"), "agents.submit.default.r1");
+  assert.deepEqual(client.names.parseSubmit("agents.lane.default.low._.r1"), { queue: "default", run: "r1", priority: "low" });
+  await assert.rejects(client.submit({ prompt: "x", priority: /** @type {any} */ ("urgent") }), InvalidArgumentError);
+});

@@ -424,6 +424,7 @@ export type Waiting = {
   for: string;
   /** (format date-time) */
   since?: string;
+  key?: string;
   approvals?: PendingApproval[];
 };
 
@@ -459,6 +460,9 @@ export type RunRequest = {
   faux?: FauxScript;
   approval?: Approval;
   compaction?: Compaction;
+  /** Since 1.10: the run's lane; default normal. A high or low request is published to agents.lane.{queue}.{priority}._.{run} (§3, Priority lanes). */
+  priority?: "high" | "normal" | "low";
+  concurrency?: Concurrency;
 } & ({ prompt: string } | { messages: InputMessage[] });
 
 /** Since 1.3: gated tools wait for a person's answer before they run (§13). */
@@ -476,6 +480,14 @@ export type Compaction = {
   keepRecentTokens?: number;
   model?: RequestModelRef;
   instructions?: string;
+};
+
+/** Since 1.10: at most limit runs with key run at once across the fleet (§3, Concurrency keys). */
+export type Concurrency = {
+  /** (minLength 1, maxLength 256) */
+  key: string;
+  /** 0 or absent: the workers' default for the key (--concurrency-key-limit); with both, the lower. (minimum 0, maximum 10000) */
+  limit?: number;
 };
 
 /** Only with provider faux: a scripted model. */
@@ -684,6 +696,8 @@ export type RunRecord = {
   title?: string;
   /** Who the run is charged to: metadata.tenant, or the worker's budgets' tenant (since 1.8). */
   tenant?: string;
+  /** The lane its request came from (since 1.10); absent: normal. */
+  priority?: "high" | "low";
   /** Set by clients (Status, List) on a running record whose heartbeat is too old; never stored. */
   stale?: boolean;
   /** What a running run waits for. */
@@ -724,9 +738,11 @@ export type Requeue = {
 export type State = "queued" | "running" | "succeeded" | "failed" | "aborted";
 
 export type RecordWaiting = {
-  for: "model" | "approval" | "budget";
+  for: "model" | "approval" | "budget" | "key";
   /** (format date-time) */
   since?: string;
+  /** The concurrency key of a wait "for":"key" (since 1.10). */
+  key?: string;
   approvals?: RecordPendingApproval[];
 };
 

@@ -284,13 +284,14 @@ function runsPage(main) {
   const render = (page) => {
     const rows = page.runs.map((r) => {
       const meta = Object.entries(r.metadata || {}).map(([k, v]) => k + "=" + v).join(" ");
-      const waiting = r.waiting && r.state === "running" ? r.waiting.for || "" : "";
+      // A wait for a full concurrency key names the key (since 1.10).
+      const waiting = r.waiting && r.state === "running" ? (r.waiting.key ? "key " + r.waiting.key : r.waiting.for || "") : "";
       return el("tr", { "data-run": r.id, "data-state": r.stale ? "stale" : r.state },
         el("td", { class: "run" }, el("a", { href: runPath(r.id), class: "title" }, r.title || r.id),
           r.title ? el("div", { class: "mono small muted" }, r.id) : null),
         el("td", {}, stateBadge(r.state, r.stale), r.reason ? el("div", { class: "muted small" }, r.reason) : null,
           waiting ? el("div", { class: "waiting small" }, "waiting for " + waiting) : null),
-        el("td", {}, r.queue || ""),
+        el("td", {}, r.queue || "", r.priority ? el("div", { class: "muted small" }, r.priority + " priority") : null),
         el("td", { class: "small" }, r.model || ""),
         el("td", {}, r.tenant || ""),
         el("td", { class: "meta" }, meta),
@@ -936,6 +937,8 @@ async function runPage(main, id) {
       finished: ["succeeded", "failed", "aborted"].includes(r.state) });
     title.textContent = r.title || "";
     if (r.tenant) title.append(el("span", { class: "muted small" }, " · tenant " + r.tenant));
+    if (r.priority) title.append(el("span", { class: "muted small" }, " · " + r.priority + " priority"));
+    if (r.state === "running" && r.waiting && r.waiting.key) title.append(el("span", { class: "waiting small" }, " · waiting for its concurrency key " + r.waiting.key));
     if (!following.decided) {
       // A live run is followed from the start; a finished one is read
       // from the top.

@@ -128,7 +128,9 @@ func (e *Env) Wake(ctx context.Context, rec *bus.RunRecord) error {
 	if err != nil {
 		return fmt.Errorf("reading the parked request: %w", err)
 	}
-	m := &nats.Msg{Subject: e.Names.Submit(rec.Queue, rec.ID), Data: kept.Data, Header: nats.Header{}}
+	// The wake goes back to the run's lane (since 1.10; the record says
+	// which): a worker refuses a priority its subject does not carry.
+	m := &nats.Msg{Subject: e.Names.RequestSubject(bus.LaneOf(rec.Queue, rec.Priority), rec.ID), Data: kept.Data, Header: nats.Header{}}
 	copyHeaders(m.Header, kept.Header)
 	seq := strconv.FormatUint(rec.Parked.Seq, 10)
 	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":wake:"+seq)

@@ -1,0 +1,106 @@
+//go:build adversarial
+
+package adversarial
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// A submitter claiming a priority it is not granted: the high lane's
+// subject is refused by its permissions, and a body claiming high on a
+// subject it may use is a bad request, never run as high. Low is allowed.
+func TestSubmitterCannotClaimHighPriority(t *testing.T) {
+	f := startFleet(t, &worker.Config{})
+	sub := f.Connect(t, "submitter")
+	c := ctx(t, 2*time.Minute)
+	high := fauxRun("claims-high", "hi", fleettest.Text("ok"))
+	high.Priority = bus.PriorityHigh
+	// A publish the permissions refuse gets no ack: it ends with its bound.
+	if _, err := sub.Submit(ctx(t, 3*time.Second), "", high); err == nil {
+		t.Fatal("the submitter stored a request on the high lane")
+	}
+	raw := `{"prompt":"hi","priority":"high"}`
+	if _, err := sub.SubmitRaw(c, "", "claims-high-body", []byte(raw)); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := sub.LoadTranscript(c, "claims-high-body")
+	for err == nil && !tr.Done() {
+		time.Sleep(20 * time.Millisecond) // a transcript is read, not followed
+		tr, err = sub.LoadTranscript(c, "claims-high-body")
+	}
+	if err != nil || tr.Finished.Reason != bus.ReasonBadRequest {
+		t.Fatalf("a body claiming high on the normal subject: %v %+v", err, tr)
+	}
+	low := fauxRun("asks-low", "hi", fleettest.Text("ok"))
+	low.Priority = bus.PriorityLow
+	if _, err := sub.Submit(c, "", low); err != nil {
+		t.Fatalf("low priority: %v", err)
+	}
+	for env, err := range sub.Follow(c, "asks-low") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev, _ := env.Decode(); ev != nil && ev.RunFinished != nil && ev.RunFinished.Status != bus.StatusSucceeded {
+			t.Fatalf("low run ended %s: %s", ev.RunFinished.Status, ev.RunFinished.Error)
+		}
+	}
+}
+
+// A submitter of one queue filling a concurrency key (its places and its
+// line) with long runs does not hold up another queue's runs of the same
+// key: a key belongs to its queue.
+func TestKeyOfAnotherQueueCannotBeExhausted(t *testing.T) {
+	f := startFleet(t, &worker.Config{Queues: []string{"default", "other"}, Concurrency: 8})
+	sub := f.Connect(t, "submitter")
+	c := ctx(t, 2*time.Minute)
+	for i := range 3 {
+		req := sleepingRun(fmt.Sprintf("squatter-%d", i))
+		req.Concurrency = &bus.Concurrency{Key: "customer-42", Limit: 1}
+		if _, err := sub.Submit(c, "other", req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The squatters hold the key's place and line on "other": whichever
+	// took the place, the two others wait for it.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		waiting := 0
+		for i := range 3 {
+			r, err := sub.Status(c, fmt.Sprintf("squatter-%d", i))
+			if err == nil && r.Waiting != nil && r.Waiting.For == bus.WaitingKey {
+				waiting++
+			}
+		}
+		if waiting == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the squatters never filled the key (%d waiting)\n%s", waiting, f.WorkerLog.String())
+		}
+	}
+	victim := fauxRun("victim", "hi", fleettest.Text("ok"))
+	victim.Concurrency = &bus.Concurrency{Key: "customer-42", Limit: 1}
+	start := time.Now()
+	if _, err := sub.Submit(c, "default", victim); err != nil {
+		t.Fatal(err)
+	}
+	for env, err := range sub.Follow(c, "victim") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev, _ := env.Decode(); ev != nil && ev.RunFinished != nil && ev.RunFinished.Status != bus.StatusSucceeded {
+			t.Fatalf("victim ended %s: %s", ev.RunFinished.Status, ev.RunFinished.Error)
+		}
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the victim waited %v behind another queue's runs of its key", d)
+	}
+	for i := range 3 {
+		_, _ = sub.Abort(c, fmt.Sprintf("squatter-%d", i), "test over")
+	}
+}

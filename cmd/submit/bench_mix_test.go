@@ -1,0 +1,53 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"testing"
+)
+
+// TestMixBenchOnThreeWorkers runs submit bench's mixed-load mode against
+// three worker processes of one queue: a keyed group never has more runs
+// of its key at once than its limit (from the events) and reaches it,
+// and high-priority runs submitted behind a normal backlog start before
+// most of it.
+func TestMixBenchOnThreeWorkers(t *testing.T) {
+	// Not parallel: its workers add a queue to the runs stream, and two
+	// workers adding queues at once may lose one's (EnsureStreams
+	// updates the subjects without compare-and-set).
+	queue := "mixbench"
+	for i := range 3 {
+		stop, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil,
+			"--nats", fleet.url, "--queue", queue, "--concurrency", "4", "--worker-id", fmt.Sprintf("mix-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := stop(); err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	out, errOut, code := submit(t, "bench", "--queue", queue, "--json", "--mix-sleep", "0.1",
+		"--group", "keyed:24,key=cust-1,limit=2", "--group", "backlog:60", "--group", "urgent:4,priority=high,after=backlog")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, errOut)
+	}
+	var res mixResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Logf("bench --group: %s", out)
+	if got := res.KeyMaxConcurrent["cust-1"]; got != 2 {
+		t.Errorf("key cust-1 (limit 2): at most %d runs at once", got)
+	}
+	for name, g := range res.Groups {
+		if g.Started != g.Runs || g.Failed != 0 {
+			t.Errorf("group %s: %d of %d started, %d failed", name, g.Started, g.Runs, g.Failed)
+		}
+	}
+	if h, n := res.Priorities["high"], res.Groups["backlog"].StartLatencyMs; h.Max >= n.Max {
+		t.Errorf("high runs started at most %.0f ms after submit, the backlog's last %.0f ms", h.Max, n.Max)
+	}
+}

@@ -1,0 +1,261 @@
+// Package keys holds concurrency keys' places across the fleet (since
+// protocol 1.10): one KV entry per key in agents_keys, changed only by
+// compare-and-set, naming the runs that hold a place and the runs that
+// wait for one, oldest first.
+package keys
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Invariants:
+//  1. An entry changes only by compare-and-set on the revision read, so
+//     two workers never both take the last place.
+//  2. A place names its run. A place is live while its run is (Alive: the
+//     run's record, its lease, says it runs or is about to), so the taker
+//     that finds a key full removes dead places in the same
+//     compare-and-set: a killed worker's places go with its lease, they
+//     are not forgotten; a run whose request is redelivered finds its own
+//     place and keeps it.
+//  3. A run waits (parked, holding nothing on a worker) only while it is in
+//     the entry's waiting list. A release hands its place to the oldest
+//     waiter in the same compare-and-set (the waiter's place is granted,
+//     At the grant) and the releaser then wakes it: a woken run finds its
+//     place already held. A granted place whose run did not start within
+//     Grace is dead and its run waits first in line again (a lost wake).
+//  4. Taking never waits for a place and never holds a slot: Take says
+//     full, and the caller parks the run.
+
+// Place is one run's place in a key.
+type Place struct {
+	Run string    `json:"run"`
+	At  time.Time `json:"at"`
+	// Granted: handed over by a release to a waiting run, not yet taken
+	// by it (invariant 3).
+	Granted bool `json:"granted,omitempty"`
+}
+
+// Entry is a key's value in agents_keys.
+type Entry struct {
+	Key     string  `json:"key"`
+	Limit   int     `json:"limit"`
+	Holds   []Place `json:"holds"`
+	Waiting []Place `json:"waiting,omitempty"`
+}
+
+func (e *Entry) holds(run string) int {
+	return slices.IndexFunc(e.Holds, func(p Place) bool { return p.Run == run })
+}
+
+func (e *Entry) waits(run string) int {
+	return slices.IndexFunc(e.Waiting, func(p Place) bool { return p.Run == run })
+}
+
+// Env is what places need of the worker.
+type Env struct {
+	KV jetstream.KeyValue // agents_keys
+	// Alive reports whether run still runs or is about to (its record):
+	// false for a finished run, one parked, or one whose lease ran out.
+	// A run without a record is alive (taking a place comes before the
+	// lease); Grace bounds that.
+	Alive func(ctx context.Context, run string) (bool, error)
+	// Grace is how long a place may exist without a live record (a run
+	// about to take its lease, a granted place whose wake is under way).
+	Grace time.Duration
+	Now   func() time.Time
+}
+
+// Name is the KV key of a concurrency key: any text a request may send
+// becomes a valid KV token of fixed length.
+func Name(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return "k" + hex.EncodeToString(h[:16])
+}
+
+// Result is what Take did.
+type Result int
+
+const (
+	Took    Result = iota + 1 // the run holds a place
+	Waits                     // the key is full: the run is in the waiting list
+	Granted                   // the run was in line and a place was free: it holds it now
+)
+
+// maxTries bounds a compare-and-set loop: every round one writer of the
+// key succeeds, so it is the writers of one key at once that it bounds.
+const maxTries = 256
+
+// Take gives run a place in key, limit places at most, or, when the key is
+// full, puts it in the waiting list (if wait) and says so. Places a sweep
+// freed go to the runs waiting first, which it returns: the caller wakes
+// them.
+func (e *Env) Take(ctx context.Context, key string, limit int, run string, wait bool) (Result, []string, error) {
+	name := Name(key)
+	for range maxTries {
+		cur, rev, err := e.get(ctx, name)
+		if err != nil {
+			return 0, nil, err
+		}
+		if cur.Key == "" {
+			cur.Key = key
+		}
+		cur.Limit = limit
+		if i := cur.holds(run); i >= 0 { // a redelivery, or a granted place
+			if !cur.Holds[i].Granted {
+				return Took, nil, nil
+			}
+			cur.Holds[i] = Place{Run: run, At: e.Now()}
+			if err := e.put(ctx, name, cur, rev); err != nil {
+				if conflict(err) {
+					continue
+				}
+				return 0, nil, err
+			}
+			return Took, nil, nil
+		}
+		var wake []string
+		if len(cur.Holds) >= limit {
+			if err := e.sweep(ctx, &cur); err != nil {
+				return 0, nil, err
+			}
+			// Places freed go to those in line first (invariant 3), but
+			// not to this run: it takes its own below.
+			for len(cur.Holds) < limit && len(cur.Waiting) > 0 && cur.Waiting[0].Run != run {
+				wake = append(wake, cur.Waiting[0].Run)
+				cur.Holds = append(cur.Holds, Place{Run: cur.Waiting[0].Run, At: e.Now(), Granted: true})
+				cur.Waiting = cur.Waiting[1:]
+			}
+		}
+		res := Took
+		w := cur.waits(run)
+		switch {
+		case len(cur.Holds) < limit && (len(cur.Waiting) == 0 || w == 0):
+			// Free, and nobody waits before it (first come, first served).
+			if w == 0 {
+				cur.Waiting, res = cur.Waiting[1:], Granted
+			}
+			cur.Holds = append(cur.Holds, Place{Run: run, At: e.Now()})
+		case !wait && len(wake) == 0, w >= 0 && len(wake) == 0:
+			return Waits, nil, nil
+		case !wait, w >= 0:
+			res = Waits // the wakes still need writing
+		default:
+			cur.Waiting = append(cur.Waiting, Place{Run: run, At: e.Now()})
+			res = Waits
+		}
+		if err := e.put(ctx, name, cur, rev); err != nil {
+			if conflict(err) {
+				continue
+			}
+			return 0, nil, err
+		}
+		return res, wake, nil
+	}
+	return 0, nil, errors.New("concurrency key: too many concurrent writers")
+}
+
+// Release gives up run's place in key and hands it to the oldest waiter,
+// whose run it returns ("" if none): the caller wakes it.
+func (e *Env) Release(ctx context.Context, key, run string) (string, error) {
+	name := Name(key)
+	for range maxTries {
+		cur, rev, err := e.get(ctx, name)
+		if err != nil {
+			return "", err
+		}
+		i := cur.holds(run)
+		if i < 0 {
+			return "", nil // released already (a retried finish)
+		}
+		cur.Holds = slices.Delete(cur.Holds, i, i+1)
+		next := ""
+		if len(cur.Waiting) > 0 && len(cur.Holds) < max(cur.Limit, 1) {
+			next = cur.Waiting[0].Run
+			cur.Waiting = cur.Waiting[1:]
+			cur.Holds = append(cur.Holds, Place{Run: next, At: e.Now(), Granted: true})
+		}
+		if err := e.put(ctx, name, cur, rev); err != nil {
+			if conflict(err) {
+				continue
+			}
+			return "", err
+		}
+		return next, nil
+	}
+	return "", errors.New("concurrency key: too many concurrent writers")
+}
+
+// sweep drops the dead places of a full key (invariant 2); a granted
+// place whose run never came back goes first in line again (invariant 3).
+func (e *Env) sweep(ctx context.Context, cur *Entry) error {
+	now := e.Now()
+	kept := cur.Holds[:0:0]
+	var again []Place
+	for _, p := range cur.Holds {
+		if now.Sub(p.At) < e.Grace {
+			kept = append(kept, p)
+			continue
+		}
+		if p.Granted {
+			again = append(again, Place{Run: p.Run, At: p.At})
+			continue
+		}
+		alive, err := e.Alive(ctx, p.Run)
+		if err != nil {
+			return err
+		}
+		if alive {
+			kept = append(kept, p)
+		}
+	}
+	cur.Holds = kept
+	cur.Waiting = append(again, cur.Waiting...)
+	return nil
+}
+
+// Read returns key's entry (zero when it has none).
+func (e *Env) Read(ctx context.Context, key string) (Entry, error) {
+	cur, _, err := e.get(ctx, Name(key))
+	return cur, err
+}
+
+func (e *Env) get(ctx context.Context, name string) (Entry, uint64, error) {
+	kv, err := e.KV.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Entry{}, 0, nil
+	}
+	if err != nil {
+		return Entry{}, 0, fmt.Errorf("concurrency key: %w", err)
+	}
+	var cur Entry
+	if err := json.Unmarshal(kv.Value(), &cur); err != nil {
+		return Entry{}, 0, fmt.Errorf("concurrency key %s: %w", name, err)
+	}
+	return cur, kv.Revision(), nil
+}
+
+func (e *Env) put(ctx context.Context, name string, cur Entry, rev uint64) error {
+	b, err := json.Marshal(cur)
+	if err != nil {
+		return err
+	}
+	if rev == 0 {
+		_, err = e.KV.Create(ctx, name, b)
+	} else {
+		_, err = e.KV.Update(ctx, name, b, rev)
+	}
+	return err
+}
+
+func conflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+}
