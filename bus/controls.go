@@ -2,6 +2,8 @@ package bus
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -232,6 +234,17 @@ type Parked struct {
 	At      time.Time `json:"at"`
 	Seq     uint64    `json:"seq"`
 	Attempt int       `json:"attempt"`
+	// Digest (since 1.10) is the SHA-256 of the kept request's bytes,
+	// lowercase hex: a wake's pickup checks its bytes against it instead
+	// of reading the kept copy. Empty (a 1.9 worker parked the run): the
+	// pickup reads the copy.
+	Digest string `json:"digest,omitempty"`
+}
+
+// RequestDigest is Parked.Digest of a request's bytes.
+func RequestDigest(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }
 
 // Requeue is written into a running record by the give-up before it

@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -80,7 +82,6 @@ type controls struct {
 
 	// The owner's own state.
 	last      kindSeqs        // highest sequence taken, per kind
-	scanned   uint64          // every message of the run up to here was read
 	max       uint64          // highest sequence taken; read after done
 	delivered map[uint64]bool // put into the transcript by an earlier attempt
 	rejected  int             // invalid steers and follow-ups taken
@@ -315,42 +316,34 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 	c.take(lc.kind, seq, lc.m.Data, stored, lc.m.Header)
 }
 
-// catchUp reads the control messages stored but not taken yet. It starts
-// after what an earlier read saw (scanned), so each read costs the new
-// messages, not the run's whole history. A read that failed is returned
-// (a missing message is not an error).
+// catchUp reads the control messages stored but not taken yet, each
+// kind's from after the last of it taken (controlReads.since), and takes
+// them in stream order. Invariant: the messages of a kind taken so far
+// are every one stored of it up to last[kind] (a read goes on to the
+// first miss, and a message stored after a miss gets a higher sequence),
+// so each read costs the new messages, not the run's whole history. A
+// read that failed is returned, after what the others found is taken (a
+// missing message is not an error).
 func (c *controls) catchUp(ctx context.Context) error {
-	from := c.last.get(bus.KindSteer)
-	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort, bus.KindApprove} {
-		from = min(from, c.last.get(k))
-	}
-	from = max(from, c.scanned) + 1
-	// Every message of the run below from was seen: later ones get
-	// higher sequences.
-	defer func() { c.scanned = max(c.scanned, from-1) }()
-	w := c.r.w
-	subj := w.names.ControlAll(c.r.id)
-	for {
-		m, err := w.controlReads.next(ctx, subj, from)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			c.r.log.Warn("control catch-up read failed", "err", err)
-			return err
-		}
+	msgs, err := c.r.w.controlReads.since(ctx, c.r.id, c.last)
+	for _, m := range msgs {
 		kind := workerproto.ControlKind(m.Subject)
 		if m.Sequence > c.last.get(kind) {
 			c.take(kind, m.Sequence, m.Data, m.Time, m.Header)
 		}
-		from = m.Sequence + 1
 	}
+	if err != nil {
+		c.r.log.Warn("control catch-up read failed", "err", err)
+	}
+	return err
 }
 
 // controlReads is what runs read of the control stream.
 type controlReads interface {
-	// next is subj's first message from seq on, read within 5 s.
-	next(ctx context.Context, subj string, seq uint64) (*jetstream.RawStreamMsg, error)
+	// since reads run's messages of each kind stored after last[kind],
+	// in stream order; on a failed read, the error with what the reads
+	// found (each kind's from after last[kind], without a gap).
+	since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error)
 	// lastSeq is the stream's last sequence (a gated call's fence).
 	lastSeq(ctx context.Context) (uint64, error)
 }
@@ -358,10 +351,42 @@ type controlReads interface {
 // streamControls reads the control stream Run opened.
 type streamControls struct{ w *Worker }
 
-func (s streamControls) next(ctx context.Context, subj string, seq uint64) (*jetstream.RawStreamMsg, error) {
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	return s.w.controlStream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(subj))
+// since reads the four kinds at once, each on its literal subject, not
+// <run>.*: nats-server finds a literal subject's next message from its
+// index, and scans every message after the sequence asked for a wildcard
+// (docs/benchmarks/2026-12.md, 2026-12-07).
+func (s streamControls) since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error) {
+	// The kinds AGENTS_CONTROL stores (its subjects).
+	kinds := [...]string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove}
+	var found [len(kinds)][]*jetstream.RawStreamMsg
+	var errs [len(kinds)]error
+	var wg sync.WaitGroup
+	for i, k := range kinds {
+		wg.Go(func() { found[i], errs[i] = s.kind(ctx, s.w.names.Control(run, k), last.get(k)+1) })
+	}
+	wg.Wait()
+	all := slices.Concat(found[:]...)
+	slices.SortFunc(all, func(a, b *jetstream.RawStreamMsg) int { return cmp.Compare(a.Sequence, b.Sequence) })
+	return all, errors.Join(errs[:]...)
+}
+
+// kind reads subj's messages from seq on, up to the first miss; on a
+// failed read, those read before it.
+func (s streamControls) kind(ctx context.Context, subj string, seq uint64) ([]*jetstream.RawStreamMsg, error) {
+	var out []*jetstream.RawStreamMsg
+	for {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := s.w.controlStream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(subj))
+		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, m)
+		seq = m.Sequence + 1
+	}
 }
 
 func (s streamControls) lastSeq(ctx context.Context) (uint64, error) {

@@ -30,7 +30,9 @@
 //     crash and publish again.
 //  4. Confirm (the pickup of a request with Agentfleet-Woken-From): it
 //     counts only while the record names the same parked.seq and its bytes
-//     are the kept copy's and it came on the record's queue, or when the record is already this request's
+//     are the kept copy's (since 1.10: their SHA-256 is parked.digest,
+//     written with parked.seq, so no read of the copy) and it came on the
+//     record's queue, or when the record is already this request's
 //     (a redelivery after the woken attempt took the lease, whether or
 //     not that attempt parked the run again: a run parked by a woken
 //     attempt that died before its ack resumes from the redelivered
@@ -162,6 +164,9 @@ type Confirmation struct {
 	OK   bool
 	Base int
 	From uint64
+	// Rec is the record the confirmation read (OK only): the pickup
+	// starts from it instead of reading it again.
+	Rec *bus.RunRecord
 }
 
 // Confirm checks a request of run id on queue's submit subject at stream
@@ -193,8 +198,15 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 		// does (its lease take wins on the higher attempt and clears
 		// parked); the newer park's own wakes then find the record
 		// another request's and are dropped.
-	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
+	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue &&
+		rec.Parked.Digest != "":
 		// On the run's own queue: a copy on another's would move the run.
+		// The digest stands for the kept copy's bytes (no read).
+		if bus.RequestDigest(data) != rec.Parked.Digest {
+			return c, nil
+		}
+	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
+		// Parked by a 1.9 worker (no digest): the kept copy is read.
 		kept, err := e.Parked.GetMsg(ctx, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return c, nil
@@ -211,7 +223,7 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 	default:
 		return c, nil
 	}
-	c.OK, c.Base, c.From = true, base, from
+	c.OK, c.Base, c.From, c.Rec = true, base, from, rec
 	return c, nil
 }
 
