@@ -84,6 +84,13 @@ func testCtx(t *testing.T) context.Context {
 // as a parking attempt does; it returns the request and the record.
 func (f *testFleet) park(t *testing.T, id string, body []byte) (*jetstream.RawStreamMsg, *bus.RunRecord) {
 	t.Helper()
+	return f.parkDigest(t, id, body, "")
+}
+
+// parkDigest is park with the record's parked.digest (a 1.10 worker's
+// park; "": a 1.9 worker's).
+func (f *testFleet) parkDigest(t *testing.T, id string, body []byte, digest string) (*jetstream.RawStreamMsg, *bus.RunRecord) {
+	t.Helper()
 	ctx := testCtx(t)
 	res, err := f.c.SubmitRaw(ctx, "default", id, body)
 	if err != nil {
@@ -102,7 +109,7 @@ func (f *testFleet) park(t *testing.T, id string, body []byte) (*jetstream.RawSt
 		t.Fatal(err)
 	}
 	rec := &bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, RequestSeq: res.Seq,
-		Waiting: &bus.Waiting{For: bus.WaitingApproval}, Parked: &bus.Parked{At: time.Now(), Seq: seq, Attempt: 1}}
+		Waiting: &bus.Waiting{For: bus.WaitingApproval}, Parked: &bus.Parked{At: time.Now(), Seq: seq, Attempt: 1, Digest: digest}}
 	data, err := agent.MarshalJSON(rec)
 	if err != nil {
 		t.Fatal(err)
@@ -169,6 +176,48 @@ func TestWakeIsConfirmedOnlyForItsPark(t *testing.T) {
 }
 
 // A message squatting the wake's Nats-Msg-Id does not keep the wake out.
+// A record with parked.digest (1.10) confirms a wake by the digest of its
+// bytes, without reading the kept copy (here removed after the wake was
+// published), and hands the record it read to the pickup; another body
+// is not confirmed. Without a digest (a 1.9 park) the copy is read: gone,
+// nothing is confirmed.
+func TestWakeIsConfirmedByTheParkedDigest(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	body := []byte(`{"prompt":"deploy"}`)
+	for _, digest := range []bool{true, false} {
+		id := "rd" + strconv.FormatBool(digest)
+		d := ""
+		if digest {
+			d = bus.RequestDigest(body)
+		}
+		_, rec := f.parkDigest(t, id, body, d)
+		if err := f.env.Wake(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		w := f.wakes(t, id)[0]
+		if err := f.env.Parked.DeleteMsg(ctx, rec.Parked.Seq); err != nil {
+			t.Fatal(err)
+		}
+		c, err := f.env.Confirm(ctx, "default", id, w.Sequence, w.Header, w.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !digest {
+			if c.OK {
+				t.Fatalf("a 1.9 park confirmed without its kept copy: %+v", c)
+			}
+			continue
+		}
+		if !c.OK || c.Rec == nil || c.Rec.Parked == nil || c.Rec.Parked.Seq != rec.Parked.Seq || c.Rec.Revision != rec.Revision {
+			t.Fatalf("confirm by digest %+v %v", c, err)
+		}
+		if c, _ := f.env.Confirm(ctx, "default", id, w.Sequence, w.Header, []byte(`{"prompt":"other"}`)); c.OK {
+			t.Fatalf("another body confirmed by digest: %+v", c)
+		}
+	}
+}
+
 func TestWakeSquattedByItsIDIsPublishedAnyway(t *testing.T) {
 	f := newTestFleet(t)
 	ctx := testCtx(t)
