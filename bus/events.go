@@ -291,7 +291,7 @@ type AgentEvent struct {
 // ProtocolVersion is the protocol this code speaks, "1.<minor>": the major
 // changes only with an incompatible change, the minor with every addition
 // (a field, a verb, an event type). Workers announce it in run_started.
-const ProtocolVersion = "1.9"
+const ProtocolVersion = "1.10"
 
 // RunStarted is the first event of every attempt, bad requests included.
 type RunStarted struct {
