@@ -80,6 +80,10 @@ type controls struct {
 	active  atomic.Bool // an owner goroutine runs, or stopped for good
 	running bool        // the owner was started (the run's goroutine only)
 
+	// pre is the pickup's catch-up read, started ahead (prefetch); the
+	// first owner takes it.
+	pre chan caughtUp
+
 	// The owner's own state.
 	last      kindSeqs        // highest sequence taken, per kind
 	max       uint64          // highest sequence taken; read after done
@@ -221,12 +225,22 @@ func (c *controls) start(ctx context.Context, read bool) {
 // agent before its first model call.
 func (c *controls) own(started chan<- struct{}, read bool) {
 	if started != nil {
+		poked := false
 		select {
 		case <-c.wake:
-			read = true
+			poked = true
 		default:
 		}
-		if read {
+		if pre := c.pre; pre != nil {
+			// The read prefetch started is this catch-up (it came after the
+			// run registered, so what was stored after it came live); a
+			// failed one, or a poke since (an overflow, a gap), reads again.
+			c.pre = nil
+			res := <-pre
+			c.takeAll(res.msgs)
+			read = res.err != nil
+		}
+		if read || poked {
 			c.catchUp(c.ctx)
 		}
 		for drained := false; !drained; {
@@ -326,16 +340,41 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 // missing message is not an error).
 func (c *controls) catchUp(ctx context.Context) error {
 	msgs, err := c.r.w.controlReads.since(ctx, c.r.id, c.last)
+	c.takeAll(msgs)
+	if err != nil {
+		c.r.log.Warn("control catch-up read failed", "err", err)
+	}
+	return err
+}
+
+// takeAll takes what a catch-up read found, in stream order.
+func (c *controls) takeAll(msgs []*jetstream.RawStreamMsg) {
 	for _, m := range msgs {
 		kind := workerproto.ControlKind(m.Subject)
 		if m.Sequence > c.last.get(kind) {
 			c.take(kind, m.Sequence, m.Data, m.Time, m.Header)
 		}
 	}
-	if err != nil {
-		c.r.log.Warn("control catch-up read failed", "err", err)
-	}
-	return err
+}
+
+// caughtUp is a catch-up read made ahead of start (prefetch).
+type caughtUp struct {
+	msgs []*jetstream.RawStreamMsg
+	err  error
+}
+
+// prefetch starts the pickup's catch-up read now, beside the resume's
+// read of the events, instead of after it: start takes what it found.
+// Call it after the run registered (a message stored after the read then
+// comes live) and before start; the read ends on its own (5 s a get).
+func (c *controls) prefetch(ctx context.Context) {
+	pre := make(chan caughtUp, 1)
+	c.pre = pre
+	r := c.r
+	go func() {
+		msgs, err := r.w.controlReads.since(ctx, r.id, kindSeqs{})
+		pre <- caughtUp{msgs, err}
+	}()
 }
 
 // controlReads is what runs read of the control stream.

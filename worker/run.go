@@ -461,6 +461,8 @@ func (r *run) release() {
 func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	restored := false
 	if r.attempt > 1 {
+		// A resume reads its controls too (pickupRead): both reads at once.
+		r.ctl.prefetch(r.w.hardCtx)
 		var err error
 		// Resume even when the run was aborted or its deadline passed
 		// meanwhile: the outcome then says so, instead of the attempt
