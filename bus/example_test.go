@@ -74,7 +74,7 @@ func ExampleClient_Follow() {
 		}
 	}
 	// Output:
-	// started, protocol 1.9
+	// started, protocol 1.10
 	// user: Say hello.
 	// assistant: Hello!
 	// finished: succeeded
