@@ -44,7 +44,9 @@ const controlInbox = 8
 //     into a bounded inbox and never blocks: when the inbox is full it
 //     drops the message and wakes the owner to read the stream.
 //   - the stream, the source of truth: the owner reads what it has not
-//     taken yet at pickup (before any live message, so a resumed attempt
+//     taken yet at pickup (a resume starts that read beside its read of
+//     the events, after the run registered: prefetch; it is applied at
+//     start all the same, before any live message, so a resumed attempt
 //     first knows what earlier attempts delivered; a first attempt the
 //     worker's coverage vouches for skips it, coverage.go), on a gap (a dropped
 //     message, or a live message whose previous sequence it has not
