@@ -40,6 +40,12 @@ func (c *Client) Abort(ctx context.Context, runID, reason string) (uint64, error
 	return c.SendControl(ctx, runID, KindAbort, Control{Reason: reason})
 }
 
+// Compact asks a run to compact its context now (since 1.10);
+// instructions, if any, focus the summary.
+func (c *Client) Compact(ctx context.Context, runID, instructions string) (uint64, error) {
+	return c.SendControl(ctx, runID, KindCompact, Control{Text: instructions})
+}
+
 // SteerMessage sends a full pi user message as steering.
 func (c *Client) SteerMessage(ctx context.Context, runID string, m agent.Message) (uint64, error) {
 	return c.SendControl(ctx, runID, KindSteer, Control{Message: &m})
@@ -51,7 +57,7 @@ func (c *Client) SteerMessage(ctx context.Context, runID string, m agent.Message
 // with it (traceparent and tracestate headers).
 func (c *Client) SendControl(ctx context.Context, runID, kind string, body Control, opts ...ControlOption) (uint64, error) {
 	switch kind {
-	case KindSteer, KindFollowUp, KindAbort:
+	case KindSteer, KindFollowUp, KindAbort, KindCompact:
 	default:
 		return 0, fmt.Errorf("unknown control kind %q", kind)
 	}

@@ -379,6 +379,9 @@ type Event struct {
 	ModelWait   *ModelWait
 	Approval    *ToolApproval // the three tool_approval_* events
 	Control     *ControlRejected
+	// The compaction events (since 1.10).
+	CompactionStart *CompactionStart
+	CompactionEnd   *CompactionEnd
 }
 
 // Decode decodes the envelope's event. An event type this version does not
@@ -422,6 +425,12 @@ func (e *Envelope) Decode() (*Event, error) {
 	case EventControlRejected:
 		ev.Control = &ControlRejected{}
 		target = ev.Control
+	case EventCompactionStart:
+		ev.CompactionStart = &CompactionStart{}
+		target = ev.CompactionStart
+	case EventCompactionEnd:
+		ev.CompactionEnd = &CompactionEnd{}
+		target = ev.CompactionEnd
 	default:
 		ev.Agent = &AgentEvent{Type: typ}
 		if !knownAgentEvent(typ) {

@@ -217,4 +217,4 @@ func TestEnsureStreamsControlKeepsTheNewest(t *testing.T) {
 }
 
 // controlKinds lists every control kind, in the order streams list them.
-var controlKinds = []string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove}
+var controlKinds = []string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove, bus.KindCompact}

@@ -21,6 +21,9 @@ const (
 	KindAbort    = "abort"
 	// KindApprove answers a gated tool call (since 1.3): body Approval.
 	KindApprove = "approve"
+	// KindCompact compacts the run's context now (since 1.10): body
+	// Control, its Text the summary's instructions.
+	KindCompact = "compact"
 )
 
 var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -231,7 +234,7 @@ func (n Names) ParseRepublished(subject string) (run, kind string, err error) {
 		return "", "", errors.New("not a control subject")
 	}
 	switch kind {
-	case KindSteer, KindFollowUp, KindAbort, KindApprove:
+	case KindSteer, KindFollowUp, KindAbort, KindApprove, KindCompact:
 		return run, kind, nil
 	}
 	return "", "", errors.New("not a control subject")

@@ -175,6 +175,8 @@ type RunRequest struct {
 	Faux          *FauxScript         `json:"faux,omitempty"`
 	// Approval gates tool calls on a person's answer (since 1.3).
 	Approval *Approval `json:"approval,omitempty"`
+	// Compaction shrinks a long run's context (since 1.10, bus/compaction.go).
+	Compaction *Compaction `json:"compaction,omitempty"`
 }
 
 // EffectiveLimits returns the limits with defaults filled in.
@@ -852,6 +854,9 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	}
 	if r.Approval != nil {
 		p = append(p, r.Approval.Problems("approval")...)
+	}
+	if r.Compaction != nil {
+		p = append(p, r.Compaction.Problems("compaction")...)
 	}
 	if r.Faux != nil {
 		if r.Model != nil && r.Model.Provider != "faux" {

@@ -252,7 +252,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Name:        n.ControlStream(),
 		Description: "agentfleet steering, follow-ups, aborts and approvals",
 		Subjects: []string{n.Control("*", KindSteer), n.Control("*", KindFollowUp),
-			n.Control("*", KindAbort), n.Control("*", KindApprove)},
+			n.Control("*", KindAbort), n.Control("*", KindApprove), n.Control("*", KindCompact)},
 		Retention:  jetstream.LimitsPolicy,
 		MaxAge:     cfg.ControlMaxAge,
 		MaxBytes:   cfg.ControlMaxBytes,

@@ -23,6 +23,10 @@ type Transcript struct {
 	// continues: Messages are what follows its first Restored.Messages
 	// messages (LoadSnapshot has them).
 	Restored *TranscriptRestored
+	// Compactions (since 1.10) are the run's successful compaction_end
+	// events, in order, over every attempt; the model was sent
+	// CompactedContext(transcript, last) from the last on.
+	Compactions []*CompactionEnd
 	// LastSeq is the seq of the last envelope applied.
 	LastSeq uint64
 
@@ -83,6 +87,10 @@ func (t *Transcript) Apply(env *Envelope) error {
 		}
 	case EventTranscriptRestored:
 		t.Restored = ev.Restored
+	case EventCompactionEnd:
+		if ev.CompactionEnd.Error == "" {
+			t.Compactions = append(t.Compactions, ev.CompactionEnd)
+		}
 	case EventRunFinished:
 		t.Finished = ev.RunFinished
 		t.streaming = false
@@ -170,3 +178,11 @@ func (t *Transcript) FallBackToEarlierAttempts() {
 // view does not have (run_resumed's cutOffUsage, since 1.8): what the run
 // was charged beyond its messages' usage.
 func (t *Transcript) CutOffUsage() agent.Usage { return t.cutOff }
+
+// LastCompaction is the run's last successful compaction_end, or nil.
+func (t *Transcript) LastCompaction() *CompactionEnd {
+	if len(t.Compactions) == 0 {
+		return nil
+	}
+	return t.Compactions[len(t.Compactions)-1]
+}

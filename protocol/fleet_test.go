@@ -66,6 +66,8 @@ func TestFleetRunsValidate(t *testing.T) {
 	f.StartWorker(worker.Config{
 		WorkerID: "worker-1", Queues: []string{"default"}, Version: "test", Tools: h.tools(), Observer: h,
 		Providers: map[string]worker.Provider{"priced": priced},
+		// A 400-token window: the compaction run compacts after one turn.
+		ModelWindows: map[string]worker.ModelWindow{"faux/small": {ContextWindow: 400}},
 		// One call per 2 s window: the model-wait run's second call comes
 		// well within the window of its first, however loaded the machine.
 		RateLimits: &worker.RateLimits{Window: 2 * time.Second, Liveness: 5 * time.Second, Models: map[string]worker.ModelLimit{
@@ -110,6 +112,18 @@ func TestFleetRunsValidate(t *testing.T) {
 			call("c4", "progress", nil),
 			text("42, at noon."))})
 	finish(r, bus.StatusSucceeded, "")
+
+	// Compaction (1.10): a turn past the window's threshold; the summary
+	// call takes the script's second reply.
+	long := agent.ScriptedResponse{Content: []agent.Content{agent.Text(strings.Repeat("word ", 180)), agent.ToolCall("c1", "calculator", map[string]any{"expression": "1+1"})},
+		StopReason: agent.StopReasonToolUse}
+	r = submit("compaction", "", &bus.RunRequest{Model: &bus.ModelRef{Provider: "faux", ID: "small"}, Prompt: strings.Repeat("read ", 120), Tools: []string{"calculator"},
+		Compaction: &bus.Compaction{Instructions: "keep numbers"}, Faux: script(long, text("## Goal\nadd"), text("2"))})
+	finish(r, bus.StatusSucceeded, "")
+	// A compact control message, stored after the run finished (ignored).
+	if _, err := f.Client.JetStream().Publish(fleettest.Context(t), f.Client.Names().Control(r.kind, bus.KindCompact), []byte(`{"text":"keep numbers"}`)); err != nil {
+		t.Fatal(err)
+	}
 
 	// Approvals: an invalid edit (rejected), then an approval with an
 	// edit; a denial; a timeout that aborts.

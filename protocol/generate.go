@@ -232,7 +232,8 @@ func reasonDef() *jsonschema.Schema {
 	return enum("Why a run failed or was aborted (docs/protocol.md §4, run_finished).",
 		bus.ReasonModelError, bus.ReasonBadRequest, bus.ReasonMaxTurns, bus.ReasonTimeout, bus.ReasonTokenBudget,
 		bus.ReasonAbortedByUser, bus.ReasonEventTooLarge, bus.ReasonEventBudget, bus.ReasonControlBudget,
-		bus.ReasonTranscriptTooLarge, bus.ReasonInternal, bus.ReasonGaveUp, bus.ReasonBudgetExceeded, bus.ReasonApprovalTimeout)
+		bus.ReasonTranscriptTooLarge, bus.ReasonInternal, bus.ReasonGaveUp, bus.ReasonBudgetExceeded, bus.ReasonApprovalTimeout,
+		bus.ReasonCompactionFailed)
 }
 
 // reasonRequired: a failed or aborted run says why.
@@ -310,6 +311,8 @@ func (g *gen) events() *jsonschema.Schema {
 		ModelWait    bus.ModelWait
 		ToolApproval bus.ToolApproval
 		Control      bus.ControlRejected
+		CompStart    bus.CompactionStart
+		CompEnd      bus.CompactionEnd
 		AgentEvent   bus.AgentEvent
 		Messages     wireMessages
 	}
@@ -403,9 +406,25 @@ func (g *gen) events() *jsonschema.Schema {
 	cr := g.def(defs, "ControlRejected")
 	cr.Description = "A steer or follow-up the run did not take (an invalid body), so that its sender learns why (since 1.8, §6)."
 	g.setProp(cr, "ControlRejected", "type", &jsonschema.Schema{Type: "string", Const: bus.EventControlRejected})
-	g.setProp(cr, "ControlRejected", "kind", enum("", bus.KindSteer, bus.KindFollowUp))
+	g.setProp(cr, "ControlRejected", "kind", enum("", bus.KindSteer, bus.KindFollowUp, bus.KindCompact))
 	g.prop(cr, "ControlRejected", "controlSeq").Minimum = minimum(1)
 	rename(defs, "ControlRejected", "ControlRejectedEvent")
+
+	cs := g.def(defs, "CompactionStart")
+	cs.Description = "A compaction of the run's context began (since 1.10, §4 Compaction): its summary call is under way."
+	g.setProp(cs, "CompactionStart", "type", &jsonschema.Schema{Type: "string", Const: bus.EventCompactionStart})
+	g.setProp(cs, "CompactionStart", "reason", enum("", bus.CompactionThreshold, bus.CompactionOverflow, bus.CompactionManual))
+	g.prop(cs, "CompactionStart", "controlSeq").Minimum = minimum(1)
+	rename(defs, "CompactionStart", "CompactionStartEvent")
+
+	ce := g.def(defs, "CompactionEnd")
+	ce.Description = "A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, the run fails (compaction_failed)."
+	g.setProp(ce, "CompactionEnd", "type", &jsonschema.Schema{Type: "string", Const: bus.EventCompactionEnd})
+	g.setProp(ce, "CompactionEnd", "reason", enum("", bus.CompactionThreshold, bus.CompactionOverflow, bus.CompactionManual))
+	g.prop(ce, "CompactionEnd", "firstKeptIndex").Minimum = minimum(1)
+	g.prop(ce, "CompactionEnd", "firstKeptIndex").Description = "Index of the first kept message in the run's whole transcript (a continuation's prior messages included)."
+	g.prop(ce, "CompactionEnd", "controlSeq").Minimum = minimum(1)
+	rename(defs, "CompactionEnd", "CompactionEndEvent")
 
 	// message_update carries one step of the assistant stream.
 	se := g.def(defs, "StreamEvent")
@@ -444,7 +463,8 @@ func (g *gen) events() *jsonschema.Schema {
 		{"ToolExecutionEndEvent", string(agent.EventToolExecutionEnd), "", []string{"toolCallId!", "toolName!", "result!", "isError!"}},
 	})
 
-	all := append([]string{"RunStartedEvent", "RunResumedEvent", "TranscriptRestoredEvent", "RunParkedEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent"}, approvals...)
+	all := append([]string{"RunStartedEvent", "RunResumedEvent", "TranscriptRestoredEvent", "RunParkedEvent", "RunFinishedEvent", "ModelWaitEvent", "ControlRejectedEvent",
+		"CompactionStartEvent", "CompactionEndEvent"}, approvals...)
 	defs["Event"] = oneOfRefs(append(all, agentEvents...)...)
 	defs["Event"].Description = "The event, by its type."
 	env.Definitions = defs
@@ -645,6 +665,12 @@ func (g *gen) control() *jsonschema.Schema {
 	defs["SteerBody"] = steer
 	defs["FollowUpBody"] = &jsonschema.Schema{Ref: "#/$defs/SteerBody", Description: "The body on agents.run.{run}.followup: as a steer's."}
 	defs["AbortBody"] = abort
+	compact := &jsonschema.Schema{Type: "object", Properties: jsonschema.NewProperties(), AdditionalProperties: jsonschema.FalseSchema,
+		Description: "The body on agents.run.{run}.compact (since 1.10): compact the context now; text, if any, focuses the summary. An empty body is {}."}
+	ct := cloneSchema(text)
+	ct.MaxLength = ptr[uint64](bus.MaxCompactionInstructions)
+	compact.Properties.Set("text", ct)
+	defs["CompactBody"] = compact
 
 	a := g.def(defs, "ApprovalAnswer")
 	a.Description = "The body on agents.run.{run}.approve (since 1.3, §13): the answer to a gated tool call."
@@ -661,8 +687,8 @@ func (g *gen) control() *jsonschema.Schema {
 	root := &jsonschema.Schema{
 		Title: "agentfleet control message body",
 		Description: "The body of a control message on agents.run.{run}.{kind} (docs/protocol.md §6, §13): " +
-			"SteerBody for steer, FollowUpBody for followup, AbortBody for abort, ApprovalAnswer for approve. Validate a body against the definition of its kind.",
-		AnyOf:       []*jsonschema.Schema{ref("SteerBody"), ref("FollowUpBody"), ref("AbortBody"), ref("ApprovalAnswer")},
+			"SteerBody for steer, FollowUpBody for followup, AbortBody for abort, ApprovalAnswer for approve, CompactBody for compact. Validate a body against the definition of its kind.",
+		AnyOf:       []*jsonschema.Schema{ref("SteerBody"), ref("FollowUpBody"), ref("AbortBody"), ref("ApprovalAnswer"), ref("CompactBody")},
 		Definitions: defs,
 	}
 	return root

@@ -224,6 +224,8 @@ func TestFullRequestValidates(t *testing.T) {
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{Content: []agent.Content{agent.Text("ok")}, StopReason: agent.StopReasonError, ErrorMessage: "e"}},
 			TokenSize: 4, TokensPerSecond: 10, FixedPace: true},
 		Approval: &bus.Approval{Tools: []string{"calculator"}, TimeoutSeconds: 60, OnTimeout: bus.OnTimeoutAbort},
+		Compaction: &bus.Compaction{ReserveTokens: 2000, KeepRecentTokens: 4000, Model: &bus.ModelRef{Provider: "openai", ID: "gpt-4o-mini"},
+			Instructions: "keep file names"},
 	}
 	b, err := agent.MarshalJSON(req)
 	if err != nil {

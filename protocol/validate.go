@@ -31,13 +31,14 @@ const (
 	FollowUp   Doc = bus.KindFollowUp
 	Abort      Doc = bus.KindAbort
 	Approve    Doc = bus.KindApprove
+	Compact    Doc = bus.KindCompact
 	Record     Doc = "record"
 	Presence   Doc = "presence"
 )
 
 // Docs lists the documents.
 func Docs() []Doc {
-	return []Doc{RunRequest, Envelope, Steer, FollowUp, Abort, Approve, Record, Presence}
+	return []Doc{RunRequest, Envelope, Steer, FollowUp, Abort, Approve, Compact, Record, Presence}
 }
 
 // where is the schema file of a document and the definition in it ("" for
@@ -56,6 +57,8 @@ func (d Doc) where() (file, def string, ok bool) {
 		return ControlFile, "AbortBody", true
 	case Approve:
 		return ControlFile, "ApprovalAnswer", true
+	case Compact:
+		return ControlFile, "CompactBody", true
 	case Record:
 		return RecordFile, "", true
 	case Presence:

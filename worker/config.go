@@ -166,6 +166,11 @@ type Config struct {
 	// DefaultModel is the model of requests that name none, "provider/id";
 	// default "faux/demo".
 	DefaultModel string
+	// ModelWindows are the model table's context windows and compaction
+	// defaults by "provider/id", for models whose provider does not
+	// describe them (a faux id such as "faux/small") or whose operator
+	// sets other compaction defaults (worker/compaction.go).
+	ModelWindows map[string]ModelWindow
 	// SkipEnsureStreams leaves stream, consumer and bucket creation to
 	// someone else (operators who manage them with NACK or the nats CLI).
 	SkipEnsureStreams bool

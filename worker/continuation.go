@@ -191,6 +191,9 @@ func (r *run) priorFromEvents(ctx context.Context, id string, depth int) ([]agen
 		}
 		msgs = append(before[:min(ref.Messages, len(before)):min(ref.Messages, len(before))], msgs...)
 	}
+	// A compacted run is continued from its compacted context, as its
+	// snapshot holds it.
+	msgs = bus.CompactedContext(msgs, t.LastCompaction())
 	if err := checkPriorRoles(id, msgs); err != nil {
 		return nil, err
 	}
@@ -266,7 +269,7 @@ func (r *run) writeSnapshot(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, r.w.cfg.AckWait/2)
 	defer cancel()
 	start := time.Now()
-	msgs := r.agent.Messages()
+	msgs := r.contextMessages() // compacted: what a continuation goes on from
 	h, err := r.w.c.PutSnapshot(ctx, bus.SnapshotHeader{Run: r.id, Attempt: r.attempt, From: r.req.ContinueFrom}, msgs)
 	if err != nil {
 		r.log.Warn("transcript snapshot not stored; a continuation will read the run's events", "err", err)

@@ -110,10 +110,10 @@ type controls struct {
 	queuedBytes int
 }
 
-// kindSeqs is a sequence per control kind. The four kinds have their
+// kindSeqs is a sequence per control kind. The five kinds have their
 // place (a map was part of a waiting run's heap: docs/benchmarks/2026-12.md,
 // 2026-12-02 afternoon); any other kind, which take ignores, shares the last.
-type kindSeqs [5]uint64
+type kindSeqs [6]uint64
 
 func kindIndex(kind string) int {
 	switch kind {
@@ -125,8 +125,10 @@ func kindIndex(kind string) int {
 		return 2
 	case bus.KindApprove:
 		return 3
+	case bus.KindCompact:
+		return 4
 	}
-	return 4
+	return 5
 }
 
 func (k *kindSeqs) get(kind string) uint64      { return k[kindIndex(kind)] }
@@ -392,13 +394,13 @@ type controlReads interface {
 // streamControls reads the control stream Run opened.
 type streamControls struct{ w *Worker }
 
-// since reads the four kinds at once, each on its literal subject, not
+// since reads the five kinds at once, each on its literal subject, not
 // <run>.*: nats-server finds a literal subject's next message from its
 // index, and scans every message after the sequence asked for a wildcard
 // (docs/benchmarks/2026-12.md, 2026-12-07).
 func (s streamControls) since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error) {
 	// The kinds AGENTS_CONTROL stores (its subjects).
-	kinds := [...]string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove}
+	kinds := [...]string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove, bus.KindCompact}
 	var found [len(kinds)][]*jetstream.RawStreamMsg
 	var errs [len(kinds)]error
 	var wg sync.WaitGroup
@@ -467,6 +469,10 @@ func (c *controls) take(kind string, seq uint64, data []byte, stored time.Time, 
 			return
 		}
 		r.deliverApproval(a, seq, stored, len(data)) // worker/approval.go
+	case bus.KindCompact:
+		if !r.compactControl(data, seq) { // worker/compaction.go
+			return
+		}
 	case bus.KindSteer, bus.KindFollowUp:
 		msg, err := workerproto.DecodeUserControl(data, stored)
 		if err != nil {

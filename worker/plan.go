@@ -110,6 +110,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if ml, ok := w.modelLimit(ref); ok && req.Faux == nil {
 		r.modelLimit = &ml
 	}
+	r.planCompaction(add)                         // worker/compaction.go
 	r.resolveTenant()                             // worker/tenant.go
 	if r.checkCostBound(add); len(problems) > 0 { // worker/budget.go
 		return problems, nil
@@ -124,8 +125,11 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 // (trace.go) and the observer's count (listener.go). A provider's call is
 // metered innermost (meteredProvider, settle.go): each wrapper sees its
 // charge.
-func (r *run) streamFn() agent.StreamFn {
-	fn := r.stream
+func (r *run) streamFn() agent.StreamFn { return r.wrapStream(r.stream) }
+
+// wrapStream wraps a provider's (or a script's) call in the run's stack
+// (streamFn); a compaction's summary call goes through it too.
+func (r *run) wrapStream(fn agent.StreamFn) agent.StreamFn {
 	if r.modelLimit != nil {
 		fn = r.limitStream(fn, *r.modelLimit)
 	}
@@ -188,12 +192,19 @@ func fauxOptions(f *bus.FauxScript) faux.Options {
 
 func (r *run) newAgent() *agent.Agent {
 	req := r.req
+	stream := r.streamFn()
+	var transform func(context.Context, []agent.Message) ([]agent.Message, error)
+	if c := r.comp; c != nil { // worker/compaction.go
+		c.wire()
+		stream, transform = c.overflowStream(stream), c.transform
+	}
 	a := agent.New(agent.Options{
+		TransformContext:    transform,
 		SystemPrompt:        req.SystemPrompt,
 		Model:               r.model,
 		ThinkingLevel:       req.ThinkingLevel,
 		Tools:               r.tools,
-		StreamFn:            r.streamFn(),
+		StreamFn:            stream,
 		ShouldStopAfterTurn: r.shouldStop,
 		SteeringMode:        req.SteeringMode,
 		FollowUpMode:        req.FollowUpMode,
@@ -203,6 +214,7 @@ func (r *run) newAgent() *agent.Agent {
 		MaxTokens:           r.outputReserve(req.MaxTokens), // every call asks for its reserve (budget.go)
 	})
 	l := &listener{r: r}
+	r.listener = l
 	if r.prior != nil {
 		l.transcriptBytes = int(r.prior.bytes) // the bound is the whole transcript's
 	}

@@ -96,14 +96,20 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 		}
 		all = append(all, m)
 	}
+	// A compacted run goes on from its compacted context (compaction.go).
+	lastCompaction, scripted, compacts := compactionsIn(envs)
+	if r.comp != nil {
+		all = r.comp.restore(lastCompaction, all)
+	}
 	r.agent.SetMessages(all)
+	r.ctl.skip(compacts)
 	r.ctl.skip(rc.ControlSeqs)
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
 	r.gate.calls.restoreResolved(rc.Resolved)
 	turns := r.tally.Restore(msgs[promptLen:])
 	if r.fauxSkip != nil {
-		r.fauxSkip(turns)
+		r.fauxSkip(turns + scripted)
 	}
 	r.log.Info("resumed", "fromAttempt", rc.Attempt, "messagesRestored", len(msgs), "dropped", rc.Dropped,
 		"partialDropped", rc.Partial, "syntheticToolResults", len(rc.Synthetic), "controlsDelivered", len(rc.ControlSeqs),

@@ -125,6 +125,10 @@ type runPlan struct {
 	refusal  string
 	fauxSkip func(turns int) // a faux script skips the turns a resume restored
 	tenant   tenancy         // tenant.go
+	// comp compacts the context of a long run (compaction.go); nil when
+	// the model's window is unknown.
+	comp     *compactor
+	listener *listener
 }
 
 func (w *Worker) newRun(id, queue string, attempt int, reqSeq uint64, submittedAt time.Time) *run {

@@ -862,7 +862,20 @@ func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript)
 
 // writeTranscript prints a run's messages, one block per message.
 func writeTranscript(e *env, st style, t *bus.Transcript) {
-	for _, m := range t.Messages {
+	// Where each compaction cut (since 1.10): the model was sent its
+	// summary and the messages from there on; the events hold them all.
+	cuts := map[int][]*bus.CompactionEnd{}
+	for _, c := range t.Compactions {
+		cuts[c.FirstKeptIndex] = append(cuts[c.FirstKeptIndex], c)
+	}
+	for i, m := range t.Messages {
+		for _, c := range cuts[i] {
+			fmt.Fprintln(e.stdout, st.yellow(fmt.Sprintf("── context compacted here (%s, %d → %d tokens): from now on the model was sent this summary and the messages below ──",
+				sanitize(c.Reason), c.TokensBefore, c.TokensAfter)))
+			for _, l := range strings.Split(sanitize(c.Summary), "\n") {
+				fmt.Fprintln(e.stdout, st.dim("   │ "+l))
+			}
+		}
 		switch m.Role {
 		case agent.RoleUser:
 			fmt.Fprintln(e.stdout, st.bold("» user: ")+sanitize(m.TextOf()))

@@ -63,7 +63,14 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	fleet.url = srv.URL()
-	stopWorker, _, err := startWorkerProcess(filepath.Join(dir, "worker.log"), nil, "--nats", fleet.url, "--concurrency", "16")
+	// faux/small has a window: docs/protocol.md's compaction example.
+	models := filepath.Join(dir, "models.json")
+	if err := os.WriteFile(models, []byte(`[{"id":"faux/small","contextWindow":8192}]`), 0o600); err != nil {
+		srv.Shutdown()
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	stopWorker, _, err := startWorkerProcess(filepath.Join(dir, "worker.log"), nil, "--nats", fleet.url, "--concurrency", "16", "--models", models)
 	if err != nil {
 		srv.Shutdown()
 		fmt.Fprintln(os.Stderr, err)

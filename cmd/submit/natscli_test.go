@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
 
@@ -312,6 +313,23 @@ func TestProtocolDocNATSCLI(t *testing.T) {
 	sh(lines[2], nobody, false, "no message found (10037)")
 	sh(lines[1], map[string]string{"r1": bad}, true, "failed")
 	sh(lines[2], map[string]string{"r1": bad}, true, "run_finished")
+
+	// §16: a run compacted by hand while its tool sleeps.
+	long := map[string]string{"long1": unique("doc-compact-")}
+	lines, want = block("agents.submit.default.long1", 3)
+	sh(lines[0], long, true)
+	waitEvent(t, c, long["long1"], string(agent.EventToolExecutionStart), "")
+	sh(lines[1], long, true)
+	waitEvent(t, c, long["long1"], bus.EventRunFinished, "")
+	var got []string // the events, not the CLI's own line on stderr
+	for _, l := range strings.Split(sh(lines[2], long, true), "\n") {
+		if strings.HasPrefix(l, "{") {
+			got = append(got, l)
+		}
+	}
+	if strings.Join(got, "\n") != want {
+		t.Errorf("the run's compactions:\n%s\nthe doc says:\n%s", strings.Join(got, "\n"), want)
+	}
 
 	// §6: a steer with an invalid body gets control_rejected on its run.
 	live := map[string]string{"r1": unique("doc-live-")}

@@ -219,6 +219,10 @@ func (r *renderer) Render(env *bus.Envelope) error {
 		r.println(r.st.yellow(fmt.Sprintf("! %s (control sequence %d) not taken: %s", kindName(cr.Kind), cr.ControlSeq, cut(field(oneLine(cr.Reason)), 300))))
 	case bus.EventModelWait:
 		r.println(r.st.dim(fmt.Sprintf("⏳ the model call waited %s for the fleet's rate limits", time.Duration(ev.ModelWait.WaitedMs)*time.Millisecond)))
+	case bus.EventCompactionStart, bus.EventCompactionEnd:
+		if line := compactionLine(ev); line != "" {
+			r.println(r.st.dim(line))
+		}
 	default:
 		if ev.Agent != nil {
 			r.agentEvent(env, ev.Agent)
@@ -526,4 +530,23 @@ func (r *renderer) openThinking() {
 	} else {
 		r.stream("[thinking] ")
 	}
+}
+
+// compactionLine is submit follow's line for a compaction (since 1.10):
+// one when it ends (its start only when a manual one begins), with the
+// tokens before and after and the summary's first line.
+func compactionLine(ev *bus.Event) string {
+	if s := ev.CompactionStart; s != nil {
+		if s.Reason != bus.CompactionManual {
+			return ""
+		}
+		return fmt.Sprintf("⇣ compacting the context (asked, control sequence %d)…", s.ControlSeq)
+	}
+	e := ev.CompactionEnd
+	if e.Error != "" {
+		return "⇣ compaction failed: " + cut(field(oneLine(e.Error)), 300)
+	}
+	first, _, _ := strings.Cut(strings.TrimSpace(e.Summary), "\n")
+	return fmt.Sprintf("⇣ context compacted (%s): %d → %d tokens, %d messages summarised, kept from message %d · %s",
+		e.Reason, e.TokensBefore, e.TokensAfter, e.MessagesSummarized, e.FirstKeptIndex, cut(field(first), 80))
 }

@@ -752,6 +752,9 @@ func modelConfig(o *options, log *slog.Logger) (worker.Config, []string, error) 
 			return cfg, nil, fmt.Errorf("--models: %w", err)
 		}
 	}
+	// Entries "faux/<id>" give faux models a context window (compaction
+	// in tests and demos); they are not the endpoint's models.
+	models, cfg.ModelWindows = splitModelWindows(models)
 	cfg.DefaultModel = o.defaultModel
 	if o.openaiURL == "" && key == "" {
 		if cfg.DefaultModel == "" {
@@ -788,6 +791,30 @@ func modelConfig(o *options, log *slog.Logger) (worker.Config, []string, error) 
 		ids[i] = m.ID
 	}
 	return cfg, ids, nil
+}
+
+// splitModelWindows takes the faux entries out of the model table and
+// returns every entry's context window and compaction defaults by
+// "provider/id" (the endpoint's are "openai/<id>").
+func splitModelWindows(models []openai.ModelInfo) ([]openai.ModelInfo, map[string]worker.ModelWindow) {
+	windows := map[string]worker.ModelWindow{}
+	kept := models[:0:0]
+	for _, m := range models {
+		w := worker.ModelWindow{ContextWindow: m.ContextWindow}
+		if c := m.Compaction; c != nil {
+			w.ReserveTokens, w.KeepRecentTokens = c.ReserveTokens, c.KeepRecentTokens
+		}
+		if id, ok := strings.CutPrefix(m.ID, "faux/"); ok && id != "" {
+			windows["faux/"+id] = w
+			continue
+		}
+		windows["openai/"+m.ID] = w
+		kept = append(kept, m)
+	}
+	if len(windows) == 0 {
+		windows = nil
+	}
+	return kept, windows
 }
 
 // rateLimits are the shared rate limits of the model table's entries that

@@ -128,3 +128,30 @@ func DecodeApproval(data []byte) (bus.ApprovalAnswer, error) {
 	}
 	return a, nil
 }
+
+// DecodeCompact returns the instructions of a compact control message
+// (since 1.10): an empty body, {} or {"text":"..."}; the text focuses the
+// summary, within bus.MaxCompactionInstructions.
+func DecodeCompact(data []byte) (string, error) {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return "", nil
+	}
+	var c bus.Control
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return "", fmt.Errorf(`compact message must be empty or {"text":"<instructions>"}: %s`, jsonErrorText(err))
+	}
+	var problems []string
+	if c.Message != nil || c.Reason != "" {
+		problems = append(problems, `only "text" (the summary's instructions) is read`)
+	}
+	if len(c.Text) > bus.MaxCompactionInstructions {
+		problems = append(problems, fmt.Sprintf("text is %d bytes, the limit is %d", len(c.Text), bus.MaxCompactionInstructions))
+	}
+	if len(problems) > 0 {
+		return "", errors.New("compact message: " + strings.Join(problems, "; "))
+	}
+	return c.Text, nil
+}

@@ -147,6 +147,16 @@ type ModelInfo struct {
 	// LimitGroup names the shared budget of Limits; entries that use one
 	// key share one group. Default: the model id.
 	LimitGroup string `json:"limitGroup,omitempty"`
+	// Compaction are the operator's defaults for runs that compact their
+	// context on this model (the worker's; this package does not read it).
+	Compaction *ModelCompaction `json:"compaction,omitempty"`
+}
+
+// ModelCompaction are a model's compaction defaults in tokens; 0 takes
+// pi's, scaled for the window.
+type ModelCompaction struct {
+	ReserveTokens    int `json:"reserveTokens,omitempty"`
+	KeepRecentTokens int `json:"keepRecentTokens,omitempty"`
 }
 
 // ModelLimits are per-minute limits; 0 means none.
@@ -205,6 +215,8 @@ func validateModels(models []ModelInfo) error {
 			return fmt.Errorf("model %q: negative cost", m.ID)
 		case m.Limits != nil && (m.Limits.RPM < 0 || m.Limits.TPM < 0 || m.Limits.Concurrency < 0):
 			return fmt.Errorf("model %q: negative limit", m.ID)
+		case m.Compaction != nil && (m.Compaction.ReserveTokens < 0 || m.Compaction.KeepRecentTokens < 0):
+			return fmt.Errorf("model %q: negative compaction tokens", m.ID)
 		}
 		switch m.MaxTokensField {
 		case "", "max_tokens", "max_completion_tokens":

@@ -230,11 +230,13 @@ export declare class Client {
   /** A follow-up, taken when the run would stop. */
   followUp(run: string, text: string | ControlMessage, opts?: ControlOptions): Promise<ControlResult>;
   abort(run: string, opts?: ControlOptions & { reason?: string }): Promise<ControlResult>;
+  /** Compacts the run's context at its next model call (since 1.10, §16); instructions focus the summary. */
+  compact(run: string, opts?: ControlOptions & { instructions?: string }): Promise<ControlResult>;
   /** Approves a gated tool call (§13), with edited arguments if given. */
   approve(run: string, toolCallId: string, opts?: ControlOptions & { by?: string; reason?: string; arguments?: Record<string, unknown> }): Promise<ControlResult>;
   /** Denies a gated tool call; the model sees the reason. */
   deny(run: string, toolCallId: string, opts?: ControlOptions & { by?: string; reason?: string }): Promise<ControlResult>;
-  sendControl(run: string, kind: "steer" | "followup" | "abort" | "approve", body: object, opts?: ControlOptions): Promise<ControlResult>;
+  sendControl(run: string, kind: "steer" | "followup" | "abort" | "approve" | "compact", body: object, opts?: ControlOptions): Promise<ControlResult>;
 
   /** A page of records, newest first (§7). */
   list(opts?: ListOptions): Promise<RunPage>;

@@ -529,6 +529,15 @@ export class Client {
   }
 
   /**
+   * Compacts the run's context at its next model call (since 1.10, §16);
+   * instructions, if any, focus the summary.
+   * @param {string} run @param {import("./index.js").ControlOptions & {instructions?: string}} [opts]
+   */
+  async compact(run, opts = {}) {
+    return this.sendControl(run, "compact", opts.instructions ? { text: opts.instructions } : {}, opts);
+  }
+
+  /**
    * Approves a gated tool call (§13), with edited arguments if given.
    * @param {string} run @param {string} toolCallId
    * @param {import("./index.js").ControlOptions & {by?: string, reason?: string, arguments?: Record<string, unknown>}} [opts]
@@ -552,13 +561,13 @@ export class Client {
    * JetStream (docs/protocol.md §6) after checking the run has not
    * finished. With a key, a retry within the control stream's duplicate
    * window is stored once and answers the first copy's sequence.
-   * @param {string} run @param {"steer" | "followup" | "abort" | "approve"} kind @param {object} body
+   * @param {string} run @param {"steer" | "followup" | "abort" | "approve" | "compact"} kind @param {object} body
    * @param {import("./index.js").ControlOptions} [opts]
    * @returns {Promise<{seq: number, duplicate: boolean}>}
    */
   async sendControl(run, kind, body, opts = {}) {
     checkRunId(run);
-    if (!["steer", "followup", "abort", "approve"].includes(kind)) throw new InvalidArgumentError(`unknown control kind "${kind}"`);
+    if (!["steer", "followup", "abort", "approve", "compact"].includes(kind)) throw new InvalidArgumentError(`unknown control kind "${kind}"`);
     const key = opts.key;
     if (key !== undefined) checkControlKey(key);
     const data = enc.encode(JSON.stringify(body));
@@ -1039,7 +1048,7 @@ export class Client {
 const isFinished = (state) => state === "succeeded" || state === "failed" || state === "aborted";
 
 /** @param {string} kind */
-const kindName = (kind) => ({ steer: "steering", followup: "follow-up", abort: "abort", approve: "approval answer" })[kind] ?? kind;
+const kindName = (kind) => ({ steer: "steering", followup: "follow-up", abort: "abort", approve: "approval answer", compact: "compaction" })[kind] ?? kind;
 
 /** @param {Uint8Array} a @param {Uint8Array} b */
 function sameBytes(a, b) {

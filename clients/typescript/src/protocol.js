@@ -4,7 +4,7 @@
 export const PROTOCOL_VERSION = "1.10";
 
 /** Every event type of this protocol version: readers skip the envelopes of other types. */
-export const EVENT_TYPES = Object.freeze(["run_started","run_resumed","transcript_restored","run_parked","run_finished","model_wait","control_rejected","tool_approval_requested","tool_approval_resolved","tool_approval_rejected","agent_start","agent_end","turn_start","turn_end","message_start","message_update","message_end","tool_execution_start","tool_execution_update","tool_execution_end"]);
+export const EVENT_TYPES = Object.freeze(["run_started","run_resumed","transcript_restored","run_parked","run_finished","model_wait","control_rejected","compaction_start","compaction_end","tool_approval_requested","tool_approval_resolved","tool_approval_rejected","agent_start","agent_end","turn_start","turn_end","message_start","message_update","message_end","tool_execution_start","tool_execution_update","tool_execution_end"]);
 
 /** The steps of the assistant stream (message_update's assistantMessageEvent.type). */
 export const STREAM_EVENT_TYPES = Object.freeze(["text_start","text_delta","text_end","thinking_start","thinking_delta","thinking_end","toolcall_start","toolcall_delta","toolcall_end"]);

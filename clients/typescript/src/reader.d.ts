@@ -67,6 +67,8 @@ export declare class Transcript {
   /** transcript_restored (since 1.9): the run this one continues, whose first `messages` messages are not among `messages`; null without continueFrom. */
   restored: TranscriptRestoredEvent | null;
   finished: RunFinishedEvent | null;
+  /** The successful compaction_end events (since 1.10), in order; from the last on the model was sent its summary and the messages from its firstKeptIndex. */
+  compactions: import("../types/protocol.js").CompactionEndEvent[];
   attempt: number;
   lastSeq: number;
   /** The assistant message being streamed, or null. */

@@ -280,6 +280,13 @@ export class Transcript {
     this.restored = null;
     /** @type {any} */
     this.finished = null;
+    /**
+     * The successful compaction_end events (since 1.10), in order over
+     * every attempt: from the last on, the model was sent its summary and
+     * the messages from its firstKeptIndex (docs/protocol.md §16).
+     * @type {any[]}
+     */
+    this.compactions = [];
     this.attempt = 0;
     this.lastSeq = 0;
     /** @type {any} the assistant message being streamed */
@@ -329,6 +336,9 @@ export class Transcript {
       }
       case "transcript_restored":
         this.restored = ev;
+        break;
+      case "compaction_end":
+        if (!ev.error) this.compactions.push(ev);
         break;
       case "run_finished":
         this.finished = ev;

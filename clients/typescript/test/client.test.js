@@ -277,6 +277,25 @@ test("a control whose request fails rejects with the client's error and leaves n
   }
 });
 
+test("compact: a run whose model has no known window rejects it and goes on", async () => {
+  const { id } = await client.submit(sleeper(60));
+  const { it } = await followUntil(id, (e) => e.event.type === "tool_execution_start");
+  const c = await client.compact(id, { instructions: "keep file names" });
+  assert.ok(c.seq > 0);
+  let rejected;
+  for (;;) {
+    const r = await it.next();
+    if (r.done) break;
+    if (r.value.event.type === "control_rejected") {
+      rejected = r.value.event;
+      await client.abort(id);
+    }
+  }
+  assert.equal(rejected?.kind, "compact");
+  assert.match(rejected.reason, /no known context window/);
+  assert.equal(rejected.controlSeq, c.seq);
+});
+
 test("abort a running run", async () => {
   const { id } = await client.submit(sleeper(60));
   const { it } = await followUntil(id, (e) => e.event.type === "tool_execution_start");

@@ -128,6 +128,23 @@ test("Transcript: a continuation names what it restored (transcript_restored, 1.
   }
 });
 
+test("Transcript: compaction_end (1.10) is kept, a failed one is not, and every message stays", () => {
+  const t = new Transcript();
+  const user = { role: "user", content: [{ type: "text", text: "go" }], timestamp: 1 };
+  const end = { type: "compaction_end", reason: "threshold", tokensBefore: 7000, tokensAfter: 3000, summary: "## Goal", firstKeptIndex: 1 };
+  for (const e of [
+    env(1, 1, { type: "run_started" }),
+    env(1, 2, { type: "message_end", message: user }),
+    env(1, 3, { type: "compaction_start", reason: "threshold", tokensBefore: 7000 }),
+    env(1, 4, end),
+    env(1, 5, { type: "compaction_end", reason: "manual", tokensBefore: 3000, error: "compaction: the summary call failed: 503" }),
+    env(1, 6, { type: "message_end", message: user }),
+  ])
+    t.apply(e);
+  assert.deepEqual(t.compactions, [end]);
+  assert.equal(t.messages.length, 2);
+});
+
 test("pendingCalls: requested and not yet resolved, across attempts", () => {
   const req = (/** @type {string} */ id) => ({ type: "tool_approval_requested", toolCallId: id, toolName: "deploy", args: { to: id }, expiresAt: 99 });
   const envs = [env(1, 1, req("a")), env(1, 2, req("b")), env(1, 2, req("b")), env(2, 1, { type: "run_started" }), env(2, 2, { type: "tool_approval_resolved", toolCallId: "a", decision: "approve" })];

@@ -50,13 +50,39 @@ export type AssistantMessage = {
 /** One step of the assistant stream (docs/protocol.md §4, Agent events). */
 export type AssistantMessageEvent = TextStart | TextDelta | TextEnd | ThinkingStart | ThinkingDelta | ThinkingEnd | ToolCallStart | ToolCallDelta | ToolCallEnd;
 
+/** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, the run fails (compaction_failed). */
+export type CompactionEndEvent = {
+  type: "compaction_end";
+  reason: "threshold" | "overflow" | "manual";
+  tokensBefore: number;
+  tokensAfter?: number;
+  summary?: string;
+  /** Index of the first kept message in the run's whole transcript (a continuation's prior messages included). (minimum 1) */
+  firstKeptIndex?: number;
+  messagesSummarized?: number;
+  model?: string;
+  usage?: Usage;
+  error?: string;
+  /** (minimum 1) */
+  controlSeq?: number;
+};
+
+/** A compaction of the run's context began (since 1.10, §4 Compaction): its summary call is under way. */
+export type CompactionStartEvent = {
+  type: "compaction_start";
+  reason: "threshold" | "overflow" | "manual";
+  tokensBefore: number;
+  /** (minimum 1) */
+  controlSeq?: number;
+};
+
 /** A content block, by type. */
 export type Content = TextContent | ThinkingContent | ImageContent | ToolCallContent;
 
 /** A steer or follow-up the run did not take (an invalid body), so that its sender learns why (since 1.8, §6). */
 export type ControlRejectedEvent = {
   type: "control_rejected";
-  kind: "steer" | "followup";
+  kind: "steer" | "followup" | "compact";
   reason: string;
   /** (minimum 1) */
   controlSeq: number;
@@ -71,7 +97,7 @@ export type Cost = {
 };
 
 /** The event, by its type. */
-export type Event = RunStartedEvent | RunResumedEvent | TranscriptRestoredEvent | RunParkedEvent | RunFinishedEvent | ModelWaitEvent | ControlRejectedEvent | ToolApprovalRequestedEvent | ToolApprovalResolvedEvent | ToolApprovalRejectedEvent | AgentStartEvent | AgentEndEvent | TurnStartEvent | TurnEndEvent | MessageStartEvent | MessageUpdateEvent | MessageEndEvent | ToolExecutionStartEvent | ToolExecutionUpdateEvent | ToolExecutionEndEvent;
+export type Event = RunStartedEvent | RunResumedEvent | TranscriptRestoredEvent | RunParkedEvent | RunFinishedEvent | ModelWaitEvent | ControlRejectedEvent | CompactionStartEvent | CompactionEndEvent | ToolApprovalRequestedEvent | ToolApprovalResolvedEvent | ToolApprovalRejectedEvent | AgentStartEvent | AgentEndEvent | TurnStartEvent | TurnEndEvent | MessageStartEvent | MessageUpdateEvent | MessageEndEvent | ToolExecutionStartEvent | ToolExecutionUpdateEvent | ToolExecutionEndEvent;
 
 export type ImageContent = {
   type: "image";
@@ -119,7 +145,7 @@ export type PendingApproval = {
 };
 
 /** Why a run failed or was aborted (docs/protocol.md §4, run_finished). */
-export type Reason = "model_error" | "bad_request" | "max_turns" | "timeout" | "token_budget" | "aborted_by_user" | "event_too_large" | "event_budget" | "control_budget" | "transcript_too_large" | "internal_error" | "gave_up" | "budget_exceeded" | "approval_timeout";
+export type Reason = "model_error" | "bad_request" | "max_turns" | "timeout" | "token_budget" | "aborted_by_user" | "event_too_large" | "event_budget" | "control_budget" | "transcript_too_large" | "internal_error" | "gave_up" | "budget_exceeded" | "approval_timeout" | "compaction_failed";
 
 /** The last event of a run; exactly one per run. */
 export type RunFinishedEvent = {
@@ -432,6 +458,7 @@ export type RunRequest = {
   metadata?: { [key: string]: string };
   faux?: FauxScript;
   approval?: Approval;
+  compaction?: Compaction;
 } & ({ prompt: string } | { messages: InputMessage[] });
 
 /** Since 1.3: gated tools wait for a person's answer before they run (§13). */
@@ -442,6 +469,13 @@ export type Approval = {
   timeoutSeconds?: number;
   /** Default deny. */
   onTimeout?: "deny" | "abort";
+};
+
+export type Compaction = {
+  reserveTokens?: number;
+  keepRecentTokens?: number;
+  model?: RequestModelRef;
+  instructions?: string;
 };
 
 /** Only with provider faux: a scripted model. */
@@ -571,8 +605,8 @@ export type ThinkingLevel = "off" | "minimal" | "low" | "medium" | "high" | "xhi
 export type ToolExecution = "parallel" | "sequential";
 
 // control.schema.json: agentfleet control message body
-/** The body of a control message on agents.run.{run}.{kind} (docs/protocol.md §6, §13): SteerBody for steer, FollowUpBody for followup, AbortBody for abort, ApprovalAnswer for approve. Validate a body against the definition of its kind. */
-export type ControlBody = SteerBody | FollowUpBody | AbortBody | ApprovalAnswer;
+/** The body of a control message on agents.run.{run}.{kind} (docs/protocol.md §6, §13): SteerBody for steer, FollowUpBody for followup, AbortBody for abort, ApprovalAnswer for approve, CompactBody for compact. Validate a body against the definition of its kind. */
+export type ControlBody = SteerBody | FollowUpBody | AbortBody | ApprovalAnswer | CompactBody;
 
 /** The body on agents.run.{run}.abort, as clients send it (a worker takes any body as an abort). */
 export type AbortBody = {
@@ -590,6 +624,12 @@ export type ApprovalAnswer = {
   by?: string;
   /** Only with approve: the approver's edit of the call's arguments. */
   arguments?: { [key: string]: unknown };
+};
+
+/** The body on agents.run.{run}.compact (since 1.10): compact the context now; text, if any, focuses the summary. An empty body is {}. */
+export type CompactBody = {
+  /** (minLength 1, maxLength 4096) */
+  text?: string;
 };
 
 /** A pi user message with content; a missing timestamp is the time the stream stored the control message. */

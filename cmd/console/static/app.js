@@ -517,7 +517,17 @@ class Transcript {
       case "tool_approval_resolved": return this.approvalResolved(ev, ts);
       case "tool_approval_rejected": return this.approvalRejected(ev);
       case "model_wait": return this.fleetEvent("notice", "the model call waited " + fmtDuration(ev.waitedMs) + (ev.reason ? " (" + ev.reason + ")" : ""));
+      case "compaction_end": return this.compactionEnd(ev);
     }
+  }
+
+  // compactionEnd (since 1.10): where the context was cut, with the
+  // summary the model was sent instead, folded; the messages above stay.
+  compactionEnd(ev) {
+    if (ev.error) return this.fleetEvent("notice compaction", "compaction failed: " + ev.error);
+    this.fleetEvent("compaction", "context compacted (" + ev.reason + "): " + nf.format(ev.tokensBefore || 0) + " → " +
+      nf.format(ev.tokensAfter || 0) + " tokens, " + (ev.messagesSummarized || 0) + " messages summarised; the model is sent the summary and the messages from here on",
+      el("details", { class: "block compaction-summary" }, el("summary", {}, "summary"), el("pre", { class: "mono" }, ev.summary || "")));
   }
 
   fleetEvent(cls, ...parts) {

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// A compaction renders as one line when it ends (tokens, cut, the
+// summary's first line); a manual one also when it starts; a failed one
+// says why.
+func TestRenderCompaction(t *testing.T) {
+	var b bytes.Buffer
+	r := newRenderer(&b, style{})
+	for i, ev := range []any{
+		bus.CompactionStart{Type: bus.EventCompactionStart, Reason: bus.CompactionThreshold, TokensBefore: 7000},
+		bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, TokensBefore: 7000, TokensAfter: 3100,
+			Summary: "## Goal\nread every file", FirstKeptIndex: 13, MessagesSummarized: 13},
+		bus.CompactionStart{Type: bus.EventCompactionStart, Reason: bus.CompactionManual, ControlSeq: 42},
+		bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionManual, Error: "compaction: the summary call failed: 503"},
+	} {
+		if err := r.Render(envelope(t, uint64(i+2), 0, ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "context compacted (threshold): 7000 → 3100 tokens, 13 messages summarised, kept from message 13 · ## Goal") ||
+		!strings.Contains(lines[1], "control sequence 42") || !strings.Contains(lines[2], "compaction failed: compaction: the summary call failed: 503") {
+		t.Fatalf("rendered:\n%s", b.String())
+	}
+}
+
+// submit result --transcript shows every message and, before the first
+// kept one, where the context was cut and the summary the model was sent
+// instead of what came before.
+func TestTranscriptShowsTheCut(t *testing.T) {
+	var out bytes.Buffer
+	e := &env{stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+	tr := &bus.Transcript{
+		Messages: []agent.Message{agent.UserText("read every file"), agent.UserText("second"), agent.UserText("third")},
+		Compactions: []*bus.CompactionEnd{{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, TokensBefore: 7000, TokensAfter: 3000,
+			Summary: "## Goal\nread every file", FirstKeptIndex: 2}},
+		Finished: &bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
+	}
+	writeTranscript(e, style{}, tr)
+	got := out.String()
+	cut := strings.Index(got, "context compacted here (threshold, 7000 → 3000 tokens)")
+	if cut < 0 || cut < strings.Index(got, "» user: second") || cut > strings.Index(got, "» user: third") ||
+		!strings.Contains(got, "   │ ## Goal\n   │ read every file\n") || !strings.Contains(got, "» user: read every file") {
+		t.Fatalf("transcript:\n%s", got)
+	}
+}

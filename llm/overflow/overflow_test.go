@@ -1,0 +1,30 @@
+package overflow_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/llm/overflow"
+)
+
+func TestClassify(t *testing.T) {
+	yes := []string{
+		"prompt is too long: 213462 tokens > 200000 maximum",
+		"400 status code (no body)",
+		"413 (no body)",
+		"400 Bad Request: This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
+		"the input length exceeds the context length",
+	}
+	for _, s := range yes {
+		if err := overflow.Classify(s); !errors.Is(err, overflow.ErrContextOverflow) {
+			t.Errorf("Classify(%q) = %v", s, err)
+		}
+	}
+	no := []string{"", "Internal server error", "400 Bad Request: invalid tool_choice", "429 Too Many Requests: rate limit",
+		"connection error: EOF"}
+	for _, s := range no {
+		if overflow.Is(s) {
+			t.Errorf("Is(%q) = true", s)
+		}
+	}
+}

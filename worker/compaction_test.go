@@ -1,0 +1,517 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/llm/faux"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// compactScript is a faux model for compaction tests: a summary call (pi's
+// summarisation system prompt) answers "## Goal\nsummary N" (or what
+// summaryFail says), any other call reads a file until turns calls were
+// made, then answers "done". overflowAt makes those calls (1-based) fail
+// with a provider's context-length error instead. It records what each
+// call was sent.
+type compactScript struct {
+	turns       int
+	gateAt      int // this call (1-based) calls the gate tool instead of read
+	overflowAt  map[int]bool
+	summaryFail string
+
+	mu        sync.Mutex
+	calls     int
+	summaries []string          // the summary calls' prompts
+	contexts  [][]agent.Message // the agent's calls' messages
+	overflows int
+}
+
+const overflowText = "400 Bad Request: This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. Please reduce the length of the messages."
+
+func (s *compactScript) reply(llm agent.Context) faux.Response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if strings.Contains(llm.SystemPrompt, "context summarization assistant") {
+		s.summaries = append(s.summaries, llm.Messages[0].TextOf())
+		if s.summaryFail != "" {
+			return faux.Response{StopReason: agent.StopReasonError, ErrorMessage: s.summaryFail}
+		}
+		return fleettest.Text(fmt.Sprintf("## Goal\nsummary %d", len(s.summaries)))
+	}
+	s.calls++
+	if s.overflowAt[s.calls] {
+		s.overflows++
+		return faux.Response{StopReason: agent.StopReasonError, ErrorMessage: overflowText}
+	}
+	s.contexts = append(s.contexts, append([]agent.Message(nil), llm.Messages...))
+	if s.calls > s.turns+len(s.overflowAt) {
+		return fleettest.Text("done")
+	}
+	if s.calls == s.gateAt {
+		return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "gate", map[string]any{})
+	}
+	return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "read", map[string]any{"path": fmt.Sprintf("f%d", s.calls)})
+}
+
+// readTool returns resultChars characters (resultChars/4 tokens).
+func readTool(resultChars int) *agent.Tool {
+	return agent.NewTool("read", "read a file", func(_ context.Context, a struct {
+		Path string `json:"path"`
+	}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		return agent.ToolResult{Content: []agent.Content{agent.Text(a.Path + ":" + strings.Repeat("x", resultChars))}}, nil
+	})
+}
+
+// compactWorker starts a worker whose faux/small model is s, with a
+// context window of window tokens.
+func compactWorker(f *fleettest.Fleet, s *compactScript, window, resultChars int, edit func(*worker.Config)) {
+	cfg := worker.Config{
+		Tools:        []*agent.Tool{readTool(resultChars)},
+		Providers:    map[string]worker.Provider{"faux": &worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}},
+		ModelWindows: map[string]worker.ModelWindow{"faux/small": {ContextWindow: window}},
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	f.StartWorker(cfg)
+}
+
+func compactRequest(c *bus.Compaction) *bus.RunRequest {
+	return &bus.RunRequest{Prompt: "read every file", Tools: []string{"read"}, Model: &bus.ModelRef{Provider: "faux", ID: "small"},
+		Compaction: c, Limits: &bus.Limits{MaxTurns: 1000}}
+}
+
+// compactionsOf returns the run's compaction_start and compaction_end events.
+func compactionsOf(t *testing.T, envs []*bus.Envelope) (starts []*bus.CompactionStart, ends []*bus.CompactionEnd) {
+	t.Helper()
+	for _, e := range envs {
+		switch e.Type {
+		case bus.EventCompactionStart:
+			starts = append(starts, fleettest.Decode(t, e).CompactionStart)
+		case bus.EventCompactionEnd:
+			ends = append(ends, fleettest.Decode(t, e).CompactionEnd)
+		}
+	}
+	return starts, ends
+}
+
+// checkCuts: every cut lands on a turn boundary of the whole transcript,
+// and every context the model was sent after a compaction starts with the
+// summary and holds no tool result without its call.
+func checkCuts(t *testing.T, full []agent.Message, ends []*bus.CompactionEnd, contexts [][]agent.Message) {
+	t.Helper()
+	for i, e := range ends {
+		if e.FirstKeptIndex <= 0 || e.FirstKeptIndex >= len(full) {
+			t.Fatalf("compaction %d: firstKeptIndex %d of %d messages", i, e.FirstKeptIndex, len(full))
+		}
+		if r := full[e.FirstKeptIndex].Role; r == agent.RoleToolResult {
+			t.Fatalf("compaction %d cut at a tool result (message %d)", i, e.FirstKeptIndex)
+		}
+		if i > 0 && e.FirstKeptIndex <= ends[i-1].FirstKeptIndex {
+			t.Fatalf("compaction %d kept from %d, the previous from %d", i, e.FirstKeptIndex, ends[i-1].FirstKeptIndex)
+		}
+	}
+	for n, msgs := range contexts {
+		calls := map[string]bool{}
+		for _, m := range msgs {
+			for _, c := range m.ToolCalls() {
+				calls[c.ID] = true
+			}
+			if m.Role == agent.RoleToolResult && !calls[m.ToolCallID] {
+				t.Fatalf("call %d: tool result %s sent without its call", n, m.ToolCallID)
+			}
+		}
+	}
+}
+
+// Conformance: a run past its window compacts on turn boundaries, each
+// later summary updates the previous one (pi's update prompt with
+// <previous-summary>), the summary calls' usage is in the events and the
+// run's usage, and the run finishes with every message in its events.
+func TestCompactionCutsOnTurnBoundariesAndUpdatesTheSummary(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24}
+	compactWorker(f, s, 8000, 4000, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{Instructions: "keep file names"}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	starts, ends := compactionsOf(t, envs)
+	if len(ends) < 2 || len(starts) != len(ends) {
+		t.Fatalf("%d compaction_start, %d compaction_end; want >= 2 each", len(starts), len(ends))
+	}
+	var summaryUsage int
+	for i, e := range ends {
+		if e.Error != "" || e.Reason != bus.CompactionThreshold || e.Summary != fmt.Sprintf("## Goal\nsummary %d", i+1) ||
+			e.TokensBefore <= 8000-2000 || e.TokensAfter >= e.TokensBefore || e.Usage == nil || e.Usage.Input == 0 || e.Model != "faux/small" {
+			t.Fatalf("compaction_end %d: %+v", i, e)
+		}
+		summaryUsage += e.Usage.TotalTokens
+	}
+	if len(tr.Messages) != 1+2*24+1 {
+		t.Fatalf("the events hold %d messages, want every one (%d)", len(tr.Messages), 1+2*24+1)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	checkCuts(t, tr.Messages, ends, s.contexts)
+	if strings.Contains(s.summaries[0], "<previous-summary>") || !strings.Contains(s.summaries[0], "Additional focus: keep file names") {
+		t.Fatalf("first summary prompt:\n%s", s.summaries[0])
+	}
+	for i := 1; i < len(s.summaries); i++ {
+		want := fmt.Sprintf("<previous-summary>\n## Goal\nsummary %d\n</previous-summary>", i)
+		if !strings.Contains(s.summaries[i], want) || !strings.Contains(s.summaries[i], "incorporate into the existing summary") {
+			t.Fatalf("summary %d does not update summary %d:\n%s", i+1, i, s.summaries[i])
+		}
+	}
+	last := s.contexts[len(s.contexts)-1]
+	if !strings.HasPrefix(last[0].TextOf(), bus.CompactionSummaryPrefix+fmt.Sprintf("## Goal\nsummary %d", len(ends))) {
+		t.Fatalf("the last call did not start from the last summary: %q", last[0].TextOf())
+	}
+	fin := finishedOf(t, envs)
+	var turnsUsage int
+	for _, m := range tr.Messages {
+		turnsUsage += m.Usage.TotalTokens
+	}
+	if fin.Usage.TotalTokens != turnsUsage+summaryUsage {
+		t.Fatalf("run usage %d, want the turns' %d plus the summaries' %d", fin.Usage.TotalTokens, turnsUsage, summaryUsage)
+	}
+}
+
+// A provider's context-length error compacts and retries the call once;
+// a second refusal of the retried call ends the run as the provider said.
+func TestCompactionOverflowRetriesOnce(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 4, overflowAt: map[int]bool{5: true}}
+	compactWorker(f, s, 1_000_000, 400, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Reason != bus.CompactionOverflow || ends[0].Error != "" {
+		t.Fatalf("compactions %+v, want one after the overflow", ends)
+	}
+	for _, m := range tr.Messages {
+		if m.StopReason == agent.StopReasonError {
+			t.Fatalf("the refused call reached the transcript: %+v", m)
+		}
+	}
+	s.mu.Lock()
+	if s.overflows != 1 || len(s.summaries) != 1 {
+		t.Fatalf("%d refusals, %d summaries", s.overflows, len(s.summaries))
+	}
+	s.mu.Unlock()
+
+	s2 := &compactScript{turns: 4, overflowAt: map[int]bool{5: true, 6: true}}
+	f2 := newFleet(t)
+	compactWorker(f2, s2, 1_000_000, 400, nil)
+	id = f2.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs = f2.Follow(id)
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError || !strings.Contains(fin.Error, "maximum context length") {
+		t.Fatalf("refused twice: %+v", fin)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 {
+		t.Fatalf("%d compactions, want exactly one retry", len(ends))
+	}
+	s2.mu.Lock()
+	defer s2.mu.Unlock()
+	if s2.overflows != 2 {
+		t.Fatalf("%d calls refused, want 2 (the call and its one retry)", s2.overflows)
+	}
+}
+
+// A summary call that fails fails the run with compaction_failed and the
+// call's reason, in run_finished and in compaction_end.
+func TestCompactionSummaryFailureFailsCleanly(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24, summaryFail: "503 Service Unavailable: the summariser is overloaded"}
+	compactWorker(f, s, 8000, 4000, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	fin := checkEnvelopes(t, id, envs)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonCompactionFailed ||
+		fin.Error != "compaction: the summary call failed: 503 Service Unavailable: the summariser is overloaded" {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 || ends[0].Error != fin.Error || ends[0].Summary != "" {
+		t.Fatalf("compaction_end %+v", ends)
+	}
+}
+
+// 300 tool turns in an 8k-token window (reserve and keep at the scaled
+// defaults) finish, with the compactions in the events; without
+// compaction the same run fails (its context passes the transcript bound
+// well before the end).
+func TestCompactionLongRunFinishes(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 300}
+	bound := func(c *worker.Config) { c.MaxTranscriptBytes = 256 << 10 }
+	compactWorker(f, s, 8192, 2000, bound)
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) < 20 || len(tr.Messages) != 1+2*300+1 {
+		t.Fatalf("%d compactions, %d messages", len(ends), len(tr.Messages))
+	}
+	s.mu.Lock()
+	checkCuts(t, tr.Messages, ends, s.contexts)
+	s.mu.Unlock()
+	fin := finishedOf(t, envs)
+	t.Logf("300 tool turns in an 8k window: %d compactions, %d messages in the events, %d tokens in all", len(ends), len(tr.Messages), fin.Usage.TotalTokens)
+
+	f2 := newFleet(t)
+	compactWorker(f2, &compactScript{turns: 300}, 8192, 2000, bound)
+	id = f2.Submit("", compactRequest(nil))
+	if fin := f2.WaitFinished(id); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonTranscriptTooLarge {
+		t.Fatalf("without compaction: %+v", fin)
+	}
+}
+
+// controlSeen reports the control messages the worker took.
+type controlSeen struct {
+	worker.NopObserver
+	kinds chan string
+}
+
+func (c *controlSeen) ControlReceived(kind string) {
+	select {
+	case c.kinds <- kind:
+	default:
+	}
+}
+
+// The compact verb compacts at the run's next model call with the
+// message's instructions, also for a run without "compaction" (its model's
+// window is known), and never on its own: the threshold is not checked.
+// A run on a model without a known window rejects it.
+func TestCompactControlCompactsAtTheNextCall(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 4}
+	release := make(chan struct{})
+	started := make(chan struct{}, 8)
+	gate := agent.NewTool("gate", "waits for the test", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return agent.ToolResult{Content: []agent.Content{agent.Text("opened")}}, nil
+	})
+	seen := &controlSeen{kinds: make(chan string, 8)}
+	compactWorker(f, s, 100_000, 4000, func(c *worker.Config) {
+		c.Tools = append(c.Tools, gate)
+		c.Observer = seen
+		c.ModelWindows["faux/small"] = worker.ModelWindow{ContextWindow: 100_000, KeepRecentTokens: 1000}
+	})
+	// Three reads, then the gate holds the run while the compact message
+	// is taken.
+	s.gateAt = 4
+	req := compactRequest(nil)
+	req.Tools = []string{"read", "gate"}
+	id := f.Submit("", req)
+	<-started
+	if _, err := f.Client.Compact(fleettest.Context(t), id, "focus on f2"); err != nil {
+		t.Fatal(err)
+	}
+	if k := <-seen.kinds; k != bus.KindCompact {
+		t.Fatalf("the worker took %s", k)
+	}
+	close(release)
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	starts, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Reason != bus.CompactionManual || starts[0].ControlSeq == 0 || ends[0].ControlSeq != starts[0].ControlSeq {
+		t.Fatalf("compactions %+v %+v", starts, ends)
+	}
+	s.mu.Lock()
+	if len(s.summaries) != 1 || !strings.HasSuffix(s.summaries[0], "Additional focus: focus on f2") {
+		t.Fatalf("summary prompts %q", s.summaries)
+	}
+	s.mu.Unlock()
+
+	// No window: the compact message is rejected, the run goes on.
+	f2 := newFleet(t)
+	s2 := &compactScript{turns: 1, gateAt: 1}
+	release2 := make(chan struct{})
+	gate2 := agent.NewTool("gate", "waits", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release2:
+		case <-ctx.Done():
+		}
+		return agent.ToolResult{}, nil
+	})
+	compactWorker(f2, s2, 0, 10, func(c *worker.Config) { c.Tools = append(c.Tools, gate2); c.ModelWindows = nil })
+	req = compactRequest(nil)
+	req.Tools = []string{"read", "gate"}
+	id = f2.Submit("", req)
+	<-started
+	if _, err := f2.Client.Compact(fleettest.Context(t), id, ""); err != nil {
+		t.Fatal(err)
+	}
+	var rejected *bus.ControlRejected
+	envs = nil
+	for env, err := range f2.Client.Follow(fleettest.Context(t), id) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs = append(envs, env)
+		if env.Type == bus.EventControlRejected {
+			rejected = fleettest.Decode(t, env).Control
+			close(release2)
+		}
+		if env.Type == bus.EventRunFinished {
+			break
+		}
+	}
+	if rejected == nil || rejected.Kind != bus.KindCompact || !strings.Contains(rejected.Reason, "no known context window") {
+		t.Fatalf("control_rejected %+v\n%s", rejected, fleettest.Dump(envs))
+	}
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v", fin)
+	}
+}
+
+// A continuation of a compacted run starts from its compacted context:
+// the snapshot holds the summary and the kept messages, not the full
+// history; without the snapshot the events give the same context.
+func TestCompactionContinuationLoadsTheCompactedContext(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	compactWorker(f, s, 8000, 4000, nil)
+	first := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(first)
+	full := checkRun(t, first, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) == 0 {
+		t.Fatal("the first run did not compact")
+	}
+	last := ends[len(ends)-1]
+	msgs, h, err := f.Client.LoadSnapshot(fleettest.Context(t), first, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := len(full.Messages) - last.FirstKeptIndex + 1
+	if h.Messages != want || !strings.HasPrefix(msgs[0].TextOf(), bus.CompactionSummaryPrefix+last.Summary) || msgs[1].Role == agent.RoleToolResult {
+		t.Fatalf("snapshot of %d messages (want %d) starting %q", h.Messages, want, msgs[0].TextOf())
+	}
+	cont := func(from string) []agent.Message {
+		t.Helper()
+		s.mu.Lock()
+		s.calls, s.turns = 1000, 0 // the next call answers "done"
+		n := len(s.contexts)
+		s.mu.Unlock()
+		id := f.Submit("", &bus.RunRequest{Prompt: "and now?", ContinueFrom: from, Model: &bus.ModelRef{Provider: "faux", ID: "small"}})
+		checkRun(t, id, f.Follow(id))
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.contexts[n]
+	}
+	sent := cont(first)
+	if len(sent) != want+1 || !strings.HasPrefix(sent[0].TextOf(), bus.CompactionSummaryPrefix) {
+		t.Fatalf("the continuation's model was sent %d messages starting %q, want the %d of the compacted context and its prompt",
+			len(sent), sent[0].TextOf(), want)
+	}
+	obs, err := f.Client.JetStream().ObjectStore(fleettest.Context(t), f.Client.Names().TranscriptsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Delete(fleettest.Context(t), first); err != nil {
+		t.Fatal(err)
+	}
+	if sent = cont(first); len(sent) != want+1 || !strings.HasPrefix(sent[0].TextOf(), bus.CompactionSummaryPrefix+last.Summary) {
+		t.Fatalf("from the events: %d messages starting %q", len(sent), sent[0].TextOf())
+	}
+}
+
+// A request's compaction problems are listed with its others, the
+// decoder's and the worker's (values that do not fit the window); on a
+// model without a known window the run goes on without compaction and
+// run_started says so.
+func TestCompactionRequestProblems(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	compactWorker(f, &compactScript{}, 8000, 10, nil)
+	req := compactRequest(&bus.Compaction{ReserveTokens: 9000, KeepRecentTokens: -1, Instructions: strings.Repeat("x", 5000)})
+	req.Limits.MaxTurns = -3
+	body, err := agent.MarshalJSON(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Raw: the Go client refuses what its own checks find.
+	id := bus.NewRunID()
+	if _, err := f.Client.SubmitRaw(fleettest.Context(t), "", id, body); err != nil {
+		t.Fatal(err)
+	}
+	fin := f.WaitFinished(id)
+	for _, want := range []string{"limits.maxTurns -3", "compaction.keepRecentTokens -1 is not in 0..", "compaction.instructions is 5000 bytes"} {
+		if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, want) {
+			t.Errorf("bad request %q: no %q", fin.Error, want)
+		}
+	}
+	fin = f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{ReserveTokens: 9000})))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "compaction.reserveTokens 9000 must be less than the model's context window of 8000") ||
+		!strings.Contains(fin.Error, "compaction.keepRecentTokens 4000 must be less than the context window less the reserve") {
+		t.Errorf("the worker's problems: %+v", fin)
+	}
+
+	f2 := newFleet(t)
+	compactWorker(f2, &compactScript{}, 0, 10, func(c *worker.Config) { c.ModelWindows = nil })
+	id = f2.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f2.Follow(id)
+	checkRun(t, id, envs)
+	if rs := fleettest.Decode(t, envs[0]).RunStarted; !strings.Contains(rs.Notice, "compaction is off: model faux/small has no known context window") {
+		t.Fatalf("run_started notice %q", rs.Notice)
+	}
+}
+
+// compaction.model sends the summary calls to another model (here another
+// provider's), named in compaction_end; its usage counts in the run's.
+func TestCompactionModelOfAnotherProvider(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	var mu sync.Mutex
+	var asked []string
+	other := faux.New(faux.Options{Fallback: func(llm agent.Context) faux.Response {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, llm.SystemPrompt)
+		return fleettest.Text("## Goal\nfrom the other model")
+	}})
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers["other"] = &worker.FauxProvider{M: other}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "summariser"}}))
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) == 0 || ends[0].Model != "other/summariser" || ends[0].Summary != "## Goal\nfrom the other model" || ends[0].Usage == nil || ends[0].Usage.TotalTokens == 0 {
+		t.Fatalf("compactions %+v", ends)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(s.summaries) != 0 || len(asked) != len(ends) || !strings.Contains(asked[0], "context summarization assistant") {
+		t.Fatalf("the run's model got %d summary calls, the other %d (of %d compactions)", len(s.summaries), len(asked), len(ends))
+	}
+	// An unknown provider is the request's problem.
+	fin := f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "nosuch", ID: "m"}})))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, `compaction.model: unknown model provider "nosuch"`) {
+		t.Fatalf("unknown provider: %+v", fin)
+	}
+}
