@@ -264,3 +264,35 @@ func truncate(s string, n int) string {
 	}
 	return s[:n] + "…"
 }
+
+// SchedulesStream keeps schedules, their fires and last runs
+// (AGENTS_SCHEDULES, since 1.10).
+func (n Names) SchedulesStream() string { return n.upper + "_SCHEDULES" }
+
+// ScheduleDef is the subject of a schedule's definition, the message the
+// server fires: <prefix>.schedule.<queue>.<name>.def.
+func (n Names) ScheduleDef(queue, name string) string {
+	return n.prefix + ".schedule." + queue + "." + name + ".def"
+}
+
+// ScheduleFire is where a schedule's fires are published:
+// <prefix>.schedule.<queue>.<name>.fire.
+func (n Names) ScheduleFire(queue, name string) string {
+	return n.prefix + ".schedule." + queue + "." + name + ".fire"
+}
+
+// ScheduleLast holds the newest run a schedule's fire submitted:
+// <prefix>.schedule.<queue>.<name>.last.
+func (n Names) ScheduleLast(queue, name string) string {
+	return n.prefix + ".schedule." + queue + "." + name + ".last"
+}
+
+// ScheduleDefs matches every schedule definition.
+func (n Names) ScheduleDefs() string { return n.ScheduleDef("*", "*") }
+
+// ScheduleFires matches every fire.
+func (n Names) ScheduleFires() string { return n.ScheduleFire("*", "*") }
+
+// FiresConsumer is the durable consumer of AGENTS_SCHEDULES's fires that
+// workers share.
+func (n Names) FiresConsumer() string { return "schedulefires" }

@@ -314,7 +314,7 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		MaxAge:      cfg.RequestsMaxAge,
 		Storage:     cfg.Storage,
 		Replicas:    cfg.Replicas,
-	}, waitingStreamConfig(n, cfg)}
+	}, waitingStreamConfig(n, cfg), schedulesStreamConfig(n, cfg)}
 	replicas := map[string]int{}
 	for _, sc := range streams {
 		if err := c.ensureStream(ctx, sc, sc.Name == n.ControlStream()); err != nil {
@@ -385,6 +385,10 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Replicas:      replicas[n.ParkedStream()],
 	}); err != nil {
 		return fmt.Errorf("consumer %s: %w", n.TimersConsumer(), err)
+	}
+	// Since 1.10: the schedules' fires, which every worker pulls (schedule.go).
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, n.SchedulesStream(), schedulesConsumerConfig(n, replicas[n.SchedulesStream()])); err != nil {
+		return fmt.Errorf("consumer %s: %w", n.FiresConsumer(), err)
 	}
 	if err := c.ensureWorkersBucket(ctx, cfg); err != nil { // presence.go
 		return err

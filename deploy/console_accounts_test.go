@@ -444,6 +444,30 @@ func TestAccountsConsole(t *testing.T) {
 		}
 	}
 
+	// The Schedules page (protocol 1.10): a submitter's paused schedule
+	// is listed, then triggered and resumed through the console.
+	{
+		req, err := json.Marshal(fauxRun("tick", fleettest.Text("tock")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sub.CreateSchedule(ctx, &bus.Schedule{Name: "acl-console-tick", Queue: bus.DefaultQueue, Every: "1h", Paused: true, Request: req}, false); err != nil {
+			t.Fatalf("submitter: schedule: %v", err)
+		}
+		var list struct {
+			Schedules []bus.ScheduleInfo `json:"schedules"`
+		}
+		p.getJSON(t, "/api/schedules", &list)
+		if len(list.Schedules) != 1 || list.Schedules[0].Name != "acl-console-tick" || !list.Schedules[0].Paused {
+			t.Errorf("console: /api/schedules %+v", list.Schedules)
+		}
+		for _, action := range []string{"trigger", "resume"} {
+			if code, b := p.post(t, "/api/schedules/acl-console-tick/"+action, session.CSRF, `{}`); code != http.StatusOK {
+				t.Errorf("console: schedule %s: %d %s", action, code, b)
+			}
+		}
+	}
+
 	// All of that within the role: no violation by the console.
 	if v := serverLog.Lines("Violation", `"AGENTS/user:console"`); len(v) > 0 {
 		t.Errorf("the console's work caused permissions violations:\n%s", strings.Join(v, "\n"))

@@ -64,6 +64,10 @@ type Metrics struct {
 	approvalsRefused   *prometheus.CounterVec
 	runsWaiting        prometheus.Gauge
 
+	scheduleFires    prometheus.Counter
+	scheduleSkips    *prometheus.CounterVec
+	scheduleLateness prometheus.Histogram
+
 	toolsMu sync.RWMutex // tools grows as tool sources list tools (toolsources.go)
 
 	// deadlines of the runs in flight, for runs_past_deadline (computed at
@@ -112,6 +116,12 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.approvalsRefused = counterVec(reg, m, "approval_refused_total", "Gated tool calls refused without asking, by reason (max_waiting: too many runs wait).", "reason")
 	m.approvalsRefused.WithLabelValues("max_waiting") // exported at 0: a rate from the start
 	m.runsWaiting = gauge(reg, m, "runs_waiting", "Runs on this worker waiting (for an approval), with or without a slot.")
+	m.scheduleFires = counter(reg, m, "schedule_fires_total", "Schedule fires that submitted a run (a redelivered fire counts once).")
+	m.scheduleSkips = counterVec(reg, m, "schedule_skips_total", "Schedule fires that submitted nothing, by reason (overlap: the previous run still went; missed: late, and the catch-up policy does not run it; invalid).", "reason")
+	for _, r := range []string{"overlap", "missed", "invalid"} {
+		m.scheduleSkips.WithLabelValues(r) // exported at 0: a rate from the start
+	}
+	m.scheduleLateness = histogram(reg, m, "schedule_fire_lateness_seconds", "Time from a schedule fire's planned time to its run request being stored.", latency)
 	m.slotsBusy = gauge(reg, m, "worker_slots_busy", "Run slots in use on this worker.")
 	m.slotsTotal = gauge(reg, m, "worker_slots", "Run slots on this worker (its concurrency).")
 	m.deadlines = map[string]time.Time{}
@@ -292,6 +302,18 @@ func (m *Metrics) ApprovalResolved(decision string, d time.Duration) {
 // ApprovalRefused counts a gated call refused without asking.
 func (m *Metrics) ApprovalRefused(reason string) {
 	m.approvalsRefused.WithLabelValues(oneOf(reason, "max_waiting")).Inc()
+}
+
+// ScheduleFired counts a fire that submitted a run, late after its
+// planned time.
+func (m *Metrics) ScheduleFired(late time.Duration) {
+	m.scheduleFires.Inc()
+	m.scheduleLateness.Observe(max(late, 0).Seconds())
+}
+
+// ScheduleSkipped counts a fire that submitted nothing.
+func (m *Metrics) ScheduleSkipped(reason string) {
+	m.scheduleSkips.WithLabelValues(oneOf(reason, "overlap", "missed", "invalid")).Inc()
 }
 
 // SetRunsWaiting sets the runs waiting now.

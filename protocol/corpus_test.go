@@ -63,6 +63,8 @@ func TestCorpus(t *testing.T) {
 			check("request", protocol.RunRequest, b)
 		case base == "presence.json":
 			check("presence", protocol.Presence, b)
+		case base == "schedule.json":
+			check("schedule", protocol.Schedule, b)
 		case base == "README.md":
 		default:
 			t.Errorf("%s: not a corpus file (README.md says which are)", base)

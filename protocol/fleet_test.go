@@ -591,6 +591,9 @@ func writeCorpus(t *testing.T, runs []*fleetRun, presence []byte) {
 	t.Helper()
 	old, _ := filepath.Glob(filepath.Join(corpusDir, "*.json*"))
 	for _, name := range old {
+		if filepath.Base(name) == "schedule.json" {
+			continue // no run writes it: TestScheduleStoredValidates checks one stored
+		}
 		if err := os.Remove(name); err != nil {
 			t.Fatal(err)
 		}

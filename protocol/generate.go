@@ -22,11 +22,12 @@ const (
 	ControlFile    = "control.schema.json"
 	RecordFile     = "record.schema.json"
 	PresenceFile   = "presence.schema.json"
+	ScheduleFile   = "schedule.schema.json" // since 1.10
 )
 
 // Files lists the schema files.
 func Files() []string {
-	return []string{RunRequestFile, EventFile, ControlFile, RecordFile, PresenceFile}
+	return []string{RunRequestFile, EventFile, ControlFile, RecordFile, PresenceFile, ScheduleFile}
 }
 
 // BaseID is the start of every schema's $id: BaseID, the protocol version,
@@ -59,6 +60,7 @@ func Generate() (map[string][]byte, error) {
 		ControlFile:    g.control(),
 		RecordFile:     g.record(),
 		PresenceFile:   g.presence(),
+		ScheduleFile:   g.schedule(),
 	}
 	if err := errors.Join(g.errs...); err != nil {
 		return nil, fmt.Errorf("protocol schemas: %w", err)
@@ -753,6 +755,40 @@ func (g *gen) presence() *jsonschema.Schema {
 	g.prop(t, "PresenceTool", "source").Pattern = `^(builtin|mcp:.+|service:.+)$`
 	p.Definitions = defs
 	return p
+}
+
+// schedule is schedule.schema.json: §2's schedules (since 1.10), the body
+// of a schedule's def message and of each of its fires, and of its last
+// run.
+func (g *gen) schedule() *jsonschema.Schema {
+	type holder struct {
+		Schedule     bus.Schedule
+		ScheduleLast bus.ScheduleLast
+	}
+	defs := g.reflect(holder{}, true, nil, "")
+	s := g.def(defs, "Schedule")
+	delete(defs, "Schedule")
+	s.Title = "agentfleet schedule"
+	s.Description = "The body of agents.schedule.{queue}.{name}.def in AGENTS_SCHEDULES, and of each fire on .fire (docs/protocol.md §2, Schedules). " +
+		"Exactly one of cron, every, at. Readers must ignore fields they do not know."
+	p := func(name string) *jsonschema.Schema { return g.prop(s, "Schedule", name) }
+	p("name").Pattern = tokenPattern
+	p("queue").Pattern = tokenPattern
+	p("cron").Description = "Six fields, seconds first (second minute hour day-of-month month day-of-week), or @daily, @hourly ..."
+	p("timeZone").Description = "An IANA time zone of cron; refused with every and at."
+	p("every").Pattern = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	p("every").Description = "A Go duration of whole seconds, at least 1s."
+	p("at").Description = "RFC 3339: the schedule fires once, then the server removes it."
+	g.setProp(s, "Schedule", "overlap", enum("While the previous run still goes: skip the fire (default), allow it, or abort the previous run.", bus.OverlapSkip, bus.OverlapAllow, bus.OverlapAbort))
+	g.setProp(s, "Schedule", "catchUp", enum("Late fires after an outage: once (the newest runs, default) or none.", bus.CatchUpOnce, bus.CatchUpNone))
+	p("paused").Description = "A paused schedule's def message carries no Nats-Schedule header: nothing fires."
+	p("request").Description = "The run request each fire submits (run-request.schema.json), without id; each fire adds metadata schedule and scheduledFor."
+	s.Required = []string{"name", "queue", "request"}
+	l := g.def(defs, "ScheduleLast")
+	l.Description = "The body of agents.schedule.{queue}.{name}.last: the newest run a fire submitted (workers write it)."
+	g.prop(l, "ScheduleLast", "run").Pattern = tokenPattern
+	s.Definitions = defs
+	return s
 }
 
 // checkFields fails when a struct's JSON fields are not exactly the

@@ -34,11 +34,12 @@ const (
 	Compact    Doc = bus.KindCompact
 	Record     Doc = "record"
 	Presence   Doc = "presence"
+	Schedule   Doc = "schedule" // since 1.10
 )
 
 // Docs lists the documents.
 func Docs() []Doc {
-	return []Doc{RunRequest, Envelope, Steer, FollowUp, Abort, Approve, Compact, Record, Presence}
+	return []Doc{RunRequest, Envelope, Steer, FollowUp, Abort, Approve, Compact, Record, Presence, Schedule}
 }
 
 // where is the schema file of a document and the definition in it ("" for
@@ -63,6 +64,8 @@ func (d Doc) where() (file, def string, ok bool) {
 		return RecordFile, "", true
 	case Presence:
 		return PresenceFile, "", true
+	case Schedule:
+		return ScheduleFile, "", true
 	}
 	return "", "", false
 }

@@ -196,6 +196,9 @@ type Config struct {
 	// TraceContent records prompts, completions and tool arguments and
 	// results in spans (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).
 	TraceContent bool
+	// ScheduleLate is how late a schedule's fire may be and still run
+	// as planned; a later one is missed, for its catch-up policy [30s].
+	ScheduleLate time.Duration
 }
 
 // RunInfo identifies a run to an Observer.

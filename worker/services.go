@@ -40,6 +40,7 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 		{"tenant budgets", w.startBudgets},                                                                      // worker/tenant.go
 		{"give-up", func(setup context.Context) (func(), error) { return w.startGiveUp(setup), nil }},           // worker/giveup.go
 		{"wake", w.startWake},                                                                                   // worker/park.go
+		{"schedules", w.startSchedules},                                                                         // worker/schedule.go
 		{"memory trim", func(context.Context) (func(), error) { return w.startTrim(), nil }},                    // worker/park.go
 		{"tool sources", func(setup context.Context) (func(), error) { return w.startToolSources(setup), nil }}, // worker/toolsources.go
 		{"presence", func(context.Context) (func(), error) { return w.startPresence(), nil }},                   // worker/presence.go

@@ -158,6 +158,9 @@ func newServer(cfg serverConfig) (*server, error) {
 	m.HandleFunc("GET /fleet", s.servePage)
 	m.HandleFunc("GET /approvals", s.servePage)
 	m.HandleFunc("GET /new", s.servePage)
+	m.HandleFunc("GET /schedules", s.servePage)         // schedules.go
+	m.HandleFunc("GET /api/schedules", s.listSchedules) // schedules.go
+	m.HandleFunc("POST /api/schedules/{name}/{action}", s.control(s.scheduleAction))
 	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	m.HandleFunc("GET /api/session", s.session)
 	m.HandleFunc("GET /api/runs", s.listRuns)

@@ -28,7 +28,7 @@ Usage:
   submit followup RUN "text"       queue a follow-up (taken when the run would stop)
   submit abort RUN [--reason R]    abort a run
   submit status RUN                a run's record
-  submit list [--state S] [--limit N] [--before T|RUN|@CURSOR] [--since 1h] [--json]
+  submit list [--state S] [--schedule NAME] [--limit N] [--before T|RUN|@CURSOR] [--since 1h] [--json]
   submit result RUN [--transcript] the final answer (waits for a running run)
   submit reply RUN "text"          a new run that continues RUN's conversation
   submit bench [--runs N] ...      load-test the fleet (faux model by default)
@@ -37,6 +37,8 @@ Usage:
   submit approvals [--queue Q]     tool calls waiting for a person's approval, fleet-wide (pages: --limit, --before @CURSOR)
   submit approve RUN CALL          approve a call [--args JSON edits it] [--by NAME]
   submit deny RUN CALL --reason R  deny a call (the model sees the reason)
+  submit schedule create NAME --every 1h|--cron "0 0 9 * * MON" [--tz Z]|--at T "prompt"
+                                   runs on a clock; also list, show, pause, resume, delete, trigger
 
 A local fleet (embedded NATS, one worker, the demo model): worker
 (go install ./cmd/... in the agentfleet repository installs both commands)
@@ -95,6 +97,7 @@ func commands() []command {
 		{"approvals", cmdApprovals}, // approvals.go
 		{"approve", cmdApprove},
 		{"deny", cmdDeny},
+		{"schedule", cmdSchedule}, // schedule.go
 	}
 }
 

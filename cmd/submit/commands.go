@@ -619,6 +619,8 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 	fs.BoolVar(&asJSON, "json", false, "print a JSON array of run records")
 	fs.StringVar(&before, "before", "", "only runs last written before this: a time (RFC 3339, or a duration ago such as 2h), a run id (the page after it), or @CURSOR (the next page, as a page printed it)")
 	fs.StringVar(&since, "since", "", "only runs last written since this: a duration ago (1h) or an RFC 3339 time")
+	var schedule string
+	fs.StringVar(&schedule, "schedule", "", "only the runs of this schedule (metadata schedule=NAME)")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -627,6 +629,9 @@ func cmdList(ctx context.Context, e *env, args []string) int {
 		return fail(e, usagef("list takes no arguments (got %q)", pos[0]))
 	}
 	opts := bus.ListOptions{State: state, Queue: queue, Limit: limit}
+	if schedule != "" {
+		opts.Metadata = map[string]string{bus.MetaSchedule: schedule}
+	}
 	var beforeRun string
 	if cur, ok := strings.CutPrefix(before, "@q."); ok && bus.CheckListCursor("q."+cur) == nil {
 		opts.Cursor = "q." + cur // a place in the queued runs

@@ -28,6 +28,7 @@ export const schemas = [
   { file: "control.schema.json", root: "ControlBody", prefix: "Control" },
   { file: "record.schema.json", root: "RunRecord", prefix: "Record" },
   { file: "presence.schema.json", root: "Presence", prefix: "Presence" },
+  { file: "schedule.schema.json", root: "Schedule", prefix: "Schedule" },
 ];
 
 const canon = (v) => JSON.stringify(v, (_, x) => (x && typeof x === "object" && !Array.isArray(x) ? Object.fromEntries(Object.entries(x).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : x));

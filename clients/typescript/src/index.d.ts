@@ -2,7 +2,7 @@
 // generated from the JSON Schema: ../types/protocol.d.ts.
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
-import type { ControlMessage, Event, Message, RunRecord as WireRunRecord, RunRequest, Usage } from "../types/protocol.js";
+import type { ControlMessage, Event, Message, RunRecord as WireRunRecord, RunRequest, Schedule, Usage } from "../types/protocol.js";
 import type { Cursor, FollowCursor, Envelope, PendingCall, Transcript, UnknownEvent } from "./reader.js";
 import type { Names } from "./names.js";
 
@@ -203,6 +203,8 @@ export declare class Client {
   submit(request: RunRequest, opts?: SubmitOptions): Promise<SubmitResult>;
   /** A run's record, stale marked; queued for a request without one; RunNotFoundError for neither. */
   status(run: string): Promise<RunRecord>;
+  /** Every schedule (since 1.10), by name, with its def message's sequence and its newest run. */
+  schedules(): Promise<Array<Schedule & { seq: number; last: { run: string; plannedAt: string; firedAt: string; trigger?: boolean } | null }>>;
   /** A run's stored record, or null. */
   record(run: string): Promise<RunRecord | null>;
   /**

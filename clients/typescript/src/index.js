@@ -381,6 +381,31 @@ export class Client {
     return queuedRecord(run, queue, m.time.toISOString(), m.seq);
   }
 
+  // ---- schedules (protocol 1.10) -------------------------------------------
+
+  /**
+   * Every schedule (docs/protocol.md §2, Schedules), by name: its
+   * definition, its def message's sequence, and its newest run (last).
+   */
+  async schedules() {
+    const stream = this.names.schedulesStream;
+    const out = [];
+    try {
+      const jsm = await this.jsm();
+      const info = await jsm.streams.info(stream, { subjects_filter: this.names.schedule("*", "*", "def") });
+      for (const subject of Object.keys(info.state.subjects ?? {})) {
+        const m = await jsm.streams.getMessage(stream, { last_by_subj: subject });
+        if (!m || m.header?.get("Agentfleet-Schedule-Deleted")) continue;
+        const s = m.json();
+        const last = await jsm.streams.getMessage(stream, { last_by_subj: this.names.schedule(s.queue, s.name, "last") });
+        out.push({ ...s, seq: m.seq, last: last ? last.json() : null });
+      }
+    } catch (err) {
+      throw this.fleetError(err, "schedules", stream);
+    }
+    return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  }
+
   // ---- follow -------------------------------------------------------------
 
   /**

@@ -19,6 +19,10 @@ export declare class Names {
   readonly recordsStream: string;
   /** The waiting-run index stream (since 1.9). */
   readonly waitingStream: string;
+  /** Schedules, their fires and last runs (since 1.10). */
+  readonly schedulesStream: string;
+  /** A schedule's subject (since 1.10). */
+  schedule(queue: string, name: string, kind: "def" | "fire" | "last"): string;
   submit(queue: string, run: string): string;
   events(run: string): string;
   control(run: string, kind: string): string;

@@ -70,6 +70,12 @@ export class Names {
     this.recordsStream = "KV_" + flat + "_runs";
     /** The waiting-run index (since 1.9, docs/protocol.md §7). */
     this.waitingStream = flat.toUpperCase() + "_WAITING";
+    /** Schedules, their fires and last runs (since 1.10, docs/protocol.md §2). */
+    this.schedulesStream = flat.toUpperCase() + "_SCHEDULES";
+  }
+  /** A schedule's subject (since 1.10): kind def, fire or last. @param {string} queue @param {string} name @param {"def"|"fire"|"last"} kind */
+  schedule(queue, name, kind) {
+    return `${this.prefix}.schedule.${queue}.${name}.${kind}`;
   }
   /** @param {string} queue @param {string} run */
   submit(queue, run) {

@@ -763,3 +763,32 @@ export type PresenceTool = {
   description?: string;
   available: boolean;
 };
+
+// schedule.schema.json: agentfleet schedule
+/** The body of agents.schedule.{queue}.{name}.def in AGENTS_SCHEDULES, and of each fire on .fire (docs/protocol.md §2, Schedules). Exactly one of cron, every, at. Readers must ignore fields they do not know. */
+export type Schedule = {
+  /** (pattern `^[A-Za-z0-9_-]{1,64}$`) */
+  name: string;
+  /** (pattern `^[A-Za-z0-9_-]{1,64}$`) */
+  queue: string;
+  /** Six fields, seconds first (second minute hour day-of-month month day-of-week), or @daily, @hourly ... */
+  cron?: string;
+  /** An IANA time zone of cron; refused with every and at. */
+  timeZone?: string;
+  /** A Go duration of whole seconds, at least 1s. (pattern `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`) */
+  every?: string;
+  /** RFC 3339: the schedule fires once, then the server removes it. (format date-time) */
+  at?: string;
+  /** While the previous run still goes: skip the fire (default), allow it, or abort the previous run. */
+  overlap?: "skip" | "allow" | "abort";
+  /** Late fires after an outage: once (the newest runs, default) or none. */
+  catchUp?: "once" | "none";
+  /** A paused schedule's def message carries no Nats-Schedule header: nothing fires. */
+  paused?: boolean;
+  /** The run request each fire submits (run-request.schema.json), without id; each fire adds metadata schedule and scheduledFor. */
+  request: unknown;
+  /** (format date-time) */
+  createdAt?: string;
+  /** (format date-time) */
+  updatedAt?: string;
+};

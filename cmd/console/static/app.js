@@ -1114,6 +1114,52 @@ function approvalsPage(main) {
   });
 }
 
+// ------------------------------------------------------------ schedules page
+
+// The schedules (protocol 1.10): spec, next fire, last run and its state,
+// paused or not; with control, pause / resume and trigger.
+function schedulesPage(main) {
+  const tbody = el("tbody", { id: "schedules-body" });
+  const count = el("span", { class: "muted", id: "schedules-count" });
+  main.append(el("div", { class: "toolbar" }, el("h1", {}, "Schedules"), count),
+    el("p", { class: "muted small" }, "Runs on a clock, kept by NATS. Create one with submit schedule create; each fire is one run."),
+    el("table", { class: "runs", id: "schedules" },
+      el("thead", {}, el("tr", {}, ...["Name", "Queue", "Spec", "Next fire", "Last run", "Overlap", ""].map((h) => el("th", {}, h)))),
+      tbody));
+  const act = async (name, action) => {
+    try {
+      const r = await post("/api/schedules/" + encodeURIComponent(name) + "/" + action, {});
+      toast(action === "trigger" ? "triggered " + name + ": run " + r.run : name + ": " + action + "d");
+      ticks.now();
+    } catch (err) { toast(action + ": " + err.message, true); }
+  };
+  const draw = (list) => {
+    const rows = list.map((s) => {
+      const buttons = session.allowControl ? [
+        el("button", { type: "button", class: "secondary", "data-act": s.paused ? "resume" : "pause", onclick: () => act(s.name, s.paused ? "resume" : "pause") }, s.paused ? "Resume" : "Pause"),
+        el("button", { type: "button", class: "secondary", "data-act": "trigger", onclick: () => act(s.name, "trigger") }, "Trigger"),
+      ] : [];
+      return el("tr", { "data-schedule": s.name, "data-paused": String(!!s.paused) },
+        el("td", { class: "mono" }, s.name),
+        el("td", {}, s.queue),
+        el("td", { class: "mono small" }, s.spec),
+        el("td", { class: "small nowrap" }, s.paused ? "paused" : (s.next ? fmtDateTime(s.next) : "–")),
+        el("td", { class: "small" }, s.last ? el("a", { href: runPath(s.last.run), class: "mono" }, s.last.run) : "–",
+          s.last ? el("div", { class: "muted", "data-last-state": s.lastState || "" }, (s.lastState || "") + " · " + fmtAgo(s.last.plannedAt)) : null),
+        el("td", { class: "small" }, s.overlap || "skip"),
+        el("td", { class: "nowrap" }, ...buttons));
+    });
+    if (rows.length === 0) rows.push(el("tr", {}, el("td", { colSpan: 7, class: "muted empty" }, "No schedules.")));
+    tbody.replaceChildren(...rows);
+    count.textContent = list.length + (list.length === 1 ? " schedule" : " schedules");
+    tbody.dataset.loaded = "true";
+  };
+  const tick = async () => {
+    try { draw((await getJSON("/api/schedules")).schedules); } catch (e) { count.textContent = "error: " + e.message; }
+  };
+  const ticks = poll(tick, 5000);
+}
+
 // --------------------------------------------------------------- fleet page
 
 // sparkline draws values (oldest first) as a small SVG line over an hour.
@@ -1319,6 +1365,9 @@ async function start() {
   } else if (path === "/approvals") {
     nav = "approvals";
     approvalsPage(main);
+  } else if (path === "/schedules") {
+    nav = "schedules";
+    schedulesPage(main);
   } else if (path === "/new") {
     nav = "new";
     newRunPage(main);

@@ -1,0 +1,268 @@
+// Package schedule turns schedule fires into run requests. The server
+// keeps the schedules (AGENTS_SCHEDULES, message schedules) and publishes
+// each fire; every worker pulls the shared durable consumer of fires, so
+// no worker is the scheduler and a fire a dead worker took comes again.
+//
+// Invariants, for each fire (bus/schedule.go has those of the wire):
+//
+//  1. The run id is bus.ScheduleRunID of the fire's planned time
+//     (bus.Schedule.FirePlanned: the spec and the fire, no clock), so a
+//     fire handled twice (a redelivery, two workers) submits one run: the
+//     work queue's dedupe stores the second submit as a duplicate.
+//  2. The fire is acknowledged only after the request is stored (or the
+//     fire skipped for a reason): a crash before that redelivers it.
+//  3. A fire submits only to the queue of its subject, and its body must
+//     name that queue and the schedule of its subject.
+//  4. Overlap and catch-up decide from NATS state only (the schedule's
+//     last run and its record; the newest stored fire), so any worker
+//     decides the same.
+package schedule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// Skip reasons (the metric's label).
+const (
+	SkipOverlap = "overlap" // the previous run still goes (overlap skip)
+	SkipMissed  = "missed"  // a late fire the catch-up policy does not run
+	SkipInvalid = "invalid" // a fire whose body or subject is not a schedule's
+)
+
+// Observer is told what each fire did.
+type Observer interface {
+	// ScheduleFired: a fire submitted a run; lateness is from its planned
+	// time to now.
+	ScheduleFired(lateness time.Duration)
+	// ScheduleSkipped: a fire submitted nothing.
+	ScheduleSkipped(reason string)
+}
+
+// Env is what handling fires needs.
+type Env struct {
+	Client *bus.Client
+	Log    *slog.Logger
+	Obs    Observer // nil: none
+	// Late is how late a fire may be and still count as on time [30s];
+	// a later one is a missed fire, for the catch-up policy.
+	Late time.Duration
+	Now  func() time.Time // [time.Now]
+}
+
+func (e *Env) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
+}
+
+// Start pulls the fires from cons until the returned stop is called; stop
+// waits for those in progress. Each fire is handled on its own goroutine
+// (it reads and writes NATS: never in the callback).
+func (e *Env) Start(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stopping := false
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		mu.Lock()
+		if stopping {
+			mu.Unlock()
+			_ = m.Nak()
+			return
+		}
+		wg.Add(1)
+		mu.Unlock()
+		go func() {
+			defer wg.Done()
+			e.Handle(ctx, m)
+		}()
+	}, jetstream.PullMaxMessages(64), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if ctx.Err() == nil {
+			e.Log.Debug("schedule fires consumer", "err", err)
+		}
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		mu.Lock()
+		stopping = true
+		mu.Unlock()
+		cc.Stop()
+		<-cc.Closed()
+		wg.Wait()
+	}, nil
+}
+
+func (e *Env) skipped(reason string) {
+	if e.Obs != nil {
+		e.Obs.ScheduleSkipped(reason)
+	}
+}
+
+// Handle turns one fire into a run request, or skips it.
+func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
+	names := e.Client.Names()
+	queue, name, kind, err := names.ParseScheduleSubject(m.Subject())
+	var s bus.Schedule
+	if err == nil && kind == "fire" {
+		err = json.Unmarshal(m.Data(), &s)
+	}
+	if err == nil && (kind != "fire" || s.Queue != queue || s.Name != name) { // invariant 3
+		err = errors.New("the body is not this subject's schedule")
+	}
+	md, merr := m.Metadata()
+	if err == nil && merr != nil {
+		err = merr
+	}
+	var planned time.Time
+	var trigger bool
+	if err == nil {
+		planned, trigger, err = s.FirePlanned(m.Headers(), md.Timestamp)
+	}
+	if err != nil {
+		e.Log.Warn("schedule fire dropped", "subject", m.Subject(), "err", err)
+		e.skipped(SkipInvalid)
+		_ = m.Term()
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	now := e.now()
+	late := now.Sub(planned)
+	log := e.Log.With("schedule", name, "queue", queue, "planned", planned.Format(time.RFC3339))
+	id := bus.ScheduleRunID(queue, name, planned, trigger)
+
+	if !trigger && late > e.lateLimit() {
+		run, err := e.catchUp(hctx, &s, m, md)
+		if err != nil {
+			log.Warn("schedule fire: reading the newest fire failed; retrying", "err", err)
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		if !run {
+			log.Info("schedule fire skipped: missed (catch-up policy)", "late", late.Round(time.Millisecond), "catchUp", s.CatchUpPolicy())
+			e.skipped(SkipMissed)
+			_ = m.Ack()
+			return
+		}
+	}
+	if pol := s.OverlapPolicy(); pol != bus.OverlapAllow {
+		prev, err := e.stillGoing(hctx, queue, name, id)
+		if err != nil {
+			log.Warn("schedule fire: reading the previous run failed; retrying", "err", err)
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		if prev != "" && pol == bus.OverlapSkip {
+			log.Info("schedule fire skipped: the previous run still goes", "previous", prev)
+			e.skipped(SkipOverlap)
+			_ = m.Ack()
+			return
+		}
+		if prev != "" {
+			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil {
+				log.Warn("schedule fire: aborting the previous run failed; retrying", "previous", prev, "err", err)
+				_ = m.NakWithDelay(time.Second)
+				return
+			}
+		}
+	}
+	var req bus.RunRequest
+	if err := json.Unmarshal(s.Request, &req); err != nil {
+		log.Warn("schedule fire dropped: its request does not decode", "err", err)
+		e.skipped(SkipInvalid)
+		_ = m.Term()
+		return
+	}
+	req.ID = id
+	if req.Metadata == nil {
+		req.Metadata = map[string]string{}
+	}
+	req.Metadata[bus.MetaSchedule] = name
+	req.Metadata[bus.MetaScheduledFor] = planned.Format(time.RFC3339Nano)
+	res, err := e.Client.Submit(hctx, queue, &req)
+	switch {
+	case bus.IsBadRequest(err):
+		log.Warn("schedule fire dropped: its request is refused", "err", err)
+		e.skipped(SkipInvalid)
+		_ = m.Term()
+		return
+	case errors.Is(err, bus.ErrRunIDTaken):
+		// Invariant 1: only the fire's own request holds its id; another
+		// body there (the schedule replaced between deliveries) ran.
+	case err != nil:
+		log.Warn("schedule fire: submit failed; retrying", "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if err := e.Client.SetLastScheduleRun(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger}); err != nil {
+		log.Warn("schedule fire: recording the last run failed; retrying", "run", id, "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if err := m.DoubleAck(hctx); err != nil {
+		log.Debug("schedule fire: ack failed (a redelivery submits the same run id)", "run", id, "err", err)
+	}
+	if !res.Duplicate && e.Obs != nil {
+		e.Obs.ScheduleFired(e.now().Sub(planned)) // to the request stored
+	}
+	log.Debug("schedule fired", "run", id, "duplicate", res.Duplicate, "late", late)
+}
+
+func (e *Env) lateLimit() time.Duration {
+	if e.Late > 0 {
+		return e.Late
+	}
+	return 30 * time.Second
+}
+
+// catchUp decides a late fire: with catch-up once, only the newest fire
+// stored for the schedule runs (one run for what was missed); with none,
+// no late fire runs.
+func (e *Env) catchUp(ctx context.Context, s *bus.Schedule, m jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
+	if s.CatchUpPolicy() == bus.CatchUpNone {
+		return false, nil
+	}
+	st, err := e.Client.Stream(ctx, e.Client.Names().SchedulesStream())
+	if err != nil {
+		return false, err
+	}
+	last, err := st.GetLastMsgForSubject(ctx, m.Subject())
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return last.Sequence == md.Sequence.Stream, nil
+}
+
+// stillGoing returns the schedule's previous run if it is still queued or
+// running ("" if none); the fire's own run (a redelivery) is not previous.
+func (e *Env) stillGoing(ctx context.Context, queue, name, self string) (string, error) {
+	last, err := e.Client.LastScheduleRun(ctx, queue, name)
+	if err != nil || last == nil || last.Run == self {
+		return "", err
+	}
+	rec, err := e.Client.Status(ctx, last.Run)
+	if errors.Is(err, bus.ErrRunNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if rec.Finished() {
+		return "", nil
+	}
+	return last.Run, nil
+}
