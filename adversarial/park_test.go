@@ -81,3 +81,56 @@ func TestParkedRunCannotBeWokenByASubmitter(t *testing.T) {
 		t.Fatalf("events %s: want the parked attempt and one woken attempt, the owner's", s)
 	}
 }
+
+// 1.10: AGENTS_EVENTS allows direct gets, which a resume reads a run's
+// events with (one batched get, no consumer). A tool service, which must
+// not read runs, tries both direct get forms on a run's events: the
+// batched one and the last-by-subject one; each is a permissions
+// violation and brings nothing. A follower (observer) still reads the
+// run's last event, which the Go client now asks by direct get.
+func TestEventsDirectGetIsNotAToolServiceRead(t *testing.T) {
+	f := startFleet(t, &worker.Config{})
+	sub, observer := f.Connect(t, "submitter"), f.Connect(t, "observer")
+	c := ctx(t, 30*time.Second)
+	req := fauxRun("direct-victim", "secret prompt", fleettest.Text("secret answer"))
+	if _, err := sub.Submit(c, "", req); err != nil {
+		t.Fatal(err)
+	}
+	if tr, err := sub.LoadTranscript(c, req.ID); err != nil || !tr.Done() {
+		t.Fatalf("run: %v", err)
+	}
+	n := sub.Names()
+	nc, log := f.NATS(t, "toolservice")
+	got, err := nc.SubscribeSync(nc.NewRespInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	batched := "$JS.API.DIRECT.GET." + n.EventsStream()
+	last := batched + "." + n.Events(req.ID)
+	body := `{"seq":1,"next_by_subj":"` + n.Events(req.ID) + `","batch":100}`
+	if err := nc.PublishRequest(batched, got.Subject, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest(last, got.Subject, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	for _, subj := range []string{batched, last} {
+		if !f.Log.Violation("toolservice", subj) {
+			t.Errorf("a tool service asked %s without a permissions violation; client log: %s", subj, log.String())
+		}
+	}
+	if m, err := got.NextMsg(time.Second); err == nil && len(m.Data) > 0 {
+		t.Fatalf("a tool service read a run's event: %s", m.Data)
+	}
+	s, err := observer.JetStream().Stream(c, n.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.CachedInfo().Config.AllowDirect {
+		t.Fatal("AGENTS_EVENTS does not allow direct gets")
+	}
+	if m, err := s.GetLastMsgForSubject(c, n.Events(req.ID)); err != nil || !strings.Contains(string(m.Data), "run_finished") {
+		t.Fatalf("an observer's read of the run's last event: %v", err)
+	}
+}

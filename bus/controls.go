@@ -2,6 +2,8 @@ package bus
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -241,6 +243,21 @@ type Parked struct {
 	At      time.Time `json:"at"`
 	Seq     uint64    `json:"seq"`
 	Attempt int       `json:"attempt"`
+	// Digest (since 1.10) is the SHA-256 of the kept copy's wake key, a
+	// newline and the kept request's bytes, lowercase hex: a wake's pickup
+	// checks its key and bytes against it instead of reading the kept
+	// copy. The key is in it because the run's owner has the bytes, and a
+	// digest of them alone would let it wake its own run with no answer.
+	// Empty (a 1.9 worker parked the run): the pickup reads the copy.
+	Digest string `json:"digest,omitempty"`
+}
+
+// RequestDigest is Parked.Digest of a kept request's wake key and bytes.
+func RequestDigest(wakeKey string, data []byte) string {
+	h := sha256.New()
+	h.Write([]byte(wakeKey + "\n"))
+	h.Write(data)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Requeue is written into a running record by the give-up before it

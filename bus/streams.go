@@ -248,6 +248,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Replicas:   cfg.Replicas,
 		// Workers publish events in fast batches (worker/internal/eventpub/batch.go).
 		AllowBatchPublish: true,
+		// Since 1.10: a resume reads the run's events with batched direct
+		// gets (ReadEvents), not an ordered consumer each.
+		AllowDirect: true,
 	}, {
 		Name:        n.ControlStream(),
 		Description: "agentfleet steering, follow-ups, aborts and approvals",

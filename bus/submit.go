@@ -552,6 +552,14 @@ func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([
 	if err != nil {
 		return nil, err
 	}
+	if before > 0 && s.CachedInfo().Config.AllowDirect {
+		envs, whole, err := c.readEventsDirect(ctx, runID, before)
+		if err != nil || whole {
+			return envs, err
+		}
+		// The server that answered had not stored before yet (a replica
+		// behind): the leader's ordered consumer reads them.
+	}
 	last, err := s.GetLastMsgForSubject(ctx, c.names.Events(runID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
@@ -577,6 +585,44 @@ func (c *Client) ReadEvents(ctx context.Context, runID string, before uint64) ([
 		seq := md.Sequence.Stream
 		return seq < before, seq+1 < before
 	})
+}
+
+// eventsBatch bounds the messages and bytes of one direct get of events.
+const (
+	eventsBatch      = 512
+	eventsBatchBytes = 4 << 20
+)
+
+// readEventsDirect reads run's envelopes stored below before with batched
+// direct gets on its literal subject (since 1.10: AGENTS_EVENTS allows
+// direct gets): one request per eventsBatch events, where an ordered
+// consumer costs its create, its pulls and its delete. Any replica may
+// answer a direct get, one behind too, so the read is whole only when it
+// reached a message of the run at before or later (a replica stores in
+// order: it had every message below). Callers pass a sequence of the
+// run's events (its attempt's run_started); whole is false otherwise.
+func (c *Client) readEventsDirect(ctx context.Context, runID string, before uint64) (out []*Envelope, whole bool, err error) {
+	g := c.directGetter(c.names.EventsStream())
+	subj := c.names.Events(runID)
+	for from := uint64(1); ; {
+		msgs, err := g.request(ctx, map[string]any{"seq": from, "next_by_subj": subj, "batch": eventsBatch, "max_bytes": eventsBatchBytes})
+		if errors.Is(err, errNoResults) || (err == nil && len(msgs) == 0) {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("events of %s: %w", runID, err)
+		}
+		for _, m := range msgs {
+			if m.seq >= before {
+				return out, true, nil
+			}
+			if env, err := DecodeEnvelope(m.data); err == nil {
+				env.StreamSeq = m.seq
+				out = append(out, env)
+			}
+		}
+		from = msgs[len(msgs)-1].seq + 1
+	}
 }
 
 // readEvents reads a run's envelopes from an ordered consumer on its events

@@ -223,7 +223,7 @@ func TestFullRequestValidates(t *testing.T) {
 		Temperature: &temp, MaxTokens: 100, ContinueFrom: "r0", Metadata: map[string]string{"team": "docs"},
 		Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{{Content: []agent.Content{agent.Text("ok")}, StopReason: agent.StopReasonError, ErrorMessage: "e"}},
 			TokenSize: 4, TokensPerSecond: 10, FixedPace: true},
-		Approval: &bus.Approval{Tools: []string{"calculator"}, TimeoutSeconds: 60, OnTimeout: bus.OnTimeoutAbort},
+		Approval:    &bus.Approval{Tools: []string{"calculator"}, TimeoutSeconds: 60, OnTimeout: bus.OnTimeoutAbort},
 		Priority:    bus.PriorityHigh,
 		Concurrency: &bus.Concurrency{Key: "customer-42", Limit: 2},
 		Compaction: &bus.Compaction{ReserveTokens: 2000, KeepRecentTokens: 4000, Model: &bus.ModelRef{Provider: "openai", ID: "gpt-4o-mini"},

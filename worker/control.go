@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -42,7 +44,9 @@ const controlInbox = 8
 //     into a bounded inbox and never blocks: when the inbox is full it
 //     drops the message and wakes the owner to read the stream.
 //   - the stream, the source of truth: the owner reads what it has not
-//     taken yet at pickup (before any live message, so a resumed attempt
+//     taken yet at pickup (a resume starts that read beside its read of
+//     the events, after the run registered: prefetch; it is applied at
+//     start all the same, before any live message, so a resumed attempt
 //     first knows what earlier attempts delivered; a first attempt the
 //     worker's coverage vouches for skips it, coverage.go), on a gap (a dropped
 //     message, or a live message whose previous sequence it has not
@@ -78,9 +82,12 @@ type controls struct {
 	active  atomic.Bool // an owner goroutine runs, or stopped for good
 	running bool        // the owner was started (the run's goroutine only)
 
+	// pre is the pickup's catch-up read, started ahead (prefetch); the
+	// first owner takes it.
+	pre chan caughtUp
+
 	// The owner's own state.
 	last      kindSeqs        // highest sequence taken, per kind
-	scanned   uint64          // every message of the run up to here was read
 	max       uint64          // highest sequence taken; read after done
 	delivered map[uint64]bool // put into the transcript by an earlier attempt
 	rejected  int             // invalid steers and follow-ups taken
@@ -222,12 +229,22 @@ func (c *controls) start(ctx context.Context, read bool) {
 // agent before its first model call.
 func (c *controls) own(started chan<- struct{}, read bool) {
 	if started != nil {
+		poked := false
 		select {
 		case <-c.wake:
-			read = true
+			poked = true
 		default:
 		}
-		if read {
+		if pre := c.pre; pre != nil {
+			// The read prefetch started is this catch-up (it came after the
+			// run registered, so what was stored after it came live); a
+			// failed one, or a poke since (an overflow, a gap), reads again.
+			c.pre = nil
+			res := <-pre
+			c.takeAll(res.msgs)
+			read = res.err != nil
+		}
+		if read || poked {
 			c.catchUp(c.ctx)
 		}
 		for drained := false; !drained; {
@@ -317,42 +334,59 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 	c.take(lc.kind, seq, lc.m.Data, stored, lc.m.Header)
 }
 
-// catchUp reads the control messages stored but not taken yet. It starts
-// after what an earlier read saw (scanned), so each read costs the new
-// messages, not the run's whole history. A read that failed is returned
-// (a missing message is not an error).
+// catchUp reads the control messages stored but not taken yet, each
+// kind's from after the last of it taken (controlReads.since), and takes
+// them in stream order. Invariant: the messages of a kind taken so far
+// are every one stored of it up to last[kind] (a read goes on to the
+// first miss, and a message stored after a miss gets a higher sequence),
+// so each read costs the new messages, not the run's whole history. A
+// read that failed is returned, after what the others found is taken (a
+// missing message is not an error).
 func (c *controls) catchUp(ctx context.Context) error {
-	from := c.last.get(bus.KindSteer)
-	for _, k := range [...]string{bus.KindFollowUp, bus.KindAbort, bus.KindApprove, bus.KindCompact} {
-		from = min(from, c.last.get(k))
+	msgs, err := c.r.w.controlReads.since(ctx, c.r.id, c.last)
+	c.takeAll(msgs)
+	if err != nil {
+		c.r.log.Warn("control catch-up read failed", "err", err)
 	}
-	from = max(from, c.scanned) + 1
-	// Every message of the run below from was seen: later ones get
-	// higher sequences.
-	defer func() { c.scanned = max(c.scanned, from-1) }()
-	w := c.r.w
-	subj := w.names.ControlAll(c.r.id)
-	for {
-		m, err := w.controlReads.next(ctx, subj, from)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			c.r.log.Warn("control catch-up read failed", "err", err)
-			return err
-		}
+	return err
+}
+
+// takeAll takes what a catch-up read found, in stream order.
+func (c *controls) takeAll(msgs []*jetstream.RawStreamMsg) {
+	for _, m := range msgs {
 		kind := workerproto.ControlKind(m.Subject)
 		if m.Sequence > c.last.get(kind) {
 			c.take(kind, m.Sequence, m.Data, m.Time, m.Header)
 		}
-		from = m.Sequence + 1
 	}
+}
+
+// caughtUp is a catch-up read made ahead of start (prefetch).
+type caughtUp struct {
+	msgs []*jetstream.RawStreamMsg
+	err  error
+}
+
+// prefetch starts the pickup's catch-up read now, beside the resume's
+// read of the events, instead of after it: start takes what it found.
+// Call it after the run registered (a message stored after the read then
+// comes live) and before start; the read ends on its own (5 s a get).
+func (c *controls) prefetch(ctx context.Context) {
+	pre := make(chan caughtUp, 1)
+	c.pre = pre
+	r := c.r
+	go func() {
+		msgs, err := r.w.controlReads.since(ctx, r.id, kindSeqs{})
+		pre <- caughtUp{msgs, err}
+	}()
 }
 
 // controlReads is what runs read of the control stream.
 type controlReads interface {
-	// next is subj's first message from seq on, read within 5 s.
-	next(ctx context.Context, subj string, seq uint64) (*jetstream.RawStreamMsg, error)
+	// since reads run's messages of each kind stored after last[kind],
+	// in stream order; on a failed read, the error with what the reads
+	// found (each kind's from after last[kind], without a gap).
+	since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error)
 	// lastSeq is the stream's last sequence (a gated call's fence).
 	lastSeq(ctx context.Context) (uint64, error)
 }
@@ -360,10 +394,42 @@ type controlReads interface {
 // streamControls reads the control stream Run opened.
 type streamControls struct{ w *Worker }
 
-func (s streamControls) next(ctx context.Context, subj string, seq uint64) (*jetstream.RawStreamMsg, error) {
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	return s.w.controlStream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(subj))
+// since reads the five kinds at once, each on its literal subject, not
+// <run>.*: nats-server finds a literal subject's next message from its
+// index, and scans every message after the sequence asked for a wildcard
+// (docs/benchmarks/2026-12.md, 2026-12-07).
+func (s streamControls) since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error) {
+	// The kinds AGENTS_CONTROL stores (its subjects).
+	kinds := [...]string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove, bus.KindCompact}
+	var found [len(kinds)][]*jetstream.RawStreamMsg
+	var errs [len(kinds)]error
+	var wg sync.WaitGroup
+	for i, k := range kinds {
+		wg.Go(func() { found[i], errs[i] = s.kind(ctx, s.w.names.Control(run, k), last.get(k)+1) })
+	}
+	wg.Wait()
+	all := slices.Concat(found[:]...)
+	slices.SortFunc(all, func(a, b *jetstream.RawStreamMsg) int { return cmp.Compare(a.Sequence, b.Sequence) })
+	return all, errors.Join(errs[:]...)
+}
+
+// kind reads subj's messages from seq on, up to the first miss; on a
+// failed read, those read before it.
+func (s streamControls) kind(ctx context.Context, subj string, seq uint64) ([]*jetstream.RawStreamMsg, error) {
+	var out []*jetstream.RawStreamMsg
+	for {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := s.w.controlStream.GetMsg(gctx, seq, jetstream.WithGetMsgSubject(subj))
+		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, m)
+		seq = m.Sequence + 1
+	}
 }
 
 func (s streamControls) lastSeq(ctx context.Context) (uint64, error) {

@@ -133,8 +133,9 @@ func (r *run) parkForKey() {
 	defer cancel()
 	req, err := w.runsStream.GetMsg(ctx, r.reqSeq)
 	var seq uint64
+	var digest string
 	if err == nil {
-		seq, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
+		seq, digest, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
 	}
 	if err != nil {
 		r.log.Warn("cannot park the run for its key; handing it back", "key", r.key, "err", err)
@@ -144,7 +145,7 @@ func (r *run) parkForKey() {
 	rec := r.record(bus.StateRunning)
 	now := time.Now()
 	rec.Waiting = &bus.Waiting{For: bus.WaitingKey, Since: now, Key: r.key}
-	rec.Parked = &bus.Parked{At: now, Seq: seq, Attempt: r.attempt}
+	rec.Parked = &bus.Parked{At: now, Seq: seq, Attempt: r.attempt, Digest: digest}
 	o, cur, err := r.lease.Take(ctx, r.prev, rec)
 	switch {
 	case err != nil:

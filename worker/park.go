@@ -219,8 +219,9 @@ func (r *run) parkWaiting() {
 	env := r.w.parking
 	req, err := r.w.runsStream.GetMsg(ctx, r.reqSeq)
 	var seq uint64
+	var digest string
 	if err == nil {
-		seq, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
+		seq, digest, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
 	}
 	rec := r.record(bus.StateRunning)
 	if due := r.firstExpiry(); err == nil && !due.IsZero() {
@@ -231,7 +232,7 @@ func (r *run) parkWaiting() {
 		r.handBackWaiting()
 		return
 	}
-	rec.Parked = &bus.Parked{At: time.Now(), Seq: seq, Attempt: r.attempt}
+	rec.Parked = &bus.Parked{At: time.Now(), Seq: seq, Attempt: r.attempt, Digest: digest}
 	if err := r.lease.WriteFinal(ctx, rec); err != nil {
 		if errors.Is(err, lease.ErrLost) {
 			r.log.Warn("run stopped: lease lost to a newer attempt")
@@ -328,12 +329,16 @@ func (w *Worker) confirmWake(m jetstream.Msg, queue, runID string, reqSeq uint64
 }
 
 // forgetParked removes a woken park's request copy once the woken attempt
-// holds the lease (best effort).
+// holds the lease (best effort), beside the run: the run waits for
+// nothing of it. The worker's drain waits for it as for a run (w.wg).
 func (r *run) forgetParked() {
 	if r.wokenFrom == 0 || r.w.parking == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
-	defer cancel()
-	r.w.parking.Forget(ctx, r.wokenFrom)
+	w, seq := r.w, r.wokenFrom
+	w.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(w.hardCtx, 5*time.Second)
+		defer cancel()
+		w.parking.Forget(ctx, seq)
+	})
 }

@@ -2,9 +2,11 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,6 +60,11 @@ func TestParkedRunWokenByItsAnswer(t *testing.T) {
 	defer cancel()
 	if _, err := w.runsStream.GetMsg(ctx, rec.RequestSeq); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("parked run's request still stored: %v", err)
+	}
+	// The record carries the kept copy's digest (1.10): the wake's pickup
+	// checks it instead of reading the copy.
+	if kept, err := w.parking.Parked.GetMsg(ctx, rec.Parked.Seq); err != nil || rec.Parked.Digest != bus.RequestDigest(kept.Header.Get(bus.HeaderWakeKey), kept.Data) {
+		t.Fatalf("parked.digest %q of the kept copy (%v)", rec.Parked.Digest, err)
 	}
 	listed, err := c.List(ctx, bus.ListOptions{State: bus.StateWaiting})
 	if err != nil || len(listed) != 1 || listed[0].ID != run || listed[0].Stale {
@@ -328,5 +335,51 @@ func TestRunDoesNotParkPastTheParkedStreamsMaxAge(t *testing.T) {
 	sendAnswer(t, c, long, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
 	if fin := rl.finished(t); fin.Status != bus.StatusSucceeded || d.targets() != "prod" || rl.count(bus.EventRunStarted) != 1 {
 		t.Fatalf("finished %+v, deploy %q; events %s", fin, d.targets(), rl.types())
+	}
+}
+
+// A woken run's control catch-ups (its pickup's, its idle check's) read
+// each kind's literal subject: nats-server scans every message after the
+// sequence asked for a wildcard next_by_subj (docs/benchmarks/2026-12.md,
+// 2026-12-07).
+func TestWokenRunReadsControlsByLiteralSubject(t *testing.T) {
+	t.Parallel()
+	w, c, _, run, re, _ := parkedRun(t)
+	waitGone(t, w, run)
+	var mu sync.Mutex
+	var reads []string
+	sub, err := c.Conn().Subscribe("$JS.API.STREAM.MSG.GET."+c.Names().ControlStream(), func(m *nats.Msg) {
+		var req struct {
+			NextBySubj string `json:"next_by_subj"`
+		}
+		if json.Unmarshal(m.Data, &req) == nil && strings.Contains(req.NextBySubj, "."+run+".") {
+			mu.Lock()
+			reads = append(reads, req.NextBySubj)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, subj := range reads {
+		if strings.ContainsAny(subj, "*>") {
+			t.Errorf("control read with a wildcard subject %q", subj)
+		}
+	}
+	if len(reads) == 0 {
+		t.Fatal("no control read seen")
 	}
 }

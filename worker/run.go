@@ -98,8 +98,10 @@ type run struct {
 	parking    atomic.Bool
 	parkSignal context.Context
 	parkNow    context.CancelFunc
-	// wokenFrom is the park this attempt's request woke (its parked.seq).
+	// wokenFrom is the park this attempt's request woke (its parked.seq);
+	// confirmed is the record its confirmation read, for the pickup.
 	wokenFrom uint64
+	confirmed *bus.RunRecord
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
@@ -194,6 +196,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	r.lane = lane
 	if woken.OK {
 		r.wokenFrom, r.lease.WokenFrom = woken.From, woken.From
+		r.confirmed = woken.Rec
 	}
 	if requeue != nil {
 		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
@@ -379,9 +382,14 @@ func (r *run) pickup() bool {
 	w := r.w
 	var rec *bus.RunRecord
 	var err error
-	if r.attempt == 1 && r.lease.RequeuedFrom == 0 && w.pickupReads.skip.Skip(r.queue) {
+	switch {
+	case r.confirmed != nil:
+		// A wake's confirmation read it just now (worker/park.go): the
+		// lease take's compare-and-set catches a write since.
+		rec, r.confirmed = r.confirmed, nil
+	case r.attempt == 1 && r.lease.RequeuedFrom == 0 && w.pickupReads.skip.Skip(r.queue):
 		r.lease.Unread = true // worker/internal/lease: taken with Create
-	} else {
+	default:
 		rec, err = w.getRecord(w.hardCtx, r.id)
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -477,6 +485,8 @@ func (r *run) release() {
 func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	restored := false
 	if r.attempt > 1 {
+		// A resume reads its controls too (pickupRead): both reads at once.
+		r.ctl.prefetch(r.w.hardCtx)
 		var err error
 		// Resume even when the run was aborted or its deadline passed
 		// meanwhile: the outcome then says so, instead of the attempt

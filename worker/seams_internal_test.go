@@ -49,13 +49,11 @@ type controlsBefore struct {
 	fence func(ctx context.Context) error
 }
 
-func (c controlsBefore) next(ctx context.Context, subj string, seq uint64) (*jetstream.RawStreamMsg, error) {
+func (c controlsBefore) since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error) {
 	if c.read != nil {
-		// <prefix>.run.<run>.*
-		tokens := strings.Split(subj, ".")
-		c.read(tokens[len(tokens)-2])
+		c.read(run)
 	}
-	return c.controlReads.next(ctx, subj, seq)
+	return c.controlReads.since(ctx, run, last)
 }
 
 func (c controlsBefore) lastSeq(ctx context.Context) (uint64, error) {

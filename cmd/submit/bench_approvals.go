@@ -53,6 +53,9 @@ type approvalsBenchResult struct {
 	Failed        int     `json:"failed"`
 	// WakeLatencyMs: answer stored -> tool_approval_resolved seen.
 	WakeLatencyMs percentiles `json:"wakeLatencyMs"`
+	// StartLatencyMs (--parked): answer stored -> the woken attempt's
+	// run_started seen (issue 54's target).
+	StartLatencyMs *percentiles `json:"startLatencyMs,omitempty"`
 	// The worker's RSS in bytes: idle before the runs, the largest and
 	// last sample while they all wait; 0 when --worker-metrics was not
 	// read. RSSPerWaitingRun is (last - idle) / waiting.
@@ -78,6 +81,7 @@ type approvalRun struct {
 	asked, refused, finished, failed, parked bool
 	answered                                 time.Time // the answer's publish ack
 	woke                                     time.Time // tool_approval_resolved seen
+	started                                  time.Time // the first run_started after run_parked
 }
 
 func (b *approvalsBench) onEvent(m *nats.Msg) {
@@ -98,6 +102,10 @@ func (b *approvalsBench) onEvent(m *nats.Msg) {
 	case bus.EventRunParked:
 		parked = !r.parked
 		r.parked = true
+	case bus.EventRunStarted:
+		if r.parked && r.started.IsZero() {
+			r.started = now
+		}
 	case bus.EventToolApprovalRequested:
 		asked = !r.asked && !r.refused
 		r.asked = true
@@ -266,7 +274,7 @@ func runApprovalsBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlag
 			return fail(e, fmt.Errorf("runs not all finished after %s: %w", bf.timeout, ctx.Err()))
 		}
 	}
-	var wakes []time.Duration
+	var wakes, starts []time.Duration
 	b.mu.Lock()
 	for _, id := range ids {
 		r := b.runs[id]
@@ -280,9 +288,16 @@ func runApprovalsBench(ctx context.Context, e *env, c *bus.Client, bf *benchFlag
 			// Seen before the ack came back: a wake at once.
 			wakes = append(wakes, max(r.woke.Sub(r.answered), 0))
 		}
+		if !r.answered.IsZero() && !r.started.IsZero() {
+			starts = append(starts, max(r.started.Sub(r.answered), 0))
+		}
 	}
 	b.mu.Unlock()
 	res.WakeLatencyMs = summarize(wakes) // stats.go
+	if bf.parked {
+		s := summarize(starts)
+		res.StartLatencyMs = &s
+	}
 	if bf.json {
 		if err := json.NewEncoder(e.stdout).Encode(res); err != nil {
 			return fail(e, err)
@@ -303,6 +318,9 @@ func writeApprovalsBench(w io.Writer, r *approvalsBenchResult) {
 	fmt.Fprintf(tw, "answers sent in\t%.1f s\n", r.AnswerSeconds)
 	l := r.WakeLatencyMs
 	fmt.Fprintf(tw, "answer stored->resolved\tp50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms\n", l.P50, l.P90, l.P99, l.Max)
+	if s := r.StartLatencyMs; s != nil {
+		fmt.Fprintf(tw, "answer stored->run_started\tp50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms\n", s.P50, s.P90, s.P99, s.Max)
+	}
 	if r.RSSIdle > 0 {
 		fmt.Fprintf(tw, "worker RSS\tidle %.1f MiB, waiting %.1f MiB (max %.1f MiB, %d samples): %.1f KiB a waiting run\n",
 			mib(r.RSSIdle), mib(r.RSSWaitingLast), mib(r.RSSWaitingMax), r.RSSSamples, r.RSSPerWaitingRun/1024)

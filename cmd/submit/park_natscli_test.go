@@ -40,8 +40,8 @@ func TestParkingDocNATSCLI(t *testing.T) {
 			}
 		}
 	}
-	if len(lines) != 5 {
-		t.Fatalf("the parking walkthrough has %d lines, want 5: %q", len(lines), lines)
+	if len(lines) != 7 {
+		t.Fatalf("the parking walkthrough has %d lines, want 7: %q", len(lines), lines)
 	}
 	queue, run := "docpark", "doc-park-"+bus.NewRunID()[:10]
 	stop, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil,
@@ -84,9 +84,12 @@ func TestParkingDocNATSCLI(t *testing.T) {
 			t.Fatalf("record never parked: %v %+v", err, rec)
 		}
 	}
-	sh(lines[1], `{"state":"running","waiting":{"for":"approval"`, `"parked":{"at":"`, `"attempt":1}}`)
+	sh(lines[1], `{"state":"running","waiting":{"for":"approval"`, `"parked":{"at":"`, `"attempt":1,"digest":"`)
 	sh(lines[2], `"prompt":"compute"`)
-	sh(lines[3])
+	sh(lines[3], "parked.digest is the kept copy's")
+	sh(lines[4])
 	waitEvent(t, c, run, bus.EventRunFinished, "")
-	sh(lines[4], `"run_started"`, `"run_parked"`, `"tool_approval_resolved"`)
+	sh(lines[5], `"run_started"`, `"run_parked"`, `"tool_approval_resolved"`)
+	// The resume's read (1.10): every event type in order, in one batch.
+	sh(lines[6], `"run_started"`, `"run_parked"`, `"run_resumed"`, `"run_finished"`)
 }

@@ -716,6 +716,7 @@ export type Parked = {
   at: string;
   seq: number;
   attempt: number;
+  digest?: string;
 };
 
 export type RecordPendingApproval = {

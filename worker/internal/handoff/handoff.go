@@ -16,9 +16,10 @@ import (
 // many run at once) until the returned stop is called. stop waits for
 // the handlings in progress; a message that comes while stopping is
 // handed back (Nak). Consumer errors are logged at debug as what, unless
-// ctx ended. Invariant: once stopping, no handling starts, so wg.Add never
+// ctx ended; pull adds pull options (a short expiry, a heartbeat).
+// Invariant: once stopping, no handling starts, so wg.Add never
 // races wg.Wait.
-func Consume(ctx context.Context, cons jetstream.Consumer, batch int, what string, log *slog.Logger, handle func(context.Context, jetstream.Msg)) (stop func(), err error) {
+func Consume(ctx context.Context, cons jetstream.Consumer, batch int, what string, log *slog.Logger, handle func(context.Context, jetstream.Msg), pull ...jetstream.PullConsumeOpt) (stop func(), err error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	stopping := false
@@ -35,11 +36,11 @@ func Consume(ctx context.Context, cons jetstream.Consumer, batch int, what strin
 			defer wg.Done()
 			handle(ctx, m)
 		}()
-	}, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, append([]jetstream.PullConsumeOpt{jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if ctx.Err() == nil {
 			log.Debug(what, "err", err)
 		}
-	}))
+	})}, pull...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -31,7 +31,10 @@
 //     crash and publish again.
 //  4. Confirm (the pickup of a request with Agentfleet-Woken-From): it
 //     counts only while the record names the same parked.seq and its bytes
-//     are the kept copy's and it came on the record's queue, or when the record is already this request's
+//     are the kept copy's and it carries the copy's wake key (since 1.10:
+//     parked.digest, the SHA-256 of key and bytes, is written with
+//     parked.seq, so no read of the copy) and it came on the
+//     record's queue, or when the record is already this request's
 //     (a redelivery after the woken attempt took the lease, whether or
 //     not that attempt parked the run again: a run parked by a woken
 //     attempt that died before its ack resumes from the redelivered
@@ -99,17 +102,18 @@ func (e *Env) Keeps(now, due time.Time) bool {
 var traceHeaders = []string{"traceparent", "tracestate"}
 
 // Keep stores the copy of request req of run id (step 1) and returns its
-// sequence in AGENTS_PARKED.
-func (e *Env) Keep(ctx context.Context, queue, id string, attempt int, req *jetstream.RawStreamMsg) (uint64, error) {
+// sequence in AGENTS_PARKED, with the digest its record's parked names.
+func (e *Env) Keep(ctx context.Context, queue, id string, attempt int, req *jetstream.RawStreamMsg) (seq uint64, digest string, err error) {
 	m := &nats.Msg{Subject: e.Names.Parked(queue, id), Data: req.Data, Header: nats.Header{}}
 	m.Header.Set(jetstream.MsgIDHeader, id+":park:"+strconv.Itoa(attempt)+":"+strconv.FormatUint(req.Sequence, 10))
 	copyHeaders(m.Header, req.Header)
-	m.Header.Set(bus.HeaderWakeKey, rand.Text())
+	key := rand.Text()
+	m.Header.Set(bus.HeaderWakeKey, key)
 	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.ParkedStream()))
 	if err != nil {
-		return 0, fmt.Errorf("keeping the parked request: %w", err)
+		return 0, "", fmt.Errorf("keeping the parked request: %w", err)
 	}
-	return ack.Sequence, nil
+	return ack.Sequence, bus.RequestDigest(key, req.Data), nil
 }
 
 // Wake publishes the wake of rec's park (step 3). A record not parked
@@ -172,6 +176,9 @@ type Confirmation struct {
 	OK   bool
 	Base int
 	From uint64
+	// Rec is the record the confirmation read (OK only): the pickup
+	// starts from it instead of reading it again.
+	Rec *bus.RunRecord
 }
 
 // Confirm checks a request of run id on queue's submit subject at stream
@@ -203,8 +210,15 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 		// does (its lease take wins on the higher attempt and clears
 		// parked); the newer park's own wakes then find the record
 		// another request's and are dropped.
-	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
+	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue &&
+		rec.Parked.Digest != "":
 		// On the run's own queue: a copy on another's would move the run.
+		// The digest stands for the kept copy's wake key and bytes (no read).
+		if bus.RequestDigest(h.Get(bus.HeaderWakeKey), data) != rec.Parked.Digest {
+			return c, nil
+		}
+	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
+		// Parked by a 1.9 worker (no digest): the kept copy is read.
 		kept, err := e.Parked.GetMsg(ctx, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return c, nil
@@ -224,7 +238,7 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 	default:
 		return c, nil
 	}
-	c.OK, c.Base, c.From = true, base, from
+	c.OK, c.Base, c.From, c.Rec = true, base, from, rec
 	return c, nil
 }
 

@@ -84,6 +84,13 @@ func testCtx(t *testing.T) context.Context {
 // as a parking attempt does; it returns the request and the record.
 func (f *testFleet) park(t *testing.T, id string, body []byte) (*jetstream.RawStreamMsg, *bus.RunRecord) {
 	t.Helper()
+	return f.parkDigest(t, id, body, false)
+}
+
+// parkDigest is park with the record's parked.digest (a 1.10 worker's
+// park; "": a 1.9 worker's).
+func (f *testFleet) parkDigest(t *testing.T, id string, body []byte, withDigest bool) (*jetstream.RawStreamMsg, *bus.RunRecord) {
+	t.Helper()
 	ctx := testCtx(t)
 	res, err := f.c.SubmitRaw(ctx, "default", id, body)
 	if err != nil {
@@ -93,16 +100,19 @@ func (f *testFleet) park(t *testing.T, id string, body []byte) (*jetstream.RawSt
 	if err != nil {
 		t.Fatal(err)
 	}
-	seq, err := f.env.Keep(ctx, "default", id, 1, req)
+	seq, digest, err := f.env.Keep(ctx, "default", id, 1, req)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !withDigest {
+		digest = "" // as a 1.9 worker parks
 	}
 	// Acknowledged: gone from the work queue.
 	if err := f.env.Runs.DeleteMsg(ctx, res.Seq); err != nil {
 		t.Fatal(err)
 	}
 	rec := &bus.RunRecord{ID: id, Queue: "default", State: bus.StateRunning, Attempt: 1, RequestSeq: res.Seq,
-		Waiting: &bus.Waiting{For: bus.WaitingApproval}, Parked: &bus.Parked{At: time.Now(), Seq: seq, Attempt: 1}}
+		Waiting: &bus.Waiting{For: bus.WaitingApproval}, Parked: &bus.Parked{At: time.Now(), Seq: seq, Attempt: 1, Digest: digest}}
 	data, err := agent.MarshalJSON(rec)
 	if err != nil {
 		t.Fatal(err)
@@ -169,6 +179,59 @@ func TestWakeIsConfirmedOnlyForItsPark(t *testing.T) {
 }
 
 // A message squatting the wake's Nats-Msg-Id does not keep the wake out.
+// A record with parked.digest (1.10) confirms a wake by the digest of its
+// bytes, without reading the kept copy (here removed after the wake was
+// published), and hands the record it read to the pickup; another body
+// is not confirmed. Without a digest (a 1.9 park) the copy is read: gone,
+// nothing is confirmed.
+func TestWakeIsConfirmedByTheParkedDigest(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	body := []byte(`{"prompt":"deploy"}`)
+	for _, digest := range []bool{true, false} {
+		id := "rd" + strconv.FormatBool(digest)
+		_, rec := f.parkDigest(t, id, body, digest)
+		if err := f.env.Wake(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		w := f.wakes(t, id)[0]
+		if err := f.env.Parked.DeleteMsg(ctx, rec.Parked.Seq); err != nil {
+			t.Fatal(err)
+		}
+		c, err := f.env.Confirm(ctx, "default", id, w.Sequence, w.Header, w.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !digest {
+			if c.OK {
+				t.Fatalf("a 1.9 park confirmed without its kept copy: %+v", c)
+			}
+			continue
+		}
+		if !c.OK || c.Rec == nil || c.Rec.Parked == nil || c.Rec.Parked.Seq != rec.Parked.Seq || c.Rec.Revision != rec.Revision {
+			t.Fatalf("confirm by digest %+v %v", c, err)
+		}
+		if c, _ := f.env.Confirm(ctx, "default", id, w.Sequence, w.Header, []byte(`{"prompt":"other"}`)); c.OK {
+			t.Fatalf("another body confirmed by digest: %+v", c)
+		}
+		// The run's owner has the body: without the kept copy's wake key
+		// (or with another) the body alone confirms nothing.
+		for _, key := range []string{"", "guessed"} {
+			h := nats.Header{}
+			for k, v := range w.Header {
+				h[k] = v
+			}
+			h.Del(bus.HeaderWakeKey)
+			if key != "" {
+				h.Set(bus.HeaderWakeKey, key)
+			}
+			if c, _ := f.env.Confirm(ctx, "default", id, w.Sequence, h, w.Data); c.OK {
+				t.Fatalf("a wake with key %q confirmed by digest: %+v", key, c)
+			}
+		}
+	}
+}
+
 func TestWakeSquattedByItsIDIsPublishedAnyway(t *testing.T) {
 	f := newTestFleet(t)
 	ctx := testCtx(t)
@@ -278,7 +341,7 @@ func TestRedeliveredWakeOfReparkedRunResumes(t *testing.T) {
 	}
 	// The woken attempt (2) holds the run, then parks it again: Keep, then
 	// the record with its new park; its request (the wake) is not acked.
-	seq2, err := f.env.Keep(ctx, "default", "r9", 2, w)
+	seq2, _, err := f.env.Keep(ctx, "default", "r9", 2, w)
 	if err != nil {
 		t.Fatal(err)
 	}

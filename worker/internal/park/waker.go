@@ -22,15 +22,25 @@ import (
 // own goroutine, never in the NATS callback; the consumer's MaxAckPending
 // bounds how many run at once.
 
+// A pull of the wake and timers consumers lasts pullExpiry, with a
+// heartbeat each pullHeartbeat: a pull the server no longer serves is
+// replaced within two heartbeats. With nats.go's defaults (30 s, 15 s),
+// bulk wakes sometimes waited 30 s for their first delivery, every answer
+// of the bench at once (docs/benchmarks/2026-12.md, 2026-12-07).
+const (
+	pullExpiry    = 2 * time.Second
+	pullHeartbeat = 500 * time.Millisecond
+)
+
 // Start pulls from cons until the returned stop is called; stop waits for
 // the wakes in progress.
 func (e *Env) Start(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
 	return e.consume(ctx, cons, "wake consumer", e.handle)
 }
 
-// consume is handoff.Consume with the wake's log.
+// consume is handoff.Consume with the wake's log and short pulls.
 func (e *Env) consume(ctx context.Context, cons jetstream.Consumer, what string, handle func(context.Context, jetstream.Msg)) (stop func(), err error) {
-	return handoff.Consume(ctx, cons, 64, what, e.Log, handle)
+	return handoff.Consume(ctx, cons, 64, what, e.Log, handle, jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 }
 
 func (e *Env) handle(ctx context.Context, m jetstream.Msg) {
