@@ -223,6 +223,8 @@ type RunRecord struct {
 	// its request was acknowledged; an answer or an abort wakes it. See
 	// Parked.
 	Parked *Parked `json:"parked,omitempty"`
+	// Child links a child run to its parent (since 1.10).
+	Child *ChildOf `json:"child,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
 }

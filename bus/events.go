@@ -92,6 +92,9 @@ const (
 	// WaitingApproval: every running gated tool call of the batch waits
 	// for a person's answer (since 1.3).
 	WaitingApproval = "approval"
+	// WaitingChildren: a run_agent call waits for its child run (since
+	// 1.10).
+	WaitingChildren = "children"
 )
 
 // Waiting is a running record's "waiting": what the run waits for, since
@@ -312,6 +315,8 @@ type RunStarted struct {
 	// Traceparent is the W3C traceparent of the attempt's invoke_agent
 	// span, when the worker traces (since 1.3; readers ignore it).
 	Traceparent string `json:"traceparent,omitempty"`
+	// Child links a child run to its parent (since 1.10).
+	Child *ChildOf `json:"child,omitempty"`
 }
 
 // RunFinished is the last event of a run; there is exactly one per run.

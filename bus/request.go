@@ -177,6 +177,11 @@ type RunRequest struct {
 	Approval *Approval `json:"approval,omitempty"`
 	// Compaction shrinks a long run's context (since 1.10, bus/compaction.go).
 	Compaction *Compaction `json:"compaction,omitempty"`
+	// Children bounds the run's child runs (since 1.10, bus/children.go).
+	Children *Children `json:"children,omitempty"`
+	// Child links a child run to its parent (since 1.10): set by the
+	// worker that submits it.
+	Child *ChildOf `json:"child,omitempty"`
 }
 
 // EffectiveLimits returns the limits with defaults filled in.
@@ -857,6 +862,12 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	}
 	if r.Compaction != nil {
 		p = append(p, r.Compaction.Problems("compaction")...)
+	}
+	if r.Children != nil {
+		p = append(p, r.Children.Problems("children")...)
+	}
+	if r.Child != nil {
+		p = append(p, r.Child.Problems("child", subjectRun)...)
 	}
 	if r.Faux != nil {
 		if r.Model != nil && r.Model.Provider != "faux" {

@@ -73,6 +73,9 @@ type run struct {
 	left   bool               // the observer was told the run finished
 
 	waitingModel atomic.Bool // a model call queues for the shared rate limits
+	// childrenStarted counts the run_agent calls of this attempt (and
+	// those it resumed) against the tree's bound (worker/children.go).
+	childrenStarted atomic.Int64
 	// strayCharge is the charge of the last model call whose consumer
 	// stopped before its final event (the run's listener failed mid-call):
 	// the error message the agent then ends the run with carries it
@@ -494,6 +497,13 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.endPickupPause()
+	if restored && len(r.earlier.childCalls) > 0 {
+		// run_agent calls an earlier attempt left without a result find
+		// their children again (worker/children.go, invariant 2).
+		if err := r.runChildCallsLeft(ctx); err != nil || r.tally.Stopping() || ctx.Err() != nil || r.waitHandedBack.Load() {
+			return err, false
+		}
+	}
 	switch {
 	case !restored:
 		runErr = r.agent.PromptMessages(ctx, r.prompt...)
@@ -618,7 +628,7 @@ func (r *run) runStarted() bus.RunStarted {
 		s.Model = &m
 	}
 	if r.req != nil {
-		s.ContinueFrom, s.Metadata = r.req.ContinueFrom, r.req.Metadata
+		s.ContinueFrom, s.Metadata, s.Child = r.req.ContinueFrom, r.req.Metadata, r.req.Child
 	}
 	if !r.submittedAt.IsZero() {
 		s.SubmittedAt = r.submittedAt.UnixMilli()
@@ -638,6 +648,9 @@ func (r *run) record(state string) *bus.RunRecord {
 	}
 	if r.req != nil {
 		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
+	}
+	if r.req != nil {
+		rec.Child = r.req.Child // worker/children.go
 	}
 	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
 		rec.Tenant = r.tenant.name
@@ -708,4 +721,7 @@ type earlier struct {
 	// usedCallKeys are the call keys earlier attempts' events name, set
 	// by resume before the agent runs (internal/callkey, invariant 1).
 	usedCallKeys map[string]bool
+	// childCalls are run_agent calls an earlier attempt left without a
+	// result: they wait for their children again (worker/children.go).
+	childCalls []agent.Content
 }

@@ -169,6 +169,9 @@ func New(cfg Config) (*Worker, error) {
 	if !cfg.NoBuiltinTools {
 		tools = BuiltinTools()
 	}
+	if !cfg.NoBuiltinTools {
+		tools = append(tools, w.runAgentTool()) // worker/children.go
+	}
 	tools = append(tools, cfg.Tools...)
 	for _, t := range tools {
 		if t == nil || t.Name == "" {

@@ -50,6 +50,12 @@ export type AssistantMessage = {
 /** One step of the assistant stream (docs/protocol.md §4, Agent events). */
 export type AssistantMessageEvent = TextStart | TextDelta | TextEnd | ThinkingStart | ThinkingDelta | ThinkingEnd | ToolCallStart | ToolCallDelta | ToolCallEnd;
 
+export type ChildOf = {
+  parentRunId: string;
+  rootRunId: string;
+  depth: number;
+};
+
 /** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, the run fails (compaction_failed). */
 export type CompactionEndEvent = {
   type: "compaction_end";
@@ -197,6 +203,7 @@ export type RunStartedEvent = {
   /** When AGENTS_RUNS stored the request, Unix milliseconds. */
   submittedAt?: number;
   traceparent?: string;
+  child?: ChildOf;
 };
 
 /** How a run ended. */
@@ -459,6 +466,8 @@ export type RunRequest = {
   faux?: FauxScript;
   approval?: Approval;
   compaction?: Compaction;
+  children?: Children;
+  child?: RequestChildOf;
 } & ({ prompt: string } | { messages: InputMessage[] });
 
 /** Since 1.3: gated tools wait for a person's answer before they run (§13). */
@@ -469,6 +478,17 @@ export type Approval = {
   timeoutSeconds?: number;
   /** Default deny. */
   onTimeout?: "deny" | "abort";
+};
+
+export type RequestChildOf = {
+  parentRunId: string;
+  rootRunId: string;
+  depth: number;
+};
+
+export type Children = {
+  maxDepth?: number;
+  max?: number;
 };
 
 export type Compaction = {
@@ -695,6 +715,7 @@ export type RunRecord = {
   /** (minimum 1) */
   lastControlSeq?: number;
   parked?: Parked;
+  child?: ChildOf;
 };
 
 export type Parked = {
