@@ -726,7 +726,7 @@ func (g *gen) record() *jsonschema.Schema {
 		bus.StateQueued, bus.StateRunning, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted)
 	defs["Reason"] = reasonDef()
 	w := g.def(defs, "Waiting")
-	g.setProp(w, "Waiting", "for", enum("", bus.WaitingModel, bus.WaitingApproval, bus.WaitingBudget))
+	g.setProp(w, "Waiting", "for", enum("", bus.WaitingModel, bus.WaitingApproval, bus.WaitingBudget, bus.WaitingChildren))
 	pa := g.def(defs, "PendingApproval")
 	g.prop(pa, "PendingApproval", "requestedAt").Description = "Unix milliseconds."
 	g.prop(pa, "PendingApproval", "expiresAt").Description = "Unix milliseconds."

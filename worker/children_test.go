@@ -1,10 +1,14 @@
 package worker_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -127,5 +131,149 @@ func TestChildRunDepthBound(t *testing.T) {
 	}
 	if _, err := f.Client.Status(fleettest.Context(t), bus.ChildRunID(child, "g")); err == nil {
 		t.Fatal("the grandchild was submitted")
+	}
+}
+
+// childRecord watches run's record until ok holds (30 s at most).
+func childRecord(t *testing.T, f *fleettest.Fleet, run, what string, ok func(*bus.RunRecord) bool) *bus.RunRecord {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := f.Client.Records(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := kv.Watch(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	var last *bus.RunRecord
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			rec, err := bus.DecodeRecord(e)
+			if err != nil {
+				continue
+			}
+			if last = rec; ok(rec) {
+				return rec
+			}
+		case <-ctx.Done():
+			t.Fatalf("record of %s never %s; last %+v", run, what, last)
+		}
+	}
+}
+
+// slowText is a child's reply that takes about seconds to stream.
+func slowText(text string) []agent.ScriptedResponse {
+	return []agent.ScriptedResponse{fleettest.Text(text)}
+}
+
+// The parent's worker is killed while its 10 children run on another:
+// the parent resumes there, finds its children by their ids instead of
+// submitting them again (each ran once, attempt 1), and finishes with
+// all 10 answers.
+func TestChildRunsParentKilled(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	// One slot, kept while waiting: the parent holds it, its children
+	// run on the other worker.
+	kill := killable(f, worker.Config{Concurrency: 1, MaxWaiting: -1})
+	req := fanOut(10, 4, nil) // "answer i" at 4 tokens a second: about a second each
+	parent := f.Submit("", req)
+	childRecord(t, f, parent, "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
+	f.StartWorker(worker.Config{Concurrency: 12})
+	for i := range 10 {
+		childRecord(t, f, bus.ChildRunID(parent, fmt.Sprintf("k%d", i)), "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
+	}
+	kill()
+	if fin := f.WaitFinished(parent); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("parent %+v", fin)
+	}
+	if got, want := childAnswers(t, f.Transcript(parent)), wantAnswers(10); !slices.Equal(got, want) {
+		t.Fatalf("answers %q, want %q", got, want)
+	}
+	for i := range 10 {
+		id := bus.ChildRunID(parent, fmt.Sprintf("k%d", i))
+		starts := 0
+		for _, env := range f.Follow(id) {
+			if env.Type == bus.EventRunStarted {
+				starts++
+			}
+		}
+		rec, err := f.Client.Status(fleettest.Context(t), id)
+		if err != nil || rec.Attempt != 1 || starts != 1 {
+			t.Fatalf("child %s ran %d times (attempt %d): %v", id, starts, rec.Attempt, err)
+		}
+	}
+}
+
+// 50 parents, each waiting for 2 children, on a worker with 4 slots and
+// the default --max-waiting: the parents wait off their slots, so the
+// children run and every parent finishes.
+func TestChildRunsManyParentsFewSlots(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4})
+	var parents []string
+	for range 50 {
+		parents = append(parents, f.Submit("", fanOut(2, 0, nil)))
+	}
+	for _, p := range parents {
+		if fin := f.WaitFinished(p); fin.Status != bus.StatusSucceeded {
+			t.Fatalf("parent %s %+v", p, fin)
+		}
+		if got, want := childAnswers(t, f.Transcript(p)), wantAnswers(2); !slices.Equal(got, want) {
+			t.Fatalf("parent %s answers %q, want %q", p, got, want)
+		}
+	}
+}
+
+// nested is a child request argument: a run that starts one child
+// (request next) and then answers, or with next nil a slow leaf.
+func nested(next map[string]any) map[string]any {
+	if next == nil {
+		return map[string]any{"faux": bus.FauxScript{Responses: slowText(strings.Repeat("slow ", 200)), TokensPerSecond: 5}}
+	}
+	return map[string]any{"tools": []string{bus.ToolRunAgent}, "faux": bus.FauxScript{Responses: []agent.ScriptedResponse{
+		fleettest.ToolCall("n", bus.ToolRunAgent, map[string]any{"prompt": "go on", "request": next}),
+		fleettest.Text("done"),
+	}}}
+}
+
+// Aborting a parent aborts its descendants: with 3 levels below it, all
+// four runs end aborted within 2 s of the abort.
+func TestChildRunsAbortTree(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 8})
+	req := fleettest.FauxRun("root",
+		fleettest.ToolCall("n", bus.ToolRunAgent, map[string]any{"prompt": "level 1", "request": nested(nested(nested(nil)))}),
+		fleettest.Text("done"))
+	req.Tools = []string{bus.ToolRunAgent}
+	root := f.Submit("", req)
+	l1 := bus.ChildRunID(root, "n")
+	l2 := bus.ChildRunID(l1, "n")
+	l3 := bus.ChildRunID(l2, "n")
+	childRecord(t, f, l3, "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
+	aborted := time.Now()
+	if _, err := f.Client.Abort(fleettest.Context(t), root, "test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{root, l1, l2, l3} {
+		rec := childRecord(t, f, id, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+		if rec.State != bus.StatusAborted {
+			t.Fatalf("run %s %s: %s", id, rec.State, rec.Error)
+		}
+		if took := rec.FinishedAt.Sub(aborted); took > 2*time.Second {
+			t.Fatalf("run %s ended %s after the abort", id, took)
+		}
+	}
+	if rec, _ := f.Client.Status(fleettest.Context(t), l3); rec.Child == nil || rec.Child.Depth != 3 || rec.Child.RootRunID != root {
+		t.Fatalf("depth 3 record %+v", rec.Child)
 	}
 }

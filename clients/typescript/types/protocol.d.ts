@@ -745,7 +745,7 @@ export type Requeue = {
 export type State = "queued" | "running" | "succeeded" | "failed" | "aborted";
 
 export type RecordWaiting = {
-  for: "model" | "approval" | "budget";
+  for: "model" | "approval" | "budget" | "children";
   /** (format date-time) */
   since?: string;
   approvals?: RecordPendingApproval[];
