@@ -152,6 +152,10 @@ func (r *run) childRequest(id string, a childArgs) (*bus.RunRequest, error) {
 		}
 		req.SystemPrompt, req.Tools, req.Limits, req.Faux = cr.SystemPrompt, cr.Tools, cr.Limits, cr.Faux
 	}
+	if req.Model == nil && req.Faux != nil && r.modelRef.Provider == "faux" {
+		m := r.modelRef // a scripted child of a scripted parent: the same faux model
+		req.Model = &m
+	}
 	if req.Model == nil && r.req.Faux != nil && req.Faux == nil {
 		return nil, errors.New(`run_agent: a scripted parent's child needs a "request" with its own faux script`)
 	}
