@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/park"
 )
 
 // Child runs (protocol 1.10; docs/architecture.md, child runs).
@@ -44,7 +45,19 @@ import (
 //     a worker's slots go to children, not to parents waiting for them.
 //  5. A parent stopped by an abort or its deadline aborts the children
 //     it waits for (each of them its own in turn); a drain does not: the
-//     next attempt waits for them again (2).
+//     next attempt waits for them again (2). A parked parent woken by an
+//     abort aborts the children of its calls left without a result.
+//  6. A parent that waits only for children (and approvals) parks as one
+//     waiting for approvals (worker/park.go): its calls stay without a
+//     result in its events. A child, once its run_finished is stored (or
+//     a redelivery finds it finished), wakes its parent if the parent's
+//     record says parked; the parking attempt, once its record says
+//     parked, looks at the records of the children it waited for and
+//     wakes itself if one finished. One of the two sees the other (both
+//     write their record, then read the other's), so a finished child
+//     never leaves its parent parked; extra wakes are dropped
+//     (worker/internal/park, invariant 4). The woken attempt finds the
+//     children by 2.
 
 // WaitingChildren: a run waits for its child runs (since 1.10).
 const waitingChildren = bus.WaitingChildren
@@ -210,6 +223,8 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		r.log.Info("child run found: waiting for it", "child", id, "state", rec.State)
 	}
 	var final *bus.RunRecord
+	r.await(id, true)
+	defer r.await(id, false)
 	err = r.waitInCall(ctx, waitingChildren, time.Now(), func(wctx context.Context) error {
 		final, err = r.awaitChild(wctx, id)
 		return err
@@ -348,4 +363,80 @@ func (r *run) runChildCallsLeft(ctx context.Context) error {
 	}
 	r.agent.SetMessages(append(r.agent.Messages(), results...))
 	return nil
+}
+
+// await adds the child id to the children the run waits for, or removes
+// it.
+func (r *run) await(id string, on bool) {
+	a := &r.awaiting
+	a.Lock()
+	defer a.Unlock()
+	if a.ids == nil {
+		a.ids = map[string]bool{}
+	}
+	if on {
+		a.ids[id] = true
+	} else {
+		delete(a.ids, id)
+	}
+}
+
+// childFinished reports whether a child the parked run waited for has
+// finished (invariant 6); a failed read counts as finished: the wake is
+// harmless, a run parked for ever is not.
+func (r *run) childFinished(ctx context.Context) bool {
+	a := &r.awaiting
+	a.Lock()
+	ids := slices.Collect(maps.Keys(a.ids))
+	a.Unlock()
+	for _, id := range ids {
+		rec, err := r.w.getRecord(ctx, id)
+		if err != nil || rec.Finished() {
+			return true
+		}
+	}
+	return false
+}
+
+// wakeParent wakes the parked parent of a finished child (invariant 6),
+// best effort: the parent's park timer is not armed for children, so a
+// failure is logged loudly.
+func (r *run) wakeParent(ctx context.Context) {
+	if r.req == nil || r.req.Child == nil {
+		return
+	}
+	parent := r.req.Child.ParentRunID
+	rec, err := r.w.getRecord(ctx, parent)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return
+	}
+	if err == nil && (rec.Parked == nil || rec.Finished()) {
+		return
+	}
+	env := r.w.parking
+	if err == nil && env == nil {
+		var s jetstream.Stream
+		if s, err = r.w.js.Stream(ctx, r.w.names.ParkedStream()); err == nil {
+			env = &park.Env{JS: r.w.js, Names: r.w.names, Runs: r.w.runsStream, Parked: s, Read: r.w.getRecord, Log: r.w.log}
+		}
+	}
+	if err == nil {
+		err = env.Wake(ctx, rec)
+	}
+	if err != nil {
+		r.log.Error("cannot wake the parked parent of this child run", "parent", parent, "err", err)
+		return
+	}
+	r.log.Info("woke the parked parent", "parent", parent)
+}
+
+// abortChildrenLeft aborts the children of the calls an earlier attempt
+// left without a result, when this attempt stops before it waits for
+// them (an abort woke a parked parent: invariant 5).
+func (r *run) abortChildrenLeft() {
+	for _, c := range r.earlier.childCalls {
+		id := bus.ChildRunID(r.id, c.ID)
+		r.abortChild(id)
+	}
+	r.earlier.childCalls = nil
 }

@@ -277,3 +277,39 @@ func TestChildRunsAbortTree(t *testing.T) {
 		t.Fatalf("depth 3 record %+v", rec.Child)
 	}
 }
+
+// A parent waiting only for its children parks (its request acknowledged,
+// nothing of it on the worker); its last child's end wakes it and it
+// finishes with every answer.
+func TestChildRunsParentParks(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond})
+	parent := f.Submit("", fanOut(3, 4, nil)) // about a second each
+	childRecord(t, f, parent, "parked", func(r *bus.RunRecord) bool {
+		return r.Parked != nil && r.Waiting != nil && r.Waiting.For == bus.WaitingChildren
+	})
+	if fin := f.WaitFinished(parent); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("parent %+v", fin)
+	}
+	if got, want := childAnswers(t, f.Transcript(parent)), wantAnswers(3); !slices.Equal(got, want) {
+		t.Fatalf("answers %q, want %q", got, want)
+	}
+}
+
+// An abort wakes a parent parked for its children, which aborts them.
+func TestChildRunsParkedParentAborted(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond})
+	parent := f.Submit("", fanOut(2, 2, func(int) []agent.ScriptedResponse { return slowText(strings.Repeat("slow ", 100)) }))
+	childRecord(t, f, parent, "parked", func(r *bus.RunRecord) bool { return r.Parked != nil })
+	if _, err := f.Client.Abort(fleettest.Context(t), parent, "test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{parent, bus.ChildRunID(parent, "k0"), bus.ChildRunID(parent, "k1")} {
+		if rec := childRecord(t, f, id, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusAborted {
+			t.Fatalf("run %s %s", id, rec.State)
+		}
+	}
+}

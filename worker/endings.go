@@ -125,6 +125,7 @@ func (r *run) finish(e ending) error {
 	if err := r.storeFinished(ctx, e.fin, e.settle); err != nil {
 		return err
 	}
+	r.wakeParent(ctx) // worker/children.go
 	r.left = true
 	r.traceFinished(e.fin)
 	r.w.obs.RunFinished(r.info(), e.fin)
@@ -255,6 +256,7 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 		// Published and acked, or handed back (storeFinished).
 	default:
 		r.log.Info("request already finished; acknowledging", "state", rec.State)
+		r.wakeParent(ctx) // a crash may have come before the child's wake (worker/children.go)
 		_ = r.msg.Ack()
 	}
 }

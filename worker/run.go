@@ -76,6 +76,12 @@ type run struct {
 	// childrenStarted counts the run_agent calls of this attempt (and
 	// those it resumed) against the tree's bound (worker/children.go).
 	childrenStarted atomic.Int64
+	// awaiting are the children this attempt's run_agent calls wait for
+	// (worker/children.go, invariant 6).
+	awaiting struct {
+		sync.Mutex
+		ids map[string]bool
+	}
 	// strayCharge is the charge of the last model call whose consumer
 	// stopped before its final event (the run's listener failed mid-call):
 	// the error message the agent then ends the run with carries it
@@ -331,7 +337,7 @@ func (r *run) execute() {
 	cancel := func() { cancelCause(context.Canceled) }
 	defer cancel()
 	var pausedSince time.Time
-	if w := r.prev; w != nil && w.Waiting != nil && w.Waiting.For == bus.WaitingApproval {
+	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) {
 		// The earlier attempt was waiting: its wait goes on until the
 		// resume knows whether calls still wait (endPickupPause).
 		pausedSince = w.Waiting.Since
@@ -481,6 +487,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	r.restorePrior(restored) // continuation.go
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
 	if r.tally.Stopping() {
+		r.abortChildrenLeft() // worker/children.go
 		return nil, false
 	}
 	if err := r.awaitBudget(ctx); err != nil || r.tally.Stopping() { // worker/tenant.go
