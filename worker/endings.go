@@ -254,6 +254,7 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 		_ = r.msg.NakWithDelay(2 * time.Second)
 	case missing:
 		// Published and acked, or handed back (storeFinished).
+		r.wakeParent(ctx) // worker/children.go
 	default:
 		r.log.Info("request already finished; acknowledging", "state", rec.State)
 		r.wakeParent(ctx) // a crash may have come before the child's wake (worker/children.go)
