@@ -334,6 +334,9 @@ type RunFinished struct {
 	// LastControlSeq is the highest AGENTS_CONTROL sequence the run took
 	// into account; control messages stored after it were ignored.
 	LastControlSeq uint64 `json:"lastControlSeq,omitempty"`
+	// TreeCost (since 1.10) is the cost of the run and every run below it
+	// (its child runs' treeCost, or cost), set when it started children.
+	TreeCost float64 `json:"treeCost,omitempty"`
 }
 
 // RunResumed follows run_started when an attempt continues the transcript

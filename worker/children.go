@@ -440,3 +440,37 @@ func (r *run) abortChildrenLeft() {
 	}
 	r.earlier.childCalls = nil
 }
+
+// treeCost is own plus the cost of every child run the run's run_agent
+// calls started, each child's own tree counted (its record's treeCost,
+// else its cost); ok is false for a run that started none. A child still
+// running (its parent aborted) counts what it spent so far.
+func (r *run) treeCost(own float64) (total float64, ok bool) {
+	if r.agent == nil || !slices.Contains(r.toolList, bus.ToolRunAgent) {
+		return 0, false
+	}
+	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
+	defer cancel()
+	total = own
+	for _, m := range r.agent.Messages() {
+		if m.Role != agent.RoleAssistant {
+			continue
+		}
+		for _, c := range m.ToolCalls() {
+			if c.Name != bus.ToolRunAgent {
+				continue
+			}
+			rec, err := r.w.getRecord(ctx, bus.ChildRunID(r.id, c.ID))
+			if err != nil {
+				continue // refused before it was submitted, or unreadable
+			}
+			ok = true
+			if rec.TreeCost > 0 {
+				total += rec.TreeCost
+			} else {
+				total += rec.Cost
+			}
+		}
+	}
+	return total, ok
+}

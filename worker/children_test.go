@@ -3,6 +3,8 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"iter"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/llm/faux"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -311,5 +314,72 @@ func TestChildRunsParkedParentAborted(t *testing.T) {
 		if rec := childRecord(t, f, id, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusAborted {
 			t.Fatalf("run %s %s", id, rec.State)
 		}
+	}
+}
+
+// pricedFaux answers by prompt, at $1,000 per million tokens: "plan"
+// fans out to three children ("task i", answered "answer i"), then
+// merges.
+type pricedFaux struct{ m *faux.Model }
+
+func newPricedFaux() *pricedFaux {
+	return &pricedFaux{m: faux.New(faux.Options{Fallback: func(llm agent.Context) faux.Response {
+		prompt := llm.Messages[0].TextOf()
+		turns := 0
+		for _, m := range llm.Messages {
+			if m.Role == agent.RoleAssistant {
+				turns++
+			}
+		}
+		switch {
+		case prompt == "plan" && turns == 0:
+			var calls []agent.Content
+			for i := range 3 {
+				calls = append(calls, agent.ToolCall(fmt.Sprintf("k%d", i), bus.ToolRunAgent, map[string]any{"prompt": fmt.Sprintf("task %d", i)}))
+			}
+			return agent.ScriptedResponse{Content: calls, StopReason: agent.StopReasonToolUse}
+		case prompt == "plan":
+			return fleettest.Text("merged")
+		}
+		return fleettest.Text("answer " + strings.TrimPrefix(prompt, "task "))
+	}})}
+}
+
+func (p *pricedFaux) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	return p.m.Stream(ctx, model, llm, opts)
+}
+
+func (p *pricedFaux) Model(id string) agent.Model {
+	return agent.Model{ID: id, Name: id, API: "faux", Provider: "priced", Cost: agent.ModelCost{Input: 1000, Output: 1000}}
+}
+
+// A parent's run_finished and final record carry the tree's cost: its
+// own and its children's; each child's carries its own only.
+func TestChildRunsTreeCost(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Providers: map[string]worker.Provider{"priced": newPricedFaux()}})
+	parent := f.Submit("", &bus.RunRequest{Prompt: "plan", Model: &bus.ModelRef{Provider: "priced", ID: "m"}, Tools: []string{bus.ToolRunAgent}})
+	fin := f.WaitFinished(parent)
+	if fin.Status != bus.StatusSucceeded || fin.Cost <= 0 {
+		t.Fatalf("parent %+v", fin)
+	}
+	if got, want := childAnswers(t, f.Transcript(parent)), wantAnswers(3); !slices.Equal(got, want) {
+		t.Fatalf("answers %q, want %q", got, want)
+	}
+	want := fin.Cost
+	for i := range 3 {
+		id := bus.ChildRunID(parent, fmt.Sprintf("k%d", i))
+		rec, err := f.Client.Status(fleettest.Context(t), id)
+		if err != nil || rec.Cost <= 0 || rec.TreeCost != 0 {
+			t.Fatalf("child %s: %v cost %v tree %v", id, err, rec.Cost, rec.TreeCost)
+		}
+		want += rec.Cost
+	}
+	if math.Abs(fin.TreeCost-want) > 1e-9 {
+		t.Fatalf("run_finished treeCost %v, want %v (own %v)", fin.TreeCost, want, fin.Cost)
+	}
+	if rec, err := f.Client.Status(fleettest.Context(t), parent); err != nil || rec.TreeCost != fin.TreeCost {
+		t.Fatalf("parent record treeCost %v, run_finished %v: %v", rec.TreeCost, fin.TreeCost, err)
 	}
 }

@@ -290,7 +290,7 @@ func (r *run) finishFromRecord(ctx context.Context, rec *bus.RunRecord, s settle
 		_, _ = r.pub.Fleet(bus.EventRunStarted, started)
 	}
 	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
-		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq}
+		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq, TreeCost: rec.TreeCost}
 	if fin.LastControlSeq == 0 {
 		// A record of a worker before 1.6: the transcript's control
 		// messages were taken (a lower bound; 0 would say none were).
@@ -415,6 +415,9 @@ func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
 	final := r.record(fin.Status)
 	final.Reason, final.Error, final.FinishedAt = fin.Reason, fin.Error, time.Now()
 	final.LastControlSeq = lastControl
+	if tc, ok := r.treeCost(final.Cost); ok { // worker/children.go
+		final.TreeCost, fin.TreeCost = tc, tc
+	}
 	if r.finish(ending{record: final, fin: fin, settle: r.ackRequest()}) == nil {
 		r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
 			"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)

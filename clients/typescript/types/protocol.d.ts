@@ -165,6 +165,7 @@ export type RunFinishedEvent = {
   durationMs: number;
   /** (minimum 1) */
   lastControlSeq?: number;
+  treeCost?: number;
 };
 
 /** The attempt parked the run (since 1.9, §13): its request was acknowledged and nothing of it is on a worker; an answer or an abort wakes it (a new attempt, run_started). Readers that do not know it skip it. */
@@ -716,6 +717,7 @@ export type RunRecord = {
   lastControlSeq?: number;
   parked?: Parked;
   child?: ChildOf;
+  treeCost?: number;
 };
 
 export type Parked = {
