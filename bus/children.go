@@ -28,6 +28,9 @@ type ChildOf struct {
 	ParentRunID string `json:"parentRunId"`
 	RootRunID   string `json:"rootRunId"`
 	Depth       int    `json:"depth"`
+	// TreeMaxCostUsd is the root's limits.maxCostUsd: the budget every
+	// run of the tree charges (0: none).
+	TreeMaxCostUsd float64 `json:"treeMaxCostUsd,omitempty"`
 }
 
 // MaxChildrenLimit bounds children.max; MaxChildDepthLimit children.maxDepth.
@@ -58,6 +61,9 @@ func (c *ChildOf) Problems(prefix, id string) []string {
 	}
 	if !ValidID(c.RootRunID) {
 		p = append(p, fmt.Sprintf("%s.rootRunId %q is not a valid run id", prefix, truncate(c.RootRunID, 80)))
+	}
+	if c.TreeMaxCostUsd < 0 {
+		p = append(p, prefix+".treeMaxCostUsd must not be negative")
 	}
 	if c.Depth < 1 || c.Depth > MaxChildDepthLimit {
 		p = append(p, fmt.Sprintf("%s.depth %d is not in 1..%d", prefix, c.Depth, MaxChildDepthLimit))

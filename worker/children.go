@@ -135,13 +135,10 @@ func (r *run) childRequest(id string, a childArgs) (*bus.RunRequest, error) {
 	if n := r.childrenStarted.Add(1); int(n) > maxChildren {
 		return nil, fmt.Errorf("run_agent refused: this run may start at most %d child runs", maxChildren)
 	}
-	root := r.id
-	if r.req.Child != nil {
-		root = r.req.Child.RootRunID
-	}
+	treeMax, root := r.treeLimit() // treebudget.go
 	req := &bus.RunRequest{ID: id, Prompt: a.Prompt,
 		Children: &bus.Children{MaxDepth: maxDepth, Max: maxChildren},
-		Child:    &bus.ChildOf{ParentRunID: r.id, RootRunID: root, Depth: depth + 1}}
+		Child:    &bus.ChildOf{ParentRunID: r.id, RootRunID: root, Depth: depth + 1, TreeMaxCostUsd: treeMax}}
 	if !r.modelRef.IsZero() && r.req.Faux == nil {
 		m := r.modelRef
 		req.Model = &m

@@ -322,7 +322,10 @@ func TestChildRunsParkedParentAborted(t *testing.T) {
 // merges.
 type pricedFaux struct{ m *faux.Model }
 
-func newPricedFaux() *pricedFaux {
+func newPricedFaux() *pricedFaux { return newPricedFauxN(3) }
+
+// newPricedFauxN is newPricedFaux with n children.
+func newPricedFauxN(n int) *pricedFaux {
 	return &pricedFaux{m: faux.New(faux.Options{Fallback: func(llm agent.Context) faux.Response {
 		prompt := llm.Messages[0].TextOf()
 		turns := 0
@@ -334,7 +337,7 @@ func newPricedFaux() *pricedFaux {
 		switch {
 		case prompt == "plan" && turns == 0:
 			var calls []agent.Content
-			for i := range 3 {
+			for i := range n {
 				calls = append(calls, agent.ToolCall(fmt.Sprintf("k%d", i), bus.ToolRunAgent, map[string]any{"prompt": fmt.Sprintf("task %d", i)}))
 			}
 			return agent.ScriptedResponse{Content: calls, StopReason: agent.StopReasonToolUse}
@@ -350,7 +353,7 @@ func (p *pricedFaux) Stream(ctx context.Context, model agent.Model, llm agent.Co
 }
 
 func (p *pricedFaux) Model(id string) agent.Model {
-	return agent.Model{ID: id, Name: id, API: "faux", Provider: "priced", Cost: agent.ModelCost{Input: 1000, Output: 1000}}
+	return agent.Model{ID: id, Name: id, API: "faux", Provider: "priced", MaxTokens: 50, Cost: agent.ModelCost{Input: 1000, Output: 1000}}
 }
 
 // A parent's run_finished and final record carry the tree's cost: its
@@ -381,5 +384,38 @@ func TestChildRunsTreeCost(t *testing.T) {
 	}
 	if rec, err := f.Client.Status(fleettest.Context(t), parent); err != nil || rec.TreeCost != fin.TreeCost {
 		t.Fatalf("parent record treeCost %v, run_finished %v: %v", rec.TreeCost, fin.TreeCost, err)
+	}
+}
+
+// Ten parallel children that would overspend the tree's budget (the
+// root's maxCostUsd) together are stopped at it: every run of the tree
+// holds its calls' worst case in one account, so the tree's total stays
+// within the budget and the children without room fail budget_exceeded.
+func TestChildRunsTreeBudget(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 12, Providers: map[string]worker.Provider{"priced": newPricedFauxN(10)}})
+	const budget = 0.3
+	parent := f.Submit("", &bus.RunRequest{Prompt: "plan", Model: &bus.ModelRef{Provider: "priced", ID: "m"}, Tools: []string{bus.ToolRunAgent},
+		Limits: &bus.Limits{MaxCostUsd: budget}})
+	fin := f.WaitFinished(parent)
+	total, refused := fin.Cost, 0
+	for i := range 10 {
+		id := bus.ChildRunID(parent, fmt.Sprintf("k%d", i))
+		rec := childRecord(t, f, id, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
+		total += rec.Cost
+		if rec.Reason == bus.ReasonBudgetExceeded {
+			refused++
+		}
+		if rec.Child == nil || rec.Child.TreeMaxCostUsd != budget {
+			t.Fatalf("child %s link %+v", id, rec.Child)
+		}
+	}
+	t.Logf("parent %s (%s) cost %.4f, tree %.4f, %d children refused", fin.Status, fin.Reason, fin.Cost, total, refused)
+	if refused == 0 || refused == 10 {
+		t.Fatalf("%d of 10 children stopped at the tree's budget", refused)
+	}
+	if total > budget+1e-9 {
+		t.Fatalf("the tree spent $%.6f, its budget is $%.2f", total, budget)
 	}
 }

@@ -92,6 +92,7 @@ type Worker struct {
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
+	trees   *budget.Ledger     // run trees' spending (treebudget.go); nil without the bucket
 
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context

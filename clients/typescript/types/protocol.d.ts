@@ -54,6 +54,7 @@ export type ChildOf = {
   parentRunId: string;
   rootRunId: string;
   depth: number;
+  treeMaxCostUsd?: number;
 };
 
 /** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, the run fails (compaction_failed). */
@@ -485,6 +486,7 @@ export type RequestChildOf = {
   parentRunId: string;
   rootRunId: string;
   depth: number;
+  treeMaxCostUsd?: number;
 };
 
 export type Children = {
