@@ -206,6 +206,7 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		if perr != nil {
 			return "", perr
 		}
+		// ctx holds the call's execute_tool span: the child's trace is its child.
 		if _, err := w.c.Submit(ctx, r.queue, req); err != nil {
 			return "", fmt.Errorf("run_agent: cannot submit the child run %s: %w", id, err)
 		}
