@@ -212,6 +212,7 @@ type RunInfo struct {
 	SubmittedAt time.Time
 	StartedAt   time.Time
 	Deadline    time.Time // when the run's timeout expires; zero if unknown
+	Depth       int       // a child run's depth below its root (worker/children.go); 0 for others
 }
 
 // ModelRequest is one model call, as seen by an Observer.

@@ -313,6 +313,9 @@ func (w *Worker) awaitRequeueCopy(runID string, from uint64) (*bus.RunRecord, er
 func (r *run) info() RunInfo {
 	i := RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: r.modelRef.String(),
 		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}
+	if r.req != nil && r.req.Child != nil {
+		i.Depth = r.req.Child.Depth
+	}
 	if r.clock != nil {
 		i.Deadline = r.clock.Deadline()
 	} else if r.limits.TimeoutSeconds > 0 {
