@@ -38,6 +38,8 @@ func TestStatusTreeShowsChildRuns(t *testing.T) {
 			t.Errorf("status --tree lacks %s:\n%s", re, st)
 		}
 	}
+	fo, _, _ := submit(t, "follow", c)
+	expect(t, fo, "child of "+b+" (depth 2)", "B checked")
 	cs, _, _ := submit(t, "status", c)
 	if !strings.Contains(cs, "parent") || !strings.Contains(cs, b+" (depth 2, root "+id+")") {
 		t.Errorf("child status:\n%s", cs)
