@@ -228,6 +228,11 @@ type RunRecord struct {
 	// its request was acknowledged; an answer or an abort wakes it. See
 	// Parked.
 	Parked *Parked `json:"parked,omitempty"`
+	// Child links a child run to its parent (since 1.10).
+	Child *ChildOf `json:"child,omitempty"`
+	// TreeCost is the cost of the run and every run below it (since
+	// 1.10), in a final record of a run that started child runs.
+	TreeCost float64 `json:"treeCost,omitempty"`
 	// Revision is the KV revision the record was read at (not stored).
 	Revision uint64 `json:"-"`
 }

@@ -95,6 +95,9 @@ const (
 	// WaitingKey: the run's concurrency key is full (since 1.10); the
 	// run is parked, and a run of the key that ends wakes it.
 	WaitingKey = "key"
+	// WaitingChildren: a run_agent call waits for its child run (since
+	// 1.10).
+	WaitingChildren = "children"
 )
 
 // Waiting is a running record's "waiting": what the run waits for, since
@@ -317,6 +320,8 @@ type RunStarted struct {
 	// Traceparent is the W3C traceparent of the attempt's invoke_agent
 	// span, when the worker traces (since 1.3; readers ignore it).
 	Traceparent string `json:"traceparent,omitempty"`
+	// Child links a child run to its parent (since 1.10).
+	Child *ChildOf `json:"child,omitempty"`
 }
 
 // RunFinished is the last event of a run; there is exactly one per run.
@@ -334,6 +339,9 @@ type RunFinished struct {
 	// LastControlSeq is the highest AGENTS_CONTROL sequence the run took
 	// into account; control messages stored after it were ignored.
 	LastControlSeq uint64 `json:"lastControlSeq,omitempty"`
+	// TreeCost (since 1.10) is the cost of the run and every run below it
+	// (its child runs' treeCost, or cost), set when it started children.
+	TreeCost float64 `json:"treeCost,omitempty"`
 }
 
 // RunResumed follows run_started when an attempt continues the transcript

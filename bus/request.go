@@ -183,6 +183,11 @@ type RunRequest struct {
 	// Concurrency limits the runs of one key running at once, fleet-wide
 	// (since 1.10).
 	Concurrency *Concurrency `json:"concurrency,omitempty"`
+	// Children bounds the run's child runs (since 1.10, bus/children.go).
+	Children *Children `json:"children,omitempty"`
+	// Child links a child run to its parent (since 1.10): set by the
+	// worker that submits it.
+	Child *ChildOf `json:"child,omitempty"`
 }
 
 // Concurrency is a request's concurrency key (since 1.10): at most Limit
@@ -888,6 +893,12 @@ func (r *RunRequest) Validate(subjectRun string) error {
 	}
 	if r.Compaction != nil {
 		p = append(p, r.Compaction.Problems("compaction")...)
+	}
+	if r.Children != nil {
+		p = append(p, r.Children.Problems("children")...)
+	}
+	if r.Child != nil {
+		p = append(p, r.Child.Problems("child", subjectRun)...)
 	}
 	if r.Faux != nil {
 		if r.Model != nil && r.Model.Provider != "faux" {

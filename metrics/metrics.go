@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ type Metrics struct {
 
 	runsStarted      *prometheus.CounterVec
 	runsFinished     *prometheus.CounterVec
+	childRuns        *prometheus.CounterVec
 	runsInFlight     *prometheus.GaugeVec
 	runDuration      *prometheus.HistogramVec
 	queueWait        *prometheus.HistogramVec
@@ -91,6 +93,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 
 	m.runsStarted = counterVec(reg, m, "runs_started_total", "Runs started (attempts included).", "queue", "model")
 	m.runsFinished = counterVec(reg, m, "runs_finished_total", "Runs finished, by status (succeeded, failed, aborted) and reason.", "queue", "model", "status", "reason")
+	m.childRuns = counterVec(reg, m, "child_runs_finished_total", "Child runs (run_agent) finished, by depth below their root (1..32) and status.", "depth", "status")
 	m.runsInFlight = gaugeVec(reg, m, "runs_in_flight", "Runs this worker is driving now.", "queue")
 	m.runDuration = histogramVec(reg, m, "run_duration_seconds", "Run duration from start to run_finished on this worker.", long, "queue", "status")
 	m.queueWait = histogramVec(reg, m, "queue_wait_seconds", "Time from submission to the run starting on a worker.", latency, "queue")
@@ -205,6 +208,12 @@ func (m *Metrics) RunFinished(queue, model, status, reason string, d time.Durati
 		m.runsInFlight.WithLabelValues(q).Dec()
 	}
 	m.runDuration.WithLabelValues(q, status).Observe(d.Seconds())
+}
+
+// ChildRunFinished counts a child run's end by its depth below its root
+// (bounded by the protocol: 1..32) and status.
+func (m *Metrics) ChildRunFinished(depth int, status string) {
+	m.childRuns.WithLabelValues(strconv.Itoa(min(max(depth, 1), 32)), oneOf(status, "succeeded", "failed", "aborted")).Inc()
 }
 
 // reasons are the run_finished reasons the label takes ("" for success).

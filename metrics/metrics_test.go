@@ -89,6 +89,7 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.ToolSourceUp("mcp:x", true)
 	m.ToolSourceConflict("service:x", true)
 	m.ApprovalResolved("approve", time.Second)
+	m.ChildRunFinished(1, "succeeded")
 	if families, err = reg.Gather(); err != nil {
 		t.Fatal(err)
 	}

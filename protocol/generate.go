@@ -736,7 +736,7 @@ func (g *gen) record() *jsonschema.Schema {
 		bus.StateQueued, bus.StateRunning, bus.StatusSucceeded, bus.StatusFailed, bus.StatusAborted)
 	defs["Reason"] = reasonDef()
 	w := g.def(defs, "Waiting")
-	g.setProp(w, "Waiting", "for", enum("", bus.WaitingModel, bus.WaitingApproval, bus.WaitingBudget, bus.WaitingKey))
+	g.setProp(w, "Waiting", "for", enum("", bus.WaitingModel, bus.WaitingApproval, bus.WaitingBudget, bus.WaitingKey, bus.WaitingChildren))
 	g.prop(w, "Waiting", "key").Description = `The concurrency key of a wait "for":"key" (since 1.10).`
 	pa := g.def(defs, "PendingApproval")
 	g.prop(pa, "PendingApproval", "requestedAt").Description = "Unix milliseconds."

@@ -228,6 +228,8 @@ func TestFullRequestValidates(t *testing.T) {
 		Concurrency: &bus.Concurrency{Key: "customer-42", Limit: 2},
 		Compaction: &bus.Compaction{ReserveTokens: 2000, KeepRecentTokens: 4000, Model: &bus.ModelRef{Provider: "openai", ID: "gpt-4o-mini"},
 			Instructions: "keep file names"},
+		Children: &bus.Children{MaxDepth: 2, Max: 10},
+		Child:    &bus.ChildOf{ParentRunID: "parent-1", RootRunID: "root-1", Depth: 1},
 	}
 	b, err := agent.MarshalJSON(req)
 	if err != nil {

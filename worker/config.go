@@ -59,6 +59,11 @@ type Config struct {
 	// something else (a budget) keeps its slot. Negative: waiting runs
 	// keep their slots and gated calls are never refused.
 	MaxWaiting int
+	// MaxChildDepth and MaxChildren are the ceilings of a request's
+	// children bounds (worker/children.go): how deep a tree of child runs
+	// may grow below its root, and how many children one run may start.
+	// Defaults 3 and 100.
+	MaxChildDepth, MaxChildren int
 	// ParkAfter parks a run that has waited this long for approvals with
 	// nothing of it running (worker/park.go): its request is acknowledged
 	// and nothing of it stays on the worker until an answer or an abort
@@ -218,6 +223,7 @@ type RunInfo struct {
 	SubmittedAt time.Time
 	StartedAt   time.Time
 	Deadline    time.Time // when the run's timeout expires; zero if unknown
+	Depth       int       // a child run's depth below its root (worker/children.go); 0 for others
 }
 
 // ModelRequest is one model call, as seen by an Observer.
@@ -331,6 +337,12 @@ func (c *Config) defaults() {
 	}
 	if c.MaxWaiting == 0 {
 		c.MaxWaiting = 1_000
+	}
+	if c.MaxChildDepth <= 0 {
+		c.MaxChildDepth = 3
+	}
+	if c.MaxChildren <= 0 {
+		c.MaxChildren = 100
 	}
 	if c.ParkAfter == 0 {
 		c.ParkAfter = 30 * time.Second

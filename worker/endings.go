@@ -125,6 +125,7 @@ func (r *run) finish(e ending) error {
 	if err := r.storeFinished(ctx, e.fin, e.settle); err != nil {
 		return err
 	}
+	r.wakeParent(ctx) // worker/children.go
 	r.left = true
 	r.traceFinished(e.fin)
 	r.w.obs.RunFinished(r.info(), e.fin)
@@ -254,8 +255,10 @@ func (r *run) alreadyFinished(rec *bus.RunRecord) {
 		_ = r.msg.NakWithDelay(2 * time.Second)
 	case missing:
 		// Published and acked, or handed back (storeFinished).
+		r.wakeParent(ctx) // worker/children.go
 	default:
 		r.log.Info("request already finished; acknowledging", "state", rec.State)
+		r.wakeParent(ctx) // a crash may have come before the child's wake (worker/children.go)
 		_ = r.msg.Ack()
 	}
 }
@@ -288,7 +291,7 @@ func (r *run) finishFromRecord(ctx context.Context, rec *bus.RunRecord, s settle
 		_, _ = r.pub.Fleet(bus.EventRunStarted, started)
 	}
 	fin := bus.RunFinished{Type: bus.EventRunFinished, Status: rec.State, Reason: rec.Reason, Error: rec.Error,
-		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq}
+		Usage: rec.Usage, Cost: rec.Cost, Turns: rec.Turns, LastControlSeq: rec.LastControlSeq, TreeCost: rec.TreeCost}
 	if fin.LastControlSeq == 0 {
 		// A record of a worker before 1.6: the transcript's control
 		// messages were taken (a lower bound; 0 would say none were).
@@ -413,6 +416,9 @@ func (r *run) conclude(runErr error, finished bool, timeout time.Duration) {
 	final := r.record(fin.Status)
 	final.Reason, final.Error, final.FinishedAt = fin.Reason, fin.Error, time.Now()
 	final.LastControlSeq = lastControl
+	if tc, ok := r.treeCost(final.Cost); ok { // worker/children.go
+		final.TreeCost, fin.TreeCost = tc, tc
+	}
 	if r.finish(ending{record: final, fin: fin, settle: r.ackRequest()}) == nil {
 		r.log.Info("run finished", "status", fin.Status, "reason", fin.Reason, "turns", fin.Turns,
 			"tokens", fin.Usage.TotalTokens, "durationMs", fin.DurationMs)

@@ -68,6 +68,9 @@ func (o *metricsObserver) RunStarted(r RunInfo) {
 // requests, give-ups): only a started one leaves the in-flight gauge.
 func (o *metricsObserver) RunFinished(r RunInfo, f bus.RunFinished) {
 	o.m.RunFinished(r.Queue, modelLabel(r.Model), f.Status, f.Reason, time.Duration(f.DurationMs)*time.Millisecond, o.leave(r))
+	if r.Depth > 0 {
+		o.m.ChildRunFinished(r.Depth, f.Status)
+	}
 }
 
 func (o *metricsObserver) RunHandedBack(r RunInfo) {

@@ -113,3 +113,37 @@ func TestMetricsFromAFauxRun(t *testing.T) {
 		}
 	}
 }
+
+// Child runs are counted by depth and status (issue 56); the run ids stay
+// out of the labels.
+func TestMetricsChildRunsByDepth(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	reg := prometheus.NewPedanticRegistry()
+	m := metrics.New(reg, metrics.Config{Queues: []string{"default", "other"}})
+	f.StartWorker(worker.Config{Observer: worker.MetricsObserver(m)})
+	req := fleettest.FauxRun("plan",
+		agent.ScriptedResponse{StopReason: agent.StopReasonToolUse, Content: []agent.Content{
+			agent.ToolCall("a", bus.ToolRunAgent, map[string]any{"prompt": "ok", "request": map[string]any{"faux": fleettest.Texts("fine")}}),
+			agent.ToolCall("b", bus.ToolRunAgent, map[string]any{"prompt": "fail", "request": map[string]any{"faux": bus.FauxScript{
+				Responses: []agent.ScriptedResponse{{StopReason: agent.StopReasonError, ErrorMessage: "boom"}}}}}),
+		}},
+		fleettest.Text("merged"))
+	req.Tools = []string{bus.ToolRunAgent}
+	id := f.Submit("", req)
+	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("parent %+v", fin)
+	}
+	g, labels := gather(t, reg)
+	if v := g.value(t, "agentfleet_child_runs_finished_total,depth=1,status=succeeded"); v != 1 {
+		t.Errorf("succeeded children at depth 1: %v", v)
+	}
+	if v := g.value(t, "agentfleet_child_runs_finished_total,depth=1,status=failed"); v != 1 {
+		t.Errorf("failed children at depth 1: %v", v)
+	}
+	for _, l := range labels {
+		if strings.Contains(l, id) || strings.HasPrefix(l, "c") && len(l) == 41 {
+			t.Errorf("a run id in a label: %q", l)
+		}
+	}
+}

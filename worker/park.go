@@ -166,7 +166,13 @@ func (r *run) parks() bool {
 	ws.mu.Lock()
 	other := ws.other
 	ws.mu.Unlock()
-	return what == bus.WaitingApproval && other == 0
+	return parkableWait(what) && other == 0
+}
+
+// parkableWait reports whether a wait may park its run: an approval's,
+// or a run_agent call's for its child (worker/children.go, invariant 6).
+func parkableWait(what string) bool {
+	return what == bus.WaitingApproval || what == bus.WaitingChildren
 }
 
 // announcePark publishes run_parked (handBackWhileWaiting, before the
@@ -255,6 +261,11 @@ func (r *run) parkWaiting() {
 			r.log.Warn("cannot look for answers that came while parking; waking the run", "err", err)
 			wake = true
 		}
+	}
+	if !wake {
+		// A child that finished before the record said parked found its
+		// parent not parked (worker/children.go, invariant 6).
+		wake = r.childFinished(ctx)
 	}
 	if wake {
 		if err := env.Wake(ctx, rec); err != nil {

@@ -146,6 +146,9 @@ func (r *run) wrapStream(fn agent.StreamFn) agent.StreamFn {
 	if r.tenant.budgeted {
 		fn = r.tenantStream(fn)
 	}
+	if usd, root := r.treeLimit(); usd > 0 && r.w.trees != nil {
+		fn = r.treeStream(fn, usd, root) // treebudget.go
+	}
 	if r.limits.MaxCostUsd > 0 {
 		fn = r.budgetStream(fn)
 	}

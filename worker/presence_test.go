@@ -36,7 +36,7 @@ func TestMixedToolsOnOneQueue(t *testing.T) {
 	}
 	logs := &logbuf.Buffer{}
 	f.StartWorker(worker.Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	for _, want := range []string{"worker mcp-worker-1 on queue default serves different tools", "peerOnly=everything__add", "thisOnly=current_time,sleep"} {
+	for _, want := range []string{"worker mcp-worker-1 on queue default serves different tools", "peerOnly=everything__add", "thisOnly=current_time,run_agent,sleep"} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("the start log lacks %q:\n%s", want, logs)
 		}

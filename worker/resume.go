@@ -83,8 +83,9 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	all := append(append(make([]agent.Message, 0, len(base)+len(msgs)+len(rc.Synthetic)), base...), msgs...)
-	for i := range rc.Synthetic {
-		m := rc.Synthetic[i]
+	synthetic := r.takeChildCalls(rc.Synthetic, msgs) // worker/children.go
+	for i := range synthetic {
+		m := synthetic[i]
 		for _, typ := range []agent.EventType{agent.EventMessageStart, agent.EventMessageEnd} {
 			data, err := agent.MarshalJSON(bus.AgentEvent{Type: string(typ), Message: &m})
 			if err != nil {

@@ -79,6 +79,15 @@ type run struct {
 	left   bool               // the observer was told the run finished
 
 	waitingModel atomic.Bool // a model call queues for the shared rate limits
+	// childrenStarted counts the run_agent calls of this attempt (and
+	// those it resumed) against the tree's bound (worker/children.go).
+	childrenStarted atomic.Int64
+	// awaiting are the children this attempt's run_agent calls wait for
+	// (worker/children.go, invariant 6).
+	awaiting struct {
+		sync.Mutex
+		ids map[string]bool
+	}
 	// strayCharge is the charge of the last model call whose consumer
 	// stopped before its final event (the run's listener failed mid-call):
 	// the error message the agent then ends the run with carries it
@@ -321,6 +330,9 @@ func (w *Worker) awaitRequeueCopy(runID string, from uint64) (*bus.RunRecord, er
 func (r *run) info() RunInfo {
 	i := RunInfo{ID: r.id, Queue: r.queue, Attempt: r.attempt, Model: r.modelRef.String(),
 		SubmittedAt: r.submittedAt, StartedAt: r.startedAt}
+	if r.req != nil && r.req.Child != nil {
+		i.Depth = r.req.Child.Depth
+	}
 	if r.clock != nil {
 		i.Deadline = r.clock.Deadline()
 	} else if r.limits.TimeoutSeconds > 0 {
@@ -351,7 +363,7 @@ func (r *run) execute() {
 	if w := r.prev; w != nil && w.Waiting != nil && bus.Indexed(w.Waiting.For) {
 		r.carried.Store(w.Waiting)
 	}
-	if w := r.prev; w != nil && w.Waiting != nil && w.Waiting.For == bus.WaitingApproval {
+	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) {
 		// The earlier attempt was waiting: its wait goes on until the
 		// resume knows whether calls still wait (endPickupPause).
 		pausedSince = w.Waiting.Since
@@ -508,6 +520,7 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 	r.restorePrior(restored) // continuation.go
 	r.ctl.start(r.w.hardCtx, r.w.pickupRead(r))
 	if r.tally.Stopping() {
+		r.abortChildrenLeft() // worker/children.go
 		return nil, false
 	}
 	if err := r.awaitBudget(ctx); err != nil || r.tally.Stopping() { // worker/tenant.go
@@ -524,6 +537,13 @@ func (r *run) drive(ctx context.Context) (runErr error, finished bool) {
 		}
 	}
 	r.endPickupPause()
+	if restored && len(r.earlier.childCalls) > 0 {
+		// run_agent calls an earlier attempt left without a result find
+		// their children again (worker/children.go, invariant 2).
+		if err := r.runChildCallsLeft(ctx); err != nil || r.tally.Stopping() || ctx.Err() != nil || r.waitHandedBack.Load() {
+			return err, false
+		}
+	}
 	switch {
 	case !restored:
 		runErr = r.agent.PromptMessages(ctx, r.prompt...)
@@ -648,7 +668,7 @@ func (r *run) runStarted() bus.RunStarted {
 		s.Model = &m
 	}
 	if r.req != nil {
-		s.ContinueFrom, s.Metadata = r.req.ContinueFrom, r.req.Metadata
+		s.ContinueFrom, s.Metadata, s.Child = r.req.ContinueFrom, r.req.Metadata, r.req.Child
 	}
 	if !r.submittedAt.IsZero() {
 		s.SubmittedAt = r.submittedAt.UnixMilli()
@@ -669,6 +689,9 @@ func (r *run) record(state string) *bus.RunRecord {
 	if r.req != nil {
 		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
 		rec.Priority = r.lane.RecordPriority()
+	}
+	if r.req != nil {
+		rec.Child = r.req.Child // worker/children.go
 	}
 	if r.w.ledger != nil { // budgets on: the tenant they charge (tenant.go)
 		rec.Tenant = r.tenant.name
@@ -741,4 +764,7 @@ type earlier struct {
 	// usedCallKeys are the call keys earlier attempts' events name, set
 	// by resume before the agent runs (internal/callkey, invariant 1).
 	usedCallKeys map[string]bool
+	// childCalls are run_agent calls an earlier attempt left without a
+	// result: they wait for their children again (worker/children.go).
+	childCalls []agent.Content
 }

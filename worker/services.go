@@ -36,12 +36,13 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 			}
 			return w.startCoverage(setup), nil
 		}},
-		{"shared rate limits", w.startRateLimits},                                                               // worker/ratelimit.go
-		{"tenant budgets", w.startBudgets},                                                                      // worker/tenant.go
-		{"give-up", func(setup context.Context) (func(), error) { return w.startGiveUp(setup), nil }},           // worker/giveup.go
-		{"waiting-index sweep", w.startWaitingSweep},                                                            // worker/waitindex.go
-		{"wake", w.startWake},                                                                                   // worker/park.go
-		{"schedules", w.startSchedules},                                                                         // worker/schedule.go
+		{"shared rate limits", w.startRateLimits}, // worker/ratelimit.go
+		{"tenant budgets", w.startBudgets},        // worker/tenant.go
+		{"tree budgets", w.startTreeBudgets},      // worker/treebudget.go
+		{"give-up", func(setup context.Context) (func(), error) { return w.startGiveUp(setup), nil }}, // worker/giveup.go
+		{"waiting-index sweep", w.startWaitingSweep},                                                  // worker/waitindex.go
+		{"wake", w.startWake},           // worker/park.go
+		{"schedules", w.startSchedules}, // worker/schedule.go
 		{"memory trim", func(context.Context) (func(), error) { return w.startTrim(), nil }},                    // worker/park.go
 		{"tool sources", func(setup context.Context) (func(), error) { return w.startToolSources(setup), nil }}, // worker/toolsources.go
 		{"presence", func(context.Context) (func(), error) { return w.startPresence(), nil }},                   // worker/presence.go

@@ -19,12 +19,18 @@ func BuiltinTools() []*agent.Tool { return builtin.Tools() }
 
 type runKey struct{}
 
+// maxToolTimeout is a tool call's timeout that never ends it.
+const maxToolTimeout = 100 * 365 * 24 * time.Hour
+
 // wrapTool returns a copy of t whose Execute has a timeout, caps the
 // result's size and reports to the observer.
 func (w *Worker) wrapTool(t *agent.Tool) *agent.Tool {
 	inner := t.Execute
 	name := t.Name
 	timeout := w.cfg.ToolTimeout
+	if name == bus.ToolRunAgent {
+		timeout = maxToolTimeout // a child run has its own timeout; the parent waits off its slot
+	}
 	maxArgs := w.cfg.MaxToolArgsBytes
 	prepare := t.PrepareArguments
 	return &agent.Tool{

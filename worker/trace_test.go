@@ -446,3 +446,27 @@ func TestTraceBudgetWait(t *testing.T) {
 		t.Fatalf("budget wait span lasts %s, the run waited %dms", d, waitedMs)
 	}
 }
+
+// A child run's trace (issue 56) is a child of its parent's execute_tool
+// span: the run_agent call's span is the child's submit.
+func TestTraceChildRun(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := newSpans(t)
+	f.StartWorker(worker.Config{TracerProvider: s.tp})
+	req := fleettest.FauxRun("plan",
+		fleettest.ToolCall("k", bus.ToolRunAgent, map[string]any{"prompt": "task", "request": map[string]any{"faux": fleettest.Texts("answer")}}),
+		fleettest.Text("merged"))
+	req.Tools = []string{bus.ToolRunAgent}
+	id, _ := submitTraced(t, f, s.tp, req)
+	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	call := s.waitFor(1, "execute_tool run_agent", named("execute_tool run_agent"))[0]
+	child := s.waitFor(1, "the child's invoke_agent", func(sp sdktrace.ReadOnlySpan) bool {
+		return sp.Name() == "invoke_agent" && attrs(sp)["agentfleet.run.id"].AsString() == bus.ChildRunID(id, "k")
+	})[0]
+	if child.SpanContext().TraceID() != call.SpanContext().TraceID() || child.Parent().SpanID() != call.SpanContext().SpanID() {
+		t.Fatalf("the child's invoke_agent is not the call's child: parent %v, call %v\n%s", child.Parent(), call.SpanContext(), s.dump())
+	}
+}

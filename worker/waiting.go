@@ -222,7 +222,7 @@ func (r *run) waitOff(ctx context.Context, what string, since time.Time, inCall 
 	// fired returns nil and is not parked: an answer the wait took is
 	// applied, so none is taken and lost.
 	parkSignal := r.parkSignal
-	if parkSignal == nil || what != bus.WaitingApproval {
+	if parkSignal == nil || !parkableWait(what) {
 		parkSignal = context.Background() // a run not from newRun (tests)
 	}
 	stopPark := context.AfterFunc(parkSignal, cancel)
@@ -247,7 +247,7 @@ func (r *run) enterWait(what string, since time.Time, inCall bool) {
 		ws.busy = max(ws.busy-1, 0) // the call waits, not runs
 	}
 	ws.n++
-	if what != bus.WaitingApproval {
+	if !parkableWait(what) {
 		ws.other++
 		r.disarmParkLocked()
 	}
@@ -433,7 +433,7 @@ func (r *run) leaveWait(ctx context.Context, what string, handedBack, inCall boo
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.n--
-	if what != bus.WaitingApproval {
+	if !parkableWait(what) {
 		ws.other--
 	}
 	if inCall && !handedBack {

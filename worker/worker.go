@@ -96,6 +96,7 @@ type Worker struct {
 
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
+	trees   *budget.Ledger     // run trees' spending (treebudget.go); nil without the bucket
 
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context
@@ -180,6 +181,9 @@ func New(cfg Config) (*Worker, error) {
 	var tools []*agent.Tool
 	if !cfg.NoBuiltinTools {
 		tools = BuiltinTools()
+	}
+	if !cfg.NoBuiltinTools {
+		tools = append(tools, w.runAgentTool()) // worker/children.go
 	}
 	tools = append(tools, cfg.Tools...)
 	for _, t := range tools {

@@ -517,11 +517,12 @@ func cmdAbort(ctx context.Context, e *env, args []string) int {
 }
 
 func cmdStatus(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "status", "submit status RUN [--json]")
+	fs := newFlagSet(e, "status", "submit status RUN [--json] [--tree]")
 	var cf conn
-	var asJSON bool
+	var asJSON, tree bool
 	cf.register(fs.FlagSet, e)
 	fs.BoolVar(&asJSON, "json", false, "print the record as JSON")
+	fs.BoolVar(&tree, "tree", false, "also list the child runs below it (run_agent), each with its state and cost; reads its events")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
@@ -529,7 +530,7 @@ func cmdStatus(ctx context.Context, e *env, args []string) int {
 	if len(pos) != 1 {
 		return fail(e, usagef("status takes one run id"))
 	}
-	_, _, rec, release, err := openRun(ctx, e, &cf, pos[0])
+	ctx, c, rec, release, err := openRun(ctx, e, &cf, pos[0])
 	if err != nil {
 		return fail(e, err)
 	}
@@ -537,7 +538,14 @@ func cmdStatus(ctx context.Context, e *env, args []string) int {
 	if asJSON {
 		return writeJSON(e, rec)
 	}
-	writeRecord(e, style{on: e.color(cf.noColor)}, rec)
+	st := style{on: e.color(cf.noColor)}
+	writeRecord(e, st, rec)
+	if !tree || rec.StartedAt.IsZero() {
+		return exitOK
+	}
+	// The child runs below it (protocol 1.10), from its run_agent calls.
+	n := 0
+	writeTree(ctx, e, st, c, rec, 0, &n)
 	return exitOK
 }
 
@@ -605,6 +613,9 @@ func writeRecord(e *env, st style, r *bus.RunRecord) {
 		row("cost", money(r.Cost))
 	}
 	row("error", field(r.Error))
+	if c := r.Child; c != nil {
+		row("parent", fmt.Sprintf("%s (depth %d, root %s)", field(c.ParentRunID), c.Depth, field(c.RootRunID)))
+	}
 	for k, v := range r.Metadata {
 		row("meta "+field(k), field(v))
 	}

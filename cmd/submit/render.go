@@ -248,6 +248,9 @@ func (r *renderer) runStarted(env *bus.Envelope, rs *bus.RunStarted) {
 	if rs.ContinueFrom != "" {
 		parts = append(parts, "continues "+rs.ContinueFrom)
 	}
+	if c := rs.Child; c != nil { // a child run (protocol 1.10)
+		parts = append(parts, fmt.Sprintf("child of %s (depth %d)", c.ParentRunID, c.Depth))
+	}
 	r.println(r.st.dim("● " + field(strings.Join(parts, " · "))))
 	if rs.Notice != "" {
 		r.println(r.st.yellow("! " + sanitize(rs.Notice)))

@@ -86,6 +86,8 @@ type options struct {
 	fetchBytes    byteSize
 	eventBatches  bool
 	maxWaiting    int
+	maxChildDepth int
+	maxChildren   int
 	parkAfter     time.Duration
 	approveTools  string
 	replicas      int
@@ -293,6 +295,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxAckPending, "max-ack-pending", environ.int("AGENTS_MAX_ACK_PENDING", 10_000), "unacknowledged requests per queue consumer across the fleet (running, waiting, handed back); keep it above the fleet's slots plus waiting runs [AGENTS_MAX_ACK_PENDING]")
 	o.fetchBytes = environ.bytesDefault("AGENTS_FETCH_BYTES", worker.DefaultFetchBytes)
 	fs.Var(&o.fetchBytes, "fetch-bytes", "bytes of requests the worker's fetches may bring at once (e.g. 16MiB), shared by its pull loops; each loop still takes one request of the largest size. Keep it well under the server's max_pending (64 MiB by default), past which the server disconnects the worker as a slow consumer [AGENTS_FETCH_BYTES]")
+	fs.IntVar(&o.maxChildDepth, "max-child-depth", environ.int("AGENTS_MAX_CHILD_DEPTH", 3), "levels of child runs (run_agent) below a root run, at most; a request's children.maxDepth is capped by it [AGENTS_MAX_CHILD_DEPTH]")
+	fs.IntVar(&o.maxChildren, "max-children", environ.int("AGENTS_MAX_CHILDREN", 100), "child runs (run_agent) one run may start, at most; a request's children.max is capped by it [AGENTS_MAX_CHILDREN]")
 	fs.IntVar(&o.maxWaiting, "max-waiting", environ.int("AGENTS_MAX_WAITING", 1_000), "runs waiting for an approval without holding a slot, at most; past it a gated tool call is refused at once (its result says the fleet has too many runs waiting; the model goes on); -1 or 0: waiting runs keep their slots and no call is refused [AGENTS_MAX_WAITING]")
 	fs.StringVar(&o.approveTools, "approve-tools", env("AGENTS_APPROVE_TOOLS", ""), "tools whose every call waits for a person's answer (comma-separated names or patterns, \"*\" for all); requests may gate more, never fewer [AGENTS_APPROVE_TOOLS]")
 	fs.IntVar(&o.maxDeliver, "max-deliver", environ.int("AGENTS_MAX_DELIVER", 5), "deliveries of a request at most; then the run is given up (failed/gave_up, copy on agents.dead.<queue>.<run>) [AGENTS_MAX_DELIVER]")
@@ -430,6 +434,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.maxWaiting < -1 {
 		return nil, errors.New("--max-waiting must be -1 (never) or more")
+	}
+	if o.maxChildDepth < 1 || o.maxChildDepth > bus.MaxChildDepthLimit || o.maxChildren < 1 || o.maxChildren > bus.MaxChildrenLimit {
+		return nil, fmt.Errorf("--max-child-depth must be in 1..%d and --max-children in 1..%d", bus.MaxChildDepthLimit, bus.MaxChildrenLimit)
 	}
 	if tools := bus.ParseApproveTools(o.approveTools); len(tools) > 0 {
 		a := bus.Approval{Tools: tools}
@@ -618,6 +625,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	cfg.FetchBytes = int(min(int64(o.fetchBytes), 1<<40))
 	cfg.NoEventBatches = !o.eventBatches
 	cfg.MaxWaiting = o.maxWaiting
+	cfg.MaxChildDepth, cfg.MaxChildren = o.maxChildDepth, o.maxChildren
 	cfg.ParkAfter = o.parkAfter
 	if cfg.ParkAfter == 0 {
 		cfg.ParkAfter = -1 // 0 from the flag: never park

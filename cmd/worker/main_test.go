@@ -208,3 +208,21 @@ func TestSizeAndSyncFlags(t *testing.T) {
 		})
 	}
 }
+
+// The child runs' ceilings (issue 56): defaults, flags, and bounds.
+func TestChildCeilingFlags(t *testing.T) {
+	var out logbuf.Buffer
+	o, err := parse(nil, &out)
+	if err != nil || o.maxChildDepth != 3 || o.maxChildren != 100 {
+		t.Fatalf("defaults: %+v %v", o, err)
+	}
+	if o, err = parse([]string{"--max-child-depth", "5", "--max-children", "20"}, &out); err != nil || o.maxChildDepth != 5 || o.maxChildren != 20 {
+		t.Fatalf("flags: %+v %v", o, err)
+	}
+	for _, args := range [][]string{{"--max-child-depth", "0"}, {"--max-children", "-1"}, {"--max-child-depth", "33"}} {
+		var msgs logbuf.Buffer
+		if _, err := parse(args, &msgs); err == nil || !strings.Contains(err.Error(), "--max-child-depth must be in 1..32 and --max-children in 1..10000") {
+			t.Errorf("%q: %v", args, err)
+		}
+	}
+}

@@ -50,6 +50,13 @@ export type AssistantMessage = {
 /** One step of the assistant stream (docs/protocol.md §4, Agent events). */
 export type AssistantMessageEvent = TextStart | TextDelta | TextEnd | ThinkingStart | ThinkingDelta | ThinkingEnd | ToolCallStart | ToolCallDelta | ToolCallEnd;
 
+export type ChildOf = {
+  parentRunId: string;
+  rootRunId: string;
+  depth: number;
+  treeMaxCostUsd?: number;
+};
+
 /** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, the run fails (compaction_failed). */
 export type CompactionEndEvent = {
   type: "compaction_end";
@@ -159,6 +166,7 @@ export type RunFinishedEvent = {
   durationMs: number;
   /** (minimum 1) */
   lastControlSeq?: number;
+  treeCost?: number;
 };
 
 /** The attempt parked the run (since 1.9, §13): its request was acknowledged and nothing of it is on a worker; an answer or an abort wakes it (a new attempt, run_started). Readers that do not know it skip it. */
@@ -197,6 +205,7 @@ export type RunStartedEvent = {
   /** When AGENTS_RUNS stored the request, Unix milliseconds. */
   submittedAt?: number;
   traceparent?: string;
+  child?: ChildOf;
 };
 
 /** How a run ended. */
@@ -463,6 +472,8 @@ export type RunRequest = {
   /** Since 1.10: the run's lane; default normal. A high or low request is published to agents.lane.{queue}.{priority}._.{run} (§3, Priority lanes). */
   priority?: "high" | "normal" | "low";
   concurrency?: Concurrency;
+  children?: Children;
+  child?: RequestChildOf;
 } & ({ prompt: string } | { messages: InputMessage[] });
 
 /** Since 1.3: gated tools wait for a person's answer before they run (§13). */
@@ -473,6 +484,18 @@ export type Approval = {
   timeoutSeconds?: number;
   /** Default deny. */
   onTimeout?: "deny" | "abort";
+};
+
+export type RequestChildOf = {
+  parentRunId: string;
+  rootRunId: string;
+  depth: number;
+  treeMaxCostUsd?: number;
+};
+
+export type Children = {
+  maxDepth?: number;
+  max?: number;
 };
 
 export type Compaction = {
@@ -709,6 +732,8 @@ export type RunRecord = {
   /** (minimum 1) */
   lastControlSeq?: number;
   parked?: Parked;
+  child?: ChildOf;
+  treeCost?: number;
 };
 
 export type Parked = {
@@ -739,7 +764,7 @@ export type Requeue = {
 export type State = "queued" | "running" | "succeeded" | "failed" | "aborted";
 
 export type RecordWaiting = {
-  for: "model" | "approval" | "budget" | "key";
+  for: "model" | "approval" | "budget" | "key" | "children";
   /** (format date-time) */
   since?: string;
   /** The concurrency key of a wait "for":"key" (since 1.10). */

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// TestChildRunsDocNATSCLI runs docs/protocol.md's nats CLI walkthrough of
+// child runs (§17) as written, on the tests' worker process: the parent's
+// tool results are its children's answers, and each child's record names
+// it as parent.
+func TestChildRunsDocNATSCLI(t *testing.T) {
+	t.Parallel()
+	path := natsCLIPath(t)
+	if _, err := exec.LookPath("jq"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no jq on the PATH: .ci/run installs it")
+		}
+		t.Skip("no jq on the PATH (apt-get install jq)")
+	}
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		if strings.Contains(m[1], "agents.submit.default.plan1") {
+			for _, l := range strings.Split(m[1], "\n") {
+				if l = strings.TrimSpace(l); l != "" {
+					lines = append(lines, l)
+				}
+			}
+		}
+	}
+	if len(lines) != 3 {
+		t.Fatalf("the child runs walkthrough has %d lines, want 3: %q", len(lines), lines)
+	}
+	run := "doc-plan-" + bus.NewRunID()[:10]
+	home := t.TempDir()
+	sh := func(line string, want ...string) {
+		t.Helper()
+		line = regexp.MustCompile(`\bplan1\b`).ReplaceAllString(line, run)
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
+		cmd.Env = []string{"PATH=" + path, "HOME=" + home, "NATS_URL=" + fleet.url}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+		for _, w := range want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("%s: no %q in\n%s", line, w, out)
+			}
+		}
+	}
+	c := testClient(t)
+	sh(lines[0])
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) { // the worker is another process
+		rec, err := c.Status(ctx(t), run)
+		if err == nil && rec.Finished() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not finish: %v %+v", run, err, rec)
+		}
+	}
+	sh(lines[1], `"A is done"`, `"B is done"`)
+	sh(lines[2], `"state":"succeeded","child":{"parentRunId":"`+run+`","rootRunId":"`+run+`","depth":1}`, `"id":"`+bus.ChildRunID(run, "a")+`"`, `"id":"`+bus.ChildRunID(run, "b")+`"`)
+}

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/bus"
+)
+
+// treeRun fans out to two scripted children, one of which starts its own.
+const treeRun = `{"model":"faux/x","tools":["run_agent"],"faux":{"responses":[
+ {"content":[{"type":"toolCall","id":"a","name":"run_agent","arguments":{"prompt":"research A","request":{"faux":{"responses":[{"content":[{"type":"text","text":"A is done"}]}]}}}},
+  {"type":"toolCall","id":"b","name":"run_agent","arguments":{"prompt":"research B","request":{"tools":["run_agent"],"faux":{"responses":[
+   {"content":[{"type":"toolCall","id":"c","name":"run_agent","arguments":{"prompt":"check B","request":{"faux":{"responses":[{"content":[{"type":"text","text":"B checked"}]}]}}}}],"stopReason":"toolUse"},
+   {"content":[{"type":"text","text":"B is done"}]}]}}}}],"stopReason":"toolUse"},
+ {"content":[{"type":"text","text":"merged"}]}]}}`
+
+// A parent's children on a real worker process: `submit status --tree`
+// lists them, nested by depth, each with its state; a child's status
+// names its parent.
+func TestStatusTreeShowsChildRuns(t *testing.T) {
+	t.Parallel()
+	id := "t-tree-" + bus.NewRunID()[:8]
+	out, errOut, code := submit(t, "--id", id, "--request", request(t, treeRun), "plan")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	expect(t, out, "A is done", "B is done", "merged")
+	st, _, code := submit(t, "status", "--tree", id)
+	if code != 0 {
+		t.Fatalf("status --tree: exit %d\n%s", code, st)
+	}
+	a, b := bus.ChildRunID(id, "a"), bus.ChildRunID(id, "b")
+	c := bus.ChildRunID(b, "c")
+	for _, re := range []string{`(?m)^└ ` + a + `\s+succeeded\s`, `(?m)^└ ` + b + `\s+succeeded\s`, `(?m)^  └ ` + c + `\s+succeeded\s`} {
+		if !regexp.MustCompile(re).MatchString(st) {
+			t.Errorf("status --tree lacks %s:\n%s", re, st)
+		}
+	}
+	fo, _, _ := submit(t, "follow", c)
+	expect(t, fo, "child of "+b+" (depth 2)", "B checked")
+	cs, _, _ := submit(t, "status", c)
+	if !strings.Contains(cs, "parent") || !strings.Contains(cs, b+" (depth 2, root "+id+")") {
+		t.Errorf("child status:\n%s", cs)
+	}
+}

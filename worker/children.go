@@ -1,0 +1,474 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/park"
+)
+
+// Child runs (protocol 1.10; docs/architecture.md, child runs).
+//
+// The built-in tool run_agent starts a child run on the fleet and returns
+// its final answer. Invariants:
+//
+//  1. The child's id is bus.ChildRunID(parent, call key): a function of
+//     the run and the call alone (the key is run-unique,
+//     worker/internal/callkey), so every attempt of the parent names the
+//     same child.
+//  2. The tool runs only after the call's events are stored (wrapTool's
+//     storedBeforeTheCall), and submits only when the child's record and
+//     the runs stream's dedupe (Nats-Msg-Id = the id) do not know it: a
+//     resumed parent finds the child, running or finished, and waits for
+//     it; it never starts it twice. A call an earlier attempt left
+//     without a result runs again on resume (runChildCallsLeft) instead
+//     of getting the "may or may not have run" result: by 1 it is the
+//     same child.
+//  3. The bounds are checked before anything is submitted: the depth and
+//     count are the request's children bounds capped by the worker's
+//     ceilings (Config.MaxChildDepth, MaxChildren), and a child carries
+//     the root's bounds, so no level of the tree widens them. The child's
+//     tenant is the parent's (its tenant metadata is copied over whatever
+//     a scripted request says).
+//  4. The parent waits off its slot (waitInCall, wait kind "children"):
+//     a worker's slots go to children, not to parents waiting for them.
+//  5. A parent stopped by an abort or its deadline aborts the children
+//     it waits for (each of them its own in turn); a drain does not: the
+//     next attempt waits for them again (2). A parked parent woken by an
+//     abort aborts the children of its calls left without a result.
+//  6. A parent that waits only for children (and approvals) parks as one
+//     waiting for approvals (worker/park.go): its calls stay without a
+//     result in its events. A child, once its run_finished is stored (or
+//     a redelivery finds it finished), wakes its parent if the parent's
+//     record says parked; the parking attempt, once its record says
+//     parked, looks at the records of the children it waited for and
+//     wakes itself if one finished. One of the two sees the other (both
+//     write their record, then read the other's), so a finished child
+//     never leaves its parent parked; extra wakes are dropped
+//     (worker/internal/park, invariant 4). The woken attempt finds the
+//     children by 2.
+
+// WaitingChildren: a run waits for its child runs (since 1.10).
+const waitingChildren = bus.WaitingChildren
+
+// childArgs are run_agent's arguments.
+type childArgs struct {
+	Prompt string `json:"prompt" jsonschema:"description=The task for the child agent: it sees only this text"`
+	// Request: a child's run request fields; only on workers that run
+	// scripted runs (--allow-faux).
+	Request map[string]any `json:"request,omitempty" jsonschema:"description=Run request fields for the child (model\\, systemPrompt\\, tools\\, limits\\, faux); only on workers that allow scripted runs"`
+}
+
+// childRequest is what run_agent's request argument may set.
+type childRequest struct {
+	Model        *bus.ModelRef   `json:"model,omitempty"`
+	SystemPrompt string          `json:"systemPrompt,omitempty"`
+	Tools        []string        `json:"tools,omitempty"`
+	Limits       *bus.Limits     `json:"limits,omitempty"`
+	Faux         *bus.FauxScript `json:"faux,omitempty"`
+}
+
+// runAgentTool is the run_agent tool of the worker.
+func (w *Worker) runAgentTool() *agent.Tool {
+	t := agent.NewTool(bus.ToolRunAgent,
+		"Hand a task to another agent, which runs as its own run on the fleet, and return its final answer. Parallel calls run in parallel.",
+		func(ctx context.Context, a childArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
+			r, _ := ctx.Value(runKey{}).(*run)
+			id, _ := ctx.Value(toolCallKey{}).(string)
+			if r == nil || id == "" {
+				return agent.ToolResult{}, errors.New("run_agent runs only inside a run")
+			}
+			text, err := r.runChild(ctx, id, a)
+			if err != nil {
+				return agent.ToolResult{}, err
+			}
+			return agent.TextResult(text), nil
+		})
+	inner := t.Execute
+	t.Execute = func(ctx context.Context, id string, args map[string]any, update agent.UpdateFunc) (agent.ToolResult, error) {
+		return inner(context.WithValue(ctx, toolCallKey{}, id), id, args, update)
+	}
+	return t
+}
+
+// toolCallKey carries a call's key to the tool (wrapTool).
+type toolCallKey struct{}
+
+// childBounds are the tree's bounds for this run: the request's, capped
+// by the worker's ceilings (invariant 3).
+func (r *run) childBounds() (depth, maxDepth, maxChildren int) {
+	maxDepth, maxChildren = r.w.cfg.MaxChildDepth, r.w.cfg.MaxChildren
+	if c := r.req.Children; c != nil {
+		if c.MaxDepth > 0 {
+			maxDepth = min(maxDepth, c.MaxDepth)
+		}
+		if c.Max > 0 {
+			maxChildren = min(maxChildren, c.Max)
+		}
+	}
+	if r.req.Child != nil {
+		depth = r.req.Child.Depth
+	}
+	return depth, maxDepth, maxChildren
+}
+
+// childRequest builds the request of the child of call key (invariant 3).
+func (r *run) childRequest(id string, a childArgs) (*bus.RunRequest, error) {
+	if a.Prompt == "" {
+		return nil, errors.New(`run_agent needs a "prompt"`)
+	}
+	depth, maxDepth, maxChildren := r.childBounds()
+	if depth+1 > maxDepth {
+		return nil, fmt.Errorf("run_agent refused: the child would be at depth %d, the tree's limit is %d", depth+1, maxDepth)
+	}
+	if n := r.childrenStarted.Add(1); int(n) > maxChildren {
+		return nil, fmt.Errorf("run_agent refused: this run may start at most %d child runs", maxChildren)
+	}
+	treeMax, root := r.treeLimit() // treebudget.go
+	req := &bus.RunRequest{ID: id, Prompt: a.Prompt,
+		Children: &bus.Children{MaxDepth: maxDepth, Max: maxChildren},
+		Child:    &bus.ChildOf{ParentRunID: r.id, RootRunID: root, Depth: depth + 1, TreeMaxCostUsd: treeMax}}
+	if !r.modelRef.IsZero() && r.req.Faux == nil {
+		m := r.modelRef
+		req.Model = &m
+	}
+	if a.Request != nil {
+		if r.w.cfg.NoFaux {
+			return nil, errors.New(`run_agent's "request" is only for workers that run scripted runs (--allow-faux)`)
+		}
+		raw, err := json.Marshal(a.Request)
+		if err != nil {
+			return nil, fmt.Errorf("run_agent's request: %w", err)
+		}
+		var cr childRequest
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cr); err != nil {
+			return nil, fmt.Errorf("run_agent's request: %w (it takes model, systemPrompt, tools, limits, faux)", err)
+		}
+		if cr.Model != nil {
+			req.Model = cr.Model
+		}
+		req.SystemPrompt, req.Tools, req.Limits, req.Faux = cr.SystemPrompt, cr.Tools, cr.Limits, cr.Faux
+	}
+	if req.Model == nil && req.Faux != nil && r.modelRef.Provider == "faux" {
+		m := r.modelRef // a scripted child of a scripted parent: the same faux model
+		req.Model = &m
+	}
+	if req.Model == nil && r.req.Faux != nil && req.Faux == nil {
+		return nil, errors.New(`run_agent: a scripted parent's child needs a "request" with its own faux script`)
+	}
+	req.Metadata = r.childTenant()
+	if err := req.Validate(id); err != nil {
+		return nil, fmt.Errorf("run_agent: %w", err)
+	}
+	return req, nil
+}
+
+// childTenant is the metadata that names the parent's tenant, copied to
+// its children whatever they ask (invariant 3).
+func (r *run) childTenant() map[string]string {
+	md := map[string]string{}
+	keys := []string{DefaultTenantKey}
+	if tb := r.w.cfg.Budgets; tb != nil && tb.Key != "" {
+		keys = append(keys, tb.Key)
+	}
+	for _, k := range keys {
+		if v, ok := r.req.Metadata[k]; ok {
+			md[k] = v
+		}
+	}
+	if len(md) == 0 {
+		return nil
+	}
+	return maps.Clone(md)
+}
+
+// runChild starts (or finds) the child of call key and waits for its end.
+func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, error) {
+	w := r.w
+	id := bus.ChildRunID(r.id, key)
+	rec, err := w.getRecord(ctx, id)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		req, perr := r.childRequest(id, a)
+		if perr != nil {
+			return "", perr
+		}
+		// ctx holds the call's execute_tool span: the child's trace is its child.
+		if _, err := w.c.Submit(ctx, r.queue, req); err != nil {
+			return "", fmt.Errorf("run_agent: cannot submit the child run %s: %w", id, err)
+		}
+		r.log.Info("child run submitted", "child", id, "depth", req.Child.Depth)
+	case err != nil:
+		return "", fmt.Errorf("run_agent: cannot read the child run %s: %w", id, err)
+	case rec.Child == nil || rec.Child.ParentRunID != r.id:
+		// Not ours: someone took the id (invariant 1 makes it ours).
+		return "", fmt.Errorf("run_agent: run %s exists and is not this run's child", id)
+	default:
+		r.childrenStarted.Add(1)
+		r.log.Info("child run found: waiting for it", "child", id, "state", rec.State)
+	}
+	var final *bus.RunRecord
+	r.await(id, true)
+	defer r.await(id, false)
+	err = r.waitInCall(ctx, waitingChildren, time.Now(), func(wctx context.Context) error {
+		final, err = r.awaitChild(wctx, id)
+		return err
+	})
+	switch {
+	case errors.Is(err, errWaitHandedBack):
+		r.handBackWhileWaiting()
+		r.toolBusy(1) // the call's count, which its own hand-back must not wait for
+		return "", err
+	case err != nil && ctx.Err() != nil:
+		r.abortChild(id) // invariant 5
+		return "", fmt.Errorf("run_agent: stopped while waiting for child run %s", id)
+	case err != nil:
+		return "", fmt.Errorf("run_agent: child run %s: %w", id, err)
+	}
+	if final.State != bus.StatusSucceeded {
+		msg := fmt.Sprintf("child run %s %s", id, final.State)
+		if final.Error != "" {
+			msg += ": " + final.Error
+		} else if final.Reason != "" {
+			msg += ": " + final.Reason
+		}
+		return "", errors.New(msg)
+	}
+	t, err := w.c.LoadTranscript(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("run_agent: cannot read child run %s's answer: %w", id, err)
+	}
+	return t.FinalText(), nil
+}
+
+// awaitChild watches the child's record until it says finished.
+func (r *run) awaitChild(ctx context.Context, id string) (*bus.RunRecord, error) {
+	watch, err := r.w.kv.Watch(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = watch.Stop() }()
+	for {
+		select {
+		case e, ok := <-watch.Updates():
+			if !ok {
+				return nil, errors.New("the record watch ended")
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			rec, err := bus.DecodeRecord(e)
+			if err != nil {
+				return nil, err
+			}
+			if rec.Finished() {
+				return rec, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// abortChild aborts a child its stopped parent waited for (invariant 5).
+func (r *run) abortChild(id string) {
+	reason := "parent run " + r.id + " stopped"
+	if r.tally.Aborted() {
+		reason = "parent run " + r.id + " aborted"
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.w.hardCtx), 5*time.Second)
+	defer cancel()
+	if _, err := r.w.c.Abort(ctx, id, reason); err != nil && !errors.Is(err, bus.ErrRunFinished) {
+		r.log.Warn("cannot abort a child run", "child", id, "err", err)
+	}
+}
+
+// takeChildCalls keeps out of a resume's synthetic results ("may or may
+// not have run") those of run_agent calls, and keeps the calls for
+// runChildCallsLeft (invariant 2). It counts the run's children so far.
+func (r *run) takeChildCalls(synthetic, msgs []agent.Message) []agent.Message {
+	offered := slices.Contains(r.toolList, bus.ToolRunAgent)
+	for _, m := range msgs {
+		if m.Role == agent.RoleToolResult && m.ToolName == bus.ToolRunAgent {
+			r.childrenStarted.Add(1)
+		}
+	}
+	if !offered {
+		return synthetic
+	}
+	calls := map[string]agent.Content{}
+	for _, m := range msgs {
+		if m.Role == agent.RoleAssistant {
+			for _, c := range m.ToolCalls() {
+				calls[c.ID] = c
+			}
+		}
+	}
+	var out []agent.Message
+	for _, m := range synthetic {
+		if c, ok := calls[m.ToolCallID]; ok && m.ToolName == bus.ToolRunAgent {
+			r.earlier.childCalls = append(r.earlier.childCalls, c)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// runChildCallsLeft runs the run_agent calls an earlier attempt left
+// without a result, together, and publishes their results as the agent
+// would (the toolResult message) before the agent continues.
+func (r *run) runChildCallsLeft(ctx context.Context) error {
+	calls := r.earlier.childCalls
+	r.earlier.childCalls = nil
+	var mu sync.Mutex // one call's events at a time
+	var results []agent.Message
+	var failed error
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Go(func() {
+			r.toolBusy(1) // as its tool_execution_start did in the earlier attempt
+			defer r.toolBusy(-1)
+			m := r.runPendingCall(ctx, c, r.runTool)
+			mu.Lock()
+			defer mu.Unlock()
+			if failed != nil || r.waitHandedBack.Load() {
+				return // handed back: the next attempt runs the call again
+			}
+			if err := r.publishToolResult(&m); err != nil {
+				failed = err
+				return
+			}
+			results = append(results, m)
+		})
+	}
+	wg.Wait()
+	if failed != nil || r.waitHandedBack.Load() {
+		return failed
+	}
+	r.agent.SetMessages(append(r.agent.Messages(), results...))
+	return nil
+}
+
+// await adds the child id to the children the run waits for, or removes
+// it.
+func (r *run) await(id string, on bool) {
+	a := &r.awaiting
+	a.Lock()
+	defer a.Unlock()
+	if a.ids == nil {
+		a.ids = map[string]bool{}
+	}
+	if on {
+		a.ids[id] = true
+	} else {
+		delete(a.ids, id)
+	}
+}
+
+// childFinished reports whether a child the parked run waited for has
+// finished (invariant 6); a failed read counts as finished: the wake is
+// harmless, a run parked for ever is not.
+func (r *run) childFinished(ctx context.Context) bool {
+	a := &r.awaiting
+	a.Lock()
+	ids := slices.Collect(maps.Keys(a.ids))
+	a.Unlock()
+	for _, id := range ids {
+		rec, err := r.w.getRecord(ctx, id)
+		if err != nil || rec.Finished() {
+			return true
+		}
+	}
+	return false
+}
+
+// wakeParent wakes the parked parent of a finished child (invariant 6),
+// best effort: the parent's park timer is not armed for children, so a
+// failure is logged loudly.
+func (r *run) wakeParent(ctx context.Context) {
+	if r.req == nil || r.req.Child == nil {
+		return
+	}
+	parent := r.req.Child.ParentRunID
+	rec, err := r.w.getRecord(ctx, parent)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return
+	}
+	if err == nil && (rec.Parked == nil || rec.Finished()) {
+		return
+	}
+	env := r.w.parking
+	if err == nil && env == nil {
+		var s jetstream.Stream
+		if s, err = r.w.js.Stream(ctx, r.w.names.ParkedStream()); err == nil {
+			env = &park.Env{JS: r.w.js, Names: r.w.names, Runs: r.w.runsStream, Parked: s, Read: r.w.getRecord, Log: r.w.log}
+		}
+	}
+	if err == nil {
+		err = env.Wake(ctx, rec)
+	}
+	if err != nil {
+		r.log.Error("cannot wake the parked parent of this child run", "parent", parent, "err", err)
+		return
+	}
+	r.log.Info("woke the parked parent", "parent", parent)
+}
+
+// abortChildrenLeft aborts the children of the calls an earlier attempt
+// left without a result, when this attempt stops before it waits for
+// them (an abort woke a parked parent: invariant 5).
+func (r *run) abortChildrenLeft() {
+	for _, c := range r.earlier.childCalls {
+		id := bus.ChildRunID(r.id, c.ID)
+		r.abortChild(id)
+	}
+	r.earlier.childCalls = nil
+}
+
+// treeCost is own plus the cost of every child run the run's run_agent
+// calls started, each child's own tree counted (its record's treeCost,
+// else its cost); ok is false for a run that started none. A child still
+// running (its parent aborted) counts what it spent so far.
+func (r *run) treeCost(own float64) (total float64, ok bool) {
+	if r.agent == nil || !slices.Contains(r.toolList, bus.ToolRunAgent) {
+		return 0, false
+	}
+	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
+	defer cancel()
+	total = own
+	for _, m := range r.agent.Messages() {
+		if m.Role != agent.RoleAssistant {
+			continue
+		}
+		for _, c := range m.ToolCalls() {
+			if c.Name != bus.ToolRunAgent {
+				continue
+			}
+			rec, err := r.w.getRecord(ctx, bus.ChildRunID(r.id, c.ID))
+			if err != nil {
+				continue // refused before it was submitted, or unreadable
+			}
+			ok = true
+			if rec.TreeCost > 0 {
+				total += rec.TreeCost
+			} else {
+				total += rec.Cost
+			}
+		}
+	}
+	return total, ok
+}
