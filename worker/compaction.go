@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"maps"
 	"sync"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -64,6 +65,30 @@ type compactor struct {
 	fresh    int // live index from which reported usage counts
 	last     []agent.Message
 	sumTS    int64
+	// gone are the call keys and the number of assistant messages of what
+	// the summary stands for: new calls' keys avoid them and count them
+	// (internal/callkey, invariant 1), so keys stay unique in the run.
+	goneKeys  map[string]bool
+	goneTurns int
+}
+
+// forget records msgs, now stood for by the summary, for the call keys.
+func (c *compactor) forget(msgs []agent.Message) {
+	if c.goneKeys == nil {
+		c.goneKeys = maps.Clone(c.r.earlier.usedCallKeys)
+		if c.goneKeys == nil {
+			c.goneKeys = map[string]bool{}
+		}
+	}
+	for i := range msgs {
+		if msgs[i].Role != agent.RoleAssistant {
+			continue
+		}
+		c.goneTurns++
+		for _, tc := range msgs[i].ToolCalls() {
+			c.goneKeys[tc.ID] = true
+		}
+	}
 }
 
 type manualCompact struct {
@@ -236,6 +261,7 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 		return err
 	}
 	from := c.dropped
+	c.forget(live[from:cut])
 	c.keptFrom += cut - c.dropped
 	c.summary, c.dropped, c.fresh = summary, cut, len(live)
 	c.sumTS = live[cut-1].Timestamp
@@ -261,6 +287,7 @@ func (c *compactor) restore(end *bus.CompactionEnd, all []agent.Message) []agent
 		return all
 	}
 	ctxMsgs := bus.CompactedContext(all, end)
+	c.forget(all[:end.FirstKeptIndex])
 	c.summary, c.keptFrom, c.dropped, c.fresh = end.Summary, end.FirstKeptIndex, 1, len(ctxMsgs)
 	c.sumTS = ctxMsgs[0].Timestamp
 	return ctxMsgs

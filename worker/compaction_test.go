@@ -25,6 +25,7 @@ type compactScript struct {
 	gateAt      int // this call (1-based) calls the gate tool instead of read
 	overflowAt  map[int]bool
 	summaryFail string
+	sameID      bool // every call's id is "c1"
 
 	mu        sync.Mutex
 	calls     int
@@ -54,10 +55,14 @@ func (s *compactScript) reply(llm agent.Context) faux.Response {
 	if s.calls > s.turns+len(s.overflowAt) {
 		return fleettest.Text("done")
 	}
-	if s.calls == s.gateAt {
-		return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "gate", map[string]any{})
+	id := fmt.Sprintf("c%d", s.calls)
+	if s.sameID {
+		id = "c1"
 	}
-	return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "read", map[string]any{"path": fmt.Sprintf("f%d", s.calls)})
+	if s.calls == s.gateAt {
+		return fleettest.ToolCall(id, "gate", map[string]any{})
+	}
+	return fleettest.ToolCall(id, "read", map[string]any{"path": fmt.Sprintf("f%d", s.calls)})
 }
 
 // readTool returns resultChars characters (resultChars/4 tokens).
@@ -181,6 +186,34 @@ func TestCompactionCutsOnTurnBoundariesAndUpdatesTheSummary(t *testing.T) {
 	}
 	if fin.Usage.TotalTokens != turnsUsage+summaryUsage {
 		t.Fatalf("run usage %d, want the turns' %d plus the summaries' %d", fin.Usage.TotalTokens, turnsUsage, summaryUsage)
+	}
+}
+
+// Call keys stay unique in the run after compactions (internal/callkey,
+// invariant 1): a model repeating its call id every turn gets a new key
+// each time, also where the earlier calls were summarised away.
+func TestCompactionKeepsCallKeysUnique(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24, sameID: true}
+	compactWorker(f, s, 8000, 4000, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) < 2 {
+		t.Fatalf("%d compactions, want >= 2", len(ends))
+	}
+	seen := map[string]int{}
+	for i, m := range tr.Messages {
+		for _, c := range m.ToolCalls() {
+			if j, dup := seen[c.ID]; dup {
+				t.Fatalf("call key %q at messages %d and %d", c.ID, j, i)
+			}
+			seen[c.ID] = i
+		}
+	}
+	if len(seen) != 24 {
+		t.Fatalf("%d call keys, want 24", len(seen))
 	}
 }
 

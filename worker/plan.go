@@ -139,7 +139,16 @@ func (r *run) wrapStream(fn agent.StreamFn) agent.StreamFn {
 	if r.limits.MaxCostUsd > 0 {
 		fn = r.budgetStream(fn)
 	}
-	return r.observeStream(r.traceStream(callkey.Stream(fn, func() map[string]bool { return r.earlier.usedCallKeys })))
+	return r.observeStream(r.traceStream(callkey.Stream(fn, r.priorCallKeys)))
+}
+
+// priorCallKeys is what new call keys avoid besides the context's: the
+// earlier attempts' keys and, after a compaction, the summarised calls'.
+func (r *run) priorCallKeys() callkey.Prior {
+	if c := r.comp; c != nil && c.goneKeys != nil {
+		return callkey.Prior{Used: c.goneKeys, Turns: c.goneTurns}
+	}
+	return callkey.Prior{Used: r.earlier.usedCallKeys}
 }
 
 // ceilings applies the operator's ceilings (--max-run-timeout,
