@@ -163,4 +163,16 @@ func TestKillAfterCompaction(t *testing.T) {
 	if second.TokensBefore >= 8192+2500 {
 		t.Fatalf("the resumed attempt's context was %d tokens: the full transcript, not the compacted one", second.TokensBefore)
 	}
+	// The run's usage counts every call: the turns', both summaries'
+	// (attempt 1's too) and those cut off.
+	want := c.tr.CutOffUsage().TotalTokens
+	for _, m := range c.tr.Messages {
+		want += m.Usage.TotalTokens
+	}
+	for _, e := range c.ends {
+		want += e.Usage.TotalTokens
+	}
+	if c.fin.Usage.TotalTokens != want {
+		t.Fatalf("run usage %d tokens, want %d (messages, summaries, cut off)", c.fin.Usage.TotalTokens, want)
+	}
 }

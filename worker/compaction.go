@@ -13,6 +13,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/llm/overflow"
 	"github.com/agentfleet/agentfleet/worker/internal/compaction"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // ModelWindow is a model table entry's context window and compaction
@@ -283,7 +284,7 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 // compaction_end: the agent starts from the summary and the kept messages
 // (not the full transcript, all), and what was compacted is not again.
 func (c *compactor) restore(end *bus.CompactionEnd, all []agent.Message) []agent.Message {
-	if end == nil || end.Error != "" || end.FirstKeptIndex <= 0 || end.FirstKeptIndex > len(all) {
+	if !bus.CompactionFits(all, end) {
 		return all
 	}
 	ctxMsgs := bus.CompactedContext(all, end)
@@ -379,20 +380,18 @@ func (r *run) compactControl(data []byte, seq uint64) bool {
 	return true
 }
 
-// compactionsIn reads earlier attempts' compaction_end events: the last
-// successful one, how many scripted responses their calls took (a faux
-// script's position: the summary, and an overflow's refused call), and
-// the compact control messages they answered.
-func compactionsIn(envs []*bus.Envelope) (last *bus.CompactionEnd, scripted int, controls []uint64) {
-	for _, e := range envs {
-		if e.Type != bus.EventCompactionEnd {
-			continue
+// compactionsIn reads earlier attempts' compaction_end events (the
+// Recover fold's: not those of an attempt stored after a newer one's
+// run_started, nor duplicates): the last successful one, how many
+// scripted responses their calls took (a faux script's position: the
+// summary, and an overflow's refused call), the compact control messages
+// they answered and the summary calls' usage (charged, not in any
+// message).
+func compactionsIn(ends []*bus.CompactionEnd) (last *bus.CompactionEnd, scripted int, controls []uint64, usage agent.Usage) {
+	for _, end := range ends {
+		if end.Usage != nil {
+			usage.Add(metering.NonNegative(*end.Usage))
 		}
-		ev, err := e.Decode()
-		if err != nil || ev.CompactionEnd == nil {
-			continue
-		}
-		end := ev.CompactionEnd
 		if end.ControlSeq != 0 {
 			controls = append(controls, end.ControlSeq)
 		}
@@ -405,7 +404,7 @@ func compactionsIn(envs []*bus.Envelope) (last *bus.CompactionEnd, scripted int,
 			scripted++
 		}
 	}
-	return last, scripted, controls
+	return last, scripted, controls, usage
 }
 
 // contextMessages is the run's context as the model is sent it: the

@@ -75,9 +75,12 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if _, err := r.pub.Fleet(bus.EventRunResumed, resumed); err != nil {
 		return false, err
 	}
-	// Calls cut off by earlier attempts were charged: the run's usage and
-	// cost count them, whether or not the transcript is restored.
+	// Calls cut off by earlier attempts were charged, and so were their
+	// summary calls (compaction_end's usage, in no message): the run's
+	// usage and cost count them, whether or not the transcript is restored.
+	lastCompaction, scripted, compacts, summaries := compactionsIn(rc.Compactions)
 	r.tally.Carry(cut)
+	r.tally.Carry(summaries)
 	if len(msgs) == 0 {
 		r.log.Info("resume: nothing to restore; starting over", "eventsRead", len(envs))
 		return false, nil
@@ -97,7 +100,6 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 		all = append(all, m)
 	}
 	// A compacted run goes on from its compacted context (compaction.go).
-	lastCompaction, scripted, compacts := compactionsIn(envs)
 	if r.comp != nil {
 		all = r.comp.restore(lastCompaction, all)
 	}
