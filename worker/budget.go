@@ -87,7 +87,8 @@ func (r *run) budgetStream(fn agent.StreamFn) agent.StreamFn {
 }
 
 // overCostNext checks the cost bound after a turn whose model wants
-// another: the next call's context is this turn's.
+// another: the next call's context is this turn's, as the model is sent
+// it (compacted, compaction.go), not the whole history.
 func (r *run) overCostNext(tc *agent.TurnContext) bool {
 	if r.limits.MaxCostUsd <= 0 {
 		return false
@@ -95,6 +96,9 @@ func (r *run) overCostNext(tc *agent.TurnContext) bool {
 	var llm agent.Context
 	if tc.Context != nil {
 		llm = *tc.Context
+		if r.comp != nil {
+			llm.Messages = r.comp.view(llm.Messages)
+		}
 	}
 	return r.overCost(llm, r.req.MaxTokens)
 }

@@ -548,3 +548,40 @@ func TestCompactionModelOfAnotherProvider(t *testing.T) {
 		t.Fatalf("unknown provider: %+v", fin)
 	}
 }
+
+// pricedFaux is a faux provider whose models have prices ($1,000 per
+// million tokens in and out).
+type pricedFaux struct{ *worker.FauxProvider }
+
+func (p pricedFaux) Model(id string) agent.Model {
+	m := p.FauxProvider.Model(id)
+	m.Cost = agent.ModelCost{Input: 1000, Output: 1000}
+	return m
+}
+
+// limits.maxCostUsd bounds a compacted run by what its calls are sent
+// (the compacted context), not by the whole history: a budget a little
+// above what the run spends lets it finish.
+func TestCompactionMaxCostCountsTheCompactedContext(t *testing.T) {
+	t.Parallel()
+	run := func(maxCost float64) *bus.RunFinished {
+		f := newFleet(t)
+		s := &compactScript{turns: 30}
+		compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+			c.Providers = map[string]worker.Provider{"faux": pricedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}}}
+		})
+		req := compactRequest(&bus.Compaction{})
+		req.MaxTokens = 100
+		req.Limits.MaxCostUsd = maxCost
+		return f.WaitFinished(f.Submit("", req))
+	}
+	free := run(0)
+	if free.Status != bus.StatusSucceeded || free.Cost <= 0 {
+		t.Fatalf("without a budget: %+v", free)
+	}
+	// 12,000 tokens above the spend: more than any compacted call is sent
+	// (window 8,000), less than the history (30 results of 1,000 tokens).
+	if fin := run(free.Cost + 12); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("with a budget $12 above the $%.2f spent: %s/%s (%s)", free.Cost, fin.Status, fin.Reason, fin.Error)
+	}
+}
