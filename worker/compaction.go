@@ -185,13 +185,15 @@ func (c *compactor) view(live []agent.Message) []agent.Message {
 	return append(out, live[c.dropped:]...)
 }
 
+// tokens is the size of the context the model is sent (the view): the
+// summary counts once, in the usage a call sent it reported, else in the
+// estimate.
 func (c *compactor) tokens(live []agent.Message) int {
-	n := compaction.ContextTokens(live[min(c.dropped, len(live)):], c.fresh-c.dropped)
-	if c.summary != "" {
-		s := bus.CompactionSummaryMessage(c.summary, 0)
-		n += compaction.EstimateTokens(&s)
+	if c.summary == "" || c.dropped > len(live) {
+		return compaction.ContextTokens(live, c.fresh)
 	}
-	return n
+	// View index of live index i >= dropped: i - dropped + 1.
+	return compaction.ContextTokens(c.view(live), c.fresh-c.dropped+1)
 }
 
 // transform is the agent's TransformContext.

@@ -1,0 +1,31 @@
+package worker
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/compaction"
+)
+
+// The context size after a compaction counts the summary once: the usage
+// a provider reports for a call sent the summary includes it (pi's
+// estimateContextTokens); only without such usage is it estimated.
+func TestCompactorTokensCountTheSummaryOnce(t *testing.T) {
+	summary := strings.Repeat("s", 4000) // 1,000 tokens
+	old := agent.UserText(strings.Repeat("o", 40000))
+	reply := agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop, Content: []agent.Content{agent.Text("ok")},
+		Usage: agent.Usage{Input: 1500, Output: 10, TotalTokens: 1510}}
+	c := &compactor{summary: summary, dropped: 1, fresh: 2}
+	live := []agent.Message{old, agent.UserText("q"), reply, agent.UserText(strings.Repeat("n", 400))}
+	next := agent.UserText(strings.Repeat("n", 400))
+	if got, want := c.tokens(live), 1510+compaction.EstimateTokens(&next); got != want {
+		t.Fatalf("with reported usage: %d tokens, want %d (the usage, which holds the summary, and the message after it)", got, want)
+	}
+	s := bus.CompactionSummaryMessage(summary, 0)
+	q := agent.UserText("q")
+	if got, want := c.tokens(live[:2]), compaction.EstimateTokens(&s)+compaction.EstimateTokens(&q); got != want {
+		t.Fatalf("without usage: %d tokens, want the estimate %d of the summary and the kept message", got, want)
+	}
+}
