@@ -258,7 +258,9 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	if err != nil {
 		end.Error = clipString(err.Error(), bus.MaxErrorBytes)
 		_, _ = r.pub.Fleet(bus.EventCompactionEnd, end)
-		if ctx.Err() == nil {
+		// A call a run or tenant budget refused keeps that reason (the
+		// refusal recorded it): the summary did not fail, it was not made.
+		if ctx.Err() == nil && !r.tally.Stopping() {
 			r.overBudget(bus.ReasonCompactionFailed, end.Error)
 		}
 		return err

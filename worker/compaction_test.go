@@ -585,3 +585,44 @@ func TestCompactionMaxCostCountsTheCompactedContext(t *testing.T) {
 		t.Fatalf("with a budget $12 above the $%.2f spent: %s/%s (%s)", free.Cost, fin.Status, fin.Reason, fin.Error)
 	}
 }
+
+// A summary call the run's cost bound refuses ends the run as
+// budget_exceeded, not compaction_failed.
+func TestCompactionSummaryRefusedByTheBudget(t *testing.T) {
+	t.Parallel()
+	run := func(maxCost float64) []*bus.Envelope {
+		f := newFleet(t)
+		s := &compactScript{turns: 12}
+		compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+			c.Providers = map[string]worker.Provider{"faux": pricedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}}}
+		})
+		req := compactRequest(&bus.Compaction{ReserveTokens: 6000, KeepRecentTokens: 500})
+		req.MaxTokens = 100
+		req.Limits.MaxCostUsd = maxCost
+		return f.Follow(f.Submit("", req))
+	}
+	// The spend before the first compaction, and the summary call's cost.
+	var before float64
+	var sum *bus.CompactionEnd
+	for _, e := range run(0) {
+		if e.Type == bus.EventCompactionEnd {
+			sum = fleettest.Decode(t, e).CompactionEnd
+			break
+		}
+		if e.Type == string(agent.EventMessageEnd) {
+			if m := fleettest.Decode(t, e).Agent.Message; m.Role == agent.RoleAssistant {
+				before += m.Usage.Cost.Total
+			}
+		}
+	}
+	// Room for the summary call's input and half its output reserve
+	// (4,800 tokens): less than its worst case, more than the next turn's.
+	envs := run(before + sum.Usage.Cost.Input + 2.4)
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBudgetExceeded || !strings.Contains(fin.Error, "maxCostUsd") {
+		t.Fatalf("run_finished %s/%s (%s), want budget_exceeded", fin.Status, fin.Reason, fin.Error)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 || ends[0].Error == "" {
+		t.Fatalf("compaction_end %+v, want the refused one (%s)", ends, fin.Error)
+	}
+}
