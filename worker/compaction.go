@@ -248,7 +248,12 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	if _, err := r.pub.Fleet(bus.EventCompactionStart, start); err != nil {
 		return err
 	}
-	summary, final, err := compaction.Summarize(ctx, c.stream, c.model, live[c.dropped:cut], c.summary, instructions, c.set.SummaryMaxTokens())
+	// A model refuses a call asking more output than it has (its maxTokens).
+	maxOut := c.set.SummaryMaxTokens()
+	if m := c.model.MaxTokens; m > 0 {
+		maxOut = min(maxOut, m)
+	}
+	summary, final, err := compaction.Summarize(ctx, c.stream, c.model, live[c.dropped:cut], c.summary, instructions, maxOut)
 	end := bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: reason, TokensBefore: tokens, Model: c.modelName,
 		ControlSeq: start.ControlSeq}
 	if final != nil {

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"iter"
 	"strings"
 	"sync"
 	"testing"
@@ -624,5 +625,45 @@ func TestCompactionSummaryRefusedByTheBudget(t *testing.T) {
 	}
 	if _, ends := compactionsOf(t, envs); len(ends) != 1 || ends[0].Error == "" {
 		t.Fatalf("compaction_end %+v, want the refused one (%s)", ends, fin.Error)
+	}
+}
+
+// cappedFaux is a faux provider whose models have an output limit (the
+// model table's maxTokens) and refuse a call asking more, as providers do.
+type cappedFaux struct {
+	*worker.FauxProvider
+	max int
+}
+
+func (p cappedFaux) Model(id string) agent.Model {
+	m := p.FauxProvider.Model(id)
+	m.MaxTokens = p.max
+	return m
+}
+
+func (p cappedFaux) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	if opts.MaxTokens > p.max {
+		return func(yield func(agent.StreamEvent) bool) {
+			yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonError,
+				ErrorMessage: fmt.Sprintf("400 Bad Request: max_tokens %d is more than this model's %d", opts.MaxTokens, p.max)}})
+		}
+	}
+	return p.FauxProvider.Stream(ctx, model, llm, opts)
+}
+
+// The summary call asks at most the model's output limit (its maxTokens):
+// 0.8 x reserve (1,600 here) would be refused by a model of 1,000.
+func TestCompactionSummaryWithinTheModelsOutputLimit(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{"faux": cappedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 1000}}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) == 0 {
+		t.Fatal("no compaction")
 	}
 }
