@@ -306,6 +306,12 @@ func (c *compactor) restore(end *bus.CompactionEnd, all []agent.Message) []agent
 // overflowStream wraps the agent's model call: a call the provider refuses
 // as too long for the context window, before any content, is compacted
 // and sent again, once. Anything else passes through.
+//
+// The refused call's stream is drained first, so that its wrappers (the
+// tenant's hold for its worst case, the rate-limit reservation, the span,
+// the HTTP body) settle and let go before the summary call asks for its
+// own. A refusal after content was passed on is passed on too: a retry's
+// deltas would join the first call's partial message.
 func (c *compactor) overflowStream(fn agent.StreamFn) agent.StreamFn {
 	if !c.auto {
 		return fn
@@ -313,17 +319,35 @@ func (c *compactor) overflowStream(fn agent.StreamFn) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			var held *agent.StreamEvent // the start, until the call is known not to be refused
+			var refused *agent.StreamEvent
+			passed := false // an event after the start was passed on
 			for ev := range fn(ctx, model, llm, opts) {
 				switch {
-				case ev.Type == agent.StreamStart && held == nil:
+				case ev.Type == agent.StreamStart && held == nil && refused == nil:
 					e := ev
 					held = &e
 					continue
-				case ev.Type == agent.StreamError && ev.Message != nil && overflow.Is(ev.Message.ErrorMessage) && ctx.Err() == nil:
-					msgs, ok := c.afterOverflow(ctx, ev.Message.ErrorMessage)
-					if !ok {
-						break
+				case !passed && refused == nil && ev.Type == agent.StreamError && ev.Message != nil &&
+					overflow.Is(ev.Message.ErrorMessage) && ctx.Err() == nil:
+					e := ev
+					refused = &e
+					continue // drained below
+				case refused != nil:
+					continue
+				}
+				if held != nil {
+					if !yield(*held) {
+						return
 					}
+					held = nil
+				}
+				passed = true
+				if !yield(ev) {
+					return
+				}
+			}
+			if refused != nil {
+				if msgs, ok := c.afterOverflow(ctx, refused.Message.ErrorMessage); ok {
 					retry := llm
 					retry.Messages = msgs
 					for ev := range fn(ctx, model, retry, opts) {
@@ -333,15 +357,11 @@ func (c *compactor) overflowStream(fn agent.StreamFn) agent.StreamFn {
 					}
 					return
 				}
-				if held != nil {
-					if !yield(*held) {
-						return
-					}
-					held = nil
-				}
-				if !yield(ev) {
+				if held != nil && !yield(*held) {
 					return
 				}
+				yield(*refused)
+				return
 			}
 			if held != nil {
 				yield(*held)

@@ -27,6 +27,8 @@ type compactScript struct {
 	overflowAt  map[int]bool
 	summaryFail string
 	sameID      bool // every call's id is "c1"
+	// overflowText is streamed before an overflowAt call's refusal.
+	overflowText string
 
 	mu        sync.Mutex
 	calls     int
@@ -50,7 +52,11 @@ func (s *compactScript) reply(llm agent.Context) faux.Response {
 	s.calls++
 	if s.overflowAt[s.calls] {
 		s.overflows++
-		return faux.Response{StopReason: agent.StopReasonError, ErrorMessage: overflowText}
+		r := faux.Response{StopReason: agent.StopReasonError, ErrorMessage: overflowText}
+		if s.overflowText != "" {
+			r.Content = []agent.Content{agent.Text(s.overflowText)}
+		}
+		return r
 	}
 	s.contexts = append(s.contexts, append([]agent.Message(nil), llm.Messages...))
 	if s.calls > s.turns+len(s.overflowAt) {
@@ -665,5 +671,68 @@ func TestCompactionSummaryWithinTheModelsOutputLimit(t *testing.T) {
 	checkRun(t, id, envs)
 	if _, ends := compactionsOf(t, envs); len(ends) == 0 {
 		t.Fatal("no compaction")
+	}
+}
+
+// countingFaux counts the provider's calls open at once.
+type countingFaux struct {
+	*worker.FauxProvider
+	mu         *sync.Mutex
+	open, most *int
+}
+
+func (p countingFaux) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	return func(yield func(agent.StreamEvent) bool) {
+		p.mu.Lock()
+		*p.open++
+		*p.most = max(*p.most, *p.open)
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			*p.open--
+			p.mu.Unlock()
+		}()
+		for ev := range p.FauxProvider.Stream(ctx, model, llm, opts) {
+			if !yield(ev) {
+				return
+			}
+		}
+	}
+}
+
+// Overflow recovery compacts once the refused call's stream is over (its
+// holds and reservations released): the summary call never runs inside
+// it. A refusal after content was streamed is passed on, not retried.
+func TestCompactionOverflowAfterTheRefusedCall(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 4, overflowAt: map[int]bool{5: true}}
+	var mu sync.Mutex
+	var open, most int
+	compactWorker(f, s, 1_000_000, 400, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{"faux": countingFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, &mu, &open, &most}}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 || ends[0].Reason != bus.CompactionOverflow {
+		t.Fatalf("compactions %+v, want one after the overflow", ends)
+	}
+	mu.Lock()
+	if most != 1 {
+		t.Fatalf("%d provider calls open at once: the summary ran inside the refused call", most)
+	}
+	mu.Unlock()
+
+	f2 := newFleet(t)
+	s2 := &compactScript{turns: 4, overflowAt: map[int]bool{5: true}, overflowText: "partial answer"}
+	compactWorker(f2, s2, 1_000_000, 400, nil)
+	id = f2.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs = f2.Follow(id)
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError {
+		t.Fatalf("refused after content: %+v", fin)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 0 {
+		t.Fatalf("%d compactions after a refusal that followed content, want none", len(ends))
 	}
 }
