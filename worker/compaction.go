@@ -57,8 +57,9 @@ type compactor struct {
 
 	// mu guards what the control owner touches (manual); the rest is the
 	// loop's own, one call at a time.
-	mu     sync.Mutex
-	manual *manualCompact
+	mu         sync.Mutex
+	manual     *manualCompact
+	answeredTo uint64
 
 	summary  string
 	dropped  int
@@ -161,9 +162,27 @@ func joinNotice(a, b string) string {
 func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream) }
 
 // requestManual queues a compact control message for the next model call.
+// Invariant: a compaction answers every compact message delivered before
+// it; its controlSeq is the newest's, so a resumed attempt takes none of
+// those up to it again (answeredTo). Two before one call are one
+// compaction with both instructions.
 func (c *compactor) requestManual(instructions string, seq uint64) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if seq <= c.answeredTo {
+		return // an earlier attempt's compaction answered it
+	}
+	if m := c.manual; m != nil {
+		instructions = joinNotice(m.instructions, instructions)
+	}
 	c.manual = &manualCompact{instructions: instructions, seq: seq}
+}
+
+// answered records the newest compact message an earlier attempt's
+// successful compaction answered.
+func (c *compactor) answered(seq uint64) {
+	c.mu.Lock()
+	c.answeredTo = max(c.answeredTo, seq)
 	c.mu.Unlock()
 }
 
@@ -414,18 +433,18 @@ func (r *run) compactControl(data []byte, seq uint64) bool {
 // run_started, nor duplicates): the last successful one, how many
 // scripted responses their calls took (a faux script's position: the
 // summary, and an overflow's refused call), the compact control messages
-// they answered and the summary calls' usage (charged, not in any
+// their successful compactions answered and the summary calls' usage (charged, not in any
 // message).
 func compactionsIn(ends []*bus.CompactionEnd) (last *bus.CompactionEnd, scripted int, controls []uint64, usage agent.Usage) {
 	for _, end := range ends {
 		if end.Usage != nil {
 			usage.Add(metering.NonNegative(*end.Usage))
 		}
+		if end.Error != "" {
+			continue // not answered (cancelled by a drain or a hand-back): taken again
+		}
 		if end.ControlSeq != 0 {
 			controls = append(controls, end.ControlSeq)
-		}
-		if end.Error != "" {
-			continue
 		}
 		last = end
 		scripted++

@@ -29,3 +29,29 @@ func TestCompactorTokensCountTheSummaryOnce(t *testing.T) {
 		t.Fatalf("without usage: %d tokens, want the estimate %d of the summary and the kept message", got, want)
 	}
 }
+
+// A compact message is answered only by a successful compaction: one
+// whose summary call was cancelled (a drain, a hand-back) is taken again
+// by the next attempt. Two before one call are one compaction answering
+// both, and a resumed attempt takes neither again.
+func TestCompactBookkeeping(t *testing.T) {
+	ends := []*bus.CompactionEnd{
+		{Reason: bus.CompactionManual, ControlSeq: 3, Error: "compaction: the summary call failed: context canceled"},
+		{Reason: bus.CompactionManual, ControlSeq: 5, Summary: "s", FirstKeptIndex: 2},
+	}
+	_, _, controls, _ := compactionsIn(ends)
+	if len(controls) != 1 || controls[0] != 5 {
+		t.Fatalf("answered %v, want only 5 (3's compaction was cancelled)", controls)
+	}
+	c := &compactor{}
+	c.requestManual("focus on a", 7)
+	c.requestManual("focus on b", 8)
+	if m := c.takeManual(); m == nil || m.seq != 8 || m.instructions != "focus on a; focus on b" {
+		t.Fatalf("two compacts before a call: %+v", m)
+	}
+	c.answered(8)
+	c.requestManual("again", 7)
+	if m := c.takeManual(); m != nil {
+		t.Fatalf("a compact an earlier attempt's compaction answered was taken again: %+v", m)
+	}
+}

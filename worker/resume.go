@@ -105,6 +105,11 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	}
 	r.agent.SetMessages(all)
 	r.ctl.skip(compacts)
+	if r.comp != nil {
+		for _, seq := range compacts {
+			r.comp.answered(seq)
+		}
+	}
 	r.ctl.skip(rc.ControlSeqs)
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go
