@@ -53,6 +53,7 @@ type compactor struct {
 	model        agent.Model
 	modelName    string
 	stream       agent.StreamFn // the summary call, through the run's stack
+	limit        *ModelLimit    // the summary model's shared rate limit
 	instructions string
 
 	// mu guards what the control owner touches (manual); the rest is the
@@ -135,7 +136,7 @@ func (r *run) planCompaction(add func(string, ...any)) {
 		add("%s", p)
 	}
 	c := &compactor{r: r, set: set, auto: asked != nil, model: r.model, modelName: r.modelRef.String(),
-		instructions: instructions, stream: r.stream}
+		instructions: instructions, stream: r.stream, limit: r.modelLimit}
 	if asked != nil && asked.Model != nil && *asked.Model != r.modelRef && r.req.Faux == nil {
 		p := w.providers[asked.Model.Provider]
 		if p == nil {
@@ -147,6 +148,12 @@ func (r *run) planCompaction(add func(string, ...any)) {
 			c.model.ID = asked.Model.ID
 		}
 		c.stream = meteredProvider{p}.Stream
+		// Its calls wait in its own rate-limit group and are priced at its
+		// own prices (worstCost takes the call's model).
+		c.limit = nil
+		if ml, ok := w.modelLimit(*asked.Model); ok {
+			c.limit = &ml
+		}
 	}
 	r.comp = c
 }
@@ -159,7 +166,7 @@ func joinNotice(a, b string) string {
 }
 
 // wire finishes the compactor once the run's stream stack exists.
-func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream) }
+func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream, c.limit) }
 
 // requestManual queues a compact control message for the next model call.
 // Invariant: a compaction answers every compact message delivered before

@@ -557,12 +557,19 @@ func TestCompactionModelOfAnotherProvider(t *testing.T) {
 }
 
 // pricedFaux is a faux provider whose models have prices ($1,000 per
-// million tokens in and out).
-type pricedFaux struct{ *worker.FauxProvider }
+// million tokens in and out, or usd).
+type pricedFaux struct {
+	*worker.FauxProvider
+	usd float64
+}
 
 func (p pricedFaux) Model(id string) agent.Model {
 	m := p.FauxProvider.Model(id)
-	m.Cost = agent.ModelCost{Input: 1000, Output: 1000}
+	usd := p.usd
+	if usd == 0 {
+		usd = 1000
+	}
+	m.Cost = agent.ModelCost{Input: usd, Output: usd}
 	return m
 }
 
@@ -575,7 +582,7 @@ func TestCompactionMaxCostCountsTheCompactedContext(t *testing.T) {
 		f := newFleet(t)
 		s := &compactScript{turns: 30}
 		compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
-			c.Providers = map[string]worker.Provider{"faux": pricedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}}}
+			c.Providers = map[string]worker.Provider{"faux": pricedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 0}}
 		})
 		req := compactRequest(&bus.Compaction{})
 		req.MaxTokens = 100
@@ -601,7 +608,7 @@ func TestCompactionSummaryRefusedByTheBudget(t *testing.T) {
 		f := newFleet(t)
 		s := &compactScript{turns: 12}
 		compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
-			c.Providers = map[string]worker.Provider{"faux": pricedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}}}
+			c.Providers = map[string]worker.Provider{"faux": pricedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 0}}
 		})
 		req := compactRequest(&bus.Compaction{ReserveTokens: 6000, KeepRecentTokens: 500})
 		req.MaxTokens = 100
@@ -734,5 +741,28 @@ func TestCompactionOverflowAfterTheRefusedCall(t *testing.T) {
 	}
 	if _, ends := compactionsOf(t, envs); len(ends) != 0 {
 		t.Fatalf("%d compactions after a refusal that followed content, want none", len(ends))
+	}
+}
+
+// A summary call on compaction.model is priced at that model's prices: a
+// dear summariser cannot pass the run's budget because the run's model is
+// cheap (the call is refused before it is made).
+func TestCompactionModelPricedAsItself(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	dear := faux.New(faux.Options{Fallback: func(agent.Context) faux.Response { return fleettest.Text("## Goal\ndear summary") }})
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{
+			"faux":  pricedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 1},
+			"other": pricedFaux{&worker.FauxProvider{M: dear}, 1_000_000}, // $1 a token
+		}
+	})
+	req := compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "dear"}})
+	req.MaxTokens = 100
+	req.Limits.MaxCostUsd = 100
+	fin := f.WaitFinished(f.Submit("", req))
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBudgetExceeded || fin.Cost > 100 {
+		t.Fatalf("run_finished %s/%s cost $%.2f (%s), want budget_exceeded within $100", fin.Status, fin.Reason, fin.Cost, fin.Error)
 	}
 }

@@ -125,13 +125,14 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 // (trace.go) and the observer's count (listener.go). A provider's call is
 // metered innermost (meteredProvider, settle.go): each wrapper sees its
 // charge.
-func (r *run) streamFn() agent.StreamFn { return r.wrapStream(r.stream) }
+func (r *run) streamFn() agent.StreamFn { return r.wrapStream(r.stream, r.modelLimit) }
 
 // wrapStream wraps a provider's (or a script's) call in the run's stack
-// (streamFn); a compaction's summary call goes through it too.
-func (r *run) wrapStream(fn agent.StreamFn) agent.StreamFn {
-	if r.modelLimit != nil {
-		fn = r.limitStream(fn, *r.modelLimit)
+// (streamFn), with limit the called model's shared rate limit (nil:
+// none); a compaction's summary call goes through it too.
+func (r *run) wrapStream(fn agent.StreamFn, limit *ModelLimit) agent.StreamFn {
+	if limit != nil {
+		fn = r.limitStream(fn, *limit)
 	}
 	if r.tenant.budgeted {
 		fn = r.tenantStream(fn)
