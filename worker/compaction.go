@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"strings"
 	"sync"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -327,6 +328,23 @@ func (c *compactor) restore(end *bus.CompactionEnd, all []agent.Message) []agent
 	c.summary, c.keptFrom, c.dropped, c.fresh = end.Summary, end.FirstKeptIndex, 1, len(ctxMsgs)
 	c.sumTS = ctxMsgs[0].Timestamp
 	return ctxMsgs
+}
+
+// adopt takes the summary a continued run's compacted context starts
+// with (its first message, bus.CompactionSummaryMessage) as the previous
+// summary: a later compaction updates it (pi's update prompt) instead of
+// summarising it as a user's text. Index 0 is the summary's in the
+// continuation's transcript, so kept messages start at 1.
+func (c *compactor) adopt(msgs []agent.Message) {
+	if c.summary != "" || len(msgs) == 0 || msgs[0].Role != agent.RoleUser || len(msgs[0].Content) != 1 {
+		return
+	}
+	text := msgs[0].TextOf()
+	if !strings.HasPrefix(text, bus.CompactionSummaryPrefix) || !strings.HasSuffix(text, bus.CompactionSummarySuffix) {
+		return
+	}
+	c.summary = strings.TrimSuffix(strings.TrimPrefix(text, bus.CompactionSummaryPrefix), bus.CompactionSummarySuffix)
+	c.dropped, c.keptFrom, c.fresh, c.sumTS = 1, 1, len(msgs), msgs[0].Timestamp
 }
 
 // overflowStream wraps the agent's model call: a call the provider refuses

@@ -475,6 +475,25 @@ func TestCompactionContinuationLoadsTheCompactedContext(t *testing.T) {
 	if sent = cont(first); len(sent) != want+1 || !strings.HasPrefix(sent[0].TextOf(), bus.CompactionSummaryPrefix+last.Summary) {
 		t.Fatalf("from the events: %d messages starting %q", len(sent), sent[0].TextOf())
 	}
+	// A continuation that compacts again updates the prior's summary
+	// (pi's update prompt), not summarise it as the user's text.
+	s.mu.Lock()
+	s.calls, s.turns = 0, 12
+	n := len(s.summaries)
+	s.mu.Unlock()
+	req := compactRequest(&bus.Compaction{})
+	req.ContinueFrom = first
+	id := f.Submit("", req)
+	envs = f.Follow(id)
+	checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) == 0 {
+		t.Fatal("the continuation did not compact")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.summaries[n]; !strings.Contains(p, "<previous-summary>\n"+last.Summary+"\n</previous-summary>") || strings.Contains(p, "[User]: "+bus.CompactionSummaryPrefix[:20]) {
+		t.Fatalf("the continuation's first summary prompt does not update the prior's summary:\n%s", p)
+	}
 }
 
 // A request's compaction problems are listed with its others, the
