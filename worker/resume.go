@@ -102,6 +102,10 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	// A compacted run goes on from its compacted context (compaction.go).
 	if r.comp != nil {
 		all = r.comp.restore(lastCompaction, all)
+	} else {
+		// Without a window here (no compactor), still not the full
+		// transcript: the model was past its window with it.
+		all = bus.CompactedContext(all, lastCompaction)
 	}
 	r.agent.SetMessages(all)
 	r.ctl.skip(compacts)
