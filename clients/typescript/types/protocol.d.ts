@@ -50,7 +50,7 @@ export type AssistantMessage = {
 /** One step of the assistant stream (docs/protocol.md §4, Agent events). */
 export type AssistantMessageEvent = TextStart | TextDelta | TextEnd | ThinkingStart | ThinkingDelta | ThinkingEnd | ToolCallStart | ToolCallDelta | ToolCallEnd;
 
-/** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, the run fails (compaction_failed). */
+/** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, no summary was made: the run failed when run_finished says so (compaction_failed, or budget_exceeded when a budget refused the call); a cancelled one is done again by the next attempt. */
 export type CompactionEndEvent = {
   type: "compaction_end";
   reason: "threshold" | "overflow" | "manual";
