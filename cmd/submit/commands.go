@@ -407,6 +407,43 @@ func control(ctx context.Context, e *env, args []string, kind string) int {
 	return exitOK
 }
 
+// cmdCompact sends a compact control message (protocol §16): the run
+// summarises its context at its next model call, focused by the
+// instructions.
+func cmdCompact(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "compact", "submit compact RUN [--instructions TEXT]")
+	var cf conn
+	cf.register(fs.FlagSet, e)
+	instructions := fs.String("instructions", "", "what the summary should focus on (at most 4 KiB)")
+	pos, code, ok := parseCommand(e, fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return fail(e, usagef("compact takes a run id: submit compact RUN [--instructions TEXT]"))
+	}
+	id := pos[0]
+	if err := bus.CheckID(id); err != nil {
+		return fail(e, usagef("%v", err))
+	}
+	if len(*instructions) > bus.MaxCompactionInstructions {
+		return fail(e, usagef("--instructions is %d bytes, at most %d", len(*instructions), bus.MaxCompactionInstructions))
+	}
+	ctx, endTrace := cf.traceCommand(ctx, e, "agentfleet.compact") // trace.go
+	defer endTrace()
+	ctx, c, _, release, err := openRun(ctx, e, &cf, id)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer release()
+	seq, err := c.Compact(ctx, id, *instructions)
+	if err != nil {
+		return fail(e, finishedError(err, bus.KindCompact))
+	}
+	fmt.Fprintf(e.stdout, "compact sent to run %s (control sequence %d): it compacts at its next model call\n", id, seq)
+	return exitOK
+}
+
 func finishedError(err error, kind string) error {
 	if errors.Is(err, bus.ErrRunFinished) {
 		return fmt.Errorf("%v: the %s was not sent", err, kindName(kind))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -51,5 +52,27 @@ func TestTranscriptShowsTheCut(t *testing.T) {
 	if cut < 0 || cut < strings.Index(got, "» user: second") || cut > strings.Index(got, "» user: third") ||
 		!strings.Contains(got, "   │ ## Goal\n   │ read every file\n") || !strings.Contains(got, "» user: read every file") {
 		t.Fatalf("transcript:\n%s", got)
+	}
+}
+
+// submit compact sends the compact control message to a running run; a
+// run id is required and the instructions are bounded.
+func TestCompactCommand(t *testing.T) {
+	t.Parallel()
+	if _, _, code := submit(t, "compact"); code != exitUsage {
+		t.Fatalf("compact without a run: exit %d", code)
+	}
+	if _, errOut, code := submit(t, "compact", "r1", "--instructions", strings.Repeat("x", bus.MaxCompactionInstructions+1)); code != exitUsage || !strings.Contains(errOut, "at most") {
+		t.Fatalf("long instructions: exit %d %s", code, errOut)
+	}
+	id := "t-compact-" + bus.NewRunID()[:8]
+	p := start(t, nil, "--id", id, "--request", request(t, sleepRun(2, "answer", "unused")), "start")
+	p.stdout.waitFor(t, "⚙ sleep", 30*time.Second)
+	out, errOut, code := submit(t, "compact", id, "--instructions", "keep file names")
+	if code != 0 || !strings.Contains(out, "compact sent to run "+id) {
+		t.Fatalf("compact: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.stdout)
 	}
 }
