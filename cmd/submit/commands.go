@@ -857,8 +857,9 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 		return fail(e, fmt.Errorf("run %s has no run_finished", id))
 	}
 	st := style{on: e.color(cf.noColor)}
+	missing := 0
 	if transcript {
-		wholeContext(ctx, e, c, t)
+		missing = wholeContext(ctx, e, c, t)
 	}
 	switch {
 	case transcript && asJSON:
@@ -866,7 +867,7 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 			return code
 		}
 	case transcript:
-		writeTranscript(e, st, t)
+		writeTranscript(e, st, t, missing)
 	case asJSON:
 		_ = json.NewEncoder(e.stdout).Encode(map[string]any{
 			"run": id, "status": t.Finished.Status, "reason": t.Finished.Reason, "error": t.Finished.Error,
@@ -885,11 +886,12 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 
 // wholeContext puts the messages a continuation restored by reference
 // (transcript_restored, since 1.9) before its own, from the continued run's
-// snapshot; without one it says what is left out.
-func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript) {
+// snapshot; without one it says what is left out and returns how many
+// messages that is (a compaction's firstKeptIndex counts them).
+func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript) int {
 	ref := t.Restored
 	if ref == nil || ref.Messages <= 0 {
-		return
+		return 0
 	}
 	prior, _, err := c.LoadSnapshot(ctx, ref.From, 0, 0)
 	if err == nil && len(prior) < ref.Messages {
@@ -897,18 +899,24 @@ func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript)
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "continued from %s (%d messages), which are left out: %v\n", ref.From, ref.Messages, err)
-		return
+		return ref.Messages
 	}
 	t.Messages = append(prior[:ref.Messages:ref.Messages], t.Messages...)
+	return 0
 }
 
 // writeTranscript prints a run's messages, one block per message.
-func writeTranscript(e *env, st style, t *bus.Transcript) {
+// missing messages of the whole transcript (a continuation's prior ones
+// without a snapshot) are not in t.Messages.
+func writeTranscript(e *env, st style, t *bus.Transcript, missing int) {
 	// Where each compaction cut (since 1.10): the model was sent its
 	// summary and the messages from there on; the events hold them all.
+	// firstKeptIndex counts the whole transcript: a cut in the missing
+	// messages is drawn before the first shown.
 	cuts := map[int][]*bus.CompactionEnd{}
 	for _, c := range t.Compactions {
-		cuts[c.FirstKeptIndex] = append(cuts[c.FirstKeptIndex], c)
+		i := max(c.FirstKeptIndex-missing, 0)
+		cuts[i] = append(cuts[i], c)
 	}
 	for i, m := range t.Messages {
 		for _, c := range cuts[i] {

@@ -46,7 +46,7 @@ func TestTranscriptShowsTheCut(t *testing.T) {
 			Summary: "## Goal\nread every file", FirstKeptIndex: 2}},
 		Finished: &bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
 	}
-	writeTranscript(e, style{}, tr)
+	writeTranscript(e, style{}, tr, 0)
 	got := out.String()
 	cut := strings.Index(got, "context compacted here (threshold, 7000 → 3000 tokens)")
 	if cut < 0 || cut < strings.Index(got, "» user: second") || cut > strings.Index(got, "» user: third") ||
@@ -74,5 +74,24 @@ func TestCompactCommand(t *testing.T) {
 	}
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("exit %d\n%s", code, p.stdout)
+	}
+}
+
+// Without the continued run's messages (no snapshot), the cut is still
+// drawn before the first kept message: firstKeptIndex counts them.
+func TestTranscriptCutWithoutThePriorMessages(t *testing.T) {
+	var out bytes.Buffer
+	e := &env{stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+	tr := &bus.Transcript{
+		Messages: []agent.Message{agent.UserText("second"), agent.UserText("third")}, // "first" is the prior's, left out
+		Compactions: []*bus.CompactionEnd{{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, TokensBefore: 7000, TokensAfter: 3000,
+			Summary: "## Goal", FirstKeptIndex: 2}},
+		Finished: &bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
+	}
+	writeTranscript(e, style{}, tr, 1)
+	got := out.String()
+	cut := strings.Index(got, "context compacted here")
+	if cut < 0 || cut < strings.Index(got, "» user: second") || cut > strings.Index(got, "» user: third") {
+		t.Fatalf("transcript:\n%s", got)
 	}
 }
