@@ -526,7 +526,7 @@ class Transcript {
   compactionEnd(ev) {
     if (ev.error) return this.fleetEvent("notice compaction", "compaction failed: " + ev.error);
     this.fleetEvent("compaction", "context compacted (" + ev.reason + "): " + nf.format(ev.tokensBefore || 0) + " → " +
-      nf.format(ev.tokensAfter || 0) + " tokens, " + (ev.messagesSummarized || 0) + " messages summarised; the model is sent the summary and the messages from here on",
+      nf.format(ev.tokensAfter || 0) + " tokens, " + (ev.messagesSummarized || 0) + " messages summarised; from its next call the model is sent the summary and the transcript from message " + (ev.firstKeptIndex || 0) + " on (the kept messages are above this line)",
       el("details", { class: "block compaction-summary" }, el("summary", {}, "summary"), el("pre", { class: "mono" }, ev.summary || "")));
   }
 
