@@ -955,7 +955,7 @@ async function runPage(main, id) {
       f.addEventListener("submit", async (e) => {
         e.preventDefault();
         const text = input.value;
-        if (!text.trim()) return;
+        if (!text.trim() && action !== "compact") return; // compact's instructions are optional
         try {
           if (unsent.text !== text) unsent = { text, key: newKey() };
           const key = unsent.key;
@@ -976,7 +976,8 @@ async function runPage(main, id) {
       } catch (err) { toast("abort: " + err.message, true); }
     });
     controls.append(form("steer", "steer: taken after the current turn", "Steer"),
-      form("followup", "follow-up: taken when the run would stop", "Follow up"), abort);
+      form("followup", "follow-up: taken when the run would stop", "Follow up"),
+      form("compact", "compact: summarise the context at the next model call (optional focus)", "Compact"), abort);
   } else {
     controls.append(el("div", { class: "muted small" }, "Read-only console: start it with --allow-control to steer, follow up, abort and answer approvals."));
   }
