@@ -55,3 +55,26 @@ func TestCompactBookkeeping(t *testing.T) {
 		t.Fatalf("a compact an earlier attempt's compaction answered was taken again: %+v", m)
 	}
 }
+
+// A resumed attempt that starts from a compacted context still avoids
+// the summarised calls' keys and counts their turns (internal/callkey,
+// invariant 1): a model repeating "c1" gets a new key.
+func TestRestoreKeepsTheSummarisedCallKeys(t *testing.T) {
+	call := func(id string) agent.Message {
+		return agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonToolUse, Content: []agent.Content{agent.ToolCall(id, "read", nil)}}
+	}
+	result := func(id string) agent.Message { return agent.Message{Role: agent.RoleToolResult, ToolCallID: id} }
+	all := []agent.Message{agent.UserText("q"), call("c1"), result("c1"), call("c1-t2-1"), result("c1-t2-1"), call("c1-t3-1"), result("c1-t3-1")}
+	r := &run{}
+	r.earlier.usedCallKeys = map[string]bool{"other": true}
+	c := &compactor{r: r}
+	r.comp = c
+	ctx := c.restore(&bus.CompactionEnd{Summary: "s", FirstKeptIndex: 5}, all)
+	if len(ctx) != 3 {
+		t.Fatalf("context of %d messages, want the summary and 2 kept", len(ctx))
+	}
+	p := r.priorCallKeys()
+	if !p.Used["c1"] || !p.Used["c1-t2-1"] || !p.Used["other"] || p.Turns != 2 {
+		t.Fatalf("prior keys %v, %d turns: want c1, c1-t2-1 (summarised), other (earlier) and 2 turns", p.Used, p.Turns)
+	}
+}
