@@ -167,7 +167,7 @@ func joinNotice(a, b string) string {
 }
 
 // wire finishes the compactor once the run's stream stack exists.
-func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream, c.limit) }
+func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream, c.limit, c.modelName) }
 
 // requestManual queues a compact control message for the next model call.
 // Invariant: a compaction answers every compact message delivered before

@@ -551,8 +551,10 @@ func TestCompactionModelOfAnotherProvider(t *testing.T) {
 		asked = append(asked, llm.SystemPrompt)
 		return fleettest.Text("## Goal\nfrom the other model")
 	}})
+	models := &modelNames{}
 	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
 		c.Providers["other"] = &worker.FauxProvider{M: other}
+		c.Observer = models
 	})
 	id := f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "summariser"}}))
 	envs := f.Follow(id)
@@ -568,6 +570,12 @@ func TestCompactionModelOfAnotherProvider(t *testing.T) {
 	if len(s.summaries) != 0 || len(asked) != len(ends) || !strings.Contains(asked[0], "context summarization assistant") {
 		t.Fatalf("the run's model got %d summary calls, the other %d (of %d compactions)", len(s.summaries), len(asked), len(ends))
 	}
+	// The summary calls are reported as the other model's.
+	models.mu.Lock()
+	if models.n["other/summariser"] != len(ends) || models.n["faux/small"] == 0 {
+		t.Fatalf("model requests reported %v, want %d of other/summariser", models.n, len(ends))
+	}
+	models.mu.Unlock()
 	// An unknown provider is the request's problem.
 	fin := f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "nosuch", ID: "m"}})))
 	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, `compaction.model: unknown model provider "nosuch"`) {
@@ -784,4 +792,20 @@ func TestCompactionModelPricedAsItself(t *testing.T) {
 	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBudgetExceeded || fin.Cost > 100 {
 		t.Fatalf("run_finished %s/%s cost $%.2f (%s), want budget_exceeded within $100", fin.Status, fin.Reason, fin.Cost, fin.Error)
 	}
+}
+
+// modelNames counts the model requests the observer is told of, by model.
+type modelNames struct {
+	worker.NopObserver
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (o *modelNames) ModelRequest(_ worker.RunInfo, mr worker.ModelRequest) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	o.n[mr.Model]++
 }

@@ -125,12 +125,13 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 // (trace.go) and the observer's count (listener.go). A provider's call is
 // metered innermost (meteredProvider, settle.go): each wrapper sees its
 // charge.
-func (r *run) streamFn() agent.StreamFn { return r.wrapStream(r.stream, r.modelLimit) }
+func (r *run) streamFn() agent.StreamFn { return r.wrapStream(r.stream, r.modelLimit, r.modelRef.String()) }
 
 // wrapStream wraps a provider's (or a script's) call in the run's stack
 // (streamFn), with limit the called model's shared rate limit (nil:
-// none); a compaction's summary call goes through it too.
-func (r *run) wrapStream(fn agent.StreamFn, limit *ModelLimit) agent.StreamFn {
+// none) and name the model the observer reports; a compaction's summary
+// call goes through it too.
+func (r *run) wrapStream(fn agent.StreamFn, limit *ModelLimit, name string) agent.StreamFn {
 	if limit != nil {
 		fn = r.limitStream(fn, *limit)
 	}
@@ -140,7 +141,7 @@ func (r *run) wrapStream(fn agent.StreamFn, limit *ModelLimit) agent.StreamFn {
 	if r.limits.MaxCostUsd > 0 {
 		fn = r.budgetStream(fn)
 	}
-	return r.observeStream(r.traceStream(callkey.Stream(fn, r.priorCallKeys)))
+	return r.observeStream(r.traceStream(callkey.Stream(fn, r.priorCallKeys)), name)
 }
 
 // priorCallKeys is what new call keys avoid besides the context's: the
