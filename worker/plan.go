@@ -125,7 +125,9 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 // (trace.go) and the observer's count (listener.go). A provider's call is
 // metered innermost (meteredProvider, settle.go): each wrapper sees its
 // charge.
-func (r *run) streamFn() agent.StreamFn { return r.wrapStream(r.stream, r.modelLimit, r.modelRef.String()) }
+func (r *run) streamFn() agent.StreamFn {
+	return r.wrapStream(r.stream, r.modelLimit, r.modelRef.String())
+}
 
 // wrapStream wraps a provider's (or a script's) call in the run's stack
 // (streamFn), with limit the called model's shared rate limit (nil:
