@@ -122,13 +122,24 @@ func CompactionSummaryMessage(summary string, timestamp int64) agent.Message {
 	return m
 }
 
+// CompactionFits reports whether end is a successful compaction whose
+// first kept message is in transcript and not a tool result (a cut is on
+// a turn boundary; an end that is not was made from another transcript).
+func CompactionFits(transcript []agent.Message, end *CompactionEnd) bool {
+	if end == nil || end.Error != "" || end.FirstKeptIndex <= 0 || end.FirstKeptIndex > len(transcript) {
+		return false
+	}
+	return end.FirstKeptIndex == len(transcript) || transcript[end.FirstKeptIndex].Role != agent.RoleToolResult
+}
+
 // CompactedContext is what a run's model is sent after the compaction
 // end (its last successful compaction_end): the summary message, then
 // transcript from end.FirstKeptIndex on. transcript is the run's whole
 // transcript (a continuation's prior messages first). With no usable end
-// (nil, failed, or an index past the transcript) it is transcript.
+// (nil, failed, an index past the transcript or on a tool result, which
+// would be sent without its call) it is transcript.
 func CompactedContext(transcript []agent.Message, end *CompactionEnd) []agent.Message {
-	if end == nil || end.Error != "" || end.FirstKeptIndex <= 0 || end.FirstKeptIndex > len(transcript) {
+	if !CompactionFits(transcript, end) {
 		return transcript
 	}
 	out := make([]agent.Message, 0, 1+len(transcript)-end.FirstKeptIndex)

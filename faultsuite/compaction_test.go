@@ -49,8 +49,9 @@ func compactionFleet(t *testing.T) *fleet {
 }
 
 // killAt runs compactionRun on worker w1, kills it -9 when at says so,
-// starts w2, and returns every stored envelope once the run finished.
-func killAt(t *testing.T, f *fleet, at func(*bus.Envelope) bool) []*bus.Envelope {
+// starts w2 (after then, if set), and returns every stored envelope once
+// the run finished.
+func killAt(t *testing.T, f *fleet, at func(*bus.Envelope) bool, then func()) []*bus.Envelope {
 	t.Helper()
 	w1 := f.startWorker("c1")
 	ctx, cancel := f.ctx(4 * time.Minute)
@@ -67,6 +68,9 @@ func killAt(t *testing.T, f *fleet, at func(*bus.Envelope) bool) []*bus.Envelope
 		if !killed && env.Attempt == 1 && at(env) {
 			w1.kill()
 			killed = true
+			if then != nil {
+				then()
+			}
 			f.startWorker("c2")
 		}
 		if env.Type == bus.EventRunFinished {
@@ -125,7 +129,7 @@ func readCompactions(t *testing.T, raw []*bus.Envelope) compactions {
 // compactions and every message.
 func TestKillDuringCompaction(t *testing.T) {
 	f := compactionFleet(t)
-	raw := killAt(t, f, func(e *bus.Envelope) bool { return e.Type == bus.EventCompactionStart })
+	raw := killAt(t, f, func(e *bus.Envelope) bool { return e.Type == bus.EventCompactionStart }, nil)
 	c := readCompactions(t, raw)
 	if c.starts[1] != 1 || len(c.ends) != 2 || c.attempt[0] != 2 {
 		t.Fatalf("compaction_start per attempt %v, %d compaction_end (attempts %v): want one start in attempt 1 and both ends in attempt 2",
@@ -149,7 +153,7 @@ func TestKillAfterCompaction(t *testing.T) {
 	f := compactionFleet(t)
 	raw := killAt(t, f, func(e *bus.Envelope) bool {
 		return e.Type == string(agent.EventToolExecutionStart) && strings.Contains(string(e.Event), `"t4"`)
-	})
+	}, nil)
 	c := readCompactions(t, raw)
 	if len(c.ends) != 2 || c.attempt[0] != 1 || c.attempt[1] != 2 || c.starts[2] != 1 {
 		t.Fatalf("compaction_end attempts %v, starts %v: want the first in attempt 1 and only the second in attempt 2", c.attempt, c.starts)
@@ -162,5 +166,40 @@ func TestKillAfterCompaction(t *testing.T) {
 	}
 	if second.TokensBefore >= 8192+2500 {
 		t.Fatalf("the resumed attempt's context was %d tokens: the full transcript, not the compacted one", second.TokensBefore)
+	}
+	// The run's usage counts every call: the turns', both summaries'
+	// (attempt 1's too) and those cut off.
+	want := c.tr.CutOffUsage().TotalTokens
+	for _, m := range c.tr.Messages {
+		want += m.Usage.TotalTokens
+	}
+	for _, e := range c.ends {
+		want += e.Usage.TotalTokens
+	}
+	if c.fin.Usage.TotalTokens != want {
+		t.Fatalf("run usage %d tokens, want %d (messages, summaries, cut off)", c.fin.Usage.TotalTokens, want)
+	}
+}
+
+// A worker that does not know the model's window (no compaction of its
+// own) still resumes a compacted run from its compacted context, not from
+// the full transcript, which would overflow the window.
+func TestKillAfterCompactionResumedWithoutAWindow(t *testing.T) {
+	f := compactionFleet(t)
+	raw := killAt(t, f, func(e *bus.Envelope) bool {
+		return e.Type == string(agent.EventToolExecutionStart) && strings.Contains(string(e.Event), `"t4"`)
+	}, func() { f.extraArgs = nil })
+	c := readCompactions(t, raw)
+	if len(c.ends) != 1 || c.attempt[0] != 1 {
+		t.Fatalf("compaction_end attempts %v: want only attempt 1's", c.attempt)
+	}
+	// The resumed call is sent the compacted context (tokensAfter) and t4's
+	// turn (2,500 tokens of text, a short tool result). The script's
+	// summary is longer than what it replaced, so the full transcript
+	// would be less (tokensBefore and t4's turn).
+	last := c.tr.Messages[len(c.tr.Messages)-1]
+	if d := last.Usage.Input - c.ends[0].TokensAfter; last.Role != agent.RoleAssistant || d < 2500 || d > 2700 {
+		t.Fatalf("the resumed attempt's call was sent %d tokens, the compacted context %d and t4's turn: not the compacted context (the full transcript was %d before t4)",
+			last.Usage.Input, c.ends[0].TokensAfter, c.ends[0].TokensBefore)
 	}
 }

@@ -420,7 +420,7 @@ func (g *gen) events() *jsonschema.Schema {
 	rename(defs, "CompactionStart", "CompactionStartEvent")
 
 	ce := g.def(defs, "CompactionEnd")
-	ce.Description = "A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, the run fails (compaction_failed)."
+	ce.Description = "A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, no summary was made: the run failed when run_finished says so (compaction_failed, or budget_exceeded when a budget refused the call); a cancelled one is done again by the next attempt."
 	g.setProp(ce, "CompactionEnd", "type", &jsonschema.Schema{Type: "string", Const: bus.EventCompactionEnd})
 	g.setProp(ce, "CompactionEnd", "reason", enum("", bus.CompactionThreshold, bus.CompactionOverflow, bus.CompactionManual))
 	g.prop(ce, "CompactionEnd", "firstKeptIndex").Minimum = minimum(1)

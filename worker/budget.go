@@ -30,13 +30,14 @@ func (r *run) checkCostBound(add func(string, ...any)) {
 // outputReserve is the output reserve of the run's calls.
 func (r *run) outputReserve(requestMax int) int { return OutputReserve(requestMax, r.model.MaxTokens) }
 
-// worstCost is what the next call may cost at most: everything it sends
-// (metering.CallInputTokens) at the dearer of the input and cache-write prices
-// (a provider may write the whole prompt to its cache) and its whole
-// output reserve at the output price.
-func (r *run) worstCost(llm agent.Context, requestMax int) float64 {
-	c := r.model.Cost
-	return (float64(metering.CallInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(r.outputReserve(requestMax))*c.Output) / 1e6
+// worstCost is what the next call of model may cost at most: everything
+// it sends (metering.CallInputTokens) at the dearer of the input and
+// cache-write prices (a provider may write the whole prompt to its cache)
+// and its whole output reserve at the output price. model is the call's
+// own: a summary call on compaction.model is priced as that model.
+func worstCost(model agent.Model, llm agent.Context, requestMax int) float64 {
+	c := model.Cost
+	return (float64(metering.CallInputTokens(llm))*max(c.Input, c.CacheWrite) + float64(OutputReserve(requestMax, model.MaxTokens))*c.Output) / 1e6
 }
 
 // priced reports whether the run's model has prices: calls of a model
@@ -53,14 +54,14 @@ func (r *run) spent() float64 {
 }
 
 // overCost records budget_exceeded when the run spent its bound, or when
-// the next call (llm) could cross it; it reports whether it did.
-func (r *run) overCost(llm agent.Context, requestMax int) bool {
+// the next call (llm to model) could cross it; it reports whether it did.
+func (r *run) overCost(model agent.Model, llm agent.Context, requestMax int) bool {
 	max := r.limits.MaxCostUsd
 	if max <= 0 {
 		return false
 	}
 	spent := r.spent()
-	switch worst := r.worstCost(llm, requestMax); {
+	switch worst := worstCost(model, llm, requestMax); {
 	case spent > max:
 		return r.tally.Limit(bus.ReasonBudgetExceeded, fmt.Sprintf("the run spent $%.6f, its budget (limits.maxCostUsd) is $%.6f", spent, max))
 	case spent+worst > max:
@@ -74,7 +75,7 @@ func (r *run) overCost(llm agent.Context, requestMax int) bool {
 // bound: the run ends as budget_exceeded without calling the model.
 func (r *run) budgetStream(fn agent.StreamFn) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
-		if !r.overCost(llm, opts.MaxTokens) {
+		if !r.overCost(model, llm, opts.MaxTokens) {
 			return fn(ctx, model, llm, opts)
 		}
 		return func(yield func(agent.StreamEvent) bool) {
@@ -87,7 +88,8 @@ func (r *run) budgetStream(fn agent.StreamFn) agent.StreamFn {
 }
 
 // overCostNext checks the cost bound after a turn whose model wants
-// another: the next call's context is this turn's.
+// another: the next call's context is this turn's, as the model is sent
+// it (compacted, compaction.go), not the whole history.
 func (r *run) overCostNext(tc *agent.TurnContext) bool {
 	if r.limits.MaxCostUsd <= 0 {
 		return false
@@ -95,6 +97,9 @@ func (r *run) overCostNext(tc *agent.TurnContext) bool {
 	var llm agent.Context
 	if tc.Context != nil {
 		llm = *tc.Context
+		if r.comp != nil {
+			llm.Messages = r.comp.view(llm.Messages)
+		}
 	}
-	return r.overCost(llm, r.req.MaxTokens)
+	return r.overCost(r.model, llm, r.req.MaxTokens)
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"maps"
+	"strings"
 	"sync"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -12,6 +14,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/workerproto"
 	"github.com/agentfleet/agentfleet/llm/overflow"
 	"github.com/agentfleet/agentfleet/worker/internal/compaction"
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
 )
 
 // ModelWindow is a model table entry's context window and compaction
@@ -51,12 +54,14 @@ type compactor struct {
 	model        agent.Model
 	modelName    string
 	stream       agent.StreamFn // the summary call, through the run's stack
+	limit        *ModelLimit    // the summary model's shared rate limit
 	instructions string
 
 	// mu guards what the control owner touches (manual); the rest is the
 	// loop's own, one call at a time.
-	mu     sync.Mutex
-	manual *manualCompact
+	mu         sync.Mutex
+	manual     *manualCompact
+	answeredTo uint64
 
 	summary  string
 	dropped  int
@@ -64,6 +69,30 @@ type compactor struct {
 	fresh    int // live index from which reported usage counts
 	last     []agent.Message
 	sumTS    int64
+	// gone are the call keys and the number of assistant messages of what
+	// the summary stands for: new calls' keys avoid them and count them
+	// (internal/callkey, invariant 1), so keys stay unique in the run.
+	goneKeys  map[string]bool
+	goneTurns int
+}
+
+// forget records msgs, now stood for by the summary, for the call keys.
+func (c *compactor) forget(msgs []agent.Message) {
+	if c.goneKeys == nil {
+		c.goneKeys = maps.Clone(c.r.earlier.usedCallKeys)
+		if c.goneKeys == nil {
+			c.goneKeys = map[string]bool{}
+		}
+	}
+	for i := range msgs {
+		if msgs[i].Role != agent.RoleAssistant {
+			continue
+		}
+		c.goneTurns++
+		for _, tc := range msgs[i].ToolCalls() {
+			c.goneKeys[tc.ID] = true
+		}
+	}
 }
 
 type manualCompact struct {
@@ -108,7 +137,7 @@ func (r *run) planCompaction(add func(string, ...any)) {
 		add("%s", p)
 	}
 	c := &compactor{r: r, set: set, auto: asked != nil, model: r.model, modelName: r.modelRef.String(),
-		instructions: instructions, stream: r.stream}
+		instructions: instructions, stream: r.stream, limit: r.modelLimit}
 	if asked != nil && asked.Model != nil && *asked.Model != r.modelRef && r.req.Faux == nil {
 		p := w.providers[asked.Model.Provider]
 		if p == nil {
@@ -120,6 +149,12 @@ func (r *run) planCompaction(add func(string, ...any)) {
 			c.model.ID = asked.Model.ID
 		}
 		c.stream = meteredProvider{p}.Stream
+		// Its calls wait in its own rate-limit group and are priced at its
+		// own prices (worstCost takes the call's model).
+		c.limit = nil
+		if ml, ok := w.modelLimit(*asked.Model); ok {
+			c.limit = &ml
+		}
 	}
 	r.comp = c
 }
@@ -132,12 +167,30 @@ func joinNotice(a, b string) string {
 }
 
 // wire finishes the compactor once the run's stream stack exists.
-func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream) }
+func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream, c.limit, c.modelName) }
 
 // requestManual queues a compact control message for the next model call.
+// Invariant: a compaction answers every compact message delivered before
+// it; its controlSeq is the newest's, so a resumed attempt takes none of
+// those up to it again (answeredTo). Two before one call are one
+// compaction with both instructions.
 func (c *compactor) requestManual(instructions string, seq uint64) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if seq <= c.answeredTo {
+		return // an earlier attempt's compaction answered it
+	}
+	if m := c.manual; m != nil {
+		instructions = joinNotice(m.instructions, instructions)
+	}
 	c.manual = &manualCompact{instructions: instructions, seq: seq}
+}
+
+// answered records the newest compact message an earlier attempt's
+// successful compaction answered.
+func (c *compactor) answered(seq uint64) {
+	c.mu.Lock()
+	c.answeredTo = max(c.answeredTo, seq)
 	c.mu.Unlock()
 }
 
@@ -159,13 +212,15 @@ func (c *compactor) view(live []agent.Message) []agent.Message {
 	return append(out, live[c.dropped:]...)
 }
 
+// tokens is the size of the context the model is sent (the view): the
+// summary counts once, in the usage a call sent it reported, else in the
+// estimate.
 func (c *compactor) tokens(live []agent.Message) int {
-	n := compaction.ContextTokens(live[min(c.dropped, len(live)):], c.fresh-c.dropped)
-	if c.summary != "" {
-		s := bus.CompactionSummaryMessage(c.summary, 0)
-		n += compaction.EstimateTokens(&s)
+	if c.summary == "" || c.dropped > len(live) {
+		return compaction.ContextTokens(live, c.fresh)
 	}
-	return n
+	// View index of live index i >= dropped: i - dropped + 1.
+	return compaction.ContextTokens(c.view(live), c.fresh-c.dropped+1)
 }
 
 // transform is the agent's TransformContext.
@@ -220,7 +275,12 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	if _, err := r.pub.Fleet(bus.EventCompactionStart, start); err != nil {
 		return err
 	}
-	summary, final, err := compaction.Summarize(ctx, c.stream, c.model, live[c.dropped:cut], c.summary, instructions, c.set.SummaryMaxTokens())
+	// A model refuses a call asking more output than it has (its maxTokens).
+	maxOut := c.set.SummaryMaxTokens()
+	if m := c.model.MaxTokens; m > 0 {
+		maxOut = min(maxOut, m)
+	}
+	summary, final, err := compaction.Summarize(ctx, c.stream, c.model, live[c.dropped:cut], c.summary, instructions, maxOut)
 	end := bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: reason, TokensBefore: tokens, Model: c.modelName,
 		ControlSeq: start.ControlSeq}
 	if final != nil {
@@ -230,12 +290,15 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	if err != nil {
 		end.Error = clipString(err.Error(), bus.MaxErrorBytes)
 		_, _ = r.pub.Fleet(bus.EventCompactionEnd, end)
-		if ctx.Err() == nil {
+		// A call a run or tenant budget refused keeps that reason (the
+		// refusal recorded it): the summary did not fail, it was not made.
+		if ctx.Err() == nil && !r.tally.Stopping() {
 			r.overBudget(bus.ReasonCompactionFailed, end.Error)
 		}
 		return err
 	}
 	from := c.dropped
+	c.forget(live[from:cut])
 	c.keptFrom += cut - c.dropped
 	c.summary, c.dropped, c.fresh = summary, cut, len(live)
 	c.sumTS = live[cut-1].Timestamp
@@ -257,18 +320,42 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 // compaction_end: the agent starts from the summary and the kept messages
 // (not the full transcript, all), and what was compacted is not again.
 func (c *compactor) restore(end *bus.CompactionEnd, all []agent.Message) []agent.Message {
-	if end == nil || end.Error != "" || end.FirstKeptIndex <= 0 || end.FirstKeptIndex > len(all) {
+	if !bus.CompactionFits(all, end) {
 		return all
 	}
 	ctxMsgs := bus.CompactedContext(all, end)
+	c.forget(all[:end.FirstKeptIndex])
 	c.summary, c.keptFrom, c.dropped, c.fresh = end.Summary, end.FirstKeptIndex, 1, len(ctxMsgs)
 	c.sumTS = ctxMsgs[0].Timestamp
 	return ctxMsgs
 }
 
+// adopt takes the summary a continued run's compacted context starts
+// with (its first message, bus.CompactionSummaryMessage) as the previous
+// summary: a later compaction updates it (pi's update prompt) instead of
+// summarising it as a user's text. Index 0 is the summary's in the
+// continuation's transcript, so kept messages start at 1.
+func (c *compactor) adopt(msgs []agent.Message) {
+	if c.summary != "" || len(msgs) == 0 || msgs[0].Role != agent.RoleUser || len(msgs[0].Content) != 1 {
+		return
+	}
+	text := msgs[0].TextOf()
+	if !strings.HasPrefix(text, bus.CompactionSummaryPrefix) || !strings.HasSuffix(text, bus.CompactionSummarySuffix) {
+		return
+	}
+	c.summary = strings.TrimSuffix(strings.TrimPrefix(text, bus.CompactionSummaryPrefix), bus.CompactionSummarySuffix)
+	c.dropped, c.keptFrom, c.fresh, c.sumTS = 1, 1, len(msgs), msgs[0].Timestamp
+}
+
 // overflowStream wraps the agent's model call: a call the provider refuses
 // as too long for the context window, before any content, is compacted
 // and sent again, once. Anything else passes through.
+//
+// The refused call's stream is drained first, so that its wrappers (the
+// tenant's hold for its worst case, the rate-limit reservation, the span,
+// the HTTP body) settle and let go before the summary call asks for its
+// own. A refusal after content was passed on is passed on too: a retry's
+// deltas would join the first call's partial message.
 func (c *compactor) overflowStream(fn agent.StreamFn) agent.StreamFn {
 	if !c.auto {
 		return fn
@@ -276,17 +363,35 @@ func (c *compactor) overflowStream(fn agent.StreamFn) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			var held *agent.StreamEvent // the start, until the call is known not to be refused
+			var refused *agent.StreamEvent
+			passed := false // an event after the start was passed on
 			for ev := range fn(ctx, model, llm, opts) {
 				switch {
-				case ev.Type == agent.StreamStart && held == nil:
+				case ev.Type == agent.StreamStart && held == nil && refused == nil:
 					e := ev
 					held = &e
 					continue
-				case ev.Type == agent.StreamError && ev.Message != nil && overflow.Is(ev.Message.ErrorMessage) && ctx.Err() == nil:
-					msgs, ok := c.afterOverflow(ctx, ev.Message.ErrorMessage)
-					if !ok {
-						break
+				case !passed && refused == nil && ev.Type == agent.StreamError && ev.Message != nil &&
+					overflow.Is(ev.Message.ErrorMessage) && ctx.Err() == nil:
+					e := ev
+					refused = &e
+					continue // drained below
+				case refused != nil:
+					continue
+				}
+				if held != nil {
+					if !yield(*held) {
+						return
 					}
+					held = nil
+				}
+				passed = true
+				if !yield(ev) {
+					return
+				}
+			}
+			if refused != nil {
+				if msgs, ok := c.afterOverflow(ctx, refused.Message.ErrorMessage); ok {
 					retry := llm
 					retry.Messages = msgs
 					for ev := range fn(ctx, model, retry, opts) {
@@ -296,15 +401,11 @@ func (c *compactor) overflowStream(fn agent.StreamFn) agent.StreamFn {
 					}
 					return
 				}
-				if held != nil {
-					if !yield(*held) {
-						return
-					}
-					held = nil
-				}
-				if !yield(ev) {
+				if held != nil && !yield(*held) {
 					return
 				}
+				yield(*refused)
+				return
 			}
 			if held != nil {
 				yield(*held)
@@ -352,25 +453,23 @@ func (r *run) compactControl(data []byte, seq uint64) bool {
 	return true
 }
 
-// compactionsIn reads earlier attempts' compaction_end events: the last
-// successful one, how many scripted responses their calls took (a faux
-// script's position: the summary, and an overflow's refused call), and
-// the compact control messages they answered.
-func compactionsIn(envs []*bus.Envelope) (last *bus.CompactionEnd, scripted int, controls []uint64) {
-	for _, e := range envs {
-		if e.Type != bus.EventCompactionEnd {
-			continue
-		}
-		ev, err := e.Decode()
-		if err != nil || ev.CompactionEnd == nil {
-			continue
-		}
-		end := ev.CompactionEnd
-		if end.ControlSeq != 0 {
-			controls = append(controls, end.ControlSeq)
+// compactionsIn reads earlier attempts' compaction_end events (the
+// Recover fold's: not those of an attempt stored after a newer one's
+// run_started, nor duplicates): the last successful one, how many
+// scripted responses their calls took (a faux script's position: the
+// summary, and an overflow's refused call), the compact control messages
+// their successful compactions answered and the summary calls' usage (charged, not in any
+// message).
+func compactionsIn(ends []*bus.CompactionEnd) (last *bus.CompactionEnd, scripted int, controls []uint64, usage agent.Usage) {
+	for _, end := range ends {
+		if end.Usage != nil {
+			usage.Add(metering.NonNegative(*end.Usage))
 		}
 		if end.Error != "" {
-			continue
+			continue // not answered (cancelled by a drain or a hand-back): taken again
+		}
+		if end.ControlSeq != 0 {
+			controls = append(controls, end.ControlSeq)
 		}
 		last = end
 		scripted++
@@ -378,7 +477,7 @@ func compactionsIn(envs []*bus.Envelope) (last *bus.CompactionEnd, scripted int,
 			scripted++
 		}
 	}
-	return last, scripted, controls
+	return last, scripted, controls, usage
 }
 
 // contextMessages is the run's context as the model is sent it: the

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"iter"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,9 @@ type compactScript struct {
 	gateAt      int // this call (1-based) calls the gate tool instead of read
 	overflowAt  map[int]bool
 	summaryFail string
+	sameID      bool // every call's id is "c1"
+	// overflowText is streamed before an overflowAt call's refusal.
+	overflowText string
 
 	mu        sync.Mutex
 	calls     int
@@ -48,16 +52,24 @@ func (s *compactScript) reply(llm agent.Context) faux.Response {
 	s.calls++
 	if s.overflowAt[s.calls] {
 		s.overflows++
-		return faux.Response{StopReason: agent.StopReasonError, ErrorMessage: overflowText}
+		r := faux.Response{StopReason: agent.StopReasonError, ErrorMessage: overflowText}
+		if s.overflowText != "" {
+			r.Content = []agent.Content{agent.Text(s.overflowText)}
+		}
+		return r
 	}
 	s.contexts = append(s.contexts, append([]agent.Message(nil), llm.Messages...))
 	if s.calls > s.turns+len(s.overflowAt) {
 		return fleettest.Text("done")
 	}
-	if s.calls == s.gateAt {
-		return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "gate", map[string]any{})
+	id := fmt.Sprintf("c%d", s.calls)
+	if s.sameID {
+		id = "c1"
 	}
-	return fleettest.ToolCall(fmt.Sprintf("c%d", s.calls), "read", map[string]any{"path": fmt.Sprintf("f%d", s.calls)})
+	if s.calls == s.gateAt {
+		return fleettest.ToolCall(id, "gate", map[string]any{})
+	}
+	return fleettest.ToolCall(id, "read", map[string]any{"path": fmt.Sprintf("f%d", s.calls)})
 }
 
 // readTool returns resultChars characters (resultChars/4 tokens).
@@ -181,6 +193,34 @@ func TestCompactionCutsOnTurnBoundariesAndUpdatesTheSummary(t *testing.T) {
 	}
 	if fin.Usage.TotalTokens != turnsUsage+summaryUsage {
 		t.Fatalf("run usage %d, want the turns' %d plus the summaries' %d", fin.Usage.TotalTokens, turnsUsage, summaryUsage)
+	}
+}
+
+// Call keys stay unique in the run after compactions (internal/callkey,
+// invariant 1): a model repeating its call id every turn gets a new key
+// each time, also where the earlier calls were summarised away.
+func TestCompactionKeepsCallKeysUnique(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24, sameID: true}
+	compactWorker(f, s, 8000, 4000, nil)
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) < 2 {
+		t.Fatalf("%d compactions, want >= 2", len(ends))
+	}
+	seen := map[string]int{}
+	for i, m := range tr.Messages {
+		for _, c := range m.ToolCalls() {
+			if j, dup := seen[c.ID]; dup {
+				t.Fatalf("call key %q at messages %d and %d", c.ID, j, i)
+			}
+			seen[c.ID] = i
+		}
+	}
+	if len(seen) != 24 {
+		t.Fatalf("%d call keys, want 24", len(seen))
 	}
 }
 
@@ -435,6 +475,25 @@ func TestCompactionContinuationLoadsTheCompactedContext(t *testing.T) {
 	if sent = cont(first); len(sent) != want+1 || !strings.HasPrefix(sent[0].TextOf(), bus.CompactionSummaryPrefix+last.Summary) {
 		t.Fatalf("from the events: %d messages starting %q", len(sent), sent[0].TextOf())
 	}
+	// A continuation that compacts again updates the prior's summary
+	// (pi's update prompt), not summarise it as the user's text.
+	s.mu.Lock()
+	s.calls, s.turns = 0, 12
+	n := len(s.summaries)
+	s.mu.Unlock()
+	req := compactRequest(&bus.Compaction{})
+	req.ContinueFrom = first
+	id := f.Submit("", req)
+	envs = f.Follow(id)
+	checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) == 0 {
+		t.Fatal("the continuation did not compact")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.summaries[n]; !strings.Contains(p, "<previous-summary>\n"+last.Summary+"\n</previous-summary>") || strings.Contains(p, "[User]: "+bus.CompactionSummaryPrefix[:20]) {
+		t.Fatalf("the continuation's first summary prompt does not update the prior's summary:\n%s", p)
+	}
 }
 
 // A request's compaction problems are listed with its others, the
@@ -492,8 +551,10 @@ func TestCompactionModelOfAnotherProvider(t *testing.T) {
 		asked = append(asked, llm.SystemPrompt)
 		return fleettest.Text("## Goal\nfrom the other model")
 	}})
+	models := &modelNames{}
 	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
 		c.Providers["other"] = &worker.FauxProvider{M: other}
+		c.Observer = models
 	})
 	id := f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "summariser"}}))
 	envs := f.Follow(id)
@@ -509,9 +570,242 @@ func TestCompactionModelOfAnotherProvider(t *testing.T) {
 	if len(s.summaries) != 0 || len(asked) != len(ends) || !strings.Contains(asked[0], "context summarization assistant") {
 		t.Fatalf("the run's model got %d summary calls, the other %d (of %d compactions)", len(s.summaries), len(asked), len(ends))
 	}
+	// The summary calls are reported as the other model's.
+	models.mu.Lock()
+	if models.n["other/summariser"] != len(ends) || models.n["faux/small"] == 0 {
+		t.Fatalf("model requests reported %v, want %d of other/summariser", models.n, len(ends))
+	}
+	models.mu.Unlock()
 	// An unknown provider is the request's problem.
 	fin := f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "nosuch", ID: "m"}})))
 	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, `compaction.model: unknown model provider "nosuch"`) {
 		t.Fatalf("unknown provider: %+v", fin)
 	}
+}
+
+// pricedCompactionFaux is a faux provider whose models have prices ($1,000 per
+// million tokens in and out, or usd).
+type pricedCompactionFaux struct {
+	*worker.FauxProvider
+	usd float64
+}
+
+func (p pricedCompactionFaux) Model(id string) agent.Model {
+	m := p.FauxProvider.Model(id)
+	usd := p.usd
+	if usd == 0 {
+		usd = 1000
+	}
+	m.Cost = agent.ModelCost{Input: usd, Output: usd}
+	return m
+}
+
+// limits.maxCostUsd bounds a compacted run by what its calls are sent
+// (the compacted context), not by the whole history: a budget a little
+// above what the run spends lets it finish.
+func TestCompactionMaxCostCountsTheCompactedContext(t *testing.T) {
+	t.Parallel()
+	run := func(maxCost float64) *bus.RunFinished {
+		f := newFleet(t)
+		s := &compactScript{turns: 30}
+		compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+			c.Providers = map[string]worker.Provider{"faux": pricedCompactionFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 0}}
+		})
+		req := compactRequest(&bus.Compaction{})
+		req.MaxTokens = 100
+		req.Limits.MaxCostUsd = maxCost
+		return f.WaitFinished(f.Submit("", req))
+	}
+	free := run(0)
+	if free.Status != bus.StatusSucceeded || free.Cost <= 0 {
+		t.Fatalf("without a budget: %+v", free)
+	}
+	// 12,000 tokens above the spend: more than any compacted call is sent
+	// (window 8,000), less than the history (30 results of 1,000 tokens).
+	if fin := run(free.Cost + 12); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("with a budget $12 above the $%.2f spent: %s/%s (%s)", free.Cost, fin.Status, fin.Reason, fin.Error)
+	}
+}
+
+// A summary call the run's cost bound refuses ends the run as
+// budget_exceeded, not compaction_failed.
+func TestCompactionSummaryRefusedByTheBudget(t *testing.T) {
+	t.Parallel()
+	run := func(maxCost float64) []*bus.Envelope {
+		f := newFleet(t)
+		s := &compactScript{turns: 12}
+		compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+			c.Providers = map[string]worker.Provider{"faux": pricedCompactionFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 0}}
+		})
+		req := compactRequest(&bus.Compaction{ReserveTokens: 6000, KeepRecentTokens: 500})
+		req.MaxTokens = 100
+		req.Limits.MaxCostUsd = maxCost
+		return f.Follow(f.Submit("", req))
+	}
+	// The spend before the first compaction, and the summary call's cost.
+	var before float64
+	var sum *bus.CompactionEnd
+	for _, e := range run(0) {
+		if e.Type == bus.EventCompactionEnd {
+			sum = fleettest.Decode(t, e).CompactionEnd
+			break
+		}
+		if e.Type == string(agent.EventMessageEnd) {
+			if m := fleettest.Decode(t, e).Agent.Message; m.Role == agent.RoleAssistant {
+				before += m.Usage.Cost.Total
+			}
+		}
+	}
+	// Room for the summary call's input and half its output reserve
+	// (4,800 tokens): less than its worst case, more than the next turn's.
+	envs := run(before + sum.Usage.Cost.Input + 2.4)
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBudgetExceeded || !strings.Contains(fin.Error, "maxCostUsd") {
+		t.Fatalf("run_finished %s/%s (%s), want budget_exceeded", fin.Status, fin.Reason, fin.Error)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 || ends[0].Error == "" {
+		t.Fatalf("compaction_end %+v, want the refused one (%s)", ends, fin.Error)
+	}
+}
+
+// cappedFaux is a faux provider whose models have an output limit (the
+// model table's maxTokens) and refuse a call asking more, as providers do.
+type cappedFaux struct {
+	*worker.FauxProvider
+	max int
+}
+
+func (p cappedFaux) Model(id string) agent.Model {
+	m := p.FauxProvider.Model(id)
+	m.MaxTokens = p.max
+	return m
+}
+
+func (p cappedFaux) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	if opts.MaxTokens > p.max {
+		return func(yield func(agent.StreamEvent) bool) {
+			yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonError,
+				ErrorMessage: fmt.Sprintf("400 Bad Request: max_tokens %d is more than this model's %d", opts.MaxTokens, p.max)}})
+		}
+	}
+	return p.FauxProvider.Stream(ctx, model, llm, opts)
+}
+
+// The summary call asks at most the model's output limit (its maxTokens):
+// 0.8 x reserve (1,600 here) would be refused by a model of 1,000.
+func TestCompactionSummaryWithinTheModelsOutputLimit(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{"faux": cappedFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 1000}}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) == 0 {
+		t.Fatal("no compaction")
+	}
+}
+
+// countingFaux counts the provider's calls open at once.
+type countingFaux struct {
+	*worker.FauxProvider
+	mu         *sync.Mutex
+	open, most *int
+}
+
+func (p countingFaux) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	return func(yield func(agent.StreamEvent) bool) {
+		p.mu.Lock()
+		*p.open++
+		*p.most = max(*p.most, *p.open)
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			*p.open--
+			p.mu.Unlock()
+		}()
+		for ev := range p.FauxProvider.Stream(ctx, model, llm, opts) {
+			if !yield(ev) {
+				return
+			}
+		}
+	}
+}
+
+// Overflow recovery compacts once the refused call's stream is over (its
+// holds and reservations released): the summary call never runs inside
+// it. A refusal after content was streamed is passed on, not retried.
+func TestCompactionOverflowAfterTheRefusedCall(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 4, overflowAt: map[int]bool{5: true}}
+	var mu sync.Mutex
+	var open, most int
+	compactWorker(f, s, 1_000_000, 400, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{"faux": countingFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, &mu, &open, &most}}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	if _, ends := compactionsOf(t, envs); len(ends) != 1 || ends[0].Reason != bus.CompactionOverflow {
+		t.Fatalf("compactions %+v, want one after the overflow", ends)
+	}
+	mu.Lock()
+	if most != 1 {
+		t.Fatalf("%d provider calls open at once: the summary ran inside the refused call", most)
+	}
+	mu.Unlock()
+
+	f2 := newFleet(t)
+	s2 := &compactScript{turns: 4, overflowAt: map[int]bool{5: true}, overflowText: "partial answer"}
+	compactWorker(f2, s2, 1_000_000, 400, nil)
+	id = f2.Submit("", compactRequest(&bus.Compaction{KeepRecentTokens: 150}))
+	envs = f2.Follow(id)
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonModelError {
+		t.Fatalf("refused after content: %+v", fin)
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 0 {
+		t.Fatalf("%d compactions after a refusal that followed content, want none", len(ends))
+	}
+}
+
+// A summary call on compaction.model is priced at that model's prices: a
+// dear summariser cannot pass the run's budget because the run's model is
+// cheap (the call is refused before it is made).
+func TestCompactionModelPricedAsItself(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 12}
+	dear := faux.New(faux.Options{Fallback: func(agent.Context) faux.Response { return fleettest.Text("## Goal\ndear summary") }})
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{
+			"faux":  pricedCompactionFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, 1},
+			"other": pricedCompactionFaux{&worker.FauxProvider{M: dear}, 1_000_000}, // $1 a token
+		}
+	})
+	req := compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "dear"}})
+	req.MaxTokens = 100
+	req.Limits.MaxCostUsd = 100
+	fin := f.WaitFinished(f.Submit("", req))
+	if fin.Status != bus.StatusFailed || fin.Reason != bus.ReasonBudgetExceeded || fin.Cost > 100 {
+		t.Fatalf("run_finished %s/%s cost $%.2f (%s), want budget_exceeded within $100", fin.Status, fin.Reason, fin.Cost, fin.Error)
+	}
+}
+
+// modelNames counts the model requests the observer is told of, by model.
+type modelNames struct {
+	worker.NopObserver
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (o *modelNames) ModelRequest(_ worker.RunInfo, mr worker.ModelRequest) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	o.n[mr.Model]++
 }

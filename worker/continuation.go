@@ -239,6 +239,9 @@ func (r *run) restorePrior(restored bool) {
 	if !restored {
 		r.agent.SetMessages(p.msgs)
 	}
+	if r.comp != nil { // a compacted prior's summary is the one to update
+		r.comp.adopt(r.agent.Messages())
+	}
 	msgs := len(p.msgs)
 	p.msgs = nil // the agent has them
 	if p.inEvents {

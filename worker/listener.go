@@ -191,7 +191,7 @@ func lastN(s []uint64, n int) []uint64 {
 // charge (settle.go) in the run's usage: the call's meter starts here, the
 // outermost wrapper, and is read once the call is over, final event or
 // not.
-func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
+func (r *run) observeStream(fn agent.StreamFn, name string) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			start := time.Now()
@@ -212,7 +212,7 @@ func (r *run) observeStream(fn agent.StreamFn) agent.StreamFn {
 				}
 				// Only this run's model calls count toward its usage.
 				r.tally.ModelCall(s.Usage)
-				mr := ModelRequest{Model: r.modelRef.String(), Duration: time.Since(start), TimeToFirstEvent: first,
+				mr := ModelRequest{Model: name, Duration: time.Since(start), TimeToFirstEvent: first,
 					Usage: s.Usage, UsageSource: s.Source, ExcessInput: s.ExcessInput, ExcessOutput: s.ExcessOutput}
 				if final != nil {
 					mr.StopReason = final.StopReason

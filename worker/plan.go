@@ -135,13 +135,17 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 // (trace.go) and the observer's count (listener.go). A provider's call is
 // metered innermost (meteredProvider, settle.go): each wrapper sees its
 // charge.
-func (r *run) streamFn() agent.StreamFn { return r.wrapStream(r.stream) }
+func (r *run) streamFn() agent.StreamFn {
+	return r.wrapStream(r.stream, r.modelLimit, r.modelRef.String())
+}
 
 // wrapStream wraps a provider's (or a script's) call in the run's stack
-// (streamFn); a compaction's summary call goes through it too.
-func (r *run) wrapStream(fn agent.StreamFn) agent.StreamFn {
-	if r.modelLimit != nil {
-		fn = r.limitStream(fn, *r.modelLimit)
+// (streamFn), with limit the called model's shared rate limit (nil:
+// none) and name the model the observer reports; a compaction's summary
+// call goes through it too.
+func (r *run) wrapStream(fn agent.StreamFn, limit *ModelLimit, name string) agent.StreamFn {
+	if limit != nil {
+		fn = r.limitStream(fn, *limit)
 	}
 	if r.tenant.budgeted {
 		fn = r.tenantStream(fn)
@@ -152,7 +156,16 @@ func (r *run) wrapStream(fn agent.StreamFn) agent.StreamFn {
 	if r.limits.MaxCostUsd > 0 {
 		fn = r.budgetStream(fn)
 	}
-	return r.observeStream(r.traceStream(callkey.Stream(fn, func() map[string]bool { return r.earlier.usedCallKeys })))
+	return r.observeStream(r.traceStream(callkey.Stream(fn, r.priorCallKeys)), name)
+}
+
+// priorCallKeys is what new call keys avoid besides the context's: the
+// earlier attempts' keys and, after a compaction, the summarised calls'.
+func (r *run) priorCallKeys() callkey.Prior {
+	if c := r.comp; c != nil && c.goneKeys != nil {
+		return callkey.Prior{Used: c.goneKeys, Turns: c.goneTurns}
+	}
+	return callkey.Prior{Used: r.earlier.usedCallKeys}
 }
 
 // ceilings applies the operator's ceilings (--max-run-timeout,

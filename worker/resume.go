@@ -75,9 +75,12 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 	if _, err := r.pub.Fleet(bus.EventRunResumed, resumed); err != nil {
 		return false, err
 	}
-	// Calls cut off by earlier attempts were charged: the run's usage and
-	// cost count them, whether or not the transcript is restored.
+	// Calls cut off by earlier attempts were charged, and so were their
+	// summary calls (compaction_end's usage, in no message): the run's
+	// usage and cost count them, whether or not the transcript is restored.
+	lastCompaction, scripted, compacts, summaries := compactionsIn(rc.Compactions)
 	r.tally.Carry(cut)
+	r.tally.Carry(summaries)
 	if len(msgs) == 0 {
 		r.log.Info("resume: nothing to restore; starting over", "eventsRead", len(envs))
 		return false, nil
@@ -98,12 +101,20 @@ func (r *run) resume(ctx context.Context) (bool, error) {
 		all = append(all, m)
 	}
 	// A compacted run goes on from its compacted context (compaction.go).
-	lastCompaction, scripted, compacts := compactionsIn(envs)
 	if r.comp != nil {
 		all = r.comp.restore(lastCompaction, all)
+	} else {
+		// Without a window here (no compactor), still not the full
+		// transcript: the model was past its window with it.
+		all = bus.CompactedContext(all, lastCompaction)
 	}
 	r.agent.SetMessages(all)
 	r.ctl.skip(compacts)
+	if r.comp != nil {
+		for _, seq := range compacts {
+			r.comp.answered(seq)
+		}
+	}
 	r.ctl.skip(rc.ControlSeqs)
 	r.ctl.skip(rc.AnsweredSeqs)
 	r.takeOverPending(rc.Pending, rc.Deferred) // worker/approval.go

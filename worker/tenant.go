@@ -155,7 +155,7 @@ func (r *run) hadTurns() bool { return r.prev != nil && r.prev.Turns > 0 }
 
 // firstCallWorst is the worst case of the run's first model call.
 func (r *run) firstCallWorst() float64 {
-	return r.worstCost(agent.Context{SystemPrompt: r.req.SystemPrompt, Messages: r.prompt, Tools: r.tools}, r.req.MaxTokens)
+	return worstCost(r.model, agent.Context{SystemPrompt: r.req.SystemPrompt, Messages: r.prompt, Tools: r.tools}, r.req.MaxTokens)
 }
 
 // holdsRecheck is how often a first call that found the budget held by
@@ -173,7 +173,7 @@ func (r *run) tenantStream(fn agent.StreamFn) agent.StreamFn {
 	stats := r.w.cfg.Budgets.Stats
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
-			worst := r.worstCost(llm, opts.MaxTokens)
+			worst := worstCost(model, llm, opts.MaxTokens)
 			if worst <= 0 {
 				// A model without prices costs nothing the budget counts.
 				for ev := range fn(ctx, model, llm, opts) {

@@ -16,7 +16,7 @@ func TestTenantWorstCasePricesCacheWrites(t *testing.T) {
 	r.model = agent.Model{Cost: agent.ModelCost{Input: 3, CacheWrite: 3.75, CacheRead: 0.3, Output: 15}}
 	llm := agent.Context{SystemPrompt: "be brief", Messages: []agent.Message{agent.UserText("what is 6*7?")}}
 	want := (float64(metering.CallInputTokens(llm))*3.75 + 100*15) / 1e6
-	if got := r.worstCost(llm, 100); math.Abs(got-want) > 1e-12 {
+	if got := worstCost(r.model, llm, 100); math.Abs(got-want) > 1e-12 {
 		t.Fatalf("worst case $%.9f, want $%.9f", got, want)
 	}
 }

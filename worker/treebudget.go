@@ -84,7 +84,7 @@ func (r *run) treeStream(fn agent.StreamFn, usd float64, root string) agent.Stre
 	acct := r.treeAccount(usd, root)
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
-			worst := r.worstCost(llm, opts.MaxTokens)
+			worst := worstCost(model, llm, opts.MaxTokens)
 			if worst <= 0 {
 				for ev := range fn(ctx, model, llm, opts) {
 					if !yield(ev) {

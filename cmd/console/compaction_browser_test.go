@@ -34,7 +34,10 @@ func TestBrowserCompactionSummaryFolded(t *testing.T) {
 	b.open(page, "/runs/"+id)
 	b.do(page, "the transcript ends", wait(`document.getElementById("transcript")?.dataset.ended === "true"`))
 	line := eval[string](b, page, `document.querySelector("#transcript .fleet-event.compaction")?.textContent || ""`)
-	if !strings.Contains(line, "context compacted (threshold)") || !strings.Contains(line, "messages summarised") {
+	// The kept messages are above the line (it comes when the summary
+	// call ended, before the next call): it names where the kept ones start.
+	if !strings.Contains(line, "context compacted (threshold)") || !strings.Contains(line, "messages summarised") ||
+		!strings.Contains(line, "transcript from message 1 on (the kept messages are above") {
 		t.Fatalf("compaction line %q", line)
 	}
 	if open := eval[bool](b, page, `document.querySelector("#transcript .fleet-event.compaction details").open`); open {

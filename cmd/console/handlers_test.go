@@ -325,6 +325,13 @@ func TestControlNeedsAllowControlAndCSRF(t *testing.T) {
 	if code, body := rw.postWith(t, "/api/runs/"+id+"/followup", good, `{"text":"x"}`, http.Header{"Idempotency-Key": {"no spaces"}}); code != http.StatusBadRequest || !strings.Contains(body, "Idempotency-Key") {
 		t.Fatalf("a bad key: %d %s", code, body)
 	}
+	// compact (protocol §16): its text is optional and bounded.
+	if code, body := rw.post(t, "/api/runs/"+id+"/compact", good, `{"text":"`+strings.Repeat("x", bus.MaxCompactionInstructions+1)+`"}`); code != http.StatusBadRequest {
+		t.Fatalf("compact with long instructions: %d %s", code, body)
+	}
+	if code, body := rw.post(t, "/api/runs/"+id+"/compact", good, `{}`); code != http.StatusAccepted || !strings.Contains(body, "controlSeq") {
+		t.Fatalf("compact: %d %s", code, body)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tr, err := f.c.LoadTranscript(ctx, id)

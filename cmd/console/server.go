@@ -335,7 +335,7 @@ func (s *server) submit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, map[string]any{"id": res.ID, "queue": res.Queue, "seq": res.Seq, "duplicate": res.Duplicate})
 }
 
-// actionBody is the body of steer, followup and abort.
+// actionBody is the body of steer, followup, abort and compact.
 type actionBody struct {
 	Text   string `json:"text,omitempty"`
 	Reason string `json:"reason,omitempty"`
@@ -377,8 +377,14 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 		seq, err = s.client.SendControl(ctx, id, kind, bus.Control{Text: b.Text}, opts...)
 	case "abort":
 		seq, err = s.client.SendControl(ctx, id, bus.KindAbort, bus.Control{Reason: b.Reason}, opts...)
+	case "compact": // protocol §16: "text", optional, focuses the summary
+		if len(b.Text) > bus.MaxCompactionInstructions {
+			writeError(w, http.StatusBadRequest, "compact: \"text\" is %d bytes, at most %d", len(b.Text), bus.MaxCompactionInstructions)
+			return
+		}
+		seq, err = s.client.SendControl(ctx, id, bus.KindCompact, bus.Control{Text: b.Text}, opts...)
 	default:
-		writeError(w, http.StatusNotFound, "unknown action %q: use steer, followup, abort or approve", action)
+		writeError(w, http.StatusNotFound, "unknown action %q: use steer, followup, abort, compact or approve", action)
 		return
 	}
 	if errors.Is(err, bus.ErrRunFinished) {

@@ -27,6 +27,7 @@ Usage:
   submit steer RUN "text"          steer a running run (taken after the current turn)
   submit followup RUN "text"       queue a follow-up (taken when the run would stop)
   submit abort RUN [--reason R]    abort a run
+  submit compact RUN [--instructions T]  compact a run's context at its next model call
   submit status RUN                a run's record
   submit list [--state S] [--schedule NAME] [--limit N] [--before T|RUN|@CURSOR] [--since 1h] [--json]
   submit result RUN [--transcript] the final answer (waits for a running run)
@@ -87,6 +88,7 @@ func commands() []command {
 		{"steer", cmdSteer},
 		{"followup", cmdFollowUp},
 		{"abort", cmdAbort},
+		{"compact", cmdCompact}, // commands.go
 		{"status", cmdStatus},
 		{"list", cmdList},
 		{"result", cmdResult},

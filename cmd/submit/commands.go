@@ -420,6 +420,43 @@ func control(ctx context.Context, e *env, args []string, kind string) int {
 	return exitOK
 }
 
+// cmdCompact sends a compact control message (protocol §16): the run
+// summarises its context at its next model call, focused by the
+// instructions.
+func cmdCompact(ctx context.Context, e *env, args []string) int {
+	fs := newFlagSet(e, "compact", "submit compact RUN [--instructions TEXT]")
+	var cf conn
+	cf.register(fs.FlagSet, e)
+	instructions := fs.String("instructions", "", "what the summary should focus on (at most 4 KiB)")
+	pos, code, ok := parseCommand(e, fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return fail(e, usagef("compact takes a run id: submit compact RUN [--instructions TEXT]"))
+	}
+	id := pos[0]
+	if err := bus.CheckID(id); err != nil {
+		return fail(e, usagef("%v", err))
+	}
+	if len(*instructions) > bus.MaxCompactionInstructions {
+		return fail(e, usagef("--instructions is %d bytes, at most %d", len(*instructions), bus.MaxCompactionInstructions))
+	}
+	ctx, endTrace := cf.traceCommand(ctx, e, "agentfleet.compact") // trace.go
+	defer endTrace()
+	ctx, c, _, release, err := openRun(ctx, e, &cf, id)
+	if err != nil {
+		return fail(e, err)
+	}
+	defer release()
+	seq, err := c.Compact(ctx, id, *instructions)
+	if err != nil {
+		return fail(e, finishedError(err, bus.KindCompact))
+	}
+	fmt.Fprintf(e.stdout, "compact sent to run %s (control sequence %d): it compacts at its next model call\n", id, seq)
+	return exitOK
+}
+
 func finishedError(err error, kind string) error {
 	if errors.Is(err, bus.ErrRunFinished) {
 		return fmt.Errorf("%v: the %s was not sent", err, kindName(kind))
@@ -853,8 +890,9 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 		return fail(e, fmt.Errorf("run %s has no run_finished", id))
 	}
 	st := style{on: e.color(cf.noColor)}
+	missing := 0
 	if transcript {
-		wholeContext(ctx, e, c, t)
+		missing = wholeContext(ctx, e, c, t)
 	}
 	switch {
 	case transcript && asJSON:
@@ -862,7 +900,7 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 			return code
 		}
 	case transcript:
-		writeTranscript(e, st, t)
+		writeTranscript(e, st, t, missing)
 	case asJSON:
 		_ = json.NewEncoder(e.stdout).Encode(map[string]any{
 			"run": id, "status": t.Finished.Status, "reason": t.Finished.Reason, "error": t.Finished.Error,
@@ -881,11 +919,12 @@ func cmdResult(ctx context.Context, e *env, args []string) int {
 
 // wholeContext puts the messages a continuation restored by reference
 // (transcript_restored, since 1.9) before its own, from the continued run's
-// snapshot; without one it says what is left out.
-func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript) {
+// snapshot; without one it says what is left out and returns how many
+// messages that is (a compaction's firstKeptIndex counts them).
+func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript) int {
 	ref := t.Restored
 	if ref == nil || ref.Messages <= 0 {
-		return
+		return 0
 	}
 	prior, _, err := c.LoadSnapshot(ctx, ref.From, 0, 0)
 	if err == nil && len(prior) < ref.Messages {
@@ -893,18 +932,24 @@ func wholeContext(ctx context.Context, e *env, c *bus.Client, t *bus.Transcript)
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "continued from %s (%d messages), which are left out: %v\n", ref.From, ref.Messages, err)
-		return
+		return ref.Messages
 	}
 	t.Messages = append(prior[:ref.Messages:ref.Messages], t.Messages...)
+	return 0
 }
 
 // writeTranscript prints a run's messages, one block per message.
-func writeTranscript(e *env, st style, t *bus.Transcript) {
+// missing messages of the whole transcript (a continuation's prior ones
+// without a snapshot) are not in t.Messages.
+func writeTranscript(e *env, st style, t *bus.Transcript, missing int) {
 	// Where each compaction cut (since 1.10): the model was sent its
 	// summary and the messages from there on; the events hold them all.
+	// firstKeptIndex counts the whole transcript: a cut in the missing
+	// messages is drawn before the first shown.
 	cuts := map[int][]*bus.CompactionEnd{}
 	for _, c := range t.Compactions {
-		cuts[c.FirstKeptIndex] = append(cuts[c.FirstKeptIndex], c)
+		i := max(c.FirstKeptIndex-missing, 0)
+		cuts[i] = append(cuts[i], c)
 	}
 	for i, m := range t.Messages {
 		for _, c := range cuts[i] {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
@@ -45,11 +46,52 @@ func TestTranscriptShowsTheCut(t *testing.T) {
 			Summary: "## Goal\nread every file", FirstKeptIndex: 2}},
 		Finished: &bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
 	}
-	writeTranscript(e, style{}, tr)
+	writeTranscript(e, style{}, tr, 0)
 	got := out.String()
 	cut := strings.Index(got, "context compacted here (threshold, 7000 → 3000 tokens)")
 	if cut < 0 || cut < strings.Index(got, "» user: second") || cut > strings.Index(got, "» user: third") ||
 		!strings.Contains(got, "   │ ## Goal\n   │ read every file\n") || !strings.Contains(got, "» user: read every file") {
+		t.Fatalf("transcript:\n%s", got)
+	}
+}
+
+// submit compact sends the compact control message to a running run; a
+// run id is required and the instructions are bounded.
+func TestCompactCommand(t *testing.T) {
+	t.Parallel()
+	if _, _, code := submit(t, "compact"); code != exitUsage {
+		t.Fatalf("compact without a run: exit %d", code)
+	}
+	if _, errOut, code := submit(t, "compact", "r1", "--instructions", strings.Repeat("x", bus.MaxCompactionInstructions+1)); code != exitUsage || !strings.Contains(errOut, "at most") {
+		t.Fatalf("long instructions: exit %d %s", code, errOut)
+	}
+	id := "t-compact-" + bus.NewRunID()[:8]
+	p := start(t, nil, "--id", id, "--request", request(t, sleepRun(2, "answer", "unused")), "start")
+	p.stdout.waitFor(t, "⚙ sleep", 30*time.Second)
+	out, errOut, code := submit(t, "compact", id, "--instructions", "keep file names")
+	if code != 0 || !strings.Contains(out, "compact sent to run "+id) {
+		t.Fatalf("compact: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.stdout)
+	}
+}
+
+// Without the continued run's messages (no snapshot), the cut is still
+// drawn before the first kept message: firstKeptIndex counts them.
+func TestTranscriptCutWithoutThePriorMessages(t *testing.T) {
+	var out bytes.Buffer
+	e := &env{stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+	tr := &bus.Transcript{
+		Messages: []agent.Message{agent.UserText("second"), agent.UserText("third")}, // "first" is the prior's, left out
+		Compactions: []*bus.CompactionEnd{{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, TokensBefore: 7000, TokensAfter: 3000,
+			Summary: "## Goal", FirstKeptIndex: 2}},
+		Finished: &bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
+	}
+	writeTranscript(e, style{}, tr, 1)
+	got := out.String()
+	cut := strings.Index(got, "context compacted here")
+	if cut < 0 || cut < strings.Index(got, "» user: second") || cut > strings.Index(got, "» user: third") {
 		t.Fatalf("transcript:\n%s", got)
 	}
 }

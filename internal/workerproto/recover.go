@@ -72,6 +72,10 @@ type Recovery struct {
 	// approver may have seen a request with that key for another call
 	// (other arguments), and its answer would name the new call.
 	UsedKeys map[string]bool
+	// Compactions are the view's compaction_end events, failed ones too,
+	// in order: the last successful one is where the new attempt's
+	// context starts; each one's usage was charged.
+	Compactions []*bus.CompactionEnd
 	// Finished is set when the run already has its run_finished.
 	Finished *bus.RunFinished
 	// LastSeq is the seq of the newest attempt's last envelope.
@@ -120,6 +124,7 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 	gates := approvalTracker{requested: map[string]bus.PendingApproval{}, after: map[string]uint64{}, done: map[string]bool{},
 		started: map[string]bool{}, ended: map[string]agent.Message{}, resolved: map[string]string{}}
 	var answered []uint64
+	var compactions []*bus.CompactionEnd
 	attempt, next := 0, uint64(1)
 	for _, e := range kept {
 		if e.Attempt != attempt {
@@ -133,6 +138,11 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		}
 		next++
 		_ = t.Apply(e)
+		if e.Type == bus.EventCompactionEnd {
+			if ev, err := e.Decode(); err == nil && ev.CompactionEnd != nil {
+				compactions = append(compactions, ev.CompactionEnd)
+			}
+		}
 		if s := gates.apply(e); s > 0 {
 			answered = append(answered, s)
 		}
@@ -158,6 +168,7 @@ func Recover(envs []*bus.Envelope, now int64) *Recovery {
 		}
 	}
 	rec.AnsweredSeqs = answered
+	rec.Compactions = compactions
 	rec.Pending = gates.pending(rec.Messages)
 	rec.Deferred = gates.deferred(rec.Messages, rec.Pending)
 	skip := map[string]bool{}

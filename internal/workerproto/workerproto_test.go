@@ -337,3 +337,28 @@ func TestRecoverCutOffUsage(t *testing.T) {
 		t.Fatalf("after a dead attempt: carried %+v, dropped %+v; want attempt 2's view", rc.CutOffUsage, rc.DroppedMessages)
 	}
 }
+
+// The compactions a resume goes on from are the view's: a compaction_end
+// an attempt stored after a newer attempt's run_started (it lost its
+// lease) is not, nor a duplicate; failed ones are there (their usage was
+// charged).
+func TestRecoverCompactions(t *testing.T) {
+	started := func(a int) bus.RunStarted { return bus.RunStarted{Type: bus.EventRunStarted, Attempt: a} }
+	end := func(first int, errText string) bus.CompactionEnd {
+		return bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, Summary: "s", FirstKeptIndex: first,
+			Error: errText, Usage: &agent.Usage{Input: 10, TotalTokens: 10}}
+	}
+	b := &recEnv{t: t}
+	b.add(1, 1, started(1))
+	b.add(1, 2, msgEnd(agent.UserText("q")))
+	b.add(1, 3, end(0, "cancelled"))
+	b.add(2, 1, started(2))
+	b.add(1, 4, end(7, "")) // attempt 1, after attempt 2 started
+	b.add(2, 2, bus.RunResumed{Type: bus.EventRunResumed, Attempt: 2, MessagesRestored: 1})
+	b.add(2, 3, end(1, ""))
+	b.add(2, 3, end(1, "")) // a duplicate
+	rc := Recover(b.out, 5)
+	if len(rc.Compactions) != 2 || rc.Compactions[0].Error == "" || rc.Compactions[1].FirstKeptIndex != 1 {
+		t.Fatalf("compactions %+v, want attempt 1's failed one and attempt 2's", rc.Compactions)
+	}
+}

@@ -18,21 +18,22 @@ var ErrContextOverflow = errors.New("context overflow: the prompt exceeds the mo
 
 // patterns are pi-ai's (utils/overflow.ts), in its order, then ours.
 var patterns = []*regexp.Regexp{
-	regexp.MustCompile(`(?i)prompt is too long`),                     // Anthropic
-	regexp.MustCompile(`(?i)input is too long for requested model`),  // Amazon Bedrock
-	regexp.MustCompile(`(?i)exceeds the context window`),             // OpenAI Responses
-	regexp.MustCompile(`(?i)input token count.*exceeds the maximum`), // Gemini
-	regexp.MustCompile(`(?i)maximum prompt length is \d+`),           // xAI
-	regexp.MustCompile(`(?i)reduce the length of the messages`),      // Groq
-	regexp.MustCompile(`(?i)maximum context length is \d+ tokens`),   // OpenAI chat, vLLM, OpenRouter, LiteLLM
-	regexp.MustCompile(`(?i)exceeds the limit of \d+`),               // GitHub Copilot
-	regexp.MustCompile(`(?i)exceeds the available context size`),     // llama.cpp server
-	regexp.MustCompile(`(?i)greater than the context length`),        // LM Studio
-	regexp.MustCompile(`(?i)context window exceeds limit`),           // MiniMax
-	regexp.MustCompile(`(?i)exceeded model token limit`),             // Kimi
-	regexp.MustCompile(`(?i)context[_ ]length[_ ]exceeded`),          // generic
-	regexp.MustCompile(`(?i)too many tokens`),                        // generic
-	regexp.MustCompile(`(?i)token limit exceeded`),                   // generic
+	regexp.MustCompile(`(?i)prompt is too long`),                                  // Anthropic
+	regexp.MustCompile(`(?i)input is too long for requested model`),               // Amazon Bedrock
+	regexp.MustCompile(`(?i)exceeds the context window`),                          // OpenAI Responses
+	regexp.MustCompile(`(?i)input token count.*exceeds the maximum`),              // Gemini
+	regexp.MustCompile(`(?i)maximum prompt length is \d+`),                        // xAI
+	regexp.MustCompile(`(?i)reduce the length of the messages`),                   // Groq
+	regexp.MustCompile(`(?i)maximum context length is \d+ tokens`),                // OpenAI chat, vLLM, OpenRouter, LiteLLM
+	regexp.MustCompile(`(?i)exceeds the limit of \d+`),                            // GitHub Copilot
+	regexp.MustCompile(`(?i)too large for model with \d+ maximum context length`), // Mistral
+	regexp.MustCompile(`(?i)exceeds the available context size`),                  // llama.cpp server
+	regexp.MustCompile(`(?i)greater than the context length`),                     // LM Studio
+	regexp.MustCompile(`(?i)context window exceeds limit`),                        // MiniMax
+	regexp.MustCompile(`(?i)exceeded model token limit`),                          // Kimi
+	regexp.MustCompile(`(?i)context[_ ]length[_ ]exceeded`),                       // generic
+	regexp.MustCompile(`(?i)too many tokens`),                                     // generic
+	regexp.MustCompile(`(?i)token limit exceeded`),                                // generic
 	// Not in pi: Ollama's text, and LiteLLM's exception name, which it
 	// puts in front of whatever the upstream said.
 	regexp.MustCompile(`(?i)input length exceeds the context length`), // Ollama

@@ -14,6 +14,7 @@ func TestClassify(t *testing.T) {
 		"413 (no body)",
 		"400 Bad Request: This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
 		"the input length exceeds the context length",
+		"400 Bad Request: Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length", // Mistral
 	}
 	for _, s := range yes {
 		if err := overflow.Classify(s); !errors.Is(err, overflow.ErrContextOverflow) {

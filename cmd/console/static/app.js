@@ -527,7 +527,7 @@ class Transcript {
   compactionEnd(ev) {
     if (ev.error) return this.fleetEvent("notice compaction", "compaction failed: " + ev.error);
     this.fleetEvent("compaction", "context compacted (" + ev.reason + "): " + nf.format(ev.tokensBefore || 0) + " → " +
-      nf.format(ev.tokensAfter || 0) + " tokens, " + (ev.messagesSummarized || 0) + " messages summarised; the model is sent the summary and the messages from here on",
+      nf.format(ev.tokensAfter || 0) + " tokens, " + (ev.messagesSummarized || 0) + " messages summarised; from its next call the model is sent the summary and the transcript from message " + (ev.firstKeptIndex || 0) + " on (the kept messages are above this line)",
       el("details", { class: "block compaction-summary" }, el("summary", {}, "summary"), el("pre", { class: "mono" }, ev.summary || "")));
   }
 
@@ -958,7 +958,7 @@ async function runPage(main, id) {
       f.addEventListener("submit", async (e) => {
         e.preventDefault();
         const text = input.value;
-        if (!text.trim()) return;
+        if (!text.trim() && action !== "compact") return; // compact's instructions are optional
         try {
           if (unsent.text !== text) unsent = { text, key: newKey() };
           const key = unsent.key;
@@ -979,7 +979,8 @@ async function runPage(main, id) {
       } catch (err) { toast("abort: " + err.message, true); }
     });
     controls.append(form("steer", "steer: taken after the current turn", "Steer"),
-      form("followup", "follow-up: taken when the run would stop", "Follow up"), abort);
+      form("followup", "follow-up: taken when the run would stop", "Follow up"),
+      form("compact", "compact: summarise the context at the next model call (optional focus)", "Compact"), abort);
   } else {
     controls.append(el("div", { class: "muted small" }, "Read-only console: start it with --allow-control to steer, follow up, abort and answer approvals."));
   }

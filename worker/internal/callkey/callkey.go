@@ -32,13 +32,15 @@ import (
 //     a gap or from an attempt that lost its lease, whose requests an
 //     approver may have seen) and from the other keys of its message;
 //     keys of earlier messages are keys themselves, so keys are unique
-//     within the run.
+//     within the run. A compacted context (issue 58) leaves the summarised
+//     messages out: their keys are in Prior.Used and their assistant
+//     messages in Prior.Turns, so the run's keys stay unique after it.
 //  2. The key is the provider's id when that is a valid key (1..128
 //     visible ASCII bytes) that invariant 1 allows. Otherwise it is
 //     <base>-t<turn>-<pos>: base the id with every byte that is not
 //     visible ASCII as '_', at most 64 bytes ("call" when empty), turn
-//     the message's number among the context's assistant messages
-//     (counting it), pos the call's number among its message's calls,
+//     the message's number among the run's assistant messages (the
+//     context's, Prior.Turns, and it), pos the call's number among its message's calls,
 //     both from 1; while that is taken too, "-<n>" is added (n = 2, 3, ...).
 //  3. A key is a function of the context, the used keys and the message
 //     alone. The stored message carries its keys, so a resumed attempt
@@ -65,15 +67,25 @@ const (
 	maxKeyBase    = 64
 )
 
+// Prior is what a model call's keys avoid besides its context's.
+type Prior struct {
+	// Used are keys taken besides the context's: earlier attempts' events
+	// and the messages a compaction summarised.
+	Used map[string]bool
+	// Turns counts the run's assistant messages the context leaves out
+	// (summarised by a compaction).
+	Turns int
+}
+
 // Stream renames the tool call ids of the model's messages to the run's
-// call keys. used returns the keys taken besides the context's (nil:
-// none); it is read at each model call.
-func Stream(fn agent.StreamFn, used func() map[string]bool) agent.StreamFn {
+// call keys. prior (nil: none) is read at each model call.
+func Stream(fn agent.StreamFn, prior func() Prior) agent.StreamFn {
 	return func(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
 		return func(yield func(agent.StreamEvent) bool) {
 			k := newCallKeys(llm.Messages)
-			if used != nil {
-				k.used = used()
+			if prior != nil {
+				p := prior()
+				k.used, k.prior = p.Used, p.Turns
 			}
 			for ev := range fn(ctx, model, llm, opts) {
 				switch ev.Type {
@@ -102,6 +114,7 @@ func Stream(fn agent.StreamFn, used func() map[string]bool) agent.StreamFn {
 type callKeys struct {
 	msgs  []agent.Message // the context
 	used  map[string]bool // keys taken besides the context's (invariant 1)
+	prior int             // assistant messages before the context's
 	taken map[string]bool // its call ids and used, read at the first call
 	turn  int
 	// The streamed calls in content-index order; the keys of those before
@@ -124,7 +137,7 @@ func (k *callKeys) read() {
 	if k.taken != nil {
 		return
 	}
-	k.taken, k.turn = map[string]bool{}, 1
+	k.taken, k.turn = map[string]bool{}, 1+k.prior
 	for id := range k.used {
 		k.taken[id] = true
 	}

@@ -163,7 +163,7 @@ func TestCallKeysOfUnrestoredRequestsAreNotReused(t *testing.T) {
 	}
 	used := func() map[string]bool { return rc.UsedKeys }
 	var keys []string
-	for ev := range Stream(model, used)(context.Background(), agent.Model{}, agent.Context{Messages: rc.Messages}, agent.StreamOptions{}) {
+	for ev := range Stream(model, func() Prior { return Prior{Used: used()} })(context.Background(), agent.Model{}, agent.Context{Messages: rc.Messages}, agent.StreamOptions{}) {
 		switch ev.Type {
 		case agent.StreamToolCallStart:
 			keys = append(keys, ev.ID)

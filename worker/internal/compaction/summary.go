@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -121,13 +122,20 @@ func Request(msgs []agent.Message, previous, instructions string) agent.Context 
 	return agent.Context{SystemPrompt: systemPrompt, Messages: []agent.Message{agent.UserText(b.String())}}
 }
 
-// data keeps transcript text from closing the tags that hold it: a tool
-// result that writes "</conversation>" must not end the data early.
-func data(s string) string {
-	r := strings.NewReplacer("</conversation>", "<\\/conversation>", "<conversation>", "<\\conversation>",
-		"</previous-summary>", "<\\/previous-summary>", "<previous-summary>", "<\\previous-summary>")
-	return r.Replace(s)
-}
+// data keeps transcript text from opening or closing the tags that hold
+// it: a tool result that writes "</conversation>" (in any case, with
+// spaces: "</CONVERSATION >", "< /conversation>") must not end the data
+// early. A backslash after the "<" makes it text.
+func data(s string) string { return dataTag.ReplaceAllString(s, `<\$1`) }
+
+var dataTag = regexp.MustCompile(`(?i)<(\s*/?\s*(?:conversation|previous-summary))`)
+
+// fence keeps a message's text from posing as another message: a line of
+// it that starts with a role marker ("[User]:", any case) gets a
+// backslash, so only Serialize's own markers start a line with one.
+func fence(s string) string { return roleMarker.ReplaceAllString(s, `$1\[$2]`) }
+
+var roleMarker = regexp.MustCompile(`(?mi)^([ \t]*)\[(user|assistant|assistant thinking|assistant tool calls|tool result)\]`)
 
 // Serialize writes messages as text (pi's serializeConversation), so
 // that the summariser does not take them for a conversation to go on.
@@ -138,11 +146,11 @@ func Serialize(msgs []agent.Message) string {
 		switch m.Role {
 		case agent.RoleUser:
 			if t := m.TextOf(); t != "" {
-				parts = append(parts, "[User]: "+joinAll(m.Content))
+				parts = append(parts, "[User]: "+fence(joinAll(m.Content)))
 			}
 		case agent.RoleAssistant:
 			if t := m.ThinkingOf(); t != "" {
-				parts = append(parts, "[Assistant thinking]: "+t)
+				parts = append(parts, "[Assistant thinking]: "+fence(t))
 			}
 			var texts []string
 			for _, c := range m.Content {
@@ -151,7 +159,7 @@ func Serialize(msgs []agent.Message) string {
 				}
 			}
 			if len(texts) > 0 {
-				parts = append(parts, "[Assistant]: "+strings.Join(texts, "\n"))
+				parts = append(parts, "[Assistant]: "+fence(strings.Join(texts, "\n")))
 			}
 			var calls []string
 			for _, c := range m.ToolCalls() {
@@ -159,11 +167,11 @@ func Serialize(msgs []agent.Message) string {
 				calls = append(calls, c.Name+"("+string(args)+")")
 			}
 			if len(calls) > 0 {
-				parts = append(parts, "[Assistant tool calls]: "+strings.Join(calls, "; "))
+				parts = append(parts, "[Assistant tool calls]: "+fence(strings.Join(calls, "; ")))
 			}
 		case agent.RoleToolResult:
 			if t := joinAll(m.Content); t != "" {
-				parts = append(parts, "[Tool result]: "+truncate(t, toolResultMaxChars))
+				parts = append(parts, "[Tool result]: "+fence(truncate(t, toolResultMaxChars)))
 			}
 		}
 	}
