@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -17,12 +18,48 @@ import (
 	"github.com/agentfleet/agentfleet/worker"
 )
 
-// scheduleRuns returns the runs of a schedule, by planned time.
+// scheduleRuns returns the runs of a schedule, by planned time, those
+// still queued too: a fire is done once its request is stored, and a
+// queued run has no record (its metadata is in the request).
 func scheduleRuns(t *testing.T, c *bus.Client, name string) []bus.RunRecord {
 	t.Helper()
-	recs, err := c.List(fleettest.Context(t), bus.ListOptions{Metadata: map[string]string{bus.MetaSchedule: name}, MaxScan: -1})
+	ctx := fleettest.Context(t)
+	all, err := c.List(ctx, bus.ListOptions{MaxScan: -1})
 	if err != nil {
 		t.Fatal(err)
+	}
+	runs, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []bus.RunRecord
+	for _, r := range all {
+		if r.State == bus.StateQueued && r.Metadata == nil {
+			subj := c.Names().Submit(r.Queue, r.ID)
+			if r.Priority != "" {
+				subj = c.Names().LaneRequest(r.Queue, "*", "*", r.ID)
+			}
+			m, err := runs.GetLastMsgForSubject(ctx, subj)
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound): // run and finished since the list
+				rec, err := c.Status(ctx, r.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r = *rec
+			case err != nil:
+				t.Fatal(err)
+			default:
+				var req bus.RunRequest
+				if err := json.Unmarshal(m.Data, &req); err != nil {
+					t.Fatal(err)
+				}
+				r.Metadata = req.Metadata
+			}
+		}
+		if r.Metadata[bus.MetaSchedule] == name {
+			recs = append(recs, r)
+		}
 	}
 	slices.SortFunc(recs, func(a, b bus.RunRecord) int {
 		return strings.Compare(a.Metadata[bus.MetaScheduledFor], b.Metadata[bus.MetaScheduledFor])
