@@ -60,6 +60,13 @@ const (
 	HeaderScheduleTrigger = "Agentfleet-Schedule-Trigger"
 	// HeaderScheduleDeleted marks the tombstone of a deleted schedule.
 	HeaderScheduleDeleted = "Agentfleet-Schedule-Deleted"
+	// HeaderScheduler is the server's mark on a message a schedule
+	// fired: the schedule's subject. Clients cannot set it (but to purge
+	// a schedule), so it tells a fire from a user's message, and a
+	// message some schedule fired onto a .def or .last (any schedule may
+	// target any subject of the stream) from the one a user or worker
+	// wrote: readers ignore those.
+	HeaderScheduler = "Nats-Scheduler"
 )
 
 // Metadata keys a fire's run carries (reserved: a schedule's request may
@@ -510,6 +517,9 @@ func (c *Client) LastScheduleRun(ctx context.Context, queue, name string) (*Sche
 		return nil, err
 	}
 	var l ScheduleLast
+	if m.Header.Get(HeaderScheduler) != "" { // fired there by a schedule, not a worker's
+		return nil, nil
+	}
 	if err := json.Unmarshal(m.Data, &l); err != nil || !ValidID(l.Run) {
 		return nil, nil
 	}
@@ -550,6 +560,9 @@ func (c *Client) readSchedule(ctx context.Context, s jetstream.Stream, subject s
 	}
 	if m.Header.Get(HeaderScheduleDeleted) != "" {
 		return nil, fmt.Errorf("%w: %s", ErrScheduleNotFound, scheduleNameOf(subject))
+	}
+	if by := m.Header.Get(HeaderScheduler); by != "" {
+		return nil, fmt.Errorf("%w: %s (its definition was replaced by a fire of %s: create it again)", ErrScheduleNotFound, scheduleNameOf(subject), by)
 	}
 	info := &ScheduleInfo{Seq: m.Sequence, StoredAt: m.Time}
 	dec := json.NewDecoder(bytes.NewReader(m.Data))

@@ -16,12 +16,16 @@
 //  4. Overlap and catch-up decide from NATS state only (the schedule's
 //     last run and its record; the newest stored fire), so any worker
 //     decides the same.
+//  5. A fire counts only when the server fired it from the def of its
+//     own subject (Nats-Scheduler); a trigger only when no schedule fired
+//     it (checkScheduler).
 package schedule
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -129,6 +133,9 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	if err == nil {
 		planned, trigger, err = s.FirePlanned(m.Headers(), md.Timestamp)
 	}
+	if err == nil {
+		err = checkScheduler(names, m.Headers().Get(bus.HeaderScheduler), queue, name, trigger)
+	}
 	if err != nil {
 		e.Log.Warn("schedule fire dropped", "subject", m.Subject(), "err", err)
 		e.skipped(SkipInvalid)
@@ -217,6 +224,22 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		e.Obs.ScheduleFired(e.now().Sub(planned)) // to the request stored
 	}
 	log.Debug("schedule fired", "run", id, "duplicate", res.Duplicate, "late", late)
+}
+
+// checkScheduler keeps invariant 5: the server fires a schedule onto any
+// subject of the stream its message names (Nats-Schedule-Target), whoever
+// published it, and marks the fire with the schedule's subject
+// (Nats-Scheduler, which clients cannot set but to purge). A fire counts
+// only when that is its own def; a trigger, which a user publishes, has
+// none.
+func checkScheduler(names bus.Names, scheduler, queue, name string, trigger bool) error {
+	switch {
+	case trigger && scheduler != "":
+		return fmt.Errorf("a trigger fired by schedule %s", scheduler)
+	case !trigger && scheduler != names.ScheduleDef(queue, name):
+		return fmt.Errorf("a fire of %q, not of this subject's schedule", scheduler)
+	}
+	return nil
 }
 
 func (e *Env) lateLimit() time.Duration {
