@@ -391,3 +391,57 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 		t.Errorf("catch-up none: %d runs, want 0", got)
 	}
 }
+
+// Review 57, finding 2: a fire's run id is computed from public data, so a
+// submitter may take the next ids first (here on another queue). Those
+// fires are skipped as taken, counted, and leave .last alone; the next
+// fire runs.
+func TestScheduleRunIDTakenByAnotherRequest(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	reg := prometheus.NewRegistry()
+	f.StartWorker(worker.Config{Observer: worker.MetricsObserver(metrics.New(reg, metrics.Config{}))})
+	ctx := fleettest.Context(t)
+	s := newSchedule(t, "squat", fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) {
+		s.Queue = "other"
+		s.Cron = "*/2 * * * * *"
+	})
+	if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
+		t.Fatal(err)
+	}
+	p1 := s.NextAfter(time.Now().Add(time.Second), time.Time{})
+	p2 := s.NextAfter(p1, time.Time{})
+	squatted := map[string]bool{}
+	for _, p := range []time.Time{p1, p2} {
+		req := fleettest.FauxRun("squat", fleettest.Text("mine"))
+		req.ID = bus.ScheduleRunID("other", "squat", p, false)
+		if _, err := f.Client.Submit(ctx, bus.DefaultQueue, req); err != nil {
+			t.Fatal(err)
+		}
+		squatted[req.ID] = true
+	}
+	// The fire after p2 runs; those at p1 and p2 ran nothing of theirs.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		recs := scheduleRuns(t, f.Client, "squat")
+		if len(recs) > 0 && plannedOf(t, recs[len(recs)-1]).After(p2) {
+			for _, r := range recs {
+				if p := plannedOf(t, r); (p.Equal(p1) || p.Equal(p2)) && r.Queue == "other" {
+					t.Errorf("run %s on other planned %s, whose id was taken", r.ID, p)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no run of the schedule after %s in 30 s", p2)
+		}
+	}
+	if got := metricValue(t, reg, "agentfleet_schedule_skips_total", "taken"); got != 2 {
+		t.Errorf("%v fires skipped as taken, want 2", got)
+	}
+	if err := f.Client.PauseSchedule(ctx, "squat"); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := f.Client.LastScheduleRun(ctx, "other", "squat"); err != nil || l == nil || squatted[l.Run] {
+		t.Errorf("last run %+v (%v): want the schedule's own", l, err)
+	}
+}

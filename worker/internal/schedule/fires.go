@@ -19,6 +19,9 @@
 //  5. A fire counts only when the server fired it from the def of its
 //     own subject (Nats-Scheduler); a trigger only when no schedule fired
 //     it (checkScheduler).
+//  6. A run id another request holds (ErrRunIDTaken) is a fire done only
+//     when that run is the schedule's own (ownRun); else the fire is
+//     skipped as taken and .last is left alone.
 package schedule
 
 import (
@@ -40,6 +43,7 @@ const (
 	SkipOverlap = "overlap" // the previous run still goes (overlap skip)
 	SkipMissed  = "missed"  // a late fire the catch-up policy does not run
 	SkipInvalid = "invalid" // a fire whose body or subject is not a schedule's
+	SkipTaken   = "taken"   // another request (not the schedule's) holds the fire's run id
 )
 
 // Observer is told what each fire did.
@@ -205,8 +209,22 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.Term()
 		return
 	case errors.Is(err, bus.ErrRunIDTaken):
-		// Invariant 1: only the fire's own request holds its id; another
-		// body there (the schedule replaced between deliveries) ran.
+		// Invariant 6: the id is computed from public data, so anyone may
+		// have submitted it first. Only the schedule's own run (this
+		// queue, this schedule and planned time: the schedule replaced
+		// between deliveries) counts as fired.
+		own, oerr := e.ownRun(hctx, queue, name, id, planned)
+		if oerr != nil {
+			log.Warn("schedule fire: reading the run that holds its id failed; retrying", "run", id, "err", oerr)
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		if !own {
+			log.Warn("schedule fire skipped: another request holds its run id", "run", id)
+			e.skipped(SkipTaken)
+			_ = m.Ack()
+			return
+		}
 	case err != nil:
 		log.Warn("schedule fire: submit failed; retrying", "err", err)
 		_ = m.NakWithDelay(time.Second)
@@ -268,6 +286,36 @@ func (e *Env) catchUp(ctx context.Context, s *bus.Schedule, m jetstream.Msg, md 
 		return false, err
 	}
 	return last.Sequence == md.Sequence.Stream, nil
+}
+
+// ownRun reports whether run id is the schedule's own: on its queue, with
+// its name and planned time in the metadata.
+func (e *Env) ownRun(ctx context.Context, queue, name, id string, planned time.Time) (bool, error) {
+	rec, err := e.Client.Status(ctx, id)
+	if errors.Is(err, bus.ErrRunNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	meta := rec.Metadata
+	if rec.State == bus.StateQueued && rec.RequestSeq > 0 { // no record yet: the request's
+		st, err := e.Client.Stream(ctx, e.Client.Names().RunsStream())
+		if err != nil {
+			return false, err
+		}
+		m, err := st.GetMsg(ctx, rec.RequestSeq)
+		if err != nil {
+			return false, err
+		}
+		var req struct {
+			Metadata map[string]string `json:"metadata"`
+		}
+		_ = json.Unmarshal(m.Data, &req)
+		meta = req.Metadata
+	}
+	return rec.Queue == queue && meta[bus.MetaSchedule] == name &&
+		meta[bus.MetaScheduledFor] == planned.Format(time.RFC3339Nano), nil
 }
 
 // stillGoing returns the schedule's previous run if it is still queued or
