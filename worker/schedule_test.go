@@ -445,3 +445,50 @@ func TestScheduleRunIDTakenByAnotherRequest(t *testing.T) {
 		t.Errorf("last run %+v (%v): want the schedule's own", l, err)
 	}
 }
+
+// Review 57, finding 3: a fire a worker took and never acknowledged (it
+// died) comes again after AckWait, later than the late limit; it was on
+// time, so it runs, even with catch-up none.
+func TestScheduleRedeliveredFireIsNotMissed(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	ctx := fleettest.Context(t)
+	n := f.Client.Names()
+	js := f.Client.JetStream()
+	cons, err := js.Consumer(ctx, n.SchedulesStream(), n.FiresConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A shorter AckWait than the product's 30 s, still above the worker's
+	// late limit below, as 30 s is above the default 30 s.
+	cfg := cons.CachedInfo().Config
+	cfg.AckWait = 2 * time.Second
+	if _, err := js.UpdateConsumer(ctx, n.SchedulesStream(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second)
+	s := newSchedule(t, "redelivered", fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) {
+		s.At = &at
+		s.CatchUp = bus.CatchUpNone
+	})
+	if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
+		t.Fatal(err)
+	}
+	// The dead worker: takes the fire and does nothing with it.
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	for range batch.Messages() {
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("the dead worker took %d fires, want 1 (%v)", got, batch.Error())
+	}
+	f.StartWorker(worker.Config{ScheduleLate: time.Second, SkipEnsureStreams: true})
+	recs := waitScheduleRuns(t, f.Client, "redelivered", 1, 20*time.Second)
+	if len(recs) != 1 || !plannedOf(t, recs[0]).Equal(at) {
+		t.Errorf("runs %+v, want one planned at %s", recs, at)
+	}
+}

@@ -22,6 +22,8 @@
 //  6. A run id another request holds (ErrRunIDTaken) is a fire done only
 //     when that run is the schedule's own (ownRun); else the fire is
 //     skipped as taken and .last is left alone.
+//  7. Lateness (the catch-up policy's) is judged on a fire's first
+//     delivery; a redelivery only by the fire's store time.
 package schedule
 
 import (
@@ -153,7 +155,15 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	log := e.Log.With("schedule", name, "queue", queue, "planned", planned.Format(time.RFC3339))
 	id := bus.ScheduleRunID(queue, name, planned, trigger)
 
-	if !trigger && late > e.lateLimit() {
+	// Invariant 7: a redelivered fire was offered to a worker before (one
+	// that crashed, or retried): its wait since then (AckWait, retries)
+	// is ours, not the fire's, so it is judged late only by when the
+	// server stored it (the server's clock).
+	judged := late
+	if md.NumDelivered > 1 {
+		judged = md.Timestamp.Sub(planned)
+	}
+	if !trigger && judged > e.lateLimit() {
 		run, err := e.catchUp(hctx, &s, m, md)
 		if err != nil {
 			log.Warn("schedule fire: reading the newest fire failed; retrying", "err", err)
