@@ -37,7 +37,8 @@ import (
 //     worker, submits the same run id, which the work queue's dedupe
 //     (Nats-Msg-Id) stores once.
 //  4. Workers write <prefix>.schedule.<queue>.<name>.last (the newest run
-//     a fire submitted) after the submit; the overlap policy reads it.
+//     a fire submitted) after the submit; the overlap policy reads it. It
+//     only moves forward, by planned time (SetLastScheduleRun).
 
 // Overlap policies: what a fire does while the schedule's previous run is
 // still queued or running.
@@ -526,16 +527,46 @@ func (c *Client) LastScheduleRun(ctx context.Context, queue, name string) (*Sche
 	return &l, nil
 }
 
-// SetLastScheduleRun records the newest run of a schedule (workers).
+// SetLastScheduleRun records the newest run of a schedule (workers). It
+// only moves forward (invariant 4): a fire retried after a newer one ran
+// leaves that newer one; the write expects the sequence it read, so two
+// workers' writes cannot cross.
 func (c *Client) SetLastScheduleRun(ctx context.Context, queue, name string, l ScheduleLast) error {
 	body, err := json.Marshal(l)
 	if err != nil {
 		return err
 	}
-	m := &nats.Msg{Subject: c.names.ScheduleLast(queue, name), Data: body, Header: nats.Header{}}
-	m.Header.Set(nats.MsgRollup, nats.MsgRollupSubject)
-	_, err = c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(c.names.SchedulesStream()))
-	return err
+	st, err := c.Stream(ctx, c.names.SchedulesStream())
+	if err != nil {
+		return err
+	}
+	subj := c.names.ScheduleLast(queue, name)
+	for range 5 {
+		var seq uint64
+		cur, err := st.GetLastMsgForSubject(ctx, subj)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return err
+		default:
+			seq = cur.Sequence
+			var have ScheduleLast
+			if cur.Header.Get(HeaderScheduler) == "" && json.Unmarshal(cur.Data, &have) == nil &&
+				(have.Run == l.Run || have.PlannedAt.After(l.PlannedAt)) {
+				return nil // already there, or a newer fire's
+			}
+		}
+		m := &nats.Msg{Subject: subj, Data: body, Header: nats.Header{}}
+		m.Header.Set(nats.MsgRollup, nats.MsgRollupSubject)
+		_, err = c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(c.names.SchedulesStream()),
+			jetstream.WithExpectLastSequencePerSubject(seq))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			continue // another worker wrote: read again
+		}
+		return err
+	}
+	return fmt.Errorf("schedule %s: last run: the writes of other workers kept crossing", name)
 }
 
 // findSchedule reads the schedule named name, on whichever queue.

@@ -66,6 +66,8 @@ type Env struct {
 	// a later one is a missed fire, for the catch-up policy.
 	Late time.Duration
 	Now  func() time.Time // [time.Now]
+
+	setLast func(ctx context.Context, queue, name string, l bus.ScheduleLast) error // tests' [Client.SetLastScheduleRun]
 }
 
 func (e *Env) now() time.Time {
@@ -178,7 +180,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	if pol := s.OverlapPolicy(); pol != bus.OverlapAllow {
-		prev, err := e.stillGoing(hctx, queue, name, id)
+		prev, err := e.stillGoing(hctx, queue, name, id, planned)
 		if err != nil {
 			log.Warn("schedule fire: reading the previous run failed; retrying", "err", err)
 			_ = m.NakWithDelay(time.Second)
@@ -240,7 +242,11 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	if err := e.Client.SetLastScheduleRun(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger}); err != nil {
+	setLast := e.Client.SetLastScheduleRun
+	if e.setLast != nil {
+		setLast = e.setLast
+	}
+	if err := setLast(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger}); err != nil {
 		log.Warn("schedule fire: recording the last run failed; retrying", "run", id, "err", err)
 		_ = m.NakWithDelay(time.Second)
 		return
@@ -329,10 +335,11 @@ func (e *Env) ownRun(ctx context.Context, queue, name, id string, planned time.T
 }
 
 // stillGoing returns the schedule's previous run if it is still queued or
-// running ("" if none); the fire's own run (a redelivery) is not previous.
-func (e *Env) stillGoing(ctx context.Context, queue, name, self string) (string, error) {
+// running ("" if none); the fire's own run (a redelivery) is not previous,
+// nor a newer fire's (this fire retried after it: never abort that one).
+func (e *Env) stillGoing(ctx context.Context, queue, name, self string, planned time.Time) (string, error) {
 	last, err := e.Client.LastScheduleRun(ctx, queue, name)
-	if err != nil || last == nil || last.Run == self {
+	if err != nil || last == nil || last.Run == self || last.PlannedAt.After(planned) {
 		return "", err
 	}
 	rec, err := e.Client.Status(ctx, last.Run)

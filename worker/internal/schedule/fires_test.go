@@ -3,6 +3,7 @@ package schedule
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -87,4 +88,100 @@ func TestFireHandledTwiceStoresOneRequest(t *testing.T) {
 	if err := f.Client.PauseSchedule(ctx, "twice"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Review 57, finding 4: fire k submits but fails to record its last run
+// and is retried after fire k+1 ran. Under overlap abort the retry must
+// not abort the newer run k+1, nor set the last run back to k.
+func TestFireRetriedAfterANewerOneLeavesIt(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	req := json.RawMessage(`{"model":"faux/x","prompt":"tick","faux":{"responses":[{"content":[{"type":"text","text":"tock"}]}]}}`)
+	if _, err := c.CreateSchedule(ctx, &bus.Schedule{Name: "retried", Queue: bus.DefaultQueue, Every: "1s", Request: req,
+		Overlap: bus.OverlapAbort}, false); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := c.JetStream().Consumer(ctx, c.Names().SchedulesStream(), c.Names().FiresConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fires []jetstream.Msg
+	for len(fires) < 2 {
+		batch, err := cons.Fetch(2-len(fires), jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			fires = append(fires, m)
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.PauseSchedule(ctx, "retried"); err != nil {
+		t.Fatal(err)
+	}
+	failing := &Env{Client: c, Log: slog.New(slog.DiscardHandler), Late: time.Hour,
+		setLast: func(context.Context, string, string, bus.ScheduleLast) error { return errors.New("injected") }}
+	env := &Env{Client: c, Log: slog.New(slog.DiscardHandler), Late: time.Hour}
+	failing.Handle(ctx, fires[0]) // k: submitted, last run not recorded
+	env.Handle(ctx, fires[1])     // k+1: k is not known, so k+1 runs
+	env.Handle(ctx, fires[0])     // k again
+	last, err := c.LastScheduleRun(ctx, bus.DefaultQueue, "retried")
+	if err != nil || last == nil {
+		t.Fatalf("last run: %v %v", last, err)
+	}
+	newer := newestRun(t, c, "retried")
+	if last.Run != newer {
+		t.Errorf("last run %s, want the newer fire's %s", last.Run, newer)
+	}
+	ctl, err := c.JetStream().Stream(ctx, c.Names().ControlStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.GetLastMsgForSubject(ctx, c.Names().Control(newer, bus.KindAbort)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the newer run %s was aborted (%v)", newer, err)
+	}
+}
+
+// newestRun is the id of the request with the newest scheduledFor.
+func newestRun(t *testing.T, c *bus.Client, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	runs, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := runs.Info(ctx, jetstream.WithSubjectFilter(c.Names().SubmitAll()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id, at string
+	for subj := range info.State.Subjects {
+		m, err := runs.GetLastMsgForSubject(ctx, subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r bus.RunRequest
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Metadata[bus.MetaSchedule] == name && r.Metadata[bus.MetaScheduledFor] > at {
+			id, at = r.ID, r.Metadata[bus.MetaScheduledFor]
+		}
+	}
+	return id
 }
