@@ -569,6 +569,24 @@ func (c *Client) SetLastScheduleRun(ctx context.Context, queue, name string, l S
 	return fmt.Errorf("schedule %s: last run: the writes of other workers kept crossing", name)
 }
 
+// ScheduleOn reads the schedule of a queue and name as it is stored now.
+func (c *Client) ScheduleOn(ctx context.Context, queue, name string) (*ScheduleInfo, error) {
+	if !ValidQueue(queue) || !ValidID(name) {
+		return nil, fmt.Errorf("%w: %s on queue %s", ErrScheduleNotFound, truncate(name, 80), truncate(queue, 80))
+	}
+	s, err := c.Stream(ctx, c.names.SchedulesStream())
+	if err != nil {
+		return nil, err
+	}
+	return c.readSchedule(ctx, s, c.names.ScheduleDef(queue, name))
+}
+
+// SameDefinition reports whether a fire's body is the definition info
+// holds (a pause, resume or replace writes a new one).
+func (s *Schedule) SameDefinition(info *ScheduleInfo) bool {
+	return s.CreatedAt.Equal(info.CreatedAt) && s.UpdatedAt.Equal(info.UpdatedAt) && s.Pattern() == info.Pattern()
+}
+
 // findSchedule reads the schedule named name, on whichever queue.
 func (c *Client) findSchedule(ctx context.Context, name string) (*ScheduleInfo, error) {
 	if !ValidID(name) {

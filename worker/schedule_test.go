@@ -3,6 +3,7 @@ package worker_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -329,7 +330,10 @@ func TestScheduleOverlapAbort(t *testing.T) {
 
 // Catch-up after the workers were away: the server kept firing and the
 // fires waited in the stream. With catch-up once the newest of them runs,
-// and only it; with none, none of them.
+// and only it; with none, none of them. The schedules fire three times
+// (a cron of three seconds), so what is stored is all there is. A third
+// schedule, paused while away, runs none of its stored fires (review 57,
+// finding 5: they are not the stored definition's).
 func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
@@ -339,17 +343,25 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	base := time.Now().UTC().Add(2 * time.Second).Truncate(time.Second)
+	if base.Second() > 55 { // the three seconds in one minute
+		base = base.Truncate(time.Minute).Add(time.Minute + time.Second)
+	}
+	cron := fmt.Sprintf("%d,%d,%d %d %d * * *", base.Second(), base.Second()+1, base.Second()+2, base.Minute(), base.Hour())
 	for _, pol := range []string{bus.CatchUpOnce, bus.CatchUpNone} {
-		s := newSchedule(t, "away-"+pol, fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) { s.Every = "1s"; s.CatchUp = pol })
+		s := newSchedule(t, "away-"+pol, fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) { s.Cron = cron; s.CatchUp = pol })
 		if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Three fires of each stored with no worker to take them, then paused:
-	// what is stored is all there is.
-	for _, pol := range []string{bus.CatchUpOnce, bus.CatchUpNone} {
-		subj := n.ScheduleFire(bus.DefaultQueue, "away-"+pol)
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	paused := newSchedule(t, "away-paused", fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) { s.Every = "1s" })
+	if _, err := f.Client.CreateSchedule(ctx, paused, false); err != nil {
+		t.Fatal(err)
+	}
+	// Three fires of each stored with no worker to take them.
+	for _, name := range []string{"away-" + bus.CatchUpOnce, "away-" + bus.CatchUpNone, "away-paused"} {
+		subj := n.ScheduleFire(bus.DefaultQueue, name)
+		for deadline := time.Now().Add(70 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
 			if err != nil {
 				t.Fatal(err)
@@ -358,12 +370,12 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d fires stored in 30 s", subj, info.State.Subjects[subj])
+				t.Fatalf("%s: %d fires stored in 70 s", subj, info.State.Subjects[subj])
 			}
 		}
-		if err := f.Client.PauseSchedule(ctx, "away-"+pol); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if err := f.Client.PauseSchedule(ctx, "away-paused"); err != nil {
+		t.Fatal(err)
 	}
 	// The workers come back; every fire waited, so every one is late here
 	// (however soon the worker takes the newest).
@@ -383,6 +395,9 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("fires not all handled in 30 s: %d pending, %d unacknowledged", ci.NumPending, ci.NumAckPending)
 		}
+	}
+	if got := len(scheduleRuns(t, f.Client, "away-paused")); got != 0 {
+		t.Errorf("paused while away: %d runs, want 0", got)
 	}
 	if got := len(scheduleRuns(t, f.Client, "away-"+bus.CatchUpOnce)); got != 1 {
 		t.Errorf("catch-up once: %d runs, want 1", got)

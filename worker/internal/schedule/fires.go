@@ -24,6 +24,8 @@
 //     skipped as taken and .last is left alone.
 //  7. Lateness (the catch-up policy's) is judged on a fire's first
 //     delivery; a redelivery only by the fire's store time.
+//  8. A fire runs only while its definition is the stored one, active
+//     (a trigger: while the schedule exists).
 package schedule
 
 import (
@@ -46,6 +48,7 @@ const (
 	SkipMissed  = "missed"  // a late fire the catch-up policy does not run
 	SkipInvalid = "invalid" // a fire whose body or subject is not a schedule's
 	SkipTaken   = "taken"   // another request (not the schedule's) holds the fire's run id
+	SkipStale   = "stale"   // a fire of a definition since paused, replaced or deleted
 )
 
 // Observer is told what each fire did.
@@ -152,6 +155,32 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	}
 	hctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
+	// Invariant 8: a fire stored before a pause, resume, replace or delete
+	// (fires live for FireTTL) is not the schedule's any more.
+	cur, err := e.Client.ScheduleOn(hctx, queue, name)
+	if errors.Is(err, bus.ErrScheduleNotFound) && s.At != nil && !trigger {
+		// The server removes an @at schedule once it fired: only a
+		// tombstone says it was deleted.
+		if gone, gerr := e.defGone(hctx, queue, name); gerr != nil || gone {
+			cur, err = &bus.ScheduleInfo{Schedule: s}, gerr
+		}
+	}
+	switch {
+	case errors.Is(err, bus.ErrScheduleNotFound):
+		e.Log.Info("schedule fire skipped: the schedule is deleted", "schedule", name, "queue", queue)
+		e.skipped(SkipStale)
+		_ = m.Ack()
+		return
+	case err != nil:
+		e.Log.Warn("schedule fire: reading the schedule failed; retrying", "schedule", name, "queue", queue, "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	case !trigger && (cur.Paused || !s.SameDefinition(cur)):
+		e.Log.Info("schedule fire skipped: the schedule was paused or replaced since", "schedule", name, "queue", queue)
+		e.skipped(SkipStale)
+		_ = m.Ack()
+		return
+	}
 	now := e.now()
 	late := now.Sub(planned)
 	log := e.Log.With("schedule", name, "queue", queue, "planned", planned.Format(time.RFC3339))
@@ -302,6 +331,19 @@ func (e *Env) catchUp(ctx context.Context, s *bus.Schedule, m jetstream.Msg, md 
 		return false, err
 	}
 	return last.Sequence == md.Sequence.Stream, nil
+}
+
+// defGone reports whether the schedule's def subject holds no message.
+func (e *Env) defGone(ctx context.Context, queue, name string) (bool, error) {
+	st, err := e.Client.Stream(ctx, e.Client.Names().SchedulesStream())
+	if err != nil {
+		return false, err
+	}
+	_, err = st.GetLastMsgForSubject(ctx, e.Client.Names().ScheduleDef(queue, name))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	return false, err
 }
 
 // ownRun reports whether run id is the schedule's own: on its queue, with
