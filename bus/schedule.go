@@ -355,7 +355,18 @@ func (c *Client) CreateSchedule(ctx context.Context, s *Schedule, replace bool) 
 	if err := s.Validate(); err != nil {
 		return 0, err
 	}
-	var opts []jetstream.PublishOpt
+	// The write expects the subject's last sequence as read (a tombstone's,
+	// or none): of two creates, one fails rather than one replacing the
+	// other.
+	var seq uint64
+	if st, err := c.Stream(ctx, c.names.SchedulesStream()); err != nil {
+		return 0, err
+	} else if m, err := st.GetLastMsgForSubject(ctx, c.names.ScheduleDef(s.Queue, s.Name)); err == nil {
+		seq = m.Sequence
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, err
+	}
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(seq)}
 	if cur, err := c.findSchedule(ctx, s.Name); err == nil {
 		if !replace {
 			return 0, fmt.Errorf("%w: %s (on queue %s); replace it with --replace, or delete it first", ErrScheduleExists, s.Name, cur.Queue)
@@ -365,7 +376,7 @@ func (c *Client) CreateSchedule(ctx context.Context, s *Schedule, replace bool) 
 		}
 		s.CreatedAt = cur.CreatedAt
 		s.UpdatedAt = time.Now().UTC().Truncate(time.Millisecond)
-		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(cur.Seq))
+		opts = []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(cur.Seq)}
 	} else if !errors.Is(err, ErrScheduleNotFound) {
 		return 0, err
 	}
@@ -596,8 +607,38 @@ func (c *Client) findSchedule(ctx context.Context, name string) (*ScheduleInfo, 
 	if err != nil {
 		return nil, err
 	}
-	return c.readSchedule(ctx, s, c.names.ScheduleDef("*", name))
+	// Each queue's def subject on its own: the newest message of the
+	// wildcard would let another queue's schedule of the name shadow this.
+	si, err := s.Info(ctx, jetstream.WithSubjectFilter(c.names.ScheduleDef("*", name)))
+	if err != nil {
+		return nil, err
+	}
+	var found []*ScheduleInfo
+	var queues []string
+	for subj := range si.State.Subjects {
+		info, err := c.readSchedule(ctx, s, subj)
+		if errors.Is(err, ErrScheduleNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		found = append(found, info)
+		queues = append(queues, info.Queue)
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("%w: %s", ErrScheduleNotFound, name)
+	case 1:
+		return found[0], nil
+	}
+	slices.Sort(queues)
+	return nil, fmt.Errorf("%w: schedule %s is on queues %s; delete all but one", ErrScheduleAmbiguous, name, strings.Join(queues, ", "))
 }
+
+// ErrScheduleAmbiguous: a name is on several queues (written around
+// CreateSchedule, which refuses that).
+var ErrScheduleAmbiguous = errors.New("schedule name on several queues")
 
 func (c *Client) readSchedule(ctx context.Context, s jetstream.Stream, subject string) (*ScheduleInfo, error) {
 	m, err := s.GetLastMsgForSubject(ctx, subject)
@@ -617,6 +658,11 @@ func (c *Client) readSchedule(ctx context.Context, s jetstream.Stream, subject s
 	dec := json.NewDecoder(bytes.NewReader(m.Data))
 	if err := dec.Decode(&info.Schedule); err != nil {
 		return nil, fmt.Errorf("schedule at %s: %w", subject, err)
+	}
+	// The subject is what permissions checked: a body naming another
+	// queue or name is not this subject's schedule.
+	if q, n, _, err := c.names.ParseScheduleSubject(m.Subject); err != nil || q != info.Queue || n != info.Name {
+		return nil, fmt.Errorf("%w: %s (the message there names %s on queue %s)", ErrScheduleNotFound, scheduleNameOf(m.Subject), truncate(info.Name, 80), truncate(info.Queue, 80))
 	}
 	return info, nil
 }
