@@ -163,6 +163,10 @@ func (s *Schedule) Validate() error {
 	if s.TimeZone != "" {
 		if s.Cron == "" {
 			add("a time zone applies only to a cron schedule: the server refuses one with @every and @at (those are absolute)")
+		} else if s.TimeZone == "Local" {
+			// Each worker's and the server's own zone: fires and planned
+			// times would disagree between machines.
+			add("time zone Local is each machine's own: name an IANA zone such as Europe/Berlin (or UTC)")
 		} else if _, err := time.LoadLocation(s.TimeZone); err != nil {
 			add("time zone %q is not known (an IANA name such as Europe/Berlin)", truncate(s.TimeZone, 64))
 		}
