@@ -173,7 +173,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		return
 	case err != nil:
 		e.Log.Warn("schedule fire: reading the schedule failed; retrying", "schedule", name, "queue", queue, "err", err)
-		_ = m.NakWithDelay(time.Second)
+		_ = m.NakWithDelay(retryDelay(md))
 		return
 	case !trigger && (cur.Paused || !s.SameDefinition(cur)):
 		e.Log.Info("schedule fire skipped: the schedule was paused or replaced since", "schedule", name, "queue", queue)
@@ -198,7 +198,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		run, err := e.catchUp(hctx, &s, m, md)
 		if err != nil {
 			log.Warn("schedule fire: reading the newest fire failed; retrying", "err", err)
-			_ = m.NakWithDelay(time.Second)
+			_ = m.NakWithDelay(retryDelay(md))
 			return
 		}
 		if !run {
@@ -212,7 +212,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		prev, err := e.stillGoing(hctx, queue, name, id, planned)
 		if err != nil {
 			log.Warn("schedule fire: reading the previous run failed; retrying", "err", err)
-			_ = m.NakWithDelay(time.Second)
+			_ = m.NakWithDelay(retryDelay(md))
 			return
 		}
 		if prev != "" && pol == bus.OverlapSkip {
@@ -224,7 +224,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		if prev != "" {
 			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil {
 				log.Warn("schedule fire: aborting the previous run failed; retrying", "previous", prev, "err", err)
-				_ = m.NakWithDelay(time.Second)
+				_ = m.NakWithDelay(retryDelay(md))
 				return
 			}
 		}
@@ -257,7 +257,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		own, oerr := e.ownRun(hctx, queue, name, id, planned)
 		if oerr != nil {
 			log.Warn("schedule fire: reading the run that holds its id failed; retrying", "run", id, "err", oerr)
-			_ = m.NakWithDelay(time.Second)
+			_ = m.NakWithDelay(retryDelay(md))
 			return
 		}
 		if !own {
@@ -268,7 +268,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		}
 	case err != nil:
 		log.Warn("schedule fire: submit failed; retrying", "err", err)
-		_ = m.NakWithDelay(time.Second)
+		_ = m.NakWithDelay(retryDelay(md))
 		return
 	}
 	setLast := e.Client.SetLastScheduleRun
@@ -277,7 +277,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	}
 	if err := setLast(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger}); err != nil {
 		log.Warn("schedule fire: recording the last run failed; retrying", "run", id, "err", err)
-		_ = m.NakWithDelay(time.Second)
+		_ = m.NakWithDelay(retryDelay(md))
 		return
 	}
 	if err := m.DoubleAck(hctx); err != nil {
@@ -303,6 +303,18 @@ func checkScheduler(names bus.Names, scheduler, queue, name string, trigger bool
 		return fmt.Errorf("a fire of %q, not of this subject's schedule", scheduler)
 	}
 	return nil
+}
+
+// retryDelay backs a failing fire off, doubling from 1 s to 1 min by its
+// deliveries: a persistent failure (an unknown queue, NATS trouble) must
+// not redeliver every second and fill the consumer's MaxAckPending, which
+// would stall every schedule.
+func retryDelay(md *jetstream.MsgMetadata) time.Duration {
+	n := uint64(1)
+	if md != nil && md.NumDelivered > 1 {
+		n = md.NumDelivered
+	}
+	return min(time.Second<<min(n-1, 6), time.Minute)
 }
 
 func (e *Env) lateLimit() time.Duration {

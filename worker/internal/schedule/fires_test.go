@@ -185,3 +185,72 @@ func newestRun(t *testing.T, c *bus.Client, name string) string {
 	}
 	return id
 }
+
+// delayed is a fire whose NumDelivered is set and whose NAK delay is kept.
+type delayed struct {
+	jetstream.Msg
+	delivered uint64
+	nak       time.Duration
+}
+
+func (d *delayed) Metadata() (*jetstream.MsgMetadata, error) {
+	md, err := d.Msg.Metadata()
+	if err == nil {
+		md.NumDelivered = d.delivered
+	}
+	return md, err
+}
+
+func (d *delayed) NakWithDelay(delay time.Duration) error { d.nak = delay; return nil }
+
+// Review 57, finding 7: a fire that keeps failing (a queue no worker
+// declared) backs off by its deliveries instead of coming every second.
+func TestFireFailingBacksOff(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	req := json.RawMessage(`{"model":"faux/x","prompt":"tick","faux":{"responses":[{"content":[{"type":"text","text":"tock"}]}]}}`)
+	if _, err := c.CreateSchedule(ctx, &bus.Schedule{Name: "nowhere", Queue: "undeclared", Every: "1s", Request: req}, false); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := c.JetStream().Consumer(ctx, c.Names().SchedulesStream(), c.Names().FiresConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m jetstream.Msg
+	for m = range batch.Messages() {
+	}
+	if m == nil {
+		t.Fatalf("no fire in 10 s: %v", batch.Error())
+	}
+	env := &Env{Client: c, Log: slog.New(slog.DiscardHandler), Late: time.Hour}
+	for _, tc := range []struct {
+		delivered uint64
+		want      time.Duration
+	}{{1, time.Second}, {3, 4 * time.Second}, {20, time.Minute}} {
+		d := &delayed{Msg: m, delivered: tc.delivered}
+		env.Handle(ctx, d)
+		if d.nak != tc.want {
+			t.Errorf("delivery %d: NAK delay %s, want %s", tc.delivered, d.nak, tc.want)
+		}
+	}
+	if err := c.PauseSchedule(ctx, "nowhere"); err != nil {
+		t.Fatal(err)
+	}
+}
