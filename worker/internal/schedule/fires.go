@@ -135,6 +135,11 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	if err == nil && (kind != "fire" || s.Queue != queue || s.Name != name) { // invariant 3
 		err = errors.New("the body is not this subject's schedule")
 	}
+	if err == nil {
+		// As a create would: an unknown overlap or request field is
+		// refused, not read as something else.
+		err = s.Validate()
+	}
 	md, merr := m.Metadata()
 	if err == nil && merr != nil {
 		err = merr
@@ -222,20 +227,22 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		if prev != "" {
-			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil {
+			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil && !errors.Is(err, bus.ErrRunFinished) { // finished since: done
 				log.Warn("schedule fire: aborting the previous run failed; retrying", "previous", prev, "err", err)
 				_ = m.NakWithDelay(retryDelay(md))
 				return
 			}
 		}
 	}
-	var req bus.RunRequest
-	if err := json.Unmarshal(s.Request, &req); err != nil {
+	// Decoded as a direct submit is (unknown fields refused).
+	dec, err := bus.DecodeRunRequest(s.Request, id)
+	if err != nil {
 		log.Warn("schedule fire dropped: its request does not decode", "err", err)
 		e.skipped(SkipInvalid)
 		_ = m.Term()
 		return
 	}
+	req := *dec
 	req.ID = id
 	if req.Metadata == nil {
 		req.Metadata = map[string]string{}

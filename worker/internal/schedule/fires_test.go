@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -131,9 +132,6 @@ func TestFireRetriedAfterANewerOneLeavesIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := c.PauseSchedule(ctx, "retried"); err != nil {
-		t.Fatal(err)
-	}
 	failing := &Env{Client: c, Log: slog.New(slog.DiscardHandler), Late: time.Hour,
 		setLast: func(context.Context, string, string, bus.ScheduleLast) error { return errors.New("injected") }}
 	env := &Env{Client: c, Log: slog.New(slog.DiscardHandler), Late: time.Hour}
@@ -154,6 +152,9 @@ func TestFireRetriedAfterANewerOneLeavesIt(t *testing.T) {
 	}
 	if _, err := ctl.GetLastMsgForSubject(ctx, c.Names().Control(newer, bus.KindAbort)); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Errorf("the newer run %s was aborted (%v)", newer, err)
+	}
+	if err := c.PauseSchedule(ctx, "retried"); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -252,5 +253,71 @@ func TestFireFailingBacksOff(t *testing.T) {
 	}
 	if err := c.PauseSchedule(ctx, "nowhere"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Review 57, finding 11: a fire's body is checked as a create checks it:
+// an unknown overlap or an unknown request field is invalid, not read as
+// abort or dropped.
+func TestFireBodyIsValidated(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir(), MaxMemory: 64 << 20, MaxStore: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.ConnectOptions{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	req := json.RawMessage(`{"model":"faux/x","prompt":"tick"}`)
+	if _, err := c.CreateSchedule(ctx, &bus.Schedule{Name: "odd", Queue: bus.DefaultQueue, Every: "1h", Paused: true, Request: req}, false); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := c.JetStream().Consumer(ctx, c.Names().SchedulesStream(), c.Names().FiresConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, body := range []string{
+		`{"name":"odd","queue":"default","every":"1h","overlap":"sometimes","request":{"model":"faux/x","prompt":"tick"}}`,
+		`{"name":"odd","queue":"default","every":"1h","overlap":"allow","request":{"model":"faux/x","prompt":"tick","promtp":"typo"}}`,
+	} {
+		m := nats.NewMsg(c.Names().ScheduleFire(bus.DefaultQueue, "odd"))
+		m.Data = []byte(body)
+		m.Header.Set(bus.HeaderScheduleTrigger, time.Now().UTC().Add(time.Duration(i)*time.Second).Format(time.RFC3339Nano))
+		if _, err := c.JetStream().PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fire jetstream.Msg
+		for fire = range batch.Messages() {
+		}
+		if fire == nil {
+			t.Fatalf("no fire in 10 s: %v", batch.Error())
+		}
+		obs := &counts{}
+		(&Env{Client: c, Log: slog.New(slog.DiscardHandler), Obs: obs}).Handle(ctx, fire)
+		if obs.skipped != 1 || obs.fired != 0 {
+			t.Errorf("fire %d: %d skipped, %d fired; want it refused", i, obs.skipped, obs.fired)
+		}
+	}
+	runs, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := runs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Errorf("%d requests stored, want none", info.State.Msgs)
 	}
 }
