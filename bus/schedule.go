@@ -81,6 +81,12 @@ const (
 // take it within seconds; the rest is a short history of what fired.
 const FireTTL = time.Hour
 
+// MaxFiresKept bounds the messages kept per subject of AGENTS_SCHEDULES:
+// each fire copies the definition (up to MaxScheduleBytes) for FireTTL, so
+// an @every 1s schedule would keep 3,600; catch-up needs only the newest.
+// Defs and .last keep one each (rollup) whatever it is.
+const MaxFiresKept = 100
+
 // MaxScheduleBytes bounds a schedule's definition (its request included).
 const MaxScheduleBytes = MaxRequestBytes + 16<<10
 
@@ -705,6 +711,7 @@ func schedulesStreamConfig(n Names, cfg StreamsConfig) jetstream.StreamConfig {
 		AllowMsgSchedules: true,
 		AllowRollup:       true,
 		AllowMsgTTL:       true,
+		MaxMsgsPerSubject: MaxFiresKept,
 		MaxMsgSize:        MaxScheduleBytes + 16<<10,
 		Duplicates:        2 * time.Minute,
 		Storage:           cfg.Storage,

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
@@ -60,5 +61,30 @@ func TestScheduleLookupByNameAcrossQueues(t *testing.T) {
 	}
 	if _, err := c.CreateSchedule(ctx, &bus.Schedule{Name: "again", Queue: bus.DefaultQueue, Every: "1h", Request: req}, false); err != nil {
 		t.Errorf("create over a tombstone: %v", err)
+	}
+}
+
+// Review 57, finding 6: each fire copies its definition, so the stream
+// keeps at most MaxFiresKept per subject (the newest: catch-up reads it).
+func TestScheduleFiresKeptAreBounded(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{})
+	ctx, c := fleettest.Context(t), f.Client
+	subj := c.Names().ScheduleFire(bus.DefaultQueue, "many")
+	for i := range bus.MaxFiresKept + 5 {
+		if _, err := c.JetStream().Publish(ctx, subj, []byte(`{}`)); err != nil {
+			t.Fatalf("fire %d: %v", i, err)
+		}
+	}
+	st, err := c.JetStream().Stream(ctx, c.Names().SchedulesStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.State.Subjects[subj]; got != bus.MaxFiresKept {
+		t.Errorf("%d fires kept, want %d", got, bus.MaxFiresKept)
 	}
 }
