@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
@@ -118,6 +119,71 @@ func TestScheduleIsASubmittersRightOnItsQueues(t *testing.T) {
 			t.Fatalf("the smuggled fire was not dropped; worker log:\n%s", f.WorkerLog.String())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Review 57, finding 1: the server fires a schedule onto any subject of
+	// the stream (Nats-Schedule-Target), whoever stored it. A team-a
+	// schedule aimed at queue other's fire subject makes no run there,
+	// and one aimed at other's last run leaves no last run to read.
+	js := sub.JetStream()
+	aim := func(name, target string, body []byte) {
+		t.Helper()
+		m := &nats.Msg{Subject: n.ScheduleDef("team-a", name), Data: body, Header: nats.Header{}}
+		m.Header.Set("Nats-Schedule", "@every 1s")
+		m.Header.Set("Nats-Schedule-Target", target)
+		m.Header.Set("Nats-Schedule-TTL", "1m")
+		if _, err := js.PublishMsg(ctx(t, 5*time.Second), m); err != nil {
+			t.Fatalf("the team-a submitter may store a schedule on its def subjects: %v", err)
+		}
+	}
+	aim("cross", n.ScheduleFire("other", "cross"), def("other", "cross"))
+	aim("forge", n.ScheduleLast("other", "victim"), []byte(`{"run":"forged-run","plannedAt":"2026-01-01T00:00:00Z"}`))
+	st, err := f.Worker.JetStream().Stream(ctx(t, 5*time.Second), n.SchedulesStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		info, err := st.Info(ctx(t, 5*time.Second), jetstream.WithSubjectFilter(n.ScheduleFire("other", "cross")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, lerr := st.GetLastMsgForSubject(ctx(t, 5*time.Second), n.ScheduleLast("other", "victim"))
+		if info.State.Msgs >= 3 && lerr == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the aimed schedules fired %d times onto other in 30 s (last: %v)", info.State.Msgs, lerr)
+		}
+	}
+	for _, name := range []string{"cross", "forge"} { // stop them: a plain message rolls the schedule up
+		m := &nats.Msg{Subject: n.ScheduleDef("team-a", name), Header: nats.Header{}}
+		m.Header.Set(nats.MsgRollup, nats.MsgRollupSubject)
+		m.Header.Set("Agentfleet-Schedule-Deleted", "true")
+		if _, err := js.PublishMsg(ctx(t, 5*time.Second), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fires, err := f.Worker.JetStream().Consumer(ctx(t, 5*time.Second), n.SchedulesStream(), n.FiresConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ci, err := fires.Info(ctx(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fires not handled in 30 s: %d pending, %d unacknowledged", ci.NumPending, ci.NumAckPending)
+		}
+	}
+	if l, err := sub.LastScheduleRun(ctx(t, 5*time.Second), "other", "victim"); err != nil || l != nil {
+		t.Errorf("a forged last run of queue other's schedule is read: %+v %v", l, err)
+	}
+	if runs, err := sub.List(ctx(t, 5*time.Second), bus.ListOptions{Queue: "other", MaxScan: -1}); err != nil || len(runs) > 0 {
+		t.Errorf("a team-a schedule made %d runs on queue other (%v)", len(runs), err)
 	}
 
 	// Its own queue: a schedule that runs there, and only there.

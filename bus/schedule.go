@@ -37,7 +37,8 @@ import (
 //     worker, submits the same run id, which the work queue's dedupe
 //     (Nats-Msg-Id) stores once.
 //  4. Workers write <prefix>.schedule.<queue>.<name>.last (the newest run
-//     a fire submitted) after the submit; the overlap policy reads it.
+//     a fire submitted) after the submit; the overlap policy reads it. It
+//     only moves forward, by planned time (SetLastScheduleRun).
 
 // Overlap policies: what a fire does while the schedule's previous run is
 // still queued or running.
@@ -60,6 +61,13 @@ const (
 	HeaderScheduleTrigger = "Agentfleet-Schedule-Trigger"
 	// HeaderScheduleDeleted marks the tombstone of a deleted schedule.
 	HeaderScheduleDeleted = "Agentfleet-Schedule-Deleted"
+	// HeaderScheduler is the server's mark on a message a schedule
+	// fired: the schedule's subject. Clients cannot set it (but to purge
+	// a schedule), so it tells a fire from a user's message, and a
+	// message some schedule fired onto a .def or .last (any schedule may
+	// target any subject of the stream) from the one a user or worker
+	// wrote: readers ignore those.
+	HeaderScheduler = "Nats-Scheduler"
 )
 
 // Metadata keys a fire's run carries (reserved: a schedule's request may
@@ -72,6 +80,12 @@ const (
 // FireTTL is how long a fire message is kept (Nats-Schedule-TTL): workers
 // take it within seconds; the rest is a short history of what fired.
 const FireTTL = time.Hour
+
+// MaxFiresKept bounds the messages kept per subject of AGENTS_SCHEDULES:
+// each fire copies the definition (up to MaxScheduleBytes) for FireTTL, so
+// an @every 1s schedule would keep 3,600; catch-up needs only the newest.
+// Defs and .last keep one each (rollup) whatever it is.
+const MaxFiresKept = 100
 
 // MaxScheduleBytes bounds a schedule's definition (its request included).
 const MaxScheduleBytes = MaxRequestBytes + 16<<10
@@ -155,6 +169,10 @@ func (s *Schedule) Validate() error {
 	if s.TimeZone != "" {
 		if s.Cron == "" {
 			add("a time zone applies only to a cron schedule: the server refuses one with @every and @at (those are absolute)")
+		} else if s.TimeZone == "Local" {
+			// Each worker's and the server's own zone: fires and planned
+			// times would disagree between machines.
+			add("time zone Local is each machine's own: name an IANA zone such as Europe/Berlin (or UTC)")
 		} else if _, err := time.LoadLocation(s.TimeZone); err != nil {
 			add("time zone %q is not known (an IANA name such as Europe/Berlin)", truncate(s.TimeZone, 64))
 		}
@@ -347,7 +365,18 @@ func (c *Client) CreateSchedule(ctx context.Context, s *Schedule, replace bool) 
 	if err := s.Validate(); err != nil {
 		return 0, err
 	}
-	var opts []jetstream.PublishOpt
+	// The write expects the subject's last sequence as read (a tombstone's,
+	// or none): of two creates, one fails rather than one replacing the
+	// other.
+	var seq uint64
+	if st, err := c.Stream(ctx, c.names.SchedulesStream()); err != nil {
+		return 0, err
+	} else if m, err := st.GetLastMsgForSubject(ctx, c.names.ScheduleDef(s.Queue, s.Name)); err == nil {
+		seq = m.Sequence
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, err
+	}
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(seq)}
 	if cur, err := c.findSchedule(ctx, s.Name); err == nil {
 		if !replace {
 			return 0, fmt.Errorf("%w: %s (on queue %s); replace it with --replace, or delete it first", ErrScheduleExists, s.Name, cur.Queue)
@@ -357,7 +386,7 @@ func (c *Client) CreateSchedule(ctx context.Context, s *Schedule, replace bool) 
 		}
 		s.CreatedAt = cur.CreatedAt
 		s.UpdatedAt = time.Now().UTC().Truncate(time.Millisecond)
-		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(cur.Seq))
+		opts = []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(cur.Seq)}
 	} else if !errors.Is(err, ErrScheduleNotFound) {
 		return 0, err
 	}
@@ -510,22 +539,73 @@ func (c *Client) LastScheduleRun(ctx context.Context, queue, name string) (*Sche
 		return nil, err
 	}
 	var l ScheduleLast
+	if m.Header.Get(HeaderScheduler) != "" { // fired there by a schedule, not a worker's
+		return nil, nil
+	}
 	if err := json.Unmarshal(m.Data, &l); err != nil || !ValidID(l.Run) {
 		return nil, nil
 	}
 	return &l, nil
 }
 
-// SetLastScheduleRun records the newest run of a schedule (workers).
+// SetLastScheduleRun records the newest run of a schedule (workers). It
+// only moves forward (invariant 4): a fire retried after a newer one ran
+// leaves that newer one; the write expects the sequence it read, so two
+// workers' writes cannot cross.
 func (c *Client) SetLastScheduleRun(ctx context.Context, queue, name string, l ScheduleLast) error {
 	body, err := json.Marshal(l)
 	if err != nil {
 		return err
 	}
-	m := &nats.Msg{Subject: c.names.ScheduleLast(queue, name), Data: body, Header: nats.Header{}}
-	m.Header.Set(nats.MsgRollup, nats.MsgRollupSubject)
-	_, err = c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(c.names.SchedulesStream()))
-	return err
+	st, err := c.Stream(ctx, c.names.SchedulesStream())
+	if err != nil {
+		return err
+	}
+	subj := c.names.ScheduleLast(queue, name)
+	for range 5 {
+		var seq uint64
+		cur, err := st.GetLastMsgForSubject(ctx, subj)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return err
+		default:
+			seq = cur.Sequence
+			var have ScheduleLast
+			if cur.Header.Get(HeaderScheduler) == "" && json.Unmarshal(cur.Data, &have) == nil &&
+				(have.Run == l.Run || have.PlannedAt.After(l.PlannedAt)) {
+				return nil // already there, or a newer fire's
+			}
+		}
+		m := &nats.Msg{Subject: subj, Data: body, Header: nats.Header{}}
+		m.Header.Set(nats.MsgRollup, nats.MsgRollupSubject)
+		_, err = c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(c.names.SchedulesStream()),
+			jetstream.WithExpectLastSequencePerSubject(seq))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			continue // another worker wrote: read again
+		}
+		return err
+	}
+	return fmt.Errorf("schedule %s: last run: the writes of other workers kept crossing", name)
+}
+
+// ScheduleOn reads the schedule of a queue and name as it is stored now.
+func (c *Client) ScheduleOn(ctx context.Context, queue, name string) (*ScheduleInfo, error) {
+	if !ValidQueue(queue) || !ValidID(name) {
+		return nil, fmt.Errorf("%w: %s on queue %s", ErrScheduleNotFound, truncate(name, 80), truncate(queue, 80))
+	}
+	s, err := c.Stream(ctx, c.names.SchedulesStream())
+	if err != nil {
+		return nil, err
+	}
+	return c.readSchedule(ctx, s, c.names.ScheduleDef(queue, name))
+}
+
+// SameDefinition reports whether a fire's body is the definition info
+// holds (a pause, resume or replace writes a new one).
+func (s *Schedule) SameDefinition(info *ScheduleInfo) bool {
+	return s.CreatedAt.Equal(info.CreatedAt) && s.UpdatedAt.Equal(info.UpdatedAt) && s.Pattern() == info.Pattern()
 }
 
 // findSchedule reads the schedule named name, on whichever queue.
@@ -537,8 +617,38 @@ func (c *Client) findSchedule(ctx context.Context, name string) (*ScheduleInfo, 
 	if err != nil {
 		return nil, err
 	}
-	return c.readSchedule(ctx, s, c.names.ScheduleDef("*", name))
+	// Each queue's def subject on its own: the newest message of the
+	// wildcard would let another queue's schedule of the name shadow this.
+	si, err := s.Info(ctx, jetstream.WithSubjectFilter(c.names.ScheduleDef("*", name)))
+	if err != nil {
+		return nil, err
+	}
+	var found []*ScheduleInfo
+	var queues []string
+	for subj := range si.State.Subjects {
+		info, err := c.readSchedule(ctx, s, subj)
+		if errors.Is(err, ErrScheduleNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		found = append(found, info)
+		queues = append(queues, info.Queue)
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("%w: %s", ErrScheduleNotFound, name)
+	case 1:
+		return found[0], nil
+	}
+	slices.Sort(queues)
+	return nil, fmt.Errorf("%w: schedule %s is on queues %s; delete all but one", ErrScheduleAmbiguous, name, strings.Join(queues, ", "))
 }
+
+// ErrScheduleAmbiguous: a name is on several queues (written around
+// CreateSchedule, which refuses that).
+var ErrScheduleAmbiguous = errors.New("schedule name on several queues")
 
 func (c *Client) readSchedule(ctx context.Context, s jetstream.Stream, subject string) (*ScheduleInfo, error) {
 	m, err := s.GetLastMsgForSubject(ctx, subject)
@@ -551,10 +661,18 @@ func (c *Client) readSchedule(ctx context.Context, s jetstream.Stream, subject s
 	if m.Header.Get(HeaderScheduleDeleted) != "" {
 		return nil, fmt.Errorf("%w: %s", ErrScheduleNotFound, scheduleNameOf(subject))
 	}
+	if by := m.Header.Get(HeaderScheduler); by != "" {
+		return nil, fmt.Errorf("%w: %s (its definition was replaced by a fire of %s: create it again)", ErrScheduleNotFound, scheduleNameOf(subject), by)
+	}
 	info := &ScheduleInfo{Seq: m.Sequence, StoredAt: m.Time}
 	dec := json.NewDecoder(bytes.NewReader(m.Data))
 	if err := dec.Decode(&info.Schedule); err != nil {
 		return nil, fmt.Errorf("schedule at %s: %w", subject, err)
+	}
+	// The subject is what permissions checked: a body naming another
+	// queue or name is not this subject's schedule.
+	if q, n, _, err := c.names.ParseScheduleSubject(m.Subject); err != nil || q != info.Queue || n != info.Name {
+		return nil, fmt.Errorf("%w: %s (the message there names %s on queue %s)", ErrScheduleNotFound, scheduleNameOf(m.Subject), truncate(info.Name, 80), truncate(info.Queue, 80))
 	}
 	return info, nil
 }
@@ -593,6 +711,7 @@ func schedulesStreamConfig(n Names, cfg StreamsConfig) jetstream.StreamConfig {
 		AllowMsgSchedules: true,
 		AllowRollup:       true,
 		AllowMsgTTL:       true,
+		MaxMsgsPerSubject: MaxFiresKept,
 		MaxMsgSize:        MaxScheduleBytes + 16<<10,
 		Duplicates:        2 * time.Minute,
 		Storage:           cfg.Storage,

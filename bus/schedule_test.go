@@ -26,6 +26,11 @@ func TestScheduleValidateListsEveryProblem(t *testing.T) {
 			t.Errorf("problems lack %q:\n%v", want, err)
 		}
 	}
+	// Review 57, finding 10: Local is each machine's zone.
+	local := &Schedule{Name: "weekly", Queue: "q", Cron: "0 0 9 * * MON", TimeZone: "Local", Request: []byte(`{"prompt":"hi"}`)}
+	if err := local.Validate(); err == nil || !strings.Contains(err.Error(), "time zone Local") {
+		t.Errorf("time zone Local: %v", err)
+	}
 	ok := &Schedule{Name: "weekly", Queue: "q", Cron: "0 0 9 * * MON", TimeZone: "Europe/Berlin", Request: []byte(`{"prompt":"hi"}`)}
 	if err := ok.Validate(); err != nil {
 		t.Errorf("a good schedule: %v", err)

@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -17,12 +19,48 @@ import (
 	"github.com/agentfleet/agentfleet/worker"
 )
 
-// scheduleRuns returns the runs of a schedule, by planned time.
+// scheduleRuns returns the runs of a schedule, by planned time, those
+// still queued too: a fire is done once its request is stored, and a
+// queued run has no record (its metadata is in the request).
 func scheduleRuns(t *testing.T, c *bus.Client, name string) []bus.RunRecord {
 	t.Helper()
-	recs, err := c.List(fleettest.Context(t), bus.ListOptions{Metadata: map[string]string{bus.MetaSchedule: name}, MaxScan: -1})
+	ctx := fleettest.Context(t)
+	all, err := c.List(ctx, bus.ListOptions{MaxScan: -1})
 	if err != nil {
 		t.Fatal(err)
+	}
+	runs, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []bus.RunRecord
+	for _, r := range all {
+		if r.State == bus.StateQueued && r.Metadata == nil {
+			subj := c.Names().Submit(r.Queue, r.ID)
+			if r.Priority != "" {
+				subj = c.Names().LaneRequest(r.Queue, "*", "*", r.ID)
+			}
+			m, err := runs.GetLastMsgForSubject(ctx, subj)
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound): // run and finished since the list
+				rec, err := c.Status(ctx, r.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r = *rec
+			case err != nil:
+				t.Fatal(err)
+			default:
+				var req bus.RunRequest
+				if err := json.Unmarshal(m.Data, &req); err != nil {
+					t.Fatal(err)
+				}
+				r.Metadata = req.Metadata
+			}
+		}
+		if r.Metadata[bus.MetaSchedule] == name {
+			recs = append(recs, r)
+		}
 	}
 	slices.SortFunc(recs, func(a, b bus.RunRecord) int {
 		return strings.Compare(a.Metadata[bus.MetaScheduledFor], b.Metadata[bus.MetaScheduledFor])
@@ -292,7 +330,10 @@ func TestScheduleOverlapAbort(t *testing.T) {
 
 // Catch-up after the workers were away: the server kept firing and the
 // fires waited in the stream. With catch-up once the newest of them runs,
-// and only it; with none, none of them.
+// and only it; with none, none of them. The schedules fire three times
+// (a cron of three seconds), so what is stored is all there is. A third
+// schedule, paused while away, runs none of its stored fires (review 57,
+// finding 5: they are not the stored definition's).
 func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
@@ -302,17 +343,25 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	base := time.Now().UTC().Add(2 * time.Second).Truncate(time.Second)
+	if base.Second() > 55 { // the three seconds in one minute
+		base = base.Truncate(time.Minute).Add(time.Minute + time.Second)
+	}
+	cron := fmt.Sprintf("%d,%d,%d %d %d * * *", base.Second(), base.Second()+1, base.Second()+2, base.Minute(), base.Hour())
 	for _, pol := range []string{bus.CatchUpOnce, bus.CatchUpNone} {
-		s := newSchedule(t, "away-"+pol, fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) { s.Every = "1s"; s.CatchUp = pol })
+		s := newSchedule(t, "away-"+pol, fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) { s.Cron = cron; s.CatchUp = pol })
 		if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Three fires of each stored with no worker to take them, then paused:
-	// what is stored is all there is.
-	for _, pol := range []string{bus.CatchUpOnce, bus.CatchUpNone} {
-		subj := n.ScheduleFire(bus.DefaultQueue, "away-"+pol)
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	paused := newSchedule(t, "away-paused", fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) { s.Every = "1s" })
+	if _, err := f.Client.CreateSchedule(ctx, paused, false); err != nil {
+		t.Fatal(err)
+	}
+	// Three fires of each stored with no worker to take them.
+	for _, name := range []string{"away-" + bus.CatchUpOnce, "away-" + bus.CatchUpNone, "away-paused"} {
+		subj := n.ScheduleFire(bus.DefaultQueue, name)
+		for deadline := time.Now().Add(70 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
 			if err != nil {
 				t.Fatal(err)
@@ -321,12 +370,12 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d fires stored in 30 s", subj, info.State.Subjects[subj])
+				t.Fatalf("%s: %d fires stored in 70 s", subj, info.State.Subjects[subj])
 			}
 		}
-		if err := f.Client.PauseSchedule(ctx, "away-"+pol); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if err := f.Client.PauseSchedule(ctx, "away-paused"); err != nil {
+		t.Fatal(err)
 	}
 	// The workers come back; every fire waited, so every one is late here
 	// (however soon the worker takes the newest).
@@ -347,10 +396,114 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 			t.Fatalf("fires not all handled in 30 s: %d pending, %d unacknowledged", ci.NumPending, ci.NumAckPending)
 		}
 	}
+	if got := len(scheduleRuns(t, f.Client, "away-paused")); got != 0 {
+		t.Errorf("paused while away: %d runs, want 0", got)
+	}
 	if got := len(scheduleRuns(t, f.Client, "away-"+bus.CatchUpOnce)); got != 1 {
 		t.Errorf("catch-up once: %d runs, want 1", got)
 	}
 	if got := len(scheduleRuns(t, f.Client, "away-"+bus.CatchUpNone)); got != 0 {
 		t.Errorf("catch-up none: %d runs, want 0", got)
+	}
+}
+
+// Review 57, finding 2: a fire's run id is computed from public data, so a
+// submitter may take the next ids first (here on another queue). Those
+// fires are skipped as taken, counted, and leave .last alone; the next
+// fire runs.
+func TestScheduleRunIDTakenByAnotherRequest(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	reg := prometheus.NewRegistry()
+	f.StartWorker(worker.Config{Observer: worker.MetricsObserver(metrics.New(reg, metrics.Config{}))})
+	ctx := fleettest.Context(t)
+	s := newSchedule(t, "squat", fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) {
+		s.Queue = "other"
+		s.Cron = "*/2 * * * * *"
+	})
+	if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
+		t.Fatal(err)
+	}
+	p1 := s.NextAfter(time.Now().Add(time.Second), time.Time{})
+	p2 := s.NextAfter(p1, time.Time{})
+	squatted := map[string]bool{}
+	for _, p := range []time.Time{p1, p2} {
+		req := fleettest.FauxRun("squat", fleettest.Text("mine"))
+		req.ID = bus.ScheduleRunID("other", "squat", p, false)
+		if _, err := f.Client.Submit(ctx, bus.DefaultQueue, req); err != nil {
+			t.Fatal(err)
+		}
+		squatted[req.ID] = true
+	}
+	// The fire after p2 runs; those at p1 and p2 ran nothing of theirs.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		recs := scheduleRuns(t, f.Client, "squat")
+		if len(recs) > 0 && plannedOf(t, recs[len(recs)-1]).After(p2) {
+			for _, r := range recs {
+				if p := plannedOf(t, r); (p.Equal(p1) || p.Equal(p2)) && r.Queue == "other" {
+					t.Errorf("run %s on other planned %s, whose id was taken", r.ID, p)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no run of the schedule after %s in 30 s", p2)
+		}
+	}
+	if got := metricValue(t, reg, "agentfleet_schedule_skips_total", "taken"); got != 2 {
+		t.Errorf("%v fires skipped as taken, want 2", got)
+	}
+	if err := f.Client.PauseSchedule(ctx, "squat"); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := f.Client.LastScheduleRun(ctx, "other", "squat"); err != nil || l == nil || squatted[l.Run] {
+		t.Errorf("last run %+v (%v): want the schedule's own", l, err)
+	}
+}
+
+// Review 57, finding 3: a fire a worker took and never acknowledged (it
+// died) comes again after AckWait, later than the late limit; it was on
+// time, so it runs, even with catch-up none.
+func TestScheduleRedeliveredFireIsNotMissed(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	ctx := fleettest.Context(t)
+	n := f.Client.Names()
+	js := f.Client.JetStream()
+	cons, err := js.Consumer(ctx, n.SchedulesStream(), n.FiresConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A shorter AckWait than the product's 30 s, still above the worker's
+	// late limit below, as 30 s is above the default 30 s.
+	cfg := cons.CachedInfo().Config
+	cfg.AckWait = 2 * time.Second
+	if _, err := js.UpdateConsumer(ctx, n.SchedulesStream(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second)
+	s := newSchedule(t, "redelivered", fleettest.FauxRun("tick", fleettest.Text("tock")), func(s *bus.Schedule) {
+		s.At = &at
+		s.CatchUp = bus.CatchUpNone
+	})
+	if _, err := f.Client.CreateSchedule(ctx, s, false); err != nil {
+		t.Fatal(err)
+	}
+	// The dead worker: takes the fire and does nothing with it.
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	for range batch.Messages() {
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("the dead worker took %d fires, want 1 (%v)", got, batch.Error())
+	}
+	f.StartWorker(worker.Config{ScheduleLate: time.Second, SkipEnsureStreams: true})
+	recs := waitScheduleRuns(t, f.Client, "redelivered", 1, 20*time.Second)
+	if len(recs) != 1 || !plannedOf(t, recs[0]).Equal(at) {
+		t.Errorf("runs %+v, want one planned at %s", recs, at)
 	}
 }

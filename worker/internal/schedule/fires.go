@@ -16,12 +16,23 @@
 //  4. Overlap and catch-up decide from NATS state only (the schedule's
 //     last run and its record; the newest stored fire), so any worker
 //     decides the same.
+//  5. A fire counts only when the server fired it from the def of its
+//     own subject (Nats-Scheduler); a trigger only when no schedule fired
+//     it (checkScheduler).
+//  6. A run id another request holds (ErrRunIDTaken) is a fire done only
+//     when that run is the schedule's own (ownRun); else the fire is
+//     skipped as taken and .last is left alone.
+//  7. Lateness (the catch-up policy's) is judged on a fire's first
+//     delivery; a redelivery only by the fire's store time.
+//  8. A fire runs only while its definition is the stored one, active
+//     (a trigger: while the schedule exists).
 package schedule
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -36,6 +47,8 @@ const (
 	SkipOverlap = "overlap" // the previous run still goes (overlap skip)
 	SkipMissed  = "missed"  // a late fire the catch-up policy does not run
 	SkipInvalid = "invalid" // a fire whose body or subject is not a schedule's
+	SkipTaken   = "taken"   // another request (not the schedule's) holds the fire's run id
+	SkipStale   = "stale"   // a fire of a definition since paused, replaced or deleted
 )
 
 // Observer is told what each fire did.
@@ -56,6 +69,8 @@ type Env struct {
 	// a later one is a missed fire, for the catch-up policy.
 	Late time.Duration
 	Now  func() time.Time // [time.Now]
+
+	setLast func(ctx context.Context, queue, name string, l bus.ScheduleLast) error // tests' [Client.SetLastScheduleRun]
 }
 
 func (e *Env) now() time.Time {
@@ -120,6 +135,11 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	if err == nil && (kind != "fire" || s.Queue != queue || s.Name != name) { // invariant 3
 		err = errors.New("the body is not this subject's schedule")
 	}
+	if err == nil {
+		// As a create would: an unknown overlap or request field is
+		// refused, not read as something else.
+		err = s.Validate()
+	}
 	md, merr := m.Metadata()
 	if err == nil && merr != nil {
 		err = merr
@@ -129,6 +149,9 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	if err == nil {
 		planned, trigger, err = s.FirePlanned(m.Headers(), md.Timestamp)
 	}
+	if err == nil {
+		err = checkScheduler(names, m.Headers().Get(bus.HeaderScheduler), queue, name, trigger)
+	}
 	if err != nil {
 		e.Log.Warn("schedule fire dropped", "subject", m.Subject(), "err", err)
 		e.skipped(SkipInvalid)
@@ -137,16 +160,50 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	}
 	hctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
+	// Invariant 8: a fire stored before a pause, resume, replace or delete
+	// (fires live for FireTTL) is not the schedule's any more.
+	cur, err := e.Client.ScheduleOn(hctx, queue, name)
+	if errors.Is(err, bus.ErrScheduleNotFound) && s.At != nil && !trigger {
+		// The server removes an @at schedule once it fired: only a
+		// tombstone says it was deleted.
+		if gone, gerr := e.defGone(hctx, queue, name); gerr != nil || gone {
+			cur, err = &bus.ScheduleInfo{Schedule: s}, gerr
+		}
+	}
+	switch {
+	case errors.Is(err, bus.ErrScheduleNotFound):
+		e.Log.Info("schedule fire skipped: the schedule is deleted", "schedule", name, "queue", queue)
+		e.skipped(SkipStale)
+		_ = m.Ack()
+		return
+	case err != nil:
+		e.Log.Warn("schedule fire: reading the schedule failed; retrying", "schedule", name, "queue", queue, "err", err)
+		_ = m.NakWithDelay(retryDelay(md))
+		return
+	case !trigger && (cur.Paused || !s.SameDefinition(cur)):
+		e.Log.Info("schedule fire skipped: the schedule was paused or replaced since", "schedule", name, "queue", queue)
+		e.skipped(SkipStale)
+		_ = m.Ack()
+		return
+	}
 	now := e.now()
 	late := now.Sub(planned)
 	log := e.Log.With("schedule", name, "queue", queue, "planned", planned.Format(time.RFC3339))
 	id := bus.ScheduleRunID(queue, name, planned, trigger)
 
-	if !trigger && late > e.lateLimit() {
+	// Invariant 7: a redelivered fire was offered to a worker before (one
+	// that crashed, or retried): its wait since then (AckWait, retries)
+	// is ours, not the fire's, so it is judged late only by when the
+	// server stored it (the server's clock).
+	judged := late
+	if md.NumDelivered > 1 {
+		judged = md.Timestamp.Sub(planned)
+	}
+	if !trigger && judged > e.lateLimit() {
 		run, err := e.catchUp(hctx, &s, m, md)
 		if err != nil {
 			log.Warn("schedule fire: reading the newest fire failed; retrying", "err", err)
-			_ = m.NakWithDelay(time.Second)
+			_ = m.NakWithDelay(retryDelay(md))
 			return
 		}
 		if !run {
@@ -157,10 +214,10 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	if pol := s.OverlapPolicy(); pol != bus.OverlapAllow {
-		prev, err := e.stillGoing(hctx, queue, name, id)
+		prev, err := e.stillGoing(hctx, queue, name, id, planned)
 		if err != nil {
 			log.Warn("schedule fire: reading the previous run failed; retrying", "err", err)
-			_ = m.NakWithDelay(time.Second)
+			_ = m.NakWithDelay(retryDelay(md))
 			return
 		}
 		if prev != "" && pol == bus.OverlapSkip {
@@ -170,20 +227,22 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		if prev != "" {
-			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil {
+			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil && !errors.Is(err, bus.ErrRunFinished) { // finished since: done
 				log.Warn("schedule fire: aborting the previous run failed; retrying", "previous", prev, "err", err)
-				_ = m.NakWithDelay(time.Second)
+				_ = m.NakWithDelay(retryDelay(md))
 				return
 			}
 		}
 	}
-	var req bus.RunRequest
-	if err := json.Unmarshal(s.Request, &req); err != nil {
+	// Decoded as a direct submit is (unknown fields refused).
+	dec, err := bus.DecodeRunRequest(s.Request, id)
+	if err != nil {
 		log.Warn("schedule fire dropped: its request does not decode", "err", err)
 		e.skipped(SkipInvalid)
 		_ = m.Term()
 		return
 	}
+	req := *dec
 	req.ID = id
 	if req.Metadata == nil {
 		req.Metadata = map[string]string{}
@@ -198,16 +257,34 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.Term()
 		return
 	case errors.Is(err, bus.ErrRunIDTaken):
-		// Invariant 1: only the fire's own request holds its id; another
-		// body there (the schedule replaced between deliveries) ran.
+		// Invariant 6: the id is computed from public data, so anyone may
+		// have submitted it first. Only the schedule's own run (this
+		// queue, this schedule and planned time: the schedule replaced
+		// between deliveries) counts as fired.
+		own, oerr := e.ownRun(hctx, queue, name, id, planned)
+		if oerr != nil {
+			log.Warn("schedule fire: reading the run that holds its id failed; retrying", "run", id, "err", oerr)
+			_ = m.NakWithDelay(retryDelay(md))
+			return
+		}
+		if !own {
+			log.Warn("schedule fire skipped: another request holds its run id", "run", id)
+			e.skipped(SkipTaken)
+			_ = m.Ack()
+			return
+		}
 	case err != nil:
 		log.Warn("schedule fire: submit failed; retrying", "err", err)
-		_ = m.NakWithDelay(time.Second)
+		_ = m.NakWithDelay(retryDelay(md))
 		return
 	}
-	if err := e.Client.SetLastScheduleRun(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger}); err != nil {
+	setLast := e.Client.SetLastScheduleRun
+	if e.setLast != nil {
+		setLast = e.setLast
+	}
+	if err := setLast(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger}); err != nil {
 		log.Warn("schedule fire: recording the last run failed; retrying", "run", id, "err", err)
-		_ = m.NakWithDelay(time.Second)
+		_ = m.NakWithDelay(retryDelay(md))
 		return
 	}
 	if err := m.DoubleAck(hctx); err != nil {
@@ -217,6 +294,34 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		e.Obs.ScheduleFired(e.now().Sub(planned)) // to the request stored
 	}
 	log.Debug("schedule fired", "run", id, "duplicate", res.Duplicate, "late", late)
+}
+
+// checkScheduler keeps invariant 5: the server fires a schedule onto any
+// subject of the stream its message names (Nats-Schedule-Target), whoever
+// published it, and marks the fire with the schedule's subject
+// (Nats-Scheduler, which clients cannot set but to purge). A fire counts
+// only when that is its own def; a trigger, which a user publishes, has
+// none.
+func checkScheduler(names bus.Names, scheduler, queue, name string, trigger bool) error {
+	switch {
+	case trigger && scheduler != "":
+		return fmt.Errorf("a trigger fired by schedule %s", scheduler)
+	case !trigger && scheduler != names.ScheduleDef(queue, name):
+		return fmt.Errorf("a fire of %q, not of this subject's schedule", scheduler)
+	}
+	return nil
+}
+
+// retryDelay backs a failing fire off, doubling from 1 s to 1 min by its
+// deliveries: a persistent failure (an unknown queue, NATS trouble) must
+// not redeliver every second and fill the consumer's MaxAckPending, which
+// would stall every schedule.
+func retryDelay(md *jetstream.MsgMetadata) time.Duration {
+	n := uint64(1)
+	if md != nil && md.NumDelivered > 1 {
+		n = md.NumDelivered
+	}
+	return min(time.Second<<min(n-1, 6), time.Minute)
 }
 
 func (e *Env) lateLimit() time.Duration {
@@ -247,11 +352,55 @@ func (e *Env) catchUp(ctx context.Context, s *bus.Schedule, m jetstream.Msg, md 
 	return last.Sequence == md.Sequence.Stream, nil
 }
 
+// defGone reports whether the schedule's def subject holds no message.
+func (e *Env) defGone(ctx context.Context, queue, name string) (bool, error) {
+	st, err := e.Client.Stream(ctx, e.Client.Names().SchedulesStream())
+	if err != nil {
+		return false, err
+	}
+	_, err = st.GetLastMsgForSubject(ctx, e.Client.Names().ScheduleDef(queue, name))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	return false, err
+}
+
+// ownRun reports whether run id is the schedule's own: on its queue, with
+// its name and planned time in the metadata.
+func (e *Env) ownRun(ctx context.Context, queue, name, id string, planned time.Time) (bool, error) {
+	rec, err := e.Client.Status(ctx, id)
+	if errors.Is(err, bus.ErrRunNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	meta := rec.Metadata
+	if rec.State == bus.StateQueued && rec.RequestSeq > 0 { // no record yet: the request's
+		st, err := e.Client.Stream(ctx, e.Client.Names().RunsStream())
+		if err != nil {
+			return false, err
+		}
+		m, err := st.GetMsg(ctx, rec.RequestSeq)
+		if err != nil {
+			return false, err
+		}
+		var req struct {
+			Metadata map[string]string `json:"metadata"`
+		}
+		_ = json.Unmarshal(m.Data, &req)
+		meta = req.Metadata
+	}
+	return rec.Queue == queue && meta[bus.MetaSchedule] == name &&
+		meta[bus.MetaScheduledFor] == planned.Format(time.RFC3339Nano), nil
+}
+
 // stillGoing returns the schedule's previous run if it is still queued or
-// running ("" if none); the fire's own run (a redelivery) is not previous.
-func (e *Env) stillGoing(ctx context.Context, queue, name, self string) (string, error) {
+// running ("" if none); the fire's own run (a redelivery) is not previous,
+// nor a newer fire's (this fire retried after it: never abort that one).
+func (e *Env) stillGoing(ctx context.Context, queue, name, self string, planned time.Time) (string, error) {
 	last, err := e.Client.LastScheduleRun(ctx, queue, name)
-	if err != nil || last == nil || last.Run == self {
+	if err != nil || last == nil || last.Run == self || last.PlannedAt.After(planned) {
 		return "", err
 	}
 	rec, err := e.Client.Status(ctx, last.Run)
