@@ -34,12 +34,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/worker/internal/handoff"
 )
 
 // Skip reasons (the metric's label).
@@ -84,38 +84,7 @@ func (e *Env) now() time.Time {
 // waits for those in progress. Each fire is handled on its own goroutine
 // (it reads and writes NATS: never in the callback).
 func (e *Env) Start(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	stopping := false
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		mu.Lock()
-		if stopping {
-			mu.Unlock()
-			_ = m.Nak()
-			return
-		}
-		wg.Add(1)
-		mu.Unlock()
-		go func() {
-			defer wg.Done()
-			e.Handle(ctx, m)
-		}()
-	}, jetstream.PullMaxMessages(64), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if ctx.Err() == nil {
-			e.Log.Debug("schedule fires consumer", "err", err)
-		}
-	}))
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		mu.Lock()
-		stopping = true
-		mu.Unlock()
-		cc.Stop()
-		<-cc.Closed()
-		wg.Wait()
-	}, nil
+	return handoff.Consume(ctx, cons, 64, "schedule fires consumer", e.Log, e.Handle)
 }
 
 func (e *Env) skipped(reason string) {
