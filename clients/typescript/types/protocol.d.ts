@@ -50,6 +50,13 @@ export type AssistantMessage = {
 /** One step of the assistant stream (docs/protocol.md §4, Agent events). */
 export type AssistantMessageEvent = TextStart | TextDelta | TextEnd | ThinkingStart | ThinkingDelta | ThinkingEnd | ToolCallStart | ToolCallDelta | ToolCallEnd;
 
+export type ChildOf = {
+  parentRunId: string;
+  rootRunId: string;
+  depth: number;
+  treeMaxCostUsd?: number;
+};
+
 /** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, no summary was made: the run failed when run_finished says so (compaction_failed, or budget_exceeded when a budget refused the call); a cancelled one is done again by the next attempt. */
 export type CompactionEndEvent = {
   type: "compaction_end";
@@ -159,6 +166,7 @@ export type RunFinishedEvent = {
   durationMs: number;
   /** (minimum 1) */
   lastControlSeq?: number;
+  treeCost?: number;
 };
 
 /** The attempt parked the run (since 1.9, §13): its request was acknowledged and nothing of it is on a worker; an answer or an abort wakes it (a new attempt, run_started). Readers that do not know it skip it. */
@@ -197,6 +205,7 @@ export type RunStartedEvent = {
   /** When AGENTS_RUNS stored the request, Unix milliseconds. */
   submittedAt?: number;
   traceparent?: string;
+  child?: ChildOf;
 };
 
 /** How a run ended. */
@@ -424,6 +433,7 @@ export type Waiting = {
   for: string;
   /** (format date-time) */
   since?: string;
+  key?: string;
   approvals?: PendingApproval[];
 };
 
@@ -459,6 +469,11 @@ export type RunRequest = {
   faux?: FauxScript;
   approval?: Approval;
   compaction?: Compaction;
+  /** Since 1.10: the run's lane; default normal. A high or low request is published to agents.lane.{queue}.{priority}._.{run} (§3, Priority lanes). */
+  priority?: "high" | "normal" | "low";
+  concurrency?: Concurrency;
+  children?: Children;
+  child?: RequestChildOf;
 } & ({ prompt: string } | { messages: InputMessage[] });
 
 /** Since 1.3: gated tools wait for a person's answer before they run (§13). */
@@ -471,11 +486,31 @@ export type Approval = {
   onTimeout?: "deny" | "abort";
 };
 
+export type RequestChildOf = {
+  parentRunId: string;
+  rootRunId: string;
+  depth: number;
+  treeMaxCostUsd?: number;
+};
+
+export type Children = {
+  maxDepth?: number;
+  max?: number;
+};
+
 export type Compaction = {
   reserveTokens?: number;
   keepRecentTokens?: number;
   model?: RequestModelRef;
   instructions?: string;
+};
+
+/** Since 1.10: at most limit runs with key run at once across the fleet (§3, Concurrency keys). */
+export type Concurrency = {
+  /** (minLength 1, maxLength 256) */
+  key: string;
+  /** 0 or absent: the workers' default for the key (--concurrency-key-limit); with both, the lower. (minimum 0, maximum 10000) */
+  limit?: number;
 };
 
 /** Only with provider faux: a scripted model. */
@@ -684,6 +719,8 @@ export type RunRecord = {
   title?: string;
   /** Who the run is charged to: metadata.tenant, or the worker's budgets' tenant (since 1.8). */
   tenant?: string;
+  /** The lane its request came from (since 1.10); absent: normal. */
+  priority?: "high" | "low";
   /** Set by clients (Status, List) on a running record whose heartbeat is too old; never stored. */
   stale?: boolean;
   /** What a running run waits for. */
@@ -695,6 +732,8 @@ export type RunRecord = {
   /** (minimum 1) */
   lastControlSeq?: number;
   parked?: Parked;
+  child?: ChildOf;
+  treeCost?: number;
 };
 
 export type Parked = {
@@ -702,6 +741,7 @@ export type Parked = {
   at: string;
   seq: number;
   attempt: number;
+  digest?: string;
 };
 
 export type RecordPendingApproval = {
@@ -724,9 +764,11 @@ export type Requeue = {
 export type State = "queued" | "running" | "succeeded" | "failed" | "aborted";
 
 export type RecordWaiting = {
-  for: "model" | "approval" | "budget";
+  for: "model" | "approval" | "budget" | "key" | "children";
   /** (format date-time) */
   since?: string;
+  /** The concurrency key of a wait "for":"key" (since 1.10). */
+  key?: string;
   approvals?: RecordPendingApproval[];
 };
 
