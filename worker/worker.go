@@ -398,10 +398,6 @@ func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchByt
 	log := w.log.With("queue", queue)
 	pr := lanes[slices.IndexFunc(lanes, func(l *lane) bool { return l.lane.Old() })].pr // the long pull's (lanes.go, invariant 4)
 	scratch := make([]*lane, 0, len(lanes))
-	wait := time.Duration(0)
-	if len(lanes) > 1 {
-		wait = laneIdlePoll
-	}
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
 	if qs != nil {
@@ -468,7 +464,9 @@ func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchByt
 			}
 			w.releaseSlots(queue, n-1) // keep one for the long pull
 		}
-		if w.fetchWait(ctx, log, queue, pr, 1, 0, wait) == 0 {
+		// The full long poll, lanes or not (lanes.go, invariant 4): a
+		// shorter one is a poll storm from every idle loop of the fleet.
+		if w.fetch(ctx, log, queue, pr, 1, 0) == 0 {
 			w.releaseSlots(queue, 1)
 		}
 	}
