@@ -513,16 +513,8 @@ func giveBack(slots chan struct{}, what string) {
 // left for the next fetch (the long pull of one has no byte bound, so
 // one larger than maxBytes is taken too).
 func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int) int {
-	return w.fetchWait(ctx, log, queue, pr, n, maxBytes, 0)
-}
-
-// fetchWait is fetch whose long pull waits at most bound (0: no bound).
-func (w *Worker) fetchWait(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int, bound time.Duration) int {
 	short := maxBytes > 0
 	wait := w.longPollWait()
-	if bound > 0 {
-		wait = min(wait, bound)
-	}
 	if short {
 		wait = intake.ShortWait
 	}
