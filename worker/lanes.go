@@ -30,18 +30,16 @@ import (
 //     at laneShare-1 it is asked first, so while it has work it gets at
 //     least one start in laneShare on every loop, whatever is above it.
 //  4. The long pull, when every lane is empty, goes to the queue's old
-//     consumer (most requests, old clients') and waits at most
-//     laneIdlePoll, so a request in any lane of an idle worker waits about
-//     that long.
+//     consumer (most requests, old clients') and waits the full PollWait,
+//     as before lanes: an idle loop sends one walk and one long pull per
+//     PollWait. A request in another lane of an idle worker waits for the
+//     next walk: a run's end, a normal request, or PollWait at most.
 
 // laneRecheck is how long a lane found empty is not asked again: a high
 // request behind a busy worker's backlog waits at most this long for its
 // lane to be asked, and an unused lane costs 20 short fetches a second per
 // loop (a round trip each, beside the loop's hundreds).
 const laneRecheck = 50 * time.Millisecond
-
-// laneIdlePoll bounds the long pull of a worker whose lanes are all empty.
-const laneIdlePoll = 250 * time.Millisecond
 
 // laneShare: a lower lane with work gets at least one start in laneShare.
 const laneShare = 10

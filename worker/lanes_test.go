@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/worker"
@@ -36,16 +38,50 @@ func startedAt(t *testing.T, f *fleettest.Fleet, ids []string) map[string]time.T
 	return out
 }
 
+// slotGate is a tool that holds its run's slot until the test opens it.
+type slotGate struct{ started, release chan struct{} }
+
+func newSlotGate() *slotGate {
+	return &slotGate{started: make(chan struct{}, 8), release: make(chan struct{}, 8)}
+}
+
+func (g *slotGate) tool() *agent.Tool {
+	return agent.NewTool("gate", "waits until the test opens it", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		g.started <- struct{}{}
+		select {
+		case <-g.release:
+			return agent.TextResult("opened"), nil
+		case <-ctx.Done():
+			return agent.ToolResult{}, ctx.Err()
+		}
+	})
+}
+
 // A high-priority run submitted behind a backlog of normal runs starts at
 // the next free slot, not after the backlog (docs/architecture.md,
 // Choosing the next run), and its record says its priority.
 func TestHighPriorityOvertakesTheNormalBacklog(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
-	f.StartWorker(worker.Config{Concurrency: 2})
+	g := newSlotGate()
+	f.StartWorker(worker.Config{Concurrency: 2, Tools: []*agent.Tool{g.tool()}})
+	// Both slots held: the backlog and the high runs queue behind them.
+	var gates []string
+	for i := range 2 {
+		req := fleettest.FauxRun(fmt.Sprintf("g%d", i), fleettest.ToolCall("g", "gate", map[string]any{}), fleettest.Text("done"))
+		req.Tools = []string{"gate"}
+		gates = append(gates, f.Submit("", req))
+	}
+	for range 2 {
+		select {
+		case <-g.started:
+		case <-time.After(time.Minute):
+			t.Fatal("the slot-holding runs did not start")
+		}
+	}
 	var normal []string
 	for i := range 12 {
-		normal = append(normal, f.Submit("", sleepRun(fmt.Sprintf("n%d", i), 150*time.Millisecond)))
+		normal = append(normal, f.Submit("", sleepRun(fmt.Sprintf("n%d", i), 100*time.Millisecond)))
 	}
 	var high []string
 	for i := range 2 {
@@ -53,18 +89,24 @@ func TestHighPriorityOvertakesTheNormalBacklog(t *testing.T) {
 		req.Priority = bus.PriorityHigh
 		high = append(high, f.Submit("", req))
 	}
-	starts := startedAt(t, f, append(slices.Clone(normal), high...))
+	g.release <- struct{}{}
+	g.release <- struct{}{}
+	starts := startedAt(t, f, append(append(slices.Clone(normal), high...), gates...))
 	for _, h := range high {
-		later := 0
+		before := 0
 		for _, n := range normal {
-			if starts[n].After(starts[h]) {
-				later++
+			if starts[n].Before(starts[h]) {
+				before++
 			}
 		}
-		// 12 normal runs on 2 slots: at most the 2 running and the 2 of
-		// the next fetch may start before; FIFO starts it after all 12.
-		if later < 6 {
-			t.Errorf("high run %s started after %d of the 12 normal runs submitted before it; want at most 6", h, 12-later)
+		// Each free slot's fetch asks the high lane first, unless the lane
+		// answered empty less than laneRecheck (50 ms) before: so the two
+		// slots the gates free may take two normal runs, and every later
+		// fetch follows a run's end, 100 ms after a normal one started or
+		// 10 ms after a high one (the high lane is asked again). FIFO
+		// starts it after all 12.
+		if before > 2 {
+			t.Errorf("high run %s started after %d of the 12 normal runs submitted before it; want at most 2", h, before)
 		}
 		rec, err := f.Client.Status(fleettest.Context(t), h)
 		if err != nil {

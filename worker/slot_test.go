@@ -57,7 +57,8 @@ func TestSlotFreedBeforeTheRequestAck(t *testing.T) {
 // A pull the server refuses at once (the consumer's MaxWaiting long pulls
 // are parked already) is not asked again at once: three idle pull loops
 // on a consumer that parks two make a few requests a second, not
-// thousands.
+// thousands; and the queue's lanes do not turn the long pull into short
+// ones.
 func TestRefusedPullBacksOff(t *testing.T) {
 	t.Parallel()
 	c := connectTestServer(t)
@@ -79,8 +80,14 @@ func TestRefusedPullBacksOff(t *testing.T) {
 	if _, err := c.JetStream().CreateConsumer(ctx, names.RunsStream(), cfg); err != nil {
 		t.Fatal(err)
 	}
-	var pulls atomic.Int64
-	sub, err := c.Conn().Subscribe("$JS.API.CONSUMER.MSG.NEXT."+names.RunsStream()+"."+cfg.Durable, func(*nats.Msg) { pulls.Add(1) })
+	var pulls, all atomic.Int64 // the queue's consumer's; every consumer's, its lanes' too
+	next := "$JS.API.CONSUMER.MSG.NEXT." + names.RunsStream() + "."
+	sub, err := c.Conn().Subscribe(next+"*", func(m *nats.Msg) {
+		all.Add(1)
+		if m.Subject == next+cfg.Durable {
+			pulls.Add(1)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,10 +97,17 @@ func TestRefusedPullBacksOff(t *testing.T) {
 		t.Fatalf("%d pull loops, want 3", n)
 	}
 	<-w.Ready()
-	start := pulls.Load()
+	start, startAll := pulls.Load(), all.Load()
 	time.Sleep(2 * time.Second) // the span the requests are counted over
 	if n := pulls.Load() - start; n > 20 {
 		t.Fatalf("%d pull requests in 2 s from idle loops", n)
+	}
+	// Lanes do not shorten the idle long pull (lanes.go, invariant 4):
+	// each loop walks its 4 consumers once and parks a long pull for 5 s
+	// (3 x 5), the refused loop walks again once a second (2 x 5): 25.
+	// Polling every 250 ms was over 100.
+	if n := all.Load() - startAll; n > 40 {
+		t.Fatalf("%d pull requests on the queue's consumers, lanes included, in 2 s from idle loops", n)
 	}
 }
 

@@ -402,10 +402,6 @@ func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchByt
 	log := w.log.With("queue", queue)
 	pr := lanes[slices.IndexFunc(lanes, func(l *lane) bool { return l.lane.Old() })].pr // the long pull's (lanes.go, invariant 4)
 	scratch := make([]*lane, 0, len(lanes))
-	wait := time.Duration(0)
-	if len(lanes) > 1 {
-		wait = laneIdlePoll
-	}
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
 	if qs != nil {
@@ -472,7 +468,9 @@ func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchByt
 			}
 			w.releaseSlots(queue, n-1) // keep one for the long pull
 		}
-		if w.fetchWait(ctx, log, queue, pr, 1, 0, wait) == 0 {
+		// The full long poll, lanes or not (lanes.go, invariant 4): a
+		// shorter one is a poll storm from every idle loop of the fleet.
+		if w.fetch(ctx, log, queue, pr, 1, 0) == 0 {
 			w.releaseSlots(queue, 1)
 		}
 	}
@@ -519,16 +517,8 @@ func giveBack(slots chan struct{}, what string) {
 // left for the next fetch (the long pull of one has no byte bound, so
 // one larger than maxBytes is taken too).
 func (w *Worker) fetch(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int) int {
-	return w.fetchWait(ctx, log, queue, pr, n, maxBytes, 0)
-}
-
-// fetchWait is fetch whose long pull waits at most bound (0: no bound).
-func (w *Worker) fetchWait(ctx context.Context, log *slog.Logger, queue string, pr *intake.Puller, n, maxBytes int, bound time.Duration) int {
 	short := maxBytes > 0
 	wait := w.longPollWait()
-	if bound > 0 {
-		wait = min(wait, bound)
-	}
 	if short {
 		wait = intake.ShortWait
 	}
