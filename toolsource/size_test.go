@@ -261,8 +261,9 @@ func TestPresenceWithHugeToolLists(t *testing.T) {
 		waitUp(t, s)
 	}
 	ctx := fleettest.Context(t)
-	// built-ins, the tools taken, the refused ones listed (300-256 each)
-	served := 3 + 3*toolsource.MaxSourceTools + 3*(300-toolsource.MaxSourceTools)
+	// built-ins and run_agent, the tools taken, the refused ones listed
+	// (300-256 each)
+	served := len(worker.BuiltinTools()) + 1 + 3*toolsource.MaxSourceTools + 3*(300-toolsource.MaxSourceTools)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ws, err := f.Client.ListWorkers(ctx)

@@ -180,10 +180,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	var tools []*agent.Tool
 	if !cfg.NoBuiltinTools {
-		tools = BuiltinTools()
-	}
-	if !cfg.NoBuiltinTools {
-		tools = append(tools, w.runAgentTool()) // worker/children.go
+		tools = append(BuiltinTools(), w.runAgentTool()) // run_agent: worker/children.go
 	}
 	tools = append(tools, cfg.Tools...)
 	for _, t := range tools {
