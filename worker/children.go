@@ -221,12 +221,16 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		r.log.Info("child run found: waiting for it", "child", id, "state", rec.State)
 	}
 	var final *bus.RunRecord
+	// A handed-back wait keeps id in r.awaiting: parkWaiting, which runs
+	// after this returns, reads it (invariant 6). The attempt ends there.
 	r.await(id, true)
-	defer r.await(id, false)
 	err = r.waitInCall(ctx, waitingChildren, time.Now(), func(wctx context.Context) error {
 		final, err = r.awaitChild(wctx, id)
 		return err
 	})
+	if !errors.Is(err, errWaitHandedBack) {
+		r.await(id, false)
+	}
 	switch {
 	case errors.Is(err, errWaitHandedBack):
 		r.handBackWhileWaiting()

@@ -419,3 +419,22 @@ func TestChildRunsTreeBudget(t *testing.T) {
 		t.Fatalf("the tree spent $%.6f, its budget is $%.2f", total, budget)
 	}
 }
+
+// Parents whose one child ends around the moment they park (child
+// delays 0 to 300 ms, ParkAfter 150 ms) all finish: the parking attempt
+// still knows the child it waited for when it looks (invariant 6).
+func TestChildFinishesWhileParentParks(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 8, ParkAfter: 150 * time.Millisecond})
+	var parents []string
+	for i := range 60 {
+		text := "w" + strings.Repeat("w", 4*(i%31)) // about i%31 tokens: 0-300 ms at 100 a second
+		parents = append(parents, f.Submit("", fanOut(1, 100, func(int) []agent.ScriptedResponse { return slowText(text) })))
+	}
+	for _, p := range parents {
+		if rec := childRecord(t, f, p, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded {
+			t.Fatalf("parent %s %s: %s", p, rec.State, rec.Error)
+		}
+	}
+}
