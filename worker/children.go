@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,7 +52,9 @@ import (
 //     waiting for approvals (worker/park.go): its calls stay without a
 //     result in its events. A child, once its run_finished is stored (or
 //     a redelivery finds it finished), wakes its parent if the parent's
-//     record says parked; the parking attempt, once its record says
+//     record says parked, the parent named by the child's record (a
+//     redelivery has no request), and acks its request only once the
+//     wake is published (a failed wake hands it back); the parking attempt, once its record says
 //     parked, looks at the records of the children it waited for and
 //     wakes itself if one finished. One of the two sees the other (both
 //     write their record, then read the other's), so a finished child
@@ -400,20 +403,24 @@ func (r *run) childFinished(ctx context.Context) bool {
 	return false
 }
 
-// wakeParent wakes the parked parent of a finished child (invariant 6),
-// best effort: the parent's park timer is not armed for children, so a
-// failure is logged loudly.
-func (r *run) wakeParent(ctx context.Context) {
-	if r.req == nil || r.req.Child == nil {
-		return
+// wakeParent wakes the parked parent (link's) of a finished child
+// (invariant 6). The link comes from the child's record or request: a
+// redelivery that finds the child finished has no request (prepare did
+// not run). An error means the wake is not known to be published: the
+// caller hands the child's request back instead of acking it, so its
+// redelivery wakes again (the parent's park timer is not armed for
+// children).
+func (r *run) wakeParent(ctx context.Context, link *bus.ChildOf) error {
+	if link == nil {
+		return nil
 	}
-	parent := r.req.Child.ParentRunID
+	parent := link.ParentRunID
 	rec, err := r.w.getRecord(ctx, parent)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return
+		return nil
 	}
 	if err == nil && (rec.Parked == nil || rec.Finished()) {
-		return
+		return nil
 	}
 	env := r.w.parking
 	if err == nil && env == nil {
@@ -423,13 +430,31 @@ func (r *run) wakeParent(ctx context.Context) {
 		}
 	}
 	if err == nil {
+		if f := wakeFault.Load(); f != nil {
+			err = (*f)(parent)
+		}
+	}
+	if err == nil {
 		err = env.Wake(ctx, rec)
 	}
 	if err != nil {
-		r.log.Error("cannot wake the parked parent of this child run", "parent", parent, "err", err)
-		return
+		r.log.Error("cannot wake the parked parent of this child run; handing the request back", "parent", parent, "err", err)
+		return err
 	}
 	r.log.Info("woke the parked parent", "parent", parent)
+	return nil
+}
+
+// wakeFault, set only by the package's tests (export_test.go), fails the
+// wake of a parent it returns an error for.
+var wakeFault atomic.Pointer[func(parent string) error]
+
+// childLink is the parent link of the run's request, if any.
+func (r *run) childLink() *bus.ChildOf {
+	if r.req == nil {
+		return nil
+	}
+	return r.req.Child
 }
 
 // abortChildrenLeft aborts the children of the calls an earlier attempt

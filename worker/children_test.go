@@ -2,11 +2,13 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -436,5 +438,40 @@ func TestChildFinishesWhileParentParks(t *testing.T) {
 		if rec := childRecord(t, f, p, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded {
 			t.Fatalf("parent %s %s: %s", p, rec.State, rec.Error)
 		}
+	}
+}
+
+// A child whose wake of its parked parent fails hands its request back
+// instead of acking it; the redelivery, which finds the child finished
+// (no request read), wakes the parent from the child's record.
+func TestChildWakesParentAfterFailedWake(t *testing.T) {
+	f := newFleet(t) // not parallel: the wake fault is the package's
+	var mu sync.Mutex
+	failing := map[string]bool{}
+	failed := 0
+	worker.SetWakeFault(func(parent string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing[parent] {
+			delete(failing, parent)
+			failed++
+			return errors.New("test: wake lost")
+		}
+		return nil
+	})
+	t.Cleanup(func() { worker.SetWakeFault(nil) })
+	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond})
+	mu.Lock()
+	parent := f.Submit("", fanOut(1, 4, nil)) // about a second
+	failing[parent] = true
+	mu.Unlock()
+	childRecord(t, f, parent, "parked", func(r *bus.RunRecord) bool { return r.Parked != nil })
+	if rec := childRecord(t, f, parent, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded {
+		t.Fatalf("parent %s: %s", rec.State, rec.Error)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if failed != 1 {
+		t.Fatalf("%d wakes failed, want 1", failed)
 	}
 }
