@@ -45,8 +45,9 @@ import (
 //  4. The parent waits off its slot (waitInCall, wait kind "children"):
 //     a worker's slots go to children, not to parents waiting for them.
 //  5. A parent stopped by an abort or its deadline aborts the children
-//     it waits for (each of them its own in turn); a drain does not: the
-//     next attempt waits for them again (2). A parked parent woken by an
+//     it waits for (each of them its own in turn); no other stop does (a
+//     drain, a lost lease, a failed publish): the next attempt waits for
+//     them again (2). A parked parent woken by an
 //     abort aborts the children of its calls left without a result.
 //  6. A parent that waits only for children (and approvals) parks as one
 //     waiting for approvals (worker/park.go): its calls stay without a
@@ -240,7 +241,12 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		r.toolBusy(1) // the call's count, which its own hand-back must not wait for
 		return "", err
 	case err != nil && ctx.Err() != nil:
-		r.abortChild(id) // invariant 5
+		// Only an abort or the deadline ends the child (invariant 5): a
+		// lost lease, a failed publish or a drain leaves it to the next
+		// attempt, which waits for it.
+		if r.stoppedForGood(ctx) {
+			r.abortChild(id)
+		}
 		return "", fmt.Errorf("run_agent: stopped while waiting for child run %s", id)
 	case err != nil:
 		return "", fmt.Errorf("run_agent: child run %s: %w", id, err)
@@ -288,6 +294,13 @@ func (r *run) awaitChild(ctx context.Context, id string) (*bus.RunRecord, error)
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// stoppedForGood reports whether the run stopped for an abort or its
+// deadline, the stops that end its children (invariant 5).
+func (r *run) stoppedForGood(ctx context.Context) bool {
+	return r.tally.Aborted() || errors.Is(context.Cause(ctx), context.DeadlineExceeded) ||
+		(r.clock != nil && r.clock.TimedOut())
 }
 
 // abortChild aborts a child its stopped parent waited for (invariant 5).

@@ -475,3 +475,27 @@ func TestChildWakesParentAfterFailedWake(t *testing.T) {
 		t.Fatalf("%d wakes failed, want 1", failed)
 	}
 }
+
+// A parent attempt that loses its lease while its child runs leaves the
+// child alone: the new attempt waits for it and it ends succeeded.
+func TestChildSurvivesParentLeaseLoss(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	// Worker A heartbeats later than AckWait and keeps its one slot while
+	// waiting: the parent's request is redelivered to B, where its child
+	// runs, and A learns at its renewal that it lost the lease.
+	f.StartWorker(worker.Config{Concurrency: 1, MaxWaiting: -1, AckWait: time.Second,
+		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled"})
+	parent := f.Submit("", fanOut(1, 10, func(int) []agent.ScriptedResponse { return slowText(strings.Repeat("slow ", 40)) }))
+	child := bus.ChildRunID(parent, "k0")
+	childRecord(t, f, parent, "waiting", func(r *bus.RunRecord) bool {
+		return r.Waiting != nil && r.Waiting.For == bus.WaitingChildren
+	})
+	f.StartWorker(worker.Config{Concurrency: 4, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, WorkerID: "healthy"})
+	if rec := childRecord(t, f, child, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded {
+		t.Fatalf("child %s: %s %s", rec.State, rec.Reason, rec.Error)
+	}
+	if rec := childRecord(t, f, parent, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded || rec.Attempt < 2 {
+		t.Fatalf("parent %s attempt %d: %s", rec.State, rec.Attempt, rec.Error)
+	}
+}
