@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,14 +45,17 @@ import (
 //  4. The parent waits off its slot (waitInCall, wait kind "children"):
 //     a worker's slots go to children, not to parents waiting for them.
 //  5. A parent stopped by an abort or its deadline aborts the children
-//     it waits for (each of them its own in turn); a drain does not: the
-//     next attempt waits for them again (2). A parked parent woken by an
+//     it waits for (each of them its own in turn); no other stop does (a
+//     drain, a lost lease, a failed publish): the next attempt waits for
+//     them again (2). A parked parent woken by an
 //     abort aborts the children of its calls left without a result.
 //  6. A parent that waits only for children (and approvals) parks as one
 //     waiting for approvals (worker/park.go): its calls stay without a
 //     result in its events. A child, once its run_finished is stored (or
 //     a redelivery finds it finished), wakes its parent if the parent's
-//     record says parked; the parking attempt, once its record says
+//     record says parked, the parent named by the child's record (a
+//     redelivery has no request), and acks its request only once the
+//     wake is published (a failed wake hands it back); the parking attempt, once its record says
 //     parked, looks at the records of the children it waited for and
 //     wakes itself if one finished. One of the two sees the other (both
 //     write their record, then read the other's), so a finished child
@@ -221,19 +225,28 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		r.log.Info("child run found: waiting for it", "child", id, "state", rec.State)
 	}
 	var final *bus.RunRecord
+	// A handed-back wait keeps id in r.awaiting: parkWaiting, which runs
+	// after this returns, reads it (invariant 6). The attempt ends there.
 	r.await(id, true)
-	defer r.await(id, false)
 	err = r.waitInCall(ctx, waitingChildren, time.Now(), func(wctx context.Context) error {
 		final, err = r.awaitChild(wctx, id)
 		return err
 	})
+	if !errors.Is(err, errWaitHandedBack) {
+		r.await(id, false)
+	}
 	switch {
 	case errors.Is(err, errWaitHandedBack):
 		r.handBackWhileWaiting()
 		r.toolBusy(1) // the call's count, which its own hand-back must not wait for
 		return "", err
 	case err != nil && ctx.Err() != nil:
-		r.abortChild(id) // invariant 5
+		// Only an abort or the deadline ends the child (invariant 5): a
+		// lost lease, a failed publish or a drain leaves it to the next
+		// attempt, which waits for it.
+		if r.stoppedForGood(ctx) {
+			r.abortChild(id)
+		}
 		return "", fmt.Errorf("run_agent: stopped while waiting for child run %s", id)
 	case err != nil:
 		return "", fmt.Errorf("run_agent: child run %s: %w", id, err)
@@ -281,6 +294,13 @@ func (r *run) awaitChild(ctx context.Context, id string) (*bus.RunRecord, error)
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// stoppedForGood reports whether the run stopped for an abort or its
+// deadline, the stops that end its children (invariant 5).
+func (r *run) stoppedForGood(ctx context.Context) bool {
+	return r.tally.Aborted() || errors.Is(context.Cause(ctx), context.DeadlineExceeded) ||
+		(r.clock != nil && r.clock.TimedOut())
 }
 
 // abortChild aborts a child its stopped parent waited for (invariant 5).
@@ -396,20 +416,24 @@ func (r *run) childFinished(ctx context.Context) bool {
 	return false
 }
 
-// wakeParent wakes the parked parent of a finished child (invariant 6),
-// best effort: the parent's park timer is not armed for children, so a
-// failure is logged loudly.
-func (r *run) wakeParent(ctx context.Context) {
-	if r.req == nil || r.req.Child == nil {
-		return
+// wakeParent wakes the parked parent (link's) of a finished child
+// (invariant 6). The link comes from the child's record or request: a
+// redelivery that finds the child finished has no request (prepare did
+// not run). An error means the wake is not known to be published: the
+// caller hands the child's request back instead of acking it, so its
+// redelivery wakes again (the parent's park timer is not armed for
+// children).
+func (r *run) wakeParent(ctx context.Context, link *bus.ChildOf) error {
+	if link == nil {
+		return nil
 	}
-	parent := r.req.Child.ParentRunID
+	parent := link.ParentRunID
 	rec, err := r.w.getRecord(ctx, parent)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return
+		return nil
 	}
 	if err == nil && (rec.Parked == nil || rec.Finished()) {
-		return
+		return nil
 	}
 	env := r.w.parking
 	if err == nil && env == nil {
@@ -419,13 +443,31 @@ func (r *run) wakeParent(ctx context.Context) {
 		}
 	}
 	if err == nil {
+		if f := wakeFault.Load(); f != nil {
+			err = (*f)(parent)
+		}
+	}
+	if err == nil {
 		err = env.Wake(ctx, rec)
 	}
 	if err != nil {
-		r.log.Error("cannot wake the parked parent of this child run", "parent", parent, "err", err)
-		return
+		r.log.Error("cannot wake the parked parent of this child run; handing the request back", "parent", parent, "err", err)
+		return err
 	}
 	r.log.Info("woke the parked parent", "parent", parent)
+	return nil
+}
+
+// wakeFault, set only by the package's tests (export_test.go), fails the
+// wake of a parent it returns an error for.
+var wakeFault atomic.Pointer[func(parent string) error]
+
+// childLink is the parent link of the run's request, if any.
+func (r *run) childLink() *bus.ChildOf {
+	if r.req == nil {
+		return nil
+	}
+	return r.req.Child
 }
 
 // abortChildrenLeft aborts the children of the calls an earlier attempt

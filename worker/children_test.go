@@ -2,11 +2,13 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,7 +193,9 @@ func TestChildRunsParentKilled(t *testing.T) {
 	childRecord(t, f, parent, "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
 	f.StartWorker(worker.Config{Concurrency: 12})
 	for i := range 10 {
-		childRecord(t, f, bus.ChildRunID(parent, fmt.Sprintf("k%d", i)), "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
+		// Finished counts too: on a loaded machine a child may end before
+		// the watch sees it running.
+		childRecord(t, f, bus.ChildRunID(parent, fmt.Sprintf("k%d", i)), "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning || r.Finished() })
 	}
 	kill()
 	if fin := f.WaitFinished(parent); fin.Status != bus.StatusSucceeded {
@@ -417,5 +421,83 @@ func TestChildRunsTreeBudget(t *testing.T) {
 	}
 	if total > budget+1e-9 {
 		t.Fatalf("the tree spent $%.6f, its budget is $%.2f", total, budget)
+	}
+}
+
+// Parents whose one child ends around the moment they park (child
+// delays 0 to 300 ms, ParkAfter 150 ms) all finish: the parking attempt
+// still knows the child it waited for when it looks (invariant 6).
+func TestChildFinishesWhileParentParks(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 8, ParkAfter: 150 * time.Millisecond})
+	var parents []string
+	for i := range 60 {
+		text := "w" + strings.Repeat("w", 4*(i%31)) // about i%31 tokens: 0-300 ms at 100 a second
+		parents = append(parents, f.Submit("", fanOut(1, 100, func(int) []agent.ScriptedResponse { return slowText(text) })))
+	}
+	for _, p := range parents {
+		if rec := childRecord(t, f, p, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded {
+			t.Fatalf("parent %s %s: %s", p, rec.State, rec.Error)
+		}
+	}
+}
+
+// A child whose wake of its parked parent fails hands its request back
+// instead of acking it; the redelivery, which finds the child finished
+// (no request read), wakes the parent from the child's record.
+func TestChildWakesParentAfterFailedWake(t *testing.T) {
+	f := newFleet(t) // not parallel: the wake fault is the package's
+	var mu sync.Mutex
+	failing := map[string]bool{}
+	failed := 0
+	worker.SetWakeFault(func(parent string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing[parent] {
+			delete(failing, parent)
+			failed++
+			return errors.New("test: wake lost")
+		}
+		return nil
+	})
+	t.Cleanup(func() { worker.SetWakeFault(nil) })
+	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond})
+	mu.Lock()
+	parent := f.Submit("", fanOut(1, 4, nil)) // about a second
+	failing[parent] = true
+	mu.Unlock()
+	childRecord(t, f, parent, "parked", func(r *bus.RunRecord) bool { return r.Parked != nil })
+	if rec := childRecord(t, f, parent, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded {
+		t.Fatalf("parent %s: %s", rec.State, rec.Error)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if failed != 1 {
+		t.Fatalf("%d wakes failed, want 1", failed)
+	}
+}
+
+// A parent attempt that loses its lease while its child runs leaves the
+// child alone: the new attempt waits for it and it ends succeeded.
+func TestChildSurvivesParentLeaseLoss(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	// Worker A heartbeats later than AckWait and keeps its one slot while
+	// waiting: the parent's request is redelivered to B, where its child
+	// runs, and A learns at its renewal that it lost the lease.
+	f.StartWorker(worker.Config{Concurrency: 1, MaxWaiting: -1, AckWait: time.Second,
+		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled"})
+	parent := f.Submit("", fanOut(1, 10, func(int) []agent.ScriptedResponse { return slowText(strings.Repeat("slow ", 40)) }))
+	child := bus.ChildRunID(parent, "k0")
+	childRecord(t, f, parent, "waiting", func(r *bus.RunRecord) bool {
+		return r.Waiting != nil && r.Waiting.For == bus.WaitingChildren
+	})
+	f.StartWorker(worker.Config{Concurrency: 4, AckWait: time.Second, HeartbeatInterval: 250 * time.Millisecond, WorkerID: "healthy"})
+	if rec := childRecord(t, f, child, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded {
+		t.Fatalf("child %s: %s %s", rec.State, rec.Reason, rec.Error)
+	}
+	if rec := childRecord(t, f, parent, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusSucceeded || rec.Attempt < 2 {
+		t.Fatalf("parent %s attempt %d: %s", rec.State, rec.Attempt, rec.Error)
 	}
 }

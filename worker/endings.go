@@ -125,7 +125,11 @@ func (r *run) finish(e ending) error {
 	if err := r.storeFinished(ctx, e.fin, e.settle); err != nil {
 		return err
 	}
-	r.wakeParent(ctx) // worker/children.go
+	link := r.childLink()
+	if e.record != nil {
+		link = e.record.Child
+	}
+	woken := r.wakeParent(ctx, link) // worker/children.go
 	r.left = true
 	r.traceFinished(e.fin)
 	r.w.obs.RunFinished(r.info(), e.fin)
@@ -135,6 +139,10 @@ func (r *run) finish(e ending) error {
 	// never pass the slots.
 	r.slot.release()
 	r.releaseKey(ctx) // keys.go: after run_finished is stored
+	if woken != nil && e.settle.retry != nil {
+		e.settle.retry() // the redelivery finds the run finished and wakes again
+		return nil
+	}
 	return e.settle.done(ctx)
 }
 
@@ -249,17 +257,30 @@ func (r *run) refuse(o lease.Outcome, rec *bus.RunRecord) {
 func (r *run) alreadyFinished(rec *bus.RunRecord) {
 	ctx, cancel := r.finishContext()
 	defer cancel()
-	switch missing, err := r.finishFromRecord(ctx, rec, r.ackRequest()); {
+	// A crash (or a failed wake) may have come before the child's wake:
+	// the parent comes from the record, this delivery has no request
+	// (worker/children.go). The wake comes before the ack: a failed one
+	// hands the request back to wake again.
+	ack := r.ackRequest()
+	ack.done = func(ctx context.Context) error {
+		if r.wakeParent(ctx, rec.Child) != nil {
+			ack.retry()
+			return nil
+		}
+		if err := r.msg.DoubleAck(ctx); err != nil {
+			r.log.Warn("ack failed", "err", err)
+		}
+		return nil
+	}
+	switch missing, err := r.finishFromRecord(ctx, rec, ack); {
 	case err != nil && !missing:
 		r.log.Warn("cannot read the run's events; handing the request back", "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)
 	case missing:
-		// Published and acked, or handed back (storeFinished).
-		r.wakeParent(ctx) // worker/children.go
+		// Published, woken and acked, or handed back (storeFinished).
 	default:
 		r.log.Info("request already finished; acknowledging", "state", rec.State)
-		r.wakeParent(ctx) // a crash may have come before the child's wake (worker/children.go)
-		_ = r.msg.Ack()
+		_ = ack.done(ctx)
 	}
 }
 
