@@ -9,7 +9,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -443,8 +442,8 @@ func (r *run) wakeParent(ctx context.Context, link *bus.ChildOf) error {
 		}
 	}
 	if err == nil {
-		if f := wakeFault.Load(); f != nil {
-			err = (*f)(parent)
+		if f := r.w.cfg.wakeFault; f != nil {
+			err = f(parent)
 		}
 	}
 	if err == nil {
@@ -457,10 +456,6 @@ func (r *run) wakeParent(ctx context.Context, link *bus.ChildOf) error {
 	r.log.Info("woke the parked parent", "parent", parent)
 	return nil
 }
-
-// wakeFault, set only by the package's tests (export_test.go), fails the
-// wake of a parent it returns an error for.
-var wakeFault atomic.Pointer[func(parent string) error]
 
 // childLink is the parent link of the run's request, if any.
 func (r *run) childLink() *bus.ChildOf {

@@ -451,7 +451,7 @@ func TestChildWakesParentAfterFailedWake(t *testing.T) {
 	var mu sync.Mutex
 	failing := map[string]bool{}
 	failed := 0
-	worker.SetWakeFault(func(parent string) error {
+	wakeFault := func(parent string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if failing[parent] {
@@ -460,9 +460,8 @@ func TestChildWakesParentAfterFailedWake(t *testing.T) {
 			return errors.New("test: wake lost")
 		}
 		return nil
-	})
-	t.Cleanup(func() { worker.SetWakeFault(nil) })
-	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond})
+	}
+	f.StartWorker(worker.WithWakeFault(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond}, wakeFault))
 	mu.Lock()
 	parent := f.Submit("", fanOut(1, 4, nil)) // about a second
 	failing[parent] = true

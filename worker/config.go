@@ -212,6 +212,10 @@ type Config struct {
 	// ScheduleLate is how late a schedule's fire may be and still run
 	// as planned; a later one is missed, for its catch-up policy [30s].
 	ScheduleLate time.Duration
+
+	// wakeFault, set only by the package's tests (export_test.go), fails
+	// a child's wake of the parked parent it returns an error for.
+	wakeFault func(parent string) error
 }
 
 // RunInfo identifies a run to an Observer.

@@ -11,12 +11,9 @@ var CallInputTokens = metering.CallInputTokens
 // EstimateTokens is a call's rate-limit reservation.
 var EstimateTokens = metering.Reservation
 
-// SetWakeFault makes a child's wake of its parked parent fail while f
-// returns an error for the parent (nil f: no fault).
-func SetWakeFault(f func(parent string) error) {
-	if f == nil {
-		wakeFault.Store(nil)
-		return
-	}
-	wakeFault.Store(&f)
+// WithWakeFault makes the worker's wakes of parked parents fail while f
+// returns an error for the parent.
+func WithWakeFault(c Config, f func(parent string) error) Config {
+	c.wakeFault = f
+	return c
 }
