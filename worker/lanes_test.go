@@ -104,9 +104,12 @@ func TestHighPriorityOvertakesTheNormalBacklog(t *testing.T) {
 		// slots the gates free may take two normal runs, and every later
 		// fetch follows a run's end, 100 ms after a normal one started or
 		// 10 ms after a high one (the high lane is asked again). FIFO
-		// starts it after all 12.
-		if before > 2 {
-			t.Errorf("high run %s started after %d of the 12 normal runs submitted before it; want at most 2", h, before)
+		// starts it after all 12. That bound of 2 holds on a quiet
+		// machine; under two busy loops and a parallel suite a fetch's
+		// round trip outlasts a 100 ms run and 5 were seen, so the test
+		// asks for half the backlog, which FIFO still fails.
+		if before > 6 {
+			t.Errorf("high run %s started after %d of the 12 normal runs submitted before it; want at most 6", h, before)
 		}
 		rec, err := f.Client.Status(fleettest.Context(t), h)
 		if err != nil {
