@@ -37,7 +37,11 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 				return
 			}
 			ctx := context.Background()
-			for range 100 { // the heartbeat renews the record every millisecond
+			// The heartbeat renews the record every millisecond, so a
+			// compare-and-set may lose many times in a row; on a loaded
+			// machine 100 tries were not enough (the run then never lost
+			// its lease and the wait below timed out): try for 20 s.
+			for until := time.Now().Add(20 * time.Second); time.Now().Before(until); {
 				e, err := w.kv.Get(ctx, id)
 				if err != nil {
 					t.Error(err)
