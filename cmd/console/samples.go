@@ -169,7 +169,10 @@ func (s *sampler) sample(ctx context.Context, end time.Time, store bool) {
 	}
 	counts, since := s.counts(end)
 	fs := fleetSample{T: end.UnixMilli(), Every: s.every.Milliseconds(), Queues: []queueSample{}}
-	if since.IsZero() || since.After(end.Add(-s.every)) {
+	// Partial: counting began inside this slot, or off a slot boundary
+	// (the console's first slot, when its sampler's first timer came
+	// after the boundary: counts of more than a slot, no whole span).
+	if since.IsZero() || since.After(end.Add(-s.every)) || !since.Equal(since.Truncate(s.every)) {
 		fs.Partial = true
 	} else {
 		fs.Span = end.Sub(since).Milliseconds()
