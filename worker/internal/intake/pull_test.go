@@ -163,7 +163,9 @@ func TestAStalledReaderGetsItsWholeRequest(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		_, r.err = p.Fetch(context.Background(), 8, 1<<20, ShortWait, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
+		// no_wait ends the request once the 5 are sent; a 2 s expiry, not
+		// ShortWait's 5 ms, so a loaded server sends them all before it.
+		_, r.err = p.Fetch(context.Background(), 8, 1<<20, 2*time.Second, func(m jetstream.Msg) { r.msgs = append(r.msgs, m) })
 		done <- r
 	}()
 	f.waitDelivered(t, 5)
