@@ -1,9 +1,7 @@
 package main
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,30 +16,7 @@ import (
 // it as parent.
 func TestChildRunsDocNATSCLI(t *testing.T) {
 	t.Parallel()
-	path := natsCLIPath(t)
-	if _, err := exec.LookPath("jq"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("no jq on the PATH: .ci/run installs it")
-		}
-		t.Skip("no jq on the PATH (apt-get install jq)")
-	}
-	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
-		if strings.Contains(m[1], "agents.submit.default.plan1") {
-			for _, l := range strings.Split(m[1], "\n") {
-				if l = strings.TrimSpace(l); l != "" {
-					lines = append(lines, l)
-				}
-			}
-		}
-	}
-	if len(lines) != 3 {
-		t.Fatalf("the child runs walkthrough has %d lines, want 3: %q", len(lines), lines)
-	}
+	path, lines := docWalkthrough(t, "agents.submit.default.plan1", 3)
 	run := "doc-plan-" + bus.NewRunID()[:10]
 	home := t.TempDir()
 	sh := func(line string, want ...string) {

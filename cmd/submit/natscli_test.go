@@ -382,3 +382,34 @@ func TestProtocolDocNATSCLI(t *testing.T) {
 	sh(lines[1], queued, true, body)
 	sh(lines[0], nobody, true, "null") // no request: no message
 }
+
+// docWalkthrough returns the nats CLI path and the non-empty lines of
+// docs/protocol.md's sh blocks that contain marker, which must be want
+// lines; without jq (or the nats CLI) the test skips, in CI it fails.
+func docWalkthrough(t *testing.T, marker string, want int) (natsPath string, lines []string) {
+	t.Helper()
+	natsPath = natsCLIPath(t)
+	if _, err := exec.LookPath("jq"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no jq on the PATH: .ci/run installs it")
+		}
+		t.Skip("no jq on the PATH (apt-get install jq)")
+	}
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		if strings.Contains(m[1], marker) {
+			for _, l := range strings.Split(m[1], "\n") {
+				if l = strings.TrimSpace(l); l != "" {
+					lines = append(lines, l)
+				}
+			}
+		}
+	}
+	if len(lines) != want {
+		t.Fatalf("the walkthrough of %q has %d lines, want %d: %q", marker, len(lines), want, lines)
+	}
+	return natsPath, lines
+}

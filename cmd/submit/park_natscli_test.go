@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -19,30 +18,7 @@ import (
 // submitted, and the answer wakes it to its end.
 func TestParkingDocNATSCLI(t *testing.T) {
 	t.Parallel()
-	path := natsCLIPath(t)
-	if _, err := exec.LookPath("jq"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("no jq on the PATH: .ci/run installs it")
-		}
-		t.Skip("no jq on the PATH (apt-get install jq)")
-	}
-	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
-		if strings.Contains(m[1], "agents.parked.default.r4") {
-			for _, l := range strings.Split(m[1], "\n") {
-				if l = strings.TrimSpace(l); l != "" {
-					lines = append(lines, l)
-				}
-			}
-		}
-	}
-	if len(lines) != 7 {
-		t.Fatalf("the parking walkthrough has %d lines, want 7: %q", len(lines), lines)
-	}
+	path, lines := docWalkthrough(t, "agents.parked.default.r4", 7)
 	queue, run := "docpark", "doc-park-"+bus.NewRunID()[:10]
 	stop, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil,
 		"--nats", fleet.url, "--queue", queue, "--park-after", "1s", "--worker-id", "doc-park")
