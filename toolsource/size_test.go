@@ -305,11 +305,11 @@ func TestMCPOversizedReplyToLargeArgumentsFailsItsCall(t *testing.T) {
 			big := find(t, s, "sized", "sized__big")
 			pad := strings.Repeat("a", 2<<20)
 			start := time.Now()
-			_, err := call(t, big, map[string]any{"n": 4<<20 + 64<<10, "pad": pad})
+			_, err := callWithin(time.Minute, big, map[string]any{"n": 4<<20 + 64<<10, "pad": pad})
 			if err == nil || !strings.Contains(err.Error(), "was refused: the limit is 4194304") {
 				t.Errorf("the oversized reply to a call with 2 MiB of arguments: %v (after %s)", err, time.Since(start).Round(time.Millisecond))
 			}
-			if res, err := call(t, big, map[string]any{"n": 10, "pad": pad}); err != nil || len(res.Content) != 1 || res.Content[0].Text != strings.Repeat("x", 10) {
+			if res, err := callWithin(time.Minute, big, map[string]any{"n": 10, "pad": pad}); err != nil || len(res.Content) != 1 || res.Content[0].Text != strings.Repeat("x", 10) {
 				t.Errorf("a small reply to a call with 2 MiB of arguments: %+v %v", res, err)
 			}
 			if n := strings.Count(logs.String(), "MCP server connected"); n != 1 {

@@ -3,7 +3,7 @@
 // build errors), then one line naming every test that skipped and why, so
 // that a test run never skips in silence:
 //
-//	go test -race -count=1 -json ./... | go run ./internal/skipreport
+//	go test -race -count=1 -timeout 20m -json ./... | go run ./internal/skipreport
 //
 // It exits 1 when a package failed or did not build, or when no package
 // reported (go test itself failed).
