@@ -46,5 +46,5 @@ func TestChildRunsDocNATSCLI(t *testing.T) {
 		}
 	}
 	sh(lines[1], `"A is done"`, `"B is done"`)
-	sh(lines[2], `"state":"succeeded","child":{"parentRunId":"`+run+`","rootRunId":"`+run+`","depth":1}`, `"id":"`+bus.ChildRunID(run, "a")+`"`, `"id":"`+bus.ChildRunID(run, "b")+`"`)
+	sh(lines[2], `"state":"succeeded","child":{"parentRunId":"`+run+`","rootRunId":"`+run+`","depth":1}`, `"id":"`+childID(t, testClient(t), run, "a")+`"`, `"id":"`+childID(t, testClient(t), run, "b")+`"`)
 }

@@ -31,8 +31,8 @@ func TestStatusTreeShowsChildRuns(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status --tree: exit %d\n%s", code, st)
 	}
-	a, b := bus.ChildRunID(id, "a"), bus.ChildRunID(id, "b")
-	c := bus.ChildRunID(b, "c")
+	a, b := childID(t, testClient(t), id, "a"), childID(t, testClient(t), id, "b")
+	c := childID(t, testClient(t), b, "c")
 	for _, re := range []string{`(?m)^└ ` + a + `\s+succeeded\s`, `(?m)^└ ` + b + `\s+succeeded\s`, `(?m)^  └ ` + c + `\s+succeeded\s`} {
 		if !regexp.MustCompile(re).MatchString(st) {
 			t.Errorf("status --tree lacks %s:\n%s", re, st)
@@ -44,4 +44,15 @@ func TestStatusTreeShowsChildRuns(t *testing.T) {
 	if !strings.Contains(cs, "parent") || !strings.Contains(cs, b+" (depth 2, root "+id+")") {
 		t.Errorf("child status:\n%s", cs)
 	}
+}
+
+// childID is the run id of call key's child of parent, computed with the
+// fleet's child key (the tests' connection may read it).
+func childID(t *testing.T, c *bus.Client, parent, key string) string {
+	t.Helper()
+	k, err := c.ChildKey(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.RunID(parent, key)
 }
