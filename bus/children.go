@@ -98,8 +98,8 @@ func (c *ChildOf) Problems(prefix, id string) []string {
 //  2. A child's id is an HMAC of the parent's id and the call's key: no
 //     submitter can compute it before the worker has stored the child's
 //     request, so none can take the id first.
-//  3. A child's request carries child.proof, an HMAC of its whole body
-//     (Seal): a worker accepts a request's child link only when the proof
+//  3. A child's request carries child.proof, an HMAC of its queue and its
+//     whole body (Seal): a worker accepts a request's child link only when the proof
 //     is the key's for those bytes, so no submitter can link a run of
 //     its own to another's parent or tree (its budget account), nor
 //     alter a worker's child request and keep the link.
@@ -164,27 +164,32 @@ const ProofPlaceholder = "000000000000000000000000000000000000000000000000000000
 // proofField is how child.proof appears in a body.
 func proofField(proof string) []byte { return []byte(`"proof":"` + proof + `"`) }
 
-// mac is the proof of body, whose proof field holds the placeholder.
-func (k ChildKey) mac(body []byte) string {
+// mac is the proof of body, on queue, whose proof field holds the
+// placeholder.
+func (k ChildKey) mac(queue string, body []byte) string {
 	h := hmac.New(sha256.New, k)
 	h.Write([]byte("agentfleet child request\x00"))
+	h.Write([]byte(queue))
+	h.Write([]byte{0})
 	h.Write(body)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// Seal returns body, a marshalled request whose child.proof is
-// ProofPlaceholder, with the proof in its place (invariant 3).
-func (k ChildKey) Seal(body []byte) ([]byte, error) {
+// Seal returns body, a marshalled request for queue whose child.proof is
+// ProofPlaceholder, with the proof in its place (invariant 3). The body
+// holds the run id (which must match its subject's): a copy under another
+// id or on another queue does not verify.
+func (k ChildKey) Seal(queue string, body []byte) ([]byte, error) {
 	ph := proofField(ProofPlaceholder)
 	if bytes.Count(body, ph) != 1 {
 		return nil, errors.New("seal: the request does not hold one proof placeholder")
 	}
-	return bytes.Replace(body, ph, proofField(k.mac(body)), 1), nil
+	return bytes.Replace(body, ph, proofField(k.mac(queue, body)), 1), nil
 }
 
-// Verify reports whether body's child.proof, proof, is the key's seal on
-// body (invariant 3).
-func (k ChildKey) Verify(body []byte, proof string) bool {
+// Verify reports whether proof, the child.proof of body taken from queue,
+// is the key's seal on them (invariant 3).
+func (k ChildKey) Verify(queue string, body []byte, proof string) bool {
 	if len(k) == 0 || !validProof(proof) {
 		return false
 	}
@@ -192,7 +197,7 @@ func (k ChildKey) Verify(body []byte, proof string) bool {
 	if bytes.Count(body, f) != 1 {
 		return false
 	}
-	want := k.mac(bytes.Replace(body, f, proofField(ProofPlaceholder), 1))
+	want := k.mac(queue, bytes.Replace(body, f, proofField(ProofPlaceholder), 1))
 	return hmac.Equal([]byte(want), []byte(proof))
 }
 

@@ -313,7 +313,7 @@ func (r *run) startChild(ctx context.Context, id string, a childArgs) error {
 	}
 	body, err := agent.MarshalJSON(req)
 	if err == nil {
-		body, err = w.childKey.Seal(body)
+		body, err = w.childKey.Seal(r.queue, body)
 	}
 	if err != nil {
 		return fmt.Errorf("run_agent: cannot seal the child run %s: %w", id, err)
@@ -349,7 +349,7 @@ func (r *run) queuedChild(ctx context.Context, id string) (bool, error) {
 		Child *bus.ChildOf `json:"child"`
 	}
 	if json.Unmarshal(m.Data, &link) != nil || link.Child == nil || link.Child.ParentRunID != r.id ||
-		!r.w.childKey.Verify(m.Data, link.Child.Proof) {
+		!r.w.childKey.Verify(r.queue, m.Data, link.Child.Proof) {
 		return false, fmt.Errorf("run_agent: run %s is queued and is not this run's child", id)
 	}
 	return true, nil
@@ -369,7 +369,7 @@ func (r *run) checkChildLink(add func(format string, args ...any)) {
 		// The decoder named the problem.
 	case k == nil:
 		add("child: this worker cannot check a child link: it has no child key (the agents_keys bucket)")
-	case !k.Verify(r.request.Data(), c.Proof):
+	case !k.Verify(r.queue, r.request.Data(), c.Proof):
 		add("child: the link was not made by a worker of this fleet (child.proof does not match the request): only a worker may submit a child run")
 	default:
 		c.Proof = ""
