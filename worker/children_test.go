@@ -500,15 +500,3 @@ func TestChildSurvivesParentLeaseLoss(t *testing.T) {
 		t.Fatalf("parent %s attempt %d: %s", rec.State, rec.Attempt, rec.Error)
 	}
 }
-
-// childID is the run id of call key's child of parent, computed with the
-// fleet's child key (the tests' connection may read it; submitters may
-// not).
-func childID(t *testing.T, c *bus.Client, parent, key string) string {
-	t.Helper()
-	k, err := c.ChildKey(fleettest.Context(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k.RunID(parent, key)
-}
