@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,10 +20,22 @@ const treeRun = `{"model":"faux/x","tools":["run_agent"],"faux":{"responses":[
 
 // A parent's children on a real worker process: `submit status --tree`
 // lists them, nested by depth, each with its state; a child's status
-// names its parent.
+// names its parent. Runs another submitter put at the ids it could
+// compute for the children (the SHA-256 of the parent and the call key,
+// review 56) are not shown.
 func TestStatusTreeShowsChildRuns(t *testing.T) {
 	t.Parallel()
 	id := "t-tree-" + bus.NewRunID()[:8]
+	var squats []string
+	for _, key := range []string{"a", "b"} {
+		h := sha256.Sum256([]byte(id + "\x00" + key))
+		sq := "c" + hex.EncodeToString(h[:])[:40]
+		body := `{"model":"faux/x","prompt":"squat","faux":{"responses":[{"content":[{"type":"text","text":"SQUAT"}]}]}}`
+		if _, err := testClient(t).SubmitRaw(ctx(t), "", sq, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		squats = append(squats, sq)
+	}
 	out, errOut, code := submit(t, "--id", id, "--request", request(t, treeRun), "plan")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
@@ -36,6 +50,11 @@ func TestStatusTreeShowsChildRuns(t *testing.T) {
 	for _, re := range []string{`(?m)^└ ` + a + `\s+succeeded\s`, `(?m)^└ ` + b + `\s+succeeded\s`, `(?m)^  └ ` + c + `\s+succeeded\s`} {
 		if !regexp.MustCompile(re).MatchString(st) {
 			t.Errorf("status --tree lacks %s:\n%s", re, st)
+		}
+	}
+	for _, sq := range squats {
+		if strings.Contains(st, sq) {
+			t.Errorf("status --tree shows the squatted %s:\n%s", sq, st)
 		}
 	}
 	fo, _, _ := submit(t, "follow", c)
