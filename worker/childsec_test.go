@@ -135,3 +135,37 @@ func TestTreeAccountExpires(t *testing.T) {
 		}
 	}
 }
+
+// A child that parks (its gated call waits past ParkAfter) is woken with
+// its kept request, byte for byte on its queue: the seal still verifies
+// and the woken child runs as its parent's (children.go, invariant 7).
+func TestParkedChildKeepsItsSeal(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond, ApproveTools: []string{"calculator"}})
+	req := fleettest.FauxRun("plan",
+		fleettest.ToolCall("k0", bus.ToolRunAgent, map[string]any{"prompt": "compute", "request": map[string]any{
+			"tools": []string{"calculator"},
+			"faux": bus.FauxScript{Responses: []agent.ScriptedResponse{
+				fleettest.ToolCall("c1", "calculator", map[string]any{"expression": "6*7"}), fleettest.Text("child done")}}}}),
+		fleettest.Text("merged"))
+	req.Tools = []string{bus.ToolRunAgent}
+	parent := f.Submit("", req)
+	child := childID(t, f.Client, parent, "k0")
+	childRecord(t, f, child, "parked", func(r *bus.RunRecord) bool { return r.Parked != nil })
+	if _, err := f.Client.Answer(fleettest.Context(t), child, bus.ApprovalAnswer{ToolCallID: "c1", Decision: "approve", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if fin := f.WaitFinished(parent); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("parent %+v", fin)
+	}
+	rec, err := f.Client.Status(fleettest.Context(t), child)
+	if err != nil || rec.State != bus.StatusSucceeded || rec.Child == nil || rec.Child.ParentRunID != parent {
+		t.Fatalf("child %v %+v", err, rec)
+	}
+	for _, m := range f.Transcript(parent).Messages {
+		if m.Role == agent.RoleToolResult && m.TextOf() != "child done" {
+			t.Fatalf("the call's result %q", m.TextOf())
+		}
+	}
+}
