@@ -3,6 +3,7 @@
 package faultsuite
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -54,7 +55,7 @@ func TestChildRunsSurviveParentWorkerKill9(t *testing.T) {
 	f.concurrency, f.extraArgs = 12, nil
 	f.startWorker("children0")
 	for i := range 10 {
-		state(bus.ChildRunID(id, fmt.Sprintf("k%d", i)), "running", running)
+		state(childID(t, f.c, id, fmt.Sprintf("k%d", i)), "running", running)
 	}
 	a.kill()
 	state(id, "finished", (*bus.RunRecord).Finished)
@@ -78,7 +79,7 @@ func TestChildRunsSurviveParentWorkerKill9(t *testing.T) {
 		t.Fatalf("answers %q, want %q", answers, want)
 	}
 	for i := range 10 {
-		child := bus.ChildRunID(id, fmt.Sprintf("k%d", i))
+		child := childID(t, f.c, id, fmt.Sprintf("k%d", i))
 		raw, err := rawEvents(ctx, f.c, child)
 		if err != nil {
 			t.Fatal(err)
@@ -95,4 +96,17 @@ func TestChildRunsSurviveParentWorkerKill9(t *testing.T) {
 		}
 	}
 	t.Logf("parent finished on attempt %d with all 10 answers", tr.Attempt)
+}
+
+// childID is the run id of call key's child of parent, computed with the
+// fleet's child key.
+func childID(t *testing.T, c *bus.Client, parent, key string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	k, err := c.ChildKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.RunID(parent, key)
 }

@@ -229,7 +229,7 @@ func TestFullRequestValidates(t *testing.T) {
 		Compaction: &bus.Compaction{ReserveTokens: 2000, KeepRecentTokens: 4000, Model: &bus.ModelRef{Provider: "openai", ID: "gpt-4o-mini"},
 			Instructions: "keep file names"},
 		Children: &bus.Children{MaxDepth: 2, Max: 10},
-		Child:    &bus.ChildOf{ParentRunID: "parent-1", RootRunID: "root-1", Depth: 1},
+		Child:    &bus.ChildOf{ParentRunID: "parent-1", RootRunID: "root-1", Depth: 1, Proof: bus.ProofPlaceholder},
 	}
 	b, err := agent.MarshalJSON(req)
 	if err != nil {

@@ -23,14 +23,17 @@ import (
 // The built-in tool run_agent starts a child run on the fleet and returns
 // its final answer. Invariants:
 //
-//  1. The child's id is bus.ChildRunID(parent, call key): a function of
-//     the run and the call alone (the key is run-unique,
-//     worker/internal/callkey), so every attempt of the parent names the
-//     same child.
+//  1. The child's id is the fleet's child key's RunID(parent, call key)
+//     (bus.ChildKey): a function of the run and the call alone (the key is
+//     run-unique, worker/internal/callkey, and the fleet has one child
+//     key), so every attempt of the parent, on any worker, names the same
+//     child; and no submitter can compute it, so none takes it first.
 //  2. The tool runs only after the call's events are stored (wrapTool's
-//     storedBeforeTheCall), and submits only when the child's record and
-//     the runs stream's dedupe (Nats-Msg-Id = the id) do not know it: a
-//     resumed parent finds the child, running or finished, and waits for
+//     storedBeforeTheCall), and submits only when neither the child's
+//     record nor a queued request has the id (a resumed parent on a
+//     worker with other ceilings would build another body: the queued
+//     one, sealed and linked to this run, is the child): a resumed
+//     parent finds the child, queued, running or finished, and waits for
 //     it; it never starts it twice. A call an earlier attempt left
 //     without a result runs again on resume (runChildCallsLeft) instead
 //     of getting the "may or may not have run" result: by 1 it is the
@@ -61,6 +64,14 @@ import (
 //     never leaves its parent parked; extra wakes are dropped
 //     (worker/internal/park, invariant 4). The woken attempt finds the
 //     children by 2.
+//  7. A run is a parent's child only if a worker made it: its request's
+//     child link is sealed (child.proof, bus.ChildKey.Seal) and a worker
+//     that takes a request checks the seal before anything reads the link
+//     (checkChildLink, in plan), so the link in a record or run_started
+//     is a worker's. The parent takes a run as its child only when its
+//     record's link names it; its id is published (the call's
+//     tool_execution_update, details.childRunId) only once its request
+//     is stored.
 
 // WaitingChildren: a run waits for its child runs (since 1.10).
 const waitingChildren = bus.WaitingChildren
@@ -86,17 +97,19 @@ type childRequest struct {
 func (w *Worker) runAgentTool() *agent.Tool {
 	t := agent.NewTool(bus.ToolRunAgent,
 		"Hand a task to another agent, which runs as its own run on the fleet, and return its final answer. Parallel calls run in parallel.",
-		func(ctx context.Context, a childArgs, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		func(ctx context.Context, a childArgs, update agent.UpdateFunc) (agent.ToolResult, error) {
 			r, _ := ctx.Value(runKey{}).(*run)
 			id, _ := ctx.Value(toolCallKey{}).(string)
 			if r == nil || id == "" {
 				return agent.ToolResult{}, errors.New("run_agent runs only inside a run")
 			}
-			text, err := r.runChild(ctx, id, a)
+			text, err := r.runChild(ctx, id, a, update)
 			if err != nil {
 				return agent.ToolResult{}, err
 			}
-			return agent.TextResult(text), nil
+			res := agent.TextResult(text)
+			res.Details = childDetails(r.childID(id))
+			return res, nil
 		})
 	inner := t.Execute
 	t.Execute = func(ctx context.Context, id string, args map[string]any, update agent.UpdateFunc) (agent.ToolResult, error) {
@@ -141,7 +154,8 @@ func (r *run) childRequest(id string, a childArgs) (*bus.RunRequest, error) {
 	treeMax, root := r.treeLimit() // treebudget.go
 	req := &bus.RunRequest{ID: id, Prompt: a.Prompt,
 		Children: &bus.Children{MaxDepth: maxDepth, Max: maxChildren},
-		Child:    &bus.ChildOf{ParentRunID: r.id, RootRunID: root, Depth: depth + 1, TreeMaxCostUsd: treeMax}}
+		Child: &bus.ChildOf{ParentRunID: r.id, RootRunID: root, Depth: depth + 1, TreeMaxCostUsd: treeMax,
+			Proof: bus.ProofPlaceholder}} // sealed by startChild
 	if !r.modelRef.IsZero() && r.req.Faux == nil {
 		m := r.modelRef
 		req.Model = &m
@@ -198,30 +212,45 @@ func (r *run) childTenant() map[string]string {
 	return maps.Clone(md)
 }
 
+// childID is the run id of the child of call key (invariant 1); "" when
+// this worker has no child key.
+func (r *run) childID(key string) string {
+	if r.w.childKey == nil {
+		return ""
+	}
+	return r.w.childKey.RunID(r.id, key)
+}
+
+// childDetails are a run_agent call's details: the child's id (invariant
+// 7; readers cannot compute it).
+func childDetails(id string) map[string]string {
+	return map[string]string{bus.ChildRunIDDetail: id}
+}
+
 // runChild starts (or finds) the child of call key and waits for its end.
-func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, error) {
+func (r *run) runChild(ctx context.Context, key string, a childArgs, update agent.UpdateFunc) (string, error) {
 	w := r.w
-	id := bus.ChildRunID(r.id, key)
+	id := r.childID(key)
+	if id == "" {
+		return "", errors.New("run_agent: this worker has no child key (the agents_keys bucket, which a 1.10 worker that ensures the streams creates)")
+	}
 	rec, err := w.getRecord(ctx, id)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		req, perr := r.childRequest(id, a)
-		if perr != nil {
-			return "", perr
+		if err := r.startChild(ctx, id, a); err != nil {
+			return "", err
 		}
-		// ctx holds the call's execute_tool span: the child's trace is its child.
-		if _, err := w.c.Submit(ctx, r.queue, req); err != nil {
-			return "", fmt.Errorf("run_agent: cannot submit the child run %s: %w", id, err)
-		}
-		r.log.Info("child run submitted", "child", id, "depth", req.Child.Depth)
 	case err != nil:
 		return "", fmt.Errorf("run_agent: cannot read the child run %s: %w", id, err)
 	case rec.Child == nil || rec.Child.ParentRunID != r.id:
-		// Not ours: someone took the id (invariant 1 makes it ours).
+		// Not ours (invariant 7): only a worker's child has the link.
 		return "", fmt.Errorf("run_agent: run %s exists and is not this run's child", id)
 	default:
 		r.childrenStarted.Add(1)
 		r.log.Info("child run found: waiting for it", "child", id, "state", rec.State)
+	}
+	if update != nil {
+		update(agent.ToolResult{Content: []agent.Content{}, Details: childDetails(id)}) // its request is stored (invariant 7)
 	}
 	var final *bus.RunRecord
 	// A handed-back wait keeps id in r.awaiting: parkWaiting, which runs
@@ -264,6 +293,100 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		return "", fmt.Errorf("run_agent: cannot read child run %s's answer: %w", id, err)
 	}
 	return t.FinalText(), nil
+}
+
+// startChild submits the child's request, sealed (invariant 7), unless a
+// request for it is queued already (invariant 2).
+func (r *run) startChild(ctx context.Context, id string, a childArgs) error {
+	w := r.w
+	switch ours, err := r.queuedChild(ctx, id); {
+	case err != nil:
+		return err
+	case ours:
+		r.childrenStarted.Add(1)
+		r.log.Info("child run queued already: waiting for it", "child", id)
+		return nil
+	}
+	req, err := r.childRequest(id, a)
+	if err != nil {
+		return err
+	}
+	body, err := agent.MarshalJSON(req)
+	if err == nil {
+		body, err = w.childKey.Seal(r.queue, body)
+	}
+	if err != nil {
+		return fmt.Errorf("run_agent: cannot seal the child run %s: %w", id, err)
+	}
+	// ctx holds the call's execute_tool span: the child's trace is its child.
+	_, err = w.c.SubmitLane(ctx, bus.Lane{Queue: r.queue}, id, body)
+	if errors.Is(err, bus.ErrRunIDTaken) {
+		// Stored meanwhile by another attempt of this run (a different
+		// body): ours if sealed and linked to this run.
+		if ours, qerr := r.queuedChild(ctx, id); qerr == nil && ours {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("run_agent: cannot submit the child run %s: %w", id, err)
+	}
+	r.log.Info("child run submitted", "child", id, "depth", req.Child.Depth)
+	return nil
+}
+
+// queuedChild reports whether the runs stream holds a request for child
+// id, sealed by a worker and linked to this run (invariant 2); a queued
+// request for id that is not is an error.
+func (r *run) queuedChild(ctx context.Context, id string) (bool, error) {
+	m, err := r.w.runsStream.GetLastMsgForSubject(ctx, r.w.names.Submit(r.queue, id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("run_agent: cannot read the queued child run %s: %w", id, err)
+	}
+	var link struct {
+		Child *bus.ChildOf `json:"child"`
+	}
+	if json.Unmarshal(m.Data, &link) != nil || link.Child == nil || link.Child.ParentRunID != r.id ||
+		!r.w.childKey.Verify(r.queue, m.Data, link.Child.Proof) {
+		return false, fmt.Errorf("run_agent: run %s is queued and is not this run's child", id)
+	}
+	return true, nil
+}
+
+// checkChildLink refuses a request's child link that no worker sealed
+// (invariant 7), and drops the proof from what the run keeps (records,
+// run_started).
+func (r *run) checkChildLink(add func(format string, args ...any)) {
+	c := r.req.Child
+	if c == nil {
+		return
+	}
+	k := r.w.childKey
+	switch {
+	case len(c.Proof) != len(bus.ProofPlaceholder):
+		// The decoder named the problem.
+	case k == nil:
+		add("child: this worker cannot check a child link: it has no child key (the agents_keys bucket)")
+	case !k.Verify(r.queue, r.request.Data(), c.Proof):
+		add("child: the link was not made by a worker of this fleet (child.proof does not match the request): only a worker may submit a child run")
+	default:
+		c.Proof = ""
+		return
+	}
+	r.req.Child = nil // nothing trusts a link that failed
+}
+
+// openChildKey reads (or creates) the fleet's child key (bus.ChildKey);
+// without it, run_agent calls fail and child requests are refused.
+func (w *Worker) openChildKey(ctx context.Context) {
+	k, err := w.c.ChildKey(ctx)
+	if err != nil {
+		w.log.Warn("child runs off: no child key (create the streams with EnsureStreams; the worker role reads agents_keys)", "err", err)
+		return
+	}
+	w.childKey = k
 }
 
 // awaitChild watches the child's record until it says finished.
@@ -470,8 +593,9 @@ func (r *run) childLink() *bus.ChildOf {
 // them (an abort woke a parked parent: invariant 5).
 func (r *run) abortChildrenLeft() {
 	for _, c := range r.earlier.childCalls {
-		id := bus.ChildRunID(r.id, c.ID)
-		r.abortChild(id)
+		if id := r.childID(c.ID); id != "" {
+			r.abortChild(id)
+		}
 	}
 	r.earlier.childCalls = nil
 }
@@ -495,7 +619,11 @@ func (r *run) treeCost(own float64) (total float64, ok bool) {
 			if c.Name != bus.ToolRunAgent {
 				continue
 			}
-			rec, err := r.w.getRecord(ctx, bus.ChildRunID(r.id, c.ID))
+			id := r.childID(c.ID)
+			if id == "" {
+				continue
+			}
+			rec, err := r.w.getRecord(ctx, id)
 			if err != nil {
 				continue // refused before it was submitted, or unreadable
 			}

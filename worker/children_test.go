@@ -84,7 +84,7 @@ func TestChildRunsFanOutAndIn(t *testing.T) {
 	}
 	workers := map[string]bool{}
 	for i := range 10 {
-		id := bus.ChildRunID(parent, fmt.Sprintf("k%d", i))
+		id := childID(t, f.Client, parent, fmt.Sprintf("k%d", i))
 		rec, err := f.Client.Status(fleettest.Context(t), id)
 		if err != nil {
 			t.Fatal(err)
@@ -123,7 +123,7 @@ func TestChildRunDepthBound(t *testing.T) {
 	if fin := f.WaitFinished(parent); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("parent %+v", fin)
 	}
-	child := bus.ChildRunID(parent, "k0")
+	child := childID(t, f.Client, parent, "k0")
 	tr := f.Transcript(child)
 	var refused string
 	for _, m := range tr.Messages {
@@ -134,7 +134,7 @@ func TestChildRunDepthBound(t *testing.T) {
 	if !strings.Contains(refused, "depth 2, the tree's limit is 1") {
 		t.Fatalf("grandchild not refused: %q", refused)
 	}
-	if _, err := f.Client.Status(fleettest.Context(t), bus.ChildRunID(child, "g")); err == nil {
+	if _, err := f.Client.Status(fleettest.Context(t), childID(t, f.Client, child, "g")); err == nil {
 		t.Fatal("the grandchild was submitted")
 	}
 }
@@ -195,7 +195,7 @@ func TestChildRunsParentKilled(t *testing.T) {
 	for i := range 10 {
 		// Finished counts too: on a loaded machine a child may end before
 		// the watch sees it running.
-		childRecord(t, f, bus.ChildRunID(parent, fmt.Sprintf("k%d", i)), "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning || r.Finished() })
+		childRecord(t, f, childID(t, f.Client, parent, fmt.Sprintf("k%d", i)), "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning || r.Finished() })
 	}
 	kill()
 	if fin := f.WaitFinished(parent); fin.Status != bus.StatusSucceeded {
@@ -205,7 +205,7 @@ func TestChildRunsParentKilled(t *testing.T) {
 		t.Fatalf("answers %q, want %q", got, want)
 	}
 	for i := range 10 {
-		id := bus.ChildRunID(parent, fmt.Sprintf("k%d", i))
+		id := childID(t, f.Client, parent, fmt.Sprintf("k%d", i))
 		starts := 0
 		for _, env := range f.Follow(id) {
 			if env.Type == bus.EventRunStarted {
@@ -263,9 +263,9 @@ func TestChildRunsAbortTree(t *testing.T) {
 		fleettest.Text("done"))
 	req.Tools = []string{bus.ToolRunAgent}
 	root := f.Submit("", req)
-	l1 := bus.ChildRunID(root, "n")
-	l2 := bus.ChildRunID(l1, "n")
-	l3 := bus.ChildRunID(l2, "n")
+	l1 := childID(t, f.Client, root, "n")
+	l2 := childID(t, f.Client, l1, "n")
+	l3 := childID(t, f.Client, l2, "n")
 	childRecord(t, f, l3, "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
 	aborted := time.Now()
 	if _, err := f.Client.Abort(fleettest.Context(t), root, "test"); err != nil {
@@ -314,7 +314,7 @@ func TestChildRunsParkedParentAborted(t *testing.T) {
 	if _, err := f.Client.Abort(fleettest.Context(t), parent, "test"); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{parent, bus.ChildRunID(parent, "k0"), bus.ChildRunID(parent, "k1")} {
+	for _, id := range []string{parent, childID(t, f.Client, parent, "k0"), childID(t, f.Client, parent, "k1")} {
 		if rec := childRecord(t, f, id, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusAborted {
 			t.Fatalf("run %s %s", id, rec.State)
 		}
@@ -376,7 +376,7 @@ func TestChildRunsTreeCost(t *testing.T) {
 	}
 	want := fin.Cost
 	for i := range 3 {
-		id := bus.ChildRunID(parent, fmt.Sprintf("k%d", i))
+		id := childID(t, f.Client, parent, fmt.Sprintf("k%d", i))
 		rec, err := f.Client.Status(fleettest.Context(t), id)
 		if err != nil || rec.Cost <= 0 || rec.TreeCost != 0 {
 			t.Fatalf("child %s: %v cost %v tree %v", id, err, rec.Cost, rec.TreeCost)
@@ -405,7 +405,7 @@ func TestChildRunsTreeBudget(t *testing.T) {
 	fin := f.WaitFinished(parent)
 	total, refused := fin.Cost, 0
 	for i := range 10 {
-		id := bus.ChildRunID(parent, fmt.Sprintf("k%d", i))
+		id := childID(t, f.Client, parent, fmt.Sprintf("k%d", i))
 		rec := childRecord(t, f, id, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
 		total += rec.Cost
 		if rec.Reason == bus.ReasonBudgetExceeded {
@@ -488,7 +488,7 @@ func TestChildSurvivesParentLeaseLoss(t *testing.T) {
 	f.StartWorker(worker.Config{Concurrency: 1, MaxWaiting: -1, AckWait: time.Second,
 		HeartbeatInterval: 1500 * time.Millisecond, WorkerID: "stalled"})
 	parent := f.Submit("", fanOut(1, 10, func(int) []agent.ScriptedResponse { return slowText(strings.Repeat("slow ", 40)) }))
-	child := bus.ChildRunID(parent, "k0")
+	child := childID(t, f.Client, parent, "k0")
 	childRecord(t, f, parent, "waiting", func(r *bus.RunRecord) bool {
 		return r.Waiting != nil && r.Waiting.For == bus.WaitingChildren
 	})

@@ -216,6 +216,9 @@ type Config struct {
 	// wakeFault, set only by the package's tests (export_test.go), fails
 	// a child's wake of the parked parent it returns an error for.
 	wakeFault func(parent string) error
+	// treeTTL, set only by the package's tests (export_test.go), replaces
+	// treeAccountTTL (treebudget.go).
+	treeTTL time.Duration
 }
 
 // RunInfo identifies a run to an Observer.

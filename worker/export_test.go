@@ -1,6 +1,10 @@
 package worker
 
-import "github.com/agentfleet/agentfleet/worker/internal/metering"
+import (
+	"time"
+
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
+)
 
 // For the package's external tests (package worker_test).
 
@@ -15,5 +19,11 @@ var EstimateTokens = metering.Reservation
 // returns an error for the parent.
 func WithWakeFault(c Config, f func(parent string) error) Config {
 	c.wakeFault = f
+	return c
+}
+
+// WithTreeTTL gives the trees' accounts a shorter life (budgets off).
+func WithTreeTTL(c Config, d time.Duration) Config {
+	c.treeTTL = d
 	return c
 }

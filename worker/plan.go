@@ -59,6 +59,7 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if err := w.names.CheckLane(r.lane, req); err != nil {
 		add("%v", err)
 	}
+	r.checkChildLink(add) // children.go
 	if c := req.Concurrency; c != nil && c.Key != "" {
 		limit, problem := w.keyLimit(c) // keys.go
 		if problem != "" {

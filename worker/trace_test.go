@@ -464,7 +464,7 @@ func TestTraceChildRun(t *testing.T) {
 	}
 	call := s.waitFor(1, "execute_tool run_agent", named("execute_tool run_agent"))[0]
 	child := s.waitFor(1, "the child's invoke_agent", func(sp sdktrace.ReadOnlySpan) bool {
-		return sp.Name() == "invoke_agent" && attrs(sp)["agentfleet.run.id"].AsString() == bus.ChildRunID(id, "k")
+		return sp.Name() == "invoke_agent" && attrs(sp)["agentfleet.run.id"].AsString() == childID(t, f.Client, id, "k")
 	})[0]
 	if child.SpanContext().TraceID() != call.SpanContext().TraceID() || child.Parent().SpanID() != call.SpanContext().SpanID() {
 		t.Fatalf("the child's invoke_agent is not the call's child: parent %v, call %v\n%s", child.Parent(), call.SpanContext(), s.dump())

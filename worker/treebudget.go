@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"iter"
@@ -23,12 +24,25 @@ import (
 // calls already held run over (a charge above its estimate).
 // Invariants:
 //
-//  1. The account is named by the root's id and its tenant; its limit is
-//     the root's maxCostUsd, carried to every child in
-//     child.treeMaxCostUsd (a child cannot raise it: the worker writes
-//     it, from its parent's).
+//  1. The account is named by the root's id and its tenant, both taken
+//     from what no submitter can choose for another's tree: a child's
+//     from its sealed request (the link's root, the tenant its parent's
+//     worker copied; a link no worker sealed is refused before the run
+//     starts, worker/children.go invariant 7), a root's from itself (its
+//     own id). Its limit is the root's maxCostUsd, carried to every
+//     child in child.treeMaxCostUsd (a child cannot raise it: the worker
+//     writes it, from its parent's, under the seal).
 //  2. A worker without the budgets bucket runs trees without their
 //     account (each run still has its own bound) and says so at start.
+//  3. An account does not outlive its tree by long: every write of it
+//     expires (the ledger's KeyTTL) after the tenants' two periods with
+//     budgets on, else after treeAccountTTL; a tree that makes no model
+//     call for that long starts a new account.
+
+// treeAccountTTL is how long a tree's account lives after its last write
+// with budgets off (invariant 3): longer than any wait of a run's, so a
+// tree's spending is not forgotten while it runs.
+const treeAccountTTL = 7 * 24 * time.Hour
 
 // startTreeBudgets opens the trees' ledger: the tenants' when budgets are
 // on, else one of its own on the same bucket.
@@ -42,7 +56,13 @@ func (w *Worker) startTreeBudgets(ctx context.Context) (stop func(), err error) 
 		w.log.Warn("child runs' tree budgets off: no budgets bucket (create the streams with EnsureStreams)", "err", err)
 		return func() {}, nil
 	}
-	l, err := budget.NewLedger(kv, budget.LedgerConfig{Worker: w.id, RetryFor: min(30*time.Second, w.cfg.AckWait/2)})
+	lc := budget.LedgerConfig{Worker: w.id, RetryFor: min(30*time.Second, w.cfg.AckWait/2)}
+	if bus.BudgetsKeyTTL(ctx, kv) { // invariant 3
+		lc.KeyTTL, lc.JetStream = cmp.Or(w.cfg.treeTTL, treeAccountTTL), w.c.JetStream()
+	} else {
+		w.log.Warn("child runs' tree budgets: the budgets bucket does not allow per-message TTLs (NATS server older than 2.11?): trees' accounts are kept; purge them now and then")
+	}
+	l, err := budget.NewLedger(kv, lc)
 	if err != nil {
 		return nil, err
 	}

@@ -97,6 +97,8 @@ type Worker struct {
 	limiter *ratelimit.Limiter // shared model rate limits; nil without (ratelimit.go)
 	ledger  *budget.Ledger     // tenants' spending; nil without budgets (tenant.go)
 	trees   *budget.Ledger     // run trees' spending (treebudget.go); nil without the bucket
+	// childKey names and seals child runs (children.go); nil: no child runs
+	childKey bus.ChildKey
 
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context
@@ -268,6 +270,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.openParking(setup)            // worker/park.go
 	w.openKeys(setup)               // keys.go
+	w.openChildKey(setup)           // children.go
 	w.warnStreamSettings(consumers) // worker/orphans.go
 	stopServices, err := startServices(setup, w.services(consumers))
 	if err != nil {

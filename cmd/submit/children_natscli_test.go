@@ -46,5 +46,46 @@ func TestChildRunsDocNATSCLI(t *testing.T) {
 		}
 	}
 	sh(lines[1], `"A is done"`, `"B is done"`)
-	sh(lines[2], `"state":"succeeded","child":{"parentRunId":"`+run+`","rootRunId":"`+run+`","depth":1}`, `"id":"`+bus.ChildRunID(run, "a")+`"`, `"id":"`+bus.ChildRunID(run, "b")+`"`)
+	sh(lines[2], `"state":"succeeded","child":{"parentRunId":"`+run+`","rootRunId":"`+run+`","depth":1}`, `"id":"`+childID(t, testClient(t), run, "a")+`"`, `"id":"`+childID(t, testClient(t), run, "b")+`"`)
+}
+
+// TestForgedChildLinkDocNATSCLI runs docs/protocol.md's walkthrough of a
+// forged child link (§17): the worker process refuses the request, and the
+// child key is 64 hex digits (the tests' server has no permissions).
+func TestForgedChildLinkDocNATSCLI(t *testing.T) {
+	t.Parallel()
+	path, lines := docWalkthrough(t, "agents.submit.default.forged1", 3)
+	run := "doc-forged-" + bus.NewRunID()[:10]
+	home := t.TempDir()
+	sh := func(line string) string {
+		t.Helper()
+		line = regexp.MustCompile(`\bforged1\b`).ReplaceAllString(line, run)
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", line)
+		cmd.Env = []string{"PATH=" + path, "HOME=" + home, "NATS_URL=" + fleet.url}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+		return string(out)
+	}
+	c := testClient(t)
+	sh(lines[0])
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) { // the worker is another process
+		rec, err := c.Status(ctx(t), run)
+		if err == nil && rec.Finished() {
+			if rec.Child != nil {
+				t.Errorf("the refused run's record keeps the link %+v", rec.Child)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not finish: %v %+v", run, err, rec)
+		}
+	}
+	if out := sh(lines[1]); !strings.Contains(out, "the link was not made by a worker of this fleet") {
+		t.Errorf("the forged run's error: %s", out)
+	}
+	if out := strings.TrimSpace(sh(lines[2])); !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(out) {
+		t.Errorf("the child key: %q", out)
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
 
@@ -13,28 +12,35 @@ import (
 const maxTreeRuns = 500
 
 // treeChildren are the child runs (protocol 1.10) that run's run_agent
-// calls started: their ids follow from the calls' keys (bus.ChildRunID).
-// Calls whose child has no record yet are left out.
+// calls started, in the order they were started. Their ids cannot be
+// computed (an HMAC with the fleet's key): the parent's events name them
+// (tool_execution_update and _end, details.childRunId) once their
+// requests are stored. A run counts only if its record links it to run:
+// a worker checked the link's seal before writing it, so no submitter's
+// run shows as another's child (the events, which only workers write,
+// name a child only once its request is stored).
 func treeChildren(ctx context.Context, c *bus.Client, run string) ([]*bus.RunRecord, error) {
-	tr, err := c.LoadTranscript(ctx, run)
+	envs, err := c.ReadEvents(ctx, run, 0)
 	if err != nil {
 		return nil, err
 	}
 	var out []*bus.RunRecord
-	for _, m := range tr.Messages {
-		if m.Role != agent.RoleAssistant {
+	seen := map[string]bool{}
+	for _, env := range envs {
+		ev, err := env.Decode()
+		if err != nil || ev.Agent == nil {
 			continue
 		}
-		for _, call := range m.ToolCalls() {
-			if call.Name != bus.ToolRunAgent {
-				continue
-			}
-			rec, err := c.Status(ctx, bus.ChildRunID(run, call.ID))
-			if err != nil {
-				continue // not submitted (refused), or not yet
-			}
-			out = append(out, rec)
+		id, ok := bus.ChildRunIDOf(ev.Agent)
+		if !ok || seen[id] {
+			continue
 		}
+		seen[id] = true
+		rec, err := c.Status(ctx, id)
+		if err != nil || (rec.State != bus.StateQueued && (rec.Child == nil || rec.Child.ParentRunID != run)) {
+			continue // not run's child (a queued one has no record to say)
+		}
+		out = append(out, rec)
 	}
 	return out, nil
 }

@@ -55,6 +55,7 @@ export type ChildOf = {
   rootRunId: string;
   depth: number;
   treeMaxCostUsd?: number;
+  proof?: string;
 };
 
 /** A compaction ended (since 1.10): without error, the model is sent the summary and the transcript from message firstKeptIndex on; with error, no summary was made: the run failed when run_finished says so (compaction_failed, or budget_exceeded when a budget refused the call); a cancelled one is done again by the next attempt. */
@@ -491,6 +492,7 @@ export type RequestChildOf = {
   rootRunId: string;
   depth: number;
   treeMaxCostUsd?: number;
+  proof?: string;
 };
 
 export type Children = {
