@@ -111,6 +111,10 @@ type run struct {
 	// confirmed is the record its confirmation read, for the pickup.
 	wokenFrom uint64
 	confirmed *bus.RunRecord
+	// wakeStored is when the wake that woke this attempt from its park
+	// was stored (zero: not a wake, or a redelivered one): the wake's
+	// latency to run_started (Observer.WokenStarted).
+	wakeStored time.Time
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
@@ -205,6 +209,9 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	r.lane = lane
 	if woken.OK {
 		r.wokenFrom, r.lease.WokenFrom = woken.From, woken.From
+		if p := woken.Rec.Parked; p != nil && p.Seq == woken.From {
+			r.wakeStored = submittedAt
+		}
 		r.confirmed = woken.Rec
 	}
 	if requeue != nil {
@@ -476,6 +483,9 @@ func (r *run) acquire() bool {
 	}
 	_, _ = r.pub.Fleet(bus.EventRunStarted, r.runStarted())
 	w.obs.RunStarted(r.info())
+	if !r.wakeStored.IsZero() {
+		w.obs.WokenStarted(r.info(), time.Since(r.wakeStored))
+	}
 	r.log.Debug("run started", "model", r.modelRef.String())
 	return true
 }
