@@ -153,7 +153,7 @@ func (e *Env) wake(ctx context.Context, rec *bus.RunRecord) (published bool, err
 	if rec == nil || rec.Parked == nil {
 		return false, nil
 	}
-	kept, err := e.Parked.GetMsg(ctx, rec.Parked.Seq)
+	kept, err := e.kept(ctx, rec.Parked.Seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// Gone (max age) or replaced by a newer park: the record moved
 		// on, or the run cannot be woken; the record says why.
@@ -250,7 +250,7 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 		}
 	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
 		// Parked by a 1.9 worker (no digest): the kept copy is read.
-		kept, err := e.Parked.GetMsg(ctx, from)
+		kept, err := e.kept(ctx, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return c, nil
 		}
