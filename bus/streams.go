@@ -309,6 +309,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Duplicates:        min(2*time.Minute, cfg.RequestsMaxAge),
 		Storage:           cfg.Storage,
 		Replicas:          cfg.Replicas,
+		// Since 1.10: a waker reads the kept copy by direct get, outside
+		// the server's API queue (worker/internal/park/kept.go).
+		AllowDirect: true,
 	}, {
 		Name:        n.AdvisoriesStream(),
 		Description: "agentfleet MAX_DELIVERIES advisories of the request consumers, for the give-up path",

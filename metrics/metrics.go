@@ -67,6 +67,9 @@ type Metrics struct {
 	laneDepth          *prometheus.GaugeVec
 	approvalsRefused   *prometheus.CounterVec
 	runsWaiting        prometheus.Gauge
+	runsParked         *prometheus.CounterVec
+	wakes              *prometheus.CounterVec
+	wakeLatency        *prometheus.HistogramVec
 
 	scheduleFires    prometheus.Counter
 	scheduleSkips    *prometheus.CounterVec
@@ -121,6 +124,17 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.approvalsRefused = counterVec(reg, m, "approval_refused_total", "Gated tool calls refused without asking, by reason (max_waiting: too many runs wait).", "reason")
 	m.approvalsRefused.WithLabelValues("max_waiting") // exported at 0: a rate from the start
 	m.runsWaiting = gauge(reg, m, "runs_waiting", "Runs on this worker waiting (for an approval), with or without a slot.")
+	// Parked runs (protocol 1.9): on no worker, so counted where they
+	// park and wake, not as a gauge of this worker's.
+	m.runsParked = counterVec(reg, m, "runs_parked_total", "Runs this worker parked (their state in NATS, their request acknowledged), by what they wait for (approval, children).", "for")
+	m.wakes = counterVec(reg, m, "wakes_total", "Wakes of parked runs this worker published, by what woke them (answer: an approve or abort; timer: a pending approval's timeout; parking: an answer that came while the run parked; other: a concurrency key's place, a child's end).", "by")
+	m.wakeLatency = histogramVec(reg, m, "wake_latency_seconds", "Latency of a parked run's wake, by stage: published (the answer or timer stored -> its wake stored, at the waker), started (the wake stored -> the woken attempt's run_started, at the worker it woke on).", latency, "stage")
+	for _, f := range []string{waitApproval, waitChildren} {
+		m.runsParked.WithLabelValues(f) // exported at 0: a rate from the start
+	}
+	for _, by := range []string{"answer", "timer", "parking", "other"} {
+		m.wakes.WithLabelValues(by)
+	}
 	m.scheduleFires = counter(reg, m, "schedule_fires_total", "Schedule fires that submitted a run (a redelivered fire counts once).")
 	m.scheduleSkips = counterVec(reg, m, "schedule_skips_total", "Schedule fires that submitted nothing, by reason (overlap: the previous run still went; missed: late, and the catch-up policy does not run it; invalid; taken: another request held its run id; stale: the schedule was paused, replaced or deleted since).", "reason")
 	for _, r := range []string{"overlap", "missed", "invalid", "taken", "stale"} {
@@ -327,6 +341,32 @@ func (m *Metrics) ScheduleFired(late time.Duration) {
 // ScheduleSkipped counts a fire that submitted nothing.
 func (m *Metrics) ScheduleSkipped(reason string) {
 	m.scheduleSkips.WithLabelValues(oneOf(reason, "overlap", "missed", "invalid", "taken", "stale")).Inc()
+}
+
+// What parked runs wait for (bus.WaitingApproval, bus.WaitingChildren).
+const (
+	waitApproval = "approval"
+	waitChildren = "children"
+)
+
+// RunParked counts a run parked while waiting for what.
+func (m *Metrics) RunParked(what string) {
+	m.runsParked.WithLabelValues(oneOf(what, waitApproval, waitChildren)).Inc()
+}
+
+// WakePublished counts a parked run's wake published (by answer, timer,
+// parking or other), d after what woke it was stored (negative: not known).
+func (m *Metrics) WakePublished(by string, d time.Duration) {
+	m.wakes.WithLabelValues(oneOf(by, "answer", "timer", "parking", "other")).Inc()
+	if d >= 0 {
+		m.wakeLatency.WithLabelValues("published").Observe(d.Seconds())
+	}
+}
+
+// WokenStarted observes a woken attempt's run_started, d after its wake
+// was stored.
+func (m *Metrics) WokenStarted(d time.Duration) {
+	m.wakeLatency.WithLabelValues("started").Observe(max(d, 0).Seconds())
 }
 
 // SetRunsWaiting sets the runs waiting now.

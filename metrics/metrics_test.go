@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 )
 
@@ -90,6 +91,8 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.ToolSourceConflict("service:x", true)
 	m.ApprovalResolved("approve", time.Second)
 	m.ChildRunFinished(1, "succeeded")
+	m.WakePublished("answer", time.Second)
+	m.WokenStarted(time.Second)
 	if families, err = reg.Gather(); err != nil {
 		t.Fatal(err)
 	}
@@ -200,4 +203,44 @@ func TestModelUsageSettled(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
+}
+
+func TestParkAndWakeMetrics(t *testing.T) {
+	_, m := newTest(t)
+	m.RunParked("approval")
+	m.RunParked("children")
+	m.RunParked("a caller's text") // bounded: other
+	m.WakePublished("answer", 200*time.Millisecond)
+	m.WakePublished("timer", -1) // when it was due is not known: counted, not observed
+	m.WokenStarted(2 * time.Second)
+	for _, c := range []struct {
+		got, want float64
+		what      string
+	}{
+		{testutil.ToFloat64(m.runsParked.WithLabelValues("approval")), 1, "parked for approval"},
+		{testutil.ToFloat64(m.runsParked.WithLabelValues(Other)), 1, "parked for other"},
+		{testutil.ToFloat64(m.wakes.WithLabelValues("answer")), 1, "wakes by answer"},
+		{testutil.ToFloat64(m.wakes.WithLabelValues("timer")), 1, "wakes by timer"},
+		{testutil.ToFloat64(m.wakes.WithLabelValues("parking")), 0, "wakes while parking"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.wakeLatency); n != 2 {
+		t.Errorf("wake latency series = %d, want 2 (published, started)", n)
+	}
+	if got := sampleCount(t, m.wakeLatency, "published"); got != 1 {
+		t.Errorf("published observations = %d, want 1 (the timer's latency is not known)", got)
+	}
+}
+
+// sampleCount is a histogram vec's observation count for one label value.
+func sampleCount(t *testing.T, h *prometheus.HistogramVec, label string) uint64 {
+	t.Helper()
+	var d dto.Metric
+	if err := h.WithLabelValues(label).(prometheus.Histogram).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram().GetSampleCount()
 }

@@ -301,6 +301,15 @@ type Observer interface {
 	// ApprovalRefused: a gated call was refused without asking, for a
 	// reason (max_waiting: the worker's MaxWaiting runs wait already).
 	ApprovalRefused(r RunInfo, reason string)
+	// RunParked: the run parked (worker/park.go) waiting for what
+	// (bus.WaitingApproval, bus.WaitingChildren).
+	RunParked(r RunInfo, what string)
+	// WakePublished: this worker published a parked run's wake, by an
+	// answer, a timer or the parking attempt itself (an answer came while
+	// it parked), d after what woke it was stored (negative: unknown).
+	WakePublished(by string, d time.Duration)
+	// WokenStarted: a woken attempt started, d after its wake was stored.
+	WokenStarted(r RunInfo, d time.Duration)
 }
 
 // NopObserver does nothing.
@@ -322,6 +331,9 @@ func (NopObserver) RunsWaiting(RunInfo, int)                        {}
 func (NopObserver) ApprovalRequested(RunInfo)                       {}
 func (NopObserver) ApprovalResolved(RunInfo, string, time.Duration) {}
 func (NopObserver) ApprovalRefused(RunInfo, string)                 {}
+func (NopObserver) RunParked(RunInfo, string)                       {}
+func (NopObserver) WakePublished(string, time.Duration)             {}
+func (NopObserver) WokenStarted(RunInfo, time.Duration)             {}
 
 func (c *Config) defaults() {
 	if len(c.Queues) == 0 {

@@ -107,6 +107,9 @@ func (o *metricsObserver) ApprovalResolved(_ RunInfo, decision string, d time.Du
 }
 func (o *metricsObserver) ApprovalRefused(_ RunInfo, reason string) { o.m.ApprovalRefused(reason) }
 func (o *metricsObserver) KeyWaited(r RunInfo, d time.Duration)     { o.m.KeyWaited(r.Queue, d) }
+func (o *metricsObserver) RunParked(_ RunInfo, what string)         { o.m.RunParked(what) }
+func (o *metricsObserver) WakePublished(by string, d time.Duration) { o.m.WakePublished(by, d) }
+func (o *metricsObserver) WokenStarted(_ RunInfo, d time.Duration)  { o.m.WokenStarted(d) }
 
 // RunsWaiting also moves the run's deadline: none while it waits, a
 // later one after (waiting does not count against the timeout).

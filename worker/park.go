@@ -64,8 +64,14 @@ func (w *Worker) openParking(setup context.Context) {
 		w.log.Warn("parking off: no parked-requests stream (create the streams with EnsureStreams)", "err", err)
 		return
 	}
-	w.parking = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log,
-		KeepFor: s.CachedInfo().Config.MaxAge}
+	w.parking = w.parkEnv(s)
+	w.parking.KeepFor = s.CachedInfo().Config.MaxAge
+}
+
+// parkEnv is what parking and waking use of the worker, with AGENTS_PARKED s.
+func (w *Worker) parkEnv(s jetstream.Stream) *park.Env {
+	return &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log,
+		Woke: w.obs.WakePublished}
 }
 
 // startWake pulls the wake consumer (worker/internal/park). Every worker
@@ -77,7 +83,7 @@ func (w *Worker) startWake(setup context.Context) (func(), error) {
 		if err != nil {
 			return func() {}, nil
 		}
-		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+		env = w.parkEnv(s)
 	}
 	cons, err := w.js.Consumer(setup, w.names.ControlStream(), w.names.WakeConsumer())
 	if err != nil {
@@ -248,6 +254,9 @@ func (r *run) parkWaiting() {
 		_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 		return
 	}
+	if rec.Waiting != nil {
+		r.w.obs.RunParked(r.info(), rec.Waiting.For)
+	}
 	// The heartbeat ended before Keep: the request's AckWait starts again
 	// here, so the look and the wake below do not let it come again.
 	_ = r.msg.InProgress()
@@ -268,7 +277,7 @@ func (r *run) parkWaiting() {
 		wake = r.childFinished(ctx)
 	}
 	if wake {
-		if err := env.Wake(ctx, rec); err != nil {
+		if err := env.WakeBy(ctx, rec, park.ByParking, time.Time{}); err != nil {
 			// Not acknowledged: the request comes again and resumes the
 			// run, which takes the answer.
 			r.log.Warn("cannot wake the run for an answer that came while it parked; handing its request back", "err", err)
@@ -334,7 +343,7 @@ func (w *Worker) confirmWake(m jetstream.Msg, queue, runID string, reqSeq uint64
 		if err != nil {
 			return c, err
 		}
-		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+		env = w.parkEnv(s)
 	}
 	return env.Confirm(w.hardCtx, queue, runID, reqSeq, m.Headers(), m.Data())
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/junklog"
 	"github.com/agentfleet/agentfleet/worker/internal/keys"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/memtrim"
@@ -103,7 +104,7 @@ type Worker struct {
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context
 	places waitPlaces   // the waiting runs' places (waiting.go)
-	junk   junkLog      // requests with an invalid subject (run.go)
+	junk   junklog.Log  // requests with an invalid subject (run.go)
 	tracer trace.Tracer // nil when not tracing (trace.go)
 }
 
@@ -243,7 +244,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.runCtx = ctx
 	w.hardCtx, w.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer w.hardCancel()
-	defer w.junk.flush(w.log) // after the pulls: the junk requests held back
+	defer w.junk.Flush(w.log) // after the pulls: the junk requests held back
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if !w.cfg.SkipEnsureStreams {

@@ -21,6 +21,13 @@ export declare class Names {
   readonly waitingStream: string;
   /** Schedules, their fires and last runs (since 1.10). */
   readonly schedulesStream: string;
+  /** Finished runs' transcript snapshots (since 1.9, §2): the object store and its stream. */
+  readonly transcriptsBucket: string;
+  readonly transcriptsStream: string;
+  /** The subject of a run's snapshot's object info. */
+  snapshotMeta(run: string): string;
+  /** The subject of a snapshot's chunks, by its object's nuid. */
+  snapshotChunks(nuid: string): string;
   /** A schedule's subject (since 1.10). */
   schedule(queue: string, name: string, kind: "def" | "fire" | "last"): string;
   submit(queue: string, run: string): string;

@@ -72,6 +72,21 @@ export class Names {
     this.waitingStream = flat.toUpperCase() + "_WAITING";
     /** Schedules, their fires and last runs (since 1.10, docs/protocol.md §2). */
     this.schedulesStream = flat.toUpperCase() + "_SCHEDULES";
+    /** Finished runs' transcript snapshots (since 1.9, docs/protocol.md §2): an object store. */
+    this.transcriptsBucket = flat + "_transcripts";
+    this.transcriptsStream = "OBJ_" + flat + "_transcripts";
+  }
+  /**
+   * The subject of run's snapshot's object info: the object's name (the
+   * run id, ASCII) in padded base64url, as the object store writes it.
+   * @param {string} run
+   */
+  snapshotMeta(run) {
+    return `$O.${this.transcriptsBucket}.M.${btoa(run).replaceAll("+", "-").replaceAll("/", "_")}`;
+  }
+  /** The subject of a snapshot's chunks, by its object's nuid. @param {string} nuid */
+  snapshotChunks(nuid) {
+    return `$O.${this.transcriptsBucket}.C.${nuid}`;
   }
   /** A schedule's subject (since 1.10): kind def, fire or last. @param {string} queue @param {string} name @param {"def"|"fire"|"last"} kind */
   schedule(queue, name, kind) {
