@@ -190,7 +190,7 @@ func TestSchedulePauseResume(t *testing.T) {
 	if err := f.Client.PauseSchedule(ctx, "pr"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := f.Client.JetStream().Stream(ctx, f.Client.Names().SchedulesStream())
+	st, err := f.Client.JetStream().Stream(ctx, f.Client.Names().SchedulesStream(bus.DefaultQueue))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,6 +287,13 @@ func TestScheduleOverlapSkip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The list may have shown r still queued (no record yet, no
+		// submit time): its record now has one.
+		cur, err := f.Client.Status(ctx, r.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = *cur
 		// Submitted only once the previous one finished: the fires in
 		// between were skipped.
 		if r.SubmittedAt.Before(prev.FinishedAt) {
@@ -339,7 +346,7 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	f := newFleet(t)
 	ctx := fleettest.Context(t)
 	n := f.Client.Names()
-	st, err := f.Client.JetStream().Stream(ctx, n.SchedulesStream())
+	st, err := f.Client.JetStream().Stream(ctx, n.SchedulesStream(bus.DefaultQueue))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +387,7 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	// The workers come back; every fire waited, so every one is late here
 	// (however soon the worker takes the newest).
 	f.StartWorker(worker.Config{ScheduleLate: time.Nanosecond})
-	cons, err := f.Client.JetStream().Consumer(ctx, n.SchedulesStream(), n.FiresConsumer())
+	cons, err := f.Client.JetStream().Consumer(ctx, n.SchedulesStream(bus.DefaultQueue), n.FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +477,7 @@ func TestScheduleRedeliveredFireIsNotMissed(t *testing.T) {
 	ctx := fleettest.Context(t)
 	n := f.Client.Names()
 	js := f.Client.JetStream()
-	cons, err := js.Consumer(ctx, n.SchedulesStream(), n.FiresConsumer())
+	cons, err := js.Consumer(ctx, n.SchedulesStream(bus.DefaultQueue), n.FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +485,7 @@ func TestScheduleRedeliveredFireIsNotMissed(t *testing.T) {
 	// late limit below, as 30 s is above the default 30 s.
 	cfg := cons.CachedInfo().Config
 	cfg.AckWait = 2 * time.Second
-	if _, err := js.UpdateConsumer(ctx, n.SchedulesStream(), cfg); err != nil {
+	if _, err := js.UpdateConsumer(ctx, n.SchedulesStream(bus.DefaultQueue), cfg); err != nil {
 		t.Fatal(err)
 	}
 	at := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second)
