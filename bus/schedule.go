@@ -27,8 +27,14 @@ import (
 //     <prefix>.schedule.<queue>.<name>.fire with its body (this definition);
 //     a paused one carries none (the same rollup removed the server's
 //     schedule); a deleted one is a tombstone (HeaderScheduleDeleted).
-//  2. The queue is a subject token: a user allowed only
-//     <prefix>.schedule.team-a.> schedules only onto team-a, and a worker
+//  2. Only workers write AGENTS_SCHEDULES. A user asks a worker of the
+//     queue (a request on <prefix>.schedop.<queue>.<name>.<op>,
+//     scheduleops.go), which checks and writes it: the server lets a
+//     message stored in the stream purge (Nats-Scheduler), replace
+//     (Nats-Schedule-Target) or roll up (Nats-Rollup: all) any schedule of
+//     the stream whoever publishes it, and permissions cannot refuse a
+//     header. The queue is a subject token: a user allowed only
+//     <prefix>.schedop.team-a.> schedules only onto team-a, and a worker
 //     submits a fire only to the queue of its subject (and refuses a body
 //     naming another).
 //  3. A fire's run id is ScheduleRunID(queue, name, planned), where the
@@ -356,9 +362,9 @@ func (c *Client) scheduleMsg(s *Schedule) (*nats.Msg, error) {
 	return m, nil
 }
 
-// CreateSchedule stores a new schedule; with replace it may replace one of
-// the same name and queue.
-func (c *Client) CreateSchedule(ctx context.Context, s *Schedule, replace bool) (uint64, error) {
+// storeSchedule stores a new schedule; with replace it may replace one of
+// the same name and queue (workers: ApplyScheduleOp).
+func (c *Client) storeSchedule(ctx context.Context, s *Schedule, replace bool) (uint64, error) {
 	if s.CreatedAt.IsZero() {
 		s.CreatedAt = time.Now().UTC().Truncate(time.Millisecond)
 	}
@@ -405,20 +411,10 @@ func (c *Client) publishSchedule(ctx context.Context, s *Schedule, opts ...jetst
 	return ack.Sequence, nil
 }
 
-// PauseSchedule keeps the definition without the server's schedule, so
-// nothing fires; ResumeSchedule puts it back.
-func (c *Client) PauseSchedule(ctx context.Context, name string) error {
-	return c.setPaused(ctx, name, true)
-}
-
-// ResumeSchedule makes a paused schedule fire again. An @every schedule
-// counts its interval from the resume.
-func (c *Client) ResumeSchedule(ctx context.Context, name string) error {
-	return c.setPaused(ctx, name, false)
-}
-
-func (c *Client) setPaused(ctx context.Context, name string, paused bool) error {
-	cur, err := c.findSchedule(ctx, name)
+// setPaused keeps the definition without the server's schedule, so
+// nothing fires, or puts it back (workers: ApplyScheduleOp).
+func (c *Client) setPaused(ctx context.Context, queue, name string, paused bool) error {
+	cur, err := c.ScheduleOn(ctx, queue, name)
 	if err != nil {
 		return err
 	}
@@ -432,10 +428,10 @@ func (c *Client) setPaused(ctx context.Context, name string, paused bool) error 
 	return err
 }
 
-// DeleteSchedule removes a schedule (a tombstone replaces it); its runs
-// are left alone.
-func (c *Client) DeleteSchedule(ctx context.Context, name string) error {
-	cur, err := c.findSchedule(ctx, name)
+// deleteSchedule removes a schedule (a tombstone replaces it); its runs
+// are left alone (workers: ApplyScheduleOp).
+func (c *Client) deleteSchedule(ctx context.Context, queue, name string) error {
+	cur, err := c.ScheduleOn(ctx, queue, name)
 	if err != nil {
 		return err
 	}
@@ -449,10 +445,10 @@ func (c *Client) DeleteSchedule(ctx context.Context, name string) error {
 	return nil
 }
 
-// TriggerSchedule fires a schedule now, paused or not; it returns the run
-// id the fire submits.
-func (c *Client) TriggerSchedule(ctx context.Context, name string) (string, error) {
-	cur, err := c.findSchedule(ctx, name)
+// triggerSchedule fires a schedule now, paused or not; it returns the run
+// id the fire submits (workers: ApplyScheduleOp).
+func (c *Client) triggerSchedule(ctx context.Context, queue, name string) (string, error) {
+	cur, err := c.ScheduleOn(ctx, queue, name)
 	if err != nil {
 		return "", err
 	}

@@ -22,6 +22,7 @@ func TestScheduleLookupByNameAcrossQueues(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	n := c.Names()
+	f.ServeScheduleOps(bus.DefaultQueue)
 	req := json.RawMessage(`{"model":"faux/x","prompt":"tick"}`)
 	mine := &bus.Schedule{Name: "dup", Queue: bus.DefaultQueue, Every: "1h", Request: req}
 	if _, err := c.CreateSchedule(ctx, mine, false); err != nil {

@@ -190,7 +190,7 @@ func TestSchedulePauseResume(t *testing.T) {
 	if err := f.Client.PauseSchedule(ctx, "pr"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := f.Client.JetStream().Stream(ctx, f.Client.Names().SchedulesStream(bus.DefaultQueue))
+	st, err := f.Client.JetStream().Stream(ctx, f.Client.Names().SchedulesStream())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	f := newFleet(t)
 	ctx := fleettest.Context(t)
 	n := f.Client.Names()
-	st, err := f.Client.JetStream().Stream(ctx, n.SchedulesStream(bus.DefaultQueue))
+	st, err := f.Client.JetStream().Stream(ctx, n.SchedulesStream())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +387,7 @@ func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	// The workers come back; every fire waited, so every one is late here
 	// (however soon the worker takes the newest).
 	f.StartWorker(worker.Config{ScheduleLate: time.Nanosecond})
-	cons, err := f.Client.JetStream().Consumer(ctx, n.SchedulesStream(bus.DefaultQueue), n.FiresConsumer())
+	cons, err := f.Client.JetStream().Consumer(ctx, n.SchedulesStream(), n.FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,7 +477,7 @@ func TestScheduleRedeliveredFireIsNotMissed(t *testing.T) {
 	ctx := fleettest.Context(t)
 	n := f.Client.Names()
 	js := f.Client.JetStream()
-	cons, err := js.Consumer(ctx, n.SchedulesStream(bus.DefaultQueue), n.FiresConsumer())
+	cons, err := js.Consumer(ctx, n.SchedulesStream(), n.FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func TestScheduleRedeliveredFireIsNotMissed(t *testing.T) {
 	// late limit below, as 30 s is above the default 30 s.
 	cfg := cons.CachedInfo().Config
 	cfg.AckWait = 2 * time.Second
-	if _, err := js.UpdateConsumer(ctx, n.SchedulesStream(bus.DefaultQueue), cfg); err != nil {
+	if _, err := js.UpdateConsumer(ctx, n.SchedulesStream(), cfg); err != nil {
 		t.Fatal(err)
 	}
 	at := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second)

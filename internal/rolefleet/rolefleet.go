@@ -32,6 +32,9 @@ var passwordEnv = map[string]string{
 	"toolcaller":       "AGENTS_TOOLCALLER_PASSWORD",
 	"toolservice-text": "AGENTS_TOOLSERVICE_TEXT_PASSWORD", "toolservice-calc": "AGENTS_TOOLSERVICE_CALC_PASSWORD",
 	"other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD",
+	// Not in accounts.conf: a second submitter a test's copy of the file
+	// may add (adversarial: two submitters limited to different queues).
+	"submitter-b": "AGENTS_SUBMITTER_B_PASSWORD",
 }
 
 // Server is a running nats-server with an accounts file.
