@@ -344,6 +344,7 @@ func TestScheduleOverlapAbort(t *testing.T) {
 func TestScheduleCatchUpAfterWorkersAway(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
+	f.ServeScheduleOps(bus.DefaultQueue) // no worker yet: a stand-in answers the operations
 	ctx := fleettest.Context(t)
 	n := f.Client.Names()
 	st, err := f.Client.JetStream().Stream(ctx, n.SchedulesStream())
@@ -474,6 +475,7 @@ func TestScheduleRunIDTakenByAnotherRequest(t *testing.T) {
 func TestScheduleRedeliveredFireIsNotMissed(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
+	f.ServeScheduleOps(bus.DefaultQueue) // no worker yet: a stand-in answers the operations
 	ctx := fleettest.Context(t)
 	n := f.Client.Names()
 	js := f.Client.JetStream()
