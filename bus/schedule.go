@@ -87,6 +87,13 @@ const (
 // take it within seconds; the rest is a short history of what fired.
 const FireTTL = time.Hour
 
+// ScheduleOutageGap is how much later than its previous fire named a
+// server fire may be stored and still be the next fire in turn: a later
+// one is the server's one fire for what it missed while down, late for
+// the catch-up policy (worker/internal/schedule, invariant 9). The server
+// stores a fire within milliseconds of its time; a restart takes longer.
+const ScheduleOutageGap = 2 * time.Second
+
 // MaxFiresKept bounds the messages kept per subject of AGENTS_SCHEDULES:
 // each fire copies the definition (up to MaxScheduleBytes) for FireTTL, so
 // an @every 1s schedule would keep 3,600; catch-up needs only the newest.
@@ -319,6 +326,9 @@ type ScheduleLast struct {
 	PlannedAt time.Time `json:"plannedAt"`
 	FiredAt   time.Time `json:"firedAt"`
 	Trigger   bool      `json:"trigger,omitempty"`
+	// FireSeq is the stream sequence of the fire that submitted Run: the
+	// next fire's look back for an outage starts there (since 1.10).
+	FireSeq uint64 `json:"fireSeq,omitempty"`
 }
 
 // ScheduleInfo is a stored schedule, as ListSchedules returns it.
