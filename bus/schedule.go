@@ -736,7 +736,14 @@ func schedulesConsumerConfig(n Names, replicas int) jetstream.ConsumerConfig {
 		// Fires stored before the consumer existed are not run.
 		DeliverPolicy: jetstream.DeliverNewPolicy,
 		AckWait:       30 * time.Second,
+		// A fire failing at each delivery (backing off to a minute) is
+		// given up by the worker at its last (counted failed), about
+		// 15 min after its first.
+		MaxDeliver:    FireMaxDeliver,
 		MaxAckPending: 1000,
 		Replicas:      replicas,
 	}
 }
+
+// FireMaxDeliver is the fires consumer's MaxDeliver.
+const FireMaxDeliver = 20

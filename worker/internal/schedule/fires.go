@@ -55,6 +55,7 @@ const (
 	SkipInvalid = "invalid" // a fire whose body or subject is not a schedule's
 	SkipTaken   = "taken"   // another request (not the schedule's) holds the fire's run id
 	SkipStale   = "stale"   // a fire of a definition since paused, replaced or deleted
+	SkipFailed  = "failed"  // given up after bus.FireMaxDeliver deliveries that failed
 )
 
 // Observer is told what each fire did.
@@ -153,7 +154,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		return
 	case err != nil:
 		e.Log.Warn("schedule fire: reading the schedule failed; retrying", "schedule", name, "queue", queue, "err", err)
-		_ = m.NakWithDelay(retryDelay(md))
+		e.retry(m, md)
 		return
 	case !trigger && (cur.Paused || !s.SameDefinition(cur)):
 		e.Log.Info("schedule fire skipped: the schedule was paused or replaced since", "schedule", name, "queue", queue)
@@ -178,7 +179,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	if !trigger && judged <= e.lateLimit() { // invariant 9
 		if outage, err = e.afterOutage(hctx, &s, m, md); err != nil {
 			log.Warn("schedule fire: reading the previous fire failed; retrying", "err", err)
-			_ = m.NakWithDelay(retryDelay(md))
+			e.retry(m, md)
 			return
 		}
 	}
@@ -192,7 +193,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		}
 		if err != nil {
 			log.Warn("schedule fire: reading the newest fire failed; retrying", "err", err)
-			_ = m.NakWithDelay(retryDelay(md))
+			e.retry(m, md)
 			return
 		}
 		if !run {
@@ -206,7 +207,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		prev, err := e.stillGoing(hctx, queue, name, id, planned)
 		if err != nil {
 			log.Warn("schedule fire: reading the previous run failed; retrying", "err", err)
-			_ = m.NakWithDelay(retryDelay(md))
+			e.retry(m, md)
 			return
 		}
 		if prev != "" && pol == bus.OverlapSkip {
@@ -218,7 +219,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		if prev != "" {
 			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil && !errors.Is(err, bus.ErrRunFinished) { // finished since: done
 				log.Warn("schedule fire: aborting the previous run failed; retrying", "previous", prev, "err", err)
-				_ = m.NakWithDelay(retryDelay(md))
+				e.retry(m, md)
 				return
 			}
 		}
@@ -253,7 +254,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		own, oerr := e.ownRun(hctx, queue, name, id, planned)
 		if oerr != nil {
 			log.Warn("schedule fire: reading the run that holds its id failed; retrying", "run", id, "err", oerr)
-			_ = m.NakWithDelay(retryDelay(md))
+			e.retry(m, md)
 			return
 		}
 		if !own {
@@ -264,7 +265,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		}
 	case err != nil:
 		log.Warn("schedule fire: submit failed; retrying", "err", err)
-		_ = m.NakWithDelay(retryDelay(md))
+		e.retry(m, md)
 		return
 	}
 	setLast := e.Client.SetLastScheduleRun
@@ -273,7 +274,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	}
 	if err := setLast(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger, FireSeq: md.Sequence.Stream}); err != nil {
 		log.Warn("schedule fire: recording the last run failed; retrying", "run", id, "err", err)
-		_ = m.NakWithDelay(retryDelay(md))
+		e.retry(m, md)
 		return
 	}
 	if err := m.DoubleAck(hctx); err != nil {
@@ -299,6 +300,20 @@ func checkScheduler(names bus.Names, scheduler, queue, name string, trigger bool
 		return fmt.Errorf("a fire of %q, not of this subject's schedule", scheduler)
 	}
 	return nil
+}
+
+// retry hands a fire that failed back for a later delivery, backing off
+// (retryDelay); at its bus.FireMaxDeliver-th delivery it is given up
+// (terminated, counted failed): the consumer's MaxDeliver would drop it
+// silently.
+func (e *Env) retry(m jetstream.Msg, md *jetstream.MsgMetadata) {
+	if md != nil && md.NumDelivered >= bus.FireMaxDeliver {
+		e.Log.Error("schedule fire given up: it failed at each delivery", "subject", m.Subject(), "deliveries", md.NumDelivered)
+		e.skipped(SkipFailed)
+		_ = m.Term()
+		return
+	}
+	_ = m.NakWithDelay(retryDelay(md))
 }
 
 // retryDelay backs a failing fire off, doubling from 1 s to 1 min by its

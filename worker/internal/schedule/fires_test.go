@@ -200,6 +200,7 @@ type delayed struct {
 	jetstream.Msg
 	delivered uint64
 	nak       time.Duration
+	termed    bool
 }
 
 func (d *delayed) Metadata() (*jetstream.MsgMetadata, error) {
@@ -211,6 +212,7 @@ func (d *delayed) Metadata() (*jetstream.MsgMetadata, error) {
 }
 
 func (d *delayed) NakWithDelay(delay time.Duration) error { d.nak = delay; return nil }
+func (d *delayed) Term() error                            { d.termed = true; return nil }
 
 // Review 57, finding 7: a fire that keeps failing (a queue no worker
 // declared) backs off by its deliveries instead of coming every second.
@@ -250,12 +252,21 @@ func TestFireFailingBacksOff(t *testing.T) {
 	for _, tc := range []struct {
 		delivered uint64
 		want      time.Duration
-	}{{1, time.Second}, {3, 4 * time.Second}, {20, time.Minute}} {
+	}{{1, time.Second}, {3, 4 * time.Second}, {bus.FireMaxDeliver - 1, time.Minute}} {
 		d := &delayed{Msg: m, delivered: tc.delivered}
 		env.Handle(ctx, d)
 		if d.nak != tc.want {
 			t.Errorf("delivery %d: NAK delay %s, want %s", tc.delivered, d.nak, tc.want)
 		}
+	}
+	// Its last delivery: given up (terminated, counted failed), not
+	// handed back for the consumer's MaxDeliver to drop unseen.
+	obs := &counts{}
+	env.Obs = obs
+	d := &delayed{Msg: m, delivered: bus.FireMaxDeliver}
+	env.Handle(ctx, d)
+	if !d.termed || d.nak != 0 || obs.skipped != 1 {
+		t.Errorf("delivery %d: terminated %v, NAK delay %s, %d skips counted; want given up", bus.FireMaxDeliver, d.termed, d.nak, obs.skipped)
 	}
 	op(ctx, t, c, "undeclared", "nowhere", bus.ScheduleOpPause, nil)
 }
