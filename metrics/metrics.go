@@ -136,8 +136,8 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 		m.wakes.WithLabelValues(by)
 	}
 	m.scheduleFires = counter(reg, m, "schedule_fires_total", "Schedule fires that submitted a run (a redelivered fire counts once).")
-	m.scheduleSkips = counterVec(reg, m, "schedule_skips_total", "Schedule fires that submitted nothing, by reason (overlap: the previous run still went; missed: late, and the catch-up policy does not run it; invalid; taken: another request held its run id; stale: the schedule was paused, replaced or deleted since).", "reason")
-	for _, r := range []string{"overlap", "missed", "invalid", "taken", "stale"} {
+	m.scheduleSkips = counterVec(reg, m, "schedule_skips_total", "Schedule fires that submitted nothing, by reason (overlap: the previous run still went; missed: late, and the catch-up policy does not run it; invalid; taken: another request held its run id; stale: the schedule was paused, replaced or deleted since; failed: given up after failing at each delivery).", "reason")
+	for _, r := range []string{"overlap", "missed", "invalid", "taken", "stale", "failed"} {
 		m.scheduleSkips.WithLabelValues(r) // exported at 0: a rate from the start
 	}
 	m.scheduleLateness = histogram(reg, m, "schedule_fire_lateness_seconds", "Time from a schedule fire's planned time to its run request being stored.", latency)
@@ -340,7 +340,7 @@ func (m *Metrics) ScheduleFired(late time.Duration) {
 
 // ScheduleSkipped counts a fire that submitted nothing.
 func (m *Metrics) ScheduleSkipped(reason string) {
-	m.scheduleSkips.WithLabelValues(oneOf(reason, "overlap", "missed", "invalid", "taken", "stale")).Inc()
+	m.scheduleSkips.WithLabelValues(oneOf(reason, "overlap", "missed", "invalid", "taken", "stale", "failed")).Inc()
 }
 
 // What parked runs wait for (bus.WaitingApproval, bus.WaitingChildren).

@@ -41,8 +41,9 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 		{"tree budgets", w.startTreeBudgets},      // worker/treebudget.go
 		{"give-up", func(setup context.Context) (func(), error) { return w.startGiveUp(setup), nil }}, // worker/giveup.go
 		{"waiting-index sweep", w.startWaitingSweep},                                                  // worker/waitindex.go
-		{"wake", w.startWake},           // worker/park.go
-		{"schedules", w.startSchedules}, // worker/schedule.go
+		{"wake", w.startWake},                       // worker/park.go
+		{"schedules", w.startSchedules},             // worker/schedule.go
+		{"schedule operations", w.startScheduleOps}, // worker/schedule.go
 		{"memory trim", func(context.Context) (func(), error) { return w.startTrim(), nil }},                    // worker/park.go
 		{"tool sources", func(setup context.Context) (func(), error) { return w.startToolSources(setup), nil }}, // worker/toolsources.go
 		{"presence", func(context.Context) (func(), error) { return w.startPresence(), nil }},                   // worker/presence.go

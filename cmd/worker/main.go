@@ -89,6 +89,7 @@ type options struct {
 	maxChildDepth int
 	maxChildren   int
 	parkAfter     time.Duration
+	scheduleLate  time.Duration
 	approveTools  string
 	replicas      int
 	drainTimeout  time.Duration
@@ -312,6 +313,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	o.loadBudget = environ.bytesDefault("AGENTS_LOAD_BUDGET", 128<<20)
 	fs.Var(&o.loadBudget, "load-budget", "bytes of continued transcripts (continueFrom snapshots) this worker's runs hold at once; a continuation past what is free waits without a slot, one larger fails (reason transcript_too_large) [AGENTS_LOAD_BUDGET]")
 	fs.Var(&o.maxTranscript, "max-transcript-bytes", "size of a run's transcript (its messages as JSON); past it the run fails (reason transcript_too_large) [AGENTS_MAX_TRANSCRIPT_BYTES]")
+	fs.DurationVar(&o.scheduleLate, "schedule-late", environ.duration("AGENTS_SCHEDULE_LATE", 30*time.Second), "how late a schedule's fire may be taken and still count as on time; a later one is missed, run or not by its catch-up policy (protocol §2, Schedules) [AGENTS_SCHEDULE_LATE]")
 	fs.DurationVar(&o.parkAfter, "park-after", environ.duration("AGENTS_PARK_AFTER", 30*time.Second), "park a run that has waited this long for approvals with nothing of it running: its request is acknowledged and it leaves the worker until an answer or an abort wakes it on any worker; 0: never park [AGENTS_PARK_AFTER]")
 	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
 	fs.DurationVar(&o.maxApprovalTimeout, "max-approval-timeout", environ.duration("AGENTS_MAX_APPROVAL_TIMEOUT", 0), "ceiling of a gated tool call's wait for its answer: a longer approval.timeoutSeconds (or the default, 1 day) is lowered to it, as the request's expiresAt shows; 0: --max-run-timeout if set, else the protocol's 7 days [AGENTS_MAX_APPROVAL_TIMEOUT]")
@@ -429,6 +431,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if o.fetchBytes < 1 {
 		return nil, errors.New("--fetch-bytes must be at least 1 (each pull loop still takes one request of the largest size)")
 	}
+	if o.scheduleLate < time.Second {
+		return nil, fmt.Errorf("--schedule-late must be at least 1s (got %s): fires are planned on whole seconds", o.scheduleLate)
+	}
 	if o.parkAfter < 0 {
 		return nil, errors.New("--park-after must be 0 (never) or more")
 	}
@@ -450,6 +455,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 // applyBounds puts the per-run bounds and ceilings into the worker's
 // configuration (after modelConfig: the faux default depends on it).
 func applyBounds(o *options, cfg *worker.Config) {
+	cfg.ScheduleLate = o.scheduleLate
 	cfg.MaxRunEvents = o.maxRunEvents
 	cfg.MaxRunEventBytes = int64(o.maxRunEventBytes)
 	cfg.MaxQueuedControls = o.maxQueuedControls

@@ -211,7 +211,7 @@ export declare class Client {
   /** A run's record, stale marked; queued for a request without one; RunNotFoundError for neither. */
   status(run: string): Promise<RunRecord>;
   /** Every schedule (since 1.10), by name, with its def message's sequence and its newest run. */
-  schedules(): Promise<Array<Schedule & { seq: number; last: { run: string; plannedAt: string; firedAt: string; trigger?: boolean } | null }>>;
+  schedules(): Promise<Array<Schedule & { seq: number; last: { run: string; plannedAt: string; firedAt: string; trigger?: boolean; fireSeq?: number } | null }>>;
   /** A run's stored record, or null. */
   record(run: string): Promise<RunRecord | null>;
   /**
