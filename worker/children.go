@@ -202,6 +202,19 @@ func (r *run) childTenant() map[string]string {
 func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, error) {
 	w := r.w
 	id := bus.ChildRunID(r.id, key)
+	// stopped is the call's end when the run stops: only an abort or the
+	// deadline ends the child (invariant 5); a lost lease, a failed
+	// publish or a drain leaves it to the next attempt, which waits for
+	// it. A woken attempt past its deadline stops here, before any read.
+	stopped := func() (string, error) {
+		if r.stoppedForGood(ctx) {
+			r.abortChild(id)
+		}
+		return "", fmt.Errorf("run_agent: stopped while waiting for child run %s", id)
+	}
+	if ctx.Err() != nil {
+		return stopped()
+	}
 	rec, err := w.getRecord(ctx, id)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -209,11 +222,17 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		if perr != nil {
 			return "", perr
 		}
+		if lose := w.cfg.loseChild; lose != nil && lose(id) {
+			r.log.Info("test: child run lost before its submit", "child", id)
+			break
+		}
 		// ctx holds the call's execute_tool span: the child's trace is its child.
 		if _, err := w.c.Submit(ctx, r.queue, req); err != nil {
 			return "", fmt.Errorf("run_agent: cannot submit the child run %s: %w", id, err)
 		}
 		r.log.Info("child run submitted", "child", id, "depth", req.Child.Depth)
+	case err != nil && ctx.Err() != nil:
+		return stopped()
 	case err != nil:
 		return "", fmt.Errorf("run_agent: cannot read the child run %s: %w", id, err)
 	case rec.Child == nil || rec.Child.ParentRunID != r.id:
@@ -228,7 +247,7 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 	// after this returns, reads it (invariant 6). The attempt ends there.
 	r.await(id, true)
 	err = r.waitInCall(ctx, waitingChildren, time.Now(), func(wctx context.Context) error {
-		final, err = r.awaitChild(wctx, id)
+		final, err = r.awaitChild(wctx, id) // worker/childwait.go
 		return err
 	})
 	if !errors.Is(err, errWaitHandedBack) {
@@ -240,13 +259,7 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		r.toolBusy(1) // the call's count, which its own hand-back must not wait for
 		return "", err
 	case err != nil && ctx.Err() != nil:
-		// Only an abort or the deadline ends the child (invariant 5): a
-		// lost lease, a failed publish or a drain leaves it to the next
-		// attempt, which waits for it.
-		if r.stoppedForGood(ctx) {
-			r.abortChild(id)
-		}
-		return "", fmt.Errorf("run_agent: stopped while waiting for child run %s", id)
+		return stopped()
 	case err != nil:
 		return "", fmt.Errorf("run_agent: child run %s: %w", id, err)
 	}
@@ -264,35 +277,6 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, er
 		return "", fmt.Errorf("run_agent: cannot read child run %s's answer: %w", id, err)
 	}
 	return t.FinalText(), nil
-}
-
-// awaitChild watches the child's record until it says finished.
-func (r *run) awaitChild(ctx context.Context, id string) (*bus.RunRecord, error) {
-	watch, err := r.w.kv.Watch(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = watch.Stop() }()
-	for {
-		select {
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return nil, errors.New("the record watch ended")
-			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			rec, err := bus.DecodeRecord(e)
-			if err != nil {
-				return nil, err
-			}
-			if rec.Finished() {
-				return rec, nil
-			}
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
 }
 
 // stoppedForGood reports whether the run stopped for an abort or its
@@ -398,9 +382,20 @@ func (r *run) await(id string, on bool) {
 	}
 }
 
+// awaitsChildren reports whether a run_agent call of the attempt waits
+// for its child (or did, when the park ended its wait).
+func (r *run) awaitsChildren() bool {
+	a := &r.awaiting
+	a.Lock()
+	defer a.Unlock()
+	return len(a.ids) > 0
+}
+
 // childFinished reports whether a child the parked run waited for has
 // finished (invariant 6); a failed read counts as finished: the wake is
-// harmless, a run parked for ever is not.
+// harmless, a run parked for ever is not. A child without a record is
+// queued (or lost: the parent's timer at its deadline wakes it, park.go):
+// waking for it would only park again.
 func (r *run) childFinished(ctx context.Context) bool {
 	a := &r.awaiting
 	a.Lock()
@@ -408,6 +403,9 @@ func (r *run) childFinished(ctx context.Context) bool {
 	a.Unlock()
 	for _, id := range ids {
 		rec, err := r.w.getRecord(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
 		if err != nil || rec.Finished() {
 			return true
 		}
@@ -427,6 +425,9 @@ func (r *run) wakeParent(ctx context.Context, link *bus.ChildOf) error {
 		return nil
 	}
 	parent := link.ParentRunID
+	// The parent's call waiting in a worker learns it from the notice
+	// (worker/childwait.go); a parked one from the wake below.
+	r.w.noticeChildDone(parent, r.id)
 	rec, err := r.w.getRecord(ctx, parent)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil

@@ -216,6 +216,14 @@ type Config struct {
 	// wakeFault, set only by the package's tests (export_test.go), fails
 	// a child's wake of the parked parent it returns an error for.
 	wakeFault func(parent string) error
+	// childRecheck, set only by the package's tests, is how often a
+	// waiting run_agent call reads its child's record without a notice
+	// (worker/childwait.go) [30s].
+	childRecheck time.Duration
+	// loseChild, set only by the package's tests, makes run_agent skip
+	// the submit of the children it returns true for: a child lost
+	// before it got a record.
+	loseChild func(child string) bool
 }
 
 // RunInfo identifies a run to an Observer.

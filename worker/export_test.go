@@ -1,6 +1,10 @@
 package worker
 
-import "github.com/agentfleet/agentfleet/worker/internal/metering"
+import (
+	"time"
+
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
+)
 
 // For the package's external tests (package worker_test).
 
@@ -15,5 +19,19 @@ var EstimateTokens = metering.Reservation
 // returns an error for the parent.
 func WithWakeFault(c Config, f func(parent string) error) Config {
 	c.wakeFault = f
+	return c
+}
+
+// WithChildRecheck sets how often a waiting run_agent call reads its
+// child's record without a notice.
+func WithChildRecheck(c Config, d time.Duration) Config {
+	c.childRecheck = d
+	return c
+}
+
+// WithLostChildren makes run_agent skip the submit of the children lost
+// returns true for.
+func WithLostChildren(c Config, lost func(child string) bool) Config {
+	c.loseChild = lost
 	return c
 }

@@ -363,7 +363,7 @@ func (r *run) execute() {
 	if w := r.prev; w != nil && w.Waiting != nil && bus.Indexed(w.Waiting.For) {
 		r.carried.Store(w.Waiting)
 	}
-	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) {
+	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) && pausesClock(w.Waiting.For) {
 		// The earlier attempt was waiting: its wait goes on until the
 		// resume knows whether calls still wait (endPickupPause).
 		pausedSince = w.Waiting.Since
