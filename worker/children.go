@@ -202,6 +202,7 @@ func (r *run) childTenant() map[string]string {
 func (r *run) runChild(ctx context.Context, key string, a childArgs) (string, error) {
 	w := r.w
 	id := bus.ChildRunID(r.id, key)
+	r.childCall(key)
 	// stopped is the call's end when the run stops: only an abort or the
 	// deadline ends the child (invariant 5); a lost lease, a failed
 	// publish or a drain leaves it to the next attempt, which waits for
@@ -307,6 +308,13 @@ func (r *run) takeChildCalls(synthetic, msgs []agent.Message) []agent.Message {
 	for _, m := range msgs {
 		if m.Role == agent.RoleToolResult && m.ToolName == bus.ToolRunAgent {
 			r.childrenStarted.Add(1)
+		}
+		if m.Role == agent.RoleAssistant {
+			for _, c := range m.ToolCalls() {
+				if c.Name == bus.ToolRunAgent {
+					r.childCall(c.ID)
+				}
+			}
 		}
 	}
 	if !offered {
@@ -477,35 +485,58 @@ func (r *run) abortChildrenLeft() {
 	r.earlier.childCalls = nil
 }
 
+// childCall records the key of a run_agent call of the run (childKeys).
+func (r *run) childCall(key string) {
+	k := &r.childKeys
+	k.Lock()
+	defer k.Unlock()
+	if k.keys == nil {
+		k.keys = map[string]bool{}
+	}
+	k.keys[key] = true
+}
+
 // treeCost is own plus the cost of every child run the run's run_agent
 // calls started, each child's own tree counted (its record's treeCost,
 // else its cost); ok is false for a run that started none. A child still
-// running (its parent aborted) counts what it spent so far.
+// running (its parent aborted) counts what it spent so far. The calls are
+// childKeys and those in the agent's messages: a resumed attempt's
+// context lacks the calls a compaction summarised (worker/compaction.go),
+// the events it read have them.
 func (r *run) treeCost(own float64) (total float64, ok bool) {
 	if r.agent == nil || !slices.Contains(r.toolList, bus.ToolRunAgent) {
 		return 0, false
 	}
 	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
 	defer cancel()
-	total = own
+	k := &r.childKeys
+	k.Lock()
+	keys := maps.Clone(k.keys)
+	k.Unlock()
+	if keys == nil {
+		keys = map[string]bool{}
+	}
 	for _, m := range r.agent.Messages() {
 		if m.Role != agent.RoleAssistant {
 			continue
 		}
 		for _, c := range m.ToolCalls() {
-			if c.Name != bus.ToolRunAgent {
-				continue
+			if c.Name == bus.ToolRunAgent {
+				keys[c.ID] = true
 			}
-			rec, err := r.w.getRecord(ctx, bus.ChildRunID(r.id, c.ID))
-			if err != nil {
-				continue // refused before it was submitted, or unreadable
-			}
-			ok = true
-			if rec.TreeCost > 0 {
-				total += rec.TreeCost
-			} else {
-				total += rec.Cost
-			}
+		}
+	}
+	total = own
+	for key := range keys {
+		rec, err := r.w.getRecord(ctx, bus.ChildRunID(r.id, key))
+		if err != nil {
+			continue // refused before it was submitted, or unreadable
+		}
+		ok = true
+		if rec.TreeCost > 0 {
+			total += rec.TreeCost
+		} else {
+			total += rec.Cost
 		}
 	}
 	return total, ok

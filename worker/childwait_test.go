@@ -1,6 +1,8 @@
 package worker_test
 
 import (
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
+	"github.com/agentfleet/agentfleet/llm/faux"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -143,5 +146,88 @@ func TestWaitingParentsAddNoConsumers(t *testing.T) {
 		if _, err := f.Client.Abort(ctx, id, "test over"); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// compactingParent is a priced faux model for a parent that starts its
+// children one at a time ("task 0" to "task 2", each answered with a
+// long text that makes the parent's context compact), the last child's
+// answer held until release is closed, then a fourth, past children.max.
+func compactingParent(release <-chan struct{}) *pricedFaux {
+	long := strings.Repeat("x", 6000)
+	return &pricedFaux{m: faux.New(faux.Options{Fallback: func(llm agent.Context) faux.Response {
+		first, last := llm.Messages[0], llm.Messages[len(llm.Messages)-1]
+		switch {
+		case strings.Contains(llm.SystemPrompt, "context summarization assistant"):
+			return fleettest.Text("## Goal\nplan summary")
+		case strings.HasPrefix(first.TextOf(), "task "):
+			i := strings.TrimPrefix(first.TextOf(), "task ")
+			if i == "2" {
+				<-release
+			}
+			return fleettest.Text("answer " + i + " " + long)
+		case last.Role == agent.RoleToolResult && strings.Contains(last.TextOf(), "at most"):
+			return fleettest.Text("merged")
+		case last.Role == agent.RoleToolResult && strings.HasPrefix(last.TextOf(), "answer 2"):
+			return fleettest.ToolCall("k3", bus.ToolRunAgent, map[string]any{"prompt": "task 3"})
+		case last.Role == agent.RoleToolResult && strings.HasPrefix(last.TextOf(), "answer 1"):
+			return fleettest.ToolCall("k2", bus.ToolRunAgent, map[string]any{"prompt": "task 2"})
+		case last.Role == agent.RoleToolResult:
+			return fleettest.ToolCall("k1", bus.ToolRunAgent, map[string]any{"prompt": "task 1"})
+		}
+		return fleettest.ToolCall("k0", bus.ToolRunAgent, map[string]any{"prompt": "task 0"})
+	}})}
+}
+
+// A parent resumed from a compacted context still counts every child in
+// its treeCost and against children.max: the first child's call was
+// summarised away before the parent's worker was killed, and the resumed
+// attempt's context lacks it (the events it reads have it).
+func TestTreeCostCountsCompactedChildCalls(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	release := make(chan struct{})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	cfg := func(c worker.Config) worker.Config {
+		c.Providers = map[string]worker.Provider{"priced": compactingParent(release)}
+		c.ModelWindows = map[string]worker.ModelWindow{"priced/m": {ContextWindow: 3000, ReserveTokens: 500, KeepRecentTokens: 500}}
+		return c
+	}
+	// One slot, kept while waiting: the children run on the second worker.
+	kill := killable(f, cfg(worker.Config{Concurrency: 1, MaxWaiting: -1}))
+	parent := f.Submit("", &bus.RunRequest{Prompt: "plan", Model: &bus.ModelRef{Provider: "priced", ID: "m"},
+		Tools: []string{bus.ToolRunAgent}, Compaction: &bus.Compaction{}, Children: &bus.Children{Max: 3}})
+	childRecord(t, f, parent, "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
+	f.StartWorker(cfg(worker.Config{Concurrency: 4}))
+	childRecord(t, f, bus.ChildRunID(parent, "k2"), "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
+	kill()
+	close(release)
+	envs := f.Follow(parent)
+	if _, ends := compactionsOf(t, envs); len(ends) == 0 || ends[0].Error != "" {
+		t.Fatalf("the parent never compacted: %+v", ends)
+	}
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusSucceeded {
+		t.Fatalf("parent %+v", fin)
+	}
+	want := fin.Cost
+	for i := range 3 {
+		rec, err := f.Client.Status(fleettest.Context(t), bus.ChildRunID(parent, fmt.Sprintf("k%d", i)))
+		if err != nil || rec.Cost <= 0 {
+			t.Fatalf("child k%d: %v %+v", i, err, rec)
+		}
+		want += rec.Cost
+	}
+	if _, err := f.Client.Status(fleettest.Context(t), bus.ChildRunID(parent, "k3")); err == nil {
+		t.Fatal("a fourth child, past children.max 3, was submitted")
+	}
+	if math.Abs(fin.TreeCost-want) > 1e-9 {
+		t.Fatalf("treeCost %v, want %v (own %v)", fin.TreeCost, want, fin.Cost)
 	}
 }
