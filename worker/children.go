@@ -40,7 +40,7 @@ import (
 //     ceilings (Config.MaxChildDepth, MaxChildren), and a child carries
 //     the root's bounds, so no level of the tree widens them. The child's
 //     tenant is the parent's (its tenant metadata is copied over whatever
-//     a scripted request says).
+//     a scripted request says), and so is its approval policy.
 //  4. The parent waits off its slot (waitInCall, wait kind "children"):
 //     a worker's slots go to children, not to parents waiting for them.
 //  5. A parent stopped by an abort or its deadline aborts the children
@@ -173,6 +173,14 @@ func (r *run) childRequest(id string, a childArgs) (*bus.RunRequest, error) {
 		return nil, errors.New(`run_agent: a scripted parent's child needs a "request" with its own faux script`)
 	}
 	req.Metadata = r.childTenant()
+	// The parent's approval policy over whatever the call asks (the
+	// request argument cannot set one): a tool gated for the parent stays
+	// gated through a child, and its child's (invariant 3).
+	if ap := r.req.Approval; ap != nil {
+		c := *ap
+		c.Tools = slices.Clone(ap.Tools)
+		req.Approval = &c
+	}
 	if err := req.Validate(id); err != nil {
 		return nil, fmt.Errorf("run_agent: %w", err)
 	}

@@ -231,3 +231,36 @@ func TestTreeCostCountsCompactedChildCalls(t *testing.T) {
 		t.Fatalf("treeCost %v, want %v (own %v)", fin.TreeCost, want, fin.Cost)
 	}
 }
+
+// A tool gated for the parent stays gated through its child: the child's
+// call of it waits for approval (the parent's policy is the child's),
+// and aborting the parent ends both.
+func TestChildInheritsTheParentsApprovalPolicy(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: -1})
+	req := fanOut(1, 0, func(int) []agent.ScriptedResponse {
+		return []agent.ScriptedResponse{
+			fleettest.ToolCall("c", "calculator", map[string]any{"expression": "1+1"}),
+			fleettest.Text("computed"),
+		}
+	})
+	// The child's own request asks for calculator, ungated.
+	call := req.Faux.Responses[0].Content[0]
+	call.Arguments["request"].(map[string]any)["tools"] = []string{"calculator"}
+	req.Approval = &bus.Approval{Tools: []string{"calculator"}}
+	parent := f.Submit("", req)
+	child := bus.ChildRunID(parent, "k0")
+	rec := childRecord(t, f, child, "waiting for approval", func(r *bus.RunRecord) bool {
+		return r.Finished() || r.Waiting != nil && r.Waiting.For == bus.WaitingApproval
+	})
+	if rec.Finished() {
+		t.Fatalf("the child ran the gated tool unasked: %s %s", rec.State, rec.Reason)
+	}
+	if _, err := f.Client.Abort(fleettest.Context(t), parent, "test over"); err != nil {
+		t.Fatal(err)
+	}
+	if rec := childRecord(t, f, child, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusAborted {
+		t.Fatalf("child %s", rec.State)
+	}
+}
