@@ -29,7 +29,7 @@ func TestChildWaitCountsAgainstTimeout(t *testing.T) {
 	submitted := time.Now()
 	parent := f.Submit("", req)
 	rec := childRecord(t, f, parent, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
-	if rec.Reason != bus.ReasonTimeout {
+	if rec.State != bus.StatusFailed || rec.Reason != bus.ReasonTimeout {
 		t.Fatalf("parent %s %s: %s", rec.State, rec.Reason, rec.Error)
 	}
 	if took := rec.FinishedAt.Sub(submitted); took > 15*time.Second {
@@ -262,5 +262,40 @@ func TestChildInheritsTheParentsApprovalPolicy(t *testing.T) {
 	}
 	if rec := childRecord(t, f, child, "finished", func(r *bus.RunRecord) bool { return r.Finished() }); rec.State != bus.StatusAborted {
 		t.Fatalf("child %s", rec.State)
+	}
+}
+
+// A run parked for its concurrency key's place is listed waiting from the
+// waiting-run index.
+func TestKeyParkedRunIsListedWaiting(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4})
+	slow := fleettest.FauxRun("hold", slowText(strings.Repeat("slow ", 200))...)
+	slow.Faux.TokensPerSecond = 5
+	slow.Concurrency = &bus.Concurrency{Key: "k", Limit: 1}
+	holder := f.Submit("", slow)
+	childRecord(t, f, holder, "running", func(r *bus.RunRecord) bool { return r.State == bus.StateRunning })
+	next := fleettest.FauxRun("next", fleettest.Text("done"))
+	next.Concurrency = &bus.Concurrency{Key: "k", Limit: 1}
+	parked := f.Submit("", next)
+	childRecord(t, f, parked, "parked for its key", func(r *bus.RunRecord) bool {
+		return r.Parked != nil && r.Waiting != nil && r.Waiting.For == bus.WaitingKey
+	})
+	ctx := fleettest.Context(t)
+	// Any wait: the listing pages the index (a filter on an unindexed kind
+	// would walk the records).
+	page, err := f.Client.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Records) != 1 || page.Records[0].ID != parked {
+		t.Fatalf("listed %d waiting for a key, want %s", len(page.Records), parked)
+	}
+	if _, err := f.Client.Abort(ctx, holder, "test over"); err != nil {
+		t.Fatal(err)
+	}
+	if fin := f.WaitFinished(parked); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("the parked run %+v", fin)
 	}
 }
