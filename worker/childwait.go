@@ -119,6 +119,9 @@ func (w *Worker) subscribeChildDone(context.Context) (func(), error) {
 // written, finished (invariant 1). A lost one is covered (invariant 3):
 // it is only logged.
 func (w *Worker) noticeChildDone(parent, child string) {
+	if w.cfg.loseNotices {
+		return
+	}
 	if err := w.c.Conn().Publish(w.names.ChildDone(parent, child), nil); err != nil {
 		w.log.Debug("cannot publish a child's finished notice; its parent reads the record later", "child", child, "err", err)
 	}

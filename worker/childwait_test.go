@@ -299,3 +299,15 @@ func TestKeyParkedRunIsListedWaiting(t *testing.T) {
 		t.Fatalf("the parked run %+v", fin)
 	}
 }
+
+// A parent whose child's notice is lost (a reconnect) still ends its wait:
+// it reads the child's record again every recheck.
+func TestChildWaitSurvivesALostNotice(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.WithChildRecheck(worker.WithLostNotices(worker.Config{Concurrency: 4, ParkAfter: -1}), 200*time.Millisecond))
+	parent := f.Submit("", fanOut(2, 20, nil))
+	if fin := f.WaitFinished(parent); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("parent %+v", fin)
+	}
+}

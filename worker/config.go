@@ -224,6 +224,9 @@ type Config struct {
 	// the submit of the children it returns true for: a child lost
 	// before it got a record.
 	loseChild func(child string) bool
+	// loseNotices, set only by the package's tests, drops the worker's
+	// notices of finished children (as a reconnect may).
+	loseNotices bool
 }
 
 // RunInfo identifies a run to an Observer.

@@ -29,6 +29,12 @@ func WithChildRecheck(c Config, d time.Duration) Config {
 	return c
 }
 
+// WithLostNotices makes the worker publish no notice of finished children.
+func WithLostNotices(c Config) Config {
+	c.loseNotices = true
+	return c
+}
+
 // WithLostChildren makes run_agent skip the submit of the children lost
 // returns true for.
 func WithLostChildren(c Config, lost func(child string) bool) Config {
