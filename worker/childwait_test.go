@@ -51,21 +51,26 @@ func TestParkedParentTimesOutOnALostChild(t *testing.T) {
 	f.StartWorker(worker.WithLostChildren(worker.Config{Concurrency: 4, ParkAfter: 100 * time.Millisecond},
 		func(string) bool { return true }))
 	req := fanOut(1, 0, nil)
-	req.Limits = &bus.Limits{TimeoutSeconds: 3}
+	req.Limits = &bus.Limits{TimeoutSeconds: 5}
 	parent := f.Submit("", req)
 	childRecord(t, f, parent, "parked", func(r *bus.RunRecord) bool {
 		return r.Parked != nil && r.Waiting != nil && r.Waiting.For == bus.WaitingChildren
 	})
-	page, err := f.Client.ListPage(fleettest.Context(t), bus.ListOptions{State: bus.StateWaiting})
-	if err != nil {
-		t.Fatal(err)
-	}
-	listed := false
-	for _, r := range page.Records {
-		listed = listed || r.ID == parent
-	}
-	if !listed {
-		t.Errorf("the parked parent is not listed waiting (%d listed)", len(page.Records))
+	// The index entry is written after the record that begins the wait.
+	ctx := fleettest.Context(t)
+	for listed := false; !listed; {
+		page, err := f.Client.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range page.Records {
+			listed = listed || r.ID == parent
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the parked parent is not listed waiting (%d listed)", len(page.Records))
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	rec := childRecord(t, f, parent, "finished", func(r *bus.RunRecord) bool { return r.Finished() })
 	if rec.Reason != bus.ReasonTimeout {
@@ -288,13 +293,20 @@ func TestKeyParkedRunIsListedWaiting(t *testing.T) {
 	})
 	ctx := fleettest.Context(t)
 	// Any wait: the listing pages the index (a filter on an unindexed kind
-	// would walk the records).
-	page, err := f.Client.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(page.Records) != 1 || page.Records[0].ID != parked {
-		t.Fatalf("listed %d waiting for a key, want %s", len(page.Records), parked)
+	// would walk the records). The entry is written after the record.
+	for {
+		page, err := f.Client.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Records) == 1 && page.Records[0].ID == parked {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("listed %d waiting, want %s", len(page.Records), parked)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	if _, err := f.Client.Abort(ctx, holder, "test over"); err != nil {
 		t.Fatal(err)
