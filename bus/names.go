@@ -200,6 +200,15 @@ func (n Names) ControlAll(run string) string { return n.prefix + ".run." + run +
 // <prefix>.ctl.<run>.<kind>. Workers subscribe to it.
 func (n Names) Republished() string { return n.prefix + ".ctl.*.*" }
 
+// ChildDone is the subject of the notice that child, a child run of
+// parent, finished (core NATS, since 1.10; worker/childwait.go).
+func (n Names) ChildDone(parent, child string) string {
+	return n.prefix + ".childdone." + parent + "." + child
+}
+
+// ChildDoneAll matches every finished-child notice.
+func (n Names) ChildDoneAll() string { return n.prefix + ".childdone.*.*" }
+
 // Record is the KV subject of a run record ($KV.<bucket>.<run>).
 func (n Names) Record(run string) string { return "$KV." + n.RecordsBucket() + "." + run }
 

@@ -219,6 +219,17 @@ type Config struct {
 	// treeTTL, set only by the package's tests (export_test.go), replaces
 	// treeAccountTTL (treebudget.go).
 	treeTTL time.Duration
+	// childRecheck, set only by the package's tests, is how often a
+	// waiting run_agent call reads its child's record without a notice
+	// (worker/childwait.go) [30s].
+	childRecheck time.Duration
+	// loseChild, set only by the package's tests, makes run_agent skip
+	// the submit of the children it returns true for: a child lost
+	// before it got a record.
+	loseChild func(child string) bool
+	// loseNotices, set only by the package's tests, drops the worker's
+	// notices of finished children (as a reconnect may).
+	loseNotices bool
 }
 
 // RunInfo identifies a run to an Observer.

@@ -137,7 +137,7 @@ func (r *run) disarmParkLocked() {
 // and AGENTS_PARKED keeps its copy until its timer fires (park.Env.Keeps;
 // else it keeps waiting off its slot).
 func (r *run) parkFired(gen uint64) {
-	due := r.firstExpiry() // gate.calls.mu, not under ws.mu
+	due := r.parkDue() // gate.calls.mu, not under ws.mu
 	keeps := r.w.parking.Keeps(time.Now(), due)
 	ws := &r.wait
 	ws.mu.Lock()
@@ -205,6 +205,24 @@ func (r *run) firstExpiry() time.Time {
 	return due
 }
 
+// parkDue is when a parked run's timer must wake it: its first
+// approval's expiry, or, for a run waiting for children, its deadline if
+// that comes first (a wait for children counts against the timeout,
+// waiting.go: the woken attempt times out and aborts its children, so a
+// child that never finishes, or never gets a record, cannot keep its
+// parent parked). Zero: no timer (a run that waits for approvals too has
+// its clock paused: their expiry wakes it, and its next park arms again).
+func (r *run) parkDue() time.Time {
+	due := r.firstExpiry()
+	if r.clock == nil || !r.awaitsChildren() {
+		return due
+	}
+	if d := r.clock.Deadline(); !d.IsZero() && (due.IsZero() || d.Before(due)) {
+		due = d
+	}
+	return due
+}
+
 // answersQueued reports whether a pending call holds an answer it did not
 // apply (the park ended its wait first).
 func (r *run) answersQueued() bool {
@@ -236,8 +254,8 @@ func (r *run) parkWaiting() {
 		seq, digest, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
 	}
 	rec := r.record(bus.StateRunning)
-	if due := r.firstExpiry(); err == nil && !due.IsZero() {
-		err = env.Arm(ctx, r.id, r.attempt, due) // the expiry parkFired checked
+	if due := r.parkDue(); err == nil && !due.IsZero() {
+		err = env.Arm(ctx, r.id, r.attempt, due) // the time parkFired checked
 	}
 	if err != nil {
 		r.log.Warn("cannot park the run; handing it back", "err", err)

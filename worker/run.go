@@ -88,6 +88,14 @@ type run struct {
 		sync.Mutex
 		ids map[string]bool
 	}
+	// childKeys are the keys of every run_agent call of the run, earlier
+	// attempts' included (from the events, takeChildCalls): its treeCost
+	// reads their children, also those of calls a compaction took out of
+	// the context (worker/children.go).
+	childKeys struct {
+		sync.Mutex
+		keys map[string]bool
+	}
 	// strayCharge is the charge of the last model call whose consumer
 	// stopped before its final event (the run's listener failed mid-call):
 	// the error message the agent then ends the run with carries it
@@ -327,7 +335,7 @@ func (r *run) execute() {
 	if w := r.prev; w != nil && w.Waiting != nil && bus.Indexed(w.Waiting.For) {
 		r.carried.Store(w.Waiting)
 	}
-	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) {
+	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) && pausesClock(w.Waiting.For) {
 		// The earlier attempt was waiting: its wait goes on until the
 		// resume knows whether calls still wait (endPickupPause).
 		pausedSince = w.Waiting.Since

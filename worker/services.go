@@ -27,6 +27,7 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 			return w.learnPickupReads(w.cfg.Queues, consumers), nil
 		}},
 		{"control subscription", w.subscribeControl},
+		{"child notices", w.subscribeChildDone}, // worker/childwait.go
 		{"events", w.startEvents},
 		{"control coverage", func(setup context.Context) (func(), error) { // worker/coverage.go
 			// The subscription is known to the server (a flush) before

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,8 +39,14 @@ import (
 // New and start it with Run.
 type Worker struct {
 	cfg Config
-	c   *bus.Client
-	js  jetstream.JetStream
+	// childWaits are the run_agent calls waiting for their children
+	// (worker/childwait.go).
+	childWaits childNotices
+	// recordsStream is the records bucket's stream, opened at the first
+	// look for a deleted record (childwait.go).
+	recordsStream atomic.Pointer[jetstream.Stream]
+	c             *bus.Client
+	js            jetstream.JetStream
 	// events is what the runs' event publishers share, from Run on.
 	events *eventpub.Env
 	names  bus.Names

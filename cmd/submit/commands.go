@@ -331,19 +331,23 @@ func prepareReply(ctx context.Context, c *bus.Client, from string, req *bus.RunR
 }
 
 func cmdFollow(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "follow", "submit follow RUN [--json]")
+	fs := newFlagSet(e, "follow", "submit follow RUN [--json] [--tree]")
 	var cf conn
 	var vf viewFlags
-	var asJSON bool
+	var asJSON, tree bool
 	cf.register(fs.FlagSet, e)
 	vf.register(fs.FlagSet)
 	fs.BoolVar(&asJSON, "json", false, "print the event envelopes as NDJSON")
+	fs.BoolVar(&tree, "tree", false, "also follow the child runs below it (run_agent), each line prefixed by its run id; no steering")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
 	}
 	if len(pos) != 1 {
 		return fail(e, usagef("follow takes one run id"))
+	}
+	if tree && asJSON {
+		return fail(e, usagef("follow --tree prints lines, not --json (follow each run with --json instead)"))
 	}
 	id := pos[0]
 	if err := bus.CheckID(id); err != nil {
@@ -359,6 +363,9 @@ func cmdFollow(ctx context.Context, e *env, args []string) int {
 	cancel()
 	if err != nil {
 		return fail(e, err)
+	}
+	if tree {
+		return followTree(ctx, e, c, id, cf.noColor) // followtree.go
 	}
 	return follow(ctx, e, c, followOptions{
 		run: id, queue: rec.Queue, json: asJSON, showPrompt: true,

@@ -41,12 +41,13 @@ const FIRST_WINDOW = 128;
 const MAX_WINDOW = 8192;
 const DEFAULT_LIST_SCAN = 100_000;
 /**
- * The waits the waiting index lists (since 1.10, bus.Indexed): a model's
+ * The waits the waiting index lists (since 1.10, bus.Indexed; children and
+ * key waits since the 1.10 child-run fixes): a model's
  * rate-limit wait is not indexed (it comes and goes with each call), so a
  * listing asking for it walks the records, and one from the index skips
  * the "model" entries a 1.9 worker left.
  */
-const INDEXED_WAITS = new Set(["approval", "budget"]);
+const INDEXED_WAITS = new Set(["approval", "budget", "children", "key"]);
 
 /** Subjects of one batched record read (waitingPage). */
 const MULTI_LAST_CHUNK = 256;

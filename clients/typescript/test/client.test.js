@@ -362,6 +362,17 @@ test("approvalsPage: pages of runs waiting for approval, the model's waits never
     if (!(cur = page.nextCursor)) break;
   }
   assert.deepEqual(listed, runs);
+  // Waits for child runs and for a concurrency key's place are indexed
+  // (1.10): listed after the approvals, in the order their waits began.
+  await put(`${queue}-kids`, { for: "children", since: new Date(now).toISOString() });
+  await put(`${queue}-key`, { for: "key", since: new Date(now).toISOString(), key: "k" });
+  const all = [];
+  for (let cur, n = 0; n < 10; n++) {
+    const page = await client.list({ state: "waiting", queue, limit: 4, before: cur });
+    all.push(...page.records.map((r) => r.id));
+    if (!(cur = page.nextCursor)) break;
+  }
+  assert.deepEqual(all, [...runs, `${queue}-kids`, `${queue}-key`]);
   const model = await client.list({ state: "waiting", waitingFor: "model", queue });
   assert.deepEqual(model.records.map((r) => r.id).sort(), runs.map((r) => r.replace("-run-", "-model-")).sort());
   assert.ok(!(model.nextCursor ?? "").startsWith("w."), `cursor ${model.nextCursor}: want the records walk's`);
