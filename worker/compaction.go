@@ -129,7 +129,9 @@ func (r *run) planCompaction(add func(string, ...any)) {
 		}
 		instructions = asked.Instructions
 	}
-	set, problems := compaction.Resolve(window, reserve, keep)
+	// Every call asks its output reserve as max_tokens, which servers count
+	// against the window: the threshold leaves room for it.
+	set, problems := compaction.Resolve(window, reserve, keep, r.outputReserve(req.MaxTokens))
 	if asked == nil && len(problems) > 0 {
 		return // the table's defaults do not fit: no manual compaction either
 	}

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/llm/faux"
 	"github.com/agentfleet/agentfleet/worker"
+	"github.com/agentfleet/agentfleet/worker/internal/compaction"
 )
 
 // compactScript is a faux model for compaction tests: a summary call (pi's
@@ -162,7 +164,7 @@ func TestCompactionCutsOnTurnBoundariesAndUpdatesTheSummary(t *testing.T) {
 	var summaryUsage int
 	for i, e := range ends {
 		if e.Error != "" || e.Reason != bus.CompactionThreshold || e.Summary != fmt.Sprintf("## Goal\nsummary %d", i+1) ||
-			e.TokensBefore <= 8000-2000 || e.TokensAfter >= e.TokensBefore || e.Usage == nil || e.Usage.Input == 0 || e.Model != "faux/small" {
+			e.TokensBefore <= 8000-4096 || e.TokensAfter >= e.TokensBefore || e.Usage == nil || e.Usage.Input == 0 || e.Model != "faux/small" {
 			t.Fatalf("compaction_end %d: %+v", i, e)
 		}
 		summaryUsage += e.Usage.TotalTokens
@@ -808,4 +810,85 @@ func (o *modelNames) ModelRequest(_ worker.RunInfo, mr worker.ModelRequest) {
 		o.n = map[string]int{}
 	}
 	o.n[mr.Model]++
+}
+
+// vllmFaux refuses, as vLLM's OpenAI server does, a call whose prompt
+// (estimated) plus max_tokens passes the window, in vLLM's words, which
+// llm/overflow recognises. refused counts the refusals.
+type vllmFaux struct {
+	*worker.FauxProvider
+	window  int
+	refused *atomic.Int32
+}
+
+func (p vllmFaux) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	in := 0
+	for i := range llm.Messages {
+		in += compaction.EstimateTokens(&llm.Messages[i])
+	}
+	if in+opts.MaxTokens > p.window {
+		p.refused.Add(1)
+		return func(yield func(agent.StreamEvent) bool) {
+			yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonError,
+				ErrorMessage: fmt.Sprintf("400 Bad Request: This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+					p.window, in+opts.MaxTokens, in, opts.MaxTokens)}})
+		}
+	}
+	return p.FauxProvider.Stream(ctx, model, llm, opts)
+}
+
+// vllmRun runs turns tool turns on an 8k window (scaled defaults, calls
+// asking the default 4,096 max_tokens) against vllmFaux, with summaries of
+// summaryWords words; it returns the events and the refusals.
+func vllmRun(t *testing.T, turns, summaryWords int) ([]*bus.Envelope, int) {
+	f := newFleet(t)
+	s := &compactScript{turns: turns}
+	var refused atomic.Int32
+	compactWorker(f, s, 8000, 2000, func(c *worker.Config) {
+		reply := func(llm agent.Context) faux.Response {
+			r := s.reply(llm)
+			if summaryWords > 0 && strings.Contains(llm.SystemPrompt, "context summarization assistant") {
+				r = fleettest.Text("## Goal\n" + strings.Repeat("note ", summaryWords))
+			}
+			return r
+		}
+		c.Providers = map[string]worker.Provider{"faux": vllmFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: reply})}, 8000, &refused}}
+	})
+	envs := f.Follow(f.Submit("", compactRequest(&bus.Compaction{})))
+	return envs, int(refused.Load())
+}
+
+// On a server that counts prompt + max_tokens against the window, the
+// threshold fires before the server refuses: no compaction is an
+// overflow, no call is refused.
+func TestCompactionThresholdLeavesRoomForMaxTokens(t *testing.T) {
+	t.Parallel()
+	envs, refused := vllmRun(t, 20, 0)
+	_, ends := compactionsOf(t, envs)
+	for _, e := range ends {
+		if e.Reason != bus.CompactionThreshold {
+			t.Fatalf("a %s compaction (%+v): the threshold, window - reserve, is past what the server accepts with max_tokens", e.Reason, e)
+		}
+	}
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded || len(ends) == 0 || refused != 0 {
+		t.Fatalf("run_finished %s/%s (%s), %d compactions, %d refused calls", fin.Status, fin.Reason, fin.Error, len(ends), refused)
+	}
+}
+
+// With summaries of about 1,000 tokens, the compacted context (keep and
+// summary) plus max_tokens still fits an 8k window: the run goes on
+// through many compactions without a refused call.
+func TestCompactionSmallWindowKeepsRoomForTheSummary(t *testing.T) {
+	t.Parallel()
+	envs, refused := vllmRun(t, 40, 800)
+	_, ends := compactionsOf(t, envs)
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusSucceeded || len(ends) < 5 || refused != 0 {
+		t.Fatalf("run_finished %s/%s (%s), %d compactions, %d refused calls", fin.Status, fin.Reason, fin.Error, len(ends), refused)
+	}
+	for _, e := range ends {
+		if e.TokensAfter >= e.TokensBefore {
+			t.Errorf("a compaction grew the context: %d to %d tokens", e.TokensBefore, e.TokensAfter)
+		}
+	}
 }

@@ -25,22 +25,51 @@ func turns(n int, resultChars int) []agent.Message {
 }
 
 func TestResolveScalesForSmallWindows(t *testing.T) {
-	s, p := Resolve(8000, 0, 0)
+	s, p := Resolve(8000, 0, 0, 0)
 	if len(p) != 0 || s.ReserveTokens != 2000 || s.KeepRecentTokens != 4000 {
 		t.Fatalf("%+v %v", s, p)
 	}
-	s, p = Resolve(200000, 0, 0)
+	s, p = Resolve(200000, 0, 0, 0)
 	if len(p) != 0 || s.ReserveTokens != DefaultReserveTokens || s.KeepRecentTokens != DefaultKeepRecentTokens {
 		t.Fatalf("%+v %v", s, p)
 	}
-	if _, p = Resolve(0, 0, 0); len(p) != 1 || !strings.Contains(p[0], "context window") {
+	if _, p = Resolve(0, 0, 0, 0); len(p) != 1 || !strings.Contains(p[0], "context window") {
 		t.Fatalf("no window: %v", p)
 	}
-	if _, p = Resolve(1000, 1000, 5000); len(p) != 2 {
+	if _, p = Resolve(1000, 1000, 5000, 0); len(p) != 2 {
 		t.Fatalf("want both problems: %v", p)
 	}
 	if !s.ShouldCompact(200000-DefaultReserveTokens+1) || s.ShouldCompact(200000-DefaultReserveTokens) {
 		t.Fatal("threshold is contextTokens > window - reserve")
+	}
+}
+
+// The threshold leaves room for the max_tokens every call asks (servers
+// count it against the window); a default keep shrinks so that keep and
+// the summary fit below it; large windows keep pi's thresholds.
+func TestResolveCountsTheOutputReserve(t *testing.T) {
+	s, p := Resolve(8000, 0, 0, 4096)
+	if len(p) != 0 || s.Reserve() != 4096 || s.KeepRecentTokens+s.SummaryMaxTokens() >= 8000-4096 || s.KeepRecentTokens <= 0 {
+		t.Fatalf("8k window, max_tokens 4096: %+v %v", s, p)
+	}
+	if !s.ShouldCompact(8000-4096+1) || s.ShouldCompact(8000-4096) {
+		t.Fatal("threshold is contextTokens > window - max(reserve, output reserve)")
+	}
+	s, p = Resolve(200000, 0, 0, 4096)
+	if len(p) != 0 || s.Reserve() != DefaultReserveTokens || s.KeepRecentTokens != DefaultKeepRecentTokens {
+		t.Fatalf("200k window: %+v %v, want pi's", s, p)
+	}
+	if s, _ = Resolve(200000, 0, 0, 32000); s.Reserve() != 32000 || s.KeepRecentTokens != DefaultKeepRecentTokens {
+		t.Fatalf("200k window, max_tokens 32000: %+v", s)
+	}
+	if s, p = Resolve(8000, 0, 3000, 4096); len(p) != 0 || s.KeepRecentTokens != 3000 {
+		t.Fatalf("an asked keep that fits is kept: %+v %v", s, p)
+	}
+	if _, p = Resolve(8000, 0, 4000, 4096); len(p) != 1 || !strings.Contains(p[0], "maxTokens 4096") {
+		t.Fatalf("an asked keep past the output reserve: %v", p)
+	}
+	if _, p = Resolve(8000, 0, 0, 8000); len(p) == 0 || !strings.Contains(p[0], "maxTokens 8000") {
+		t.Fatalf("an output reserve of the whole window: %v", p)
 	}
 }
 
