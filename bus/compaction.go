@@ -29,6 +29,10 @@ type Compaction struct {
 const (
 	MaxCompactionTokens       = 10_000_000
 	MaxCompactionInstructions = 4 << 10
+	// MaxCompactionInstructionsJoined bounds the instructions of the
+	// compact messages one compaction answers, joined: the oldest whole
+	// ones that do not fit are left out.
+	MaxCompactionInstructionsJoined = 16 << 10
 )
 
 // Problems lists what is wrong with the field; prefix names it.

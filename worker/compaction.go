@@ -95,10 +95,15 @@ func (c *compactor) forget(msgs []agent.Message) {
 	}
 }
 
+// instructionsSep joins the instructions of compact messages.
+const instructionsSep = "; "
+
 type manualCompact struct {
-	instructions string
-	seq          uint64
+	parts []string // the messages' instructions, oldest first
+	seq   uint64
 }
+
+func (m *manualCompact) instructions() string { return strings.Join(m.parts, instructionsSep) }
 
 // planCompaction sets the run's compactor up: automatic when the request
 // has "compaction", manual (the compact verb) whenever the model's window
@@ -175,17 +180,28 @@ func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream, c.limit, c.mode
 // Invariant: a compaction answers every compact message delivered before
 // it; its controlSeq is the newest's, so a resumed attempt takes none of
 // those up to it again (answeredTo). Two before one call are one
-// compaction with both instructions.
+// compaction with both instructions, within
+// bus.MaxCompactionInstructionsJoined: the oldest whole ones that do not
+// fit are left out, so that a flood of messages cannot grow the summary
+// prompt past what its model takes.
 func (c *compactor) requestManual(instructions string, seq uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if seq <= c.answeredTo {
 		return // an earlier attempt's compaction answered it
 	}
+	var parts []string
 	if m := c.manual; m != nil {
-		instructions = joinNotice(m.instructions, instructions)
+		parts = m.parts
 	}
-	c.manual = &manualCompact{instructions: instructions, seq: seq}
+	if instructions != "" {
+		parts = append(parts, instructions)
+	}
+	for size := len(strings.Join(parts, instructionsSep)); size > bus.MaxCompactionInstructionsJoined && len(parts) > 1; {
+		size -= len(parts[0]) + len(instructionsSep)
+		parts = parts[1:]
+	}
+	c.manual = &manualCompact{parts: parts, seq: seq}
 }
 
 // answered records the newest compact message an earlier attempt's
@@ -270,8 +286,8 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	instructions := c.instructions
 	if manual != nil {
 		start.ControlSeq = manual.seq
-		if manual.instructions != "" {
-			instructions = joinNotice(instructions, manual.instructions)
+		if len(manual.parts) > 0 {
+			instructions = joinNotice(instructions, manual.instructions())
 		}
 	}
 	if _, err := r.pub.Fleet(bus.EventCompactionStart, start); err != nil {
