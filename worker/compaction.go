@@ -262,7 +262,7 @@ func (c *compactor) transform(ctx context.Context, live []agent.Message) ([]agen
 			// a cut on a turn boundary allows.
 			err = c.compact(ctx, live, reason, tokens, manual, 1)
 		}
-		if err != nil && err != errNothingToCompact {
+		if err != nil && err != errNothingToCompact && err != errManualFailed {
 			return nil, err
 		}
 	}
@@ -272,9 +272,14 @@ func (c *compactor) transform(ctx context.Context, live []agent.Message) ([]agen
 // errNothingToCompact: every message is within keepRecentTokens.
 var errNothingToCompact = errors.New("nothing to compact: the context is within keepRecentTokens")
 
+// errManualFailed: a manual compaction's summary call failed; the run goes
+// on.
+var errManualFailed = errors.New("the manual compaction failed")
+
 // compact summarises live[dropped:cut] into the summary. A summary call
 // that fails fails the run (compaction_failed, its reason in run_finished
-// and in compaction_end).
+// and in compaction_end), unless a compact message asked for it
+// (errManualFailed).
 func (c *compactor) compact(ctx context.Context, live []agent.Message, reason string, tokens int, manual *manualCompact, keep int) error {
 	r := c.r
 	cut := compaction.FindCut(live, c.dropped, keep)
@@ -307,10 +312,18 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	}
 	if err != nil {
 		end.Error = clipString(err.Error(), bus.MaxErrorBytes)
+		end.Cancelled = ctx.Err() != nil
 		_, _ = r.pub.Fleet(bus.EventCompactionEnd, end)
-		// A call a run or tenant budget refused keeps that reason (the
-		// refusal recorded it): the summary did not fail, it was not made.
-		if ctx.Err() == nil && !r.tally.Stopping() {
+		switch {
+		case ctx.Err() != nil || r.tally.Stopping():
+			// Cancelled, or a call a run or tenant budget refused: that
+			// reason stands (the refusal recorded it).
+		case manual != nil:
+			// As pi's /compact: the failure is reported (compaction_end)
+			// and the run goes on with its context as it was.
+			r.log.Warn("manual compaction failed; the run goes on", "err", end.Error)
+			return errManualFailed
+		default:
 			r.overBudget(bus.ReasonCompactionFailed, end.Error)
 		}
 		return err

@@ -892,3 +892,93 @@ func TestCompactionSmallWindowKeepsRoomForTheSummary(t *testing.T) {
 		}
 	}
 }
+
+// A manual compaction whose summary call fails is reported
+// (compaction_end with error) and the run goes on with its context as it
+// was, as pi's /compact does: it used to fail the run compaction_failed.
+func TestCompactControlFailureGoesOn(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 5, gateAt: 4, summaryFail: "503 Service Unavailable: the summariser is overloaded"}
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	gate := agent.NewTool("gate", "waits for the test", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return agent.ToolResult{Content: []agent.Content{agent.Text("opened")}}, nil
+	})
+	seen := &controlSeen{kinds: make(chan string, 8)}
+	compactWorker(f, s, 100_000, 4000, func(c *worker.Config) {
+		c.Tools = append(c.Tools, gate)
+		c.Observer = seen
+		c.ModelWindows["faux/small"] = worker.ModelWindow{ContextWindow: 100_000, KeepRecentTokens: 1000}
+	})
+	req := compactRequest(nil)
+	req.Tools = []string{"read", "gate"}
+	id := f.Submit("", req)
+	<-started
+	if _, err := f.Client.Compact(fleettest.Context(t), id, ""); err != nil {
+		t.Fatal(err)
+	}
+	if k := <-seen.kinds; k != bus.KindCompact {
+		t.Fatalf("the worker took %s", k)
+	}
+	close(release)
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Reason != bus.CompactionManual || !strings.Contains(ends[0].Error, "overloaded") || ends[0].Cancelled {
+		t.Fatalf("compaction_end %+v, want the failed manual one", ends)
+	}
+	if len(tr.Messages) != 1+2*5+1 {
+		t.Fatalf("the run went on to %d messages, want %d", len(tr.Messages), 1+2*5+1)
+	}
+}
+
+// blockingSummaries holds every summary call until its context ends,
+// telling the test it began.
+type blockingSummaries struct {
+	*worker.FauxProvider
+	began chan struct{}
+}
+
+func (p blockingSummaries) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	if !strings.Contains(llm.SystemPrompt, "context summarization assistant") {
+		return p.FauxProvider.Stream(ctx, model, llm, opts)
+	}
+	return func(yield func(agent.StreamEvent) bool) {
+		p.began <- struct{}{}
+		<-ctx.Done()
+		yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonAborted,
+			ErrorMessage: ctx.Err().Error()}})
+	}
+}
+
+// A summary call cancelled (here by an abort) ends its compaction
+// cancelled, not failed: readers show it so, and the run's reason is the
+// abort's.
+func TestCompactionCancelledIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24}
+	began := make(chan struct{}, 1)
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{"faux": blockingSummaries{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, began}}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	<-began
+	if _, err := f.Client.Abort(fleettest.Context(t), id, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	envs := f.Follow(id)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Error == "" || !ends[0].Cancelled {
+		t.Fatalf("compaction_end %+v, want one cancelled", ends)
+	}
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusAborted {
+		t.Fatalf("run_finished %+v, want aborted", fin)
+	}
+}

@@ -12,7 +12,8 @@ import (
 
 // A compaction renders as one line when it ends (tokens, cut, the
 // summary's first line); a manual one also when it starts; a failed one
-// says why.
+// says why; a cancelled one (a drain, a hand-back, an abort) is not shown
+// as failed.
 func TestRenderCompaction(t *testing.T) {
 	var b bytes.Buffer
 	r := newRenderer(&b, style{})
@@ -22,14 +23,16 @@ func TestRenderCompaction(t *testing.T) {
 			Summary: "## Goal\nread every file", FirstKeptIndex: 13, MessagesSummarized: 13},
 		bus.CompactionStart{Type: bus.EventCompactionStart, Reason: bus.CompactionManual, ControlSeq: 42},
 		bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionManual, Error: "compaction: the summary call failed: 503"},
+		bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, Error: "compaction: the summary call failed: context canceled", Cancelled: true},
 	} {
 		if err := r.Render(envelope(t, uint64(i+2), 0, ev)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 3 || !strings.Contains(lines[0], "context compacted (threshold): 7000 → 3100 tokens, 13 messages summarised, kept from message 13 · ## Goal") ||
-		!strings.Contains(lines[1], "control sequence 42") || !strings.Contains(lines[2], "compaction failed: compaction: the summary call failed: 503") {
+	if len(lines) != 4 || !strings.Contains(lines[0], "context compacted (threshold): 7000 → 3100 tokens, 13 messages summarised, kept from message 13 · ## Goal") ||
+		!strings.Contains(lines[1], "control sequence 42") || !strings.Contains(lines[2], "compaction failed: compaction: the summary call failed: 503") ||
+		!strings.Contains(lines[3], "compaction cancelled") || strings.Contains(lines[3], "failed") {
 		t.Fatalf("rendered:\n%s", b.String())
 	}
 }
