@@ -56,7 +56,10 @@ func Resolve(window, reserve, keep, outputReserve int) (Settings, []string) {
 	if window <= 0 {
 		return Settings{}, []string{ErrNoWindow.Error()}
 	}
-	s := Settings{Window: window, ReserveTokens: reserve, KeepRecentTokens: keep, OutputReserve: max(outputReserve, 0)}
+	// Up to three quarters of the window: past that, servers that count it
+	// refuse nearly any context; compaction still helps on the others
+	// (llama.cpp, Ollama), which do not.
+	s := Settings{Window: window, ReserveTokens: reserve, KeepRecentTokens: keep, OutputReserve: min(max(outputReserve, 0), window*3/4)}
 	if s.ReserveTokens == 0 {
 		s.ReserveTokens = min(DefaultReserveTokens, window/4)
 	}
@@ -67,12 +70,9 @@ func Resolve(window, reserve, keep, outputReserve int) (Settings, []string) {
 	if s.ReserveTokens >= window {
 		problems = append(problems, fmt.Sprintf("compaction.reserveTokens %d must be less than the model's context window of %d", s.ReserveTokens, window))
 	}
-	if s.OutputReserve >= window {
-		problems = append(problems, fmt.Sprintf("maxTokens %d (the output reserve each model call asks) must be less than the model's context window of %d for compaction", s.OutputReserve, window))
-	}
 	free := window - min(s.Reserve(), window)
-	if keep == 0 && s.KeepRecentTokens+s.SummaryMaxTokens() >= free {
-		s.KeepRecentTokens = (free - s.SummaryMaxTokens()) / 2
+	if sum := min(s.SummaryMaxTokens(), free/2); keep == 0 && s.KeepRecentTokens+sum >= free {
+		s.KeepRecentTokens = (free - sum) / 2
 		if s.KeepRecentTokens <= 0 {
 			s.KeepRecentTokens = min(DefaultKeepRecentTokens, window/2)
 			keep = s.KeepRecentTokens // reported below

@@ -68,8 +68,13 @@ func TestResolveCountsTheOutputReserve(t *testing.T) {
 	if _, p = Resolve(8000, 0, 4000, 4096); len(p) != 1 || !strings.Contains(p[0], "maxTokens 4096") {
 		t.Fatalf("an asked keep past the output reserve: %v", p)
 	}
-	if _, p = Resolve(8000, 0, 0, 8000); len(p) == 0 || !strings.Contains(p[0], "maxTokens 8000") {
-		t.Fatalf("an output reserve of the whole window: %v", p)
+	// An output reserve past three quarters of the window counts as that:
+	// the servers that count it refuse nearly any context then.
+	if s, p = Resolve(8000, 0, 0, 8000); len(p) != 0 || s.Reserve() != 6000 || s.KeepRecentTokens <= 0 {
+		t.Fatalf("an output reserve of the whole window: %+v %v", s, p)
+	}
+	if s, p = Resolve(400, 0, 0, 4096); len(p) != 0 || s.Reserve() != 300 || s.KeepRecentTokens <= 0 || s.KeepRecentTokens >= 100 {
+		t.Fatalf("a 400-token window: %+v %v", s, p)
 	}
 }
 
