@@ -146,6 +146,10 @@ func (r *run) planCompaction(add func(string, ...any)) {
 	c := &compactor{r: r, set: set, auto: asked != nil, model: r.model, modelName: r.modelRef.String(),
 		instructions: instructions, stream: r.stream, limit: r.modelLimit}
 	if asked != nil && asked.Model != nil && *asked.Model != r.modelRef && r.req.Faux == nil {
+		if w.cfg.NoFaux && asked.Model.Provider == "faux" {
+			add("compaction.model %s: this worker does not run faux models (--allow-faux is off)", asked.Model)
+			return
+		}
 		p := w.providers[asked.Model.Provider]
 		if p == nil {
 			add("compaction.model: unknown model provider %q: this worker has %s", clipString(asked.Model.Provider, 64), w.providerNames())
@@ -154,6 +158,18 @@ func (r *run) planCompaction(add func(string, ...any)) {
 		c.model, c.modelName = p.Model(asked.Model.ID), asked.Model.String()
 		if c.model.ID == "" {
 			c.model.ID = asked.Model.ID
+		}
+		// A summary call sends up to the context at the threshold less what
+		// is kept, plus the previous summary, and asks the summary's
+		// output: a summariser whose window is known must hold that.
+		sw := c.model.ContextWindow
+		if mw, ok := w.cfg.ModelWindows[asked.Model.String()]; ok && mw.ContextWindow > 0 {
+			sw = mw.ContextWindow
+		}
+		if need := set.Window - set.Reserve() - set.KeepRecentTokens + 2*set.SummaryMaxTokens(); sw > 0 && sw < need {
+			add("compaction.model %s has a context window of %d tokens, less than the %d a summary call may need (the context at the threshold less keepRecentTokens, the previous summary and the summary's output)",
+				asked.Model, sw, need)
+			return
 		}
 		c.stream = meteredProvider{p}.Stream
 		// Its calls wait in its own rate-limit group and are priced at its

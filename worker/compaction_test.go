@@ -982,3 +982,43 @@ func TestCompactionCancelledIsNotAFailure(t *testing.T) {
 		t.Fatalf("run_finished %+v, want aborted", fin)
 	}
 }
+
+// compaction.model on the faux provider is refused, as the run's model
+// is, by a worker that runs no faux models (--allow-faux off): the demo
+// model's echo would grow the context at every compaction.
+func TestCompactionModelFauxNeedsAllowFaux(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 1}
+	compactWorker(f, s, 8000, 10, func(c *worker.Config) {
+		c.NoFaux = true
+		c.Providers["other"] = &worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}
+		c.ModelWindows["other/small"] = worker.ModelWindow{ContextWindow: 8000}
+	})
+	req := compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "faux", ID: "demo"}})
+	req.Model = &bus.ModelRef{Provider: "other", ID: "small"}
+	fin := f.WaitFinished(f.Submit("", req))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "compaction.model faux/demo: this worker does not run faux models (--allow-faux is off)") {
+		t.Fatalf("run_finished %+v", fin)
+	}
+}
+
+// compaction.model's own context window, when known, must hold what a
+// summary call may send and ask: a smaller summariser is the request's
+// problem, not a compaction_failed later.
+func TestCompactionModelWindowChecked(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 1}
+	compactWorker(f, s, 100_000, 10, func(c *worker.Config) {
+		c.Providers["other"] = &worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}
+		c.ModelWindows["other/tiny"] = worker.ModelWindow{ContextWindow: 8000}
+		c.ModelWindows["other/big"] = worker.ModelWindow{ContextWindow: 128_000}
+	})
+	fin := f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "tiny"}})))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "compaction.model other/tiny has a context window of 8000 tokens, less than the") {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	id := f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "big"}}))
+	checkRun(t, id, f.Follow(id))
+}
