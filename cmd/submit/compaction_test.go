@@ -58,6 +58,30 @@ func TestTranscriptShowsTheCut(t *testing.T) {
 	}
 }
 
+// The transcript draws only the cuts a resume would use: one after the
+// last message too; not a failed compaction's, nor one on a tool result.
+func TestTranscriptCutsAsResumesUseThem(t *testing.T) {
+	var out bytes.Buffer
+	e := &env{stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+	tr := &bus.Transcript{
+		Messages: []agent.Message{agent.UserText("read every file"),
+			{Role: agent.RoleAssistant, Content: []agent.Content{agent.ToolCall("c1", "read", map[string]any{})}, StopReason: agent.StopReasonToolUse},
+			{Role: agent.RoleToolResult, ToolCallID: "c1", ToolName: "read", Content: []agent.Content{agent.Text("ok")}}},
+		Compactions: []*bus.CompactionEnd{
+			{Type: bus.EventCompactionEnd, Reason: bus.CompactionManual, Error: "compaction: the summary call failed: 503"},
+			{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, Summary: "on a tool result", FirstKeptIndex: 2},
+			{Type: bus.EventCompactionEnd, Reason: bus.CompactionOverflow, TokensBefore: 9000, TokensAfter: 100, Summary: "all of it", FirstKeptIndex: 3},
+		},
+		Finished: &bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
+	}
+	writeTranscript(e, style{}, tr, 0)
+	got := out.String()
+	if n := strings.Count(got, "context compacted here"); n != 1 || strings.Index(got, "context compacted here (overflow") < strings.Index(got, "↳ read") ||
+		strings.Contains(got, "on a tool result") {
+		t.Fatalf("transcript:\n%s", got)
+	}
+}
+
 // submit compact sends the compact control message to a running run; a
 // run id is required and the instructions are bounded.
 func TestCompactCommand(t *testing.T) {
