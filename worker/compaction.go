@@ -277,6 +277,13 @@ func (c *compactor) transform(ctx context.Context, live []agent.Message) ([]agen
 			// Asked for: everything but the newest turn goes, as much as
 			// a cut on a turn boundary allows.
 			err = c.compact(ctx, live, reason, tokens, manual, 1)
+			if err == errNothingToCompact {
+				// Answered, so that a resumed attempt does not take it
+				// again (Recover's AnsweredSeqs): published here, on the
+				// agent's goroutine, as the compaction events are.
+				_, _ = c.r.pub.Fleet(bus.EventControlRejected, bus.ControlRejected{Type: bus.EventControlRejected, Kind: bus.KindCompact,
+					Reason: "nothing to compact: the context is its newest turn alone", ControlSeq: manual.seq})
+			}
 		}
 		if err != nil && err != errNothingToCompact && err != errManualFailed {
 			return nil, err

@@ -1022,3 +1022,35 @@ func TestCompactionModelWindowChecked(t *testing.T) {
 	id := f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "big"}}))
 	checkRun(t, id, f.Follow(id))
 }
+
+// A compact message with nothing to cut (the context is the newest turn
+// alone: here the prompt, at the first call) is answered with
+// control_rejected, so that a resumed attempt does not take it again; it
+// used to be consumed silently.
+func TestCompactControlNothingToCutIsAnswered(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 0}
+	// Stored after the request and before any worker runs it: the pickup's
+	// catch-up gives it to the agent before its first model call.
+	id := f.Submit("", compactRequest(nil))
+	seq, err := f.Client.Compact(fleettest.Context(t), id, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	compactWorker(f, s, 100_000, 10, nil)
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	var rejected *bus.ControlRejected
+	for _, e := range envs {
+		if e.Type == bus.EventControlRejected {
+			rejected = fleettest.Decode(t, e).Control
+		}
+	}
+	if rejected == nil || rejected.Kind != bus.KindCompact || rejected.ControlSeq != seq || !strings.Contains(rejected.Reason, "nothing to compact") {
+		t.Fatalf("control_rejected %+v, want the compact message (seq %d) answered\n%s", rejected, seq, fleettest.Dump(envs))
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 0 {
+		t.Fatalf("compactions %+v, want none", ends)
+	}
+}
