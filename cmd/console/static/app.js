@@ -525,6 +525,7 @@ class Transcript {
   // compactionEnd (since 1.10): where the context was cut, with the
   // summary the model was sent instead, folded; the messages above stay.
   compactionEnd(ev) {
+    if (ev.cancelled) return this.fleetEvent("notice compaction", "compaction cancelled (the run stopped or moved; the next attempt compacts again)");
     if (ev.error) return this.fleetEvent("notice compaction", "compaction failed: " + ev.error);
     this.fleetEvent("compaction", "context compacted (" + ev.reason + "): " + nf.format(ev.tokensBefore || 0) + " → " +
       nf.format(ev.tokensAfter || 0) + " tokens, " + (ev.messagesSummarized || 0) + " messages summarised; from its next call the model is sent the summary and the transcript from message " + (ev.firstKeptIndex || 0) + " on (the kept messages are above this line)",
