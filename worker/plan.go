@@ -59,6 +59,9 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 	if err := w.names.CheckLane(r.lane, req); err != nil {
 		add("%v", err)
 	}
+	if err := w.names.CheckTenant(r.lane, req, bus.TenantMetadataKey); err != nil {
+		add("%v", err)
+	}
 	if c := req.Concurrency; c != nil && c.Key != "" {
 		limit, problem := w.keyLimit(c) // keys.go
 		if problem != "" {
