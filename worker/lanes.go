@@ -312,4 +312,3 @@ func (w *Worker) laneOfConsumer(queue string, c jetstream.Consumer) bus.Lane {
 	}
 	return bus.Lane{Queue: queue}
 }
-
