@@ -220,6 +220,9 @@ type Config struct {
 	// wakeFault, set only by the package's tests (export_test.go), fails
 	// a child's wake of the parked parent it returns an error for.
 	wakeFault func(parent string) error
+	// laneRecheck replaces lanes.go's laneRecheck (tests: a lane found
+	// empty must be asked again when a request is seen in it, not later).
+	laneRecheck time.Duration
 }
 
 // RunInfo identifies a run to an Observer.

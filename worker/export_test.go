@@ -1,6 +1,10 @@
 package worker
 
-import "github.com/agentfleet/agentfleet/worker/internal/metering"
+import (
+	"time"
+
+	"github.com/agentfleet/agentfleet/worker/internal/metering"
+)
 
 // For the package's external tests (package worker_test).
 
@@ -15,5 +19,12 @@ var EstimateTokens = metering.Reservation
 // returns an error for the parent.
 func WithWakeFault(c Config, f func(parent string) error) Config {
 	c.wakeFault = f
+	return c
+}
+
+// WithLaneRecheck sets how long a no-tenant lane found empty is not asked
+// again unless a request is seen in it.
+func WithLaneRecheck(c Config, d time.Duration) Config {
+	c.laneRecheck = d
 	return c
 }

@@ -50,6 +50,13 @@ import (
 // per loop (a round trip each, beside the loop's hundreds).
 const laneRecheck = 50 * time.Millisecond
 
+func (w *Worker) laneRecheck() time.Duration {
+	if w.cfg.laneRecheck > 0 {
+		return w.cfg.laneRecheck
+	}
+	return laneRecheck
+}
+
 // tenantRecheck is laneRecheck for tenant lanes, of which there may be
 // thousands: a new request wakes the lane at once (invariant 2), so the
 // recheck only bounds what a lost LaneSeen or a redelivery waits.
@@ -261,7 +268,7 @@ func (ls *laneSet) fetchLanes(ctx context.Context, log *slog.Logger, n, fetchByt
 			if r == 0 {
 				if !l.lane.Old() { // asked every time, as before lanes (invariant 2)
 					l.seen = seen
-					l.emptyUntil = now.Add(laneRecheck)
+					l.emptyUntil = now.Add(ls.w.laneRecheck())
 					if l.lane.Tenant != bus.NoTenant {
 						l.emptyUntil = now.Add(tenantRecheck)
 					}

@@ -486,11 +486,37 @@ func (w *Worker) laneLoop(ctx context.Context, queue string, lanes *laneSet, fet
 		lanes.sync(log)
 		n := w.takeFreeSlots(queue)
 		if n == 0 {
-			continue
+			// Every slot is held, if only by a loop's walk: wait for
+			// one rather than drop the wake-up.
+			if !w.takeSlot(ctx, queue) {
+				return
+			}
+			n = 1 + w.takeFreeSlots(queue)
 		}
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
 		got := lanes.fetchLanes(ctx, log, n, fetchBytes)
 		w.releaseSlots(queue, n-got)
+	}
+}
+
+// takeSlot waits for one slot of queue; false when ctx ended first.
+func (w *Worker) takeSlot(ctx context.Context, queue string) bool {
+	qs := w.queueSlots[queue]
+	if qs != nil {
+		select {
+		case qs <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	select {
+	case w.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		if qs != nil {
+			<-qs
+		}
+		return false
 	}
 }
 
