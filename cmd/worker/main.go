@@ -722,7 +722,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	case <-w.Ready():
 		go func() {
 			defer close(polled)
-			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth, m.SetLaneDepth)
+			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth, m.SetLaneDepth, m.SetTenantDepths)
 		}()
 		if srv != nil {
 			nextSteps(stderr, log, o, srv.URL()) // nextsteps.go
