@@ -65,6 +65,8 @@ type Metrics struct {
 	approvalWait       prometheus.Histogram
 	keyWait            *prometheus.HistogramVec
 	laneDepth          *prometheus.GaugeVec
+	tenantDepth        *prometheus.GaugeVec
+	tenantSeries       map[string]map[[2]string]bool // per queue, the tenant series set (under mu)
 	approvalsRefused   *prometheus.CounterVec
 	runsWaiting        prometheus.Gauge
 	runsParked         *prometheus.CounterVec
@@ -150,6 +152,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	}, m.pastDeadline))
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending, every lane).", "queue")
 	m.laneDepth = gaugeVec(reg, m, "queue_depth_by_priority", "Run requests waiting or in progress on a queue's lanes of a priority (since 1.10).", "queue", "priority")
+	m.tenantDepth = gaugeVec(reg, m, "queue_depth_by_tenant", "Run requests waiting or in progress on a queue's tenant lanes of a priority (since 1.10; runs without a tenant are not counted here).", "queue", "priority", "tenant")
 	m.keyWait = histogramVec(reg, m, "key_wait_seconds", "How long a run waited, parked, for a place in its concurrency key (since 1.10).", prometheus.ExponentialBucketsRange(0.05, 86400, 16), "queue")
 	m.toolSourceUp = gaugeVec(reg, m, "tool_source_up", "Tool sources (mcp:<server>, service:<name>): 1 while up.", "source")
 	m.toolConflict = gaugeVec(reg, m, "tool_source_conflict", "Tool services refused because their instances announce different tools: 1 while they differ.", "source")
@@ -406,6 +409,31 @@ func (m *Metrics) pastDeadline() float64 {
 // SetLaneDepth sets the depth of a queue's lanes of one priority.
 func (m *Metrics) SetLaneDepth(queue, priority string, depth int) {
 	m.laneDepth.WithLabelValues(m.queue(queue), priority).Set(float64(depth))
+}
+
+// SetTenantDepths sets the depths of a queue's tenant lanes by priority
+// and tenant, and removes the series of lanes no longer there (a tenant
+// lane's consumer goes after an hour without work).
+func (m *Metrics) SetTenantDepths(queue string, depths map[[2]string]int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tenantSeries == nil {
+		m.tenantSeries = map[string]map[[2]string]bool{}
+	}
+	q := m.queue(queue)
+	for k := range m.tenantSeries[q] {
+		if _, ok := depths[k]; !ok {
+			m.tenantDepth.DeleteLabelValues(q, k[0], k[1])
+			delete(m.tenantSeries[q], k)
+		}
+	}
+	if m.tenantSeries[q] == nil {
+		m.tenantSeries[q] = map[[2]string]bool{}
+	}
+	for k, v := range depths {
+		m.tenantDepth.WithLabelValues(q, k[0], k[1]).Set(float64(v))
+		m.tenantSeries[q][k] = true
+	}
 }
 
 // KeyWaited observes a run's wait for its concurrency key.

@@ -86,6 +86,7 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.ControlReceived("steer")
 	m.SetQueueDepth("default", 1)
 	m.SetLaneDepth("default", "high", 1)
+	m.SetTenantDepths("default", map[[2]string]int{{"normal", "acme"}: 1})
 	m.KeyWaited("default", time.Second)
 	m.ToolSourceUp("mcp:x", true)
 	m.ToolSourceConflict("service:x", true)
@@ -243,4 +244,28 @@ func sampleCount(t *testing.T, h *prometheus.HistogramVec, label string) uint64 
 		t.Fatal(err)
 	}
 	return d.GetHistogram().GetSampleCount()
+}
+
+// A tenant lane that went (its consumer removed after an hour without
+// work) takes its series with it.
+func TestTenantDepthSeriesGo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, Config{Queues: []string{"default"}})
+	m.SetTenantDepths("default", map[[2]string]int{{"normal", "acme"}: 2, {"low", "globex"}: 1})
+	m.SetTenantDepths("default", map[[2]string]int{{"low", "globex"}: 3})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series []string
+	for _, f := range families {
+		if f.GetName() == "agentfleet_queue_depth_by_tenant" {
+			for _, s := range f.GetMetric() {
+				series = append(series, s.String())
+			}
+		}
+	}
+	if len(series) != 1 || !strings.Contains(series[0], "globex") {
+		t.Fatalf("series %v; want globex's only", series)
+	}
 }

@@ -86,6 +86,10 @@ type Config struct {
 	// DrainTimeout is how long running runs may go on after ctx is
 	// cancelled before they are stopped and handed back (Nak); default 30s.
 	DrainTimeout time.Duration
+	// TenantWeights weigh the tenants' fair share of the slots within a
+	// priority (since 1.10; lanes.go): a tenant missing here weighs 1.
+	// Every worker of a fleet should be given the same ones.
+	TenantWeights map[string]float64
 	// PollWait is how long one idle pull waits; default 2s. It bounds how
 	// long stopping takes to stop pulling.
 	PollWait time.Duration
@@ -230,6 +234,9 @@ type Config struct {
 	// loseNotices, set only by the package's tests, drops the worker's
 	// notices of finished children (as a reconnect may).
 	loseNotices bool
+	// laneRecheck replaces lanes.go's laneRecheck (tests: a lane found
+	// empty must be asked again when a request is seen in it, not later).
+	laneRecheck time.Duration
 }
 
 // RunInfo identifies a run to an Observer.

@@ -47,3 +47,10 @@ func WithLostChildren(c Config, lost func(child string) bool) Config {
 	c.loseChild = lost
 	return c
 }
+
+// WithLaneRecheck sets how long a no-tenant lane found empty is not asked
+// again unless a request is seen in it.
+func WithLaneRecheck(c Config, d time.Duration) Config {
+	c.laneRecheck = d
+	return c
+}

@@ -663,6 +663,9 @@ func (r *run) record(state string) *bus.RunRecord {
 	}
 	if r.req != nil {
 		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
+		if rec.Tenant == "" && bus.ValidTenant(r.lane.Tenant) {
+			rec.Tenant = r.lane.Tenant // the subject's (since 1.10), which Names.CheckTenant keeps equal
+		}
 		rec.Priority = r.lane.RecordPriority()
 	}
 	if r.req != nil {

@@ -113,6 +113,7 @@ type options struct {
 	maxTurns                             int
 	queueConcurrency                     listFlag
 	keyLimits                            listFlag
+	tenantWeights                        listFlag
 	allowFaux                            optionalBool
 	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
 	// port (a second worker on one machine) falls back to a free port.
@@ -318,6 +319,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
 	fs.DurationVar(&o.maxApprovalTimeout, "max-approval-timeout", environ.duration("AGENTS_MAX_APPROVAL_TIMEOUT", 0), "ceiling of a gated tool call's wait for its answer: a longer approval.timeoutSeconds (or the default, 1 day) is lowered to it, as the request's expiresAt shows; 0: --max-run-timeout if set, else the protocol's 7 days [AGENTS_MAX_APPROVAL_TIMEOUT]")
 	fs.IntVar(&o.maxTurns, "max-turns", environ.int("AGENTS_MAX_TURNS", 0), "ceiling of a run's maxTurns: a request asking more is a bad request, the default is lowered to it; 0: the protocol's 1000 [AGENTS_MAX_TURNS]")
+	fs.Var(&o.tenantWeights, "tenant-weights", "tenant=W: a tenant's weight in the fair share of the slots between tenants with work in one priority (default 1; give every worker the same); repeatable or comma-separated [AGENTS_TENANT_WEIGHTS]")
 	fs.Var(&o.keyLimits, "concurrency-key-limit", "pattern=N: the default limit of concurrency keys matching pattern ('*' any characters but '/'; first match applies); a request's own limit may only be lower; repeatable or comma-separated [AGENTS_CONCURRENCY_KEY_LIMIT]")
 	fs.Var(&o.queueConcurrency, "queue-concurrency", "queue=N: runs of that queue in flight at most, so one queue cannot take every slot; repeatable or comma-separated [AGENTS_QUEUE_CONCURRENCY]")
 	if v := os.Getenv("AGENTS_ALLOW_FAUX"); v != "" {
@@ -410,6 +412,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if _, err := parseKeyLimits(o.keyLimits); err != nil {
 		return nil, err
 	}
+	if len(o.tenantWeights) == 0 {
+		if v := env("AGENTS_TENANT_WEIGHTS", ""); v != "" {
+			_ = o.tenantWeights.Set(v)
+		}
+	}
+	if _, err := parseTenantWeights(o.tenantWeights); err != nil {
+		return nil, err
+	}
 	if o.maxRunTimeout < 0 || o.maxTurns < 0 || o.maxApprovalTimeout < 0 {
 		return nil, errors.New("--max-run-timeout, --max-approval-timeout and --max-turns must not be negative")
 	}
@@ -467,6 +477,7 @@ func applyBounds(o *options, cfg *worker.Config) {
 	cfg.MaxTurns = o.maxTurns
 	cfg.QueueConcurrency, _ = parseQueueConcurrency(o.queueConcurrency)
 	cfg.KeyLimits, _ = parseKeyLimits(o.keyLimits)
+	cfg.TenantWeights, _ = parseTenantWeights(o.tenantWeights)
 	// Faux lets a submitter script the "model": on by default only where
 	// there is no real model (the quickstart's demo, tests).
 	cfg.NoFaux = !o.allowFaux.v
@@ -489,6 +500,27 @@ func parseQueueConcurrency(entries []string) (map[string]int, error) {
 			return nil, fmt.Errorf("--queue-concurrency: %w", err)
 		}
 		out[q] = v
+	}
+	return out, nil
+}
+
+// parseTenantWeights reads --tenant-weights' tenant=W entries; the error
+// lists every bad one.
+func parseTenantWeights(entries []string) (map[string]float64, error) {
+	out := map[string]float64{}
+	var bad []string
+	for _, e := range entries {
+		t, w, ok := strings.Cut(e, "=")
+		t = strings.TrimSpace(t)
+		v, err := strconv.ParseFloat(strings.TrimSpace(w), 64)
+		if !ok || err != nil || !(v > 0 && v <= 1000) || (t != bus.NoTenant && !bus.ValidTenant(t)) {
+			bad = append(bad, fmt.Sprintf("%q", clip(e)))
+			continue
+		}
+		out[t] = v
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("--tenant-weights %s: use tenant=W, the tenant [A-Za-z0-9_-]{1,64} (_ for runs without one), W above 0 and at most 1000", strings.Join(bad, ", "))
 	}
 	return out, nil
 }
@@ -696,7 +728,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	case <-w.Ready():
 		go func() {
 			defer close(polled)
-			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth, m.SetLaneDepth)
+			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth, m.SetLaneDepth, m.SetTenantDepths)
 		}()
 		if srv != nil {
 			nextSteps(stderr, log, o, srv.URL()) // nextsteps.go

@@ -281,7 +281,8 @@ export class Client {
     }
     // normal is the default, left out: a worker before 1.10 refuses the field.
     if (rest.priority === "normal") delete rest.priority;
-    const subject = this.names.request(queue, rest.priority, id);
+    // The tenant goes in the subject too (since 1.10): fair share between tenants.
+    const subject = this.names.request(queue, rest.priority, id, rest.metadata?.tenant);
     const body = enc.encode(JSON.stringify({ id, ...rest }));
     if (body.length > MAX_REQUEST_BYTES) throw new InvalidArgumentError(`the request is ${body.length} bytes, the limit is ${MAX_REQUEST_BYTES} (1 MiB)`);
     const h = natsHeaders();

@@ -31,8 +31,8 @@ export declare class Names {
   /** A schedule's subject (since 1.10). */
   schedule(queue: string, name: string, kind: "def" | "fire" | "last"): string;
   submit(queue: string, run: string): string;
-  /** The subject of a request of this priority (since 1.10): the old subject for normal or none, else agents.lane.<queue>.<priority>._.<run>. */
-  request(queue: string, priority: "high" | "normal" | "low" | undefined, run: string): string;
+  /** The subject of a request of this priority and tenant (since 1.10): the old subject for normal or none without a tenant, else agents.lane.<queue>.<priority>.<tenant or _>.<run>. */
+  request(queue: string, priority: "high" | "normal" | "low" | undefined, run: string, tenant?: string): string;
   events(run: string): string;
   control(run: string, kind: string): string;
   record(run: string): string;

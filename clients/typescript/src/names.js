@@ -97,14 +97,17 @@ export class Names {
     return `${this.prefix}.submit.${queue}.${run}`;
   }
   /**
-   * The subject of a request of this priority (since 1.10, docs/protocol.md
-   * §3 Priority lanes): the old subject for normal or none, else the
-   * priority's lane, tenant token "_".
-   * @param {string} queue @param {string | undefined} priority @param {string} run
+   * The subject of a request of this priority and tenant (since 1.10,
+   * docs/protocol.md §3 Priority lanes): the old subject for normal or none
+   * without a tenant, else the lane, tenant token "_" when the tenant is no
+   * valid token (workers share slots fairly between tenant lanes).
+   * @param {string} queue @param {string | undefined} priority @param {string} run @param {string} [tenant]
    */
-  request(queue, priority, run) {
-    if (!priority || priority === "normal") return this.submit(queue, run);
-    return `${this.prefix}.lane.${queue}.${priority}._.${run}`;
+  request(queue, priority, run, tenant) {
+    const t = tenant && tenant !== "_" && /^[A-Za-z0-9_-]{1,64}$/.test(tenant) ? tenant : "_";
+    const p = priority || "normal";
+    if (p === "normal" && t === "_") return this.submit(queue, run);
+    return `${this.prefix}.lane.${queue}.${p}.${t}.${run}`;
   }
   /** @param {string} run */
   events(run) {

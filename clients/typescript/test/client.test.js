@@ -516,6 +516,11 @@ test("priority: a high or low request goes to its lane (since 1.10), its record 
   assert.equal((await client.status(normal.id)).priority, undefined);
   assert.equal(client.names.request("default", "high", "r1"), "agents.lane.default.high._.r1");
   assert.equal(client.names.request("default", "normal", "r1"), "agents.submit.default.r1");
+  assert.equal(client.names.request("default", undefined, "r1", "acme"), "agents.lane.default.normal.acme.r1");
+  assert.equal(client.names.request("default", "low", "r1", "not a token"), "agents.lane.default.low._.r1");
+  const tenant = await client.submit({ prompt: "mine", metadata: { tenant: "acme" } });
+  await followAll(tenant.id);
+  assert.equal((await client.status(tenant.id)).tenant, "acme");
   assert.deepEqual(client.names.parseSubmit("agents.lane.default.low._.r1"), { queue: "default", run: "r1", priority: "low" });
   await assert.rejects(client.submit({ prompt: "x", priority: /** @type {any} */ ("urgent") }), InvalidArgumentError);
 });

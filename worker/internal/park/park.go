@@ -60,6 +60,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -165,7 +166,13 @@ func (e *Env) wake(ctx context.Context, rec *bus.RunRecord) (published bool, err
 	}
 	// The wake goes back to the run's lane (since 1.10; the record says
 	// which): a worker refuses a priority its subject does not carry.
-	m := &nats.Msg{Subject: e.Names.RequestSubject(bus.LaneOf(rec.Queue, rec.Priority), rec.ID), Data: kept.Data, Header: nats.Header{}}
+	// The tenant lane too: the body's tenant is the subject's (Names.CheckTenant).
+	var body struct {
+		Metadata map[string]string `json:"metadata"`
+	}
+	_ = json.Unmarshal(kept.Data, &body) // a body without it goes to the no-tenant lane
+	lane := bus.LaneOf(rec.Queue, rec.Priority, body.Metadata[bus.TenantMetadataKey])
+	m := &nats.Msg{Subject: e.Names.RequestSubject(lane, rec.ID), Data: kept.Data, Header: nats.Header{}}
 	copyHeaders(m.Header, kept.Header)
 	seq := strconv.FormatUint(rec.Parked.Seq, 10)
 	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":wake:"+seq)
