@@ -40,7 +40,7 @@ import (
 var version = "dev"
 
 func main() {
-	mem := autoMemLimit(os.Getenv("GOMEMLIMIT"), readMemoryMax(cgroupMemoryMax))
+	mem := autoMemLimit(os.Getenv("GOMEMLIMIT"), readMemoryMax(cgroupMemoryMax, cgroupV1MemoryMax))
 	if mem.Bytes > 0 {
 		debug.SetMemoryLimit(mem.Bytes)
 	}
@@ -264,7 +264,7 @@ and point every worker at it with --nats or NATS_URL.
 
 Thousands of runs in flight: set GOMEMLIMIT (the Go collector's soft limit,
 e.g. 900MiB under a 1GiB container; unset, a worker in a container with a
-cgroup v2 memory limit sets 90% of it and logs so): the limit bounds the heap; a waiting
+cgroup memory limit sets 90% of it and logs so): the limit bounds the heap; a waiting
 run holds about 16 KB of stack and 17 KB of heap. With GOMEMLIMIT set and
 GOGC not, the worker collects at GOGC=400 below the limit (less collector
 CPU; the heap may grow to five times the live heap, never past the limit).
@@ -547,7 +547,7 @@ func runWith(ctx context.Context, args []string, stderr io.Writer, ready chan<- 
 		return 2
 	}
 	if mem.Bytes > 0 {
-		log.Info("memory limit set from the container's: 90% of cgroup memory.max (GOMEMLIMIT overrides it)",
+		log.Info("memory limit set from the container's: 90% of its cgroup memory limit (GOMEMLIMIT overrides it)",
 			"limitBytes", mem.Bytes, "cgroupBytes", mem.Cgroup)
 	}
 	tr, stopTracing, err := startTracing(ctx, o.otel, log) // trace.go

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// The worker's own memory limit: 90% of a cgroup v2 limit, none without
+// The worker's own memory limit: 90% of a cgroup v2 (else v1) limit, none without
 // one, and never over the operator's GOMEMLIMIT.
 func TestAutoMemLimit(t *testing.T) {
 	dir := t.TempDir()
@@ -18,16 +18,24 @@ func TestAutoMemLimit(t *testing.T) {
 	if err := os.WriteFile(unlimited, []byte("max\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	v1none := filepath.Join(dir, "v1none")
+	if err := os.WriteFile(v1none, []byte("9223372036854771712\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing")
 	for _, tc := range []struct {
-		name, env, path string
-		want            memLimit
+		name, env string
+		paths     []string
+		want      memLimit
 	}{
-		{"cgroup limit", "", limited, memLimit{Bytes: 966367641, Cgroup: 1 << 30}},
-		{"GOMEMLIMIT set", "500MiB", limited, memLimit{}},
-		{"no cgroup limit", "", unlimited, memLimit{}},
-		{"no cgroup v2 file", "", filepath.Join(dir, "missing"), memLimit{}},
+		{"cgroup limit", "", []string{limited}, memLimit{Bytes: 966367641, Cgroup: 1 << 30}},
+		{"GOMEMLIMIT set", "500MiB", []string{limited}, memLimit{}},
+		{"no cgroup limit", "", []string{unlimited, limited}, memLimit{}},
+		{"v1 limit, no v2 file", "", []string{missing, limited}, memLimit{Bytes: 966367641, Cgroup: 1 << 30}},
+		{"v1 without a limit", "", []string{missing, v1none}, memLimit{}},
+		{"no cgroup file", "", []string{missing}, memLimit{}},
 	} {
-		if got := autoMemLimit(tc.env, readMemoryMax(tc.path)); got != tc.want {
+		if got := autoMemLimit(tc.env, readMemoryMax(tc.paths...)); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
