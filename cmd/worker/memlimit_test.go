@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -38,5 +41,16 @@ func TestAutoMemLimit(t *testing.T) {
 		if got := autoMemLimit(tc.env, readMemoryMax(tc.paths...)); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A limit main set is in the startup log.
+func TestMemLimitLogged(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the worker stops right after its first lines
+	var out bytes.Buffer
+	runWith(ctx, []string{"--nats", "nats://127.0.0.1:1"}, &out, nil, memLimit{Bytes: 966367641, Cgroup: 1 << 30})
+	if !strings.Contains(out.String(), "memory limit set from the container's") || !strings.Contains(out.String(), "limitBytes=966367641") {
+		t.Fatalf("startup log:\n%s", out.String())
 	}
 }
