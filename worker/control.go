@@ -97,7 +97,9 @@ type controls struct {
 	// as active); room for every one an attempt publishes. The owner
 	// never waits for the run's publish window on junk, so an abort
 	// behind it is taken at once. The owner that stops for good waits
-	// for them (rejecters).
+	// for them (rejecters). Made at the first rejection, by an owner,
+	// before the publisher that reads it starts: most runs have none,
+	// and its room is about 1 KB a run.
 	rejects   chan bus.ControlRejected
 	rejecting atomic.Bool
 	rejecters sync.WaitGroup
@@ -146,8 +148,7 @@ type queuedControl struct {
 
 func newControls(r *run) *controls {
 	return &controls{r: r, inbox: make(chan liveControl, controlInbox), wake: make(chan struct{}, 1),
-		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{}),
-		rejects: make(chan bus.ControlRejected, maxControlRejections)}
+		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
 // offer is the NATS callback's part: it never blocks (it runs under
@@ -542,6 +543,9 @@ func (c *controls) reject(kind string, seq uint64, err error) {
 			"kind", kind, "controlSeq", seq, "err", err, "reported", maxControlRejections)
 	default:
 		r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
+	}
+	if c.rejects == nil {
+		c.rejects = make(chan bus.ControlRejected, maxControlRejections)
 	}
 	c.rejects <- bus.ControlRejected{Type: bus.EventControlRejected, Kind: kind,
 		Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq} // room for each

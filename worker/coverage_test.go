@@ -327,3 +327,13 @@ func TestIdleCheckWithoutControlsIsOneRead(t *testing.T) {
 		t.Fatalf("control reads %q, want one of %s.* from sequence 1", reads, id)
 	}
 }
+
+// A run's controls make no room for rejections until one comes: most runs
+// have none, and ten thousand waiting runs held 7.5 MB of it
+// (docs/benchmarks/2026-12.md, issue 60).
+func TestControlsHoldNoRejectionRoomUntilARejection(t *testing.T) {
+	c := newControls(&run{})
+	if c.rejects != nil {
+		t.Fatalf("a new run's controls hold room for %d rejections", cap(c.rejects))
+	}
+}
