@@ -97,7 +97,9 @@ type controls struct {
 	// as active); room for every one an attempt publishes. The owner
 	// never waits for the run's publish window on junk, so an abort
 	// behind it is taken at once. The owner that stops for good waits
-	// for them (rejecters).
+	// for them (rejecters). Made at the first rejection, by an owner,
+	// before the publisher that reads it starts: most runs have none,
+	// and its room is about 1 KB a run.
 	rejects   chan bus.ControlRejected
 	rejecting atomic.Bool
 	rejecters sync.WaitGroup
@@ -146,8 +148,7 @@ type queuedControl struct {
 
 func newControls(r *run) *controls {
 	return &controls{r: r, inbox: make(chan liveControl, controlInbox), wake: make(chan struct{}, 1),
-		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{}),
-		rejects: make(chan bus.ControlRejected, maxControlRejections)}
+		idle: make(chan chan int, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
 // offer is the NATS callback's part: it never blocks (it runs under
@@ -343,7 +344,7 @@ func (c *controls) live(ctx context.Context, lc liveControl) {
 // read that failed is returned, after what the others found is taken (a
 // missing message is not an error).
 func (c *controls) catchUp(ctx context.Context) error {
-	msgs, err := c.r.w.controlReads.since(ctx, c.r.id, c.last)
+	msgs, err := c.r.w.controlReads.since(ctx, c.r.id, c.last, true)
 	c.takeAll(msgs)
 	if err != nil {
 		c.r.log.Warn("control catch-up read failed", "err", err)
@@ -376,7 +377,8 @@ func (c *controls) prefetch(ctx context.Context) {
 	c.pre = pre
 	r := c.r
 	go func() {
-		msgs, err := r.w.controlReads.since(ctx, r.id, kindSeqs{})
+		// A wake's run has its answer stored: no probe (see since).
+		msgs, err := r.w.controlReads.since(ctx, r.id, kindSeqs{}, r.lease.WokenFrom == 0)
 		pre <- caughtUp{msgs, err}
 	}()
 }
@@ -385,8 +387,9 @@ func (c *controls) prefetch(ctx context.Context) {
 type controlReads interface {
 	// since reads run's messages of each kind stored after last[kind],
 	// in stream order; on a failed read, the error with what the reads
-	// found (each kind's from after last[kind], without a gap).
-	since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error)
+	// found (each kind's from after last[kind], without a gap). probe:
+	// when last is empty, first ask whether the run has any message.
+	since(ctx context.Context, run string, last kindSeqs, probe bool) ([]*jetstream.RawStreamMsg, error)
 	// lastSeq is the stream's last sequence (a gated call's fence).
 	lastSeq(ctx context.Context) (uint64, error)
 }
@@ -398,7 +401,23 @@ type streamControls struct{ w *Worker }
 // <run>.*: nats-server finds a literal subject's next message from its
 // index, and scans every message after the sequence asked for a wildcard
 // (docs/benchmarks/2026-12.md, 2026-12-07).
-func (s streamControls) since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error) {
+//
+// Most runs have no control message at all, and their idle check made
+// five reads that each found nothing. So when nothing was taken yet (last
+// is empty) and probe is set, one read of <run>.* from sequence 1 asks
+// first: from the stream's first sequence nats-server answers a wildcard
+// from its subject index, without a scan. Nothing found means each
+// literal read would have missed at its first get; anything found, or a
+// failed probe, reads the five kinds as before.
+func (s streamControls) since(ctx context.Context, run string, last kindSeqs, probe bool) ([]*jetstream.RawStreamMsg, error) {
+	if probe && last == (kindSeqs{}) {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.w.controlStream.GetMsg(gctx, 1, jetstream.WithGetMsgSubject(s.w.names.ControlAll(run)))
+		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+	}
 	// The kinds AGENTS_CONTROL stores (its subjects).
 	kinds := [...]string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove, bus.KindCompact}
 	var found [len(kinds)][]*jetstream.RawStreamMsg
@@ -524,6 +543,9 @@ func (c *controls) reject(kind string, seq uint64, err error) {
 			"kind", kind, "controlSeq", seq, "err", err, "reported", maxControlRejections)
 	default:
 		r.log.Warn("control message ignored", "kind", kind, "controlSeq", seq, "err", err)
+	}
+	if c.rejects == nil {
+		c.rejects = make(chan bus.ControlRejected, maxControlRejections)
 	}
 	c.rejects <- bus.ControlRejected{Type: bus.EventControlRejected, Kind: kind,
 		Reason: clipString(err.Error(), bus.MaxErrorBytes), ControlSeq: seq} // room for each

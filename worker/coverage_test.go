@@ -280,3 +280,60 @@ func TestSpoofedSequenceHeaderIsIgnored(t *testing.T) {
 		t.Fatalf("lastControlSeq %d, want %d", tr.Finished.LastControlSeq, ack.Sequence)
 	}
 }
+
+// A run with no control message asks the control stream once, at its idle
+// check: one wildcard read from sequence 1, which the server answers from
+// its subject index, instead of a read of each of the five kinds.
+func TestIdleCheckWithoutControlsIsOneRead(t *testing.T) {
+	t.Parallel()
+	_, c := startInternal(t, Config{}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const id = "no-controls"
+	var mu sync.Mutex
+	var reads []string
+	sub, err := c.Conn().Subscribe("$JS.API.STREAM.MSG.GET."+c.Names().ControlStream(), func(m *nats.Msg) {
+		if strings.Contains(string(m.Data), "."+id+".") {
+			mu.Lock()
+			reads = append(reads, string(m.Data))
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "a", Model: &bus.ModelRef{Provider: "faux", ID: "s"},
+		Faux: fauxTexts("done")}); err != nil {
+		t.Fatal(err)
+	}
+	for e, err := range c.Follow(ctx, id) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Type == bus.EventRunFinished {
+			break
+		}
+	}
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reads) != 1 || !strings.Contains(reads[0], `"seq":1,`) || !strings.Contains(reads[0], "."+id+".*") {
+		t.Fatalf("control reads %q, want one of %s.* from sequence 1", reads, id)
+	}
+}
+
+// A run's controls make no room for rejections until one comes: most runs
+// have none, and ten thousand waiting runs held 7.5 MB of it
+// (docs/benchmarks/2026-12.md, issue 60).
+func TestControlsHoldNoRejectionRoomUntilARejection(t *testing.T) {
+	c := newControls(&run{})
+	if c.rejects != nil {
+		t.Fatalf("a new run's controls hold room for %d rejections", cap(c.rejects))
+	}
+}

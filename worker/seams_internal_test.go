@@ -49,11 +49,11 @@ type controlsBefore struct {
 	fence func(ctx context.Context) error
 }
 
-func (c controlsBefore) since(ctx context.Context, run string, last kindSeqs) ([]*jetstream.RawStreamMsg, error) {
+func (c controlsBefore) since(ctx context.Context, run string, last kindSeqs, probe bool) ([]*jetstream.RawStreamMsg, error) {
 	if c.read != nil {
 		c.read(run)
 	}
-	return c.controlReads.since(ctx, run, last)
+	return c.controlReads.since(ctx, run, last, probe)
 }
 
 func (c controlsBefore) lastSeq(ctx context.Context) (uint64, error) {

@@ -40,11 +40,15 @@ import (
 var version = "dev"
 
 func main() {
+	mem := autoMemLimit(os.Getenv("GOMEMLIMIT"), readMemoryMax(cgroupMemoryMax, cgroupV1MemoryMax))
+	if mem.Bytes > 0 {
+		debug.SetMemoryLimit(mem.Bytes)
+	}
 	if p := gcPercent(os.Getenv("GOGC"), debug.SetMemoryLimit(-1)); p > 0 {
 		debug.SetGCPercent(p)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := run(ctx, os.Args[1:], os.Stderr, nil)
+	code := runWith(ctx, os.Args[1:], os.Stderr, nil, mem)
 	stop()
 	os.Exit(code)
 }
@@ -261,7 +265,8 @@ Several workers: start NATS yourself (or one worker with the embedded server)
 and point every worker at it with --nats or NATS_URL.
 
 Thousands of runs in flight: set GOMEMLIMIT (the Go collector's soft limit,
-e.g. 900MiB under a 1GiB container): the limit bounds the heap; a waiting
+e.g. 900MiB under a 1GiB container; unset, a worker in a container with a
+cgroup memory limit sets 90% of it and logs so): the limit bounds the heap; a waiting
 run holds about 16 KB of stack and 17 KB of heap. With GOMEMLIMIT set and
 GOGC not, the worker collects at GOGC=400 below the limit (less collector
 CPU; the heap may grow to five times the live heap, never past the limit).
@@ -561,6 +566,11 @@ type started struct {
 // run is main without the process: it returns the exit code. ready, if
 // not nil, is told once the worker is connected and serving (tests).
 func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- started) int {
+	return runWith(ctx, args, stderr, ready, memLimit{})
+}
+
+// runWith is run in a process whose memory limit main set (mem).
+func runWith(ctx context.Context, args []string, stderr io.Writer, ready chan<- started, mem memLimit) int {
 	o, err := parse(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -573,6 +583,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	if err != nil {
 		fmt.Fprintln(stderr, "worker:", err)
 		return 2
+	}
+	if mem.Bytes > 0 {
+		log.Info("memory limit set from the container's: 90% of its cgroup memory limit (GOMEMLIMIT overrides it)",
+			"limitBytes", mem.Bytes, "cgroupBytes", mem.Cgroup)
 	}
 	tr, stopTracing, err := startTracing(ctx, o.otel, log) // trace.go
 	if err != nil {
