@@ -32,8 +32,11 @@ import (
 // waiting runs shows. A model call's rate-limit wait lasts seconds and
 // comes and goes with each call: indexed, its entry was put and purged
 // at every heartbeat (since 1.10 it is not; a listing asking for it
-// walks the records).
-func Indexed(what string) bool { return what == WaitingApproval || what == WaitingBudget }
+// walks the records). A run in line for its concurrency key (since 1.10)
+// is indexed too: its wait may last hours.
+func Indexed(what string) bool {
+	return what == WaitingApproval || what == WaitingBudget || what == WaitingKey
+}
 
 // WaitingStream is the waiting-run index stream (AGENTS_WAITING).
 func (n Names) WaitingStream() string { return n.upper + "_WAITING" }

@@ -116,18 +116,30 @@ func (e *Env) Keep(ctx context.Context, queue, id string, attempt int, req *jets
 	return ack.Sequence, bus.RequestDigest(key, req.Data), nil
 }
 
+// ErrCopyGone: a parked run's request copy is gone (AGENTS_PARKED's max
+// age, or a newer park replaced it), so it cannot be woken.
+var ErrCopyGone = errors.New("parked run's request copy is gone")
+
 // Wake publishes the wake of rec's park (step 3). A record not parked
-// wakes nothing.
+// wakes nothing; nor does one whose copy is gone (logged: the record
+// moved on, or says why the run cannot be woken).
 func (e *Env) Wake(ctx context.Context, rec *bus.RunRecord) error {
+	err := e.WakeKept(ctx, rec)
+	if errors.Is(err, ErrCopyGone) {
+		e.Log.Warn("parked run's request copy is gone; cannot wake it", "run", rec.ID, "parkedSeq", rec.Parked.Seq)
+		return nil
+	}
+	return err
+}
+
+// WakeKept is Wake, but says ErrCopyGone when the copy is gone.
+func (e *Env) WakeKept(ctx context.Context, rec *bus.RunRecord) error {
 	if rec == nil || rec.Parked == nil {
 		return nil
 	}
 	kept, err := e.Parked.GetMsg(ctx, rec.Parked.Seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		// Gone (max age) or replaced by a newer park: the record moved
-		// on, or the run cannot be woken; the record says why.
-		e.Log.Warn("parked run's request copy is gone; cannot wake it", "run", rec.ID, "parkedSeq", rec.Parked.Seq)
-		return nil
+		return ErrCopyGone
 	}
 	if err != nil {
 		return fmt.Errorf("reading the parked request: %w", err)
