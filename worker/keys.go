@@ -113,6 +113,12 @@ func (r *run) takeKey() bool {
 	defer cancel()
 	res, wake, err := w.keys.Take(ctx, scopedKey(r.queue, r.key), r.keyLimit, r.id, false)
 	w.wakeKeyed(ctx, wake)
+	if errors.Is(err, keys.ErrLineFull) {
+		// Refused, not handed back: each delivery would find it full.
+		r.endInLine(bus.StatusFailed, bus.ReasonBadRequest, clipString(err.Error()+": key "+r.key, bus.MaxErrorBytes),
+			r.termRequest("bad_request: concurrency key line full"))
+		return false
+	}
 	if err != nil {
 		r.log.Warn("cannot take the run's concurrency key place; handing it back", "key", r.key, "err", err)
 		_ = r.msg.NakWithDelay(2 * time.Second)

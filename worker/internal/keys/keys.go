@@ -131,6 +131,15 @@ const (
 	Granted                   // the run was in line and a place was free: it holds it now
 )
 
+// MaxPlaces bounds a key's places and line together: the entry is one KV
+// value, and this many places stay well under the servers' 1 MiB payload
+// (about 90 bytes each), so joining the line never fails on its size.
+const MaxPlaces = 8000
+
+// ErrLineFull: the key is full and its line has MaxPlaces runs with its
+// holders; the run cannot wait for it.
+var ErrLineFull = fmt.Errorf("concurrency key: its line is full (%d runs hold or wait)", MaxPlaces)
+
 // maxTries bounds a compare-and-set loop: every round one writer of the
 // key succeeds, so it is the writers of one key at once that it bounds.
 const maxTries = 256
@@ -181,6 +190,10 @@ func (e *Env) Take(ctx context.Context, key string, limit int, run string, wait 
 				cur.Waiting, res = cur.Waiting[1:], Granted
 			}
 			cur.Holds = append(cur.Holds, Place{Run: run, At: e.Now(), Limit: limit})
+		case w < 0 && len(wake) == 0 && len(cur.Holds)+len(cur.Waiting) >= MaxPlaces:
+			// Refused before the caller parks the run: a joiner racing
+			// past the bound adds one place, far from the payload limit.
+			return 0, nil, ErrLineFull
 		case !wait && len(wake) == 0, w >= 0 && len(wake) == 0:
 			return Waits, nil, nil
 		case !wait, w >= 0:

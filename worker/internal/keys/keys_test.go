@@ -2,6 +2,7 @@ package keys
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -215,5 +216,33 @@ func TestSmallestLimitIsInForce(t *testing.T) {
 	}
 	if next, _ := e.Release(ctx(t), "k", "c"); len(next) != 1 || next[0] != "d" {
 		t.Fatalf("c released: granted %v, want [d]", next)
+	}
+}
+
+// A line at MaxPlaces refuses a new run (before it parks) rather than
+// growing its one KV value past the payload limit (review55b #4).
+func TestALongLineIsRefusedNotOutgrown(t *testing.T) {
+	e, _ := testEnv(t, nil)
+	take(t, e, "k", 1, "a")
+	ent, err := e.Read(ctx(t), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range MaxPlaces - 1 {
+		ent.Waiting = append(ent.Waiting, Place{Run: fmt.Sprintf("r%026d", i), At: time.Now(), Limit: 1})
+	}
+	kve, err := e.KV.Get(ctx(t), Name("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.put(ctx(t), Name("k"), ent, kve.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Take(ctx(t), "k", 1, "late", false); !errors.Is(err, ErrLineFull) {
+		t.Fatalf("take past the bound: %v, want ErrLineFull", err)
+	}
+	// One in line already keeps its place (a wake, a redelivery).
+	if r, _, err := e.Take(ctx(t), "k", 1, fmt.Sprintf("r%026d", 5), true); err != nil || r != Waits {
+		t.Fatalf("a run in line: %v, %v", r, err)
 	}
 }
