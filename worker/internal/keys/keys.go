@@ -191,8 +191,9 @@ func (e *Env) Take(ctx context.Context, key string, limit int, run string, wait 
 			}
 			cur.Holds = append(cur.Holds, Place{Run: run, At: e.Now(), Limit: limit})
 		case w < 0 && len(wake) == 0 && len(cur.Holds)+len(cur.Waiting) >= MaxPlaces:
-			// Refused before the caller parks the run: a joiner racing
-			// past the bound adds one place, far from the payload limit.
+			// Refused before the caller parks the run (takeKey asks
+			// first without waiting); a join refused after the park is
+			// handed back, and its redelivery refused here.
 			return 0, nil, ErrLineFull
 		case !wait && len(wake) == 0, w >= 0 && len(wake) == 0:
 			return Waits, nil, nil
