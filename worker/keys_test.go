@@ -337,3 +337,31 @@ func TestRunInLineForItsKeyIsListedAsWaiting(t *testing.T) {
 	}
 	t.Fatalf("run %s, in line for its key, not in the listing of waiting runs (%d listed)", b, len(page.Records))
 }
+
+// A holder parked for its approval and answered while its key is full
+// waits in line, then runs its approved call (keys.go, invariant 4).
+func TestKeyHolderAnsweredWhileItsKeyIsFullRunsWhenGranted(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4, ParkAfter: 500 * time.Millisecond})
+	ctx := fleettest.Context(t)
+	holder := keyed(sleepRun("holder", 10*time.Millisecond))
+	holder.Tools = []string{"sleep"}
+	holder.Approval = &bus.Approval{Tools: []string{"sleep"}}
+	h := f.Submit("", holder)
+	watchRecord(t, f, h, "parked", func(rec *bus.RunRecord) bool { return rec.Parked != nil })
+	b := keyed(sleepRun("b", 5*time.Second))
+	b.Tools = []string{"sleep"}
+	bid := f.Submit("", b)
+	watchRecord(t, f, bid, "running", func(rec *bus.RunRecord) bool { return rec.State == bus.StateRunning && rec.Parked == nil })
+	if _, err := f.Client.Answer(ctx, h, bus.ApprovalAnswer{ToolCallID: "s", Decision: bus.DecisionApprove, By: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	parkedForKey(t, f, h)
+	if fin := f.WaitFinished(h); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("holder %s ended %s (%s): %s", h, fin.Status, fin.Reason, fin.Error)
+	}
+	if fin := f.WaitFinished(bid); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("b %s ended %s (%s): %s", bid, fin.Status, fin.Reason, fin.Error)
+	}
+}
