@@ -306,13 +306,26 @@ func TestAbortOfARunInLineForItsKeyEndsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := kv.Get(ctx, keys.Name("default/K"))
+	// The line is left after run_finished is stored: watch for it.
+	watch, err := kv.Watch(ctx, keys.Name("default/K"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ent keys.Entry
-	if err := json.Unmarshal(e.Value(), &ent); err != nil || len(ent.Waiting) != 0 || len(ent.Holds) != 1 {
-		t.Fatalf("key entry %s, %v: want the holder only", e.Value(), err)
+	defer func() { _ = watch.Stop() }()
+	var last []byte
+	for {
+		select {
+		case e := <-watch.Updates():
+			if e == nil {
+				continue
+			}
+			var ent keys.Entry
+			if last = e.Value(); json.Unmarshal(last, &ent) == nil && len(ent.Waiting) == 0 && len(ent.Holds) == 1 {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("key entry %s: want the holder only", last)
+		}
 	}
 }
 
@@ -363,5 +376,33 @@ func TestKeyHolderAnsweredWhileItsKeyIsFullRunsWhenGranted(t *testing.T) {
 	}
 	if fin := f.WaitFinished(bid); fin.Status != bus.StatusSucceeded {
 		t.Fatalf("b %s ended %s (%s): %s", bid, fin.Status, fin.Reason, fin.Error)
+	}
+}
+
+// An approve sent to a run in line for its key does not wake it (it would
+// only park again, a new attempt each time); its abort does, once
+// (review55b #5).
+func TestApproveOfARunInLineForItsKeyDoesNotWakeIt(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.Config{Concurrency: 4})
+	ctx := fleettest.Context(t)
+	holdKey(t, f, 30*time.Second)
+	b := f.Submit("", keyed(sleepRun("b", 10*time.Millisecond)))
+	parkedForKey(t, f, b)
+	for range 3 {
+		if _, err := f.Client.Answer(ctx, b, bus.ApprovalAnswer{ToolCallID: "x", Decision: bus.DecisionApprove}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.Client.Abort(ctx, b, "not needed"); err != nil {
+		t.Fatal(err)
+	}
+	if fin := f.WaitFinished(b); fin.Status != bus.StatusAborted {
+		t.Fatalf("run %s ended %s (%s): %s", b, fin.Status, fin.Reason, fin.Error)
+	}
+	rec, err := f.Client.Status(ctx, b)
+	if err != nil || rec.Attempt != 2 {
+		t.Fatalf("final record attempt %d (%v): want 2, the abort's wake only", rec.Attempt, err)
 	}
 }
