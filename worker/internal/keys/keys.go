@@ -287,7 +287,9 @@ func (e *Env) Names(ctx context.Context) ([]string, error) {
 	}
 	var names []string
 	for k := range l.Keys() {
-		names = append(names, k)
+		if len(k) == 33 && k[0] == 'k' { // Name's form; the bucket holds others (childkey)
+			names = append(names, k)
+		}
 	}
 	return names, nil
 }

@@ -170,6 +170,9 @@ func TestSweepGrantsTheLineWithoutATaker(t *testing.T) {
 		t.Fatalf("within grace: wake %v, %v", wake, err)
 	}
 	*now = now.Add(2 * time.Minute)
+	if _, err := e.KV.Put(ctx(t), "childkey", []byte("not a key's entry")); err != nil {
+		t.Fatal(err)
+	}
 	names, err := e.Names(ctx(t))
 	if err != nil || len(names) != 1 || names[0] != Name("k") {
 		t.Fatalf("names %v, %v", names, err)
