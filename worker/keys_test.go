@@ -339,6 +339,15 @@ func TestRunInLineForItsKeyIsListedAsWaiting(t *testing.T) {
 	holdKey(t, f, 20*time.Second)
 	b := f.Submit("", keyed(sleepRun("b", 10*time.Millisecond)))
 	parkedForKey(t, f, b)
+	// The index entry follows the record: wait for it.
+	cons, err := f.Client.JetStream().OrderedConsumer(ctx, f.Client.Names().WaitingStream(),
+		jetstream.OrderedConsumerConfig{FilterSubjects: []string{f.Client.Names().WaitingEntry("default", b)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cons.Next(jetstream.FetchMaxWait(20 * time.Second)); err != nil {
+		t.Fatalf("no waiting-index entry for %s: %v", b, err)
+	}
 	page, err := f.Client.ListPage(ctx, bus.ListOptions{State: bus.StateWaiting})
 	if err != nil {
 		t.Fatal(err)
