@@ -43,9 +43,10 @@ const DEFAULT_LIST_SCAN = 100_000;
  * The waits the waiting index lists (since 1.10, bus.Indexed): a model's
  * rate-limit wait is not indexed (it comes and goes with each call), so a
  * listing asking for it walks the records, and one from the index skips
- * the "model" entries a 1.9 worker left.
+ * the "model" entries a 1.9 worker left. A wait in line for a concurrency
+ * key is indexed (review of issue 55).
  */
-const INDEXED_WAITS = new Set(["approval", "budget"]);
+const INDEXED_WAITS = new Set(["approval", "budget", "key"]);
 
 /** Subjects of one batched record read (waitingPage). */
 const MULTI_LAST_CHUNK = 256;

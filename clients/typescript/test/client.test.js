@@ -335,6 +335,8 @@ test("approvalsPage: pages of runs waiting for approval, the model's waits never
     await put(id, { for: "approval", since: new Date(now).toISOString(), approvals: [{ toolCallId: `c${i}`, toolName: "deploy", requestedAt: now, expiresAt: now + 3600_000 }] });
     await put(`${queue}-model-${i}`, { for: "model", since: new Date(now).toISOString() });
   }
+  // A run in line for its concurrency key is indexed too (review of issue 55).
+  await put(`${queue}-key`, { for: "key", key: "customer-42", since: new Date(now).toISOString() });
   const sizes = [];
   const seen = new Map();
   let before;
@@ -361,7 +363,7 @@ test("approvalsPage: pages of runs waiting for approval, the model's waits never
     listed.push(...page.records.map((r) => r.id));
     if (!(cur = page.nextCursor)) break;
   }
-  assert.deepEqual(listed, runs);
+  assert.deepEqual(listed, [...runs, `${queue}-key`]);
   const model = await client.list({ state: "waiting", waitingFor: "model", queue });
   assert.deepEqual(model.records.map((r) => r.id).sort(), runs.map((r) => r.replace("-run-", "-model-")).sort());
   assert.ok(!(model.nextCursor ?? "").startsWith("w."), `cursor ${model.nextCursor}: want the records walk's`);
