@@ -40,7 +40,13 @@ type fleet struct {
 // worker on it with cfg (Client, Logger and WorkerID filled in).
 func startFleet(t *testing.T, cfg *worker.Config) *fleet {
 	t.Helper()
-	f := &fleet{Server: rolefleet.Start(t, accountsConf), WorkerLog: &logbuf.Buffer{}}
+	return startFleetConf(t, accountsConf, cfg)
+}
+
+// startFleetConf is startFleet with another accounts file.
+func startFleetConf(t *testing.T, conf string, cfg *worker.Config) *fleet {
+	t.Helper()
+	f := &fleet{Server: rolefleet.Start(t, conf), WorkerLog: &logbuf.Buffer{}}
 	f.Worker = f.Connect(t, "worker")
 	if cfg != nil {
 		c := *cfg

@@ -4,6 +4,9 @@ package adversarial
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,5 +154,67 @@ func TestKeyLimitOfAnotherQueueCannotBeLowered(t *testing.T) {
 	}
 	for _, id := range []string{"lowerer", "first"} {
 		_, _ = sub.Abort(c, id, "test over")
+	}
+}
+
+// A submitter of one tenant (accounts.conf's SUBMITTER_ACME, its user line
+// uncommented as docs/security.md says) cannot submit into another
+// tenant's lane, the no-tenant lanes or the old subject: its permissions
+// refuse them. A body naming another tenant on its own lane is a bad
+// request, and one naming none runs as the subject's tenant.
+func TestSubmitterCannotSubmitIntoAnotherTenantsLane(t *testing.T) {
+	text, err := os.ReadFile(accountsConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant, err := os.ReadFile(filepath.Join(filepath.Dir(accountsConf), "tenant-submitter.conf.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example's block before the accounts, its user in AGENTS.
+	const pw = "acme-password"
+	conf := filepath.Join(t.TempDir(), "accounts.conf")
+	s := strings.Replace(string(text), "\naccounts: {", "\n"+string(tenant)+"\naccounts: {", 1)
+	s = strings.Replace(s, "    users: [\n", "    users: [\n      {user: submitter-acme, password: \""+pw+"\", permissions: $SUBMITTER_ACME}\n", 1)
+	if err := os.WriteFile(conf, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := startFleetConf(t, conf, &worker.Config{})
+	f.Passwords["submitter-acme"] = pw
+	acme := f.Connect(t, "submitter-acme")
+	c := ctx(t, 2*time.Minute)
+	for _, tenant := range []string{"beta", ""} { // another tenant's lane; the old subject
+		req := fauxRun("forged-"+tenant, "hi", fleettest.Text("ok"))
+		req.Metadata = map[string]string{"tenant": tenant}
+		if _, err := acme.Submit(ctx(t, 3*time.Second), "", req); err == nil {
+			t.Errorf("submitter-acme stored a request for tenant %q", tenant)
+		}
+	}
+	for _, l := range []bus.Lane{{Queue: "default", Priority: bus.PriorityNormal, Tenant: bus.NoTenant}, {Queue: "default", Priority: bus.PriorityLow, Tenant: "beta"}} {
+		if _, err := acme.SubmitLane(ctx(t, 3*time.Second), l, "forged-lane", []byte(`{"prompt":"hi"}`)); err == nil {
+			t.Errorf("submitter-acme stored a request on lane %s/%s", l.Priority, l.Tenant)
+		}
+	}
+	body := `{"prompt":"hi","metadata":{"tenant":"beta"}}`
+	if _, err := acme.SubmitLane(c, bus.Lane{Queue: "default", Priority: bus.PriorityNormal, Tenant: "acme"}, "claims-beta", []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	own := fauxRun("own", "hi", fleettest.Text("ok"))
+	if _, err := acme.SubmitLane(c, bus.Lane{Queue: "default", Priority: bus.PriorityNormal, Tenant: "acme"}, "own", mustJSON(t, own)); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{"claims-beta": bus.ReasonBadRequest, "own": ""} {
+		for env, err := range acme.Follow(c, id) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev, _ := env.Decode(); ev != nil && ev.RunFinished != nil && ev.RunFinished.Reason != want {
+				t.Errorf("run %s ended %s (%s): %s; want reason %q", id, ev.RunFinished.Status, ev.RunFinished.Reason, ev.RunFinished.Error, want)
+			}
+		}
+	}
+	rec, err := acme.Status(c, "own")
+	if err != nil || rec.Tenant != "acme" {
+		t.Errorf("record of own: %v %+v; want tenant acme", err, rec)
 	}
 }

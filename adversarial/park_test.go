@@ -62,6 +62,33 @@ func TestParkedRunCannotBeWokenByASubmitter(t *testing.T) {
 			t.Errorf("a submitter published on %s", subj)
 		}
 	}
+	// 1.10: AGENTS_PARKED allows direct gets (the waker's read). Only
+	// workers may ask: the kept copy carries the wake key. Both forms, by
+	// every role that reads runs, are permissions violations.
+	direct := "$JS.API.DIRECT.GET." + n.ParkedStream()
+	for _, role := range []string{"submitter", "approver", "observer"} {
+		nc, log := f.NATS(t, role)
+		got, err := nc.SubscribeSync(nc.NewRespInbox())
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := direct + "." + n.Parked(rec.Queue, req.ID)
+		if err := nc.PublishRequest(direct, got.Subject, []byte(`{"seq":`+seq+`}`)); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.PublishRequest(last, got.Subject, nil); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		for _, subj := range []string{direct + `"`, last} { // the quote: not the other's prefix
+			if !f.Log.Violation(role, subj) {
+				t.Errorf("a %s asked %s without a permissions violation; client log: %s", role, subj, log.String())
+			}
+		}
+		if m, err := got.NextMsg(500 * time.Millisecond); err == nil && len(m.Data) > 0 {
+			t.Fatalf("a %s read a parked run's kept request by direct get: %s", role, m.Data)
+		}
+	}
 	waitRunsEmpty(t, f, rec.Queue, 30*time.Second)
 	if cur := waitRecord(t, attacker, req.ID, func(*bus.RunRecord) bool { return true }); cur.Parked == nil || cur.Revision != rec.Revision {
 		t.Fatalf("after the forged wake the record is %+v (parked at revision %d)", cur, rec.Revision)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/fleettest"
@@ -23,7 +22,8 @@ import (
 
 // teamConf is accounts.conf with the submitter limited to queue team-a,
 // as docs/security.md (Schedules) says to limit one: its submits and its
-// schedules' subjects name team-a.
+// schedules' subjects name team-a. A second submitter, submitter-b, is
+// limited to queue other the same way.
 func teamConf(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile(accountsConf)
@@ -35,19 +35,28 @@ func teamConf(t *testing.T) string {
 	if start < 0 || end < start {
 		t.Fatal("accounts.conf has no SUBMITTER block before OBSERVER")
 	}
-	block := text[start:end]
-	for from, to := range map[string]string{
-		`"agents.submit.*.*"`:        `"agents.submit.team-a.*"`,
-		`"agents.schedule.*.*.def"`:  `"agents.schedule.team-a.*.def"`,
-		`"agents.schedule.*.*.fire"`: `"agents.schedule.team-a.*.fire"`,
-	} {
-		if !strings.Contains(block, from) {
-			t.Fatalf("the SUBMITTER block has no %s", from)
+	limit := func(queue string) string {
+		block := text[start:end]
+		for from, to := range map[string]string{
+			`"agents.submit.*.*"`:    `"agents.submit.` + queue + `.*"`,
+			`"agents.schedop.*.*.*"`: `"agents.schedop.` + queue + `.*.*"`,
+		} {
+			if !strings.Contains(block, from) {
+				t.Fatalf("the SUBMITTER block has no %s", from)
+			}
+			block = strings.ReplaceAll(block, from, to)
 		}
-		block = strings.ReplaceAll(block, from, to)
+		return block
 	}
+	blockB := strings.Replace(limit("other"), "\nSUBMITTER = {", "\nSUBMITTER_B = {", 1)
+	out := text[:start] + limit("team-a") + blockB + text[end:]
+	user := "\n      {user: submitter, password: $AGENTS_SUBMITTER_PASSWORD, permissions: $SUBMITTER}"
+	if !strings.Contains(out, user) {
+		t.Fatal("accounts.conf has no submitter user line")
+	}
+	out = strings.Replace(out, user, user+"\n      {user: submitter-b, password: $AGENTS_SUBMITTER_B_PASSWORD, permissions: $SUBMITTER_B}", 1)
 	p := filepath.Join(t.TempDir(), "accounts.conf")
-	if err := os.WriteFile(p, []byte(text[:start]+block+text[end:]), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte(out), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -56,11 +65,11 @@ func teamConf(t *testing.T) string {
 // Issue 57: a schedule submits a run at each fire, so it is a submitter's
 // right, on the queues its subjects allow, and nobody else's. An
 // observer, an approver or a tool service cannot create or trigger one;
-// a submitter of team-a cannot schedule onto another queue, neither by a
-// schedule on that queue's subject nor by a fire on its own subject whose
-// body names the other queue (the worker submits only to the subject's
-// queue and drops the fire); nor can it write a schedule's last run (the
-// overlap policy's), which only workers write.
+// a submitter of team-a cannot schedule onto another queue, neither by an
+// operation on that queue's subject nor by one on its own subject whose
+// body names the other queue (the worker refuses it); nor can it write
+// AGENTS_SCHEDULES itself (a definition, a fire, a last run): only
+// workers do.
 func TestScheduleIsASubmittersRightOnItsQueues(t *testing.T) {
 	srv := rolefleet.Start(t, teamConf(t))
 	f := &fleet{Server: srv, WorkerLog: &logbuf.Buffer{}}
@@ -81,11 +90,12 @@ func TestScheduleIsASubmittersRightOnItsQueues(t *testing.T) {
 		return b
 	}
 
-	// Roles without the right: every publish on a schedule's subjects is a
-	// permissions violation.
+	// Roles without the right: every publish on a schedule's subjects, and
+	// every schedule operation, is a permissions violation.
 	for _, role := range []string{"observer", "approver", "toolservice"} {
 		nc, _ := srv.NATS(t, role)
-		for _, subj := range []string{n.ScheduleDef("default", "evil-"+role), n.ScheduleFire("default", "evil-"+role)} {
+		for _, subj := range []string{n.ScheduleDef("default", "evil-"+role), n.ScheduleFire("default", "evil-"+role),
+			n.ScheduleOp("default", "evil-"+role, bus.ScheduleOpCreate)} {
 			m := &nats.Msg{Subject: subj, Data: def("default", "evil-"+role), Header: nats.Header{}}
 			m.Header.Set("Nats-Schedule", "@every 1s")
 			m.Header.Set("Nats-Schedule-Target", n.ScheduleFire("default", "evil-"+role))
@@ -102,82 +112,28 @@ func TestScheduleIsASubmittersRightOnItsQueues(t *testing.T) {
 	if _, err := sub.CreateSchedule(ctx(t, 5*time.Second), &bus.Schedule{Name: "elsewhere", Queue: "other", Every: "1s", Request: req}, false); err == nil {
 		t.Error("a team-a submitter created a schedule on queue other")
 	}
-	if !srv.Log.Violation("submitter", n.ScheduleDef("other", "elsewhere")) {
+	if !srv.Log.Violation("submitter", n.ScheduleOp("other", "elsewhere", bus.ScheduleOpCreate)) {
 		t.Error("no permissions violation logged for the schedule on queue other")
 	}
-	// Nor the last run a worker writes.
+	// Nor on its own subject with a body naming queue other: the worker
+	// refuses it.
+	if r, err := sub.Conn().Request(n.ScheduleOp("team-a", "smuggle", bus.ScheduleOpCreate), def("other", "smuggle"), 5*time.Second); err != nil {
+		t.Fatalf("the team-a submitter may ask on its queue: %v", err)
+	} else if !strings.Contains(string(r.Data), `"code":"invalid"`) {
+		t.Errorf("a create naming queue other on team-a's subject: %s", r.Data)
+	}
+	// Nor write the stream: a definition, a fire, a last run.
+	js := sub.JetStream()
+	for _, subj := range []string{n.ScheduleDef("team-a", "direct"), n.ScheduleFire("team-a", "direct"), n.ScheduleLast("team-a", "direct")} {
+		if _, err := js.Publish(ctx(t, 2*time.Second), subj, def("team-a", "direct")); err == nil {
+			t.Errorf("a submitter stored a message on %s", subj)
+		}
+		if !srv.Log.Violation("submitter", subj) {
+			t.Errorf("no permissions violation logged for %s", subj)
+		}
+	}
 	if err := sub.SetLastScheduleRun(ctx(t, 2*time.Second), "team-a", "mine", bus.ScheduleLast{Run: "someone-elses-run"}); err == nil {
 		t.Error("a submitter wrote a schedule's last run")
-	}
-	// A fire on its own subject whose body names queue other: dropped.
-	if _, err := sub.JetStream().Publish(ctx(t, 5*time.Second), n.ScheduleFire("team-a", "smuggle"), def("other", "smuggle")); err != nil {
-		t.Fatalf("the team-a submitter may publish on its fire subjects: %v", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(f.WorkerLog.String(), "schedule fire dropped") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the smuggled fire was not dropped; worker log:\n%s", f.WorkerLog.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-
-	// Review 57, finding 1: the server fires a schedule onto any subject of
-	// the stream (Nats-Schedule-Target), whoever stored it. A team-a
-	// schedule aimed at queue other's fire subject makes no run there,
-	// and one aimed at other's last run leaves no last run to read.
-	js := sub.JetStream()
-	aim := func(name, target string, body []byte) {
-		t.Helper()
-		m := &nats.Msg{Subject: n.ScheduleDef("team-a", name), Data: body, Header: nats.Header{}}
-		m.Header.Set("Nats-Schedule", "@every 1s")
-		m.Header.Set("Nats-Schedule-Target", target)
-		m.Header.Set("Nats-Schedule-TTL", "1m")
-		if _, err := js.PublishMsg(ctx(t, 5*time.Second), m); err != nil {
-			t.Fatalf("the team-a submitter may store a schedule on its def subjects: %v", err)
-		}
-	}
-	aim("cross", n.ScheduleFire("other", "cross"), def("other", "cross"))
-	aim("forge", n.ScheduleLast("other", "victim"), []byte(`{"run":"forged-run","plannedAt":"2026-01-01T00:00:00Z"}`))
-	st, err := f.Worker.JetStream().Stream(ctx(t, 5*time.Second), n.SchedulesStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		info, err := st.Info(ctx(t, 5*time.Second), jetstream.WithSubjectFilter(n.ScheduleFire("other", "cross")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, lerr := st.GetLastMsgForSubject(ctx(t, 5*time.Second), n.ScheduleLast("other", "victim"))
-		if info.State.Msgs >= 3 && lerr == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the aimed schedules fired %d times onto other in 30 s (last: %v)", info.State.Msgs, lerr)
-		}
-	}
-	for _, name := range []string{"cross", "forge"} { // stop them: a plain message rolls the schedule up
-		m := &nats.Msg{Subject: n.ScheduleDef("team-a", name), Header: nats.Header{}}
-		m.Header.Set(nats.MsgRollup, nats.MsgRollupSubject)
-		m.Header.Set("Agentfleet-Schedule-Deleted", "true")
-		if _, err := js.PublishMsg(ctx(t, 5*time.Second), m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fires, err := f.Worker.JetStream().Consumer(ctx(t, 5*time.Second), n.SchedulesStream(), n.FiresConsumer())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		ci, err := fires.Info(ctx(t, 5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ci.NumPending == 0 && ci.NumAckPending == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fires not handled in 30 s: %d pending, %d unacknowledged", ci.NumPending, ci.NumAckPending)
-		}
 	}
 	if l, err := sub.LastScheduleRun(ctx(t, 5*time.Second), "other", "victim"); err != nil || l != nil {
 		t.Errorf("a forged last run of queue other's schedule is read: %+v %v", l, err)
@@ -215,5 +171,113 @@ func TestScheduleIsASubmittersRightOnItsQueues(t *testing.T) {
 		if r.Queue != "team-a" {
 			t.Errorf("run %s on queue %s (schedule %q)", r.ID, r.Queue, r.Metadata[bus.MetaSchedule])
 		}
+	}
+}
+
+// Issue 57, the holes docs/security.md named: the server lets a message
+// stored in AGENTS_SCHEDULES purge any schedule of the stream (a purge
+// naming its def in Nats-Scheduler), replace it (a schedule aimed at its
+// def with Nats-Schedule-Rollup) or purge them all (Nats-Rollup: all), and
+// NATS permissions cannot refuse a header. Only workers write the stream
+// (submitters ask them, on agents.schedop), so a submitter limited to
+// team-a, trying each attack on its own queue's subjects, leaves queue
+// other's schedule firing. With the 1.10 grants before this (publish on
+// agents.schedule.team-a.*.def and .fire) each attack stopped it.
+func TestScheduleWriterCannotStopAnotherQueuesSchedule(t *testing.T) {
+	srv := rolefleet.Start(t, teamConf(t))
+	f := &fleet{Server: srv, WorkerLog: &logbuf.Buffer{}}
+	f.Worker = f.Connect(t, "worker")
+	fleettest.RunWorker(t, worker.Config{Client: f.Worker.Client, Queues: []string{"team-a", "other"},
+		Logger: slog.New(slog.NewTextHandler(f.WorkerLog, nil)), WorkerID: "adversarial-worker", DrainTimeout: 2 * time.Second})
+	victim, attacker := f.Connect(t, "submitter-b"), f.Connect(t, "submitter")
+	n := attacker.Names()
+	req, err := json.Marshal(fleettest.FauxRun("scheduled", fleettest.Text("ran")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := victim.CreateSchedule(ctx(t, 5*time.Second), &bus.Schedule{Name: "victim", Queue: "other", Every: "1s",
+		Overlap: bus.OverlapAllow, Request: req}, false); err != nil {
+		t.Fatalf("submitter-b's schedule on its queue: %v", err)
+	}
+	// runsAfter counts the victim's runs planned after t0.
+	runsAfter := func(t0 time.Time) int {
+		recs, err := victim.List(ctx(t, 5*time.Second), bus.ListOptions{Queue: "other",
+			Metadata: map[string]string{bus.MetaSchedule: "victim"}, MaxScan: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, r := range recs {
+			if p, err := time.Parse(time.RFC3339Nano, r.Metadata[bus.MetaScheduledFor]); err == nil && p.After(t0) {
+				k++
+			}
+		}
+		return k
+	}
+	waitRuns := func(t0 time.Time, want int, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); runsAfter(t0) < want; time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the victim's schedule ran %d times after %s in 30 s, want %d", what, runsAfter(t0), t0.Format(time.RFC3339), want)
+			}
+		}
+	}
+	waitRuns(time.Time{}, 1, "before the attacks")
+
+	js := attacker.JetStream()
+	attack := func(what string, m *nats.Msg) {
+		t.Helper()
+		_, err := js.PublishMsg(ctx(t, 2*time.Second), m)
+		t.Logf("%s: %v", what, err) // stored or refused: what counts is the victim's schedule
+		if err == nil {
+			t.Errorf("%s: stored", what)
+		}
+	}
+	// 1. A purge naming the victim's def, on the attacker's own subjects.
+	for _, subj := range []string{n.ScheduleFire("team-a", "purger"), n.ScheduleDef("team-a", "purger")} {
+		m := &nats.Msg{Subject: subj, Header: nats.Header{}}
+		m.Header.Set("Nats-Schedule-Next", "purge")
+		m.Header.Set("Nats-Scheduler", n.ScheduleDef("other", "victim"))
+		attack("purge message on "+subj, m)
+	}
+	// 2. A schedule aimed at the victim's def, replacing it at each fire
+	// with a paused copy.
+	paused, err := json.Marshal(bus.Schedule{Name: "victim", Queue: "other", Every: "1s", Paused: true, Request: req,
+		CreatedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &nats.Msg{Subject: n.ScheduleDef("team-a", "replacer"), Data: paused, Header: nats.Header{}}
+	m.Header.Set("Nats-Schedule", "@every 1s")
+	m.Header.Set("Nats-Schedule-Target", n.ScheduleDef("other", "victim"))
+	m.Header.Set("Nats-Schedule-Rollup", "sub")
+	attack("schedule aimed at the victim's def", m)
+	// 3. A rollup of the whole stream.
+	m = &nats.Msg{Subject: n.ScheduleDef("team-a", "roller"), Header: nats.Header{}}
+	m.Header.Set(nats.MsgRollup, nats.MsgRollupAll)
+	attack("rollup all", m)
+	// And through the workers: an operation on its own queue's subject
+	// naming the victim (refused: the body is not the subject's), and one
+	// on the victim's queue (a permissions violation).
+	if r, err := attacker.Conn().Request(n.ScheduleOp("team-a", "victim", bus.ScheduleOpReplace), paused, 5*time.Second); err != nil ||
+		!strings.Contains(string(r.Data), `"code"`) {
+		t.Errorf("a replace of the victim on team-a's subject: %v", err)
+	}
+	for _, op := range []string{bus.ScheduleOpPause, bus.ScheduleOpDelete} {
+		if _, err := attacker.Conn().Request(n.ScheduleOp("other", "victim", op), []byte("{}"), time.Second); err == nil {
+			t.Errorf("%s of the victim on queue other answered", op)
+		}
+	}
+
+	// The replacer would fire within a second: 3 s later the victim's
+	// schedule still fires, as defined.
+	after := time.Now().Add(3 * time.Second)
+	waitRuns(after, 3, "after the attacks")
+	info, err := victim.GetSchedule(ctx(t, 5*time.Second), "victim")
+	if err != nil || info.Paused || info.Queue != "other" {
+		t.Fatalf("the victim's schedule after the attacks: %+v %v", info, err)
+	}
+	if err := victim.DeleteSchedule(ctx(t, 5*time.Second), "victim"); err != nil {
+		t.Fatal(err)
 	}
 }

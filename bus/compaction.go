@@ -29,6 +29,10 @@ type Compaction struct {
 const (
 	MaxCompactionTokens       = 10_000_000
 	MaxCompactionInstructions = 4 << 10
+	// MaxCompactionInstructionsJoined bounds the instructions of the
+	// compact messages one compaction answers, joined: the oldest whole
+	// ones that do not fit are left out.
+	MaxCompactionInstructionsJoined = 16 << 10
 )
 
 // Problems lists what is wrong with the field; prefix names it.
@@ -101,9 +105,14 @@ type CompactionEnd struct {
 	// usage, cost and budgets).
 	Model string       `json:"model,omitempty"`
 	Usage *agent.Usage `json:"usage,omitempty"`
-	// Error says why the compaction failed; the run then fails with
-	// reason compaction_failed.
-	Error      string `json:"error,omitempty"`
+	// Error says why the compaction failed. An automatic one's failure
+	// fails the run (compaction_failed, or budget_exceeded when a budget
+	// refused the call); a manual one's is reported and the run goes on.
+	Error string `json:"error,omitempty"`
+	// Cancelled (with Error): the summary call was cancelled (the run
+	// aborted, its worker draining or handing it back); nothing failed,
+	// and the next attempt compacts again.
+	Cancelled  bool   `json:"cancelled,omitempty"`
 	ControlSeq uint64 `json:"controlSeq,omitempty"`
 }
 

@@ -218,3 +218,36 @@ func TestEnsureStreamsControlKeepsTheNewest(t *testing.T) {
 
 // controlKinds lists every control kind, in the order streams list them.
 var controlKinds = []string{bus.KindSteer, bus.KindFollowUp, bus.KindAbort, bus.KindApprove, bus.KindCompact}
+
+// A parked-requests stream of a 1.9 fleet (no direct gets) allows them
+// once a 1.10 worker ensures it (the waker's read of the kept copy), its
+// kept copies kept.
+func TestEnsureStreamsParkedAllowsDirectGets(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{NoStreams: true})
+	ctx, c := fleettest.Context(t), f.Client
+	n := c.Names()
+	if _, err := c.JetStream().CreateStream(ctx, jetstream.StreamConfig{
+		Name: n.ParkedStream(), Subjects: []string{n.ParkedAll(), n.ParkTimersAll()},
+		AllowMsgSchedules: true, MaxMsgsPerSubject: 1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := c.JetStream().Publish(ctx, n.Parked(bus.DefaultQueue, "r1"), []byte(`{"prompt":"kept"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg := streamConfig(ctx, t, c, n.ParkedStream()); !cfg.AllowDirect || !cfg.AllowMsgSchedules {
+		t.Fatalf("parked stream: allow direct %v, message schedules %v", cfg.AllowDirect, cfg.AllowMsgSchedules)
+	}
+	s, err := c.JetStream().Stream(ctx, n.ParkedStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetMsg(ctx, ack.Sequence); err != nil || string(m.Data) != `{"prompt":"kept"}` {
+		t.Fatalf("the kept copy by direct get after the update: %v", err)
+	}
+}

@@ -3,6 +3,9 @@ package bus
 import (
 	"fmt"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Priorities of a run request (since 1.10): the request field "priority"
@@ -70,15 +73,30 @@ func Lanes(queue string) []Lane {
 	}
 }
 
-// LaneOf is the lane a request of this priority takes: the old subject for
-// normal (or none), so that workers before 1.10 take it; else the lane
-// <priority>, tenant NoTenant.
-func LaneOf(queue, priority string) Lane {
-	if priority == "" || priority == PriorityNormal {
+// LaneOf is the lane a request of this priority and tenant takes: the old
+// subject for normal (or none) without a tenant, so that workers before
+// 1.10 take it; else the lane <priority>.<tenant>, NoTenant for a tenant
+// that is no valid token (it then shares the no-tenant lane).
+func LaneOf(queue, priority, tenant string) Lane {
+	if priority == "" {
+		priority = PriorityNormal
+	}
+	if !ValidTenant(tenant) {
+		tenant = NoTenant
+	}
+	if priority == PriorityNormal && tenant == NoTenant {
 		return Lane{Queue: queue}
 	}
-	return Lane{Queue: queue, Priority: priority, Tenant: NoTenant}
+	return Lane{Queue: queue, Priority: priority, Tenant: tenant}
 }
+
+// ValidTenant reports whether t may be a tenant lane's token: a queue-like
+// token ([A-Za-z0-9_-]{1,64}) other than NoTenant.
+func ValidTenant(t string) bool { return t != NoTenant && tokenRE.MatchString(t) }
+
+// TenantMetadataKey is the request metadata key whose value a client puts
+// in the lane subject's tenant token: the budgets' default tenant key.
+const TenantMetadataKey = "tenant"
 
 // LaneRequest is the subject of a request in a lane (since 1.10):
 // <prefix>.lane.<queue>.<priority>.<tenant>.<run>.
@@ -95,16 +113,54 @@ func (n Names) RequestSubject(l Lane, run string) string {
 }
 
 // LaneSubjects are the subjects AGENTS_RUNS takes for a declared queue's
-// lanes: <prefix>.lane.<queue>.<priority>._.* for each priority. Only the
-// tenant token NoTenant is taken in 1.10: a request naming a tenant lane is
-// refused at publish (no stream answers) rather than kept where no worker
-// pulls.
+// lanes: <prefix>.lane.<queue>.<priority>.*.* for each priority, every
+// tenant (1.10's first cut took only NoTenant; widenStream replaces those).
 func (n Names) LaneSubjects(queue string) []string {
 	subs := make([]string, 0, len(priorities))
 	for _, p := range priorities {
-		subs = append(subs, n.LaneRequest(queue, p, NoTenant, "*"))
+		subs = append(subs, n.LaneRequest(queue, p, "*", "*"))
 	}
 	return subs
+}
+
+// LaneSeen is where AGENTS_RUNS republishes, headers only, every lane
+// request it stores: <prefix>.laneseen.<queue>.<priority>.<tenant>.<run>.
+// Workers learn tenant lanes and wake idle loops from it (worker/tenants.go).
+func (n Names) LaneSeen(queue string) string { return n.prefix + ".laneseen." + queue + ".*.*.*" }
+
+// laneSeenRepublish is AGENTS_RUNS' republish of lane requests (LaneSeen).
+func (n Names) laneSeenRepublish() *jetstream.RePublish {
+	return &jetstream.RePublish{Source: n.prefix + ".lane.>", Destination: n.prefix + ".laneseen.>", HeadersOnly: true}
+}
+
+// ParseLaneSeen is the lane and run of a LaneSeen subject.
+func (n Names) ParseLaneSeen(subject string) (Lane, string, error) {
+	rest, ok := strings.CutPrefix(subject, n.prefix+".laneseen.")
+	if !ok {
+		return Lane{}, "", fmt.Errorf("subject %q is not %s.laneseen.>", truncate(subject, 120), n.prefix)
+	}
+	return n.ParseRequest(n.prefix + ".lane." + rest)
+}
+
+// LaneConsumerConfig is the config of a lane's durable consumer. A tenant
+// lane's is removed after an hour no worker pulled it (workers create it
+// again on the next request they see in it).
+func (n Names) LaneConsumerConfig(l Lane, ackWait time.Duration, maxDeliver, maxAckPending, replicas int) jetstream.ConsumerConfig {
+	cc := jetstream.ConsumerConfig{
+		Durable:       n.LaneConsumer(l),
+		Description:   "agentfleet workers of queue " + l.Queue + ", lane " + l.Priority + "/" + l.Tenant,
+		FilterSubject: n.LaneFilter(l),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    maxDeliver,
+		MaxAckPending: maxAckPending,
+		Replicas:      replicas,
+	}
+	if l.Tenant != NoTenant {
+		cc.InactiveThreshold = time.Hour
+	}
+	return cc
 }
 
 // LaneFilter is the filter of a lane's consumer:
@@ -169,5 +225,27 @@ func (n Names) CheckLane(l Lane, req *RunRequest) error {
 		return nil
 	}
 	return fmt.Errorf("priority %q was submitted on a %s subject: publish it to %s (the request's lane, since 1.10)",
-		want, l.EffectivePriority(), n.LaneRequest(l.Queue, want, NoTenant, "<run>"))
+		want, l.EffectivePriority(), n.LaneRequest(l.Queue, want, l.tenantToken(), "<run>"))
+}
+
+func (l Lane) tenantToken() string {
+	if l.Tenant == "" {
+		return NoTenant
+	}
+	return l.Tenant
+}
+
+// CheckTenant reports a request in a tenant lane whose metadata names
+// another tenant under key: the subject's tenant is the one an operator
+// can make unforgeable (docs/security.md), and a body naming another
+// would be scheduled as one tenant and charged as the other.
+func (n Names) CheckTenant(l Lane, req *RunRequest, key string) error {
+	if l.Old() || l.Tenant == NoTenant {
+		return nil
+	}
+	if got, ok := req.Metadata[key]; ok && got != l.Tenant {
+		return fmt.Errorf("metadata.%s %q differs from the tenant %q of the request's subject %s: the subject's tenant is the run's",
+			key, truncate(got, 80), l.Tenant, n.LaneRequest(l.Queue, l.Priority, l.Tenant, "<run>"))
+	}
+	return nil
 }

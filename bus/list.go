@@ -195,7 +195,17 @@ func (c *Client) ListPage(ctx context.Context, o ListOptions) (*RunPage, error) 
 		}
 		q = mergeByID(q, picked)
 		for _, r := range q {
-			if r.ID <= cur.after || !matches(&r, o) {
+			if r.ID <= cur.after {
+				continue
+			}
+			if len(o.Metadata) > 0 && r.State == StateQueued && r.Metadata == nil {
+				// A queued run's metadata is in its request (submit list
+				// --schedule lists a schedule's queued runs too).
+				if err := c.queuedMetadata(ctx, &r); err != nil {
+					return nil, err
+				}
+			}
+			if !matches(&r, o) {
 				continue
 			}
 			if !want() { // queued runs are left: the next page goes on after the last listed
@@ -607,6 +617,31 @@ func containsFold(s, sub string) bool {
 // whose requests are acked only at the end), never the history.
 // Its second result is the stream's last sequence: a request stored later
 // is a run submitted since.
+// queuedMetadata reads a queued run's metadata from its request (none if
+// it was taken since).
+func (c *Client) queuedMetadata(ctx context.Context, r *RunRecord) error {
+	s, err := c.Stream(ctx, c.names.RunsStream())
+	if err != nil {
+		return err
+	}
+	m, err := s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.names.Submit(r.Queue, r.ID)))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		m, err = s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.names.LaneRequest(r.Queue, "*", "*", r.ID)))
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var req struct {
+		Metadata map[string]string `json:"metadata"`
+	}
+	_ = json.Unmarshal(m.Data, &req) // a request that does not decode has none
+	r.Metadata = req.Metadata
+	return nil
+}
+
 func (c *Client) listQueued(ctx context.Context, queue string) ([]RunRecord, uint64, error) {
 	s, err := c.Stream(ctx, c.names.RunsStream())
 	if err != nil {

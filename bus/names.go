@@ -200,6 +200,15 @@ func (n Names) ControlAll(run string) string { return n.prefix + ".run." + run +
 // <prefix>.ctl.<run>.<kind>. Workers subscribe to it.
 func (n Names) Republished() string { return n.prefix + ".ctl.*.*" }
 
+// ChildDone is the subject of the notice that child, a child run of
+// parent, finished (core NATS, since 1.10; worker/childwait.go).
+func (n Names) ChildDone(parent, child string) string {
+	return n.prefix + ".childdone." + parent + "." + child
+}
+
+// ChildDoneAll matches every finished-child notice.
+func (n Names) ChildDoneAll() string { return n.prefix + ".childdone.*.*" }
+
 // Record is the KV subject of a run record ($KV.<bucket>.<run>).
 func (n Names) Record(run string) string { return "$KV." + n.RecordsBucket() + "." + run }
 
@@ -292,6 +301,26 @@ func (n Names) ScheduleFire(queue, name string) string {
 func (n Names) ScheduleLast(queue, name string) string {
 	return n.prefix + ".schedule." + queue + "." + name + ".last"
 }
+
+// ScheduleOp is the subject of a request asking a worker of the queue to
+// write a schedule: <prefix>.schedop.<queue>.<name>.<op> (since 1.10; op
+// create, replace, pause, resume, delete or trigger).
+func (n Names) ScheduleOp(queue, name, op string) string {
+	return n.prefix + ".schedop." + queue + "." + name + "." + op
+}
+
+// ParseScheduleOp splits a schedule operation's subject.
+func (n Names) ParseScheduleOp(subject string) (queue, name, op string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.prefix+".schedop.")
+	t := strings.Split(rest, ".")
+	if !ok || len(t) != 3 {
+		return "", "", "", false
+	}
+	return t[0], t[1], t[2], true
+}
+
+// ScheduleOps matches the schedule operations of a queue.
+func (n Names) ScheduleOps(queue string) string { return n.ScheduleOp(queue, "*", "*") }
 
 // ScheduleDefs matches every schedule definition.
 func (n Names) ScheduleDefs() string { return n.ScheduleDef("*", "*") }

@@ -44,9 +44,41 @@ func TestUndeclaredQueuesAreRefused(t *testing.T) {
 	if len(old) != 3 || !slices.Contains(old, "agents.submit.batch.*") || !slices.Contains(old, "agents.submit.nobody.*") {
 		t.Fatalf("subjects %v", subs)
 	}
-	// Since 1.10 each queue's lanes too (NoTenant only).
-	if !slices.Contains(subs, "agents.lane.nobody.high._.*") || !slices.Contains(subs, "agents.lane.batch.low._.*") || len(subs) != 12 {
+	// Since 1.10 each queue's lanes too, every tenant.
+	if !slices.Contains(subs, "agents.lane.nobody.high.*.*") || !slices.Contains(subs, "agents.lane.batch.low.*.*") || len(subs) != 12 {
 		t.Fatalf("subjects %v", subs)
+	}
+}
+
+// A stream made by 1.10's first cut took only the no-tenant lanes
+// (lane.<q>.<p>._.*): declaring the queue again replaces them with every
+// tenant's (a stream may not hold overlapping subjects), and a tenant
+// lane request is then stored.
+func TestNoTenantLaneSubjectsAreWidened(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{Streams: bus.StreamsConfig{Queues: []string{"default"}}})
+	ctx, c := fleettest.Context(t), f.Client
+	s, err := c.JetStream().Stream(ctx, c.Names().RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = []string{"agents.submit.default.*"}
+	for _, p := range bus.Priorities() {
+		cfg.Subjects = append(cfg.Subjects, "agents.lane.default."+p+"._.*")
+	}
+	if _, err := c.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureStreams(ctx, bus.StreamsConfig{Queues: []string{"default"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := streamConfig(ctx, t, c, c.Names().RunsStream()).Subjects
+	if slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, "._.") }) || !slices.Contains(got, "agents.lane.default.normal.*.*") {
+		t.Fatalf("subjects %v", got)
+	}
+	if _, err := c.SubmitLane(ctx, bus.Lane{Queue: "default", Priority: bus.PriorityNormal, Tenant: "acme"}, "t1", []byte(`{"prompt":"x"}`)); err != nil {
+		t.Fatalf("tenant lane request: %v", err)
 	}
 }
 

@@ -27,8 +27,14 @@ import (
 //     <prefix>.schedule.<queue>.<name>.fire with its body (this definition);
 //     a paused one carries none (the same rollup removed the server's
 //     schedule); a deleted one is a tombstone (HeaderScheduleDeleted).
-//  2. The queue is a subject token: a user allowed only
-//     <prefix>.schedule.team-a.> schedules only onto team-a, and a worker
+//  2. Only workers write AGENTS_SCHEDULES. A user asks a worker of the
+//     queue (a request on <prefix>.schedop.<queue>.<name>.<op>,
+//     scheduleops.go), which checks and writes it: the server lets a
+//     message stored in the stream purge (Nats-Scheduler), replace
+//     (Nats-Schedule-Target) or roll up (Nats-Rollup: all) any schedule of
+//     the stream whoever publishes it, and permissions cannot refuse a
+//     header. The queue is a subject token: a user allowed only
+//     <prefix>.schedop.team-a.> schedules only onto team-a, and a worker
 //     submits a fire only to the queue of its subject (and refuses a body
 //     naming another).
 //  3. A fire's run id is ScheduleRunID(queue, name, planned), where the
@@ -80,6 +86,13 @@ const (
 // FireTTL is how long a fire message is kept (Nats-Schedule-TTL): workers
 // take it within seconds; the rest is a short history of what fired.
 const FireTTL = time.Hour
+
+// ScheduleOutageGap is how much later than its previous fire named a
+// server fire may be stored and still be the next fire in turn: a later
+// one is the server's one fire for what it missed while down, late for
+// the catch-up policy (worker/internal/schedule, invariant 9). The server
+// stores a fire within milliseconds of its time; a restart takes longer.
+const ScheduleOutageGap = 2 * time.Second
 
 // MaxFiresKept bounds the messages kept per subject of AGENTS_SCHEDULES:
 // each fire copies the definition (up to MaxScheduleBytes) for FireTTL, so
@@ -313,6 +326,9 @@ type ScheduleLast struct {
 	PlannedAt time.Time `json:"plannedAt"`
 	FiredAt   time.Time `json:"firedAt"`
 	Trigger   bool      `json:"trigger,omitempty"`
+	// FireSeq is the stream sequence of the fire that submitted Run: the
+	// next fire's look back for an outage starts there (since 1.10).
+	FireSeq uint64 `json:"fireSeq,omitempty"`
 }
 
 // ScheduleInfo is a stored schedule, as ListSchedules returns it.
@@ -356,9 +372,9 @@ func (c *Client) scheduleMsg(s *Schedule) (*nats.Msg, error) {
 	return m, nil
 }
 
-// CreateSchedule stores a new schedule; with replace it may replace one of
-// the same name and queue.
-func (c *Client) CreateSchedule(ctx context.Context, s *Schedule, replace bool) (uint64, error) {
+// storeSchedule stores a new schedule; with replace it may replace one of
+// the same name and queue (workers: ApplyScheduleOp).
+func (c *Client) storeSchedule(ctx context.Context, s *Schedule, replace bool) (uint64, error) {
 	if s.CreatedAt.IsZero() {
 		s.CreatedAt = time.Now().UTC().Truncate(time.Millisecond)
 	}
@@ -405,20 +421,10 @@ func (c *Client) publishSchedule(ctx context.Context, s *Schedule, opts ...jetst
 	return ack.Sequence, nil
 }
 
-// PauseSchedule keeps the definition without the server's schedule, so
-// nothing fires; ResumeSchedule puts it back.
-func (c *Client) PauseSchedule(ctx context.Context, name string) error {
-	return c.setPaused(ctx, name, true)
-}
-
-// ResumeSchedule makes a paused schedule fire again. An @every schedule
-// counts its interval from the resume.
-func (c *Client) ResumeSchedule(ctx context.Context, name string) error {
-	return c.setPaused(ctx, name, false)
-}
-
-func (c *Client) setPaused(ctx context.Context, name string, paused bool) error {
-	cur, err := c.findSchedule(ctx, name)
+// setPaused keeps the definition without the server's schedule, so
+// nothing fires, or puts it back (workers: ApplyScheduleOp).
+func (c *Client) setPaused(ctx context.Context, queue, name string, paused bool) error {
+	cur, err := c.ScheduleOn(ctx, queue, name)
 	if err != nil {
 		return err
 	}
@@ -432,10 +438,10 @@ func (c *Client) setPaused(ctx context.Context, name string, paused bool) error 
 	return err
 }
 
-// DeleteSchedule removes a schedule (a tombstone replaces it); its runs
-// are left alone.
-func (c *Client) DeleteSchedule(ctx context.Context, name string) error {
-	cur, err := c.findSchedule(ctx, name)
+// deleteSchedule removes a schedule (a tombstone replaces it); its runs
+// are left alone (workers: ApplyScheduleOp).
+func (c *Client) deleteSchedule(ctx context.Context, queue, name string) error {
+	cur, err := c.ScheduleOn(ctx, queue, name)
 	if err != nil {
 		return err
 	}
@@ -449,10 +455,10 @@ func (c *Client) DeleteSchedule(ctx context.Context, name string) error {
 	return nil
 }
 
-// TriggerSchedule fires a schedule now, paused or not; it returns the run
-// id the fire submits.
-func (c *Client) TriggerSchedule(ctx context.Context, name string) (string, error) {
-	cur, err := c.findSchedule(ctx, name)
+// triggerSchedule fires a schedule now, paused or not; it returns the run
+// id the fire submits (workers: ApplyScheduleOp).
+func (c *Client) triggerSchedule(ctx context.Context, queue, name string) (string, error) {
+	cur, err := c.ScheduleOn(ctx, queue, name)
 	if err != nil {
 		return "", err
 	}
@@ -730,7 +736,14 @@ func schedulesConsumerConfig(n Names, replicas int) jetstream.ConsumerConfig {
 		// Fires stored before the consumer existed are not run.
 		DeliverPolicy: jetstream.DeliverNewPolicy,
 		AckWait:       30 * time.Second,
+		// A fire failing at each delivery (backing off to a minute) is
+		// given up by the worker at its last (counted failed), about
+		// 15 min after its first.
+		MaxDeliver:    FireMaxDeliver,
 		MaxAckPending: 1000,
 		Replicas:      replicas,
 	}
 }
+
+// FireMaxDeliver is the fires consumer's MaxDeliver.
+const FireMaxDeliver = 20

@@ -22,6 +22,7 @@ func TestScheduleLookupByNameAcrossQueues(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, c := fleettest.Context(t), f.Client
 	n := c.Names()
+	f.ServeScheduleOps(bus.DefaultQueue)
 	req := json.RawMessage(`{"model":"faux/x","prompt":"tick"}`)
 	mine := &bus.Schedule{Name: "dup", Queue: bus.DefaultQueue, Every: "1h", Request: req}
 	if _, err := c.CreateSchedule(ctx, mine, false); err != nil {
@@ -86,5 +87,37 @@ func TestScheduleFiresKeptAreBounded(t *testing.T) {
 	}
 	if got := info.State.Subjects[subj]; got != bus.MaxFiresKept {
 		t.Errorf("%d fires kept, want %d", got, bus.MaxFiresKept)
+	}
+}
+
+// Issue 57: submit list --schedule NAME lists the schedule's queued runs
+// too: a queued run has no record yet, and its metadata (the schedule's
+// name) is in its request.
+func TestListByScheduleShowsQueuedRuns(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t, fleettest.Options{}) // no worker: the runs stay queued
+	ctx, c := fleettest.Context(t), f.Client
+	for i, pri := range []string{"", bus.PriorityLow} {
+		req := fleettest.FauxRun("tick", fleettest.Text("tock"))
+		req.Metadata = map[string]string{bus.MetaSchedule: "nightly"}
+		req.Priority = pri
+		if _, err := c.Submit(ctx, bus.DefaultQueue, req); err != nil {
+			t.Fatalf("submit %d: %v", i, err)
+		}
+	}
+	if _, err := c.Submit(ctx, bus.DefaultQueue, fleettest.FauxRun("other", fleettest.Text("x"))); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := c.List(ctx, bus.ListOptions{Metadata: map[string]string{bus.MetaSchedule: "nightly"}, MaxScan: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 {
+		t.Fatalf("%d runs of schedule nightly listed, want its 2 queued runs: %+v", len(recs), recs)
+	}
+	for _, r := range recs {
+		if r.State != bus.StateQueued || r.Metadata[bus.MetaSchedule] != "nightly" {
+			t.Errorf("listed %s: %s %v", r.ID, r.State, r.Metadata)
+		}
 	}
 }

@@ -119,6 +119,9 @@ func widenStream(have, want jetstream.StreamConfig, keepNewest bool) jetstream.S
 	out.Subjects = append([]string(nil), have.Subjects...)
 	for _, sub := range want.Subjects {
 		if !slices.ContainsFunc(out.Subjects, func(h string) bool { return covers(h, sub) }) {
+			// What the new one covers goes: a stream may not hold
+			// overlapping subjects (1.10's lane.<q>.<p>._.* became .*.*).
+			out.Subjects = slices.DeleteFunc(out.Subjects, func(h string) bool { return covers(sub, h) })
 			out.Subjects = append(out.Subjects, sub)
 		}
 	}
@@ -233,6 +236,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Duplicates: cfg.DuplicateWindow,
 		Storage:    cfg.Storage,
 		Replicas:   cfg.Replicas,
+		// Since 1.10: every stored lane request, headers only, for the
+		// workers' tenant lanes and idle wake-ups (Names.LaneSeen).
+		RePublish: n.laneSeenRepublish(),
 	}, {
 		Name:        n.EventsStream(),
 		Description: "agentfleet run events",
@@ -309,6 +315,9 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Duplicates:        min(2*time.Minute, cfg.RequestsMaxAge),
 		Storage:           cfg.Storage,
 		Replicas:          cfg.Replicas,
+		// Since 1.10: a waker reads the kept copy by direct get, outside
+		// the server's API queue (worker/internal/park/kept.go).
+		AllowDirect: true,
 	}, {
 		Name:        n.AdvisoriesStream(),
 		Description: "agentfleet MAX_DELIVERIES advisories of the request consumers, for the give-up path",
@@ -353,17 +362,8 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 			if l.Old() {
 				continue
 			}
-			if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(), jetstream.ConsumerConfig{
-				Durable:       n.LaneConsumer(l),
-				Description:   "agentfleet workers of queue " + q + ", lane " + l.Priority + "/" + l.Tenant,
-				FilterSubject: n.LaneFilter(l),
-				AckPolicy:     jetstream.AckExplicitPolicy,
-				DeliverPolicy: jetstream.DeliverAllPolicy,
-				AckWait:       cfg.AckWait,
-				MaxDeliver:    cfg.MaxDeliver,
-				MaxAckPending: cfg.MaxAckPending,
-				Replicas:      runsReplicas,
-			}); err != nil {
+			if _, err := c.js.CreateOrUpdateConsumer(ctx, n.RunsStream(),
+				n.LaneConsumerConfig(l, cfg.AckWait, cfg.MaxDeliver, cfg.MaxAckPending, runsReplicas)); err != nil {
 				return fmt.Errorf("consumer %s: %w", n.LaneConsumer(l), err)
 			}
 		}

@@ -58,7 +58,9 @@ func (c *Client) Submit(ctx context.Context, queue string, req *RunRequest) (Sub
 	if queue == "" {
 		queue = DefaultQueue
 	}
-	return c.SubmitLane(ctx, LaneOf(queue, req.Priority), req.ID, body)
+	// The tenant goes in the subject (since 1.10): workers share slots
+	// fairly between tenant lanes, and an operator can make it unforgeable.
+	return c.SubmitLane(ctx, LaneOf(queue, req.Priority, req.Metadata[TenantMetadataKey]), req.ID, body)
 }
 
 // SubmitRaw stores a request body as it is (no validation but of the
@@ -85,7 +87,7 @@ func (c *Client) SubmitLane(ctx context.Context, lane Lane, runID string, body [
 	if err := CheckID(runID); err != nil {
 		return SubmitResult{}, err
 	}
-	if !lane.Old() && (!ValidPriority(lane.Priority) || (lane.Tenant != NoTenant && !ValidQueue(lane.Tenant))) {
+	if !lane.Old() && (!ValidPriority(lane.Priority) || (lane.Tenant != NoTenant && !ValidTenant(lane.Tenant))) {
 		return SubmitResult{}, fmt.Errorf("submit %s: invalid lane %s/%s", runID, truncate(lane.Priority, 40), truncate(lane.Tenant, 80))
 	}
 	ack, err := c.js.PublishMsg(ctx, tracedMsg(ctx, c.names.RequestSubject(lane, runID), body),
@@ -93,7 +95,7 @@ func (c *Client) SubmitLane(ctx context.Context, lane Lane, runID string, body [
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
 		if _, serr := c.js.Stream(ctx, c.names.RunsStream()); serr == nil {
 			if !lane.Old() {
-				return SubmitResult{}, fmt.Errorf("submit %s: %w: no 1.10 worker has declared the %s lane of queue %q (priorities need a worker of protocol 1.10 or later on the queue)", runID, ErrUnknownQueue, lane.Priority, queue)
+				return SubmitResult{}, fmt.Errorf("submit %s: %w: no 1.10 worker has declared the %s lane of queue %q for tenant %q (priorities and tenant lanes need a worker of protocol 1.10 or later on the queue)", runID, ErrUnknownQueue, lane.Priority, queue, lane.Tenant)
 			}
 			return SubmitResult{}, fmt.Errorf("submit %s: %w: no worker has declared queue %q (start a worker with --queue %s; see docs/operations.md, queues)", runID, ErrUnknownQueue, queue, queue)
 		}

@@ -28,14 +28,18 @@ import (
 // puts it when it takes the run).
 
 // Indexed reports whether a wait for what has an index entry: waits that
-// last (a person's answer, a budget's next period) and that a listing of
-// waiting runs shows. A model call's rate-limit wait lasts seconds and
+// last (a person's answer, a budget's next period, child runs, a
+// concurrency key's place: the last two since 1.10) and that a listing
+// of waiting runs shows. A model call's rate-limit wait lasts seconds and
 // comes and goes with each call: indexed, its entry was put and purged
 // at every heartbeat (since 1.10 it is not; a listing asking for it
-// walks the records). A run in line for its concurrency key (since 1.10)
-// is indexed too: its wait may last hours.
+// walks the records).
 func Indexed(what string) bool {
-	return what == WaitingApproval || what == WaitingBudget || what == WaitingKey
+	switch what {
+	case WaitingApproval, WaitingBudget, WaitingChildren, WaitingKey:
+		return true
+	}
+	return false
 }
 
 // WaitingStream is the waiting-run index stream (AGENTS_WAITING).

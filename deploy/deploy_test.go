@@ -261,3 +261,46 @@ func TestDashboardVariables(t *testing.T) {
 		t.Errorf("no panel filters by $queue (%v) or $model (%v)", queue, model)
 	}
 }
+
+// Two panels with one id, or on one place of the grid, show as one in
+// Grafana (a merge once gave the schedules and priorities panels both id
+// 17 at x=0, y=64): ids are unique and no two panels overlap.
+func TestDashboardLayout(t *testing.T) {
+	raw, err := os.ReadFile("grafana/agentfleet.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			ID      int    `json:"id"`
+			Title   string `json:"title"`
+			GridPos struct {
+				H, W, X, Y int
+			} `json:"gridPos"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[int]string{}
+	cells := map[[2]int]string{}
+	for _, p := range dash.Panels {
+		if other, ok := ids[p.ID]; ok {
+			t.Errorf("panels %q and %q share id %d", other, p.Title, p.ID)
+		}
+		ids[p.ID] = p.Title
+		g := p.GridPos
+		if g.W <= 0 || g.H <= 0 || g.X < 0 || g.X+g.W > 24 {
+			t.Errorf("panel %q: grid position %+v is off the 24-column grid", p.Title, g)
+		}
+		for y := g.Y; y < g.Y+g.H; y++ {
+			for x := g.X; x < g.X+g.W; x++ {
+				if other, ok := cells[[2]int{x, y}]; ok {
+					t.Errorf("panels %q and %q overlap at x=%d, y=%d", other, p.Title, x, y)
+					return
+				}
+				cells[[2]int{x, y}] = p.Title
+			}
+		}
+	}
+}

@@ -15,7 +15,8 @@ import (
 
 // compactionRun is a faux run on an 8k-token model (faux/small in the
 // worker's --models) that compacts twice: three turns of 2,500 tokens
-// each pass window - reserve (8192 - 2048); the summary takes the script's
+// each pass window - reserve (8192 - 2048: its calls ask max_tokens 2,048,
+// no more than the reserve); the summary takes the script's
 // 4th reply, the 4th turn sleeps (a window to kill the worker in), and the
 // second compaction takes the 6th. The script is paced so that a summary
 // streams for about 3 s.
@@ -31,7 +32,7 @@ func compactionRun() *bus.RunRequest {
 		return text("## Goal\nsummary " + n + "\n" + strings.Repeat("note ", 2400))
 	}
 	return &bus.RunRequest{Prompt: "work for long", Tools: []string{"sleep"}, Model: &bus.ModelRef{Provider: "faux", ID: "small"},
-		Compaction: &bus.Compaction{},
+		Compaction: &bus.Compaction{}, MaxTokens: 2048,
 		Faux: &bus.FauxScript{TokenSize: 50, TokensPerSecond: 1000, Responses: []agent.ScriptedResponse{
 			turn("t1", 0), turn("t2", 0), turn("t3", 0), summary("1"), turn("t4", 6), summary("2"), text("done")}}}
 }

@@ -4,10 +4,13 @@ package faultsuite
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -94,51 +97,150 @@ func pauseSchedule(t *testing.T, f *fleet, name string) {
 	}
 }
 
-// Schedules survive a NATS restart (issue 57): an @every 1s schedule on
-// two worker processes, NATS killed (-9) for 3 s and restarted. Every
-// planned second outside the outage has exactly one run, none twice; the
-// outage is one gap, and at the restart NATS fires once for what it
-// missed (a 3 s outage: the fire is on time, so catch-up once and none
-// both run it) and goes on every second from there.
+// Schedules survive a NATS restart (issue 57), with the catch-up their
+// policy names: four schedules firing every second (@every 1s and the
+// cron "* * * * * *", each with catch-up once and none) on two worker
+// processes, NATS killed (-9) for 5 s and restarted. While down the
+// server fires nothing; at the restart it fires each schedule once for
+// what it missed (its catch-up fire, found here as the server fire stored
+// more than bus.ScheduleOutageGap after the time its previous fire named).
+// With catch-up once that fire has exactly one run, with none it has
+// none; every other server fire up to the newest run has exactly one run,
+// and no run is planned at a time no fire had. Without the worker's look
+// back (afterOutage), catch-up none ran the restart's fire as on time.
 func TestScheduleSurvivesNATSRestart(t *testing.T) {
 	dir := workDir(t)
 	nc := startNATS(t, dir, 1, "")
 	f := newFleet(t, dir, nc)
 	procs := []*proc{f.startWorker("s1"), f.startWorker("s2")}
-	createTick(t, f, "restart")
-	before := len(scheduleRuns(t, f, "restart", 4, 60*time.Second))
+	specs := map[string]bus.Schedule{
+		"every-once": {Every: "1s", CatchUp: bus.CatchUpOnce},
+		"every-none": {Every: "1s", CatchUp: bus.CatchUpNone},
+		"cron-once":  {Cron: "* * * * * *", CatchUp: bus.CatchUpOnce},
+		"cron-none":  {Cron: "* * * * * *", CatchUp: bus.CatchUpNone},
+	}
+	for name, s := range specs {
+		s.Name, s.Queue, s.Request, s.Overlap = name, "default", scheduleTick, bus.OverlapAllow
+		ctx, cancel := f.ctx(60 * time.Second)
+		_, err := f.c.CreateSchedule(ctx, &s, false)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := map[string]int{}
+	for name := range specs {
+		before[name] = len(scheduleRuns(t, f, name, 3, 60*time.Second))
+	}
 	nc.kill(0)
 	killed := time.Now()
-	time.Sleep(3 * time.Second) // the outage
+	time.Sleep(5 * time.Second) // the outage
 	nc.start(0)
 	restarted := time.Now()
 	t.Logf("nats: killed at %s, restarted at %s", killed.UTC().Format(time.RFC3339Nano), restarted.UTC().Format(time.RFC3339Nano))
-	scheduleRuns(t, f, "restart", before+8, 90*time.Second)
-	pauseSchedule(t, f, "restart")
-	planned := scheduleRuns(t, f, "restart", before+8, 10*time.Second)
-	gaps := scheduleGaps(t, planned, killed, restarted)
-	// The catch-up: NATS fires once at the restart, not for each second
-	// it missed (those have no run: the one gap), and an @every schedule
-	// goes on from that fire (its planned time, the next less the
-	// interval, is the restart's second), so fires resume at once.
-	resumed := time.Time{}
-	for _, p := range planned {
-		if p.After(killed.Add(time.Second)) {
-			resumed = p
-			break
-		}
+	for name := range specs {
+		scheduleRuns(t, f, name, before[name]+6, 90*time.Second)
 	}
-	if resumed.Before(restarted.Add(-time.Second)) || resumed.After(restarted.Add(2*time.Second)) {
-		t.Errorf("FAIL: the first run after the outage is planned %s, want the catch-up fire at the restart (%s)",
-			resumed.Format(time.RFC3339Nano), restarted.UTC().Format(time.RFC3339Nano))
+	for name := range specs {
+		pauseSchedule(t, f, name)
+	}
+	for name, s := range specs {
+		planned := scheduleRuns(t, f, name, before[name]+6, 10*time.Second)
+		runs := map[time.Time]int{}
+		for _, p := range planned {
+			runs[p]++
+		}
+		fires := serverFires(t, f, name)
+		catchUp := -1
+		for i := 1; i < len(fires); i++ {
+			if fires[i].stored.Sub(fires[i-1].next) > bus.ScheduleOutageGap {
+				if catchUp >= 0 {
+					t.Errorf("FAIL: %s: two fires after a gap: %s and %s", name, fires[catchUp].planned.Format(time.RFC3339), fires[i].planned.Format(time.RFC3339))
+				}
+				catchUp = i
+			}
+		}
+		if catchUp < 0 {
+			t.Errorf("FAIL: %s: no catch-up fire after the restart among %d fires", name, len(fires))
+			continue
+		}
+		c := fires[catchUp]
+		if c.stored.Before(restarted.Add(-time.Second)) || fires[catchUp-1].stored.After(killed.Add(time.Second)) {
+			t.Errorf("FAIL: %s: the gap in the fires (%s .. %s) is not the outage", name, fires[catchUp-1].stored.Format(time.RFC3339Nano), c.stored.Format(time.RFC3339Nano))
+		}
+		want := 1
+		if s.CatchUp == bus.CatchUpNone {
+			want = 0
+		}
+		if runs[c.planned] != want {
+			t.Errorf("FAIL: %s (catch-up %s): %d runs of the restart's fire (planned %s), want %d", name, s.CatchUp, runs[c.planned], c.planned.Format(time.RFC3339Nano), want)
+		}
+		newest := planned[len(planned)-1]
+		known := map[time.Time]bool{}
+		for i, fi := range fires {
+			known[fi.planned] = true
+			if i == catchUp || fi.planned.After(newest) {
+				continue
+			}
+			if runs[fi.planned] != 1 {
+				t.Errorf("FAIL: %s: the fire planned %s has %d runs, want 1", name, fi.planned.Format(time.RFC3339), runs[fi.planned])
+			}
+		}
+		for p, n := range runs {
+			if !known[p] {
+				t.Errorf("FAIL: %s: %d runs planned %s, which no fire was", name, n, p.Format(time.RFC3339Nano))
+			}
+		}
+		t.Logf("%s: %d fires, %d runs; the restart's fire planned %s (stored %s, its previous named %s): %d runs",
+			name, len(fires), len(planned), c.planned.Format(time.RFC3339Nano), c.stored.Format(time.RFC3339Nano),
+			fires[catchUp-1].next.Format(time.RFC3339Nano), runs[c.planned])
 	}
 	for _, p := range procs {
 		if p.exited() {
 			t.Errorf("FAIL: worker %s exited; last lines:\n%s", p.name, p.tail(20))
 		}
 	}
-	t.Logf("schedule across a NATS restart: %d runs, planned %s .. %s, gaps %v", len(planned),
-		planned[0].Format(time.RFC3339), planned[len(planned)-1].Format(time.RFC3339), gaps)
+}
+
+// fireInfo is a server fire as stored: its planned time (as a worker
+// computes it), store time, and the next fire time it names.
+type fireInfo struct{ planned, stored, next time.Time }
+
+// serverFires reads a schedule's server fires from the stream, oldest
+// first (triggers left out).
+func serverFires(t *testing.T, f *fleet, name string) []fireInfo {
+	t.Helper()
+	ctx, cancel := f.ctx(30 * time.Second)
+	defer cancel()
+	n := f.c.Names()
+	st, err := f.c.JetStream().Stream(ctx, n.SchedulesStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []fireInfo
+	for seq := uint64(1); ; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(n.ScheduleFire("default", name)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq = m.Sequence + 1
+		var s bus.Schedule
+		if err := json.Unmarshal(m.Data, &s); err != nil {
+			t.Fatalf("fire %d: %v", m.Sequence, err)
+		}
+		if m.Header.Get(bus.HeaderScheduler) == "" {
+			continue // a trigger
+		}
+		planned, _, err := s.FirePlanned(m.Header, m.Time)
+		if err != nil {
+			t.Fatalf("fire %d: %v", m.Sequence, err)
+		}
+		next, _ := time.Parse(time.RFC3339Nano, m.Header.Get("Nats-Schedule-Next"))
+		out = append(out, fireInfo{planned: planned, stored: m.Time, next: next})
+	}
 }
 
 // Schedules survive the loss of one node of a 3-node cluster (R3): the

@@ -65,8 +65,13 @@ type Metrics struct {
 	approvalWait       prometheus.Histogram
 	keyWait            *prometheus.HistogramVec
 	laneDepth          *prometheus.GaugeVec
+	tenantDepth        *prometheus.GaugeVec
+	tenantSeries       map[string]map[[2]string]bool // per queue, the tenant series set (under mu)
 	approvalsRefused   *prometheus.CounterVec
 	runsWaiting        prometheus.Gauge
+	runsParked         *prometheus.CounterVec
+	wakes              *prometheus.CounterVec
+	wakeLatency        *prometheus.HistogramVec
 
 	scheduleFires    prometheus.Counter
 	scheduleSkips    *prometheus.CounterVec
@@ -121,9 +126,20 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.approvalsRefused = counterVec(reg, m, "approval_refused_total", "Gated tool calls refused without asking, by reason (max_waiting: too many runs wait).", "reason")
 	m.approvalsRefused.WithLabelValues("max_waiting") // exported at 0: a rate from the start
 	m.runsWaiting = gauge(reg, m, "runs_waiting", "Runs on this worker waiting (for an approval), with or without a slot.")
+	// Parked runs (protocol 1.9): on no worker, so counted where they
+	// park and wake, not as a gauge of this worker's.
+	m.runsParked = counterVec(reg, m, "runs_parked_total", "Runs this worker parked (their state in NATS, their request acknowledged), by what they wait for (approval, children).", "for")
+	m.wakes = counterVec(reg, m, "wakes_total", "Wakes of parked runs this worker published, by what woke them (answer: an approve or abort; timer: a pending approval's timeout; parking: an answer that came while the run parked; other: a concurrency key's place, a child's end).", "by")
+	m.wakeLatency = histogramVec(reg, m, "wake_latency_seconds", "Latency of a parked run's wake, by stage: published (the answer or timer stored -> its wake stored, at the waker), started (the wake stored -> the woken attempt's run_started, at the worker it woke on).", latency, "stage")
+	for _, f := range []string{waitApproval, waitChildren} {
+		m.runsParked.WithLabelValues(f) // exported at 0: a rate from the start
+	}
+	for _, by := range []string{"answer", "timer", "parking", "other"} {
+		m.wakes.WithLabelValues(by)
+	}
 	m.scheduleFires = counter(reg, m, "schedule_fires_total", "Schedule fires that submitted a run (a redelivered fire counts once).")
-	m.scheduleSkips = counterVec(reg, m, "schedule_skips_total", "Schedule fires that submitted nothing, by reason (overlap: the previous run still went; missed: late, and the catch-up policy does not run it; invalid; taken: another request held its run id; stale: the schedule was paused, replaced or deleted since).", "reason")
-	for _, r := range []string{"overlap", "missed", "invalid", "taken", "stale"} {
+	m.scheduleSkips = counterVec(reg, m, "schedule_skips_total", "Schedule fires that submitted nothing, by reason (overlap: the previous run still went; missed: late, and the catch-up policy does not run it; invalid; taken: another request held its run id; stale: the schedule was paused, replaced or deleted since; failed: given up after failing at each delivery).", "reason")
+	for _, r := range []string{"overlap", "missed", "invalid", "taken", "stale", "failed"} {
 		m.scheduleSkips.WithLabelValues(r) // exported at 0: a rate from the start
 	}
 	m.scheduleLateness = histogram(reg, m, "schedule_fire_lateness_seconds", "Time from a schedule fire's planned time to its run request being stored.", latency)
@@ -136,6 +152,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	}, m.pastDeadline))
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending, every lane).", "queue")
 	m.laneDepth = gaugeVec(reg, m, "queue_depth_by_priority", "Run requests waiting or in progress on a queue's lanes of a priority (since 1.10).", "queue", "priority")
+	m.tenantDepth = gaugeVec(reg, m, "queue_depth_by_tenant", "Run requests waiting or in progress on a queue's tenant lanes of a priority (since 1.10; runs without a tenant are not counted here).", "queue", "priority", "tenant")
 	m.keyWait = histogramVec(reg, m, "key_wait_seconds", "How long a run waited, parked, for a place in its concurrency key (since 1.10).", prometheus.ExponentialBucketsRange(0.05, 86400, 16), "queue")
 	m.toolSourceUp = gaugeVec(reg, m, "tool_source_up", "Tool sources (mcp:<server>, service:<name>): 1 while up.", "source")
 	m.toolConflict = gaugeVec(reg, m, "tool_source_conflict", "Tool services refused because their instances announce different tools: 1 while they differ.", "source")
@@ -326,7 +343,33 @@ func (m *Metrics) ScheduleFired(late time.Duration) {
 
 // ScheduleSkipped counts a fire that submitted nothing.
 func (m *Metrics) ScheduleSkipped(reason string) {
-	m.scheduleSkips.WithLabelValues(oneOf(reason, "overlap", "missed", "invalid", "taken", "stale")).Inc()
+	m.scheduleSkips.WithLabelValues(oneOf(reason, "overlap", "missed", "invalid", "taken", "stale", "failed")).Inc()
+}
+
+// What parked runs wait for (bus.WaitingApproval, bus.WaitingChildren).
+const (
+	waitApproval = "approval"
+	waitChildren = "children"
+)
+
+// RunParked counts a run parked while waiting for what.
+func (m *Metrics) RunParked(what string) {
+	m.runsParked.WithLabelValues(oneOf(what, waitApproval, waitChildren)).Inc()
+}
+
+// WakePublished counts a parked run's wake published (by answer, timer,
+// parking or other), d after what woke it was stored (negative: not known).
+func (m *Metrics) WakePublished(by string, d time.Duration) {
+	m.wakes.WithLabelValues(oneOf(by, "answer", "timer", "parking", "other")).Inc()
+	if d >= 0 {
+		m.wakeLatency.WithLabelValues("published").Observe(d.Seconds())
+	}
+}
+
+// WokenStarted observes a woken attempt's run_started, d after its wake
+// was stored.
+func (m *Metrics) WokenStarted(d time.Duration) {
+	m.wakeLatency.WithLabelValues("started").Observe(max(d, 0).Seconds())
 }
 
 // SetRunsWaiting sets the runs waiting now.
@@ -366,6 +409,31 @@ func (m *Metrics) pastDeadline() float64 {
 // SetLaneDepth sets the depth of a queue's lanes of one priority.
 func (m *Metrics) SetLaneDepth(queue, priority string, depth int) {
 	m.laneDepth.WithLabelValues(m.queue(queue), priority).Set(float64(depth))
+}
+
+// SetTenantDepths sets the depths of a queue's tenant lanes by priority
+// and tenant, and removes the series of lanes no longer there (a tenant
+// lane's consumer goes after an hour without work).
+func (m *Metrics) SetTenantDepths(queue string, depths map[[2]string]int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tenantSeries == nil {
+		m.tenantSeries = map[string]map[[2]string]bool{}
+	}
+	q := m.queue(queue)
+	for k := range m.tenantSeries[q] {
+		if _, ok := depths[k]; !ok {
+			m.tenantDepth.DeleteLabelValues(q, k[0], k[1])
+			delete(m.tenantSeries[q], k)
+		}
+	}
+	if m.tenantSeries[q] == nil {
+		m.tenantSeries[q] = map[[2]string]bool{}
+	}
+	for k, v := range depths {
+		m.tenantDepth.WithLabelValues(q, k[0], k[1]).Set(float64(v))
+		m.tenantSeries[q][k] = true
+	}
 }
 
 // KeyWaited observes a run's wait for its concurrency key.

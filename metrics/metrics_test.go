@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 )
 
@@ -85,11 +86,14 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.ControlReceived("steer")
 	m.SetQueueDepth("default", 1)
 	m.SetLaneDepth("default", "high", 1)
+	m.SetTenantDepths("default", map[[2]string]int{{"normal", "acme"}: 1})
 	m.KeyWaited("default", time.Second)
 	m.ToolSourceUp("mcp:x", true)
 	m.ToolSourceConflict("service:x", true)
 	m.ApprovalResolved("approve", time.Second)
 	m.ChildRunFinished(1, "succeeded")
+	m.WakePublished("answer", time.Second)
+	m.WokenStarted(time.Second)
 	if families, err = reg.Gather(); err != nil {
 		t.Fatal(err)
 	}
@@ -199,5 +203,69 @@ func TestModelUsageSettled(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestParkAndWakeMetrics(t *testing.T) {
+	_, m := newTest(t)
+	m.RunParked("approval")
+	m.RunParked("children")
+	m.RunParked("a caller's text") // bounded: other
+	m.WakePublished("answer", 200*time.Millisecond)
+	m.WakePublished("timer", -1) // when it was due is not known: counted, not observed
+	m.WokenStarted(2 * time.Second)
+	for _, c := range []struct {
+		got, want float64
+		what      string
+	}{
+		{testutil.ToFloat64(m.runsParked.WithLabelValues("approval")), 1, "parked for approval"},
+		{testutil.ToFloat64(m.runsParked.WithLabelValues(Other)), 1, "parked for other"},
+		{testutil.ToFloat64(m.wakes.WithLabelValues("answer")), 1, "wakes by answer"},
+		{testutil.ToFloat64(m.wakes.WithLabelValues("timer")), 1, "wakes by timer"},
+		{testutil.ToFloat64(m.wakes.WithLabelValues("parking")), 0, "wakes while parking"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.wakeLatency); n != 2 {
+		t.Errorf("wake latency series = %d, want 2 (published, started)", n)
+	}
+	if got := sampleCount(t, m.wakeLatency, "published"); got != 1 {
+		t.Errorf("published observations = %d, want 1 (the timer's latency is not known)", got)
+	}
+}
+
+// sampleCount is a histogram vec's observation count for one label value.
+func sampleCount(t *testing.T, h *prometheus.HistogramVec, label string) uint64 {
+	t.Helper()
+	var d dto.Metric
+	if err := h.WithLabelValues(label).(prometheus.Histogram).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram().GetSampleCount()
+}
+
+// A tenant lane that went (its consumer removed after an hour without
+// work) takes its series with it.
+func TestTenantDepthSeriesGo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, Config{Queues: []string{"default"}})
+	m.SetTenantDepths("default", map[[2]string]int{{"normal", "acme"}: 2, {"low", "globex"}: 1})
+	m.SetTenantDepths("default", map[[2]string]int{{"low", "globex"}: 3})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series []string
+	for _, f := range families {
+		if f.GetName() == "agentfleet_queue_depth_by_tenant" {
+			for _, s := range f.GetMetric() {
+				series = append(series, s.String())
+			}
+		}
+	}
+	if len(series) != 1 || !strings.Contains(series[0], "globex") {
+		t.Fatalf("series %v; want globex's only", series)
 	}
 }

@@ -15,6 +15,7 @@ func TestScheduleStoredValidates(t *testing.T) {
 	t.Parallel()
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx := fleettest.Context(t)
+	f.ServeScheduleOps(bus.DefaultQueue)
 	v, err := protocol.NewValidator(protocol.Strict())
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ import (
 //     ceilings (Config.MaxChildDepth, MaxChildren), and a child carries
 //     the root's bounds, so no level of the tree widens them. The child's
 //     tenant is the parent's (its tenant metadata is copied over whatever
-//     a scripted request says).
+//     a scripted request says), and so is its approval policy.
 //  4. The parent waits off its slot (waitInCall, wait kind "children"):
 //     a worker's slots go to children, not to parents waiting for them.
 //  5. A parent stopped by an abort or its deadline aborts the children
@@ -187,6 +187,14 @@ func (r *run) childRequest(id string, a childArgs) (*bus.RunRequest, error) {
 		return nil, errors.New(`run_agent: a scripted parent's child needs a "request" with its own faux script`)
 	}
 	req.Metadata = r.childTenant()
+	// The parent's approval policy over whatever the call asks (the
+	// request argument cannot set one): a tool gated for the parent stays
+	// gated through a child, and its child's (invariant 3).
+	if ap := r.req.Approval; ap != nil {
+		c := *ap
+		c.Tools = slices.Clone(ap.Tools)
+		req.Approval = &c
+	}
 	if err := req.Validate(id); err != nil {
 		return nil, fmt.Errorf("run_agent: %w", err)
 	}
@@ -234,12 +242,32 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs, update agen
 	if id == "" {
 		return "", errors.New("run_agent: this worker has no child key (the agents_keys bucket, which a 1.10 worker that ensures the streams creates)")
 	}
+	r.childCall(key)
+	// stopped is the call's end when the run stops: only an abort or the
+	// deadline ends the child (invariant 5); a lost lease, a failed
+	// publish or a drain leaves it to the next attempt, which waits for
+	// it. A woken attempt past its deadline stops here, before any read.
+	stopped := func() (string, error) {
+		if r.stoppedForGood(ctx) {
+			r.abortChild(id)
+		}
+		return "", fmt.Errorf("run_agent: stopped while waiting for child run %s", id)
+	}
+	if ctx.Err() != nil {
+		return stopped()
+	}
 	rec, err := w.getRecord(ctx, id)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
+		if lose := w.cfg.loseChild; lose != nil && lose(id) {
+			r.log.Info("test: child run lost before its submit", "child", id)
+			break
+		}
 		if err := r.startChild(ctx, id, a); err != nil {
 			return "", err
 		}
+	case err != nil && ctx.Err() != nil:
+		return stopped()
 	case err != nil:
 		return "", fmt.Errorf("run_agent: cannot read the child run %s: %w", id, err)
 	case rec.Child == nil || rec.Child.ParentRunID != r.id:
@@ -257,7 +285,7 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs, update agen
 	// after this returns, reads it (invariant 6). The attempt ends there.
 	r.await(id, true)
 	err = r.waitInCall(ctx, waitingChildren, time.Now(), func(wctx context.Context) error {
-		final, err = r.awaitChild(wctx, id)
+		final, err = r.awaitChild(wctx, id) // worker/childwait.go
 		return err
 	})
 	if !errors.Is(err, errWaitHandedBack) {
@@ -269,13 +297,7 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs, update agen
 		r.toolBusy(1) // the call's count, which its own hand-back must not wait for
 		return "", err
 	case err != nil && ctx.Err() != nil:
-		// Only an abort or the deadline ends the child (invariant 5): a
-		// lost lease, a failed publish or a drain leaves it to the next
-		// attempt, which waits for it.
-		if r.stoppedForGood(ctx) {
-			r.abortChild(id)
-		}
-		return "", fmt.Errorf("run_agent: stopped while waiting for child run %s", id)
+		return stopped()
 	case err != nil:
 		return "", fmt.Errorf("run_agent: child run %s: %w", id, err)
 	}
@@ -389,35 +411,6 @@ func (w *Worker) openChildKey(ctx context.Context) {
 	w.childKey = k
 }
 
-// awaitChild watches the child's record until it says finished.
-func (r *run) awaitChild(ctx context.Context, id string) (*bus.RunRecord, error) {
-	watch, err := r.w.kv.Watch(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = watch.Stop() }()
-	for {
-		select {
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return nil, errors.New("the record watch ended")
-			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			rec, err := bus.DecodeRecord(e)
-			if err != nil {
-				return nil, err
-			}
-			if rec.Finished() {
-				return rec, nil
-			}
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
 // stoppedForGood reports whether the run stopped for an abort or its
 // deadline, the stops that end its children (invariant 5).
 func (r *run) stoppedForGood(ctx context.Context) bool {
@@ -446,6 +439,13 @@ func (r *run) takeChildCalls(synthetic, msgs []agent.Message) []agent.Message {
 	for _, m := range msgs {
 		if m.Role == agent.RoleToolResult && m.ToolName == bus.ToolRunAgent {
 			r.childrenStarted.Add(1)
+		}
+		if m.Role == agent.RoleAssistant {
+			for _, c := range m.ToolCalls() {
+				if c.Name == bus.ToolRunAgent {
+					r.childCall(c.ID)
+				}
+			}
 		}
 	}
 	if !offered {
@@ -521,9 +521,20 @@ func (r *run) await(id string, on bool) {
 	}
 }
 
+// awaitsChildren reports whether a run_agent call of the attempt waits
+// for its child (or did, when the park ended its wait).
+func (r *run) awaitsChildren() bool {
+	a := &r.awaiting
+	a.Lock()
+	defer a.Unlock()
+	return len(a.ids) > 0
+}
+
 // childFinished reports whether a child the parked run waited for has
 // finished (invariant 6); a failed read counts as finished: the wake is
-// harmless, a run parked for ever is not.
+// harmless, a run parked for ever is not. A child without a record is
+// queued (or lost: the parent's timer at its deadline wakes it, park.go):
+// waking for it would only park again.
 func (r *run) childFinished(ctx context.Context) bool {
 	a := &r.awaiting
 	a.Lock()
@@ -531,6 +542,9 @@ func (r *run) childFinished(ctx context.Context) bool {
 	a.Unlock()
 	for _, id := range ids {
 		rec, err := r.w.getRecord(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
 		if err != nil || rec.Finished() {
 			return true
 		}
@@ -550,6 +564,9 @@ func (r *run) wakeParent(ctx context.Context, link *bus.ChildOf) error {
 		return nil
 	}
 	parent := link.ParentRunID
+	// The parent's call waiting in a worker learns it from the notice
+	// (worker/childwait.go); a parked one from the wake below.
+	r.w.noticeChildDone(parent, r.id)
 	rec, err := r.w.getRecord(ctx, parent)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
@@ -600,39 +617,62 @@ func (r *run) abortChildrenLeft() {
 	r.earlier.childCalls = nil
 }
 
+// childCall records the key of a run_agent call of the run (childKeys).
+func (r *run) childCall(key string) {
+	k := &r.childKeys
+	k.Lock()
+	defer k.Unlock()
+	if k.keys == nil {
+		k.keys = map[string]bool{}
+	}
+	k.keys[key] = true
+}
+
 // treeCost is own plus the cost of every child run the run's run_agent
 // calls started, each child's own tree counted (its record's treeCost,
 // else its cost); ok is false for a run that started none. A child still
-// running (its parent aborted) counts what it spent so far.
+// running (its parent aborted) counts what it spent so far. The calls are
+// childKeys and those in the agent's messages: a resumed attempt's
+// context lacks the calls a compaction summarised (worker/compaction.go),
+// the events it read have them.
 func (r *run) treeCost(own float64) (total float64, ok bool) {
 	if r.agent == nil || !slices.Contains(r.toolList, bus.ToolRunAgent) {
 		return 0, false
 	}
 	ctx, cancel := context.WithTimeout(r.w.hardCtx, 5*time.Second)
 	defer cancel()
-	total = own
+	k := &r.childKeys
+	k.Lock()
+	keys := maps.Clone(k.keys)
+	k.Unlock()
+	if keys == nil {
+		keys = map[string]bool{}
+	}
 	for _, m := range r.agent.Messages() {
 		if m.Role != agent.RoleAssistant {
 			continue
 		}
 		for _, c := range m.ToolCalls() {
-			if c.Name != bus.ToolRunAgent {
-				continue
+			if c.Name == bus.ToolRunAgent {
+				keys[c.ID] = true
 			}
-			id := r.childID(c.ID)
-			if id == "" {
-				continue
-			}
-			rec, err := r.w.getRecord(ctx, id)
-			if err != nil {
-				continue // refused before it was submitted, or unreadable
-			}
-			ok = true
-			if rec.TreeCost > 0 {
-				total += rec.TreeCost
-			} else {
-				total += rec.Cost
-			}
+		}
+	}
+	total = own
+	for key := range keys {
+		id := r.childID(key)
+		if id == "" {
+			continue
+		}
+		rec, err := r.w.getRecord(ctx, id)
+		if err != nil {
+			continue // refused before it was submitted, or unreadable
+		}
+		ok = true
+		if rec.TreeCost > 0 {
+			total += rec.TreeCost
+		} else {
+			total += rec.Cost
 		}
 	}
 	return total, ok

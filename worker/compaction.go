@@ -95,10 +95,15 @@ func (c *compactor) forget(msgs []agent.Message) {
 	}
 }
 
+// instructionsSep joins the instructions of compact messages.
+const instructionsSep = "; "
+
 type manualCompact struct {
-	instructions string
-	seq          uint64
+	parts []string // the messages' instructions, oldest first
+	seq   uint64
 }
+
+func (m *manualCompact) instructions() string { return strings.Join(m.parts, instructionsSep) }
 
 // planCompaction sets the run's compactor up: automatic when the request
 // has "compaction", manual (the compact verb) whenever the model's window
@@ -129,7 +134,9 @@ func (r *run) planCompaction(add func(string, ...any)) {
 		}
 		instructions = asked.Instructions
 	}
-	set, problems := compaction.Resolve(window, reserve, keep)
+	// Every call asks its output reserve as max_tokens, which servers count
+	// against the window: the threshold leaves room for it.
+	set, problems := compaction.Resolve(window, reserve, keep, r.outputReserve(req.MaxTokens))
 	if asked == nil && len(problems) > 0 {
 		return // the table's defaults do not fit: no manual compaction either
 	}
@@ -139,6 +146,10 @@ func (r *run) planCompaction(add func(string, ...any)) {
 	c := &compactor{r: r, set: set, auto: asked != nil, model: r.model, modelName: r.modelRef.String(),
 		instructions: instructions, stream: r.stream, limit: r.modelLimit}
 	if asked != nil && asked.Model != nil && *asked.Model != r.modelRef && r.req.Faux == nil {
+		if w.cfg.NoFaux && asked.Model.Provider == "faux" {
+			add("compaction.model %s: this worker does not run faux models (--allow-faux is off)", asked.Model)
+			return
+		}
 		p := w.providers[asked.Model.Provider]
 		if p == nil {
 			add("compaction.model: unknown model provider %q: this worker has %s", clipString(asked.Model.Provider, 64), w.providerNames())
@@ -147,6 +158,18 @@ func (r *run) planCompaction(add func(string, ...any)) {
 		c.model, c.modelName = p.Model(asked.Model.ID), asked.Model.String()
 		if c.model.ID == "" {
 			c.model.ID = asked.Model.ID
+		}
+		// A summary call sends up to the context at the threshold less what
+		// is kept, plus the previous summary, and asks the summary's
+		// output: a summariser whose window is known must hold that.
+		sw := c.model.ContextWindow
+		if mw, ok := w.cfg.ModelWindows[asked.Model.String()]; ok && mw.ContextWindow > 0 {
+			sw = mw.ContextWindow
+		}
+		if need := set.Window - set.Reserve() - set.KeepRecentTokens + 2*set.SummaryMaxTokens(); sw > 0 && sw < need {
+			add("compaction.model %s has a context window of %d tokens, less than the %d a summary call may need (the context at the threshold less keepRecentTokens, the previous summary and the summary's output)",
+				asked.Model, sw, need)
+			return
 		}
 		c.stream = meteredProvider{p}.Stream
 		// Its calls wait in its own rate-limit group and are priced at its
@@ -173,17 +196,28 @@ func (c *compactor) wire() { c.stream = c.r.wrapStream(c.stream, c.limit, c.mode
 // Invariant: a compaction answers every compact message delivered before
 // it; its controlSeq is the newest's, so a resumed attempt takes none of
 // those up to it again (answeredTo). Two before one call are one
-// compaction with both instructions.
+// compaction with both instructions, within
+// bus.MaxCompactionInstructionsJoined: the oldest whole ones that do not
+// fit are left out, so that a flood of messages cannot grow the summary
+// prompt past what its model takes.
 func (c *compactor) requestManual(instructions string, seq uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if seq <= c.answeredTo {
 		return // an earlier attempt's compaction answered it
 	}
+	var parts []string
 	if m := c.manual; m != nil {
-		instructions = joinNotice(m.instructions, instructions)
+		parts = m.parts
 	}
-	c.manual = &manualCompact{instructions: instructions, seq: seq}
+	if instructions != "" {
+		parts = append(parts, instructions)
+	}
+	for size := len(strings.Join(parts, instructionsSep)); size > bus.MaxCompactionInstructionsJoined && len(parts) > 1; {
+		size -= len(parts[0]) + len(instructionsSep)
+		parts = parts[1:]
+	}
+	c.manual = &manualCompact{parts: parts, seq: seq}
 }
 
 // answered records the newest compact message an earlier attempt's
@@ -243,8 +277,15 @@ func (c *compactor) transform(ctx context.Context, live []agent.Message) ([]agen
 			// Asked for: everything but the newest turn goes, as much as
 			// a cut on a turn boundary allows.
 			err = c.compact(ctx, live, reason, tokens, manual, 1)
+			if err == errNothingToCompact {
+				// Answered, so that a resumed attempt does not take it
+				// again (Recover's AnsweredSeqs): published here, on the
+				// agent's goroutine, as the compaction events are.
+				_, _ = c.r.pub.Fleet(bus.EventControlRejected, bus.ControlRejected{Type: bus.EventControlRejected, Kind: bus.KindCompact,
+					Reason: "nothing to compact: the context is its newest turn alone", ControlSeq: manual.seq})
+			}
 		}
-		if err != nil && err != errNothingToCompact {
+		if err != nil && err != errNothingToCompact && err != errManualFailed {
 			return nil, err
 		}
 	}
@@ -254,9 +295,14 @@ func (c *compactor) transform(ctx context.Context, live []agent.Message) ([]agen
 // errNothingToCompact: every message is within keepRecentTokens.
 var errNothingToCompact = errors.New("nothing to compact: the context is within keepRecentTokens")
 
+// errManualFailed: a manual compaction's summary call failed; the run goes
+// on.
+var errManualFailed = errors.New("the manual compaction failed")
+
 // compact summarises live[dropped:cut] into the summary. A summary call
 // that fails fails the run (compaction_failed, its reason in run_finished
-// and in compaction_end).
+// and in compaction_end), unless a compact message asked for it
+// (errManualFailed).
 func (c *compactor) compact(ctx context.Context, live []agent.Message, reason string, tokens int, manual *manualCompact, keep int) error {
 	r := c.r
 	cut := compaction.FindCut(live, c.dropped, keep)
@@ -268,8 +314,8 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	instructions := c.instructions
 	if manual != nil {
 		start.ControlSeq = manual.seq
-		if manual.instructions != "" {
-			instructions = joinNotice(instructions, manual.instructions)
+		if len(manual.parts) > 0 {
+			instructions = joinNotice(instructions, manual.instructions())
 		}
 	}
 	if _, err := r.pub.Fleet(bus.EventCompactionStart, start); err != nil {
@@ -289,10 +335,18 @@ func (c *compactor) compact(ctx context.Context, live []agent.Message, reason st
 	}
 	if err != nil {
 		end.Error = clipString(err.Error(), bus.MaxErrorBytes)
+		end.Cancelled = ctx.Err() != nil
 		_, _ = r.pub.Fleet(bus.EventCompactionEnd, end)
-		// A call a run or tenant budget refused keeps that reason (the
-		// refusal recorded it): the summary did not fail, it was not made.
-		if ctx.Err() == nil && !r.tally.Stopping() {
+		switch {
+		case ctx.Err() != nil || r.tally.Stopping():
+			// Cancelled, or a call a run or tenant budget refused: that
+			// reason stands (the refusal recorded it).
+		case manual != nil:
+			// As pi's /compact: the failure is reported (compaction_end)
+			// and the run goes on with its context as it was.
+			r.log.Warn("manual compaction failed; the run goes on", "err", end.Error)
+			return errManualFailed
+		default:
 			r.overBudget(bus.ReasonCompactionFailed, end.Error)
 		}
 		return err

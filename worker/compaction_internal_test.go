@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -46,7 +47,7 @@ func TestCompactBookkeeping(t *testing.T) {
 	c := &compactor{}
 	c.requestManual("focus on a", 7)
 	c.requestManual("focus on b", 8)
-	if m := c.takeManual(); m == nil || m.seq != 8 || m.instructions != "focus on a; focus on b" {
+	if m := c.takeManual(); m == nil || m.seq != 8 || m.instructions() != "focus on a; focus on b" {
 		t.Fatalf("two compacts before a call: %+v", m)
 	}
 	c.answered(8)
@@ -76,5 +77,23 @@ func TestRestoreKeepsTheSummarisedCallKeys(t *testing.T) {
 	p := r.priorCallKeys()
 	if !p.Used["c1"] || !p.Used["c1-t2-1"] || !p.Used["other"] || p.Turns != 2 {
 		t.Fatalf("prior keys %v, %d turns: want c1, c1-t2-1 (summarised), other (earlier) and 2 turns", p.Used, p.Turns)
+	}
+}
+
+// The instructions of many compact messages before one call are joined
+// within bus.MaxCompactionInstructionsJoined, the newest kept whole: their
+// sum used to grow the summary prompt without a bound.
+func TestCompactManualInstructionsBounded(t *testing.T) {
+	c := &compactor{}
+	for i := range 100 {
+		c.requestManual(fmt.Sprintf("%03d", i)+strings.Repeat("x", bus.MaxCompactionInstructions-3), uint64(i+1))
+	}
+	m := c.takeManual()
+	text := m.instructions()
+	if len(text) > bus.MaxCompactionInstructionsJoined || m.seq != 100 {
+		t.Fatalf("instructions of %d bytes (limit %d), seq %d, from 100 compact messages", len(text), bus.MaxCompactionInstructionsJoined, m.seq)
+	}
+	if !strings.HasSuffix(text, "; 099"+strings.Repeat("x", bus.MaxCompactionInstructions-3)) || !strings.HasPrefix(text, "09") {
+		t.Fatalf("want the newest messages whole, got %.20q…", text)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentfleet/agentfleet/internal/fleettest"
 	"github.com/agentfleet/agentfleet/llm/faux"
 	"github.com/agentfleet/agentfleet/worker"
+	"github.com/agentfleet/agentfleet/worker/internal/compaction"
 )
 
 // compactScript is a faux model for compaction tests: a summary call (pi's
@@ -162,7 +164,7 @@ func TestCompactionCutsOnTurnBoundariesAndUpdatesTheSummary(t *testing.T) {
 	var summaryUsage int
 	for i, e := range ends {
 		if e.Error != "" || e.Reason != bus.CompactionThreshold || e.Summary != fmt.Sprintf("## Goal\nsummary %d", i+1) ||
-			e.TokensBefore <= 8000-2000 || e.TokensAfter >= e.TokensBefore || e.Usage == nil || e.Usage.Input == 0 || e.Model != "faux/small" {
+			e.TokensBefore <= 8000-4096 || e.TokensAfter >= e.TokensBefore || e.Usage == nil || e.Usage.Input == 0 || e.Model != "faux/small" {
 			t.Fatalf("compaction_end %d: %+v", i, e)
 		}
 		summaryUsage += e.Usage.TotalTokens
@@ -808,4 +810,247 @@ func (o *modelNames) ModelRequest(_ worker.RunInfo, mr worker.ModelRequest) {
 		o.n = map[string]int{}
 	}
 	o.n[mr.Model]++
+}
+
+// vllmFaux refuses, as vLLM's OpenAI server does, a call whose prompt
+// (estimated) plus max_tokens passes the window, in vLLM's words, which
+// llm/overflow recognises. refused counts the refusals.
+type vllmFaux struct {
+	*worker.FauxProvider
+	window  int
+	refused *atomic.Int32
+}
+
+func (p vllmFaux) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	in := 0
+	for i := range llm.Messages {
+		in += compaction.EstimateTokens(&llm.Messages[i])
+	}
+	if in+opts.MaxTokens > p.window {
+		p.refused.Add(1)
+		return func(yield func(agent.StreamEvent) bool) {
+			yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonError,
+				ErrorMessage: fmt.Sprintf("400 Bad Request: This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+					p.window, in+opts.MaxTokens, in, opts.MaxTokens)}})
+		}
+	}
+	return p.FauxProvider.Stream(ctx, model, llm, opts)
+}
+
+// vllmRun runs turns tool turns on an 8k window (scaled defaults, calls
+// asking the default 4,096 max_tokens) against vllmFaux, with summaries of
+// summaryWords words; it returns the events and the refusals.
+func vllmRun(t *testing.T, turns, summaryWords int) ([]*bus.Envelope, int) {
+	f := newFleet(t)
+	s := &compactScript{turns: turns}
+	var refused atomic.Int32
+	compactWorker(f, s, 8000, 2000, func(c *worker.Config) {
+		reply := func(llm agent.Context) faux.Response {
+			r := s.reply(llm)
+			if summaryWords > 0 && strings.Contains(llm.SystemPrompt, "context summarization assistant") {
+				r = fleettest.Text("## Goal\n" + strings.Repeat("note ", summaryWords))
+			}
+			return r
+		}
+		c.Providers = map[string]worker.Provider{"faux": vllmFaux{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: reply})}, 8000, &refused}}
+	})
+	envs := f.Follow(f.Submit("", compactRequest(&bus.Compaction{})))
+	return envs, int(refused.Load())
+}
+
+// On a server that counts prompt + max_tokens against the window, the
+// threshold fires before the server refuses: no compaction is an
+// overflow, no call is refused.
+func TestCompactionThresholdLeavesRoomForMaxTokens(t *testing.T) {
+	t.Parallel()
+	envs, refused := vllmRun(t, 20, 0)
+	_, ends := compactionsOf(t, envs)
+	for _, e := range ends {
+		if e.Reason != bus.CompactionThreshold {
+			t.Fatalf("a %s compaction (%+v): the threshold, window - reserve, is past what the server accepts with max_tokens", e.Reason, e)
+		}
+	}
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusSucceeded || len(ends) == 0 || refused != 0 {
+		t.Fatalf("run_finished %s/%s (%s), %d compactions, %d refused calls", fin.Status, fin.Reason, fin.Error, len(ends), refused)
+	}
+}
+
+// With summaries of about 1,000 tokens, the compacted context (keep and
+// summary) plus max_tokens still fits an 8k window: the run goes on
+// through many compactions without a refused call.
+func TestCompactionSmallWindowKeepsRoomForTheSummary(t *testing.T) {
+	t.Parallel()
+	envs, refused := vllmRun(t, 40, 800)
+	_, ends := compactionsOf(t, envs)
+	fin := finishedOf(t, envs)
+	if fin.Status != bus.StatusSucceeded || len(ends) < 5 || refused != 0 {
+		t.Fatalf("run_finished %s/%s (%s), %d compactions, %d refused calls", fin.Status, fin.Reason, fin.Error, len(ends), refused)
+	}
+	for _, e := range ends {
+		if e.TokensAfter >= e.TokensBefore {
+			t.Errorf("a compaction grew the context: %d to %d tokens", e.TokensBefore, e.TokensAfter)
+		}
+	}
+}
+
+// A manual compaction whose summary call fails is reported
+// (compaction_end with error) and the run goes on with its context as it
+// was, as pi's /compact does: it used to fail the run compaction_failed.
+func TestCompactControlFailureGoesOn(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 5, gateAt: 4, summaryFail: "503 Service Unavailable: the summariser is overloaded"}
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	gate := agent.NewTool("gate", "waits for the test", func(ctx context.Context, _ struct{}, _ agent.UpdateFunc) (agent.ToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return agent.ToolResult{Content: []agent.Content{agent.Text("opened")}}, nil
+	})
+	seen := &controlSeen{kinds: make(chan string, 8)}
+	compactWorker(f, s, 100_000, 4000, func(c *worker.Config) {
+		c.Tools = append(c.Tools, gate)
+		c.Observer = seen
+		c.ModelWindows["faux/small"] = worker.ModelWindow{ContextWindow: 100_000, KeepRecentTokens: 1000}
+	})
+	req := compactRequest(nil)
+	req.Tools = []string{"read", "gate"}
+	id := f.Submit("", req)
+	<-started
+	if _, err := f.Client.Compact(fleettest.Context(t), id, ""); err != nil {
+		t.Fatal(err)
+	}
+	if k := <-seen.kinds; k != bus.KindCompact {
+		t.Fatalf("the worker took %s", k)
+	}
+	close(release)
+	envs := f.Follow(id)
+	tr := checkRun(t, id, envs)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Reason != bus.CompactionManual || !strings.Contains(ends[0].Error, "overloaded") || ends[0].Cancelled {
+		t.Fatalf("compaction_end %+v, want the failed manual one", ends)
+	}
+	if len(tr.Messages) != 1+2*5+1 {
+		t.Fatalf("the run went on to %d messages, want %d", len(tr.Messages), 1+2*5+1)
+	}
+}
+
+// blockingSummaries holds every summary call until its context ends,
+// telling the test it began.
+type blockingSummaries struct {
+	*worker.FauxProvider
+	began chan struct{}
+}
+
+func (p blockingSummaries) Stream(ctx context.Context, model agent.Model, llm agent.Context, opts agent.StreamOptions) iter.Seq[agent.StreamEvent] {
+	if !strings.Contains(llm.SystemPrompt, "context summarization assistant") {
+		return p.FauxProvider.Stream(ctx, model, llm, opts)
+	}
+	return func(yield func(agent.StreamEvent) bool) {
+		p.began <- struct{}{}
+		<-ctx.Done()
+		yield(agent.StreamEvent{Type: agent.StreamError, Message: &agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonAborted,
+			ErrorMessage: ctx.Err().Error()}})
+	}
+}
+
+// A summary call cancelled (here by an abort) ends its compaction
+// cancelled, not failed: readers show it so, and the run's reason is the
+// abort's.
+func TestCompactionCancelledIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 24}
+	began := make(chan struct{}, 1)
+	compactWorker(f, s, 8000, 4000, func(c *worker.Config) {
+		c.Providers = map[string]worker.Provider{"faux": blockingSummaries{&worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}, began}}
+	})
+	id := f.Submit("", compactRequest(&bus.Compaction{}))
+	<-began
+	if _, err := f.Client.Abort(fleettest.Context(t), id, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	envs := f.Follow(id)
+	_, ends := compactionsOf(t, envs)
+	if len(ends) != 1 || ends[0].Error == "" || !ends[0].Cancelled {
+		t.Fatalf("compaction_end %+v, want one cancelled", ends)
+	}
+	if fin := finishedOf(t, envs); fin.Status != bus.StatusAborted {
+		t.Fatalf("run_finished %+v, want aborted", fin)
+	}
+}
+
+// compaction.model on the faux provider is refused, as the run's model
+// is, by a worker that runs no faux models (--allow-faux off): the demo
+// model's echo would grow the context at every compaction.
+func TestCompactionModelFauxNeedsAllowFaux(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 1}
+	compactWorker(f, s, 8000, 10, func(c *worker.Config) {
+		c.NoFaux = true
+		c.Providers["other"] = &worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}
+		c.ModelWindows["other/small"] = worker.ModelWindow{ContextWindow: 8000}
+	})
+	req := compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "faux", ID: "demo"}})
+	req.Model = &bus.ModelRef{Provider: "other", ID: "small"}
+	fin := f.WaitFinished(f.Submit("", req))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "compaction.model faux/demo: this worker does not run faux models (--allow-faux is off)") {
+		t.Fatalf("run_finished %+v", fin)
+	}
+}
+
+// compaction.model's own context window, when known, must hold what a
+// summary call may send and ask: a smaller summariser is the request's
+// problem, not a compaction_failed later.
+func TestCompactionModelWindowChecked(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 1}
+	compactWorker(f, s, 100_000, 10, func(c *worker.Config) {
+		c.Providers["other"] = &worker.FauxProvider{M: faux.New(faux.Options{TokenSize: 64, Fallback: s.reply})}
+		c.ModelWindows["other/tiny"] = worker.ModelWindow{ContextWindow: 8000}
+		c.ModelWindows["other/big"] = worker.ModelWindow{ContextWindow: 128_000}
+	})
+	fin := f.WaitFinished(f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "tiny"}})))
+	if fin.Reason != bus.ReasonBadRequest || !strings.Contains(fin.Error, "compaction.model other/tiny has a context window of 8000 tokens, less than the") {
+		t.Fatalf("run_finished %+v", fin)
+	}
+	id := f.Submit("", compactRequest(&bus.Compaction{Model: &bus.ModelRef{Provider: "other", ID: "big"}}))
+	checkRun(t, id, f.Follow(id))
+}
+
+// A compact message with nothing to cut (the context is the newest turn
+// alone: here the prompt, at the first call) is answered with
+// control_rejected, so that a resumed attempt does not take it again; it
+// used to be consumed silently.
+func TestCompactControlNothingToCutIsAnswered(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := &compactScript{turns: 0}
+	// Stored after the request and before any worker runs it: the pickup's
+	// catch-up gives it to the agent before its first model call.
+	id := f.Submit("", compactRequest(nil))
+	seq, err := f.Client.Compact(fleettest.Context(t), id, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	compactWorker(f, s, 100_000, 10, nil)
+	envs := f.Follow(id)
+	checkRun(t, id, envs)
+	var rejected *bus.ControlRejected
+	for _, e := range envs {
+		if e.Type == bus.EventControlRejected {
+			rejected = fleettest.Decode(t, e).Control
+		}
+	}
+	if rejected == nil || rejected.Kind != bus.KindCompact || rejected.ControlSeq != seq || !strings.Contains(rejected.Reason, "nothing to compact") {
+		t.Fatalf("control_rejected %+v, want the compact message (seq %d) answered\n%s", rejected, seq, fleettest.Dump(envs))
+	}
+	if _, ends := compactionsOf(t, envs); len(ends) != 0 {
+		t.Fatalf("compactions %+v, want none", ends)
+	}
 }

@@ -86,6 +86,10 @@ type Config struct {
 	// DrainTimeout is how long running runs may go on after ctx is
 	// cancelled before they are stopped and handed back (Nak); default 30s.
 	DrainTimeout time.Duration
+	// TenantWeights weigh the tenants' fair share of the slots within a
+	// priority (since 1.10; lanes.go): a tenant missing here weighs 1.
+	// Every worker of a fleet should be given the same ones.
+	TenantWeights map[string]float64
 	// PollWait is how long one idle pull waits; default 2s. It bounds how
 	// long stopping takes to stop pulling.
 	PollWait time.Duration
@@ -219,6 +223,20 @@ type Config struct {
 	// treeTTL, set only by the package's tests (export_test.go), replaces
 	// treeAccountTTL (treebudget.go).
 	treeTTL time.Duration
+	// childRecheck, set only by the package's tests, is how often a
+	// waiting run_agent call reads its child's record without a notice
+	// (worker/childwait.go) [30s].
+	childRecheck time.Duration
+	// loseChild, set only by the package's tests, makes run_agent skip
+	// the submit of the children it returns true for: a child lost
+	// before it got a record.
+	loseChild func(child string) bool
+	// loseNotices, set only by the package's tests, drops the worker's
+	// notices of finished children (as a reconnect may).
+	loseNotices bool
+	// laneRecheck replaces lanes.go's laneRecheck (tests: a lane found
+	// empty must be asked again when a request is seen in it, not later).
+	laneRecheck time.Duration
 }
 
 // RunInfo identifies a run to an Observer.
@@ -301,6 +319,15 @@ type Observer interface {
 	// ApprovalRefused: a gated call was refused without asking, for a
 	// reason (max_waiting: the worker's MaxWaiting runs wait already).
 	ApprovalRefused(r RunInfo, reason string)
+	// RunParked: the run parked (worker/park.go) waiting for what
+	// (bus.WaitingApproval, bus.WaitingChildren).
+	RunParked(r RunInfo, what string)
+	// WakePublished: this worker published a parked run's wake, by an
+	// answer, a timer or the parking attempt itself (an answer came while
+	// it parked), d after what woke it was stored (negative: unknown).
+	WakePublished(by string, d time.Duration)
+	// WokenStarted: a woken attempt started, d after its wake was stored.
+	WokenStarted(r RunInfo, d time.Duration)
 }
 
 // NopObserver does nothing.
@@ -322,6 +349,9 @@ func (NopObserver) RunsWaiting(RunInfo, int)                        {}
 func (NopObserver) ApprovalRequested(RunInfo)                       {}
 func (NopObserver) ApprovalResolved(RunInfo, string, time.Duration) {}
 func (NopObserver) ApprovalRefused(RunInfo, string)                 {}
+func (NopObserver) RunParked(RunInfo, string)                       {}
+func (NopObserver) WakePublished(string, time.Duration)             {}
+func (NopObserver) WokenStarted(RunInfo, time.Duration)             {}
 
 func (c *Config) defaults() {
 	if len(c.Queues) == 0 {

@@ -27,3 +27,30 @@ func WithTreeTTL(c Config, d time.Duration) Config {
 	c.treeTTL = d
 	return c
 }
+
+// WithChildRecheck sets how often a waiting run_agent call reads its
+// child's record without a notice.
+func WithChildRecheck(c Config, d time.Duration) Config {
+	c.childRecheck = d
+	return c
+}
+
+// WithLostNotices makes the worker publish no notice of finished children.
+func WithLostNotices(c Config) Config {
+	c.loseNotices = true
+	return c
+}
+
+// WithLostChildren makes run_agent skip the submit of the children lost
+// returns true for.
+func WithLostChildren(c Config, lost func(child string) bool) Config {
+	c.loseChild = lost
+	return c
+}
+
+// WithLaneRecheck sets how long a no-tenant lane found empty is not asked
+// again unless a request is seen in it.
+func WithLaneRecheck(c Config, d time.Duration) Config {
+	c.laneRecheck = d
+	return c
+}

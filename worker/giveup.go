@@ -210,10 +210,10 @@ func (w *Worker) giveUp(ctx context.Context, adv maxDeliveriesAdvisory) error {
 // gaveUpUsage is what the give-up's run_resumed carries as cutOffUsage
 // (as a resume's: cutOffUsage) and the run's usage as the events tell it:
 // that plus the usage of the restored messages that are the run's (after
-// its prompt). The prompt's length comes from the request (and the
-// transcript it continues); if that cannot be read, no message of the
-// view counts as the run's, and only the cut-off usage earlier resumes
-// carried does.
+// its prompt) and of the summary calls (compaction_end). The prompt's
+// length comes from the request (and the transcript it continues); if that
+// cannot be read, no message of the view counts as the run's, and only the
+// cut-off usage earlier resumes carried does.
 func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request []byte, byRef bool) (cut, usage agent.Usage) {
 	promptLen, ok := r.requestPromptLen(ctx, request, byRef)
 	if !ok {
@@ -226,6 +226,10 @@ func (r *run) gaveUpUsage(ctx context.Context, rc *workerproto.Recovery, request
 			usage.Add(metering.NonNegative(m.Usage))
 		}
 	}
+	// The summary calls were charged too, and are in no message (as resume
+	// carries them); not in cut, which run_resumed publishes without them.
+	_, _, _, summaries := compactionsIn(rc.Compactions)
+	usage.Add(summaries)
 	return cut, usage
 }
 

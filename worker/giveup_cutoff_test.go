@@ -3,12 +3,15 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
+	"github.com/agentfleet/agentfleet/internal/workerproto"
 )
 
 // The give-up's run_resumed carries the cut-off usage of the attempts
@@ -121,5 +124,47 @@ func TestGiveUpCarriesCutOffUsage(t *testing.T) {
 	}
 	if got := tr.CutOffUsage(); got != cut || len(tr.Messages) != 2 {
 		t.Fatalf("readers' view: cut-off usage %+v, %d messages; want %+v and 2", got, len(tr.Messages), cut)
+	}
+}
+
+// The give-up's usage counts the summary calls (compaction_end's usage,
+// in no message), as a resume does: it used to leave them out.
+func TestGiveUpCountsSummaryCalls(t *testing.T) {
+	t.Parallel()
+	const id = "r1"
+	call := agent.Usage{Input: 1000, Output: 100, TotalTokens: 1100, Cost: agent.Cost{Total: 0.5}}
+	summary := agent.Usage{Input: 4000, Output: 500, TotalTokens: 4500, Cost: agent.Cost{Total: 2}}
+	msgEnd := func(m agent.Message) bus.AgentEvent {
+		return bus.AgentEvent{Type: string(agent.EventMessageEnd), Message: &m}
+	}
+	var envs []*bus.Envelope
+	for i, ev := range []any{
+		bus.RunStarted{Type: bus.EventRunStarted, Queue: "default", Worker: "gone", Attempt: 1, Tools: []string{}},
+		msgEnd(agent.UserText("hi")),
+		msgEnd(agent.Message{Role: agent.RoleAssistant, StopReason: agent.StopReasonStop, Content: []agent.Content{agent.Text("a")}, Usage: call}),
+		msgEnd(agent.UserText("more")),
+		bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionManual, Summary: "s", FirstKeptIndex: 2, MessagesSummarized: 2, Usage: &summary},
+	} {
+		data, err := agent.MarshalJSON(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(bus.Envelope{Run: id, Seq: uint64(i + 1), Attempt: 1, Worker: "gone", TS: time.Now().UnixMilli(), Event: data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := bus.DecodeEnvelope(b) // as read from the stream: with its type
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs = append(envs, env)
+	}
+	rc := workerproto.Recover(envs, time.Now().UnixMilli())
+	r := &run{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cut, usage := r.gaveUpUsage(context.Background(), rc, []byte(`{"prompt":"hi"}`), false)
+	want := call
+	want.Add(summary)
+	if usage != want || cut != (agent.Usage{}) {
+		t.Fatalf("give-up usage %+v (cost %v), cut-off %+v; want the call's and the summary call's (cost %v), nothing cut off", usage, usage.Cost.Total, cut, want.Cost.Total)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/metrics"
 )
@@ -107,6 +109,9 @@ func (o *metricsObserver) ApprovalResolved(_ RunInfo, decision string, d time.Du
 }
 func (o *metricsObserver) ApprovalRefused(_ RunInfo, reason string) { o.m.ApprovalRefused(reason) }
 func (o *metricsObserver) KeyWaited(r RunInfo, d time.Duration)     { o.m.KeyWaited(r.Queue, d) }
+func (o *metricsObserver) RunParked(_ RunInfo, what string)         { o.m.RunParked(what) }
+func (o *metricsObserver) WakePublished(by string, d time.Duration) { o.m.WakePublished(by, d) }
+func (o *metricsObserver) WokenStarted(_ RunInfo, d time.Duration)  { o.m.WokenStarted(d) }
 
 // RunsWaiting also moves the run's deadline: none while it waits, a
 // later one after (waiting does not count against the timeout).
@@ -125,32 +130,59 @@ func (o *metricsObserver) RunsWaiting(r RunInfo, n int) {
 // pending, every lane's: what KEDA scales on) and, with setLane, each
 // priority's (since 1.10) every interval until ctx is done. A failed poll
 // keeps the last value; readiness reports NATS trouble.
-func PollQueueDepth(ctx context.Context, c *bus.Client, queues []string, interval time.Duration, set func(queue string, depth int), setLane func(queue, priority string, depth int)) {
+func PollQueueDepth(ctx context.Context, c *bus.Client, queues []string, interval time.Duration, set func(queue string, depth int), setLane func(queue, priority string, depth int), setTenants func(queue string, depths map[[2]string]int)) {
+	n := c.Names()
 	poll := func() {
+		// One listing of AGENTS_RUNS' consumers: the old one, the no-tenant
+		// lanes and every tenant lane (since 1.10: tenant lanes are made by
+		// the workers that see their requests, so they are not known here).
+		pctx, cancel := context.WithTimeout(ctx, interval)
+		defer cancel()
+		s, err := c.JetStream().Stream(pctx, n.RunsStream())
+		if err != nil {
+			return
+		}
+		type depth struct {
+			total   int
+			byPrio  map[string]int
+			byLane  map[[2]string]int
+			counted bool
+		}
+		d := map[string]*depth{}
 		for _, q := range queues {
-			pctx, cancel := context.WithTimeout(ctx, interval)
-			total, byPrio, ok := 0, map[string]int{}, false
-			for _, l := range bus.Lanes(q) {
-				cons, err := c.JetStream().Consumer(pctx, c.Names().RunsStream(), c.Names().LaneConsumer(l))
-				if err != nil {
-					continue // a lane without its consumer (streams before 1.10)
-				}
-				if info, err := cons.Info(pctx); err == nil {
-					n := int(info.NumPending) + info.NumAckPending
-					total += n
-					byPrio[l.EffectivePriority()] += n
-					ok = true
-				}
-			}
-			cancel()
-			if !ok {
+			d[q] = &depth{byPrio: map[string]int{}, byLane: map[[2]string]int{}}
+		}
+		list := s.ListConsumers(pctx)
+		for info := range list.Info() {
+			l, ok := laneOfConsumerInfo(n, info)
+			qd := d[l.Queue]
+			if !ok || qd == nil {
 				continue
 			}
-			set(q, total)
+			v := int(info.NumPending) + info.NumAckPending
+			qd.total += v
+			qd.byPrio[l.EffectivePriority()] += v
+			if !l.Old() && l.Tenant != bus.NoTenant {
+				qd.byLane[[2]string{l.Priority, l.Tenant}] += v
+			}
+			qd.counted = true
+		}
+		if list.Err() != nil {
+			return // a partial listing would understate the depth
+		}
+		for _, q := range queues {
+			qd := d[q]
+			if !qd.counted {
+				continue
+			}
+			set(q, qd.total)
 			if setLane != nil {
 				for _, p := range bus.Priorities() {
-					setLane(q, p, byPrio[p])
+					setLane(q, p, qd.byPrio[p])
 				}
+			}
+			if setTenants != nil {
+				setTenants(q, qd.byLane)
 			}
 		}
 	}
@@ -165,4 +197,19 @@ func PollQueueDepth(ctx context.Context, c *bus.Client, queues []string, interva
 			poll()
 		}
 	}
+}
+
+// laneOfConsumerInfo is the lane a consumer of AGENTS_RUNS serves: the old
+// subject's (workers-<queue>) or a lane's, by its filter.
+func laneOfConsumerInfo(n bus.Names, info *jetstream.ConsumerInfo) (bus.Lane, bool) {
+	f := info.Config.FilterSubject
+	if sub, ok := strings.CutSuffix(f, ".>"); ok {
+		if l, _, err := n.ParseRequest(sub + ".x"); err == nil && !l.Old() {
+			return l, true
+		}
+	}
+	if q, ok := strings.CutPrefix(info.Name, "workers-"); ok && info.Name == n.Consumer(q) && f == n.QueueFilter(q) {
+		return bus.Lane{Queue: q}, true
+	}
+	return bus.Lane{}, false
 }

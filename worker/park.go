@@ -64,8 +64,14 @@ func (w *Worker) openParking(setup context.Context) {
 		w.log.Warn("parking off: no parked-requests stream (create the streams with EnsureStreams)", "err", err)
 		return
 	}
-	w.parking = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log,
-		KeepFor: s.CachedInfo().Config.MaxAge}
+	w.parking = w.parkEnv(s)
+	w.parking.KeepFor = s.CachedInfo().Config.MaxAge
+}
+
+// parkEnv is what parking and waking use of the worker, with AGENTS_PARKED s.
+func (w *Worker) parkEnv(s jetstream.Stream) *park.Env {
+	return &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log,
+		Woke: w.obs.WakePublished}
 }
 
 // startWake pulls the wake consumer (worker/internal/park). Every worker
@@ -77,7 +83,7 @@ func (w *Worker) startWake(setup context.Context) (func(), error) {
 		if err != nil {
 			return func() {}, nil
 		}
-		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+		env = w.parkEnv(s)
 	}
 	cons, err := w.js.Consumer(setup, w.names.ControlStream(), w.names.WakeConsumer())
 	if err != nil {
@@ -131,7 +137,7 @@ func (r *run) disarmParkLocked() {
 // and AGENTS_PARKED keeps its copy until its timer fires (park.Env.Keeps;
 // else it keeps waiting off its slot).
 func (r *run) parkFired(gen uint64) {
-	due := r.firstExpiry() // gate.calls.mu, not under ws.mu
+	due := r.parkDue() // gate.calls.mu, not under ws.mu
 	keeps := r.w.parking.Keeps(time.Now(), due)
 	ws := &r.wait
 	ws.mu.Lock()
@@ -199,6 +205,24 @@ func (r *run) firstExpiry() time.Time {
 	return due
 }
 
+// parkDue is when a parked run's timer must wake it: its first
+// approval's expiry, or, for a run waiting for children, its deadline if
+// that comes first (a wait for children counts against the timeout,
+// waiting.go: the woken attempt times out and aborts its children, so a
+// child that never finishes, or never gets a record, cannot keep its
+// parent parked). Zero: no timer (a run that waits for approvals too has
+// its clock paused: their expiry wakes it, and its next park arms again).
+func (r *run) parkDue() time.Time {
+	due := r.firstExpiry()
+	if r.clock == nil || !r.awaitsChildren() {
+		return due
+	}
+	if d := r.clock.Deadline(); !d.IsZero() && (due.IsZero() || d.Before(due)) {
+		due = d
+	}
+	return due
+}
+
 // answersQueued reports whether a pending call holds an answer it did not
 // apply (the park ended its wait first).
 func (r *run) answersQueued() bool {
@@ -230,8 +254,8 @@ func (r *run) parkWaiting() {
 		seq, digest, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
 	}
 	rec := r.record(bus.StateRunning)
-	if due := r.firstExpiry(); err == nil && !due.IsZero() {
-		err = env.Arm(ctx, r.id, r.attempt, due) // the expiry parkFired checked
+	if due := r.parkDue(); err == nil && !due.IsZero() {
+		err = env.Arm(ctx, r.id, r.attempt, due) // the time parkFired checked
 	}
 	if err != nil {
 		r.log.Warn("cannot park the run; handing it back", "err", err)
@@ -247,6 +271,9 @@ func (r *run) parkWaiting() {
 		r.log.Warn("cannot write the parked record; handing the run back", "err", err)
 		_ = r.msg.NakWithDelay(r.w.cfg.PollWait + time.Second)
 		return
+	}
+	if rec.Waiting != nil {
+		r.w.obs.RunParked(r.info(), rec.Waiting.For)
 	}
 	// The heartbeat ended before Keep: the request's AckWait starts again
 	// here, so the look and the wake below do not let it come again.
@@ -271,7 +298,7 @@ func (r *run) parkWaiting() {
 		wake = r.childFinished(ctx)
 	}
 	if wake {
-		if err := env.Wake(ctx, rec); err != nil {
+		if err := env.WakeBy(ctx, rec, park.ByParking, time.Time{}); err != nil {
 			// Not acknowledged: the request comes again and resumes the
 			// run, which takes the answer.
 			r.log.Warn("cannot wake the run for an answer that came while it parked; handing its request back", "err", err)
@@ -337,7 +364,7 @@ func (w *Worker) confirmWake(m jetstream.Msg, queue, runID string, reqSeq uint64
 		if err != nil {
 			return c, err
 		}
-		env = &park.Env{JS: w.js, Names: w.names, Runs: w.runsStream, Parked: s, Read: w.getRecord, Log: w.log}
+		env = w.parkEnv(s)
 	}
 	return env.Confirm(w.hardCtx, queue, runID, reqSeq, m.Headers(), m.Data())
 }

@@ -60,6 +60,9 @@ func (r *run) plan(ctx context.Context) ([]string, error) {
 		add("%v", err)
 	}
 	r.checkChildLink(add) // children.go
+	if err := w.names.CheckTenant(r.lane, req, bus.TenantMetadataKey); err != nil {
+		add("%v", err)
+	}
 	if c := req.Concurrency; c != nil && c.Key != "" {
 		limit, problem := w.keyLimit(c) // keys.go
 		if problem != "" {

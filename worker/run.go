@@ -88,6 +88,14 @@ type run struct {
 		sync.Mutex
 		ids map[string]bool
 	}
+	// childKeys are the keys of every run_agent call of the run, earlier
+	// attempts' included (from the events, takeChildCalls): its treeCost
+	// reads their children, also those of calls a compaction took out of
+	// the context (worker/children.go).
+	childKeys struct {
+		sync.Mutex
+		keys map[string]bool
+	}
 	// strayCharge is the charge of the last model call whose consumer
 	// stopped before its final event (the run's listener failed mid-call):
 	// the error message the agent then ends the run with carries it
@@ -111,6 +119,10 @@ type run struct {
 	// confirmed is the record its confirmation read, for the pickup.
 	wokenFrom uint64
 	confirmed *bus.RunRecord
+	// wakeStored is when the wake that woke this attempt from its park
+	// was stored (zero: not a wake, or a redelivered one): the wake's
+	// latency to run_started (Observer.WokenStarted).
+	wakeStored time.Time
 	// pickupPaused: the clock was paused at pickup for an earlier
 	// attempt's wait (endPickupPause ends it).
 	pickupPaused bool
@@ -168,7 +180,7 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	queue := lane.Queue
 	if err != nil {
 		// No events: the subject cannot name a run safely.
-		w.junk.note(w.log, m.Subject(), err)
+		w.junk.Note(w.log, m.Subject(), err)
 		_ = m.TermWithReason("invalid subject: " + clipString(err.Error(), 200))
 		return
 	}
@@ -205,6 +217,9 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	r.lane = lane
 	if woken.OK {
 		r.wokenFrom, r.lease.WokenFrom = woken.From, woken.From
+		if p := woken.Rec.Parked; p != nil && p.Seq == woken.From {
+			r.wakeStored = submittedAt
+		}
 		r.confirmed = woken.Rec
 	}
 	if requeue != nil {
@@ -215,49 +230,6 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 	r.execute()
 	r.releaseLoad()
 	r.pickupBeat.stop() // the run did not start (acquire stops it otherwise)
-}
-
-// junkLogEvery is the interval of junkLog.
-const junkLogEvery = 10 * time.Second
-
-// junkLog logs the requests with an invalid subject the worker terminates
-// (anyone who may submit can store thousands a second) without a line
-// each: the first of an interval of junkLogEvery at once, then, when the
-// interval ends (or the worker stops: Run flushes it), how many more it
-// terminated. Every one is counted in a line; none is logged under mu.
-type junkLog struct {
-	mu    sync.Mutex
-	open  bool        // an interval runs: its first request was logged
-	held  int         // requests terminated since, not logged yet
-	timer *time.Timer // ends the interval
-}
-
-func (j *junkLog) note(log *slog.Logger, subject string, err error) {
-	j.mu.Lock()
-	if j.open {
-		j.held++
-		j.mu.Unlock()
-		return
-	}
-	j.open = true
-	j.timer = time.AfterFunc(junkLogEvery, func() { j.flush(log) })
-	j.mu.Unlock()
-	log.Error("request with an invalid subject terminated", "subject", clipString(subject, 200), "err", err)
-}
-
-// flush ends the interval, logging how many requests it held back.
-func (j *junkLog) flush(log *slog.Logger) {
-	j.mu.Lock()
-	held := j.held
-	j.open, j.held = false, 0
-	if j.timer != nil {
-		j.timer.Stop()
-		j.timer = nil
-	}
-	j.mu.Unlock()
-	if held > 0 {
-		log.Error("more requests with an invalid subject terminated", "count", held, "interval", junkLogEvery)
-	}
 }
 
 // confirmRequeue returns the requeue marker a request with the requeue
@@ -364,7 +336,7 @@ func (r *run) execute() {
 		// (A key wait ended with takeKey.)
 		r.carried.Store(w.Waiting)
 	}
-	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) {
+	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) && pausesClock(w.Waiting.For) {
 		// The earlier attempt was waiting: its wait goes on until the
 		// resume knows whether calls still wait (endPickupPause).
 		pausedSince = w.Waiting.Since
@@ -481,6 +453,9 @@ func (r *run) acquire() bool {
 	}
 	_, _ = r.pub.Fleet(bus.EventRunStarted, r.runStarted())
 	w.obs.RunStarted(r.info())
+	if !r.wakeStored.IsZero() {
+		w.obs.WokenStarted(r.info(), time.Since(r.wakeStored))
+	}
 	r.log.Debug("run started", "model", r.modelRef.String())
 	return true
 }
@@ -693,6 +668,9 @@ func (r *run) record(state string) *bus.RunRecord {
 	}
 	if r.req != nil {
 		rec.Metadata, rec.Title, rec.Tenant = r.req.Metadata, bus.RunTitle(r.req), r.req.Metadata[DefaultTenantKey]
+		if rec.Tenant == "" && bus.ValidTenant(r.lane.Tenant) {
+			rec.Tenant = r.lane.Tenant // the subject's (since 1.10), which Names.CheckTenant keeps equal
+		}
 		rec.Priority = r.lane.RecordPriority()
 	}
 	if r.req != nil {

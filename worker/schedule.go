@@ -2,8 +2,13 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/schedule"
 )
 
@@ -30,6 +35,89 @@ func (w *Worker) startSchedules(setup context.Context) (func(), error) {
 		return func() {}, nil
 	}
 	return stop, nil
+}
+
+// startScheduleOps answers the schedule operations of the worker's queues
+// (bus/scheduleops.go): only workers write AGENTS_SCHEDULES, so what a
+// user stores there is what a worker checked. One worker of the queue
+// answers each request (a queue group).
+//
+// Invariants: the NATS callback only hands the request to a goroutine
+// (the operation reads and writes NATS); at most maxScheduleOps run at
+// once, a request beyond that is answered "failed" (retry) at once; once
+// stopping, no operation starts, so wg.Add never races wg.Wait.
+func (w *Worker) startScheduleOps(context.Context) (func(), error) {
+	const maxScheduleOps = 16
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		stopping bool
+		running  int
+	)
+	answer := func(m *nats.Msg, r bus.ScheduleOpReply) {
+		b, err := json.Marshal(r)
+		if err == nil {
+			err = m.Respond(b)
+		}
+		if err != nil {
+			w.log.Debug("schedule operation: reply failed", "subject", m.Subject, "err", err)
+		}
+	}
+	handle := func(m *nats.Msg) {
+		queue, name, op, ok := w.names.ParseScheduleOp(m.Subject)
+		if !ok {
+			answer(m, bus.ScheduleOpReply{Code: bus.ScheduleOpInvalid, Error: "not a schedule operation subject",
+				Problems: []string{"the subject must be " + w.names.ScheduleOp("<queue>", "<name>", "<op>")}})
+			return
+		}
+		mu.Lock()
+		if stopping || running >= maxScheduleOps {
+			mu.Unlock()
+			answer(m, bus.ScheduleOpReply{Code: bus.ScheduleOpFailed, Error: "the worker is busy or stopping: retry"})
+			return
+		}
+		running++
+		wg.Add(1)
+		mu.Unlock()
+		go func() {
+			defer func() {
+				mu.Lock()
+				running--
+				mu.Unlock()
+				wg.Done()
+			}()
+			ctx, cancel := context.WithTimeout(w.hardCtx, 20*time.Second)
+			defer cancel()
+			r := w.c.ApplyScheduleOp(ctx, queue, name, op, m.Data)
+			if r.Code != "" {
+				w.log.Info("schedule operation refused", "op", op, "queue", queue, "schedule", name, "code", r.Code, "err", r.Error)
+			} else {
+				w.log.Info("schedule operation", "op", op, "queue", queue, "schedule", name)
+			}
+			answer(m, r)
+		}()
+	}
+	var subs []*nats.Subscription
+	unsubscribe := func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}
+	for _, q := range w.cfg.Queues {
+		sub, err := w.c.Conn().QueueSubscribe(w.names.ScheduleOps(q), bus.ScheduleOpsGroup, handle)
+		if err != nil {
+			unsubscribe()
+			return nil, err
+		}
+		subs = append(subs, sub)
+	}
+	return func() {
+		unsubscribe()
+		mu.Lock()
+		stopping = true
+		mu.Unlock()
+		wg.Wait()
+	}, nil
 }
 
 // ScheduleFired and ScheduleSkipped report fires to the metrics.

@@ -27,6 +27,7 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 			return w.learnPickupReads(w.cfg.Queues, consumers), nil
 		}},
 		{"control subscription", w.subscribeControl},
+		{"child notices", w.subscribeChildDone}, // worker/childwait.go
 		{"events", w.startEvents},
 		{"control coverage", func(setup context.Context) (func(), error) { // worker/coverage.go
 			// The subscription is known to the server (a flush) before
@@ -41,9 +42,10 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 		{"tree budgets", w.startTreeBudgets},      // worker/treebudget.go
 		{"give-up", func(setup context.Context) (func(), error) { return w.startGiveUp(setup), nil }}, // worker/giveup.go
 		{"waiting-index sweep", w.startWaitingSweep},                                                  // worker/waitindex.go
-		{"wake", w.startWake},           // worker/park.go
-		{"key sweep", w.startKeySweep},  // worker/keys.go
-		{"schedules", w.startSchedules}, // worker/schedule.go
+		{"wake", w.startWake},                       // worker/park.go
+		{"key sweep", w.startKeySweep},              // worker/keys.go
+		{"schedules", w.startSchedules},             // worker/schedule.go
+		{"schedule operations", w.startScheduleOps}, // worker/schedule.go
 		{"memory trim", func(context.Context) (func(), error) { return w.startTrim(), nil }},                    // worker/park.go
 		{"tool sources", func(setup context.Context) (func(), error) { return w.startToolSources(setup), nil }}, // worker/toolsources.go
 		{"presence", func(context.Context) (func(), error) { return w.startPresence(), nil }},                   // worker/presence.go

@@ -105,6 +105,9 @@ func (r *run) resolveTenant() {
 			key = DefaultTenantKey
 		}
 		name = r.req.Metadata[key]
+		if name == "" && key == DefaultTenantKey && bus.ValidTenant(r.lane.Tenant) {
+			name = r.lane.Tenant // the subject's tenant lane (since 1.10; Names.CheckTenant)
+		}
 	}
 	r.tenant.name = name
 	r.tenant.budget, r.tenant.budgeted = tb.Budgets.For(name)

@@ -28,9 +28,12 @@ var errWaitHandedBack = errors.New("the worker is stopping: the waiting run is h
 //     InProgress and renewing the lease, so the record stays the lease
 //     and the readers' rules hold unchanged (it counts against the queue
 //     consumer's MaxAckPending: docs/operations.md sizes it);
-//   - the run's timeout clock is paused (internal/runclock): waiting does not
-//     count against limits.timeoutSeconds; the time waited is written to
-//     the record (waitedMs) so a later attempt keeps it out as well;
+//   - the run's timeout clock is paused (internal/runclock) while one of
+//     its waits is not a wait for children (pausesClock): waiting for a
+//     person or a budget does not count against limits.timeoutSeconds,
+//     and the time waited is written to the record (waitedMs) so a later
+//     attempt keeps it out as well; a wait for child runs counts (the
+//     parent's timeout bounds its tree, worker/children.go);
 //   - the record says what it waits for (waiting: {for, since, ...}),
 //     written by the heartbeat, which is woken at once when a wait starts
 //     or ends;
@@ -180,6 +183,9 @@ type waitState struct {
 	// other counts the waits in progress that are not approvals' (a
 	// budget's): a run with one never parks (worker/park.go).
 	other int
+	// pausing counts the waits in progress that pause the run's clock
+	// (pausesClock): it is paused while pausing > 0.
+	pausing int
 	// The park timer, armed while the run is off its slot (park.go);
 	// parkGen tells a timer that fires late from the one armed now.
 	parkArmed bool
@@ -251,14 +257,16 @@ func (r *run) enterWait(what string, since time.Time, inCall bool) {
 		ws.other++
 		r.disarmParkLocked()
 	}
+	if pausesClock(what) {
+		if ws.pausing++; ws.pausing == 1 && r.clock != nil {
+			r.clock.Pause(since)
+		}
+	}
 	if ws.n > 1 {
 		r.leaveSlotLocked()
 		return
 	}
 	ws.now.Store(&waitInfo{what: what, since: since})
-	if r.clock != nil {
-		r.clock.Pause(since)
-	}
 	w := r.w
 	w.places.mu.Lock()
 	w.places.waiting++
@@ -436,6 +444,13 @@ func (r *run) leaveWait(ctx context.Context, what string, handedBack, inCall boo
 	if !parkableWait(what) {
 		ws.other--
 	}
+	if pausesClock(what) {
+		// A handed-back wait keeps the clock paused: the attempt ends
+		// and the next one takes the wait over from the record.
+		if ws.pausing--; ws.pausing == 0 && !handedBack && r.clock != nil {
+			r.clock.Resume()
+		}
+	}
 	if inCall && !handedBack {
 		ws.busy++
 	}
@@ -461,9 +476,6 @@ func (r *run) leaveWait(ctx context.Context, what string, handedBack, inCall boo
 	r.leavePlaceQueueLocked()
 	if !handedBack {
 		ws.now.Store(nil)
-		if r.clock != nil {
-			r.clock.Resume()
-		}
 	}
 	w.places.mu.Lock()
 	w.places.waiting--
@@ -472,6 +484,11 @@ func (r *run) leaveWait(ctx context.Context, what string, handedBack, inCall boo
 	w.obs.RunsWaiting(r.info(), n)
 	r.hb.now()
 }
+
+// pausesClock reports whether a wait for what leaves its time out of the
+// run's timeout: every wait but one for child runs, which the parent's
+// timeout bounds (docs/protocol.md §17, Timeouts).
+func pausesClock(what string) bool { return what != waitingChildren }
 
 // waiting returns what the run waits for now ("" when it does not).
 func (r *run) waiting() (what string, since time.Time) {

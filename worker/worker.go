@@ -8,10 +8,10 @@ import (
 	"os"
 	"path"
 	"runtime/debug"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,6 +26,7 @@ import (
 	"github.com/agentfleet/agentfleet/worker/internal/eventpub"
 	"github.com/agentfleet/agentfleet/worker/internal/eventread"
 	"github.com/agentfleet/agentfleet/worker/internal/intake"
+	"github.com/agentfleet/agentfleet/worker/internal/junklog"
 	"github.com/agentfleet/agentfleet/worker/internal/keys"
 	"github.com/agentfleet/agentfleet/worker/internal/lease"
 	"github.com/agentfleet/agentfleet/worker/internal/memtrim"
@@ -37,8 +38,14 @@ import (
 // New and start it with Run.
 type Worker struct {
 	cfg Config
-	c   *bus.Client
-	js  jetstream.JetStream
+	// childWaits are the run_agent calls waiting for their children
+	// (worker/childwait.go).
+	childWaits childNotices
+	// recordsStream is the records bucket's stream, opened at the first
+	// look for a deleted record (childwait.go).
+	recordsStream atomic.Pointer[jetstream.Stream]
+	c             *bus.Client
+	js            jetstream.JetStream
 	// events is what the runs' event publishers share, from Run on.
 	events *eventpub.Env
 	names  bus.Names
@@ -63,6 +70,7 @@ type Worker struct {
 	controlStream jetstream.Stream
 	pickupReads   pickupReads // which first deliveries skip the record read (pickupread.go)
 	runsStream    jetstream.Stream
+	lanes         *laneBook // lanes and their consumers (tenants.go)
 	kv            jetstream.KeyValue
 	leases        *lease.Env       // the runs' leases on their records, from Run on
 	parking       *park.Env        // parking and waking (worker/park.go); nil: no AGENTS_PARKED
@@ -103,7 +111,7 @@ type Worker struct {
 	// runCtx is Run's context: it ends when the worker starts draining.
 	runCtx context.Context
 	places waitPlaces   // the waiting runs' places (waiting.go)
-	junk   junkLog      // requests with an invalid subject (run.go)
+	junk   junklog.Log  // requests with an invalid subject (run.go)
 	tracer trace.Tracer // nil when not tracing (trace.go)
 }
 
@@ -157,6 +165,7 @@ func New(cfg Config) (*Worker, error) {
 		pickupReads:   pickupReads{every: 10 * time.Second},
 		ready:         make(chan struct{}),
 		queueSlots:    map[string]chan struct{}{},
+		lanes:         newLaneBook(cfg.Queues),
 	}
 	w.wire, w.records, w.controlReads = cfg.Client.Conn(), kvRecords{w}, streamControls{w}
 	w.trim = memtrim.New(10*time.Second, debug.FreeOSMemory, func() bool { return len(w.slots) == 0 })
@@ -243,7 +252,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.runCtx = ctx
 	w.hardCtx, w.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer w.hardCancel()
-	defer w.junk.flush(w.log) // after the pulls: the junk requests held back
+	defer w.junk.Flush(w.log) // after the pulls: the junk requests held back
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if !w.cfg.SkipEnsureStreams {
@@ -286,40 +295,36 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	fetchBytes := fetchBytesPerLoop(w.cfg.FetchBytes, total)
 	// Each loop has a puller per lane (lanes.go): the queue's old
-	// consumer first, then its lane consumers, in priority order.
+	// consumer, its no-tenant lanes and the tenant lanes the book knows
+	// (tenants.go); a queue's lane loop has its own.
 	laneCons := make([][]jetstream.Consumer, len(w.cfg.Queues))
 	for i, q := range w.cfg.Queues {
 		laneCons[i] = w.openLanes(setup, q)
 	}
-	loopLanes := make([][][]*lane, len(w.cfg.Queues))
+	stopBook, err := w.startLaneBook(setup, laneCons)
+	if err != nil {
+		return fmt.Errorf("worker: lanes: %w", err)
+	}
+	defer stopBook()
+	loopLanes := make([][]*laneSet, len(w.cfg.Queues))
 	closeAll := func() {
 		for _, q := range loopLanes {
 			for _, ls := range q {
-				for _, l := range ls {
-					l.pr.Close()
-				}
+				ls.close()
 			}
 		}
 	}
 	for i, q := range w.cfg.Queues {
-		for range loops[i] {
-			var ls []*lane
-			for _, c := range append([]jetstream.Consumer{consumers[i]}, laneCons[i]...) {
-				pr, err := intake.NewPuller(w.c.Conn(), c)
-				if err != nil {
-					for _, l := range ls {
-						l.pr.Close()
-					}
-					closeAll()
-					return fmt.Errorf("worker: %w", err)
-				}
-				l := bus.Lane{Queue: q}
-				if c != consumers[i] {
-					l = w.laneOfConsumer(q, c)
-				}
-				ls = append(ls, &lane{lane: l, pr: pr})
+		for range loops[i] + 1 { // the last is the lane loop's
+			ls := w.newLaneSet(q)
+			pr, err := intake.NewPuller(w.c.Conn(), consumers[i])
+			if err != nil {
+				ls.close()
+				closeAll()
+				return fmt.Errorf("worker: %w", err)
 			}
-			sortLanes(ls)
+			ls.addLane(bus.Lane{Queue: q}, pr, nil)
+			ls.sync(w.log)
 			loopLanes[i] = append(loopLanes[i], ls)
 		}
 	}
@@ -331,13 +336,13 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var pullers sync.WaitGroup
 	for i, q := range w.cfg.Queues {
-		for _, ls := range loopLanes[i] {
+		for j, ls := range loopLanes[i] {
 			pullers.Go(func() {
-				defer func() {
-					for _, l := range ls {
-						l.pr.Close()
-					}
-				}()
+				defer ls.close()
+				if j == len(loopLanes[i])-1 {
+					w.laneLoop(ctx, q, ls, fetchBytes)
+					return
+				}
 				w.pull(ctx, q, ls, fetchBytes)
 			})
 		}
@@ -398,10 +403,9 @@ func fetchBytesPerLoop(total, loops int) int {
 // without waiting, gives back the slots it got nothing for, and when
 // nothing is pending parks one long pull holding one slot. No message is ever fetched without a slot for it, so none waits in
 // a buffer while its AckWait runs.
-func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchBytes int) {
+func (w *Worker) pull(ctx context.Context, queue string, lanes *laneSet, fetchBytes int) {
 	log := w.log.With("queue", queue)
-	pr := lanes[slices.IndexFunc(lanes, func(l *lane) bool { return l.lane.Old() })].pr // the long pull's (lanes.go, invariant 4)
-	scratch := make([]*lane, 0, len(lanes))
+	pr := lanes.all[0].pr // the old consumer's, for the long pull (lanes.go, invariant 5)
 	qs := w.queueSlots[queue]
 	limit := w.cfg.Concurrency
 	if qs != nil {
@@ -452,9 +456,10 @@ func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchByt
 			}
 		}
 		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
-		if len(lanes) > 1 {
+		lanes.sync(log)
+		if len(lanes.all) > 1 {
 			// Every lane, in priority order, even for one slot.
-			got := w.fetchLanes(ctx, log, queue, lanes, scratch, n, fetchBytes)
+			got := lanes.fetchLanes(ctx, log, n, fetchBytes)
 			if got > 0 {
 				w.releaseSlots(queue, n-got)
 				continue
@@ -468,10 +473,84 @@ func (w *Worker) pull(ctx context.Context, queue string, lanes []*lane, fetchByt
 			}
 			w.releaseSlots(queue, n-1) // keep one for the long pull
 		}
-		// The full long poll, lanes or not (lanes.go, invariant 4): a
+		// The full long poll, lanes or not (lanes.go, invariant 5): a
 		// shorter one is a poll storm from every idle loop of the fleet.
 		if w.fetch(ctx, log, queue, pr, 1, 0) == 0 {
 			w.releaseSlots(queue, 1)
+		}
+	}
+}
+
+// laneLoop starts a queue's lane requests while its pull loops idle in
+// their long pull (lanes.go, invariant 5): woken by a request seen in a
+// lane (tenants.go), it takes the free slots there are, never waiting for
+// one (a busy loop walks the lanes at its next free slot anyway), and
+// walks the lanes without waiting.
+func (w *Worker) laneLoop(ctx context.Context, queue string, lanes *laneSet, fetchBytes int) {
+	log := w.log.With("queue", queue, "loop", "lanes")
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.lanes.wake[queue]:
+		}
+		lanes.sync(log)
+		n := w.takeFreeSlots(queue)
+		if n == 0 {
+			// Every slot is held, if only by a loop's walk: wait for
+			// one rather than drop the wake-up.
+			if !w.takeSlot(ctx, queue) {
+				return
+			}
+			n = 1 + w.takeFreeSlots(queue)
+		}
+		w.obs.Slots(len(w.slots), w.cfg.Concurrency)
+		got := lanes.fetchLanes(ctx, log, n, fetchBytes)
+		w.releaseSlots(queue, n-got)
+	}
+}
+
+// takeSlot waits for one slot of queue; false when ctx ended first.
+func (w *Worker) takeSlot(ctx context.Context, queue string) bool {
+	qs := w.queueSlots[queue]
+	if qs != nil {
+		select {
+		case qs <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	select {
+	case w.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		if qs != nil {
+			<-qs
+		}
+		return false
+	}
+}
+
+// takeFreeSlots takes every slot free now for queue, without waiting.
+func (w *Worker) takeFreeSlots(queue string) int {
+	qs := w.queueSlots[queue]
+	n := 0
+	for {
+		if qs != nil {
+			select {
+			case qs <- struct{}{}:
+			default:
+				return n
+			}
+		}
+		select {
+		case w.slots <- struct{}{}:
+			n++
+		default:
+			if qs != nil {
+				<-qs
+			}
+			return n
 		}
 	}
 }

@@ -166,6 +166,7 @@ func newServer(cfg serverConfig) (*server, error) {
 	m.HandleFunc("GET /api/runs", s.listRuns)
 	m.HandleFunc("GET /api/runs/{id}", s.getRun)
 	m.HandleFunc("GET /api/runs/{id}/events", s.events)
+	m.HandleFunc("GET /api/runs/{id}/children", s.children) // children.go
 	m.HandleFunc("GET /api/runs/{id}/answers/{seq}", s.getAnswer)
 	m.HandleFunc("GET /api/approvals", s.listApprovals)
 	m.HandleFunc("GET /api/fleet", s.fleet)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,12 +26,13 @@ import (
 // times, as the workers stamped them), the most runs of one key that ran
 // at once.
 
-// mixGroup is one --group: name:runs[,rate=R][,priority=P][,key=K][,limit=L][,after=G][,nowait].
+// mixGroup is one --group: name:runs[,rate=R][,priority=P][,tenant=T][,key=K][,limit=L][,after=G][,nowait].
 type mixGroup struct {
 	name     string
 	runs     int
 	rate     float64
 	priority string
+	tenant   string
 	key      string
 	limit    int
 	after    string
@@ -43,7 +45,7 @@ type mixFlags struct {
 }
 
 func registerMixBench(fs *flag.FlagSet, mf *mixFlags) {
-	fs.Var(&mf.groups, "group", "mixed-load mode: a group of runs, name:runs[,rate=R/s][,priority=high|normal|low][,key=K][,limit=L][,after=G (start once group G is submitted)][,nowait (not waited for)]; repeatable")
+	fs.Var(&mf.groups, "group", "mixed-load mode: a group of runs, name:runs[,rate=R/s][,priority=high|normal|low][,tenant=T (metadata.tenant: its tenant lane)][,key=K][,limit=L][,after=G (start once group G is submitted)][,nowait (not waited for)]; repeatable")
 	fs.Float64Var(&mf.sleep, "mix-sleep", 0.3, "mixed-load mode: each run sleeps this many seconds in a tool")
 }
 
@@ -64,6 +66,11 @@ func parseMixGroup(s string) (mixGroup, error) {
 			g.priority = v
 			if !bus.ValidPriority(v) {
 				err = fmt.Errorf("priority %q", v)
+			}
+		case "tenant":
+			g.tenant = v
+			if !bus.ValidTenant(v) {
+				err = fmt.Errorf("tenant %q: use [A-Za-z0-9_-]{1,64}", v)
 			}
 		case "key":
 			g.key = v
@@ -92,7 +99,9 @@ type mixRun struct {
 	// the run; open is the start of the attempt still running (0: none).
 	spans [][2]int64
 	open  int64
-	done  bool
+	// startTS is the last run_started's stamp (the tenants' starts).
+	startTS int64
+	done    bool
 }
 
 // event notes a run_started, run_parked or run_finished stamped ts. An
@@ -105,7 +114,7 @@ func (r *mixRun) event(typ string, ts int64) {
 	}
 	switch typ {
 	case bus.EventRunStarted:
-		r.open = ts
+		r.open, r.startTS = ts, ts
 	case bus.EventRunFinished:
 		r.done = true
 	}
@@ -126,7 +135,14 @@ type mixResult struct {
 	// (run_started to the next run_started, run_parked or run_finished;
 	// one still running, to the end of the bench) at one instant.
 	KeyMaxConcurrent map[string]int `json:"keyMaxConcurrent"`
-	Seconds          float64        `json:"seconds"`
+	// Tenants are the start latencies by tenant (groups with tenant=).
+	Tenants map[string]percentiles `json:"tenantStartLatencyMs,omitempty"`
+	// TenantStartsTogether counts each tenant's starts (the workers'
+	// stamps) while every tenant was starting runs: from the latest first
+	// start of a tenant to the earliest last start. Their proportion is
+	// the fair share seen while all had work.
+	TenantStartsTogether map[string]int `json:"tenantStartsTogether,omitempty"`
+	Seconds              float64        `json:"seconds"`
 }
 
 type mixGroupResult struct {
@@ -246,7 +262,13 @@ func runMixBench(ctx context.Context, e *env, c *bus.Client, queue string, mf *m
 	byGroup := map[*mixGroup][]time.Duration{}
 	byPrio := map[string][]time.Duration{}
 	spans := map[string][][2]int64{}
+	byTenant := map[string][]time.Duration{}
+	tenantStarts := map[string][]int64{}
 	for _, r := range runs {
+		if t := r.group.tenant; t != "" && r.startTS > 0 {
+			byTenant[t] = append(byTenant[t], r.started.Sub(r.submitted))
+			tenantStarts[t] = append(tenantStarts[t], r.startTS)
+		}
 		if !r.started.IsZero() {
 			d := r.started.Sub(r.submitted)
 			byGroup[r.group] = append(byGroup[r.group], d)
@@ -269,6 +291,13 @@ func runMixBench(ctx context.Context, e *env, c *bus.Client, queue string, mf *m
 	}
 	for k, s := range spans {
 		res.KeyMaxConcurrent[k] = mostAtOnce(s)
+	}
+	if len(byTenant) > 0 {
+		res.Tenants = map[string]percentiles{}
+		for t, s := range byTenant {
+			res.Tenants[t] = summarize(s)
+		}
+		res.TenantStartsTogether = startsTogether(tenantStarts)
 	}
 	if asJSON {
 		_ = json.NewEncoder(e.stdout).Encode(res)
@@ -294,6 +323,9 @@ func submitGroup(ctx context.Context, c *bus.Client, queue string, g *mixGroup, 
 					Faux: &bus.FauxScript{Responses: []agent.ScriptedResponse{
 						{Content: []agent.Content{agent.ToolCall("s1", "sleep", map[string]any{"seconds": sleep})}, StopReason: agent.StopReasonToolUse},
 						{Content: []agent.Content{agent.Text("done")}, StopReason: agent.StopReasonStop}}}}
+				if g.tenant != "" {
+					req.Metadata[bus.TenantMetadataKey] = g.tenant
+				}
 				if g.key != "" {
 					req.Concurrency = &bus.Concurrency{Key: g.key, Limit: g.limit}
 				}
@@ -324,6 +356,24 @@ func submitGroup(ctx context.Context, c *bus.Client, queue string, g *mixGroup, 
 	close(ids)
 	wg.Wait()
 	return firstErr
+}
+
+// startsTogether counts each tenant's starts from the latest first start
+// of any tenant to the earliest last start.
+func startsTogether(starts map[string][]int64) map[string]int {
+	var from, to int64 = 0, 1 << 62
+	for _, s := range starts {
+		from, to = max(from, slices.Min(s)), min(to, slices.Max(s))
+	}
+	out := map[string]int{}
+	for t, s := range starts {
+		for _, at := range s {
+			if at >= from && at <= to {
+				out[t]++
+			}
+		}
+	}
+	return out
 }
 
 // mostAtOnce is the most spans [start, end) covering one instant; an end
@@ -363,6 +413,10 @@ func writeMixTable(w io.Writer, groups []*mixGroup, res mixResult) {
 		if s, ok := res.Priorities[p]; ok {
 			fmt.Fprintf(w, "priority %-8s start p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", p, s.P50, s.P99, s.Max)
 		}
+	}
+	for t, s := range res.Tenants {
+		fmt.Fprintf(w, "tenant %-8s start p50 %.1f ms, p99 %.1f ms, max %.1f ms; %d starts while every tenant started runs\n",
+			t, s.P50, s.P99, s.Max, res.TenantStartsTogether[t])
 	}
 	for k, n := range res.KeyMaxConcurrent {
 		fmt.Fprintf(w, "key %s: at most %d runs at once (from the events)\n", k, n)

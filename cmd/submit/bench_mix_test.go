@@ -80,3 +80,57 @@ func TestMixKeySpansCountEveryAttempt(t *testing.T) {
 		t.Fatalf("done: crashed %v, running %v", crashed.done, running.done)
 	}
 }
+
+// TestTenantFairShareOnTwoWorkers runs the mixed-load mode against two
+// worker processes: tenant B, submitting at a rate behind tenant A's
+// backlog, is not stuck behind it (FIFO makes B's runs wait about as long
+// as A's last, the bound below allows a quarter of that), and while two
+// tenants both have a backlog their starts follow their weights (wa=2).
+func TestTenantFairShareOnTwoWorkers(t *testing.T) {
+	// Not parallel: see TestMixBenchOnThreeWorkers.
+	queue := "fairbench"
+	for i := range 2 {
+		stop, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil,
+			"--nats", fleet.url, "--queue", queue, "--concurrency", "4", "--worker-id", fmt.Sprintf("fair-%d", i),
+			"--tenant-weights", "wa=2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := stop(); err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	bench := func(groups ...string) mixResult {
+		t.Helper()
+		args := []string{"bench", "--queue", queue, "--json", "--mix-sleep", "0.1"}
+		for _, g := range groups {
+			args = append(args, "--group", g)
+		}
+		out, errOut, code := submit(t, args...)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s", code, errOut)
+		}
+		var res mixResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		t.Logf("bench --group: %s", out)
+		for name, g := range res.Groups {
+			if g.Started != g.Runs || g.Failed != 0 {
+				t.Errorf("group %s: %d of %d started, %d failed", name, g.Started, g.Runs, g.Failed)
+			}
+		}
+		return res
+	}
+	res := bench("a:400,tenant=ta", "b:20,tenant=tb,rate=10,after=a")
+	if a, b := res.Tenants["ta"], res.Tenants["tb"]; b.Max >= a.Max/4 {
+		t.Errorf("tenant tb's runs started up to %.0f ms after submit, behind ta's backlog (its last %.0f ms); want under a quarter", b.Max, a.Max)
+	}
+	res = bench("a:150,tenant=wa", "b:150,tenant=wb,after=a")
+	a, b := res.TenantStartsTogether["wa"], res.TenantStartsTogether["wb"]
+	if b < 20 || float64(a)/float64(b) < 1.5 || float64(a)/float64(b) > 2.7 {
+		t.Errorf("while both had a backlog wa (weight 2) started %d runs and wb (weight 1) %d; want about 2:1", a, b)
+	}
+}

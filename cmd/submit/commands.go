@@ -331,19 +331,23 @@ func prepareReply(ctx context.Context, c *bus.Client, from string, req *bus.RunR
 }
 
 func cmdFollow(ctx context.Context, e *env, args []string) int {
-	fs := newFlagSet(e, "follow", "submit follow RUN [--json]")
+	fs := newFlagSet(e, "follow", "submit follow RUN [--json] [--tree]")
 	var cf conn
 	var vf viewFlags
-	var asJSON bool
+	var asJSON, tree bool
 	cf.register(fs.FlagSet, e)
 	vf.register(fs.FlagSet)
 	fs.BoolVar(&asJSON, "json", false, "print the event envelopes as NDJSON")
+	fs.BoolVar(&tree, "tree", false, "also follow the child runs below it (run_agent), each line prefixed by its run id; no steering")
 	pos, code, ok := parseCommand(e, fs, args)
 	if !ok {
 		return code
 	}
 	if len(pos) != 1 {
 		return fail(e, usagef("follow takes one run id"))
+	}
+	if tree && asJSON {
+		return fail(e, usagef("follow --tree prints lines, not --json (follow each run with --json instead)"))
 	}
 	id := pos[0]
 	if err := bus.CheckID(id); err != nil {
@@ -359,6 +363,9 @@ func cmdFollow(ctx context.Context, e *env, args []string) int {
 	cancel()
 	if err != nil {
 		return fail(e, err)
+	}
+	if tree {
+		return followTree(ctx, e, c, id, cf.noColor) // followtree.go
 	}
 	return follow(ctx, e, c, followOptions{
 		run: id, queue: rec.Queue, json: asJSON, showPrompt: true,
@@ -946,12 +953,18 @@ func writeTranscript(e *env, st style, t *bus.Transcript, missing int) {
 	// summary and the messages from there on; the events hold them all.
 	// firstKeptIndex counts the whole transcript: a cut in the missing
 	// messages is drawn before the first shown.
+	// Only the cuts a resume would use (bus.CompactionFits): not a failed
+	// one, nor one past the transcript or on a tool result; a cut after the
+	// last message is drawn after it.
 	cuts := map[int][]*bus.CompactionEnd{}
 	for _, c := range t.Compactions {
-		i := max(c.FirstKeptIndex-missing, 0)
-		cuts[i] = append(cuts[i], c)
+		i := c.FirstKeptIndex - missing
+		if c.Error != "" || c.FirstKeptIndex <= 0 || i > len(t.Messages) || (i >= 0 && i < len(t.Messages) && t.Messages[i].Role == agent.RoleToolResult) {
+			continue
+		}
+		cuts[max(i, 0)] = append(cuts[max(i, 0)], c)
 	}
-	for i, m := range t.Messages {
+	drawCuts := func(i int) {
 		for _, c := range cuts[i] {
 			fmt.Fprintln(e.stdout, st.yellow(fmt.Sprintf("── context compacted here (%s, %d → %d tokens): from now on the model was sent this summary and the messages below ──",
 				sanitize(c.Reason), c.TokensBefore, c.TokensAfter)))
@@ -959,6 +972,9 @@ func writeTranscript(e *env, st style, t *bus.Transcript, missing int) {
 				fmt.Fprintln(e.stdout, st.dim("   │ "+l))
 			}
 		}
+	}
+	for i, m := range t.Messages {
+		drawCuts(i)
 		switch m.Role {
 		case agent.RoleUser:
 			fmt.Fprintln(e.stdout, st.bold("» user: ")+sanitize(m.TextOf()))
@@ -986,5 +1002,6 @@ func writeTranscript(e *env, st style, t *bus.Transcript, missing int) {
 			fmt.Fprintf(e.stdout, "%s: %s\n", sanitize(m.Role), sanitize(m.TextOf()))
 		}
 	}
+	drawCuts(len(t.Messages))
 	fmt.Fprintln(e.stdout, closingLine(st, t.Finished))
 }

@@ -12,7 +12,8 @@ import (
 
 // A compaction renders as one line when it ends (tokens, cut, the
 // summary's first line); a manual one also when it starts; a failed one
-// says why.
+// says why; a cancelled one (a drain, a hand-back, an abort) is not shown
+// as failed.
 func TestRenderCompaction(t *testing.T) {
 	var b bytes.Buffer
 	r := newRenderer(&b, style{})
@@ -22,14 +23,16 @@ func TestRenderCompaction(t *testing.T) {
 			Summary: "## Goal\nread every file", FirstKeptIndex: 13, MessagesSummarized: 13},
 		bus.CompactionStart{Type: bus.EventCompactionStart, Reason: bus.CompactionManual, ControlSeq: 42},
 		bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionManual, Error: "compaction: the summary call failed: 503"},
+		bus.CompactionEnd{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, Error: "compaction: the summary call failed: context canceled", Cancelled: true},
 	} {
 		if err := r.Render(envelope(t, uint64(i+2), 0, ev)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 3 || !strings.Contains(lines[0], "context compacted (threshold): 7000 → 3100 tokens, 13 messages summarised, kept from message 13 · ## Goal") ||
-		!strings.Contains(lines[1], "control sequence 42") || !strings.Contains(lines[2], "compaction failed: compaction: the summary call failed: 503") {
+	if len(lines) != 4 || !strings.Contains(lines[0], "context compacted (threshold): 7000 → 3100 tokens, 13 messages summarised, kept from message 13 · ## Goal") ||
+		!strings.Contains(lines[1], "control sequence 42") || !strings.Contains(lines[2], "compaction failed: compaction: the summary call failed: 503") ||
+		!strings.Contains(lines[3], "compaction cancelled") || strings.Contains(lines[3], "failed") {
 		t.Fatalf("rendered:\n%s", b.String())
 	}
 }
@@ -51,6 +54,30 @@ func TestTranscriptShowsTheCut(t *testing.T) {
 	cut := strings.Index(got, "context compacted here (threshold, 7000 → 3000 tokens)")
 	if cut < 0 || cut < strings.Index(got, "» user: second") || cut > strings.Index(got, "» user: third") ||
 		!strings.Contains(got, "   │ ## Goal\n   │ read every file\n") || !strings.Contains(got, "» user: read every file") {
+		t.Fatalf("transcript:\n%s", got)
+	}
+}
+
+// The transcript draws only the cuts a resume would use: one after the
+// last message too; not a failed compaction's, nor one on a tool result.
+func TestTranscriptCutsAsResumesUseThem(t *testing.T) {
+	var out bytes.Buffer
+	e := &env{stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+	tr := &bus.Transcript{
+		Messages: []agent.Message{agent.UserText("read every file"),
+			{Role: agent.RoleAssistant, Content: []agent.Content{agent.ToolCall("c1", "read", map[string]any{})}, StopReason: agent.StopReasonToolUse},
+			{Role: agent.RoleToolResult, ToolCallID: "c1", ToolName: "read", Content: []agent.Content{agent.Text("ok")}}},
+		Compactions: []*bus.CompactionEnd{
+			{Type: bus.EventCompactionEnd, Reason: bus.CompactionManual, Error: "compaction: the summary call failed: 503"},
+			{Type: bus.EventCompactionEnd, Reason: bus.CompactionThreshold, Summary: "on a tool result", FirstKeptIndex: 2},
+			{Type: bus.EventCompactionEnd, Reason: bus.CompactionOverflow, TokensBefore: 9000, TokensAfter: 100, Summary: "all of it", FirstKeptIndex: 3},
+		},
+		Finished: &bus.RunFinished{Type: bus.EventRunFinished, Status: bus.StatusSucceeded},
+	}
+	writeTranscript(e, style{}, tr, 0)
+	got := out.String()
+	if n := strings.Count(got, "context compacted here"); n != 1 || strings.Index(got, "context compacted here (overflow") < strings.Index(got, "↳ read") ||
+		strings.Contains(got, "on a tool result") {
 		t.Fatalf("transcript:\n%s", got)
 	}
 }

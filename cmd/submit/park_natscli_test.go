@@ -18,7 +18,7 @@ import (
 // submitted, and the answer wakes it to its end.
 func TestParkingDocNATSCLI(t *testing.T) {
 	t.Parallel()
-	path, lines := docWalkthrough(t, "agents.parked.default.r4", 7)
+	path, lines := docWalkthrough(t, "agents.parked.default.r4", 8)
 	queue, run := "docpark", "doc-park-"+bus.NewRunID()[:10]
 	stop, _, err := startWorkerProcess(filepath.Join(t.TempDir(), "worker.log"), nil,
 		"--nats", fleet.url, "--queue", queue, "--park-after", "1s", "--worker-id", "doc-park")
@@ -62,10 +62,12 @@ func TestParkingDocNATSCLI(t *testing.T) {
 	}
 	sh(lines[1], `{"state":"running","waiting":{"for":"approval"`, `"parked":{"at":"`, `"attempt":1,"digest":"`)
 	sh(lines[2], `"prompt":"compute"`)
-	sh(lines[3], "parked.digest is the kept copy's")
-	sh(lines[4])
+	// The waker's read (1.10): a direct get of the sequence the record names.
+	sh(lines[3], `"compute"`)
+	sh(lines[4], "parked.digest is the kept copy's")
+	sh(lines[5])
 	waitEvent(t, c, run, bus.EventRunFinished, "")
-	sh(lines[5], `"run_started"`, `"run_parked"`, `"tool_approval_resolved"`)
+	sh(lines[6], `"run_started"`, `"run_parked"`, `"tool_approval_resolved"`)
 	// The resume's read (1.10): every event type in order, in one batch.
-	sh(lines[6], `"run_started"`, `"run_parked"`, `"run_resumed"`, `"run_finished"`)
+	sh(lines[7], `"run_started"`, `"run_parked"`, `"run_resumed"`, `"run_finished"`)
 }

@@ -546,6 +546,9 @@ func compactionLine(ev *bus.Event) string {
 		return fmt.Sprintf("⇣ compacting the context (asked, control sequence %d)…", s.ControlSeq)
 	}
 	e := ev.CompactionEnd
+	if e.Cancelled {
+		return "⇣ compaction cancelled (the run stopped or moved; the next attempt compacts again)"
+	}
 	if e.Error != "" {
 		return "⇣ compaction failed: " + cut(field(oneLine(e.Error)), 300)
 	}

@@ -21,13 +21,13 @@ func TestBoundFlags(t *testing.T) {
 	applyBounds(o, &cfg)
 	if cfg.MaxRunEvents != 100_000 || cfg.MaxRunEventBytes != 256<<20 || cfg.MaxQueuedControls != 1024 ||
 		cfg.MaxQueuedControlBytes != 4<<20 || cfg.MaxTranscriptBytes != 32<<20 || cfg.LoadBudget != 128<<20 || cfg.MaxRunTimeout != 0 ||
-		cfg.MaxTurns != 0 || len(cfg.QueueConcurrency) != 0 || cfg.NoFaux || cfg.MaxApprovalTimeout != 0 {
+		cfg.MaxTurns != 0 || len(cfg.QueueConcurrency) != 0 || cfg.NoFaux || cfg.MaxApprovalTimeout != 0 || cfg.ScheduleLate != 30*time.Second {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	t.Setenv("AGENTS_MAX_RUN_EVENT_BYTES", "1MiB")
 	t.Setenv("AGENTS_QUEUE_CONCURRENCY", "batch=2")
 	o, err = parse([]string{"--max-run-events", "500", "--max-turns", "10", "--max-run-timeout", "1h",
-		"--queue-concurrency", "chat=3,bulk=1", "--max-transcript-bytes", "8MiB", "--max-approval-timeout", "10m", "--load-budget", "64MiB"}, &out)
+		"--queue-concurrency", "chat=3,bulk=1", "--max-transcript-bytes", "8MiB", "--max-approval-timeout", "10m", "--load-budget", "64MiB", "--schedule-late", "2m"}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,10 +35,10 @@ func TestBoundFlags(t *testing.T) {
 	applyBounds(o, &cfg)
 	if cfg.MaxRunEvents != 500 || cfg.MaxRunEventBytes != 1<<20 || cfg.MaxTurns != 10 || cfg.MaxRunTimeout != time.Hour ||
 		cfg.MaxTranscriptBytes != 8<<20 || cfg.LoadBudget != 64<<20 || cfg.QueueConcurrency["chat"] != 3 || cfg.QueueConcurrency["bulk"] != 1 || cfg.QueueConcurrency["batch"] != 0 ||
-		cfg.MaxApprovalTimeout != 10*time.Minute {
+		cfg.MaxApprovalTimeout != 10*time.Minute || cfg.ScheduleLate != 2*time.Minute {
 		t.Fatalf("flags: %+v", cfg)
 	}
-	for _, bad := range [][]string{{"--queue-concurrency", "chat"}, {"--queue-concurrency", "chat=0"}, {"--queue-concurrency", "b*d=2"}, {"--max-turns", "-1"}, {"--max-approval-timeout", "-1s"}} {
+	for _, bad := range [][]string{{"--queue-concurrency", "chat"}, {"--queue-concurrency", "chat=0"}, {"--queue-concurrency", "b*d=2"}, {"--max-turns", "-1"}, {"--max-approval-timeout", "-1s"}, {"--schedule-late", "0"}} {
 		if _, err := parse(bad, &out); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

@@ -89,6 +89,7 @@ type options struct {
 	maxChildDepth int
 	maxChildren   int
 	parkAfter     time.Duration
+	scheduleLate  time.Duration
 	approveTools  string
 	replicas      int
 	drainTimeout  time.Duration
@@ -112,6 +113,7 @@ type options struct {
 	maxTurns                             int
 	queueConcurrency                     listFlag
 	keyLimits                            listFlag
+	tenantWeights                        listFlag
 	allowFaux                            optionalBool
 	// metricsAddrDefault: --metrics-addr was not chosen, so a busy default
 	// port (a second worker on one machine) falls back to a free port.
@@ -312,10 +314,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	o.loadBudget = environ.bytesDefault("AGENTS_LOAD_BUDGET", 128<<20)
 	fs.Var(&o.loadBudget, "load-budget", "bytes of continued transcripts (continueFrom snapshots) this worker's runs hold at once; a continuation past what is free waits without a slot, one larger fails (reason transcript_too_large) [AGENTS_LOAD_BUDGET]")
 	fs.Var(&o.maxTranscript, "max-transcript-bytes", "size of a run's transcript (its messages as JSON); past it the run fails (reason transcript_too_large) [AGENTS_MAX_TRANSCRIPT_BYTES]")
+	fs.DurationVar(&o.scheduleLate, "schedule-late", environ.duration("AGENTS_SCHEDULE_LATE", 30*time.Second), "how late a schedule's fire may be taken and still count as on time; a later one is missed, run or not by its catch-up policy (protocol §2, Schedules) [AGENTS_SCHEDULE_LATE]")
 	fs.DurationVar(&o.parkAfter, "park-after", environ.duration("AGENTS_PARK_AFTER", 30*time.Second), "park a run that has waited this long for approvals with nothing of it running: its request is acknowledged and it leaves the worker until an answer or an abort wakes it on any worker; 0: never park [AGENTS_PARK_AFTER]")
 	fs.DurationVar(&o.maxRunTimeout, "max-run-timeout", environ.duration("AGENTS_MAX_RUN_TIMEOUT", 0), "ceiling of a run's timeout: a request asking more is a bad request, the default timeout is lowered to it; 0: the protocol's 7 days [AGENTS_MAX_RUN_TIMEOUT]")
 	fs.DurationVar(&o.maxApprovalTimeout, "max-approval-timeout", environ.duration("AGENTS_MAX_APPROVAL_TIMEOUT", 0), "ceiling of a gated tool call's wait for its answer: a longer approval.timeoutSeconds (or the default, 1 day) is lowered to it, as the request's expiresAt shows; 0: --max-run-timeout if set, else the protocol's 7 days [AGENTS_MAX_APPROVAL_TIMEOUT]")
 	fs.IntVar(&o.maxTurns, "max-turns", environ.int("AGENTS_MAX_TURNS", 0), "ceiling of a run's maxTurns: a request asking more is a bad request, the default is lowered to it; 0: the protocol's 1000 [AGENTS_MAX_TURNS]")
+	fs.Var(&o.tenantWeights, "tenant-weights", "tenant=W: a tenant's weight in the fair share of the slots between tenants with work in one priority (default 1; give every worker the same); repeatable or comma-separated [AGENTS_TENANT_WEIGHTS]")
 	fs.Var(&o.keyLimits, "concurrency-key-limit", "pattern=N: the default limit of concurrency keys matching pattern ('*' any characters but '/'; first match applies); a request's own limit may only be lower; repeatable or comma-separated [AGENTS_CONCURRENCY_KEY_LIMIT]")
 	fs.Var(&o.queueConcurrency, "queue-concurrency", "queue=N: runs of that queue in flight at most, so one queue cannot take every slot; repeatable or comma-separated [AGENTS_QUEUE_CONCURRENCY]")
 	if v := os.Getenv("AGENTS_ALLOW_FAUX"); v != "" {
@@ -408,6 +412,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if _, err := parseKeyLimits(o.keyLimits); err != nil {
 		return nil, err
 	}
+	if len(o.tenantWeights) == 0 {
+		if v := env("AGENTS_TENANT_WEIGHTS", ""); v != "" {
+			_ = o.tenantWeights.Set(v)
+		}
+	}
+	if _, err := parseTenantWeights(o.tenantWeights); err != nil {
+		return nil, err
+	}
 	if o.maxRunTimeout < 0 || o.maxTurns < 0 || o.maxApprovalTimeout < 0 {
 		return nil, errors.New("--max-run-timeout, --max-approval-timeout and --max-turns must not be negative")
 	}
@@ -428,6 +440,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.fetchBytes < 1 {
 		return nil, errors.New("--fetch-bytes must be at least 1 (each pull loop still takes one request of the largest size)")
+	}
+	if o.scheduleLate < time.Second {
+		return nil, fmt.Errorf("--schedule-late must be at least 1s (got %s): fires are planned on whole seconds", o.scheduleLate)
 	}
 	if o.parkAfter < 0 {
 		return nil, errors.New("--park-after must be 0 (never) or more")
@@ -450,6 +465,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 // applyBounds puts the per-run bounds and ceilings into the worker's
 // configuration (after modelConfig: the faux default depends on it).
 func applyBounds(o *options, cfg *worker.Config) {
+	cfg.ScheduleLate = o.scheduleLate
 	cfg.MaxRunEvents = o.maxRunEvents
 	cfg.MaxRunEventBytes = int64(o.maxRunEventBytes)
 	cfg.MaxQueuedControls = o.maxQueuedControls
@@ -461,6 +477,7 @@ func applyBounds(o *options, cfg *worker.Config) {
 	cfg.MaxTurns = o.maxTurns
 	cfg.QueueConcurrency, _ = parseQueueConcurrency(o.queueConcurrency)
 	cfg.KeyLimits, _ = parseKeyLimits(o.keyLimits)
+	cfg.TenantWeights, _ = parseTenantWeights(o.tenantWeights)
 	// Faux lets a submitter script the "model": on by default only where
 	// there is no real model (the quickstart's demo, tests).
 	cfg.NoFaux = !o.allowFaux.v
@@ -483,6 +500,27 @@ func parseQueueConcurrency(entries []string) (map[string]int, error) {
 			return nil, fmt.Errorf("--queue-concurrency: %w", err)
 		}
 		out[q] = v
+	}
+	return out, nil
+}
+
+// parseTenantWeights reads --tenant-weights' tenant=W entries; the error
+// lists every bad one.
+func parseTenantWeights(entries []string) (map[string]float64, error) {
+	out := map[string]float64{}
+	var bad []string
+	for _, e := range entries {
+		t, w, ok := strings.Cut(e, "=")
+		t = strings.TrimSpace(t)
+		v, err := strconv.ParseFloat(strings.TrimSpace(w), 64)
+		if !ok || err != nil || !(v > 0 && v <= 1000) || (t != bus.NoTenant && !bus.ValidTenant(t)) {
+			bad = append(bad, fmt.Sprintf("%q", clip(e)))
+			continue
+		}
+		out[t] = v
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("--tenant-weights %s: use tenant=W, the tenant [A-Za-z0-9_-]{1,64} (_ for runs without one), W above 0 and at most 1000", strings.Join(bad, ", "))
 	}
 	return out, nil
 }
@@ -690,7 +728,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- star
 	case <-w.Ready():
 		go func() {
 			defer close(polled)
-			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth, m.SetLaneDepth)
+			worker.PollQueueDepth(pctx, c, o.queues, 15*time.Second, m.SetQueueDepth, m.SetLaneDepth, m.SetTenantDepths)
 		}()
 		if srv != nil {
 			nextSteps(stderr, log, o, srv.URL()) // nextsteps.go

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/internal/freeport"
@@ -392,4 +394,48 @@ func checkEnvelopes(envs []*bus.Envelope) error {
 		return fmt.Errorf("%d run_finished, the last event is %s", finished, envs[len(envs)-1].Type)
 	}
 	return nil
+}
+
+// ServeScheduleOps answers the schedule operations of queues as a worker
+// does (bus.Client.ApplyScheduleOp), for tests that run no worker; it
+// stops at the test's end.
+func (f *Fleet) ServeScheduleOps(queues ...string) {
+	f.T.Helper()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		stopping bool
+	)
+	n := f.Client.Names()
+	for _, q := range queues {
+		sub, err := f.Client.Conn().QueueSubscribe(n.ScheduleOps(q), bus.ScheduleOpsGroup, func(m *nats.Msg) {
+			mu.Lock()
+			defer mu.Unlock()
+			if stopping {
+				return
+			}
+			wg.Add(1)
+			go func() { // it reads and writes NATS: not in the callback
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				queue, name, op, _ := n.ParseScheduleOp(m.Subject)
+				b, _ := json.Marshal(f.Client.ApplyScheduleOp(ctx, queue, name, op, m.Data))
+				_ = m.Respond(b)
+			}()
+		})
+		if err != nil {
+			f.T.Fatal(err)
+		}
+		f.T.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	f.T.Cleanup(func() {
+		mu.Lock()
+		stopping = true
+		mu.Unlock()
+		wg.Wait()
+	})
+	if err := f.Client.Conn().Flush(); err != nil {
+		f.T.Fatal(err)
+	}
 }

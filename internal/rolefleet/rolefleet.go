@@ -32,6 +32,9 @@ var passwordEnv = map[string]string{
 	"toolcaller":       "AGENTS_TOOLCALLER_PASSWORD",
 	"toolservice-text": "AGENTS_TOOLSERVICE_TEXT_PASSWORD", "toolservice-calc": "AGENTS_TOOLSERVICE_CALC_PASSWORD",
 	"other": "OTHER_PASSWORD", "sys": "SYS_PASSWORD",
+	// Not in accounts.conf: a second submitter a test's copy of the file
+	// may add (adversarial: two submitters limited to different queues).
+	"submitter-b": "AGENTS_SUBMITTER_B_PASSWORD",
 }
 
 // Server is a running nats-server with an accounts file.
@@ -52,17 +55,20 @@ type Server struct {
 // so that the environment is left alone and tests may run in parallel.
 func Start(t testing.TB, conf string) *Server {
 	t.Helper()
+	text, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
 	pw := map[string]string{}
 	var defs strings.Builder
 	for user, env := range passwordEnv {
+		if !strings.Contains(string(text), "$"+env) {
+			continue // the server refuses a variable the file does not use
+		}
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		pw[user] = hex.EncodeToString(b[:])
 		fmt.Fprintf(&defs, "%s: %q\n", env, pw[user])
-	}
-	text, err := os.ReadFile(conf)
-	if err != nil {
-		t.Fatal(err)
 	}
 	withPasswords := filepath.Join(t.TempDir(), filepath.Base(conf))
 	if err := os.WriteFile(withPasswords, append([]byte(defs.String()), text...), 0o600); err != nil {

@@ -47,3 +47,17 @@ func TestContextOverflowBodies(t *testing.T) {
 		}
 	}
 }
+
+// TestContextOverflowNoBody: Cerebras and Mistral answer an overflow with
+// a bare 400 or 413 (pi's check); the failed call's message, as this
+// adapter writes it (the status line alone), is an overflow.
+func TestContextOverflowNoBody(t *testing.T) {
+	for _, code := range []int{http.StatusBadRequest, http.StatusRequestEntityTooLarge} {
+		srv := newServer(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) })
+		p := newProvider(t, srv, nil)
+		_, msg := run(t, context.Background(), p, testModel, userContext("hi"), agent.StreamOptions{})
+		if msg.StopReason != agent.StopReasonError || !overflow.Is(msg.ErrorMessage) {
+			t.Errorf("%d without a body: %q is not an overflow", code, msg.ErrorMessage)
+		}
+	}
+}

@@ -41,8 +41,10 @@ var patterns = []*regexp.Regexp{
 }
 
 // noBody is pi's check for Cerebras and Mistral, which answer an
-// overflow with a bare 400 or 413.
-var noBody = regexp.MustCompile(`(?i)^4(00|13)\s*(status code)?\s*\(no body\)`)
+// overflow with a bare 400 or 413: as pi's JS SDK writes it ("400 status
+// code (no body)"), and as llm/openai does, the HTTP status line alone
+// ("400 Bad Request", "413 Request Entity Too Large").
+var noBody = regexp.MustCompile(`(?i)^4(00|13)(\s*(status code)?\s*\(no body\)| [a-z ]+$|$)`)
 
 // Classify returns ErrContextOverflow, wrapped with the provider's text,
 // when errorMessage (a failed call's message, as llm/openai writes it:

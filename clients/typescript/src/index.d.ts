@@ -91,6 +91,13 @@ export type ControlResult = {
 };
 
 /** A run record as status and list return it (queued: a request without a record). */
+/** A run's transcript snapshot (§2 Transcript snapshots). */
+export interface Snapshot {
+  /** run, attempt (the one that finished the run), messages, bytes (the body's size), from (the run it continued, or ""). */
+  header: { run: string; attempt: number; messages: number; bytes: number; from: string };
+  messages: Message[];
+}
+
 export type RunRecord = Omit<WireRunRecord, "state"> & {
   state: WireRunRecord["state"];
   /** The KV revision (records stream sequence) it was read at; not enumerable. */
@@ -204,7 +211,7 @@ export declare class Client {
   /** A run's record, stale marked; queued for a request without one; RunNotFoundError for neither. */
   status(run: string): Promise<RunRecord>;
   /** Every schedule (since 1.10), by name, with its def message's sequence and its newest run. */
-  schedules(): Promise<Array<Schedule & { seq: number; last: { run: string; plannedAt: string; firedAt: string; trigger?: boolean } | null }>>;
+  schedules(): Promise<Array<Schedule & { seq: number; last: { run: string; plannedAt: string; firedAt: string; trigger?: boolean; fireSeq?: number } | null }>>;
   /** A run's stored record, or null. */
   record(run: string): Promise<RunRecord | null>;
   /**
@@ -226,6 +233,12 @@ export declare class Client {
   transcript(run: string, opts?: { signal?: AbortSignal }): Promise<Transcript>;
   /** The run's outcome and final answer (waits unless wait is false). */
   result(run: string, opts?: { wait?: boolean; signal?: AbortSignal }): Promise<RunResult>;
+  /**
+   * A finished run's transcript snapshot (since 1.9, §2 Transcript snapshots): its
+   * header and messages in one read; null when it has none to trust (read its
+   * events: transcript). An error past maxBytes, or when the body does not match.
+   */
+  loadSnapshot(run: string, opts?: { maxBytes?: number }): Promise<Snapshot | null>;
 
   /** Steering, taken after the current turn. RunFinishedError once the run finished. */
   steer(run: string, text: string | ControlMessage, opts?: ControlOptions): Promise<ControlResult>;

@@ -2,6 +2,7 @@
 // runs from Node over the official NATS client (docs/protocol.md; the Go
 // client bus/ is the reference this follows). The browser entry point,
 // over a console's HTTP API, is ./console.js.
+import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { connect as natsConnect, createInbox, credsAuthenticator, headers as natsHeaders, nkeyAuthenticator } from "@nats-io/transport-node";
 import { DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -40,13 +41,13 @@ const FIRST_WINDOW = 128;
 const MAX_WINDOW = 8192;
 const DEFAULT_LIST_SCAN = 100_000;
 /**
- * The waits the waiting index lists (since 1.10, bus.Indexed): a model's
+ * The waits the waiting index lists (since 1.10, bus.Indexed; children and
+ * key waits since the 1.10 child-run fixes): a model's
  * rate-limit wait is not indexed (it comes and goes with each call), so a
  * listing asking for it walks the records, and one from the index skips
- * the "model" entries a 1.9 worker left. A wait in line for a concurrency
- * key is indexed (review of issue 55).
+ * the "model" entries a 1.9 worker left.
  */
-const INDEXED_WAITS = new Set(["approval", "budget", "key"]);
+const INDEXED_WAITS = new Set(["approval", "budget", "children", "key"]);
 
 /** Subjects of one batched record read (waitingPage). */
 const MULTI_LAST_CHUNK = 256;
@@ -280,7 +281,8 @@ export class Client {
     }
     // normal is the default, left out: a worker before 1.10 refuses the field.
     if (rest.priority === "normal") delete rest.priority;
-    const subject = this.names.request(queue, rest.priority, id);
+    // The tenant goes in the subject too (since 1.10): fair share between tenants.
+    const subject = this.names.request(queue, rest.priority, id, rest.metadata?.tenant);
     const body = enc.encode(JSON.stringify({ id, ...rest }));
     if (body.length > MAX_REQUEST_BYTES) throw new InvalidArgumentError(`the request is ${body.length} bytes, the limit is ${MAX_REQUEST_BYTES} (1 MiB)`);
     const h = natsHeaders();
@@ -543,6 +545,93 @@ export class Client {
     const f = t.finished;
     if (!f) throw new AgentfleetError("no_run_finished", `run ${run} has no run_finished`);
     return { run, status: f.status, reason: f.reason ?? "", error: f.error ?? "", text: t.finalText(), turns: f.turns, usage: f.usage, cost: f.cost, messages: t.messages };
+  }
+
+  /**
+   * A finished run's transcript snapshot (since 1.9, docs/protocol.md §2
+   * "Transcript snapshots"): its header and its messages (pi JSON, the
+   * context the model was last sent), read from the object store
+   * agents_transcripts. null when the run has none to trust: a run of a
+   * worker before 1.9, one that finished without running, a write that
+   * failed, or a snapshot whose attempt is not the record's (an attempt
+   * that lost its lease at its end may have written one); then read its
+   * events (transcript). A snapshot larger than opts.maxBytes, or whose
+   * body does not match its header or digest, is an error.
+   * @param {string} run @param {{maxBytes?: number}} [opts]
+   */
+  async loadSnapshot(run, opts = {}) {
+    checkRunId(run);
+    const rec = await this.status(run);
+    const stream = this.names.transcriptsStream;
+    let meta;
+    try {
+      meta = await (await this.jsm()).streams.getMessage(stream, { last_by_subj: this.names.snapshotMeta(run) });
+    } catch (err) {
+      const e = this.fleetError(err, `snapshot of ${run}`, stream);
+      if (e instanceof NoStreamsError) return null; // a fleet before 1.9
+      throw e;
+    }
+    if (!meta) return null;
+    /** @type {any} */
+    const info = meta.json();
+    if (info.deleted) return null;
+    const md = info.metadata ?? {};
+    const header = { run: md.run, attempt: Number(md.attempt), messages: Number(md.messages), bytes: Number(info.size ?? 0), from: md.from ?? "" };
+    if (header.run !== run || !Number.isInteger(header.attempt) || !Number.isInteger(header.messages) || header.messages < 0) {
+      throw new AgentfleetError("bad_snapshot", `snapshot of run ${run}: its header is not a snapshot's`);
+    }
+    if (header.attempt !== rec.attempt) return null;
+    if (opts.maxBytes !== undefined && header.bytes > opts.maxBytes) {
+      throw new AgentfleetError("snapshot_too_large", `snapshot of run ${run}: ${header.bytes} bytes, more than ${opts.maxBytes}`);
+    }
+    const body = await this.snapshotBody(run, info);
+    /** @type {any} */
+    let messages;
+    try {
+      messages = JSON.parse(new TextDecoder().decode(body));
+    } catch (err) {
+      throw new AgentfleetError("bad_snapshot", `snapshot of run ${run}: the body is not JSON`, { cause: err });
+    }
+    if (!Array.isArray(messages) || messages.length !== header.messages) {
+      throw new AgentfleetError("bad_snapshot", `snapshot of run ${run}: the body is not an array of its header's ${header.messages} messages`);
+    }
+    return { header, messages };
+  }
+
+  /**
+   * A snapshot's body: its chunks, read with an ordered push consumer (the
+   * readers' permissions: no pull), checked against the object's size and
+   * SHA-256 digest.
+   * @param {string} run @param {any} info the object's info
+   */
+  async snapshotBody(run, info) {
+    const size = Number(info.size ?? 0);
+    const chunks = Number(info.chunks ?? 0);
+    const out = new Uint8Array(size);
+    let n = 0;
+    if (chunks > 0) {
+      const cons = await this.js.consumers.getPushConsumer(this.names.transcriptsStream, {
+        filter_subjects: [this.names.snapshotChunks(info.nuid)],
+        deliver_policy: DeliverPolicy.All,
+      });
+      const msgs = await cons.consume();
+      try {
+        let got = 0;
+        for await (const m of msgs) {
+          if (n + m.data.length > size) throw new AgentfleetError("bad_snapshot", `snapshot of run ${run}: more bytes than its size ${size}`);
+          out.set(m.data, n);
+          n += m.data.length;
+          if (++got === chunks || m.info.pending === 0) break;
+        }
+      } finally {
+        await msgs.close().catch(() => {});
+      }
+    }
+    const digest = "SHA-256=" + createHash("sha256").update(out.subarray(0, n)).digest("base64url") + "=";
+    if (n !== size || digest !== info.digest) {
+      throw new AgentfleetError("bad_snapshot", `snapshot of run ${run}: ${n} of ${size} bytes read, or its digest does not match`);
+    }
+    return out;
   }
 
   // ---- control ------------------------------------------------------------

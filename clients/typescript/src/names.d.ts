@@ -21,11 +21,18 @@ export declare class Names {
   readonly waitingStream: string;
   /** Schedules, their fires and last runs (since 1.10). */
   readonly schedulesStream: string;
+  /** Finished runs' transcript snapshots (since 1.9, §2): the object store and its stream. */
+  readonly transcriptsBucket: string;
+  readonly transcriptsStream: string;
+  /** The subject of a run's snapshot's object info. */
+  snapshotMeta(run: string): string;
+  /** The subject of a snapshot's chunks, by its object's nuid. */
+  snapshotChunks(nuid: string): string;
   /** A schedule's subject (since 1.10). */
   schedule(queue: string, name: string, kind: "def" | "fire" | "last"): string;
   submit(queue: string, run: string): string;
-  /** The subject of a request of this priority (since 1.10): the old subject for normal or none, else agents.lane.<queue>.<priority>._.<run>. */
-  request(queue: string, priority: "high" | "normal" | "low" | undefined, run: string): string;
+  /** The subject of a request of this priority and tenant (since 1.10): the old subject for normal or none without a tenant, else agents.lane.<queue>.<priority>.<tenant or _>.<run>. */
+  request(queue: string, priority: "high" | "normal" | "low" | undefined, run: string, tenant?: string): string;
   events(run: string): string;
   control(run: string, kind: string): string;
   record(run: string): string;

@@ -72,6 +72,21 @@ export class Names {
     this.waitingStream = flat.toUpperCase() + "_WAITING";
     /** Schedules, their fires and last runs (since 1.10, docs/protocol.md §2). */
     this.schedulesStream = flat.toUpperCase() + "_SCHEDULES";
+    /** Finished runs' transcript snapshots (since 1.9, docs/protocol.md §2): an object store. */
+    this.transcriptsBucket = flat + "_transcripts";
+    this.transcriptsStream = "OBJ_" + flat + "_transcripts";
+  }
+  /**
+   * The subject of run's snapshot's object info: the object's name (the
+   * run id, ASCII) in padded base64url, as the object store writes it.
+   * @param {string} run
+   */
+  snapshotMeta(run) {
+    return `$O.${this.transcriptsBucket}.M.${btoa(run).replaceAll("+", "-").replaceAll("/", "_")}`;
+  }
+  /** The subject of a snapshot's chunks, by its object's nuid. @param {string} nuid */
+  snapshotChunks(nuid) {
+    return `$O.${this.transcriptsBucket}.C.${nuid}`;
   }
   /** A schedule's subject (since 1.10): kind def, fire or last. @param {string} queue @param {string} name @param {"def"|"fire"|"last"} kind */
   schedule(queue, name, kind) {
@@ -82,14 +97,17 @@ export class Names {
     return `${this.prefix}.submit.${queue}.${run}`;
   }
   /**
-   * The subject of a request of this priority (since 1.10, docs/protocol.md
-   * §3 Priority lanes): the old subject for normal or none, else the
-   * priority's lane, tenant token "_".
-   * @param {string} queue @param {string | undefined} priority @param {string} run
+   * The subject of a request of this priority and tenant (since 1.10,
+   * docs/protocol.md §3 Priority lanes): the old subject for normal or none
+   * without a tenant, else the lane, tenant token "_" when the tenant is no
+   * valid token (workers share slots fairly between tenant lanes).
+   * @param {string} queue @param {string | undefined} priority @param {string} run @param {string} [tenant]
    */
-  request(queue, priority, run) {
-    if (!priority || priority === "normal") return this.submit(queue, run);
-    return `${this.prefix}.lane.${queue}.${priority}._.${run}`;
+  request(queue, priority, run, tenant) {
+    const t = tenant && tenant !== "_" && /^[A-Za-z0-9_-]{1,64}$/.test(tenant) ? tenant : "_";
+    const p = priority || "normal";
+    if (p === "normal" && t === "_") return this.submit(queue, run);
+    return `${this.prefix}.lane.${queue}.${p}.${t}.${run}`;
   }
   /** @param {string} run */
   events(run) {

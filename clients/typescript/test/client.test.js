@@ -335,8 +335,6 @@ test("approvalsPage: pages of runs waiting for approval, the model's waits never
     await put(id, { for: "approval", since: new Date(now).toISOString(), approvals: [{ toolCallId: `c${i}`, toolName: "deploy", requestedAt: now, expiresAt: now + 3600_000 }] });
     await put(`${queue}-model-${i}`, { for: "model", since: new Date(now).toISOString() });
   }
-  // A run in line for its concurrency key is indexed too (review of issue 55).
-  await put(`${queue}-key`, { for: "key", key: "customer-42", since: new Date(now).toISOString() });
   const sizes = [];
   const seen = new Map();
   let before;
@@ -363,7 +361,18 @@ test("approvalsPage: pages of runs waiting for approval, the model's waits never
     listed.push(...page.records.map((r) => r.id));
     if (!(cur = page.nextCursor)) break;
   }
-  assert.deepEqual(listed, [...runs, `${queue}-key`]);
+  assert.deepEqual(listed, runs);
+  // Waits for child runs and for a concurrency key's place are indexed
+  // (1.10): listed after the approvals, in the order their waits began.
+  await put(`${queue}-kids`, { for: "children", since: new Date(now).toISOString() });
+  await put(`${queue}-key`, { for: "key", since: new Date(now).toISOString(), key: "k" });
+  const all = [];
+  for (let cur, n = 0; n < 10; n++) {
+    const page = await client.list({ state: "waiting", queue, limit: 4, before: cur });
+    all.push(...page.records.map((r) => r.id));
+    if (!(cur = page.nextCursor)) break;
+  }
+  assert.deepEqual(all, [...runs, `${queue}-kids`, `${queue}-key`]);
   const model = await client.list({ state: "waiting", waitingFor: "model", queue });
   assert.deepEqual(model.records.map((r) => r.id).sort(), runs.map((r) => r.replace("-run-", "-model-")).sort());
   assert.ok(!(model.nextCursor ?? "").startsWith("w."), `cursor ${model.nextCursor}: want the records walk's`);
@@ -507,6 +516,11 @@ test("priority: a high or low request goes to its lane (since 1.10), its record 
   assert.equal((await client.status(normal.id)).priority, undefined);
   assert.equal(client.names.request("default", "high", "r1"), "agents.lane.default.high._.r1");
   assert.equal(client.names.request("default", "normal", "r1"), "agents.submit.default.r1");
+  assert.equal(client.names.request("default", undefined, "r1", "acme"), "agents.lane.default.normal.acme.r1");
+  assert.equal(client.names.request("default", "low", "r1", "not a token"), "agents.lane.default.low._.r1");
+  const tenant = await client.submit({ prompt: "mine", metadata: { tenant: "acme" } });
+  await followAll(tenant.id);
+  assert.equal((await client.status(tenant.id)).tenant, "acme");
   assert.deepEqual(client.names.parseSubmit("agents.lane.default.low._.r1"), { queue: "default", run: "r1", priority: "low" });
   await assert.rejects(client.submit({ prompt: "x", priority: /** @type {any} */ ("urgent") }), InvalidArgumentError);
 });

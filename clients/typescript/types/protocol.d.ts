@@ -71,6 +71,7 @@ export type CompactionEndEvent = {
   model?: string;
   usage?: Usage;
   error?: string;
+  cancelled?: boolean;
   /** (minimum 1) */
   controlSeq?: number;
 };

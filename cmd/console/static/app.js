@@ -525,6 +525,7 @@ class Transcript {
   // compactionEnd (since 1.10): where the context was cut, with the
   // summary the model was sent instead, folded; the messages above stay.
   compactionEnd(ev) {
+    if (ev.cancelled) return this.fleetEvent("notice compaction", "compaction cancelled (the run stopped or moved; the next attempt compacts again)");
     if (ev.error) return this.fleetEvent("notice compaction", "compaction failed: " + ev.error);
     this.fleetEvent("compaction", "context compacted (" + ev.reason + "): " + nf.format(ev.tokensBefore || 0) + " → " +
       nf.format(ev.tokensAfter || 0) + " tokens, " + (ev.messagesSummarized || 0) + " messages summarised; from its next call the model is sent the summary and the transcript from message " + (ev.firstKeptIndex || 0) + " on (the kept messages are above this line)",
@@ -899,9 +900,12 @@ async function runPage(main, id) {
   const line = el("div", { class: "statusline", id: "status" });
   const title = el("div", { class: "run-title", id: "run-title" });
   const transcript = el("div", { class: "transcript", id: "transcript" });
+  // The child runs its run_agent calls started (GET .../children), each
+  // linked; shown once the run made such a call.
+  const kids = el("div", { class: "children", id: "children", hidden: true });
   const controls = el("div", { class: "controls", id: "controls" });
   const follow = el("button", { id: "follow", class: "follow", type: "button", hidden: true }, "↓ follow the run");
-  main.append(el("div", { class: "toolbar" }, el("h1", {}, "Run ", el("span", { class: "mono", id: "run-id" }, id))), title, line, controls, transcript, follow);
+  main.append(el("div", { class: "toolbar" }, el("h1", {}, "Run ", el("span", { class: "mono", id: "run-id" }, id))), title, line, kids, controls, transcript, follow);
 
   const drawStatus = () => {
     const u = status.usage || {};
@@ -939,6 +943,12 @@ async function runPage(main, id) {
     if (r.tenant) title.append(el("span", { class: "muted small" }, " · tenant " + r.tenant));
     if (r.priority) title.append(el("span", { class: "muted small" }, " · " + r.priority + " priority"));
     if (r.state === "running" && r.waiting && r.waiting.key) title.append(el("span", { class: "waiting small" }, " · waiting for its concurrency key " + r.waiting.key));
+    if (r.child && r.child.parentRunId) {
+      title.append(el("span", { class: "muted small", id: "parent-link" }, " · child of ",
+        el("a", { href: "/runs/" + encodeURIComponent(r.child.parentRunId), class: "mono" }, r.child.parentRunId),
+        " (depth " + (r.child.depth || 1) + ")"));
+    }
+    if (r.treeCost) title.append(el("span", { class: "muted small", id: "tree-cost" }, " · tree cost " + fmtCost(r.treeCost)));
     if (!following.decided) {
       // A live run is followed from the start; a finished one is read
       // from the top.
@@ -1012,6 +1022,19 @@ async function runPage(main, id) {
   });
   follow.addEventListener("click", () => { following.on = true; following.decided = true; following.lastY = window.scrollY; stick(); });
 
+  let hasChildren = false;
+  const loadChildren = async () => {
+    let list;
+    try { list = await getJSON(runAPI(id) + "/children"); } catch { return; } // the next poll tries again
+    kids.hidden = list.length === 0;
+    kids.replaceChildren(el("div", { class: "muted small" }, "Child runs (" + list.length + ")"),
+      el("table", { class: "runs children-table" }, el("tbody", { id: "children-body" }, ...list.map((c) =>
+        el("tr", { "data-child": c.id },
+          el("td", {}, el("a", { href: "/runs/" + encodeURIComponent(c.id), class: "mono" }, c.id)),
+          el("td", {}, stateBadge(c.state || "unknown")),
+          el("td", {}, fmtCost(c.treeCost || c.cost || 0)),
+          el("td", { class: "muted" }, c.title || ""))))));
+  };
   const tr = new Transcript(transcript, id, update, stick);
   let lastId = 0;
   const listen = () => {
@@ -1024,6 +1047,10 @@ async function runPage(main, id) {
       try { env = JSON.parse(e.data); } catch { return; }
       tr.apply(env);
       transcript.dataset.lastEventId = String(lastId);
+      if (!hasChildren && env.event && env.event.type === "tool_execution_start" && env.event.toolName === "run_agent") {
+        hasChildren = true;
+        loadChildren();
+      }
     });
     es.addEventListener("end", () => {
       es.close();
@@ -1043,6 +1070,7 @@ async function runPage(main, id) {
     try { fromRecord(await getJSON(runAPI(id))); } catch (e) {
       if (!status.state) update({ state: "unknown", reason: e.message });
     }
+    if (hasChildren) await loadChildren();
   };
   const records = poll(async () => {
     await refresh();

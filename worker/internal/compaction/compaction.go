@@ -30,22 +30,36 @@ const (
 // Settings are a run's compaction thresholds, in tokens.
 type Settings struct {
 	Window           int // the model's context window
-	ReserveTokens    int // compact when the context exceeds Window-ReserveTokens
+	ReserveTokens    int // compact when the context exceeds Window-Reserve()
 	KeepRecentTokens int // keep at least this much of the newest messages
+	// OutputReserve is the max_tokens every model call of the run asks:
+	// OpenAI-compatible servers (vLLM, LiteLLM, OpenAI itself) refuse a
+	// prompt plus max_tokens past the window.
+	OutputReserve int
 }
+
+// Reserve is what the context leaves free of the window: reserveTokens,
+// and at least the calls' output reserve (pi's threshold ignores it).
+func (s Settings) Reserve() int { return max(s.ReserveTokens, s.OutputReserve) }
 
 // ErrNoWindow: compaction needs the model's context window.
 var ErrNoWindow = errors.New("the model has no known context window (contextWindow in the model table)")
 
 // Resolve fills a request's thresholds (0: the default) for a model's
-// window. The defaults are pi's, scaled for small windows: reserve =
-// min(16384, window/4), keep = min(20000, window/2). It returns every
-// problem of the asked values.
-func Resolve(window, reserve, keep int) (Settings, []string) {
+// window and the output reserve its calls ask. The defaults are pi's,
+// scaled for small windows: reserve = min(16384, window/4), keep =
+// min(20000, window/2). A default keep that would leave no room, after a
+// compaction, for the summary below the threshold is halved into what
+// room there is, so that compactions do not follow each other at once or
+// overflow. It returns every problem of the asked values.
+func Resolve(window, reserve, keep, outputReserve int) (Settings, []string) {
 	if window <= 0 {
 		return Settings{}, []string{ErrNoWindow.Error()}
 	}
-	s := Settings{Window: window, ReserveTokens: reserve, KeepRecentTokens: keep}
+	// Up to three quarters of the window: past that, servers that count it
+	// refuse nearly any context; compaction still helps on the others
+	// (llama.cpp, Ollama), which do not.
+	s := Settings{Window: window, ReserveTokens: reserve, KeepRecentTokens: keep, OutputReserve: min(max(outputReserve, 0), window*3/4)}
 	if s.ReserveTokens == 0 {
 		s.ReserveTokens = min(DefaultReserveTokens, window/4)
 	}
@@ -56,15 +70,28 @@ func Resolve(window, reserve, keep int) (Settings, []string) {
 	if s.ReserveTokens >= window {
 		problems = append(problems, fmt.Sprintf("compaction.reserveTokens %d must be less than the model's context window of %d", s.ReserveTokens, window))
 	}
-	if s.KeepRecentTokens >= window-min(s.ReserveTokens, window) {
-		problems = append(problems, fmt.Sprintf("compaction.keepRecentTokens %d must be less than the context window less the reserve (%d)", s.KeepRecentTokens, window-min(s.ReserveTokens, window)))
+	free := window - min(s.Reserve(), window)
+	if sum := min(s.SummaryMaxTokens(), free/2); keep == 0 && s.KeepRecentTokens+sum >= free {
+		s.KeepRecentTokens = (free - sum) / 2
+		if s.KeepRecentTokens <= 0 {
+			s.KeepRecentTokens = min(DefaultKeepRecentTokens, window/2)
+			keep = s.KeepRecentTokens // reported below
+		}
+	}
+	if keep != 0 && s.KeepRecentTokens >= free {
+		why := ""
+		if s.OutputReserve > s.ReserveTokens {
+			why = fmt.Sprintf(": the reserve is the output reserve each call asks, maxTokens %d", s.OutputReserve)
+		}
+		problems = append(problems, fmt.Sprintf("compaction.keepRecentTokens %d must be less than the context window less the reserve (%d%s)", s.KeepRecentTokens, free, why))
 	}
 	return s, problems
 }
 
-// ShouldCompact is pi's trigger: contextTokens > window - reserve.
+// ShouldCompact is pi's trigger, contextTokens > window - reserve, with
+// the reserve at least the calls' output reserve.
 func (s Settings) ShouldCompact(contextTokens int) bool {
-	return s.Window > 0 && contextTokens > s.Window-s.ReserveTokens
+	return s.Window > 0 && contextTokens > s.Window-s.Reserve()
 }
 
 // SummaryMaxTokens is the summary call's output budget (pi: 80% of the

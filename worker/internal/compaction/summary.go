@@ -132,10 +132,12 @@ var dataTag = regexp.MustCompile(`(?i)<(\s*/?\s*(?:conversation|previous-summary
 
 // fence keeps a message's text from posing as another message: a line of
 // it that starts with a role marker ("[User]:", any case) gets a
-// backslash, so only Serialize's own markers start a line with one.
-func fence(s string) string { return roleMarker.ReplaceAllString(s, `$1\[$2]`) }
+// backslash, so only Serialize's own markers start a line with one. A
+// line starts after any break a model may read as one ("\n", "\r", "\v",
+// "\f", U+0085, U+2028, U+2029), not only after "\n" as (?m)^ has it.
+func fence(s string) string { return roleMarker.ReplaceAllString(s, `$1$2\[$3]`) }
 
-var roleMarker = regexp.MustCompile(`(?mi)^([ \t]*)\[(user|assistant|assistant thinking|assistant tool calls|tool result)\]`)
+var roleMarker = regexp.MustCompile(`(?i)(^|[\n\r\v\f\x{0085}\x{2028}\x{2029}])([ \t]*)\[(user|assistant|assistant thinking|assistant tool calls|tool result)\]`)
 
 // Serialize writes messages as text (pi's serializeConversation), so
 // that the summariser does not take them for a conversation to go on.

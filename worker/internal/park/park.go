@@ -60,6 +60,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -85,7 +86,19 @@ type Env struct {
 	// KeepFor is AGENTS_PARKED's max age (0: none), as the worker found
 	// the stream when it opened it.
 	KeepFor time.Duration
+	// Woke, when set, is told of every wake published: by what (ByAnswer,
+	// ByTimer, ByParking, ByOther) and how long after what woke the run
+	// was stored (negative: unknown). Metrics only: it must not block.
+	Woke func(by string, d time.Duration)
 }
+
+// What woke a parked run (Env.Woke).
+const (
+	ByAnswer  = "answer"  // an approve or abort (the wake consumer)
+	ByTimer   = "timer"   // a pending approval's timeout (the timers consumer)
+	ByParking = "parking" // an answer that came while the run parked
+	ByOther   = "other"   // a concurrency key's place, a child's end
+)
 
 // keepMargin is how long before the stream's max age a parked run's timer
 // must fire: its wake then still reads the kept copy.
@@ -124,7 +137,18 @@ var ErrCopyGone = errors.New("parked run's request copy is gone")
 // wakes nothing; nor does one whose copy is gone (logged: the record
 // moved on, or says why the run cannot be woken).
 func (e *Env) Wake(ctx context.Context, rec *bus.RunRecord) error {
-	err := e.WakeKept(ctx, rec)
+	return e.WakeBy(ctx, rec, ByOther, time.Time{})
+}
+
+// WakeKept is Wake, but says ErrCopyGone when the copy is gone.
+func (e *Env) WakeKept(ctx context.Context, rec *bus.RunRecord) error {
+	return e.wakeBy(ctx, rec, ByOther, time.Time{})
+}
+
+// WakeBy is Wake, telling Woke what woke the run and when it was stored
+// (zero: unknown).
+func (e *Env) WakeBy(ctx context.Context, rec *bus.RunRecord, by string, stored time.Time) error {
+	err := e.wakeBy(ctx, rec, by, stored)
 	if errors.Is(err, ErrCopyGone) {
 		e.Log.Warn("parked run's request copy is gone; cannot wake it", "run", rec.ID, "parkedSeq", rec.Parked.Seq)
 		return nil
@@ -132,21 +156,41 @@ func (e *Env) Wake(ctx context.Context, rec *bus.RunRecord) error {
 	return err
 }
 
-// WakeKept is Wake, but says ErrCopyGone when the copy is gone.
-func (e *Env) WakeKept(ctx context.Context, rec *bus.RunRecord) error {
-	if rec == nil || rec.Parked == nil {
-		return nil
+func (e *Env) wakeBy(ctx context.Context, rec *bus.RunRecord, by string, stored time.Time) error {
+	published, err := e.wake(ctx, rec)
+	if published && e.Woke != nil {
+		d := time.Duration(-1)
+		if !stored.IsZero() {
+			d = max(time.Since(stored), 0)
+		}
+		e.Woke(by, d)
 	}
-	kept, err := e.Parked.GetMsg(ctx, rec.Parked.Seq)
+	return err
+}
+
+// wake is Wake; published reports whether a wake was published.
+func (e *Env) wake(ctx context.Context, rec *bus.RunRecord) (published bool, err error) {
+	if rec == nil || rec.Parked == nil {
+		return false, nil
+	}
+	kept, err := e.kept(ctx, rec.Parked.Seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return ErrCopyGone
+		// Gone (max age) or replaced by a newer park: the record moved
+		// on, or the run cannot be woken; the record says why.
+		return false, ErrCopyGone
 	}
 	if err != nil {
-		return fmt.Errorf("reading the parked request: %w", err)
+		return false, fmt.Errorf("reading the parked request: %w", err)
 	}
 	// The wake goes back to the run's lane (since 1.10; the record says
 	// which): a worker refuses a priority its subject does not carry.
-	m := &nats.Msg{Subject: e.Names.RequestSubject(bus.LaneOf(rec.Queue, rec.Priority), rec.ID), Data: kept.Data, Header: nats.Header{}}
+	// The tenant lane too: the body's tenant is the subject's (Names.CheckTenant).
+	var body struct {
+		Metadata map[string]string `json:"metadata"`
+	}
+	_ = json.Unmarshal(kept.Data, &body) // a body without it goes to the no-tenant lane
+	lane := bus.LaneOf(rec.Queue, rec.Priority, body.Metadata[bus.TenantMetadataKey])
+	m := &nats.Msg{Subject: e.Names.RequestSubject(lane, rec.ID), Data: kept.Data, Header: nats.Header{}}
 	copyHeaders(m.Header, kept.Header)
 	seq := strconv.FormatUint(rec.Parked.Seq, 10)
 	m.Header.Set(jetstream.MsgIDHeader, rec.ID+":wake:"+seq)
@@ -157,7 +201,7 @@ func (e *Env) WakeKept(ctx context.Context, rec *bus.RunRecord) error {
 	}
 	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.RunsStream()))
 	if err != nil {
-		return fmt.Errorf("publishing the wake: %w", err)
+		return false, fmt.Errorf("publishing the wake: %w", err)
 	}
 	if ack.Duplicate && !e.isWake(ctx, ack.Sequence, m) {
 		// Step 5: the id is taken by a message that is not this wake (or
@@ -165,10 +209,10 @@ func (e *Env) WakeKept(ctx context.Context, rec *bus.RunRecord) error {
 		e.Log.Warn("wake: another message holds the wake's id; publishing the wake without it", "run", rec.ID)
 		m.Header.Del(jetstream.MsgIDHeader)
 		if _, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.RunsStream())); err != nil {
-			return fmt.Errorf("publishing the wake: %w", err)
+			return false, fmt.Errorf("publishing the wake: %w", err)
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // isWake reports whether the stored request seq is the wake m.
@@ -231,7 +275,7 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 		}
 	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
 		// Parked by a 1.9 worker (no digest): the kept copy is read.
-		kept, err := e.Parked.GetMsg(ctx, from)
+		kept, err := e.kept(ctx, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return c, nil
 		}

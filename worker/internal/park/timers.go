@@ -87,7 +87,11 @@ func (e *Env) handleTimer(ctx context.Context, m jetstream.Msg) {
 	switch {
 	case err != nil:
 	case rec.Parked != nil && rec.Parked.Attempt == t.Attempt:
-		if err = e.Wake(hctx, rec); err == nil {
+		var due time.Time // the server stored the due message when the timer fired
+		if md, mdErr := m.Metadata(); mdErr == nil {
+			due = md.Timestamp
+		}
+		if err = e.WakeBy(hctx, rec, ByTimer, due); err == nil {
 			e.Log.Info("parked run woken: an approval's timeout is due", "run", id, "parkedSeq", rec.Parked.Seq)
 			_ = m.Ack()
 			return

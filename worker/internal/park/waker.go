@@ -64,7 +64,11 @@ func (e *Env) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	if err == nil {
-		err = e.Wake(hctx, rec)
+		var stored time.Time
+		if md, mdErr := m.Metadata(); mdErr == nil {
+			stored = md.Timestamp
+		}
+		err = e.WakeBy(hctx, rec, ByAnswer, stored)
 	}
 	if err != nil {
 		e.Log.Warn("wake failed; retrying", "run", id, "err", err)

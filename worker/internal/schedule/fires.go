@@ -26,6 +26,12 @@
 //     delivery; a redelivery only by the fire's store time.
 //  8. A fire runs only while its definition is the stored one, active
 //     (a trigger: while the schedule exists).
+//  9. A server fire stored more than bus.ScheduleOutageGap after the time the
+//     previous fire of the same definition named (Nats-Schedule-Next) is
+//     the server's one fire for what it missed while down (afterOutage):
+//     late, for the catch-up policy, whatever its own planned time says
+//     (the server re-anchors @every at it, and a cron's is its newest
+//     missed time).
 package schedule
 
 import (
@@ -49,6 +55,7 @@ const (
 	SkipInvalid = "invalid" // a fire whose body or subject is not a schedule's
 	SkipTaken   = "taken"   // another request (not the schedule's) holds the fire's run id
 	SkipStale   = "stale"   // a fire of a definition since paused, replaced or deleted
+	SkipFailed  = "failed"  // given up after bus.FireMaxDeliver deliveries that failed
 )
 
 // Observer is told what each fire did.
@@ -147,7 +154,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		return
 	case err != nil:
 		e.Log.Warn("schedule fire: reading the schedule failed; retrying", "schedule", name, "queue", queue, "err", err)
-		_ = m.NakWithDelay(retryDelay(md))
+		e.retry(m, md)
 		return
 	case !trigger && (cur.Paused || !s.SameDefinition(cur)):
 		e.Log.Info("schedule fire skipped: the schedule was paused or replaced since", "schedule", name, "queue", queue)
@@ -168,15 +175,29 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 	if md.NumDelivered > 1 {
 		judged = md.Timestamp.Sub(planned)
 	}
-	if !trigger && judged > e.lateLimit() {
-		run, err := e.catchUp(hctx, &s, m, md)
+	outage := false
+	if !trigger && judged <= e.lateLimit() { // invariant 9
+		if outage, err = e.afterOutage(hctx, &s, m, md); err != nil {
+			log.Warn("schedule fire: reading the previous fire failed; retrying", "err", err)
+			e.retry(m, md)
+			return
+		}
+	}
+	if !trigger && (judged > e.lateLimit() || outage) {
+		// The server's one fire for an outage is the run catch-up once
+		// names, newer fires or not (they are on time); fires that waited
+		// for workers run only the newest.
+		run, err := outage && s.CatchUpPolicy() == bus.CatchUpOnce, error(nil)
+		if !run {
+			run, err = e.catchUp(hctx, &s, m, md)
+		}
 		if err != nil {
 			log.Warn("schedule fire: reading the newest fire failed; retrying", "err", err)
-			_ = m.NakWithDelay(retryDelay(md))
+			e.retry(m, md)
 			return
 		}
 		if !run {
-			log.Info("schedule fire skipped: missed (catch-up policy)", "late", late.Round(time.Millisecond), "catchUp", s.CatchUpPolicy())
+			log.Info("schedule fire skipped: missed (catch-up policy)", "late", late.Round(time.Millisecond), "afterOutage", outage, "catchUp", s.CatchUpPolicy())
 			e.skipped(SkipMissed)
 			_ = m.Ack()
 			return
@@ -186,7 +207,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		prev, err := e.stillGoing(hctx, queue, name, id, planned)
 		if err != nil {
 			log.Warn("schedule fire: reading the previous run failed; retrying", "err", err)
-			_ = m.NakWithDelay(retryDelay(md))
+			e.retry(m, md)
 			return
 		}
 		if prev != "" && pol == bus.OverlapSkip {
@@ -198,7 +219,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		if prev != "" {
 			if _, err := e.Client.Abort(hctx, prev, "schedule "+name+": the next fire aborts the previous run (overlap abort)"); err != nil && !errors.Is(err, bus.ErrRunFinished) { // finished since: done
 				log.Warn("schedule fire: aborting the previous run failed; retrying", "previous", prev, "err", err)
-				_ = m.NakWithDelay(retryDelay(md))
+				e.retry(m, md)
 				return
 			}
 		}
@@ -233,7 +254,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		own, oerr := e.ownRun(hctx, queue, name, id, planned)
 		if oerr != nil {
 			log.Warn("schedule fire: reading the run that holds its id failed; retrying", "run", id, "err", oerr)
-			_ = m.NakWithDelay(retryDelay(md))
+			e.retry(m, md)
 			return
 		}
 		if !own {
@@ -244,16 +265,16 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		}
 	case err != nil:
 		log.Warn("schedule fire: submit failed; retrying", "err", err)
-		_ = m.NakWithDelay(retryDelay(md))
+		e.retry(m, md)
 		return
 	}
 	setLast := e.Client.SetLastScheduleRun
 	if e.setLast != nil {
 		setLast = e.setLast
 	}
-	if err := setLast(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger}); err != nil {
+	if err := setLast(hctx, queue, name, bus.ScheduleLast{Run: id, PlannedAt: planned, FiredAt: md.Timestamp.UTC(), Trigger: trigger, FireSeq: md.Sequence.Stream}); err != nil {
 		log.Warn("schedule fire: recording the last run failed; retrying", "run", id, "err", err)
-		_ = m.NakWithDelay(retryDelay(md))
+		e.retry(m, md)
 		return
 	}
 	if err := m.DoubleAck(hctx); err != nil {
@@ -279,6 +300,20 @@ func checkScheduler(names bus.Names, scheduler, queue, name string, trigger bool
 		return fmt.Errorf("a fire of %q, not of this subject's schedule", scheduler)
 	}
 	return nil
+}
+
+// retry hands a fire that failed back for a later delivery, backing off
+// (retryDelay); at its bus.FireMaxDeliver-th delivery it is given up
+// (terminated, counted failed): the consumer's MaxDeliver would drop it
+// silently.
+func (e *Env) retry(m jetstream.Msg, md *jetstream.MsgMetadata) {
+	if md != nil && md.NumDelivered >= bus.FireMaxDeliver {
+		e.Log.Error("schedule fire given up: it failed at each delivery", "subject", m.Subject(), "deliveries", md.NumDelivered)
+		e.skipped(SkipFailed)
+		_ = m.Term()
+		return
+	}
+	_ = m.NakWithDelay(retryDelay(md))
 }
 
 // retryDelay backs a failing fire off, doubling from 1 s to 1 min by its
@@ -319,6 +354,49 @@ func (e *Env) catchUp(ctx context.Context, s *bus.Schedule, m jetstream.Msg, md 
 		return false, err
 	}
 	return last.Sequence == md.Sequence.Stream, nil
+}
+
+// maxLookBack bounds the fires afterOutage reads: past it (a long overlap
+// skip), a fire is taken as in turn.
+const maxLookBack = 10
+
+// afterOutage reports whether fire m is the server's first after an
+// outage: the previous server fire of the same definition, found walking
+// forward from the fire of the schedule's last run (.last's FireSeq),
+// named a next time more than bus.ScheduleOutageGap before m was stored.
+func (e *Env) afterOutage(ctx context.Context, s *bus.Schedule, m jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
+	last, err := e.Client.LastScheduleRun(ctx, s.Queue, s.Name)
+	if err != nil || last == nil || last.FireSeq == 0 || last.FireSeq >= md.Sequence.Stream {
+		return false, err
+	}
+	st, err := e.Client.Stream(ctx, e.Client.Names().SchedulesStream())
+	if err != nil {
+		return false, err
+	}
+	def := e.Client.Names().ScheduleDef(s.Queue, s.Name)
+	var prevNext time.Time
+	seq := last.FireSeq
+	for range maxLookBack {
+		f, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(m.Subject()))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if f.Sequence >= md.Sequence.Stream {
+			return !prevNext.IsZero() && md.Timestamp.Sub(prevNext) > bus.ScheduleOutageGap, nil
+		}
+		seq = f.Sequence + 1
+		var fs bus.Schedule
+		if f.Header.Get(bus.HeaderScheduler) != def || json.Unmarshal(f.Data, &fs) != nil || !fs.CreatedAt.Equal(s.CreatedAt) || !fs.UpdatedAt.Equal(s.UpdatedAt) {
+			continue // a trigger, or another definition's (a resume re-anchors)
+		}
+		if next, err := time.Parse(time.RFC3339Nano, f.Header.Get("Nats-Schedule-Next")); err == nil {
+			prevNext = next
+		}
+	}
+	return false, nil
 }
 
 // defGone reports whether the schedule's def subject holds no message.

@@ -18,6 +18,22 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// op does a schedule operation as a worker answering it would (no worker
+// runs here).
+func op(ctx context.Context, t *testing.T, c *bus.Client, queue, name, what string, s *bus.Schedule) {
+	t.Helper()
+	body := []byte("{}")
+	if s != nil {
+		var err error
+		if body, err = json.Marshal(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := c.ApplyScheduleOp(ctx, queue, name, what, body); r.Code != "" {
+		t.Fatalf("schedule %s: %s: %s %v", name, what, r.Error, r.Problems)
+	}
+}
+
 type counts struct{ fired, skipped int }
 
 func (c *counts) ScheduleFired(time.Duration) { c.fired++ }
@@ -46,10 +62,8 @@ func TestFireHandledTwiceStoresOneRequest(t *testing.T) {
 	}
 	f := struct{ Client *bus.Client }{c}
 	req := json.RawMessage(`{"model":"faux/x","prompt":"tick","faux":{"responses":[{"content":[{"type":"text","text":"tock"}]}]}}`)
-	if _, err := f.Client.CreateSchedule(ctx, &bus.Schedule{Name: "twice", Queue: bus.DefaultQueue, Every: "1s", Request: req,
-		Overlap: bus.OverlapAllow}, false); err != nil {
-		t.Fatal(err)
-	}
+	op(ctx, t, f.Client, bus.DefaultQueue, "twice", bus.ScheduleOpCreate, &bus.Schedule{Name: "twice", Queue: bus.DefaultQueue, Every: "1s", Request: req,
+		Overlap: bus.OverlapAllow})
 	cons, err := f.Client.JetStream().Consumer(ctx, f.Client.Names().SchedulesStream(), f.Client.Names().FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
@@ -86,9 +100,7 @@ func TestFireHandledTwiceStoresOneRequest(t *testing.T) {
 	if want := bus.ScheduleRunID(bus.DefaultQueue, "twice", last.PlannedAt, false); last.Run != want {
 		t.Errorf("run %s, want the hash of its planned time %s", last.Run, want)
 	}
-	if err := f.Client.PauseSchedule(ctx, "twice"); err != nil {
-		t.Fatal(err)
-	}
+	op(ctx, t, f.Client, bus.DefaultQueue, "twice", bus.ScheduleOpPause, nil)
 }
 
 // Review 57, finding 4: fire k submits but fails to record its last run
@@ -111,10 +123,8 @@ func TestFireRetriedAfterANewerOneLeavesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := json.RawMessage(`{"model":"faux/x","prompt":"tick","faux":{"responses":[{"content":[{"type":"text","text":"tock"}]}]}}`)
-	if _, err := c.CreateSchedule(ctx, &bus.Schedule{Name: "retried", Queue: bus.DefaultQueue, Every: "1s", Request: req,
-		Overlap: bus.OverlapAbort}, false); err != nil {
-		t.Fatal(err)
-	}
+	op(ctx, t, c, bus.DefaultQueue, "retried", bus.ScheduleOpCreate, &bus.Schedule{Name: "retried", Queue: bus.DefaultQueue, Every: "1s", Request: req,
+		Overlap: bus.OverlapAbort})
 	cons, err := c.JetStream().Consumer(ctx, c.Names().SchedulesStream(), c.Names().FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
@@ -153,9 +163,7 @@ func TestFireRetriedAfterANewerOneLeavesIt(t *testing.T) {
 	if _, err := ctl.GetLastMsgForSubject(ctx, c.Names().Control(newer, bus.KindAbort)); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Errorf("the newer run %s was aborted (%v)", newer, err)
 	}
-	if err := c.PauseSchedule(ctx, "retried"); err != nil {
-		t.Fatal(err)
-	}
+	op(ctx, t, c, bus.DefaultQueue, "retried", bus.ScheduleOpPause, nil)
 }
 
 // newestRun is the id of the request with the newest scheduledFor.
@@ -192,6 +200,7 @@ type delayed struct {
 	jetstream.Msg
 	delivered uint64
 	nak       time.Duration
+	termed    bool
 }
 
 func (d *delayed) Metadata() (*jetstream.MsgMetadata, error) {
@@ -203,6 +212,7 @@ func (d *delayed) Metadata() (*jetstream.MsgMetadata, error) {
 }
 
 func (d *delayed) NakWithDelay(delay time.Duration) error { d.nak = delay; return nil }
+func (d *delayed) Term() error                            { d.termed = true; return nil }
 
 // Review 57, finding 7: a fire that keeps failing (a queue no worker
 // declared) backs off by its deliveries instead of coming every second.
@@ -223,9 +233,7 @@ func TestFireFailingBacksOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := json.RawMessage(`{"model":"faux/x","prompt":"tick","faux":{"responses":[{"content":[{"type":"text","text":"tock"}]}]}}`)
-	if _, err := c.CreateSchedule(ctx, &bus.Schedule{Name: "nowhere", Queue: "undeclared", Every: "1s", Request: req}, false); err != nil {
-		t.Fatal(err)
-	}
+	op(ctx, t, c, "undeclared", "nowhere", bus.ScheduleOpCreate, &bus.Schedule{Name: "nowhere", Queue: "undeclared", Every: "1s", Request: req})
 	cons, err := c.JetStream().Consumer(ctx, c.Names().SchedulesStream(), c.Names().FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
@@ -244,16 +252,23 @@ func TestFireFailingBacksOff(t *testing.T) {
 	for _, tc := range []struct {
 		delivered uint64
 		want      time.Duration
-	}{{1, time.Second}, {3, 4 * time.Second}, {20, time.Minute}} {
+	}{{1, time.Second}, {3, 4 * time.Second}, {bus.FireMaxDeliver - 1, time.Minute}} {
 		d := &delayed{Msg: m, delivered: tc.delivered}
 		env.Handle(ctx, d)
 		if d.nak != tc.want {
 			t.Errorf("delivery %d: NAK delay %s, want %s", tc.delivered, d.nak, tc.want)
 		}
 	}
-	if err := c.PauseSchedule(ctx, "nowhere"); err != nil {
-		t.Fatal(err)
+	// Its last delivery: given up (terminated, counted failed), not
+	// handed back for the consumer's MaxDeliver to drop unseen.
+	obs := &counts{}
+	env.Obs = obs
+	d := &delayed{Msg: m, delivered: bus.FireMaxDeliver}
+	env.Handle(ctx, d)
+	if !d.termed || d.nak != 0 || obs.skipped != 1 {
+		t.Errorf("delivery %d: terminated %v, NAK delay %s, %d skips counted; want given up", bus.FireMaxDeliver, d.termed, d.nak, obs.skipped)
 	}
+	op(ctx, t, c, "undeclared", "nowhere", bus.ScheduleOpPause, nil)
 }
 
 // Review 57, finding 11: a fire's body is checked as a create checks it:
@@ -276,9 +291,7 @@ func TestFireBodyIsValidated(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := json.RawMessage(`{"model":"faux/x","prompt":"tick"}`)
-	if _, err := c.CreateSchedule(ctx, &bus.Schedule{Name: "odd", Queue: bus.DefaultQueue, Every: "1h", Paused: true, Request: req}, false); err != nil {
-		t.Fatal(err)
-	}
+	op(ctx, t, c, bus.DefaultQueue, "odd", bus.ScheduleOpCreate, &bus.Schedule{Name: "odd", Queue: bus.DefaultQueue, Every: "1h", Paused: true, Request: req})
 	cons, err := c.JetStream().Consumer(ctx, c.Names().SchedulesStream(), c.Names().FiresConsumer())
 	if err != nil {
 		t.Fatal(err)
