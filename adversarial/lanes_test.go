@@ -108,6 +108,55 @@ func TestKeyOfAnotherQueueCannotBeExhausted(t *testing.T) {
 	}
 }
 
+// A key's limit is the smallest its runs ask (docs/protocol.md §3), but
+// only among its own queue's runs: a submitter's limit-1 run of the same
+// key text on another queue does not lower it.
+func TestKeyLimitOfAnotherQueueCannotBeLowered(t *testing.T) {
+	f := startFleet(t, &worker.Config{Queues: []string{"default", "other"}, Concurrency: 8})
+	sub := f.Connect(t, "submitter")
+	c := ctx(t, 2*time.Minute)
+	keyed := func(req *bus.RunRequest, limit int) *bus.RunRequest {
+		req.Concurrency = &bus.Concurrency{Key: "customer-42", Limit: limit}
+		return req
+	}
+	running := func(id string) {
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			if r, err := sub.Status(c, id); err == nil && r.State == bus.StateRunning && r.Parked == nil && r.Waiting == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never ran\n%s", id, f.WorkerLog.String())
+			}
+		}
+	}
+	if _, err := sub.Submit(c, "other", keyed(sleepingRun("lowerer"), 1)); err != nil {
+		t.Fatal(err)
+	}
+	running("lowerer")
+	if _, err := sub.Submit(c, "default", keyed(sleepingRun("first"), 2)); err != nil {
+		t.Fatal(err)
+	}
+	running("first")
+	start := time.Now()
+	if _, err := sub.Submit(c, "default", keyed(fauxRun("second", "hi", fleettest.Text("ok")), 2)); err != nil {
+		t.Fatal(err)
+	}
+	for env, err := range sub.Follow(c, "second") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev, _ := env.Decode(); ev != nil && ev.RunFinished != nil && ev.RunFinished.Status != bus.StatusSucceeded {
+			t.Fatalf("second ended %s: %s", ev.RunFinished.Status, ev.RunFinished.Error)
+		}
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the second run of a limit-2 key waited %v: another queue's limit 1 applied", d)
+	}
+	for _, id := range []string{"lowerer", "first"} {
+		_, _ = sub.Abort(c, id, "test over")
+	}
+}
+
 // A submitter of one tenant (accounts.conf's SUBMITTER_ACME, its user line
 // uncommented as docs/security.md says) cannot submit into another
 // tenant's lane, the no-tenant lanes or the old subject: its permissions

@@ -278,6 +278,9 @@ func (r *run) parkWaiting() {
 	// The heartbeat ended before Keep: the request's AckWait starts again
 	// here, so the look and the wake below do not let it come again.
 	_ = r.msg.InProgress()
+	// A parked run holds no key place (keys.go, invariant 4): the line
+	// moves now, and the woken run takes a place again.
+	r.releaseKey(ctx)
 	// The look for answers and the wake come before the ack: until the
 	// ack, a crash redelivers the request, which resumes the run (and a
 	// wake published meanwhile loses the lease race to it or wins it);

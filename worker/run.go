@@ -332,7 +332,8 @@ func (r *run) execute() {
 	cancel := func() { cancelCause(context.Canceled) }
 	defer cancel()
 	var pausedSince time.Time
-	if w := r.prev; w != nil && w.Waiting != nil && bus.Indexed(w.Waiting.For) {
+	if w := r.prev; w != nil && w.Waiting != nil && bus.Indexed(w.Waiting.For) && w.Waiting.For != bus.WaitingKey {
+		// (A key wait ended with takeKey.)
 		r.carried.Store(w.Waiting)
 	}
 	if w := r.prev; w != nil && w.Waiting != nil && parkableWait(w.Waiting.For) && pausesClock(w.Waiting.For) {
@@ -390,6 +391,10 @@ func (r *run) pickup() bool {
 			r.runStart = rec.StartedAt
 		}
 		r.earlier.waited = time.Duration(rec.WaitedMs) * time.Millisecond
+		if wt := rec.Waiting; wt != nil && wt.For == bus.WaitingKey && rec.Parked != nil && !wt.Since.IsZero() {
+			// A wait for the key is no part of the timeout (keys.go).
+			r.earlier.waited += time.Since(wt.Since)
+		}
 		if rec.RequestSeq == r.reqSeq {
 			r.earlier.waitingHandBacks = rec.WaitingHandBacks
 		}

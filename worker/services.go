@@ -43,6 +43,7 @@ func (w *Worker) services(consumers []jetstream.Consumer) []service {
 		{"give-up", func(setup context.Context) (func(), error) { return w.startGiveUp(setup), nil }}, // worker/giveup.go
 		{"waiting-index sweep", w.startWaitingSweep},                                                  // worker/waitindex.go
 		{"wake", w.startWake},                       // worker/park.go
+		{"key sweep", w.startKeySweep},              // worker/keys.go
 		{"schedules", w.startSchedules},             // worker/schedule.go
 		{"schedule operations", w.startScheduleOps}, // worker/schedule.go
 		{"memory trim", func(context.Context) (func(), error) { return w.startTrim(), nil }},                    // worker/park.go

@@ -94,15 +94,46 @@ func parseMixGroup(s string) (mixGroup, error) {
 type mixRun struct {
 	group              *mixGroup
 	submitted, started time.Time // here
-	startTS, endTS     int64     // the workers' stamps (Unix ms)
-	done               bool
+	// The workers' stamps (Unix ms): one span per attempt, from its
+	// run_started to the next run_started, run_parked or run_finished of
+	// the run; open is the start of the attempt still running (0: none).
+	spans [][2]int64
+	open  int64
+	// startTS is the last run_started's stamp (the tenants' starts).
+	startTS int64
+	done    bool
+}
+
+// event notes a run_started, run_parked or run_finished stamped ts. An
+// earlier attempt's span counts too (a crash, a lease lost while it still
+// ran): those are when a key's limit could be passed.
+func (r *mixRun) event(typ string, ts int64) {
+	if r.open > 0 {
+		r.spans = append(r.spans, [2]int64{r.open, ts})
+		r.open = 0
+	}
+	switch typ {
+	case bus.EventRunStarted:
+		r.open, r.startTS = ts, ts
+	case bus.EventRunFinished:
+		r.done = true
+	}
+}
+
+// runSpans are the run's spans, one still open ending at end.
+func (r *mixRun) runSpans(end int64) [][2]int64 {
+	if r.open > 0 {
+		return append(r.spans[:len(r.spans):len(r.spans)], [2]int64{r.open, max(end, r.open)})
+	}
+	return r.spans
 }
 
 type mixResult struct {
 	Groups     map[string]mixGroupResult `json:"groups"`
 	Priorities map[string]percentiles    `json:"priorityStartLatencyMs"`
-	// KeyMaxConcurrent is, per key, the most runs with it between their
-	// run_started and run_finished at one instant.
+	// KeyMaxConcurrent is, per key, the most attempts with it running
+	// (run_started to the next run_started, run_parked or run_finished;
+	// one still running, to the end of the bench) at one instant.
 	KeyMaxConcurrent map[string]int `json:"keyMaxConcurrent"`
 	// Tenants are the start latencies by tenant (groups with tenant=).
 	Tenants map[string]percentiles `json:"tenantStartLatencyMs,omitempty"`
@@ -151,7 +182,7 @@ func runMixBench(ctx context.Context, e *env, c *bus.Client, queue string, mf *m
 	sub, err := c.Conn().Subscribe(c.Names().Events("*"), func(m *nats.Msg) {
 		id := strings.TrimSuffix(strings.TrimPrefix(m.Subject, prefix), ".events")
 		typ, _ := eventTypes(m.Data)
-		if typ != bus.EventRunStarted && typ != bus.EventRunFinished {
+		if typ != bus.EventRunStarted && typ != bus.EventRunFinished && typ != bus.EventRunParked {
 			return
 		}
 		var env struct {
@@ -165,14 +196,13 @@ func runMixBench(ctx context.Context, e *env, c *bus.Client, queue string, mf *m
 		if r == nil || r.done {
 			return
 		}
-		if typ == bus.EventRunStarted {
-			if r.started.IsZero() {
-				r.started = now
-			}
-			r.startTS = env.TS // the last attempt's: a key's woken run starts again
+		r.event(typ, env.TS)
+		if typ == bus.EventRunStarted && r.started.IsZero() {
+			r.started = now
+		}
+		if typ != bus.EventRunFinished {
 			return
 		}
-		r.done, r.endTS = true, env.TS
 		if status, _ := finishedStatus(m.Data); status != bus.StatusSucceeded {
 			failed[r.group]++
 		}
@@ -248,8 +278,9 @@ func runMixBench(ctx context.Context, e *env, c *bus.Client, queue string, mf *m
 			}
 			byPrio[p] = append(byPrio[p], d)
 		}
-		if r.group.key != "" && r.done && r.startTS > 0 {
-			spans[r.group.key] = append(spans[r.group.key], [2]int64{r.startTS, r.endTS})
+		if r.group.key != "" {
+			// Runs still running at the end count up to it.
+			spans[r.group.key] = append(spans[r.group.key], r.runSpans(time.Now().UnixMilli())...)
 		}
 	}
 	for _, g := range groups {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
+
+	"github.com/agentfleet/agentfleet/bus"
 )
 
 // TestMixBenchOnThreeWorkers runs submit bench's mixed-load mode against
@@ -49,6 +51,33 @@ func TestMixBenchOnThreeWorkers(t *testing.T) {
 	}
 	if h, n := res.Priorities["high"], res.Groups["backlog"].StartLatencyMs; h.Max >= n.Max {
 		t.Errorf("high runs started at most %.0f ms after submit, the backlog's last %.0f ms", h.Max, n.Max)
+	}
+}
+
+// The most runs of a key at once counts every attempt's span and runs
+// still running at the end, not only finished runs' last attempts
+// (review55b #10).
+func TestMixKeySpansCountEveryAttempt(t *testing.T) {
+	crashed := &mixRun{} // attempt 1 ran 100..200 (its worker died), attempt 2 200..300
+	crashed.event(bus.EventRunStarted, 100)
+	crashed.event(bus.EventRunStarted, 200)
+	crashed.event(bus.EventRunFinished, 300)
+	parked := &mixRun{} // ran 120..130, parked (its place given up), ran again 400..500
+	parked.event(bus.EventRunStarted, 120)
+	parked.event(bus.EventRunParked, 130)
+	parked.event(bus.EventRunStarted, 400)
+	parked.event(bus.EventRunFinished, 500)
+	running := &mixRun{} // still running when the bench ends at 1000
+	running.event(bus.EventRunStarted, 110)
+	var spans [][2]int64
+	for _, r := range []*mixRun{crashed, parked, running} {
+		spans = append(spans, r.runSpans(1000)...)
+	}
+	if n := mostAtOnce(spans); n != 3 {
+		t.Fatalf("most at once %d over %v, want 3 (at 120..130)", n, spans)
+	}
+	if !crashed.done || running.done {
+		t.Fatalf("done: crashed %v, running %v", crashed.done, running.done)
 	}
 }
 

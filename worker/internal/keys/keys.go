@@ -34,6 +34,14 @@ import (
 //     Grace is dead and its run waits first in line again (a lost wake).
 //  4. Taking never waits for a place and never holds a slot: Take says
 //     full, and the caller parks the run.
+//  5. The line never depends on a later taker: Sweep (run by every
+//     worker, docs/architecture.md) drops dead places and grants the
+//     freed ones, so a line behind a killed worker, a lost wake or a
+//     failed release moves within a few graces.
+//  6. One limit per key: the smallest limit asked by the runs that hold
+//     or wait for a place (each place keeps its run's), and the taker's.
+//     Grants never pass it, and places free under it are granted to the
+//     line at once (not only when a taker finds the key full).
 
 // Place is one run's place in a key.
 type Place struct {
@@ -42,6 +50,9 @@ type Place struct {
 	// Granted: handed over by a release to a waiting run, not yet taken
 	// by it (invariant 3).
 	Granted bool `json:"granted,omitempty"`
+	// Limit is the limit the run asked (invariant 6; 0: an entry from
+	// before it was kept).
+	Limit int `json:"limit,omitempty"`
 }
 
 // Entry is a key's value in agents_keys.
@@ -58,6 +69,36 @@ func (e *Entry) holds(run string) int {
 
 func (e *Entry) waits(run string) int {
 	return slices.IndexFunc(e.Waiting, func(p Place) bool { return p.Run == run })
+}
+
+// limit is the key's limit in force with a taker asking asked (0: none),
+// invariant 6; at least 1.
+func (e *Entry) limit(asked int) int {
+	lim := asked
+	for _, ps := range [][]Place{e.Holds, e.Waiting} {
+		for _, p := range ps {
+			if p.Limit > 0 && (lim <= 0 || p.Limit < lim) {
+				lim = p.Limit
+			}
+		}
+	}
+	if lim <= 0 {
+		lim = e.Limit // places written before their limits were kept
+	}
+	return max(lim, 1)
+}
+
+// grant hands the free places to the line, oldest first, but not to
+// skip (a taker that takes its own); it returns the runs granted.
+func (e *Entry) grant(now time.Time, lim int, skip string) []string {
+	var granted []string
+	for len(e.Holds) < lim && len(e.Waiting) > 0 && e.Waiting[0].Run != skip {
+		p := e.Waiting[0]
+		granted = append(granted, p.Run)
+		e.Holds = append(e.Holds, Place{Run: p.Run, At: now, Granted: true, Limit: p.Limit})
+		e.Waiting = e.Waiting[1:]
+	}
+	return granted
 }
 
 // Env is what places need of the worker.
@@ -90,14 +131,23 @@ const (
 	Granted                   // the run was in line and a place was free: it holds it now
 )
 
+// MaxPlaces bounds a key's places and line together: the entry is one KV
+// value, and this many places stay well under the servers' 1 MiB payload
+// (about 90 bytes each), so joining the line never fails on its size.
+const MaxPlaces = 8000
+
+// ErrLineFull: the key is full and its line has MaxPlaces runs with its
+// holders; the run cannot wait for it.
+var ErrLineFull = fmt.Errorf("concurrency key: its line is full (%d runs hold or wait)", MaxPlaces)
+
 // maxTries bounds a compare-and-set loop: every round one writer of the
 // key succeeds, so it is the writers of one key at once that it bounds.
 const maxTries = 256
 
-// Take gives run a place in key, limit places at most, or, when the key is
-// full, puts it in the waiting list (if wait) and says so. Places a sweep
-// freed go to the runs waiting first, which it returns: the caller wakes
-// them.
+// Take gives run a place in key, limit places at most (invariant 6), or,
+// when the key is full, puts it in the waiting list (if wait) and says
+// so. Places free go to the runs waiting first, which it returns: the
+// caller wakes them.
 func (e *Env) Take(ctx context.Context, key string, limit int, run string, wait bool) (Result, []string, error) {
 	name := Name(key)
 	for range maxTries {
@@ -108,12 +158,12 @@ func (e *Env) Take(ctx context.Context, key string, limit int, run string, wait 
 		if cur.Key == "" {
 			cur.Key = key
 		}
-		cur.Limit = limit
 		if i := cur.holds(run); i >= 0 { // a redelivery, or a granted place
 			if !cur.Holds[i].Granted {
 				return Took, nil, nil
 			}
-			cur.Holds[i] = Place{Run: run, At: e.Now()}
+			cur.Holds[i] = Place{Run: run, At: e.Now(), Limit: limit}
+			cur.Limit = cur.limit(0)
 			if err := e.put(ctx, name, cur, rev); err != nil {
 				if conflict(err) {
 					continue
@@ -122,36 +172,38 @@ func (e *Env) Take(ctx context.Context, key string, limit int, run string, wait 
 			}
 			return Took, nil, nil
 		}
-		var wake []string
-		if len(cur.Holds) >= limit {
+		lim := cur.limit(limit)
+		if len(cur.Holds) >= lim {
 			if err := e.sweep(ctx, &cur); err != nil {
 				return 0, nil, err
 			}
-			// Places freed go to those in line first (invariant 3), but
-			// not to this run: it takes its own below.
-			for len(cur.Holds) < limit && len(cur.Waiting) > 0 && cur.Waiting[0].Run != run {
-				wake = append(wake, cur.Waiting[0].Run)
-				cur.Holds = append(cur.Holds, Place{Run: cur.Waiting[0].Run, At: e.Now(), Granted: true})
-				cur.Waiting = cur.Waiting[1:]
-			}
 		}
+		// Places free go to those in line first (invariant 3), but not
+		// to this run: it takes its own below.
+		wake := cur.grant(e.Now(), lim, run)
 		res := Took
 		w := cur.waits(run)
 		switch {
-		case len(cur.Holds) < limit && (len(cur.Waiting) == 0 || w == 0):
+		case len(cur.Holds) < lim && (len(cur.Waiting) == 0 || w == 0):
 			// Free, and nobody waits before it (first come, first served).
 			if w == 0 {
 				cur.Waiting, res = cur.Waiting[1:], Granted
 			}
-			cur.Holds = append(cur.Holds, Place{Run: run, At: e.Now()})
+			cur.Holds = append(cur.Holds, Place{Run: run, At: e.Now(), Limit: limit})
+		case w < 0 && len(wake) == 0 && len(cur.Holds)+len(cur.Waiting) >= MaxPlaces:
+			// Refused before the caller parks the run (takeKey asks
+			// first without waiting); a join refused after the park is
+			// handed back, and its redelivery refused here.
+			return 0, nil, ErrLineFull
 		case !wait && len(wake) == 0, w >= 0 && len(wake) == 0:
 			return Waits, nil, nil
 		case !wait, w >= 0:
 			res = Waits // the wakes still need writing
 		default:
-			cur.Waiting = append(cur.Waiting, Place{Run: run, At: e.Now()})
+			cur.Waiting = append(cur.Waiting, Place{Run: run, At: e.Now(), Limit: limit})
 			res = Waits
 		}
+		cur.Limit = cur.limit(0)
 		if err := e.put(ctx, name, cur, rev); err != nil {
 			if conflict(err) {
 				continue
@@ -163,38 +215,86 @@ func (e *Env) Take(ctx context.Context, key string, limit int, run string, wait 
 	return 0, nil, errors.New("concurrency key: too many concurrent writers")
 }
 
-// Release gives up run's place in key and hands it to the oldest waiter,
-// whose run it returns ("" if none): the caller wakes it.
-func (e *Env) Release(ctx context.Context, key, run string) (string, error) {
+// Release gives up run's place in key, or its place in line, and hands
+// the places free to the oldest waiters, whose runs it returns: the
+// caller wakes them.
+func (e *Env) Release(ctx context.Context, key, run string) ([]string, error) {
 	name := Name(key)
 	for range maxTries {
 		cur, rev, err := e.get(ctx, name)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		i := cur.holds(run)
-		if i < 0 {
-			return "", nil // released already (a retried finish)
+		i, w := cur.holds(run), cur.waits(run)
+		switch {
+		case i >= 0:
+			cur.Holds = slices.Delete(cur.Holds, i, i+1)
+		case w >= 0:
+			cur.Waiting = slices.Delete(cur.Waiting, w, w+1)
+		default:
+			return nil, nil // released already (a retried finish)
 		}
-		cur.Holds = slices.Delete(cur.Holds, i, i+1)
-		next := ""
-		if len(cur.Waiting) > 0 && len(cur.Holds) < max(cur.Limit, 1) {
-			next = cur.Waiting[0].Run
-			cur.Waiting = cur.Waiting[1:]
-			cur.Holds = append(cur.Holds, Place{Run: next, At: e.Now(), Granted: true})
-		}
+		next := cur.grant(e.Now(), cur.limit(0), "")
+		cur.Limit = cur.limit(0)
 		if err := e.put(ctx, name, cur, rev); err != nil {
 			if conflict(err) {
 				continue
 			}
-			return "", err
+			return nil, err
 		}
 		return next, nil
 	}
-	return "", errors.New("concurrency key: too many concurrent writers")
+	return nil, errors.New("concurrency key: too many concurrent writers")
 }
 
-// sweep drops the dead places of a full key (invariant 2); a granted
+// Sweep drops the dead places of the key whose KV name is name and grants
+// the places free to its line (invariant 5); it returns the runs granted:
+// the caller wakes them. A key nobody waits for is left alone (its dead
+// places go when a taker finds it full).
+func (e *Env) Sweep(ctx context.Context, name string) ([]string, error) {
+	for range maxTries {
+		cur, rev, err := e.get(ctx, name)
+		if err != nil || len(cur.Waiting) == 0 || rev == 0 {
+			return nil, err
+		}
+		if err := e.sweep(ctx, &cur); err != nil {
+			return nil, err
+		}
+		wake := cur.grant(e.Now(), cur.limit(0), "")
+		if len(wake) == 0 {
+			return nil, nil
+		}
+		cur.Limit = cur.limit(0)
+		if err := e.put(ctx, name, cur, rev); err != nil {
+			if conflict(err) {
+				continue
+			}
+			return nil, err
+		}
+		return wake, nil
+	}
+	return nil, errors.New("concurrency key: too many concurrent writers")
+}
+
+// Names lists the KV names of the keys in the bucket.
+func (e *Env) Names(ctx context.Context) ([]string, error) {
+	l, err := e.KV.ListKeys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("concurrency keys: %w", err)
+	}
+	var names []string
+	for k := range l.Keys() {
+		if len(k) == 33 && k[0] == 'k' { // Name's form; the bucket holds others (childkey)
+			names = append(names, k)
+		}
+	}
+	return names, nil
+}
+
+// sweep drops the dead places of a key (invariant 2); a granted
 // place whose run never came back goes first in line again (invariant 3).
 func (e *Env) sweep(ctx context.Context, cur *Entry) error {
 	now := e.Now()
@@ -206,7 +306,7 @@ func (e *Env) sweep(ctx context.Context, cur *Entry) error {
 			continue
 		}
 		if p.Granted {
-			again = append(again, Place{Run: p.Run, At: p.At})
+			again = append(again, Place{Run: p.Run, At: p.At, Limit: p.Limit})
 			continue
 		}
 		alive, err := e.Alive(ctx, p.Run)

@@ -2,6 +2,7 @@ package keys
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -80,7 +81,7 @@ func TestTakeWaitRelease(t *testing.T) {
 		}
 	}
 	next, err := e.Release(ctx(t), "customer-42", "a")
-	if err != nil || next != "c" {
+	if err != nil || len(next) != 1 || next[0] != "c" {
 		t.Fatalf("release: next %q, %v; want c", next, err)
 	}
 	if r, _ := take(t, e, "customer-42", 2, "c"); r != Took {
@@ -121,7 +122,7 @@ func TestLostWakeIsGrantedAgain(t *testing.T) {
 	e, now := testEnv(t, nil)
 	take(t, e, "k", 1, "a")
 	take(t, e, "k", 1, "b")
-	if next, _ := e.Release(ctx(t), "k", "a"); next != "b" {
+	if next, _ := e.Release(ctx(t), "k", "a"); len(next) != 1 || next[0] != "b" {
 		t.Fatalf("next %q", next)
 	}
 	*now = now.Add(2 * time.Minute)
@@ -154,5 +155,97 @@ func TestConcurrentTakersNeverExceedTheLimit(t *testing.T) {
 	ent, _ := e.Read(ctx(t), "k")
 	if len(ent.Holds) != 3 || len(ent.Waiting) != 21 {
 		t.Fatalf("holds %d, waiting %d", len(ent.Holds), len(ent.Waiting))
+	}
+}
+
+// A line behind a dead place moves with no later taker: the sweep drops
+// the place and grants it to the first in line (review55b #1).
+func TestSweepGrantsTheLineWithoutATaker(t *testing.T) {
+	dead := map[string]bool{"a": true}
+	e, now := testEnv(t, func(run string) bool { return !dead[run] })
+	take(t, e, "k", 1, "a")
+	take(t, e, "k", 1, "b")
+	take(t, e, "k", 1, "c")
+	if wake, err := e.Sweep(ctx(t), Name("k")); err != nil || len(wake) != 0 {
+		t.Fatalf("within grace: wake %v, %v", wake, err)
+	}
+	*now = now.Add(2 * time.Minute)
+	if _, err := e.KV.Put(ctx(t), "childkey", []byte("not a key's entry")); err != nil {
+		t.Fatal(err)
+	}
+	names, err := e.Names(ctx(t))
+	if err != nil || len(names) != 1 || names[0] != Name("k") {
+		t.Fatalf("names %v, %v", names, err)
+	}
+	wake, err := e.Sweep(ctx(t), names[0])
+	if err != nil || len(wake) != 1 || wake[0] != "b" {
+		t.Fatalf("sweep: wake %v, %v; want [b]", wake, err)
+	}
+	if r, _ := take(t, e, "k", 1, "b"); r != Took {
+		t.Fatalf("b woken: %v", r)
+	}
+}
+
+// Mixed limits on one key: the smallest asked by a holder, a waiter or
+// the taker is in force, and places free under it go to the line at once
+// (review55b #9).
+func TestSmallestLimitIsInForce(t *testing.T) {
+	e, _ := testEnv(t, nil)
+	take(t, e, "k", 1, "a")
+	if r, _ := take(t, e, "k", 5, "b"); r != Waits {
+		t.Fatalf("b (limit 5) beside a (limit 1): %v, want Waits", r)
+	}
+	take(t, e, "k", 5, "c")
+	// a leaves: the limit is 5 now, and both waiters are granted.
+	next, err := e.Release(ctx(t), "k", "a")
+	if err != nil || len(next) != 2 {
+		t.Fatalf("release: %v, %v; want [b c]", next, err)
+	}
+	// A newcomer with limit 1 finds two holders: it waits.
+	if r, _ := take(t, e, "k", 1, "d"); r != Waits {
+		t.Fatalf("d (limit 1): %v, want Waits", r)
+	}
+	// A limit-3 taker does not pass d's limit 1 nor jump the line.
+	if r, _ := take(t, e, "k", 3, "x"); r != Waits {
+		t.Fatalf("x (limit 3) behind d: %v, want Waits", r)
+	}
+	ent, _ := e.Read(ctx(t), "k")
+	if ent.Limit != 1 || len(ent.Holds) != 2 || len(ent.Waiting) != 2 {
+		t.Fatalf("entry %+v", ent)
+	}
+	// b and c leave: d alone may run (limit 1), then x.
+	if next, _ := e.Release(ctx(t), "k", "b"); len(next) != 0 {
+		t.Fatalf("b released: granted %v with c still holding, limit 1", next)
+	}
+	if next, _ := e.Release(ctx(t), "k", "c"); len(next) != 1 || next[0] != "d" {
+		t.Fatalf("c released: granted %v, want [d]", next)
+	}
+}
+
+// A line at MaxPlaces refuses a new run (before it parks) rather than
+// growing its one KV value past the payload limit (review55b #4).
+func TestALongLineIsRefusedNotOutgrown(t *testing.T) {
+	e, _ := testEnv(t, nil)
+	take(t, e, "k", 1, "a")
+	ent, err := e.Read(ctx(t), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range MaxPlaces - 1 {
+		ent.Waiting = append(ent.Waiting, Place{Run: fmt.Sprintf("r%026d", i), At: time.Now(), Limit: 1})
+	}
+	kve, err := e.KV.Get(ctx(t), Name("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.put(ctx(t), Name("k"), ent, kve.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Take(ctx(t), "k", 1, "late", false); !errors.Is(err, ErrLineFull) {
+		t.Fatalf("take past the bound: %v, want ErrLineFull", err)
+	}
+	// One in line already keeps its place (a wake, a redelivery).
+	if r, _, err := e.Take(ctx(t), "k", 1, fmt.Sprintf("r%026d", 5), true); err != nil || r != Waits {
+		t.Fatalf("a run in line: %v, %v", r, err)
 	}
 }

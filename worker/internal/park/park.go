@@ -129,15 +129,34 @@ func (e *Env) Keep(ctx context.Context, queue, id string, attempt int, req *jets
 	return ack.Sequence, bus.RequestDigest(key, req.Data), nil
 }
 
+// ErrCopyGone: a parked run's request copy is gone (AGENTS_PARKED's max
+// age, or a newer park replaced it), so it cannot be woken.
+var ErrCopyGone = errors.New("parked run's request copy is gone")
+
 // Wake publishes the wake of rec's park (step 3). A record not parked
-// wakes nothing.
+// wakes nothing; nor does one whose copy is gone (logged: the record
+// moved on, or says why the run cannot be woken).
 func (e *Env) Wake(ctx context.Context, rec *bus.RunRecord) error {
 	return e.WakeBy(ctx, rec, ByOther, time.Time{})
+}
+
+// WakeKept is Wake, but says ErrCopyGone when the copy is gone.
+func (e *Env) WakeKept(ctx context.Context, rec *bus.RunRecord) error {
+	return e.wakeBy(ctx, rec, ByOther, time.Time{})
 }
 
 // WakeBy is Wake, telling Woke what woke the run and when it was stored
 // (zero: unknown).
 func (e *Env) WakeBy(ctx context.Context, rec *bus.RunRecord, by string, stored time.Time) error {
+	err := e.wakeBy(ctx, rec, by, stored)
+	if errors.Is(err, ErrCopyGone) {
+		e.Log.Warn("parked run's request copy is gone; cannot wake it", "run", rec.ID, "parkedSeq", rec.Parked.Seq)
+		return nil
+	}
+	return err
+}
+
+func (e *Env) wakeBy(ctx context.Context, rec *bus.RunRecord, by string, stored time.Time) error {
 	published, err := e.wake(ctx, rec)
 	if published && e.Woke != nil {
 		d := time.Duration(-1)
@@ -158,8 +177,7 @@ func (e *Env) wake(ctx context.Context, rec *bus.RunRecord) (published bool, err
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// Gone (max age) or replaced by a newer park: the record moved
 		// on, or the run cannot be woken; the record says why.
-		e.Log.Warn("parked run's request copy is gone; cannot wake it", "run", rec.ID, "parkedSeq", rec.Parked.Seq)
-		return false, nil
+		return false, ErrCopyGone
 	}
 	if err != nil {
 		return false, fmt.Errorf("reading the parked request: %w", err)

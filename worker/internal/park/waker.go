@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/bus"
 	"github.com/agentfleet/agentfleet/worker/internal/handoff"
 )
 
@@ -44,7 +45,7 @@ func (e *Env) consume(ctx context.Context, cons jetstream.Consumer, what string,
 }
 
 func (e *Env) handle(ctx context.Context, m jetstream.Msg) {
-	id, _, err := e.Names.ParseControl(m.Subject())
+	id, kind, err := e.Names.ParseControl(m.Subject())
 	if err != nil {
 		_ = m.Term()
 		return
@@ -53,6 +54,12 @@ func (e *Env) handle(ctx context.Context, m jetstream.Msg) {
 	defer cancel()
 	rec, err := e.Read(hctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		_ = m.Ack()
+		return
+	}
+	if err == nil && kind != bus.KindAbort && rec.Waiting != nil && rec.Waiting.For == bus.WaitingKey {
+		// In line for its key, a run has no call to answer: only an
+		// abort ends its wait (worker/keys.go); a wake would park it again.
 		_ = m.Ack()
 		return
 	}
