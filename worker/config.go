@@ -219,6 +219,9 @@ type Config struct {
 	// treeTTL, set only by the package's tests (export_test.go), replaces
 	// treeAccountTTL (treebudget.go).
 	treeTTL time.Duration
+	// beforeEventsSync, set only by the package's tests (export_test.go),
+	// is called at a run's end before its events' flush.
+	beforeEventsSync func(ctx context.Context, run string)
 }
 
 // RunInfo identifies a run to an Observer.

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"time"
 
 	"github.com/agentfleet/agentfleet/worker/internal/metering"
@@ -25,5 +26,11 @@ func WithWakeFault(c Config, f func(parent string) error) Config {
 // WithTreeTTL gives the trees' accounts a shorter life (budgets off).
 func WithTreeTTL(c Config, d time.Duration) Config {
 	c.treeTTL = d
+	return c
+}
+
+// WithBeforeEventsSync calls f at a run's end before its events' flush.
+func WithBeforeEventsSync(c Config, f func(ctx context.Context, run string)) Config {
+	c.beforeEventsSync = f
 	return c
 }
