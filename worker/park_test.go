@@ -383,3 +383,66 @@ func TestWokenRunReadsControlsByLiteralSubject(t *testing.T) {
 		t.Fatal("no control read seen")
 	}
 }
+
+// A run parked by its first attempt keeps its events on the kept copy
+// (Agentfleet-Parked-State, its digest in parked.state): the woken attempt
+// resumes from them without reading the run's events, and runs the
+// answered call once.
+func TestWokenRunResumesFromItsParkedState(t *testing.T) {
+	t.Parallel()
+	w, c, d, run, re, rec := parkedRun(t)
+	waitGone(t, w, run)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kept, err := w.parking.Parked.GetMsg(ctx, rec.Parked.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := kept.Header.Get(bus.HeaderParkedState)
+	if st == "" || rec.Parked.State != bus.StateDigest(st) {
+		t.Fatalf("parked.state %q, kept state of %d bytes", rec.Parked.State, len(st))
+	}
+	// Every event to the park's: run_started first, run_parked last.
+	envs, err := decodeParkState(st)
+	got := stateEvents(envs)
+	if err != nil || len(got) < 3 || got[0].Type != bus.EventRunStarted || got[len(got)-1].Type != bus.EventRunParked {
+		t.Fatalf("state: %d envelopes (%v)", len(got), err)
+	}
+	var mu sync.Mutex
+	var reads []string
+	events := c.Names().EventsStream()
+	for _, subj := range []string{"$JS.API.DIRECT.GET." + events, "$JS.API.DIRECT.GET." + events + ".>", "$JS.API.STREAM.MSG.GET." + events, "$JS.API.CONSUMER.CREATE." + events + ".>"} {
+		sub, err := c.Conn().Subscribe(subj, func(m *nats.Msg) {
+			if strings.Contains(m.Subject+string(m.Data), run) {
+				mu.Lock()
+				reads = append(reads, m.Subject)
+				mu.Unlock()
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "prod" || re.count(bus.EventToolApprovalResolved) != 1 || re.count(bus.EventRunStarted) != 2 {
+		t.Fatalf("deploy %q; events %s", d.targets(), re.types())
+	}
+	if r := re.waitFor(t, bus.EventRunResumed, 1).RunResumed; r == nil || r.MessagesRestored < 2 {
+		t.Fatalf("run_resumed %+v", r)
+	}
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reads) != 0 {
+		t.Fatalf("the woken attempt read the run's events: %v", reads)
+	}
+}
