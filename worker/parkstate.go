@@ -29,14 +29,17 @@ import (
 //     still parked by the park that kept it, with parked.state its digest
 //     (worker/internal/park: Confirm): any later attempt may have stored
 //     events since, and reads them.
-//  3. It is bounded (parkStateMax, and with its request within a
+//  3. It is bounded (parkStateKeep, and with its request within a
 //     message): a larger one is not kept, and the wake reads the events
 //     as before.
 
-// parkStateMax bounds a state's envelopes (before compression), and
-// parkStateHeaderMax its header value: a wake is a request of at most
-// 1 MiB plus headers.
+// parkStateKeep bounds the envelopes an attempt keeps (every running or
+// waiting run of a parking worker holds them: 1,000 runs waiting to park
+// hold at most 64 MiB); parkStateMax bounds a state read (before
+// compression), and parkStateHeaderMax its header value: a wake is a
+// request of at most 1 MiB plus headers.
 const (
+	parkStateKeep      = 64 << 10
 	parkStateMax       = 256 << 10
 	parkStateHeaderMax = 48 << 10
 )

@@ -442,7 +442,7 @@ func (r *run) acquire() bool {
 	}
 	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
 	if r.keepsState() {
-		r.pub.KeepEnvelopes(parkStateMax, r.stateEnvs) // parkstate.go
+		r.pub.KeepEnvelopes(parkStateKeep, r.stateEnvs) // parkstate.go
 	}
 	w.register(r)
 	kept := r.pickupBeat.stop()
