@@ -255,6 +255,17 @@ type Parked struct {
 	// digest of them alone would let it wake its own run with no answer.
 	// Empty (a 1.9 worker parked the run): the pickup reads the copy.
 	Digest string `json:"digest,omitempty"`
+	// State (since 1.10) is the SHA-256 (lowercase hex) of the kept
+	// copy's Agentfleet-Parked-State header: the parked run's events,
+	// which its first woken attempt resumes from without reading them.
+	// Empty: none kept (too large, or the attempt did not know them all).
+	State string `json:"state,omitempty"`
+}
+
+// StateDigest is Parked.State of an Agentfleet-Parked-State value.
+func StateDigest(state string) string {
+	sum := sha256.Sum256([]byte(state))
+	return hex.EncodeToString(sum[:])
 }
 
 // RequestDigest is Parked.Digest of a kept request's wake key and bytes.

@@ -29,3 +29,11 @@ const HeaderWokenFrom = "Agentfleet-Woken-From"
 // run's owner has the request's bytes, and could otherwise wake its
 // parked run with no answer (docs/protocol.md §13, Parking).
 const HeaderWakeKey = "Agentfleet-Wake-Key"
+
+// HeaderParkedState (since 1.10) carries a parked run's events, as its
+// parking attempt stored them, on the kept request copy and on its wakes:
+// the woken attempt resumes from it instead of reading the run's events.
+// Its value is base64 (standard, padded) of the gzip of a JSON array of
+// the event envelopes in stream order; the record's parked.state is its
+// SHA-256, and a wake whose value does not match it reads the events.
+const HeaderParkedState = "Agentfleet-Parked-State"

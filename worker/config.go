@@ -237,6 +237,9 @@ type Config struct {
 	// laneRecheck replaces lanes.go's laneRecheck (tests: a lane found
 	// empty must be asked again when a request is seen in it, not later).
 	laneRecheck time.Duration
+	// beforeEventsSync, set only by the package's tests (export_test.go),
+	// is called at a run's end before its events' flush.
+	beforeEventsSync func(ctx context.Context, run string)
 }
 
 // RunInfo identifies a run to an Observer.

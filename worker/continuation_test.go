@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,5 +194,51 @@ func TestContinuationResumesByReference(t *testing.T) {
 	}
 	if tr.Finished.Turns != 2 {
 		t.Fatalf("turns %d, want 2 (the prior run's are not this run's)", tr.Finished.Turns)
+	}
+}
+
+// A finished run's snapshot is written beside its events' flush, not after
+// it (one round trip fewer at every run's end): the flush waits here until
+// the snapshot is stored, which only a snapshot written beside it can be.
+func TestSnapshotIsWrittenBesideTheEventsFlush(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	seen := make(chan bool, 1)
+	f.StartWorker(worker.WithBeforeEventsSync(worker.Config{}, func(ctx context.Context, run string) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		obs, err := f.Client.JetStream().ObjectStore(ctx, f.Client.Names().TranscriptsBucket())
+		if err != nil {
+			seen <- false
+			return
+		}
+		wt, err := obs.Watch(ctx)
+		if err != nil {
+			seen <- false
+			return
+		}
+		defer func() { _ = wt.Stop() }()
+		for {
+			select {
+			case info := <-wt.Updates():
+				if info != nil && info.Name == run && !info.Deleted {
+					seen <- true
+					return
+				}
+			case <-ctx.Done():
+				seen <- false
+				return
+			}
+		}
+	}))
+	id := f.Submit("", fleettest.FauxRun("hello", fleettest.Text("an answer")))
+	if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("run: %+v", fin)
+	}
+	if !<-seen {
+		t.Fatal("the snapshot was not stored while the events' flush waited")
+	}
+	if got, h := snapshotRoles(t, f, id); got != "user:hello | assistant:an answer" || h.Attempt != 1 {
+		t.Fatalf("snapshot %s %+v", got, h)
 	}
 }

@@ -104,13 +104,29 @@ func (r *run) finish(e ending) error {
 	if e.started != nil {
 		_, _ = r.pub.Fleet(bus.EventRunStarted, *e.started)
 	}
-	if err := r.pub.Sync(ctx); err != nil {
+	// The snapshot is written beside the events' flush, not after it:
+	// both come before the final record (a continuation that finds the
+	// run finished finds its snapshot, continuation.go), and a snapshot
+	// is trusted only when its attempt is the finished record's, so one
+	// stored for events that then fail to store is never read.
+	snapped := make(chan struct{})
+	if e.record != nil {
+		go func() {
+			defer close(snapped)
+			r.writeSnapshot(ctx)
+		}()
+	} else {
+		close(snapped)
+	}
+	if f := r.w.cfg.beforeEventsSync; f != nil {
+		f(ctx, r.id)
+	}
+	err := r.pub.Sync(ctx)
+	<-snapped
+	if err != nil {
 		return r.notStored(ctx, e.settle, "events not stored", err)
 	}
 	if e.record != nil {
-		// Before the final record: a continuation that finds the run
-		// finished finds its snapshot (continuation.go).
-		r.writeSnapshot(ctx)
 		start := time.Now()
 		err := r.lease.WriteFinal(ctx, e.record)
 		r.traceStep(runtrace.SpanRecord, start, err)

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"time"
 
 	"github.com/agentfleet/agentfleet/worker/internal/metering"
@@ -52,5 +53,11 @@ func WithLostChildren(c Config, lost func(child string) bool) Config {
 // again unless a request is seen in it.
 func WithLaneRecheck(c Config, d time.Duration) Config {
 	c.laneRecheck = d
+	return c
+}
+
+// WithBeforeEventsSync calls f at a run's end before its events' flush.
+func WithBeforeEventsSync(c Config, f func(ctx context.Context, run string)) Config {
+	c.beforeEventsSync = f
 	return c
 }

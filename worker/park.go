@@ -249,9 +249,10 @@ func (r *run) parkWaiting() {
 	env := r.w.parking
 	req, err := r.w.runsStream.GetMsg(ctx, r.reqSeq)
 	var seq uint64
-	var digest string
+	var digest, state string
 	if err == nil {
-		seq, digest, err = env.Keep(ctx, r.queue, r.id, r.attempt, req)
+		state = r.parkState(len(req.Data)) // parkstate.go
+		seq, digest, err = env.KeepState(ctx, r.queue, r.id, r.attempt, req, state)
 	}
 	rec := r.record(bus.StateRunning)
 	if due := r.parkDue(); err == nil && !due.IsZero() {
@@ -263,6 +264,9 @@ func (r *run) parkWaiting() {
 		return
 	}
 	rec.Parked = &bus.Parked{At: time.Now(), Seq: seq, Attempt: r.attempt, Digest: digest}
+	if state != "" {
+		rec.Parked.State = bus.StateDigest(state)
+	}
 	if err := r.lease.WriteFinal(ctx, rec); err != nil {
 		if errors.Is(err, lease.ErrLost) {
 			r.log.Warn("run stopped: lease lost to a newer attempt")

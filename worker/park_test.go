@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/bus"
 )
 
@@ -381,5 +382,121 @@ func TestWokenRunReadsControlsByLiteralSubject(t *testing.T) {
 	}
 	if len(reads) == 0 {
 		t.Fatal("no control read seen")
+	}
+}
+
+// A run parked by its first attempt keeps its events on the kept copy
+// (Agentfleet-Parked-State, its digest in parked.state): the woken attempt
+// resumes from them without reading the run's events, and runs the
+// answered call once.
+func TestWokenRunResumesFromItsParkedState(t *testing.T) {
+	t.Parallel()
+	w, c, d, run, re, rec := parkedRun(t)
+	waitGone(t, w, run)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kept, err := w.parking.Parked.GetMsg(ctx, rec.Parked.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := kept.Header.Get(bus.HeaderParkedState)
+	if st == "" || rec.Parked.State != bus.StateDigest(st) {
+		t.Fatalf("parked.state %q, kept state of %d bytes", rec.Parked.State, len(st))
+	}
+	// Every event to the park's: run_started first, run_parked last.
+	envs, err := decodeParkState(st)
+	got := stateEvents(envs)
+	if err != nil || len(got) < 3 || got[0].Type != bus.EventRunStarted || got[len(got)-1].Type != bus.EventRunParked {
+		t.Fatalf("state: %d envelopes (%v)", len(got), err)
+	}
+	var mu sync.Mutex
+	var reads []string
+	events := c.Names().EventsStream()
+	for _, subj := range []string{"$JS.API.DIRECT.GET." + events, "$JS.API.DIRECT.GET." + events + ".>", "$JS.API.STREAM.MSG.GET." + events, "$JS.API.CONSUMER.CREATE." + events + ".>"} {
+		sub, err := c.Conn().Subscribe(subj, func(m *nats.Msg) {
+			if strings.Contains(m.Subject+string(m.Data), run) {
+				mu.Lock()
+				reads = append(reads, m.Subject)
+				mu.Unlock()
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "prod" || re.count(bus.EventToolApprovalResolved) != 1 || re.count(bus.EventRunStarted) != 2 {
+		t.Fatalf("deploy %q; events %s", d.targets(), re.types())
+	}
+	if r := re.waitFor(t, bus.EventRunResumed, 1).RunResumed; r == nil || r.MessagesRestored < 2 {
+		t.Fatalf("run_resumed %+v", r)
+	}
+	if err := c.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reads) != 0 {
+		t.Fatalf("the woken attempt read the run's events: %v", reads)
+	}
+}
+
+// A run woken from its parked state that parks again keeps both attempts'
+// events in its new state (the earlier state, then its own): its second
+// wake resumes from it too, each gated call runs once.
+func TestRunParkedAgainKeepsBothAttemptsInItsState(t *testing.T) {
+	t.Parallel()
+	w, c, d := approvalWorker(t, Config{ParkAfter: 200 * time.Millisecond, HeartbeatInterval: time.Second})
+	req := gatedRequest(&bus.Approval{Tools: []string{"deploy"}})
+	req.Faux = &bus.FauxScript{Responses: []agent.ScriptedResponse{
+		{Content: []agent.Content{agent.ToolCall("c1", "deploy", map[string]any{"target": "prod"})}, StopReason: agent.StopReasonToolUse},
+		{Content: []agent.Content{agent.ToolCall("c2", "deploy", map[string]any{"target": "staging"})}, StopReason: agent.StopReasonToolUse},
+		{Content: []agent.Content{agent.Text("done")}}}}
+	run := submitRun(t, c, req)
+	re := followRun(t, c, run)
+	re.waitFor(t, bus.EventRunParked, 1)
+	waitRecord(t, c, run, "parked", func(r *bus.RunRecord) bool { return r.Parked != nil && r.Parked.State != "" && waitingFor(r, "c1") })
+	waitGone(t, w, run)
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c1", "decision": "approve", "by": "alice"})
+	re.waitFor(t, bus.EventRunParked, 2)
+	rec := waitRecord(t, c, run, "parked again", func(r *bus.RunRecord) bool {
+		return r.Parked != nil && r.Parked.Attempt == 2 && r.Parked.State != "" && waitingFor(r, "c2")
+	})
+	waitGone(t, w, run)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kept, err := w.parking.Parked.GetMsg(ctx, rec.Parked.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := decodeParkState(kept.Header.Get(bus.HeaderParkedState))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, parked := 0, 0
+	for _, e := range stateEvents(raw) {
+		switch e.Type {
+		case bus.EventRunStarted:
+			started++
+		case bus.EventRunParked:
+			parked++
+		}
+	}
+	if started != 2 || parked != 2 {
+		t.Fatalf("state of the second park: %d run_started, %d run_parked", started, parked)
+	}
+	sendAnswer(t, c, run, map[string]any{"toolCallId": "c2", "decision": "approve", "by": "alice"})
+	if fin := re.finished(t); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("finished %+v; events %s", fin, re.types())
+	}
+	if d.targets() != "prod,staging" || re.count(bus.EventRunStarted) != 3 || re.count(bus.EventToolApprovalRequested) != 2 {
+		t.Fatalf("deploy %q; events %s", d.targets(), re.types())
 	}
 }

@@ -30,14 +30,7 @@ var errAlreadyFinished = errors.New("the run already has its run_finished")
 // settle.go), not their turns. The timeout counts from the first attempt's
 // start (r.runStart).
 func (r *run) resume(ctx context.Context) (bool, error) {
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	startSeq, err := r.pub.StartedAt(rctx)
-	cancel()
-	if err != nil {
-		return false, fmt.Errorf("run_started not stored: %w", err)
-	}
-	// Not within rctx: the read may wait behind others (internal/eventread).
-	envs, err := r.w.reads.Read(ctx, r.id, startSeq)
+	envs, err := r.earlierEvents(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -144,4 +137,20 @@ func cutOffUsage(rc *workerproto.Recovery, promptLen int) agent.Usage {
 		}
 	}
 	return u
+}
+
+// earlierEvents are the run's events before this attempt's: its wake's
+// parked state (parkstate.go), else those stored before its run_started.
+func (r *run) earlierEvents(ctx context.Context) ([]*bus.Envelope, error) {
+	if r.stateEnvs != nil {
+		return stateEvents(r.stateEnvs), nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	startSeq, err := r.pub.StartedAt(rctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("run_started not stored: %w", err)
+	}
+	// Not within rctx: the read may wait behind others (internal/eventread).
+	return r.w.reads.Read(ctx, r.id, startSeq)
 }

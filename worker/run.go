@@ -118,6 +118,9 @@ type run struct {
 	// wokenFrom is the park this attempt's request woke (its parked.seq);
 	// confirmed is the record its confirmation read, for the pickup.
 	wokenFrom uint64
+	// stateEnvs are the run's events from its wake's parked state
+	// (parkstate.go), nil when it has none: the resume reads no events.
+	stateEnvs [][]byte
 	confirmed *bus.RunRecord
 	// wakeStored is when the wake that woke this attempt from its park
 	// was stored (zero: not a wake, or a redelivered one): the wake's
@@ -221,6 +224,13 @@ func (w *Worker) handle(m jetstream.Msg, slot *slotHold) {
 			r.wakeStored = submittedAt
 		}
 		r.confirmed = woken.Rec
+		if woken.State != "" {
+			envs, err := decodeParkState(woken.State)
+			if err != nil {
+				r.log.Warn("cannot decode the wake's parked state; reading the run's events", "err", err)
+			}
+			r.stateEnvs = envs
+		}
 	}
 	if requeue != nil {
 		r.lease.RequeuedFrom, r.earlier.requeue = requeue.From, requeue
@@ -444,6 +454,9 @@ func (r *run) acquire() bool {
 		return false
 	}
 	r.pub = eventpub.New(w.events, eventpub.Attempt{Run: r.id, Attempt: r.attempt}, r.publishFailed)
+	if r.keepsState() {
+		r.pub.KeepEnvelopes(parkStateKeep, r.stateEnvs) // parkstate.go
+	}
 	w.register(r)
 	kept := r.pickupBeat.stop()
 	r.pickupBeat = nil // a waiting run holds no more than it needs

@@ -745,6 +745,7 @@ export type Parked = {
   seq: number;
   attempt: number;
   digest?: string;
+  state?: string;
 };
 
 export type RecordPendingApproval = {

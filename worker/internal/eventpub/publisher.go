@@ -68,6 +68,10 @@ type Publisher struct {
 	batch       string             // the batch of its last batched event (the batch's mu)
 	batchAt     uint64             // that event's place in it, from 1 (the batch's mu)
 	turn        chan struct{}      // closed when an event waiting for its turn may try again
+	keepLimit   int                // KeepEnvelopes' bound on kept bytes (0: keep none)
+	kept        [][]byte           // the envelopes published, while within keepLimit
+	keptBytes   int
+	keepOver    bool // more than keepLimit was published: kept is nil
 }
 
 // outgoing is one queued event.
@@ -229,6 +233,7 @@ func (p *Publisher) Event(typ string, event []byte, opts Options) (uint64, error
 	p.seq = seq
 	p.sent++
 	p.sentBytes += int64(len(data))
+	p.keepLocked(data)
 	p.queue = append(p.queue, o)
 	p.mu.Unlock()
 	var failed error
@@ -414,4 +419,41 @@ func cmpErr(err, def error) error {
 		return err
 	}
 	return def
+}
+
+// KeepEnvelopes makes p keep a copy of every envelope it publishes after
+// prior (envelopes stored before this publisher's), for Kept, while they
+// come to at most limit bytes. Call it before the first event.
+func (p *Publisher) KeepEnvelopes(limit int, prior [][]byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.keepLimit = limit
+	for _, d := range prior {
+		p.keepLocked(d)
+	}
+}
+
+// keepLocked keeps data (the envelope is not changed once made). p.mu is
+// held.
+func (p *Publisher) keepLocked(data []byte) {
+	if p.keepLimit <= 0 || p.keepOver {
+		return
+	}
+	if p.keptBytes+len(data) > p.keepLimit {
+		p.kept, p.keptBytes, p.keepOver = nil, 0, true
+		return
+	}
+	p.kept = append(p.kept, data)
+	p.keptBytes += len(data)
+}
+
+// Kept returns the envelopes KeepEnvelopes kept, in seq order; ok is
+// false when none are (not asked, or over its limit).
+func (p *Publisher) Kept() (envs [][]byte, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.keepLimit <= 0 || p.keepOver {
+		return nil, false
+	}
+	return slices.Clone(p.kept), true
 }

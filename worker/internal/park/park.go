@@ -117,11 +117,20 @@ var traceHeaders = []string{"traceparent", "tracestate"}
 // Keep stores the copy of request req of run id (step 1) and returns its
 // sequence in AGENTS_PARKED, with the digest its record's parked names.
 func (e *Env) Keep(ctx context.Context, queue, id string, attempt int, req *jetstream.RawStreamMsg) (seq uint64, digest string, err error) {
+	return e.KeepState(ctx, queue, id, attempt, req, "")
+}
+
+// KeepState is Keep, putting a non-empty state (the run's events) on the
+// copy as Agentfleet-Parked-State.
+func (e *Env) KeepState(ctx context.Context, queue, id string, attempt int, req *jetstream.RawStreamMsg, state string) (seq uint64, digest string, err error) {
 	m := &nats.Msg{Subject: e.Names.Parked(queue, id), Data: req.Data, Header: nats.Header{}}
 	m.Header.Set(jetstream.MsgIDHeader, id+":park:"+strconv.Itoa(attempt)+":"+strconv.FormatUint(req.Sequence, 10))
 	copyHeaders(m.Header, req.Header)
 	key := rand.Text()
 	m.Header.Set(bus.HeaderWakeKey, key)
+	if state != "" {
+		m.Header.Set(bus.HeaderParkedState, state)
+	}
 	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.ParkedStream()))
 	if err != nil {
 		return 0, "", fmt.Errorf("keeping the parked request: %w", err)
@@ -199,6 +208,9 @@ func (e *Env) wake(ctx context.Context, rec *bus.RunRecord) (published bool, err
 	if k := kept.Header.Get(bus.HeaderWakeKey); k != "" {
 		m.Header.Set(bus.HeaderWakeKey, k)
 	}
+	if st := kept.Header.Get(bus.HeaderParkedState); st != "" {
+		m.Header.Set(bus.HeaderParkedState, st)
+	}
 	ack, err := e.JS.PublishMsg(ctx, m, jetstream.WithExpectStream(e.Names.RunsStream()))
 	if err != nil {
 		return false, fmt.Errorf("publishing the wake: %w", err)
@@ -235,6 +247,10 @@ type Confirmation struct {
 	// Rec is the record the confirmation read (OK only): the pickup
 	// starts from it instead of reading it again.
 	Rec *bus.RunRecord
+	// State is the wake's Agentfleet-Parked-State when the record's
+	// parked.state names it and the record is still parked (the first
+	// woken attempt of the park): the run's events, all of them.
+	State string
 }
 
 // Confirm checks a request of run id on queue's submit subject at stream
@@ -272,6 +288,10 @@ func (e *Env) Confirm(ctx context.Context, queue, id string, reqSeq uint64, h na
 		// The digest stands for the kept copy's wake key and bytes (no read).
 		if bus.RequestDigest(h.Get(bus.HeaderWakeKey), data) != rec.Parked.Digest {
 			return c, nil
+		}
+		// Only while parked: a later attempt may have stored more events.
+		if st := h.Get(bus.HeaderParkedState); st != "" && rec.Parked.State != "" && bus.StateDigest(st) == rec.Parked.State {
+			c.State = st
 		}
 	case rec.Parked != nil && rec.Parked.Seq == from && rec.Parked.Attempt == base && !rec.Finished() && rec.Queue == queue:
 		// Parked by a 1.9 worker (no digest): the kept copy is read.

@@ -422,3 +422,66 @@ func TestWakeOnAnotherQueueIsNotConfirmed(t *testing.T) {
 		}
 	}
 }
+
+// A kept copy's Agentfleet-Parked-State goes with its wakes, and the
+// confirmation hands it on only while the record is parked with it as
+// parked.state: a changed state, or a redelivery after the woken attempt
+// took the run (it may have stored events since), hands on none.
+func TestWakeCarriesTheParkedStateItsRecordNames(t *testing.T) {
+	f := newTestFleet(t)
+	ctx := testCtx(t)
+	res, err := f.c.SubmitRaw(ctx, "default", "rs", []byte(`{"prompt":"deploy"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := f.env.Runs.GetMsg(ctx, res.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const state = "c3RhdGU="
+	seq, digest, err := f.env.KeepState(ctx, "default", "rs", 1, req, state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Runs.DeleteMsg(ctx, res.Seq); err != nil {
+		t.Fatal(err)
+	}
+	rec := &bus.RunRecord{ID: "rs", Queue: "default", State: bus.StateRunning, Attempt: 1, RequestSeq: res.Seq,
+		Waiting: &bus.Waiting{For: bus.WaitingApproval},
+		Parked:  &bus.Parked{At: time.Now(), Seq: seq, Attempt: 1, Digest: digest, State: bus.StateDigest(state)}}
+	data, err := agent.MarshalJSON(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.kv.Create(ctx, "rs", data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Wake(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	w := f.wakes(t, "rs")[0]
+	if got := w.Header.Get(bus.HeaderParkedState); got != state {
+		t.Fatalf("wake's state %q", got)
+	}
+	if c, err := f.env.Confirm(ctx, "default", "rs", w.Sequence, w.Header, w.Data); err != nil || !c.OK || c.State != state {
+		t.Fatalf("confirm %+v %v", c, err)
+	}
+	h := nats.Header{}
+	for k, v := range w.Header {
+		h[k] = v
+	}
+	h.Set(bus.HeaderParkedState, "b3RoZXI=")
+	if c, err := f.env.Confirm(ctx, "default", "rs", w.Sequence, h, w.Data); err != nil || !c.OK || c.State != "" {
+		t.Fatalf("a state parked.state does not name handed on: %+v %v", c, err)
+	}
+	// The woken attempt took the run: its redelivery reads the events.
+	rec2 := *rec
+	rec2.Attempt, rec2.RequestSeq, rec2.Parked = 2, w.Sequence, nil
+	data, _ = agent.MarshalJSON(&rec2)
+	if _, err := f.kv.Put(ctx, "rs", data); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := f.env.Confirm(ctx, "default", "rs", w.Sequence, w.Header, w.Data); err != nil || !c.OK || c.State != "" {
+		t.Fatalf("a redelivery handed the state on: %+v %v", c, err)
+	}
+}
