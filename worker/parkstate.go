@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/agentfleet/agentfleet/bus"
 )
@@ -34,7 +35,7 @@ import (
 //     as before.
 
 // parkStateKeep bounds the envelopes an attempt keeps (every running or
-// waiting run of a parking worker holds them: 1,000 runs waiting to park
+// waiting run that may park, on a parking worker, holds them: 1,000 runs waiting to park
 // hold at most 64 MiB); parkStateMax bounds a state read (before
 // compression), and parkStateHeaderMax its header value: a wake is a
 // request of at most 1 MiB plus headers.
@@ -45,10 +46,23 @@ const (
 )
 
 // keepsState reports whether this attempt keeps its envelopes for a
-// park's state (invariant 1).
+// park's state (invariant 1); only a run that may park keeps them.
 func (r *run) keepsState() bool {
-	return r.w.parking != nil && r.w.cfg.ParkAfter > 0 &&
+	return r.w.parking != nil && r.w.cfg.ParkAfter > 0 && r.mayPark() &&
 		((r.attempt == 1 && r.lease.RequeuedFrom == 0 && r.wokenFrom == 0) || r.stateEnvs != nil)
+}
+
+// mayPark reports whether the run can ever wait in a parkable way
+// (parkableWait): only a gated tool or a run_agent call makes it. Other
+// runs keep no envelopes: 10,000 runs in flight would hold up to 640 MiB.
+func (r *run) mayPark() bool {
+	if r.req == nil {
+		return false
+	}
+	if p := r.approvalPolicy(); p != nil && len(p.Tools) > 0 {
+		return true
+	}
+	return slices.Contains(r.req.Tools, bus.ToolRunAgent)
 }
 
 // parkState is the Agentfleet-Parked-State of a parking attempt with a
