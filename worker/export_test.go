@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"time"
 
 	"github.com/agentfleet/agentfleet/worker/internal/metering"
@@ -52,5 +53,12 @@ func WithLostChildren(c Config, lost func(child string) bool) Config {
 // again unless a request is seen in it.
 func WithLaneRecheck(c Config, d time.Duration) Config {
 	c.laneRecheck = d
+	return c
+}
+
+// WithChildStored calls stored in run_agent once the child's request is
+// stored, before the call's update names it.
+func WithChildStored(c Config, stored func(ctx context.Context, child string)) Config {
+	c.childStored = stored
 	return c
 }
