@@ -271,7 +271,7 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 	if err != nil {
 		return fail(err.Error())
 	}
-	// Updates are published as the agent would (run_agent's names the
+	// Updates are published as the agent would (run_agent's name the
 	// child); those after the call returned are dropped.
 	var mu sync.Mutex
 	done := false
@@ -298,7 +298,7 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 	if m.Content == nil {
 		m.Content = []agent.Content{}
 	}
-	// The details too (run_agent's name the child, for follow --tree).
+	// The details too (run_agent's name the child: follow --tree).
 	switch d := res.Details.(type) {
 	case nil:
 	case json.RawMessage:
