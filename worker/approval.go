@@ -217,6 +217,9 @@ func (r *run) runPendingCalls(ctx context.Context) error {
 // toolResult message.
 func (r *run) publishToolResult(m *agent.Message) error {
 	res := agent.ToolResult{Content: m.Content}
+	if len(m.Details) > 0 {
+		res.Details = m.Details
+	}
 	evs := []agent.Event{
 		{Type: agent.EventToolExecutionEnd, ToolCallID: m.ToolCallID, ToolName: m.ToolName, Result: &res, IsError: m.IsError},
 		{Type: agent.EventMessageStart, Message: m},
@@ -268,13 +271,42 @@ func (r *run) runPendingCall(ctx context.Context, c agent.Content, wrap func(*ag
 	if err != nil {
 		return fail(err.Error())
 	}
-	res, err := wrap(t).Execute(ctx, c.ID, args, func(agent.ToolResult) {})
+	// Updates are published as the agent would (run_agent's name the
+	// child); those after the call returned are dropped.
+	var mu sync.Mutex
+	done := false
+	update := func(partial agent.ToolResult) {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		data, err := workerproto.AppendAgentEvent(nil, &agent.Event{Type: agent.EventToolExecutionUpdate,
+			ToolCallID: c.ID, ToolName: c.Name, Args: c.Arguments, Result: &partial}, workerproto.Refs{})
+		if err == nil {
+			_, _ = r.pub.Event(string(agent.EventToolExecutionUpdate), data, eventpub.Options{}) // a failed publisher fails the result's publish
+		}
+	}
+	res, err := wrap(t).Execute(ctx, c.ID, args, update)
+	mu.Lock()
+	done = true
+	mu.Unlock()
 	if err != nil {
 		return fail(err.Error())
 	}
 	m.Content, m.Timestamp = res.Content, time.Now().UnixMilli()
 	if m.Content == nil {
 		m.Content = []agent.Content{}
+	}
+	// The details too (run_agent's name the child: follow --tree).
+	switch d := res.Details.(type) {
+	case nil:
+	case json.RawMessage:
+		m.Details = d
+	default:
+		if b, err := agent.MarshalJSON(d); err == nil {
+			m.Details = b
+		}
 	}
 	return m
 }

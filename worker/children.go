@@ -277,6 +277,9 @@ func (r *run) runChild(ctx context.Context, key string, a childArgs, update agen
 		r.childrenStarted.Add(1)
 		r.log.Info("child run found: waiting for it", "child", id, "state", rec.State)
 	}
+	if hook := w.cfg.childStored; hook != nil {
+		hook(ctx, id)
+	}
 	if update != nil {
 		update(agent.ToolResult{Content: []agent.Content{}, Details: childDetails(id)}) // its request is stored (invariant 7)
 	}

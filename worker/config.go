@@ -231,6 +231,10 @@ type Config struct {
 	// the submit of the children it returns true for: a child lost
 	// before it got a record.
 	loseChild func(child string) bool
+	// childStored, set only by the package's tests, is called by
+	// run_agent once the child's request is stored, before the call's
+	// tool_execution_update names it.
+	childStored func(ctx context.Context, child string)
 	// loseNotices, set only by the package's tests, drops the worker's
 	// notices of finished children (as a reconnect may).
 	loseNotices bool

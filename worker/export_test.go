@@ -61,3 +61,10 @@ func WithBeforeEventsSync(c Config, f func(ctx context.Context, run string)) Con
 	c.beforeEventsSync = f
 	return c
 }
+
+// WithChildStored calls stored in run_agent once the child's request is
+// stored, before the call's update names it.
+func WithChildStored(c Config, stored func(ctx context.Context, child string)) Config {
+	c.childStored = stored
+	return c
+}

@@ -84,3 +84,19 @@ export declare class ConsoleError extends AgentfleetError {
   constructor(status: number, message: string);
   readonly status: number;
 }
+/**
+ * A schedule operation a worker refused or could not do (since 1.10): the
+ * message names every problem of a refused definition (problems).
+ */
+export declare class ScheduleError extends AgentfleetError {
+  constructor(code: ScheduleError["code"], message: string, fields: { name: string; op: string; queue?: string; problems?: string[] }, options?: ErrorOptions);
+  readonly code: "schedule_invalid" | "schedule_not_found" | "schedule_exists" | "schedule_ambiguous" | "schedule_failed" | "schedule_no_worker";
+  /** The schedule's name. */
+  readonly schedule: string;
+  /** The operation: create, replace, pause, resume, delete or trigger. */
+  readonly op: string;
+  /** The queue asked, when known. */
+  readonly queue?: string;
+  /** schedule_invalid: every problem the worker found; else empty. */
+  readonly problems: string[];
+}

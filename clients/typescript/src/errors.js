@@ -146,3 +146,27 @@ export class ConsoleError extends AgentfleetError {
     this.status = status;
   }
 }
+
+/**
+ * A schedule operation a worker refused or could not do (since 1.10,
+ * docs/protocol.md §2 Schedules), by code: schedule_invalid (problems
+ * lists every problem), schedule_not_found, schedule_exists,
+ * schedule_ambiguous (the name is on several queues), schedule_failed
+ * (NATS trouble: retry), schedule_no_worker (no worker of the queue
+ * answers: start one with --queue).
+ */
+export class ScheduleError extends AgentfleetError {
+  /**
+   * @param {string} code
+   * @param {string} message
+   * @param {{name: string, op: string, queue?: string, problems?: string[]}} fields
+   * @param {ErrorOptions} [options]
+   */
+  constructor(code, message, fields, options) {
+    super(code, message, options);
+    this.schedule = fields.name;
+    this.op = fields.op;
+    this.queue = fields.queue;
+    this.problems = fields.problems ?? [];
+  }
+}

@@ -4,7 +4,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import type { ControlMessage, Event, Message, RunRecord as WireRunRecord, RunRequest, Schedule, Usage } from "../types/protocol.js";
 import type { Cursor, FollowCursor, Envelope, PendingCall, Transcript, UnknownEvent } from "./reader.js";
-import type { Names } from "./names.js";
+import type { Names, ScheduleOp } from "./names.js";
 
 export * from "./errors.js";
 export * from "./names.js";
@@ -195,6 +195,23 @@ export type RunResult = {
   messages: Message[];
 };
 
+/**
+ * A schedule's definition to create or replace (since 1.10, docs/protocol.md
+ * §2 Schedules): queue defaults to "default"; the worker sets createdAt and
+ * updatedAt. Exactly one of cron (+ timeZone), every, at.
+ */
+export type ScheduleInput = Omit<Schedule, "queue" | "request" | "createdAt" | "updatedAt"> & {
+  queue?: string;
+  /** The run request each fire submits, without id. */
+  request: Omit<RunRequest, "id">;
+};
+
+/** Options of the schedule operations. */
+export type ScheduleOpOptions = {
+  /** How long to wait for a worker's reply (default 30 s). */
+  timeoutMs?: number;
+};
+
 export declare class Client {
   /** Wraps a connection; close() closes it only when own is true. */
   constructor(nc: NatsConnection, opts?: { prefix?: string; staleAfterMs?: number; followStallMs?: number; own?: boolean });
@@ -212,6 +229,32 @@ export declare class Client {
   status(run: string): Promise<RunRecord>;
   /** Every schedule (since 1.10), by name, with its def message's sequence and its newest run. */
   schedules(): Promise<Array<Schedule & { seq: number; last: { run: string; plannedAt: string; firedAt: string; trigger?: boolean; fireSeq?: number } | null }>>;
+  /**
+   * Schedule operations (since 1.10): core NATS requests a worker of the
+   * schedule's queue answers (only workers write AGENTS_SCHEDULES). A refusal
+   * is a ScheduleError: schedule_invalid (problems: every problem),
+   * schedule_not_found, schedule_exists, schedule_ambiguous, schedule_failed,
+   * schedule_no_worker (no worker of the queue runs).
+   * createSchedule returns the def message's sequence; replace: true stores
+   * over the schedule of the same name and queue.
+   */
+  createSchedule(schedule: ScheduleInput, opts?: ScheduleOpOptions & { replace?: boolean }): Promise<number>;
+  /** createSchedule with replace: the stored one's createdAt is kept. */
+  replaceSchedule(schedule: ScheduleInput, opts?: ScheduleOpOptions): Promise<number>;
+  /** Keeps the definition but nothing fires. */
+  pauseSchedule(name: string, opts?: ScheduleOpOptions): Promise<void>;
+  /** A paused schedule fires again (an @every one counts from the resume). */
+  resumeSchedule(name: string, opts?: ScheduleOpOptions): Promise<void>;
+  /** Removes the schedule; its runs are left alone. */
+  deleteSchedule(name: string, opts?: ScheduleOpOptions): Promise<void>;
+  /** Fires the schedule now, paused or not: the run id the fire submits. */
+  triggerSchedule(name: string, opts?: ScheduleOpOptions): Promise<string>;
+  /** The queue holding the schedule of the name (ScheduleError schedule_not_found, schedule_ambiguous). */
+  scheduleQueue(name: string, op: string): Promise<string>;
+  /** One operation on a queue's schedule: the worker's reply, or a ScheduleError. */
+  scheduleOp(queue: string, name: string, op: ScheduleOp, body: object | null, timeoutMs?: number): Promise<{ seq?: number; run?: string }>;
+  /** scheduleQueue, then scheduleOp. */
+  scheduleOpByName(name: string, op: ScheduleOp, timeoutMs?: number): Promise<{ seq?: number; run?: string }>;
   /** A run's stored record, or null. */
   record(run: string): Promise<RunRecord | null>;
   /**

@@ -17,6 +17,7 @@ import {
   RunFinishedError,
   RunIdTakenError,
   RunNotFoundError,
+  ScheduleError,
   UnknownQueueError,
   EventsGoneError,
 } from "./errors.js";
@@ -36,6 +37,17 @@ export const DEFAULT_FOLLOW_STALL_MS = 5_000;
 const EVENT_READER_IDLE_MS = 45_000;
 const MAX_REQUEST_BYTES = 1 << 20;
 const MAX_CONTROL_BYTES = 256 << 10;
+/** A schedule's definition, its request included (bus.MaxScheduleBytes). */
+const MAX_SCHEDULE_BYTES = MAX_REQUEST_BYTES + (16 << 10);
+/** How long a schedule operation waits for a worker's reply. */
+const SCHEDULE_OP_TIMEOUT_MS = 30_000;
+/** A schedule reply's code -> ScheduleError's code. */
+const SCHEDULE_CODES = /** @type {Record<string, import("./errors.js").ScheduleError["code"]>} */ ({
+  invalid: "schedule_invalid",
+  not_found: "schedule_not_found",
+  exists: "schedule_exists",
+  ambiguous: "schedule_ambiguous",
+});
 const HEADER_AFTER_FINISH = "Agentfleet-After-Finish";
 const FIRST_WINDOW = 128;
 const MAX_WINDOW = 8192;
@@ -116,6 +128,13 @@ export async function connect(opts = {}) {
     for await (const s of nc.status()) if (s.type === "reconnect") backoff.attempts = 0;
   })().catch(() => {});
   return new Client(nc, { prefix: opts.prefix ?? env.AGENTS_PREFIX, staleAfterMs: opts.staleAfterMs, followStallMs: opts.followStallMs, own: true });
+}
+
+/** A schedule's name: [A-Za-z0-9_-]{1,64}, as a run id. @param {unknown} name */
+function checkScheduleName(name) {
+  if (typeof name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(name)) {
+    throw new InvalidArgumentError(`invalid schedule name "${String(name).slice(0, 80)}": it must match [A-Za-z0-9_-]{1,64}`);
+  }
 }
 
 /** Server URLs without passwords or tokens, for messages. @param {string} urls */
@@ -426,6 +445,144 @@ export class Client {
       throw this.fleetError(err, "schedules", stream);
     }
     return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  }
+
+  /**
+   * Asks a worker of the schedule's queue to store a new schedule (since
+   * 1.10: only workers write AGENTS_SCHEDULES); with replace, one of the
+   * same name and queue may be replaced. The worker checks the
+   * definition: a refused one throws a ScheduleError naming every problem.
+   * Returns the def message's sequence.
+   * @param {import("./index.js").ScheduleInput} schedule
+   * @param {{replace?: boolean, timeoutMs?: number}} [opts]
+   */
+  async createSchedule(schedule, opts = {}) {
+    const s = { ...schedule, queue: schedule.queue || DEFAULT_QUEUE };
+    checkScheduleName(s.name);
+    checkQueue(s.queue);
+    const op = opts.replace ? "replace" : "create";
+    const r = await this.scheduleOp(s.queue, s.name, op, s, opts.timeoutMs);
+    return r.seq ?? 0;
+  }
+
+  /**
+   * Stores the schedule over the stored one of the same name and queue
+   * (its createdAt kept), or as a new one when there is none; a name on
+   * another queue is schedule_exists.
+   * @param {import("./index.js").ScheduleInput} schedule
+   * @param {{timeoutMs?: number}} [opts]
+   */
+  replaceSchedule(schedule, opts = {}) {
+    return this.createSchedule(schedule, { ...opts, replace: true });
+  }
+
+  /** Keeps the definition without the server's schedule, so nothing fires. @param {string} name @param {{timeoutMs?: number}} [opts] */
+  async pauseSchedule(name, opts = {}) {
+    await this.scheduleOpByName(name, "pause", opts.timeoutMs);
+  }
+
+  /** Makes a paused schedule fire again (an @every one counts from the resume). @param {string} name @param {{timeoutMs?: number}} [opts] */
+  async resumeSchedule(name, opts = {}) {
+    await this.scheduleOpByName(name, "resume", opts.timeoutMs);
+  }
+
+  /** Removes a schedule (a tombstone replaces it); its runs are left alone. @param {string} name @param {{timeoutMs?: number}} [opts] */
+  async deleteSchedule(name, opts = {}) {
+    await this.scheduleOpByName(name, "delete", opts.timeoutMs);
+  }
+
+  /** Fires a schedule now, paused or not; returns the run id the fire submits. @param {string} name @param {{timeoutMs?: number}} [opts] */
+  async triggerSchedule(name, opts = {}) {
+    const r = await this.scheduleOpByName(name, "trigger", opts.timeoutMs);
+    return r.run ?? "";
+  }
+
+  /**
+   * Looks the schedule up by name (on whichever queue, as the Go client),
+   * then asks a worker of its queue.
+   * @param {string} name @param {import("./names.js").ScheduleOp} op @param {number} [timeoutMs]
+   */
+  async scheduleOpByName(name, op, timeoutMs) {
+    const queue = await this.scheduleQueue(name, op);
+    return this.scheduleOp(queue, name, op, null, timeoutMs);
+  }
+
+  /**
+   * The queue holding the schedule of the name (bus findSchedule): each
+   * queue's def subject on its own, tombstones, fired-over defs and bodies
+   * naming another schedule left out.
+   * @param {string} name @param {string} op
+   */
+  async scheduleQueue(name, op) {
+    checkScheduleName(name);
+    const stream = this.names.schedulesStream;
+    const queues = [];
+    try {
+      const jsm = await this.jsm();
+      const info = await jsm.streams.info(stream, { subjects_filter: this.names.schedule("*", name, "def") });
+      for (const subject of Object.keys(info.state.subjects ?? {})) {
+        const m = await jsm.streams.getMessage(stream, { last_by_subj: subject });
+        if (!m || m.header?.get("Agentfleet-Schedule-Deleted") || m.header?.get("Nats-Scheduler")) continue;
+        const queue = subject.slice(this.names.prefix.length + ".schedule.".length).split(".")[0];
+        let s;
+        try {
+          s = m.json();
+        } catch {
+          continue;
+        }
+        if (s?.queue === queue && s?.name === name) queues.push(queue);
+      }
+    } catch (err) {
+      throw this.fleetError(err, `schedule ${name}`, stream);
+    }
+    if (queues.length === 0) throw new ScheduleError("schedule_not_found", `schedule ${name}: ${op}: schedule not found: ${name}`, { name, op });
+    if (queues.length > 1) {
+      queues.sort();
+      throw new ScheduleError("schedule_ambiguous", `schedule ${name}: ${op}: schedule ${name} is on queues ${queues.join(", ")}; delete all but one`, { name, op });
+    }
+    return queues[0];
+  }
+
+  /**
+   * A schedule operation: a core NATS request on
+   * agents.schedop.<queue>.<name>.<op> that one worker of the queue answers
+   * with {seq?, run?, code?, error?, problems?} (docs/protocol.md §2).
+   * @param {string} queue @param {string} name @param {import("./names.js").ScheduleOp} op @param {object | null} body @param {number} [timeoutMs]
+   * @returns {Promise<{seq?: number, run?: string}>}
+   */
+  async scheduleOp(queue, name, op, body, timeoutMs = SCHEDULE_OP_TIMEOUT_MS) {
+    const data = enc.encode(body ? JSON.stringify(body) : "{}");
+    if (data.length > MAX_SCHEDULE_BYTES) {
+      throw new InvalidArgumentError(`schedule ${name}: ${data.length} bytes, the limit is ${MAX_SCHEDULE_BYTES}`);
+    }
+    let m;
+    try {
+      m = await this.nc.request(this.names.scheduleOp(queue, name, op), data, { timeout: timeoutMs });
+    } catch (err) {
+      if (isNoResponders(err)) {
+        throw new ScheduleError(
+          "schedule_no_worker",
+          `schedule ${name}: ${op}: no worker of queue "${queue}" answers schedule operations (start a worker of protocol 1.10 or later with --queue ${queue})`,
+          { name, op, queue },
+          { cause: err },
+        );
+      }
+      const why = err instanceof Error ? err.message : String(err);
+      throw new ScheduleError("schedule_failed", `schedule ${name}: ${op}: ${why}`, { name, op, queue }, { cause: err });
+    }
+    /** @type {{seq?: number, run?: string, code?: string, error?: string, problems?: string[]}} */
+    let r;
+    try {
+      r = JSON.parse(dec.decode(m.data));
+    } catch (err) {
+      throw new ScheduleError("schedule_failed", `schedule ${name}: ${op}: a worker's reply does not decode: ${err}`, { name, op, queue }, { cause: err });
+    }
+    if (!r.code) return r;
+    const problems = Array.isArray(r.problems) ? r.problems : [];
+    const code = SCHEDULE_CODES[r.code] ?? "schedule_failed";
+    // Every problem, not the worker's error text (which may cut the list).
+    const detail = code === "schedule_invalid" && problems.length ? `bad request: ${problems.join("; ")}` : (r.error ?? r.code);
+    throw new ScheduleError(code, `schedule ${name}: ${op}: ${detail}`, { name, op, queue, problems });
   }
 
   // ---- follow -------------------------------------------------------------

@@ -1,4 +1,6 @@
 export declare const DEFAULT_PREFIX: "agents";
+/** A schedule operation (since 1.10), the last token of its request subject. */
+export type ScheduleOp = "create" | "replace" | "pause" | "resume" | "delete" | "trigger";
 export declare const DEFAULT_QUEUE: "default";
 /** Throws an InvalidArgumentError unless id matches [A-Za-z0-9_-]{1,64}. */
 export declare function checkRunId(id: unknown): asserts id is string;
@@ -30,6 +32,8 @@ export declare class Names {
   snapshotChunks(nuid: string): string;
   /** A schedule's subject (since 1.10). */
   schedule(queue: string, name: string, kind: "def" | "fire" | "last"): string;
+  /** A schedule operation's request subject (since 1.10), answered by a worker of the queue. */
+  scheduleOp(queue: string, name: string, op: ScheduleOp): string;
   submit(queue: string, run: string): string;
   /** The subject of a request of this priority and tenant (since 1.10): the old subject for normal or none without a tenant, else agents.lane.<queue>.<priority>.<tenant or _>.<run>. */
   request(queue: string, priority: "high" | "normal" | "low" | undefined, run: string, tenant?: string): string;

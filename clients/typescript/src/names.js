@@ -92,6 +92,11 @@ export class Names {
   schedule(queue, name, kind) {
     return `${this.prefix}.schedule.${queue}.${name}.${kind}`;
   }
+
+  /** A schedule operation's request subject (since 1.10): a worker of the queue answers. @param {string} queue @param {string} name @param {string} op */
+  scheduleOp(queue, name, op) {
+    return `${this.prefix}.schedop.${queue}.${name}.${op}`;
+  }
   /** @param {string} queue @param {string} run */
   submit(queue, run) {
     return `${this.prefix}.submit.${queue}.${run}`;

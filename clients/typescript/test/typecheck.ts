@@ -1,6 +1,6 @@
 // Compiled by tsc (test/types.test.js), never run: the package's types
 // used as an application would use them.
-import { connect, EventsGoneError, formatEnvelope, RunNotFoundError, Transcript, type Envelope, type RunRequest } from "@agentfleet/client";
+import { connect, EventsGoneError, formatEnvelope, RunNotFoundError, ScheduleError, Transcript, type Envelope, type RunRequest } from "@agentfleet/client";
 import { ConsoleClient } from "@agentfleet/client/console";
 
 export async function nodeUse(): Promise<string> {
@@ -56,6 +56,17 @@ export async function nodeUse(): Promise<string> {
   void more;
   for (const p of await client.approvals()) await client.deny(p.run, p.toolCallId, { reason: "not now" });
   const r = await client.result(id);
+  try {
+    const sseq: number = await client.createSchedule({ name: "nightly", cron: "0 0 9 * * MON", timeZone: "Europe/Berlin", request: { prompt: "Triage." } });
+    await client.replaceSchedule({ name: "nightly", queue: "default", every: "1h", overlap: "skip", request: { prompt: "Triage." } }, { timeoutMs: 5000 });
+    await client.pauseSchedule("nightly");
+    await client.resumeSchedule("nightly");
+    const fired: string = await client.triggerSchedule("nightly");
+    await client.deleteSchedule("nightly");
+    void [sseq, fired];
+  } catch (err) {
+    if (err instanceof ScheduleError && err.code === "schedule_invalid") return err.problems.join("; ");
+  }
   try {
     await client.status("nope");
   } catch (err) {
