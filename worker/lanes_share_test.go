@@ -36,3 +36,29 @@ func TestPromotedLaneTakesItsShareNotABatch(t *testing.T) {
 		}
 	}
 }
+
+// With high, normal and low backlogs, low gets one start in ten and normal
+// one in ten of the rest (each counts the starts above it), whatever the
+// slots freed at once.
+func TestEveryLowerLaneGetsItsShare(t *testing.T) {
+	for _, n := range []int{1, 8} {
+		ls := (&Worker{}).newLaneSet("default")
+		for _, p := range []string{bus.PriorityHigh, bus.PriorityNormal, bus.PriorityLow} {
+			ls.addLane(bus.Lane{Queue: "default", Priority: p, Tenant: bus.NoTenant}, nil, nil)
+		}
+		starts := map[string]int{}
+		ls.fetch = func(_ context.Context, _ *slog.Logger, l *lane, k, _ int) int {
+			starts[l.lane.Priority] += k
+			return k
+		}
+		for range 1000 {
+			ls.fetchLanes(t.Context(), slog.Default(), n, 1<<20)
+		}
+		total := float64(n * 1000)
+		low, normal := float64(starts[bus.PriorityLow])/total, float64(starts[bus.PriorityNormal])/total
+		t.Logf("n=%d: %v", n, starts)
+		if low < 0.09 || low > 0.11 || normal < 0.08 || normal > 0.11 {
+			t.Errorf("n=%d: low took %.3f and normal %.3f of the starts; want about 0.1 and 0.09", n, low, normal)
+		}
+	}
+}
