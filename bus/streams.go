@@ -327,9 +327,20 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		Storage:     cfg.Storage,
 		Replicas:    cfg.Replicas,
 	}, waitingStreamConfig(n, cfg), schedulesStreamConfig(n, cfg)}
+	// Before AGENTS_RUNS: its subjects come from the entry of declared
+	// queues in agents_keys (declared.go).
+	if err := c.ensureKeysBucket(ctx, cfg); err != nil { // presence.go, since 1.10
+		return err
+	}
 	replicas := map[string]int{}
 	for _, sc := range streams {
-		if err := c.ensureStream(ctx, sc, sc.Name == n.ControlStream()); err != nil {
+		var err error
+		if sc.Name == n.RunsStream() {
+			err = c.ensureRunsStream(ctx, sc, cfg.Queues)
+		} else {
+			err = c.ensureStream(ctx, sc, sc.Name == n.ControlStream())
+		}
+		if err != nil {
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
 		s, err := c.js.Stream(ctx, sc.Name)
@@ -414,9 +425,6 @@ func (c *Client) EnsureStreams(ctx context.Context, cfg StreamsConfig) error {
 		return fmt.Errorf("consumer %s: %w", n.FiresConsumer(), err)
 	}
 	if err := c.ensureWorkersBucket(ctx, cfg); err != nil { // presence.go
-		return err
-	}
-	if err := c.ensureKeysBucket(ctx, cfg); err != nil { // presence.go, since 1.10
 		return err
 	}
 	if err := c.ensureLimitsBucket(ctx, cfg); err != nil { // presence.go

@@ -67,6 +67,8 @@ type Metrics struct {
 	laneDepth          *prometheus.GaugeVec
 	tenantDepth        *prometheus.GaugeVec
 	tenantSeries       map[string]map[[2]string]bool // per queue, the tenant series set (under mu)
+	tenantWait         *prometheus.HistogramVec
+	waitSeries         map[[2]string]bool // queue and tenant of the tenantWait series (under mu)
 	approvalsRefused   *prometheus.CounterVec
 	runsWaiting        prometheus.Gauge
 	runsParked         *prometheus.CounterVec
@@ -153,6 +155,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	m.queueDepth = gaugeVec(reg, m, "queue_depth", "Run requests waiting or in progress on a queue (consumer pending + ack pending, every lane).", "queue")
 	m.laneDepth = gaugeVec(reg, m, "queue_depth_by_priority", "Run requests waiting or in progress on a queue's lanes of a priority (since 1.10).", "queue", "priority")
 	m.tenantDepth = gaugeVec(reg, m, "queue_depth_by_tenant", "Run requests waiting or in progress on a queue's tenant lanes of a priority (since 1.10; runs without a tenant are not counted here).", "queue", "priority", "tenant")
+	m.tenantWait = histogramVec(reg, m, "queue_wait_by_tenant_seconds", "Time from submission to the run starting, by tenant lane (since 1.10; runs without a tenant are not counted here; a tenant beyond the tenants with a lane is \"other\").", prometheus.ExponentialBucketsRange(0.05, 86400, 16), "queue", "tenant")
 	m.keyWait = histogramVec(reg, m, "key_wait_seconds", "How long a run waited, parked, for a place in its concurrency key (since 1.10).", prometheus.ExponentialBucketsRange(0.05, 86400, 16), "queue")
 	m.toolSourceUp = gaugeVec(reg, m, "tool_source_up", "Tool sources (mcp:<server>, service:<name>): 1 while up.", "source")
 	m.toolConflict = gaugeVec(reg, m, "tool_source_conflict", "Tool services refused because their instances announce different tools: 1 while they differ.", "source")
@@ -427,6 +430,17 @@ func (m *Metrics) SetTenantDepths(queue string, depths map[[2]string]int) {
 			delete(m.tenantSeries[q], k)
 		}
 	}
+	// A wait series goes with the tenant's last lane (bounded as depths).
+	laned := map[string]bool{}
+	for k := range depths {
+		laned[k[1]] = true
+	}
+	for k := range m.waitSeries {
+		if k[0] == q && !laned[k[1]] {
+			m.tenantWait.DeleteLabelValues(k[0], k[1])
+			delete(m.waitSeries, k)
+		}
+	}
 	if m.tenantSeries[q] == nil {
 		m.tenantSeries[q] = map[[2]string]bool{}
 	}
@@ -434,6 +448,33 @@ func (m *Metrics) SetTenantDepths(queue string, depths map[[2]string]int) {
 		m.tenantDepth.WithLabelValues(q, k[0], k[1]).Set(float64(v))
 		m.tenantSeries[q][k] = true
 	}
+}
+
+// maxWaitTenants bounds the tenants with a wait series of their own
+// between two depth polls (which remove those without a lane).
+const maxWaitTenants = 100
+
+// TenantWaited observes the wait from submission to start of a run from a
+// tenant lane. Invariant: at most maxWaitTenants tenant series, and none
+// outlives its tenant's lanes by more than a depth poll.
+func (m *Metrics) TenantWaited(queue, tenant string, wait time.Duration) {
+	if tenant == "" || wait < 0 {
+		return
+	}
+	k := [2]string{m.queue(queue), tenant}
+	m.mu.Lock()
+	if !m.waitSeries[k] {
+		if len(m.waitSeries) >= maxWaitTenants {
+			k[1] = Other
+		} else {
+			if m.waitSeries == nil {
+				m.waitSeries = map[[2]string]bool{}
+			}
+			m.waitSeries[k] = true
+		}
+	}
+	m.mu.Unlock()
+	m.tenantWait.WithLabelValues(k[0], k[1]).Observe(wait.Seconds())
 }
 
 // KeyWaited observes a run's wait for its concurrency key.

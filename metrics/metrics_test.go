@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -88,6 +89,7 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	m.SetLaneDepth("default", "high", 1)
 	m.SetTenantDepths("default", map[[2]string]int{{"normal", "acme"}: 1})
 	m.KeyWaited("default", time.Second)
+	m.TenantWaited("default", "acme", time.Second)
 	m.ToolSourceUp("mcp:x", true)
 	m.ToolSourceConflict("service:x", true)
 	m.ApprovalResolved("approve", time.Second)
@@ -267,5 +269,37 @@ func TestTenantDepthSeriesGo(t *testing.T) {
 	}
 	if len(series) != 1 || !strings.Contains(series[0], "globex") {
 		t.Fatalf("series %v; want globex's only", series)
+	}
+}
+
+// The wait by tenant has at most maxWaitTenants tenant series, and a
+// tenant's series goes with its last lane.
+func TestTenantWaitSeriesAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, Config{Queues: []string{"default"}})
+	for i := range maxWaitTenants + 50 {
+		m.TenantWaited("default", fmt.Sprintf("t%d", i), time.Second)
+	}
+	count := func() (n int, other bool) {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "agentfleet_queue_wait_by_tenant_seconds" {
+				for _, s := range f.GetMetric() {
+					n++
+					other = other || strings.Contains(s.String(), `value:"other"`)
+				}
+			}
+		}
+		return n, other
+	}
+	if n, other := count(); n != maxWaitTenants+1 || !other {
+		t.Fatalf("%d series (other: %v); want %d tenants and other", n, other, maxWaitTenants)
+	}
+	m.SetTenantDepths("default", map[[2]string]int{{"normal", "t1"}: 1})
+	if n, _ := count(); n != 2 { // t1 and other
+		t.Fatalf("%d series after the depth poll; want t1's and other", n)
 	}
 }

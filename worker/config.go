@@ -256,6 +256,7 @@ type RunInfo struct {
 	StartedAt   time.Time
 	Deadline    time.Time // when the run's timeout expires; zero if unknown
 	Depth       int       // a child run's depth below its root (worker/children.go); 0 for others
+	Tenant      string    // its lane's tenant (since 1.10); "" for the old subject and the no-tenant lane
 }
 
 // ModelRequest is one model call, as seen by an Observer.

@@ -28,8 +28,10 @@ import (
 //     (tenants.go, invariant 2). The old consumer is asked every time, as
 //     before lanes, so a fleet without lanes fetches as it did.
 //  3. Minimum share: a priority with work counts the runs started above
-//     it; at laneShare-1 it is asked first, so while it has work it gets
-//     at least one start in laneShare on every loop, whatever is above it.
+//     it; at laneShare-1 it is asked first, for one start per laneShare-1
+//     counted (each start it takes so pays laneShare-1 off the count), so
+//     while it has work it gets one start in laneShare on every loop,
+//     whatever is above it, and not a whole batch of slots freed together.
 //  4. Fair share: within a priority each tenant (the old consumer and the
 //     no-tenant lane are the tenant "_") has a pass that grows by
 //     1/weight per run started; the lane asked next is the one with work
@@ -83,7 +85,7 @@ type share struct{ weight, pass float64 }
 type laneGroup struct {
 	lanes      []*lane // the old consumer first, then the no-tenant lane, then tenants
 	shares     map[string]*share
-	passedOver int     // runs started above it while it had work (invariant 3)
+	passedOver int     // runs started above it while it had work, less what it was owed (invariant 3)
 	vtime      float64 // the pass of the tenant last served (invariant 4)
 }
 
@@ -95,6 +97,9 @@ type laneSet struct {
 	groups  [3]*laneGroup // high, normal, low
 	version uint64        // the book's when last synced (tenants.go, invariant 4)
 	walk    uint64
+	// fetch starts up to k runs from l; nil: Worker.fetch (tests count
+	// starts without runs).
+	fetch func(ctx context.Context, log *slog.Logger, l *lane, k, fetchBytes int) int
 }
 
 func (w *Worker) newLaneSet(queue string) *laneSet {
@@ -227,18 +232,24 @@ func (ls *laneSet) quota(g *laneGroup, l *lane, m int, now time.Time) int {
 	return min(m, max(1, int(math.Ceil((next-l.share.pass)*l.share.weight))))
 }
 
-// order is the priorities in the order to ask them now (invariant 3).
-func (ls *laneSet) order(now time.Time) []*laneGroup {
-	out := make([]*laneGroup, 0, len(ls.groups))
+// turn is one priority's turn in a walk; a promoted turn is its minimum
+// share, asked first (invariant 3).
+type turn struct {
+	g        *laneGroup
+	promoted bool
+}
+
+// order is the priorities' turns in the order to take them now: the
+// promoted ones, then every priority, highest first (invariant 3).
+func (ls *laneSet) order(now time.Time) []turn {
+	out := make([]turn, 0, 2*len(ls.groups))
 	for _, g := range ls.groups {
 		if g.passedOver >= laneShare-1 && ls.hasWork(g, now) {
-			out = append(out, g)
+			out = append(out, turn{g, true})
 		}
 	}
 	for _, g := range ls.groups {
-		if !slices.Contains(out, g) {
-			out = append(out, g)
-		}
+		out = append(out, turn{g, false})
 	}
 	return out
 }
@@ -249,19 +260,28 @@ func (ls *laneSet) fetchLanes(ctx context.Context, log *slog.Logger, n, fetchByt
 	ls.walk++
 	now := time.Now()
 	got := 0
-	for _, g := range ls.order(now) {
-		for got < n && ctx.Err() == nil {
+	for _, t := range ls.order(now) {
+		g, limit := t.g, n
+		if t.promoted { // its share only (invariant 3)
+			limit = min(n, got+g.passedOver/(laneShare-1))
+		}
+		for got < limit && ctx.Err() == nil {
 			l := ls.pick(g, now)
 			if l == nil {
 				g.passedOver = 0 // empty now
 				break
 			}
-			k := ls.quota(g, l, n-got, now)
+			k := ls.quota(g, l, limit-got, now)
 			var seen uint64
 			if l.entry != nil {
 				seen = l.entry.seen.Load() // before the fetch: a request seen during it wakes the lane
 			}
-			r := ls.w.fetch(ctx, log, ls.queue, l.pr, k, fetchBytes)
+			var r int
+			if ls.fetch != nil {
+				r = ls.fetch(ctx, log, l, k, fetchBytes)
+			} else {
+				r = ls.w.fetch(ctx, log, ls.queue, l.pr, k, fetchBytes)
+			}
 			if r < k {
 				l.drained = ls.walk
 			}
@@ -278,7 +298,11 @@ func (ls *laneSet) fetchLanes(ctx context.Context, log *slog.Logger, n, fetchByt
 			g.vtime = max(g.vtime, l.share.pass)
 			l.share.pass += float64(r) / l.share.weight
 			got += r
-			g.passedOver = 0
+			if t.promoted {
+				g.passedOver = max(0, g.passedOver-r*(laneShare-1))
+			} else {
+				g.passedOver = 0 // served in its own turn
+			}
 			for _, o := range ls.groups[slices.Index(ls.groups[:], g)+1:] { // lower priorities waited
 				if ls.hasWork(o, now) {
 					o.passedOver += r

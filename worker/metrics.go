@@ -63,6 +63,9 @@ func (o *metricsObserver) RunStarted(r RunInfo) {
 	o.active[k] = true
 	o.mu.Unlock()
 	o.m.RunStarted(r.Queue, modelLabel(r.Model), r.Attempt, wait)
+	if r.Attempt <= 1 { // a later attempt's wait holds the earlier ones' run
+		o.m.TenantWaited(r.Queue, r.Tenant, wait)
+	}
 	o.m.RunDeadline(k, r.Deadline)
 }
 

@@ -147,3 +147,31 @@ func TestMetricsChildRunsByDepth(t *testing.T) {
 		}
 	}
 }
+
+// A run from a tenant lane is counted in its tenant's wait; one without a
+// tenant only in the queue's.
+func TestMetricsWaitByTenant(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	reg := prometheus.NewPedanticRegistry()
+	m := metrics.New(reg, metrics.Config{Queues: []string{"default"}})
+	f.StartWorker(worker.Config{Observer: worker.MetricsObserver(m)})
+	req := fleettest.FauxRun("acme's", fleettest.Text("ok"))
+	req.Metadata = map[string]string{"tenant": "acme"}
+	ids := []string{f.Submit("", req), f.Submit("", fleettest.FauxRun("nobody's", fleettest.Text("ok")))}
+	for _, id := range ids {
+		if fin := f.WaitFinished(id); fin.Status != bus.StatusSucceeded {
+			t.Fatalf("run %+v", fin)
+		}
+	}
+	g, _ := gather(t, reg)
+	h := g["agentfleet_queue_wait_by_tenant_seconds,queue=default,tenant=acme"]
+	if h == nil || h.GetHistogram().GetSampleCount() != 1 {
+		t.Fatalf("acme's wait: %v; want one sample", h)
+	}
+	for k := range g {
+		if strings.HasPrefix(k, "agentfleet_queue_wait_by_tenant_seconds,") && !strings.HasSuffix(k, "tenant=acme") {
+			t.Errorf("a series %s for a run without a tenant", k)
+		}
+	}
+}

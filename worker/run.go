@@ -315,6 +315,9 @@ func (r *run) info() RunInfo {
 	if r.req != nil && r.req.Child != nil {
 		i.Depth = r.req.Child.Depth
 	}
+	if !r.lane.Old() && r.lane.Tenant != bus.NoTenant {
+		i.Tenant = r.lane.Tenant
+	}
 	if r.clock != nil {
 		i.Deadline = r.clock.Deadline()
 	} else if r.limits.TimeoutSeconds > 0 {
