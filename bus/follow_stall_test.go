@@ -39,7 +39,9 @@ func (s *stuckIter) Stop() {
 }
 
 // ownServerClient is a client on its own embedded server with the
-// streams, and a context that ends with the test (a minute at most).
+// streams, and a context that ends with the test (3 minutes at most: only
+// a guard against a hang; a test storing a few hundred records on a
+// loaded machine took over a minute).
 func ownServerClient(t *testing.T) (context.Context, *Client) {
 	t.Helper()
 	srv, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: t.TempDir()})
@@ -47,7 +49,7 @@ func ownServerClient(t *testing.T) (context.Context, *Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	c, err := Connect(ctx, ConnectOptions{URL: srv.URL()})
 	if err != nil {

@@ -163,7 +163,9 @@ func TestControlFloodIsBoundedAndExactlyOnce(t *testing.T) {
 			}
 		})
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Only a guard against a hang: 300 steers, each read back, took over
+	// a minute on a loaded machine under -race.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if _, err := c.Submit(ctx, "", &bus.RunRequest{ID: id, Prompt: "go", Tools: []string{"gate"}, SteeringMode: agent.QueueAll,
 		Model: &bus.ModelRef{Provider: "faux", ID: "s"}, Faux: gateScript("x", "done")}); err != nil {

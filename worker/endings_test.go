@@ -37,25 +37,25 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 				return
 			}
 			ctx := context.Background()
-			// The heartbeat renews the record every millisecond, so a
-			// compare-and-set may lose many times in a row; on a loaded
-			// machine 100 tries were not enough (the run then never lost
-			// its lease and the wait below timed out): try for 20 s.
-			for until := time.Now().Add(20 * time.Second); time.Now().Before(until); {
-				e, err := w.kv.Get(ctx, id)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				rec, _ := bus.DecodeRecord(e)
-				rec.Attempt += 5
-				rec.Worker = "newer"
-				data, _ := json.Marshal(rec)
-				if _, err := w.kv.Update(ctx, id, data, e.Revision()); err == nil {
-					return
-				}
+			// The newer attempt's write is a plain put, not a
+			// compare-and-set: the heartbeat renews the record every
+			// millisecond, and on a loaded machine a get and an update
+			// lost to it for 20 s in a row (12 of 40 attempts ended in
+			// 3 min). What the old attempt sees is the same: a record it
+			// did not write, with a newer attempt, at its next renewal or
+			// final write (lease.ownWrite).
+			ent, err := w.kv.Get(ctx, id)
+			if err != nil {
+				t.Error(err)
+				return
 			}
-			t.Error("the record could not be overwritten")
+			rec, _ := bus.DecodeRecord(ent)
+			rec.Attempt += 5
+			rec.Worker = "newer"
+			data, _ := json.Marshal(rec)
+			if _, err := w.kv.Put(ctx, id, data); err != nil {
+				t.Error(err)
+			}
 		}})
 	})
 	ctx := context.Background()
@@ -72,9 +72,7 @@ func TestLeaseLostAtTheFinishIsNeverNaked(t *testing.T) {
 		return strings.Count(out, "lease lost to a newer attempt"), strings.Count(out, "handing the request back") +
 			strings.Count(out, "handing the run back")
 	}
-	// Each overwrite races a 1 ms heartbeat and may take many tries, so
-	// 40 attempts can take minutes on a loaded machine (25 had ended after
-	// 30 s at load 27): what matters is how they end, not how fast.
+	// Only a guard against a hang: what matters is how they end.
 	deadline := time.Now().Add(3 * time.Minute)
 	for lost, naked := ended(); lost+naked < n; lost, naked = ended() {
 		if time.Now().After(deadline) {

@@ -127,10 +127,14 @@ func Connect(t testing.TB, url string) *bus.Client {
 	return c
 }
 
-// Context is a context that ends with the test, bounded to 30 s so that a
-// hung operation fails the test instead of the whole package.
+// Context is a context that ends with the test, bounded to 3 minutes so
+// that a hung operation fails the test instead of the whole package. The
+// bound only guards against a hang: tests use one Context for all their
+// operations, and a test storing thousands of messages on a loaded
+// machine under -race (two CPU burners beside, load 25) spent over 30 s
+// on them and failed with "context deadline exceeded".
 func Context(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -251,13 +255,22 @@ func (f *Fleet) Submit(queue string, req *bus.RunRequest) string {
 	return res.ID
 }
 
+// FollowTimeout bounds Follow (and WaitFinished): a guard against a run
+// that never ends, not a measure of speed.
+const FollowTimeout = 3 * time.Minute
+
 // Follow collects a run's envelopes up to its run_finished. Each must
 // fit the protocol's schema (protocol/event.schema.json), strictly: no
 // field it does not name.
 func (f *Fleet) Follow(id string) []*bus.Envelope {
 	f.T.Helper()
 	var out []*bus.Envelope
-	for env, err := range f.Client.Follow(Context(f.T), id) {
+	// Waiting for a run's end only guards against a hang: on a loaded
+	// machine a run queued behind many others (a test's burst of runs)
+	// ends well after Context's 30 s.
+	ctx, cancel := context.WithTimeout(context.Background(), FollowTimeout)
+	defer cancel()
+	for env, err := range f.Client.Follow(ctx, id) {
 		if err != nil {
 			// What came, and where the run's record stands, say why.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
