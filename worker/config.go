@@ -241,6 +241,10 @@ type Config struct {
 	// laneRecheck replaces lanes.go's laneRecheck (tests: a lane found
 	// empty must be asked again when a request is seen in it, not later).
 	laneRecheck time.Duration
+	// laneRescan replaces tenants.go's laneRescan; dropLaneSeen drops
+	// every LaneSeen republish (tests: the rescan alone finds the lane).
+	laneRescan   time.Duration
+	dropLaneSeen bool
 	// beforeEventsSync, set only by the package's tests (export_test.go),
 	// is called at a run's end before its events' flush.
 	beforeEventsSync func(ctx context.Context, run string)

@@ -68,3 +68,10 @@ func WithChildStored(c Config, stored func(ctx context.Context, child string)) C
 	c.childStored = stored
 	return c
 }
+
+// WithLostLaneSeen makes the worker drop every LaneSeen republish and
+// read its lanes' subjects every rescan.
+func WithLostLaneSeen(c Config, rescan time.Duration) Config {
+	c.dropLaneSeen, c.laneRescan = true, rescan
+	return c
+}

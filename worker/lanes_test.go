@@ -200,3 +200,19 @@ func TestPriorityOffItsLaneIsABadRequest(t *testing.T) {
 		t.Fatalf("Submit with priority urgent: %v; want a bad request", err)
 	}
 }
+
+// A tenant lane whose every republish is lost is still served: the
+// worker reads its lanes' subjects again every rescan (tenants.go,
+// invariant 5). Before the rescan, a run submitted to a new tenant's lane
+// after the worker's start stayed queued for ever (seen in CI: a request
+// stored before the LaneSeen subscription reached the server).
+func TestTenantLaneFoundWithoutItsRepublish(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.StartWorker(worker.WithLostLaneSeen(worker.Config{}, 200*time.Millisecond))
+	req := sleepRun("lost", 10*time.Millisecond)
+	req.Metadata = map[string]string{bus.TenantMetadataKey: "acme"}
+	if fin := f.WaitFinished(f.Submit("", req)); fin.Status != bus.StatusSucceeded {
+		t.Fatalf("the run ended %s: %s", fin.Status, fin.Error)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,6 +33,10 @@ import (
 //     made-up tenants costs consumers up to that bound, no more (logged).
 //  4. version grows after a lane got its consumer: a loop that saw the
 //     version before has every lane with a consumer it could see then.
+//  5. No lane holding requests stays without a consumer for longer than
+//     laneRescan: the LaneSeen subscription is at the server before the
+//     start's read of the lanes' subjects, and the read is repeated every
+//     laneRescan (a lost republish, a failed create, a full creator).
 
 // maxTenantLanes bounds the tenant lanes (queue, priority, tenant) one
 // worker serves (invariant 3).
@@ -174,20 +179,6 @@ func (w *Worker) startLaneBook(setup context.Context, fixed [][]jetstream.Consum
 	if err := lister.Err(); err != nil {
 		w.log.Warn("tenant lanes: cannot list the lane consumers; lanes are learned from new requests", "err", err)
 	}
-	// Requests waiting in tenant lanes whose consumer went (an hour without
-	// a worker): one read of the lanes' subjects at start.
-	for _, q := range w.cfg.Queues {
-		info, err := w.runsStream.Info(setup, jetstream.WithSubjectFilter(w.names.LaneQueueAll(q)))
-		if err != nil {
-			w.log.Warn("tenant lanes: cannot read the lanes' subjects", "queue", q, "err", err)
-			continue
-		}
-		for subj := range info.State.Subjects {
-			if l, _, err := w.names.ParseRequest(subj); err == nil && b.consumer(l) == nil {
-				b.seen(l)
-			}
-		}
-	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(setup))
 	var subs []*nats.Subscription
 	unsub := func() {
@@ -205,19 +196,62 @@ func (w *Worker) startLaneBook(setup context.Context, fixed [][]jetstream.Consum
 		s.SetPendingLimits(-1, 16<<20)
 		subs = append(subs, s)
 	}
+	// Invariant 5: subscribed at the server before the read below, so a
+	// request stored after the read is seen by the subscription.
+	if err := w.c.Conn().FlushWithContext(setup); err != nil {
+		unsub()
+		cancel()
+		return nil, err
+	}
+	w.rescanLanes(setup)
+	rescan := w.cfg.laneRescan
+	if rescan <= 0 {
+		rescan = laneRescan
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		tick := time.NewTicker(rescan)
+		defer tick.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case l := <-b.create:
 				w.createLane(ctx, l)
+			case <-tick.C:
+				w.rescanLanes(ctx)
 			}
 		}
 	}()
 	return func() { unsub(); cancel(); <-done }, nil
+}
+
+// laneRescan is how often a worker reads its queues' lane subjects for
+// lanes it has no consumer for (invariant 5): a republish lost (a
+// reconnect, a slow consumer), a consumer that could not be made, or a
+// full creator costs at most this wait.
+const laneRescan = 10 * time.Second
+
+// rescanLanes notes every lane holding requests that has no consumer
+// (invariant 5): at start, requests waiting in tenant lanes whose consumer
+// went (an hour without a worker); then the net under lost republishes.
+func (w *Worker) rescanLanes(ctx context.Context) {
+	b := w.lanes
+	for _, q := range w.cfg.Queues {
+		info, err := w.runsStream.Info(ctx, jetstream.WithSubjectFilter(w.names.LaneQueueAll(q)))
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("tenant lanes: cannot read the lanes' subjects", "queue", q, "err", err)
+			}
+			continue
+		}
+		for subj := range info.State.Subjects {
+			if l, _, err := w.names.ParseRequest(subj); err == nil && b.consumer(l) == nil {
+				b.seen(l)
+			}
+		}
+	}
 }
 
 // tenantLaneOf is the tenant lane a lane consumer's filter names.
@@ -235,6 +269,9 @@ func (w *Worker) tenantLaneOf(filter string) (bus.Lane, bool) {
 
 // onLaneSeen notes a stored lane request (invariant 1).
 func (w *Worker) onLaneSeen(m *nats.Msg) {
+	if w.cfg.dropLaneSeen {
+		return // tests: every republish lost
+	}
 	l, _, err := w.names.ParseLaneSeen(m.Subject)
 	if err != nil {
 		return // the worker that takes it terminates it
