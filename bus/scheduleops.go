@@ -217,3 +217,12 @@ func (c *Client) ApplyScheduleOp(ctx context.Context, queue, name, op string, bo
 	}
 	return ScheduleOpReply{}
 }
+
+// IsInbox reports whether reply is a reply inbox (_INBOX.<token>...): the
+// only reply subjects a worker answers on, since it answers with its own
+// publish rights (docs/security.md, Schedules).
+func IsInbox(reply string) bool {
+	rest, ok := strings.CutPrefix(reply, "_INBOX.")
+	return ok && rest != "" && !strings.ContainsAny(rest, " \t\r\n*>") && !strings.HasPrefix(rest, ".") &&
+		!strings.HasSuffix(rest, ".") && !strings.Contains(rest, "..")
+}

@@ -64,6 +64,13 @@ func (w *Worker) startScheduleOps(context.Context) (func(), error) {
 		}
 	}
 	handle := func(m *nats.Msg) {
+		// A reply goes out with the worker's rights: one to a subject
+		// other than an inbox would make the worker the requester's
+		// deputy (a schedule's def, a KV entry, an abort): not answered.
+		if !bus.IsInbox(m.Reply) {
+			w.log.Debug("schedule operation: dropped, its reply subject is not an inbox", "subject", m.Subject, "reply", m.Reply)
+			return
+		}
 		queue, name, op, ok := w.names.ParseScheduleOp(m.Subject)
 		if !ok {
 			answer(m, bus.ScheduleOpReply{Code: bus.ScheduleOpInvalid, Error: "not a schedule operation subject",
