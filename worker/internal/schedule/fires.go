@@ -162,18 +162,30 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.Ack()
 		return
 	}
-	now := e.now()
-	late := now.Sub(planned)
+	late := max(e.now().Sub(planned), 0) // for the log only
 	log := e.Log.With("schedule", name, "queue", queue, "planned", planned.Format(time.RFC3339))
 	id := bus.ScheduleRunID(queue, name, planned, trigger)
 
-	// Invariant 7: a redelivered fire was offered to a worker before (one
-	// that crashed, or retried): its wait since then (AckWait, retries)
-	// is ours, not the fire's, so it is judged late only by when the
-	// server stored it (the server's clock).
-	judged := late
-	if md.NumDelivered > 1 {
-		judged = md.Timestamp.Sub(planned)
+	// Lateness is judged on the server's clock only (a worker's clock may
+	// be off). A first delivery waited for workers since it was stored:
+	// judged by the server's current time (stream info's). Invariant 7: a
+	// redelivery was offered before, its wait since is ours: judged by
+	// its store time.
+	judged := md.Timestamp.Sub(planned)
+	if md.NumDelivered <= 1 && !trigger {
+		st, err := e.Client.Stream(hctx, names.SchedulesStream())
+		var info *jetstream.StreamInfo
+		if err == nil {
+			info, err = st.Info(hctx)
+		}
+		if err != nil {
+			log.Warn("schedule fire: reading the server's time failed; retrying", "err", err)
+			e.retry(m, md)
+			return
+		}
+		if info.TimeStamp.After(md.Timestamp) {
+			judged = info.TimeStamp.Sub(planned)
+		}
 	}
 	outage := false
 	if !trigger && judged <= e.lateLimit() { // invariant 9
@@ -197,7 +209,7 @@ func (e *Env) Handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		if !run {
-			log.Info("schedule fire skipped: missed (catch-up policy)", "late", late.Round(time.Millisecond), "afterOutage", outage, "catchUp", s.CatchUpPolicy())
+			log.Info("schedule fire skipped: missed (catch-up policy)", "late", judged.Round(time.Millisecond), "afterOutage", outage, "catchUp", s.CatchUpPolicy())
 			e.skipped(SkipMissed)
 			_ = m.Ack()
 			return
@@ -363,7 +375,7 @@ const maxLookBack = 10
 // afterOutage reports whether fire m is the server's first after an
 // outage: the previous server fire of the same definition, found walking
 // forward from the fire of the schedule's last run (.last's FireSeq),
-// named a next time more than bus.ScheduleOutageGap before m was stored.
+// named a next time m stands for but missed (missedPlanned).
 func (e *Env) afterOutage(ctx context.Context, s *bus.Schedule, m jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
 	last, err := e.Client.LastScheduleRun(ctx, s.Queue, s.Name)
 	if err != nil || last == nil || last.FireSeq == 0 || last.FireSeq >= md.Sequence.Stream {
@@ -385,7 +397,7 @@ func (e *Env) afterOutage(ctx context.Context, s *bus.Schedule, m jetstream.Msg,
 			return false, err
 		}
 		if f.Sequence >= md.Sequence.Stream {
-			return !prevNext.IsZero() && md.Timestamp.Sub(prevNext) > bus.ScheduleOutageGap, nil
+			return missedPlanned(s, prevNext, md.Timestamp), nil
 		}
 		seq = f.Sequence + 1
 		var fs bus.Schedule
@@ -397,6 +409,26 @@ func (e *Env) afterOutage(ctx context.Context, s *bus.Schedule, m jetstream.Msg,
 		}
 	}
 	return false, nil
+}
+
+// missedPlanned reports whether a fire stored at stored, after a fire that
+// named prevNext as its next time, stands for a planned time the server
+// missed: stored more than bus.ScheduleOutageGap after prevNext and, for
+// @every (the server re-anchors it at restart + interval), also at least
+// one interval after it, so the restart came after prevNext.
+func missedPlanned(s *bus.Schedule, prevNext, stored time.Time) bool {
+	if prevNext.IsZero() {
+		return false
+	}
+	gap := stored.Sub(prevNext)
+	if gap <= bus.ScheduleOutageGap {
+		return false
+	}
+	if s.Every != "" {
+		d, err := time.ParseDuration(s.Every)
+		return err == nil && gap >= d
+	}
+	return true
 }
 
 // defGone reports whether the schedule's def subject holds no message.
