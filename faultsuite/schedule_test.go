@@ -335,3 +335,39 @@ func TestScheduleSurvivesWorkerKill(t *testing.T) {
 	t.Logf("schedule across a worker kill: %d runs, planned %s .. %s", len(planned),
 		planned[0].Format(time.RFC3339), planned[len(planned)-1].Format(time.RFC3339))
 }
+
+// A NATS restart shorter than an @every interval, in mid-interval, misses
+// no planned time: the server's re-anchored fire (restart + interval) runs
+// under catch-up none, so no gap beyond the interval (review 57b #2).
+func TestScheduleShortRestartMidInterval(t *testing.T) {
+	dir := workDir(t)
+	nc := startNATS(t, dir, 1, "")
+	f := newFleet(t, dir, nc)
+	f.startWorker("s1")
+	s := bus.Schedule{Name: "every6", Queue: "default", Every: "6s", CatchUp: bus.CatchUpNone, Overlap: bus.OverlapAllow, Request: scheduleTick}
+	ctx, cancel := f.ctx(60 * time.Second)
+	if _, err := f.c.CreateSchedule(ctx, &s, false); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	n0 := len(scheduleRuns(t, f, "every6", 2, 60*time.Second))
+	time.Sleep(1500 * time.Millisecond) // mid-interval: about 1.5 s after a fire
+	nc.kill(0)
+	time.Sleep(time.Second) // the outage
+	nc.start(0)
+	// The restart's re-anchored fire and the one after it.
+	time.Sleep(16 * time.Second)
+	planned := scheduleRuns(t, f, "every6", n0+2, 30*time.Second)
+	for _, fi := range serverFires(t, f, "every6") {
+		t.Logf("fire planned %s stored %s next %s", fi.planned.Format(time.RFC3339Nano), fi.stored.Format(time.RFC3339Nano), fi.next.Format(time.RFC3339Nano))
+	}
+	for i := 1; i < len(planned); i++ {
+		d := planned[i].Sub(planned[i-1])
+		if d > 12*time.Second {
+			t.Errorf("no run for %s (%s .. %s) of a 6 s schedule after a 1 s restart that missed no planned time", d, planned[i-1].Format(time.RFC3339Nano), planned[i].Format(time.RFC3339Nano))
+		}
+		if d < 5*time.Second {
+			t.Errorf("runs planned %s apart (%s, %s) for an @every 6s schedule", d, planned[i-1].Format(time.RFC3339Nano), planned[i].Format(time.RFC3339Nano))
+		}
+	}
+}
