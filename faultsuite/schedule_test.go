@@ -371,3 +371,52 @@ func TestScheduleShortRestartMidInterval(t *testing.T) {
 		}
 	}
 }
+
+// An outage that covers an @every schedule's planned time: the server's
+// re-anchored fire after the restart is the outage's, and catch-up none
+// skips it; the next fire runs (review 57b #2).
+func TestScheduleRestartOverPlannedTime(t *testing.T) {
+	dir := workDir(t)
+	nc := startNATS(t, dir, 1, "")
+	f := newFleet(t, dir, nc)
+	f.startWorker("s1")
+	s := bus.Schedule{Name: "every6", Queue: "default", Every: "6s", CatchUp: bus.CatchUpNone, Overlap: bus.OverlapAllow, Request: scheduleTick}
+	ctx, cancel := f.ctx(60 * time.Second)
+	if _, err := f.c.CreateSchedule(ctx, &s, false); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	n0 := len(scheduleRuns(t, f, "every6", 2, 60*time.Second))
+	time.Sleep(1500 * time.Millisecond) // about 1.5 s after a fire
+	nc.kill(0)
+	killed := time.Now()
+	time.Sleep(7 * time.Second) // over the next planned time
+	nc.start(0)
+	// Wait for the run of the second fire after the restart.
+	var after []fireInfo
+	ran := map[time.Time]bool{}
+	for deadline := time.Now().Add(40 * time.Second); ; {
+		after = after[:0]
+		for _, fi := range serverFires(t, f, "every6") {
+			if fi.stored.After(killed) {
+				after = append(after, fi)
+			}
+		}
+		for _, p := range scheduleRuns(t, f, "every6", n0, 10*time.Second) {
+			ran[p.UTC()] = true
+		}
+		if len(after) >= 2 && ran[after[1].planned.UTC()] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no run of the second fire after the restart (%d fires after it)", len(after))
+		}
+		time.Sleep(200 * time.Millisecond) // polling interval
+	}
+	for _, fi := range after {
+		t.Logf("fire planned %s stored %s next %s", fi.planned.Format(time.RFC3339Nano), fi.stored.Format(time.RFC3339Nano), fi.next.Format(time.RFC3339Nano))
+	}
+	if ran[after[0].planned.UTC()] {
+		t.Errorf("the outage's fire (planned %s) ran under catch-up none", after[0].planned.Format(time.RFC3339Nano))
+	}
+}
