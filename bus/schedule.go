@@ -90,7 +90,8 @@ const FireTTL = time.Hour
 // ScheduleOutageGap is how much later than its previous fire named a
 // server fire may be stored and still be the next fire in turn: a later
 // one is the server's one fire for what it missed while down, late for
-// the catch-up policy (worker/internal/schedule, invariant 9). The server
+// the catch-up policy (worker/internal/schedule, invariant 9; for @every
+// also at least one interval later). The server
 // stores a fire within milliseconds of its time; a restart takes longer.
 const ScheduleOutageGap = 2 * time.Second
 

@@ -22,13 +22,15 @@
 //  6. A run id another request holds (ErrRunIDTaken) is a fire done only
 //     when that run is the schedule's own (ownRun); else the fire is
 //     skipped as taken and .last is left alone.
-//  7. Lateness (the catch-up policy's) is judged on a fire's first
-//     delivery; a redelivery only by the fire's store time.
+//  7. Lateness (the catch-up policy's) is judged on the server's clock: a
+//     first delivery by the server's current time, a redelivery only by
+//     the fire's store time.
 //  8. A fire runs only while its definition is the stored one, active
 //     (a trigger: while the schedule exists).
-//  9. A server fire stored more than bus.ScheduleOutageGap after the time the
-//     previous fire of the same definition named (Nats-Schedule-Next) is
-//     the server's one fire for what it missed while down (afterOutage):
+//  9. A server fire stored more than bus.ScheduleOutageGap (and, for
+//     @every, at least one interval) after the time the previous fire of
+//     the same definition named (Nats-Schedule-Next) is the server's one
+//     fire for what it missed while down (afterOutage, missedPlanned):
 //     late, for the catch-up policy, whatever its own planned time says
 //     (the server re-anchors @every at it, and a cron's is its newest
 //     missed time).
