@@ -153,7 +153,7 @@ func TestChildRunCannotBeSquattedOrForged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := runs.GetLastMsgForSubject(c, "agents.submit.default."+child)
+	m, err := runs.GetLastMsgForSubject(c, "agents.lane.default.normal.victim."+child) // its parent's lane
 	if err != nil {
 		t.Fatalf("the queued child: %v", err)
 	}

@@ -187,6 +187,7 @@ func (r *run) childRequest(id string, a childArgs) (*bus.RunRequest, error) {
 		return nil, errors.New(`run_agent: a scripted parent's child needs a "request" with its own faux script`)
 	}
 	req.Metadata = r.childTenant()
+	req.Priority = r.childLane().RecordPriority() // the subject's (Names.CheckLane)
 	// The parent's approval policy over whatever the call asks (the
 	// request argument cannot set one): a tool gated for the parent stays
 	// gated through a child, and its child's (invariant 3).
@@ -218,6 +219,12 @@ func (r *run) childTenant() map[string]string {
 		return nil
 	}
 	return maps.Clone(md)
+}
+
+// childLane is where a child is submitted: its parent's lane, the
+// parent's priority and tenant token.
+func (r *run) childLane() bus.Lane {
+	return bus.LaneOf(r.queue, r.lane.EffectivePriority(), r.lane.Tenant)
 }
 
 // childID is the run id of the child of call key (invariant 1); "" when
@@ -344,7 +351,7 @@ func (r *run) startChild(ctx context.Context, id string, a childArgs) error {
 		return fmt.Errorf("run_agent: cannot seal the child run %s: %w", id, err)
 	}
 	// ctx holds the call's execute_tool span: the child's trace is its child.
-	_, err = w.c.SubmitLane(ctx, bus.Lane{Queue: r.queue}, id, body)
+	_, err = w.c.SubmitLane(ctx, r.childLane(), id, body)
 	if errors.Is(err, bus.ErrRunIDTaken) {
 		// Stored meanwhile by another attempt of this run (a different
 		// body): ours if sealed and linked to this run.
@@ -363,12 +370,21 @@ func (r *run) startChild(ctx context.Context, id string, a childArgs) error {
 // id, sealed by a worker and linked to this run (invariant 2); a queued
 // request for id that is not is an error.
 func (r *run) queuedChild(ctx context.Context, id string) (bool, error) {
-	m, err := r.w.runsStream.GetLastMsgForSubject(ctx, r.w.names.Submit(r.queue, id))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("run_agent: cannot read the queued child run %s: %w", id, err)
+	// Its lane, or the old subject (queued by a worker before 1.10).
+	var m *jetstream.RawStreamMsg
+	for _, l := range []bus.Lane{r.childLane(), {Queue: r.queue}} {
+		var err error
+		m, err = r.w.runsStream.GetLastMsgForSubject(ctx, r.w.names.RequestSubject(l, id))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			if l.Old() {
+				return false, nil
+			}
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("run_agent: cannot read the queued child run %s: %w", id, err)
+		}
+		break
 	}
 	var link struct {
 		Child *bus.ChildOf `json:"child"`
