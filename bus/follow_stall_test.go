@@ -280,7 +280,13 @@ func TestFollowRetriesALostConsumerCreate(t *testing.T) {
 		if armed.Load() && strings.HasPrefix(api, "CONSUMER.CREATE.") && createsSeen.Add(1) == 1 {
 			return
 		}
-		_ = nc.PublishMsg(&nats.Msg{Subject: "$JS.API." + api, Reply: m.Reply, Header: m.Header, Data: m.Data})
+		target := "$JS.API." + api
+		if strings.HasPrefix(api, "$KV.") {
+			// A KV put under the prefix (EnsureStreams' declared queues
+			// since 1.10): the bucket's own subject.
+			target = api
+		}
+		_ = nc.PublishMsg(&nats.Msg{Subject: target, Reply: m.Reply, Header: m.Header, Data: m.Data})
 	})
 	if err != nil {
 		t.Fatal(err)
