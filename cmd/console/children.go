@@ -12,9 +12,10 @@ import (
 // The run page's child runs (protocol 1.10, docs/protocol.md §17): GET
 // /api/runs/{id}/children lists the runs the run's run_agent calls
 // started, in call order, each with its state and cost, for the page to
-// link to. A child's id follows from its call's key (bus.ChildRunID); a
-// call whose child has no record yet is listed "queued"; a record that
-// does not name the run as its parent is not its child and is left out.
+// link to. A child's id is named by its call's events once its request
+// is stored (details.childRunId: ids are an HMAC with the fleet's key); a
+// child with no record yet is listed "queued"; a record that does not
+// name the run as its parent is not its child and is left out.
 
 // maxChildrenListed bounds one answer (the worker's ceiling is 100 a run
 // by default).
@@ -31,20 +32,10 @@ type childRun struct {
 }
 
 func (s *server) children(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := bus.CheckID(id); err != nil {
-		writeError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	_, err := s.client.Status(ctx, id)
-	if errors.Is(err, bus.ErrRunNotFound) {
-		writeError(w, http.StatusNotFound, "no run %s", id)
-		return
-	}
-	if err != nil {
-		writeError(w, http.StatusBadGateway, "%v", err)
+	id, _, ok := s.pathRun(ctx, w, r)
+	if !ok {
 		return
 	}
 	// The calls' events name each child's id once its request is stored

@@ -253,23 +253,32 @@ func (s *server) session(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) getRun(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	if _, rec, ok := s.pathRun(ctx, w, r); ok {
+		writeJSON(w, http.StatusOK, rec)
+	}
+}
+
+// pathRun reads the record of the run the path's {id} names; on a bad id,
+// no such run or NATS trouble it writes the error (400, 404, 502) and
+// reports false.
+func (s *server) pathRun(ctx context.Context, w http.ResponseWriter, r *http.Request) (string, *bus.RunRecord, bool) {
 	id := r.PathValue("id")
 	if err := bus.CheckID(id); err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
-		return
+		return "", nil, false
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
 	rec, err := s.client.Status(ctx, id)
 	if errors.Is(err, bus.ErrRunNotFound) {
 		writeError(w, http.StatusNotFound, "no run %s", id)
-		return
+		return "", nil, false
 	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "%v", err)
-		return
+		return "", nil, false
 	}
-	writeJSON(w, http.StatusOK, rec)
+	return id, rec, true
 }
 
 // control wraps the POST handlers: they need --allow-control, a JSON body
